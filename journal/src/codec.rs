@@ -1,0 +1,1 @@
+//! Protobuf mapping (to be written).

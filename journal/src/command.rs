@@ -1,0 +1,127 @@
+//! Commands that the gateway routes to a session's owning driver, and their replies.
+//!
+//! This is the seam between `gateway` (validation, routing) and `worker` (drivers): the gateway holds a
+//! [`CommandRouter`]; `turnstile dev` plugs the in-process worker host in directly, the cluster puts the
+//! internal gRPC hop and shard routing behind the same trait.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::event::{CancelCause, Status};
+use crate::message::{MessageId, SessionRef, Target, UserMessage};
+
+/// A client command for one session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// The delivery primitive (`followup`, `queue`, `steer`, `inject` are presets of it).
+    Send {
+        message: UserMessage,
+        target: Target,
+        wakeup: bool,
+        expected_turn: Option<u64>,
+    },
+    /// Cancel the active turn keeping the inbox, then followup at the head of next-turn.
+    Interrupt {
+        message: UserMessage,
+    },
+    Cancel {
+        cause: CancelCause,
+        keep_inbox: bool,
+    },
+    Replace {
+        id: MessageId,
+        message: UserMessage,
+    },
+    Remove {
+        id: MessageId,
+    },
+    Splice {
+        target: Target,
+        start: u32,
+        delete_count: u32,
+        inserted: Vec<UserMessage>,
+    },
+    Clear,
+    /// Resolves when the driver is idle and no latched wake is pending.
+    WhenIdle,
+}
+
+impl Command {
+    /// Short name for logs and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Send { target: Target::NextTurn, wakeup: true, .. } => "followup",
+            Self::Send { target: Target::NextTurn, wakeup: false, .. } => "queue",
+            Self::Send { target: Target::NextStep, wakeup: true, .. } => "steer",
+            Self::Send { target: Target::NextStep, wakeup: false, .. } => "inject",
+            Self::Interrupt { .. } => "interrupt",
+            Self::Cancel { .. } => "cancel",
+            Self::Replace { .. } => "replace",
+            Self::Remove { .. } => "remove",
+            Self::Splice { .. } => "splice",
+            Self::Clear => "clear",
+            Self::WhenIdle => "when_idle",
+        }
+    }
+}
+
+/// Where a session stands, as its owner sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSummary {
+    pub status: Status,
+    pub last_seq: u64,
+    pub last_turn: u64,
+    pub epoch: u64,
+    pub owner: String,
+}
+
+/// The reply to a [`Command`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandReply {
+    /// A delivery: the seq of its insert splice, and the turn it opened on an idle session.
+    Sent { seq: u64, turn: Option<u64> },
+    /// Cancel and edits: the seq of the last event written, or the session's last seq if none.
+    Written { seq: u64 },
+    /// `WhenIdle` resolved.
+    Idle(SessionSummary),
+}
+
+/// Why a command failed. Each maps to one gRPC code; messages say what was wrong and what to do.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum CommandError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// Retryable: the owner or the journal could not be reached; nothing was applied, or the outcome is
+    /// unknown and a retry with the same MessageId is safe.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    DeadlineExceeded(String),
+    /// This node does not own the session; `owner` is its view of who does.
+    #[error("this worker does not own session {session}; owner: {owner:?}")]
+    NotOwner { session: String, owner: Option<String> },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Routes a command to the driver that owns the session and returns its reply.
+#[async_trait]
+pub trait CommandRouter: Send + Sync + 'static {
+    /// Executes `command` on `session`'s driver. `timeout` bounds `WhenIdle` (and routing retries).
+    async fn execute(
+        &self,
+        session: &SessionRef,
+        command: Command,
+        timeout: Option<Duration>,
+    ) -> Result<CommandReply, CommandError>;
+}

@@ -1,0 +1,248 @@
+//! Durable and live events of SPEC §5.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::message::{SessionRef, Target, UserMessage};
+
+/// Driver status. `Running` covers everything from the waking delivery through every drained turn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Status {
+    #[default]
+    Idle,
+    Running,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Running => "running",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a turn is cancelled. The first cause wins.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CancelCause {
+    User,
+    Parent,
+    Hook { reason: String },
+    Disposed,
+}
+
+impl fmt::Display for CancelCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::User => f.write_str("user"),
+            Self::Parent => f.write_str("parent"),
+            Self::Hook { reason } => write!(f, "hook({reason})"),
+            Self::Disposed => f.write_str("disposed"),
+        }
+    }
+}
+
+/// How a turn ended (SPEC §4 step 3).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TurnEndReason {
+    Completed,
+    Blocked,
+    MaxTokens,
+    Aborted(CancelCause),
+    Error { message: String, code: String },
+    Interrupted,
+}
+
+impl fmt::Display for TurnEndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Completed => f.write_str("completed"),
+            Self::Blocked => f.write_str("blocked"),
+            Self::MaxTokens => f.write_str("max-tokens"),
+            Self::Aborted(cause) => write!(f, "aborted{{{cause}}}"),
+            Self::Error { message, code } => write!(f, "error{{{code}: {message}}}"),
+            Self::Interrupted => f.write_str("interrupted"),
+        }
+    }
+}
+
+/// Marks why a splice removed messages. `None` on a removal is a claim.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SpliceOutcome {
+    #[default]
+    None,
+    Canceled,
+    Restored,
+}
+
+/// `agent/inbox/spliced`: one normalized mutation of one pending list.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Splice {
+    pub target: Target,
+    pub start: u32,
+    pub removed_count: u32,
+    pub inserted: Vec<UserMessage>,
+    pub outcome: SpliceOutcome,
+    /// An insert made by a waking delivery.
+    pub wake: bool,
+    /// The target a waking delivery asked for when it was forced elsewhere (during an abort).
+    pub requested_target: Option<Target>,
+}
+
+/// A tool call as the model produced it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ToolCallSpec {
+    pub call_id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+/// The payload of a durable event; one variant per durable type of SPEC §5.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EventPayload {
+    InboxSpliced(Splice),
+    Status(Status),
+    TurnStart {
+        turn: u64,
+    },
+    TurnEnd {
+        turn: u64,
+        reason: TurnEndReason,
+    },
+    StepStart {
+        turn: u64,
+        step: u32,
+    },
+    StepEnd {
+        turn: u64,
+        step: u32,
+    },
+    UserMessage {
+        message: UserMessage,
+        turn: u64,
+        step: u32,
+    },
+    AssistantMessage {
+        turn: u64,
+        step: u32,
+        text: String,
+        tool_calls: Vec<ToolCallSpec>,
+        interrupted: bool,
+        max_tokens: bool,
+    },
+    ToolCall {
+        turn: u64,
+        step: u32,
+        call: ToolCallSpec,
+    },
+    ToolResult {
+        turn: u64,
+        step: u32,
+        call_id: String,
+        output: String,
+        error: Option<String>,
+    },
+    GoalChange {
+        goal_id: String,
+        revision: u64,
+        state: String,
+        detail: Vec<u8>,
+    },
+}
+
+impl EventPayload {
+    /// The durable type name of SPEC §5.
+    pub fn event_type(&self) -> &'static str {
+        match self {
+            Self::InboxSpliced(_) => "agent/inbox/spliced",
+            Self::Status(_) => "agent/status",
+            Self::TurnStart { .. } => "turn/start",
+            Self::TurnEnd { .. } => "turn/end",
+            Self::StepStart { .. } => "step/start",
+            Self::StepEnd { .. } => "step/end",
+            Self::UserMessage { .. } => "user/message",
+            Self::AssistantMessage { .. } => "assistant/message",
+            Self::ToolCall { .. } => "tool/call",
+            Self::ToolResult { .. } => "tool/result",
+            Self::GoalChange { .. } => "goal/change",
+        }
+    }
+}
+
+/// Every durable type, in SPEC §5 order.
+pub const DURABLE_TYPES: [&str; 11] = [
+    "agent/inbox/spliced",
+    "agent/status",
+    "turn/start",
+    "turn/end",
+    "step/start",
+    "step/end",
+    "user/message",
+    "assistant/message",
+    "tool/call",
+    "tool/result",
+    "goal/change",
+];
+
+/// A durable event with its envelope. `seq` is contiguous from 1 per session; `time_ms` and `epoch`
+/// never decrease.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Envelope {
+    pub session: SessionRef,
+    pub seq: u64,
+    pub time_ms: u64,
+    pub epoch: u64,
+    pub payload: EventPayload,
+}
+
+impl Envelope {
+    pub fn event_type(&self) -> &'static str {
+        self.payload.event_type()
+    }
+}
+
+/// The payload of a live (not stored) event.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LivePayload {
+    Inserted { message: UserMessage },
+    Discarded { message: UserMessage },
+    Claimed { message: UserMessage, turn: u64 },
+    Status { status: Status },
+    AssistantDelta { turn: u64, step: u32, text: String },
+    Error { turn: u64, step: u32, message: String },
+}
+
+impl LivePayload {
+    /// The live type name of SPEC §5.
+    pub fn event_type(&self) -> &'static str {
+        match self {
+            Self::Inserted { .. } => "agent/inbox/inserted",
+            Self::Discarded { .. } => "agent/inbox/discarded",
+            Self::Claimed { .. } => "agent/inbox/claimed",
+            Self::Status { .. } => "agent/status",
+            Self::AssistantDelta { .. } => "assistant/delta",
+            Self::Error { .. } => "agent/error",
+        }
+    }
+}
+
+/// A live event: not stored, carries the seq of the durable event it follows.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LiveEvent {
+    pub session: SessionRef,
+    pub after_seq: u64,
+    pub payload: LivePayload,
+}
+
+impl LiveEvent {
+    pub fn event_type(&self) -> &'static str {
+        self.payload.event_type()
+    }
+}

@@ -1,0 +1,31 @@
+//! The durable model of Turnstile: what a session *is*, independent of who drives it.
+//!
+//! Everything above this crate is a projection of a session's log. Here live the values of SPEC §1
+//! ([`message`]), the durable and live events of §5 ([`event`]), the inbox and its splices (§3,
+//! [`inbox`]), the fold of a log into inbox, status and recovery facts ([`state`]), the conditional
+//! [`SessionLog`] trait with its backends ([`embedded`]), the [`LiveBus`], the protobuf mapping
+//! ([`codec`]) and the command seam between gateway and worker ([`command`]).
+//!
+//! Dependency direction: `proto ← journal ← worker, gateway ← cli`. Nothing here knows about drivers,
+//! gRPC services or routing.
+
+pub mod bus;
+pub mod codec;
+pub mod command;
+pub mod embedded;
+pub mod event;
+pub mod inbox;
+pub mod log;
+pub mod message;
+pub mod state;
+
+pub use bus::{LiveBus, LiveStream};
+pub use command::{Command, CommandError, CommandReply, CommandRouter, SessionSummary};
+pub use event::{
+    CancelCause, Envelope, EventPayload, LiveEvent, LivePayload, Splice, SpliceOutcome, Status, ToolCallSpec,
+    TurnEndReason,
+};
+pub use inbox::{Inbox, SpliceError};
+pub use log::{EventStream, JournalError, SessionLog};
+pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
+pub use state::{ProjectionError, SessionState};

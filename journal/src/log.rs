@@ -1,0 +1,97 @@
+//! The session log: an async, fallible, conditional append-only log per session.
+//!
+//! Backends: the embedded one (memory, or files with `--data-dir`) and JetStream. Both are checked by
+//! one contract test suite. The conditional append is the last line of defence of the single-writer rule
+//! (SPEC §6): a writer that holds a stale last seq gets [`JournalError::Conflict`] and must stop.
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+
+use crate::event::Envelope;
+use crate::message::SessionRef;
+
+/// A stream of durable events in seq order.
+pub type EventStream = BoxStream<'static, Result<Envelope, JournalError>>;
+
+/// Errors of a session log or live bus.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum JournalError {
+    /// Another writer appended first: the session's last seq is not the one the writer expected.
+    #[error("append to {session} expected last seq {expected} but the log is at {actual}: another writer owns it")]
+    Conflict { session: SessionRef, expected: u64, actual: u64 },
+    /// The events handed to `append` are not contiguous from `expected_last_seq + 1` or name another session.
+    #[error("append to {session} is malformed: {detail}")]
+    InvalidBatch { session: SessionRef, detail: String },
+    /// The store could not be reached or did not answer in time; the append did not happen, or its
+    /// outcome is unknown (a reader must re-read the log).
+    #[error("journal unavailable: {0}")]
+    Unavailable(String),
+    /// A stored event could not be decoded or fails its checksum.
+    #[error("session {session} has a corrupt event at seq {seq}: {detail}")]
+    Corrupt { session: SessionRef, seq: u64, detail: String },
+    /// A configuration or filesystem problem the operator must fix.
+    #[error("journal storage error: {0}")]
+    Storage(String),
+}
+
+impl JournalError {
+    /// Worth retrying after the store comes back (the operation may have happened: re-read first).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
+/// A conditional, append-only log per session.
+#[async_trait]
+pub trait SessionLog: Send + Sync + 'static {
+    /// Appends `events` iff the session's last seq is `expected_last_seq` (0 for a new session): all of
+    /// them or none. `events` must be non-empty, of this session, with seqs contiguous from
+    /// `expected_last_seq + 1`. Returns the new last seq.
+    async fn append(
+        &self,
+        session: &SessionRef,
+        expected_last_seq: u64,
+        events: &[Envelope],
+    ) -> Result<u64, JournalError>;
+
+    /// Up to `limit` events with `seq >= from_seq`, in order. An unknown session has no events.
+    async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError>;
+
+    /// The seq of the session's last event, 0 when it has none.
+    async fn last_seq(&self, session: &SessionRef) -> Result<u64, JournalError>;
+
+    /// Every event with `seq > after_seq`, then each new one as it is appended: no gap, no duplicate.
+    /// The stream ends only on error or when the log is dropped.
+    async fn tail(&self, session: &SessionRef, after_seq: u64) -> Result<EventStream, JournalError>;
+
+    /// Sessions that have at least one event, ordered by (tenant, id), strictly after `after`, optionally of
+    /// one tenant, at most `limit`.
+    async fn list_sessions(
+        &self,
+        tenant: Option<&str>,
+        after: Option<&SessionRef>,
+        limit: usize,
+    ) -> Result<Vec<SessionRef>, JournalError>;
+}
+
+/// Reads a whole log from `from_seq` in pages.
+pub async fn read_all(
+    log: &dyn SessionLog,
+    session: &SessionRef,
+    from_seq: u64,
+) -> Result<Vec<Envelope>, JournalError> {
+    const PAGE: usize = 1024;
+    let mut out = Vec::new();
+    let mut next = from_seq.max(1);
+    loop {
+        let page = log.read(session, next, PAGE).await?;
+        let n = page.len();
+        if let Some(last) = page.last() {
+            next = last.seq + 1;
+        }
+        out.extend(page);
+        if n < PAGE {
+            return Ok(out);
+        }
+    }
+}

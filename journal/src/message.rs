@@ -1,0 +1,232 @@
+//! The values of SPEC §1: sessions, message ids, messages, sources and targets.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Longest tenant, session id or MessageId accepted, in bytes.
+pub const MAX_ID_LEN: usize = 128;
+
+/// A session: `tenant` + `id`, both `[A-Za-z0-9_-]{1,128}`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SessionRef {
+    pub tenant: String,
+    pub id: String,
+}
+
+impl SessionRef {
+    /// Builds a session reference after checking both parts.
+    pub fn new(tenant: impl Into<String>, id: impl Into<String>) -> Result<Self, ValueError> {
+        let r = Self { tenant: tenant.into(), id: id.into() };
+        r.validate()?;
+        Ok(r)
+    }
+
+    pub fn validate(&self) -> Result<(), ValueError> {
+        validate_name("tenant", &self.tenant)?;
+        validate_name("session id", &self.id)
+    }
+}
+
+impl fmt::Display for SessionRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.tenant, self.id)
+    }
+}
+
+fn validate_name(what: &'static str, value: &str) -> Result<(), ValueError> {
+    if value.is_empty() || value.len() > MAX_ID_LEN {
+        return Err(ValueError::NameLength { what, len: value.len() });
+    }
+    if let Some(c) = value.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_')) {
+        return Err(ValueError::NameChar { what, value: value.to_owned(), c });
+    }
+    Ok(())
+}
+
+/// A client-minted, opaque message id (1..=128 bytes). The server never mints one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MessageId(pub String);
+
+impl MessageId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn validate(&self) -> Result<(), ValueError> {
+        if self.0.is_empty() || self.0.len() > MAX_ID_LEN {
+            return Err(ValueError::MessageIdLength { len: self.0.len() });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for MessageId {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+/// One model-visible block of a message.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ContentBlock {
+    Text { text: String },
+    Data { mime: String, bytes: Vec<u8> },
+}
+
+impl ContentBlock {
+    pub fn text(text: impl Into<String>) -> Self {
+        Self::Text { text: text.into() }
+    }
+
+    /// Bytes counted against the message size limit (text bytes + data bytes).
+    pub fn size(&self) -> usize {
+        match self {
+            Self::Text { text } => text.len(),
+            Self::Data { bytes, .. } => bytes.len(),
+        }
+    }
+}
+
+/// The plugin forms SPEC §1 names; an empty form is also allowed.
+pub const PLUGIN_FORMS: [&str; 6] = ["instructions", "catalog", "snapshot", "notice", "relay", "recall"];
+
+/// Who produced a message. Only [`MessageSource::User`] is a human prompt.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MessageSource {
+    User,
+    Plugin { plugin: String, form: Option<String> },
+    Goal { goal_id: String, revision: u64, round: u64 },
+    Tool { call_id: String },
+    Model { provider: String, model: String },
+}
+
+impl MessageSource {
+    /// The `kind` discriminator of SPEC §1.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::User => "user",
+            Self::Plugin { .. } => "plugin",
+            Self::Goal { .. } => "goal",
+            Self::Tool { .. } => "tool",
+            Self::Model { .. } => "model",
+        }
+    }
+
+    pub fn is_human(&self) -> bool {
+        matches!(self, Self::User)
+    }
+
+    pub fn validate(&self) -> Result<(), ValueError> {
+        match self {
+            Self::Plugin { form: Some(form), .. } if !form.is_empty() && !PLUGIN_FORMS.contains(&form.as_str()) => {
+                Err(ValueError::PluginForm { form: form.clone() })
+            }
+            Self::Goal { round: 0, .. } => Err(ValueError::GoalRound),
+            Self::Goal { goal_id, .. } if goal_id.is_empty() => {
+                Err(ValueError::EmptyField { field: "source.goal.goal_id" })
+            }
+            Self::Tool { call_id } if call_id.is_empty() => {
+                Err(ValueError::EmptyField { field: "source.tool.call_id" })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// An immutable user-role message: id, model-visible content and producer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct UserMessage {
+    pub id: MessageId,
+    pub content: Vec<ContentBlock>,
+    pub source: MessageSource,
+}
+
+impl UserMessage {
+    /// A human prompt with one text block.
+    pub fn user_text(id: impl Into<String>, text: impl Into<String>) -> Self {
+        Self { id: MessageId(id.into()), content: vec![ContentBlock::text(text)], source: MessageSource::User }
+    }
+
+    /// Text bytes plus data bytes of every block.
+    pub fn size(&self) -> usize {
+        self.content.iter().map(ContentBlock::size).sum()
+    }
+
+    /// The text blocks joined by newlines (what the scripted model reads).
+    pub fn text(&self) -> String {
+        let texts: Vec<&str> = self
+            .content
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::Text { text } => Some(text.as_str()),
+                ContentBlock::Data { .. } => None,
+            })
+            .collect();
+        texts.join("\n")
+    }
+
+    /// Checks the id, the source and the size against `max_bytes`.
+    pub fn validate(&self, max_bytes: usize) -> Result<(), ValueError> {
+        self.id.validate()?;
+        self.source.validate()?;
+        let size = self.size();
+        if size > max_bytes {
+            return Err(ValueError::TooLarge { id: self.id.clone(), size, max: max_bytes });
+        }
+        Ok(())
+    }
+}
+
+/// Which pending list a delivery joins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Target {
+    /// One message opens one turn.
+    NextTurn,
+    /// Joins the next model step.
+    NextStep,
+}
+
+impl Target {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NextTurn => "next-turn",
+            Self::NextStep => "next-step",
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A value that breaks the rules of SPEC §1–§2. Messages say what was wrong and how to fix it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    #[error("{what} must be 1 to 128 bytes, got {len}")]
+    NameLength { what: &'static str, len: usize },
+    #[error("{what} {value:?} has the character {c:?}; use only A-Z, a-z, 0-9, '-' and '_'")]
+    NameChar { what: &'static str, value: String, c: char },
+    #[error("message id must be 1 to 128 bytes, got {len}; mint a UUID per message")]
+    MessageIdLength { len: usize },
+    #[error(
+        "plugin source form {form:?} is unknown; use one of instructions, catalog, snapshot, notice, relay, recall, or leave it empty"
+    )]
+    PluginForm { form: String },
+    #[error("goal source round must be at least 1")]
+    GoalRound,
+    #[error("{field} must not be empty")]
+    EmptyField { field: &'static str },
+    #[error(
+        "message {id} has {size} bytes of content, over the limit of {max}; split it or send the data by reference"
+    )]
+    TooLarge { id: MessageId, size: usize, max: usize },
+}

@@ -1,0 +1,352 @@
+//! The fold of a session log (SPEC §3 projection, §6 recovery facts).
+//!
+//! [`SessionState`] is what any node derives from a session's durable events: the inbox, the status, the
+//! last turn, the open turn (for repair after a crash) and the index of accepted MessageIds (for
+//! idempotent retries). The driver applies every event it writes through the same fold, so the owner's
+//! inbox and any reader's projection are the same function of the same log.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::event::{Envelope, EventPayload, SpliceOutcome, Status, ToolCallSpec};
+use crate::inbox::{Inbox, SpliceError};
+use crate::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
+
+/// How many accepted MessageIds the idempotence index remembers at least (SPEC §2).
+pub const DEFAULT_DEDUP_HORIZON: usize = 10_000;
+
+/// A stable digest of a delivery: content, source and routing. Two deliveries with the same id and
+/// fingerprint are the same delivery (a retry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fingerprint(pub [u8; 16]);
+
+impl Fingerprint {
+    /// Digest of a message's content and source plus the routing it was sent with. The encoding is
+    /// written out field by field (length-prefixed) so it never depends on a serializer's choices.
+    pub fn of(message: &UserMessage, target: Target, wakeup: bool) -> Self {
+        let mut h = Sha256::new();
+        let field = |h: &mut Sha256, bytes: &[u8]| {
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        };
+        for block in &message.content {
+            match block {
+                ContentBlock::Text { text } => {
+                    h.update([1]);
+                    field(&mut h, text.as_bytes());
+                }
+                ContentBlock::Data { mime, bytes } => {
+                    h.update([2]);
+                    field(&mut h, mime.as_bytes());
+                    field(&mut h, bytes);
+                }
+            }
+        }
+        match &message.source {
+            MessageSource::User => h.update([10]),
+            MessageSource::Plugin { plugin, form } => {
+                h.update([11]);
+                field(&mut h, plugin.as_bytes());
+                field(&mut h, form.as_deref().unwrap_or("").as_bytes());
+            }
+            MessageSource::Goal { goal_id, revision, round } => {
+                h.update([12]);
+                field(&mut h, goal_id.as_bytes());
+                h.update(revision.to_le_bytes());
+                h.update(round.to_le_bytes());
+            }
+            MessageSource::Tool { call_id } => {
+                h.update([13]);
+                field(&mut h, call_id.as_bytes());
+            }
+            MessageSource::Model { provider, model } => {
+                h.update([14]);
+                field(&mut h, provider.as_bytes());
+                field(&mut h, model.as_bytes());
+            }
+        }
+        h.update([match target {
+            Target::NextTurn => 20,
+            Target::NextStep => 21,
+        }]);
+        h.update([u8::from(wakeup)]);
+        let digest = h.finalize();
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&digest[..16]);
+        Self(out)
+    }
+}
+
+/// How a MessageId was first accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Acceptance {
+    /// Seq of the splice that inserted it.
+    pub seq: u64,
+    /// Digest of the delivery; `None` when the id came from an edit (replace/splice), which no delivery
+    /// can retry.
+    pub fingerprint: Option<Fingerprint>,
+    /// The turn that a waking delivery to an idle session opened.
+    pub opened_turn: Option<u64>,
+}
+
+/// The index of accepted MessageIds, bounded by the dedup horizon (oldest forgotten first).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcceptedIndex {
+    by_id: HashMap<MessageId, Acceptance>,
+    order: VecDeque<MessageId>,
+    horizon: usize,
+}
+
+impl AcceptedIndex {
+    pub fn new(horizon: usize) -> Self {
+        Self { by_id: HashMap::new(), order: VecDeque::new(), horizon: horizon.max(1) }
+    }
+
+    pub fn get(&self, id: &MessageId) -> Option<&Acceptance> {
+        self.by_id.get(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    fn insert(&mut self, id: MessageId, acceptance: Acceptance) {
+        if self.by_id.insert(id.clone(), acceptance).is_none() {
+            self.order.push_back(id);
+        }
+        while self.order.len() > self.horizon {
+            if let Some(old) = self.order.pop_front() {
+                self.by_id.remove(&old);
+            }
+        }
+    }
+}
+
+/// A turn that has a `turn/start` and no `turn/end` yet.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenTurn {
+    pub turn: u64,
+    /// The last step started in this turn (0 before the first).
+    pub step: u32,
+    /// A `step/start` without its `step/end`.
+    pub step_open: bool,
+    /// `tool/call`s of the open step without a `tool/result`.
+    pub open_calls: Vec<ToolCallSpec>,
+    /// Messages claimed since the last `step/start` (their pre-step decision has not entered a step).
+    pub undecided_claims: Vec<(Target, UserMessage)>,
+    /// Messages entered (as `user/message`) in this turn.
+    pub admitted: Vec<UserMessage>,
+    /// Messages entered in the last step that has not ended (the prompt a crash interrupted).
+    pub open_step_messages: Vec<UserMessage>,
+    /// A step of this turn ended at the model's token limit (sticky for the turn).
+    pub max_tokens: bool,
+}
+
+/// A log that cannot be folded: the reader refuses it and names the seq.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProjectionError {
+    #[error("event seq {got} does not follow {last} (seqs are contiguous from 1)")]
+    Gap { last: u64, got: u64 },
+    #[error("event {seq} belongs to session {got}, not {expected}")]
+    WrongSession { seq: u64, expected: SessionRef, got: SessionRef },
+    #[error("event {seq} has epoch {epoch}, below the previous {last}")]
+    EpochDecreased { seq: u64, epoch: u64, last: u64 },
+    #[error("event {seq} has time {time_ms}, before the previous {last}")]
+    TimeDecreased { seq: u64, time_ms: u64, last: u64 },
+    #[error("event {seq} is an invalid splice: {source}")]
+    Splice { seq: u64, source: SpliceError },
+    #[error("event {seq} ({event_type}) does not fit the turn structure: {detail}")]
+    Structure { seq: u64, event_type: &'static str, detail: String },
+}
+
+/// The fold of a session's log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionState {
+    pub session: SessionRef,
+    pub last_seq: u64,
+    pub last_time_ms: u64,
+    pub epoch: u64,
+    pub inbox: Inbox,
+    pub status: Status,
+    pub last_turn: u64,
+    pub open_turn: Option<OpenTurn>,
+    /// A waking insert follows the last `agent/status idle` (SPEC §6 resume rule).
+    pub wake_since_idle: bool,
+    pub accepted: AcceptedIndex,
+}
+
+impl SessionState {
+    pub fn new(session: SessionRef, dedup_horizon: usize) -> Self {
+        Self {
+            session,
+            last_seq: 0,
+            last_time_ms: 0,
+            epoch: 0,
+            inbox: Inbox::default(),
+            status: Status::Idle,
+            last_turn: 0,
+            open_turn: None,
+            wake_since_idle: false,
+            accepted: AcceptedIndex::new(dedup_horizon),
+        }
+    }
+
+    /// Folds a whole log from the start.
+    pub fn fold<'a>(
+        session: SessionRef,
+        dedup_horizon: usize,
+        events: impl IntoIterator<Item = &'a Envelope>,
+    ) -> Result<Self, ProjectionError> {
+        let mut state = Self::new(session, dedup_horizon);
+        for e in events {
+            state.apply(e)?;
+        }
+        Ok(state)
+    }
+
+    /// The session exists from its first accepted write.
+    pub fn exists(&self) -> bool {
+        self.last_seq > 0
+    }
+
+    /// Checks that `event` can follow this state without changing it.
+    pub fn check(&self, event: &Envelope) -> Result<(), ProjectionError> {
+        self.clone().apply(event).map(|_| ())
+    }
+
+    /// Applies one event. Every check runs before the first change, so on error the state is unchanged.
+    pub fn apply(&mut self, event: &Envelope) -> Result<(), ProjectionError> {
+        let seq = event.seq;
+        if event.session != self.session {
+            return Err(ProjectionError::WrongSession {
+                seq,
+                expected: self.session.clone(),
+                got: event.session.clone(),
+            });
+        }
+        if seq != self.last_seq + 1 {
+            return Err(ProjectionError::Gap { last: self.last_seq, got: seq });
+        }
+        if event.epoch < self.epoch {
+            return Err(ProjectionError::EpochDecreased { seq, epoch: event.epoch, last: self.epoch });
+        }
+        if event.time_ms < self.last_time_ms {
+            return Err(ProjectionError::TimeDecreased { seq, time_ms: event.time_ms, last: self.last_time_ms });
+        }
+        let structure = |detail: String| ProjectionError::Structure { seq, event_type: event.event_type(), detail };
+        match &event.payload {
+            EventPayload::InboxSpliced(splice) => {
+                let removed = self.inbox.apply(splice).map_err(|source| ProjectionError::Splice { seq, source })?;
+                let is_claim = splice.outcome == SpliceOutcome::None && !removed.is_empty();
+                if is_claim {
+                    if let Some(open) = self.open_turn.as_mut() {
+                        open.undecided_claims.extend(removed.into_iter().map(|m| (splice.target, m)));
+                    }
+                }
+                if splice.wake && !splice.inserted.is_empty() {
+                    self.wake_since_idle = true;
+                }
+                for m in &splice.inserted {
+                    if self.accepted.get(&m.id).is_some() {
+                        continue;
+                    }
+                    let fingerprint = match splice.outcome {
+                        // Inserts by deliveries carry no outcome; edits remove with `canceled`.
+                        SpliceOutcome::None if splice.removed_count == 0 => {
+                            let target = splice.requested_target.unwrap_or(splice.target);
+                            Some(Fingerprint::of(m, target, splice.wake))
+                        }
+                        _ => None,
+                    };
+                    let opened_turn = (splice.wake && self.status == Status::Idle).then_some(self.last_turn + 1);
+                    self.accepted.insert(m.id.clone(), Acceptance { seq, fingerprint, opened_turn });
+                }
+            }
+            EventPayload::Status(status) => {
+                if *status == self.status && self.last_seq > 0 {
+                    return Err(structure(format!("status is already {status}")));
+                }
+                self.status = *status;
+                if *status == Status::Idle {
+                    self.wake_since_idle = false;
+                }
+            }
+            EventPayload::TurnStart { turn } => {
+                if let Some(open) = &self.open_turn {
+                    return Err(structure(format!("turn {} is still open", open.turn)));
+                }
+                if *turn != self.last_turn + 1 {
+                    return Err(structure(format!("expected turn {}, got {turn}", self.last_turn + 1)));
+                }
+                self.last_turn = *turn;
+                self.open_turn = Some(OpenTurn { turn: *turn, ..OpenTurn::default() });
+            }
+            EventPayload::TurnEnd { turn, .. } => {
+                let open = self.open_turn.as_ref().ok_or_else(|| structure("no turn is open".into()))?;
+                if open.turn != *turn || open.step_open {
+                    return Err(structure(format!("turn {} open (step open: {})", open.turn, open.step_open)));
+                }
+                self.open_turn = None;
+            }
+            EventPayload::StepStart { turn, step } => {
+                let open = self.open_turn_mut(*turn).ok_or_else(|| structure("its turn is not open".into()))?;
+                if open.step_open || *step != open.step + 1 {
+                    return Err(structure(format!("step {} of turn {turn} cannot start now", step)));
+                }
+                open.step = *step;
+                open.step_open = true;
+                open.undecided_claims.clear();
+                open.open_step_messages.clear();
+            }
+            EventPayload::StepEnd { turn, step } => {
+                let open = self.open_turn_mut(*turn).ok_or_else(|| structure("its turn is not open".into()))?;
+                if !open.step_open || *step != open.step || !open.open_calls.is_empty() {
+                    return Err(structure(format!("step {step} of turn {turn} is not open or has open calls")));
+                }
+                open.step_open = false;
+                open.open_step_messages.clear();
+            }
+            EventPayload::UserMessage { message, turn, step } => {
+                let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
+                open.admitted.push(message.clone());
+                open.open_step_messages.push(message.clone());
+            }
+            EventPayload::AssistantMessage { turn, step, max_tokens, .. } => {
+                let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
+                open.max_tokens |= *max_tokens;
+            }
+            EventPayload::ToolCall { turn, step, call } => {
+                let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
+                open.open_calls.push(call.clone());
+            }
+            EventPayload::ToolResult { turn, step, call_id, .. } => {
+                let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
+                let i = open
+                    .open_calls
+                    .iter()
+                    .position(|c| &c.call_id == call_id)
+                    .ok_or_else(|| structure(format!("no open call {call_id}")))?;
+                open.open_calls.remove(i);
+            }
+            EventPayload::GoalChange { .. } => {}
+        }
+        self.last_seq = seq;
+        self.last_time_ms = event.time_ms;
+        self.epoch = event.epoch;
+        Ok(())
+    }
+
+    fn open_turn_mut(&mut self, turn: u64) -> Option<&mut OpenTurn> {
+        self.open_turn.as_mut().filter(|o| o.turn == turn)
+    }
+
+    fn open_step(&mut self, turn: u64, step: u32) -> Option<&mut OpenTurn> {
+        self.open_turn_mut(turn).filter(|o| o.step_open && o.step == step)
+    }
+}

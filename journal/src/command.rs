@@ -124,4 +124,9 @@ pub trait CommandRouter: Send + Sync + 'static {
         command: Command,
         timeout: Option<Duration>,
     ) -> Result<CommandReply, CommandError>;
+
+    /// The id of the worker that owns `session`, when this router knows it.
+    async fn owner(&self, _session: &SessionRef) -> Option<String> {
+        None
+    }
 }

@@ -172,6 +172,7 @@ impl EventPayload {
             Self::ToolCall { .. } => "tool/call",
             Self::ToolResult { .. } => "tool/result",
             Self::GoalChange { .. } => "goal/change",
+            Self::Ignorable { .. } => "ignorable",
         }
     }
 }

@@ -334,7 +334,7 @@ impl SessionState {
                     .ok_or_else(|| structure(format!("no open call {call_id}")))?;
                 open.open_calls.remove(i);
             }
-            EventPayload::GoalChange { .. } => {}
+            EventPayload::GoalChange { .. } | EventPayload::Ignorable { .. } => {}
         }
         self.last_seq = seq;
         self.last_time_ms = event.time_ms;

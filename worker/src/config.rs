@@ -1,0 +1,45 @@
+//! Worker and driver configuration.
+
+use std::time::Duration;
+
+use turnstile_journal::state::DEFAULT_DEDUP_HORIZON;
+
+/// The limits of SPEC §2.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Content bytes (text + data) of one message. Default 1 MiB.
+    pub max_message_bytes: usize,
+    /// Pending items across both lists of one session. Default 1,000.
+    pub max_pending: usize,
+    /// Accepted MessageIds remembered for idempotent retries. Default 10,000.
+    pub dedup_horizon: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_message_bytes: 1024 * 1024, max_pending: 1000, dedup_horizon: DEFAULT_DEDUP_HORIZON }
+    }
+}
+
+/// Configuration of a worker's session host.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// This worker's id, reported as the session owner.
+    pub owner_id: String,
+    /// The owner epoch stamped on every event (the embedded single process uses 1).
+    pub epoch: u64,
+    pub limits: Limits,
+    /// `WhenIdle` timeout when the caller gives none.
+    pub default_when_idle_timeout: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            owner_id: "dev".to_owned(),
+            epoch: 1,
+            limits: Limits::default(),
+            default_when_idle_timeout: Duration::from_secs(30),
+        }
+    }
+}

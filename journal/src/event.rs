@@ -155,6 +155,11 @@ pub enum EventPayload {
         state: String,
         detail: Vec<u8>,
     },
+    /// An event of a type this build does not know, marked ignorable by its writer. Readers skip it;
+    /// an unknown type that is not ignorable is refused by the codec instead.
+    Ignorable {
+        event_type: String,
+    },
 }
 
 impl EventPayload {

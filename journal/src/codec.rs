@@ -1,1 +1,0 @@
-//! Protobuf mapping (to be written).

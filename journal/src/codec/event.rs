@@ -1,0 +1,334 @@
+//! Durable events (SPEC §5): `Envelope` ↔ `SessionEvent`, and their parts.
+
+use prost::Message as _;
+use turnstile_proto::v1 as pb;
+use turnstile_proto::v1::{cancel_cause::Cause, session_event::Payload, turn_end_reason::Reason};
+
+use super::error::{CodecError, join};
+use super::message::{
+    encode_session_ref, encode_target, encode_user_message, messages_at, optional_target_at, required_message_at,
+    required_session_at, target_at,
+};
+use crate::event::{
+    CancelCause, DURABLE_TYPES, Envelope, EventPayload, Splice, SpliceOutcome, Status, ToolCallSpec, TurnEndReason,
+};
+
+const STATUSES: &str = "use SESSION_STATUS_IDLE or SESSION_STATUS_RUNNING";
+const CAUSES: &str = "set one of user, parent, hook or disposed";
+const REASONS: &str = "set one of completed, blocked, max_tokens, aborted, error or interrupted";
+
+pub fn encode_status(status: Status) -> pb::SessionStatus {
+    match status {
+        Status::Idle => pb::SessionStatus::Idle,
+        Status::Running => pb::SessionStatus::Running,
+    }
+}
+
+/// Decodes a status enum value (path `status`); `SESSION_STATUS_UNSPECIFIED` is refused.
+pub fn decode_status(raw: i32) -> Result<Status, CodecError> {
+    status_at(raw, "status")
+}
+
+pub(crate) fn status_at(raw: i32, path: &str) -> Result<Status, CodecError> {
+    match pb::SessionStatus::try_from(raw) {
+        Ok(pb::SessionStatus::Idle) => Ok(Status::Idle),
+        Ok(pb::SessionStatus::Running) => Ok(Status::Running),
+        Ok(pb::SessionStatus::Unspecified) => {
+            Err(CodecError::invalid(path, format!("SESSION_STATUS_UNSPECIFIED is not a status; {STATUSES}")))
+        }
+        Err(_) => Err(CodecError::invalid(path, format!("{raw} is not a known status; {STATUSES}"))),
+    }
+}
+
+pub fn encode_cancel_cause(cause: &CancelCause) -> pb::CancelCause {
+    let cause = match cause {
+        CancelCause::User => Cause::User(pb::Empty {}),
+        CancelCause::Parent => Cause::Parent(pb::Empty {}),
+        CancelCause::Hook { reason } => Cause::Hook(pb::HookCause { reason: reason.clone() }),
+        CancelCause::Disposed => Cause::Disposed(pb::Empty {}),
+    };
+    pb::CancelCause { cause: Some(cause) }
+}
+
+/// Decodes a cancel cause (path `cause`).
+pub fn decode_cancel_cause(cause: pb::CancelCause) -> Result<CancelCause, CodecError> {
+    cancel_cause_at(cause, "cause")
+}
+
+fn cancel_cause_at(cause: pb::CancelCause, path: &str) -> Result<CancelCause, CodecError> {
+    match cause.cause {
+        Some(Cause::User(_)) => Ok(CancelCause::User),
+        Some(Cause::Parent(_)) => Ok(CancelCause::Parent),
+        Some(Cause::Hook(h)) => Ok(CancelCause::Hook { reason: h.reason }),
+        Some(Cause::Disposed(_)) => Ok(CancelCause::Disposed),
+        None => Err(CodecError::invalid(path, format!("cancel cause has no kind; {CAUSES}"))),
+    }
+}
+
+pub fn encode_turn_end_reason(reason: &TurnEndReason) -> pb::TurnEndReason {
+    let reason = match reason {
+        TurnEndReason::Completed => Reason::Completed(pb::Empty {}),
+        TurnEndReason::Blocked => Reason::Blocked(pb::Empty {}),
+        TurnEndReason::MaxTokens => Reason::MaxTokens(pb::Empty {}),
+        TurnEndReason::Aborted(cause) => Reason::Aborted(encode_cancel_cause(cause)),
+        TurnEndReason::Error { message, code } => {
+            Reason::Error(pb::TurnError { message: message.clone(), code: code.clone() })
+        }
+        TurnEndReason::Interrupted => Reason::Interrupted(pb::Empty {}),
+    };
+    pb::TurnEndReason { reason: Some(reason) }
+}
+
+/// Decodes a turn-end reason (path `reason`).
+pub fn decode_turn_end_reason(reason: pb::TurnEndReason) -> Result<TurnEndReason, CodecError> {
+    turn_end_reason_at(reason, "reason")
+}
+
+fn turn_end_reason_at(reason: pb::TurnEndReason, path: &str) -> Result<TurnEndReason, CodecError> {
+    match reason.reason {
+        Some(Reason::Completed(_)) => Ok(TurnEndReason::Completed),
+        Some(Reason::Blocked(_)) => Ok(TurnEndReason::Blocked),
+        Some(Reason::MaxTokens(_)) => Ok(TurnEndReason::MaxTokens),
+        Some(Reason::Aborted(cause)) => Ok(TurnEndReason::Aborted(cancel_cause_at(cause, &join(path, "aborted"))?)),
+        Some(Reason::Error(e)) => Ok(TurnEndReason::Error { message: e.message, code: e.code }),
+        Some(Reason::Interrupted(_)) => Ok(TurnEndReason::Interrupted),
+        None => Err(CodecError::invalid(path, format!("turn-end reason has no kind; {REASONS}"))),
+    }
+}
+
+fn encode_outcome(outcome: SpliceOutcome) -> pb::SpliceOutcome {
+    match outcome {
+        SpliceOutcome::None => pb::SpliceOutcome::None,
+        SpliceOutcome::Canceled => pb::SpliceOutcome::Canceled,
+        SpliceOutcome::Restored => pb::SpliceOutcome::Restored,
+    }
+}
+
+fn outcome_at(raw: i32, path: &str) -> Result<SpliceOutcome, CodecError> {
+    match pb::SpliceOutcome::try_from(raw) {
+        Ok(pb::SpliceOutcome::None) => Ok(SpliceOutcome::None),
+        Ok(pb::SpliceOutcome::Canceled) => Ok(SpliceOutcome::Canceled),
+        Ok(pb::SpliceOutcome::Restored) => Ok(SpliceOutcome::Restored),
+        Err(_) => Err(CodecError::invalid(
+            path,
+            format!("{raw} is not a known splice outcome; use SPLICE_OUTCOME_NONE, _CANCELED or _RESTORED"),
+        )),
+    }
+}
+
+pub fn encode_splice(splice: &Splice) -> pb::InboxSpliced {
+    pb::InboxSpliced {
+        target: encode_target(splice.target).into(),
+        start: splice.start,
+        removed_count: splice.removed_count,
+        inserted: splice.inserted.iter().map(encode_user_message).collect(),
+        outcome: encode_outcome(splice.outcome).into(),
+        wake: splice.wake,
+        requested_target: splice.requested_target.map_or(pb::Target::Unspecified, encode_target).into(),
+    }
+}
+
+/// Decodes a splice (path `inbox_spliced`). Whether it applies to an inbox is the fold's business.
+pub fn decode_splice(splice: pb::InboxSpliced) -> Result<Splice, CodecError> {
+    splice_at(splice, "inbox_spliced")
+}
+
+fn splice_at(splice: pb::InboxSpliced, path: &str) -> Result<Splice, CodecError> {
+    Ok(Splice {
+        target: target_at(splice.target, &join(path, "target"))?,
+        start: splice.start,
+        removed_count: splice.removed_count,
+        inserted: messages_at(splice.inserted, &join(path, "inserted"))?,
+        outcome: outcome_at(splice.outcome, &join(path, "outcome"))?,
+        wake: splice.wake,
+        requested_target: optional_target_at(splice.requested_target, &join(path, "requested_target"))?,
+    })
+}
+
+fn encode_tool_call_spec(call: &ToolCallSpec) -> pb::ToolCallSpec {
+    pb::ToolCallSpec { call_id: call.call_id.clone(), name: call.name.clone(), arguments: call.arguments.clone() }
+}
+
+fn encode_payload(payload: &EventPayload) -> Option<Payload> {
+    Some(match payload {
+        EventPayload::InboxSpliced(splice) => Payload::InboxSpliced(encode_splice(splice)),
+        EventPayload::Status(status) => Payload::Status(pb::StatusChanged { status: encode_status(*status).into() }),
+        EventPayload::TurnStart { turn } => Payload::TurnStart(pb::TurnStart { turn: *turn }),
+        EventPayload::TurnEnd { turn, reason } => {
+            Payload::TurnEnd(pb::TurnEnd { turn: *turn, reason: Some(encode_turn_end_reason(reason)) })
+        }
+        EventPayload::StepStart { turn, step } => Payload::StepStart(pb::StepStart { turn: *turn, step: *step }),
+        EventPayload::StepEnd { turn, step } => Payload::StepEnd(pb::StepEnd { turn: *turn, step: *step }),
+        EventPayload::UserMessage { message, turn, step } => Payload::UserMessage(pb::UserMessageEvent {
+            message: Some(encode_user_message(message)),
+            turn: *turn,
+            step: *step,
+        }),
+        EventPayload::AssistantMessage { turn, step, text, tool_calls, interrupted, max_tokens } => {
+            Payload::AssistantMessage(pb::AssistantMessage {
+                turn: *turn,
+                step: *step,
+                text: text.clone(),
+                tool_calls: tool_calls.iter().map(encode_tool_call_spec).collect(),
+                interrupted: *interrupted,
+                max_tokens: *max_tokens,
+            })
+        }
+        EventPayload::ToolCall { turn, step, call } => Payload::ToolCall(pb::ToolCall {
+            turn: *turn,
+            step: *step,
+            call_id: call.call_id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+        }),
+        EventPayload::ToolResult { turn, step, call_id, output, error } => Payload::ToolResult(pb::ToolResult {
+            turn: *turn,
+            step: *step,
+            call_id: call_id.clone(),
+            output: output.clone(),
+            error: error.clone(),
+        }),
+        EventPayload::GoalChange { goal_id, revision, state, detail } => Payload::GoalChange(pb::GoalChange {
+            goal_id: goal_id.clone(),
+            revision: *revision,
+            state: state.clone(),
+            detail: detail.clone(),
+        }),
+        // An event this build does not understand has no payload it could write.
+        EventPayload::Ignorable { .. } => return None,
+    })
+}
+
+/// The durable type a payload variant stands for.
+fn payload_type(payload: &Payload) -> &'static str {
+    match payload {
+        Payload::InboxSpliced(_) => "agent/inbox/spliced",
+        Payload::Status(_) => "agent/status",
+        Payload::TurnStart(_) => "turn/start",
+        Payload::TurnEnd(_) => "turn/end",
+        Payload::StepStart(_) => "step/start",
+        Payload::StepEnd(_) => "step/end",
+        Payload::UserMessage(_) => "user/message",
+        Payload::AssistantMessage(_) => "assistant/message",
+        Payload::ToolCall(_) => "tool/call",
+        Payload::ToolResult(_) => "tool/result",
+        Payload::GoalChange(_) => "goal/change",
+    }
+}
+
+fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
+    Ok(match payload {
+        Payload::InboxSpliced(s) => EventPayload::InboxSpliced(splice_at(s, "inbox_spliced")?),
+        Payload::Status(s) => EventPayload::Status(status_at(s.status, "status.status")?),
+        Payload::TurnStart(t) => EventPayload::TurnStart { turn: t.turn },
+        Payload::TurnEnd(t) => {
+            let reason = t.reason.ok_or_else(|| CodecError::missing("turn_end.reason", REASONS))?;
+            EventPayload::TurnEnd { turn: t.turn, reason: turn_end_reason_at(reason, "turn_end.reason")? }
+        }
+        Payload::StepStart(s) => EventPayload::StepStart { turn: s.turn, step: s.step },
+        Payload::StepEnd(s) => EventPayload::StepEnd { turn: s.turn, step: s.step },
+        Payload::UserMessage(u) => EventPayload::UserMessage {
+            message: required_message_at(u.message, "user_message.message")?,
+            turn: u.turn,
+            step: u.step,
+        },
+        Payload::AssistantMessage(a) => EventPayload::AssistantMessage {
+            turn: a.turn,
+            step: a.step,
+            text: a.text,
+            tool_calls: a
+                .tool_calls
+                .into_iter()
+                .map(|c| ToolCallSpec { call_id: c.call_id, name: c.name, arguments: c.arguments })
+                .collect(),
+            interrupted: a.interrupted,
+            max_tokens: a.max_tokens,
+        },
+        Payload::ToolCall(c) => EventPayload::ToolCall {
+            turn: c.turn,
+            step: c.step,
+            call: ToolCallSpec { call_id: c.call_id, name: c.name, arguments: c.arguments },
+        },
+        Payload::ToolResult(r) => EventPayload::ToolResult {
+            turn: r.turn,
+            step: r.step,
+            call_id: r.call_id,
+            output: r.output,
+            error: r.error,
+        },
+        Payload::GoalChange(g) => {
+            EventPayload::GoalChange { goal_id: g.goal_id, revision: g.revision, state: g.state, detail: g.detail }
+        }
+    })
+}
+
+/// The protobuf form of a durable event. `type` is the payload's durable type; an
+/// [`EventPayload::Ignorable`] keeps the type it was read with, is marked ignorable and has no payload.
+pub fn encode_session_event(event: &Envelope) -> pb::SessionEvent {
+    let (ty, ignorable) = match &event.payload {
+        EventPayload::Ignorable { event_type } => (event_type.clone(), true),
+        other => (other.event_type().to_owned(), false),
+    };
+    pb::SessionEvent {
+        session: Some(encode_session_ref(&event.session)),
+        seq: event.seq,
+        time_unix_ms: event.time_ms,
+        epoch: event.epoch,
+        r#type: ty,
+        ignorable,
+        payload: encode_payload(&event.payload),
+    }
+}
+
+/// Decodes and validates a durable event. An unknown `type`, or a missing payload, is refused unless the
+/// event is marked ignorable, in which case it becomes [`EventPayload::Ignorable`]. A `type` that names a
+/// different variant than the payload is always refused.
+pub fn decode_session_event(event: pb::SessionEvent) -> Result<Envelope, CodecError> {
+    let session = required_session_at(event.session, "session")?;
+    if event.seq == 0 {
+        return Err(CodecError::invalid("seq", "must be at least 1; seqs are contiguous from 1 per session"));
+    }
+    let ty = event.r#type;
+    let known = DURABLE_TYPES.contains(&ty.as_str());
+    let payload = match event.payload {
+        Some(payload) if known => {
+            let actual = payload_type(&payload);
+            if actual != ty {
+                return Err(CodecError::invalid(
+                    "type",
+                    format!("is {ty:?} but the payload is {actual:?}; write the type of the payload variant"),
+                ));
+            }
+            decode_payload(payload)?
+        }
+        _ if event.ignorable => EventPayload::Ignorable { event_type: ty },
+        None if known => {
+            return Err(CodecError::missing(
+                "payload",
+                &format!("set the payload of {ty:?}, or mark the event ignorable"),
+            ));
+        }
+        _ => {
+            return Err(CodecError::invalid(
+                "type",
+                format!(
+                    "{ty:?} is not a durable type this build knows and the event is not marked ignorable; \
+                     upgrade the reader, or mark the event ignorable if readers may skip it"
+                ),
+            ));
+        }
+    };
+    Ok(Envelope { session, seq: event.seq, time_ms: event.time_unix_ms, epoch: event.epoch, payload })
+}
+
+/// The bytes the journal stores for a durable event (prost encoding of `SessionEvent`).
+pub fn encode_event(event: &Envelope) -> Vec<u8> {
+    encode_session_event(event).encode_to_vec()
+}
+
+/// The inverse of [`encode_event`].
+pub fn decode_event(bytes: &[u8]) -> Result<Envelope, CodecError> {
+    let event = pb::SessionEvent::decode(bytes)
+        .map_err(|e| CodecError::Malformed { what: "SessionEvent", detail: e.to_string() })?;
+    decode_session_event(event)
+}

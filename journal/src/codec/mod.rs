@@ -1,0 +1,28 @@
+//! Protobuf mapping between the domain model and `turnstile_proto::v1`.
+//!
+//! Encoding is total: every domain value has one protobuf form. Decoding is *validation*: a protobuf value
+//! that breaks a rule of SPEC §1–§5 is refused with a [`CodecError`] whose message names the field path
+//! (`message.content[1]`, `inbox_spliced.target`, …) and says how to fix it. Message *size* is not checked
+//! here: the driver checks it against its configured limit.
+//!
+//! Submodules: [`message`] (values of SPEC §1), [`event`] (durable events), [`live`] (live events).
+
+mod error;
+pub mod event;
+pub mod live;
+pub mod message;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::CodecError;
+pub use event::{
+    decode_cancel_cause, decode_event, decode_session_event, decode_splice, decode_status, decode_turn_end_reason,
+    encode_cancel_cause, encode_event, encode_session_event, encode_splice, encode_status, encode_turn_end_reason,
+};
+pub use live::{decode_live, decode_live_event, encode_live, encode_live_event};
+pub use message::{
+    decode_content_block, decode_inbox_snapshot, decode_message_source, decode_session_ref, decode_target,
+    decode_user_message, decode_user_message_with_default_source, encode_content_block, encode_inbox,
+    encode_message_source, encode_session_ref, encode_target, encode_user_message,
+};

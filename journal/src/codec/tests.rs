@@ -1,0 +1,449 @@
+//! Round trips for every payload variant and source kind, and each decode error.
+
+use prost::Message as _;
+use turnstile_proto::v1 as pb;
+
+use super::*;
+use crate::event::{
+    CancelCause, Envelope, EventPayload, LiveEvent, LivePayload, Splice, SpliceOutcome, Status, ToolCallSpec,
+    TurnEndReason,
+};
+use crate::inbox::Inbox;
+use crate::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
+
+fn session() -> SessionRef {
+    SessionRef { tenant: "acme".into(), id: "s-1".into() }
+}
+
+fn sources() -> Vec<MessageSource> {
+    vec![
+        MessageSource::User,
+        MessageSource::Plugin { plugin: "memory".into(), form: Some("recall".into()) },
+        MessageSource::Plugin { plugin: String::new(), form: None },
+        MessageSource::Goal { goal_id: "g1".into(), revision: 3, round: 2 },
+        MessageSource::Tool { call_id: "call-7".into() },
+        MessageSource::Model { provider: "scripted".into(), model: "echo".into() },
+    ]
+}
+
+fn message(id: &str, source: MessageSource) -> UserMessage {
+    UserMessage {
+        id: MessageId(id.into()),
+        content: vec![
+            ContentBlock::text("hello"),
+            ContentBlock::Data { mime: "image/png".into(), bytes: vec![0, 1, 2, 255] },
+        ],
+        source,
+    }
+}
+
+fn payloads() -> Vec<EventPayload> {
+    let call = ToolCallSpec { call_id: "c1".into(), name: "echo".into(), arguments: "hi".into() };
+    let mut out = vec![
+        EventPayload::InboxSpliced(Splice {
+            target: Target::NextTurn,
+            start: 0,
+            removed_count: 0,
+            inserted: vec![message("a", MessageSource::User), message("b", sources()[1].clone())],
+            outcome: SpliceOutcome::None,
+            wake: true,
+            requested_target: Some(Target::NextStep),
+        }),
+        EventPayload::InboxSpliced(Splice {
+            target: Target::NextStep,
+            start: 1,
+            removed_count: 2,
+            inserted: vec![],
+            outcome: SpliceOutcome::Canceled,
+            wake: false,
+            requested_target: None,
+        }),
+        EventPayload::InboxSpliced(Splice {
+            target: Target::NextTurn,
+            start: 0,
+            removed_count: 0,
+            inserted: vec![message("r", MessageSource::User)],
+            outcome: SpliceOutcome::Restored,
+            wake: false,
+            requested_target: None,
+        }),
+        EventPayload::Status(Status::Idle),
+        EventPayload::Status(Status::Running),
+        EventPayload::TurnStart { turn: 4 },
+        EventPayload::StepStart { turn: 4, step: 1 },
+        EventPayload::StepEnd { turn: 4, step: 1 },
+        EventPayload::AssistantMessage {
+            turn: 4,
+            step: 1,
+            text: "echo: hi".into(),
+            tool_calls: vec![call.clone()],
+            interrupted: true,
+            max_tokens: true,
+        },
+        EventPayload::ToolCall { turn: 4, step: 1, call },
+        EventPayload::ToolResult { turn: 4, step: 1, call_id: "c1".into(), output: "hi".into(), error: None },
+        EventPayload::ToolResult {
+            turn: 4,
+            step: 1,
+            call_id: "c1".into(),
+            output: String::new(),
+            error: Some("boom".into()),
+        },
+        EventPayload::GoalChange { goal_id: "g".into(), revision: 2, state: "active".into(), detail: vec![9, 8] },
+        EventPayload::Ignorable { event_type: "future/thing".into() },
+    ];
+    for source in sources() {
+        out.push(EventPayload::UserMessage { message: message("m", source), turn: 4, step: 2 });
+    }
+    let reasons = [
+        TurnEndReason::Completed,
+        TurnEndReason::Blocked,
+        TurnEndReason::MaxTokens,
+        TurnEndReason::Aborted(CancelCause::User),
+        TurnEndReason::Aborted(CancelCause::Parent),
+        TurnEndReason::Aborted(CancelCause::Hook { reason: "budget".into() }),
+        TurnEndReason::Aborted(CancelCause::Disposed),
+        TurnEndReason::Error { message: "model failed".into(), code: "model".into() },
+        TurnEndReason::Interrupted,
+    ];
+    out.extend(reasons.into_iter().map(|reason| EventPayload::TurnEnd { turn: 4, reason }));
+    out
+}
+
+fn envelope(seq: u64, payload: EventPayload) -> Envelope {
+    Envelope { session: session(), seq, time_ms: 1_700_000_000_000 + seq, epoch: 3, payload }
+}
+
+#[test]
+fn every_durable_payload_round_trips_through_bytes() {
+    for (i, payload) in payloads().into_iter().enumerate() {
+        let event = envelope(i as u64 + 1, payload);
+        let back = decode_event(&encode_event(&event)).unwrap();
+        assert_eq!(back, event);
+    }
+}
+
+#[test]
+fn encoded_type_is_the_payload_type_and_ignorable_keeps_its_own() {
+    for payload in payloads() {
+        let event = encode_session_event(&envelope(1, payload.clone()));
+        match &payload {
+            EventPayload::Ignorable { event_type } => {
+                assert_eq!(&event.r#type, event_type);
+                assert!(event.ignorable && event.payload.is_none());
+            }
+            other => {
+                assert_eq!(event.r#type, other.event_type());
+                assert!(!event.ignorable);
+            }
+        }
+    }
+}
+
+#[test]
+fn every_live_payload_round_trips_through_bytes() {
+    let live = [
+        LivePayload::Inserted { message: message("a", MessageSource::User) },
+        LivePayload::Discarded { message: message("b", sources()[3].clone()) },
+        LivePayload::Claimed { message: message("c", sources()[4].clone()), turn: 2 },
+        LivePayload::Status { status: Status::Running },
+        LivePayload::Status { status: Status::Idle },
+        LivePayload::AssistantDelta { turn: 2, step: 1, text: "ec".into() },
+        LivePayload::Error { turn: 2, step: 1, message: "hook failed".into() },
+    ];
+    for payload in live {
+        let event = LiveEvent { session: session(), after_seq: 12, payload };
+        assert_eq!(encode_live_event(&event).r#type, event.event_type());
+        assert_eq!(decode_live(&encode_live(&event)).unwrap(), event);
+    }
+}
+
+#[test]
+fn every_source_kind_round_trips() {
+    for source in sources() {
+        assert_eq!(decode_message_source(encode_message_source(&source)).unwrap(), source);
+        let m = message("id-1", source);
+        assert_eq!(decode_user_message(encode_user_message(&m)).unwrap(), m);
+    }
+}
+
+#[test]
+fn plugin_form_empty_is_none() {
+    let pb_source = pb::MessageSource {
+        kind: Some(pb::message_source::Kind::Plugin(pb::PluginSource { plugin: "p".into(), form: String::new() })),
+    };
+    assert_eq!(decode_message_source(pb_source).unwrap(), MessageSource::Plugin { plugin: "p".into(), form: None });
+    let encoded = encode_message_source(&MessageSource::Plugin { plugin: "p".into(), form: None });
+    assert_eq!(
+        encoded.kind,
+        Some(pb::message_source::Kind::Plugin(pb::PluginSource { plugin: "p".into(), form: String::new() }))
+    );
+}
+
+#[test]
+fn targets_statuses_causes_and_reasons_round_trip() {
+    for t in [Target::NextTurn, Target::NextStep] {
+        assert_eq!(decode_target(encode_target(t).into()).unwrap(), t);
+    }
+    for s in [Status::Idle, Status::Running] {
+        assert_eq!(decode_status(encode_status(s).into()).unwrap(), s);
+    }
+    for c in [CancelCause::User, CancelCause::Parent, CancelCause::Hook { reason: "r".into() }, CancelCause::Disposed] {
+        assert_eq!(decode_cancel_cause(encode_cancel_cause(&c)).unwrap(), c);
+        let reason = TurnEndReason::Aborted(c);
+        assert_eq!(decode_turn_end_reason(encode_turn_end_reason(&reason)).unwrap(), reason);
+    }
+    let splice = Splice {
+        target: Target::NextStep,
+        start: 0,
+        removed_count: 1,
+        inserted: vec![],
+        outcome: SpliceOutcome::None,
+        wake: false,
+        requested_target: None,
+    };
+    assert_eq!(decode_splice(encode_splice(&splice)).unwrap(), splice);
+}
+
+#[test]
+fn inbox_snapshot_carries_both_lists_and_the_seq() {
+    let inbox = Inbox {
+        next_turn: vec![message("t1", MessageSource::User), message("t2", MessageSource::User)],
+        next_step: vec![message("s1", sources()[2].clone())],
+    };
+    let snapshot = encode_inbox(&inbox, 42);
+    assert_eq!(snapshot.seq, 42);
+    assert_eq!(snapshot.next_turn.len(), 2);
+    assert_eq!(snapshot.next_turn[1].id, "t2");
+    assert_eq!(snapshot.next_step[0].id, "s1");
+    assert_eq!(decode_inbox_snapshot(snapshot).unwrap(), (42, inbox));
+}
+
+// ---- decode errors ----
+
+fn err_string(result: Result<impl std::fmt::Debug, CodecError>) -> String {
+    result.unwrap_err().to_string()
+}
+
+fn pb_message() -> pb::UserMessage {
+    encode_user_message(&message("ok", MessageSource::User))
+}
+
+#[test]
+fn empty_content_block_names_its_index() {
+    let mut m = pb_message();
+    m.content[1].block = None;
+    let e = decode_user_message(m).unwrap_err();
+    assert_eq!(e.path(), Some("message.content[1]"));
+    assert_eq!(e.to_string(), "message.content[1]: content block has neither text nor data; set one of them");
+}
+
+#[test]
+fn message_id_length_is_checked() {
+    let mut m = pb_message();
+    m.id = "x".repeat(129);
+    let e = decode_user_message(m).unwrap_err();
+    assert_eq!(e, CodecError::value("message.id", ValueError::MessageIdLength { len: 129 }));
+    assert!(e.to_string().starts_with("message.id: message id must be 1 to 128 bytes, got 129"));
+    let mut m = pb_message();
+    m.id = String::new();
+    assert_eq!(decode_user_message(m).unwrap_err().path(), Some("message.id"));
+}
+
+#[test]
+fn missing_source_is_an_error_unless_a_default_is_given() {
+    let mut m = pb_message();
+    m.source = None;
+    let e = decode_user_message(m.clone()).unwrap_err();
+    assert_eq!(e.path(), Some("message.source"));
+    assert!(e.to_string().contains("is missing"), "{e}");
+    let inject_default = MessageSource::Plugin { plugin: String::new(), form: None };
+    let decoded = decode_user_message_with_default_source(m, inject_default.clone()).unwrap();
+    assert_eq!(decoded.source, inject_default);
+    // A source that is present wins over the default.
+    let decoded = decode_user_message_with_default_source(pb_message(), inject_default).unwrap();
+    assert_eq!(decoded.source, MessageSource::User);
+}
+
+#[test]
+fn source_without_kind_is_refused() {
+    let mut m = pb_message();
+    m.source = Some(pb::MessageSource { kind: None });
+    assert_eq!(decode_user_message(m).unwrap_err().path(), Some("message.source"));
+}
+
+#[test]
+fn source_value_rules_point_at_the_field() {
+    let cases = [
+        (MessageSource::Plugin { plugin: "p".into(), form: Some("gossip".into()) }, "message.source.plugin.form"),
+        (MessageSource::Goal { goal_id: "g".into(), revision: 1, round: 0 }, "message.source.goal.round"),
+        (MessageSource::Goal { goal_id: String::new(), revision: 1, round: 1 }, "message.source.goal.goal_id"),
+        (MessageSource::Tool { call_id: String::new() }, "message.source.tool.call_id"),
+    ];
+    for (source, path) in cases {
+        let mut m = pb_message();
+        m.source = Some(encode_message_source(&source));
+        let e = decode_user_message(m).unwrap_err();
+        assert_eq!(e.path(), Some(path), "{e}");
+    }
+    let mut m = pb_message();
+    m.source = Some(encode_message_source(&MessageSource::Plugin { plugin: "p".into(), form: Some("gossip".into()) }));
+    assert!(err_string(decode_user_message(m)).contains("use one of instructions"));
+}
+
+#[test]
+fn unspecified_and_unknown_targets_are_refused() {
+    assert_eq!(
+        err_string(decode_target(0)),
+        "target: TARGET_UNSPECIFIED is not a target; use TARGET_NEXT_TURN or TARGET_NEXT_STEP"
+    );
+    assert!(err_string(decode_target(9)).starts_with("target: 9 is not a known target"));
+    assert!(err_string(decode_status(0)).starts_with("status: SESSION_STATUS_UNSPECIFIED"));
+    assert!(err_string(decode_status(5)).starts_with("status: 5 is not a known status"));
+}
+
+#[test]
+fn empty_cause_and_reason_are_refused() {
+    assert_eq!(decode_cancel_cause(pb::CancelCause { cause: None }).unwrap_err().path(), Some("cause"));
+    assert_eq!(decode_turn_end_reason(pb::TurnEndReason { reason: None }).unwrap_err().path(), Some("reason"));
+    let aborted_without_cause = pb::TurnEndReason {
+        reason: Some(pb::turn_end_reason::Reason::Aborted(pb::CancelCause { cause: None })),
+    };
+    assert_eq!(decode_turn_end_reason(aborted_without_cause).unwrap_err().path(), Some("reason.aborted"));
+}
+
+#[test]
+fn bad_session_refs_are_refused() {
+    let e = decode_session_ref(pb::SessionRef { tenant: "ac me".into(), id: "s".into() }).unwrap_err();
+    assert_eq!(e.path(), Some("session"));
+    assert!(e.to_string().contains("' '"), "{e}");
+    let mut event = encode_session_event(&envelope(1, EventPayload::TurnStart { turn: 1 }));
+    event.session = None;
+    assert_eq!(decode_session_event(event).unwrap_err().path(), Some("session"));
+    let mut event = encode_session_event(&envelope(1, EventPayload::TurnStart { turn: 1 }));
+    event.session = Some(pb::SessionRef { tenant: String::new(), id: "s".into() });
+    assert_eq!(decode_session_event(event).unwrap_err().path(), Some("session"));
+}
+
+#[test]
+fn seq_zero_is_refused() {
+    let mut event = encode_session_event(&envelope(1, EventPayload::TurnStart { turn: 1 }));
+    event.seq = 0;
+    assert_eq!(decode_session_event(event).unwrap_err().path(), Some("seq"));
+}
+
+#[test]
+fn unknown_type_is_refused_unless_ignorable() {
+    let mut event = encode_session_event(&envelope(1, EventPayload::TurnStart { turn: 1 }));
+    event.r#type = "future/thing".into();
+    event.payload = None;
+    let e = decode_session_event(event.clone()).unwrap_err();
+    assert_eq!(e.path(), Some("type"));
+    assert!(e.to_string().contains("not marked ignorable"), "{e}");
+    event.ignorable = true;
+    assert_eq!(
+        decode_session_event(event).unwrap().payload,
+        EventPayload::Ignorable { event_type: "future/thing".into() }
+    );
+}
+
+#[test]
+fn missing_payload_is_refused_unless_ignorable() {
+    let mut event = encode_session_event(&envelope(1, EventPayload::TurnStart { turn: 1 }));
+    event.payload = None;
+    assert_eq!(decode_session_event(event.clone()).unwrap_err().path(), Some("payload"));
+    event.ignorable = true;
+    assert_eq!(
+        decode_session_event(event).unwrap().payload,
+        EventPayload::Ignorable { event_type: "turn/start".into() }
+    );
+}
+
+#[test]
+fn type_must_match_payload_even_when_ignorable() {
+    let mut event = encode_session_event(&envelope(1, EventPayload::TurnStart { turn: 1 }));
+    event.r#type = "turn/end".into();
+    event.ignorable = true;
+    let e = decode_session_event(event).unwrap_err();
+    assert_eq!(e.path(), Some("type"));
+    assert!(e.to_string().contains("\"turn/start\""), "{e}");
+}
+
+#[test]
+fn nested_payload_errors_name_the_path() {
+    let splice = Splice {
+        target: Target::NextTurn,
+        start: 0,
+        removed_count: 0,
+        inserted: vec![message("a", MessageSource::User), message("b", MessageSource::User)],
+        outcome: SpliceOutcome::None,
+        wake: false,
+        requested_target: None,
+    };
+    let mut event = encode_session_event(&envelope(1, EventPayload::InboxSpliced(splice)));
+    if let Some(pb::session_event::Payload::InboxSpliced(s)) = &mut event.payload {
+        s.inserted[1].id = String::new();
+    }
+    assert_eq!(decode_session_event(event.clone()).unwrap_err().path(), Some("inbox_spliced.inserted[1].id"));
+    if let Some(pb::session_event::Payload::InboxSpliced(s)) = &mut event.payload {
+        s.inserted[1].id = "b".into();
+        s.target = 0;
+    }
+    assert_eq!(decode_session_event(event.clone()).unwrap_err().path(), Some("inbox_spliced.target"));
+    if let Some(pb::session_event::Payload::InboxSpliced(s)) = &mut event.payload {
+        s.target = 1;
+        s.outcome = 7;
+    }
+    assert_eq!(decode_session_event(event.clone()).unwrap_err().path(), Some("inbox_spliced.outcome"));
+    if let Some(pb::session_event::Payload::InboxSpliced(s)) = &mut event.payload {
+        s.outcome = 0;
+        s.requested_target = 7;
+    }
+    assert_eq!(decode_session_event(event).unwrap_err().path(), Some("inbox_spliced.requested_target"));
+
+    let mut end = encode_session_event(&envelope(1, EventPayload::TurnEnd { turn: 1, reason: TurnEndReason::Blocked }));
+    if let Some(pb::session_event::Payload::TurnEnd(t)) = &mut end.payload {
+        t.reason = None;
+    }
+    assert_eq!(decode_session_event(end).unwrap_err().path(), Some("turn_end.reason"));
+
+    let m = message("m", MessageSource::User);
+    let mut um = encode_session_event(&envelope(1, EventPayload::UserMessage { message: m, turn: 1, step: 1 }));
+    if let Some(pb::session_event::Payload::UserMessage(u)) = &mut um.payload {
+        u.message = None;
+    }
+    assert_eq!(decode_session_event(um).unwrap_err().path(), Some("user_message.message"));
+
+    let mut status = encode_session_event(&envelope(1, EventPayload::Status(Status::Idle)));
+    status.payload = Some(pb::session_event::Payload::Status(pb::StatusChanged { status: 0 }));
+    assert_eq!(decode_session_event(status).unwrap_err().path(), Some("status.status"));
+}
+
+#[test]
+fn live_type_mismatch_and_missing_payload_are_refused() {
+    let event = LiveEvent {
+        session: session(),
+        after_seq: 3,
+        payload: LivePayload::Claimed { message: message("a", MessageSource::User), turn: 1 },
+    };
+    let mut pb_event = encode_live_event(&event);
+    pb_event.r#type = "agent/inbox/inserted".into();
+    assert_eq!(decode_live_event(pb_event.clone()).unwrap_err().path(), Some("type"));
+    pb_event.payload = None;
+    assert_eq!(decode_live_event(pb_event).unwrap_err().path(), Some("payload"));
+    let mut pb_event = encode_live_event(&event);
+    if let Some(pb::live_event::Payload::Claimed(c)) = &mut pb_event.payload {
+        c.message = None;
+    }
+    assert_eq!(decode_live_event(pb_event).unwrap_err().path(), Some("claimed.message"));
+}
+
+#[test]
+fn garbage_bytes_are_malformed() {
+    let garbage = [0xff, 0xff, 0xff, 0xff, 0x0f];
+    assert!(matches!(decode_event(&garbage), Err(CodecError::Malformed { what: "SessionEvent", .. })));
+    assert!(matches!(decode_live(&garbage), Err(CodecError::Malformed { what: "LiveEvent", .. })));
+    // Valid protobuf of the wrong shape still fails validation rather than decoding to something.
+    let bytes = pb::SessionRef { tenant: "a".into(), id: "b".into() }.encode_to_vec();
+    assert!(decode_event(&bytes).is_err());
+}

@@ -68,9 +68,9 @@ pub fn encode_live_event(event: &LiveEvent) -> pb::LiveEvent {
 /// Decodes and validates a live event; its `type` must be the type of its payload.
 pub fn decode_live_event(event: pb::LiveEvent) -> Result<LiveEvent, CodecError> {
     let session = required_session_at(event.session, "session")?;
-    let payload = event.payload.ok_or_else(|| {
-        CodecError::missing("payload", &format!("set the payload of live type {:?}", event.r#type))
-    })?;
+    let payload = event
+        .payload
+        .ok_or_else(|| CodecError::missing("payload", &format!("set the payload of live type {:?}", event.r#type)))?;
     let actual = payload_type(&payload);
     if actual != event.r#type {
         return Err(CodecError::invalid(

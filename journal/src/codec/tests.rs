@@ -306,9 +306,8 @@ fn unspecified_and_unknown_targets_are_refused() {
 fn empty_cause_and_reason_are_refused() {
     assert_eq!(decode_cancel_cause(pb::CancelCause { cause: None }).unwrap_err().path(), Some("cause"));
     assert_eq!(decode_turn_end_reason(pb::TurnEndReason { reason: None }).unwrap_err().path(), Some("reason"));
-    let aborted_without_cause = pb::TurnEndReason {
-        reason: Some(pb::turn_end_reason::Reason::Aborted(pb::CancelCause { cause: None })),
-    };
+    let aborted_without_cause =
+        pb::TurnEndReason { reason: Some(pb::turn_end_reason::Reason::Aborted(pb::CancelCause { cause: None })) };
     assert_eq!(decode_turn_end_reason(aborted_without_cause).unwrap_err().path(), Some("reason.aborted"));
 }
 

@@ -1,1 +1,46 @@
-//! placeholder
+//! Turnstile's public gRPC gateway (`turnstile.v1.Agent`, API.md).
+//!
+//! Place in the architecture: clients talk only to a gateway. It validates each request, turns it into
+//! a journal [`Command`](turnstile_journal::Command) and hands it to a
+//! [`CommandRouter`](turnstile_journal::CommandRouter), which reaches the driver that owns the session
+//! (the in-process worker host in `turnstile dev`, the shard owner over internal gRPC in a cluster).
+//! Reads — `GetInbox`, `GetSession`, `ListSessions` and `Watch` — never touch a driver: the gateway folds
+//! the session's log itself, so any gateway can serve any session while shards move.
+//!
+//! Modules: [`convert`] (request validation), [`wire`] (event encoding), [`status`] (error → gRPC code),
+//! [`read`] (projection reads), [`merge`] and [`watch`] (the resumable Watch stream), [`service`] (the
+//! RPCs).
+
+pub mod convert;
+pub mod merge;
+pub mod read;
+pub mod service;
+pub mod status;
+pub mod watch;
+pub mod wire;
+
+use std::future::Future;
+
+pub use service::{Gateway, GatewayConfig};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use turnstile_proto::v1::agent_server::AgentServer;
+
+/// The gRPC server stopped for a reason other than `shutdown`.
+#[derive(Debug, thiserror::Error)]
+#[error("gRPC server failed: {0}")]
+pub struct ServeError(#[from] tonic::transport::Error);
+
+/// Serves `gateway` on an already bound listener (bind port 0 in tests) until `shutdown` resolves;
+/// in-flight calls are drained first.
+pub async fn serve(
+    gateway: Gateway,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    tonic::transport::Server::builder()
+        .add_service(AgentServer::new(gateway))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,345 @@
+//! The `turnstile.v1.Agent` service: decode and validate, route commands to the owning driver, serve
+//! reads from the log.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use turnstile_journal::message::{MessageSource, SessionRef, Target, UserMessage};
+use turnstile_journal::{Command, CommandReply, CommandRouter, LiveBus, SessionLog, SessionState};
+use turnstile_proto::v1 as pb;
+use turnstile_proto::v1::agent_server::Agent;
+
+use crate::watch::{self, WatchSpec};
+use crate::{convert, read, status, wire};
+
+/// Knobs of the gateway.
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    /// Tenant used when a request's `session.tenant` is empty (no auth in front of the gateway).
+    pub default_tenant: String,
+    /// `WhenIdle` timeout when the request says 0.
+    pub when_idle_timeout: Duration,
+    /// Items buffered per Watch stream before the tail waits for the client.
+    pub watch_buffer: usize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self { default_tenant: "default".into(), when_idle_timeout: Duration::from_secs(30), watch_buffer: 256 }
+    }
+}
+
+/// Default and largest `ListSessions` page.
+const DEFAULT_PAGE: usize = 100;
+const MAX_PAGE: usize = 1000;
+
+/// The public gateway: one per process, cheap to clone.
+#[derive(Clone)]
+pub struct Gateway {
+    router: Arc<dyn CommandRouter>,
+    log: Arc<dyn SessionLog>,
+    bus: Arc<dyn LiveBus>,
+    config: GatewayConfig,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    pub fn new(
+        router: Arc<dyn CommandRouter>,
+        log: Arc<dyn SessionLog>,
+        bus: Arc<dyn LiveBus>,
+        config: GatewayConfig,
+    ) -> Self {
+        Self { router, log, bus, config }
+    }
+
+    fn session(&self, raw: Option<pb::SessionRef>) -> Result<SessionRef, Status> {
+        convert::session(raw, &self.config.default_tenant).map_err(status::from_convert)
+    }
+
+    async fn execute(
+        &self,
+        session: &SessionRef,
+        command: Command,
+        timeout: Option<Duration>,
+    ) -> Result<CommandReply, Status> {
+        let name = command.name();
+        let reply = self.router.execute(session, command, timeout).await;
+        if let Err(e) = &reply {
+            tracing::debug!(%session, command = name, error = %e, "command refused");
+        }
+        reply.map_err(status::from_command)
+    }
+
+    async fn deliver(&self, session: SessionRef, command: Command) -> Result<Response<pb::SendReply>, Status> {
+        match self.execute(&session, command, None).await? {
+            CommandReply::Sent { seq, turn } => Ok(Response::new(pb::SendReply { seq, turn })),
+            other => Err(unexpected("a delivery", &other)),
+        }
+    }
+
+    async fn written(&self, session: SessionRef, command: Command) -> Result<u64, Status> {
+        let name = command.name();
+        match self.execute(&session, command, None).await? {
+            CommandReply::Written { seq } => Ok(seq),
+            other => Err(unexpected(name, &other)),
+        }
+    }
+
+    /// Decodes a `DeliverRequest`'s session and message; `default_source` fills a missing source.
+    fn delivery(
+        &self,
+        req: pb::DeliverRequest,
+        default_source: &MessageSource,
+    ) -> Result<(SessionRef, UserMessage), Status> {
+        let session = self.session(req.session)?;
+        let message = convert::user_message("message", req.message, default_source).map_err(status::from_convert)?;
+        Ok((session, message))
+    }
+
+    async fn preset(
+        &self,
+        req: pb::DeliverRequest,
+        target: Target,
+        wakeup: bool,
+        default_source: &MessageSource,
+    ) -> Result<Response<pb::SendReply>, Status> {
+        let (session, message) = self.delivery(req, default_source)?;
+        self.deliver(session, Command::Send { message, target, wakeup, expected_turn: None }).await
+    }
+
+    async fn info(&self, state: &SessionState) -> pb::SessionInfo {
+        pb::SessionInfo {
+            session: Some(wire::encode_session(&state.session)),
+            status: wire::encode_status(state.status) as i32,
+            last_seq: state.last_seq,
+            last_turn: state.last_turn,
+            epoch: state.epoch,
+            owner: self.router.owner(&state.session).await.unwrap_or_default(),
+        }
+    }
+}
+
+fn unexpected(what: &str, reply: &CommandReply) -> Status {
+    Status::internal(format!("the driver answered {what} with {reply:?}; this is a bug, please report it"))
+}
+
+/// `tenant/id` of the last session of a page.
+fn page_token(s: &SessionRef) -> String {
+    format!("{}/{}", s.tenant, s.id)
+}
+
+fn parse_page_token(token: &str) -> Result<Option<SessionRef>, Status> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let bad = || {
+        Status::invalid_argument(format!(
+            "page_token {token:?} is not valid; pass the next_page_token of the previous reply, or empty to start"
+        ))
+    };
+    let (tenant, id) = token.split_once('/').ok_or_else(bad)?;
+    SessionRef::new(tenant, id).map(Some).map_err(|_| bad())
+}
+
+#[tonic::async_trait]
+impl Agent for Gateway {
+    async fn send(&self, request: Request<pb::SendRequest>) -> Result<Response<pb::SendReply>, Status> {
+        let req = request.into_inner();
+        let session = self.session(req.session)?;
+        let target = convert::target("target", req.target).map_err(status::from_convert)?;
+        let message =
+            convert::user_message("message", req.message, &MessageSource::User).map_err(status::from_convert)?;
+        self.deliver(session, Command::Send { message, target, wakeup: req.wakeup, expected_turn: None }).await
+    }
+
+    async fn followup(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
+        self.preset(request.into_inner(), Target::NextTurn, true, &MessageSource::User).await
+    }
+
+    async fn queue(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
+        self.preset(request.into_inner(), Target::NextTurn, false, &MessageSource::User).await
+    }
+
+    async fn steer(&self, request: Request<pb::SteerRequest>) -> Result<Response<pb::SendReply>, Status> {
+        let req = request.into_inner();
+        let session = self.session(req.session)?;
+        let message =
+            convert::user_message("message", req.message, &MessageSource::User).map_err(status::from_convert)?;
+        let command =
+            Command::Send { message, target: Target::NextStep, wakeup: true, expected_turn: req.expected_turn };
+        self.deliver(session, command).await
+    }
+
+    async fn inject(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
+        self.preset(request.into_inner(), Target::NextStep, false, &convert::inject_default_source()).await
+    }
+
+    async fn interrupt(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
+        let (session, message) = self.delivery(request.into_inner(), &MessageSource::User)?;
+        self.deliver(session, Command::Interrupt { message }).await
+    }
+
+    async fn cancel(&self, request: Request<pb::CancelRequest>) -> Result<Response<pb::CancelReply>, Status> {
+        let req = request.into_inner();
+        let session = self.session(req.session)?;
+        let command = Command::Cancel { cause: convert::cancel_cause(req.cause), keep_inbox: req.keep_inbox };
+        let seq = self.written(session, command).await?;
+        Ok(Response::new(pb::CancelReply { seq }))
+    }
+
+    async fn replace(&self, request: Request<pb::ReplaceRequest>) -> Result<Response<pb::EditReply>, Status> {
+        let req = request.into_inner();
+        let session = self.session(req.session)?;
+        let id = convert::message_id("id", req.id).map_err(status::from_convert)?;
+        let message =
+            convert::user_message("message", req.message, &MessageSource::User).map_err(status::from_convert)?;
+        let seq = self.written(session, Command::Replace { id, message }).await?;
+        Ok(Response::new(pb::EditReply { seq }))
+    }
+
+    async fn remove(&self, request: Request<pb::RemoveRequest>) -> Result<Response<pb::EditReply>, Status> {
+        let req = request.into_inner();
+        let session = self.session(req.session)?;
+        let id = convert::message_id("id", req.id).map_err(status::from_convert)?;
+        let seq = self.written(session, Command::Remove { id }).await?;
+        Ok(Response::new(pb::EditReply { seq }))
+    }
+
+    async fn splice(&self, request: Request<pb::SpliceRequest>) -> Result<Response<pb::EditReply>, Status> {
+        let req = request.into_inner();
+        let session = self.session(req.session)?;
+        let target = convert::target("target", req.target).map_err(status::from_convert)?;
+        let inserted = req
+            .inserted
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| convert::user_message(&format!("inserted[{i}]"), Some(m), &MessageSource::User))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(status::from_convert)?;
+        let command = Command::Splice { target, start: req.start, delete_count: req.delete_count, inserted };
+        let seq = self.written(session, command).await?;
+        Ok(Response::new(pb::EditReply { seq }))
+    }
+
+    async fn clear(&self, request: Request<pb::ClearRequest>) -> Result<Response<pb::EditReply>, Status> {
+        let session = self.session(request.into_inner().session)?;
+        let seq = self.written(session, Command::Clear).await?;
+        Ok(Response::new(pb::EditReply { seq }))
+    }
+
+    async fn get_inbox(&self, request: Request<pb::GetInboxRequest>) -> Result<Response<pb::InboxSnapshot>, Status> {
+        let session = self.session(request.into_inner().session)?;
+        let state = read::existing(self.log.as_ref(), &session).await?;
+        Ok(Response::new(wire::encode_inbox(&state.inbox, state.last_seq)))
+    }
+
+    async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Result<Response<pb::SessionInfo>, Status> {
+        let session = self.session(request.into_inner().session)?;
+        let state = read::existing(self.log.as_ref(), &session).await?;
+        Ok(Response::new(self.info(&state).await))
+    }
+
+    type WatchStream = ReceiverStream<Result<pb::WatchItem, Status>>;
+
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let req = request.into_inner();
+        let spec = WatchSpec { session: self.session(req.session)?, after_seq: req.after_seq, live: req.live };
+        let (tx, rx) = mpsc::channel(self.config.watch_buffer.max(1));
+        tokio::spawn(watch::run(self.log.clone(), self.bus.clone(), spec, tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn when_idle(&self, request: Request<pb::WhenIdleRequest>) -> Result<Response<pb::SessionInfo>, Status> {
+        let req = request.into_inner();
+        let session = self.session(req.session)?;
+        let timeout = match req.timeout_ms {
+            0 => self.config.when_idle_timeout,
+            ms => Duration::from_millis(ms),
+        };
+        // The driver enforces the timeout; the gateway's own bound (with a little slack for the hop) keeps a
+        // router that ignores it from holding the call forever.
+        let call = self.execute(&session, Command::WhenIdle, Some(timeout));
+        let reply = tokio::time::timeout(timeout + Duration::from_secs(1), call).await.map_err(|_| {
+            Status::deadline_exceeded(format!(
+                "session {session} did not become idle within {} ms; call WhenIdle again to keep waiting",
+                timeout.as_millis()
+            ))
+        })??;
+        let CommandReply::Idle(summary) = reply else {
+            return Err(unexpected("when_idle", &reply));
+        };
+        Ok(Response::new(pb::SessionInfo {
+            session: Some(wire::encode_session(&session)),
+            status: wire::encode_status(summary.status) as i32,
+            last_seq: summary.last_seq,
+            last_turn: summary.last_turn,
+            epoch: summary.epoch,
+            owner: summary.owner,
+        }))
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsReply>, Status> {
+        let req = request.into_inner();
+        let page_size = match req.page_size as usize {
+            0 => DEFAULT_PAGE,
+            n if n > MAX_PAGE => {
+                return Err(Status::invalid_argument(format!(
+                    "page_size {n} is over the limit of {MAX_PAGE}; ask for at most {MAX_PAGE} (0 means {DEFAULT_PAGE})"
+                )));
+            }
+            n => n,
+        };
+        let tenant = (!req.tenant.is_empty()).then_some(req.tenant);
+        if let Some(t) = &tenant {
+            // Reuse the session-name rule for the tenant half.
+            SessionRef::new(t.clone(), "x").map_err(|e| Status::invalid_argument(format!("tenant: {e}")))?;
+        }
+        let after = parse_page_token(&req.page_token)?;
+        // One extra tells whether another page exists without an empty last page.
+        let mut refs = self
+            .log
+            .list_sessions(tenant.as_deref(), after.as_ref(), page_size + 1)
+            .await
+            .map_err(status::from_journal)?;
+        let more = refs.len() > page_size;
+        refs.truncate(page_size);
+        let mut sessions = Vec::with_capacity(refs.len());
+        for session in &refs {
+            let (_, state) = read::project(self.log.as_ref(), session).await?;
+            sessions.push(self.info(&state).await);
+        }
+        let next_page_token = match refs.last() {
+            Some(last) if more => page_token(last),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListSessionsReply { sessions, next_page_token }))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_tokens_round_trip_and_bad_ones_say_what_to_pass() {
+        let s = SessionRef::new("acme", "s1").unwrap();
+        assert_eq!(parse_page_token(&page_token(&s)).unwrap(), Some(s));
+        assert_eq!(parse_page_token("").unwrap(), None);
+        let err = parse_page_token("nonsense").unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("next_page_token"), "{}", err.message());
+    }
+}

@@ -1,0 +1,95 @@
+//! The Watch stream: durable history after the client's seq, `caught_up`, then the merged live tail.
+//!
+//! Subscribing to the live bus *before* reading the log is what makes the tail gap-free: anything
+//! published while the history is read waits in the subscription and is sorted out by [`TailMerge`].
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tonic::Status;
+use turnstile_journal::{LiveBus, LiveStream, SessionLog, SessionRef};
+use turnstile_proto::v1 as pb;
+
+use crate::merge::{Merged, TailMerge};
+use crate::{read, status, wire};
+
+/// One Watch request, decoded.
+#[derive(Clone, Debug)]
+pub struct WatchSpec {
+    pub session: SessionRef,
+    pub after_seq: u64,
+    pub live: bool,
+}
+
+type Tx = mpsc::Sender<Result<pb::WatchItem, Status>>;
+
+fn event_item(e: &turnstile_journal::Envelope) -> pb::WatchItem {
+    pb::WatchItem { item: Some(pb::watch_item::Item::Event(wire::encode_event(e))) }
+}
+
+fn merged_item(m: &Merged) -> pb::WatchItem {
+    match m {
+        Merged::Durable(e) => event_item(e),
+        Merged::Live(l) => pb::WatchItem { item: Some(pb::watch_item::Item::Live(wire::encode_live(l))) },
+    }
+}
+
+/// Runs one Watch until the client goes away or the log fails. Errors are sent to the client as the
+/// stream's final status.
+pub async fn run(log: Arc<dyn SessionLog>, bus: Arc<dyn LiveBus>, spec: WatchSpec, tx: Tx) {
+    if let Err(status) = stream(log, bus, &spec, &tx).await {
+        tracing::debug!(session = %spec.session, %status, "watch ended with an error");
+        let _ = tx.send(Err(status)).await;
+    }
+}
+
+/// `Ok` when the client went away.
+async fn stream(log: Arc<dyn SessionLog>, bus: Arc<dyn LiveBus>, spec: &WatchSpec, tx: &Tx) -> Result<(), Status> {
+    let session = &spec.session;
+    let mut live: LiveStream = if spec.live {
+        bus.subscribe(session).await.map_err(status::from_journal)?
+    } else {
+        futures::stream::pending().boxed()
+    };
+    let (events, state) = read::project(log.as_ref(), session).await?;
+    for e in events.iter().filter(|e| e.seq > spec.after_seq) {
+        if tx.send(Ok(event_item(e))).await.is_err() {
+            return Ok(());
+        }
+    }
+    let caught_up = pb::CaughtUp {
+        seq: state.last_seq,
+        inbox: Some(wire::encode_inbox(&state.inbox, state.last_seq)),
+        status: wire::encode_status(state.status) as i32,
+    };
+    if tx.send(Ok(pb::WatchItem { item: Some(pb::watch_item::Item::CaughtUp(caught_up)) })).await.is_err() {
+        return Ok(());
+    }
+    drop(events);
+
+    let mut merge = TailMerge::new(state.last_seq, spec.after_seq);
+    let mut tail = log.tail(session, state.last_seq).await.map_err(status::from_journal)?;
+    loop {
+        let out = tokio::select! {
+            () = tx.closed() => return Ok(()),
+            next = tail.next() => match next {
+                Some(Ok(e)) => merge.durable(e),
+                Some(Err(e)) => return Err(status::from_journal(e)),
+                None => return Err(Status::unavailable(format!(
+                    "the log tail of session {session} ended; reconnect with after_seq = {}", merge.last_sent()
+                ))),
+            },
+            next = live.next() => match next {
+                Some(l) => merge.live(l),
+                // The bus went away: keep serving durable events, which are what matters.
+                None => { live = futures::stream::pending().boxed(); Vec::new() }
+            },
+        };
+        for m in &out {
+            if tx.send(Ok(merged_item(m))).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+}

@@ -7,7 +7,7 @@
 //! Reads — `GetInbox`, `GetSession`, `ListSessions` and `Watch` — never touch a driver: the gateway folds
 //! the session's log itself, so any gateway can serve any session while shards move.
 //!
-//! Modules: [`convert`] (request validation), [`wire`] (event encoding), [`status`] (error → gRPC code),
+//! Modules: [`convert`] (request validation), [`status`] (error → gRPC code),
 //! [`read`] (projection reads), [`merge`] and [`watch`] (the resumable Watch stream), [`service`] (the
 //! RPCs).
 
@@ -17,7 +17,6 @@ pub mod read;
 pub mod service;
 pub mod status;
 pub mod watch;
-pub mod wire;
 
 use std::future::Future;
 

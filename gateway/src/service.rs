@@ -7,13 +7,14 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use turnstile_journal::codec;
 use turnstile_journal::message::{MessageSource, SessionRef, Target, UserMessage};
 use turnstile_journal::{Command, CommandReply, CommandRouter, LiveBus, SessionLog, SessionState};
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_server::Agent;
 
 use crate::watch::{self, WatchSpec};
-use crate::{convert, read, status, wire};
+use crate::{convert, read, status};
 
 /// Knobs of the gateway.
 #[derive(Clone, Debug)]
@@ -118,8 +119,8 @@ impl Gateway {
 
     async fn info(&self, state: &SessionState) -> pb::SessionInfo {
         pb::SessionInfo {
-            session: Some(wire::encode_session(&state.session)),
-            status: wire::encode_status(state.status) as i32,
+            session: Some(codec::encode_session_ref(&state.session)),
+            status: codec::encode_status(state.status) as i32,
             last_seq: state.last_seq,
             last_turn: state.last_turn,
             epoch: state.epoch,
@@ -239,7 +240,7 @@ impl Agent for Gateway {
     async fn get_inbox(&self, request: Request<pb::GetInboxRequest>) -> Result<Response<pb::InboxSnapshot>, Status> {
         let session = self.session(request.into_inner().session)?;
         let state = read::existing(self.log.as_ref(), &session).await?;
-        Ok(Response::new(wire::encode_inbox(&state.inbox, state.last_seq)))
+        Ok(Response::new(codec::encode_inbox(&state.inbox, state.last_seq)))
     }
 
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Result<Response<pb::SessionInfo>, Status> {
@@ -278,8 +279,8 @@ impl Agent for Gateway {
             return Err(unexpected("when_idle", &reply));
         };
         Ok(Response::new(pb::SessionInfo {
-            session: Some(wire::encode_session(&session)),
-            status: wire::encode_status(summary.status) as i32,
+            session: Some(codec::encode_session_ref(&session)),
+            status: codec::encode_status(summary.status) as i32,
             last_seq: summary.last_seq,
             last_turn: summary.last_turn,
             epoch: summary.epoch,

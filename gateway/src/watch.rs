@@ -12,7 +12,9 @@ use turnstile_journal::{LiveBus, LiveStream, SessionLog, SessionRef};
 use turnstile_proto::v1 as pb;
 
 use crate::merge::{Merged, TailMerge};
-use crate::{read, status, wire};
+use turnstile_journal::codec;
+
+use crate::{read, status};
 
 /// One Watch request, decoded.
 #[derive(Clone, Debug)]
@@ -25,13 +27,13 @@ pub struct WatchSpec {
 type Tx = mpsc::Sender<Result<pb::WatchItem, Status>>;
 
 fn event_item(e: &turnstile_journal::Envelope) -> pb::WatchItem {
-    pb::WatchItem { item: Some(pb::watch_item::Item::Event(wire::encode_event(e))) }
+    pb::WatchItem { item: Some(pb::watch_item::Item::Event(codec::encode_session_event(e))) }
 }
 
 fn merged_item(m: &Merged) -> pb::WatchItem {
     match m {
         Merged::Durable(e) => event_item(e),
-        Merged::Live(l) => pb::WatchItem { item: Some(pb::watch_item::Item::Live(wire::encode_live(l))) },
+        Merged::Live(l) => pb::WatchItem { item: Some(pb::watch_item::Item::Live(codec::encode_live_event(l))) },
     }
 }
 
@@ -60,8 +62,8 @@ async fn stream(log: Arc<dyn SessionLog>, bus: Arc<dyn LiveBus>, spec: &WatchSpe
     }
     let caught_up = pb::CaughtUp {
         seq: state.last_seq,
-        inbox: Some(wire::encode_inbox(&state.inbox, state.last_seq)),
-        status: wire::encode_status(state.status) as i32,
+        inbox: Some(codec::encode_inbox(&state.inbox, state.last_seq)),
+        status: codec::encode_status(state.status) as i32,
     };
     if tx.send(Ok(pb::WatchItem { item: Some(pb::watch_item::Item::CaughtUp(caught_up)) })).await.is_err() {
         return Ok(());

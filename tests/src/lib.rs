@@ -1,1 +1,72 @@
-//! placeholder
+//! Cross-process test harness for Turnstile.
+//!
+//! Where this sits: every other crate is tested from the inside (the driver's sans-IO state machine, the
+//! journal's fold). This crate tests the *assembled system* from the outside, the way a client sees it:
+//! it starts real `turnstile` processes on loopback ports and talks to them only through the public gRPC
+//! API (`turnstile.v1.Agent`), reading what happened through `Watch`. It depends on `turnstile-proto` and
+//! nothing else of the workspace, so a test here cannot reach around the API.
+//!
+//! Layout, so that later clusters (nats-server, several gateways and workers) slot in beside `dev`:
+//! - [`binary`] locates (and builds, once per test process) the `turnstile` binary;
+//! - [`ports`] hands out free loopback ports;
+//! - [`process`] owns a spawned child: log file, readiness, SIGKILL / graceful stop;
+//! - [`dev`] is `turnstile dev` (gateway + worker in one process, embedded journal);
+//! - [`session`] is a small client DSL for one session (presets, edits, reads);
+//! - [`msg`] builds messages and sources;
+//! - [`watch`] records a `Watch` stream and reduces it to comparable lines;
+//! - [`fold`] is an independent inbox projection, to compare with the server's.
+
+pub mod binary;
+pub mod dev;
+pub mod fold;
+pub mod msg;
+pub mod ports;
+pub mod process;
+pub mod session;
+pub mod watch;
+
+use std::time::Duration;
+
+pub use dev::{DevOptions, DevServer};
+pub use fold::Projection;
+pub use msg::{data_msg, new_session_ref, plugin_msg, source_msg, text_of, user_msg};
+pub use session::Session;
+pub use watch::{WatchRecorder, assert_lines, line_of, lines_of};
+
+pub use turnstile_proto::v1;
+
+/// How long any bounded wait of the harness waits by default. Generous: a wait that expires is a failure,
+/// never a timing assertion, so it only has to be longer than anything a passing run can take.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+/// Everything the harness can fail with. Messages carry what a reader of a failed test needs (log tails,
+/// the lines recorded so far).
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("i/o error while {context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("building the turnstile binary failed: {0}")]
+    Build(String),
+    #[error("{what} did not come up within {waited:?}; log tail:\n{log_tail}")]
+    StartTimeout { what: String, waited: Duration, log_tail: String },
+    #[error("{what} exited early ({status}); log tail:\n{log_tail}")]
+    Exited { what: String, status: String, log_tail: String },
+    #[error("gRPC transport error: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("gRPC call failed: {0}")]
+    Status(#[from] tonic::Status),
+    #[error("timed out after {waited:?} waiting for {what}; recorded so far:\n{recorded}")]
+    WaitTimeout { what: String, waited: Duration, recorded: String },
+    #[error("watch stream is inconsistent: {0}")]
+    Inconsistent(String),
+}
+
+impl HarnessError {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io { context: context.into(), source }
+    }
+}

@@ -1,0 +1,63 @@
+//! Locating the `turnstile` binary.
+//!
+//! `TURNSTILE_BIN` wins when set (CI artefacts, a binary built elsewhere). Otherwise the harness runs
+//! `cargo build -p turnstile --bin turnstile` once per test process, so `cargo nextest run` is
+//! self-contained and never tests a stale binary; cargo's own build lock serializes the parallel test
+//! processes, and after the first one the build is a no-op.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::HarnessError;
+
+/// The workspace root, from this crate's manifest dir (`<root>/tests`).
+pub fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map_or_else(|| manifest.to_path_buf(), Path::to_path_buf)
+}
+
+/// Cargo's target dir: `CARGO_TARGET_DIR` (relative to the workspace root) or `<root>/target`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => {
+            let dir = PathBuf::from(dir);
+            if dir.is_absolute() { dir } else { workspace_root().join(dir) }
+        }
+        _ => workspace_root().join("target"),
+    }
+}
+
+static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+
+/// The path of a current `turnstile` binary, building it on first use in this process.
+///
+/// Blocking (it may run cargo); call it through `spawn_blocking` from async code.
+pub fn turnstile_bin() -> Result<PathBuf, HarnessError> {
+    BIN.get_or_init(locate).clone().map_err(HarnessError::Build)
+}
+
+fn locate() -> Result<PathBuf, String> {
+    if let Some(bin) = std::env::var_os("TURNSTILE_BIN").filter(|b| !b.is_empty()) {
+        let bin = PathBuf::from(bin);
+        return if bin.is_file() { Ok(bin) } else { Err(format!("TURNSTILE_BIN={} is not a file", bin.display())) };
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(&cargo)
+        .args(["build", "-p", "turnstile", "--bin", "turnstile"])
+        .current_dir(workspace_root())
+        .output()
+        .map_err(|e| format!("could not run {cargo:?}: {e}"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Err(format!("cargo build -p turnstile exited with {}:\n{}", output.status, tail(&stderr, 60)));
+    }
+    let bin = target_dir().join("debug").join(format!("turnstile{}", std::env::consts::EXE_SUFFIX));
+    if bin.is_file() { Ok(bin) } else { Err(format!("cargo built turnstile but {} does not exist", bin.display())) }
+}
+
+/// The last `lines` lines of `text`.
+pub(crate) fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

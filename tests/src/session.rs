@@ -1,0 +1,161 @@
+//! A small client DSL for one session: every call is one public RPC, nothing more.
+
+use tonic::Status;
+use tonic::transport::Channel;
+use turnstile_proto::v1::agent_client::AgentClient;
+use turnstile_proto::v1::cancel_cause::Cause;
+use turnstile_proto::v1::watch_item::Item;
+use turnstile_proto::v1::{
+    CancelCause, CancelReply, CancelRequest, ClearRequest, DeliverRequest, EditReply, Empty, GetInboxRequest,
+    GetSessionRequest, InboxSnapshot, RemoveRequest, ReplaceRequest, SendReply, SendRequest, SessionEvent, SessionInfo,
+    SessionRef, SpliceRequest, SteerRequest, Target, UserMessage, WatchRequest, WhenIdleRequest,
+};
+
+use crate::watch::WatchRecorder;
+use crate::{DEFAULT_WAIT, HarnessError, new_session_ref};
+
+/// One session on one server.
+#[derive(Clone, Debug)]
+pub struct Session {
+    client: AgentClient<Channel>,
+    session: SessionRef,
+}
+
+impl Session {
+    /// A session with a fresh unique id.
+    pub fn new(client: AgentClient<Channel>) -> Self {
+        Self::with_ref(client, new_session_ref())
+    }
+
+    pub fn with_ref(client: AgentClient<Channel>, session: SessionRef) -> Self {
+        Self { client, session }
+    }
+
+    pub fn reference(&self) -> SessionRef {
+        self.session.clone()
+    }
+
+    pub fn client(&self) -> AgentClient<Channel> {
+        self.client.clone()
+    }
+
+    fn some_ref(&self) -> Option<SessionRef> {
+        Some(self.session.clone())
+    }
+
+    fn deliver(&self, message: UserMessage) -> DeliverRequest {
+        DeliverRequest { session: self.some_ref(), message: Some(message) }
+    }
+
+    pub async fn send(&self, message: UserMessage, target: Target, wakeup: bool) -> Result<SendReply, Status> {
+        let req = SendRequest { session: self.some_ref(), message: Some(message), target: target as i32, wakeup };
+        self.client.clone().send(req).await.map(tonic::Response::into_inner)
+    }
+
+    pub async fn followup(&self, message: UserMessage) -> Result<SendReply, Status> {
+        self.client.clone().followup(self.deliver(message)).await.map(tonic::Response::into_inner)
+    }
+
+    pub async fn queue(&self, message: UserMessage) -> Result<SendReply, Status> {
+        self.client.clone().queue(self.deliver(message)).await.map(tonic::Response::into_inner)
+    }
+
+    pub async fn steer(&self, message: UserMessage, expected_turn: Option<u64>) -> Result<SendReply, Status> {
+        let req = SteerRequest { session: self.some_ref(), message: Some(message), expected_turn };
+        self.client.clone().steer(req).await.map(tonic::Response::into_inner)
+    }
+
+    pub async fn inject(&self, message: UserMessage) -> Result<SendReply, Status> {
+        self.client.clone().inject(self.deliver(message)).await.map(tonic::Response::into_inner)
+    }
+
+    pub async fn interrupt(&self, message: UserMessage) -> Result<SendReply, Status> {
+        self.client.clone().interrupt(self.deliver(message)).await.map(tonic::Response::into_inner)
+    }
+
+    /// Cancel with cause `user`.
+    pub async fn cancel(&self, keep_inbox: bool) -> Result<CancelReply, Status> {
+        self.cancel_with(Cause::User(Empty {}), keep_inbox).await
+    }
+
+    pub async fn cancel_with(&self, cause: Cause, keep_inbox: bool) -> Result<CancelReply, Status> {
+        let req =
+            CancelRequest { session: self.some_ref(), cause: Some(CancelCause { cause: Some(cause) }), keep_inbox };
+        self.client.clone().cancel(req).await.map(tonic::Response::into_inner)
+    }
+
+    pub async fn replace(&self, id: &str, message: UserMessage) -> Result<EditReply, Status> {
+        let req = ReplaceRequest { session: self.some_ref(), id: id.into(), message: Some(message) };
+        self.client.clone().replace(req).await.map(tonic::Response::into_inner)
+    }
+
+    pub async fn remove(&self, id: &str) -> Result<EditReply, Status> {
+        let req = RemoveRequest { session: self.some_ref(), id: id.into() };
+        self.client.clone().remove(req).await.map(tonic::Response::into_inner)
+    }
+
+    pub async fn splice(
+        &self,
+        target: Target,
+        start: u32,
+        delete_count: u32,
+        inserted: Vec<UserMessage>,
+    ) -> Result<EditReply, Status> {
+        let req = SpliceRequest { session: self.some_ref(), target: target as i32, start, delete_count, inserted };
+        self.client.clone().splice(req).await.map(tonic::Response::into_inner)
+    }
+
+    pub async fn clear(&self) -> Result<EditReply, Status> {
+        self.client.clone().clear(ClearRequest { session: self.some_ref() }).await.map(tonic::Response::into_inner)
+    }
+
+    pub async fn inbox(&self) -> Result<InboxSnapshot, Status> {
+        let req = GetInboxRequest { session: self.some_ref() };
+        self.client.clone().get_inbox(req).await.map(tonic::Response::into_inner)
+    }
+
+    pub async fn info(&self) -> Result<SessionInfo, Status> {
+        let req = GetSessionRequest { session: self.some_ref() };
+        self.client.clone().get_session(req).await.map(tonic::Response::into_inner)
+    }
+
+    /// `WhenIdle` with the harness's default bound.
+    pub async fn when_idle(&self) -> Result<SessionInfo, Status> {
+        let timeout_ms = u64::try_from(DEFAULT_WAIT.as_millis()).unwrap_or(u64::MAX);
+        let req = WhenIdleRequest { session: self.some_ref(), timeout_ms };
+        self.client.clone().when_idle(req).await.map(tonic::Response::into_inner)
+    }
+
+    /// Starts recording `Watch(after_seq = 0, live = true)`; returns once `caught_up` arrived, so every
+    /// command sent afterwards is seen live.
+    pub async fn watch(&self) -> Result<WatchRecorder, HarnessError> {
+        WatchRecorder::start(self.client(), self.reference(), 0, true).await
+    }
+
+    /// The durable log as a fresh `Watch(after_seq, live = false)` replays it up to `caught_up`.
+    pub async fn replay(&self, after_seq: u64) -> Result<(Vec<SessionEvent>, u64), HarnessError> {
+        let req = WatchRequest { session: self.some_ref(), after_seq, live: false };
+        let mut stream = self.client.clone().watch(req).await?.into_inner();
+        let read = async move {
+            let mut events = Vec::new();
+            while let Some(item) = stream.message().await? {
+                match item.item {
+                    Some(Item::Event(e)) => events.push(e),
+                    Some(Item::CaughtUp(c)) => return Ok((events, c.seq)),
+                    Some(Item::Live(_)) => {
+                        return Err(HarnessError::Inconsistent("live event on a live = false watch".into()));
+                    }
+                    None => {}
+                }
+            }
+            Err(HarnessError::Inconsistent("watch ended before caught_up".into()))
+        };
+        let (events, seq) =
+            tokio::time::timeout(DEFAULT_WAIT, read).await.map_err(|_| HarnessError::WaitTimeout {
+                what: "caught_up on a replay".into(),
+                waited: DEFAULT_WAIT,
+                recorded: String::new(),
+            })??;
+        Ok((events, seq))
+    }
+}

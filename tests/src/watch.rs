@@ -1,0 +1,472 @@
+//! Recording a `Watch` stream and reducing it to comparable lines.
+//!
+//! A line per item: `D ...` a durable event, `L ...` a live event, `C ...` the caught-up marker, e.g.
+//! `D spliced next-turn 0 0 [A] wake`, `L inserted A`, `D turn/start 1`, `L claimed A 1`,
+//! `D assistant/message 1.1 "echo: hello"`, `D turn/end 1 aborted{user}`, `C caught_up 0`.
+//! Tests compare exact sequences of these; an expected line ending in `*` matches any line that starts
+//! with the rest (for payloads that the contract leaves open, such as a partial interrupted text).
+//! `assistant/delta` lines are left out unless asked for: their split is timing, not contract.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tonic::Code;
+use tonic::transport::Channel;
+use turnstile_proto::v1::agent_client::AgentClient;
+use turnstile_proto::v1::cancel_cause::Cause;
+use turnstile_proto::v1::live_event::Payload as Live;
+use turnstile_proto::v1::session_event::Payload as Durable;
+use turnstile_proto::v1::turn_end_reason::Reason;
+use turnstile_proto::v1::watch_item::Item;
+use turnstile_proto::v1::{
+    CancelCause, LiveEvent, SessionEvent, SessionRef, SessionStatus, SpliceOutcome, Target, WatchItem, WatchRequest,
+};
+
+use crate::session::Session;
+use crate::{DEFAULT_WAIT, HarnessError};
+
+#[derive(Debug, Default)]
+struct Recorded {
+    items: Vec<WatchItem>,
+    /// Why the stream ended, once it has.
+    end: Option<String>,
+}
+
+/// A `Watch` running in the background, collecting every item.
+#[derive(Debug)]
+pub struct WatchRecorder {
+    state: Arc<Mutex<Recorded>>,
+    task: JoinHandle<()>,
+    after_seq: u64,
+    live: bool,
+}
+
+fn lock(state: &Mutex<Recorded>) -> MutexGuard<'_, Recorded> {
+    // A panic while holding the lock cannot leave a Vec of records half-updated in a way that matters.
+    state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl WatchRecorder {
+    /// Opens the stream and returns once its `caught_up` marker has arrived.
+    pub async fn start(
+        mut client: AgentClient<Channel>,
+        session: SessionRef,
+        after_seq: u64,
+        live: bool,
+    ) -> Result<Self, HarnessError> {
+        let mut stream = client.watch(WatchRequest { session: Some(session), after_seq, live }).await?.into_inner();
+        let state = Arc::new(Mutex::new(Recorded::default()));
+        let sink = Arc::clone(&state);
+        let task = tokio::spawn(async move {
+            let end = loop {
+                match stream.message().await {
+                    Ok(Some(item)) => lock(&sink).items.push(item),
+                    Ok(None) => break "stream ended".to_owned(),
+                    Err(status) => break format!("stream failed: {status}"),
+                }
+            };
+            lock(&sink).end = Some(end);
+        });
+        let recorder = Self { state, task, after_seq, live };
+        recorder.wait_for("caught_up", |items| items.iter().any(is_caught_up)).await?;
+        Ok(recorder)
+    }
+
+    pub fn items(&self) -> Vec<WatchItem> {
+        lock(&self.state).items.clone()
+    }
+
+    /// The durable events recorded so far.
+    pub fn events(&self) -> Vec<SessionEvent> {
+        durable_events(&lock(&self.state).items)
+    }
+
+    /// The live events recorded so far.
+    pub fn live_events(&self) -> Vec<LiveEvent> {
+        lock(&self.state)
+            .items
+            .iter()
+            .filter_map(|i| match &i.item {
+                Some(Item::Live(l)) => Some(l.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Lines without `assistant/delta`.
+    pub fn lines(&self) -> Vec<String> {
+        lines_of(&lock(&self.state).items, false)
+    }
+
+    pub fn lines_with_deltas(&self) -> Vec<String> {
+        lines_of(&lock(&self.state).items, true)
+    }
+
+    /// Why the stream ended, if it has.
+    pub fn ended(&self) -> Option<String> {
+        lock(&self.state).end.clone()
+    }
+
+    /// The concatenated `assistant/delta` texts of one step.
+    pub fn delta_text(&self, turn: u64, step: u32) -> String {
+        self.live_events()
+            .into_iter()
+            .filter_map(|l| match l.payload {
+                Some(Live::AssistantDelta(d)) if d.turn == turn && d.step == step => Some(d.text),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The durable `assistant/message` of one step, if recorded.
+    pub fn assistant_message(&self, turn: u64, step: u32) -> Option<turnstile_proto::v1::AssistantMessage> {
+        self.events().into_iter().find_map(|e| match e.payload {
+            Some(Durable::AssistantMessage(m)) if m.turn == turn && m.step == step => Some(m),
+            _ => None,
+        })
+    }
+
+    /// Waits (bounded by [`DEFAULT_WAIT`]) until `pred` holds over the recorded items.
+    pub async fn wait_for<F>(&self, what: &str, mut pred: F) -> Result<Vec<WatchItem>, HarnessError>
+    where
+        F: FnMut(&[WatchItem]) -> bool,
+    {
+        let deadline = tokio::time::Instant::now() + DEFAULT_WAIT;
+        loop {
+            {
+                let state = lock(&self.state);
+                if pred(&state.items) {
+                    return Ok(state.items.clone());
+                }
+                if let Some(end) = &state.end {
+                    return Err(HarnessError::WaitTimeout {
+                        what: format!("{what} ({end})"),
+                        waited: Duration::ZERO,
+                        recorded: lines_of(&state.items, true).join("\n"),
+                    });
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(HarnessError::WaitTimeout {
+                    what: what.to_owned(),
+                    waited: DEFAULT_WAIT,
+                    recorded: self.lines_with_deltas().join("\n"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until some line (deltas included) matches `pattern` (see the module doc for `*`).
+    pub async fn wait_line(&self, pattern: &str) -> Result<Vec<String>, HarnessError> {
+        self.wait_count(pattern, 1).await
+    }
+
+    /// Waits until at least `n` lines (deltas included) match `pattern`.
+    pub async fn wait_count(&self, pattern: &str, n: usize) -> Result<Vec<String>, HarnessError> {
+        let what = format!("{n} x {pattern:?}");
+        let items = self
+            .wait_for(&what, |items| items.iter().filter(|i| line_matches(&line_of(i), pattern)).count() >= n)
+            .await?;
+        Ok(lines_of(&items, false))
+    }
+
+    /// Waits until the session is idle (`WhenIdle`) and this stream has everything the log holds up to
+    /// `GetSession.last_seq` plus the live events that follow the last durable one; checks the envelopes
+    /// and the live/durable interleaving; returns the lines without deltas.
+    pub async fn settle(&self, session: &Session) -> Result<Vec<String>, HarnessError> {
+        let last_seq = match session.when_idle().await {
+            Ok(_) => session.info().await?.last_seq,
+            Err(status) if status.code() == Code::NotFound => 0,
+            Err(status) => return Err(status.into()),
+        };
+        let items = self
+            .wait_for(&format!("durable seq {last_seq} and its live followers"), |items| {
+                settled(items, last_seq, self.live)
+            })
+            .await?;
+        check_stream(&items, self.after_seq)?;
+        Ok(lines_of(&items, false))
+    }
+}
+
+impl Drop for WatchRecorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn is_caught_up(item: &WatchItem) -> bool {
+    matches!(item.item, Some(Item::CaughtUp(_)))
+}
+
+/// The durable events among `items`.
+pub fn durable_events(items: &[WatchItem]) -> Vec<SessionEvent> {
+    items
+        .iter()
+        .filter_map(|i| match &i.item {
+            Some(Item::Event(e)) => Some(e.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// How many live events a durable event is followed by (SPEC §3 micro-order, §4 status flips).
+fn live_followers(event: &SessionEvent) -> usize {
+    match &event.payload {
+        Some(Durable::InboxSpliced(s)) => {
+            let discarded = if s.outcome == SpliceOutcome::Canceled as i32 {
+                usize::try_from(s.removed_count).unwrap_or(0)
+            } else {
+                0
+            };
+            discarded + s.inserted.len()
+        }
+        Some(Durable::Status(_)) => 1,
+        _ => 0,
+    }
+}
+
+fn settled(items: &[WatchItem], last_seq: u64, live: bool) -> bool {
+    let Some(last) = items.iter().rev().find_map(|i| match &i.item {
+        Some(Item::Event(e)) => Some(e),
+        _ => None,
+    }) else {
+        return last_seq == 0;
+    };
+    if last.seq < last_seq {
+        return false;
+    }
+    if !live {
+        return true;
+    }
+    let followers = items
+        .iter()
+        .filter(|i| matches!(&i.item, Some(Item::Live(l)) if l.after_seq == last.seq && !is_delta(l)))
+        .count();
+    followers >= live_followers(last)
+}
+
+fn is_delta(live: &LiveEvent) -> bool {
+    matches!(live.payload, Some(Live::AssistantDelta(_)))
+}
+
+/// Checks what every Watch stream must satisfy: durable seqs contiguous from `after_seq + 1` (nothing
+/// missed, nothing twice), epoch ≥ 1 and never decreasing, time never decreasing, the `type` string
+/// agreeing with the payload, and every live event carrying the seq of the durable event it follows.
+pub fn check_stream(items: &[WatchItem], after_seq: u64) -> Result<(), HarnessError> {
+    let mut expect_seq = after_seq + 1;
+    let mut last_seen = None::<u64>;
+    let (mut epoch, mut time) = (0u64, 0u64);
+    for (n, item) in items.iter().enumerate() {
+        match &item.item {
+            Some(Item::Event(e)) => {
+                if e.seq != expect_seq {
+                    return Err(HarnessError::Inconsistent(format!(
+                        "item {n}: seq {} where {expect_seq} was due",
+                        e.seq
+                    )));
+                }
+                if e.epoch == 0 || e.epoch < epoch {
+                    return Err(HarnessError::Inconsistent(format!("seq {}: epoch {} after {epoch}", e.seq, e.epoch)));
+                }
+                if e.time_unix_ms < time {
+                    return Err(HarnessError::Inconsistent(format!("seq {}: time went backwards", e.seq)));
+                }
+                let payload_type = e.payload.as_ref().map(durable_type);
+                if payload_type.is_some_and(|t| t != e.r#type) {
+                    return Err(HarnessError::Inconsistent(format!(
+                        "seq {}: type {:?} but payload {payload_type:?}",
+                        e.seq, e.r#type
+                    )));
+                }
+                (epoch, time, expect_seq) = (e.epoch, e.time_unix_ms, e.seq + 1);
+                last_seen = Some(e.seq);
+            }
+            Some(Item::CaughtUp(c)) => {
+                if c.seq + 1 != expect_seq {
+                    return Err(HarnessError::Inconsistent(format!(
+                        "caught_up seq {} after durable seq {}",
+                        c.seq,
+                        expect_seq - 1
+                    )));
+                }
+                last_seen = Some(c.seq);
+            }
+            Some(Item::Live(l)) => {
+                if last_seen.is_some_and(|s| s != l.after_seq) {
+                    return Err(HarnessError::Inconsistent(format!(
+                        "item {n}: live {} carries after_seq {} but follows seq {last_seen:?}",
+                        l.r#type, l.after_seq
+                    )));
+                }
+            }
+            None => return Err(HarnessError::Inconsistent(format!("item {n} is empty"))),
+        }
+    }
+    Ok(())
+}
+
+/// The SPEC §5 type name of a durable payload.
+pub fn durable_type(payload: &Durable) -> &'static str {
+    match payload {
+        Durable::InboxSpliced(_) => "agent/inbox/spliced",
+        Durable::Status(_) => "agent/status",
+        Durable::TurnStart(_) => "turn/start",
+        Durable::TurnEnd(_) => "turn/end",
+        Durable::StepStart(_) => "step/start",
+        Durable::StepEnd(_) => "step/end",
+        Durable::UserMessage(_) => "user/message",
+        Durable::AssistantMessage(_) => "assistant/message",
+        Durable::ToolCall(_) => "tool/call",
+        Durable::ToolResult(_) => "tool/result",
+        Durable::GoalChange(_) => "goal/change",
+    }
+}
+
+/// Reduces items to lines; `deltas` keeps `assistant/delta` lines.
+pub fn lines_of(items: &[WatchItem], deltas: bool) -> Vec<String> {
+    items.iter().filter(|i| deltas || !matches!(&i.item, Some(Item::Live(l)) if is_delta(l))).map(line_of).collect()
+}
+
+/// `true` when `line` is `pattern`, or starts with `pattern` minus a trailing `*`.
+pub fn line_matches(line: &str, pattern: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => line.starts_with(prefix),
+        None => line == pattern,
+    }
+}
+
+/// Asserts that `actual` matches `expected` line by line (see [`line_matches`]); on a mismatch, panics
+/// with both sequences side by side and the first differing index.
+pub fn assert_lines(actual: &[String], expected: &[&str]) {
+    let first_diff = (0..actual.len().max(expected.len())).find(|&i| match (actual.get(i), expected.get(i)) {
+        (Some(a), Some(e)) => !line_matches(a, e),
+        _ => true,
+    });
+    if let Some(at) = first_diff {
+        let mut report = format!("event sequences differ at line {at}\n");
+        for i in 0..actual.len().max(expected.len()) {
+            let a = actual.get(i).map_or("<none>", String::as_str);
+            let e = expected.get(i).copied().unwrap_or("<none>");
+            let mark = if i == at {
+                ">>"
+            } else if line_matches(a, e) {
+                "  "
+            } else {
+                "!="
+            };
+            report.push_str(&format!("{mark} {i:>3}  got {a:<50}  want {e}\n"));
+        }
+        panic!("{report}");
+    }
+}
+
+fn target(t: i32) -> String {
+    match Target::try_from(t) {
+        Ok(Target::NextTurn) => "next-turn".into(),
+        Ok(Target::NextStep) => "next-step".into(),
+        _ => format!("target?{t}"),
+    }
+}
+
+fn status(s: i32) -> String {
+    match SessionStatus::try_from(s) {
+        Ok(SessionStatus::Idle) => "idle".into(),
+        Ok(SessionStatus::Running) => "running".into(),
+        _ => format!("status?{s}"),
+    }
+}
+
+fn cause(c: &Option<CancelCause>) -> String {
+    match c.as_ref().and_then(|c| c.cause.as_ref()) {
+        Some(Cause::User(_)) => "user".into(),
+        Some(Cause::Parent(_)) => "parent".into(),
+        Some(Cause::Hook(h)) => format!("hook:{}", h.reason),
+        Some(Cause::Disposed(_)) => "disposed".into(),
+        None => "cause?".into(),
+    }
+}
+
+/// One item as a line.
+pub fn line_of(item: &WatchItem) -> String {
+    match &item.item {
+        Some(Item::Event(e)) => format!("D {}", durable_line(e)),
+        Some(Item::Live(l)) => format!("L {}", live_line(l)),
+        Some(Item::CaughtUp(c)) => format!("C caught_up {}", c.seq),
+        None => "? empty item".into(),
+    }
+}
+
+fn durable_line(e: &SessionEvent) -> String {
+    let Some(payload) = &e.payload else { return format!("{} <no payload>", e.r#type) };
+    match payload {
+        Durable::InboxSpliced(s) => {
+            let ids: Vec<&str> = s.inserted.iter().map(|m| m.id.as_str()).collect();
+            let mut line = format!("spliced {} {} {} [{}]", target(s.target), s.start, s.removed_count, ids.join(","));
+            if s.wake {
+                line.push_str(" wake");
+            }
+            match SpliceOutcome::try_from(s.outcome) {
+                Ok(SpliceOutcome::None) => {}
+                Ok(SpliceOutcome::Canceled) => line.push_str(" canceled"),
+                Ok(SpliceOutcome::Restored) => line.push_str(" restored"),
+                Err(_) => line.push_str(&format!(" outcome?{}", s.outcome)),
+            }
+            line
+        }
+        Durable::Status(s) => format!("status {}", status(s.status)),
+        Durable::TurnStart(t) => format!("turn/start {}", t.turn),
+        Durable::TurnEnd(t) => {
+            let reason = match t.reason.as_ref().and_then(|r| r.reason.as_ref()) {
+                Some(Reason::Completed(_)) => "completed".to_owned(),
+                Some(Reason::Blocked(_)) => "blocked".to_owned(),
+                Some(Reason::MaxTokens(_)) => "max-tokens".to_owned(),
+                Some(Reason::Aborted(c)) => format!("aborted{{{}}}", cause(&Some(c.clone()))),
+                Some(Reason::Error(_)) => "error".to_owned(),
+                Some(Reason::Interrupted(_)) => "interrupted".to_owned(),
+                None => "reason?".to_owned(),
+            };
+            format!("turn/end {} {reason}", t.turn)
+        }
+        Durable::StepStart(s) => format!("step/start {}.{}", s.turn, s.step),
+        Durable::StepEnd(s) => format!("step/end {}.{}", s.turn, s.step),
+        Durable::UserMessage(m) => {
+            format!("user/message {}", m.message.as_ref().map_or("<none>", |m| m.id.as_str()))
+        }
+        Durable::AssistantMessage(m) => {
+            let mut line = format!("assistant/message {}.{}", m.turn, m.step);
+            if m.interrupted {
+                line.push_str(" interrupted");
+            }
+            if m.max_tokens {
+                line.push_str(" max-tokens");
+            }
+            line.push_str(&format!(" {:?}", m.text));
+            for call in &m.tool_calls {
+                line.push_str(&format!(" call {} {}", call.name, call.arguments));
+            }
+            line
+        }
+        Durable::ToolCall(c) => format!("tool/call {}.{} {} {}", c.turn, c.step, c.name, c.arguments),
+        Durable::ToolResult(r) => match &r.error {
+            Some(err) => format!("tool/result {}.{} error {:?}", r.turn, r.step, err),
+            None => format!("tool/result {}.{} {:?}", r.turn, r.step, r.output),
+        },
+        Durable::GoalChange(g) => format!("goal/change {} {} {}", g.goal_id, g.revision, g.state),
+    }
+}
+
+fn live_line(l: &LiveEvent) -> String {
+    let id = |m: &Option<turnstile_proto::v1::UserMessage>| m.as_ref().map_or("<none>", |m| m.id.as_str()).to_owned();
+    match &l.payload {
+        Some(Live::Inserted(i)) => format!("inserted {}", id(&i.message)),
+        Some(Live::Discarded(d)) => format!("discarded {}", id(&d.message)),
+        Some(Live::Claimed(c)) => format!("claimed {} {}", id(&c.message), c.turn),
+        Some(Live::Status(s)) => format!("status {}", status(s.status)),
+        Some(Live::AssistantDelta(d)) => format!("delta {}.{} {:?}", d.turn, d.step, d.text),
+        Some(Live::Error(e)) => format!("error {}.{} {:?}", e.turn, e.step, e.message),
+        None => format!("{} <no payload>", l.r#type),
+    }
+}

@@ -244,10 +244,8 @@ impl SessionState {
             EventPayload::InboxSpliced(splice) => {
                 let removed = self.inbox.apply(splice).map_err(|source| ProjectionError::Splice { seq, source })?;
                 let is_claim = splice.outcome == SpliceOutcome::None && !removed.is_empty();
-                if is_claim {
-                    if let Some(open) = self.open_turn.as_mut() {
-                        open.undecided_claims.extend(removed.into_iter().map(|m| (splice.target, m)));
-                    }
+                if is_claim && let Some(open) = self.open_turn.as_mut() {
+                    open.undecided_claims.extend(removed.into_iter().map(|m| (splice.target, m)));
                 }
                 if splice.wake && !splice.inserted.is_empty() {
                     self.wake_since_idle = true;

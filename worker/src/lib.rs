@@ -7,7 +7,12 @@
 //! and [`hooks`] are the pluggable parts of a step.
 
 pub mod config;
+pub mod driver;
+pub mod hooks;
 pub mod host;
+pub mod model;
+pub mod runner;
+pub mod tools;
 
 pub use config::{Limits, WorkerConfig};
 pub use host::SessionHost;

@@ -1,0 +1,292 @@
+//! Client commands: deliveries, cancel, interrupt, edits and `when_idle` (SPEC §2–§4).
+//!
+//! Every command is validated completely before its first write, so a refused command writes nothing.
+
+use turnstile_journal::state::Fingerprint;
+use turnstile_journal::{
+    CancelCause, Command, CommandError, CommandReply, EventPayload, LivePayload, MessageId, Splice, SpliceOutcome,
+    Status, Target, UserMessage,
+};
+
+use super::{CommandId, Driver};
+
+/// Where a delivery goes in its list.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Position {
+    Tail,
+    Head,
+}
+
+impl Driver {
+    /// Handles one client command; its reply is among the effects.
+    pub fn on_command(&mut self, id: CommandId, command: Command, now_ms: u64) {
+        self.now_ms = now_ms;
+        let result = match command {
+            Command::Send { message, target, wakeup, expected_turn } => {
+                self.deliver(message, target, wakeup, expected_turn, Position::Tail)
+            }
+            Command::Interrupt { message } => self.interrupt(message),
+            Command::Cancel { cause, keep_inbox } => Ok(self.cancel(cause, keep_inbox)),
+            Command::Replace { id, message } => self.replace(&id, message),
+            Command::Remove { id } => self.remove(&id),
+            Command::Splice { target, start, delete_count, inserted } => {
+                self.client_splice(target, start, delete_count, inserted)
+            }
+            Command::Clear => Ok(self.clear()),
+            Command::WhenIdle => {
+                if self.is_quiescent() {
+                    Ok(CommandReply::Idle(self.summary()))
+                } else {
+                    self.idle_waiters.push(id);
+                    return;
+                }
+            }
+        };
+        self.reply(id, result);
+    }
+
+    /// A message must be well-formed and within the size limit.
+    fn check_message(&self, message: &UserMessage) -> Result<(), CommandError> {
+        message.validate(self.limits.max_message_bytes).map_err(|e| CommandError::InvalidArgument(e.to_string()))
+    }
+
+    /// The pending-items limit, for a change that adds `added` and removes `removed`.
+    fn check_room(&self, added: usize, removed: usize) -> Result<(), CommandError> {
+        let after = (self.state.inbox.len() + added).saturating_sub(removed);
+        if added > removed && after > self.limits.max_pending {
+            return Err(CommandError::ResourceExhausted(format!(
+                "session {} has {} pending messages and the limit is {}; wait for turns to drain, or remove or clear pending messages",
+                self.state.session,
+                self.state.inbox.len(),
+                self.limits.max_pending
+            )));
+        }
+        Ok(())
+    }
+
+    /// A message id that a delivery or edit may insert: not pending (unless `except` is being removed by
+    /// the same splice) and never accepted before.
+    fn check_new_id(&self, id: &MessageId, except: &[&MessageId]) -> Result<(), CommandError> {
+        if except.contains(&id) {
+            return Ok(());
+        }
+        if self.state.inbox.contains(id) {
+            return Err(CommandError::AlreadyExists(format!(
+                "message id {id} is already pending in session {}; mint a new id for a new message",
+                self.state.session
+            )));
+        }
+        if let Some(acceptance) = self.state.accepted.get(id) {
+            return Err(CommandError::AlreadyExists(format!(
+                "message id {id} was already accepted by session {} (seq {}); mint a new id for a new message",
+                self.state.session, acceptance.seq
+            )));
+        }
+        Ok(())
+    }
+
+    /// `send(message, target, wakeup)`: the delivery primitive.
+    fn deliver(
+        &mut self,
+        message: UserMessage,
+        target: Target,
+        wakeup: bool,
+        expected_turn: Option<u64>,
+        position: Position,
+    ) -> Result<CommandReply, CommandError> {
+        self.check_message(&message)?;
+        if let Some(acceptance) = self.state.accepted.get(&message.id) {
+            // Same id, same delivery: a retry gets the original acceptance and writes nothing.
+            if acceptance.fingerprint == Some(Fingerprint::of(&message, target, wakeup)) {
+                return Ok(CommandReply::Sent { seq: acceptance.seq, turn: acceptance.opened_turn });
+            }
+            return Err(CommandError::AlreadyExists(format!(
+                "message id {} was already accepted by session {} (seq {}) with other content, source or routing; \
+                 a retry must repeat the delivery exactly, and a new message needs a new id",
+                message.id, self.state.session, acceptance.seq
+            )));
+        }
+        self.check_new_id(&message.id, &[])?;
+        if let Some(expected) = expected_turn
+            && self.running_turn() != Some(expected)
+        {
+            return Err(CommandError::FailedPrecondition(match self.running_turn() {
+                Some(running) => format!(
+                    "steer expected turn {expected} but session {} is running turn {running}; steer turn {running} or omit expected_turn",
+                    self.state.session
+                ),
+                None => format!(
+                    "steer expected turn {expected} but session {} is idle (last turn {}); send a followup or omit expected_turn",
+                    self.state.session, self.state.last_turn
+                ),
+            }));
+        }
+        self.check_room(1, 0)?;
+
+        // A waking delivery during an abort is forced to next-turn and latches a wake (never for
+        // `disposed`): it runs as the next turn once the aborted one has ended.
+        let aborting = self.aborting_cause().cloned();
+        let forced = wakeup && aborting.is_some() && target != Target::NextTurn;
+        let written_target = if wakeup && aborting.is_some() { Target::NextTurn } else { target };
+        let start = match position {
+            Position::Tail => self.state.inbox.list(written_target).len() as u32,
+            Position::Head => 0,
+        };
+        let idle = self.turn.is_none() && self.state.status == Status::Idle;
+        let seq = self.write(EventPayload::InboxSpliced(Splice {
+            target: written_target,
+            start,
+            removed_count: 0,
+            inserted: vec![message.clone()],
+            outcome: SpliceOutcome::None,
+            wake: wakeup,
+            requested_target: forced.then_some(target),
+        }));
+        self.publish(LivePayload::Inserted { message });
+        if !wakeup {
+            return Ok(CommandReply::Sent { seq, turn: None });
+        }
+        if let Some(cause) = aborting {
+            if cause != CancelCause::Disposed {
+                self.latched_wake = true;
+            }
+            return Ok(CommandReply::Sent { seq, turn: None });
+        }
+        if idle {
+            // Insert, start the driver, `turn/start` and the turn-boundary claim, all before replying.
+            self.set_status(Status::Running);
+            self.open_turn(Vec::new());
+            return Ok(CommandReply::Sent { seq, turn: Some(self.state.last_turn) });
+        }
+        // A running driver takes the input at a later boundary.
+        Ok(CommandReply::Sent { seq, turn: None })
+    }
+
+    /// Cancel the active turn keeping the inbox, then a followup at the head of next-turn.
+    fn interrupt(&mut self, message: UserMessage) -> Result<CommandReply, CommandError> {
+        self.check_message(&message)?;
+        if let Some(acceptance) = self.state.accepted.get(&message.id)
+            && acceptance.fingerprint == Some(Fingerprint::of(&message, Target::NextTurn, true))
+        {
+            return Ok(CommandReply::Sent { seq: acceptance.seq, turn: acceptance.opened_turn });
+        }
+        // Validate the followup half before the cancel half acts, so a refused interrupt changes nothing.
+        self.check_new_id(&message.id, &[])?;
+        self.check_room(1, 0)?;
+        if self.turn.is_some() {
+            self.abort_turn(CancelCause::User);
+        }
+        self.deliver(message, Target::NextTurn, true, None, Position::Head)
+    }
+
+    /// `cancel(cause, keep_inbox)`: replies once its splices are durable and the abort is signalled.
+    fn cancel(&mut self, cause: CancelCause, keep_inbox: bool) -> CommandReply {
+        if !keep_inbox {
+            self.clear_inbox();
+            self.latched_wake = false;
+        }
+        self.abort_turn(cause);
+        CommandReply::Written { seq: self.state.last_seq }
+    }
+
+    fn replace(&mut self, id: &MessageId, message: UserMessage) -> Result<CommandReply, CommandError> {
+        self.check_message(&message)?;
+        let (target, index) = self.find_pending(id)?;
+        self.check_new_id(&message.id, &[id])?;
+        self.write_edit(target, index as u32, 1, vec![message]);
+        Ok(CommandReply::Written { seq: self.state.last_seq })
+    }
+
+    fn remove(&mut self, id: &MessageId) -> Result<CommandReply, CommandError> {
+        let (target, index) = self.find_pending(id)?;
+        self.write_edit(target, index as u32, 1, Vec::new());
+        Ok(CommandReply::Written { seq: self.state.last_seq })
+    }
+
+    fn client_splice(
+        &mut self,
+        target: Target,
+        start: u32,
+        delete_count: u32,
+        inserted: Vec<UserMessage>,
+    ) -> Result<CommandReply, CommandError> {
+        let len = self.state.inbox.list(target).len();
+        if start as usize > len {
+            return Err(CommandError::InvalidArgument(format!(
+                "splice start {start} is past the end of {target}, which has {len} messages; use 0..={len}"
+            )));
+        }
+        if delete_count as usize > len - start as usize {
+            return Err(CommandError::InvalidArgument(format!(
+                "splice deletes {delete_count} from {start} but {target} has only {} messages from there",
+                len - start as usize
+            )));
+        }
+        let removed: Vec<MessageId> = self.state.inbox.list(target)[start as usize..(start + delete_count) as usize]
+            .iter()
+            .map(|m| m.id.clone())
+            .collect();
+        let removed_refs: Vec<&MessageId> = removed.iter().collect();
+        for (i, message) in inserted.iter().enumerate() {
+            self.check_message(message)?;
+            if inserted[..i].iter().any(|m| m.id == message.id) {
+                return Err(CommandError::InvalidArgument(format!(
+                    "splice inserts message id {} twice; each message needs its own id",
+                    message.id
+                )));
+            }
+            self.check_new_id(&message.id, &removed_refs)?;
+        }
+        self.check_room(inserted.len(), delete_count as usize)?;
+        if delete_count == 0 && inserted.is_empty() {
+            return Ok(CommandReply::Written { seq: self.state.last_seq });
+        }
+        self.write_edit(target, start, delete_count, inserted);
+        Ok(CommandReply::Written { seq: self.state.last_seq })
+    }
+
+    fn clear(&mut self) -> CommandReply {
+        self.clear_inbox();
+        CommandReply::Written { seq: self.state.last_seq }
+    }
+
+    /// next-step first, then next-turn; an empty list writes nothing.
+    fn clear_inbox(&mut self) {
+        for target in [Target::NextStep, Target::NextTurn] {
+            let len = self.state.inbox.list(target).len();
+            if len > 0 {
+                self.write_edit(target, 0, len as u32, Vec::new());
+            }
+        }
+    }
+
+    fn find_pending(&self, id: &MessageId) -> Result<(Target, usize), CommandError> {
+        self.state.inbox.find(id).ok_or_else(|| {
+            CommandError::NotFound(format!(
+                "message id {id} is not pending in session {}; it was never sent, or it was already claimed or removed",
+                self.state.session
+            ))
+        })
+    }
+
+    /// A client edit: one splice (canceled when it removes anything), then discarded and inserted events.
+    fn write_edit(&mut self, target: Target, start: u32, removed_count: u32, inserted: Vec<UserMessage>) {
+        let removed: Vec<UserMessage> =
+            self.state.inbox.list(target)[start as usize..(start + removed_count) as usize].to_vec();
+        self.write(EventPayload::InboxSpliced(Splice {
+            target,
+            start,
+            removed_count,
+            inserted: inserted.clone(),
+            outcome: if removed_count > 0 { SpliceOutcome::Canceled } else { SpliceOutcome::None },
+            wake: false,
+            requested_target: None,
+        }));
+        for message in removed {
+            self.publish(LivePayload::Discarded { message });
+        }
+        for message in inserted {
+            self.publish(LivePayload::Inserted { message });
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! What the driver asks its runner to do, and what the runner reports back.
+
+use turnstile_journal::{CommandError, CommandReply, Envelope, LiveEvent, ToolCallSpec, UserMessage};
+
+/// Names one command for the runner, which pairs it with the caller waiting for the reply.
+pub type CommandId = u64;
+
+/// Names one asynchronous operation (pre-step decision, model request, tool call). Outcomes that name
+/// an operation the driver no longer waits for are ignored, so a late answer can never act twice.
+pub type OpId = u64;
+
+/// An output of the driver, to be performed by the runner in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// Append one durable event. Consecutive appends may be written as one atomic batch; an append must
+    /// be durable before any later effect is performed.
+    Append(Envelope),
+    /// Publish one live event (best effort).
+    Publish(LiveEvent),
+    /// Answer a command.
+    Reply { id: CommandId, result: Result<CommandReply, CommandError> },
+    /// Run the pre-step waterfall over a claimed batch.
+    PreStep(PreStepRequest),
+    /// Run one model request, streaming deltas.
+    Model(ModelRequest),
+    /// Run one tool call.
+    Tool(ToolRequest),
+    /// Signal an abort to a running operation. Pre-step and model operations must then report promptly
+    /// (with [`PreStepOutcome::Aborted`] / [`ModelOutcome::Aborted`]); a tool finishes its call.
+    Abort { op: OpId },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreStepRequest {
+    pub op: OpId,
+    pub turn: u64,
+    /// The step this proposal would open.
+    pub step: u32,
+    /// The proposal number within the turn, from 1.
+    pub proposal: u32,
+    /// The claimed batch, next-step messages first.
+    pub messages: Vec<UserMessage>,
+}
+
+/// The decision of the pre-step waterfall.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PreStepDecision {
+    Reject,
+    /// The complete, ordered batch to enter.
+    Enter(Vec<UserMessage>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum PreStepOutcome {
+    Decided(PreStepDecision),
+    /// A hook failed.
+    Failed {
+        message: String,
+    },
+    /// The operation stopped because of an abort.
+    Aborted,
+}
+
+/// The result of one tool call, as recorded in `tool/result`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolOutcome {
+    pub call_id: String,
+    pub name: String,
+    pub output: String,
+    pub error: Option<String>,
+    /// The tool concluded the turn (the step result becomes `completed`).
+    pub concludes_turn: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelRequest {
+    pub op: OpId,
+    pub turn: u64,
+    pub step: u32,
+    /// Messages entered in this step.
+    pub messages: Vec<UserMessage>,
+    /// Results of the previous step's tool calls, in call order.
+    pub tool_results: Vec<ToolOutcome>,
+    /// The prompt of a turn a crash interrupted mid-step: this step must answer it (SPEC §6).
+    pub interrupted_prompt: Vec<UserMessage>,
+}
+
+/// What a finished model request produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelOutput {
+    /// The whole reply; the streamed deltas concatenate to it.
+    pub text: String,
+    pub tool_calls: Vec<ToolCallSpec>,
+    /// The model stopped at its token limit; its tool calls are truncated and never run.
+    pub max_tokens: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelOutcome {
+    Finished(ModelOutput),
+    Failed { message: String, code: String },
+    Aborted,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolRequest {
+    pub op: OpId,
+    pub turn: u64,
+    pub step: u32,
+    pub call: ToolCallSpec,
+}

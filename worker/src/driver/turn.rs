@@ -1,0 +1,364 @@
+//! Turns and steps: claim → pre-step → step (model, tools) → turn end and drain (SPEC §4).
+
+use turnstile_journal::{
+    CancelCause, EventPayload, LivePayload, Splice, SpliceOutcome, Status, Target, ToolCallSpec, TurnEndReason,
+    UserMessage,
+};
+
+use super::{
+    Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, ToolOutcome,
+    ToolRequest,
+};
+
+/// The runtime of the open turn: what the driver is waiting for.
+#[derive(Debug)]
+pub(super) struct ActiveTurn {
+    pub turn: u64,
+    /// Proposals made so far (k of SPEC §4).
+    pub proposal: u32,
+    /// Steps started so far.
+    pub step: u32,
+    pub phase: Phase,
+    /// Set once an abort is signalled; the first cause wins.
+    pub cancel: Option<CancelCause>,
+    /// The result of the last finished step, if any.
+    pub last_step: Option<StepResult>,
+    /// A step reached the token limit (sticky for the turn).
+    pub max_tokens: bool,
+    /// Tool results of the last step, for the next model request.
+    pub tool_results: Vec<ToolOutcome>,
+    /// The prompt of the turn a crash interrupted mid-step, answered by this turn's first step.
+    pub interrupted_prompt: Vec<UserMessage>,
+    /// A tool of the current step concluded the turn.
+    pub concluded: bool,
+}
+
+#[derive(Debug)]
+pub(super) enum Phase {
+    PreStep { op: OpId },
+    Model { op: OpId, text: String },
+    Tools { calls: Vec<ToolCallSpec>, next: usize, running: Option<OpId> },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum StepResult {
+    Continue,
+    Completed,
+    MaxTokens,
+}
+
+impl Driver {
+    /// Opens turn n = last + 1 and makes its first proposal. The status must already be running.
+    pub(super) fn open_turn(&mut self, interrupted_prompt: Vec<UserMessage>) {
+        let turn = self.state.last_turn + 1;
+        self.write(EventPayload::TurnStart { turn });
+        self.turn = Some(ActiveTurn {
+            turn,
+            proposal: 0,
+            step: 0,
+            phase: Phase::PreStep { op: 0 },
+            cancel: None,
+            last_step: None,
+            max_tokens: false,
+            tool_results: Vec::new(),
+            interrupted_prompt,
+            concluded: false,
+        });
+        self.propose();
+    }
+
+    /// Claims input and asks for the pre-step decision.
+    fn propose(&mut self) {
+        let Some(t) = self.turn.as_mut() else { return };
+        t.proposal += 1;
+        let (turn, proposal, step) = (t.turn, t.proposal, t.step + 1);
+        // A resumed turn's one next-turn slot belongs to the prompt a crash interrupted.
+        let claim_next_turn = proposal == 1 && t.interrupted_prompt.is_empty();
+        let mut claimed = self.claim(Target::NextStep, self.state.inbox.next_step.len());
+        if claim_next_turn {
+            claimed.extend(self.claim(Target::NextTurn, 1.min(self.state.inbox.next_turn.len())));
+        }
+        for message in &claimed {
+            self.publish(LivePayload::Claimed { message: message.clone(), turn });
+        }
+        let op = self.new_op();
+        if let Some(t) = self.turn.as_mut() {
+            t.phase = Phase::PreStep { op };
+        }
+        self.effects.push_back(Effect::PreStep(PreStepRequest { op, turn, step, proposal, messages: claimed }));
+    }
+
+    /// A pure-deletion splice of the first `count` messages of `target` (nothing when 0).
+    fn claim(&mut self, target: Target, count: usize) -> Vec<UserMessage> {
+        if count == 0 {
+            return Vec::new();
+        }
+        let claimed = self.state.inbox.list(target)[..count].to_vec();
+        self.write(EventPayload::InboxSpliced(Splice {
+            target,
+            start: 0,
+            removed_count: count as u32,
+            inserted: Vec::new(),
+            outcome: SpliceOutcome::None,
+            wake: false,
+            requested_target: None,
+        }));
+        claimed
+    }
+
+    pub(super) fn turn_pre_step(&mut self, op: OpId, outcome: PreStepOutcome) {
+        let Some(t) = self.turn.as_ref() else { return };
+        if !matches!(t.phase, Phase::PreStep { op: current } if current == op) {
+            return;
+        }
+        if let Some(cause) = t.cancel.clone() {
+            // Before `step/start`: a no-step turn ending aborted; the claimed batch is gone.
+            return self.end_turn(TurnEndReason::Aborted(cause));
+        }
+        let (proposal, step, last_step, resumed) = (t.proposal, t.step, t.last_step, !t.interrupted_prompt.is_empty());
+        match outcome {
+            PreStepOutcome::Aborted => {
+                // An abort the driver did not signal (the runner is stopping): treat as a hook failure.
+                self.fail_turn(step + 1, "the pre-step decision was aborted".into(), "aborted".into());
+            }
+            PreStepOutcome::Failed { message } => {
+                self.fail_turn(step + 1, format!("pre-step hook failed: {message}"), "hook_failed".into());
+            }
+            PreStepOutcome::Decided(PreStepDecision::Reject) => self.end_turn(TurnEndReason::Blocked),
+            PreStepOutcome::Decided(PreStepDecision::Enter(messages)) => {
+                if !messages.is_empty() || resumed && proposal == 1 {
+                    return self.start_step(messages);
+                }
+                match (proposal, last_step) {
+                    // An empty first batch: the turn ends with no step and the driver idles.
+                    (1, _) | (_, None) => self.end_turn(TurnEndReason::Completed),
+                    // After a tool step: run the step with no new messages.
+                    (_, Some(StepResult::Continue)) => self.start_step(Vec::new()),
+                    // After a step that would have ended the turn: end it.
+                    (_, Some(_)) => self.end_turn(self.completion_reason()),
+                }
+            }
+        }
+    }
+
+    /// live `agent/error`, then `turn/end error`.
+    fn fail_turn(&mut self, step: u32, message: String, code: String) {
+        let turn = self.turn.as_ref().map_or(0, |t| t.turn);
+        self.publish(LivePayload::Error { turn, step, message: message.clone() });
+        self.end_turn(TurnEndReason::Error { message, code });
+    }
+
+    fn start_step(&mut self, messages: Vec<UserMessage>) {
+        let Some(t) = self.turn.as_mut() else { return };
+        t.step += 1;
+        t.concluded = false;
+        let (turn, step) = (t.turn, t.step);
+        let tool_results = std::mem::take(&mut t.tool_results);
+        let interrupted_prompt = std::mem::take(&mut t.interrupted_prompt);
+        self.write(EventPayload::StepStart { turn, step });
+        for message in &messages {
+            self.write(EventPayload::UserMessage { message: message.clone(), turn, step });
+        }
+        let op = self.new_op();
+        if let Some(t) = self.turn.as_mut() {
+            t.phase = Phase::Model { op, text: String::new() };
+        }
+        self.effects.push_back(Effect::Model(ModelRequest {
+            op,
+            turn,
+            step,
+            messages,
+            tool_results,
+            interrupted_prompt,
+        }));
+    }
+
+    pub(super) fn turn_model_delta(&mut self, op: OpId, delta: &str) {
+        let Some(t) = self.turn.as_mut() else { return };
+        // Deltas after an abort are not "delivered": the interrupted message holds what was published.
+        if t.cancel.is_some() || delta.is_empty() {
+            return;
+        }
+        let (turn, step) = (t.turn, t.step);
+        let Phase::Model { op: current, text } = &mut t.phase else { return };
+        if *current != op {
+            return;
+        }
+        text.push_str(delta);
+        self.publish(LivePayload::AssistantDelta { turn, step, text: delta.to_owned() });
+    }
+
+    pub(super) fn turn_model_done(&mut self, op: OpId, outcome: ModelOutcome) {
+        let Some(t) = self.turn.as_mut() else { return };
+        let Phase::Model { op: current, text } = &mut t.phase else { return };
+        if *current != op {
+            return;
+        }
+        let delivered = std::mem::take(text);
+        let (turn, step) = (t.turn, t.step);
+        if let Some(cause) = t.cancel.clone() {
+            // Mid-stream abort: keep what was delivered, close the step and the turn.
+            if !delivered.is_empty() {
+                self.write(EventPayload::AssistantMessage {
+                    turn,
+                    step,
+                    text: delivered,
+                    tool_calls: Vec::new(),
+                    interrupted: true,
+                    max_tokens: false,
+                });
+            }
+            self.write(EventPayload::StepEnd { turn, step });
+            return self.end_turn(TurnEndReason::Aborted(cause));
+        }
+        match outcome {
+            ModelOutcome::Finished(output) => {
+                let max_tokens = output.max_tokens;
+                // Truncated tool calls are never run, so they are not recorded as calls either.
+                let tool_calls = if max_tokens { Vec::new() } else { output.tool_calls };
+                self.write(EventPayload::AssistantMessage {
+                    turn,
+                    step,
+                    text: output.text,
+                    tool_calls: tool_calls.clone(),
+                    interrupted: false,
+                    max_tokens,
+                });
+                if max_tokens {
+                    if let Some(t) = self.turn.as_mut() {
+                        t.max_tokens = true;
+                    }
+                    self.end_step(StepResult::MaxTokens);
+                } else if tool_calls.is_empty() {
+                    self.end_step(StepResult::Completed);
+                } else {
+                    if let Some(t) = self.turn.as_mut() {
+                        t.phase = Phase::Tools { calls: tool_calls, next: 0, running: None };
+                    }
+                    self.next_tool_call();
+                }
+            }
+            ModelOutcome::Failed { message, code } => {
+                self.write(EventPayload::StepEnd { turn, step });
+                self.fail_turn(step, format!("model request failed: {message}"), code);
+            }
+            ModelOutcome::Aborted => {
+                self.write(EventPayload::StepEnd { turn, step });
+                self.fail_turn(step, "the model request was aborted".into(), "aborted".into());
+            }
+        }
+    }
+
+    /// Starts the next tool call in model order, or ends the step when none is left. After an abort the
+    /// calls not yet started get a synthetic `tool/call` + error `tool/result`.
+    fn next_tool_call(&mut self) {
+        loop {
+            let Some(t) = self.turn.as_mut() else { return };
+            let (turn, step, aborting, concluded) = (t.turn, t.step, t.cancel.is_some(), t.concluded);
+            let Phase::Tools { calls, next, running } = &mut t.phase else { return };
+            let Some(call) = calls.get(*next).cloned() else {
+                return self.end_step(if concluded { StepResult::Completed } else { StepResult::Continue });
+            };
+            if aborting {
+                *next += 1;
+                self.write(EventPayload::ToolCall { turn, step, call: call.clone() });
+                self.write(EventPayload::ToolResult {
+                    turn,
+                    step,
+                    call_id: call.call_id,
+                    output: String::new(),
+                    error: Some("not run: the turn was aborted".into()),
+                });
+                continue;
+            }
+            let op = self.next_op;
+            self.next_op += 1;
+            *running = Some(op);
+            self.write(EventPayload::ToolCall { turn, step, call: call.clone() });
+            self.effects.push_back(Effect::Tool(ToolRequest { op, turn, step, call }));
+            return;
+        }
+    }
+
+    pub(super) fn turn_tool_done(&mut self, op: OpId, outcome: ToolOutcome) {
+        let Some(t) = self.turn.as_mut() else { return };
+        let (turn, step) = (t.turn, t.step);
+        let Phase::Tools { next, running, .. } = &mut t.phase else { return };
+        if *running != Some(op) {
+            return;
+        }
+        *running = None;
+        *next += 1;
+        let concludes = outcome.concludes_turn;
+        self.write(EventPayload::ToolResult {
+            turn,
+            step,
+            call_id: outcome.call_id.clone(),
+            output: outcome.output.clone(),
+            error: outcome.error.clone(),
+        });
+        if let Some(t) = self.turn.as_mut() {
+            t.tool_results.push(outcome);
+            // A tool that concludes the turn makes the step result `completed`; later calls still run.
+            t.concluded |= concludes;
+        }
+        self.next_tool_call();
+    }
+
+    /// `step/end`, then the next proposal or the end of the turn.
+    fn end_step(&mut self, result: StepResult) {
+        let Some(t) = self.turn.as_mut() else { return };
+        let (turn, step) = (t.turn, t.step);
+        t.last_step = Some(result);
+        let cancel = t.cancel.clone();
+        self.write(EventPayload::StepEnd { turn, step });
+        if let Some(cause) = cancel {
+            return self.end_turn(TurnEndReason::Aborted(cause));
+        }
+        if result == StepResult::Continue || !self.state.inbox.next_step.is_empty() {
+            // Pending next-step input makes one more proposal in the same turn.
+            return self.propose();
+        }
+        self.end_turn(self.completion_reason());
+    }
+
+    /// How a turn that ran out of work ends: max-tokens is sticky for the turn.
+    fn completion_reason(&self) -> TurnEndReason {
+        match self.turn.as_ref() {
+            Some(t) if t.max_tokens => TurnEndReason::MaxTokens,
+            _ => TurnEndReason::Completed,
+        }
+    }
+
+    /// `turn/end`, then drain (start turn n+1) or go idle.
+    pub(super) fn end_turn(&mut self, reason: TurnEndReason) {
+        let Some(t) = self.turn.take() else { return };
+        let drains = matches!(reason, TurnEndReason::Completed | TurnEndReason::MaxTokens) && t.step > 0;
+        self.write(EventPayload::TurnEnd { turn: t.turn, reason });
+        if drains && !self.state.inbox.is_empty() {
+            return self.open_turn(Vec::new());
+        }
+        self.set_status(Status::Idle);
+        if std::mem::take(&mut self.latched_wake) && !self.state.inbox.is_empty() {
+            self.set_status(Status::Running);
+            return self.open_turn(Vec::new());
+        }
+        self.resolve_idle_waiters();
+    }
+
+    /// Signals an abort to whatever the turn waits for. The first cause wins.
+    pub(super) fn abort_turn(&mut self, cause: CancelCause) {
+        let Some(t) = self.turn.as_mut() else { return };
+        if t.cancel.is_some() {
+            return;
+        }
+        t.cancel = Some(cause);
+        let op = match &t.phase {
+            Phase::PreStep { op } | Phase::Model { op, .. } => Some(*op),
+            Phase::Tools { running, .. } => *running,
+        };
+        if let Some(op) = op {
+            self.effects.push_back(Effect::Abort { op });
+        }
+    }
+}

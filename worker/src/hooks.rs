@@ -1,0 +1,140 @@
+//! Pre-step hooks: the waterfall that decides each proposal (SPEC §4).
+//!
+//! Each hook sees the batch as the hooks before it left it and either passes a (possibly rewritten)
+//! batch on or rejects. The last batch standing is entered.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use turnstile_journal::{ContentBlock, UserMessage};
+
+use crate::driver::{PreStepDecision, PreStepRequest};
+use crate::model::directive::{self, Directive};
+
+/// What one hook decides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HookVerdict {
+    /// Pass this batch to the next hook (the last one is entered).
+    Pass(Vec<UserMessage>),
+    Reject,
+}
+
+/// A hook failed; the turn ends `error`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("hook {hook}: {message}")]
+pub struct HookError {
+    pub hook: String,
+    pub message: String,
+}
+
+#[async_trait]
+pub trait PreStepHook: Send + Sync + 'static {
+    fn name(&self) -> &str;
+
+    /// Decides over `batch` for the proposal described by `request`. On `abort`, return promptly.
+    async fn decide(
+        &self,
+        request: &PreStepRequest,
+        batch: Vec<UserMessage>,
+        abort: &CancellationToken,
+    ) -> Result<HookVerdict, HookError>;
+}
+
+/// Runs `hooks` in order over the request's claimed batch.
+pub async fn run_waterfall(
+    hooks: &[Arc<dyn PreStepHook>],
+    request: &PreStepRequest,
+    abort: &CancellationToken,
+) -> Result<PreStepDecision, HookError> {
+    let mut batch = request.messages.clone();
+    for hook in hooks {
+        match hook.decide(request, batch, abort).await? {
+            HookVerdict::Pass(next) => batch = next,
+            HookVerdict::Reject => return Ok(PreStepDecision::Reject),
+        }
+    }
+    Ok(PreStepDecision::Enter(batch))
+}
+
+/// The built-in content guard, driven by the scripted directives `[[reject]]`, `[[drop]]`,
+/// `[[rewrite:TEXT]]` and `[[hook-fail]]`.
+#[derive(Clone, Debug, Default)]
+pub struct ContentGuard;
+
+impl ContentGuard {
+    pub const NAME: &'static str = "content-guard";
+
+    /// The guard's verdict, without IO.
+    pub fn judge(batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
+        let mut entered = Vec::with_capacity(batch.len());
+        let mut reject = false;
+        for mut message in batch {
+            let (directives, _) = directive::parse(&message.text());
+            let mut keep = true;
+            for d in directives {
+                match d {
+                    Directive::HookFail => {
+                        return Err(HookError {
+                            hook: Self::NAME.into(),
+                            message: format!("failed on message {} ([[hook-fail]])", message.id),
+                        });
+                    }
+                    Directive::Reject => reject = true,
+                    Directive::Drop => keep = false,
+                    Directive::Rewrite { text } => message.content = vec![ContentBlock::text(text)],
+                    _ => {}
+                }
+            }
+            if keep {
+                entered.push(message);
+            }
+        }
+        Ok(if reject { HookVerdict::Reject } else { HookVerdict::Pass(entered) })
+    }
+}
+
+#[async_trait]
+impl PreStepHook for ContentGuard {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    async fn decide(
+        &self,
+        _request: &PreStepRequest,
+        batch: Vec<UserMessage>,
+        _abort: &CancellationToken,
+    ) -> Result<HookVerdict, HookError> {
+        Self::judge(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(id: &str, text: &str) -> UserMessage {
+        UserMessage::user_text(id, text)
+    }
+
+    #[test]
+    fn passes_plain_messages() {
+        let batch = vec![msg("a", "hi"), msg("b", "there")];
+        assert_eq!(ContentGuard::judge(batch.clone()), Ok(HookVerdict::Pass(batch)));
+    }
+
+    #[test]
+    fn rejects_drops_rewrites_and_fails() {
+        assert_eq!(ContentGuard::judge(vec![msg("a", "x"), msg("b", "[[reject]]")]), Ok(HookVerdict::Reject));
+        assert_eq!(
+            ContentGuard::judge(vec![msg("a", "x"), msg("b", "[[drop]] y")]),
+            Ok(HookVerdict::Pass(vec![msg("a", "x")]))
+        );
+        assert_eq!(
+            ContentGuard::judge(vec![msg("a", "[[rewrite:clean]] dirty")]),
+            Ok(HookVerdict::Pass(vec![msg("a", "clean")]))
+        );
+        assert!(ContentGuard::judge(vec![msg("a", "[[hook-fail]]")]).is_err());
+    }
+}

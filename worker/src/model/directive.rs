@@ -1,0 +1,95 @@
+//! The scripted directives of API.md (`[[tool:echo hi]]`, `[[delay:500]]`, ...), read from message text.
+
+/// One directive found in a message's text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Directive {
+    /// `[[tool:NAME ARGS]]`: the step returns a call of tool NAME with ARGS.
+    Tool { name: String, arguments: String },
+    /// `[[delay:MS]]`: stream the reply over MS milliseconds.
+    Delay { ms: u64 },
+    /// `[[max-tokens]]`
+    MaxTokens,
+    /// `[[fail]]`: the model request fails.
+    Fail,
+    /// `[[reject]]`: the content guard rejects the proposal.
+    Reject,
+    /// `[[drop]]`: the content guard leaves this message out of the batch.
+    Drop,
+    /// `[[rewrite:TEXT]]`: the content guard enters this message with content TEXT.
+    Rewrite { text: String },
+    /// `[[hook-fail]]`: the content guard fails.
+    HookFail,
+}
+
+/// The directives of `text`, in order, and the text with them taken out (trimmed). Anything between
+/// `[[` and `]]` that is not a directive stays in the text as it was.
+pub fn parse(text: &str) -> (Vec<Directive>, String) {
+    let mut directives = Vec::new();
+    let mut rest = String::with_capacity(text.len());
+    let mut cursor = text;
+    while let Some(open) = cursor.find("[[") {
+        let Some(close) = cursor[open..].find("]]").map(|c| open + c) else { break };
+        let inner = &cursor[open + 2..close];
+        match parse_one(inner) {
+            Some(d) => {
+                rest.push_str(&cursor[..open]);
+                directives.push(d);
+            }
+            None => rest.push_str(&cursor[..close + 2]),
+        }
+        cursor = &cursor[close + 2..];
+    }
+    rest.push_str(cursor);
+    let cleaned = rest.split_whitespace().collect::<Vec<_>>().join(" ");
+    (directives, cleaned)
+}
+
+fn parse_one(inner: &str) -> Option<Directive> {
+    let (name, arg) = match inner.split_once(':') {
+        Some((n, a)) => (n.trim(), Some(a.trim())),
+        None => (inner.trim(), None),
+    };
+    Some(match (name, arg) {
+        ("tool", Some(spec)) => {
+            let (name, arguments) = spec.split_once(' ').unwrap_or((spec, ""));
+            Directive::Tool { name: name.to_owned(), arguments: arguments.trim().to_owned() }
+        }
+        ("delay", Some(ms)) => Directive::Delay { ms: ms.parse().ok()? },
+        ("max-tokens", None) => Directive::MaxTokens,
+        ("fail", None) => Directive::Fail,
+        ("reject", None) => Directive::Reject,
+        ("drop", None) => Directive::Drop,
+        ("rewrite", Some(text)) => Directive::Rewrite { text: text.to_owned() },
+        ("hook-fail", None) => Directive::HookFail,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_combined_directives_and_strips_them() {
+        let (d, text) = parse("[[delay:500]] [[tool:echo hi there]] go");
+        assert_eq!(
+            d,
+            vec![Directive::Delay { ms: 500 }, Directive::Tool { name: "echo".into(), arguments: "hi there".into() }]
+        );
+        assert_eq!(text, "go");
+    }
+
+    #[test]
+    fn leaves_unknown_brackets_in_the_text() {
+        let (d, text) = parse("a [[nope]] b [[delay:x]] [[max-tokens]]");
+        assert_eq!(d, vec![Directive::MaxTokens]);
+        assert_eq!(text, "a [[nope]] b [[delay:x]]");
+    }
+
+    #[test]
+    fn rewrite_keeps_its_text_and_unclosed_brackets_stay() {
+        let (d, text) = parse("[[rewrite:new words]] old [[oops");
+        assert_eq!(d, vec![Directive::Rewrite { text: "new words".into() }]);
+        assert_eq!(text, "old [[oops");
+    }
+}

@@ -1,0 +1,50 @@
+//! Models: what runs a step's request. The scripted model is built in; others plug in through [`Model`].
+
+pub mod directive;
+pub mod scripted;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::driver::{ModelOutput, ModelRequest};
+
+pub use scripted::ScriptedModel;
+
+/// Why a model request did not finish.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    #[error("{message}")]
+    Failed { message: String, code: String },
+    /// The request saw the abort signal and stopped.
+    #[error("aborted")]
+    Aborted,
+}
+
+/// Where a model streams the pieces of its reply.
+#[derive(Clone, Debug)]
+pub struct DeltaSink(mpsc::Sender<String>);
+
+impl DeltaSink {
+    pub fn new(tx: mpsc::Sender<String>) -> Self {
+        Self(tx)
+    }
+
+    /// Streams one piece. A closed sink (the step was abandoned) drops it silently.
+    pub async fn send(&self, delta: String) {
+        let _ = self.0.send(delta).await;
+    }
+}
+
+/// A streaming model.
+#[async_trait]
+pub trait Model: Send + Sync + 'static {
+    /// Answers one step. Deltas sent to `deltas` must concatenate to the returned text. On `abort`,
+    /// return [`ModelError::Aborted`] promptly.
+    async fn step(
+        &self,
+        request: ModelRequest,
+        deltas: DeltaSink,
+        abort: CancellationToken,
+    ) -> Result<ModelOutput, ModelError>;
+}

@@ -1,0 +1,359 @@
+//! The async runner of one session: feeds its [`Driver`] and performs the driver's effects.
+//!
+//! The runner does IO only: it appends to the journal, publishes live events, answers callers and runs
+//! pre-step hooks, model requests and tool calls as tasks whose outcomes come back as driver inputs.
+//! Consecutive appends are written as one atomic conditional batch; an append must be durable before any
+//! later effect runs, so callers and observers never see what the log does not hold.
+//!
+//! When an append fails, the in-memory driver may hold state the log does not: the runner treats that
+//! like a crash of the driver. A conflict means another writer owns the session, so the runner stops for
+//! good; any other failure drops the driver and reloads it from the log (SPEC §6 repair included).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use turnstile_journal::log::read_all;
+use turnstile_journal::{
+    Command, CommandError, CommandReply, Envelope, JournalError, LiveBus, SessionLog, SessionRef, SessionState,
+};
+
+use crate::config::WorkerConfig;
+use crate::driver::{
+    CommandId, Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepOutcome, PreStepRequest, ToolOutcome,
+    ToolRequest,
+};
+use crate::hooks::{PreStepHook, run_waterfall};
+use crate::model::{DeltaSink, Model, ModelError};
+use crate::tools::ToolRegistry;
+
+/// Everything a runner needs besides its session.
+pub struct RunnerDeps {
+    pub log: Arc<dyn SessionLog>,
+    pub bus: Arc<dyn LiveBus>,
+    pub model: Arc<dyn Model>,
+    pub tools: ToolRegistry,
+    pub hooks: Vec<Arc<dyn PreStepHook>>,
+    pub config: WorkerConfig,
+}
+
+pub(crate) type ReplyTx = oneshot::Sender<Result<CommandReply, CommandError>>;
+
+/// A command for the runner, with where to send its reply.
+pub(crate) struct CommandMsg {
+    pub command: Command,
+    pub reply: ReplyTx,
+}
+
+/// Outcomes of the runner's own operations, fed back into the driver.
+enum OpMsg {
+    PreStep { op: OpId, outcome: PreStepOutcome },
+    ModelDelta { op: OpId, text: String },
+    ModelDone { op: OpId, outcome: ModelOutcome },
+    ToolDone { op: OpId, outcome: ToolOutcome },
+}
+
+/// Why a batch of effects could not be completed.
+enum Stop {
+    /// Reload the driver from the log, then continue.
+    Reload,
+    /// Another writer owns the session: stop serving it.
+    Lost,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Reads and folds a session's log into a driver and repairs it (its effects are still to perform).
+pub(crate) async fn load_driver(deps: &RunnerDeps, session: &SessionRef) -> Result<Driver, CommandError> {
+    let events = read_all(deps.log.as_ref(), session, 1).await.map_err(journal_to_command)?;
+    let state = SessionState::fold(session.clone(), deps.config.limits.dedup_horizon, &events)
+        .map_err(|e| CommandError::Internal(format!("the log of session {session} cannot be folded: {e}")))?;
+    let mut driver = Driver::new(state, deps.config.limits.clone(), deps.config.epoch, deps.config.owner_id.clone());
+    driver.recover(now_ms());
+    Ok(driver)
+}
+
+pub(crate) fn journal_to_command(e: JournalError) -> CommandError {
+    match e {
+        JournalError::Unavailable(m) => {
+            CommandError::Unavailable(format!("the journal is unavailable ({m}); retry with the same message id"))
+        }
+        JournalError::Conflict { .. } => CommandError::Unavailable(format!("{e}; retry to reach the new owner")),
+        other => CommandError::Internal(other.to_string()),
+    }
+}
+
+/// One session's runner task.
+pub(crate) struct Runner {
+    session: SessionRef,
+    deps: Arc<RunnerDeps>,
+    driver: Driver,
+    waiting: HashMap<CommandId, ReplyTx>,
+    next_command: CommandId,
+    ops: HashMap<OpId, CancellationToken>,
+    op_tx: mpsc::UnboundedSender<OpMsg>,
+    op_rx: mpsc::UnboundedReceiver<OpMsg>,
+    /// Cancelled when the runner stops, so no operation outlives it.
+    stopped: CancellationToken,
+}
+
+impl Runner {
+    /// Loads the session and serves `commands` until the host drops the sender or ownership is lost.
+    pub(crate) async fn run(session: SessionRef, deps: Arc<RunnerDeps>, mut commands: mpsc::Receiver<CommandMsg>) {
+        let driver = match load_driver(&deps, &session).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "cannot load session");
+                commands.close();
+                while let Some(msg) = commands.recv().await {
+                    let _ = msg.reply.send(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        let (op_tx, op_rx) = mpsc::unbounded_channel();
+        let mut runner = Runner {
+            session,
+            deps,
+            driver,
+            waiting: HashMap::new(),
+            next_command: 1,
+            ops: HashMap::new(),
+            op_tx,
+            op_rx,
+            stopped: CancellationToken::new(),
+        };
+        if runner.settle().await {
+            runner.serve(&mut commands).await;
+        }
+        runner.shutdown(&mut commands, "the session's runner stopped; retry");
+    }
+
+    async fn serve(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) {
+        loop {
+            let now = now_ms();
+            tokio::select! {
+                Some(msg) = self.op_rx.recv() => match msg {
+                    OpMsg::PreStep { op, outcome } => {
+                        self.ops.remove(&op);
+                        self.driver.on_pre_step(op, outcome, now);
+                    }
+                    OpMsg::ModelDelta { op, text } => self.driver.on_model_delta(op, &text, now),
+                    OpMsg::ModelDone { op, outcome } => {
+                        self.ops.remove(&op);
+                        self.driver.on_model_done(op, outcome, now);
+                    }
+                    OpMsg::ToolDone { op, outcome } => {
+                        self.ops.remove(&op);
+                        self.driver.on_tool_done(op, outcome, now);
+                    }
+                },
+                msg = commands.recv() => {
+                    let Some(CommandMsg { command, reply }) = msg else { return };
+                    let id = self.next_command;
+                    self.next_command += 1;
+                    self.waiting.insert(id, reply);
+                    self.driver.on_command(id, command, now);
+                }
+            }
+            if !self.settle().await {
+                return;
+            }
+        }
+    }
+
+    /// Performs the driver's effects, reloading from the log after a failed append. Returns false when
+    /// the session must no longer be served.
+    async fn settle(&mut self) -> bool {
+        loop {
+            let effects = self.driver.drain_effects();
+            if let Some(e) = self.driver.poisoned() {
+                let message = format!("session {} hit an internal error ({e}); retry", self.session);
+                tracing::error!(session = %self.session, error = %e, "driver invariant broken; reloading");
+                self.fail_replies(&effects, &message);
+                if !self.reload().await {
+                    return false;
+                }
+                continue;
+            }
+            match self.perform(effects).await {
+                Ok(()) => return true,
+                Err(Stop::Lost) => return false,
+                Err(Stop::Reload) => {
+                    if !self.reload().await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn perform(&mut self, effects: Vec<Effect>) -> Result<(), Stop> {
+        let mut rest = effects.into_iter().peekable();
+        while let Some(effect) = rest.next() {
+            match effect {
+                Effect::Append(first) => {
+                    let mut batch = vec![first];
+                    while let Some(Effect::Append(_)) = rest.peek() {
+                        if let Some(Effect::Append(e)) = rest.next() {
+                            batch.push(e);
+                        }
+                    }
+                    if let Err(e) = self.append(&batch).await {
+                        let remaining: Vec<Effect> = rest.collect();
+                        let lost = matches!(e, JournalError::Conflict { .. });
+                        let message = journal_to_command(e.clone()).to_string();
+                        tracing::warn!(session = %self.session, error = %e, "append failed");
+                        self.fail_replies(&remaining, &message);
+                        return Err(if lost { Stop::Lost } else { Stop::Reload });
+                    }
+                }
+                Effect::Publish(event) => {
+                    if let Err(e) = self.deps.bus.publish(&event).await {
+                        tracing::debug!(session = %self.session, error = %e, "live event not published");
+                    }
+                }
+                Effect::Reply { id, result } => {
+                    if let Some(tx) = self.waiting.remove(&id) {
+                        let _ = tx.send(result);
+                    }
+                }
+                Effect::PreStep(request) => self.spawn_pre_step(request),
+                Effect::Model(request) => self.spawn_model(request),
+                Effect::Tool(request) => self.spawn_tool(request),
+                Effect::Abort { op } => {
+                    if let Some(token) = self.ops.get(&op) {
+                        token.cancel();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn append(&self, batch: &[Envelope]) -> Result<u64, JournalError> {
+        let expected = batch.first().map_or(0, |e| e.seq.saturating_sub(1));
+        self.deps.log.append(&self.session, expected, batch).await
+    }
+
+    /// Answers every reply among `effects` with UNAVAILABLE: their writes did not all become durable.
+    fn fail_replies(&mut self, effects: &[Effect], message: &str) {
+        for effect in effects {
+            if let Effect::Reply { id, .. } = effect
+                && let Some(tx) = self.waiting.remove(id)
+            {
+                let _ = tx.send(Err(CommandError::Unavailable(message.to_owned())));
+            }
+        }
+    }
+
+    /// Drops the driver and its operations and loads the session again from the log.
+    async fn reload(&mut self) -> bool {
+        for (_, token) in self.ops.drain() {
+            token.cancel();
+        }
+        // Outcomes of the dropped operations must not reach the new driver.
+        let (op_tx, op_rx) = mpsc::unbounded_channel();
+        self.op_tx = op_tx;
+        self.op_rx = op_rx;
+        match load_driver(&self.deps, &self.session).await {
+            Ok(driver) => {
+                self.driver = driver;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(session = %self.session, error = %e, "cannot reload session");
+                false
+            }
+        }
+    }
+
+    fn shutdown(&mut self, commands: &mut mpsc::Receiver<CommandMsg>, message: &str) {
+        self.stopped.cancel();
+        for (_, token) in self.ops.drain() {
+            token.cancel();
+        }
+        for (_, tx) in self.waiting.drain() {
+            let _ = tx.send(Err(CommandError::Unavailable(message.to_owned())));
+        }
+        commands.close();
+        while let Ok(msg) = commands.try_recv() {
+            let _ = msg.reply.send(Err(CommandError::Unavailable(message.to_owned())));
+        }
+    }
+
+    fn op_token(&mut self, op: OpId) -> CancellationToken {
+        let token = self.stopped.child_token();
+        self.ops.insert(op, token.clone());
+        token
+    }
+
+    fn spawn_pre_step(&mut self, request: PreStepRequest) {
+        let token = self.op_token(request.op);
+        let (tx, deps) = (self.op_tx.clone(), self.deps.clone());
+        tokio::spawn(async move {
+            let outcome = tokio::select! {
+                () = token.cancelled() => PreStepOutcome::Aborted,
+                r = run_waterfall(&deps.hooks, &request, &token) => match r {
+                    Ok(decision) => PreStepOutcome::Decided(decision),
+                    Err(e) => PreStepOutcome::Failed { message: e.to_string() },
+                },
+            };
+            let _ = tx.send(OpMsg::PreStep { op: request.op, outcome });
+        });
+    }
+
+    fn spawn_model(&mut self, request: ModelRequest) {
+        let token = self.op_token(request.op);
+        let (tx, deps, op) = (self.op_tx.clone(), self.deps.clone(), request.op);
+        tokio::spawn(async move {
+            let (delta_tx, mut delta_rx) = mpsc::channel::<String>(64);
+            let forward = {
+                let tx = tx.clone();
+                async move {
+                    while let Some(text) = delta_rx.recv().await {
+                        let _ = tx.send(OpMsg::ModelDelta { op, text });
+                    }
+                }
+            };
+            let step = deps.model.step(request, DeltaSink::new(delta_tx), token.clone());
+            // The forwarder ends when the model drops its sink, so every delta precedes the outcome.
+            let (result, ()) = tokio::join!(
+                async {
+                    tokio::select! {
+                        () = token.cancelled() => Err(ModelError::Aborted),
+                        r = step => r,
+                    }
+                },
+                forward
+            );
+            let outcome = match result {
+                Ok(output) => ModelOutcome::Finished(output),
+                Err(ModelError::Failed { message, code }) => ModelOutcome::Failed { message, code },
+                Err(ModelError::Aborted) => ModelOutcome::Aborted,
+            };
+            let _ = tx.send(OpMsg::ModelDone { op, outcome });
+        });
+    }
+
+    fn spawn_tool(&mut self, request: ToolRequest) {
+        let token = self.op_token(request.op);
+        let (tx, deps) = (self.op_tx.clone(), self.deps.clone());
+        tokio::spawn(async move {
+            // A started call finishes even on abort: the tool sees the signal and may stop early.
+            let r = deps.tools.call(&request.call.name, &request.call.arguments, &token).await;
+            let outcome = ToolOutcome {
+                call_id: request.call.call_id,
+                name: request.call.name,
+                output: r.output,
+                error: r.error,
+                concludes_turn: r.concludes_turn,
+            };
+            let _ = tx.send(OpMsg::ToolDone { op: request.op, outcome });
+        });
+    }
+}

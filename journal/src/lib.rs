@@ -20,7 +20,9 @@ pub mod message;
 pub mod state;
 
 pub use bus::{LiveBus, LiveStream};
+pub use codec::CodecError;
 pub use command::{Command, CommandError, CommandReply, CommandRouter, SessionSummary};
+pub use embedded::{EmbeddedLog, LocalBus};
 pub use event::{
     CancelCause, Envelope, EventPayload, LiveEvent, LivePayload, Splice, SpliceOutcome, Status, ToolCallSpec,
     TurnEndReason,

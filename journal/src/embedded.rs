@@ -1,1 +1,0 @@
-//! Embedded backend (to be written).

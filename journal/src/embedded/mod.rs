@@ -1,0 +1,218 @@
+//! The embedded backend: [`EmbeddedLog`] (in memory, or durable files under a data dir) and [`LocalBus`],
+//! for `turnstile dev` and tests.
+//!
+//! Every session's events are kept in memory (dev scale) and reads are served from there. With a data dir
+//! each append is also one checksummed, synced frame in the session's file; see [`disk`] for the format and
+//! its crash recovery. Appends to one session are serialized by an async mutex whose guard travels with the
+//! write, so a caller that gives up mid-append never lets a second writer in before the first is settled.
+
+mod bus;
+mod disk;
+mod tail;
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use async_trait::async_trait;
+use tokio::sync::{Mutex, OwnedMutexGuard, watch};
+
+pub use bus::LocalBus;
+
+use crate::codec;
+use crate::event::Envelope;
+use crate::log::{EventStream, JournalError, SessionLog};
+use crate::message::SessionRef;
+
+/// A [`SessionLog`] kept in this process, optionally backed by files.
+pub struct EmbeddedLog {
+    sessions: RwLock<BTreeMap<SessionRef, Arc<Slot>>>,
+    store: Option<disk::Store>,
+}
+
+impl std::fmt::Debug for EmbeddedLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedLog").field("durable", &self.store.is_some()).finish_non_exhaustive()
+    }
+}
+
+/// One session: its events, the writer lock and the notifier that tails follow.
+struct Slot {
+    writer: Arc<Mutex<Writer>>,
+    /// `events[i].seq == i + 1`.
+    events: RwLock<Vec<Envelope>>,
+    /// The last seq; tails wait on it and re-read `events`, so they can never skip one.
+    last: watch::Sender<u64>,
+}
+
+enum Writer {
+    Memory,
+    Disk(disk::SessionFile),
+}
+
+impl EmbeddedLog {
+    /// A log that lives only as long as this value.
+    pub fn in_memory() -> Self {
+        Self { sessions: RwLock::default(), store: None }
+    }
+
+    /// A log kept under `data_dir` (created if missing). Every session found there is loaded; a torn last
+    /// frame is dropped, any other damage is [`JournalError::Corrupt`].
+    pub fn open(data_dir: impl AsRef<Path>) -> Result<Self, JournalError> {
+        let (store, recovered) = disk::Store::open(data_dir.as_ref())?;
+        let sessions =
+            recovered.into_iter().map(|r| (r.session, Arc::new(Slot::new(r.events, Writer::Disk(r.file))))).collect();
+        Ok(Self { sessions: RwLock::new(sessions), store: Some(store) })
+    }
+
+    fn find(&self, session: &SessionRef) -> Option<Arc<Slot>> {
+        read_lock(&self.sessions).get(session).cloned()
+    }
+
+    fn find_or_create(&self, session: &SessionRef) -> Arc<Slot> {
+        if let Some(slot) = self.find(session) {
+            return slot;
+        }
+        let mut sessions = write_lock(&self.sessions);
+        let slot = sessions.entry(session.clone()).or_insert_with(|| {
+            let writer = match &self.store {
+                Some(store) => Writer::Disk(store.session_file(session)),
+                None => Writer::Memory,
+            };
+            Arc::new(Slot::new(Vec::new(), writer))
+        });
+        Arc::clone(slot)
+    }
+}
+
+impl Slot {
+    fn new(events: Vec<Envelope>, writer: Writer) -> Self {
+        let (last, _) = watch::channel(events.len() as u64);
+        Self { writer: Arc::new(Mutex::new(writer)), events: RwLock::new(events), last }
+    }
+
+    fn last_seq(&self) -> u64 {
+        read_lock(&self.events).len() as u64
+    }
+
+    /// Up to `limit` events from `from_seq` (seq 0 reads from 1).
+    fn read(&self, from_seq: u64, limit: usize) -> Vec<Envelope> {
+        let events = read_lock(&self.events);
+        let start = usize::try_from(from_seq.max(1) - 1).unwrap_or(usize::MAX).min(events.len());
+        events[start..].iter().take(limit).cloned().collect()
+    }
+
+    /// The conditional append, run while holding the writer lock. Synchronous: on disk it runs on a blocking
+    /// thread and owns the guard, so the lock is released only once the outcome is settled.
+    fn commit(
+        &self,
+        mut writer: OwnedMutexGuard<Writer>,
+        session: &SessionRef,
+        expected: u64,
+        events: Vec<Envelope>,
+    ) -> Result<u64, JournalError> {
+        let actual = self.last_seq();
+        if actual != expected {
+            return Err(JournalError::Conflict { session: session.clone(), expected, actual });
+        }
+        if let Writer::Disk(file) = &mut *writer {
+            file.append(&disk::encode_frame(&events))?;
+        }
+        let last = expected + events.len() as u64;
+        write_lock(&self.events).extend(events);
+        self.last.send_replace(last);
+        Ok(last)
+    }
+}
+
+/// Checks the batch shape and passes every event through the codec, so what is kept in memory is exactly
+/// what a restart (or another backend) reads back.
+fn check_batch(session: &SessionRef, expected: u64, events: &[Envelope]) -> Result<Vec<Envelope>, JournalError> {
+    let invalid = |detail: String| JournalError::InvalidBatch { session: session.clone(), detail };
+    session.validate().map_err(|e| invalid(format!("the session name is invalid: {e}")))?;
+    if events.is_empty() {
+        return Err(invalid("no events; an append carries at least one".into()));
+    }
+    let mut checked = Vec::with_capacity(events.len());
+    for (i, event) in events.iter().enumerate() {
+        if event.session != *session {
+            return Err(invalid(format!("event {i} belongs to {}; append only this session's events", event.session)));
+        }
+        let want = expected.checked_add(i as u64 + 1);
+        if want != Some(event.seq) {
+            return Err(invalid(format!(
+                "event {i} has seq {} but seqs must run contiguously from expected_last_seq + 1 = {}",
+                event.seq,
+                expected.saturating_add(1)
+            )));
+        }
+        let stored = codec::decode_event(&codec::encode_event(event))
+            .map_err(|e| invalid(format!("event {i} (seq {}) cannot be stored: {e}", event.seq)))?;
+        checked.push(stored);
+    }
+    Ok(checked)
+}
+
+#[async_trait]
+impl SessionLog for EmbeddedLog {
+    async fn append(
+        &self,
+        session: &SessionRef,
+        expected_last_seq: u64,
+        events: &[Envelope],
+    ) -> Result<u64, JournalError> {
+        let events = check_batch(session, expected_last_seq, events)?;
+        let slot = self.find_or_create(session);
+        let writer = Arc::clone(&slot.writer).lock_owned().await;
+        if self.store.is_none() {
+            return slot.commit(writer, session, expected_last_seq, events);
+        }
+        let session = session.clone();
+        tokio::task::spawn_blocking(move || slot.commit(writer, &session, expected_last_seq, events))
+            .await
+            .map_err(|e| JournalError::Unavailable(format!("the append task did not finish ({e}); re-read the log")))?
+    }
+
+    async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError> {
+        Ok(self.find(session).map(|slot| slot.read(from_seq, limit)).unwrap_or_default())
+    }
+
+    async fn last_seq(&self, session: &SessionRef) -> Result<u64, JournalError> {
+        Ok(self.find(session).map_or(0, |slot| slot.last_seq()))
+    }
+
+    async fn tail(&self, session: &SessionRef, after_seq: u64) -> Result<EventStream, JournalError> {
+        // A tail of a session with no events yet needs its slot so it hears the first append.
+        let slot = self.find_or_create(session);
+        Ok(tail::follow(&slot, after_seq))
+    }
+
+    async fn list_sessions(
+        &self,
+        tenant: Option<&str>,
+        after: Option<&SessionRef>,
+        limit: usize,
+    ) -> Result<Vec<SessionRef>, JournalError> {
+        let sessions = read_lock(&self.sessions);
+        let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
+        Ok(sessions
+            .range((lower, Bound::Unbounded))
+            .filter(|(s, _)| tenant.is_none_or(|t| s.tenant.as_str() >= t))
+            .take_while(|(s, _)| tenant.is_none_or(|t| s.tenant == t))
+            .filter(|(_, slot)| slot.last_seq() > 0)
+            .take(limit)
+            .map(|(s, _)| s.clone())
+            .collect())
+    }
+}
+
+// The critical sections under these locks are plain pushes, clones and lookups that cannot leave the data
+// half-changed, so a panic elsewhere that poisoned a lock leaves consistent data behind.
+fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}

@@ -122,7 +122,9 @@ async fn s14_cancel_keep_inbox_parks_queue() {
     assert_eq!(c.turn, Some(2));
     let lines = watch.settle(&s).await.unwrap();
     let mut rest: Vec<String> = aborted.map(String::from).to_vec();
-    rest.extend(["D spliced next-turn 1 0 [C] wake", "L inserted C", "D status running", "L status running"].map(String::from));
+    rest.extend(
+        ["D spliced next-turn 1 0 [C] wake", "L inserted C", "D status running", "L status running"].map(String::from),
+    );
     rest.extend(turn_lines("B", 2, "parked"));
     rest.extend(turn_lines("C", 3, "fresh"));
     rest.extend(["D status idle".into(), "L status idle".into()]);
@@ -159,7 +161,10 @@ async fn s15_followup_during_abort_latches() {
         assert_eq!(b.turn, Some(2));
         rest.extend(aborted.map(String::from));
         rest.extend(["D status idle", "L status idle"].map(String::from));
-        rest.extend(["D spliced next-turn 0 0 [B] wake", "L inserted B", "D status running", "L status running"].map(String::from));
+        rest.extend(
+            ["D spliced next-turn 0 0 [B] wake", "L inserted B", "D status running", "L status running"]
+                .map(String::from),
+        );
     }
     rest.extend(turn_lines("B", 2, "after"));
     rest.extend(["D status idle".into(), "L status idle".into()]);

@@ -29,7 +29,11 @@ fn turn_lines(id: &str, turn: u64, reply: &str) -> Vec<String> {
         format!("D step/start {turn}.1"),
         format!("D user/message {id}"),
         // `*` leaves the reply open (directive-bearing prompts); anything else is the exact text.
-        if reply == "*" { format!("D assistant/message {turn}.1 *") } else { format!("D assistant/message {turn}.1 {reply:?}") },
+        if reply == "*" {
+            format!("D assistant/message {turn}.1 *")
+        } else {
+            format!("D assistant/message {turn}.1 {reply:?}")
+        },
         format!("D step/end {turn}.1"),
         format!("D turn/end {turn} completed"),
     ]

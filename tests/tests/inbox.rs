@@ -84,7 +84,13 @@ async fn s20_remove_unknown_and_known() {
     assert_eq!(s.remove("A").await.unwrap().seq, 2);
     assert_lines(
         &watch.settle(&s).await.unwrap(),
-        &["C caught_up 0", "D spliced next-turn 0 0 [A]", "L inserted A", "D spliced next-turn 0 1 [] canceled", "L discarded A"],
+        &[
+            "C caught_up 0",
+            "D spliced next-turn 0 0 [A]",
+            "L inserted A",
+            "D spliced next-turn 0 1 [] canceled",
+            "L discarded A",
+        ],
     );
 }
 

@@ -32,6 +32,11 @@ impl LocalBus {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Sessions that currently have a channel (at least one subscriber, or one that just left).
+    pub fn subscribed_sessions(&self) -> usize {
+        lock(&self.channels).len()
+    }
 }
 
 // The map's critical sections are single inserts, lookups and removals: a poisoned lock holds a
@@ -44,11 +49,11 @@ fn lock(channels: &Channels) -> std::sync::MutexGuard<'_, HashMap<SessionRef, br
 impl LiveBus for LocalBus {
     async fn publish(&self, event: &LiveEvent) -> Result<(), JournalError> {
         let mut channels = lock(&self.channels);
-        if let Some(sender) = channels.get(&event.session) {
-            if sender.send(event.clone()).is_err() {
-                // Every subscriber has gone: drop the entry.
-                channels.remove(&event.session);
-            }
+        // A send error means every subscriber has gone: drop the entry.
+        if let Some(sender) = channels.get(&event.session)
+            && sender.send(event.clone()).is_err()
+        {
+            channels.remove(&event.session);
         }
         Ok(())
     }

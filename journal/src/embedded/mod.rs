@@ -18,7 +18,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use async_trait::async_trait;
 use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
-pub use bus::LocalBus;
+pub use bus::{LIVE_CAPACITY, LocalBus};
 
 use crate::codec;
 use crate::event::Envelope;

@@ -1,0 +1,765 @@
+//! A deterministic simulated runner for one session's [`Driver`].
+//!
+//! It performs the driver's effects in order against an in-memory log, a fake clock and the pure parts
+//! of the worker (the scripted model's [`scripted::plan`], the content guard's [`ContentGuard::judge`]),
+//! and checks the driver's invariants after every input: the fold of the log equals the driver's state,
+//! seqs are contiguous from 1, time and epoch never decrease, live events carry the seq they follow.
+//!
+//! Operations complete at once unless the test asked to hold them: a model reply with `[[delay:MS]]` is
+//! held (progress it with [`Sim::stream_one_delta`] / [`Sim::finish_model`]), a `sleep` tool call is held
+//! until [`Sim::finish_tools`] or [`Sim::advance`], pre-step decisions are held when
+//! [`Sim::hold_presteps`] is set, abort acknowledgements when [`Sim::delay_aborts`] is set.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, VecDeque};
+
+use turnstile_journal::state::SessionState;
+use turnstile_journal::{
+    CancelCause, Command, CommandError, CommandReply, Envelope, EventPayload, Inbox, LiveEvent, LivePayload, MessageId,
+    SessionRef, SpliceOutcome, Target, TurnEndReason, UserMessage,
+};
+use turnstile_worker::Limits;
+use turnstile_worker::driver::{
+    CommandId, Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest,
+    ToolOutcome, ToolRequest,
+};
+use turnstile_worker::hooks::{ContentGuard, HookVerdict};
+use turnstile_worker::model::scripted::{self, ScriptedPlan};
+
+pub type Reply = Result<CommandReply, CommandError>;
+
+/// One thing the runner saw, in order.
+#[derive(Clone, Debug)]
+pub enum Rec {
+    D(Envelope),
+    L(LiveEvent),
+    R {
+        id: CommandId,
+        result: Reply,
+    },
+    /// A request for IO (pre-step, model, tool, abort), for debugging output.
+    Op(String),
+}
+
+enum Ready {
+    PreStep(OpId, PreStepOutcome),
+    Delta(OpId, String),
+    ModelDone(OpId, ModelOutcome),
+    ToolDone(OpId, ToolOutcome),
+}
+
+struct HeldModel {
+    req: ModelRequest,
+    plan: ScriptedPlan,
+    next: usize,
+}
+
+struct HeldTool {
+    req: ToolRequest,
+    ms: u64,
+    started: u64,
+}
+
+pub fn session() -> SessionRef {
+    SessionRef::new("tenant", "session-1").unwrap()
+}
+
+pub fn msg(id: &str, text: &str) -> UserMessage {
+    UserMessage::user_text(id, text)
+}
+
+/// The content guard as a pre-step outcome.
+pub fn guard(req: &PreStepRequest) -> PreStepOutcome {
+    match ContentGuard::judge(req.messages.clone()) {
+        Ok(HookVerdict::Pass(batch)) => PreStepOutcome::Decided(PreStepDecision::Enter(batch)),
+        Ok(HookVerdict::Reject) => PreStepOutcome::Decided(PreStepDecision::Reject),
+        Err(e) => PreStepOutcome::Failed { message: e.to_string() },
+    }
+}
+
+pub struct Sim {
+    pub driver: Driver,
+    pub session: SessionRef,
+    pub limits: Limits,
+    pub epoch: u64,
+    pub now: u64,
+    /// The whole durable log (for a recovered session: including what the previous owner wrote).
+    pub log: Vec<Envelope>,
+    pub live: Vec<LiveEvent>,
+    /// What this runner saw, in order (not what a previous owner wrote).
+    pub recs: Vec<Rec>,
+    /// Replies by command id, with the log length when each was sent.
+    pub replies: BTreeMap<CommandId, (Reply, usize)>,
+    pub prestep_requests: Vec<PreStepRequest>,
+    pub model_requests: Vec<ModelRequest>,
+    pub tool_requests: Vec<ToolRequest>,
+    /// The driver's inbox at every input boundary, with the seq it had then.
+    pub inbox_at: Vec<(u64, Inbox)>,
+    /// Hold pre-step decisions until [`Sim::decide_pre_steps`].
+    pub hold_presteps: bool,
+    /// Hold abort signals until [`Sim::deliver_aborts`].
+    pub delay_aborts: bool,
+    /// How pre-steps are decided (default: the content guard).
+    pub decide: fn(&PreStepRequest) -> PreStepOutcome,
+    next_cmd: CommandId,
+    cursor: usize,
+    shadow: SessionState,
+    ready: VecDeque<Ready>,
+    held_presteps: Vec<PreStepRequest>,
+    held_models: Vec<HeldModel>,
+    held_tools: Vec<HeldTool>,
+    held_aborts: Vec<OpId>,
+}
+
+impl Sim {
+    pub fn new() -> Self {
+        Self::with_limits(Limits::default())
+    }
+
+    pub fn with_limits(limits: Limits) -> Self {
+        let state = SessionState::new(session(), limits.dedup_horizon);
+        let driver = Driver::new(state.clone(), limits.clone(), 1, "node-1");
+        let mut sim = Self::build(driver, limits, 1, Vec::new(), state, 0);
+        sim.driver.recover(0);
+        sim.pump();
+        assert!(sim.log.is_empty(), "a new session must write nothing on recover: {:?}", sim.render_all());
+        sim
+    }
+
+    /// A new owner (epoch `epoch`) loads `log`, folds it and calls `recover(now)`.
+    pub fn recover(log: Vec<Envelope>, limits: Limits, epoch: u64, now: u64) -> Self {
+        let state = SessionState::fold(session(), limits.dedup_horizon, &log).unwrap();
+        let driver = Driver::new(state.clone(), limits.clone(), epoch, "node-2");
+        let mut sim = Self::build(driver, limits, epoch, log, state, now);
+        sim.driver.recover(now);
+        sim.pump();
+        sim
+    }
+
+    fn build(driver: Driver, limits: Limits, epoch: u64, log: Vec<Envelope>, shadow: SessionState, now: u64) -> Self {
+        Self {
+            driver,
+            session: session(),
+            limits,
+            epoch,
+            now,
+            log,
+            live: Vec::new(),
+            recs: Vec::new(),
+            replies: BTreeMap::new(),
+            prestep_requests: Vec::new(),
+            model_requests: Vec::new(),
+            tool_requests: Vec::new(),
+            inbox_at: Vec::new(),
+            hold_presteps: false,
+            delay_aborts: false,
+            decide: guard,
+            next_cmd: 1,
+            cursor: 0,
+            shadow,
+            ready: VecDeque::new(),
+            held_presteps: Vec::new(),
+            held_models: Vec::new(),
+            held_tools: Vec::new(),
+            held_aborts: Vec::new(),
+        }
+    }
+
+    // ----- commands ----------------------------------------------------------------------------
+
+    /// Sends `command`, runs until blocked and returns its id (the reply may still be pending for
+    /// `WhenIdle`).
+    pub fn submit(&mut self, command: Command) -> CommandId {
+        let id = self.next_cmd;
+        self.next_cmd += 1;
+        let waits = matches!(command, Command::WhenIdle);
+        let now = self.now;
+        self.driver.on_command(id, command, now);
+        self.perform_effects();
+        if !waits {
+            assert!(self.replies.contains_key(&id), "command {id} got no reply from its own input");
+        }
+        self.pump();
+        id
+    }
+
+    /// Sends `command` and returns its reply, which every command except `WhenIdle` gets at once.
+    pub fn command(&mut self, command: Command) -> Reply {
+        let before = (self.log.len(), self.live.len());
+        let id = self.submit(command);
+        let (reply, at) = self.replies[&id].clone();
+        if reply.is_err() {
+            assert_eq!(at, before.0, "a refused command wrote durable events: {:?}", reply);
+        }
+        reply
+    }
+
+    pub fn send(&mut self, message: UserMessage, target: Target, wakeup: bool, expected_turn: Option<u64>) -> Reply {
+        self.command(Command::Send { message, target, wakeup, expected_turn })
+    }
+
+    pub fn followup(&mut self, id: &str, text: &str) -> Reply {
+        self.send(msg(id, text), Target::NextTurn, true, None)
+    }
+
+    pub fn queue(&mut self, id: &str, text: &str) -> Reply {
+        self.send(msg(id, text), Target::NextTurn, false, None)
+    }
+
+    pub fn steer(&mut self, id: &str, text: &str, expected_turn: Option<u64>) -> Reply {
+        self.send(msg(id, text), Target::NextStep, true, expected_turn)
+    }
+
+    pub fn inject(&mut self, id: &str, text: &str) -> Reply {
+        self.send(msg(id, text), Target::NextStep, false, None)
+    }
+
+    pub fn interrupt(&mut self, id: &str, text: &str) -> Reply {
+        self.command(Command::Interrupt { message: msg(id, text) })
+    }
+
+    pub fn cancel(&mut self, cause: CancelCause, keep_inbox: bool) -> Reply {
+        self.command(Command::Cancel { cause, keep_inbox })
+    }
+
+    pub fn replace(&mut self, id: &str, message: UserMessage) -> Reply {
+        self.command(Command::Replace { id: MessageId::from(id), message })
+    }
+
+    pub fn remove(&mut self, id: &str) -> Reply {
+        self.command(Command::Remove { id: MessageId::from(id) })
+    }
+
+    pub fn clear(&mut self) -> Reply {
+        self.command(Command::Clear)
+    }
+
+    pub fn when_idle(&mut self) -> CommandId {
+        self.submit(Command::WhenIdle)
+    }
+
+    pub fn reply(&self, id: CommandId) -> Option<&Reply> {
+        self.replies.get(&id).map(|(r, _)| r)
+    }
+
+    // ----- progress of held operations ---------------------------------------------------------
+
+    pub fn held_pre_steps(&self) -> usize {
+        self.held_presteps.len()
+    }
+
+    pub fn held_models(&self) -> usize {
+        self.held_models.len()
+    }
+
+    pub fn held_tools(&self) -> usize {
+        self.held_tools.len()
+    }
+
+    pub fn held_aborts(&self) -> usize {
+        self.held_aborts.len()
+    }
+
+    /// Nothing is held and nothing is ready: the driver waits only for commands.
+    pub fn is_blocked_on_nothing(&self) -> bool {
+        self.held_presteps.is_empty()
+            && self.held_models.is_empty()
+            && self.held_tools.is_empty()
+            && self.held_aborts.is_empty()
+    }
+
+    /// Decides every held pre-step with [`Sim::decide`].
+    pub fn decide_pre_steps(&mut self) {
+        for req in std::mem::take(&mut self.held_presteps) {
+            let outcome = (self.decide)(&req);
+            self.ready.push_back(Ready::PreStep(req.op, outcome));
+        }
+        self.pump();
+    }
+
+    /// Decides the held pre-steps with `outcome`.
+    pub fn decide_pre_steps_with(&mut self, outcome: PreStepOutcome) {
+        for req in std::mem::take(&mut self.held_presteps) {
+            self.ready.push_back(Ready::PreStep(req.op, outcome.clone()));
+        }
+        self.pump();
+    }
+
+    /// Streams the next delta of the held model reply; false when there is none left (or no model).
+    pub fn stream_one_delta(&mut self) -> bool {
+        let Some(m) = self.held_models.first_mut() else { return false };
+        let Some(delta) = m.plan.deltas.get(m.next).cloned() else { return false };
+        m.next += 1;
+        let op = m.req.op;
+        self.ready.push_back(Ready::Delta(op, delta));
+        self.pump();
+        true
+    }
+
+    /// Streams the rest of every held model reply and finishes it.
+    pub fn finish_model(&mut self) {
+        for m in std::mem::take(&mut self.held_models) {
+            self.now += m.plan.delay.as_millis() as u64;
+            for delta in &m.plan.deltas[m.next..] {
+                self.ready.push_back(Ready::Delta(m.req.op, delta.clone()));
+            }
+            self.ready.push_back(Ready::ModelDone(m.req.op, ModelOutcome::Finished(m.plan.output.clone())));
+        }
+        self.pump();
+    }
+
+    /// Completes every held `sleep` call as if its time had passed.
+    pub fn finish_tools(&mut self) {
+        for t in std::mem::take(&mut self.held_tools) {
+            self.now = self.now.max(t.started + t.ms);
+            self.ready.push_back(Ready::ToolDone(t.req.op, tool_ok(&t.req, format!("slept {}", t.ms))));
+        }
+        self.pump();
+    }
+
+    /// Moves the clock on and completes the `sleep` calls that are due.
+    pub fn advance(&mut self, ms: u64) {
+        self.now += ms;
+        let now = self.now;
+        let (due, rest): (Vec<HeldTool>, Vec<HeldTool>) =
+            std::mem::take(&mut self.held_tools).into_iter().partition(|t| t.started + t.ms <= now);
+        self.held_tools = rest;
+        for t in due {
+            self.ready.push_back(Ready::ToolDone(t.req.op, tool_ok(&t.req, format!("slept {}", t.ms))));
+        }
+        self.pump();
+    }
+
+    /// Delivers the abort signals held by [`Sim::delay_aborts`].
+    pub fn deliver_aborts(&mut self) {
+        for op in std::mem::take(&mut self.held_aborts) {
+            self.abort(op);
+        }
+        self.pump();
+    }
+
+    /// Finishes everything held, repeatedly, until nothing is.
+    pub fn settle(&mut self) {
+        for _ in 0..1000 {
+            if self.is_blocked_on_nothing() {
+                return;
+            }
+            self.deliver_aborts();
+            self.decide_pre_steps();
+            self.finish_model();
+            self.finish_tools();
+        }
+        panic!("the session did not settle: {:#?}", self.render_all());
+    }
+
+    // ----- performing effects ------------------------------------------------------------------
+
+    /// Feeds ready outcomes one at a time, performing the effects of each, until nothing is ready.
+    fn pump(&mut self) {
+        self.perform_effects();
+        while let Some(ready) = self.ready.pop_front() {
+            let now = self.now;
+            match ready {
+                Ready::PreStep(op, outcome) => self.driver.on_pre_step(op, outcome, now),
+                Ready::Delta(op, text) => self.driver.on_model_delta(op, &text, now),
+                Ready::ModelDone(op, outcome) => self.driver.on_model_done(op, outcome, now),
+                Ready::ToolDone(op, outcome) => self.driver.on_tool_done(op, outcome, now),
+            }
+            self.perform_effects();
+        }
+    }
+
+    /// Performs every pending effect in order, then checks the invariants.
+    fn perform_effects(&mut self) {
+        while let Some(effect) = self.driver.poll_effect() {
+            self.perform(effect);
+        }
+        self.check();
+    }
+
+    fn perform(&mut self, effect: Effect) {
+        match effect {
+            Effect::Append(env) => {
+                assert_eq!(env.seq, self.log.len() as u64 + 1, "seqs are contiguous from 1: {env:?}");
+                assert_eq!(env.session, self.session);
+                assert_eq!(env.epoch, self.epoch, "events carry the writer's epoch: {env:?}");
+                if let Some(last) = self.log.last() {
+                    assert!(env.time_ms >= last.time_ms, "time decreased at seq {}", env.seq);
+                }
+                if let Err(e) = self.shadow.apply(&env) {
+                    panic!("the log refuses the driver's event {}: {e}\n{:#?}", env.seq, self.render_all());
+                }
+                self.log.push(env.clone());
+                self.recs.push(Rec::D(env));
+            }
+            Effect::Publish(ev) => {
+                assert_eq!(ev.session, self.session);
+                assert_eq!(ev.after_seq, self.log.len() as u64, "a live event carries the seq it follows: {ev:?}");
+                self.live.push(ev.clone());
+                self.recs.push(Rec::L(ev));
+            }
+            Effect::Reply { id, result } => {
+                assert!(!self.replies.contains_key(&id), "command {id} replied twice");
+                self.replies.insert(id, (result.clone(), self.log.len()));
+                self.recs.push(Rec::R { id, result });
+            }
+            Effect::PreStep(req) => {
+                self.recs.push(Rec::Op(format!(
+                    "X pre-step {}.{} k={} {}",
+                    req.turn,
+                    req.step,
+                    req.proposal,
+                    ids(&req.messages)
+                )));
+                self.prestep_requests.push(req.clone());
+                if self.hold_presteps {
+                    self.held_presteps.push(req);
+                } else {
+                    let outcome = (self.decide)(&req);
+                    self.ready.push_back(Ready::PreStep(req.op, outcome));
+                }
+            }
+            Effect::Model(req) => {
+                self.recs.push(Rec::Op(format!("X model {}.{} {}", req.turn, req.step, ids(&req.messages))));
+                self.model_requests.push(req.clone());
+                let plan = scripted::plan(&req);
+                if let Some(message) = plan.fail {
+                    self.ready.push_back(Ready::ModelDone(
+                        req.op,
+                        ModelOutcome::Failed { message, code: "model_failed".into() },
+                    ));
+                } else if plan.delay.is_zero() {
+                    for delta in &plan.deltas {
+                        self.ready.push_back(Ready::Delta(req.op, delta.clone()));
+                    }
+                    self.ready.push_back(Ready::ModelDone(req.op, ModelOutcome::Finished(plan.output)));
+                } else {
+                    self.held_models.push(HeldModel { req, plan, next: 0 });
+                }
+            }
+            Effect::Tool(req) => {
+                self.recs.push(Rec::Op(format!(
+                    "X tool {}.{} {} {}",
+                    req.turn, req.step, req.call.name, req.call.arguments
+                )));
+                self.tool_requests.push(req.clone());
+                match req.call.name.as_str() {
+                    "echo" => {
+                        let out = tool_ok(&req, req.call.arguments.clone());
+                        self.ready.push_back(Ready::ToolDone(req.op, out));
+                    }
+                    "sleep" => match req.call.arguments.trim().parse::<u64>() {
+                        Ok(ms) => self.held_tools.push(HeldTool { req, ms, started: self.now }),
+                        Err(_) => {
+                            let e = format!("sleep takes a number of milliseconds, got {:?}", req.call.arguments);
+                            let out = tool_err(&req, e);
+                            self.ready.push_back(Ready::ToolDone(req.op, out));
+                        }
+                    },
+                    other => {
+                        let out = tool_err(&req, format!("unknown tool {other:?}; available: echo, sleep"));
+                        self.ready.push_back(Ready::ToolDone(req.op, out));
+                    }
+                }
+            }
+            Effect::Abort { op } => {
+                self.recs.push(Rec::Op(format!("X abort {op}")));
+                if self.delay_aborts {
+                    self.held_aborts.push(op);
+                } else {
+                    self.abort(op);
+                }
+            }
+        }
+    }
+
+    /// The operation `op` sees its abort signal.
+    fn abort(&mut self, op: OpId) {
+        if let Some(i) = self.held_presteps.iter().position(|r| r.op == op) {
+            self.held_presteps.remove(i);
+            self.ready.push_back(Ready::PreStep(op, PreStepOutcome::Aborted));
+        } else if let Some(i) = self.held_models.iter().position(|m| m.req.op == op) {
+            self.held_models.remove(i);
+            self.ready.push_back(Ready::ModelDone(op, ModelOutcome::Aborted));
+        } else if let Some(i) = self.held_tools.iter().position(|t| t.req.op == op) {
+            let t = self.held_tools.remove(i);
+            let e = format!("aborted after {} of {} ms", self.now - t.started, t.ms);
+            self.ready.push_back(Ready::ToolDone(op, tool_err(&t.req, e)));
+        }
+        // Otherwise the operation already finished: the signal has nothing to stop.
+    }
+
+    /// The invariants that hold after every input.
+    pub fn check(&mut self) {
+        if let Some(e) = self.driver.poisoned() {
+            panic!("driver poisoned: {e}\n{:#?}", self.render_all());
+        }
+        let state = self.driver.state();
+        assert_eq!(&self.shadow, state, "the fold of the log differs from the driver's state");
+        assert_eq!(state.last_seq, self.log.len() as u64);
+        for (i, e) in self.log.iter().enumerate() {
+            assert_eq!(e.seq, i as u64 + 1);
+        }
+        let at = (state.last_seq, state.inbox.clone());
+        self.inbox_at.push(at);
+    }
+
+    /// Folds the whole log from scratch and compares it with the driver's state.
+    pub fn check_full_fold(&self) {
+        let folded = SessionState::fold(session(), self.limits.dedup_horizon, &self.log).unwrap();
+        assert_eq!(&folded, self.driver.state());
+        assert_eq!(folded.inbox, self.driver.state().inbox);
+        assert_eq!(folded.status, self.driver.state().status);
+        assert_eq!(folded.last_seq, self.driver.state().last_seq);
+        assert_eq!(folded.last_turn, self.driver.state().last_turn);
+    }
+
+    // ----- rendering ---------------------------------------------------------------------------
+
+    /// Durable and live events (no deltas, replies or IO requests) since the last `take`.
+    pub fn take(&mut self) -> Vec<String> {
+        let out = self.recs[self.cursor..].iter().filter_map(render_event).collect();
+        self.cursor = self.recs.len();
+        out
+    }
+
+    /// Asserts the events since the last `take`.
+    #[track_caller]
+    pub fn expect(&mut self, expected: &[&str]) {
+        let got = self.take();
+        let expected: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
+        assert!(
+            got == expected,
+            "event sequence differs\n--- expected\n{}\n--- got\n{}\n",
+            expected.join("\n"),
+            got.join("\n")
+        );
+    }
+
+    /// Asserts that nothing durable or live happened since the last `take`.
+    #[track_caller]
+    pub fn expect_nothing(&mut self) {
+        self.expect(&[]);
+    }
+
+    /// Everything, with deltas, replies and IO requests.
+    pub fn render_all(&self) -> Vec<String> {
+        self.recs.iter().map(render).collect()
+    }
+
+    /// Every recorded line, deltas and replies included, in order.
+    pub fn lines(&self) -> Vec<String> {
+        self.recs.iter().filter(|r| !matches!(r, Rec::Op(_))).map(render).collect()
+    }
+
+    /// The deltas published for step `turn.step`, concatenated.
+    pub fn delta_text(&self, turn: u64, step: u32) -> String {
+        self.live
+            .iter()
+            .filter_map(|e| match &e.payload {
+                LivePayload::AssistantDelta { turn: t, step: s, text } if *t == turn && *s == step => {
+                    Some(text.as_str())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The `assistant/message` of step `turn.step`.
+    pub fn assistant_text(&self, turn: u64, step: u32) -> Option<String> {
+        self.log.iter().find_map(|e| match &e.payload {
+            EventPayload::AssistantMessage { turn: t, step: s, text, .. } if *t == turn && *s == step => {
+                Some(text.clone())
+            }
+            _ => None,
+        })
+    }
+
+    /// The `user/message` events: (id, turn, step, message).
+    pub fn user_messages(&self) -> Vec<(String, u64, u32, UserMessage)> {
+        self.log
+            .iter()
+            .filter_map(|e| match &e.payload {
+                EventPayload::UserMessage { message, turn, step } => {
+                    Some((message.id.0.clone(), *turn, *step, message.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn pending_ids(&self) -> (Vec<String>, Vec<String>) {
+        let inbox = &self.driver.state().inbox;
+        (
+            inbox.next_turn.iter().map(|m| m.id.0.clone()).collect(),
+            inbox.next_step.iter().map(|m| m.id.0.clone()).collect(),
+        )
+    }
+}
+
+impl Default for Sim {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn tool_ok(req: &ToolRequest, output: String) -> ToolOutcome {
+    ToolOutcome {
+        call_id: req.call.call_id.clone(),
+        name: req.call.name.clone(),
+        output,
+        error: None,
+        concludes_turn: false,
+    }
+}
+
+fn tool_err(req: &ToolRequest, error: String) -> ToolOutcome {
+    ToolOutcome {
+        call_id: req.call.call_id.clone(),
+        name: req.call.name.clone(),
+        output: String::new(),
+        error: Some(error),
+        concludes_turn: false,
+    }
+}
+
+pub fn ids(messages: &[UserMessage]) -> String {
+    format!("[{}]", messages.iter().map(|m| m.id.0.as_str()).collect::<Vec<_>>().join(","))
+}
+
+pub fn reason(r: &TurnEndReason) -> String {
+    match r {
+        TurnEndReason::Completed => "completed".into(),
+        TurnEndReason::Blocked => "blocked".into(),
+        TurnEndReason::MaxTokens => "max-tokens".into(),
+        TurnEndReason::Aborted(cause) => format!("aborted{{{cause}}}"),
+        TurnEndReason::Error { code, .. } => format!("error{{{code}}}"),
+        TurnEndReason::Interrupted => "interrupted".into(),
+    }
+}
+
+/// A durable or live event (not a delta), rendered; `None` for everything else.
+fn render_event(rec: &Rec) -> Option<String> {
+    match rec {
+        Rec::D(_) => Some(render(rec)),
+        Rec::L(e) if !matches!(e.payload, LivePayload::AssistantDelta { .. }) => Some(render(rec)),
+        _ => None,
+    }
+}
+
+pub fn render_durable(e: &Envelope) -> String {
+    match &e.payload {
+        EventPayload::InboxSpliced(s) => {
+            let mut out = format!("D spliced {} {} {} {}", s.target, s.start, s.removed_count, ids(&s.inserted));
+            if s.wake {
+                out.push_str(" wake");
+            }
+            match s.outcome {
+                SpliceOutcome::None => {}
+                SpliceOutcome::Canceled => out.push_str(" canceled"),
+                SpliceOutcome::Restored => out.push_str(" restored"),
+            }
+            if let Some(t) = s.requested_target {
+                out.push_str(&format!(" asked:{t}"));
+            }
+            out
+        }
+        EventPayload::Status(s) => format!("D status {s}"),
+        EventPayload::TurnStart { turn } => format!("D turn/start {turn}"),
+        EventPayload::TurnEnd { turn, reason: r } => format!("D turn/end {turn} {}", reason(r)),
+        EventPayload::StepStart { turn, step } => format!("D step/start {turn}.{step}"),
+        EventPayload::StepEnd { turn, step } => format!("D step/end {turn}.{step}"),
+        EventPayload::UserMessage { message, turn, step } => format!("D user/message {} {turn}.{step}", message.id),
+        EventPayload::AssistantMessage { turn, step, text, tool_calls, interrupted, max_tokens } => {
+            let mut out = format!("D assistant/message {turn}.{step} {text:?}");
+            if !tool_calls.is_empty() {
+                let names: Vec<&str> = tool_calls.iter().map(|c| c.name.as_str()).collect();
+                out.push_str(&format!(" calls[{}]", names.join(",")));
+            }
+            if *interrupted {
+                out.push_str(" interrupted");
+            }
+            if *max_tokens {
+                out.push_str(" max-tokens");
+            }
+            out
+        }
+        EventPayload::ToolCall { turn, step, call } => format!("D tool/call {turn}.{step} {}", call.name),
+        EventPayload::ToolResult { turn, step, call_id, error, .. } => {
+            format!("D tool/result {turn}.{step} {call_id}{}", if error.is_some() { " error" } else { "" })
+        }
+        EventPayload::GoalChange { goal_id, .. } => format!("D goal/change {goal_id}"),
+        EventPayload::Ignorable { event_type } => format!("D ignorable {event_type}"),
+    }
+}
+
+pub fn render_live(e: &LiveEvent) -> String {
+    match &e.payload {
+        LivePayload::Inserted { message } => format!("L inserted {}", message.id),
+        LivePayload::Discarded { message } => format!("L discarded {}", message.id),
+        LivePayload::Claimed { message, turn } => format!("L claimed {} {turn}", message.id),
+        LivePayload::Status { status } => format!("L status {status}"),
+        LivePayload::AssistantDelta { turn, step, text } => format!("L delta {turn}.{step} {text}"),
+        LivePayload::Error { turn, step, message } => format!("L error {turn}.{step} {message}"),
+    }
+}
+
+pub fn render_reply(id: CommandId, result: &Reply) -> String {
+    match result {
+        Ok(CommandReply::Sent { seq, turn: Some(t) }) => format!("R {id} sent {seq} turn {t}"),
+        Ok(CommandReply::Sent { seq, turn: None }) => format!("R {id} sent {seq}"),
+        Ok(CommandReply::Written { seq }) => format!("R {id} written {seq}"),
+        Ok(CommandReply::Idle(s)) => format!("R {id} idle {} {}", s.last_seq, s.status),
+        Err(e) => format!("R {id} err {}", error_kind(e)),
+    }
+}
+
+pub fn error_kind(e: &CommandError) -> &'static str {
+    match e {
+        CommandError::InvalidArgument(_) => "invalid-argument",
+        CommandError::NotFound(_) => "not-found",
+        CommandError::AlreadyExists(_) => "already-exists",
+        CommandError::FailedPrecondition(_) => "failed-precondition",
+        CommandError::ResourceExhausted(_) => "resource-exhausted",
+        CommandError::Unavailable(_) => "unavailable",
+        CommandError::DeadlineExceeded(_) => "deadline-exceeded",
+        CommandError::NotOwner { .. } => "not-owner",
+        CommandError::Internal(_) => "internal",
+    }
+}
+
+pub fn render(rec: &Rec) -> String {
+    match rec {
+        Rec::D(e) => render_durable(e),
+        Rec::L(e) => render_live(e),
+        Rec::R { id, result } => render_reply(*id, result),
+        Rec::Op(s) => s.clone(),
+    }
+}
+
+/// `Sent { seq, turn }`, or a panic naming the error.
+#[track_caller]
+pub fn sent(reply: Reply) -> (u64, Option<u64>) {
+    match reply {
+        Ok(CommandReply::Sent { seq, turn }) => (seq, turn),
+        other => panic!("expected a delivery reply, got {other:?}"),
+    }
+}
+
+/// `Written { seq }`, or a panic naming the error.
+#[track_caller]
+pub fn written(reply: Reply) -> u64 {
+    match reply {
+        Ok(CommandReply::Written { seq }) => seq,
+        other => panic!("expected an edit/cancel reply, got {other:?}"),
+    }
+}
+
+/// The error of a refused command: its kind and message.
+#[track_caller]
+pub fn refused(reply: Reply) -> (&'static str, String) {
+    match reply {
+        Err(e) => (error_kind(&e), e.to_string()),
+        Ok(r) => panic!("expected the command to be refused, got {r:?}"),
+    }
+}

@@ -1261,8 +1261,6 @@ fn s26_crash_after_any_event_loses_and_duplicates_nothing() {
 }
 
 #[test]
-#[ignore = "driver bug: recovery answers every message admitted in the turn (OpenTurn::admitted) instead of \
-            the interrupted step's prompt (OpenTurn::open_step_messages)"]
 fn s26_resume_answers_the_interrupted_steps_prompt_not_the_whole_turn() {
     let mut sim = Sim::new();
     sent(sim.followup("A", "[[tool:sleep 30]] first"));

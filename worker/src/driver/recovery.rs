@@ -25,8 +25,13 @@ impl Driver {
             }
             if open.step_open {
                 self.write(EventPayload::StepEnd { turn, step });
-                // The model must still answer what this turn was asked.
-                interrupted_prompt = open.admitted.clone();
+                // The model must still answer what the interrupted step was asked; a step that only
+                // answered tool results was asked what the turn was asked.
+                interrupted_prompt = if open.open_step_messages.is_empty() {
+                    open.admitted.clone()
+                } else {
+                    open.open_step_messages.clone()
+                };
             }
             self.write(EventPayload::TurnEnd { turn, reason: TurnEndReason::Interrupted });
             let (mut next_step, mut next_turn) = (Vec::new(), Vec::new());

@@ -1,1 +1,377 @@
-fn main() {}
+//! `turnstile`: the one binary. `turnstile dev` runs gateway + worker in one process; every other
+//! command is a client of the public gRPC API.
+
+mod client;
+mod demo;
+mod dev;
+mod render;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use crate::client::{CauseArg, Client, Delivery, Preset, SourceArg, TargetArg, WatchOpts};
+
+/// The address client commands use by default.
+pub const DEFAULT_ADDR: &str = "http://127.0.0.1:7400";
+
+#[derive(Parser, Debug)]
+#[command(name = "turnstile", version, about = "Turnstile: long-lived AI-agent sessions", propagate_version = true)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Args, Debug)]
+struct Global {
+    /// Gateway URL of client commands.
+    #[arg(long, global = true, env = "TURNSTILE_ADDR", default_value = DEFAULT_ADDR)]
+    addr: String,
+    /// Bearer token sent as `authorization: Bearer <token>`.
+    #[arg(long, global = true, env = "TURNSTILE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Tenant of the sessions named on the command line.
+    #[arg(long, global = true, default_value = "default")]
+    tenant: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run gateway + worker in one process on the embedded journal.
+    Dev(DevArgs),
+    /// Deliver a new turn that starts the agent if idle (next-turn, wakeup).
+    Followup(DeliverArgs),
+    /// Deliver a new turn that waits for a later waking delivery (next-turn, no wakeup).
+    Queue(DeliverArgs),
+    /// Deliver input for the running turn's next step; opens a turn when idle (next-step, wakeup).
+    Steer(SteerArgs),
+    /// Deliver model-visible context that never runs the model by itself (next-step, no wakeup).
+    Inject(DeliverArgs),
+    /// Cancel the active turn keeping the inbox, then run this message next.
+    Interrupt(DeliverArgs),
+    /// The delivery primitive with explicit routing.
+    Send(SendArgs),
+    /// Cancel the active turn and, unless --keep-inbox, clear the inbox.
+    Cancel(CancelArgs),
+    /// Replace a pending message (keeps its id unless --new-id).
+    Replace(ReplaceArgs),
+    /// Remove a pending message.
+    Remove(RemoveArgs),
+    /// Splice one pending list: delete N at START and insert one message per TEXT.
+    Splice(SpliceArgs),
+    /// Remove every pending message.
+    Clear(SessionArg),
+    /// Show the pending messages.
+    Inbox(ShowArgs),
+    /// Show a session's status, last seq and turn, epoch and owner.
+    Session(ShowArgs),
+    /// List sessions (of --tenant, or every tenant with --all-tenants).
+    List(ListArgs),
+    /// Wait until the session is idle with no latched wake.
+    WaitIdle(WaitIdleArgs),
+    /// Stream a session's events: history after --after, caught-up, then the live tail.
+    Watch(WatchArgs),
+}
+
+#[derive(Args, Debug)]
+struct DevArgs {
+    /// Address to listen on (port 0 picks a free one).
+    #[arg(long, env = "TURNSTILE_LISTEN", default_value = "127.0.0.1:7400")]
+    listen: String,
+    /// Keep sessions on disk in DIR (default: in memory).
+    #[arg(long, env = "TURNSTILE_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Run a short scripted tour on session `demo` once the server is up.
+    #[arg(long)]
+    demo: bool,
+}
+
+#[derive(Args, Debug)]
+struct MessageArgs {
+    /// MessageId (default: a fresh UUID v4; reuse one to retry safely).
+    #[arg(long)]
+    id: Option<String>,
+    /// user | plugin[:NAME[:FORM]] | goal:ID:REV:ROUND | tool:CALL_ID | model:PROVIDER:MODEL
+    /// (default: the server's, `user`, or `plugin` for inject).
+    #[arg(long)]
+    source: Option<SourceArg>,
+}
+
+#[derive(Args, Debug)]
+struct DeliverArgs {
+    session: String,
+    /// Message text; several words are joined by spaces.
+    #[arg(required = true, num_args = 1..)]
+    text: Vec<String>,
+    #[command(flatten)]
+    message: MessageArgs,
+}
+
+#[derive(Args, Debug)]
+struct SteerArgs {
+    #[command(flatten)]
+    delivery: DeliverArgs,
+    /// Refuse unless the session is running this turn.
+    #[arg(long)]
+    expected_turn: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct SendArgs {
+    #[command(flatten)]
+    delivery: DeliverArgs,
+    /// next-turn | next-step
+    #[arg(long)]
+    target: TargetArg,
+    /// Start the agent if it is idle.
+    #[arg(long)]
+    wakeup: bool,
+}
+
+#[derive(Args, Debug)]
+struct CancelArgs {
+    session: String,
+    /// Keep pending messages (they park until the next waking delivery).
+    #[arg(long)]
+    keep_inbox: bool,
+    /// user | parent | hook:REASON | disposed
+    #[arg(long, default_value = "user")]
+    cause: CauseArg,
+}
+
+#[derive(Args, Debug)]
+struct ReplaceArgs {
+    session: String,
+    /// The pending message to replace.
+    id: String,
+    #[arg(required = true, num_args = 1..)]
+    text: Vec<String>,
+    /// Id of the replacement (default: the same id).
+    #[arg(long)]
+    new_id: Option<String>,
+    #[arg(long)]
+    source: Option<SourceArg>,
+}
+
+#[derive(Args, Debug)]
+struct RemoveArgs {
+    session: String,
+    id: String,
+}
+
+#[derive(Args, Debug)]
+struct SpliceArgs {
+    session: String,
+    /// next-turn | next-step
+    #[arg(long)]
+    target: TargetArg,
+    #[arg(long)]
+    start: u32,
+    #[arg(long)]
+    delete: u32,
+    /// One inserted message per TEXT (quote texts with spaces); ids are minted.
+    text: Vec<String>,
+    #[arg(long)]
+    source: Option<SourceArg>,
+}
+
+#[derive(Args, Debug)]
+struct SessionArg {
+    session: String,
+}
+
+#[derive(Args, Debug)]
+struct ShowArgs {
+    session: String,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ListArgs {
+    #[arg(long)]
+    json: bool,
+    /// Every tenant's sessions, not only --tenant's.
+    #[arg(long)]
+    all_tenants: bool,
+}
+
+#[derive(Args, Debug)]
+struct WaitIdleArgs {
+    session: String,
+    /// 0 means the server's default (30 s).
+    #[arg(long, default_value_t = 0)]
+    timeout_ms: u64,
+}
+
+#[derive(Args, Debug)]
+struct WatchArgs {
+    session: String,
+    /// Only durable events with a seq above this (your last seen seq, to resume).
+    #[arg(long, default_value_t = 0)]
+    after: u64,
+    /// Leave out live events.
+    #[arg(long)]
+    no_live: bool,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+    /// Exit once the session is idle: at caught-up when it is already idle, else at the next durable
+    /// `agent/status idle`.
+    #[arg(long)]
+    until_idle: bool,
+}
+
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new("warn,turnstile=info,turnstile_gateway=info,turnstile_worker=info,turnstile_journal=info")
+    });
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn delivery(d: DeliverArgs) -> Delivery {
+    Delivery { session: d.session, text: d.text.join(" "), id: d.message.id, source: d.message.source.map(|s| s.0) }
+}
+
+async fn deliver(client: &mut Client, preset: Preset, d: DeliverArgs) -> Result<()> {
+    client::check_session(&client.tenant, &d.session)?;
+    let (id, reply) = client::deliver(client, preset, &delivery(d)).await?;
+    println!("{}", client::accepted_line(&id, &reply));
+    Ok(())
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let g = cli.global;
+    if let Cmd::Dev(a) = cli.command {
+        return dev::run(dev::DevOpts { listen: a.listen, data_dir: a.data_dir, demo: a.demo }).await;
+    }
+    let mut c = Client::connect(&g.addr, g.token.as_deref(), &g.tenant).await?;
+    let c = &mut c;
+    match cli.command {
+        Cmd::Dev(_) => Ok(()),
+        Cmd::Followup(d) => deliver(c, Preset::Followup, d).await,
+        Cmd::Queue(d) => deliver(c, Preset::Queue, d).await,
+        Cmd::Inject(d) => deliver(c, Preset::Inject, d).await,
+        Cmd::Interrupt(d) => deliver(c, Preset::Interrupt, d).await,
+        Cmd::Steer(s) => deliver(c, Preset::Steer { expected_turn: s.expected_turn }, s.delivery).await,
+        Cmd::Send(s) => deliver(c, Preset::Send { target: s.target.0, wakeup: s.wakeup }, s.delivery).await,
+        Cmd::Cancel(a) => client::cancel(c, &a.session, a.cause.0, a.keep_inbox).await,
+        Cmd::Replace(a) => {
+            let source = a.source.map(|s| s.0);
+            client::replace(c, &a.session, &a.id, &a.text.join(" "), a.new_id.as_deref(), source.as_ref()).await
+        }
+        Cmd::Remove(a) => client::remove(c, &a.session, &a.id).await,
+        Cmd::Splice(a) => {
+            let source = a.source.map(|s| s.0);
+            client::splice(c, &a.session, a.target.0, a.start, a.delete, &a.text, source.as_ref()).await
+        }
+        Cmd::Clear(a) => client::clear(c, &a.session).await,
+        Cmd::Inbox(a) => client::inbox(c, &a.session, a.json).await,
+        Cmd::Session(a) => client::show_session(c, &a.session, a.json).await,
+        Cmd::List(a) => client::list(c, a.json, a.all_tenants).await,
+        Cmd::WaitIdle(a) => client::wait_idle(c, &a.session, a.timeout_ms).await,
+        Cmd::Watch(a) => {
+            let opts = WatchOpts { after: a.after, live: !a.no_live, json: a.json, until_idle: a.until_idle };
+            let mut out = std::io::stdout();
+            client::watch(c, &a.session, &opts, &mut out, |_| {}).await
+        }
+    }
+}
+
+/// `NOT_FOUND` for `Code::NotFound`: the canonical gRPC name, stable for scripts.
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// `error: <gRPC code>: <message>` for a status, else the error chain.
+fn error_line(err: &anyhow::Error) -> String {
+    match err.chain().find_map(|e| e.downcast_ref::<tonic::Status>()) {
+        Some(status) => format!("error: {}: {}", code_name(status.code()), status.message()),
+        None => format!("error: {err:#}"),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("{}", error_line(&err));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn statuses_print_their_canonical_code_and_message() {
+        let err = anyhow::Error::new(tonic::Status::not_found("session default/x does not exist"));
+        assert_eq!(error_line(&err), "error: NOT_FOUND: session default/x does not exist");
+        let err = anyhow::anyhow!("plain failure");
+        assert_eq!(error_line(&err), "error: plain failure");
+    }
+
+    #[test]
+    fn delivery_words_are_joined_and_options_parse() {
+        let cli = Cli::try_parse_from([
+            "turnstile",
+            "--tenant",
+            "acme",
+            "steer",
+            "s1",
+            "hello",
+            "there",
+            "--expected-turn",
+            "3",
+            "--id",
+            "m1",
+            "--source",
+            "plugin:mem",
+        ])
+        .unwrap();
+        assert_eq!(cli.global.tenant, "acme");
+        let Cmd::Steer(s) = cli.command else { panic!("not steer") };
+        assert_eq!(s.expected_turn, Some(3));
+        let d = delivery(s.delivery);
+        assert_eq!(d.text, "hello there");
+        assert_eq!(d.id.as_deref(), Some("m1"));
+        assert!(Cli::try_parse_from(["turnstile", "send", "s1", "x", "--target", "sideways"]).is_err());
+        assert!(Cli::try_parse_from(["turnstile", "followup", "s1"]).is_err());
+    }
+}

@@ -108,7 +108,6 @@ pub fn cancel_cause(raw: Option<pb::CancelCause>) -> CancelCause {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -90,7 +90,6 @@ impl TailMerge {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use turnstile_journal::{EventPayload, LivePayload, SessionRef, Status};
 

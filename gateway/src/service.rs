@@ -330,7 +330,6 @@ impl Agent for Gateway {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

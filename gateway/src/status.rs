@@ -56,7 +56,6 @@ pub fn from_convert(err: ConvertError) -> Status {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

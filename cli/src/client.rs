@@ -1,0 +1,474 @@
+//! Client commands over the public gRPC API.
+
+use std::io::Write;
+use std::str::FromStr;
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use turnstile_journal::codec;
+use turnstile_journal::message::{MessageSource, SessionRef, Target, UserMessage};
+use turnstile_journal::{CancelCause, Status};
+use turnstile_proto::v1 as pb;
+use turnstile_proto::v1::agent_client::AgentClient;
+
+use crate::render::{self, Renderer};
+
+/// Sends `authorization: Bearer <token>` on every call when a token is set.
+#[derive(Clone, Debug)]
+pub struct Auth(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Auth {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+pub type Api = AgentClient<InterceptedService<Channel, Auth>>;
+
+/// A connected client plus the tenant its session names use.
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub api: Api,
+    pub tenant: String,
+}
+
+impl Client {
+    pub async fn connect(addr: &str, token: Option<&str>, tenant: &str) -> Result<Self> {
+        let auth = match token {
+            Some(t) => Some(
+                MetadataValue::try_from(format!("Bearer {t}"))
+                    .context("--token has characters that cannot be sent in a header; use a plain ASCII token")?,
+            ),
+            None => None,
+        };
+        let endpoint = Channel::from_shared(addr.to_owned())
+            .with_context(|| format!("--addr {addr:?} is not a URL; use e.g. http://127.0.0.1:7400"))?;
+        let channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("cannot connect to {addr}; is `turnstile dev` running there? (see --addr)"))?;
+        Ok(Self { api: AgentClient::with_interceptor(channel, Auth(auth)), tenant: tenant.to_owned() })
+    }
+
+    pub fn session(&self, id: &str) -> pb::SessionRef {
+        pb::SessionRef { tenant: self.tenant.clone(), id: id.to_owned() }
+    }
+}
+
+/// `--source user|plugin[:NAME[:FORM]]|goal:ID:REV:ROUND|tool:CALL_ID|model:PROVIDER:MODEL`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceArg(pub MessageSource);
+
+impl FromStr for SourceArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let parts: Vec<&str> = s.split(':').collect();
+        let num = |v: &str, what: &str| v.parse::<u64>().map_err(|_| format!("{what} {v:?} is not a number"));
+        let source = match parts.as_slice() {
+            ["user"] => MessageSource::User,
+            ["plugin"] => MessageSource::Plugin { plugin: String::new(), form: None },
+            ["plugin", name] => MessageSource::Plugin { plugin: (*name).to_owned(), form: None },
+            ["plugin", name, form] => {
+                MessageSource::Plugin { plugin: (*name).to_owned(), form: Some((*form).to_owned()) }
+            }
+            ["goal", id, rev, round] => MessageSource::Goal {
+                goal_id: (*id).to_owned(),
+                revision: num(rev, "goal revision")?,
+                round: num(round, "goal round")?,
+            },
+            ["tool", call_id] => MessageSource::Tool { call_id: (*call_id).to_owned() },
+            ["model", provider, model] => {
+                MessageSource::Model { provider: (*provider).to_owned(), model: (*model).to_owned() }
+            }
+            _ => {
+                return Err(format!(
+                    "source {s:?} is not valid; use user, plugin:NAME[:FORM], goal:ID:REV:ROUND, tool:CALL_ID or model:PROVIDER:MODEL"
+                ));
+            }
+        };
+        Ok(Self(source))
+    }
+}
+
+/// `--cause user|parent|hook:REASON|disposed`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CauseArg(pub CancelCause);
+
+impl FromStr for CauseArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(match s.split_once(':') {
+            None if s == "user" => CancelCause::User,
+            None if s == "parent" => CancelCause::Parent,
+            None if s == "disposed" => CancelCause::Disposed,
+            Some(("hook", reason)) => CancelCause::Hook { reason: reason.to_owned() },
+            _ => return Err(format!("cause {s:?} is not valid; use user, parent, hook:REASON or disposed")),
+        }))
+    }
+}
+
+/// `--target next-turn|next-step`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TargetArg(pub Target);
+
+impl FromStr for TargetArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "next-turn" => Ok(Self(Target::NextTurn)),
+            "next-step" => Ok(Self(Target::NextStep)),
+            _ => Err(format!("target {s:?} is not valid; use next-turn or next-step")),
+        }
+    }
+}
+
+/// A fresh client-minted MessageId.
+pub fn mint_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// A text message; `source: None` leaves the choice to the server's per-preset default.
+pub fn text_message(id: &str, text: &str, source: Option<&MessageSource>) -> pb::UserMessage {
+    let mut m = codec::encode_user_message(&UserMessage::user_text(id, text));
+    m.source = source.map(codec::encode_message_source);
+    m
+}
+
+/// The line a delivery prints.
+pub fn accepted_line(id: &str, reply: &pb::SendReply) -> String {
+    match reply.turn {
+        Some(turn) => format!("accepted id={id} seq={} turn={turn}", reply.seq),
+        None => format!("accepted id={id} seq={}", reply.seq),
+    }
+}
+
+fn status_name(raw: i32) -> &'static str {
+    codec::decode_status(raw).map(Status::as_str).unwrap_or("unknown")
+}
+
+fn info_json(info: &pb::SessionInfo) -> serde_json::Value {
+    let s = info.session.clone().unwrap_or_default();
+    serde_json::json!({
+        "tenant": s.tenant, "id": s.id, "status": status_name(info.status), "last_seq": info.last_seq,
+        "last_turn": info.last_turn, "epoch": info.epoch, "owner": info.owner,
+    })
+}
+
+fn info_line(info: &pb::SessionInfo) -> String {
+    let s = info.session.clone().unwrap_or_default();
+    format!(
+        "{}/{} status={} last_seq={} last_turn={} epoch={} owner={}",
+        s.tenant,
+        s.id,
+        status_name(info.status),
+        info.last_seq,
+        info.last_turn,
+        info.epoch,
+        if info.owner.is_empty() { "-" } else { &info.owner }
+    )
+}
+
+pub async fn show_session(client: &mut Client, id: &str, json: bool) -> Result<()> {
+    let info = client.api.get_session(pb::GetSessionRequest { session: Some(client.session(id)) }).await?.into_inner();
+    println!("{}", if json { info_json(&info).to_string() } else { info_line(&info) });
+    Ok(())
+}
+
+pub async fn list(client: &mut Client, json: bool, all_tenants: bool) -> Result<()> {
+    let mut page_token = String::new();
+    loop {
+        let tenant = if all_tenants { String::new() } else { client.tenant.clone() };
+        let reply =
+            client.api.list_sessions(pb::ListSessionsRequest { page_token, page_size: 0, tenant }).await?.into_inner();
+        for info in &reply.sessions {
+            println!("{}", if json { info_json(info).to_string() } else { info_line(info) });
+        }
+        if reply.next_page_token.is_empty() {
+            return Ok(());
+        }
+        page_token = reply.next_page_token;
+    }
+}
+
+pub async fn inbox(client: &mut Client, id: &str, json: bool) -> Result<()> {
+    let snapshot = client.api.get_inbox(pb::GetInboxRequest { session: Some(client.session(id)) }).await?.into_inner();
+    let (seq, inbox) = codec::decode_inbox_snapshot(snapshot).context("the server sent an invalid inbox")?;
+    if json {
+        println!("{}", serde_json::json!({ "seq": seq, "next_turn": inbox.next_turn, "next_step": inbox.next_step }));
+        return Ok(());
+    }
+    println!("inbox of {}/{id} at seq {seq}", client.tenant);
+    for (name, list) in [("next-turn", &inbox.next_turn), ("next-step", &inbox.next_step)] {
+        println!("{name} ({})", list.len());
+        for (i, m) in list.iter().enumerate() {
+            println!("  {i:>3}  {}  {}{}", m.id, render::preview(&m.text()), source_note(&m.source));
+        }
+    }
+    Ok(())
+}
+
+fn source_note(source: &MessageSource) -> String {
+    match source {
+        MessageSource::User => String::new(),
+        other => format!("  ({})", other.kind()),
+    }
+}
+
+pub async fn wait_idle(client: &mut Client, id: &str, timeout_ms: u64) -> Result<()> {
+    let info =
+        client.api.when_idle(pb::WhenIdleRequest { session: Some(client.session(id)), timeout_ms }).await?.into_inner();
+    println!("idle seq={} turn={}", info.last_seq, info.last_turn);
+    Ok(())
+}
+
+/// What `watch` does.
+#[derive(Clone, Debug)]
+pub struct WatchOpts {
+    pub after: u64,
+    pub live: bool,
+    pub json: bool,
+    /// Stop once the session is idle after catching up.
+    pub until_idle: bool,
+}
+
+/// Streams a session's events to `out` until the stream ends (or, with `until_idle`, the session is idle).
+/// Calls `on_seq` with each durable seq written.
+pub async fn watch(
+    client: &mut Client,
+    id: &str,
+    opts: &WatchOpts,
+    out: &mut (dyn Write + Send),
+    mut on_seq: impl FnMut(u64) + Send,
+) -> Result<()> {
+    let request = pb::WatchRequest { session: Some(client.session(id)), after_seq: opts.after, live: opts.live };
+    let mut stream = client.api.watch(request).await?.into_inner();
+    let mut renderer = Renderer::new();
+    let mut caught_up = false;
+    while let Some(item) = stream.next().await {
+        let item = item?;
+        let mut idle_now = false;
+        let text = match item.item {
+            Some(pb::watch_item::Item::Event(e)) => {
+                let e = codec::decode_session_event(e).context("the server sent an invalid event")?;
+                on_seq(e.seq);
+                idle_now = caught_up && matches!(e.payload, turnstile_journal::EventPayload::Status(Status::Idle));
+                if opts.json { format!("{}\n", render::event_json(&e)) } else { renderer.event(&e) }
+            }
+            Some(pb::watch_item::Item::Live(l)) => {
+                let l = codec::decode_live_event(l).context("the server sent an invalid live event")?;
+                if opts.json { format!("{}\n", render::live_json(&l)) } else { renderer.live(&l) }
+            }
+            Some(pb::watch_item::Item::CaughtUp(c)) => {
+                caught_up = true;
+                let status = codec::decode_status(c.status).context("the server sent an invalid status")?;
+                let (_, inbox) = codec::decode_inbox_snapshot(c.inbox.unwrap_or_default())
+                    .context("the server sent an invalid inbox")?;
+                on_seq(c.seq);
+                // Already idle: there is nothing to wait for (a turn that finished before we connected is in
+                // the history above).
+                idle_now = status == Status::Idle;
+                if opts.json {
+                    format!("{}\n", render::caught_up_json(c.seq, status, &inbox))
+                } else {
+                    renderer.caught_up(c.seq, status, &inbox)
+                }
+            }
+            None => continue,
+        };
+        out.write_all(text.as_bytes())?;
+        out.flush()?;
+        if opts.until_idle && idle_now {
+            break;
+        }
+    }
+    out.write_all(renderer.finish().as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// The arguments a delivery command shares.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    pub session: String,
+    pub text: String,
+    pub id: Option<String>,
+    pub source: Option<MessageSource>,
+}
+
+/// Which delivery RPC to call.
+#[derive(Clone, Copy, Debug)]
+pub enum Preset {
+    Followup,
+    Queue,
+    Steer { expected_turn: Option<u64> },
+    Inject,
+    Interrupt,
+    Send { target: Target, wakeup: bool },
+}
+
+/// Delivers one message and returns its id and the reply.
+pub async fn deliver(client: &mut Client, preset: Preset, d: &Delivery) -> Result<(String, pb::SendReply)> {
+    let id = d.id.clone().unwrap_or_else(mint_id);
+    let message = Some(text_message(&id, &d.text, d.source.as_ref()));
+    let session = Some(client.session(&d.session));
+    let deliver = || pb::DeliverRequest { session: session.clone(), message: message.clone() };
+    let reply = match preset {
+        Preset::Followup => client.api.followup(deliver()).await?,
+        Preset::Queue => client.api.queue(deliver()).await?,
+        Preset::Inject => client.api.inject(deliver()).await?,
+        Preset::Interrupt => client.api.interrupt(deliver()).await?,
+        Preset::Steer { expected_turn } => {
+            client
+                .api
+                .steer(pb::SteerRequest { session: session.clone(), message: message.clone(), expected_turn })
+                .await?
+        }
+        Preset::Send { target, wakeup } => {
+            let target = codec::encode_target(target) as i32;
+            client
+                .api
+                .send(pb::SendRequest { session: session.clone(), message: message.clone(), target, wakeup })
+                .await?
+        }
+    };
+    Ok((id, reply.into_inner()))
+}
+
+pub async fn cancel(client: &mut Client, id: &str, cause: CancelCause, keep_inbox: bool) -> Result<()> {
+    let request = pb::CancelRequest {
+        session: Some(client.session(id)),
+        cause: Some(codec::encode_cancel_cause(&cause)),
+        keep_inbox,
+    };
+    let reply = client.api.cancel(request).await?.into_inner();
+    println!("canceled seq={}", reply.seq);
+    Ok(())
+}
+
+pub async fn replace(
+    client: &mut Client,
+    session: &str,
+    id: &str,
+    text: &str,
+    new_id: Option<&str>,
+    source: Option<&MessageSource>,
+) -> Result<()> {
+    // Rewriting content keeps the id (SPEC §1) unless the caller names a new one.
+    let new_id = new_id.unwrap_or(id);
+    let request = pb::ReplaceRequest {
+        session: Some(client.session(session)),
+        id: id.to_owned(),
+        message: Some(text_message(new_id, text, source)),
+    };
+    let reply = client.api.replace(request).await?.into_inner();
+    println!("replaced id={id} with id={new_id} seq={}", reply.seq);
+    Ok(())
+}
+
+pub async fn remove(client: &mut Client, session: &str, id: &str) -> Result<()> {
+    let request = pb::RemoveRequest { session: Some(client.session(session)), id: id.to_owned() };
+    let reply = client.api.remove(request).await?.into_inner();
+    println!("removed id={id} seq={}", reply.seq);
+    Ok(())
+}
+
+pub async fn splice(
+    client: &mut Client,
+    session: &str,
+    target: Target,
+    start: u32,
+    delete: u32,
+    texts: &[String],
+    source: Option<&MessageSource>,
+) -> Result<()> {
+    let ids: Vec<String> = texts.iter().map(|_| mint_id()).collect();
+    let inserted = ids.iter().zip(texts).map(|(id, t)| text_message(id, t, source)).collect();
+    let request = pb::SpliceRequest {
+        session: Some(client.session(session)),
+        target: codec::encode_target(target) as i32,
+        start,
+        delete_count: delete,
+        inserted,
+    };
+    let reply = client.api.splice(request).await?.into_inner();
+    let ids = ids.iter().map(|id| format!(" id={id}")).collect::<String>();
+    println!("spliced seq={}{ids}", reply.seq);
+    Ok(())
+}
+
+pub async fn clear(client: &mut Client, session: &str) -> Result<()> {
+    let reply = client.api.clear(pb::ClearRequest { session: Some(client.session(session)) }).await?.into_inner();
+    println!("cleared seq={}", reply.seq);
+    Ok(())
+}
+
+/// The session name a client command was given, checked before any call so a typo fails fast.
+pub fn check_session(tenant: &str, id: &str) -> Result<()> {
+    if let Err(e) = SessionRef::new(tenant, id) {
+        bail!("{e}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_parse_from_their_short_form() {
+        assert_eq!("user".parse::<SourceArg>().unwrap().0, MessageSource::User);
+        assert_eq!(
+            "plugin:mem:recall".parse::<SourceArg>().unwrap().0,
+            MessageSource::Plugin { plugin: "mem".into(), form: Some("recall".into()) }
+        );
+        assert_eq!(
+            "plugin".parse::<SourceArg>().unwrap().0,
+            MessageSource::Plugin { plugin: String::new(), form: None }
+        );
+        assert_eq!(
+            "goal:g1:2:3".parse::<SourceArg>().unwrap().0,
+            MessageSource::Goal { goal_id: "g1".into(), revision: 2, round: 3 }
+        );
+        assert_eq!("tool:c1".parse::<SourceArg>().unwrap().0, MessageSource::Tool { call_id: "c1".into() });
+        assert_eq!(
+            "model:openai:gpt".parse::<SourceArg>().unwrap().0,
+            MessageSource::Model { provider: "openai".into(), model: "gpt".into() }
+        );
+        assert!("goal:g1:x:1".parse::<SourceArg>().unwrap_err().contains("not a number"));
+        assert!("robot".parse::<SourceArg>().unwrap_err().contains("plugin:NAME[:FORM]"));
+    }
+
+    #[test]
+    fn causes_and_targets_parse() {
+        assert_eq!("hook:budget".parse::<CauseArg>().unwrap().0, CancelCause::Hook { reason: "budget".into() });
+        assert_eq!("parent".parse::<CauseArg>().unwrap().0, CancelCause::Parent);
+        assert!("boss".parse::<CauseArg>().is_err());
+        assert_eq!("next-step".parse::<TargetArg>().unwrap().0, Target::NextStep);
+        assert!("next".parse::<TargetArg>().unwrap_err().contains("next-turn or next-step"));
+    }
+
+    #[test]
+    fn messages_leave_the_source_to_the_server_unless_given() {
+        let m = text_message("m1", "hi", None);
+        assert!(m.source.is_none());
+        let m = text_message("m1", "hi", Some(&MessageSource::Tool { call_id: "c".into() }));
+        assert!(m.source.is_some());
+        assert_eq!(m.id, "m1");
+    }
+
+    #[test]
+    fn the_accepted_line_shows_a_turn_only_when_one_opened() {
+        assert_eq!(accepted_line("a", &pb::SendReply { seq: 4, turn: Some(2) }), "accepted id=a seq=4 turn=2");
+        assert_eq!(accepted_line("a", &pb::SendReply { seq: 4, turn: None }), "accepted id=a seq=4");
+    }
+}

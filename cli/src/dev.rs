@@ -1,0 +1,145 @@
+//! `turnstile dev`: gateway and worker in one process on the embedded journal.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use tokio::net::TcpListener;
+use turnstile_gateway::{Gateway, GatewayConfig};
+use turnstile_journal::{CommandRouter, EmbeddedLog, LiveBus, LocalBus, SessionLog};
+use turnstile_worker::{SessionHost, WorkerConfig};
+
+use crate::demo;
+
+/// Options of `turnstile dev`.
+#[derive(Clone, Debug)]
+pub struct DevOpts {
+    pub listen: String,
+    pub data_dir: Option<PathBuf>,
+    pub demo: bool,
+}
+
+/// Binds first so a busy port fails before anything else starts, with the fix in the message.
+async fn bind(listen: &str) -> Result<TcpListener> {
+    match TcpListener::bind(listen).await {
+        Ok(l) => Ok(l),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            bail!("{listen} is in use; pass --listen 127.0.0.1:0 or another port")
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot listen on {listen}; pass --listen HOST:PORT")),
+    }
+}
+
+/// The URL clients use for `addr`: a wildcard bind is reached over loopback.
+fn client_url(addr: SocketAddr) -> String {
+    let ip = if addr.ip().is_unspecified() { std::net::Ipv4Addr::LOCALHOST.into() } else { addr.ip() };
+    format!("http://{}", SocketAddr::new(ip, addr.port()))
+}
+
+fn banner(url: &str, journal: &str) -> String {
+    let addr_flag = if url == crate::DEFAULT_ADDR { String::new() } else { format!(" --addr {url}") };
+    format!(
+        "turnstile dev: gateway + worker in one process\n  \
+         listening  {url}\n  \
+         journal    {journal}\n  \
+         try        turnstile{addr_flag} followup s1 \"hello\"\n             \
+         turnstile{addr_flag} watch s1 --until-idle\n  \
+         stop       Ctrl-C\n"
+    )
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+pub async fn run(opts: DevOpts) -> Result<()> {
+    let listener = bind(&opts.listen).await?;
+    let local = listener.local_addr().context("cannot read the bound address")?;
+    let (log, journal): (Arc<dyn SessionLog>, String) = match &opts.data_dir {
+        Some(dir) => {
+            let log = EmbeddedLog::open(dir)
+                .with_context(|| format!("cannot open the journal in {}; check --data-dir", dir.display()))?;
+            (Arc::new(log), format!("embedded, on disk in {}", dir.display()))
+        }
+        None => (
+            Arc::new(EmbeddedLog::in_memory()),
+            "embedded, in memory (lost on exit; pass --data-dir DIR to keep sessions)".to_owned(),
+        ),
+    };
+    let bus: Arc<dyn LiveBus> = Arc::new(LocalBus::new());
+    let host = SessionHost::new(log.clone(), bus.clone(), WorkerConfig::default());
+    let resumed = host.resume_running().await.context("cannot resume the sessions that were running")?;
+    if resumed > 0 {
+        tracing::info!(resumed, "resumed sessions that were running when the last process stopped");
+    }
+    let router: Arc<dyn CommandRouter> = host;
+    let gateway = Gateway::new(router, log, bus, GatewayConfig::default());
+
+    let url = client_url(local);
+    print!("{}", banner(&url, &journal));
+    tracing::info!(%local, "serving turnstile.v1.Agent");
+
+    let server = tokio::spawn(turnstile_gateway::serve(gateway, listener, shutdown_signal()));
+    if opts.demo {
+        let url = url.clone();
+        tokio::spawn(async move {
+            if let Err(e) = demo::run(&url).await {
+                eprintln!("demo failed: {e:#}");
+            }
+        });
+    }
+    server.await.context("the server task panicked")?.context("the gRPC server stopped")?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_busy_port_says_how_to_pick_another() {
+        let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let err = bind(&addr).await.unwrap_err();
+        assert_eq!(err.to_string(), format!("{addr} is in use; pass --listen 127.0.0.1:0 or another port"));
+    }
+
+    #[test]
+    fn wildcard_binds_are_reached_over_loopback() {
+        assert_eq!(client_url("0.0.0.0:7400".parse().unwrap()), "http://127.0.0.1:7400");
+        assert_eq!(client_url("127.0.0.1:9".parse().unwrap()), "http://127.0.0.1:9");
+    }
+
+    #[test]
+    fn the_banner_names_the_address_in_examples_only_when_it_is_not_the_default() {
+        assert!(!banner(crate::DEFAULT_ADDR, "mem").contains("--addr"));
+        let b = banner("http://127.0.0.1:9", "mem");
+        assert!(b.contains("turnstile --addr http://127.0.0.1:9 followup s1"), "{b}");
+    }
+}

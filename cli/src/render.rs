@@ -1,0 +1,387 @@
+//! The human and JSON formats of `turnstile watch`.
+//!
+//! Human: one line per event, durable lines prefixed by their seq (`#12`), live lines by `~`, indented by
+//! depth (turn-level events 2 spaces inside a turn, step-level 4). `assistant/delta` text streams inline
+//! and its line is ended before the next other event. JSON: one object per line built from the journal's
+//! domain types (`serde`).
+
+use serde_json::{Value, json};
+use turnstile_journal::message::{MessageSource, UserMessage};
+use turnstile_journal::{Envelope, EventPayload, Inbox, LiveEvent, LivePayload, Splice, SpliceOutcome, Status};
+
+/// Longest text preview shown in a line, in characters.
+const PREVIEW: usize = 60;
+/// Width of the `#12` / `~` column.
+const PREFIX: usize = 5;
+
+/// Turns a Watch stream into human-readable text. Each call returns the text to print as is (deltas
+/// have no trailing newline).
+#[derive(Debug, Default)]
+pub struct Renderer {
+    in_turn: bool,
+    in_step: bool,
+    /// A delta line is open (printed without its newline yet).
+    in_delta: bool,
+}
+
+/// `3f2a9c1e` for a UUID: enough to tell messages apart on screen (`inbox` shows full ids).
+pub fn short_id(id: &str) -> &str {
+    if id.len() > 12 { id.get(..8).unwrap_or(id) } else { id }
+}
+
+/// A quoted, escaped, shortened preview of some text.
+pub fn preview(text: &str) -> String {
+    if text.chars().count() > PREVIEW {
+        let cut: String = text.chars().take(PREVIEW - 1).collect();
+        format!("{:?}", format!("{cut}…"))
+    } else {
+        format!("{text:?}")
+    }
+}
+
+fn source_suffix(source: &MessageSource) -> String {
+    match source {
+        MessageSource::User => String::new(),
+        MessageSource::Plugin { plugin, form } => match form {
+            Some(form) => format!(" <plugin:{plugin}:{form}>"),
+            None if plugin.is_empty() => " <plugin>".into(),
+            None => format!(" <plugin:{plugin}>"),
+        },
+        MessageSource::Goal { goal_id, revision, round } => format!(" <goal:{goal_id}:{revision}:{round}>"),
+        MessageSource::Tool { call_id } => format!(" <tool:{call_id}>"),
+        MessageSource::Model { provider, model } => format!(" <model:{provider}:{model}>"),
+    }
+}
+
+/// `A1b2 "hello"` plus the source when it is not a human.
+pub fn message_brief(m: &UserMessage) -> String {
+    format!("{} {}{}", short_id(m.id.as_str()), preview(&m.text()), source_suffix(&m.source))
+}
+
+fn splice_line(s: &Splice) -> String {
+    let inserted: Vec<String> = s.inserted.iter().map(message_brief).collect();
+    let mut line = format!("spliced {} @{} -{} +[{}]", s.target, s.start, s.removed_count, inserted.join(", "));
+    match s.outcome {
+        SpliceOutcome::None if s.removed_count > 0 => line.push_str(" claim"),
+        SpliceOutcome::None => {}
+        SpliceOutcome::Canceled => line.push_str(" canceled"),
+        SpliceOutcome::Restored => line.push_str(" restored"),
+    }
+    if s.wake {
+        line.push_str(" wake");
+    }
+    if let Some(asked) = s.requested_target {
+        line.push_str(&format!(" (asked for {asked})"));
+    }
+    line
+}
+
+impl Renderer {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Ends an open delta line.
+    fn end_delta(&mut self) -> &'static str {
+        if std::mem::take(&mut self.in_delta) { "\n" } else { "" }
+    }
+
+    /// Depth of an event that can happen anywhere (splices, status, live events).
+    fn ambient_depth(&self) -> usize {
+        usize::from(self.in_turn) + usize::from(self.in_step)
+    }
+
+    fn line(&mut self, prefix: &str, depth: usize, text: &str) -> String {
+        let end = self.end_delta();
+        format!("{end}{prefix:<PREFIX$}{:indent$}{text}\n", "", indent = depth * 2)
+    }
+
+    /// One durable event.
+    pub fn event(&mut self, e: &Envelope) -> String {
+        let prefix = format!("#{}", e.seq);
+        let ambient = self.ambient_depth();
+        let (depth, text) = match &e.payload {
+            EventPayload::InboxSpliced(s) => (ambient, splice_line(s)),
+            EventPayload::Status(s) => (ambient, format!("status {s}")),
+            EventPayload::TurnStart { turn } => {
+                self.in_turn = true;
+                self.in_step = false;
+                (0, format!("turn/start {turn}"))
+            }
+            EventPayload::TurnEnd { turn, reason } => {
+                self.in_turn = false;
+                self.in_step = false;
+                (0, format!("turn/end {turn} {reason}"))
+            }
+            EventPayload::StepStart { turn, step } => {
+                self.in_turn = true;
+                self.in_step = true;
+                (1, format!("step/start {turn}.{step}"))
+            }
+            EventPayload::StepEnd { turn, step } => {
+                self.in_step = false;
+                (1, format!("step/end {turn}.{step}"))
+            }
+            EventPayload::UserMessage { message, .. } => (2, format!("user/message {}", message_brief(message))),
+            EventPayload::AssistantMessage { text, tool_calls, interrupted, max_tokens, .. } => {
+                let mut line = format!("assistant/message {}", preview(text));
+                if !tool_calls.is_empty() {
+                    let calls: Vec<String> = tool_calls.iter().map(|c| format!("{} {}", c.name, c.arguments)).collect();
+                    line.push_str(&format!(" tools=[{}]", calls.join(", ")));
+                }
+                if *interrupted {
+                    line.push_str(" interrupted");
+                }
+                if *max_tokens {
+                    line.push_str(" max-tokens");
+                }
+                (2, line)
+            }
+            EventPayload::ToolCall { call, .. } => {
+                (2, format!("tool/call {} {} {}", call.call_id, call.name, call.arguments))
+            }
+            EventPayload::ToolResult { call_id, output, error, .. } => match error {
+                Some(err) => (2, format!("tool/result {call_id} error {}", preview(err))),
+                None => (2, format!("tool/result {call_id} {}", preview(output))),
+            },
+            EventPayload::GoalChange { goal_id, revision, state, .. } => {
+                (ambient, format!("goal/change {goal_id} rev {revision} {state}"))
+            }
+            EventPayload::Ignorable { event_type } => (ambient, format!("{event_type} (ignorable, not understood)")),
+        };
+        self.line(&prefix, depth, &text)
+    }
+
+    /// One live event; deltas continue the open delta line.
+    pub fn live(&mut self, l: &LiveEvent) -> String {
+        let depth = self.ambient_depth();
+        let text = match &l.payload {
+            LivePayload::AssistantDelta { text, .. } => {
+                let indent = " ".repeat(PREFIX + 2 * depth.max(2));
+                let body = text.replace('\n', &format!("\n{indent}"));
+                if self.in_delta {
+                    return body;
+                }
+                self.in_delta = true;
+                return format!("{:<PREFIX$}{:indent$}{body}", "~", "", indent = depth.max(2) * 2);
+            }
+            LivePayload::Inserted { message } => format!("inserted {}", message_brief(message)),
+            LivePayload::Discarded { message } => format!("discarded {}", message_brief(message)),
+            LivePayload::Claimed { message, turn } => format!("claimed {} by turn {turn}", message_brief(message)),
+            LivePayload::Status { status } => format!("status {status}"),
+            LivePayload::Error { turn, step, message } => format!("error in {turn}.{step}: {message}"),
+        };
+        self.line("~", depth, &text)
+    }
+
+    /// The `caught_up` marker: where history ends and the live tail begins.
+    pub fn caught_up(&mut self, seq: u64, status: Status, inbox: &Inbox) -> String {
+        let list = |ms: &[UserMessage]| ms.iter().map(message_brief).collect::<Vec<_>>().join(", ");
+        let text = format!(
+            "== caught up at #{seq}: status {status}, next-turn [{}], next-step [{}]",
+            list(&inbox.next_turn),
+            list(&inbox.next_step)
+        );
+        self.line("", 0, &text)
+    }
+
+    /// Text that ends an open delta line, for the end of the stream.
+    pub fn finish(&mut self) -> &'static str {
+        self.end_delta()
+    }
+}
+
+/// The payload of a serde-tagged enum value without its variant tag (the `type` field names it).
+fn untagged(value: Value) -> Value {
+    match value {
+        Value::Object(map) if map.len() == 1 => map.into_iter().next().map(|(_, inner)| inner).unwrap_or(Value::Null),
+        other => other,
+    }
+}
+
+/// `{"kind":"event","seq":..,"epoch":..,"time_ms":..,"type":..,"payload":{..}}`
+pub fn event_json(e: &Envelope) -> Value {
+    let payload = match &e.payload {
+        EventPayload::Status(status) => json!({ "status": status }),
+        other => untagged(serde_json::to_value(other).unwrap_or(Value::Null)),
+    };
+    let ty = match &e.payload {
+        EventPayload::Ignorable { event_type } => event_type.clone(),
+        other => other.event_type().to_owned(),
+    };
+    json!({ "kind": "event", "seq": e.seq, "epoch": e.epoch, "time_ms": e.time_ms, "type": ty, "payload": payload })
+}
+
+/// `{"kind":"live","after_seq":..,"type":..,"payload":{..}}`
+pub fn live_json(l: &LiveEvent) -> Value {
+    let payload = untagged(serde_json::to_value(&l.payload).unwrap_or(Value::Null));
+    json!({ "kind": "live", "after_seq": l.after_seq, "type": l.event_type(), "payload": payload })
+}
+
+/// `{"kind":"caught_up","seq":..,"status":..,"inbox":{..}}`
+pub fn caught_up_json(seq: u64, status: Status, inbox: &Inbox) -> Value {
+    json!({ "kind": "caught_up", "seq": seq, "status": status, "inbox": inbox })
+}
+
+#[cfg(test)]
+mod tests {
+    use turnstile_journal::message::{SessionRef, Target};
+    use turnstile_journal::{CancelCause, TurnEndReason};
+
+    use super::*;
+
+    fn session() -> SessionRef {
+        SessionRef { tenant: "default".into(), id: "s1".into() }
+    }
+
+    fn ev(seq: u64, payload: EventPayload) -> Envelope {
+        Envelope { session: session(), seq, time_ms: 100 + seq, epoch: 1, payload }
+    }
+
+    fn live(after_seq: u64, payload: LivePayload) -> LiveEvent {
+        LiveEvent { session: session(), after_seq, payload }
+    }
+
+    fn insert(m: UserMessage) -> EventPayload {
+        EventPayload::InboxSpliced(Splice {
+            target: Target::NextTurn,
+            start: 0,
+            removed_count: 0,
+            inserted: vec![m],
+            outcome: SpliceOutcome::None,
+            wake: true,
+            requested_target: None,
+        })
+    }
+
+    #[test]
+    fn a_turn_is_indented_by_depth_with_deltas_inline() {
+        let a = UserMessage::user_text("A1b2", "hello");
+        let mut r = Renderer::new();
+        let mut out = String::new();
+        out += &r.event(&ev(1, insert(a.clone())));
+        out += &r.live(&live(1, LivePayload::Inserted { message: a.clone() }));
+        out += &r.event(&ev(2, EventPayload::Status(Status::Running)));
+        out += &r.event(&ev(3, EventPayload::TurnStart { turn: 1 }));
+        out += &r.event(&ev(
+            4,
+            EventPayload::InboxSpliced(Splice {
+                target: Target::NextTurn,
+                start: 0,
+                removed_count: 1,
+                inserted: vec![],
+                outcome: SpliceOutcome::None,
+                wake: false,
+                requested_target: None,
+            }),
+        ));
+        out += &r.live(&live(4, LivePayload::Claimed { message: a.clone(), turn: 1 }));
+        out += &r.event(&ev(5, EventPayload::StepStart { turn: 1, step: 1 }));
+        out += &r.event(&ev(6, EventPayload::UserMessage { message: a, turn: 1, step: 1 }));
+        out += &r.live(&live(6, LivePayload::AssistantDelta { turn: 1, step: 1, text: "echo: ".into() }));
+        out += &r.live(&live(6, LivePayload::AssistantDelta { turn: 1, step: 1, text: "hello".into() }));
+        out += &r.event(&ev(
+            7,
+            EventPayload::AssistantMessage {
+                turn: 1,
+                step: 1,
+                text: "echo: hello".into(),
+                tool_calls: vec![],
+                interrupted: false,
+                max_tokens: false,
+            },
+        ));
+        out += &r.event(&ev(8, EventPayload::StepEnd { turn: 1, step: 1 }));
+        out += &r.event(&ev(9, EventPayload::TurnEnd { turn: 1, reason: TurnEndReason::Completed }));
+        out += &r.event(&ev(10, EventPayload::Status(Status::Idle)));
+        let expected = "\
+#1   spliced next-turn @0 -0 +[A1b2 \"hello\"] wake
+~    inserted A1b2 \"hello\"
+#2   status running
+#3   turn/start 1
+#4     spliced next-turn @0 -1 +[] claim
+~      claimed A1b2 \"hello\" by turn 1
+#5     step/start 1.1
+#6       user/message A1b2 \"hello\"
+~        echo: hello
+#7       assistant/message \"echo: hello\"
+#8     step/end 1.1
+#9   turn/end 1 completed
+#10  status idle
+";
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn splices_show_their_outcome_source_and_forced_target() {
+        let mut r = Renderer::new();
+        let plugin = UserMessage {
+            source: MessageSource::Plugin { plugin: String::new(), form: None },
+            ..UserMessage::user_text("3f2a9c1e-5b6d-4e8f-9a0b-1c2d3e4f5a6b", "context")
+        };
+        let line = r.event(&ev(
+            3,
+            EventPayload::InboxSpliced(Splice {
+                target: Target::NextTurn,
+                start: 1,
+                removed_count: 2,
+                inserted: vec![plugin],
+                outcome: SpliceOutcome::Canceled,
+                wake: true,
+                requested_target: Some(Target::NextStep),
+            }),
+        ));
+        assert_eq!(
+            line,
+            "#3   spliced next-turn @1 -2 +[3f2a9c1e \"context\" <plugin>] canceled wake (asked for next-step)\n"
+        );
+        let restored = EventPayload::InboxSpliced(Splice {
+            target: Target::NextStep,
+            start: 0,
+            removed_count: 0,
+            inserted: vec![UserMessage::user_text("x", "y")],
+            outcome: SpliceOutcome::Restored,
+            wake: false,
+            requested_target: None,
+        });
+        assert!(r.event(&ev(4, restored)).ends_with("restored\n"));
+    }
+
+    #[test]
+    fn a_delta_line_is_ended_before_the_next_event_and_at_the_end() {
+        let mut r = Renderer::new();
+        r.event(&ev(1, EventPayload::StepStart { turn: 1, step: 1 }));
+        let d = r.live(&live(1, LivePayload::AssistantDelta { turn: 1, step: 1, text: "par".into() }));
+        assert!(!d.ends_with('\n'));
+        let aborted =
+            r.event(&ev(2, EventPayload::TurnEnd { turn: 1, reason: TurnEndReason::Aborted(CancelCause::User) }));
+        assert_eq!(aborted, "\n#2   turn/end 1 aborted{user}\n");
+        assert_eq!(r.finish(), "");
+        r.live(&live(2, LivePayload::AssistantDelta { turn: 2, step: 1, text: "x".into() }));
+        assert_eq!(r.finish(), "\n");
+    }
+
+    #[test]
+    fn long_text_is_shortened_and_escaped() {
+        let p = preview(&format!("line1\n{}", "x".repeat(100)));
+        assert!(p.starts_with("\"line1\\n"), "{p}");
+        assert!(p.ends_with("…\""), "{p}");
+        assert_eq!(short_id("A1b2"), "A1b2");
+        assert_eq!(short_id("3f2a9c1e-5b6d-4e8f-9a0b-1c2d3e4f5a6b"), "3f2a9c1e");
+    }
+
+    #[test]
+    fn json_lines_carry_kind_type_and_untagged_payload() {
+        let e = event_json(&ev(3, EventPayload::TurnStart { turn: 1 }));
+        assert_eq!(e, json!({"kind":"event","seq":3,"epoch":1,"time_ms":103,"type":"turn/start","payload":{"turn":1}}));
+        let s = event_json(&ev(4, EventPayload::Status(Status::Idle)));
+        assert_eq!(s["payload"], json!({"status": "Idle"}));
+        let l = live_json(&live(4, LivePayload::AssistantDelta { turn: 1, step: 2, text: "hi".into() }));
+        assert_eq!(
+            l,
+            json!({"kind":"live","after_seq":4,"type":"assistant/delta","payload":{"turn":1,"step":2,"text":"hi"}})
+        );
+        let c = caught_up_json(0, Status::Idle, &Inbox::default());
+        assert_eq!(c, json!({"kind":"caught_up","seq":0,"status":"Idle","inbox":{"next_turn":[],"next_step":[]}}));
+    }
+}

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tonic::Status;
 use turnstile_journal::{LiveBus, LiveStream, SessionLog, SessionRef};
@@ -73,19 +73,29 @@ async fn stream(log: Arc<dyn SessionLog>, bus: Arc<dyn LiveBus>, spec: &WatchSpe
     let mut merge = TailMerge::new(state.last_seq, spec.after_seq);
     let mut tail = log.tail(session, state.last_seq).await.map_err(status::from_journal)?;
     loop {
+        // Live first: the driver publishes a live event before it appends the next durable one, so a
+        // live event that is already waiting belongs before any durable event that is ready now.
         let out = tokio::select! {
+            biased;
             () = tx.closed() => return Ok(()),
-            next = tail.next() => match next {
-                Some(Ok(e)) => merge.durable(e),
-                Some(Err(e)) => return Err(status::from_journal(e)),
-                None => return Err(Status::unavailable(format!(
-                    "the log tail of session {session} ended; reconnect with after_seq = {}", merge.last_sent()
-                ))),
-            },
             next = live.next() => match next {
                 Some(l) => merge.live(l),
                 // The bus went away: keep serving durable events, which are what matters.
                 None => { live = futures::stream::pending().boxed(); Vec::new() }
+            },
+            next = tail.next() => match next {
+                Some(Ok(e)) => {
+                    let mut out = Vec::new();
+                    while let Some(Some(l)) = live.next().now_or_never() {
+                        out.extend(merge.live(l));
+                    }
+                    out.extend(merge.durable(e));
+                    out
+                }
+                Some(Err(e)) => return Err(status::from_journal(e)),
+                None => return Err(Status::unavailable(format!(
+                    "the log tail of session {session} ended; reconnect with after_seq = {}", merge.last_sent()
+                ))),
             },
         };
         for m in &out {

@@ -95,6 +95,13 @@ pub struct Sim {
     pub tool_requests: Vec<ToolRequest>,
     /// The driver's inbox at every input boundary, with the seq it had then.
     pub inbox_at: Vec<(u64, Inbox)>,
+    /// The log length after every append batch (consecutive appends, which a runner writes atomically,
+    /// decision 0002): the points where an owner can stop.
+    pub batch_ends: Vec<usize>,
+    in_batch: bool,
+    /// The log length after each atomic append batch (a run of consecutive `Append` effects, which the
+    /// runner writes as one conditional append): the only places a crash can cut the log.
+    pub batch_ends: Vec<usize>,
     /// Hold pre-step decisions until [`Sim::decide_pre_steps`].
     pub hold_presteps: bool,
     /// Hold abort signals until [`Sim::deliver_aborts`].
@@ -151,6 +158,9 @@ impl Sim {
             model_requests: Vec::new(),
             tool_requests: Vec::new(),
             inbox_at: Vec::new(),
+            batch_ends: Vec::new(),
+            in_batch: false,
+            batch_ends: Vec::new(),
             hold_presteps: false,
             delay_aborts: false,
             decide: guard,
@@ -371,8 +381,17 @@ impl Sim {
 
     /// Performs every pending effect in order, then checks the invariants.
     fn perform_effects(&mut self) {
+        let mut in_batch = false;
         while let Some(effect) = self.driver.poll_effect() {
+            let is_append = matches!(effect, Effect::Append(_));
+            if in_batch && !is_append {
+                self.batch_ends.push(self.log.len());
+            }
+            in_batch = is_append;
             self.perform(effect);
+        }
+        if in_batch {
+            self.batch_ends.push(self.log.len());
         }
         self.check();
     }

@@ -95,10 +95,6 @@ pub struct Sim {
     pub tool_requests: Vec<ToolRequest>,
     /// The driver's inbox at every input boundary, with the seq it had then.
     pub inbox_at: Vec<(u64, Inbox)>,
-    /// The log length after every append batch (consecutive appends, which a runner writes atomically,
-    /// decision 0002): the points where an owner can stop.
-    pub batch_ends: Vec<usize>,
-    in_batch: bool,
     /// The log length after each atomic append batch (a run of consecutive `Append` effects, which the
     /// runner writes as one conditional append): the only places a crash can cut the log.
     pub batch_ends: Vec<usize>,
@@ -158,8 +154,6 @@ impl Sim {
             model_requests: Vec::new(),
             tool_requests: Vec::new(),
             inbox_at: Vec::new(),
-            batch_ends: Vec::new(),
-            in_batch: false,
             batch_ends: Vec::new(),
             hold_presteps: false,
             delay_aborts: false,

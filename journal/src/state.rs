@@ -84,8 +84,9 @@ impl Fingerprint {
 pub struct Acceptance {
     /// Seq of the splice that inserted it.
     pub seq: u64,
-    /// Digest of the delivery; `None` when the id came from an edit (replace/splice), which no delivery
-    /// can retry.
+    /// Digest of the delivery; `None` when the id came from an edit that also removed (replace, or a
+    /// splice with deletions), which no delivery can retry. An insert-only splice reads as a non-waking
+    /// delivery into its list.
     pub fingerprint: Option<Fingerprint>,
     /// The turn that a waking delivery to an idle session opened.
     pub opened_turn: Option<u64>,

@@ -6,6 +6,11 @@
 //! Tests compare exact sequences of these; an expected line ending in `*` matches any line that starts
 //! with the rest (for payloads that the contract leaves open, such as a partial interrupted text).
 //! `assistant/delta` lines are left out unless asked for: their split is timing, not contract.
+//!
+//! Lines are in *canonical* order: each live event right after the durable event whose seq it carries
+//! (`after_seq`), live events keeping their arrival order among themselves. The stream itself only
+//! promises that a live event comes *after* that durable event (the driver appends batches, e.g. splice +
+//! status + turn/start, before it publishes), which [`check_stream`] enforces.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -254,7 +259,7 @@ fn is_delta(live: &LiveEvent) -> bool {
 
 /// Checks what every Watch stream must satisfy: durable seqs contiguous from `after_seq + 1` (nothing
 /// missed, nothing twice), epoch ≥ 1 and never decreasing, time never decreasing, the `type` string
-/// agreeing with the payload, and every live event carrying the seq of the durable event it follows.
+/// agreeing with the payload, and every live event arriving after the durable event it follows.
 pub fn check_stream(items: &[WatchItem], after_seq: u64) -> Result<(), HarnessError> {
     let mut expect_seq = after_seq + 1;
     let mut last_seen = None::<u64>;
@@ -295,9 +300,9 @@ pub fn check_stream(items: &[WatchItem], after_seq: u64) -> Result<(), HarnessEr
                 last_seen = Some(c.seq);
             }
             Some(Item::Live(l)) => {
-                if last_seen.is_some_and(|s| s != l.after_seq) {
+                if last_seen.is_none_or(|s| s < l.after_seq) {
                     return Err(HarnessError::Inconsistent(format!(
-                        "item {n}: live {} carries after_seq {} but follows seq {last_seen:?}",
+                        "item {n}: live {} carries after_seq {} but arrived before that event (last seq {last_seen:?})",
                         l.r#type, l.after_seq
                     )));
                 }
@@ -325,9 +330,34 @@ pub fn durable_type(payload: &Durable) -> &'static str {
     }
 }
 
-/// Reduces items to lines; `deltas` keeps `assistant/delta` lines.
+/// The canonical order of `items` (see the module doc): each live event placed right after the durable
+/// event (or `caught_up` marker) with the largest seq not above its `after_seq`.
+pub fn canonical(items: &[WatchItem]) -> Vec<WatchItem> {
+    // (anchor seq, items placed after it); index 0 holds live events older than every anchor.
+    let mut groups: Vec<(Option<u64>, Vec<WatchItem>)> = vec![(None, Vec::new())];
+    let mut lives = Vec::new();
+    for item in items {
+        match &item.item {
+            Some(Item::Event(e)) => groups.push((Some(e.seq), vec![item.clone()])),
+            Some(Item::CaughtUp(c)) => groups.push((Some(c.seq), vec![item.clone()])),
+            Some(Item::Live(l)) => lives.push((l.after_seq, item.clone())),
+            None => {}
+        }
+    }
+    for (after_seq, item) in lives {
+        let at = groups.iter().rposition(|(seq, _)| seq.is_some_and(|s| s <= after_seq)).unwrap_or(0);
+        groups[at].1.push(item);
+    }
+    groups.into_iter().flat_map(|(_, g)| g).collect()
+}
+
+/// Reduces items to lines in canonical order; `deltas` keeps `assistant/delta` lines.
 pub fn lines_of(items: &[WatchItem], deltas: bool) -> Vec<String> {
-    items.iter().filter(|i| deltas || !matches!(&i.item, Some(Item::Live(l)) if is_delta(l))).map(line_of).collect()
+    canonical(items)
+        .iter()
+        .filter(|i| deltas || !matches!(&i.item, Some(Item::Live(l)) if is_delta(l)))
+        .map(line_of)
+        .collect()
 }
 
 /// `true` when `line` is `pattern`, or starts with `pattern` minus a trailing `*`.

@@ -403,13 +403,13 @@ async fn s09_pre_step_reject_then_queue_parks() {
     assert!(s.inbox().await.unwrap().next_turn.is_empty(), "the rejected, claimed message is gone");
 
     let q = s.queue(user_msg("Q", "later")).await.unwrap();
-    assert_eq!((q.seq, q.turn), (8, None));
+    assert_eq!((q.seq, q.turn), (7, None), "after the six events of the blocked turn");
     watch.settle(&s).await.unwrap();
     let info = s.info().await.unwrap();
-    assert_eq!((info.status, info.last_seq), (SessionStatus::Idle as i32, 8), "the queued prompt parks");
+    assert_eq!((info.status, info.last_seq), (SessionStatus::Idle as i32, 7), "the queued prompt parks");
 
     let f = s.followup(user_msg("F", "wake")).await.unwrap();
-    assert_eq!((f.seq, f.turn), (9, Some(2)));
+    assert_eq!((f.seq, f.turn), (8, Some(2)));
     let lines = watch.settle(&s).await.unwrap();
     let mut expected: Vec<String> = [
         "D spliced next-turn 0 0 [Q]",

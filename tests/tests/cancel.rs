@@ -215,13 +215,14 @@ async fn s24_interrupt_runs_next_with_queue_behind() {
     let mut expected: Vec<String> = OPENING.iter().map(|s| (*s).to_owned()).collect();
     expected.extend(
         [
-            "D assistant/message 1.1 *",
+            "D assistant/message 1.1 \"echo: \" call sleep 2000",
             "D tool/call 1.1 sleep 2000",
             "D spliced next-turn 0 0 [B]",
             "L inserted B",
             "D spliced next-turn 0 0 [X] wake",
             "L inserted X",
-            "D tool/result 1.1 *",
+            // The started sleep stops at the abort and commits an error result.
+            "D tool/result 1.1 error *",
             "D step/end 1.1",
             "D turn/end 1 aborted{user}",
             "D status idle",

@@ -107,7 +107,7 @@ async fn s02_three_followups_back_to_back() {
     rest.drain(b_at..b_at + 4);
 
     let mut expected: Vec<String> = vec!["C caught_up 0".into()];
-    expected.extend(idle_followup_turn("A", 1, "*"));
+    expected.extend(idle_followup_turn("A", 1, "echo: first"));
     let tail = expected.split_off(expected.len() - 2); // status idle, L status idle
     expected.extend(turn_lines("B", 2, "echo: second"));
     expected.extend(turn_lines("C", 3, "echo: third"));
@@ -145,7 +145,7 @@ async fn s03_followup_while_streaming() {
         "D user/message A",
         "D spliced next-turn 0 0 [B] wake",
         "L inserted B",
-        "D assistant/message 1.1 *",
+        "D assistant/message 1.1 \"echo: slow\"",
         "D step/end 1.1",
         "D turn/end 1 completed",
     ]
@@ -287,7 +287,8 @@ async fn s06_steer_during_tool_call() {
             "L claimed A 1",
             "D step/start 1.1",
             "D user/message A",
-            "D assistant/message 1.1 *",
+            // Directives are stripped from the echo; the tool-only prompt leaves no text.
+            "D assistant/message 1.1 \"echo: \" call sleep 2000",
             "D tool/call 1.1 sleep 2000",
             "D spliced next-step 0 0 [S] wake",
             "L inserted S",
@@ -297,7 +298,7 @@ async fn s06_steer_during_tool_call() {
             "L claimed S 1",
             "D step/start 1.2",
             "D user/message S",
-            "D assistant/message 1.2 *",
+            "D assistant/message 1.2 \"echo: also this\"",
             "D step/end 1.2",
             "D turn/end 1 completed",
             "D status idle",

@@ -254,6 +254,7 @@ pub async fn watch(
     let mut stream = client.api.watch(request).await?.into_inner();
     let mut renderer = Renderer::new();
     let mut caught_up = false;
+    let mut last_seq = 0;
     while let Some(item) = stream.next().await {
         let item = item?;
         let mut idle_now = false;
@@ -261,6 +262,7 @@ pub async fn watch(
             Some(pb::watch_item::Item::Event(e)) => {
                 let e = codec::decode_session_event(e).context("the server sent an invalid event")?;
                 on_seq(e.seq);
+                last_seq = e.seq;
                 idle_now = caught_up && matches!(e.payload, turnstile_journal::EventPayload::Status(Status::Idle));
                 if opts.json { format!("{}\n", render::event_json(&e)) } else { renderer.event(&e) }
             }
@@ -274,6 +276,7 @@ pub async fn watch(
                 let (_, inbox) = codec::decode_inbox_snapshot(c.inbox.unwrap_or_default())
                     .context("the server sent an invalid inbox")?;
                 on_seq(c.seq);
+                last_seq = c.seq;
                 // Already idle: there is nothing to wait for (a turn that finished before we connected is in
                 // the history above).
                 idle_now = status == Status::Idle;
@@ -287,13 +290,28 @@ pub async fn watch(
         };
         out.write_all(text.as_bytes())?;
         out.flush()?;
-        if opts.until_idle && idle_now {
+        if opts.until_idle && idle_now && settled(client, id, last_seq).await? {
             break;
         }
     }
     out.write_all(renderer.finish().as_bytes())?;
     out.flush()?;
     Ok(())
+}
+
+/// An idle seen at `seq` is final when `WhenIdle` (idle *and* no latched wake, SPEC §4) answers with
+/// that same seq; a latched wake restarts the driver and the watch goes on to the next idle.
+async fn settled(client: &Client, id: &str, seq: u64) -> Result<bool> {
+    let mut api = client.api.clone();
+    let info = api.when_idle(pb::WhenIdleRequest { session: Some(client.session(id)), timeout_ms: 0 }).await;
+    match info {
+        Ok(info) => Ok(info.into_inner().last_seq <= seq),
+        // Still busy after the server's default wait: keep watching for the next idle.
+        Err(status) if status.code() == tonic::Code::DeadlineExceeded => Ok(false),
+        // A session with no events yet is as idle as it gets.
+        Err(status) if status.code() == tonic::Code::NotFound => Ok(true),
+        Err(status) => Err(status.into()),
+    }
 }
 
 /// The arguments a delivery command shares.

@@ -221,8 +221,8 @@ struct WatchArgs {
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
-    /// Exit once the session is idle: at caught-up when it is already idle, else at the next durable
-    /// `agent/status idle`.
+    /// Exit once the session is idle with no latched wake: at caught-up when it is already idle, else at
+    /// the next durable `agent/status idle` that `WhenIdle` confirms.
     #[arg(long)]
     until_idle: bool,
 }
@@ -231,7 +231,8 @@ fn init_tracing() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new("warn,turnstile=info,turnstile_gateway=info,turnstile_worker=info,turnstile_journal=info")
     });
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
 }
 
 fn delivery(d: DeliverArgs) -> Delivery {
@@ -315,12 +316,18 @@ fn error_line(err: &anyhow::Error) -> String {
     }
 }
 
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
+        // `turnstile watch s1 | head` closing the pipe is a normal way to stop reading.
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("{}", error_line(&err));
             ExitCode::FAILURE

@@ -182,7 +182,7 @@ impl Renderer {
             list(&inbox.next_turn),
             list(&inbox.next_step)
         );
-        self.line("", 0, &text)
+        format!("{}{text}\n", self.end_delta())
     }
 
     /// Text that ends an open delta line, for the end of the stream.

@@ -31,12 +31,17 @@ use turnstile_proto::v1::agent_server::AgentServer;
 pub struct ServeError(#[from] tonic::transport::Error);
 
 /// Serves `gateway` on an already bound listener (bind port 0 in tests) until `shutdown` resolves;
-/// in-flight calls are drained first.
+/// open Watch streams are ended and in-flight calls drained first.
 pub async fn serve(
     gateway: Gateway,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let watches = gateway.shutdown_token();
+    let shutdown = async move {
+        shutdown.await;
+        watches.cancel();
+    };
     tonic::transport::Server::builder()
         .add_service(AgentServer::new(gateway))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use turnstile_journal::codec;
 use turnstile_journal::message::{MessageSource, SessionRef, Target, UserMessage};
@@ -44,6 +45,8 @@ pub struct Gateway {
     log: Arc<dyn SessionLog>,
     bus: Arc<dyn LiveBus>,
     config: GatewayConfig,
+    /// Ends every Watch stream at shutdown; the server's graceful drain would otherwise wait for them forever.
+    shutdown: CancellationToken,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -59,7 +62,12 @@ impl Gateway {
         bus: Arc<dyn LiveBus>,
         config: GatewayConfig,
     ) -> Self {
-        Self { router, log, bus, config }
+        Self { router, log, bus, config, shutdown: CancellationToken::new() }
+    }
+
+    /// Cancelling it ends every open Watch stream (with UNAVAILABLE, so clients reconnect elsewhere).
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
     }
 
     fn session(&self, raw: Option<pb::SessionRef>) -> Result<SessionRef, Status> {
@@ -255,7 +263,7 @@ impl Agent for Gateway {
         let req = request.into_inner();
         let spec = WatchSpec { session: self.session(req.session)?, after_seq: req.after_seq, live: req.live };
         let (tx, rx) = mpsc::channel(self.config.watch_buffer.max(1));
-        tokio::spawn(watch::run(self.log.clone(), self.bus.clone(), spec, tx));
+        tokio::spawn(watch::run(self.log.clone(), self.bus.clone(), spec, tx, self.shutdown.clone()));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 

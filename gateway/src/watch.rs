@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use turnstile_journal::{LiveBus, LiveStream, SessionLog, SessionRef};
 use turnstile_proto::v1 as pb;
@@ -39,8 +40,20 @@ fn merged_item(m: &Merged) -> pb::WatchItem {
 
 /// Runs one Watch until the client goes away or the log fails. Errors are sent to the client as the
 /// stream's final status.
-pub async fn run(log: Arc<dyn SessionLog>, bus: Arc<dyn LiveBus>, spec: WatchSpec, tx: Tx) {
-    if let Err(status) = stream(log, bus, &spec, &tx).await {
+pub async fn run(
+    log: Arc<dyn SessionLog>,
+    bus: Arc<dyn LiveBus>,
+    spec: WatchSpec,
+    tx: Tx,
+    shutdown: CancellationToken,
+) {
+    let result = tokio::select! {
+        r = stream(log, bus, &spec, &tx) => r,
+        () = shutdown.cancelled() => Err(Status::unavailable(
+            "the gateway is shutting down; reconnect with after_seq set to the last seq you received",
+        )),
+    };
+    if let Err(status) = result {
         tracing::debug!(session = %spec.session, %status, "watch ended with an error");
         let _ = tx.send(Err(status)).await;
     }

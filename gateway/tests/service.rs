@@ -1,5 +1,7 @@
 //! The gateway served on loopback over the real worker host and the in-memory journal.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers panic on setup failure by design
+
 use std::sync::Arc;
 use std::time::Duration;
 

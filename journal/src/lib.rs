@@ -3,7 +3,7 @@
 //! Everything above this crate is a projection of a session's log. Here live the values of SPEC §1
 //! ([`message`]), the durable and live events of §5 ([`event`]), the inbox and its splices (§3,
 //! [`inbox`]), the fold of a log into inbox, status and recovery facts ([`state`]), the conditional
-//! [`SessionLog`] trait with its backends ([`embedded`]), the [`LiveBus`], the protobuf mapping
+//! [`SessionLog`] trait with its backends ([`embedded`], [`jetstream`]), the [`LiveBus`], the protobuf mapping
 //! ([`codec`]) and the command seam between gateway and worker ([`command`]).
 //!
 //! Dependency direction: `proto ← journal ← worker, gateway ← cli`. Nothing here knows about drivers,
@@ -15,6 +15,7 @@ pub mod command;
 pub mod embedded;
 pub mod event;
 pub mod inbox;
+pub mod jetstream;
 pub mod log;
 pub mod message;
 pub mod state;
@@ -28,6 +29,7 @@ pub use event::{
     TurnEndReason,
 };
 pub use inbox::{Inbox, SpliceError};
+pub use jetstream::{JetStreamConfig, JetStreamLog, NatsBus};
 pub use log::{EventStream, JournalError, SessionLog};
 pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
 pub use state::{ProjectionError, SessionState};

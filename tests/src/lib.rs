@@ -10,6 +10,7 @@
 //! - [`binary`] locates (and builds, once per test process) the `turnstile` binary;
 //! - [`ports`] hands out free loopback ports;
 //! - [`process`] owns a spawned child: log file, readiness, SIGKILL / graceful stop;
+//! - [`nats`] is a real nats-server with JetStream (store dir kept across restarts);
 //! - [`dev`] is `turnstile dev` (gateway + worker in one process, embedded journal);
 //! - [`session`] is a small client DSL for one session (presets, edits, reads);
 //! - [`msg`] builds messages and sources;
@@ -20,6 +21,7 @@ pub mod binary;
 pub mod dev;
 pub mod fold;
 pub mod msg;
+pub mod nats;
 pub mod ports;
 pub mod process;
 pub mod session;

@@ -1,0 +1,194 @@
+//! [`JetStreamConfig`] and the event streams it implies: created when missing, verified when present.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::jetstream::stream::{Config as StreamConfig, StorageType};
+
+use super::subjects;
+use crate::log::JournalError;
+
+/// Where the JetStream journal lives and how it is laid out (ARCHITECTURE "JetStream layout").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JetStreamConfig {
+    /// The NATS server(s), e.g. `nats://127.0.0.1:4222` (comma-separated for several).
+    pub url: String,
+    /// Event streams `TURNSTILE_EVENTS_<p>`, p = 0..partitions. Part of the layout: changing it moves
+    /// sessions to other streams.
+    pub partitions: u32,
+    /// Replicas per stream (1 for dev, 3 in production).
+    pub replicas: usize,
+    /// Virtual shards V; a session's shard is a stable hash mod V and its partition is shard mod P.
+    pub shards: u32,
+    /// Bound on the initial connect: an unreachable server is reported, not waited for.
+    pub connect_timeout: Duration,
+    /// Bound on each JetStream request (publish ack, message get, stream info).
+    pub request_timeout: Duration,
+}
+
+impl JetStreamConfig {
+    /// The defaults for `url`: one partition, one replica, 256 virtual shards.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            partitions: 1,
+            replicas: 1,
+            shards: 256,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+
+    pub(super) fn validate(&self) -> Result<(), JournalError> {
+        if self.partitions == 0 || self.shards == 0 || self.replicas == 0 {
+            return Err(JournalError::Storage(format!(
+                "JetStream config needs partitions, shards and replicas of at least 1 (got {}, {}, {})",
+                self.partitions, self.shards, self.replicas
+            )));
+        }
+        if self.shards < self.partitions {
+            return Err(JournalError::Storage(format!(
+                "JetStream config has {} shards for {} partitions; some partitions would never be used: \
+                 configure at least as many shards as partitions",
+                self.shards, self.partitions
+            )));
+        }
+        Ok(())
+    }
+
+    /// The configuration of partition `p`'s stream.
+    pub fn stream_config(&self, partition: u32) -> StreamConfig {
+        StreamConfig {
+            name: subjects::stream_name(partition),
+            subjects: vec![subjects::stream_subjects(partition)],
+            storage: StorageType::File,
+            num_replicas: self.replicas,
+            // Multi-event appends are atomic batches; reads and `last_seq` may use direct gets.
+            allow_atomic_publish: true,
+            allow_direct: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// Creates partition `p`'s stream, or checks that the existing one has the layout this config expects.
+/// A mismatch is refused, never silently updated: another deployment may depend on the stream as it is.
+pub(super) async fn ensure_stream(
+    js: &jetstream::Context,
+    config: &JetStreamConfig,
+    partition: u32,
+) -> Result<jetstream::stream::Stream, JournalError> {
+    let want = config.stream_config(partition);
+    let name = want.name.clone();
+    match js.get_stream(&name).await {
+        Ok(mut stream) => {
+            let info = stream.info().await.map_err(|e| unavailable(&name, e))?;
+            verify(&want, &info.config)?;
+            Ok(stream)
+        }
+        Err(e) if is_not_found(&e) => match js.create_stream(want.clone()).await {
+            Ok(stream) => Ok(stream),
+            // Another process created it in between: verify what it made.
+            Err(create) => match js.get_stream(&name).await {
+                Ok(mut stream) => {
+                    let info = stream.info().await.map_err(|e| unavailable(&name, e))?;
+                    verify(&want, &info.config)?;
+                    Ok(stream)
+                }
+                Err(_) => Err(JournalError::Storage(format!("could not create JetStream stream {name}: {create}"))),
+            },
+        },
+        Err(e) => Err(unavailable(&name, e)),
+    }
+}
+
+fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
+    matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(err)
+        if err.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
+
+fn unavailable(name: &str, e: impl std::fmt::Display) -> JournalError {
+    JournalError::Unavailable(format!("could not read JetStream stream {name}: {e}"))
+}
+
+/// Compares the fields the journal relies on; the first difference is reported with the fix.
+fn verify(want: &StreamConfig, have: &StreamConfig) -> Result<(), JournalError> {
+    let name = &want.name;
+    let differs = |field: &str, have: String, want: String, fix: &str| {
+        JournalError::Storage(format!(
+            "JetStream stream {name} exists with {field} = {have} but Turnstile needs {want}; {fix}"
+        ))
+    };
+    let mut have_subjects = have.subjects.clone();
+    have_subjects.sort();
+    if have_subjects != want.subjects {
+        return Err(differs(
+            "subjects",
+            format!("{have_subjects:?}"),
+            format!("{:?}", want.subjects),
+            "the partition count or naming differs from the deployment that made it: configure the same \
+             partitions, or move the data and delete the stream",
+        ));
+    }
+    if have.storage != want.storage {
+        return Err(differs(
+            "storage",
+            format!("{:?}", have.storage),
+            format!("{:?}", want.storage),
+            "event streams must be file-backed: recreate the stream with file storage",
+        ));
+    }
+    if have.num_replicas != want.num_replicas {
+        return Err(differs(
+            "replicas",
+            have.num_replicas.to_string(),
+            want.num_replicas.to_string(),
+            "configure the journal's replicas to match, or change the stream's replicas on the server",
+        ));
+    }
+    if !have.allow_atomic_publish {
+        return Err(differs(
+            "allow_atomic_publish",
+            "false".into(),
+            "true".into(),
+            "multi-event appends are atomic batches: enable atomic publish on the stream (server 2.12+)",
+        ));
+    }
+    if !have.allow_direct {
+        return Err(differs("allow_direct", "false".into(), "true".into(), "enable direct get on the stream"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_that_differs_is_named_with_its_field() {
+        let config = JetStreamConfig::new("nats://127.0.0.1:1");
+        let want = config.stream_config(0);
+        assert!(verify(&want, &want).is_ok());
+        let mut other = want.clone();
+        other.num_replicas = 3;
+        let err = verify(&want, &other).unwrap_err().to_string();
+        assert!(err.contains("replicas = 3") && err.contains("TURNSTILE_EVENTS_0"), "{err}");
+        let mut other = want.clone();
+        other.storage = StorageType::Memory;
+        assert!(verify(&want, &other).unwrap_err().to_string().contains("storage"));
+        let mut other = want.clone();
+        other.subjects = vec!["elsewhere.>".into()];
+        assert!(verify(&want, &other).unwrap_err().to_string().contains("subjects"));
+    }
+
+    #[test]
+    fn degenerate_layouts_are_refused() {
+        let mut config = JetStreamConfig::new("nats://x");
+        assert!(config.validate().is_ok());
+        config.partitions = 0;
+        assert!(config.validate().is_err());
+        config.partitions = 4;
+        config.shards = 2;
+        assert!(config.validate().is_err());
+    }
+}

@@ -1,0 +1,445 @@
+//! [`JetStreamLog`]: the [`SessionLog`] on JetStream streams.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use async_nats::HeaderMap;
+use async_nats::header::{
+    NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL, NATS_BATCH_ID, NATS_BATCH_SEQUENCE, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+};
+use async_nats::jetstream::consumer::DeliverPolicy;
+use async_nats::jetstream::consumer::pull::OrderedConfig;
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
+use async_nats::jetstream::{self, message::StreamMessage};
+use async_trait::async_trait;
+use futures::StreamExt as _;
+
+use super::config::{JetStreamConfig, ensure_stream};
+use super::{HEADER_EPOCH, HEADER_SEQ, HEADER_TRACEPARENT, HEADER_TYPE, subjects, tail};
+use crate::codec;
+use crate::event::Envelope;
+use crate::log::{EventStream, JournalError, SessionLog};
+use crate::message::SessionRef;
+
+/// The most events one append may carry: the server's default cap on an atomic batch.
+pub const MAX_BATCH: usize = 1000;
+
+/// Entries in the last-seq cache before it is emptied. A miss costs one message get, so a crude bound is
+/// enough to keep a long-running worker's memory flat.
+const CACHE_LIMIT: usize = 100_000;
+
+/// Where a session's log ends: its last seq and that event's stream sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct LastEvent {
+    pub seq: u64,
+    pub stream_seq: u64,
+}
+
+/// A [`SessionLog`] on JetStream: one stream per partition, one subject per session, one message per
+/// event. Cheap to share behind an `Arc`; every call goes to the server, only the last-seq cache is local.
+pub struct JetStreamLog {
+    config: JetStreamConfig,
+    client: async_nats::Client,
+    js: jetstream::Context,
+    /// `streams[p]` is partition p's stream.
+    streams: Vec<Stream>,
+    /// session → where its log ended after this process's last append or read of it.
+    last: Mutex<HashMap<SessionRef, LastEvent>>,
+}
+
+impl std::fmt::Debug for JetStreamLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetStreamLog").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl JetStreamLog {
+    /// Connects to `config.url` (bounded by `config.connect_timeout`) and creates or verifies the event
+    /// streams. An unreachable server is [`JournalError::Unavailable`] naming the URL; a stream with another
+    /// layout is [`JournalError::Storage`] naming the field.
+    pub async fn connect(config: JetStreamConfig) -> Result<Self, JournalError> {
+        config.validate()?;
+        let client = super::connect(&config.url, config.connect_timeout, config.request_timeout).await?;
+        let mut js = jetstream::new(client.clone());
+        js.set_timeout(config.request_timeout);
+        let mut streams = Vec::with_capacity(config.partitions as usize);
+        for p in 0..config.partitions {
+            streams.push(ensure_stream(&js, &config, p).await?);
+        }
+        Ok(Self { config, client, js, streams, last: Mutex::default() })
+    }
+
+    pub fn config(&self) -> &JetStreamConfig {
+        &self.config
+    }
+
+    /// The underlying connection (for a [`super::NatsBus`] on the same connection).
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    fn partition(&self, session: &SessionRef) -> u32 {
+        subjects::partition_of(subjects::shard_of(session, self.config.shards), self.config.partitions)
+    }
+
+    fn locate(&self, session: &SessionRef) -> (&Stream, String) {
+        let p = self.partition(session);
+        // `validate` made partitions ≥ 1 and `connect` opened one stream per partition; partition_of is
+        // below partitions, so the index is in range.
+        let stream = &self.streams[p as usize];
+        (stream, subjects::event_subject(p, session))
+    }
+
+    fn cached(&self, session: &SessionRef) -> Option<LastEvent> {
+        lock(&self.last).get(session).copied()
+    }
+
+    fn remember(&self, session: &SessionRef, last: LastEvent) {
+        let mut cache = lock(&self.last);
+        if cache.len() >= CACHE_LIMIT && !cache.contains_key(session) {
+            cache.clear();
+        }
+        cache.insert(session.clone(), last);
+    }
+
+    fn forget(&self, session: &SessionRef) {
+        lock(&self.last).remove(session);
+    }
+
+    /// The session's last event as the stream leader has it (no cache).
+    pub(super) async fn fetch_last(&self, session: &SessionRef) -> Result<Option<LastEvent>, JournalError> {
+        let (stream, subject) = self.locate(session);
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(message) => {
+                let last = LastEvent { seq: header_seq(session, &message)?, stream_seq: message.sequence };
+                self.remember(session, last);
+                Ok(Some(last))
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                self.forget(session);
+                Ok(None)
+            }
+            Err(e) => Err(unavailable(format!("reading the last event of {session}"), e)),
+        }
+    }
+
+    /// The stream sequence of the session's event `seq`, or `None` when the log is shorter. Binary search
+    /// over `next-by-subject` gets: every probe narrows the range by what its answer proves, so a read from
+    /// the middle of a long log costs O(log n) small gets instead of replaying the log before it.
+    pub(super) async fn stream_seq_of(&self, session: &SessionRef, seq: u64) -> Result<Option<u64>, JournalError> {
+        let Some(last) = self.fetch_last(session).await? else { return Ok(None) };
+        if seq > last.seq {
+            return Ok(None);
+        }
+        if seq == last.seq {
+            return Ok(Some(last.stream_seq));
+        }
+        let (stream, subject) = self.locate(session);
+        // Stream seqs of one subject strictly increase with the session seq.
+        let (mut lo, mut hi) = (seq.max(1), last.stream_seq - (last.seq - seq));
+        while lo <= hi {
+            let mid = lo + (hi - lo) / 2;
+            let message = stream
+                .raw_message_builder()
+                .next_by_subject(subject.clone())
+                .sequence(mid)
+                .send()
+                .await
+                .map_err(|e| unavailable(format!("locating seq {seq} of {session}"), e))?;
+            let found = header_seq(session, &message)?;
+            match found.cmp(&seq) {
+                std::cmp::Ordering::Equal => return Ok(Some(message.sequence)),
+                // Event `seq` comes `seq - found` events later, so at least that many stream seqs later.
+                std::cmp::Ordering::Less => lo = message.sequence + (seq - found),
+                // It is before `mid` (the first of the subject at or after mid is already past it).
+                std::cmp::Ordering::Greater => {
+                    hi = mid.saturating_sub(1).min(message.sequence.saturating_sub(found - seq));
+                }
+            }
+        }
+        Err(JournalError::Corrupt {
+            session: session.clone(),
+            seq,
+            detail: "the session's seqs are not contiguous in its stream".into(),
+        })
+    }
+
+    /// The stream sequence to consume from so that every event with seq ≥ `seq` is delivered, including
+    /// ones not appended yet: the event's own stream seq, else just past the log's end.
+    pub(super) async fn start_of(&self, session: &SessionRef, seq: u64) -> Result<u64, JournalError> {
+        if let Some(at) = self.stream_seq_of(session, seq).await? {
+            return Ok(at);
+        }
+        // `stream_seq_of` just refreshed the cache: past the end, or a session without events.
+        Ok(self.cached(session).map_or(1, |last| last.stream_seq + 1))
+    }
+
+    /// An ordered consumer on the session's subject from stream sequence `start` (1 = everything).
+    pub(super) async fn consumer(
+        &self,
+        session: &SessionRef,
+        start: u64,
+    ) -> Result<jetstream::consumer::pull::Ordered, JournalError> {
+        let (stream, subject) = self.locate(session);
+        let deliver_policy =
+            if start <= 1 { DeliverPolicy::All } else { DeliverPolicy::ByStartSequence { start_sequence: start } };
+        let consumer = stream
+            .create_consumer(OrderedConfig { filter_subject: subject, deliver_policy, ..Default::default() })
+            .await
+            .map_err(|e| unavailable(format!("opening a reader on {session}"), e))?;
+        consumer.messages().await.map_err(|e| unavailable(format!("reading {session}"), e))
+    }
+
+    /// [`SessionLog::append`] with a W3C `traceparent` carried on every event's headers (the hook for
+    /// tracing: the trait method passes none).
+    pub async fn append_traced(
+        &self,
+        session: &SessionRef,
+        expected_last_seq: u64,
+        events: &[Envelope],
+        traceparent: Option<&str>,
+    ) -> Result<u64, JournalError> {
+        let bodies = check_batch(session, expected_last_seq, events)?;
+        let expected_stream_seq = match self.cached(session) {
+            Some(last) if last.seq == expected_last_seq => last.stream_seq,
+            _ => {
+                let last = self.fetch_last(session).await?;
+                let actual = last.map_or(0, |l| l.seq);
+                if actual != expected_last_seq {
+                    return Err(conflict(session, expected_last_seq, actual));
+                }
+                last.map_or(0, |l| l.stream_seq)
+            }
+        };
+        let (_, subject) = self.locate(session);
+        let n = events.len();
+        // One id per batch; a uuid is 36 chars, within the server's 64.
+        let batch_id = (n > 1).then(|| uuid::Uuid::new_v4().to_string());
+        let mut commit = None;
+        for (i, (event, body)) in events.iter().zip(bodies).enumerate() {
+            let mut headers = HeaderMap::new();
+            headers.insert(HEADER_TYPE, event.event_type());
+            headers.insert(HEADER_SEQ, event.seq.to_string().as_str());
+            headers.insert(HEADER_EPOCH, event.epoch.to_string().as_str());
+            if let Some(tp) = traceparent.filter(|tp| !tp.is_empty()) {
+                headers.insert(HEADER_TRACEPARENT, tp);
+            }
+            if i == 0 {
+                // On a batch the server checks it on the first message, for the whole batch.
+                headers.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, expected_stream_seq.to_string().as_str());
+            }
+            if let Some(id) = &batch_id {
+                headers.insert(NATS_BATCH_ID, id.as_str());
+                headers.insert(NATS_BATCH_SEQUENCE, (i + 1).to_string().as_str());
+            }
+            if i + 1 < n {
+                // Not the commit: a core publish without a reply subject. The server acks only the commit,
+                // for the whole batch (a reply subject would just get an empty flow-control answer).
+                self.client
+                    .publish_with_headers(subject.clone(), headers, body.into())
+                    .await
+                    .map_err(|e| unavailable(format!("appending to {session}"), e))?;
+            } else {
+                if batch_id.is_some() {
+                    headers.insert(NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL);
+                }
+                commit = Some(self.js.publish_with_headers(subject.clone(), headers, body.into()).await);
+            }
+        }
+        let ack = match commit {
+            Some(Ok(ack)) => ack.await,
+            Some(Err(e)) => Err(e),
+            // check_batch refused empty batches, so the loop ran its last iteration.
+            None => return Err(JournalError::InvalidBatch { session: session.clone(), detail: "no events".into() }),
+        };
+        match ack {
+            Ok(ack) => {
+                let last = expected_last_seq + n as u64;
+                self.remember(session, LastEvent { seq: last, stream_seq: ack.sequence });
+                Ok(last)
+            }
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                let actual = self.fetch_last(session).await?.map_or(0, |l| l.seq);
+                Err(conflict(session, expected_last_seq, actual))
+            }
+            Err(e) => {
+                // The outcome may be unknown (a lost ack): the next append must ask the server.
+                self.forget(session);
+                Err(unavailable(format!("appending to {session} (re-read the log: it may have landed)"), e))
+            }
+        }
+    }
+
+    /// Up to `limit` events from stream sequence `start` on, ending at the log's end as the consumer
+    /// reports it (`pending == 0`), never by waiting.
+    async fn read_from(
+        &self,
+        session: &SessionRef,
+        start: u64,
+        from_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<Envelope>, JournalError> {
+        let mut messages = self.consumer(session, start).await?;
+        let mut out = Vec::new();
+        while out.len() < limit {
+            let Some(message) = messages.next().await else { break };
+            let message = message.map_err(|e| unavailable(format!("reading {session}"), e))?;
+            let pending = message.info().map(|i| i.pending).unwrap_or(0);
+            let event = decode(session, &message.message.headers, &message.message.payload)?;
+            if event.seq >= from_seq {
+                if let Some(prev) = out.last().map(|e: &Envelope| e.seq)
+                    && event.seq != prev + 1
+                {
+                    return Err(JournalError::Corrupt {
+                        session: session.clone(),
+                        seq: event.seq,
+                        detail: format!("follows seq {prev}: the stored log has a gap"),
+                    });
+                }
+                out.push(event);
+            }
+            if pending == 0 {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl SessionLog for JetStreamLog {
+    async fn append(
+        &self,
+        session: &SessionRef,
+        expected_last_seq: u64,
+        events: &[Envelope],
+    ) -> Result<u64, JournalError> {
+        self.append_traced(session, expected_last_seq, events, None).await
+    }
+
+    async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let from_seq = from_seq.max(1);
+        let Some(start) = self.stream_seq_of(session, from_seq).await? else { return Ok(Vec::new()) };
+        self.read_from(session, start, from_seq, limit).await
+    }
+
+    async fn last_seq(&self, session: &SessionRef) -> Result<u64, JournalError> {
+        Ok(self.fetch_last(session).await?.map_or(0, |l| l.seq))
+    }
+
+    async fn tail(&self, session: &SessionRef, after_seq: u64) -> Result<EventStream, JournalError> {
+        tail::follow(self, session, after_seq).await
+    }
+
+    async fn list_sessions(
+        &self,
+        tenant: Option<&str>,
+        after: Option<&SessionRef>,
+        limit: usize,
+    ) -> Result<Vec<SessionRef>, JournalError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // Subjects with messages, from each partition's stream info: O(sessions) per call, which is fine for
+        // listing pages at current scale; a sessions index (KV) replaces it if it is not.
+        let mut sessions = Vec::new();
+        for (p, stream) in (0u32..).zip(&self.streams) {
+            let filter = tenant.map_or_else(|| subjects::stream_subjects(p), |t| subjects::tenant_filter(p, t));
+            let mut info = stream
+                .info_with_subjects(filter)
+                .await
+                .map_err(|e| unavailable(format!("listing the sessions of partition {p}"), e))?;
+            while let Some(entry) = info.next().await {
+                let (subject, _count) = entry.map_err(|e| unavailable(format!("listing partition {p}"), e))?;
+                match subjects::parse_event_subject(&subject) {
+                    Some(s) if tenant.is_none_or(|t| s.tenant == t) && after.is_none_or(|a| &s > a) => {
+                        sessions.push(s);
+                    }
+                    Some(_) => {}
+                    None => tracing::warn!(%subject, "ignoring a subject in an event stream that names no session"),
+                }
+            }
+        }
+        sessions.sort();
+        sessions.dedup();
+        sessions.truncate(limit);
+        Ok(sessions)
+    }
+}
+
+/// Checks the batch shape (as the embedded backend does) and encodes each event.
+fn check_batch(session: &SessionRef, expected: u64, events: &[Envelope]) -> Result<Vec<Vec<u8>>, JournalError> {
+    let invalid = |detail: String| JournalError::InvalidBatch { session: session.clone(), detail };
+    session.validate().map_err(|e| invalid(format!("the session name is invalid: {e}")))?;
+    if events.is_empty() {
+        return Err(invalid("no events; an append carries at least one".into()));
+    }
+    if events.len() > MAX_BATCH {
+        return Err(invalid(format!("{} events; one append carries at most {MAX_BATCH}", events.len())));
+    }
+    let mut bodies = Vec::with_capacity(events.len());
+    for (i, event) in events.iter().enumerate() {
+        if event.session != *session {
+            return Err(invalid(format!("event {i} belongs to {}; append only this session's events", event.session)));
+        }
+        if expected.checked_add(i as u64 + 1) != Some(event.seq) {
+            return Err(invalid(format!(
+                "event {i} has seq {} but seqs must run contiguously from expected_last_seq + 1 = {}",
+                event.seq,
+                expected.saturating_add(1)
+            )));
+        }
+        let body = codec::encode_event(event);
+        // What is stored must read back: refuse here what a reader would call corrupt.
+        codec::decode_event(&body)
+            .map_err(|e| invalid(format!("event {i} (seq {}) cannot be stored: {e}", event.seq)))?;
+        bodies.push(body);
+    }
+    Ok(bodies)
+}
+
+/// The `Turnstile-Seq` header of a stored message.
+fn header_seq(session: &SessionRef, message: &StreamMessage) -> Result<u64, JournalError> {
+    parse_seq_header(session, &message.headers, message.sequence)
+}
+
+fn parse_seq_header(session: &SessionRef, headers: &HeaderMap, stream_seq: u64) -> Result<u64, JournalError> {
+    headers.get(HEADER_SEQ).and_then(|v| v.as_str().parse().ok()).ok_or_else(|| JournalError::Corrupt {
+        session: session.clone(),
+        seq: 0,
+        detail: format!("stream message {stream_seq} has no valid {HEADER_SEQ} header"),
+    })
+}
+
+/// Decodes one stored event and checks it against its headers and subject.
+pub(super) fn decode(session: &SessionRef, headers: &Option<HeaderMap>, body: &[u8]) -> Result<Envelope, JournalError> {
+    let header = headers.as_ref().and_then(|h| h.get(HEADER_SEQ)).and_then(|v| v.as_str().parse::<u64>().ok());
+    let corrupt = |detail: String| JournalError::Corrupt { session: session.clone(), seq: header.unwrap_or(0), detail };
+    let event = codec::decode_event(body).map_err(|e| corrupt(e.to_string()))?;
+    if event.session != *session {
+        return Err(corrupt(format!("the stored event names session {}", event.session)));
+    }
+    if header.is_some_and(|h| h != event.seq) {
+        return Err(corrupt(format!("the {HEADER_SEQ} header disagrees with the body's seq {}", event.seq)));
+    }
+    Ok(event)
+}
+
+fn conflict(session: &SessionRef, expected: u64, actual: u64) -> JournalError {
+    JournalError::Conflict { session: session.clone(), expected, actual }
+}
+
+/// Every failure to reach the store or get an answer in time is retryable: FIELD-NOTES, leader loss shows
+/// up as "stream not found" (no responders) for a few seconds.
+pub(super) fn unavailable(what: String, e: impl std::fmt::Display) -> JournalError {
+    JournalError::Unavailable(format!("{what}: {e}"))
+}
+
+// The cache's critical sections are single map operations: a poisoned lock holds a consistent map.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}

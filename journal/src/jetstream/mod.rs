@@ -1,0 +1,62 @@
+//! The JetStream backend of the session log ([`JetStreamLog`]) and the core-NATS live bus ([`NatsBus`]):
+//! the cluster's journal (ARCHITECTURE "JetStream layout"), where `turnstile dev` uses [`crate::embedded`].
+//!
+//! Layout: streams `TURNSTILE_EVENTS_<p>` (subjects `turnstile.ev.<p>.>`, file storage, configured
+//! replicas, atomic publish and direct get on); one subject per session, `turnstile.ev.<p>.<tenant>.<id>`,
+//! with the partition from a stable hash ([`subjects`]); one message per durable event, body
+//! [`crate::codec::encode_event`], headers `Turnstile-Type`, `Turnstile-Seq`, `Turnstile-Epoch` and, when
+//! given, `traceparent`.
+//!
+//! Single writer (SPEC §6): every append carries `Nats-Expected-Last-Subject-Sequence` = the stream
+//! sequence of the session's last event. The writer keeps `session → (last seq, its stream seq)` from its
+//! own appends and reads; on a miss it asks the stream leader for the subject's last message. The server
+//! is the judge: a wrong-sequence answer becomes [`JournalError::Conflict`].
+//!
+//! Multi-event appends are one JetStream atomic batch (ADR-50; docs/decisions/0004-jetstream-batches.md).
+//! Measured against nats-server 2.15.1 with async-nats 0.51.0 (`tests/tests/journal_jetstream.rs` keeps
+//! these checks):
+//! - a batch (`Nats-Batch-Id`, `Nats-Batch-Sequence` 1..n, `Nats-Batch-Commit: 1` on the last) lands whole;
+//!   the commit's ack carries the last stream sequence and `batch_size` n;
+//! - a batch whose first message carries a stale expected sequence stores nothing; the *commit's* ack is
+//!   the error, which async-nats reports as `PublishErrorKind::WrongLastSequence` (code 10071);
+//! - messages before the commit need no reply subject: with one, the server answers an empty flow-control
+//!   reply (which async-nats cannot parse as an ack), so they go out as core publishes on the same
+//!   connection, which keeps them in order before the commit;
+//! - a single event is a plain publish with the expected-sequence header, no batch headers.
+
+mod bus;
+mod config;
+mod log;
+pub mod subjects;
+mod tail;
+
+use std::time::Duration;
+
+pub use bus::{NatsBus, barrier};
+pub use config::JetStreamConfig;
+pub use log::{JetStreamLog, MAX_BATCH};
+
+use crate::log::JournalError;
+
+/// The event's durable type (SPEC §5), e.g. `agent/inbox/spliced`.
+pub const HEADER_TYPE: &str = "Turnstile-Type";
+/// The event's session seq.
+pub const HEADER_SEQ: &str = "Turnstile-Seq";
+/// The writer's owner epoch.
+pub const HEADER_EPOCH: &str = "Turnstile-Epoch";
+/// W3C trace context of the append.
+pub const HEADER_TRACEPARENT: &str = "traceparent";
+
+/// Connects once, bounded: an unreachable server is an error naming the URL, not an endless retry. Once
+/// connected, the client reconnects on its own (calls in between fail as [`JournalError::Unavailable`]).
+async fn connect(url: &str, timeout: Duration, request_timeout: Duration) -> Result<async_nats::Client, JournalError> {
+    let options = async_nats::ConnectOptions::new().connection_timeout(timeout).request_timeout(Some(request_timeout));
+    // The outer timeout also bounds DNS and the handshake, which `connection_timeout` may not cover.
+    match tokio::time::timeout(timeout + Duration::from_secs(1), options.connect(url)).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(JournalError::Unavailable(format!("cannot connect to NATS at {url}: {e}"))),
+        Err(_) => {
+            Err(JournalError::Unavailable(format!("cannot connect to NATS at {url}: no answer within {timeout:?}")))
+        }
+    }
+}

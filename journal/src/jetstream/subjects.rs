@@ -1,0 +1,119 @@
+//! Where a session lives in NATS: its virtual shard, its partition stream and its subjects.
+//!
+//! The hash is part of the storage format: changing it moves sessions to other subjects and streams, so it
+//! is written out here (FNV-1a 64) rather than borrowed from a hasher whose output may change between
+//! Rust releases. The cluster's shard leases reuse [`shard_of`] and [`partition_of`].
+
+use crate::message::SessionRef;
+
+/// Prefix of every durable event subject: `turnstile.ev.<p>.<tenant>.<session>`.
+pub const EVENT_PREFIX: &str = "turnstile.ev";
+
+/// Prefix of every live event subject: `turnstile.live.<tenant>.<session>.<type>`.
+pub const LIVE_PREFIX: &str = "turnstile.live";
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// FNV-1a, 64 bit. Stable by construction: the same bytes give the same value on every build and platform.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(FNV_OFFSET, |hash, b| (hash ^ u64::from(*b)).wrapping_mul(FNV_PRIME))
+}
+
+/// The virtual shard of `session`: FNV-1a 64 of `"<tenant>/<id>"` mod `shards`. `shards` 0 is read as 1.
+pub fn shard_of(session: &SessionRef, shards: u32) -> u32 {
+    let hash = fnv1a64(format!("{}/{}", session.tenant, session.id).as_bytes());
+    // The remainder is below `shards`, a u32, so the cast cannot truncate.
+    (hash % u64::from(shards.max(1))) as u32
+}
+
+/// The partition (event stream) of a virtual shard: shard mod `partitions`. `partitions` 0 is read as 1.
+pub fn partition_of(shard: u32, partitions: u32) -> u32 {
+    shard % partitions.max(1)
+}
+
+/// The event stream of partition `p`.
+pub fn stream_name(partition: u32) -> String {
+    format!("TURNSTILE_EVENTS_{partition}")
+}
+
+/// The subjects of partition `p`'s stream: `turnstile.ev.<p>.>`.
+pub fn stream_subjects(partition: u32) -> String {
+    format!("{EVENT_PREFIX}.{partition}.>")
+}
+
+/// The durable subject of `session` in partition `p`.
+pub fn event_subject(partition: u32, session: &SessionRef) -> String {
+    format!("{EVENT_PREFIX}.{partition}.{}.{}", session.tenant, session.id)
+}
+
+/// The sessions of one tenant in partition `p`: `turnstile.ev.<p>.<tenant>.*`.
+pub fn tenant_filter(partition: u32, tenant: &str) -> String {
+    format!("{EVENT_PREFIX}.{partition}.{tenant}.*")
+}
+
+/// The session named by a durable subject, if it is one (tenant and id are re-validated).
+pub fn parse_event_subject(subject: &str) -> Option<SessionRef> {
+    let rest = subject.strip_prefix(EVENT_PREFIX)?.strip_prefix('.')?;
+    let mut parts = rest.split('.');
+    let (_partition, tenant, id) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    SessionRef::new(tenant, id).ok()
+}
+
+/// The live subject of one event: `turnstile.live.<tenant>.<session>.<type>` with `/` written as `.`.
+pub fn live_subject(session: &SessionRef, event_type: &str) -> String {
+    format!("{LIVE_PREFIX}.{}.{}.{}", session.tenant, session.id, event_type.replace('/', "."))
+}
+
+/// Every live event of `session`: `turnstile.live.<tenant>.<session>.>`.
+pub fn live_filter(session: &SessionRef) -> String {
+    format!("{LIVE_PREFIX}.{}.{}.>", session.tenant, session.id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(tenant: &str, id: &str) -> SessionRef {
+        SessionRef::new(tenant, id).unwrap()
+    }
+
+    #[test]
+    fn fnv1a64_matches_the_reference_vectors() {
+        // From the FNV reference test suite.
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn shards_and_partitions_are_stable_and_in_range() {
+        let a = s("acme", "a");
+        assert_eq!(shard_of(&a, 256), (fnv1a64(b"acme/a") % 256) as u32);
+        assert_eq!(shard_of(&a, 256), shard_of(&a.clone(), 256));
+        for n in 0..200 {
+            let shard = shard_of(&s("t", &format!("s{n}")), 256);
+            assert!(shard < 256);
+            assert!(partition_of(shard, 3) < 3);
+        }
+        assert_eq!(shard_of(&a, 0), 0);
+        assert_eq!(partition_of(7, 0), 0);
+    }
+
+    #[test]
+    fn subjects_round_trip() {
+        let a = s("acme", "sess-1_x");
+        assert_eq!(event_subject(2, &a), "turnstile.ev.2.acme.sess-1_x");
+        assert_eq!(parse_event_subject(&event_subject(2, &a)), Some(a.clone()));
+        assert_eq!(parse_event_subject("turnstile.ev.2.acme"), None);
+        assert_eq!(parse_event_subject("turnstile.ev.2.acme.a.b"), None);
+        assert_eq!(parse_event_subject("other.ev.2.acme.a"), None);
+        assert_eq!(live_subject(&a, "agent/inbox/claimed"), "turnstile.live.acme.sess-1_x.agent.inbox.claimed");
+        assert_eq!(live_filter(&a), "turnstile.live.acme.sess-1_x.>");
+        assert_eq!(stream_name(0), "TURNSTILE_EVENTS_0");
+        assert_eq!(stream_subjects(1), "turnstile.ev.1.>");
+    }
+}

@@ -1,0 +1,389 @@
+//! The JetStream journal (`turnstile_journal::jetstream`) on a real nats-server: the shared `SessionLog`
+//! contract suite, then what only a server shows (two connections racing, atomic batches, restarts,
+//! connect failures, stream verification, the live bus on core NATS).
+//!
+//! Below the gRPC API on purpose: this is the backend's own test, run here because the harness owns
+//! nats-server. Every test starts its own server (fresh store, free loopback ports).
+
+// Test code: a failed unwrap is a failed test, with the error in the panic message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../journal/tests/common/mod.rs"]
+mod common;
+#[macro_use]
+#[path = "../../journal/tests/contract/mod.rs"]
+mod contract;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream;
+use futures::StreamExt as _;
+use tokio::sync::Barrier;
+use turnstile_journal::jetstream::subjects;
+use turnstile_journal::log::read_all;
+use turnstile_journal::{
+    JetStreamConfig, JetStreamLog, JournalError, LiveBus, LiveEvent, LivePayload, NatsBus, SessionLog, Status, codec,
+};
+use turnstile_tests::nats::NatsServer;
+
+use common::{batch, session};
+use contract::Backend;
+
+/// Generous bound on waits that only expire when something is broken.
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn server() -> NatsServer {
+    NatsServer::start().await.expect("nats-server starts")
+}
+
+async fn connect(server: &NatsServer) -> JetStreamLog {
+    JetStreamLog::connect(JetStreamConfig::new(server.url())).await.expect("the journal connects")
+}
+
+async fn jetstream_backend() -> Backend {
+    let server = server().await;
+    let log = connect(&server).await;
+    Backend { log: Arc::new(log), _keep: Box::new(server) }
+}
+
+/// The same contract with three partitions: sessions spread over three streams.
+async fn partitioned_backend() -> Backend {
+    let server = server().await;
+    let config = JetStreamConfig { partitions: 3, ..JetStreamConfig::new(server.url()) };
+    let log = JetStreamLog::connect(config).await.expect("the journal connects");
+    Backend { log: Arc::new(log), _keep: Box::new(server) }
+}
+
+mod jetstream_one_partition {
+    contract_suite!(super::jetstream_backend);
+}
+
+mod jetstream_three_partitions {
+    contract_suite!(super::partitioned_backend);
+}
+
+/// Two writers on separate connections (as two workers would be), both with a warm cache at the same
+/// last seq, append at once: exactly one wins, the loser gets `Conflict` with the winner's last seq, and
+/// the log holds the winner's events only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_on_two_connections_never_fork() {
+    let server = server().await;
+    let (a, b) = (Arc::new(connect(&server).await), Arc::new(connect(&server).await));
+    for round in 0..10 {
+        let s = session("race", &format!("r{round}"));
+        a.append(&s, 0, &batch(&s, 1, 2, "seed")).await.unwrap();
+        // Both caches now say "last seq 2".
+        assert_eq!(b.last_seq(&s).await.unwrap(), 2);
+        let barrier = Arc::new(Barrier::new(2));
+        let writers: Vec<_> = [("a", Arc::clone(&a)), ("b", Arc::clone(&b))]
+            .into_iter()
+            .map(|(tag, log)| {
+                let (s, barrier) = (s.clone(), Arc::clone(&barrier));
+                // Odd rounds race a batch against a single event.
+                let n = if tag == "a" { 3 } else { 1 + round % 2 * 2 };
+                tokio::spawn(async move {
+                    let events = batch(&s, 3, n, tag);
+                    barrier.wait().await;
+                    (events.clone(), log.append(&s, 2, &events).await)
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        let mut losers = Vec::new();
+        for writer in writers {
+            let (events, result) = writer.await.unwrap();
+            match result {
+                Ok(last) => winners.push((last, events)),
+                Err(JournalError::Conflict { expected, actual, .. }) => losers.push((expected, actual)),
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "exactly one writer wins round {round}");
+        let (last, events) = winners.remove(0);
+        assert_eq!(losers, vec![(2, last)]);
+        let stored = read_all(&*a, &s, 1).await.unwrap();
+        assert_eq!(stored[2..], events[..], "the winner's events, whole, and nothing of the loser's");
+    }
+}
+
+/// A multi-event append whose expected seq is stale (another writer got in between, unseen by this one's
+/// cache) is refused as a whole: not one of its events is stored.
+#[tokio::test]
+async fn a_stale_batch_stores_nothing() {
+    let server = server().await;
+    let (a, b) = (connect(&server).await, connect(&server).await);
+    let s = session("acme", "atomic");
+    a.append(&s, 0, &batch(&s, 1, 2, "a")).await.unwrap();
+    assert_eq!(b.last_seq(&s).await.unwrap(), 2);
+    a.append(&s, 2, &batch(&s, 3, 1, "a")).await.unwrap();
+    // b's cache still says 2, so it publishes with the stale stream sequence and the server refuses.
+    let err = b.append(&s, 2, &batch(&s, 3, 5, "b")).await.unwrap_err();
+    assert_eq!(err, JournalError::Conflict { session: s.clone(), expected: 2, actual: 3 });
+    let stored = read_all(&b, &s, 1).await.unwrap();
+    assert_eq!(stored, batch(&s, 1, 3, "a"));
+    // The loser's batch left no trace in the stream either (not merely hidden from `read`).
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let mut stream = jetstream::new(client).get_stream("TURNSTILE_EVENTS_0").await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 3);
+    // And b, now informed, appends after the winner.
+    assert_eq!(b.append(&s, 3, &batch(&s, 4, 2, "b")).await.unwrap(), 5);
+}
+
+/// The server behaviour the backend relies on, checked with plain async-nats against 2.15.1 (ADR-50 atomic
+/// batches; see docs/decisions/0004-jetstream-batches.md).
+#[tokio::test]
+async fn server_atomic_batches_are_all_or_nothing() {
+    let server = server().await;
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = jetstream::new(client.clone());
+    let mut stream = js
+        .create_stream(jetstream::stream::Config {
+            name: "PROBE".into(),
+            subjects: vec!["probe.>".into()],
+            allow_atomic_publish: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let headers = |batch: &str, i: usize, expected: Option<u64>, commit: bool| {
+        let mut h = HeaderMap::new();
+        h.insert("Nats-Batch-Id", batch);
+        h.insert("Nats-Batch-Sequence", i.to_string().as_str());
+        if let Some(e) = expected {
+            h.insert("Nats-Expected-Last-Subject-Sequence", e.to_string().as_str());
+        }
+        if commit {
+            h.insert("Nats-Batch-Commit", "1");
+        }
+        h
+    };
+    // (c) A single message with the expected-sequence header and no batch headers.
+    let mut single = HeaderMap::new();
+    single.insert("Nats-Expected-Last-Subject-Sequence", "0");
+    let ack = js.publish_with_headers("probe.s", single, "one".into()).await.unwrap().await.unwrap();
+    assert_eq!(ack.sequence, 1);
+    // (a) A batch lands whole; the commit's ack answers for it.
+    for i in 1..=2 {
+        client
+            .publish_with_headers("probe.s", headers("good", i, (i == 1).then_some(1), false), "x".into())
+            .await
+            .unwrap();
+    }
+    let ack =
+        js.publish_with_headers("probe.s", headers("good", 3, None, true), "x".into()).await.unwrap().await.unwrap();
+    assert_eq!((ack.sequence, ack.batch_size), (4, Some(3)));
+    // (b) A batch whose first message has a stale expected sequence is refused whole, on the commit's ack.
+    client.publish_with_headers("probe.s", headers("stale", 1, Some(1), false), "y".into()).await.unwrap();
+    client.publish_with_headers("probe.s", headers("stale", 2, None, false), "y".into()).await.unwrap();
+    let err = js.publish_with_headers("probe.s", headers("stale", 3, None, true), "y".into()).await.unwrap().await;
+    let err = err.unwrap_err();
+    assert_eq!(err.kind(), jetstream::context::PublishErrorKind::WrongLastSequence, "{err}");
+    assert_eq!(stream.info().await.unwrap().state.messages, 4, "nothing of the stale batch is stored");
+    // A batch that is never committed stores nothing: an append expecting the last committed sequence
+    // still succeeds after it.
+    client.publish_with_headers("probe.s", headers("open", 1, Some(4), false), "z".into()).await.unwrap();
+    client.flush().await.unwrap();
+    let mut next = HeaderMap::new();
+    next.insert("Nats-Expected-Last-Subject-Sequence", "4");
+    let ack = js.publish_with_headers("probe.s", next, "after".into()).await.unwrap().await.unwrap();
+    assert_eq!(ack.sequence, 5);
+}
+
+/// A tail on one connection follows a writer on another, through batches of every size, without gap or
+/// duplicate; a second tail started midway sees exactly the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_follows_another_writer_without_gaps() {
+    const TOTAL: u64 = 200;
+    let server = server().await;
+    let (reader, writer) = (connect(&server).await, Arc::new(connect(&server).await));
+    let s = session("acme", "follow");
+    let mut early = reader.tail(&s, 0).await.unwrap();
+    let task = {
+        let (writer, s) = (Arc::clone(&writer), s.clone());
+        tokio::spawn(async move {
+            let mut last = 0;
+            while last < TOTAL {
+                let n = (last % 5 + 1).min(TOTAL - last);
+                last = writer.append(&s, last, &batch(&s, last + 1, n, "w")).await.unwrap();
+            }
+        })
+    };
+    let mut seen = Vec::new();
+    while seen.len() < 50 {
+        seen.push(next(&mut early).await.seq);
+    }
+    let midway = *seen.last().unwrap();
+    let mut late = reader.tail(&s, midway).await.unwrap();
+    while seen.last() != Some(&TOTAL) {
+        seen.push(next(&mut early).await.seq);
+    }
+    let mut rest = Vec::new();
+    while rest.last() != Some(&TOTAL) {
+        rest.push(next(&mut late).await.seq);
+    }
+    task.await.unwrap();
+    assert_eq!(seen, (1..=TOTAL).collect::<Vec<_>>());
+    assert_eq!(rest, (midway + 1..=TOTAL).collect::<Vec<_>>());
+    // Both tails match what `read` returns.
+    assert_eq!(read_all(&reader, &s, 1).await.unwrap(), batch(&s, 1, TOTAL, "w"));
+}
+
+async fn next(stream: &mut turnstile_journal::EventStream) -> turnstile_journal::Envelope {
+    match tokio::time::timeout(WAIT, stream.next()).await {
+        Ok(Some(Ok(event))) => event,
+        Ok(Some(Err(e))) => panic!("tail failed: {e}"),
+        Ok(None) => panic!("tail ended"),
+        Err(_) => panic!("no event within {WAIT:?}"),
+    }
+}
+
+/// Retries `op` while the journal is unavailable (the client reconnecting), within a bound.
+async fn until_available<T, F, Fut>(mut op: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, JournalError>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match op().await {
+            Ok(value) => return value,
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("still failing: {e}"),
+        }
+    }
+}
+
+/// A restarted server keeps the events (file storage); the same journal value reconnects and goes on, and
+/// a fresh connection verifies the existing streams instead of recreating them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_keeps_the_log() {
+    let mut server = server().await;
+    let log = connect(&server).await;
+    let s = session("acme", "durable");
+    log.append(&s, 0, &batch(&s, 1, 4, "w")).await.unwrap();
+    server.restart().await.expect("nats-server restarts");
+    assert_eq!(until_available(|| log.last_seq(&s)).await, 4);
+    let more = batch(&s, 5, 2, "w");
+    assert_eq!(until_available(|| log.append(&s, 4, &more)).await, 6);
+    let fresh = connect(&server).await;
+    assert_eq!(read_all(&fresh, &s, 1).await.unwrap(), batch(&s, 1, 6, "w"));
+    // A hard kill as well: what was acknowledged is there after the restart.
+    server.kill();
+    server.restart().await.expect("nats-server restarts after a kill");
+    let after_kill = connect(&server).await;
+    assert_eq!(read_all(&after_kill, &s, 1).await.unwrap(), batch(&s, 1, 6, "w"));
+}
+
+/// Nothing listens: `connect` fails with `Unavailable` naming the URL, well inside the bound.
+#[tokio::test]
+async fn connecting_to_nothing_fails_promptly_naming_the_url() {
+    let addr = turnstile_tests::ports::free_loopback_addr().unwrap();
+    let url = format!("nats://{addr}");
+    let config = JetStreamConfig { connect_timeout: Duration::from_secs(2), ..JetStreamConfig::new(&url) };
+    let result = tokio::time::timeout(WAIT, JetStreamLog::connect(config)).await.expect("connect gives up by itself");
+    match result {
+        Err(JournalError::Unavailable(message)) => assert!(message.contains(&url), "{message}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+/// An event stream made by someone else with another layout is refused, naming the field, and left as is.
+#[tokio::test]
+async fn a_stream_with_another_layout_is_refused() {
+    let server = server().await;
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = jetstream::new(client);
+    let mut config = JetStreamConfig::new(server.url()).stream_config(0);
+    config.storage = jetstream::stream::StorageType::Memory;
+    js.create_stream(config).await.unwrap();
+    match JetStreamLog::connect(JetStreamConfig::new(server.url())).await {
+        Err(JournalError::Storage(message)) => {
+            assert!(message.contains("TURNSTILE_EVENTS_0") && message.contains("storage"), "{message}");
+        }
+        other => panic!("expected Storage, got {other:?}"),
+    }
+    let mut stream = js.get_stream("TURNSTILE_EVENTS_0").await.unwrap();
+    assert_eq!(stream.info().await.unwrap().config.storage, jetstream::stream::StorageType::Memory);
+}
+
+/// Each event is one message on the session's subject with the documented headers and codec body.
+#[tokio::test]
+async fn events_are_stored_one_message_each_with_headers() {
+    let server = server().await;
+    let log = connect(&server).await;
+    let s = session("acme", "headers");
+    let events = batch(&s, 1, 3, "w");
+    log.append_traced(&s, 0, &events, Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")).await.unwrap();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let stream = jetstream::new(client).get_stream("TURNSTILE_EVENTS_0").await.unwrap();
+    let subject = subjects::event_subject(0, &s);
+    assert_eq!(subject, "turnstile.ev.0.acme.headers");
+    let last = stream.get_last_raw_message_by_subject(&subject).await.unwrap();
+    let header = |name: &str| last.headers.get(name).map(|v| v.as_str().to_owned());
+    assert_eq!(header("Turnstile-Type").as_deref(), Some(events[2].event_type()));
+    assert_eq!(header("Turnstile-Seq").as_deref(), Some("3"));
+    assert_eq!(header("Turnstile-Epoch").as_deref(), Some("1"));
+    assert!(header("traceparent").is_some_and(|t| t.starts_with("00-0af7")));
+    assert_eq!(codec::decode_event(&last.payload).unwrap(), events[2]);
+    assert_eq!(last.sequence, 3, "three messages, one per event");
+}
+
+fn live(session: &turnstile_journal::SessionRef, n: u64) -> LiveEvent {
+    let payload = if n.is_multiple_of(2) {
+        LivePayload::AssistantDelta { turn: 1, step: 1, text: format!("d{n}") }
+    } else {
+        LivePayload::Status { status: Status::Running }
+    };
+    LiveEvent { session: session.clone(), after_seq: n, payload }
+}
+
+/// A plain async-nats subscriber on `turnstile.live.<tenant>.>` sees what `NatsBus` publishes, in order, on
+/// the documented subjects; `NatsBus::subscribe` sees only its session's events.
+#[tokio::test]
+async fn live_events_reach_plain_nats_subscribers_in_order() {
+    let server = server().await;
+    let bus = NatsBus::connect(&server.url()).await.unwrap();
+    let (a, b) = (session("acme", "a"), session("acme", "b"));
+    let observer = async_nats::connect(server.url()).await.unwrap();
+    let mut wildcard = observer.subscribe("turnstile.live.acme.>").await.unwrap();
+    // `flush` would only prove the SUB left this process; the round trip proves the server has it.
+    turnstile_journal::jetstream::barrier(&observer).await.unwrap();
+    let mut only_a = bus.subscribe(&a).await.unwrap();
+    let mut sent = Vec::new();
+    for n in 1..=6u64 {
+        let event = live(if n.is_multiple_of(3) { &b } else { &a }, n);
+        bus.publish(&event).await.unwrap();
+        sent.push(event);
+    }
+    for event in &sent {
+        let message = tokio::time::timeout(WAIT, wildcard.next()).await.expect("in time").expect("open");
+        assert_eq!(message.subject.as_str(), subjects::live_subject(&event.session, event.event_type()));
+        assert_eq!(&codec::decode_live(&message.payload).unwrap(), event);
+    }
+    for event in sent.iter().filter(|e| e.session == a) {
+        let got = tokio::time::timeout(WAIT, only_a.next()).await.expect("in time").expect("open");
+        assert_eq!(&got, event);
+    }
+    assert!(sent.iter().any(|e| e.event_type() == "agent/status"));
+    assert_eq!(subjects::live_subject(&a, "agent/status"), "turnstile.live.acme.a.agent.status");
+}
+
+/// `NatsBus::subscribe` returns only once the server has the subscription: an event published right
+/// after, from another connection, is delivered.
+#[tokio::test]
+async fn a_bus_subscription_is_live_when_subscribe_returns() {
+    let server = server().await;
+    let (subscriber, publisher) =
+        (NatsBus::connect(&server.url()).await.unwrap(), NatsBus::connect(&server.url()).await.unwrap());
+    for round in 0..20 {
+        let s = session("acme", &format!("fresh{round}"));
+        let mut stream = subscriber.subscribe(&s).await.unwrap();
+        publisher.publish(&live(&s, 1)).await.unwrap();
+        let got = tokio::time::timeout(WAIT, stream.next()).await.expect("in time").expect("open");
+        assert_eq!(got, live(&s, 1));
+    }
+}

@@ -12,6 +12,12 @@
 //! own appends and reads; on a miss it asks the stream leader for the subject's last message. The server
 //! is the judge: a wrong-sequence answer becomes [`JournalError::Conflict`].
 //!
+//! Reads: the stream sequence of event `from_seq` is found by a binary search of `next-by-subject` gets
+//! (O(log n) small requests, from the leader so a read follows the writer's own appends), then an ordered
+//! consumer filtered to the subject streams from there and stops when its pending count reaches 0 — never
+//! by waiting for a timeout. `tail` is the same consumer left open; it drops redeliveries and reports a jump
+//! as an error item. A tail lives as long as the connection, not the [`JetStreamLog`] value.
+//!
 //! Multi-event appends are one JetStream atomic batch (ADR-50; docs/decisions/0004-jetstream-batches.md).
 //! Measured against nats-server 2.15.1 with async-nats 0.51.0 (`tests/tests/journal_jetstream.rs` keeps
 //! these checks):

@@ -30,7 +30,7 @@ struct Cli {
 #[derive(Args, Debug)]
 struct Global {
     /// Gateway URL of client commands.
-    #[arg(long, global = true, env = "TURNSTILE_ADDR", default_value = DEFAULT_ADDR)]
+    #[arg(long, global = true, env = "TURNSTILE_ADDR", hide_env_values = true, default_value = DEFAULT_ADDR)]
     addr: String,
     /// Bearer token sent as `authorization: Bearer <token>`.
     #[arg(long, global = true, env = "TURNSTILE_TOKEN", hide_env_values = true)]

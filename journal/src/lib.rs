@@ -18,6 +18,7 @@ pub mod inbox;
 pub mod jetstream;
 pub mod log;
 pub mod message;
+pub mod snapshot;
 pub mod state;
 
 pub use bus::{LiveBus, LiveStream};

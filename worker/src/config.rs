@@ -31,6 +31,8 @@ pub struct WorkerConfig {
     pub limits: Limits,
     /// `WhenIdle` timeout when the caller gives none.
     pub default_when_idle_timeout: Duration,
+    /// A snapshot is written after this many new events (and when a session is unloaded).
+    pub snapshot_every: u64,
 }
 
 impl Default for WorkerConfig {
@@ -40,6 +42,7 @@ impl Default for WorkerConfig {
             epoch: 1,
             limits: Limits::default(),
             default_when_idle_timeout: Duration::from_secs(30),
+            snapshot_every: 100,
         }
     }
 }

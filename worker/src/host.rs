@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
-use turnstile_journal::log::read_all;
+use turnstile_journal::snapshot::{LoadError, NoSnapshots, SnapshotStore, load_state};
 use turnstile_journal::{
-    Command, CommandError, CommandReply, CommandRouter, JournalError, LiveBus, SessionLog, SessionRef, SessionState,
-    Status,
+    Command, CommandError, CommandReply, CommandRouter, JournalError, LiveBus, SessionLog, SessionRef, Status,
 };
 
 use crate::config::WorkerConfig;
@@ -39,20 +38,31 @@ pub struct SessionHost {
 impl SessionHost {
     /// A host with the scripted model, the built-in tools and the content guard.
     pub fn new(log: Arc<dyn SessionLog>, bus: Arc<dyn LiveBus>, config: WorkerConfig) -> Arc<Self> {
+        Self::with_snapshots(log, bus, Arc::new(NoSnapshots), config)
+    }
+
+    /// Like [`SessionHost::new`], loading and writing snapshots in `snapshots`.
+    pub fn with_snapshots(
+        log: Arc<dyn SessionLog>,
+        bus: Arc<dyn LiveBus>,
+        snapshots: Arc<dyn SnapshotStore>,
+        config: WorkerConfig,
+    ) -> Arc<Self> {
         let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(ContentGuard)];
-        Self::with_parts(log, bus, Arc::new(ScriptedModel), ToolRegistry::builtin(), hooks, config)
+        Self::with_parts(log, bus, snapshots, Arc::new(ScriptedModel), ToolRegistry::builtin(), hooks, config)
     }
 
     pub fn with_parts(
         log: Arc<dyn SessionLog>,
         bus: Arc<dyn LiveBus>,
+        snapshots: Arc<dyn SnapshotStore>,
         model: Arc<dyn Model>,
         tools: ToolRegistry,
         hooks: Vec<Arc<dyn PreStepHook>>,
         config: WorkerConfig,
     ) -> Arc<Self> {
         Arc::new(Self {
-            deps: Arc::new(RunnerDeps { log, bus, model, tools, hooks, config }),
+            deps: Arc::new(RunnerDeps { log, bus, model, tools, hooks, snapshots, config }),
             runners: Mutex::new(HashMap::new()),
         })
     }
@@ -67,9 +77,15 @@ impl SessionHost {
             let page = log.list_sessions(None, after.as_ref(), 256).await?;
             let Some(last) = page.last().cloned() else { break };
             for session in page {
-                let events = read_all(log, &session, 1).await?;
-                let state = SessionState::fold(session.clone(), self.deps.config.limits.dedup_horizon, &events)
-                    .map_err(|e| HostError::Projection { session: session.clone(), detail: e.to_string() })?;
+                let state =
+                    load_state(log, self.deps.snapshots.as_ref(), &session, self.deps.config.limits.dedup_horizon)
+                        .await
+                        .map_err(|e| match e {
+                            LoadError::Journal(e) => HostError::Journal(e),
+                            LoadError::Projection { .. } => {
+                                HostError::Projection { session: session.clone(), detail: e.to_string() }
+                            }
+                        })?;
                 if state.status == Status::Running || state.wake_since_idle || state.open_turn.is_some() {
                     tracing::info!(%session, "resuming a session that was running");
                     self.runner(&session);

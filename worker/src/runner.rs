@@ -11,14 +11,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use turnstile_journal::log::read_all;
-use turnstile_journal::{
-    Command, CommandError, CommandReply, Envelope, JournalError, LiveBus, SessionLog, SessionRef, SessionState,
-};
+use turnstile_journal::snapshot::{LoadError, Snapshot, SnapshotStore, load_state};
+use turnstile_journal::{Command, CommandError, CommandReply, Envelope, JournalError, LiveBus, SessionLog, SessionRef};
 
 use crate::config::WorkerConfig;
 use crate::driver::{
@@ -36,6 +34,7 @@ pub struct RunnerDeps {
     pub model: Arc<dyn Model>,
     pub tools: ToolRegistry,
     pub hooks: Vec<Arc<dyn PreStepHook>>,
+    pub snapshots: Arc<dyn SnapshotStore>,
     pub config: WorkerConfig,
 }
 
@@ -67,15 +66,22 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Reads and folds a session's log into a driver and repairs it (its effects are still to perform).
+/// Loads a session (snapshot + tail) into a driver and repairs it (its effects are still to perform).
 pub(crate) async fn load_driver(deps: &RunnerDeps, session: &SessionRef) -> Result<Driver, CommandError> {
-    let events = read_all(deps.log.as_ref(), session, 1).await.map_err(journal_to_command)?;
-    let state = SessionState::fold(session.clone(), deps.config.limits.dedup_horizon, &events)
-        .map_err(|e| CommandError::Internal(format!("the log of session {session} cannot be folded: {e}")))?;
+    let state = load_state(deps.log.as_ref(), deps.snapshots.as_ref(), session, deps.config.limits.dedup_horizon)
+        .await
+        .map_err(|e| match e {
+            LoadError::Journal(e) => journal_to_command(e),
+            LoadError::Projection { .. } => CommandError::Internal(e.to_string()),
+        })?;
     let mut driver = Driver::new(state, deps.config.limits.clone(), deps.config.epoch, deps.config.owner_id.clone());
     driver.recover(now_ms());
     Ok(driver)
 }
+
+/// First pause before loading a session again while the journal is unavailable; doubles up to the max.
+const RELOAD_BACKOFF: Duration = Duration::from_millis(100);
+const RELOAD_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 pub(crate) fn journal_to_command(e: JournalError) -> CommandError {
     match e {
@@ -84,6 +90,44 @@ pub(crate) fn journal_to_command(e: JournalError) -> CommandError {
         }
         JournalError::Conflict { .. } => CommandError::Unavailable(format!("{e}; retry to reach the new owner")),
         other => CommandError::Internal(other.to_string()),
+    }
+}
+
+/// Loads the session, retrying with backoff while the journal is unavailable and answering commands
+/// meanwhile with UNAVAILABLE, so service resumes by itself when the journal returns. `None` when the
+/// log cannot be folded (every waiting command gets that error) or the host went away.
+async fn load_until_available(
+    deps: &RunnerDeps,
+    session: &SessionRef,
+    commands: &mut mpsc::Receiver<CommandMsg>,
+) -> Option<Driver> {
+    let mut backoff = RELOAD_BACKOFF;
+    loop {
+        let error = match load_driver(deps, session).await {
+            Ok(driver) => return Some(driver),
+            Err(e @ CommandError::Unavailable(_)) => e,
+            Err(e) => {
+                tracing::error!(%session, error = %e, "cannot load session");
+                commands.close();
+                while let Some(msg) = commands.recv().await {
+                    let _ = msg.reply.send(Err(e.clone()));
+                }
+                return None;
+            }
+        };
+        tracing::warn!(%session, error = %error, retry_in = ?backoff, "cannot load session; retrying");
+        let pause = tokio::time::sleep(backoff);
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                () = &mut pause => break,
+                msg = commands.recv() => match msg {
+                    Some(msg) => { let _ = msg.reply.send(Err(error.clone())); }
+                    None => return None,
+                },
+            }
+        }
+        backoff = (backoff * 2).min(RELOAD_BACKOFF_MAX);
     }
 }
 
@@ -99,23 +143,16 @@ pub(crate) struct Runner {
     op_rx: mpsc::UnboundedReceiver<OpMsg>,
     /// Cancelled when the runner stops, so no operation outlives it.
     stopped: CancellationToken,
+    /// The seq of the last snapshot written (or loaded).
+    snapshot_seq: u64,
 }
 
 impl Runner {
     /// Loads the session and serves `commands` until the host drops the sender or ownership is lost.
     pub(crate) async fn run(session: SessionRef, deps: Arc<RunnerDeps>, mut commands: mpsc::Receiver<CommandMsg>) {
-        let driver = match load_driver(&deps, &session).await {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::warn!(%session, error = %e, "cannot load session");
-                commands.close();
-                while let Some(msg) = commands.recv().await {
-                    let _ = msg.reply.send(Err(e.clone()));
-                }
-                return;
-            }
-        };
+        let Some(driver) = load_until_available(&deps, &session, &mut commands).await else { return };
         let (op_tx, op_rx) = mpsc::unbounded_channel();
+        let snapshot_seq = driver.state().last_seq;
         let mut runner = Runner {
             session,
             deps,
@@ -126,14 +163,19 @@ impl Runner {
             op_tx,
             op_rx,
             stopped: CancellationToken::new(),
+            snapshot_seq,
         };
-        if runner.settle().await {
-            runner.serve(&mut commands).await;
+        if runner.settle(&mut commands).await && runner.serve(&mut commands).await {
+            // Unloading cleanly (the driver's state is exactly the log): keep a snapshot so the next load
+            // reads only what follows it. After a failed append the state may hold events the log does
+            // not, so nothing is written then.
+            runner.snapshot(true).await;
         }
         runner.shutdown(&mut commands, "the session's runner stopped; retry");
     }
 
-    async fn serve(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) {
+    /// True when the host closed the queue, false when the session can no longer be served.
+    async fn serve(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
         loop {
             let now = now_ms();
             tokio::select! {
@@ -153,29 +195,53 @@ impl Runner {
                     }
                 },
                 msg = commands.recv() => {
-                    let Some(CommandMsg { command, reply }) = msg else { return };
+                    let Some(CommandMsg { command, reply }) = msg else { return true };
                     let id = self.next_command;
                     self.next_command += 1;
                     self.waiting.insert(id, reply);
                     self.driver.on_command(id, command, now);
                 }
             }
-            if !self.settle().await {
-                return;
+            if !self.settle(commands).await {
+                return false;
             }
+            self.snapshot(false).await;
+        }
+    }
+
+    /// Writes a snapshot every `snapshot_every` events (or always when `final_`), in the background so
+    /// the session is not held up; a failed snapshot only costs a longer fold later.
+    async fn snapshot(&mut self, final_: bool) {
+        let state = self.driver.state();
+        let due = state.last_seq > self.snapshot_seq
+            && (final_ || state.last_seq - self.snapshot_seq >= self.deps.config.snapshot_every);
+        if !due {
+            return;
+        }
+        self.snapshot_seq = state.last_seq;
+        let (snapshot, store, session) = (Snapshot::of(state), self.deps.snapshots.clone(), self.session.clone());
+        let save = async move {
+            if let Err(e) = store.save(&snapshot).await {
+                tracing::warn!(%session, error = %e, "snapshot not written");
+            }
+        };
+        if final_ {
+            save.await;
+        } else {
+            tokio::spawn(save);
         }
     }
 
     /// Performs the driver's effects, reloading from the log after a failed append. Returns false when
     /// the session must no longer be served.
-    async fn settle(&mut self) -> bool {
+    async fn settle(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
         loop {
             let effects = self.driver.drain_effects();
             if let Some(e) = self.driver.poisoned() {
                 let message = format!("session {} hit an internal error ({e}); retry", self.session);
                 tracing::error!(session = %self.session, error = %e, "driver invariant broken; reloading");
                 self.fail_replies(&effects, &message);
-                if !self.reload().await {
+                if !self.reload(commands).await {
                     return false;
                 }
                 continue;
@@ -184,7 +250,7 @@ impl Runner {
                 Ok(()) => return true,
                 Err(Stop::Lost) => return false,
                 Err(Stop::Reload) => {
-                    if !self.reload().await {
+                    if !self.reload(commands).await {
                         return false;
                     }
                 }
@@ -251,8 +317,9 @@ impl Runner {
         }
     }
 
-    /// Drops the driver and its operations and loads the session again from the log.
-    async fn reload(&mut self) -> bool {
+    /// Drops the driver and its operations and loads the session again from the log, waiting out a
+    /// journal outage. False when the session cannot be served any more.
+    async fn reload(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
         for (_, token) in self.ops.drain() {
             token.cancel();
         }
@@ -260,15 +327,19 @@ impl Runner {
         let (op_tx, op_rx) = mpsc::unbounded_channel();
         self.op_tx = op_tx;
         self.op_rx = op_rx;
-        match load_driver(&self.deps, &self.session).await {
-            Ok(driver) => {
+        // Callers waiting on the old driver (when_idle) learn that it is gone; they may ask again.
+        for (_, tx) in self.waiting.drain() {
+            let _ = tx.send(Err(CommandError::Unavailable(format!(
+                "session {} is reloading after a journal error; retry",
+                self.session
+            ))));
+        }
+        match load_until_available(&self.deps, &self.session, commands).await {
+            Some(driver) => {
                 self.driver = driver;
                 true
             }
-            Err(e) => {
-                tracing::warn!(session = %self.session, error = %e, "cannot reload session");
-                false
-            }
+            None => false,
         }
     }
 

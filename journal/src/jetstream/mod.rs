@@ -33,6 +33,7 @@
 mod bus;
 mod config;
 mod log;
+mod snapshots;
 pub mod subjects;
 mod tail;
 
@@ -41,6 +42,7 @@ use std::time::Duration;
 pub use bus::{NatsBus, barrier};
 pub use config::JetStreamConfig;
 pub use log::{JetStreamLog, MAX_BATCH};
+pub use snapshots::{KvSnapshots, SNAPSHOT_BUCKET};
 
 use crate::log::JournalError;
 

@@ -1,0 +1,77 @@
+//! Snapshots in the JetStream KV bucket `turnstile_snapshots` (one key per session, latest only).
+
+use async_nats::jetstream::{self, kv};
+use async_trait::async_trait;
+
+use crate::log::JournalError;
+use crate::message::SessionRef;
+use crate::snapshot::{Snapshot, SnapshotStore};
+
+/// The bucket every node reads and the owner writes.
+pub const SNAPSHOT_BUCKET: &str = "turnstile_snapshots";
+
+/// [`SnapshotStore`] on a JetStream KV bucket.
+pub struct KvSnapshots {
+    store: kv::Store,
+}
+
+impl std::fmt::Debug for KvSnapshots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvSnapshots").field("bucket", &SNAPSHOT_BUCKET).finish()
+    }
+}
+
+impl KvSnapshots {
+    /// Opens the bucket, creating it (file storage, `replicas`, history 1) if it does not exist. An
+    /// existing bucket with other replicas is refused rather than silently changed.
+    pub async fn open(client: &async_nats::Client, replicas: usize) -> Result<Self, JournalError> {
+        let js = jetstream::new(client.clone());
+        let store = match js.get_key_value(SNAPSHOT_BUCKET).await {
+            Ok(store) => {
+                let status = store.status().await.map_err(unavailable)?;
+                let have = status.info.config.num_replicas.max(1);
+                if have != replicas.max(1) {
+                    return Err(JournalError::Storage(format!(
+                        "KV bucket {SNAPSHOT_BUCKET} has {have} replicas but {replicas} are configured; \
+                         change the configuration or recreate the bucket (snapshots can be rebuilt from the log)"
+                    )));
+                }
+                store
+            }
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: SNAPSHOT_BUCKET.to_owned(),
+                    description: "Turnstile session snapshots (projection + driver state at a seq)".to_owned(),
+                    history: 1,
+                    storage: jetstream::stream::StorageType::File,
+                    num_replicas: replicas.max(1),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| JournalError::Unavailable(format!("cannot create KV bucket {SNAPSHOT_BUCKET}: {e}")))?,
+        };
+        Ok(Self { store })
+    }
+}
+
+/// Tenants and session ids are `[A-Za-z0-9_-]`, so `tenant.id` is a valid, unambiguous KV key.
+fn key(session: &SessionRef) -> String {
+    format!("{}.{}", session.tenant, session.id)
+}
+
+fn unavailable(e: impl std::fmt::Display) -> JournalError {
+    JournalError::Unavailable(format!("snapshot store: {e}"))
+}
+
+#[async_trait]
+impl SnapshotStore for KvSnapshots {
+    async fn load(&self, session: &SessionRef) -> Result<Option<Snapshot>, JournalError> {
+        let bytes = self.store.get(key(session)).await.map_err(unavailable)?;
+        Ok(bytes.and_then(|b| Snapshot::decode(session, &b)))
+    }
+
+    async fn save(&self, snapshot: &Snapshot) -> Result<(), JournalError> {
+        self.store.put(key(&snapshot.state.session), snapshot.encode().into()).await.map_err(unavailable)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,64 @@
+//! Snapshot cases written once, run against every [`SnapshotStore`] (memory here, JetStream KV in
+//! `tests/tests/snapshots_jetstream.rs`). `put_raw` overwrites the stored bytes of a session.
+
+use turnstile_journal::snapshot::{Snapshot, SnapshotStore, load_state};
+use turnstile_journal::state::DEFAULT_DEDUP_HORIZON;
+use turnstile_journal::{SessionLog, SessionRef, SessionState};
+
+use super::common::batch;
+
+async fn fold_all(log: &dyn SessionLog, session: &SessionRef) -> SessionState {
+    let events = turnstile_journal::log::read_all(log, session, 1).await.unwrap();
+    SessionState::fold(session.clone(), DEFAULT_DEDUP_HORIZON, &events).unwrap()
+}
+
+/// Snapshot at seq 25 of 40 events: loading reads snapshot + tail and equals the full fold.
+pub async fn snapshot_plus_tail_equals_full_fold(log: &dyn SessionLog, store: &dyn SnapshotStore, session: SessionRef) {
+    let events = batch(&session, 1, 40, "s");
+    log.append(&session, 0, &events[..25]).await.unwrap();
+    let at_25 = SessionState::fold(session.clone(), DEFAULT_DEDUP_HORIZON, &events[..25]).unwrap();
+    store.save(&Snapshot::of(&at_25)).await.unwrap();
+    log.append(&session, 25, &events[25..]).await.unwrap();
+
+    let loaded = store.load(&session).await.unwrap().expect("snapshot stored");
+    assert_eq!(loaded.seq(), 25);
+    assert_eq!(loaded.state, at_25);
+    let state = load_state(log, store, &session, DEFAULT_DEDUP_HORIZON).await.unwrap();
+    assert_eq!(state, fold_all(log, &session).await);
+    assert_eq!(state.last_seq, 40);
+}
+
+/// Corrupt bytes, an unknown version and another session's snapshot are ignored: the log is folded.
+pub async fn unusable_snapshots_are_ignored(
+    log: &dyn SessionLog,
+    store: &dyn SnapshotStore,
+    put_raw: &(dyn Fn(&SessionRef, Vec<u8>) + Sync),
+    session: SessionRef,
+    other: SessionRef,
+) {
+    log.append(&session, 0, &batch(&session, 1, 12, "u")).await.unwrap();
+    let full = fold_all(log, &session).await;
+    let mut future = Snapshot::of(&full);
+    future.version += 1;
+    let foreign = Snapshot::of(&SessionState::new(other, 10));
+    for bytes in [b"{not json".to_vec(), future.encode(), foreign.encode()] {
+        put_raw(&session, bytes);
+        assert_eq!(store.load(&session).await.unwrap(), None);
+        assert_eq!(load_state(log, store, &session, DEFAULT_DEDUP_HORIZON).await.unwrap(), full);
+    }
+}
+
+/// A snapshot ahead of the log (the log was reset or is another cluster's) is ignored.
+pub async fn snapshot_ahead_of_the_log_is_ignored(
+    log: &dyn SessionLog,
+    store: &dyn SnapshotStore,
+    session: SessionRef,
+) {
+    let events = batch(&session, 1, 20, "a");
+    let at_20 = SessionState::fold(session.clone(), DEFAULT_DEDUP_HORIZON, &events).unwrap();
+    store.save(&Snapshot::of(&at_20)).await.unwrap();
+    log.append(&session, 0, &events[..8]).await.unwrap();
+    let state = load_state(log, store, &session, DEFAULT_DEDUP_HORIZON).await.unwrap();
+    assert_eq!(state.last_seq, 8);
+    assert_eq!(state, fold_all(log, &session).await);
+}

@@ -1,4 +1,5 @@
-//! `turnstile dev`: gateway and worker in one process on the embedded journal.
+//! `turnstile dev`: gateway and worker in one process, on the embedded journal (in memory or `--data-dir`)
+//! or on JetStream (`--nats URL`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,7 +8,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use tokio::net::TcpListener;
 use turnstile_gateway::{Gateway, GatewayConfig};
-use turnstile_journal::{CommandRouter, EmbeddedLog, LiveBus, LocalBus, SessionLog};
+use turnstile_journal::{
+    CommandRouter, EmbeddedLog, JetStreamConfig, JetStreamLog, JournalError, LiveBus, LocalBus, NatsBus, SessionLog,
+};
 use turnstile_worker::{SessionHost, WorkerConfig};
 
 use crate::demo;
@@ -17,7 +20,47 @@ use crate::demo;
 pub struct DevOpts {
     pub listen: String,
     pub data_dir: Option<PathBuf>,
+    /// Run on JetStream at this NATS URL instead of the embedded journal.
+    pub nats: Option<NatsOpts>,
     pub demo: bool,
+}
+
+/// `--nats URL --partitions P --replicas R`.
+#[derive(Clone, Debug)]
+pub struct NatsOpts {
+    pub url: String,
+    pub partitions: u32,
+    pub replicas: usize,
+}
+
+/// Connects the JetStream journal and the live bus on its connection. The errors say what to do: an
+/// unreachable server names the URL and how to start one; a stream with another layout names the field.
+async fn connect_nats(opts: &NatsOpts) -> Result<(Arc<dyn SessionLog>, Arc<dyn LiveBus>, String)> {
+    let mut config = JetStreamConfig::new(opts.url.clone());
+    config.partitions = opts.partitions;
+    config.replicas = opts.replicas;
+    let log = JetStreamLog::connect(config).await.map_err(|e| nats_error(&opts.url, &e))?;
+    let bus = NatsBus::new(log.client().clone());
+    let journal = format!(
+        "JetStream at {} ({} partition{}, {} replica{})",
+        opts.url,
+        opts.partitions,
+        if opts.partitions == 1 { "" } else { "s" },
+        opts.replicas,
+        if opts.replicas == 1 { "" } else { "s" },
+    );
+    Ok((Arc::new(log), Arc::new(bus), journal))
+}
+
+fn nats_error(url: &str, err: &JournalError) -> anyhow::Error {
+    match err {
+        JournalError::Unavailable(detail) => {
+            // The journal's message already says "cannot connect to NATS at <url>: "; say it once.
+            let detail = detail.strip_prefix(&format!("cannot connect to NATS at {url}: ")).unwrap_or(detail);
+            anyhow::anyhow!("cannot reach NATS at {url}: {detail}; start nats-server with -js or pass the right --nats")
+        }
+        other => anyhow::anyhow!("cannot use the JetStream journal at {url}: {other}"),
+    }
 }
 
 /// Binds first so a busy port fails before anything else starts, with the fix in the message.
@@ -80,18 +123,19 @@ async fn shutdown_signal() {
 pub async fn run(opts: DevOpts) -> Result<()> {
     let listener = bind(&opts.listen).await?;
     let local = listener.local_addr().context("cannot read the bound address")?;
-    let (log, journal): (Arc<dyn SessionLog>, String) = match &opts.data_dir {
-        Some(dir) => {
+    let (log, bus, journal): (Arc<dyn SessionLog>, Arc<dyn LiveBus>, String) = match (&opts.nats, &opts.data_dir) {
+        (Some(nats), _) => connect_nats(nats).await?,
+        (None, Some(dir)) => {
             let log = EmbeddedLog::open(dir)
                 .with_context(|| format!("cannot open the journal in {}; check --data-dir", dir.display()))?;
-            (Arc::new(log), format!("embedded, on disk in {}", dir.display()))
+            (Arc::new(log), Arc::new(LocalBus::new()), format!("embedded, on disk in {}", dir.display()))
         }
-        None => (
+        (None, None) => (
             Arc::new(EmbeddedLog::in_memory()),
+            Arc::new(LocalBus::new()),
             "embedded, in memory (lost on exit; pass --data-dir DIR to keep sessions)".to_owned(),
         ),
     };
-    let bus: Arc<dyn LiveBus> = Arc::new(LocalBus::new());
     let host = SessionHost::new(log.clone(), bus.clone(), WorkerConfig::default());
     let resumed = host.resume_running().await.context("cannot resume the sessions that were running")?;
     if resumed > 0 {
@@ -128,6 +172,19 @@ mod tests {
         let addr = taken.local_addr().unwrap().to_string();
         let err = bind(&addr).await.unwrap_err();
         assert_eq!(err.to_string(), format!("{addr} is in use; pass --listen 127.0.0.1:0 or another port"));
+    }
+
+    #[test]
+    fn an_unreachable_nats_is_named_with_the_fix() {
+        let url = "nats://127.0.0.1:1";
+        let err = JournalError::Unavailable(format!("cannot connect to NATS at {url}: connection refused"));
+        assert_eq!(
+            nats_error(url, &err).to_string(),
+            "cannot reach NATS at nats://127.0.0.1:1: connection refused; start nats-server with -js or pass \
+             the right --nats"
+        );
+        let err = JournalError::Storage("stream TURNSTILE_EVENTS_0 exists with replicas = 3".into());
+        assert!(nats_error(url, &err).to_string().starts_with("cannot use the JetStream journal at nats://"));
     }
 
     #[test]

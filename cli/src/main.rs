@@ -42,7 +42,7 @@ struct Global {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Run gateway + worker in one process on the embedded journal.
+    /// Run gateway + worker in one process on the embedded journal (or on JetStream with --nats).
     Dev(DevArgs),
     /// Deliver a new turn that starts the agent if idle (next-turn, wakeup).
     Followup(DeliverArgs),
@@ -84,8 +84,17 @@ struct DevArgs {
     #[arg(long, env = "TURNSTILE_LISTEN", default_value = "127.0.0.1:7400")]
     listen: String,
     /// Keep sessions on disk in DIR (default: in memory).
-    #[arg(long, env = "TURNSTILE_DATA_DIR")]
+    #[arg(long, env = "TURNSTILE_DATA_DIR", conflicts_with = "nats")]
     data_dir: Option<PathBuf>,
+    /// Keep sessions in NATS JetStream at URL (e.g. nats://127.0.0.1:4222) instead of the embedded journal.
+    #[arg(long, env = "TURNSTILE_NATS_URL", hide_env_values = true)]
+    nats: Option<String>,
+    /// JetStream event streams (partitions) to spread sessions over; part of the layout.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "nats")]
+    partitions: u32,
+    /// Replicas of each JetStream event stream (1 for one server, 3 for a cluster).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=5), requires = "nats")]
+    replicas: u64,
     /// Run a short scripted tour on session `demo` once the server is up.
     #[arg(long)]
     demo: bool,
@@ -249,7 +258,13 @@ async fn deliver(client: &mut Client, preset: Preset, d: DeliverArgs) -> Result<
 async fn run(cli: Cli) -> Result<()> {
     let g = cli.global;
     if let Cmd::Dev(a) = cli.command {
-        return dev::run(dev::DevOpts { listen: a.listen, data_dir: a.data_dir, demo: a.demo }).await;
+        let nats = a.nats.map(|url| dev::NatsOpts {
+            url,
+            partitions: a.partitions,
+            // The parser bounds replicas to 1..=5.
+            replicas: usize::try_from(a.replicas).unwrap_or(1),
+        });
+        return dev::run(dev::DevOpts { listen: a.listen, data_dir: a.data_dir, nats, demo: a.demo }).await;
     }
     let mut c = Client::connect(&g.addr, g.token.as_deref(), &g.tenant).await?;
     let c = &mut c;
@@ -352,6 +367,29 @@ mod tests {
         assert_eq!(error_line(&err), "error: NOT_FOUND: session default/x does not exist");
         let err = anyhow::anyhow!("plain failure");
         assert_eq!(error_line(&err), "error: plain failure");
+    }
+
+    #[test]
+    fn dev_takes_nats_with_its_layout() {
+        let cli = Cli::try_parse_from(["turnstile", "dev"]).unwrap();
+        let Cmd::Dev(a) = cli.command else { panic!("not dev") };
+        assert_eq!((a.nats, a.partitions, a.replicas), (None, 1, 1));
+        let cli = Cli::try_parse_from([
+            "turnstile",
+            "dev",
+            "--nats",
+            "nats://h:4222",
+            "--partitions",
+            "4",
+            "--replicas",
+            "3",
+        ])
+        .unwrap();
+        let Cmd::Dev(a) = cli.command else { panic!("not dev") };
+        assert_eq!((a.nats.as_deref(), a.partitions, a.replicas), (Some("nats://h:4222"), 4, 3));
+        assert!(Cli::try_parse_from(["turnstile", "dev", "--partitions", "2"]).is_err(), "layout without --nats");
+        assert!(Cli::try_parse_from(["turnstile", "dev", "--nats", "nats://h", "--partitions", "0"]).is_err());
+        assert!(Cli::try_parse_from(["turnstile", "dev", "--nats", "nats://h", "--data-dir", "d"]).is_err());
     }
 
     #[test]

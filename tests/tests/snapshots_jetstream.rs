@@ -1,6 +1,9 @@
 //! Snapshots in the JetStream KV bucket `turnstile_snapshots`, loaded with the JetStream log: the same
 //! cases as the embedded journal's (`journal/tests/snapshot_cases`), on a real nats-server.
 
+// Test code: a failed unwrap is a failed test, with the error in the panic message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../../journal/tests/common/mod.rs"]
 mod common;
 #[path = "../../journal/tests/snapshot_cases/mod.rs"]

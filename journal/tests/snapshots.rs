@@ -1,5 +1,8 @@
 //! Snapshot + tail loading on the embedded log with in-memory snapshots.
 
+// Test code: a failed unwrap is a failed test, with the error in the panic message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 mod snapshot_cases;
 

@@ -1,24 +1,32 @@
-//! Projection reads: any gateway folds a session's log itself, so reads keep working while a shard
-//! moves and never wait on a driver.
+//! Projection reads: any gateway folds a session's log itself (from its latest snapshot, when a snapshot
+//! store is configured), so reads keep working while a shard moves and never wait on a driver.
 
 use tonic::Status;
-use turnstile_journal::log::read_all;
+use turnstile_journal::snapshot::{LoadError, SnapshotStore, load_state};
 use turnstile_journal::state::DEFAULT_DEDUP_HORIZON;
-use turnstile_journal::{Envelope, SessionLog, SessionRef, SessionState};
+use turnstile_journal::{SessionLog, SessionRef, SessionState};
 
 use crate::status;
 
-/// The whole log of `session` and its fold.
-pub async fn project(log: &dyn SessionLog, session: &SessionRef) -> Result<(Vec<Envelope>, SessionState), Status> {
-    let events = read_all(log, session, 1).await.map_err(status::from_journal)?;
-    let state = SessionState::fold(session.clone(), DEFAULT_DEDUP_HORIZON, &events)
-        .map_err(|e| status::from_projection(session, e))?;
-    Ok((events, state))
+/// The fold of `session`: latest usable snapshot + the events after it.
+pub async fn project(
+    log: &dyn SessionLog,
+    snapshots: &dyn SnapshotStore,
+    session: &SessionRef,
+) -> Result<SessionState, Status> {
+    load_state(log, snapshots, session, DEFAULT_DEDUP_HORIZON).await.map_err(|e| match e {
+        LoadError::Journal(e) => status::from_journal(e),
+        LoadError::Projection { session, source } => status::from_projection(&session, source),
+    })
 }
 
 /// The fold of an existing session; NOT_FOUND for a session with no accepted writes.
-pub async fn existing(log: &dyn SessionLog, session: &SessionRef) -> Result<SessionState, Status> {
-    let (_, state) = project(log, session).await?;
+pub async fn existing(
+    log: &dyn SessionLog,
+    snapshots: &dyn SnapshotStore,
+    session: &SessionRef,
+) -> Result<SessionState, Status> {
+    let state = project(log, snapshots, session).await?;
     if !state.exists() {
         return Err(Status::not_found(format!("session {session} does not exist: it has no accepted writes yet")));
     }

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use turnstile_journal::codec;
 use turnstile_journal::message::{MessageSource, SessionRef, Target, UserMessage};
+use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{Command, CommandReply, CommandRouter, LiveBus, SessionLog, SessionState};
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_server::Agent;
@@ -44,6 +45,7 @@ pub struct Gateway {
     router: Arc<dyn CommandRouter>,
     log: Arc<dyn SessionLog>,
     bus: Arc<dyn LiveBus>,
+    snapshots: Arc<dyn SnapshotStore>,
     config: GatewayConfig,
     /// Ends every Watch stream at shutdown; the server's graceful drain would otherwise wait for them forever.
     shutdown: CancellationToken,
@@ -62,7 +64,13 @@ impl Gateway {
         bus: Arc<dyn LiveBus>,
         config: GatewayConfig,
     ) -> Self {
-        Self { router, log, bus, config, shutdown: CancellationToken::new() }
+        Self { router, log, bus, snapshots: Arc::new(NoSnapshots), config, shutdown: CancellationToken::new() }
+    }
+
+    /// Reads start from the latest snapshot in `snapshots` instead of the start of the log.
+    pub fn with_snapshots(mut self, snapshots: Arc<dyn SnapshotStore>) -> Self {
+        self.snapshots = snapshots;
+        self
     }
 
     /// Cancelling it ends every open Watch stream (with UNAVAILABLE, so clients reconnect elsewhere).
@@ -247,13 +255,13 @@ impl Agent for Gateway {
 
     async fn get_inbox(&self, request: Request<pb::GetInboxRequest>) -> Result<Response<pb::InboxSnapshot>, Status> {
         let session = self.session(request.into_inner().session)?;
-        let state = read::existing(self.log.as_ref(), &session).await?;
+        let state = read::existing(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
         Ok(Response::new(codec::encode_inbox(&state.inbox, state.last_seq)))
     }
 
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Result<Response<pb::SessionInfo>, Status> {
         let session = self.session(request.into_inner().session)?;
-        let state = read::existing(self.log.as_ref(), &session).await?;
+        let state = read::existing(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
         Ok(Response::new(self.info(&state).await))
     }
 
@@ -263,7 +271,14 @@ impl Agent for Gateway {
         let req = request.into_inner();
         let spec = WatchSpec { session: self.session(req.session)?, after_seq: req.after_seq, live: req.live };
         let (tx, rx) = mpsc::channel(self.config.watch_buffer.max(1));
-        tokio::spawn(watch::run(self.log.clone(), self.bus.clone(), spec, tx, self.shutdown.clone()));
+        tokio::spawn(watch::run(
+            self.log.clone(),
+            self.bus.clone(),
+            self.snapshots.clone(),
+            spec,
+            tx,
+            self.shutdown.clone(),
+        ));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -326,7 +341,7 @@ impl Agent for Gateway {
         refs.truncate(page_size);
         let mut sessions = Vec::with_capacity(refs.len());
         for session in &refs {
-            let (_, state) = read::project(self.log.as_ref(), session).await?;
+            let state = read::project(self.log.as_ref(), self.snapshots.as_ref(), session).await?;
             sessions.push(self.info(&state).await);
         }
         let next_page_token = match refs.last() {

@@ -9,6 +9,8 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
+use turnstile_journal::log::read_all;
+use turnstile_journal::snapshot::SnapshotStore;
 use turnstile_journal::{LiveBus, LiveStream, SessionLog, SessionRef};
 use turnstile_proto::v1 as pb;
 
@@ -43,12 +45,13 @@ fn merged_item(m: &Merged) -> pb::WatchItem {
 pub async fn run(
     log: Arc<dyn SessionLog>,
     bus: Arc<dyn LiveBus>,
+    snapshots: Arc<dyn SnapshotStore>,
     spec: WatchSpec,
     tx: Tx,
     shutdown: CancellationToken,
 ) {
     let result = tokio::select! {
-        r = stream(log, bus, &spec, &tx) => r,
+        r = stream(log, bus, snapshots.as_ref(), &spec, &tx) => r,
         () = shutdown.cancelled() => Err(Status::unavailable(
             "the gateway is shutting down; reconnect with after_seq set to the last seq you received",
         )),
@@ -60,15 +63,27 @@ pub async fn run(
 }
 
 /// `Ok` when the client went away.
-async fn stream(log: Arc<dyn SessionLog>, bus: Arc<dyn LiveBus>, spec: &WatchSpec, tx: &Tx) -> Result<(), Status> {
+async fn stream(
+    log: Arc<dyn SessionLog>,
+    bus: Arc<dyn LiveBus>,
+    snapshots: &dyn SnapshotStore,
+    spec: &WatchSpec,
+    tx: &Tx,
+) -> Result<(), Status> {
     let session = &spec.session;
     let mut live: LiveStream = if spec.live {
         bus.subscribe(session).await.map_err(status::from_journal)?
     } else {
         futures::stream::pending().boxed()
     };
-    let (events, state) = read::project(log.as_ref(), session).await?;
-    for e in events.iter().filter(|e| e.seq > spec.after_seq) {
+    // The fold comes from the latest snapshot; the history the client misses is read on its own.
+    let state = read::project(log.as_ref(), snapshots, session).await?;
+    let events = if spec.after_seq < state.last_seq {
+        read_all(log.as_ref(), session, spec.after_seq + 1).await.map_err(status::from_journal)?
+    } else {
+        Vec::new()
+    };
+    for e in events.iter().filter(|e| e.seq > spec.after_seq && e.seq <= state.last_seq) {
         if tx.send(Ok(event_item(e))).await.is_err() {
             return Ok(());
         }

@@ -1,0 +1,233 @@
+//! `turnstile-bench`: idle-followup latency through the gateway against one raw JetStream append, and
+//! sustained followups per second over many sessions, against `turnstile dev --nats` on loopback.
+//!
+//! The run starts a nats-server with the harness (`turnstile_tests::nats::NatsServer`) unless `--nats URL`
+//! names one on loopback, starts the release `turnstile dev --nats URL --listen 127.0.0.1:<free port>`,
+//! measures, prints a Markdown report (or `--json`) and stops what it started.
+
+mod latency;
+mod servers;
+mod stats;
+mod throughput;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use clap::Parser;
+use serde::Serialize;
+
+use crate::latency::{LatencyOpts, LatencyReport};
+use crate::throughput::{ThroughputOpts, ThroughputReport};
+
+#[derive(Parser, Debug)]
+#[command(name = "turnstile-bench", about = "Benchmarks Turnstile's followup path against raw JetStream")]
+struct Args {
+    /// Use this nats-server (loopback only) instead of starting one with the harness.
+    #[arg(long)]
+    nats: Option<String>,
+    /// The `turnstile` binary to run as `turnstile dev --nats URL` (default: <target>/release/turnstile).
+    #[arg(long, env = "TURNSTILE_BIN")]
+    turnstile_bin: Option<PathBuf>,
+    /// Extra arguments for `turnstile dev` (repeatable).
+    #[arg(long = "dev-arg", allow_hyphen_values = true)]
+    dev_args: Vec<String>,
+    /// Measured rounds of the latency comparison (one followup and one raw append each).
+    #[arg(long, default_value_t = 2000)]
+    iterations: usize,
+    /// Rounds run first and dropped.
+    #[arg(long, default_value_t = 200)]
+    warmup: usize,
+    /// Concurrent clients of the throughput phase.
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// Sessions the throughput phase cycles through.
+    #[arg(long, default_value_t = 1000)]
+    sessions: usize,
+    /// Length of the throughput phase, seconds.
+    #[arg(long, default_value_t = 20.0)]
+    duration: f64,
+    /// Stop the throughput phase after this many followups (even before --duration).
+    #[arg(long)]
+    count: Option<usize>,
+    /// The followup text (the scripted model answers `echo: <text>` at once).
+    #[arg(long, default_value = "hello")]
+    text: String,
+    /// Skip the latency comparison.
+    #[arg(long)]
+    skip_latency: bool,
+    /// Skip the throughput phase.
+    #[arg(long)]
+    skip_throughput: bool,
+    /// One JSON object on stdout instead of Markdown.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Machine {
+    nproc: usize,
+    cpu_model: String,
+    nats_server_version: String,
+    nats_url: String,
+    turnstile_bin: String,
+    nats_started_by_bench: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    machine: Machine,
+    latency: Option<LatencyReport>,
+    throughput: Option<ThroughputReport>,
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+    let bin = args.turnstile_bin.clone().unwrap_or_else(servers::default_turnstile_bin);
+
+    let nats = servers::Nats::start_or_use(args.nats.as_deref()).await?;
+    let nats_url = nats.url();
+    let nats_client = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(5))
+        .connect(&nats_url)
+        .await
+        .with_context(|| format!("connecting to {nats_url}"))?;
+    let dev = servers::Dev::start(&bin, &nats_url, &args.dev_args).await?;
+    eprintln!("nats-server {nats_url}, turnstile dev {} ({})", dev.url(), bin.display());
+
+    let machine = Machine {
+        nproc: std::thread::available_parallelism().map_or(0, usize::from),
+        cpu_model: cpu_model(),
+        nats_server_version: nats_client.server_info().version,
+        nats_url: nats_url.clone(),
+        turnstile_bin: bin.display().to_string(),
+        nats_started_by_bench: matches!(nats, servers::Nats::Started(_)),
+    };
+
+    let outcome = measure(&args, &dev, nats_client, &run_id).await;
+    if outcome.is_err() {
+        eprintln!("turnstile dev log tail:\n{}", dev.log_tail());
+    }
+    dev.stop().await;
+    drop(nats);
+    let (latency, throughput) = outcome?;
+    let report = Report { machine, latency, throughput };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", markdown(&report, &args));
+    }
+    if report.throughput.as_ref().is_some_and(|t| t.errors > 0 || t.drain_errors > 0) {
+        anyhow::bail!("some followups failed (see error_kinds)");
+    }
+    Ok(())
+}
+
+async fn measure(
+    args: &Args,
+    dev: &servers::Dev,
+    nats: async_nats::Client,
+    run_id: &str,
+) -> Result<(Option<LatencyReport>, Option<ThroughputReport>)> {
+    let latency = if args.skip_latency {
+        None
+    } else {
+        let opts = LatencyOpts {
+            iterations: args.iterations,
+            warmup: args.warmup,
+            text: args.text.clone(),
+            max_time: Duration::from_secs(600),
+        };
+        eprintln!("latency: {} rounds + {} warm-up ...", opts.iterations, opts.warmup);
+        Some(latency::run(dev.channel(), nats, run_id, &opts).await?)
+    };
+    let throughput = if args.skip_throughput {
+        None
+    } else {
+        let opts = ThroughputOpts {
+            sessions: args.sessions,
+            clients: args.clients,
+            duration: Duration::from_secs_f64(args.duration.clamp(0.1, 3600.0)),
+            count: args.count,
+            text: args.text.clone(),
+            drain_timeout: Duration::from_secs(60),
+        };
+        eprintln!("throughput: {} clients over {} sessions for {:?} ...", opts.clients, opts.sessions, opts.duration);
+        Some(throughput::run(&dev.url(), run_id, &opts).await?)
+    };
+    Ok((latency, throughput))
+}
+
+fn markdown(report: &Report, args: &Args) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let m = &report.machine;
+    let _ = writeln!(out, "### Machine\n");
+    let _ = writeln!(
+        out,
+        "{} cores ({}), nats-server {} ({}), `turnstile dev --nats` ({})\n",
+        m.nproc,
+        m.cpu_model,
+        m.nats_server_version,
+        if m.nats_started_by_bench { "started by the bench, file storage" } else { "given with --nats" },
+        m.turnstile_bin
+    );
+    if let Some(l) = &report.latency {
+        let _ = writeln!(
+            out,
+            "### Idle followup via gateway vs raw JetStream append ({} rounds, {} warm-up, interleaved)\n",
+            l.iterations, l.warmup
+        );
+        let _ =
+            writeln!(out, "| percentile | followup (gRPC, idle) | raw publish+ack ({} B) | ratio |", l.raw_body_bytes);
+        let _ = writeln!(out, "|---|---:|---:|---:|");
+        for (name, a, b, r) in [
+            ("p50", l.followup.p50_ms, l.raw.p50_ms, l.ratio_p50),
+            ("p90", l.followup.p90_ms, l.raw.p90_ms, l.ratio_p90),
+            ("p99", l.followup.p99_ms, l.raw.p99_ms, l.ratio_p99),
+        ] {
+            let _ = writeln!(out, "| {name} | {a:.3} ms | {b:.3} ms | {r:.2}× |");
+        }
+        let _ = writeln!(
+            out,
+            "| mean / max | {:.3} / {:.3} ms | {:.3} / {:.3} ms | |\n",
+            l.followup.mean_ms, l.followup.max_ms, l.raw.mean_ms, l.raw.max_ms
+        );
+    }
+    if let Some(t) = &report.throughput {
+        let bound = args.count.map_or_else(String::new, |c| format!(", at most {c} followups"));
+        let _ = writeln!(
+            out,
+            "### Sustained followups ({} clients, round-robin over {} sessions, {:.1} s{bound})\n",
+            t.clients, t.sessions, t.elapsed_s
+        );
+        let _ = writeln!(out, "| accepted | errors | followups/s | opened a turn | p50 | p99 | drain to idle |");
+        let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.0} | {} | {:.3} ms | {:.3} ms | {:.2} s |",
+            t.accepted, t.errors, t.followups_per_s, t.opened_turn, t.latency.p50_ms, t.latency.p99_ms, t.drain_s
+        );
+        for (kind, n) in &t.error_kinds {
+            let _ = writeln!(out, "\nerror ×{n}: {kind}");
+        }
+        if t.drain_errors > 0 {
+            let _ = writeln!(out, "\n{} sessions did not become idle within the drain timeout", t.drain_errors);
+        }
+    }
+    out
+}

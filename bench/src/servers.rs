@@ -1,0 +1,181 @@
+//! The servers under test: a nats-server (the harness's [`NatsServer`], or one given by URL) and
+//! `turnstile dev --nats URL` on a free loopback port.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use tempfile::TempDir;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+use turnstile_proto::v1::agent_client::AgentClient;
+use turnstile_proto::v1::{GetSessionRequest, SessionRef};
+use turnstile_tests::nats::NatsServer;
+use turnstile_tests::ports::free_loopback_addr;
+use turnstile_tests::process::ChildProcess;
+
+/// The NATS server the run uses: started here (and stopped with the value) or given.
+pub enum Nats {
+    Started(NatsServer),
+    Given(String),
+}
+
+impl Nats {
+    pub async fn start_or_use(url: Option<&str>) -> Result<Self> {
+        match url {
+            Some(url) => {
+                require_loopback(url)?;
+                Ok(Self::Given(url.to_owned()))
+            }
+            None => Ok(Self::Started(NatsServer::start().await.context("starting nats-server with the harness")?)),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        match self {
+            Self::Started(server) => server.url(),
+            Self::Given(url) => url.clone(),
+        }
+    }
+}
+
+/// The benchmark talks to loopback servers only.
+fn require_loopback(url: &str) -> Result<()> {
+    for part in url.split(',') {
+        let rest = part.trim().split_once("://").map_or(part.trim(), |(_, r)| r);
+        let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+        let host = if let Some(v6) = rest.strip_prefix('[') {
+            v6.split(']').next().unwrap_or_default()
+        } else {
+            rest.split(':').next().unwrap_or_default()
+        };
+        let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        if !loopback {
+            bail!("--nats {url}: {host} is not a loopback address; the benchmark only runs against 127.0.0.1/::1");
+        }
+    }
+    Ok(())
+}
+
+/// The release binary in the workspace's target dir (the harness's own locator builds a debug binary).
+pub fn default_turnstile_bin() -> PathBuf {
+    turnstile_tests::binary::target_dir().join("release").join(format!("turnstile{}", std::env::consts::EXE_SUFFIX))
+}
+
+/// A running `turnstile dev --nats URL`; dropping it kills the process.
+pub struct Dev {
+    process: ChildProcess,
+    addr: SocketAddr,
+    channel: Channel,
+    _scratch: TempDir,
+}
+
+const START_ATTEMPTS: usize = 3;
+const STARTUP: Duration = Duration::from_secs(30);
+
+impl Dev {
+    pub async fn start(bin: &Path, nats_url: &str, extra: &[String]) -> Result<Self> {
+        if !bin.is_file() {
+            bail!(
+                "{} does not exist; build it with `cargo build --release -p turnstile-bench -p turnstile` \
+                 or pass --turnstile-bin",
+                bin.display()
+            );
+        }
+        let mut last = None;
+        for _ in 0..START_ATTEMPTS {
+            match Self::try_start(bin, nats_url, extra).await {
+                Ok(dev) => return Ok(dev),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("no start attempt was made")))
+    }
+
+    async fn try_start(bin: &Path, nats_url: &str, extra: &[String]) -> Result<Self> {
+        let scratch = tempfile::Builder::new().prefix("turnstile-bench-").tempdir()?;
+        let addr = free_loopback_addr()?;
+        let mut command = Command::new(bin);
+        command.arg("dev").arg("--nats").arg(nats_url).arg("--listen").arg(addr.to_string()).args(extra);
+        if std::env::var_os("RUST_LOG").is_none() {
+            // Logging every request would measure the logger.
+            command.env("RUST_LOG", "warn");
+        }
+        command.env("NO_COLOR", "1");
+        let log = scratch.path().join("turnstile-dev.log");
+        let mut process = ChildProcess::spawn(format!("turnstile dev on {addr}"), command, &log)?;
+        let channel = wait_ready(&mut process, addr).await?;
+        Ok(Self { process, addr, channel, _scratch: scratch })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    pub fn log_tail(&self) -> String {
+        self.process.log_tail()
+    }
+
+    pub async fn stop(mut self) {
+        self.process.stop(Duration::from_secs(10)).await;
+    }
+}
+
+/// A new connection to the gateway (each load client gets its own).
+pub async fn connect(url: &str) -> Result<AgentClient<Channel>> {
+    let channel = Endpoint::from_shared(url.to_owned())?
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(30))
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    Ok(AgentClient::new(channel))
+}
+
+/// Ready = a gRPC call gets an application answer (NOT_FOUND for an unknown session counts).
+async fn wait_ready(process: &mut ChildProcess, addr: SocketAddr) -> Result<Channel> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(30))
+        .tcp_nodelay(true);
+    let probe = SessionRef { tenant: "bench".into(), id: "readiness-probe".into() };
+    let deadline = tokio::time::Instant::now() + STARTUP;
+    loop {
+        if let Some(e) = process.exited_error() {
+            return Err(e.into());
+        }
+        if let Ok(channel) = endpoint.connect().await {
+            let mut client = AgentClient::new(channel.clone());
+            match client.get_session(GetSessionRequest { session: Some(probe.clone()) }).await {
+                Ok(_) => return Ok(channel),
+                Err(s) if s.code() != Code::Unavailable && s.code() != Code::Unknown => return Ok(channel),
+                Err(_) => {}
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("{} did not serve within {STARTUP:?}; log tail:\n{}", process.name(), process.log_tail());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::require_loopback;
+
+    #[test]
+    fn only_loopback_urls() {
+        assert!(require_loopback("nats://127.0.0.1:4222").is_ok());
+        assert!(require_loopback("nats://localhost:4222,nats://[::1]:4223").is_ok());
+        assert!(require_loopback("nats://u:p@127.0.0.1:4222").is_ok());
+        assert!(require_loopback("nats://10.0.0.1:4222").is_err());
+        assert!(require_loopback("demo.nats.io").is_err());
+    }
+}

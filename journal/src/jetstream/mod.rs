@@ -33,6 +33,7 @@
 mod bus;
 mod config;
 mod log;
+pub mod shards;
 mod snapshots;
 pub mod subjects;
 mod tail;

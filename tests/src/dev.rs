@@ -1,4 +1,6 @@
-//! `turnstile dev`: gateway and worker in one process on the embedded journal.
+//! `turnstile dev`: gateway and worker in one process, on the embedded journal or (`--nats`) on JetStream.
+//!
+//! [`Backend`] names the journal a test runs on; [`crate::backend_tests!`] runs each scenario on both.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -13,6 +15,7 @@ use turnstile_proto::v1::{GetSessionRequest, SessionRef};
 
 use crate::HarnessError;
 use crate::binary::turnstile_bin;
+use crate::nats::NatsServer;
 use crate::ports::free_loopback_addr;
 use crate::process::ChildProcess;
 use crate::session::Session;
@@ -22,6 +25,8 @@ use crate::session::Session;
 pub struct DevOptions {
     /// `--data-dir`: keep sessions on disk (and find them again after a restart).
     pub data_dir: Option<PathBuf>,
+    /// `--nats URL`: keep sessions in JetStream (and find them again after a restart).
+    pub nats_url: Option<String>,
     /// Further arguments after `dev --listen ADDR`.
     pub extra_args: Vec<String>,
     /// Bound on the wait for the first successful gRPC call.
@@ -30,7 +35,7 @@ pub struct DevOptions {
 
 impl Default for DevOptions {
     fn default() -> Self {
-        Self { data_dir: None, extra_args: Vec::new(), startup_timeout: Duration::from_secs(30) }
+        Self { data_dir: None, nats_url: None, extra_args: Vec::new(), startup_timeout: Duration::from_secs(30) }
     }
 }
 
@@ -38,6 +43,68 @@ impl DevOptions {
     pub fn data_dir(dir: impl Into<PathBuf>) -> Self {
         Self { data_dir: Some(dir.into()), ..Self::default() }
     }
+
+    /// On the JetStream journal of the nats-server at `url`.
+    pub fn nats(url: impl Into<String>) -> Self {
+        Self { nats_url: Some(url.into()), ..Self::default() }
+    }
+}
+
+/// The journal a `turnstile dev` runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The embedded journal, in memory.
+    Embedded,
+    /// JetStream on a nats-server of its own ([`NatsServer::start`]), owned by the [`DevServer`].
+    Nats,
+}
+
+impl Backend {
+    /// Both, in the order [`crate::backend_tests!`] runs them.
+    pub const ALL: [Backend; 2] = [Backend::Embedded, Backend::Nats];
+
+    /// A fresh `turnstile dev` on this backend (for [`Backend::Nats`], with a fresh nats-server that lives
+    /// and dies with the returned server).
+    pub async fn start_dev(self) -> Result<DevServer, HarnessError> {
+        match self {
+            Backend::Embedded => DevServer::start().await,
+            Backend::Nats => {
+                let nats = NatsServer::start().await?;
+                let mut server = DevServer::start_with(DevOptions::nats(nats.url())).await?;
+                server.nats = Some(nats);
+                Ok(server)
+            }
+        }
+    }
+}
+
+/// Runs each named `async fn NAME(backend: Backend)` of the calling test file as two tests,
+/// `embedded::NAME` and `nats::NAME`.
+///
+/// ```ignore
+/// async fn s01_idle_followup(backend: Backend) { let server = backend.start_dev().await.unwrap(); ... }
+/// turnstile_tests::backend_tests!(s01_idle_followup, s02_three_followups);
+/// ```
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident),+ $(,)?) => {
+        mod embedded {
+            $(
+                #[::tokio::test]
+                async fn $name() {
+                    super::$name($crate::Backend::Embedded).await;
+                }
+            )+
+        }
+        mod nats {
+            $(
+                #[::tokio::test]
+                async fn $name() {
+                    super::$name($crate::Backend::Nats).await;
+                }
+            )+
+        }
+    };
 }
 
 /// A running `turnstile dev` on a free loopback port. Dropping it kills the process.
@@ -48,6 +115,8 @@ pub struct DevServer {
     channel: Channel,
     // Holds the log file; removed with the server.
     _scratch: TempDir,
+    // The nats-server of a [`Backend::Nats`] server; declared after `process` so it outlives it.
+    nats: Option<NatsServer>,
 }
 
 /// Attempts when the child exits before serving (most likely: another process took the free port).
@@ -85,6 +154,9 @@ impl DevServer {
         if let Some(dir) = &opts.data_dir {
             command.arg("--data-dir").arg(dir);
         }
+        if let Some(url) = &opts.nats_url {
+            command.arg("--nats").arg(url);
+        }
         command.args(&opts.extra_args);
         if std::env::var_os("RUST_LOG").is_none() {
             command.env("RUST_LOG", "info");
@@ -93,7 +165,7 @@ impl DevServer {
         let log_path = scratch.path().join("turnstile-dev.log");
         let mut process = ChildProcess::spawn(format!("turnstile dev on {addr}"), command, &log_path)?;
         let channel = wait_ready(&mut process, addr, opts.startup_timeout).await?;
-        Ok(Self { process, addr, channel, _scratch: scratch })
+        Ok(Self { process, addr, channel, _scratch: scratch, nats: None })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -116,6 +188,15 @@ impl DevServer {
 
     pub fn log_path(&self) -> &Path {
         self.process.log_path()
+    }
+
+    /// The nats-server this server owns ([`Backend::Nats`]), if any.
+    pub fn nats(&self) -> Option<&NatsServer> {
+        self.nats.as_ref()
+    }
+
+    pub fn nats_mut(&mut self) -> Option<&mut NatsServer> {
+        self.nats.as_mut()
     }
 
     pub fn log_tail(&self) -> String {

@@ -11,7 +11,8 @@
 //! - [`ports`] hands out free loopback ports;
 //! - [`process`] owns a spawned child: log file, readiness, SIGKILL / graceful stop;
 //! - [`nats`] is a real nats-server with JetStream (store dir kept across restarts);
-//! - [`dev`] is `turnstile dev` (gateway + worker in one process, embedded journal);
+//! - [`dev`] is `turnstile dev` (gateway + worker in one process, embedded journal or `--nats`), with
+//!   [`Backend`] and [`backend_tests!`] to run a scenario on both journals;
 //! - [`session`] is a small client DSL for one session (presets, edits, reads);
 //! - [`msg`] builds messages and sources;
 //! - [`watch`] records a `Watch` stream and reduces it to comparable lines;
@@ -29,9 +30,10 @@ pub mod watch;
 
 use std::time::Duration;
 
-pub use dev::{DevOptions, DevServer};
+pub use dev::{Backend, DevOptions, DevServer};
 pub use fold::Projection;
 pub use msg::{data_msg, new_session_ref, plugin_msg, source_msg, text_of, user_msg};
+pub use nats::NatsServer;
 pub use session::Session;
 pub use watch::{WatchRecorder, assert_lines, line_of, lines_of};
 

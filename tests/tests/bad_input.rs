@@ -1,13 +1,15 @@
 //! Bad input over gRPC: each request breaks one rule of SPEC §1–§3 / API.md. Every case asserts the exact
 //! status code, that the message names the offending field or value, and that nothing was written (the
 //! same replayed log and `last_seq` before and after; a never-written session stays NOT_FOUND).
+//! Every scenario runs twice (`backend_tests!`): on the embedded journal and on `--nats` (a nats-server of
+//! its own per test).
 // Test code: a failed unwrap is a failed test, with the error in the panic message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use tonic::{Code, Status};
 use turnstile_proto::v1::message_source::Kind;
 use turnstile_proto::v1::{DeliverRequest, GoalSource, SendRequest, SessionRef, Target};
-use turnstile_tests::{DevServer, Session, source_msg, user_msg};
+use turnstile_tests::{Backend, DevServer, Session, source_msg, user_msg};
 
 /// Asserts `result` failed with `code` and a message that mentions one of `mentions` (case-insensitive).
 #[track_caller]
@@ -41,9 +43,8 @@ async fn assert_never_written(s: &Session) {
     assert_eq!(s.inbox().await.unwrap_err().code(), Code::NotFound);
 }
 
-#[tokio::test]
-async fn oversized_content_is_invalid_argument() {
-    let server = DevServer::start().await.unwrap();
+async fn oversized_content_is_invalid_argument(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let (s, before) = written(&server).await;
     let big = "x".repeat(1024 * 1024 + 1);
     assert_refused(s.followup(user_msg("big", &big)).await, Code::InvalidArgument, &["1048577", "limit"]);
@@ -58,9 +59,8 @@ async fn oversized_content_is_invalid_argument() {
     assert_eq!(s.queue(user_msg("max", &at_limit)).await.unwrap().seq, 2);
 }
 
-#[tokio::test]
-async fn message_id_length_is_checked() {
-    let server = DevServer::start().await.unwrap();
+async fn message_id_length_is_checked(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let (s, before) = written(&server).await;
     assert_refused(s.followup(user_msg("", "x")).await, Code::InvalidArgument, &["message.id"]);
     let long = "i".repeat(129);
@@ -76,9 +76,8 @@ async fn message_id_length_is_checked() {
     assert!(fresh.queue(user_msg(&"i".repeat(128), "x")).await.is_ok());
 }
 
-#[tokio::test]
-async fn session_id_is_checked() {
-    let server = DevServer::start().await.unwrap();
+async fn session_id_is_checked(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let client = server.client();
     for (id, mentions) in [
         ("", &["session", "0"][..]),
@@ -96,9 +95,8 @@ async fn session_id_is_checked() {
     assert_refused(client.clone().followup(req).await, Code::InvalidArgument, &["session"]);
 }
 
-#[tokio::test]
-async fn send_target_must_be_a_list() {
-    let server = DevServer::start().await.unwrap();
+async fn send_target_must_be_a_list(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let (s, before) = written(&server).await;
     assert_refused(s.send(user_msg("A", "x"), Target::Unspecified, true).await, Code::InvalidArgument, &["target"]);
     let req = SendRequest { session: Some(s.reference()), message: Some(user_msg("A", "x")), target: 7, wakeup: true };
@@ -114,9 +112,8 @@ async fn send_target_must_be_a_list() {
     assert_never_written(&fresh).await;
 }
 
-#[tokio::test]
-async fn missing_message_and_malformed_source() {
-    let server = DevServer::start().await.unwrap();
+async fn missing_message_and_malformed_source(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let (s, before) = written(&server).await;
     let req = DeliverRequest { session: Some(s.reference()), message: None };
     assert_refused(s.client().followup(req).await, Code::InvalidArgument, &["message"]);
@@ -125,18 +122,16 @@ async fn missing_message_and_malformed_source() {
     assert_unchanged(&s, &before).await;
 }
 
-#[tokio::test]
-async fn duplicate_pending_id_with_other_content_already_exists() {
-    let server = DevServer::start().await.unwrap();
+async fn duplicate_pending_id_with_other_content_already_exists(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let (s, before) = written(&server).await;
     assert_refused(s.queue(user_msg("Q", "different")).await, Code::AlreadyExists, &["Q"]);
     assert_refused(s.inject(user_msg("Q", "queued")).await, Code::AlreadyExists, &["Q"]);
     assert_unchanged(&s, &before).await;
 }
 
-#[tokio::test]
-async fn replace_or_remove_of_unknown_id_is_not_found() {
-    let server = DevServer::start().await.unwrap();
+async fn replace_or_remove_of_unknown_id_is_not_found(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let (s, before) = written(&server).await;
     assert_refused(s.replace("ghost", user_msg("new", "x")).await, Code::NotFound, &["ghost"]);
     assert_refused(s.remove("ghost").await, Code::NotFound, &["ghost"]);
@@ -147,9 +142,8 @@ async fn replace_or_remove_of_unknown_id_is_not_found() {
     assert_never_written(&fresh).await;
 }
 
-#[tokio::test]
-async fn steer_with_stale_expected_turn_is_failed_precondition() {
-    let server = DevServer::start().await.unwrap();
+async fn steer_with_stale_expected_turn_is_failed_precondition(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let (s, before) = written(&server).await;
     assert_refused(s.steer(user_msg("S", "x"), Some(3)).await, Code::FailedPrecondition, &["idle"]);
     assert_unchanged(&s, &before).await;
@@ -159,9 +153,8 @@ async fn steer_with_stale_expected_turn_is_failed_precondition() {
     assert_never_written(&fresh).await;
 }
 
-#[tokio::test]
-async fn splice_out_of_range_is_refused() {
-    let server = DevServer::start().await.unwrap();
+async fn splice_out_of_range_is_refused(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let (s, before) = written(&server).await;
     let err = s.splice(Target::NextTurn, 2, 0, vec![user_msg("N", "x")]).await.unwrap_err();
     assert!(matches!(err.code(), Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition), "{err:?}");
@@ -172,9 +165,8 @@ async fn splice_out_of_range_is_refused() {
 }
 
 /// More than the configured pending items (default 1,000 across both lists) is RESOURCE_EXHAUSTED.
-#[tokio::test]
-async fn pending_limit_is_resource_exhausted() {
-    let server = DevServer::start().await.unwrap();
+async fn pending_limit_is_resource_exhausted(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let (s, _) = written(&server).await;
     for i in 1..1000 {
         let list_choice = i % 2 == 0;
@@ -193,3 +185,16 @@ async fn pending_limit_is_resource_exhausted() {
     // A retry of an already-pending message writes nothing and so is still answered.
     assert_eq!(s.queue(user_msg("Q", "queued")).await.unwrap().seq, 1);
 }
+
+turnstile_tests::backend_tests!(
+    oversized_content_is_invalid_argument,
+    message_id_length_is_checked,
+    session_id_is_checked,
+    send_target_must_be_a_list,
+    missing_message_and_malformed_source,
+    duplicate_pending_id_with_other_content_already_exists,
+    replace_or_remove_of_unknown_id_is_not_found,
+    steer_with_stale_expected_turn_is_failed_precondition,
+    splice_out_of_range_is_refused,
+    pending_limit_is_resource_exhausted,
+);

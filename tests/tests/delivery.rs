@@ -1,11 +1,13 @@
 //! SPEC §7 delivery scenarios (1–7, 9) end to end: a real `turnstile dev`, the public gRPC API, and the
 //! event sequence as `Watch` streams it.
+//! Every scenario runs twice (`backend_tests!`): on the embedded journal and on `--nats` (a nats-server of
+//! its own per test).
 // Test code: a failed unwrap is a failed test, with the error in the panic message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use turnstile_proto::v1::SessionStatus;
 use turnstile_proto::v1::message_source::Kind;
-use turnstile_tests::{DevServer, assert_lines, source_msg, text_of, user_msg};
+use turnstile_tests::{Backend, assert_lines, source_msg, text_of, user_msg};
 
 /// The lines of an idle followup that completes with `reply`, from its splice to `L status idle`.
 fn idle_followup_turn(id: &str, turn: u64, reply: &str) -> Vec<String> {
@@ -45,9 +47,8 @@ fn refs(lines: &[String]) -> Vec<&str> {
 
 /// Scenario 1: idle followup(A) writes exactly the canonical order of SPEC §5; `when_idle` resolves after
 /// `status idle`; the live deltas concatenate to the assistant text and lie inside the step.
-#[tokio::test]
-async fn s01_idle_followup_canonical_order() {
-    let server = DevServer::start().await.unwrap();
+async fn s01_idle_followup_canonical_order(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -83,9 +84,8 @@ async fn s01_idle_followup_canonical_order() {
 
 /// Scenario 2: three followups back to back (the first opens turn 1, the others arrive while it runs):
 /// turns 1, 2, 3 with one user/message each and exactly one running→idle pair.
-#[tokio::test]
-async fn s02_three_followups_back_to_back() {
-    let server = DevServer::start().await.unwrap();
+async fn s02_three_followups_back_to_back(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -119,9 +119,8 @@ async fn s02_three_followups_back_to_back() {
 
 /// Scenario 3: followup(B) while A streams writes only its splice and `inserted(B)`; B is claimed at
 /// `turn/start 2` with no idle in between.
-#[tokio::test]
-async fn s03_followup_while_streaming() {
-    let server = DevServer::start().await.unwrap();
+async fn s03_followup_while_streaming(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -162,9 +161,8 @@ async fn s03_followup_while_streaming() {
 
 /// Scenario 4: an idle queue(Q) writes one splice and no turn; a later followup(F) runs Q as turn 1 and
 /// F as turn 2.
-#[tokio::test]
-async fn s04_idle_queue_then_followup() {
-    let server = DevServer::start().await.unwrap();
+async fn s04_idle_queue_then_followup(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -191,9 +189,8 @@ async fn s04_idle_queue_then_followup() {
 }
 
 /// Scenario 5: an idle steer(S) opens one turn and S is claimed by its first proposal.
-#[tokio::test]
-async fn s05_idle_steer_opens_a_turn() {
-    let server = DevServer::start().await.unwrap();
+async fn s05_idle_steer_opens_a_turn(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -224,9 +221,8 @@ async fn s05_idle_steer_opens_a_turn() {
 
 /// Scenario 5, with a queued item: an idle steer also claims the head of next-turn into the same batch
 /// (next-step claims first), so the first step enters `[S, Q]`.
-#[tokio::test]
-async fn s05_idle_steer_claims_queue_head_into_same_batch() {
-    let server = DevServer::start().await.unwrap();
+async fn s05_idle_steer_claims_queue_head_into_same_batch(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -262,9 +258,8 @@ async fn s05_idle_steer_claims_queue_head_into_same_batch() {
 }
 
 /// Scenario 6: steer(S) during a tool call: S's user/message is in turn 1, step 2, after the tool/result.
-#[tokio::test]
-async fn s06_steer_during_tool_call() {
-    let server = DevServer::start().await.unwrap();
+async fn s06_steer_during_tool_call(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -321,9 +316,8 @@ async fn s06_steer_during_tool_call() {
 
 /// Scenario 7: an idle inject(I) writes only its splice; a later followup(P)'s first step enters [I, P].
 /// Inject's default source is `plugin{""}`.
-#[tokio::test]
-async fn s07_idle_inject_joins_next_waking_delivery() {
-    let server = DevServer::start().await.unwrap();
+async fn s07_idle_inject_joins_next_waking_delivery(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -377,9 +371,8 @@ async fn s07_idle_inject_joins_next_waking_delivery() {
 
 /// Scenario 9: a pre-step reject ends the turn blocked with no step; a prompt queued afterwards parks
 /// until the next waking delivery, which runs it first.
-#[tokio::test]
-async fn s09_pre_step_reject_then_queue_parks() {
-    let server = DevServer::start().await.unwrap();
+async fn s09_pre_step_reject_then_queue_parks(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -428,3 +421,15 @@ async fn s09_pre_step_reject_then_queue_parks() {
     expected.extend(["D status idle".into(), "L status idle".into()]);
     assert_lines(&lines[11..], &refs(&expected));
 }
+
+turnstile_tests::backend_tests!(
+    s01_idle_followup_canonical_order,
+    s02_three_followups_back_to_back,
+    s03_followup_while_streaming,
+    s04_idle_queue_then_followup,
+    s05_idle_steer_opens_a_turn,
+    s05_idle_steer_claims_queue_head_into_same_batch,
+    s06_steer_during_tool_call,
+    s07_idle_inject_joins_next_waking_delivery,
+    s09_pre_step_reject_then_queue_parks,
+);

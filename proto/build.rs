@@ -1,8 +1,12 @@
-//! Generates the Rust code of `turnstile.v1` with the vendored protoc, so a fresh machine needs no
+//! Generates the Rust code of `turnstile.v1` and the internal `turnstile.cluster.v1` with the vendored protoc, so a fresh machine needs no
 //! system protobuf compiler.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/turnstile/v1/events.proto", "proto/turnstile/v1/agent.proto"];
+    let files = [
+        "proto/turnstile/v1/events.proto",
+        "proto/turnstile/v1/agent.proto",
+        "proto/turnstile/cluster/v1/cluster.proto",
+    ];
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     let mut config = prost_build::Config::new();
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);

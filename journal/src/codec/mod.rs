@@ -5,8 +5,10 @@
 //! (`message.content[1]`, `inbox_spliced.target`, …) and says how to fix it. Message *size* is not checked
 //! here: the driver checks it against its configured limit.
 //!
-//! Submodules: [`message`] (values of SPEC §1), [`event`] (durable events), [`live`] (live events).
+//! Submodules: [`message`] (values of SPEC §1), [`event`] (durable events), [`live`] (live events),
+//! [`command`] (commands and replies of the internal gateway → worker hop).
 
+pub mod command;
 mod error;
 pub mod event;
 pub mod live;
@@ -15,6 +17,7 @@ pub mod message;
 #[cfg(test)]
 mod tests;
 
+pub use command::{decode_command_reply, decode_execute_request, encode_command_reply, encode_execute_request};
 pub use error::CodecError;
 pub use event::{
     decode_cancel_cause, decode_event, decode_session_event, decode_splice, decode_status, decode_turn_end_reason,

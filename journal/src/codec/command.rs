@@ -1,0 +1,384 @@
+//! Commands, replies and command errors ↔ the internal `turnstile.cluster.v1` API (gateway → worker).
+//!
+//! The mapping is one to one with [`Command`] and [`CommandReply`], so a command forwarded over the
+//! internal hop reaches the owner's driver exactly as the gateway built it. Decoding validates like every
+//! other decoder of this codec (ids, sources, targets) and names the field path of the first error.
+//!
+//! Errors are not messages but gRPC statuses; this module owns their *metadata* (no tonic here): the
+//! [`CommandError`] kind under [`ERROR_KEY`], and for not-owner the session and the owner's address under
+//! [`SESSION_KEY`] and [`OWNER_KEY`]. [`command_error_parts`] and [`command_error_from_parts`] are
+//! inverses, so the gateway rebuilds the exact error the worker answered.
+
+use std::time::Duration;
+
+use turnstile_proto::cluster::v1 as cpb;
+use turnstile_proto::cluster::v1::execute_reply::Reply;
+use turnstile_proto::cluster::v1::execute_request::Command as PbCommand;
+use turnstile_proto::v1 as pb;
+
+use super::error::{CodecError, join};
+use super::event::{decode_cancel_cause, encode_cancel_cause, encode_status, status_at};
+use super::message::{
+    encode_session_ref, encode_target, encode_user_message, messages_at, required_message_at, required_session_at,
+    target_at,
+};
+use crate::command::{Command, CommandError, CommandReply, SessionSummary};
+use crate::message::{MessageId, SessionRef};
+
+/// Metadata key of a failed `Execute`: the [`CommandError`] kind ([`command_error_kind`]).
+pub const ERROR_KEY: &str = "turnstile-error";
+/// Metadata key of a not-owner answer: the owner's advertised address, when the worker knows it.
+pub const OWNER_KEY: &str = "turnstile-owner";
+/// Metadata key of a not-owner answer: the session, `tenant/id`.
+pub const SESSION_KEY: &str = "turnstile-session";
+
+const COMMANDS: &str = "set one of send, interrupt, cancel, replace, remove, splice, clear or when_idle";
+const REPLIES: &str = "set one of sent, written_seq or idle";
+
+/// The request that asks `session`'s owner to run `command`; `timeout` bounds `WhenIdle`.
+pub fn encode_execute_request(
+    session: &SessionRef,
+    command: &Command,
+    timeout: Option<Duration>,
+) -> cpb::ExecuteRequest {
+    cpb::ExecuteRequest {
+        session: Some(encode_session_ref(session)),
+        // Saturates: a timeout beyond u64 milliseconds is "no bound" in any practical sense.
+        timeout_ms: timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        command: Some(encode_command(command)),
+    }
+}
+
+/// The inverse of [`encode_execute_request`]: session, command and timeout, validated.
+pub fn decode_execute_request(
+    request: cpb::ExecuteRequest,
+) -> Result<(SessionRef, Command, Option<Duration>), CodecError> {
+    let session = required_session_at(request.session, "session")?;
+    let command = request.command.ok_or_else(|| CodecError::missing("command", COMMANDS))?;
+    let command = decode_command(command)?;
+    Ok((session, command, request.timeout_ms.map(Duration::from_millis)))
+}
+
+/// One [`Command`] as the request's `command` oneof.
+pub fn encode_command(command: &Command) -> PbCommand {
+    match command {
+        Command::Send { message, target, wakeup, expected_turn } => PbCommand::Send(cpb::SendCommand {
+            message: Some(encode_user_message(message)),
+            target: encode_target(*target) as i32,
+            wakeup: *wakeup,
+            expected_turn: *expected_turn,
+        }),
+        Command::Interrupt { message } => {
+            PbCommand::Interrupt(cpb::InterruptCommand { message: Some(encode_user_message(message)) })
+        }
+        Command::Cancel { cause, keep_inbox } => {
+            PbCommand::Cancel(cpb::CancelCommand { cause: Some(encode_cancel_cause(cause)), keep_inbox: *keep_inbox })
+        }
+        Command::Replace { id, message } => {
+            PbCommand::Replace(cpb::ReplaceCommand { id: id.0.clone(), message: Some(encode_user_message(message)) })
+        }
+        Command::Remove { id } => PbCommand::Remove(cpb::RemoveCommand { id: id.0.clone() }),
+        Command::Splice { target, start, delete_count, inserted } => PbCommand::Splice(cpb::SpliceCommand {
+            target: encode_target(*target) as i32,
+            start: *start,
+            delete_count: *delete_count,
+            inserted: inserted.iter().map(encode_user_message).collect(),
+        }),
+        Command::Clear => PbCommand::Clear(cpb::ClearCommand {}),
+        Command::WhenIdle => PbCommand::WhenIdle(cpb::WhenIdleCommand {}),
+    }
+}
+
+/// Decodes and validates the `command` oneof; paths start at the variant (`send.message.id`).
+pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
+    Ok(match command {
+        PbCommand::Send(s) => Command::Send {
+            message: required_message_at(s.message, "send.message")?,
+            target: target_at(s.target, "send.target")?,
+            wakeup: s.wakeup,
+            expected_turn: s.expected_turn,
+        },
+        PbCommand::Interrupt(i) => Command::Interrupt { message: required_message_at(i.message, "interrupt.message")? },
+        PbCommand::Cancel(c) => {
+            let cause =
+                c.cause.ok_or_else(|| CodecError::missing("cancel.cause", "set user, parent, hook or disposed"))?;
+            // `decode_cancel_cause` names its path `cause`; put it under the variant.
+            let cause = decode_cancel_cause(cause).map_err(|e| under("cancel", e))?;
+            Command::Cancel { cause, keep_inbox: c.keep_inbox }
+        }
+        PbCommand::Replace(r) => Command::Replace {
+            id: message_id_at(r.id, "replace.id")?,
+            message: required_message_at(r.message, "replace.message")?,
+        },
+        PbCommand::Remove(r) => Command::Remove { id: message_id_at(r.id, "remove.id")? },
+        PbCommand::Splice(s) => Command::Splice {
+            target: target_at(s.target, "splice.target")?,
+            start: s.start,
+            delete_count: s.delete_count,
+            inserted: messages_at(s.inserted, "splice.inserted")?,
+        },
+        PbCommand::Clear(_) => Command::Clear,
+        PbCommand::WhenIdle(_) => Command::WhenIdle,
+    })
+}
+
+fn message_id_at(raw: String, path: &str) -> Result<MessageId, CodecError> {
+    let id = MessageId(raw);
+    id.validate().map_err(|e| CodecError::value(path, e))?;
+    Ok(id)
+}
+
+/// Prefixes an error's path with `parent`.
+fn under(parent: &str, err: CodecError) -> CodecError {
+    match err {
+        CodecError::Invalid { path, detail } => CodecError::Invalid { path: join(parent, &path), detail },
+        CodecError::Value { path, value } => CodecError::Value { path: join(parent, &path), value },
+        other @ CodecError::Malformed { .. } => other,
+    }
+}
+
+/// The reply to a command on `session` (the session is only carried by the `idle` reply).
+pub fn encode_command_reply(session: &SessionRef, reply: &CommandReply) -> cpb::ExecuteReply {
+    let reply = match reply {
+        CommandReply::Sent { seq, turn } => Reply::Sent(pb::SendReply { seq: *seq, turn: *turn }),
+        CommandReply::Written { seq } => Reply::WrittenSeq(*seq),
+        CommandReply::Idle(summary) => Reply::Idle(pb::SessionInfo {
+            session: Some(encode_session_ref(session)),
+            status: encode_status(summary.status) as i32,
+            last_seq: summary.last_seq,
+            last_turn: summary.last_turn,
+            epoch: summary.epoch,
+            owner: summary.owner.clone(),
+        }),
+    };
+    cpb::ExecuteReply { reply: Some(reply) }
+}
+
+/// The inverse of [`encode_command_reply`].
+pub fn decode_command_reply(reply: cpb::ExecuteReply) -> Result<CommandReply, CodecError> {
+    match reply.reply {
+        Some(Reply::Sent(s)) => Ok(CommandReply::Sent { seq: s.seq, turn: s.turn }),
+        Some(Reply::WrittenSeq(seq)) => Ok(CommandReply::Written { seq }),
+        Some(Reply::Idle(info)) => Ok(CommandReply::Idle(SessionSummary {
+            status: status_at(info.status, "idle.status")?,
+            last_seq: info.last_seq,
+            last_turn: info.last_turn,
+            epoch: info.epoch,
+            owner: info.owner,
+        })),
+        None => Err(CodecError::missing("reply", REPLIES)),
+    }
+}
+
+/// The kind of a [`CommandError`], as [`ERROR_KEY`] carries it.
+pub fn command_error_kind(err: &CommandError) -> &'static str {
+    match err {
+        CommandError::InvalidArgument(_) => "invalid-argument",
+        CommandError::NotFound(_) => "not-found",
+        CommandError::AlreadyExists(_) => "already-exists",
+        CommandError::FailedPrecondition(_) => "failed-precondition",
+        CommandError::ResourceExhausted(_) => "resource-exhausted",
+        CommandError::Unavailable(_) => "unavailable",
+        CommandError::DeadlineExceeded(_) => "deadline-exceeded",
+        CommandError::NotOwner { .. } => "not-owner",
+        CommandError::Internal(_) => "internal",
+    }
+}
+
+/// What a [`CommandError`] becomes on the wire: its kind, the status message, and for not-owner the
+/// session and the owner's address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorParts {
+    pub kind: &'static str,
+    pub message: String,
+    pub session: Option<String>,
+    pub owner: Option<String>,
+}
+
+/// Splits `err` into the parts a status carries. The message is the error's payload, not its display,
+/// so [`command_error_from_parts`] gets the same value back.
+pub fn command_error_parts(err: &CommandError) -> ErrorParts {
+    let kind = command_error_kind(err);
+    match err {
+        CommandError::NotOwner { session, owner } => {
+            ErrorParts { kind, message: err.to_string(), session: Some(session.clone()), owner: owner.clone() }
+        }
+        CommandError::InvalidArgument(m)
+        | CommandError::NotFound(m)
+        | CommandError::AlreadyExists(m)
+        | CommandError::FailedPrecondition(m)
+        | CommandError::ResourceExhausted(m)
+        | CommandError::Unavailable(m)
+        | CommandError::DeadlineExceeded(m)
+        | CommandError::Internal(m) => ErrorParts { kind, message: m.clone(), session: None, owner: None },
+    }
+}
+
+/// Rebuilds the [`CommandError`] of [`command_error_parts`]; `None` for a kind this build does not know
+/// (the caller then falls back to the gRPC code).
+pub fn command_error_from_parts(
+    kind: &str,
+    message: String,
+    session: Option<String>,
+    owner: Option<String>,
+) -> Option<CommandError> {
+    Some(match kind {
+        "invalid-argument" => CommandError::InvalidArgument(message),
+        "not-found" => CommandError::NotFound(message),
+        "already-exists" => CommandError::AlreadyExists(message),
+        "failed-precondition" => CommandError::FailedPrecondition(message),
+        "resource-exhausted" => CommandError::ResourceExhausted(message),
+        "unavailable" => CommandError::Unavailable(message),
+        "deadline-exceeded" => CommandError::DeadlineExceeded(message),
+        "not-owner" => CommandError::NotOwner { session: session.unwrap_or_default(), owner },
+        "internal" => CommandError::Internal(message),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{CancelCause, Status};
+    use crate::message::{ContentBlock, MessageSource, Target, UserMessage};
+
+    fn session() -> SessionRef {
+        SessionRef { tenant: "acme".into(), id: "s-1".into() }
+    }
+
+    fn message(id: &str, source: MessageSource) -> UserMessage {
+        UserMessage {
+            id: MessageId(id.into()),
+            content: vec![ContentBlock::text("hi"), ContentBlock::Data { mime: "a/b".into(), bytes: vec![0, 255] }],
+            source,
+        }
+    }
+
+    fn commands() -> Vec<Command> {
+        let m = |id: &str| message(id, MessageSource::User);
+        let mut all = Vec::new();
+        for target in [Target::NextTurn, Target::NextStep] {
+            for wakeup in [true, false] {
+                for expected_turn in [None, Some(0), Some(7)] {
+                    all.push(Command::Send { message: m("m1"), target, wakeup, expected_turn });
+                }
+            }
+        }
+        all.push(Command::Send {
+            message: message("m2", MessageSource::Plugin { plugin: "mem".into(), form: Some("recall".into()) }),
+            target: Target::NextStep,
+            wakeup: false,
+            expected_turn: None,
+        });
+        all.push(Command::Interrupt { message: message("m3", MessageSource::Tool { call_id: "c".into() }) });
+        for cause in
+            [CancelCause::User, CancelCause::Parent, CancelCause::Hook { reason: "r".into() }, CancelCause::Disposed]
+        {
+            for keep_inbox in [true, false] {
+                all.push(Command::Cancel { cause: cause.clone(), keep_inbox });
+            }
+        }
+        all.push(Command::Replace { id: MessageId("old".into()), message: m("new") });
+        all.push(Command::Remove { id: MessageId("gone".into()) });
+        all.push(Command::Splice {
+            target: Target::NextTurn,
+            start: 1,
+            delete_count: 2,
+            inserted: vec![m("a"), m("b")],
+        });
+        all.push(Command::Splice { target: Target::NextStep, start: 0, delete_count: 0, inserted: vec![] });
+        all.push(Command::Clear);
+        all.push(Command::WhenIdle);
+        all
+    }
+
+    #[test]
+    fn every_command_round_trips_with_its_timeout() {
+        for command in commands() {
+            for timeout in [None, Some(Duration::from_millis(0)), Some(Duration::from_millis(1500))] {
+                let request = encode_execute_request(&session(), &command, timeout);
+                // Through the bytes, as the wire sees it.
+                let bytes = prost::Message::encode_to_vec(&request);
+                let request = <cpb::ExecuteRequest as prost::Message>::decode(bytes.as_slice()).unwrap();
+                assert_eq!(decode_execute_request(request).unwrap(), (session(), command.clone(), timeout));
+            }
+        }
+    }
+
+    #[test]
+    fn every_reply_round_trips() {
+        let replies = [
+            CommandReply::Sent { seq: 3, turn: Some(1) },
+            CommandReply::Sent { seq: 9, turn: None },
+            CommandReply::Written { seq: 0 },
+            CommandReply::Written { seq: 12 },
+            CommandReply::Idle(SessionSummary {
+                status: Status::Idle,
+                last_seq: 40,
+                last_turn: 3,
+                epoch: 2,
+                owner: "w1".into(),
+            }),
+        ];
+        for reply in replies {
+            let encoded = encode_command_reply(&session(), &reply);
+            assert_eq!(decode_command_reply(encoded).unwrap(), reply);
+        }
+    }
+
+    #[test]
+    fn malformed_requests_name_their_field() {
+        let err = decode_execute_request(cpb::ExecuteRequest::default()).unwrap_err();
+        assert_eq!(err.path(), Some("session"));
+        let request = cpb::ExecuteRequest { session: Some(encode_session_ref(&session())), ..Default::default() };
+        assert_eq!(decode_execute_request(request).unwrap_err().path(), Some("command"));
+        let send = PbCommand::Send(cpb::SendCommand {
+            message: Some(encode_user_message(&message("m1", MessageSource::User))),
+            target: 0,
+            wakeup: true,
+            expected_turn: None,
+        });
+        assert_eq!(decode_command(send).unwrap_err().path(), Some("send.target"));
+        let mut raw = encode_user_message(&message("m1", MessageSource::User));
+        raw.source = None;
+        let interrupt = PbCommand::Interrupt(cpb::InterruptCommand { message: Some(raw) });
+        assert_eq!(decode_command(interrupt).unwrap_err().path(), Some("interrupt.message.source"));
+        let remove = PbCommand::Remove(cpb::RemoveCommand { id: String::new() });
+        assert_eq!(decode_command(remove).unwrap_err().path(), Some("remove.id"));
+        let cancel =
+            PbCommand::Cancel(cpb::CancelCommand { cause: Some(pb::CancelCause { cause: None }), keep_inbox: false });
+        assert_eq!(decode_command(cancel).unwrap_err().path(), Some("cancel.cause"));
+        let cancel = PbCommand::Cancel(cpb::CancelCommand { cause: None, keep_inbox: false });
+        assert_eq!(decode_command(cancel).unwrap_err().path(), Some("cancel.cause"));
+        let splice = PbCommand::Splice(cpb::SpliceCommand {
+            target: 1,
+            inserted: vec![pb::UserMessage::default()],
+            ..Default::default()
+        });
+        assert_eq!(decode_command(splice).unwrap_err().path(), Some("splice.inserted[0].id"));
+        assert_eq!(decode_command_reply(cpb::ExecuteReply::default()).unwrap_err().path(), Some("reply"));
+    }
+
+    #[test]
+    fn every_error_kind_round_trips() {
+        let errors = [
+            CommandError::InvalidArgument("bad".into()),
+            CommandError::NotFound("no such id".into()),
+            CommandError::AlreadyExists("dup".into()),
+            CommandError::FailedPrecondition("turn 3 is running".into()),
+            CommandError::ResourceExhausted("full".into()),
+            CommandError::Unavailable("down".into()),
+            CommandError::DeadlineExceeded("slow".into()),
+            CommandError::NotOwner { session: "acme/s-1".into(), owner: Some("127.0.0.1:7501".into()) },
+            CommandError::NotOwner { session: "acme/s-1".into(), owner: None },
+            CommandError::Internal("bug".into()),
+        ];
+        for err in errors {
+            let parts = command_error_parts(&err);
+            assert_eq!(parts.kind, command_error_kind(&err));
+            let back = command_error_from_parts(parts.kind, parts.message, parts.session, parts.owner);
+            assert_eq!(back, Some(err));
+        }
+        assert_eq!(command_error_from_parts("from-the-future", "x".into(), None, None), None);
+    }
+}

@@ -147,6 +147,18 @@ pub struct OpenTurn {
     pub open_step_messages: Vec<UserMessage>,
     /// A step of this turn ended at the model's token limit (sticky for the turn).
     pub max_tokens: bool,
+    /// Tool results of the latest step (cleared at `step/start`): a turn cut after a tool step still owes
+    /// the model's answer to them.
+    pub last_step_results: Vec<ToolResultRecord>,
+}
+
+/// A `tool/result` with the name of its call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResultRecord {
+    pub call_id: String,
+    pub name: String,
+    pub output: String,
+    pub error: Option<String>,
 }
 
 /// A log that cannot be folded: the reader refuses it and names the seq.
@@ -302,6 +314,7 @@ impl SessionState {
                 open.step_open = true;
                 open.undecided_claims.clear();
                 open.open_step_messages.clear();
+                open.last_step_results.clear();
             }
             EventPayload::StepEnd { turn, step } => {
                 let open = self.open_turn_mut(*turn).ok_or_else(|| structure("its turn is not open".into()))?;
@@ -324,14 +337,20 @@ impl SessionState {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
                 open.open_calls.push(call.clone());
             }
-            EventPayload::ToolResult { turn, step, call_id, .. } => {
+            EventPayload::ToolResult { turn, step, call_id, output, error } => {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
                 let i = open
                     .open_calls
                     .iter()
                     .position(|c| &c.call_id == call_id)
                     .ok_or_else(|| structure(format!("no open call {call_id}")))?;
-                open.open_calls.remove(i);
+                let call = open.open_calls.remove(i);
+                open.last_step_results.push(ToolResultRecord {
+                    call_id: call.call_id,
+                    name: call.name,
+                    output: output.clone(),
+                    error: error.clone(),
+                });
             }
             EventPayload::GoalChange { .. } | EventPayload::Ignorable { .. } => {}
         }

@@ -1376,3 +1376,70 @@ fn limits_pending_items_across_both_lists() {
     written(sim.remove("Q1"));
     assert_eq!(sent(sim.queue("Q3", "d")), (6, None));
 }
+
+// ----- handoff: cut after a tool step, and drain -------------------------------------------------
+
+#[test]
+fn s26_cut_after_a_tool_step_resumes_by_answering_its_results() {
+    let mut sim = Sim::new();
+    sent(sim.followup("A", "[[tool:sleep 30]] first"));
+    sim.hold_presteps = true;
+    sim.finish_tools();
+    assert_eq!(sim.held_pre_steps(), 1, "the next proposal waits for its decision");
+    let log = sim.log.clone();
+    assert_eq!(log.last().map(|e| e.event_type()), Some("step/end"));
+
+    let mut next = Sim::recover(log, Limits::default(), 2, 1_000);
+    next.settle();
+    let lines = next.lines();
+    assert!(lines.contains(&"D turn/end 1 interrupted".to_owned()), "{lines:#?}");
+    let req = &next.model_requests[0];
+    assert_eq!((req.turn, req.step), (2, 1));
+    assert!(req.messages.is_empty() && req.interrupted_prompt.is_empty());
+    assert_eq!(req.tool_results.iter().map(|r| r.output.as_str()).collect::<Vec<_>>(), ["slept 30"]);
+    assert_eq!(next.assistant_text(2, 1).as_deref(), Some("tool results: sleep: slept 30"));
+    assert!(next.tool_requests.is_empty(), "the tool does not run again");
+    assert!(next.driver.is_quiescent());
+}
+
+#[test]
+fn drain_finishes_the_running_step_then_stops_without_claiming() {
+    let mut sim = Sim::new();
+    sent(sim.followup("A", "[[tool:sleep 30]] first"));
+    sent(sim.queue("B", "bee"));
+    sim.driver.on_drain();
+    assert!(!sim.driver.is_parked(), "a tool call is running");
+    sim.finish_tools();
+    assert!(sim.driver.is_parked());
+    assert_eq!(sim.held_pre_steps(), 0, "no proposal after the drain");
+    let log = sim.log.clone();
+    let tail: Vec<&str> = log.iter().rev().take(2).map(|e| e.event_type()).collect();
+    assert_eq!(tail, ["step/end", "tool/result"], "the step finished and nothing was claimed");
+
+    // The next owner repairs, answers the tool results, then runs the queued prompt.
+    let mut next = Sim::recover(log, Limits::default(), 2, 1_000);
+    next.settle();
+    assert_eq!(next.assistant_text(2, 1).as_deref(), Some("tool results: sleep: slept 30"));
+    assert_eq!(next.assistant_text(3, 1).as_deref(), Some("echo: bee"));
+    assert!(next.driver.is_quiescent());
+}
+
+#[test]
+fn drain_during_a_pre_step_leaves_the_claim_for_the_next_owner_to_restore() {
+    let mut sim = Sim::new();
+    sim.hold_presteps = true;
+    sent(sim.followup("A", "hello"));
+    sim.driver.on_drain();
+    assert!(sim.driver.is_parked());
+    sim.decide_pre_steps();
+    assert!(sim.model_requests.is_empty(), "a decision after the drain starts no step");
+    let mut next = Sim::recover(sim.log.clone(), Limits::default(), 2, 1_000);
+    next.settle();
+    let lines = next.lines();
+    assert!(lines.contains(&"D turn/end 1 interrupted".to_owned()), "{lines:#?}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("D spliced next-turn 0 0 [A]") && l.ends_with("restored")),
+        "{lines:#?}"
+    );
+    assert_eq!(next.assistant_text(2, 1).as_deref(), Some("echo: hello"));
+}

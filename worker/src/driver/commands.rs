@@ -155,7 +155,7 @@ impl Driver {
         if idle {
             // Insert, start the driver, `turn/start` and the turn-boundary claim, all before replying.
             self.set_status(Status::Running);
-            self.open_turn(Vec::new());
+            self.open_turn(super::turn::Resume::default());
             return Ok(CommandReply::Sent { seq, turn: Some(self.state.last_turn) });
         }
         // A running driver takes the input at a later boundary.

@@ -46,6 +46,8 @@ pub struct Driver {
     poisoned: Option<ProjectionError>,
     /// The time of the input being handled.
     now_ms: u64,
+    /// Handing the session to another owner: finish what runs, claim nothing more.
+    draining: bool,
 }
 
 impl Driver {
@@ -64,6 +66,7 @@ impl Driver {
             effects: VecDeque::new(),
             poisoned: None,
             now_ms: 0,
+            draining: false,
         }
     }
 
@@ -85,6 +88,28 @@ impl Driver {
     /// An internal invariant broke while handling the last input (see the field's doc).
     pub fn poisoned(&self) -> Option<&ProjectionError> {
         self.poisoned.as_ref()
+    }
+
+    /// Starts handing the session off (rebalance or shutdown): the running step finishes, then the driver
+    /// stops at the next boundary without claiming, leaving the turn for the next owner to repair and
+    /// resume (SPEC §6). Commands must no longer be routed here.
+    pub fn on_drain(&mut self) {
+        self.draining = true;
+        if let Some(t) = self.turn.as_mut()
+            && matches!(t.phase, turn::Phase::PreStep { .. })
+        {
+            // A pending pre-step decision has claimed input that no step has entered: abandoning it here
+            // leaves the claim undecided in the log, so the next owner restores it.
+            t.phase = turn::Phase::Parked;
+        }
+    }
+
+    /// Nothing is in flight: the session can be unloaded and handed over.
+    pub fn is_parked(&self) -> bool {
+        match &self.turn {
+            None => true,
+            Some(t) => matches!(t.phase, turn::Phase::Parked),
+        }
     }
 
     /// The turn being run, if any.

@@ -1,17 +1,16 @@
 //! Repair and resume after the previous owner stopped (SPEC §6).
 
-use std::mem;
-
 use turnstile_journal::{EventPayload, LivePayload, Splice, SpliceOutcome, Status, Target, TurnEndReason, UserMessage};
 
-use super::Driver;
+use super::turn::Resume;
+use super::{Driver, ToolOutcome};
 
 impl Driver {
     /// Repairs an open turn left by a crash, restores what it claimed but never entered, and resumes
     /// iff the session was running. Call once, right after [`Driver::new`].
     pub fn recover(&mut self, now_ms: u64) {
         self.now_ms = now_ms;
-        let mut interrupted_prompt = Vec::new();
+        let mut resume = Resume::default();
         if let Some(open) = self.state.open_turn.clone() {
             let (turn, step) = (open.turn, open.step);
             for call in &open.open_calls {
@@ -27,11 +26,24 @@ impl Driver {
                 self.write(EventPayload::StepEnd { turn, step });
                 // The model must still answer what the interrupted step was asked; a step that only
                 // answered tool results was asked what the turn was asked.
-                interrupted_prompt = if open.open_step_messages.is_empty() {
+                resume.prompt = if open.open_step_messages.is_empty() {
                     open.admitted.clone()
                 } else {
                     open.open_step_messages.clone()
                 };
+            } else if !open.last_step_results.is_empty() {
+                // Cut after a tool step: the model still owes its answer to those results.
+                resume.tool_results = open
+                    .last_step_results
+                    .iter()
+                    .map(|r| ToolOutcome {
+                        call_id: r.call_id.clone(),
+                        name: r.name.clone(),
+                        output: r.output.clone(),
+                        error: r.error.clone(),
+                        concludes_turn: false,
+                    })
+                    .collect();
             }
             self.write(EventPayload::TurnEnd { turn, reason: TurnEndReason::Interrupted });
             let (mut next_step, mut next_turn) = (Vec::new(), Vec::new());
@@ -44,17 +56,17 @@ impl Driver {
             self.restore(Target::NextStep, next_step);
             self.restore(Target::NextTurn, next_turn);
         }
-        let resume = self.state.status == Status::Running || self.state.wake_since_idle;
-        if !resume {
+        let was_running = self.state.status == Status::Running || self.state.wake_since_idle;
+        if !was_running {
             return;
         }
-        if interrupted_prompt.is_empty() && self.state.inbox.is_empty() {
+        if resume.is_empty() && self.state.inbox.is_empty() {
             // Running with nothing left to do (a crash between `turn/end` and `status idle`).
             self.set_status(Status::Idle);
             return;
         }
         self.set_status(Status::Running);
-        self.open_turn(mem::take(&mut interrupted_prompt));
+        self.open_turn(resume);
     }
 
     /// Re-inserts claimed-but-never-entered messages at the head of their list.

@@ -29,15 +29,42 @@ pub(super) struct ActiveTurn {
     pub tool_results: Vec<ToolOutcome>,
     /// The prompt of the turn a crash interrupted mid-step, answered by this turn's first step.
     pub interrupted_prompt: Vec<UserMessage>,
+    /// This turn continues one a crash or handoff cut (SPEC §6): its first step runs even with no new
+    /// messages, and its one next-turn slot belongs to the interrupted work.
+    pub resumed: bool,
     /// A tool of the current step concluded the turn.
     pub concluded: bool,
 }
 
+/// What a resumed turn's first step must still answer.
+#[derive(Debug, Default)]
+pub(super) struct Resume {
+    pub prompt: Vec<UserMessage>,
+    pub tool_results: Vec<ToolOutcome>,
+}
+
+impl Resume {
+    pub fn is_empty(&self) -> bool {
+        self.prompt.is_empty() && self.tool_results.is_empty()
+    }
+}
+
 #[derive(Debug)]
 pub(super) enum Phase {
-    PreStep { op: OpId },
-    Model { op: OpId, text: String },
-    Tools { calls: Vec<ToolCallSpec>, next: usize, running: Option<OpId> },
+    /// Draining for a handoff: stopped at a boundary, claiming nothing more.
+    Parked,
+    PreStep {
+        op: OpId,
+    },
+    Model {
+        op: OpId,
+        text: String,
+    },
+    Tools {
+        calls: Vec<ToolCallSpec>,
+        next: usize,
+        running: Option<OpId>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +76,11 @@ pub(super) enum StepResult {
 
 impl Driver {
     /// Opens turn n = last + 1 and makes its first proposal. The status must already be running.
-    pub(super) fn open_turn(&mut self, interrupted_prompt: Vec<UserMessage>) {
+    pub(super) fn open_turn(&mut self, resume: Resume) {
+        if self.draining {
+            // Leave the session running: its next owner opens the turn.
+            return;
+        }
         let turn = self.state.last_turn + 1;
         self.write(EventPayload::TurnStart { turn });
         self.turn = Some(ActiveTurn {
@@ -60,8 +91,9 @@ impl Driver {
             cancel: None,
             last_step: None,
             max_tokens: false,
-            tool_results: Vec::new(),
-            interrupted_prompt,
+            resumed: !resume.is_empty(),
+            tool_results: resume.tool_results,
+            interrupted_prompt: resume.prompt,
             concluded: false,
         });
         self.propose();
@@ -69,11 +101,17 @@ impl Driver {
 
     /// Claims input and asks for the pre-step decision.
     fn propose(&mut self) {
+        let draining = self.draining;
         let Some(t) = self.turn.as_mut() else { return };
+        if draining {
+            // Stop at the boundary: no claim, so nothing is lost; the next owner repairs and resumes.
+            t.phase = Phase::Parked;
+            return;
+        }
         t.proposal += 1;
         let (turn, proposal, step) = (t.turn, t.proposal, t.step + 1);
         // A resumed turn's one next-turn slot belongs to the prompt a crash interrupted.
-        let claim_next_turn = proposal == 1 && t.interrupted_prompt.is_empty();
+        let claim_next_turn = proposal == 1 && !t.resumed;
         let mut claimed = self.claim(Target::NextStep, self.state.inbox.next_step.len());
         if claim_next_turn {
             claimed.extend(self.claim(Target::NextTurn, 1.min(self.state.inbox.next_turn.len())));
@@ -115,7 +153,7 @@ impl Driver {
             // Before `step/start`: a no-step turn ending aborted; the claimed batch is gone.
             return self.end_turn(TurnEndReason::Aborted(cause));
         }
-        let (proposal, step, last_step, resumed) = (t.proposal, t.step, t.last_step, !t.interrupted_prompt.is_empty());
+        let (proposal, step, last_step, resumed) = (t.proposal, t.step, t.last_step, t.resumed);
         match outcome {
             PreStepOutcome::Aborted => {
                 // An abort the driver did not signal (the runner is stopping): treat as a hook failure.
@@ -336,12 +374,12 @@ impl Driver {
         let drains = matches!(reason, TurnEndReason::Completed | TurnEndReason::MaxTokens) && t.step > 0;
         self.write(EventPayload::TurnEnd { turn: t.turn, reason });
         if drains && !self.state.inbox.is_empty() {
-            return self.open_turn(Vec::new());
+            return self.open_turn(Resume::default());
         }
         self.set_status(Status::Idle);
         if std::mem::take(&mut self.latched_wake) && !self.state.inbox.is_empty() {
             self.set_status(Status::Running);
-            return self.open_turn(Vec::new());
+            return self.open_turn(Resume::default());
         }
         self.resolve_idle_waiters();
     }
@@ -356,6 +394,7 @@ impl Driver {
         let op = match &t.phase {
             Phase::PreStep { op } | Phase::Model { op, .. } => Some(*op),
             Phase::Tools { running, .. } => *running,
+            Phase::Parked => None,
         };
         if let Some(op) = op {
             self.effects.push_back(Effect::Abort { op });

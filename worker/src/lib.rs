@@ -6,6 +6,7 @@
 //! session and implements the gateway's [`turnstile_journal::CommandRouter`] seam. [`model`], [`tools`]
 //! and [`hooks`] are the pluggable parts of a step.
 
+pub mod cluster;
 pub mod config;
 pub mod driver;
 pub mod hooks;

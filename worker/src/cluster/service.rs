@@ -1,0 +1,197 @@
+//! The internal `turnstile.cluster.v1.Worker` service: how a gateway reaches the driver that owns a
+//! session.
+//!
+//! It is a thin adapter over any [`CommandRouter`] (the worker's `SessionHost`): decode the request with
+//! the journal codec, `execute`, encode the reply. Ownership is the router's business: a host that does
+//! not own the session answers [`CommandError::NotOwner`], which goes back as UNAVAILABLE with the
+//! metadata of [`turnstile_journal::codec::command`] (`turnstile-error: not-owner`, `turnstile-owner`),
+//! so the gateway can refresh its shard map and retry rather than fail the client.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::{Code, Request, Response, Status};
+use turnstile_journal::codec::command::{
+    ERROR_KEY, OWNER_KEY, SESSION_KEY, command_error_parts, decode_execute_request, encode_command_reply,
+};
+use turnstile_journal::{CommandError, CommandRouter};
+use turnstile_proto::cluster::v1 as cpb;
+use turnstile_proto::cluster::v1::worker_server::{Worker, WorkerServer};
+
+/// The `Worker` service over a command router.
+#[derive(Clone)]
+pub struct WorkerService {
+    router: Arc<dyn CommandRouter>,
+}
+
+impl std::fmt::Debug for WorkerService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerService").finish_non_exhaustive()
+    }
+}
+
+impl WorkerService {
+    pub fn new(router: Arc<dyn CommandRouter>) -> Self {
+        Self { router }
+    }
+
+    /// The tonic server of this service, to add to a `tonic::transport::Server`.
+    pub fn into_server(self) -> WorkerServer<Self> {
+        WorkerServer::new(self)
+    }
+}
+
+/// The gRPC code of a [`CommandError`]; the same mapping as the public gateway's, so a client of either
+/// sees one code per kind. Not-owner is UNAVAILABLE: retryable, and safe to retry with the same MessageId.
+pub fn command_code(err: &CommandError) -> Code {
+    match err {
+        CommandError::InvalidArgument(_) => Code::InvalidArgument,
+        CommandError::NotFound(_) => Code::NotFound,
+        CommandError::AlreadyExists(_) => Code::AlreadyExists,
+        CommandError::FailedPrecondition(_) => Code::FailedPrecondition,
+        CommandError::ResourceExhausted(_) => Code::ResourceExhausted,
+        CommandError::Unavailable(_) | CommandError::NotOwner { .. } => Code::Unavailable,
+        CommandError::DeadlineExceeded(_) => Code::DeadlineExceeded,
+        CommandError::Internal(_) => Code::Internal,
+    }
+}
+
+/// `err` as a status: code, the error's message, and its kind (plus session and owner for not-owner) in
+/// the metadata, from which the gateway rebuilds the same [`CommandError`].
+pub fn command_status(err: &CommandError) -> Status {
+    let parts = command_error_parts(err);
+    let mut metadata = MetadataMap::new();
+    metadata.insert(ERROR_KEY, MetadataValue::from_static(parts.kind));
+    // Session names and socket addresses are ASCII by construction; a value that is not (a hand-made
+    // advertise address, say) is left out, and the gateway treats the owner as unknown.
+    for (key, value) in [(SESSION_KEY, parts.session), (OWNER_KEY, parts.owner)] {
+        if let Some(value) = value.and_then(|v| MetadataValue::try_from(v.as_str()).ok()) {
+            metadata.insert(key, value);
+        }
+    }
+    Status::with_metadata(command_code(err), parts.message, metadata)
+}
+
+#[tonic::async_trait]
+impl Worker for WorkerService {
+    async fn execute(&self, request: Request<cpb::ExecuteRequest>) -> Result<Response<cpb::ExecuteReply>, Status> {
+        let (session, command, timeout) = decode_execute_request(request.into_inner())
+            .map_err(|e| command_status(&CommandError::InvalidArgument(e.to_string())))?;
+        let name = command.name();
+        match self.router.execute(&session, command, timeout).await {
+            Ok(reply) => Ok(Response::new(encode_command_reply(&session, &reply))),
+            Err(err) => {
+                tracing::debug!(%session, command = name, error = %err, "command refused");
+                Err(command_status(&err))
+            }
+        }
+    }
+}
+
+/// Serves `service` on an already bound listener (port 0 in tests) until `shutdown` resolves; in-flight
+/// calls are drained first.
+pub async fn serve(
+    service: WorkerService,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_service(service.into_server())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use turnstile_journal::codec::command::{command_error_from_parts, encode_execute_request};
+    use turnstile_journal::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
+    use turnstile_journal::{Command, CommandReply};
+    use turnstile_proto::cluster::v1::worker_client::WorkerClient;
+
+    use super::*;
+
+    /// Answers every command with what it was asked, or the error it was told to give.
+    struct Echo {
+        error: Option<CommandError>,
+    }
+
+    #[async_trait::async_trait]
+    impl CommandRouter for Echo {
+        async fn execute(
+            &self,
+            _session: &SessionRef,
+            command: Command,
+            timeout: Option<Duration>,
+        ) -> Result<CommandReply, CommandError> {
+            if let Some(e) = &self.error {
+                return Err(e.clone());
+            }
+            Ok(match command {
+                Command::Send { expected_turn, .. } => CommandReply::Sent { seq: 7, turn: expected_turn },
+                _ => CommandReply::Written { seq: timeout.map_or(0, |t| t.as_millis() as u64) },
+            })
+        }
+    }
+
+    async fn client(error: Option<CommandError>) -> WorkerClient<tonic::transport::Channel> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let service = WorkerService::new(Arc::new(Echo { error }));
+        tokio::spawn(serve(service, listener, std::future::pending()));
+        WorkerClient::connect(format!("http://{addr}")).await.unwrap()
+    }
+
+    fn rebuild(status: &Status) -> Option<CommandError> {
+        let get = |key: &str| status.metadata().get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        command_error_from_parts(&get(ERROR_KEY)?, status.message().to_owned(), get(SESSION_KEY), get(OWNER_KEY))
+    }
+
+    #[tokio::test]
+    async fn commands_and_replies_cross_the_hop() {
+        let mut c = client(None).await;
+        let session = SessionRef::new("acme", "s1").unwrap();
+        let message = UserMessage {
+            id: MessageId("m1".into()),
+            content: vec![ContentBlock::text("hi")],
+            source: MessageSource::User,
+        };
+        let send = Command::Send { message, target: Target::NextTurn, wakeup: true, expected_turn: Some(4) };
+        let reply = c.execute(encode_execute_request(&session, &send, None)).await.unwrap().into_inner();
+        let reply = turnstile_journal::codec::decode_command_reply(reply).unwrap();
+        assert_eq!(reply, CommandReply::Sent { seq: 7, turn: Some(4) });
+        let request = encode_execute_request(&session, &Command::WhenIdle, Some(Duration::from_millis(250)));
+        let reply = turnstile_journal::codec::decode_command_reply(c.execute(request).await.unwrap().into_inner());
+        assert_eq!(reply.unwrap(), CommandReply::Written { seq: 250 });
+    }
+
+    #[tokio::test]
+    async fn errors_keep_their_kind_owner_and_message() {
+        let not_owner = CommandError::NotOwner { session: "acme/s1".into(), owner: Some("127.0.0.1:7501".into()) };
+        let mut c = client(Some(not_owner.clone())).await;
+        let session = SessionRef::new("acme", "s1").unwrap();
+        let status = c.execute(encode_execute_request(&session, &Command::Clear, None)).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(rebuild(&status), Some(not_owner));
+
+        let precondition = CommandError::FailedPrecondition("session acme/s1 is running turn 3, not 2".into());
+        let mut c = client(Some(precondition.clone())).await;
+        let status = c.execute(encode_execute_request(&session, &Command::Clear, None)).await.unwrap_err();
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert_eq!(status.message(), "session acme/s1 is running turn 3, not 2");
+        assert_eq!(rebuild(&status), Some(precondition));
+    }
+
+    #[tokio::test]
+    async fn a_malformed_request_is_invalid_argument_naming_the_field() {
+        let mut c = client(None).await;
+        let status = c.execute(cpb::ExecuteRequest::default()).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().starts_with("session"), "{}", status.message());
+        assert!(matches!(rebuild(&status), Some(CommandError::InvalidArgument(_))));
+    }
+}

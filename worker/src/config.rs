@@ -33,6 +33,8 @@ pub struct WorkerConfig {
     pub default_when_idle_timeout: Duration,
     /// A snapshot is written after this many new events (and when a session is unloaded).
     pub snapshot_every: u64,
+    /// An idle session with nothing waiting is unloaded after this long (a snapshot is kept).
+    pub passivate_after: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -43,6 +45,7 @@ impl Default for WorkerConfig {
             limits: Limits::default(),
             default_when_idle_timeout: Duration::from_secs(30),
             snapshot_every: 100,
+            passivate_after: Duration::from_secs(300),
         }
     }
 }

@@ -14,7 +14,7 @@ use turnstile_journal::{
 use crate::config::WorkerConfig;
 use crate::hooks::{ContentGuard, PreStepHook};
 use crate::model::{Model, ScriptedModel};
-use crate::runner::{CommandMsg, Runner, RunnerDeps};
+use crate::runner::{CommandMsg, Control, Runner, RunnerDeps};
 use crate::tools::ToolRegistry;
 
 /// Commands queued for one session before callers are pushed back.
@@ -29,10 +29,28 @@ pub enum HostError {
     Projection { session: SessionRef, detail: String },
 }
 
+/// Which sessions this worker may serve, under which epoch: the shard leases in a cluster.
+pub trait Ownership: Send + Sync + 'static {
+    /// The epoch to serve `session` under, or the owner's address (when known) if this worker must not
+    /// take commands for it (not its shard, or the shard is being handed over).
+    fn accepting(&self, session: &SessionRef) -> Result<u64, Option<String>>;
+
+    /// Whether a runner started under `epoch` may still append to `session`'s log. False as soon as the
+    /// lease has lapsed by this worker's own clock, so a paused worker never writes after waking.
+    fn may_write(&self, session: &SessionRef, epoch: u64) -> bool;
+}
+
+/// A loaded session's runner.
+struct RunnerHandle {
+    commands: mpsc::Sender<CommandMsg>,
+    control: mpsc::UnboundedSender<Control>,
+    epoch: u64,
+}
+
 /// Owns the drivers of the sessions this worker serves.
 pub struct SessionHost {
     deps: Arc<RunnerDeps>,
-    runners: Mutex<HashMap<SessionRef, mpsc::Sender<CommandMsg>>>,
+    runners: Mutex<HashMap<SessionRef, RunnerHandle>>,
 }
 
 impl SessionHost {
@@ -52,6 +70,28 @@ impl SessionHost {
         Self::with_parts(log, bus, snapshots, Arc::new(ScriptedModel), ToolRegistry::builtin(), hooks, config)
     }
 
+    /// A cluster worker's host: commands are taken only for sessions `ownership` grants.
+    pub fn clustered(
+        log: Arc<dyn SessionLog>,
+        bus: Arc<dyn LiveBus>,
+        snapshots: Arc<dyn SnapshotStore>,
+        ownership: Arc<dyn Ownership>,
+        config: WorkerConfig,
+    ) -> Arc<Self> {
+        let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(ContentGuard)];
+        let deps = RunnerDeps {
+            log,
+            bus,
+            model: Arc::new(ScriptedModel),
+            tools: ToolRegistry::builtin(),
+            hooks,
+            snapshots,
+            ownership: Some(ownership),
+            config,
+        };
+        Arc::new(Self { deps: Arc::new(deps), runners: Mutex::new(HashMap::new()) })
+    }
+
     pub fn with_parts(
         log: Arc<dyn SessionLog>,
         bus: Arc<dyn LiveBus>,
@@ -62,21 +102,38 @@ impl SessionHost {
         config: WorkerConfig,
     ) -> Arc<Self> {
         Arc::new(Self {
-            deps: Arc::new(RunnerDeps { log, bus, model, tools, hooks, snapshots, config }),
+            deps: Arc::new(RunnerDeps { log, bus, model, tools, hooks, snapshots, ownership: None, config }),
             runners: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The epoch to serve `session` under, or NOT-OWNER.
+    fn epoch_for(&self, session: &SessionRef) -> Result<u64, CommandError> {
+        match &self.deps.ownership {
+            None => Ok(self.deps.config.epoch),
+            Some(ownership) => ownership
+                .accepting(session)
+                .map_err(|owner| CommandError::NotOwner { session: session.to_string(), owner }),
+        }
     }
 
     /// Loads every session whose log says it was running when the process stopped, so it is repaired
     /// and resumed (SPEC §6) without waiting for a command. Returns how many were loaded.
     pub async fn resume_running(&self) -> Result<usize, HostError> {
+        self.resume_where(|_| true).await
+    }
+
+    /// Like [`SessionHost::resume_running`], for the sessions `wanted` selects (a newly acquired shard)
+    /// and this worker may serve.
+    pub async fn resume_where(&self, wanted: impl Fn(&SessionRef) -> bool) -> Result<usize, HostError> {
         let log = self.deps.log.as_ref();
         let mut after: Option<SessionRef> = None;
         let mut resumed = 0;
         loop {
             let page = log.list_sessions(None, after.as_ref(), 256).await?;
             let Some(last) = page.last().cloned() else { break };
-            for session in page {
+            for session in page.into_iter().filter(|s| wanted(s)) {
+                let Ok(epoch) = self.epoch_for(&session) else { continue };
                 let state =
                     load_state(log, self.deps.snapshots.as_ref(), &session, self.deps.config.limits.dedup_horizon)
                         .await
@@ -87,8 +144,8 @@ impl SessionHost {
                             }
                         })?;
                 if state.status == Status::Running || state.wake_since_idle || state.open_turn.is_some() {
-                    tracing::info!(%session, "resuming a session that was running");
-                    self.runner(&session);
+                    tracing::info!(%session, epoch, "resuming a session that was running");
+                    self.runner(&session, epoch);
                     resumed += 1;
                 }
             }
@@ -97,21 +154,62 @@ impl SessionHost {
         Ok(resumed)
     }
 
-    /// The runner of `session`, started (and loading) if there is none.
-    fn runner(&self, session: &SessionRef) -> mpsc::Sender<CommandMsg> {
+    /// Hands over the loaded sessions `which` selects: each finishes its running step and stops claiming;
+    /// after `timeout` the rest are stopped where they are (the next owner repairs them). Returns when
+    /// every one of them has unloaded.
+    pub async fn drain_where(&self, which: impl Fn(&SessionRef) -> bool, timeout: Duration) {
+        let handles: Vec<(mpsc::Sender<CommandMsg>, mpsc::UnboundedSender<Control>)> = {
+            let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+            let chosen: Vec<SessionRef> = runners.keys().filter(|s| which(s)).cloned().collect();
+            chosen.into_iter().filter_map(|s| runners.remove(&s)).map(|h| (h.commands, h.control)).collect()
+        };
+        for (_, control) in &handles {
+            let _ = control.send(Control::Drain);
+        }
+        let all_closed = futures::future::join_all(handles.iter().map(|(tx, _)| tx.closed()));
+        if tokio::time::timeout(timeout, all_closed).await.is_err() {
+            tracing::warn!(timeout_ms = timeout.as_millis() as u64, "drain timed out; stopping the rest");
+            for (_, control) in &handles {
+                let _ = control.send(Control::Stop);
+            }
+            futures::future::join_all(handles.iter().map(|(tx, _)| tx.closed())).await;
+        }
+    }
+
+    /// Stops the loaded sessions `which` selects at once, abandoning what they run (the lease is gone).
+    pub fn stop_where(&self, which: impl Fn(&SessionRef) -> bool) {
         let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(tx) = runners.get(session).filter(|tx| !tx.is_closed()) {
-            return tx.clone();
+        runners.retain(|session, handle| {
+            if which(session) {
+                let _ = handle.control.send(Control::Stop);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// The runner of `session` under `epoch`, started (and loading) if there is none. A runner of an older
+    /// epoch (the shard was lost and won back) is replaced.
+    fn runner(&self, session: &SessionRef, epoch: u64) -> mpsc::Sender<CommandMsg> {
+        let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(handle) = runners.get(session).filter(|h| !h.commands.is_closed() && h.epoch == epoch) {
+            return handle.commands.clone();
+        }
+        if let Some(old) = runners.remove(session) {
+            let _ = old.control.send(Control::Stop);
         }
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
-        runners.insert(session.clone(), tx.clone());
-        tokio::spawn(Runner::run(session.clone(), self.deps.clone(), rx));
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        runners.insert(session.clone(), RunnerHandle { commands: tx.clone(), control: control_tx, epoch });
+        tokio::spawn(Runner::run(session.clone(), self.deps.clone(), epoch, rx, control_rx));
         tx
     }
 
     /// Sessions with a live runner.
     pub fn loaded_sessions(&self) -> usize {
-        self.runners.lock().unwrap_or_else(PoisonError::into_inner).values().filter(|tx| !tx.is_closed()).count()
+        let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        runners.values().filter(|h| !h.commands.is_closed()).count()
     }
 }
 
@@ -126,10 +224,20 @@ impl CommandRouter for SessionHost {
         session.validate().map_err(|e| CommandError::InvalidArgument(e.to_string()))?;
         let when_idle = matches!(command, Command::WhenIdle);
         let (reply_tx, reply_rx) = oneshot::channel();
-        let runner = self.runner(session);
-        runner.send(CommandMsg { command, reply: reply_tx }).await.map_err(|_| {
-            CommandError::Unavailable(format!("session {session} is restarting; retry with the same message id"))
-        })?;
+        let mut msg = CommandMsg { command, reply: reply_tx };
+        // A runner that just unloaded (passivation) refuses the send; the second attempt starts a new one.
+        for attempt in 0..2 {
+            let epoch = self.epoch_for(session)?;
+            match self.runner(session, epoch).send(msg).await {
+                Ok(()) => break,
+                Err(mpsc::error::SendError(back)) if attempt == 0 => msg = back,
+                Err(_) => {
+                    return Err(CommandError::Unavailable(format!(
+                        "session {session} is restarting; retry with the same message id"
+                    )));
+                }
+            }
+        }
         let wait = async {
             reply_rx.await.unwrap_or_else(|_| {
                 Err(CommandError::Unavailable(format!(

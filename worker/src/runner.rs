@@ -24,6 +24,7 @@ use crate::driver::{
     ToolRequest,
 };
 use crate::hooks::{PreStepHook, run_waterfall};
+use crate::host::Ownership;
 use crate::model::{DeltaSink, Model, ModelError};
 use crate::tools::ToolRegistry;
 
@@ -35,7 +36,18 @@ pub struct RunnerDeps {
     pub tools: ToolRegistry,
     pub hooks: Vec<Arc<dyn PreStepHook>>,
     pub snapshots: Arc<dyn SnapshotStore>,
+    /// Shard ownership in a cluster; `None` in `turnstile dev`, which owns everything at its epoch.
+    pub ownership: Option<Arc<dyn Ownership>>,
     pub config: WorkerConfig,
+}
+
+/// Tells a runner to hand its session over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Control {
+    /// Finish the running step, claim nothing more, then unload.
+    Drain,
+    /// Unload now, abandoning whatever runs (the lease is gone or the drain timed out).
+    Stop,
 }
 
 pub(crate) type ReplyTx = oneshot::Sender<Result<CommandReply, CommandError>>;
@@ -67,14 +79,14 @@ fn now_ms() -> u64 {
 }
 
 /// Loads a session (snapshot + tail) into a driver and repairs it (its effects are still to perform).
-pub(crate) async fn load_driver(deps: &RunnerDeps, session: &SessionRef) -> Result<Driver, CommandError> {
+pub(crate) async fn load_driver(deps: &RunnerDeps, session: &SessionRef, epoch: u64) -> Result<Driver, CommandError> {
     let state = load_state(deps.log.as_ref(), deps.snapshots.as_ref(), session, deps.config.limits.dedup_horizon)
         .await
         .map_err(|e| match e {
             LoadError::Journal(e) => journal_to_command(e),
             LoadError::Projection { .. } => CommandError::Internal(e.to_string()),
         })?;
-    let mut driver = Driver::new(state, deps.config.limits.clone(), deps.config.epoch, deps.config.owner_id.clone());
+    let mut driver = Driver::new(state, deps.config.limits.clone(), epoch, deps.config.owner_id.clone());
     driver.recover(now_ms());
     Ok(driver)
 }
@@ -99,11 +111,12 @@ pub(crate) fn journal_to_command(e: JournalError) -> CommandError {
 async fn load_until_available(
     deps: &RunnerDeps,
     session: &SessionRef,
+    epoch: u64,
     commands: &mut mpsc::Receiver<CommandMsg>,
 ) -> Option<Driver> {
     let mut backoff = RELOAD_BACKOFF;
     loop {
-        let error = match load_driver(deps, session).await {
+        let error = match load_driver(deps, session, epoch).await {
             Ok(driver) => return Some(driver),
             Err(e @ CommandError::Unavailable(_)) => e,
             Err(e) => {
@@ -145,12 +158,22 @@ pub(crate) struct Runner {
     stopped: CancellationToken,
     /// The seq of the last snapshot written (or loaded).
     snapshot_seq: u64,
+    /// The owner epoch this runner writes under.
+    epoch: u64,
+    control: mpsc::UnboundedReceiver<Control>,
+    draining: bool,
 }
 
 impl Runner {
     /// Loads the session and serves `commands` until the host drops the sender or ownership is lost.
-    pub(crate) async fn run(session: SessionRef, deps: Arc<RunnerDeps>, mut commands: mpsc::Receiver<CommandMsg>) {
-        let Some(driver) = load_until_available(&deps, &session, &mut commands).await else { return };
+    pub(crate) async fn run(
+        session: SessionRef,
+        deps: Arc<RunnerDeps>,
+        epoch: u64,
+        mut commands: mpsc::Receiver<CommandMsg>,
+        control: mpsc::UnboundedReceiver<Control>,
+    ) {
+        let Some(driver) = load_until_available(&deps, &session, epoch, &mut commands).await else { return };
         let (op_tx, op_rx) = mpsc::unbounded_channel();
         let snapshot_seq = driver.state().last_seq;
         let mut runner = Runner {
@@ -164,6 +187,9 @@ impl Runner {
             op_rx,
             stopped: CancellationToken::new(),
             snapshot_seq,
+            epoch,
+            control,
+            draining: false,
         };
         if runner.settle(&mut commands).await && runner.serve(&mut commands).await {
             // Unloading cleanly (the driver's state is exactly the log): keep a snapshot so the next load
@@ -176,9 +202,23 @@ impl Runner {
 
     /// True when the host closed the queue, false when the session can no longer be served.
     async fn serve(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
+        let passivate_after = self.deps.config.passivate_after;
         loop {
             let now = now_ms();
+            let idle_for = tokio::time::sleep(passivate_after);
             tokio::select! {
+                () = idle_for, if self.is_unloadable() => {
+                    // Passivation: an idle session costs nothing until its next command.
+                    tracing::debug!(session = %self.session, "passivating idle session");
+                    return true;
+                }
+                Some(control) = self.control.recv() => match control {
+                    Control::Drain => {
+                        self.draining = true;
+                        self.driver.on_drain();
+                    }
+                    Control::Stop => return true,
+                },
                 Some(msg) = self.op_rx.recv() => match msg {
                     OpMsg::PreStep { op, outcome } => {
                         self.ops.remove(&op);
@@ -206,7 +246,15 @@ impl Runner {
                 return false;
             }
             self.snapshot(false).await;
+            if self.draining && self.driver.is_parked() {
+                return true;
+            }
         }
+    }
+
+    /// Nothing runs, nothing waits: the session may be unloaded.
+    fn is_unloadable(&self) -> bool {
+        self.driver.is_quiescent() && self.waiting.is_empty() && self.ops.is_empty()
     }
 
     /// Writes a snapshot every `snapshot_every` events (or always when `final_`), in the background so
@@ -303,6 +351,13 @@ impl Runner {
 
     async fn append(&self, batch: &[Envelope]) -> Result<u64, JournalError> {
         let expected = batch.first().map_or(0, |e| e.seq.saturating_sub(1));
+        // A worker whose lease lapsed (or was taken) must not write again under the old epoch, even
+        // where the conditional append would still let it through (nobody else has written yet).
+        if let Some(ownership) = &self.deps.ownership
+            && !ownership.may_write(&self.session, self.epoch)
+        {
+            return Err(JournalError::Conflict { session: self.session.clone(), expected, actual: expected });
+        }
         self.deps.log.append(&self.session, expected, batch).await
     }
 
@@ -334,7 +389,7 @@ impl Runner {
                 self.session
             ))));
         }
-        match load_until_available(&self.deps, &self.session, commands).await {
+        match load_until_available(&self.deps, &self.session, self.epoch, commands).await {
             Some(driver) => {
                 self.driver = driver;
                 true

@@ -194,6 +194,20 @@ impl WatchRecorder {
         check_stream(&items, self.after_seq)?;
         Ok(lines_of(&items, false))
     }
+
+    /// The `after_seq` this stream was opened with.
+    pub fn after_seq(&self) -> u64 {
+        self.after_seq
+    }
+
+    /// Drops the stream (the client goes away, as a disconnect does) and returns everything it had
+    /// received by then.
+    pub async fn disconnect(mut self) -> Vec<WatchItem> {
+        self.task.abort();
+        // Wait for the task to end so nothing is pushed after the snapshot below.
+        let _ = (&mut self.task).await;
+        lock(&self.state).items.clone()
+    }
 }
 
 impl Drop for WatchRecorder {

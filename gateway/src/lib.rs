@@ -9,8 +9,9 @@
 //!
 //! Modules: [`convert`] (request validation), [`status`] (error → gRPC code),
 //! [`read`] (projection reads), [`merge`] and [`watch`] (the resumable Watch stream), [`service`] (the
-//! RPCs).
+//! RPCs), [`cluster_router`] (routing to shard owners over the internal API, with retries while shards move).
 
+pub mod cluster_router;
 pub mod convert;
 pub mod merge;
 pub mod read;
@@ -20,6 +21,7 @@ pub mod watch;
 
 use std::future::Future;
 
+pub use cluster_router::{ClusterRouter, ClusterRouterConfig};
 pub use service::{Gateway, GatewayConfig};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;

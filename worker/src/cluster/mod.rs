@@ -1,3 +1,102 @@
 //! Cluster membership of a worker: shard leases, ownership checks, and the internal gRPC service.
+//!
+//! [`start_worker`] wires a [`SessionHost`] to [`leases::Leases`] (its [`crate::host::Ownership`]) and runs
+//! the lease loop; [`service`] exposes the host to gateways over `turnstile.cluster.v1`.
 
+pub mod leases;
 pub mod service;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use turnstile_journal::jetstream::shards::ClusterKv;
+use turnstile_journal::snapshot::SnapshotStore;
+use turnstile_journal::{JournalError, LiveBus, SessionLog};
+
+use crate::config::WorkerConfig;
+use crate::host::SessionHost;
+pub use leases::{LeaseConfig, Leases};
+
+/// What a cluster worker is.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// Unique worker id (reported as the session owner).
+    pub id: String,
+    /// The internal gRPC address gateways reach this worker at.
+    pub advertise_addr: String,
+    pub leases: LeaseConfig,
+    /// Driver settings; `owner_id` is replaced by `id`, `epoch` by each shard's lease epoch.
+    pub worker: WorkerConfig,
+}
+
+/// A running worker: its host and its lease loop.
+pub struct WorkerHandle {
+    host: Arc<SessionHost>,
+    leases: Arc<Leases>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for WorkerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerHandle").field("leases", &self.leases).finish_non_exhaustive()
+    }
+}
+
+/// Joins the cluster: opens the ownership buckets, starts the host and the lease loop.
+pub async fn start_worker(
+    options: WorkerOptions,
+    client: &async_nats::Client,
+    replicas: usize,
+    log: Arc<dyn SessionLog>,
+    bus: Arc<dyn LiveBus>,
+    snapshots: Arc<dyn SnapshotStore>,
+) -> Result<WorkerHandle, JournalError> {
+    let kv = ClusterKv::open(client, replicas, options.leases.shards, options.leases.worker_ttl).await?;
+    let map = kv.watch_shards().await?;
+    let leases = Leases::new(options.id.clone(), options.advertise_addr.clone(), kv, map, options.leases.clone());
+    let mut config = options.worker;
+    config.owner_id = options.id;
+    let host = SessionHost::clustered(log, bus, snapshots, leases.clone(), config);
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(lease_loop(leases.clone(), host.clone(), stop.clone()));
+    Ok(WorkerHandle { host, leases, stop, task })
+}
+
+async fn lease_loop(leases: Arc<Leases>, host: Arc<SessionHost>, stop: CancellationToken) {
+    let every = leases.config().renew_every;
+    // Announce first and give workers that start together a round to see each other's heartbeats, so
+    // the first one up does not take every shard only to hand most of them back.
+    leases.heartbeat().await;
+    tokio::select! {
+        () = stop.cancelled() => return,
+        () = tokio::time::sleep(every * 2) => {}
+    }
+    loop {
+        leases.tick(&host).await;
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+impl WorkerHandle {
+    pub fn host(&self) -> Arc<SessionHost> {
+        self.host.clone()
+    }
+
+    pub fn leases(&self) -> Arc<Leases> {
+        self.leases.clone()
+    }
+
+    /// Leaves the cluster cleanly: drains every session (bounded by `drain_timeout`), releases every
+    /// lease so the next owners start at once, removes the heartbeat.
+    pub async fn shutdown(self, drain_timeout: Duration) {
+        self.stop.cancel();
+        let _ = self.task.await;
+        let _ = tokio::time::timeout(drain_timeout + Duration::from_secs(2), self.leases.leave(&self.host)).await;
+    }
+}

@@ -52,7 +52,7 @@ async fn connect_nats(opts: &NatsOpts) -> Result<(Arc<dyn SessionLog>, Arc<dyn L
     Ok((Arc::new(log), Arc::new(bus), journal))
 }
 
-fn nats_error(url: &str, err: &JournalError) -> anyhow::Error {
+pub(crate) fn nats_error(url: &str, err: &JournalError) -> anyhow::Error {
     match err {
         JournalError::Unavailable(detail) => {
             // The journal's message already says "cannot connect to NATS at <url>: "; say it once.
@@ -64,7 +64,7 @@ fn nats_error(url: &str, err: &JournalError) -> anyhow::Error {
 }
 
 /// Binds first so a busy port fails before anything else starts, with the fix in the message.
-async fn bind(listen: &str) -> Result<TcpListener> {
+pub(crate) async fn bind(listen: &str) -> Result<TcpListener> {
     match TcpListener::bind(listen).await {
         Ok(l) => Ok(l),
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
@@ -75,7 +75,7 @@ async fn bind(listen: &str) -> Result<TcpListener> {
 }
 
 /// The URL clients use for `addr`: a wildcard bind is reached over loopback.
-fn client_url(addr: SocketAddr) -> String {
+pub(crate) fn client_url(addr: SocketAddr) -> String {
     let ip = if addr.ip().is_unspecified() { std::net::Ipv4Addr::LOCALHOST.into() } else { addr.ip() };
     format!("http://{}", SocketAddr::new(ip, addr.port()))
 }
@@ -93,7 +93,7 @@ fn banner(url: &str, journal: &str) -> String {
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::warn!(error = %e, "cannot listen for Ctrl-C");

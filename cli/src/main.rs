@@ -1,9 +1,11 @@
-//! `turnstile`: the one binary. `turnstile dev` runs gateway + worker in one process; every other
-//! command is a client of the public gRPC API.
+//! `turnstile`: the one binary. `turnstile dev` runs gateway + worker in one process; `turnstile gateway`
+//! and `turnstile worker` are the two halves of a cluster; every other command is a client of the public
+//! gRPC API.
 
 mod client;
 mod demo;
 mod dev;
+mod gateway;
 mod render;
 
 use std::path::PathBuf;
@@ -44,6 +46,8 @@ struct Global {
 enum Cmd {
     /// Run gateway + worker in one process on the embedded journal (or on JetStream with --nats).
     Dev(DevArgs),
+    /// Run a cluster gateway: the public API, routing commands to shard owners (JetStream at --nats).
+    Gateway(GatewayArgs),
     /// Deliver a new turn that starts the agent if idle (next-turn, wakeup).
     Followup(DeliverArgs),
     /// Deliver a new turn that waits for a later waking delivery (next-turn, no wakeup).
@@ -98,6 +102,43 @@ struct DevArgs {
     /// Run a short scripted tour on session `demo` once the server is up.
     #[arg(long)]
     demo: bool,
+}
+
+/// Where the cluster's journal lives and how it is laid out; every gateway and worker of a cluster must
+/// agree on it.
+#[derive(Args, Debug)]
+struct ClusterLayout {
+    /// NATS JetStream URL(s) of the cluster (comma-separated for several servers).
+    #[arg(long, env = "TURNSTILE_NATS_URL", hide_env_values = true)]
+    nats: String,
+    /// JetStream event streams (partitions) to spread sessions over; part of the layout.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    partitions: u32,
+    /// Replicas of each stream and KV bucket (1 for one server, 3 for a cluster).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=5))]
+    replicas: u64,
+    /// Virtual shards sessions are hashed to; part of the layout (at least --partitions).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    shards: u32,
+}
+
+impl ClusterLayout {
+    fn replicas(&self) -> usize {
+        // The parser bounds replicas to 1..=5.
+        usize::try_from(self.replicas).unwrap_or(1)
+    }
+}
+
+#[derive(Args, Debug)]
+struct GatewayArgs {
+    #[command(flatten)]
+    layout: ClusterLayout,
+    /// Address of the public API.
+    #[arg(long, env = "TURNSTILE_LISTEN", default_value = "127.0.0.1:7400")]
+    listen: String,
+    /// How long a command may wait for a shard owner (while shards move) before UNAVAILABLE.
+    #[arg(long, default_value_t = 10_000)]
+    route_deadline_ms: u64,
 }
 
 #[derive(Args, Debug)]
@@ -266,10 +307,21 @@ async fn run(cli: Cli) -> Result<()> {
         });
         return dev::run(dev::DevOpts { listen: a.listen, data_dir: a.data_dir, nats, demo: a.demo }).await;
     }
+    if let Cmd::Gateway(a) = cli.command {
+        return gateway::run(gateway::GatewayOpts {
+            replicas: a.layout.replicas(),
+            nats: a.layout.nats,
+            listen: a.listen,
+            partitions: a.layout.partitions,
+            shards: a.layout.shards,
+            route_deadline: std::time::Duration::from_millis(a.route_deadline_ms),
+        })
+        .await;
+    }
     let mut c = Client::connect(&g.addr, g.token.as_deref(), &g.tenant).await?;
     let c = &mut c;
     match cli.command {
-        Cmd::Dev(_) => Ok(()),
+        Cmd::Dev(_) | Cmd::Gateway(_) => Ok(()),
         Cmd::Followup(d) => deliver(c, Preset::Followup, d).await,
         Cmd::Queue(d) => deliver(c, Preset::Queue, d).await,
         Cmd::Inject(d) => deliver(c, Preset::Inject, d).await,
@@ -390,6 +442,29 @@ mod tests {
         assert!(Cli::try_parse_from(["turnstile", "dev", "--partitions", "2"]).is_err(), "layout without --nats");
         assert!(Cli::try_parse_from(["turnstile", "dev", "--nats", "nats://h", "--partitions", "0"]).is_err());
         assert!(Cli::try_parse_from(["turnstile", "dev", "--nats", "nats://h", "--data-dir", "d"]).is_err());
+    }
+
+    #[test]
+    fn gateway_takes_the_cluster_layout() {
+        let cli = Cli::try_parse_from(["turnstile", "gateway", "--nats", "nats://h:4222"]).unwrap();
+        let Cmd::Gateway(a) = cli.command else { panic!("not gateway") };
+        assert_eq!((a.layout.partitions, a.layout.replicas, a.layout.shards), (1, 1, 256));
+        assert_eq!((a.listen.as_str(), a.route_deadline_ms), ("127.0.0.1:7400", 10_000));
+        let cli = Cli::try_parse_from([
+            "turnstile",
+            "gateway",
+            "--nats",
+            "nats://h:4222",
+            "--listen",
+            "127.0.0.1:7401",
+            "--replicas",
+            "3",
+            "--shards",
+            "64",
+        ])
+        .unwrap();
+        let Cmd::Gateway(a) = cli.command else { panic!("not gateway") };
+        assert_eq!((a.listen.as_str(), a.layout.replicas(), a.layout.shards), ("127.0.0.1:7401", 3, 64));
     }
 
     #[test]

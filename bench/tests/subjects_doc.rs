@@ -1,0 +1,117 @@
+//! Checks what docs/SUBJECTS.md tells observers: the worked partition example (computed by the journal's
+//! own functions) and, on a real nats-server with `turnstile dev --nats`, the stored messages of one idle
+//! followup (subject, headers, protobuf body) and the live subjects it publishes.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use prost::Message as _;
+use turnstile_journal::jetstream::subjects;
+use turnstile_journal::message::SessionRef;
+use turnstile_proto::v1 as pb;
+use turnstile_tests::nats::NatsServer;
+use turnstile_tests::{DevOptions, DevServer, new_session_ref, user_msg};
+
+#[test]
+fn the_worked_example_is_what_the_code_computes() {
+    assert_eq!(subjects::fnv1a64(b"acme/sess-1"), 0x2dd1_be46_0085_a094);
+    assert_eq!(subjects::fnv1a64(b"acme/sess-1"), 3_301_629_209_705_029_780);
+    let s = SessionRef::new("acme", "sess-1").unwrap();
+    let shard = subjects::shard_of(&s, 256);
+    assert_eq!(shard, 148);
+    assert_eq!(subjects::partition_of(shard, 1), 0);
+    assert_eq!(subjects::partition_of(shard, 3), 1);
+    assert_eq!(subjects::stream_name(1), "TURNSTILE_EVENTS_1");
+    assert_eq!(subjects::event_subject(1, &s), "turnstile.ev.1.acme.sess-1");
+    assert_eq!(subjects::live_subject(&s, "agent/inbox/claimed"), "turnstile.live.acme.sess-1.agent.inbox.claimed");
+    let t = SessionRef::new("default", "s1").unwrap();
+    assert_eq!(subjects::fnv1a64(b"default/s1"), 0xe6d2_53c9_e042_1ef3);
+    assert_eq!(subjects::shard_of(&t, 256), 243);
+    assert_eq!(subjects::partition_of(243, 4), 3);
+}
+
+fn header(m: &async_nats::jetstream::message::StreamMessage, name: &str) -> Option<String> {
+    m.headers.get(name).map(|v| v.as_str().to_owned())
+}
+
+#[tokio::test]
+async fn an_idle_followup_on_jetstream_looks_as_documented() {
+    let nats = NatsServer::start().await.unwrap();
+    let dev = DevServer::start_with(DevOptions { extra_args: vec!["--nats".into(), nats.url()], ..Default::default() })
+        .await
+        .unwrap();
+    let observer = async_nats::connect(nats.url()).await.unwrap();
+    let session = new_session_ref();
+    let mut live = observer.subscribe(format!("turnstile.live.{}.>", session.tenant)).await.unwrap();
+    observer.flush().await.unwrap();
+
+    let mut client = dev.client();
+    let reply = client
+        .followup(pb::DeliverRequest { session: Some(session.clone()), message: Some(user_msg("m1", "hi")) })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.turn, Some(1));
+    client.when_idle(pb::WhenIdleRequest { session: Some(session.clone()), timeout_ms: 10_000 }).await.unwrap();
+
+    // Durable: stream TURNSTILE_EVENTS_0 (P = 1), one message per event on the session's subject.
+    let js = async_nats::jetstream::new(observer.clone());
+    let stream = js.get_stream("TURNSTILE_EVENTS_0").await.unwrap();
+    let subject = format!("turnstile.ev.0.{}.{}", session.tenant, session.id);
+    let mut durable = Vec::new();
+    let mut stream_seq = 1;
+    while let Ok(m) = stream.get_raw_message(stream_seq).await {
+        stream_seq += 1;
+        assert_eq!(m.subject.as_str(), subject);
+        let event = pb::SessionEvent::decode(m.payload.clone()).unwrap();
+        let names: Vec<String> = m.headers.iter().map(|(k, _)| k.to_string()).collect();
+        println!(
+            "stream seq {:>2}  {:<22} Turnstile-Seq={} Turnstile-Epoch={} batch={:?}/{:?}/{:?} headers={names:?}",
+            m.sequence,
+            header(&m, "Turnstile-Type").unwrap_or_default(),
+            header(&m, "Turnstile-Seq").unwrap_or_default(),
+            header(&m, "Turnstile-Epoch").unwrap_or_default(),
+            header(&m, "Nats-Batch-Id").map(|_| "id"),
+            header(&m, "Nats-Batch-Sequence"),
+            header(&m, "Nats-Batch-Commit"),
+        );
+        assert_eq!(header(&m, "Turnstile-Type").as_deref(), Some(event.r#type.as_str()));
+        assert_eq!(header(&m, "Turnstile-Seq"), Some(event.seq.to_string()));
+        assert_eq!(header(&m, "Turnstile-Epoch"), Some(event.epoch.to_string()));
+        assert_eq!(event.session.as_ref(), Some(&session));
+        durable.push(event.r#type.clone());
+    }
+    assert_eq!(
+        durable,
+        [
+            "agent/inbox/spliced",
+            "agent/status",
+            "turn/start",
+            "agent/inbox/spliced",
+            "step/start",
+            "user/message",
+            "assistant/message",
+            "step/end",
+            "turn/end",
+            "agent/status",
+        ]
+    );
+
+    // Live: core NATS, `/` written as `.`, body LiveEvent with after_seq.
+    let mut seen = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(500), live.next()).await {
+        let event = pb::LiveEvent::decode(m.payload.clone()).unwrap();
+        println!("live {:<58} type={} after_seq={}", m.subject.as_str(), event.r#type, event.after_seq);
+        assert_eq!(
+            m.subject.as_str(),
+            format!("turnstile.live.{}.{}.{}", session.tenant, session.id, event.r#type.replace('/', "."))
+        );
+        seen.push((event.r#type, event.after_seq));
+    }
+    let types: Vec<&str> = seen.iter().map(|(t, _)| t.as_str()).collect();
+    assert!(types.starts_with(&["agent/inbox/inserted", "agent/status", "agent/inbox/claimed"]), "{types:?}");
+    assert_eq!(seen[0].1, 1, "inserted follows the splice (seq 1)");
+    assert_eq!(seen[2].1, 4, "claimed follows the claim splice (seq 4)");
+    dev.stop().await;
+}

@@ -390,3 +390,60 @@ async fn losing_nats_fails_commands_unavailable_and_service_resumes_when_it_retu
     let queued = fresh.queue(user_msg("F", "new session")).await.unwrap();
     assert_eq!(queued.seq, 1, "the refused queue left nothing behind (or exactly the one splice, idempotent)");
 }
+
+/// Replays until every turn that started has ended and the log ends `status idle` (bounded), without
+/// sending any command; tolerates UNAVAILABLE on the way.
+async fn wait_settled_by_itself(s: &Session) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + DEFAULT_WAIT;
+    loop {
+        let lines = match s.replay(0).await {
+            Ok((events, _)) => {
+                check_stream(&items(events.clone()), 0).unwrap();
+                lines_of(&items(events), false)
+            }
+            Err(_) => Vec::new(),
+        };
+        let started = lines.iter().filter(|l| l.starts_with("D turn/start ")).count();
+        let ended = lines.iter().filter(|l| l.starts_with("D turn/end ")).count();
+        if started > 0 && started == ended && lines.last().map(String::as_str) == Some("D status idle") {
+            return lines;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the session did not settle by itself after NATS returned; the log so far:\n{}",
+            lines.join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// NATS stops while a turn runs (mid tool call) and the tool finishes during the outage, so the runner's
+/// next append fails. When NATS returns, the session is repaired or continued and settles idle by itself,
+/// with no command sent: the prompt is answered, every turn ends, nothing is entered twice.
+#[tokio::test]
+async fn losing_nats_mid_turn_the_session_settles_by_itself_when_it_returns() {
+    let mut server = Backend::Nats.start_dev().await.unwrap();
+    let s = server.session();
+    let watch = s.watch().await.unwrap();
+    s.followup(user_msg("A", "[[tool:sleep 300]] go")).await.unwrap();
+    watch.wait_line("D tool/call 1.1 sleep *").await.unwrap();
+    drop(watch);
+    server.nats_mut().unwrap().stop().await;
+    // The outage must outlast the tool (300 ms) so that the runner's next append meets it: the refused
+    // command above usually takes the journal's request timeout, and this bounds it from below.
+    let status = tokio::time::timeout(DEFAULT_WAIT, s.followup(user_msg("B", "during the outage")))
+        .await
+        .expect("a command answers while NATS is down")
+        .expect_err("no delivery without the journal");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    server.nats_mut().unwrap().restart().await.unwrap();
+    let lines = wait_settled_by_itself(&s).await;
+    assert_eq!(entered(&lines, "A"), 1, "{lines:#?}");
+    assert!(entered(&lines, "B") <= 1, "{lines:#?}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("D assistant/message") && l.contains("tool results: sleep: slept 300")),
+        "the tool's result or its rerun is answered: {lines:#?}"
+    );
+}

@@ -9,12 +9,9 @@ use turnstile_gateway::{ClusterRouter, ClusterRouterConfig, Gateway, GatewayConf
 use turnstile_journal::jetstream::KvSnapshots;
 use turnstile_journal::jetstream::shards::ClusterKv;
 use turnstile_journal::{CommandRouter, JetStreamConfig, JetStreamLog, NatsBus};
+use turnstile_worker::cluster::LeaseConfig;
 
 use crate::dev::{bind, client_url, nats_error, shutdown_signal};
-
-/// How long a worker heartbeat counts when this process is the first to create the workers bucket. Must
-/// agree with the workers' default (`--lease-ttl-ms` is theirs; the bucket only drops stale heartbeats).
-pub const WORKER_TTL: Duration = Duration::from_secs(10);
 
 /// Options of `turnstile gateway`.
 #[derive(Clone, Debug)]
@@ -39,7 +36,9 @@ pub async fn run(opts: GatewayOpts) -> Result<()> {
     let client = log.client().clone();
     let bus = NatsBus::new(client.clone());
     let snapshots = KvSnapshots::open(&client, opts.replicas).await.map_err(|e| nats_error(&opts.nats, &e))?;
-    let kv = ClusterKv::open(&client, opts.replicas, opts.shards, WORKER_TTL)
+    // The workers' heartbeat TTL: whoever creates the workers bucket first sets its max age.
+    let worker_ttl = LeaseConfig::default().worker_ttl;
+    let kv = ClusterKv::open(&client, opts.replicas, opts.shards, worker_ttl)
         .await
         .map_err(|e| nats_error(&opts.nats, &e))?;
     let map = kv.watch_shards().await.map_err(|e| nats_error(&opts.nats, &e))?;

@@ -7,6 +7,7 @@ mod demo;
 mod dev;
 mod gateway;
 mod render;
+mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +49,8 @@ enum Cmd {
     Dev(DevArgs),
     /// Run a cluster gateway: the public API, routing commands to shard owners (JetStream at --nats).
     Gateway(GatewayArgs),
+    /// Run a cluster worker: takes shard leases and serves their sessions to gateways (JetStream at --nats).
+    Worker(WorkerArgs),
     /// Deliver a new turn that starts the agent if idle (next-turn, wakeup).
     Followup(DeliverArgs),
     /// Deliver a new turn that waits for a later waking delivery (next-turn, no wakeup).
@@ -139,6 +142,30 @@ struct GatewayArgs {
     /// How long a command may wait for a shard owner (while shards move) before UNAVAILABLE.
     #[arg(long, default_value_t = 10_000)]
     route_deadline_ms: u64,
+}
+
+#[derive(Args, Debug)]
+struct WorkerArgs {
+    #[command(flatten)]
+    layout: ClusterLayout,
+    /// Address of the internal worker API.
+    #[arg(long, env = "TURNSTILE_LISTEN", default_value = "127.0.0.1:7500")]
+    listen: String,
+    /// Address gateways dial to reach this worker (default: the bound --listen address).
+    #[arg(long, env = "TURNSTILE_ADVERTISE")]
+    advertise: Option<String>,
+    /// Unique worker id, reported as the session owner (default: worker-<advertised address>).
+    #[arg(long, env = "TURNSTILE_WORKER_ID")]
+    id: Option<String>,
+    /// How long a shard lease lasts without renewal: the failover time after a crash.
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u64).range(100..))]
+    lease_ttl_ms: u64,
+    /// How often leases are renewed and fair shares recomputed (well below --lease-ttl-ms).
+    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u64).range(10..))]
+    renew_ms: u64,
+    /// How long running steps may take to finish when shards are handed over or at SIGTERM.
+    #[arg(long, default_value_t = 10_000)]
+    drain_timeout_ms: u64,
 }
 
 #[derive(Args, Debug)]
@@ -307,6 +334,28 @@ async fn run(cli: Cli) -> Result<()> {
         });
         return dev::run(dev::DevOpts { listen: a.listen, data_dir: a.data_dir, nats, demo: a.demo }).await;
     }
+    if let Cmd::Worker(a) = cli.command {
+        if a.renew_ms >= a.lease_ttl_ms {
+            anyhow::bail!(
+                "--renew-ms {} must be below --lease-ttl-ms {}, or leases lapse between renewals; try a third of it",
+                a.renew_ms,
+                a.lease_ttl_ms
+            );
+        }
+        return worker::run(worker::WorkerOpts {
+            replicas: a.layout.replicas(),
+            nats: a.layout.nats,
+            listen: a.listen,
+            advertise: a.advertise,
+            id: a.id,
+            partitions: a.layout.partitions,
+            shards: a.layout.shards,
+            lease_ttl: std::time::Duration::from_millis(a.lease_ttl_ms),
+            renew_every: std::time::Duration::from_millis(a.renew_ms),
+            drain_timeout: std::time::Duration::from_millis(a.drain_timeout_ms),
+        })
+        .await;
+    }
     if let Cmd::Gateway(a) = cli.command {
         return gateway::run(gateway::GatewayOpts {
             replicas: a.layout.replicas(),
@@ -321,7 +370,7 @@ async fn run(cli: Cli) -> Result<()> {
     let mut c = Client::connect(&g.addr, g.token.as_deref(), &g.tenant).await?;
     let c = &mut c;
     match cli.command {
-        Cmd::Dev(_) | Cmd::Gateway(_) => Ok(()),
+        Cmd::Dev(_) | Cmd::Gateway(_) | Cmd::Worker(_) => Ok(()),
         Cmd::Followup(d) => deliver(c, Preset::Followup, d).await,
         Cmd::Queue(d) => deliver(c, Preset::Queue, d).await,
         Cmd::Inject(d) => deliver(c, Preset::Inject, d).await,
@@ -465,6 +514,30 @@ mod tests {
         .unwrap();
         let Cmd::Gateway(a) = cli.command else { panic!("not gateway") };
         assert_eq!((a.listen.as_str(), a.layout.replicas(), a.layout.shards), ("127.0.0.1:7401", 3, 64));
+    }
+
+    #[test]
+    fn worker_takes_its_identity_and_lease_timing() {
+        let cli = Cli::try_parse_from([
+            "turnstile",
+            "worker",
+            "--nats",
+            "nats://h:4222",
+            "--listen",
+            "127.0.0.1:0",
+            "--advertise",
+            "10.0.0.5:7501",
+            "--id",
+            "w1",
+            "--lease-ttl-ms",
+            "3000",
+            "--renew-ms",
+            "500",
+        ])
+        .unwrap();
+        let Cmd::Worker(a) = cli.command else { panic!("not worker") };
+        assert_eq!((a.id.as_deref(), a.advertise.as_deref()), (Some("w1"), Some("10.0.0.5:7501")));
+        assert_eq!((a.lease_ttl_ms, a.renew_ms, a.drain_timeout_ms, a.layout.shards), (3000, 500, 10_000, 256));
     }
 
     #[test]

@@ -1,0 +1,85 @@
+//! `turnstile worker`: one worker of a cluster. It heartbeats, takes its fair share of shard leases, runs
+//! the drivers of those shards' sessions and serves them to gateways over the internal
+//! `turnstile.cluster.v1.Worker` API. SIGTERM drains its sessions and releases its leases before it exits,
+//! so the next owners start at once instead of waiting for the leases to expire.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use turnstile_journal::jetstream::KvSnapshots;
+use turnstile_journal::{JetStreamConfig, JetStreamLog, NatsBus};
+use turnstile_worker::WorkerConfig;
+use turnstile_worker::cluster::service::{self, WorkerService};
+use turnstile_worker::cluster::{LeaseConfig, WorkerOptions, start_worker};
+
+use crate::dev::{bind, nats_error, shutdown_signal};
+
+/// Options of `turnstile worker`.
+#[derive(Clone, Debug)]
+pub struct WorkerOpts {
+    pub nats: String,
+    pub listen: String,
+    /// The address gateways dial; `None` is the bound address.
+    pub advertise: Option<String>,
+    /// `None`: `worker-<advertised address>`.
+    pub id: Option<String>,
+    pub partitions: u32,
+    pub replicas: usize,
+    pub shards: u32,
+    pub lease_ttl: Duration,
+    pub renew_every: Duration,
+    pub drain_timeout: Duration,
+}
+
+pub async fn run(opts: WorkerOpts) -> Result<()> {
+    let listener = bind(&opts.listen).await?;
+    let local = listener.local_addr().context("cannot read the bound address")?;
+    let advertise = opts.advertise.clone().unwrap_or_else(|| local.to_string());
+    let id = opts.id.clone().unwrap_or_else(|| format!("worker-{advertise}"));
+
+    let mut config = JetStreamConfig::new(opts.nats.clone());
+    config.partitions = opts.partitions;
+    config.replicas = opts.replicas;
+    config.shards = opts.shards;
+    let log = JetStreamLog::connect(config).await.map_err(|e| nats_error(&opts.nats, &e))?;
+    let client = log.client().clone();
+    let bus = NatsBus::new(client.clone());
+    let snapshots = KvSnapshots::open(&client, opts.replicas).await.map_err(|e| nats_error(&opts.nats, &e))?;
+    let leases = LeaseConfig {
+        shards: opts.shards,
+        ttl: opts.lease_ttl,
+        renew_every: opts.renew_every,
+        drain_timeout: opts.drain_timeout,
+        ..LeaseConfig::default()
+    };
+    let options =
+        WorkerOptions { id: id.clone(), advertise_addr: advertise.clone(), leases, worker: WorkerConfig::default() };
+    let handle = start_worker(options, &client, opts.replicas, Arc::new(log), Arc::new(bus), Arc::new(snapshots))
+        .await
+        .map_err(|e| nats_error(&opts.nats, &e))?;
+
+    // The server keeps answering while the worker drains (not-owner for released shards tells gateways
+    // to look again), so it stops only after `shutdown`.
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(service::serve(WorkerService::new(handle.host()), listener, async {
+        let _ = stop_rx.await;
+    }));
+    println!("turnstile worker {id} serving on {advertise}");
+    tracing::info!(%id, %local, %advertise, shards = opts.shards, "serving turnstile.cluster.v1.Worker");
+
+    tokio::select! {
+        () = shutdown_signal() => {}
+        result = &mut server => {
+            // The server ended by itself: leave the cluster anyway so the shards move on at once.
+            handle.shutdown(opts.drain_timeout).await;
+            return result.context("the server task panicked")?.context("the internal gRPC server stopped");
+        }
+    }
+    tracing::info!(%id, drain_timeout_ms = opts.drain_timeout.as_millis() as u64, "draining and releasing shards");
+    handle.shutdown(opts.drain_timeout).await;
+    let _ = stop_tx.send(());
+    server.await.context("the server task panicked")?.context("the internal gRPC server stopped")?;
+    tracing::info!(%id, "stopped");
+    Ok(())
+}

@@ -21,7 +21,7 @@ use turnstile_journal::{Command, CommandError, CommandReply, Envelope, JournalEr
 use crate::config::WorkerConfig;
 use crate::driver::{
     CommandId, Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepOutcome, PreStepRequest, ToolOutcome,
-    ToolRequest,
+    ToolRequest, atomic_groups,
 };
 use crate::hooks::{PreStepHook, run_waterfall};
 use crate::host::Ownership;
@@ -317,7 +317,7 @@ impl Runner {
                             batch.push(e);
                         }
                     }
-                    if let Err(e) = self.append(&batch).await {
+                    if let Err(e) = self.append_run(&batch).await {
                         let remaining: Vec<Effect> = rest.collect();
                         let lost = matches!(e, JournalError::Conflict { .. });
                         let message = journal_to_command(e.clone()).to_string();
@@ -347,6 +347,15 @@ impl Runner {
             }
         }
         Ok(())
+    }
+
+    /// Writes a run of consecutive appends group by group ([`atomic_groups`]), in order.
+    async fn append_run(&self, run: &[Envelope]) -> Result<u64, JournalError> {
+        let mut last = 0;
+        for group in atomic_groups(run) {
+            last = self.append(&run[group]).await?;
+        }
+        Ok(last)
     }
 
     async fn append(&self, batch: &[Envelope]) -> Result<u64, JournalError> {

@@ -23,6 +23,9 @@ use crate::log::{EventStream, JournalError, SessionLog};
 use crate::message::SessionRef;
 
 /// The most events one append may carry: the server's default cap on an atomic batch.
+/// Room left in a NATS message for headers (type, seq, epoch, traceparent, batch and expected-sequence).
+const HEADER_ALLOWANCE: usize = 1024;
+
 pub const MAX_BATCH: usize = 1000;
 
 /// Entries in the last-seq cache before it is emptied. A miss costs one message get, so a crude bound is
@@ -201,6 +204,16 @@ impl JetStreamLog {
         traceparent: Option<&str>,
     ) -> Result<u64, JournalError> {
         let bodies = check_batch(session, expected_last_seq, events)?;
+        // Refuse up front what the server would refuse for size: that is not worth a retry.
+        let max_payload = self.client.server_info().max_payload;
+        if let Some(body) = bodies.iter().find(|b| b.len() + HEADER_ALLOWANCE > max_payload) {
+            return Err(JournalError::Storage(format!(
+                "an event of session {session} is {} bytes but the NATS server's max_payload is {max_payload}; \
+                 raise max_payload in the nats-server configuration (to at least the message size limit plus \
+                 64 KiB) or lower Turnstile's message size limit",
+                body.len()
+            )));
+        }
         let expected_stream_seq = match self.cached(session) {
             Some(last) if last.seq == expected_last_seq => last.stream_seq,
             _ => {

@@ -225,5 +225,26 @@ impl Driver {
     }
 }
 
+/// Splits a run of consecutive appends into the groups that must be written atomically: a `step/start`
+/// with the `user/message`s that follow it is one group (recovery tells a claimed message a decision
+/// dropped from one whose `user/message` was never written only because they land together); every
+/// other event is a group of its own. Journals make single appends cheaper than atomic batches, and a
+/// cut between any two groups is repaired by SPEC §6.
+pub fn atomic_groups(events: &[Envelope]) -> Vec<std::ops::Range<usize>> {
+    let mut groups = Vec::new();
+    let mut i = 0;
+    while i < events.len() {
+        let mut end = i + 1;
+        if matches!(events[i].payload, EventPayload::StepStart { .. }) {
+            while end < events.len() && matches!(events[end].payload, EventPayload::UserMessage { .. }) {
+                end += 1;
+            }
+        }
+        groups.push(i..end);
+        i = end;
+    }
+    groups
+}
+
 #[cfg(test)]
 mod tests;

@@ -95,8 +95,8 @@ pub struct Sim {
     pub tool_requests: Vec<ToolRequest>,
     /// The driver's inbox at every input boundary, with the seq it had then.
     pub inbox_at: Vec<(u64, Inbox)>,
-    /// The log length after each atomic append batch (a run of consecutive `Append` effects, which the
-    /// runner writes as one conditional append): the only places a crash can cut the log.
+    /// The log length after each atomic append group (`driver::atomic_groups` of a run of consecutive
+    /// `Append` effects, each group one conditional append): the only places a crash can cut the log.
     pub batch_ends: Vec<usize>,
     /// Hold pre-step decisions until [`Sim::decide_pre_steps`].
     pub hold_presteps: bool,
@@ -373,20 +373,30 @@ impl Sim {
         }
     }
 
-    /// Performs every pending effect in order, then checks the invariants.
+    fn end_run(&mut self, run: &mut Vec<Envelope>) {
+        if run.is_empty() {
+            return;
+        }
+        let start = self.log.len() - run.len();
+        for group in turnstile_worker::driver::atomic_groups(run) {
+            self.batch_ends.push(start + group.end);
+        }
+        run.clear();
+    }
+
+    /// Performs every pending effect in order, then checks the invariants. Records where the runner's
+    /// appends end: runs of consecutive appends are written in `atomic_groups`.
     fn perform_effects(&mut self) {
-        let mut in_batch = false;
+        let mut run: Vec<Envelope> = Vec::new();
         while let Some(effect) = self.driver.poll_effect() {
-            let is_append = matches!(effect, Effect::Append(_));
-            if in_batch && !is_append {
-                self.batch_ends.push(self.log.len());
+            if let Effect::Append(env) = &effect {
+                run.push(env.clone());
+            } else {
+                self.end_run(&mut run);
             }
-            in_batch = is_append;
             self.perform(effect);
         }
-        if in_batch {
-            self.batch_ends.push(self.log.len());
-        }
+        self.end_run(&mut run);
         self.check();
     }
 

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use tokio::net::TcpListener;
 use turnstile_gateway::{Gateway, GatewayConfig};
+use turnstile_journal::jetstream::KvSnapshots;
+use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{
     CommandRouter, EmbeddedLog, JetStreamConfig, JetStreamLog, JournalError, LiveBus, LocalBus, NatsBus, SessionLog,
 };
@@ -35,12 +37,15 @@ pub struct NatsOpts {
 
 /// Connects the JetStream journal and the live bus on its connection. The errors say what to do: an
 /// unreachable server names the URL and how to start one; a stream with another layout names the field.
-async fn connect_nats(opts: &NatsOpts) -> Result<(Arc<dyn SessionLog>, Arc<dyn LiveBus>, String)> {
+async fn connect_nats(
+    opts: &NatsOpts,
+) -> Result<(Arc<dyn SessionLog>, Arc<dyn LiveBus>, Arc<dyn SnapshotStore>, String)> {
     let mut config = JetStreamConfig::new(opts.url.clone());
     config.partitions = opts.partitions;
     config.replicas = opts.replicas;
     let log = JetStreamLog::connect(config).await.map_err(|e| nats_error(&opts.url, &e))?;
     let bus = NatsBus::new(log.client().clone());
+    let snapshots = KvSnapshots::open(log.client(), opts.replicas).await.map_err(|e| nats_error(&opts.url, &e))?;
     let journal = format!(
         "JetStream at {} ({} partition{}, {} replica{})",
         opts.url,
@@ -49,7 +54,7 @@ async fn connect_nats(opts: &NatsOpts) -> Result<(Arc<dyn SessionLog>, Arc<dyn L
         opts.replicas,
         if opts.replicas == 1 { "" } else { "s" },
     );
-    Ok((Arc::new(log), Arc::new(bus), journal))
+    Ok((Arc::new(log), Arc::new(bus), Arc::new(snapshots), journal))
 }
 
 pub(crate) fn nats_error(url: &str, err: &JournalError) -> anyhow::Error {
@@ -123,26 +128,30 @@ pub(crate) async fn shutdown_signal() {
 pub async fn run(opts: DevOpts) -> Result<()> {
     let listener = bind(&opts.listen).await?;
     let local = listener.local_addr().context("cannot read the bound address")?;
-    let (log, bus, journal): (Arc<dyn SessionLog>, Arc<dyn LiveBus>, String) = match (&opts.nats, &opts.data_dir) {
+    // The embedded journal reads from memory, so it keeps no snapshots; JetStream keeps them in KV.
+    type Journal = (Arc<dyn SessionLog>, Arc<dyn LiveBus>, Arc<dyn SnapshotStore>, String);
+    let (log, bus, snapshots, journal): Journal = match (&opts.nats, &opts.data_dir) {
         (Some(nats), _) => connect_nats(nats).await?,
         (None, Some(dir)) => {
             let log = EmbeddedLog::open(dir)
                 .with_context(|| format!("cannot open the journal in {}; check --data-dir", dir.display()))?;
-            (Arc::new(log), Arc::new(LocalBus::new()), format!("embedded, on disk in {}", dir.display()))
+            let journal = format!("embedded, on disk in {}", dir.display());
+            (Arc::new(log), Arc::new(LocalBus::new()), Arc::new(NoSnapshots), journal)
         }
         (None, None) => (
             Arc::new(EmbeddedLog::in_memory()),
             Arc::new(LocalBus::new()),
+            Arc::new(NoSnapshots),
             "embedded, in memory (lost on exit; pass --data-dir DIR to keep sessions)".to_owned(),
         ),
     };
-    let host = SessionHost::new(log.clone(), bus.clone(), WorkerConfig::default());
+    let host = SessionHost::with_snapshots(log.clone(), bus.clone(), snapshots.clone(), WorkerConfig::default());
     let resumed = host.resume_running().await.context("cannot resume the sessions that were running")?;
     if resumed > 0 {
         tracing::info!(resumed, "resumed sessions that were running when the last process stopped");
     }
     let router: Arc<dyn CommandRouter> = host;
-    let gateway = Gateway::new(router, log, bus, GatewayConfig::default());
+    let gateway = Gateway::new(router, log, bus, GatewayConfig::default()).with_snapshots(snapshots);
 
     let url = client_url(local);
     print!("{}", banner(&url, &journal));

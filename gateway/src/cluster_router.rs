@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 use turnstile_journal::codec::command::{
     ERROR_KEY, OWNER_KEY, SESSION_KEY, command_error_from_parts, decode_command_reply, encode_execute_request,
@@ -70,11 +70,19 @@ pub trait WorkerTransport: Send + Sync + 'static {
 pub struct GrpcTransport {
     channels: Mutex<HashMap<String, Channel>>,
     connect_timeout: Duration,
+    /// TLS to the workers (`--cluster-tls-ca`); the name checked is the advertised host unless the config
+    /// sets a domain.
+    tls: Option<ClientTlsConfig>,
 }
 
 impl GrpcTransport {
     pub fn new(connect_timeout: Duration) -> Self {
-        Self { channels: Mutex::new(HashMap::new()), connect_timeout }
+        Self { channels: Mutex::new(HashMap::new()), connect_timeout, tls: None }
+    }
+
+    /// Dials workers over TLS with `tls` (see [`crate::tls::client_config`]).
+    pub fn with_tls(connect_timeout: Duration, tls: ClientTlsConfig) -> Self {
+        Self { tls: Some(tls), ..Self::new(connect_timeout) }
     }
 
     fn channel(&self, addr: &str) -> Result<Channel, Status> {
@@ -82,11 +90,17 @@ impl GrpcTransport {
         if let Some(channel) = channels.get(addr) {
             return Ok(channel.clone());
         }
-        let url = if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") };
-        let endpoint = Endpoint::from_shared(url)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let url = if addr.contains("://") { addr.to_owned() } else { format!("{scheme}://{addr}") };
+        let mut endpoint = Endpoint::from_shared(url)
             .map_err(|e| Status::unavailable(format!("worker address {addr:?} is not a valid URL: {e}")))?
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| Status::unavailable(format!("TLS to worker {addr:?} cannot be set up: {e}")))?;
+        }
         let channel = endpoint.connect_lazy();
         channels.insert(addr.to_owned(), channel.clone());
         Ok(channel)

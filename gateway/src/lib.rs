@@ -9,14 +9,18 @@
 //!
 //! Modules: [`convert`] (request validation), [`status`] (error → gRPC code),
 //! [`read`] (projection reads), [`merge`] and [`watch`] (the resumable Watch stream), [`service`] (the
-//! RPCs), [`cluster_router`] (routing to shard owners over the internal API, with retries while shards move).
+//! RPCs), [`cluster_router`] (routing to shard owners over the internal API, with retries while shards move),
+//! [`auth`] (bearer tokens → tenant; every call is confined to its tenant) and [`tls`] (rustls configs
+//! from PEM files, for the public API and the internal hop).
 
+pub mod auth;
 pub mod cluster_router;
 pub mod convert;
 pub mod merge;
 pub mod read;
 pub mod service;
 pub mod status;
+pub mod tls;
 pub mod watch;
 
 use std::future::Future;
@@ -25,6 +29,7 @@ pub use cluster_router::{ClusterRouter, ClusterRouterConfig};
 pub use service::{Gateway, GatewayConfig};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::ServerTlsConfig;
 use turnstile_proto::v1::agent_server::AgentServer;
 
 /// The gRPC server stopped for a reason other than `shutdown`.
@@ -39,12 +44,26 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    serve_with(gateway, listener, None, shutdown).await
+}
+
+/// [`serve`], over TLS when `tls` is set ([`tls::server_config`]).
+pub async fn serve_with(
+    gateway: Gateway,
+    listener: TcpListener,
+    tls: Option<ServerTlsConfig>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
     let watches = gateway.shutdown_token();
     let shutdown = async move {
         shutdown.await;
         watches.cancel();
     };
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    builder
         .add_service(AgentServer::new(gateway))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await?;

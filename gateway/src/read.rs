@@ -28,7 +28,12 @@ pub async fn existing(
 ) -> Result<SessionState, Status> {
     let state = project(log, snapshots, session).await?;
     if !state.exists() {
-        return Err(Status::not_found(format!("session {session} does not exist: it has no accepted writes yet")));
+        return Err(not_found(session));
     }
     Ok(state)
+}
+
+/// NOT_FOUND for `session`; also the answer for another tenant's session, so the two cannot be told apart.
+pub fn not_found(session: &SessionRef) -> Status {
+    Status::not_found(format!("session {session} does not exist: it has no accepted writes yet"))
 }

@@ -15,6 +15,7 @@ use turnstile_journal::{Command, CommandReply, CommandRouter, LiveBus, SessionLo
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_server::Agent;
 
+use crate::auth::{Authenticator, Caller};
 use crate::watch::{self, WatchSpec};
 use crate::{convert, read, status};
 
@@ -47,13 +48,15 @@ pub struct Gateway {
     bus: Arc<dyn LiveBus>,
     snapshots: Arc<dyn SnapshotStore>,
     config: GatewayConfig,
+    /// Resolves each call's tenant ([`Gateway::open`]); disabled unless [`Gateway::with_auth`].
+    auth: Arc<Authenticator>,
     /// Ends every Watch stream at shutdown; the server's graceful drain would otherwise wait for them forever.
     shutdown: CancellationToken,
 }
 
 impl std::fmt::Debug for Gateway {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gateway").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("Gateway").field("config", &self.config).field("auth", &self.auth).finish_non_exhaustive()
     }
 }
 
@@ -64,7 +67,21 @@ impl Gateway {
         bus: Arc<dyn LiveBus>,
         config: GatewayConfig,
     ) -> Self {
-        Self { router, log, bus, snapshots: Arc::new(NoSnapshots), config, shutdown: CancellationToken::new() }
+        Self {
+            router,
+            log,
+            bus,
+            snapshots: Arc::new(NoSnapshots),
+            config,
+            auth: Arc::new(Authenticator::Disabled),
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    /// Every call must carry a bearer token that `auth` resolves to a tenant, and is confined to it.
+    pub fn with_auth(mut self, auth: Authenticator) -> Self {
+        self.auth = Arc::new(auth);
+        self
     }
 
     /// Reads start from the latest snapshot in `snapshots` instead of the start of the log.
@@ -76,6 +93,25 @@ impl Gateway {
     /// Cancelling it ends every open Watch stream (with UNAVAILABLE, so clients reconnect elsewhere).
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
+    }
+
+    /// The one tenancy check, before anything else of a call: authenticates the caller and confines the
+    /// request's session to the caller's tenant. An empty `session.tenant` becomes the caller's; another
+    /// tenant's session is NOT_FOUND with the very message of a session that does not exist, so a caller
+    /// learns nothing about other tenants.
+    fn open<T: NamesSession>(&self, request: Request<T>) -> Result<T, Status> {
+        let caller = self.auth.authenticate(request.metadata())?;
+        let mut req = self.open(request)?;
+        if let (Caller::Tenant(tenant), Some(raw)) = (&caller, req.session_mut()) {
+            if raw.tenant.is_empty() {
+                raw.tenant.clone_from(tenant);
+            } else if raw.tenant != *tenant {
+                // Malformed names are still INVALID_ARGUMENT, as for the caller's own tenant.
+                let named = self.session(Some(raw.clone()))?;
+                return Err(read::not_found(&named));
+            }
+        }
+        Ok(req)
     }
 
     fn session(&self, raw: Option<pb::SessionRef>) -> Result<SessionRef, Status> {
@@ -145,6 +181,36 @@ impl Gateway {
     }
 }
 
+/// Requests that name one session, so [`Gateway::open`] can confine it.
+trait NamesSession {
+    fn session_mut(&mut self) -> Option<&mut pb::SessionRef>;
+}
+
+macro_rules! names_session {
+    ($($t:ty),+ $(,)?) => {
+        $(impl NamesSession for $t {
+            fn session_mut(&mut self) -> Option<&mut pb::SessionRef> {
+                self.session.as_mut()
+            }
+        })+
+    };
+}
+
+names_session!(
+    pb::SendRequest,
+    pb::DeliverRequest,
+    pb::SteerRequest,
+    pb::CancelRequest,
+    pb::ReplaceRequest,
+    pb::RemoveRequest,
+    pb::SpliceRequest,
+    pb::ClearRequest,
+    pb::GetInboxRequest,
+    pb::GetSessionRequest,
+    pb::WatchRequest,
+    pb::WhenIdleRequest,
+);
+
 fn unexpected(what: &str, reply: &CommandReply) -> Status {
     Status::internal(format!("the driver answered {what} with {reply:?}; this is a bug, please report it"))
 }
@@ -170,7 +236,7 @@ fn parse_page_token(token: &str) -> Result<Option<SessionRef>, Status> {
 #[tonic::async_trait]
 impl Agent for Gateway {
     async fn send(&self, request: Request<pb::SendRequest>) -> Result<Response<pb::SendReply>, Status> {
-        let req = request.into_inner();
+        let req = self.open(request)?;
         let session = self.session(req.session)?;
         let target = convert::target("target", req.target).map_err(status::from_convert)?;
         let message =
@@ -179,15 +245,15 @@ impl Agent for Gateway {
     }
 
     async fn followup(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
-        self.preset(request.into_inner(), Target::NextTurn, true, &MessageSource::User).await
+        self.preset(self.open(request)?, Target::NextTurn, true, &MessageSource::User).await
     }
 
     async fn queue(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
-        self.preset(request.into_inner(), Target::NextTurn, false, &MessageSource::User).await
+        self.preset(self.open(request)?, Target::NextTurn, false, &MessageSource::User).await
     }
 
     async fn steer(&self, request: Request<pb::SteerRequest>) -> Result<Response<pb::SendReply>, Status> {
-        let req = request.into_inner();
+        let req = self.open(request)?;
         let session = self.session(req.session)?;
         let message =
             convert::user_message("message", req.message, &MessageSource::User).map_err(status::from_convert)?;
@@ -197,16 +263,16 @@ impl Agent for Gateway {
     }
 
     async fn inject(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
-        self.preset(request.into_inner(), Target::NextStep, false, &convert::inject_default_source()).await
+        self.preset(self.open(request)?, Target::NextStep, false, &convert::inject_default_source()).await
     }
 
     async fn interrupt(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
-        let (session, message) = self.delivery(request.into_inner(), &MessageSource::User)?;
+        let (session, message) = self.delivery(self.open(request)?, &MessageSource::User)?;
         self.deliver(session, Command::Interrupt { message }).await
     }
 
     async fn cancel(&self, request: Request<pb::CancelRequest>) -> Result<Response<pb::CancelReply>, Status> {
-        let req = request.into_inner();
+        let req = self.open(request)?;
         let session = self.session(req.session)?;
         let command = Command::Cancel { cause: convert::cancel_cause(req.cause), keep_inbox: req.keep_inbox };
         let seq = self.written(session, command).await?;
@@ -214,7 +280,7 @@ impl Agent for Gateway {
     }
 
     async fn replace(&self, request: Request<pb::ReplaceRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let req = request.into_inner();
+        let req = self.open(request)?;
         let session = self.session(req.session)?;
         let id = convert::message_id("id", req.id).map_err(status::from_convert)?;
         let message =
@@ -224,7 +290,7 @@ impl Agent for Gateway {
     }
 
     async fn remove(&self, request: Request<pb::RemoveRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let req = request.into_inner();
+        let req = self.open(request)?;
         let session = self.session(req.session)?;
         let id = convert::message_id("id", req.id).map_err(status::from_convert)?;
         let seq = self.written(session, Command::Remove { id }).await?;
@@ -232,7 +298,7 @@ impl Agent for Gateway {
     }
 
     async fn splice(&self, request: Request<pb::SpliceRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let req = request.into_inner();
+        let req = self.open(request)?;
         let session = self.session(req.session)?;
         let target = convert::target("target", req.target).map_err(status::from_convert)?;
         let inserted = req
@@ -248,19 +314,19 @@ impl Agent for Gateway {
     }
 
     async fn clear(&self, request: Request<pb::ClearRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let session = self.session(request.into_inner().session)?;
+        let session = self.session(self.open(request)?.session)?;
         let seq = self.written(session, Command::Clear).await?;
         Ok(Response::new(pb::EditReply { seq }))
     }
 
     async fn get_inbox(&self, request: Request<pb::GetInboxRequest>) -> Result<Response<pb::InboxSnapshot>, Status> {
-        let session = self.session(request.into_inner().session)?;
+        let session = self.session(self.open(request)?.session)?;
         let state = read::existing(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
         Ok(Response::new(codec::encode_inbox(&state.inbox, state.last_seq)))
     }
 
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Result<Response<pb::SessionInfo>, Status> {
-        let session = self.session(request.into_inner().session)?;
+        let session = self.session(self.open(request)?.session)?;
         let state = read::existing(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
         Ok(Response::new(self.info(&state).await))
     }
@@ -268,7 +334,7 @@ impl Agent for Gateway {
     type WatchStream = ReceiverStream<Result<pb::WatchItem, Status>>;
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        let req = request.into_inner();
+        let req = self.open(request)?;
         let spec = WatchSpec { session: self.session(req.session)?, after_seq: req.after_seq, live: req.live };
         let (tx, rx) = mpsc::channel(self.config.watch_buffer.max(1));
         tokio::spawn(watch::run(
@@ -283,7 +349,7 @@ impl Agent for Gateway {
     }
 
     async fn when_idle(&self, request: Request<pb::WhenIdleRequest>) -> Result<Response<pb::SessionInfo>, Status> {
-        let req = request.into_inner();
+        let req = self.open(request)?;
         let session = self.session(req.session)?;
         let timeout = match req.timeout_ms {
             0 => self.config.when_idle_timeout,
@@ -315,7 +381,18 @@ impl Agent for Gateway {
         &self,
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsReply>, Status> {
-        let req = request.into_inner();
+        let caller = self.auth.authenticate(request.metadata())?;
+        let mut req = request.into_inner();
+        if let Caller::Tenant(own) = &caller {
+            // Confined to the caller's tenant: naming another one is refused without saying whether it exists.
+            if !req.tenant.is_empty() && req.tenant != *own {
+                return Err(Status::permission_denied(format!(
+                    "your credentials are for tenant {own:?}; ListSessions lists only your tenant's sessions: \
+                     leave tenant empty"
+                )));
+            }
+            req.tenant.clone_from(own);
+        }
         let page_size = match req.page_size as usize {
             0 => DEFAULT_PAGE,
             n if n > MAX_PAGE => {

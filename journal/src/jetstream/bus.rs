@@ -25,8 +25,7 @@ impl NatsBus {
 
     /// Connects to `url` with a bounded connect timeout.
     pub async fn connect(url: &str) -> Result<Self, JournalError> {
-        let defaults = super::JetStreamConfig::new(url);
-        Ok(Self::new(super::connect(url, defaults.connect_timeout, defaults.request_timeout).await?))
+        Ok(Self::new(super::connect(&super::JetStreamConfig::new(url)).await?))
     }
 }
 

@@ -1,5 +1,6 @@
 //! [`JetStreamConfig`] and the event streams it implies: created when missing, verified when present.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -24,6 +25,27 @@ pub struct JetStreamConfig {
     pub connect_timeout: Duration,
     /// Bound on each JetStream request (publish ack, message get, stream info).
     pub request_timeout: Duration,
+    /// How the NATS connection authenticates and is encrypted (`--nats-creds`, `--nats-ca`, …).
+    pub security: NatsSecurity,
+}
+
+/// Credentials and TLS of the NATS connection; all optional (a plain `nats://` server needs none).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NatsSecurity {
+    /// A `.creds` file (user JWT + NKey seed, as `nsc` writes them).
+    pub creds: Option<PathBuf>,
+    /// PEM CA(s) that signed the server's certificate. Setting it requires TLS.
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key for servers that verify clients (`verify: true`). Setting them
+    /// requires TLS.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl NatsSecurity {
+    /// Whether the connection must be TLS (a CA or a client certificate is configured).
+    pub fn requires_tls(&self) -> bool {
+        self.ca.is_some() || self.client_cert.is_some()
+    }
 }
 
 impl JetStreamConfig {
@@ -36,6 +58,7 @@ impl JetStreamConfig {
             shards: 256,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
+            security: NatsSecurity::default(),
         }
     }
 

@@ -63,7 +63,7 @@ impl JetStreamLog {
     /// layout is [`JournalError::Storage`] naming the field.
     pub async fn connect(config: JetStreamConfig) -> Result<Self, JournalError> {
         config.validate()?;
-        let client = super::connect(&config.url, config.connect_timeout, config.request_timeout).await?;
+        let client = super::connect(&config).await?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(config.request_timeout);
         let mut streams = Vec::with_capacity(config.partitions as usize);

@@ -41,7 +41,7 @@ mod tail;
 use std::time::Duration;
 
 pub use bus::{NatsBus, barrier};
-pub use config::JetStreamConfig;
+pub use config::{JetStreamConfig, NatsSecurity};
 pub use log::{JetStreamLog, MAX_BATCH};
 pub use snapshots::{KvSnapshots, SNAPSHOT_BUCKET};
 
@@ -58,8 +58,34 @@ pub const HEADER_TRACEPARENT: &str = "traceparent";
 
 /// Connects once, bounded: an unreachable server is an error naming the URL, not an endless retry. Once
 /// connected, the client reconnects on its own (calls in between fail as [`JournalError::Unavailable`]).
-async fn connect(url: &str, timeout: Duration, request_timeout: Duration) -> Result<async_nats::Client, JournalError> {
-    let options = async_nats::ConnectOptions::new().connection_timeout(timeout).request_timeout(Some(request_timeout));
+/// `config.security` adds a credentials file and TLS (a CA or client certificate makes TLS required, so a
+/// server that offers none is refused instead of silently spoken to in clear text).
+async fn connect(config: &JetStreamConfig) -> Result<async_nats::Client, JournalError> {
+    let (url, timeout) = (config.url.as_str(), config.connect_timeout);
+    let mut options =
+        async_nats::ConnectOptions::new().connection_timeout(timeout).request_timeout(Some(config.request_timeout));
+    let security = &config.security;
+    if let Some(creds) = &security.creds {
+        options = options.credentials_file(creds).await.map_err(|e| {
+            JournalError::Unavailable(format!("cannot use NATS credentials file {}: {e}", creds.display()))
+        })?;
+    }
+    if let Some(ca) = &security.ca {
+        // async-nats reads the file only while connecting; check it now so the error names it.
+        std::fs::metadata(ca)
+            .map_err(|e| JournalError::Unavailable(format!("cannot read NATS CA file {}: {e}", ca.display())))?;
+        options = options.add_root_certificates(ca.clone());
+    }
+    if let Some((cert, key)) = &security.client_cert {
+        for file in [cert, key] {
+            std::fs::metadata(file)
+                .map_err(|e| JournalError::Unavailable(format!("cannot read NATS TLS file {}: {e}", file.display())))?;
+        }
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    if security.requires_tls() {
+        options = options.require_tls(true);
+    }
     // The outer timeout also bounds DNS and the handshake, which `connection_timeout` may not cover.
     match tokio::time::timeout(timeout + Duration::from_secs(1), options.connect(url)).await {
         Ok(Ok(client)) => Ok(client),

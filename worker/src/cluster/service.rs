@@ -98,7 +98,21 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    tonic::transport::Server::builder()
+    serve_with(service, listener, None, shutdown).await
+}
+
+/// [`serve`], over TLS when `tls` is set (gateways then dial with `--cluster-tls-ca`).
+pub async fn serve_with(
+    service: WorkerService,
+    listener: TcpListener,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    builder
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await

@@ -1,0 +1,404 @@
+//! Who is calling: the bearer token of each call resolves to exactly one tenant, and every RPC of that
+//! call is confined to it (`service::Gateway::open`).
+//!
+//! Three ways to run:
+//! - [`Authenticator::TokenFile`]: a file of `TOKEN TENANT` lines (`#` starts a comment), for small setups.
+//!   Tokens are kept only as SHA-256 digests and every digest is compared in constant time, so neither the
+//!   memory of the process nor the timing of a refusal tells anything about a valid token.
+//! - [`Authenticator::Jwt`]: a signed JWT whose `tenant` claim names the tenant; `exp` is required. HS256
+//!   with a shared secret file, or RS256/ES256 with a public key PEM. Only the configured algorithm is
+//!   accepted, so `alg: none` or a switch from RS256 to HS256 (the public key used as a secret) is refused.
+//! - [`Authenticator::Disabled`]: no credentials; allowed only on a loopback listener ([`check_exposure`]).
+//!
+//! A missing, malformed or unknown token is UNAUTHENTICATED. Naming another tenant's session is handled
+//! by the service as NOT_FOUND, exactly like a session that does not exist.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tonic::Status;
+use tonic::metadata::MetadataMap;
+use turnstile_journal::message::SessionRef;
+
+/// An auth configuration that cannot be used; the message names the file and what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}:{line}: {detail}", path.display())]
+    TokenLine { path: PathBuf, line: usize, detail: String },
+    #[error("{} has no tokens; add one `TOKEN TENANT` line per token", path.display())]
+    NoTokens { path: PathBuf },
+    #[error("{}: {detail}", path.display())]
+    Key { path: PathBuf, detail: String },
+    #[error("refusing to serve without auth on {listen}; pass --auth-tokens or --jwt-key, or listen on loopback")]
+    Exposed { listen: String },
+}
+
+/// The JWT signature algorithms accepted by `--jwt-alg`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JwtAlg {
+    /// HMAC-SHA256 with a shared secret (the key file's bytes).
+    Hs256,
+    /// RSA PKCS#1 v1.5 with SHA-256; the key file is the RSA public key PEM.
+    Rs256,
+    /// ECDSA P-256 with SHA-256; the key file is the EC public key PEM.
+    Es256,
+}
+
+impl std::str::FromStr for JwtAlg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_uppercase().as_str() {
+            "HS256" => Ok(Self::Hs256),
+            "RS256" => Ok(Self::Rs256),
+            "ES256" => Ok(Self::Es256),
+            _ => Err(format!("JWT algorithm {s:?} is not supported; use HS256, RS256 or ES256")),
+        }
+    }
+}
+
+impl JwtAlg {
+    fn algorithm(self) -> Algorithm {
+        match self {
+            Self::Hs256 => Algorithm::HS256,
+            Self::Rs256 => Algorithm::RS256,
+            Self::Es256 => Algorithm::ES256,
+        }
+    }
+}
+
+/// RFC 7518 §3.2: an HS256 key must be at least as long as the hash output.
+const MIN_HS256_SECRET: usize = 32;
+
+/// Who the caller of one RPC is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// Auth is off: the request's own tenant (or the default tenant) is used.
+    Anonymous,
+    /// Auth is on: everything the call touches belongs to this tenant.
+    Tenant(String),
+}
+
+impl Caller {
+    pub fn tenant(&self) -> Option<&str> {
+        match self {
+            Self::Anonymous => None,
+            Self::Tenant(t) => Some(t),
+        }
+    }
+}
+
+/// Resolves a call's `authorization` metadata to a [`Caller`].
+pub enum Authenticator {
+    Disabled,
+    TokenFile(TokenFile),
+    Jwt(Box<JwtAuth>),
+}
+
+impl fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print digests or keys.
+        f.write_str(self.describe())
+    }
+}
+
+impl Authenticator {
+    /// `auth: off`, `tokens`, `jwt`: for banners and logs.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Self::Disabled => "off",
+            Self::TokenFile(_) => "bearer tokens (token file)",
+            Self::Jwt(_) => "bearer JWT (tenant claim)",
+        }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        !matches!(self, Self::Disabled)
+    }
+
+    /// The caller of a request with this metadata; UNAUTHENTICATED when auth is on and the token is
+    /// missing or not valid.
+    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
+        let tenant = match self {
+            Self::Disabled => return Ok(Caller::Anonymous),
+            Self::TokenFile(file) => file.lookup(bearer(metadata)?).map(str::to_owned).ok_or_else(|| {
+                Status::unauthenticated("the bearer token is not valid; check --token (TURNSTILE_TOKEN)")
+            })?,
+            Self::Jwt(jwt) => jwt.verify(bearer(metadata)?)?,
+        };
+        Ok(Caller::Tenant(tenant))
+    }
+}
+
+/// The token of `authorization: Bearer <token>`.
+fn bearer(metadata: &MetadataMap) -> Result<&str, Status> {
+    let missing = || {
+        Status::unauthenticated(
+            "this gateway requires a bearer token: send `authorization: Bearer <token>` (turnstile --token)",
+        )
+    };
+    let value = metadata.get("authorization").ok_or_else(missing)?;
+    let value = value.to_str().map_err(|_| Status::unauthenticated("the authorization header is not ASCII"))?;
+    let (scheme, token) = value.split_once(' ').ok_or_else(missing)?;
+    // The scheme is case-insensitive (RFC 9110 §11.1).
+    if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+        return Err(missing());
+    }
+    Ok(token.trim())
+}
+
+/// A tenant name must be usable as the tenant half of a session name.
+fn valid_tenant(tenant: &str) -> Result<(), String> {
+    SessionRef::new(tenant, "x").map(|_| ()).map_err(|e| e.to_string())
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, AuthError> {
+    std::fs::read(path).map_err(|source| AuthError::Read { path: path.to_owned(), source })
+}
+
+/// `TOKEN TENANT` lines, kept as digests.
+pub struct TokenFile {
+    entries: Vec<([u8; 32], String)>,
+}
+
+impl fmt::Debug for TokenFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenFile").field("tokens", &self.entries.len()).finish_non_exhaustive()
+    }
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl TokenFile {
+    pub fn load(path: &Path) -> Result<Self, AuthError> {
+        let bytes = read(path)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| AuthError::Key { path: path.to_owned(), detail: "the token file is not UTF-8 text".into() })?;
+        Self::parse(path, &text)
+    }
+
+    fn parse(path: &Path, text: &str) -> Result<Self, AuthError> {
+        let mut entries: Vec<([u8; 32], String)> = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.split_once('#').map_or(raw, |(before, _)| before).trim();
+            if line.is_empty() {
+                continue;
+            }
+            let bad = |detail: String| AuthError::TokenLine { path: path.to_owned(), line: i + 1, detail };
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [token, tenant] = fields.as_slice() else {
+                return Err(bad(format!("expected `TOKEN TENANT`, got {} fields", fields.len())));
+            };
+            valid_tenant(tenant).map_err(|e| bad(format!("tenant {tenant:?} is not valid: {e}")))?;
+            let d = digest(token);
+            if entries.iter().any(|(other, _)| bool::from(other.ct_eq(&d))) {
+                return Err(bad(
+                    "this token is already listed on an earlier line; each token maps to one tenant".into()
+                ));
+            }
+            entries.push((d, (*tenant).to_owned()));
+        }
+        if entries.is_empty() {
+            return Err(AuthError::NoTokens { path: path.to_owned() });
+        }
+        Ok(Self { entries })
+    }
+
+    /// The tenant of `token`. Every entry is compared, whatever matches, so the time does not depend on
+    /// where (or whether) the token is listed.
+    fn lookup(&self, token: &str) -> Option<&str> {
+        let d = digest(token);
+        let mut found = None;
+        for (entry, tenant) in &self.entries {
+            if bool::from(entry.ct_eq(&d)) {
+                found = Some(tenant.as_str());
+            }
+        }
+        found
+    }
+}
+
+/// JWT verification with one key and one algorithm.
+pub struct JwtAuth {
+    key: DecodingKey,
+    validation: Validation,
+}
+
+impl fmt::Debug for JwtAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JwtAuth").field("algorithms", &self.validation.algorithms).finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+struct Claims {
+    tenant: String,
+}
+
+impl JwtAuth {
+    /// `key_file`: the HS256 secret (trailing newlines are not part of it) or the RS256/ES256 public key PEM.
+    pub fn load(key_file: &Path, alg: JwtAlg) -> Result<Self, AuthError> {
+        let bytes = read(key_file)?;
+        let key_error = |detail: String| AuthError::Key { path: key_file.to_owned(), detail };
+        let key = match alg {
+            JwtAlg::Hs256 => {
+                // `echo secret > file` adds a newline the signer does not use.
+                let end = bytes.iter().rposition(|b| !matches!(b, b'\n' | b'\r')).map_or(0, |i| i + 1);
+                let secret = &bytes[..end];
+                if secret.len() < MIN_HS256_SECRET {
+                    return Err(key_error(format!(
+                        "an HS256 secret must be at least {MIN_HS256_SECRET} bytes, this one has {}; generate one \
+                         with `openssl rand -hex 32`",
+                        secret.len()
+                    )));
+                }
+                DecodingKey::from_secret(secret)
+            }
+            JwtAlg::Rs256 => DecodingKey::from_rsa_pem(&bytes)
+                .map_err(|e| key_error(format!("not an RSA public key PEM ({e}); --jwt-alg RS256 needs one")))?,
+            JwtAlg::Es256 => DecodingKey::from_ec_pem(&bytes)
+                .map_err(|e| key_error(format!("not an EC P-256 public key PEM ({e}); --jwt-alg ES256 needs one")))?,
+        };
+        let mut validation = Validation::new(alg.algorithm());
+        validation.set_required_spec_claims(&["exp"]);
+        validation.validate_exp = true;
+        // Tokens are scoped by their key and tenant claim; an `aud` is not part of this contract.
+        validation.validate_aud = false;
+        Ok(Self { key, validation })
+    }
+
+    /// The tenant claim of a valid token.
+    fn verify(&self, token: &str) -> Result<String, Status> {
+        use jsonwebtoken::errors::ErrorKind;
+        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(|e| {
+            let why = match e.kind() {
+                ErrorKind::ExpiredSignature => "it has expired; get a new one".to_owned(),
+                ErrorKind::MissingRequiredClaim(c) => format!("it has no `{c}` claim"),
+                ErrorKind::InvalidAlgorithm => "it is not signed with the configured algorithm".to_owned(),
+                ErrorKind::InvalidSignature => "its signature does not match the configured key".to_owned(),
+                ErrorKind::Json(_) => {
+                    "its claims are not valid (a string `tenant` and a numeric `exp` are required)".to_owned()
+                }
+                _ => format!("it cannot be verified ({e})"),
+            };
+            Status::unauthenticated(format!("the bearer JWT is not valid: {why}"))
+        })?;
+        let tenant = data.claims.tenant;
+        valid_tenant(&tenant)
+            .map_err(|e| Status::unauthenticated(format!("the bearer JWT's tenant claim is not valid: {e}")))?;
+        Ok(tenant)
+    }
+}
+
+/// Auth off is allowed only on loopback: anything else would let anyone on the network act as any tenant.
+pub fn check_exposure(auth: &Authenticator, bound: SocketAddr, listen: &str) -> Result<(), AuthError> {
+    if auth.is_enabled() || bound.ip().is_loopback() {
+        return Ok(());
+    }
+    Err(AuthError::Exposed { listen: listen.to_owned() })
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::metadata::MetadataValue;
+
+    use super::*;
+
+    fn with_auth(value: &str) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        m.insert("authorization", MetadataValue::try_from(value).unwrap());
+        m
+    }
+
+    fn tokens(text: &str) -> Result<TokenFile, AuthError> {
+        TokenFile::parse(Path::new("tokens.txt"), text)
+    }
+
+    #[test]
+    fn token_file_maps_tokens_to_tenants_and_skips_comments() {
+        let file = tokens("# ops\nalpha-token acme  # the acme team\n\n  beta-token   globex\n").unwrap();
+        let auth = Authenticator::TokenFile(file);
+        assert_eq!(auth.authenticate(&with_auth("Bearer alpha-token")).unwrap(), Caller::Tenant("acme".into()));
+        assert_eq!(auth.authenticate(&with_auth("bearer beta-token")).unwrap(), Caller::Tenant("globex".into()));
+        let err = auth.authenticate(&with_auth("Bearer gamma")).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unauthenticated);
+        let err = auth.authenticate(&MetadataMap::new()).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unauthenticated);
+        assert!(err.message().contains("--token"), "{}", err.message());
+        assert_eq!(
+            auth.authenticate(&with_auth("Basic alpha-token")).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+    }
+
+    #[test]
+    fn bad_token_files_name_the_line() {
+        let err = tokens("a acme\nb\n").unwrap_err();
+        assert_eq!(err.to_string(), "tokens.txt:2: expected `TOKEN TENANT`, got 1 fields");
+        let err = tokens("a acme\na globex\n").unwrap_err();
+        assert!(err.to_string().starts_with("tokens.txt:2: this token is already listed"), "{err}");
+        let err = tokens("a ac/me\n").unwrap_err();
+        assert!(err.to_string().starts_with("tokens.txt:1: tenant \"ac/me\""), "{err}");
+        assert!(matches!(tokens("# nothing\n").unwrap_err(), AuthError::NoTokens { .. }));
+    }
+
+    #[test]
+    fn disabled_auth_ignores_tokens_and_is_refused_off_loopback() {
+        let auth = Authenticator::Disabled;
+        assert_eq!(auth.authenticate(&with_auth("Bearer x")).unwrap(), Caller::Anonymous);
+        assert!(check_exposure(&auth, "127.0.0.1:7400".parse().unwrap(), "127.0.0.1:7400").is_ok());
+        assert!(check_exposure(&auth, "[::1]:7400".parse().unwrap(), "[::1]:7400").is_ok());
+        let err = check_exposure(&auth, "0.0.0.0:7400".parse().unwrap(), "0.0.0.0:7400").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "refusing to serve without auth on 0.0.0.0:7400; pass --auth-tokens or --jwt-key, or listen on loopback"
+        );
+        let on = Authenticator::TokenFile(tokens("a acme").unwrap());
+        assert!(check_exposure(&on, "0.0.0.0:7400".parse().unwrap(), "0.0.0.0:7400").is_ok());
+    }
+
+    #[test]
+    fn jwt_algorithms_parse_case_insensitively() {
+        assert_eq!("hs256".parse::<JwtAlg>().unwrap(), JwtAlg::Hs256);
+        assert_eq!("ES256".parse::<JwtAlg>().unwrap(), JwtAlg::Es256);
+        assert!("none".parse::<JwtAlg>().unwrap_err().contains("HS256, RS256 or ES256"));
+    }
+
+    #[test]
+    fn short_hs256_secrets_are_refused() {
+        let dir = std::env::temp_dir().join(format!("turnstile-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("short.key");
+        std::fs::write(&path, "too-short\n").unwrap();
+        let err = JwtAuth::load(&path, JwtAlg::Hs256).err().unwrap();
+        assert!(err.to_string().contains("at least 32 bytes, this one has 9"), "{err}");
+        let err = JwtAuth::load(&dir.join("missing.key"), JwtAlg::Hs256).err().unwrap();
+        assert!(err.to_string().starts_with("cannot read "), "{err}");
+    }
+
+    #[test]
+    fn unsigned_jwts_are_refused() {
+        let dir = std::env::temp_dir().join(format!("turnstile-auth-none-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("hs.key");
+        std::fs::write(&path, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let auth = Authenticator::Jwt(Box::new(JwtAuth::load(&path, JwtAlg::Hs256).unwrap()));
+        // {"alg":"none","typ":"JWT"} . {"tenant":"acme","exp":99999999999} . (no signature)
+        let token = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJ0ZW5hbnQiOiJhY21lIiwiZXhwIjo5OTk5OTk5OTk5OX0.";
+        let err = auth.authenticate(&with_auth(&format!("Bearer {token}"))).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    }
+}

@@ -1,0 +1,70 @@
+//! `grpc.health.v1.Health` and `grpc.reflection.v1.ServerReflection` for a tonic server, so `grpcurl` and
+//! gRPC health probes work without the proto files.
+
+use prost::Message;
+use prost_types::FileDescriptorSet;
+use tonic_health::ServingStatus;
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tonic_health::server::HealthReporter;
+use tonic_reflection::pb::v1::server_reflection_server::{ServerReflection, ServerReflectionServer};
+
+/// The health service, reporting `""` (the whole server) and each of `services` as SERVING. Keep the
+/// reporter to change a status later (NOT_SERVING while draining, say).
+pub async fn health(services: &[&str]) -> (HealthReporter, HealthServer<impl Health>) {
+    let (reporter, server) = tonic_health::server::health_reporter();
+    for service in services {
+        reporter.set_service_status(*service, ServingStatus::Serving).await;
+    }
+    (reporter, server)
+}
+
+/// Reflection over Turnstile's protos and the health service, listing only `services` (plus health and
+/// reflection): a gateway does not advertise the internal Worker API, a worker not the public one, though
+/// every message type stays resolvable.
+///
+/// `None` only if a compiled-in descriptor set does not decode, which the tests below rule out; the
+/// server then runs without reflection rather than not at all, and says so in the log.
+pub fn reflection(services: &[&str]) -> Option<ServerReflectionServer<impl ServerReflection>> {
+    let built = descriptors(services).and_then(|turnstile| {
+        tonic_reflection::server::Builder::configure()
+            .register_file_descriptor_set(turnstile)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| e.to_string())
+    });
+    match built {
+        Ok(server) => Some(server),
+        Err(e) => {
+            tracing::error!(error = %e, "gRPC reflection disabled: the descriptor set is unusable");
+            None
+        }
+    }
+}
+
+/// Turnstile's descriptor set with the services this server does not run removed.
+fn descriptors(services: &[&str]) -> Result<FileDescriptorSet, String> {
+    let mut set = FileDescriptorSet::decode(turnstile_proto::FILE_DESCRIPTOR_SET).map_err(|e| e.to_string())?;
+    for file in &mut set.file {
+        let package = file.package().to_owned();
+        file.service.retain(|s| services.contains(&format!("{package}.{}", s.name()).as_str()));
+    }
+    Ok(set)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn served(set: &FileDescriptorSet) -> Vec<String> {
+        set.file.iter().flat_map(|f| f.service.iter().map(move |s| format!("{}.{}", f.package(), s.name()))).collect()
+    }
+
+    #[test]
+    fn only_the_served_services_are_listed_and_every_descriptor_decodes() {
+        assert_eq!(served(&descriptors(&["turnstile.v1.Agent"]).unwrap()), ["turnstile.v1.Agent"]);
+        assert_eq!(served(&descriptors(&["turnstile.cluster.v1.Worker"]).unwrap()), ["turnstile.cluster.v1.Worker"]);
+        assert!(reflection(&["turnstile.v1.Agent"]).is_some());
+    }
+}

@@ -1,0 +1,67 @@
+//! The operations surface every Turnstile server shares: Prometheus metrics ([`metrics`]), the HTTP
+//! endpoints `/metrics`, `/healthz` and `/readyz` ([`http`]), and gRPC health and reflection ([`grpc`]).
+//!
+//! Instrumented code uses the `metrics` facade macros directly with the names in [`names`], so nothing is
+//! threaded through constructors; a process that never installs the exporter ([`install_metrics`])
+//! records nothing and pays almost nothing. docs/OPERATIONS.md lists every metric.
+
+pub mod grpc;
+pub mod http;
+mod recorder;
+
+pub use http::{AlwaysReady, HttpError, Readiness, serve_http};
+pub use recorder::{MetricsError, install_metrics, render_metrics};
+
+/// Metric names. Counters end in `_total`, histograms in `_seconds` (base units); labels are low
+/// cardinality (command presets, outcomes, reasons), never session ids.
+pub mod names {
+    /// Counter `{preset, outcome}`: commands the gateway routed, by `Command::name()` and `accepted` or
+    /// the error kind (`invalid_argument`, `already_exists`, `failed_precondition`, `unavailable`, ...).
+    pub const DELIVERIES: &str = "turnstile_deliveries_total";
+    /// Counter `{reason}`: turns ended (`completed`, `blocked`, `max_tokens`, `aborted`, `error`,
+    /// `interrupted`).
+    pub const TURNS: &str = "turnstile_turns_total";
+    /// Counter: steps started (`step/start` appended).
+    pub const STEPS: &str = "turnstile_steps_total";
+    /// Counter `{target}`: claim splices appended (`next_turn`, `next_step`).
+    pub const CLAIMS: &str = "turnstile_claims_total";
+    /// Counter `{target}`: messages those claims took from the inbox.
+    pub const CLAIMED_MESSAGES: &str = "turnstile_claimed_messages_total";
+    /// Counter `{outcome}`: conditional append batches (`ok`, `conflict`, `error`).
+    pub const APPENDS: &str = "turnstile_appends_total";
+    /// Counter: durable events appended by successful batches.
+    pub const APPENDED_EVENTS: &str = "turnstile_appended_events_total";
+    /// Histogram `{outcome}`: time of one append batch.
+    pub const APPEND_SECONDS: &str = "turnstile_append_duration_seconds";
+    /// Histogram: `step/start` → `step/end`, from the events' `time_ms`.
+    pub const STEP_SECONDS: &str = "turnstile_step_duration_seconds";
+    /// Histogram: first claim splice since the previous step → the `step/start` it feeds.
+    pub const CLAIM_TO_STEP_SECONDS: &str = "turnstile_claim_to_step_seconds";
+    /// Gauge: Watch streams open on this gateway.
+    pub const WATCH_STREAMS_OPEN: &str = "turnstile_watch_streams_open";
+    /// Gauge: sessions with a live runner on this worker.
+    pub const SESSIONS_LOADED: &str = "turnstile_sessions_loaded";
+    /// Gauge: shard leases this worker holds.
+    pub const SHARDS_OWNED: &str = "turnstile_shards_owned";
+    /// Counter `{reason}`: lease renewals that failed (`lost`: another worker holds it; `error`: the KV
+    /// store did not answer).
+    pub const LEASE_RENEW_FAILURES: &str = "turnstile_lease_renew_failures_total";
+}
+
+/// Increments a gauge now and decrements it when dropped, so a gauge of "things open" stays right however
+/// the holder ends (return, error, panic, task abort).
+#[derive(Debug)]
+pub struct GaugeGuard(metrics::Gauge);
+
+impl GaugeGuard {
+    pub fn inc(gauge: metrics::Gauge) -> Self {
+        gauge.increment(1.0);
+        Self(gauge)
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}

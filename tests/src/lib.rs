@@ -13,12 +13,15 @@
 //! - [`nats`] is a real nats-server with JetStream (store dir kept across restarts);
 //! - [`dev`] is `turnstile dev` (gateway + worker in one process, embedded journal or `--nats`), with
 //!   [`Backend`] and [`backend_tests!`] to run a scenario on both journals;
+//! - [`cluster`] is a real cluster: `turnstile worker` and `turnstile gateway` processes on one
+//!   nats-server, with kill -9, SIGSTOP/SIGCONT and SIGTERM of workers;
 //! - [`session`] is a small client DSL for one session (presets, edits, reads);
 //! - [`msg`] builds messages and sources;
 //! - [`watch`] records a `Watch` stream and reduces it to comparable lines;
 //! - [`fold`] is an independent inbox projection, to compare with the server's.
 
 pub mod binary;
+pub mod cluster;
 pub mod dev;
 pub mod fold;
 pub mod msg;
@@ -30,6 +33,7 @@ pub mod watch;
 
 use std::time::Duration;
 
+pub use cluster::{Cluster, ClusterOptions};
 pub use dev::{Backend, DevOptions, DevServer};
 pub use fold::Projection;
 pub use msg::{data_msg, new_session_ref, plugin_msg, source_msg, text_of, user_msg};

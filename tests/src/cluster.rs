@@ -1,0 +1,320 @@
+//! A real cluster on loopback: one nats-server with JetStream, `turnstile worker` and `turnstile gateway`
+//! processes on free ports, and clients of each gateway.
+//!
+//! Workers are `w1`, `w2`, … (their ids are what `GetSession.owner` reports); index `i` in the methods is
+//! 0-based (`worker(0)` is `w1`). The chaos handles are real signals: [`Cluster::kill9_worker`] (a crash),
+//! [`Cluster::sigstop_worker`] / [`Cluster::sigcont_worker`] (a pause that keeps its sockets open), and
+//! [`Cluster::sigterm_worker`] (a clean leave: drain, release, exit).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tempfile::TempDir;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+use turnstile_proto::v1::agent_client::AgentClient;
+use turnstile_proto::v1::{GetSessionRequest, SessionRef};
+
+use crate::binary::turnstile_bin;
+use crate::nats::NatsServer;
+use crate::ports::free_loopback_addr;
+use crate::process::ChildProcess;
+use crate::session::Session;
+use crate::{DEFAULT_WAIT, HarnessError, new_session_ref, user_msg};
+
+/// How a cluster is started.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    pub workers: usize,
+    pub gateways: usize,
+    /// Further arguments of every `turnstile worker` (e.g. `--lease-ttl-ms`).
+    pub worker_args: Vec<String>,
+    /// Further arguments of every `turnstile gateway`.
+    pub gateway_args: Vec<String>,
+}
+
+impl ClusterOptions {
+    pub fn new(workers: usize, gateways: usize) -> Self {
+        Self { workers, gateways, worker_args: Vec::new(), gateway_args: Vec::new() }
+    }
+}
+
+/// One server process of the cluster.
+#[derive(Debug)]
+struct Node {
+    process: ChildProcess,
+    addr: SocketAddr,
+    args: Vec<String>,
+}
+
+/// A running cluster. Dropping it kills every process (the nats-server last).
+#[derive(Debug)]
+pub struct Cluster {
+    bin: PathBuf,
+    workers: Vec<Node>,
+    gateways: Vec<(Node, Channel)>,
+    // Log files; removed with the cluster.
+    scratch: TempDir,
+    // Declared last so it outlives the processes that use it.
+    nats: NatsServer,
+}
+
+impl Cluster {
+    /// `workers` workers and `gateways` gateways on a fresh nats-server; returns once a followup through
+    /// every gateway has been accepted (so shard leases are taken and routing works).
+    pub async fn start(workers: usize, gateways: usize) -> Result<Self, HarnessError> {
+        Self::start_with(ClusterOptions::new(workers, gateways)).await
+    }
+
+    pub async fn start_with(opts: ClusterOptions) -> Result<Self, HarnessError> {
+        let bin = tokio::task::spawn_blocking(turnstile_bin)
+            .await
+            .map_err(|e| HarnessError::Build(format!("build task failed: {e}")))??;
+        let nats = NatsServer::start().await?;
+        let scratch = tempfile::Builder::new()
+            .prefix("turnstile-cluster-")
+            .tempdir()
+            .map_err(|e| HarnessError::io("creating a scratch dir", e))?;
+        let mut cluster = Self { bin, workers: Vec::new(), gateways: Vec::new(), scratch, nats };
+        for i in 0..opts.workers {
+            let node = cluster.spawn_worker(i, opts.worker_args.clone())?;
+            cluster.workers.push(node);
+        }
+        for i in 0..opts.gateways {
+            let node = cluster.spawn_gateway(i, opts.gateway_args.clone())?;
+            let channel = wait_gateway(&mut cluster.workers, node.addr, &node.process).await;
+            let mut node = node;
+            let channel = match channel {
+                Ok(c) => c,
+                Err(e) => {
+                    node.process.kill();
+                    return Err(e);
+                }
+            };
+            cluster.gateways.push((node, channel));
+        }
+        for i in 0..cluster.workers.len() {
+            cluster.wait_worker_listening(i).await?;
+        }
+        for g in 0..cluster.gateways.len() {
+            cluster.wait_routing(g).await?;
+        }
+        Ok(cluster)
+    }
+
+    fn common_args(&self) -> Vec<String> {
+        vec!["--nats".into(), self.nats.url()]
+    }
+
+    fn spawn_worker(&self, i: usize, extra: Vec<String>) -> Result<Node, HarnessError> {
+        let addr = free_loopback_addr()?;
+        let id = worker_id(i);
+        let mut args = vec!["worker".to_owned()];
+        args.extend(self.common_args());
+        args.extend(["--listen".into(), addr.to_string(), "--id".into(), id.clone()]);
+        args.extend(extra);
+        let process = self.spawn(&format!("turnstile worker {id} on {addr}"), &args, &format!("worker-{id}.log"))?;
+        Ok(Node { process, addr, args })
+    }
+
+    fn spawn_gateway(&self, i: usize, extra: Vec<String>) -> Result<Node, HarnessError> {
+        let addr = free_loopback_addr()?;
+        let mut args = vec!["gateway".to_owned()];
+        args.extend(self.common_args());
+        args.extend(["--listen".into(), addr.to_string()]);
+        args.extend(extra);
+        let process = self.spawn(&format!("turnstile gateway {i} on {addr}"), &args, &format!("gateway-{i}.log"))?;
+        Ok(Node { process, addr, args })
+    }
+
+    fn spawn(&self, name: &str, args: &[String], log: &str) -> Result<ChildProcess, HarnessError> {
+        let mut command = Command::new(&self.bin);
+        command.args(args);
+        if std::env::var_os("RUST_LOG").is_none() {
+            command.env("RUST_LOG", "info");
+        }
+        command.env("NO_COLOR", "1");
+        ChildProcess::spawn(name, command, &self.scratch.path().join(log))
+    }
+
+    /// Waits until worker `i` accepts connections on its internal port.
+    async fn wait_worker_listening(&mut self, i: usize) -> Result<(), HarnessError> {
+        let deadline = tokio::time::Instant::now() + DEFAULT_WAIT;
+        loop {
+            let node = &mut self.workers[i];
+            if let Some(e) = node.process.exited_error() {
+                return Err(e);
+            }
+            if tokio::net::TcpStream::connect(node.addr).await.is_ok() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(HarnessError::StartTimeout {
+                    what: node.process.name().to_owned(),
+                    waited: DEFAULT_WAIT,
+                    log_tail: node.process.log_tail(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until a followup through gateway `g` is accepted (some worker owns the probe's shard).
+    async fn wait_routing(&mut self, g: usize) -> Result<(), HarnessError> {
+        let deadline = tokio::time::Instant::now() + DEFAULT_WAIT;
+        let probe =
+            Session::with_ref(self.client(g), SessionRef { tenant: "harness".into(), id: format!("ready-{g}") });
+        loop {
+            match probe.followup(user_msg("ready", "ready?")).await {
+                Ok(_) => return Ok(()),
+                Err(status) if status.code() == Code::Unavailable => {}
+                Err(status) => return Err(HarnessError::Status(status)),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(HarnessError::StartTimeout {
+                    what: format!("routing through gateway {g}"),
+                    waited: DEFAULT_WAIT,
+                    log_tail: self.logs(),
+                });
+            }
+        }
+    }
+
+    pub fn nats(&self) -> &NatsServer {
+        &self.nats
+    }
+
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub fn gateways(&self) -> usize {
+        self.gateways.len()
+    }
+
+    /// A client of gateway `g`.
+    pub fn client(&self, g: usize) -> AgentClient<Channel> {
+        AgentClient::new(self.gateways[g].1.clone())
+    }
+
+    /// `http://127.0.0.1:PORT` of gateway `g`, as the CLI's `--addr` takes it.
+    pub fn gateway_url(&self, g: usize) -> String {
+        format!("http://{}", self.gateways[g].0.addr)
+    }
+
+    /// A fresh session (unique id) through gateway `g`.
+    pub fn session(&self, g: usize) -> Session {
+        Session::new(self.client(g))
+    }
+
+    /// The same session through gateway `g`.
+    pub fn session_via(&self, g: usize, session: &Session) -> Session {
+        Session::with_ref(self.client(g), session.reference())
+    }
+
+    /// A fresh session reference.
+    pub fn new_session_ref() -> SessionRef {
+        new_session_ref()
+    }
+
+    /// The id of worker `i` (`w1` for 0).
+    pub fn worker_id(&self, i: usize) -> String {
+        worker_id(i)
+    }
+
+    /// The index of the worker with id `id`.
+    pub fn worker_index(&self, id: &str) -> Option<usize> {
+        (0..self.workers.len()).find(|i| worker_id(*i) == id)
+    }
+
+    pub fn worker_log(&self, i: usize) -> &Path {
+        self.workers[i].process.log_path()
+    }
+
+    /// SIGKILL worker `i`: the crash case.
+    pub fn kill9_worker(&mut self, i: usize) {
+        self.workers[i].process.kill();
+    }
+
+    /// SIGSTOP worker `i`: it stops renewing and answering but keeps its sockets.
+    pub fn sigstop_worker(&self, i: usize) {
+        self.signal_worker(i, "-STOP");
+    }
+
+    pub fn sigcont_worker(&self, i: usize) {
+        self.signal_worker(i, "-CONT");
+    }
+
+    fn signal_worker(&self, i: usize, signal: &str) {
+        if let Some(pid) = self.workers[i].process.pid() {
+            // std has no signals; `kill(1)` is everywhere the suite runs.
+            let _ = Command::new("kill").args([signal, &pid.to_string()]).status();
+        }
+    }
+
+    /// SIGTERM worker `i` and wait for it to exit (it drains and releases its shards first); SIGKILL
+    /// after `grace`.
+    pub async fn sigterm_worker(&mut self, i: usize, grace: Duration) {
+        self.workers[i].process.stop(grace).await;
+    }
+
+    /// Starts worker `i` again (same id, same address) after a kill or stop.
+    pub async fn restart_worker(&mut self, i: usize) -> Result<(), HarnessError> {
+        let args = self.workers[i].args.clone();
+        let log = format!("worker-{}.log", worker_id(i));
+        let name = format!("turnstile worker {} on {}", worker_id(i), self.workers[i].addr);
+        self.workers[i].process = self.spawn(&name, &args, &log)?;
+        self.wait_worker_listening(i).await
+    }
+
+    /// The log tails of every process, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for (i, w) in self.workers.iter().enumerate() {
+            out.push_str(&format!("--- worker {}\n{}\n", worker_id(i), w.process.log_tail()));
+        }
+        for (g, (node, _)) in self.gateways.iter().enumerate() {
+            out.push_str(&format!("--- gateway {g}\n{}\n", node.process.log_tail()));
+        }
+        out
+    }
+}
+
+fn worker_id(i: usize) -> String {
+    format!("w{}", i + 1)
+}
+
+/// Waits until the gateway answers a read (NOT_FOUND for the probe is what a ready gateway says). Workers
+/// are checked too: one that exits while the gateway starts is the likelier failure.
+async fn wait_gateway(workers: &mut [Node], addr: SocketAddr, process: &ChildProcess) -> Result<Channel, HarnessError> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(Duration::from_secs(2));
+    let probe = SessionRef { tenant: "harness".into(), id: "readiness-probe".into() };
+    let deadline = tokio::time::Instant::now() + DEFAULT_WAIT;
+    loop {
+        for w in workers.iter_mut() {
+            if let Some(e) = w.process.exited_error() {
+                return Err(e);
+            }
+        }
+        if let Ok(channel) = endpoint.connect().await {
+            let mut client = AgentClient::new(channel.clone());
+            match client.get_session(GetSessionRequest { session: Some(probe.clone()) }).await {
+                Ok(_) => return Ok(channel),
+                Err(status) if status.code() != Code::Unavailable && status.code() != Code::Unknown => {
+                    return Ok(channel);
+                }
+                Err(_) => {}
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(HarnessError::StartTimeout {
+                what: process.name().to_owned(),
+                waited: DEFAULT_WAIT,
+                log_tail: process.log_tail(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

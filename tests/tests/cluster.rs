@@ -255,8 +255,8 @@ async fn s24_interrupt_runs_next_with_queue_behind(cluster: &Cluster) {
         "D status running",
         "L status running",
     ]);
-    expected.extend(turn_lines("X", 2, "now"));
-    expected.extend(turn_lines("B", 3, "queued"));
+    expected.extend(turn_lines("X", 2, "echo: now"));
+    expected.extend(turn_lines("B", 3, "echo: queued"));
     expected.extend(strings(&["D status idle", "L status idle"]));
     assert_lines(&lines, &refs(&expected));
 }

@@ -17,6 +17,7 @@ pub mod auth;
 pub mod cluster_router;
 pub mod convert;
 pub mod merge;
+mod ops;
 pub mod read;
 pub mod service;
 pub mod status;
@@ -63,7 +64,13 @@ pub async fn serve_with(
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }
+    // Health and reflection (unauthenticated: they reveal no session data), so probes and grpcurl need
+    // no proto files.
+    let served = [<AgentServer<Gateway> as tonic::server::NamedService>::NAME];
+    let (_health_reporter, health) = turnstile_ops::grpc::health(&served).await;
     builder
+        .add_service(health)
+        .add_optional_service(turnstile_ops::grpc::reflection(&served))
         .add_service(AgentServer::new(gateway))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await?;

@@ -101,7 +101,7 @@ impl Gateway {
     /// learns nothing about other tenants.
     fn open<T: NamesSession>(&self, request: Request<T>) -> Result<T, Status> {
         let caller = self.auth.authenticate(request.metadata())?;
-        let mut req = self.open(request)?;
+        let mut req = request.into_inner();
         if let (Caller::Tenant(tenant), Some(raw)) = (&caller, req.session_mut()) {
             if raw.tenant.is_empty() {
                 raw.tenant.clone_from(tenant);
@@ -126,6 +126,7 @@ impl Gateway {
     ) -> Result<CommandReply, Status> {
         let name = command.name();
         let reply = self.router.execute(session, command, timeout).await;
+        crate::ops::delivered(name, &reply);
         if let Err(e) = &reply {
             tracing::debug!(%session, command = name, error = %e, "command refused");
         }

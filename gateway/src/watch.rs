@@ -50,6 +50,7 @@ pub async fn run(
     tx: Tx,
     shutdown: CancellationToken,
 ) {
+    let _open = turnstile_ops::GaugeGuard::inc(metrics::gauge!(turnstile_ops::names::WATCH_STREAMS_OPEN));
     let result = tokio::select! {
         r = stream(log, bus, snapshots.as_ref(), &spec, &tx) => r,
         () = shutdown.cancelled() => Err(Status::unavailable(

@@ -202,7 +202,7 @@ impl SessionHost {
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         runners.insert(session.clone(), RunnerHandle { commands: tx.clone(), control: control_tx, epoch });
-        tokio::spawn(Runner::run(session.clone(), self.deps.clone(), epoch, rx, control_rx));
+        tokio::spawn(crate::metrics::loaded(Runner::run(session.clone(), self.deps.clone(), epoch, rx, control_rx)));
         tx
     }
 

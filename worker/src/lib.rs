@@ -11,6 +11,7 @@ pub mod config;
 pub mod driver;
 pub mod hooks;
 pub mod host;
+mod metrics;
 pub mod model;
 pub mod runner;
 pub mod tools;

@@ -162,6 +162,7 @@ pub(crate) struct Runner {
     epoch: u64,
     control: mpsc::UnboundedReceiver<Control>,
     draining: bool,
+    clock: crate::metrics::SessionClock,
 }
 
 impl Runner {
@@ -190,6 +191,7 @@ impl Runner {
             epoch,
             control,
             draining: false,
+            clock: crate::metrics::SessionClock::default(),
         };
         if runner.settle(&mut commands).await && runner.serve(&mut commands).await {
             // Unloading cleanly (the driver's state is exactly the log): keep a snapshot so the next load
@@ -367,7 +369,10 @@ impl Runner {
         {
             return Err(JournalError::Conflict { session: self.session.clone(), expected, actual: expected });
         }
-        self.deps.log.append(&self.session, expected, batch).await
+        let started = std::time::Instant::now();
+        let result = self.deps.log.append(&self.session, expected, batch).await;
+        self.clock.appended(batch, started.elapsed(), &result);
+        result
     }
 
     /// Answers every reply among `effects` with UNAVAILABLE: their writes did not all become durable.

@@ -20,6 +20,8 @@ use turnstile_journal::SessionRef;
 use turnstile_journal::jetstream::shards::{CasError, ClusterKv, ShardLease, ShardMap, WorkerInfo};
 use turnstile_journal::jetstream::subjects::{fnv1a64, shard_of};
 
+use turnstile_ops::names;
+
 use crate::host::{Ownership, SessionHost};
 
 /// Lease timing. The defaults give failover in about two seconds.
@@ -134,6 +136,7 @@ impl Leases {
             Ok(live) => self.rebalance(host, live.len().max(1)).await,
             Err(e) => tracing::warn!(error = %e, "cannot list workers; not rebalancing this round"),
         }
+        metrics::gauge!(names::SHARDS_OWNED).set(self.lock().len() as f64);
     }
 
     async fn renew(&self, host: &Arc<SessionHost>) {
@@ -164,12 +167,16 @@ impl Leases {
                         }
                     }
                     Err(CasError::Lost { .. }) => {
+                        metrics::counter!(names::LEASE_RENEW_FAILURES, "reason" => "lost").increment(1);
                         tracing::warn!(shard, "lease taken over by another worker");
                         held.remove(&shard);
                         lost.push(shard);
                     }
                     // Keep the lease; it lapses by its local deadline if the store stays away.
-                    Err(CasError::Journal(e)) => tracing::warn!(shard, error = %e, "lease renewal failed"),
+                    Err(CasError::Journal(e)) => {
+                        metrics::counter!(names::LEASE_RENEW_FAILURES, "reason" => "error").increment(1);
+                        tracing::warn!(shard, error = %e, "lease renewal failed");
+                    }
                 }
             }
         }

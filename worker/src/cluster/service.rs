@@ -112,7 +112,12 @@ pub async fn serve_with(
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }
+    // Health and reflection, so probes and grpcurl need no proto files.
+    let served = [<WorkerServer<WorkerService> as tonic::server::NamedService>::NAME];
+    let (_health_reporter, health) = turnstile_ops::grpc::health(&served).await;
     builder
+        .add_service(health)
+        .add_optional_service(turnstile_ops::grpc::reflection(&served))
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await

@@ -1,0 +1,112 @@
+//! Worker metrics, read off what the runner appends (the driver stays free of IO and globals).
+//!
+//! Names are in [`turnstile_ops::names`]; docs/OPERATIONS.md lists them. Latencies between events come from
+//! the events' own `time_ms`, so they measure what the log says happened, not when the runner got round
+//! to noticing.
+
+use std::future::Future;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use turnstile_journal::{Envelope, EventPayload, JournalError, SpliceOutcome, Target, TurnEndReason};
+use turnstile_ops::GaugeGuard;
+use turnstile_ops::names;
+
+/// Per session: when the open step started and when the first claim since the last step/start landed.
+#[derive(Debug, Default)]
+struct Marks {
+    step_started_ms: Option<u64>,
+    first_claim_ms: Option<u64>,
+}
+
+/// One runner's view of its session's timeline, fed by every append it makes.
+#[derive(Debug, Default)]
+pub(crate) struct SessionClock {
+    // The runner appends through `&self` (a shared borrow held across awaits), so the marks need interior
+    // mutability that is `Sync`; only the runner's own task ever takes the lock.
+    marks: Mutex<Marks>,
+}
+
+impl SessionClock {
+    /// Records one append batch: its outcome and duration, and on success what its events say.
+    pub(crate) fn appended(&self, batch: &[Envelope], took: Duration, result: &Result<u64, JournalError>) {
+        let outcome = match result {
+            Ok(_) => "ok",
+            Err(JournalError::Conflict { .. }) => "conflict",
+            Err(_) => "error",
+        };
+        counter!(names::APPENDS, "outcome" => outcome).increment(1);
+        histogram!(names::APPEND_SECONDS, "outcome" => outcome).record(took.as_secs_f64());
+        if result.is_err() {
+            return;
+        }
+        counter!(names::APPENDED_EVENTS).increment(batch.len() as u64);
+        let mut marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
+        for event in batch {
+            marks.observe(event);
+        }
+    }
+}
+
+impl Marks {
+    fn observe(&mut self, event: &Envelope) {
+        match &event.payload {
+            // A removal with no outcome is a claim (edits remove with `canceled`, cancels restore).
+            EventPayload::InboxSpliced(splice) if splice.outcome == SpliceOutcome::None && splice.removed_count > 0 => {
+                let target = target_label(splice.target);
+                counter!(names::CLAIMS, "target" => target).increment(1);
+                counter!(names::CLAIMED_MESSAGES, "target" => target).increment(u64::from(splice.removed_count));
+                self.first_claim_ms.get_or_insert(event.time_ms);
+            }
+            EventPayload::StepStart { .. } => {
+                counter!(names::STEPS).increment(1);
+                if let Some(claimed) = self.first_claim_ms.take() {
+                    histogram!(names::CLAIM_TO_STEP_SECONDS).record(seconds_between(claimed, event.time_ms));
+                }
+                self.step_started_ms = Some(event.time_ms);
+            }
+            EventPayload::StepEnd { .. } => {
+                // A step started before this runner loaded (repaired after a crash) has no start here.
+                if let Some(started) = self.step_started_ms.take() {
+                    histogram!(names::STEP_SECONDS).record(seconds_between(started, event.time_ms));
+                }
+            }
+            EventPayload::TurnEnd { reason, .. } => {
+                counter!(names::TURNS, "reason" => reason_label(reason)).increment(1);
+                // Claims a turn ended on (cancelled before its step) feed no step.
+                self.first_claim_ms = None;
+            }
+            _ => {}
+        }
+    }
+}
+
+fn seconds_between(from_ms: u64, to_ms: u64) -> f64 {
+    to_ms.saturating_sub(from_ms) as f64 / 1000.0
+}
+
+fn target_label(target: Target) -> &'static str {
+    match target {
+        Target::NextTurn => "next_turn",
+        Target::NextStep => "next_step",
+    }
+}
+
+/// The reason without its details (error messages, hook reasons): labels must stay low-cardinality.
+fn reason_label(reason: &TurnEndReason) -> &'static str {
+    match reason {
+        TurnEndReason::Completed => "completed",
+        TurnEndReason::Blocked => "blocked",
+        TurnEndReason::MaxTokens => "max_tokens",
+        TurnEndReason::Aborted(_) => "aborted",
+        TurnEndReason::Error { .. } => "error",
+        TurnEndReason::Interrupted => "interrupted",
+    }
+}
+
+/// Runs a session's runner, counting it in `turnstile_sessions_loaded` while it lives.
+pub(crate) async fn loaded(runner: impl Future<Output = ()>) {
+    let _loaded = GaugeGuard::inc(gauge!(names::SESSIONS_LOADED));
+    runner.await;
+}

@@ -20,6 +20,7 @@ pub mod log;
 pub mod message;
 pub mod snapshot;
 pub mod state;
+pub mod trace;
 
 pub use bus::{LiveBus, LiveStream};
 pub use codec::CodecError;

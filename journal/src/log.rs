@@ -54,6 +54,19 @@ pub trait SessionLog: Send + Sync + 'static {
         events: &[Envelope],
     ) -> Result<u64, JournalError>;
 
+    /// [`SessionLog::append`] carrying the W3C `traceparent` of the appending span with each event, where
+    /// the backend stores headers (JetStream); the others ignore it.
+    async fn append_traced(
+        &self,
+        session: &SessionRef,
+        expected_last_seq: u64,
+        events: &[Envelope],
+        traceparent: Option<&str>,
+    ) -> Result<u64, JournalError> {
+        let _ = traceparent;
+        self.append(session, expected_last_seq, events).await
+    }
+
     /// Up to `limit` events with `seq >= from_seq`, in order. An unknown session has no events.
     async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError>;
 

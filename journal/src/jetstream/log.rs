@@ -328,7 +328,17 @@ impl SessionLog for JetStreamLog {
         expected_last_seq: u64,
         events: &[Envelope],
     ) -> Result<u64, JournalError> {
-        self.append_traced(session, expected_last_seq, events, None).await
+        JetStreamLog::append_traced(self, session, expected_last_seq, events, None).await
+    }
+
+    async fn append_traced(
+        &self,
+        session: &SessionRef,
+        expected_last_seq: u64,
+        events: &[Envelope],
+        traceparent: Option<&str>,
+    ) -> Result<u64, JournalError> {
+        JetStreamLog::append_traced(self, session, expected_last_seq, events, traceparent).await
     }
 
     async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError> {

@@ -31,11 +31,20 @@ pub struct DevOptions {
     pub extra_args: Vec<String>,
     /// Bound on the wait for the first successful gRPC call.
     pub startup_timeout: Duration,
+    /// `--http 127.0.0.1:<free port>`: serve `/metrics`, `/healthz`, `/readyz` where
+    /// [`DevServer::http_addr`] says.
+    pub http: bool,
 }
 
 impl Default for DevOptions {
     fn default() -> Self {
-        Self { data_dir: None, nats_url: None, extra_args: Vec::new(), startup_timeout: Duration::from_secs(30) }
+        Self {
+            data_dir: None,
+            nats_url: None,
+            extra_args: Vec::new(),
+            startup_timeout: Duration::from_secs(30),
+            http: false,
+        }
     }
 }
 
@@ -47,6 +56,11 @@ impl DevOptions {
     /// On the JetStream journal of the nats-server at `url`.
     pub fn nats(url: impl Into<String>) -> Self {
         Self { nats_url: Some(url.into()), ..Self::default() }
+    }
+
+    /// The same, with the ops HTTP endpoints on a free loopback port.
+    pub fn with_http(self) -> Self {
+        Self { http: true, ..self }
     }
 }
 
@@ -113,6 +127,7 @@ pub struct DevServer {
     process: ChildProcess,
     addr: SocketAddr,
     channel: Channel,
+    http_addr: Option<SocketAddr>,
     // Holds the log file; removed with the server.
     _scratch: TempDir,
     // The nats-server of a [`Backend::Nats`] server; declared after `process` so it outlives it.
@@ -157,6 +172,10 @@ impl DevServer {
         if let Some(url) = &opts.nats_url {
             command.arg("--nats").arg(url);
         }
+        let http_addr = if opts.http { Some(free_loopback_addr()?) } else { None };
+        if let Some(http) = http_addr {
+            command.arg("--http").arg(http.to_string());
+        }
         command.args(&opts.extra_args);
         if std::env::var_os("RUST_LOG").is_none() {
             command.env("RUST_LOG", "info");
@@ -165,11 +184,16 @@ impl DevServer {
         let log_path = scratch.path().join("turnstile-dev.log");
         let mut process = ChildProcess::spawn(format!("turnstile dev on {addr}"), command, &log_path)?;
         let channel = wait_ready(&mut process, addr, opts.startup_timeout).await?;
-        Ok(Self { process, addr, channel, _scratch: scratch, nats: None })
+        Ok(Self { process, addr, channel, http_addr, _scratch: scratch, nats: None })
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where `/metrics`, `/healthz` and `/readyz` are served, when started [`DevOptions::with_http`].
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
     }
 
     /// `http://127.0.0.1:PORT`, as the CLI's `--addr` takes it.

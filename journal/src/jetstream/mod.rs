@@ -56,6 +56,25 @@ pub const HEADER_EPOCH: &str = "Turnstile-Epoch";
 /// W3C trace context of the append.
 pub const HEADER_TRACEPARENT: &str = "traceparent";
 
+/// The servers of a `--nats` value: one URL or a comma-separated list of them (`nats://a:4222,nats://b:4222`;
+/// blanks around commas and empty items are ignored). The client connects to one of them and learns the
+/// rest of the cluster from it, but with several seeds it can also start while one seed is down.
+fn server_addrs(urls: &str) -> Result<Vec<async_nats::ServerAddr>, JournalError> {
+    let servers = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| {
+            u.parse::<async_nats::ServerAddr>()
+                .map_err(|e| JournalError::Unavailable(format!("invalid NATS server URL {u:?}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if servers.is_empty() {
+        return Err(JournalError::Unavailable(format!("no NATS server URL in {urls:?}")));
+    }
+    Ok(servers)
+}
+
 /// Connects once, bounded: an unreachable server is an error naming the URL, not an endless retry. Once
 /// connected, the client reconnects on its own (calls in between fail as [`JournalError::Unavailable`]).
 /// `config.security` adds a credentials file and TLS (a CA or client certificate makes TLS required, so a
@@ -86,12 +105,40 @@ async fn connect(config: &JetStreamConfig) -> Result<async_nats::Client, Journal
     if security.requires_tls() {
         options = options.require_tls(true);
     }
+    let servers = server_addrs(url)?;
     // The outer timeout also bounds DNS and the handshake, which `connection_timeout` may not cover.
-    match tokio::time::timeout(timeout + Duration::from_secs(1), options.connect(url)).await {
+    match tokio::time::timeout(timeout + Duration::from_secs(1), options.connect(servers)).await {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(e)) => Err(JournalError::Unavailable(format!("cannot connect to NATS at {url}: {e}"))),
         Err(_) => {
             Err(JournalError::Unavailable(format!("cannot connect to NATS at {url}: no answer within {timeout:?}")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::server_addrs;
+
+    #[test]
+    fn one_url_is_one_server() {
+        let servers = server_addrs("nats://127.0.0.1:4222").unwrap();
+        assert_eq!(servers.len(), 1);
+        assert_eq!((servers[0].host(), servers[0].port()), ("127.0.0.1", 4222));
+    }
+
+    #[test]
+    fn a_comma_separated_list_is_every_server_in_order() {
+        let servers = server_addrs("nats://127.0.0.1:4222, nats://127.0.0.1:4223,,127.0.0.1:4224").unwrap();
+        let got: Vec<(String, u16)> = servers.iter().map(|s| (s.host().to_owned(), s.port())).collect();
+        let want = [4222, 4223, 4224].map(|p| ("127.0.0.1".to_owned(), p));
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn an_empty_or_invalid_list_is_an_error() {
+        assert!(server_addrs("").is_err());
+        assert!(server_addrs(" , ").is_err());
+        assert!(server_addrs("nats://127.0.0.1:4222,nats://[bad").is_err());
     }
 }

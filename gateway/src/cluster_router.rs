@@ -19,6 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 use turnstile_journal::codec::command::{
@@ -26,6 +27,7 @@ use turnstile_journal::codec::command::{
 };
 use turnstile_journal::jetstream::shards::{ShardLease, ShardMap};
 use turnstile_journal::jetstream::subjects::shard_of;
+use turnstile_journal::trace::{TRACEPARENT, current_traceparent};
 use turnstile_journal::{Command, CommandError, CommandReply, CommandRouter, SessionRef};
 use turnstile_proto::cluster::v1 as cpb;
 use turnstile_proto::cluster::v1::worker_client::WorkerClient;
@@ -118,6 +120,10 @@ impl WorkerTransport for GrpcTransport {
         let mut client = WorkerClient::new(self.channel(addr)?);
         let mut request = tonic::Request::new(request);
         request.set_timeout(timeout);
+        // The worker's spans join this request's trace (the current span is the routing attempt's).
+        if let Some(tp) = current_traceparent().and_then(|tp| MetadataValue::try_from(tp).ok()) {
+            request.metadata_mut().insert(TRACEPARENT, tp);
+        }
         client.execute(request).await.map(tonic::Response::into_inner)
     }
 }
@@ -265,8 +271,11 @@ impl CommandRouter for ClusterRouter {
                 let remaining = until.saturating_duration_since(tried_at);
                 // An owner that stopped answering (paused, partitioned) would hold the call until the
                 // deadline; a new owner in the map ends the wait, and the retry goes there.
+                let span = tracing::info_span!("route", owner = %lease.owner, shard, attempt = attempts);
+                let attempt =
+                    tracing::Instrument::instrument(self.attempt(&lease, request.clone(), remaining, session), span);
                 let outcome = tokio::select! {
-                    outcome = self.attempt(&lease, request.clone(), remaining, session) => outcome,
+                    outcome = attempt => outcome,
                     () = moved(self.map.clone(), shard, &lease) => Attempt::Retry(format!(
                         "shard {shard} moved away from worker {} while the call was in flight",
                         lease.owner

@@ -31,6 +31,7 @@ pub use service::{Gateway, GatewayConfig};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::ServerTlsConfig;
+use turnstile_journal::trace;
 use turnstile_proto::v1::agent_server::AgentServer;
 
 /// The gRPC server stopped for a reason other than `shutdown`.
@@ -60,7 +61,11 @@ pub async fn serve_with(
         shutdown.await;
         watches.cancel();
     };
-    let mut builder = tonic::transport::Server::builder();
+    // One span per RPC, in the client's trace when it sent a `traceparent`.
+    let mut builder = tonic::transport::Server::builder().trace_fn(|req| {
+        let traceparent = req.headers().get(trace::TRACEPARENT).and_then(|v| v.to_str().ok());
+        trace::grpc_request_span(req.uri().path(), traceparent)
+    });
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }

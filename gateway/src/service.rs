@@ -118,6 +118,7 @@ impl Gateway {
         convert::session(raw, &self.config.default_tenant).map_err(status::from_convert)
     }
 
+    #[tracing::instrument(name = "command", skip_all, fields(%session, command = command.name()))]
     async fn execute(
         &self,
         session: &SessionRef,

@@ -224,7 +224,9 @@ impl CommandRouter for SessionHost {
         session.validate().map_err(|e| CommandError::InvalidArgument(e.to_string()))?;
         let when_idle = matches!(command, Command::WhenIdle);
         let (reply_tx, reply_rx) = oneshot::channel();
-        let mut msg = CommandMsg { command, reply: reply_tx };
+        // The caller's span (the internal RPC's, or the gateway's in `turnstile dev`) is the command's parent.
+        let traceparent = turnstile_journal::trace::current_traceparent();
+        let mut msg = CommandMsg { command, reply: reply_tx, traceparent };
         // A runner that just unloaded (passivation) refuses the send; the second attempt starts a new one.
         for attempt in 0..2 {
             let epoch = self.epoch_for(session)?;

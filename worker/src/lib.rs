@@ -14,6 +14,7 @@ pub mod host;
 mod metrics;
 pub mod model;
 pub mod runner;
+mod spans;
 pub mod tools;
 
 pub use config::{Limits, WorkerConfig};

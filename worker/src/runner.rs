@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 use turnstile_journal::snapshot::{LoadError, Snapshot, SnapshotStore, load_state};
 use turnstile_journal::{Command, CommandError, CommandReply, Envelope, JournalError, LiveBus, SessionLog, SessionRef};
 
@@ -26,6 +27,7 @@ use crate::driver::{
 use crate::hooks::{PreStepHook, run_waterfall};
 use crate::host::Ownership;
 use crate::model::{DeltaSink, Model, ModelError};
+use crate::spans::{TurnSpans, command_span};
 use crate::tools::ToolRegistry;
 
 /// Everything a runner needs besides its session.
@@ -56,6 +58,8 @@ pub(crate) type ReplyTx = oneshot::Sender<Result<CommandReply, CommandError>>;
 pub(crate) struct CommandMsg {
     pub command: Command,
     pub reply: ReplyTx,
+    /// The caller's W3C trace context: the command's span, its turns and their events join that trace.
+    pub traceparent: Option<String>,
 }
 
 /// Outcomes of the runner's own operations, fed back into the driver.
@@ -163,6 +167,7 @@ pub(crate) struct Runner {
     control: mpsc::UnboundedReceiver<Control>,
     draining: bool,
     clock: crate::metrics::SessionClock,
+    spans: TurnSpans,
 }
 
 impl Runner {
@@ -192,6 +197,7 @@ impl Runner {
             control,
             draining: false,
             clock: crate::metrics::SessionClock::default(),
+            spans: TurnSpans::default(),
         };
         if runner.settle(&mut commands).await && runner.serve(&mut commands).await {
             // Unloading cleanly (the driver's state is exactly the log): keep a snapshot so the next load
@@ -208,6 +214,8 @@ impl Runner {
         loop {
             let now = now_ms();
             let idle_for = tokio::time::sleep(passivate_after);
+            // The span of what this iteration does: the command's, else the open step's or turn's.
+            let mut span = None;
             tokio::select! {
                 () = idle_for, if self.is_unloadable() => {
                     // Passivation: an idle session costs nothing until its next command.
@@ -237,14 +245,16 @@ impl Runner {
                     }
                 },
                 msg = commands.recv() => {
-                    let Some(CommandMsg { command, reply }) = msg else { return true };
+                    let Some(CommandMsg { command, reply, traceparent }) = msg else { return true };
+                    span = Some(command_span(&self.session, command.name(), traceparent.as_deref()));
                     let id = self.next_command;
                     self.next_command += 1;
                     self.waiting.insert(id, reply);
                     self.driver.on_command(id, command, now);
                 }
             }
-            if !self.settle(commands).await {
+            let span = span.unwrap_or_else(|| self.spans.active());
+            if !self.settle(commands).instrument(span).await {
                 return false;
             }
             self.snapshot(false).await;
@@ -352,7 +362,7 @@ impl Runner {
     }
 
     /// Writes a run of consecutive appends group by group ([`atomic_groups`]), in order.
-    async fn append_run(&self, run: &[Envelope]) -> Result<u64, JournalError> {
+    async fn append_run(&mut self, run: &[Envelope]) -> Result<u64, JournalError> {
         let mut last = 0;
         for group in atomic_groups(run) {
             last = self.append(&run[group]).await?;
@@ -360,7 +370,7 @@ impl Runner {
         Ok(last)
     }
 
-    async fn append(&self, batch: &[Envelope]) -> Result<u64, JournalError> {
+    async fn append(&mut self, batch: &[Envelope]) -> Result<u64, JournalError> {
         let expected = batch.first().map_or(0, |e| e.seq.saturating_sub(1));
         // A worker whose lease lapsed (or was taken) must not write again under the old epoch, even
         // where the conditional append would still let it through (nobody else has written yet).
@@ -370,7 +380,11 @@ impl Runner {
             return Err(JournalError::Conflict { session: self.session.clone(), expected, actual: expected });
         }
         let started = std::time::Instant::now();
-        let result = self.deps.log.append(&self.session, expected, batch).await;
+        let span = self.spans.begin_append(&self.session, batch);
+        let traceparent = turnstile_journal::trace::traceparent_of(&span);
+        let result =
+            self.deps.log.append_traced(&self.session, expected, batch, traceparent.as_deref()).instrument(span).await;
+        self.spans.end_append(batch);
         self.clock.appended(batch, started.elapsed(), &result);
         result
     }

@@ -17,7 +17,7 @@ use tonic::{Code, Request, Response, Status};
 use turnstile_journal::codec::command::{
     ERROR_KEY, OWNER_KEY, SESSION_KEY, command_error_parts, decode_execute_request, encode_command_reply,
 };
-use turnstile_journal::{CommandError, CommandRouter};
+use turnstile_journal::{CommandError, CommandRouter, trace};
 use turnstile_proto::cluster::v1 as cpb;
 use turnstile_proto::cluster::v1::worker_server::{Worker, WorkerServer};
 
@@ -108,7 +108,12 @@ pub async fn serve_with(
     tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let mut builder = tonic::transport::Server::builder();
+    // One span per call, in the gateway's trace (its `traceparent` metadata); the host hands the current
+    // trace context to the session's runner with the command.
+    let mut builder = tonic::transport::Server::builder().trace_fn(|req| {
+        let traceparent = req.headers().get(trace::TRACEPARENT).and_then(|v| v.to_str().ok());
+        trace::grpc_request_span(req.uri().path(), traceparent)
+    });
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }

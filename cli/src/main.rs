@@ -7,6 +7,7 @@ mod demo;
 mod dev;
 mod gateway;
 mod render;
+mod telemetry;
 mod worker;
 
 use std::path::PathBuf;
@@ -14,7 +15,6 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
 
 use crate::client::{CauseArg, Client, Delivery, Preset, SourceArg, TargetArg, WatchOpts};
 
@@ -304,12 +304,14 @@ struct WatchArgs {
     until_idle: bool,
 }
 
-fn init_tracing() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new("warn,turnstile=info,turnstile_gateway=info,turnstile_worker=info,turnstile_journal=info")
-    });
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+/// The process's role in the default OTLP service name (`turnstile-<role>`).
+fn role(cmd: &Cmd) -> &'static str {
+    match cmd {
+        Cmd::Dev(_) => "dev",
+        Cmd::Gateway(_) => "gateway",
+        Cmd::Worker(_) => "worker",
+        _ => "cli",
+    }
 }
 
 fn delivery(d: DeliverArgs) -> Delivery {
@@ -439,8 +441,11 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
-    match run(cli).await {
+    let telemetry = telemetry::init(role(&cli.command));
+    let result = run(cli).await;
+    // Flush queued spans before the runtime goes away (short runs would lose them otherwise).
+    telemetry.shutdown().await;
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         // `turnstile watch s1 | head` closing the pipe is a normal way to stop reading.
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,

@@ -33,11 +33,22 @@ pub struct ClusterOptions {
     pub worker_args: Vec<String>,
     /// Further arguments of every `turnstile gateway`.
     pub gateway_args: Vec<String>,
+    /// Further environment variables of every worker (e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`).
+    pub worker_env: Vec<(String, String)>,
+    /// Further environment variables of every gateway.
+    pub gateway_env: Vec<(String, String)>,
 }
 
 impl ClusterOptions {
     pub fn new(workers: usize, gateways: usize) -> Self {
-        Self { workers, gateways, worker_args: Vec::new(), gateway_args: Vec::new() }
+        Self {
+            workers,
+            gateways,
+            worker_args: Vec::new(),
+            gateway_args: Vec::new(),
+            worker_env: Vec::new(),
+            gateway_env: Vec::new(),
+        }
     }
 }
 
@@ -55,6 +66,8 @@ pub struct Cluster {
     bin: PathBuf,
     workers: Vec<Node>,
     gateways: Vec<(Node, Channel)>,
+    worker_env: Vec<(String, String)>,
+    gateway_env: Vec<(String, String)>,
     // Log files; removed with the cluster.
     scratch: TempDir,
     // Declared last so it outlives the processes that use it.
@@ -77,7 +90,9 @@ impl Cluster {
             .prefix("turnstile-cluster-")
             .tempdir()
             .map_err(|e| HarnessError::io("creating a scratch dir", e))?;
-        let mut cluster = Self { bin, workers: Vec::new(), gateways: Vec::new(), scratch, nats };
+        let (worker_env, gateway_env) = (opts.worker_env.clone(), opts.gateway_env.clone());
+        let mut cluster =
+            Self { bin, workers: Vec::new(), gateways: Vec::new(), worker_env, gateway_env, scratch, nats };
         for i in 0..opts.workers {
             let node = cluster.spawn_worker(i, opts.worker_args.clone())?;
             cluster.workers.push(node);
@@ -115,7 +130,8 @@ impl Cluster {
         args.extend(self.common_args());
         args.extend(["--listen".into(), addr.to_string(), "--id".into(), id.clone()]);
         args.extend(extra);
-        let process = self.spawn(&format!("turnstile worker {id} on {addr}"), &args, &format!("worker-{id}.log"))?;
+        let name = format!("turnstile worker {id} on {addr}");
+        let process = self.spawn(&name, &args, &self.worker_env, &format!("worker-{id}.log"))?;
         Ok(Node { process, addr, args })
     }
 
@@ -125,13 +141,20 @@ impl Cluster {
         args.extend(self.common_args());
         args.extend(["--listen".into(), addr.to_string()]);
         args.extend(extra);
-        let process = self.spawn(&format!("turnstile gateway {i} on {addr}"), &args, &format!("gateway-{i}.log"))?;
+        let name = format!("turnstile gateway {i} on {addr}");
+        let process = self.spawn(&name, &args, &self.gateway_env, &format!("gateway-{i}.log"))?;
         Ok(Node { process, addr, args })
     }
 
-    fn spawn(&self, name: &str, args: &[String], log: &str) -> Result<ChildProcess, HarnessError> {
+    fn spawn(
+        &self,
+        name: &str,
+        args: &[String],
+        env: &[(String, String)],
+        log: &str,
+    ) -> Result<ChildProcess, HarnessError> {
         let mut command = Command::new(&self.bin);
-        command.args(args);
+        command.args(args).envs(env.iter().map(|(k, v)| (k, v)));
         if std::env::var_os("RUST_LOG").is_none() {
             command.env("RUST_LOG", "info");
         }
@@ -265,7 +288,7 @@ impl Cluster {
         let args = self.workers[i].args.clone();
         let log = format!("worker-{}.log", worker_id(i));
         let name = format!("turnstile worker {} on {}", worker_id(i), self.workers[i].addr);
-        self.workers[i].process = self.spawn(&name, &args, &log)?;
+        self.workers[i].process = self.spawn(&name, &args, &self.worker_env, &log)?;
         self.wait_worker_listening(i).await
     }
 

@@ -15,6 +15,7 @@
 //!   [`Backend`] and [`backend_tests!`] to run a scenario on both journals;
 //! - [`cluster`] is a real cluster: `turnstile worker` and `turnstile gateway` processes on one
 //!   nats-server, with kill -9, SIGSTOP/SIGCONT and SIGTERM of workers;
+//! - [`otlp`] is a test OTLP trace collector (what the processes' spans were);
 //! - [`session`] is a small client DSL for one session (presets, edits, reads);
 //! - [`msg`] builds messages and sources;
 //! - [`watch`] records a `Watch` stream and reduces it to comparable lines;
@@ -26,6 +27,7 @@ pub mod dev;
 pub mod fold;
 pub mod msg;
 pub mod nats;
+pub mod otlp;
 pub mod ports;
 pub mod process;
 pub mod session;

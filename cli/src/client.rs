@@ -41,6 +41,16 @@ pub struct Client {
 
 impl Client {
     pub async fn connect(addr: &str, token: Option<&str>, tenant: &str) -> Result<Self> {
+        Self::connect_with_ca(addr, token, tenant, None).await
+    }
+
+    /// [`Client::connect`]; `https://` addresses are verified against the PEM CA in `ca` (`--ca`).
+    pub async fn connect_with_ca(
+        addr: &str,
+        token: Option<&str>,
+        tenant: &str,
+        ca: Option<&std::path::Path>,
+    ) -> Result<Self> {
         let auth = match token {
             Some(t) => Some(
                 MetadataValue::try_from(format!("Bearer {t}"))
@@ -48,8 +58,19 @@ impl Client {
             ),
             None => None,
         };
-        let endpoint = Channel::from_shared(addr.to_owned())
+        let mut endpoint = Channel::from_shared(addr.to_owned())
             .with_context(|| format!("--addr {addr:?} is not a URL; use e.g. http://127.0.0.1:7400"))?;
+        match (addr.starts_with("https://"), ca) {
+            (true, Some(ca)) => {
+                let tls = turnstile_gateway::tls::client_config(ca, None, None).context("--ca")?;
+                endpoint = endpoint.tls_config(tls).context("cannot set up TLS with --ca")?;
+            }
+            (true, None) => {
+                bail!("--addr {addr} is https://: pass --ca FILE (the CA that signed the gateway's certificate)")
+            }
+            (false, Some(_)) => bail!("--ca is for TLS: use an https:// --addr"),
+            (false, None) => {}
+        }
         let channel = endpoint
             .connect()
             .await
@@ -207,7 +228,9 @@ pub async fn inbox(client: &mut Client, id: &str, json: bool) -> Result<()> {
         println!("{}", serde_json::json!({ "seq": seq, "next_turn": inbox.next_turn, "next_step": inbox.next_step }));
         return Ok(());
     }
-    println!("inbox of {}/{id} at seq {seq}", client.tenant);
+    // An empty tenant is the token's: the id alone names the session.
+    let name = if client.tenant.is_empty() { id.to_owned() } else { format!("{}/{id}", client.tenant) };
+    println!("inbox of {name} at seq {seq}");
     for (name, list) in [("next-turn", &inbox.next_turn), ("next-step", &inbox.next_step)] {
         println!("{name} ({})", list.len());
         for (i, m) in list.iter().enumerate() {
@@ -432,6 +455,8 @@ pub async fn clear(client: &mut Client, session: &str) -> Result<()> {
 
 /// The session name a client command was given, checked before any call so a typo fails fast.
 pub fn check_session(tenant: &str, id: &str) -> Result<()> {
+    // An empty tenant is the token's, filled in by the server; check the id against any valid tenant.
+    let tenant = if tenant.is_empty() { "default" } else { tenant };
     if let Err(e) = SessionRef::new(tenant, id) {
         bail!("{e}");
     }

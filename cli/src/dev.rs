@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use tokio::net::TcpListener;
 use turnstile_gateway::{Gateway, GatewayConfig};
-use turnstile_journal::jetstream::KvSnapshots;
+use turnstile_journal::jetstream::{KvSnapshots, NatsSecurity};
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{
     CommandRouter, EmbeddedLog, JetStreamConfig, JetStreamLog, JournalError, LiveBus, LocalBus, NatsBus, SessionLog,
@@ -16,6 +16,7 @@ use turnstile_journal::{
 use turnstile_worker::{SessionHost, WorkerConfig};
 
 use crate::demo;
+use crate::security::{self, ServerSecurity};
 
 /// Options of `turnstile dev`.
 #[derive(Clone, Debug)]
@@ -33,6 +34,8 @@ pub struct NatsOpts {
     pub url: String,
     pub partitions: u32,
     pub replicas: usize,
+    /// `--nats-creds`, `--nats-ca`, `--nats-tls-cert/--nats-tls-key`.
+    pub security: NatsSecurity,
 }
 
 /// Connects the JetStream journal and the live bus on its connection. The errors say what to do: an
@@ -43,6 +46,7 @@ async fn connect_nats(
     let mut config = JetStreamConfig::new(opts.url.clone());
     config.partitions = opts.partitions;
     config.replicas = opts.replicas;
+    config.security = opts.security.clone();
     let log = JetStreamLog::connect(config).await.map_err(|e| nats_error(&opts.url, &e))?;
     let bus = NatsBus::new(log.client().clone());
     let snapshots = KvSnapshots::open(log.client(), opts.replicas).await.map_err(|e| nats_error(&opts.url, &e))?;
@@ -85,12 +89,19 @@ pub(crate) fn client_url(addr: SocketAddr) -> String {
     format!("http://{}", SocketAddr::new(ip, addr.port()))
 }
 
-fn banner(url: &str, journal: &str) -> String {
+/// [`client_url`] with `https://` when the server speaks TLS.
+pub(crate) fn client_url_for(addr: SocketAddr, tls: bool) -> String {
+    let url = client_url(addr);
+    if tls { url.replacen("http://", "https://", 1) } else { url }
+}
+
+fn banner(url: &str, journal: &str, auth: &str) -> String {
     let addr_flag = if url == crate::DEFAULT_ADDR { String::new() } else { format!(" --addr {url}") };
     format!(
         "turnstile dev: gateway + worker in one process\n  \
          listening  {url}\n  \
          journal    {journal}\n  \
+         {auth}\n  \
          try        turnstile{addr_flag} followup s1 \"hello\"\n             \
          turnstile{addr_flag} watch s1 --until-idle\n  \
          stop       Ctrl-C\n"
@@ -125,9 +136,13 @@ pub(crate) async fn shutdown_signal() {
     }
 }
 
-pub async fn run(opts: DevOpts) -> Result<()> {
+pub async fn run(opts: DevOpts, security: ServerSecurity) -> Result<()> {
+    if opts.demo && (security.auth.is_enabled() || security.tls.is_some()) {
+        bail!("--demo talks to the server without a token or TLS; drop --demo or the auth/TLS flags");
+    }
     let listener = bind(&opts.listen).await?;
     let local = listener.local_addr().context("cannot read the bound address")?;
+    let auth_line = security::auth_line(&security.auth, local, &opts.listen)?;
     // The embedded journal reads from memory, so it keeps no snapshots; JetStream keeps them in KV.
     type Journal = (Arc<dyn SessionLog>, Arc<dyn LiveBus>, Arc<dyn SnapshotStore>, String);
     let (log, bus, snapshots, journal): Journal = match (&opts.nats, &opts.data_dir) {
@@ -151,13 +166,14 @@ pub async fn run(opts: DevOpts) -> Result<()> {
         tracing::info!(resumed, "resumed sessions that were running when the last process stopped");
     }
     let router: Arc<dyn CommandRouter> = host;
-    let gateway = Gateway::new(router, log, bus, GatewayConfig::default()).with_snapshots(snapshots);
+    let gateway =
+        Gateway::new(router, log, bus, GatewayConfig::default()).with_snapshots(snapshots).with_auth(security.auth);
 
-    let url = client_url(local);
-    print!("{}", banner(&url, &journal));
-    tracing::info!(%local, "serving turnstile.v1.Agent");
+    let url = client_url_for(local, security.tls.is_some());
+    print!("{}", banner(&url, &journal, &auth_line));
+    tracing::info!(%local, tls = security.tls.is_some(), "serving turnstile.v1.Agent");
 
-    let server = tokio::spawn(turnstile_gateway::serve(gateway, listener, shutdown_signal()));
+    let server = tokio::spawn(turnstile_gateway::serve_with(gateway, listener, security.tls, shutdown_signal()));
     if opts.demo {
         let url = url.clone();
         tokio::spawn(async move {
@@ -204,8 +220,9 @@ mod tests {
 
     #[test]
     fn the_banner_names_the_address_in_examples_only_when_it_is_not_the_default() {
-        assert!(!banner(crate::DEFAULT_ADDR, "mem").contains("--addr"));
-        let b = banner("http://127.0.0.1:9", "mem");
+        assert!(!banner(crate::DEFAULT_ADDR, "mem", "auth: off (loopback only)").contains("--addr"));
+        let b = banner("http://127.0.0.1:9", "mem", "auth: off (loopback only)");
+        assert!(b.contains("\n  auth: off (loopback only)\n"), "{b}");
         assert!(b.contains("turnstile --addr http://127.0.0.1:9 followup s1"), "{b}");
     }
 }

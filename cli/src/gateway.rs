@@ -5,13 +5,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use tonic::transport::ClientTlsConfig;
+use turnstile_gateway::cluster_router::GrpcTransport;
 use turnstile_gateway::{ClusterRouter, ClusterRouterConfig, Gateway, GatewayConfig};
-use turnstile_journal::jetstream::KvSnapshots;
 use turnstile_journal::jetstream::shards::ClusterKv;
+use turnstile_journal::jetstream::{KvSnapshots, NatsSecurity};
 use turnstile_journal::{CommandRouter, JetStreamConfig, JetStreamLog, NatsBus};
 use turnstile_worker::cluster::LeaseConfig;
 
-use crate::dev::{bind, client_url, nats_error, shutdown_signal};
+use crate::dev::{bind, client_url_for, nats_error, shutdown_signal};
+use crate::security::{self, ServerSecurity};
 
 /// Options of `turnstile gateway`.
 #[derive(Clone, Debug)]
@@ -23,15 +26,21 @@ pub struct GatewayOpts {
     pub shards: u32,
     /// How long a command may wait for a shard owner before UNAVAILABLE.
     pub route_deadline: Duration,
+    /// `--nats-creds`, `--nats-ca`, `--nats-tls-cert/--nats-tls-key`.
+    pub nats_security: NatsSecurity,
+    /// TLS to the workers (`--cluster-tls-ca`); `None` dials them in clear text.
+    pub cluster_tls: Option<ClientTlsConfig>,
 }
 
-pub async fn run(opts: GatewayOpts) -> Result<()> {
+pub async fn run(opts: GatewayOpts, security: ServerSecurity) -> Result<()> {
     let listener = bind(&opts.listen).await?;
     let local = listener.local_addr().context("cannot read the bound address")?;
+    let auth_line = security::auth_line(&security.auth, local, &opts.listen)?;
     let mut config = JetStreamConfig::new(opts.nats.clone());
     config.partitions = opts.partitions;
     config.replicas = opts.replicas;
     config.shards = opts.shards;
+    config.security = opts.nats_security.clone();
     let log = JetStreamLog::connect(config).await.map_err(|e| nats_error(&opts.nats, &e))?;
     let client = log.client().clone();
     let bus = NatsBus::new(client.clone());
@@ -43,14 +52,24 @@ pub async fn run(opts: GatewayOpts) -> Result<()> {
         .map_err(|e| nats_error(&opts.nats, &e))?;
     let map = kv.watch_shards().await.map_err(|e| nats_error(&opts.nats, &e))?;
     let router_config = ClusterRouterConfig { deadline: opts.route_deadline, ..ClusterRouterConfig::default() };
-    let router: Arc<dyn CommandRouter> = Arc::new(ClusterRouter::new(map, router_config));
+    let router: Arc<dyn CommandRouter> = match opts.cluster_tls.clone() {
+        Some(tls) => {
+            let transport = Arc::new(GrpcTransport::with_tls(router_config.connect_timeout, tls));
+            Arc::new(ClusterRouter::with_transport(map, transport, router_config))
+        }
+        None => Arc::new(ClusterRouter::new(map, router_config)),
+    };
     let gateway = Gateway::new(router, Arc::new(log), Arc::new(bus), GatewayConfig::default())
-        .with_snapshots(Arc::new(snapshots));
+        .with_snapshots(Arc::new(snapshots))
+        .with_auth(security.auth);
 
-    let url = client_url(local);
+    let url = client_url_for(local, security.tls.is_some());
     println!("turnstile gateway listening on {url}");
+    println!("{auth_line}");
     tracing::info!(%local, nats = %opts.nats, shards = opts.shards, "serving turnstile.v1.Agent with cluster routing");
-    turnstile_gateway::serve(gateway, listener, shutdown_signal()).await.context("the gRPC server stopped")?;
+    turnstile_gateway::serve_with(gateway, listener, security.tls, shutdown_signal())
+        .await
+        .context("the gRPC server stopped")?;
     tracing::info!("stopped");
     Ok(())
 }

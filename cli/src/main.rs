@@ -7,6 +7,7 @@ mod demo;
 mod dev;
 mod gateway;
 mod render;
+mod security;
 mod telemetry;
 mod worker;
 
@@ -38,9 +39,13 @@ struct Global {
     /// Bearer token sent as `authorization: Bearer <token>`.
     #[arg(long, global = true, env = "TURNSTILE_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// Tenant of the sessions named on the command line.
-    #[arg(long, global = true, default_value = "default")]
-    tenant: String,
+    /// Tenant of the sessions named on the command line (default: the token's tenant with --token, else
+    /// `default`).
+    #[arg(long, global = true)]
+    tenant: Option<String>,
+    /// PEM CA that signed the gateway's certificate, for `https://` addresses.
+    #[arg(long, global = true, env = "TURNSTILE_CA", value_name = "FILE")]
+    ca: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -105,6 +110,12 @@ struct DevArgs {
     /// Run a short scripted tour on session `demo` once the server is up.
     #[arg(long)]
     demo: bool,
+    #[command(flatten)]
+    auth: security::AuthArgs,
+    #[command(flatten)]
+    tls: security::ServerTlsArgs,
+    #[command(flatten)]
+    nats_security: security::NatsSecurityArgs,
 }
 
 /// Where the cluster's journal lives and how it is laid out; every gateway and worker of a cluster must
@@ -142,6 +153,14 @@ struct GatewayArgs {
     /// How long a command may wait for a shard owner (while shards move) before UNAVAILABLE.
     #[arg(long, default_value_t = 10_000)]
     route_deadline_ms: u64,
+    #[command(flatten)]
+    auth: security::AuthArgs,
+    #[command(flatten)]
+    tls: security::ServerTlsArgs,
+    #[command(flatten)]
+    cluster_tls: security::ClusterTlsArgs,
+    #[command(flatten)]
+    nats_security: security::NatsSecurityArgs,
 }
 
 #[derive(Args, Debug)]
@@ -166,6 +185,10 @@ struct WorkerArgs {
     /// How long running steps may take to finish when shards are handed over or at SIGTERM.
     #[arg(long, default_value_t = 10_000)]
     drain_timeout_ms: u64,
+    #[command(flatten)]
+    tls: security::ServerTlsArgs,
+    #[command(flatten)]
+    nats_security: security::NatsSecurityArgs,
 }
 
 #[derive(Args, Debug)]
@@ -333,8 +356,10 @@ async fn run(cli: Cli) -> Result<()> {
             partitions: a.partitions,
             // The parser bounds replicas to 1..=5.
             replicas: usize::try_from(a.replicas).unwrap_or(1),
+            security: a.nats_security.security(),
         });
-        return dev::run(dev::DevOpts { listen: a.listen, data_dir: a.data_dir, nats, demo: a.demo }).await;
+        let security = security::ServerSecurity::load(&a.auth, &a.tls)?;
+        return dev::run(dev::DevOpts { listen: a.listen, data_dir: a.data_dir, nats, demo: a.demo }, security).await;
     }
     if let Cmd::Worker(a) = cli.command {
         if a.renew_ms >= a.lease_ttl_ms {
@@ -355,21 +380,30 @@ async fn run(cli: Cli) -> Result<()> {
             lease_ttl: std::time::Duration::from_millis(a.lease_ttl_ms),
             renew_every: std::time::Duration::from_millis(a.renew_ms),
             drain_timeout: std::time::Duration::from_millis(a.drain_timeout_ms),
+            nats_security: a.nats_security.security(),
+            tls: a.tls.load()?,
         })
         .await;
     }
     if let Cmd::Gateway(a) = cli.command {
-        return gateway::run(gateway::GatewayOpts {
-            replicas: a.layout.replicas(),
-            nats: a.layout.nats,
-            listen: a.listen,
-            partitions: a.layout.partitions,
-            shards: a.layout.shards,
-            route_deadline: std::time::Duration::from_millis(a.route_deadline_ms),
-        })
+        return gateway::run(
+            gateway::GatewayOpts {
+                replicas: a.layout.replicas(),
+                nats: a.layout.nats,
+                listen: a.listen,
+                partitions: a.layout.partitions,
+                shards: a.layout.shards,
+                route_deadline: std::time::Duration::from_millis(a.route_deadline_ms),
+                nats_security: a.nats_security.security(),
+                cluster_tls: a.cluster_tls.load()?,
+            },
+            security::ServerSecurity::load(&a.auth, &a.tls)?,
+        )
         .await;
     }
-    let mut c = Client::connect(&g.addr, g.token.as_deref(), &g.tenant).await?;
+    // With a token the server knows the tenant: an empty one in requests means "mine".
+    let tenant = g.tenant.unwrap_or_else(|| if g.token.is_some() { String::new() } else { "default".to_owned() });
+    let mut c = Client::connect_with_ca(&g.addr, g.token.as_deref(), &tenant, g.ca.as_deref()).await?;
     let c = &mut c;
     match cli.command {
         Cmd::Dev(_) | Cmd::Gateway(_) | Cmd::Worker(_) => Ok(()),
@@ -563,7 +597,7 @@ mod tests {
             "plugin:mem",
         ])
         .unwrap();
-        assert_eq!(cli.global.tenant, "acme");
+        assert_eq!(cli.global.tenant.as_deref(), Some("acme"));
         let Cmd::Steer(s) = cli.command else { panic!("not steer") };
         assert_eq!(s.expected_turn, Some(3));
         let d = delivery(s.delivery);

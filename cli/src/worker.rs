@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use turnstile_journal::jetstream::KvSnapshots;
+use tonic::transport::ServerTlsConfig;
+use turnstile_journal::jetstream::{KvSnapshots, NatsSecurity};
 use turnstile_journal::{JetStreamConfig, JetStreamLog, NatsBus};
 use turnstile_worker::WorkerConfig;
 use turnstile_worker::cluster::service::{self, WorkerService};
@@ -30,6 +31,10 @@ pub struct WorkerOpts {
     pub lease_ttl: Duration,
     pub renew_every: Duration,
     pub drain_timeout: Duration,
+    /// `--nats-creds`, `--nats-ca`, `--nats-tls-cert/--nats-tls-key`.
+    pub nats_security: NatsSecurity,
+    /// Serve the internal API over TLS (`--tls-cert/--tls-key`); gateways dial with `--cluster-tls-ca`.
+    pub tls: Option<ServerTlsConfig>,
 }
 
 pub async fn run(opts: WorkerOpts) -> Result<()> {
@@ -42,6 +47,7 @@ pub async fn run(opts: WorkerOpts) -> Result<()> {
     config.partitions = opts.partitions;
     config.replicas = opts.replicas;
     config.shards = opts.shards;
+    config.security = opts.nats_security.clone();
     let log = JetStreamLog::connect(config).await.map_err(|e| nats_error(&opts.nats, &e))?;
     let client = log.client().clone();
     let bus = NatsBus::new(client.clone());
@@ -62,9 +68,10 @@ pub async fn run(opts: WorkerOpts) -> Result<()> {
     // The server keeps answering while the worker drains (not-owner for released shards tells gateways
     // to look again), so it stops only after `shutdown`.
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(service::serve(WorkerService::new(handle.host()), listener, async {
-        let _ = stop_rx.await;
-    }));
+    let mut server =
+        tokio::spawn(service::serve_with(WorkerService::new(handle.host()), listener, opts.tls.clone(), async {
+            let _ = stop_rx.await;
+        }));
     println!("turnstile worker {id} serving on {advertise}");
     tracing::info!(%id, %local, %advertise, shards = opts.shards, "serving turnstile.cluster.v1.Worker");
 

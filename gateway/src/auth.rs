@@ -28,12 +28,9 @@ use turnstile_journal::message::SessionRef;
 /// An auth configuration that cannot be used; the message names the file and what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
-    #[error("cannot read {}: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The io error is in the message, not a `source`, so `{:#}` chains do not print it twice.
+    #[error("cannot read {}: {cause}", path.display())]
+    Read { path: PathBuf, cause: std::io::Error },
     #[error("{}:{line}: {detail}", path.display())]
     TokenLine { path: PathBuf, line: usize, detail: String },
     #[error("{} has no tokens; add one `TOKEN TENANT` line per token", path.display())]
@@ -45,9 +42,10 @@ pub enum AuthError {
 }
 
 /// The JWT signature algorithms accepted by `--jwt-alg`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum JwtAlg {
     /// HMAC-SHA256 with a shared secret (the key file's bytes).
+    #[default]
     Hs256,
     /// RSA PKCS#1 v1.5 with SHA-256; the key file is the RSA public key PEM.
     Rs256,
@@ -164,7 +162,7 @@ fn valid_tenant(tenant: &str) -> Result<(), String> {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, AuthError> {
-    std::fs::read(path).map_err(|source| AuthError::Read { path: path.to_owned(), source })
+    std::fs::read(path).map_err(|cause| AuthError::Read { path: path.to_owned(), cause })
 }
 
 /// `TOKEN TENANT` lines, kept as digests.

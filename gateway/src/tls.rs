@@ -12,12 +12,9 @@ use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 /// A TLS file that cannot be used; the message names it.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("cannot read {}: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The io error is in the message, not a `source`, so `{:#}` chains do not print it twice.
+    #[error("cannot read {}: {cause}", path.display())]
+    Read { path: PathBuf, cause: std::io::Error },
     #[error("{} has no PEM certificate (`-----BEGIN CERTIFICATE-----`); {what}", path.display())]
     NoCertificate { path: PathBuf, what: &'static str },
     #[error("{} has no PEM private key (PKCS#8, PKCS#1 or SEC1): {detail}", path.display())]
@@ -27,7 +24,7 @@ pub enum TlsError {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read { path: path.to_owned(), source })
+    std::fs::read(path).map_err(|cause| TlsError::Read { path: path.to_owned(), cause })
 }
 
 /// The file's PEM bytes, checked to hold at least one certificate.

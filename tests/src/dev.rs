@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::{GetSessionRequest, SessionRef};
 
@@ -34,6 +34,9 @@ pub struct DevOptions {
     /// `--http 127.0.0.1:<free port>`: serve `/metrics`, `/healthz`, `/readyz` where
     /// [`DevServer::http_addr`] says.
     pub http: bool,
+    /// The server speaks TLS (`--tls-cert/--tls-key` in `extra_args`): the harness dials
+    /// `https://localhost:PORT` trusting this PEM CA.
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Default for DevOptions {
@@ -44,6 +47,7 @@ impl Default for DevOptions {
             extra_args: Vec::new(),
             startup_timeout: Duration::from_secs(30),
             http: false,
+            tls_ca: None,
         }
     }
 }
@@ -128,6 +132,8 @@ pub struct DevServer {
     addr: SocketAddr,
     channel: Channel,
     http_addr: Option<SocketAddr>,
+    /// Dialled over TLS ([`DevOptions::tls_ca`]).
+    tls: bool,
     // Holds the log file; removed with the server.
     _scratch: TempDir,
     // The nats-server of a [`Backend::Nats`] server; declared after `process` so it outlives it.
@@ -183,8 +189,9 @@ impl DevServer {
         command.env("NO_COLOR", "1");
         let log_path = scratch.path().join("turnstile-dev.log");
         let mut process = ChildProcess::spawn(format!("turnstile dev on {addr}"), command, &log_path)?;
-        let channel = wait_ready(&mut process, addr, opts.startup_timeout).await?;
-        Ok(Self { process, addr, channel, http_addr, _scratch: scratch, nats: None })
+        let endpoint = endpoint(addr, opts.tls_ca.as_deref())?;
+        let channel = wait_ready(&mut process, endpoint, opts.startup_timeout).await?;
+        Ok(Self { process, addr, channel, http_addr, tls: opts.tls_ca.is_some(), _scratch: scratch, nats: None })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -196,9 +203,9 @@ impl DevServer {
         self.http_addr
     }
 
-    /// `http://127.0.0.1:PORT`, as the CLI's `--addr` takes it.
+    /// `http://127.0.0.1:PORT` (`https://localhost:PORT` over TLS), as the CLI's `--addr` takes it.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        if self.tls { format!("https://localhost:{}", self.addr.port()) } else { format!("http://{}", self.addr) }
     }
 
     pub fn client(&self) -> AgentClient<Channel> {
@@ -238,10 +245,23 @@ impl DevServer {
     }
 }
 
+/// The endpoint of a dev server on `addr`; with `tls_ca`, TLS to `localhost` trusting that CA.
+fn endpoint(addr: SocketAddr, tls_ca: Option<&Path>) -> Result<Endpoint, HarnessError> {
+    let Some(ca) = tls_ca else {
+        return Ok(Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(Duration::from_secs(2)));
+    };
+    let pem = std::fs::read(ca).map_err(|e| HarnessError::io(format!("reading the CA {}", ca.display()), e))?;
+    let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)).domain_name("localhost");
+    Ok(Endpoint::from_shared(format!("https://{addr}"))?.connect_timeout(Duration::from_secs(2)).tls_config(tls)?)
+}
+
 /// Waits until a gRPC call gets an answer from the application (any answer but UNAVAILABLE / transport
 /// failure: NOT_FOUND for an unknown session is what a ready server says).
-async fn wait_ready(process: &mut ChildProcess, addr: SocketAddr, timeout: Duration) -> Result<Channel, HarnessError> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(Duration::from_secs(2));
+async fn wait_ready(
+    process: &mut ChildProcess,
+    endpoint: Endpoint,
+    timeout: Duration,
+) -> Result<Channel, HarnessError> {
     let probe = SessionRef { tenant: "harness".into(), id: "readiness-probe".into() };
     let deadline = tokio::time::Instant::now() + timeout;
     loop {

@@ -1,0 +1,229 @@
+//! Tenancy and auth from the outside: `turnstile dev --auth-tokens` (two tokens for two tenants) and
+//! `--jwt-key`. A caller can read, write, list and watch only its own tenant's sessions; another
+//! tenant's session is NOT_FOUND with the same message as a session that does not exist; a missing or
+//! bad token is UNAUTHENTICATED. Auth off is refused on a non-loopback address.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status};
+use turnstile_tests::v1::agent_client::AgentClient;
+use turnstile_tests::v1::watch_item::Item;
+use turnstile_tests::v1::{
+    DeliverRequest, GetInboxRequest, GetSessionRequest, ListSessionsRequest, SessionRef, WatchRequest, WhenIdleRequest,
+};
+use turnstile_tests::{DevOptions, DevServer, user_msg};
+
+const TOKEN_A: &str = "token-of-tenant-a-0123456789";
+const TOKEN_B: &str = "token-of-tenant-b-9876543210";
+
+fn authed<T>(message: T, token: Option<&str>) -> Request<T> {
+    let mut request = Request::new(message);
+    if let Some(token) = token {
+        request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    request
+}
+
+fn name(tenant: &str, id: &str) -> Option<SessionRef> {
+    Some(SessionRef { tenant: tenant.into(), id: id.into() })
+}
+
+async fn start_with_args(args: Vec<String>) -> DevServer {
+    DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::default() }).await.unwrap()
+}
+
+async fn followup(
+    client: &mut AgentClient<Channel>,
+    token: &str,
+    session: Option<SessionRef>,
+    text: &str,
+) -> Result<u64, Status> {
+    let req = DeliverRequest { session, message: Some(user_msg(&uuid::Uuid::new_v4().to_string(), text)) };
+    client.followup(authed(req, Some(token))).await.map(|r| r.into_inner().seq)
+}
+
+async fn last_seq_when_idle(client: &mut AgentClient<Channel>, token: &str, id: &str) -> u64 {
+    let req = WhenIdleRequest { session: name("", id), timeout_ms: 20_000 };
+    client.when_idle(authed(req, Some(token))).await.unwrap().into_inner().last_seq
+}
+
+fn tokens_file(dir: &Path) -> String {
+    let path = dir.join("tokens.txt");
+    std::fs::write(&path, format!("# test tokens\n{TOKEN_A} tenant-a\n{TOKEN_B} tenant-b  # the other team\n"))
+        .unwrap();
+    path.display().to_string()
+}
+
+#[tokio::test]
+async fn a_tenant_cannot_read_write_list_or_watch_another_tenants_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_with_args(vec!["--auth-tokens".into(), tokens_file(dir.path())]).await;
+    let mut client = server.client();
+
+    // B's session, named without a tenant: the token's tenant is used.
+    followup(&mut client, TOKEN_B, name("", "b-secret"), "hello from b").await.unwrap();
+    let b_seq = last_seq_when_idle(&mut client, TOKEN_B, "b-secret").await;
+    let info = client.get_session(authed(GetSessionRequest { session: name("", "b-secret") }, Some(TOKEN_B))).await;
+    let info = info.unwrap().into_inner();
+    assert_eq!(info.session, name("tenant-b", "b-secret"), "the session belongs to the token's tenant");
+    // Naming one's own tenant explicitly is the same session.
+    let own = client.get_inbox(authed(GetInboxRequest { session: name("tenant-b", "b-secret") }, Some(TOKEN_B))).await;
+    assert_eq!(own.unwrap().into_inner().seq, b_seq);
+
+    // A's own session.
+    followup(&mut client, TOKEN_A, name("", "a-own"), "hello from a").await.unwrap();
+    last_seq_when_idle(&mut client, TOKEN_A, "a-own").await;
+
+    // Read: NOT_FOUND, with the same message as a session that does not exist at all.
+    let missing = client.get_session(authed(GetSessionRequest { session: name("tenant-b", "nobody") }, Some(TOKEN_B)));
+    let missing = missing.await.unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    for id in ["b-secret", "nobody"] {
+        let err = client.get_session(authed(GetSessionRequest { session: name("tenant-b", id) }, Some(TOKEN_A)));
+        let err = err.await.unwrap_err();
+        assert_eq!(err.code(), Code::NotFound, "{err:?}");
+        assert_eq!(err.message(), missing.message().replace("nobody", id), "no existence leak");
+        let err = client.get_inbox(authed(GetInboxRequest { session: name("tenant-b", id) }, Some(TOKEN_A))).await;
+        let err = err.unwrap_err();
+        assert_eq!(err.code(), Code::NotFound);
+        assert_eq!(err.message(), missing.message().replace("nobody", id));
+    }
+    // A's token with no tenant reaches A's namespace, where B's id does not exist.
+    let err = client.get_session(authed(GetSessionRequest { session: name("", "b-secret") }, Some(TOKEN_A))).await;
+    assert_eq!(err.unwrap_err().code(), Code::NotFound);
+
+    // Write: NOT_FOUND and nothing written, as B sees it.
+    let err = followup(&mut client, TOKEN_A, name("tenant-b", "b-secret"), "intrusion").await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert_eq!(err.message(), missing.message().replace("nobody", "b-secret"));
+    let req = DeliverRequest { session: name("tenant-b", "b-secret"), message: Some(user_msg("m-x", "queued?")) };
+    assert_eq!(client.queue(authed(req, Some(TOKEN_A))).await.unwrap_err().code(), Code::NotFound);
+    let after = client.get_session(authed(GetSessionRequest { session: name("", "b-secret") }, Some(TOKEN_B))).await;
+    assert_eq!(after.unwrap().into_inner().last_seq, b_seq, "the intrusion wrote nothing");
+    let inbox = client.get_inbox(authed(GetInboxRequest { session: name("", "b-secret") }, Some(TOKEN_B))).await;
+    let inbox = inbox.unwrap().into_inner();
+    assert!(inbox.next_turn.is_empty() && inbox.next_step.is_empty(), "{inbox:?}");
+
+    // List: only A's sessions, whatever the filter; another tenant's filter is refused.
+    let req = ListSessionsRequest { page_token: String::new(), page_size: 0, tenant: String::new() };
+    let list = client.list_sessions(authed(req, Some(TOKEN_A))).await.unwrap().into_inner();
+    let names: Vec<_> = list.sessions.iter().map(|s| s.session.clone().unwrap()).collect();
+    assert!(names.iter().all(|s| s.tenant == "tenant-a"), "{names:?}");
+    assert!(names.iter().any(|s| s.id == "a-own"), "{names:?}");
+    let req = ListSessionsRequest { page_token: String::new(), page_size: 0, tenant: "tenant-b".into() };
+    assert_eq!(client.list_sessions(authed(req, Some(TOKEN_A))).await.unwrap_err().code(), Code::PermissionDenied);
+
+    // Watch: NOT_FOUND for B's session; A's own works.
+    let req = WatchRequest { session: name("tenant-b", "b-secret"), after_seq: 0, live: true };
+    let err = client.watch(authed(req, Some(TOKEN_A))).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert_eq!(err.message(), missing.message().replace("nobody", "b-secret"));
+    let req = WatchRequest { session: name("", "a-own"), after_seq: 0, live: false };
+    let mut stream = client.watch(authed(req, Some(TOKEN_A))).await.unwrap().into_inner();
+    let caught_up = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(item) = stream.message().await.unwrap() {
+            match item.item {
+                Some(Item::Event(e)) => assert_eq!(e.session, name("tenant-a", "a-own")),
+                Some(Item::CaughtUp(c)) => return c.seq,
+                _ => {}
+            }
+        }
+        panic!("the watch ended before caught-up");
+    });
+    assert!(caught_up.await.unwrap() > 0);
+}
+
+#[tokio::test]
+async fn missing_or_unknown_tokens_are_unauthenticated() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_with_args(vec!["--auth-tokens".into(), tokens_file(dir.path())]).await;
+    let mut client = server.client();
+    for token in [None, Some("not-a-token"), Some("")] {
+        let err = client.get_session(authed(GetSessionRequest { session: name("", "s1") }, token)).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{token:?}: {err:?}");
+        let req = DeliverRequest { session: name("", "s1"), message: Some(user_msg("m1", "hi")) };
+        assert_eq!(client.followup(authed(req, token)).await.unwrap_err().code(), Code::Unauthenticated);
+        let req = WatchRequest { session: name("", "s1"), after_seq: 0, live: true };
+        assert_eq!(client.watch(authed(req, token)).await.unwrap_err().code(), Code::Unauthenticated);
+        let req = ListSessionsRequest { page_token: String::new(), page_size: 0, tenant: String::new() };
+        assert_eq!(client.list_sessions(authed(req, token)).await.unwrap_err().code(), Code::Unauthenticated);
+    }
+    // A token-less write must not have created anything.
+    let err = client.get_session(authed(GetSessionRequest { session: name("", "s1") }, Some(TOKEN_A))).await;
+    assert_eq!(err.unwrap_err().code(), Code::NotFound);
+}
+
+#[derive(serde::Serialize)]
+struct Claims<'a> {
+    tenant: &'a str,
+    exp: u64,
+}
+
+fn sign(secret: &[u8], tenant: &str, exp: u64) -> String {
+    let key = jsonwebtoken::EncodingKey::from_secret(secret);
+    jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256), &Claims { tenant, exp }, &key)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_jwt_names_its_tenant_and_expired_or_forged_ones_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = b"an-hs256-secret-of-at-least-32-bytes!";
+    let key = dir.path().join("jwt.key");
+    // A trailing newline, as `echo` writes it, is not part of the secret.
+    std::fs::write(&key, [secret.as_slice(), b"\n"].concat()).unwrap();
+    let server =
+        start_with_args(vec!["--jwt-key".into(), key.display().to_string(), "--jwt-alg".into(), "HS256".into()]).await;
+    let mut client = server.client();
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+
+    let good = sign(secret, "jwt-tenant", now + 3600);
+    followup(&mut client, &good, name("", "s1"), "hello").await.unwrap();
+    let info = client.get_session(authed(GetSessionRequest { session: name("", "s1") }, Some(&good))).await;
+    assert_eq!(info.unwrap().into_inner().session, name("jwt-tenant", "s1"));
+    // Another tenant's JWT does not see it.
+    let other = sign(secret, "someone-else", now + 3600);
+    let err = client.get_session(authed(GetSessionRequest { session: name("jwt-tenant", "s1") }, Some(&other))).await;
+    assert_eq!(err.unwrap_err().code(), Code::NotFound);
+
+    // Expired well past any leeway.
+    let expired = sign(secret, "jwt-tenant", now - 3600);
+    let err = client.get_session(authed(GetSessionRequest { session: name("", "s1") }, Some(&expired))).await;
+    let err = err.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert!(err.message().contains("expired"), "{}", err.message());
+    // Signed with another key.
+    let forged = sign(b"another-secret-that-is-32-bytes-long!!", "jwt-tenant", now + 3600);
+    let err = client.get_session(authed(GetSessionRequest { session: name("", "s1") }, Some(&forged))).await;
+    assert_eq!(err.unwrap_err().code(), Code::Unauthenticated);
+    // `alg: none`, unsigned.
+    let unsigned = format!("eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.{}.", good.split('.').nth(1).unwrap());
+    let err = client.get_session(authed(GetSessionRequest { session: name("", "s1") }, Some(&unsigned))).await;
+    assert_eq!(err.unwrap_err().code(), Code::Unauthenticated);
+}
+
+#[tokio::test]
+async fn auth_off_is_refused_off_loopback_and_announced_on_loopback() {
+    let bin = tokio::task::spawn_blocking(turnstile_tests::binary::turnstile_bin).await.unwrap().unwrap();
+    // It exits before serving, so a blocking run is bounded.
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&bin).args(["dev", "--listen", "0.0.0.0:0"]).env("NO_COLOR", "1").output()
+    });
+    let out = out.await.unwrap().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "refusing to serve without auth on 0.0.0.0:0; pass --auth-tokens or --jwt-key, or listen on loopback"
+        ),
+        "{stderr}"
+    );
+
+    let server = DevServer::start().await.unwrap();
+    let log = std::fs::read_to_string(server.log_path()).unwrap();
+    assert!(log.contains("auth: off (loopback only)"), "{log}");
+}

@@ -1,5 +1,6 @@
-//! A real cluster on loopback: one nats-server with JetStream, `turnstile worker` and `turnstile gateway`
-//! processes on free ports, and clients of each gateway.
+//! A real cluster on loopback: one nats-server with JetStream (or several clustered, with R3 streams:
+//! [`ClusterOptions::nats_nodes`]), `turnstile worker` and `turnstile gateway` processes on free ports, and
+//! clients of each gateway.
 //!
 //! Workers are `w1`, `w2`, … (their ids are what `GetSession.owner` reports); index `i` in the methods is
 //! 0-based (`worker(0)` is `w1`). The chaos handles are real signals: [`Cluster::kill9_worker`] (a crash),
@@ -18,7 +19,7 @@ use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::{GetSessionRequest, SessionRef};
 
 use crate::binary::turnstile_bin;
-use crate::nats::NatsServer;
+use crate::nats::{NatsCluster, NatsServer};
 use crate::ports::free_loopback_addr;
 use crate::process::ChildProcess;
 use crate::session::Session;
@@ -37,6 +38,9 @@ pub struct ClusterOptions {
     pub worker_env: Vec<(String, String)>,
     /// Further environment variables of every gateway.
     pub gateway_env: Vec<(String, String)>,
+    /// nats-servers: 1 (default) is a lone server; more are clustered on loopback, and then every worker
+    /// and gateway gets all their URLs in `--nats` and `--replicas` min(nodes, 3).
+    pub nats_nodes: usize,
 }
 
 impl ClusterOptions {
@@ -48,6 +52,7 @@ impl ClusterOptions {
             gateway_args: Vec::new(),
             worker_env: Vec::new(),
             gateway_env: Vec::new(),
+            nats_nodes: 1,
         }
     }
 }
@@ -71,7 +76,7 @@ pub struct Cluster {
     // Log files; removed with the cluster.
     scratch: TempDir,
     // Declared last so it outlives the processes that use it.
-    nats: NatsServer,
+    nats: NatsCluster,
 }
 
 impl Cluster {
@@ -85,7 +90,7 @@ impl Cluster {
         let bin = tokio::task::spawn_blocking(turnstile_bin)
             .await
             .map_err(|e| HarnessError::Build(format!("build task failed: {e}")))??;
-        let nats = NatsServer::start().await?;
+        let nats = NatsCluster::start(opts.nats_nodes.max(1)).await?;
         let scratch = tempfile::Builder::new()
             .prefix("turnstile-cluster-")
             .tempdir()
@@ -120,7 +125,11 @@ impl Cluster {
     }
 
     fn common_args(&self) -> Vec<String> {
-        vec!["--nats".into(), self.nats.url()]
+        if self.nats.len() == 1 {
+            return vec!["--nats".into(), self.nats.node(0).url()];
+        }
+        let replicas = self.nats.len().min(3);
+        vec!["--nats".into(), self.nats.urls(), "--replicas".into(), replicas.to_string()]
     }
 
     fn spawn_worker(&self, i: usize, extra: Vec<String>) -> Result<Node, HarnessError> {
@@ -205,8 +214,24 @@ impl Cluster {
         }
     }
 
+    /// The (first) nats-server.
     pub fn nats(&self) -> &NatsServer {
+        self.nats.node(0)
+    }
+
+    /// Every nats-server (one unless [`ClusterOptions::nats_nodes`] asked for more).
+    pub fn nats_cluster(&self) -> &NatsCluster {
         &self.nats
+    }
+
+    /// What the processes got as `--nats` (one URL, or every member's, comma-separated).
+    pub fn nats_url(&self) -> String {
+        if self.nats.len() == 1 { self.nats.node(0).url() } else { self.nats.urls() }
+    }
+
+    /// SIGKILL nats-server `i` (0-based; `n1` is 0).
+    pub fn kill9_nats(&mut self, i: usize) {
+        self.nats.kill(i);
     }
 
     pub fn workers(&self) -> usize {
@@ -300,6 +325,9 @@ impl Cluster {
         }
         for (g, (node, _)) in self.gateways.iter().enumerate() {
             out.push_str(&format!("--- gateway {g}\n{}\n", node.process.log_tail()));
+        }
+        if self.nats.len() > 1 {
+            out.push_str(&self.nats.log_tails());
         }
         out
     }

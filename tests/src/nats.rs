@@ -5,6 +5,8 @@
 //! `<workspace>/.ci/venv/bin/nats-server`. Readiness is the monitoring port's `/healthz` (FIELD-NOTES: waiting
 //! for it is faster than retrying the first JetStream call). The store dir outlives [`NatsServer::stop`] and
 //! [`NatsServer::kill`], so [`NatsServer::restart`] brings the same data back on the same ports.
+//! [`NatsCluster`] runs several servers clustered on loopback (JetStream, R3 streams possible) and reads
+//! the meta and stream leaders from the monitoring port's `/jsz`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -41,6 +43,19 @@ pub struct NatsServer {
     monitor: SocketAddr,
     // The store dir (`jetstream/`) and the log file.
     scratch: TempDir,
+    /// Set for a member of a [`NatsCluster`] of several servers.
+    peer: Option<Peer>,
+}
+
+/// How one server of a [`NatsCluster`] joins the others.
+#[derive(Clone, Debug)]
+struct Peer {
+    /// `server_name`, as `/jsz` names leaders (`n1`, `n2`, …).
+    name: String,
+    /// This server's route (cluster) port.
+    route: SocketAddr,
+    /// Every member's route port, this one's included (nats-server skips itself).
+    routes: Vec<SocketAddr>,
 }
 
 /// The nats-server binary to run. Panics with an install hint when there is none: a test that needs NATS
@@ -75,6 +90,7 @@ impl NatsServer {
             client: free_loopback_addr()?,
             monitor: free_loopback_addr()?,
             scratch,
+            peer: None,
         };
         let mut attempt = 1;
         loop {
@@ -143,9 +159,26 @@ impl NatsServer {
     }
 
     async fn launch(&mut self) -> Result<(), HarnessError> {
+        self.spawn_process()?;
+        self.wait_healthy().await
+    }
+
+    /// Starts the process without waiting for it (a cluster member is healthy only once its peers run).
+    fn spawn_process(&mut self) -> Result<(), HarnessError> {
         // A message may carry 1 MiB of content (SPEC limits); its event is that plus the envelope, which
         // NATS's default max_payload (1 MiB) refuses. Deployments need the same setting.
-        std::fs::write(self.config_path(), format!("max_payload: {MAX_PAYLOAD}\n"))
+        let mut config = format!("max_payload: {MAX_PAYLOAD}\n");
+        if let Some(peer) = &self.peer {
+            // As `deploy/local/cluster.sh` configures its servers: named, one route per member.
+            let routes: Vec<String> = peer.routes.iter().map(|r| format!("nats-route://{r}")).collect();
+            config.push_str(&format!(
+                "server_name: {}\ncluster {{\n  name: turnstile-test\n  listen: {}\n  routes: [{}]\n}}\n",
+                peer.name,
+                peer.route,
+                routes.join(", ")
+            ));
+        }
+        std::fs::write(self.config_path(), config)
             .map_err(|e| HarnessError::io("writing the nats-server config", e))?;
         let mut command = Command::new(&self.bin);
         command
@@ -157,9 +190,10 @@ impl NatsServer {
             .args(["-a", "127.0.0.1", "-p", &self.client.port().to_string()])
             // The monitor binds the `-a` host too (there is no flag for its own host): loopback.
             .args(["-m", &self.monitor.port().to_string()]);
-        let process = ChildProcess::spawn("nats-server", command, &self.log_path())?;
+        let name = self.peer.as_ref().map_or_else(|| "nats-server".to_owned(), |p| format!("nats-server {}", p.name));
+        let process = ChildProcess::spawn(name, command, &self.log_path())?;
         self.process = Some(process);
-        self.wait_healthy().await
+        Ok(())
     }
 
     async fn wait_healthy(&mut self) -> Result<(), HarnessError> {
@@ -186,15 +220,219 @@ impl NatsServer {
 
 /// One plain HTTP/1.0 GET of `/healthz`: true on a 200 (which nats-server gives once JetStream is ready).
 async fn healthz(monitor: SocketAddr) -> bool {
+    http_get(monitor, "/healthz").await.is_some_and(|(status, _)| status == 200)
+}
+
+/// One plain HTTP/1.0 GET on the monitoring port: the status code and the body, `None` when the server
+/// does not answer within 2 s.
+async fn http_get(monitor: SocketAddr, path: &str) -> Option<(u16, String)> {
     let attempt = async {
         let mut stream = tokio::net::TcpStream::connect(monitor).await.ok()?;
-        stream.write_all(b"GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").await.ok()?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
         let mut response = Vec::new();
         stream.read_to_end(&mut response).await.ok()?;
-        let status_line = response.split(|b| *b == b'\n').next()?.to_vec();
-        Some(String::from_utf8_lossy(&status_line).contains(" 200"))
+        let response = String::from_utf8_lossy(&response).into_owned();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((response.as_str(), ""));
+        let status = head.lines().next()?.split(' ').nth(1)?.parse().ok()?;
+        Some((status, body.to_owned()))
     };
-    tokio::time::timeout(Duration::from_secs(2), attempt).await.ok().flatten().unwrap_or(false)
+    tokio::time::timeout(Duration::from_secs(2), attempt).await.ok().flatten()
+}
+
+/// The string value of the first `"key": "value"` in `json` at or after byte `from` (whitespace between
+/// the tokens allowed), with the byte offset just past it. Enough for the few fields of `/jsz` the
+/// harness reads, without a JSON dependency.
+fn string_field(json: &str, key: &str, from: usize) -> Option<(String, usize)> {
+    let needle = format!("\"{key}\"");
+    let mut at = from;
+    loop {
+        let found = at + json.get(at..)?.find(&needle)?;
+        let rest = json[found + needle.len()..].trim_start();
+        if let Some(value) = rest.strip_prefix(':').map(str::trim_start).and_then(|v| v.strip_prefix('"')) {
+            let end = value.find('"')?;
+            let consumed = json.len() - value.len() + end + 1;
+            return Some((value[..end].to_owned(), consumed));
+        }
+        at = found + needle.len();
+    }
+}
+
+impl NatsServer {
+    /// `server_name` of a cluster member (`None` for a lone server).
+    pub fn name(&self) -> Option<&str> {
+        self.peer.as_ref().map(|p| p.name.as_str())
+    }
+
+    /// Whether the process runs (it is not killed or stopped).
+    pub fn is_running(&self) -> bool {
+        self.process.is_some()
+    }
+
+    /// The body of `GET path` on this server's monitoring port (e.g. `/jsz?streams=1`), if it answers 200.
+    pub async fn monitor_get(&self, path: &str) -> Option<String> {
+        http_get(self.monitor, path).await.filter(|(status, _)| *status == 200).map(|(_, body)| body)
+    }
+
+    /// The JetStream meta leader this server knows of (`/jsz` `meta_cluster.leader`).
+    pub async fn meta_leader(&self) -> Option<String> {
+        let body = self.monitor_get("/jsz").await?;
+        let meta = body.find("\"meta_cluster\"")?;
+        string_field(&body, "leader", meta).map(|(v, _)| v).filter(|v| !v.is_empty())
+    }
+
+    /// The leader of stream `stream` as this server reports it (`/jsz?streams=1`).
+    pub async fn stream_leader(&self, stream: &str) -> Option<String> {
+        let body = self.monitor_get("/jsz?streams=1").await?;
+        let mut at = 0;
+        loop {
+            let (name, after) = string_field(&body, "name", at)?;
+            if name == stream {
+                let (leader, _) = string_field(&body, "leader", after)?;
+                return Some(leader).filter(|l| !l.is_empty());
+            }
+            at = after;
+        }
+    }
+}
+
+/// Several nats-servers clustered on loopback (routes between all of them, JetStream on each), like
+/// `deploy/local/cluster.sh` runs them; a "cluster" of one is a plain [`NatsServer`].
+#[derive(Debug)]
+pub struct NatsCluster {
+    nodes: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    /// Starts `n` servers (named `n1`, `n2`, …) and returns once each is healthy and they have elected a
+    /// JetStream meta leader (FIELD-NOTES: creating streams before that times out).
+    pub async fn start(n: usize) -> Result<Self, HarnessError> {
+        if n <= 1 {
+            return Ok(Self { nodes: vec![NatsServer::start().await?] });
+        }
+        let mut attempt = 1;
+        loop {
+            match Self::try_start(n).await {
+                Ok(cluster) => return Ok(cluster),
+                // Most likely another process took one of the free ports between probing and binding.
+                Err(HarnessError::Exited { .. }) if attempt < START_ATTEMPTS => attempt += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn try_start(n: usize) -> Result<Self, HarnessError> {
+        let routes = (0..n).map(|_| free_loopback_addr()).collect::<Result<Vec<_>, _>>()?;
+        let mut nodes = Vec::with_capacity(n);
+        for (i, route) in routes.iter().enumerate() {
+            let scratch = tempfile::Builder::new()
+                .prefix("turnstile-nats-")
+                .tempdir()
+                .map_err(|e| HarnessError::io("creating the nats-server scratch dir", e))?;
+            nodes.push(NatsServer {
+                bin: nats_server_bin(),
+                process: None,
+                client: free_loopback_addr()?,
+                monitor: free_loopback_addr()?,
+                scratch,
+                peer: Some(Peer { name: format!("n{}", i + 1), route: *route, routes: routes.clone() }),
+            });
+        }
+        // All first: a member reports healthy only once JetStream has found its peers.
+        for node in &mut nodes {
+            node.spawn_process()?;
+        }
+        for node in &mut nodes {
+            node.wait_healthy().await?;
+        }
+        let cluster = Self { nodes };
+        cluster.wait_meta_leader().await?;
+        Ok(cluster)
+    }
+
+    /// Waits (bounded) until every running member names the same meta leader.
+    pub async fn wait_meta_leader(&self) -> Result<String, HarnessError> {
+        let deadline = tokio::time::Instant::now() + STARTUP;
+        loop {
+            let mut leaders = Vec::new();
+            for node in self.nodes.iter().filter(|n| n.is_running()) {
+                leaders.push(node.meta_leader().await);
+            }
+            if let Some(Some(first)) = leaders.first()
+                && leaders.iter().all(|l| l.as_ref() == Some(first))
+            {
+                return Ok(first.clone());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(HarnessError::StartTimeout {
+                    what: format!("a JetStream meta leader (members say {leaders:?})"),
+                    waited: STARTUP,
+                    log_tail: self.log_tails(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn node(&self, i: usize) -> &NatsServer {
+        &self.nodes[i]
+    }
+
+    pub fn node_mut(&mut self, i: usize) -> &mut NatsServer {
+        &mut self.nodes[i]
+    }
+
+    /// The member whose `server_name` is `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name() == Some(name))
+    }
+
+    /// Every member's client URL, comma-separated (what `--nats` takes).
+    pub fn urls(&self) -> String {
+        self.nodes.iter().map(NatsServer::url).collect::<Vec<_>>().join(",")
+    }
+
+    /// The meta leader as the first running member reports it.
+    pub async fn meta_leader(&self) -> Option<String> {
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            if let Some(leader) = node.meta_leader().await {
+                return Some(leader);
+            }
+        }
+        None
+    }
+
+    /// The leader of `stream` as the first running member that knows one reports it.
+    pub async fn stream_leader(&self, stream: &str) -> Option<String> {
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            if let Some(leader) = node.stream_leader(stream).await {
+                return Some(leader);
+            }
+        }
+        None
+    }
+
+    /// SIGKILL member `i` (its store stays; [`NatsServer::restart`] brings it back).
+    pub fn kill(&mut self, i: usize) {
+        self.nodes[i].kill();
+    }
+
+    /// Every member's log tail, for failure messages.
+    pub fn log_tails(&self) -> String {
+        let mut out = String::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            out.push_str(&format!("--- nats-server {}\n{}\n", node.name().unwrap_or(&i.to_string()), node.log_tail()));
+        }
+        out
+    }
 }
 
 impl Drop for NatsServer {

@@ -13,6 +13,7 @@ use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{
     CommandRouter, EmbeddedLog, JetStreamConfig, JetStreamLog, JournalError, LiveBus, LocalBus, NatsBus, SessionLog,
 };
+use turnstile_ops::Readiness;
 use turnstile_worker::{SessionHost, WorkerConfig};
 
 use crate::demo;
@@ -26,6 +27,8 @@ pub struct DevOpts {
     /// Run on JetStream at this NATS URL instead of the embedded journal.
     pub nats: Option<NatsOpts>,
     pub demo: bool,
+    /// `--http`: `/metrics`, `/healthz`, `/readyz`.
+    pub http: Option<String>,
 }
 
 /// `--nats URL --partitions P --replicas R`.
@@ -40,9 +43,7 @@ pub struct NatsOpts {
 
 /// Connects the JetStream journal and the live bus on its connection. The errors say what to do: an
 /// unreachable server names the URL and how to start one; a stream with another layout names the field.
-async fn connect_nats(
-    opts: &NatsOpts,
-) -> Result<(Arc<dyn SessionLog>, Arc<dyn LiveBus>, Arc<dyn SnapshotStore>, String)> {
+async fn connect_nats(opts: &NatsOpts) -> Result<(Journal, Arc<dyn Readiness>)> {
     let mut config = JetStreamConfig::new(opts.url.clone());
     config.partitions = opts.partitions;
     config.replicas = opts.replicas;
@@ -58,8 +59,12 @@ async fn connect_nats(
         opts.replicas,
         if opts.replicas == 1 { "" } else { "s" },
     );
-    Ok((Arc::new(log), Arc::new(bus), Arc::new(snapshots), journal))
+    let ready = Arc::new(crate::ops::nats_ready(log.client().clone(), opts.url.clone()));
+    Ok(((Arc::new(log), Arc::new(bus), Arc::new(snapshots), journal), ready))
 }
+
+/// The journal of `turnstile dev`: log, live bus, snapshots, and how the banner names it.
+type Journal = (Arc<dyn SessionLog>, Arc<dyn LiveBus>, Arc<dyn SnapshotStore>, String);
 
 pub(crate) fn nats_error(url: &str, err: &JournalError) -> anyhow::Error {
     match err {
@@ -137,29 +142,35 @@ pub(crate) async fn shutdown_signal() {
 }
 
 pub async fn run(opts: DevOpts, security: ServerSecurity) -> Result<()> {
+    crate::ops::install_metrics();
     if opts.demo && (security.auth.is_enabled() || security.tls.is_some()) {
         bail!("--demo talks to the server without a token or TLS; drop --demo or the auth/TLS flags");
     }
     let listener = bind(&opts.listen).await?;
     let local = listener.local_addr().context("cannot read the bound address")?;
     let auth_line = security::auth_line(&security.auth, local, &opts.listen)?;
-    // The embedded journal reads from memory, so it keeps no snapshots; JetStream keeps them in KV.
-    type Journal = (Arc<dyn SessionLog>, Arc<dyn LiveBus>, Arc<dyn SnapshotStore>, String);
-    let (log, bus, snapshots, journal): Journal = match (&opts.nats, &opts.data_dir) {
+    // The embedded journal reads from memory, so it keeps no snapshots; JetStream keeps them in KV. The
+    // embedded journal is ready once open; on NATS, readiness follows the connection.
+    let always: Arc<dyn Readiness> = Arc::new(turnstile_ops::AlwaysReady);
+    let ((log, bus, snapshots, journal), ready): (Journal, Arc<dyn Readiness>) = match (&opts.nats, &opts.data_dir) {
         (Some(nats), _) => connect_nats(nats).await?,
         (None, Some(dir)) => {
             let log = EmbeddedLog::open(dir)
                 .with_context(|| format!("cannot open the journal in {}; check --data-dir", dir.display()))?;
             let journal = format!("embedded, on disk in {}", dir.display());
-            (Arc::new(log), Arc::new(LocalBus::new()), Arc::new(NoSnapshots), journal)
+            ((Arc::new(log), Arc::new(LocalBus::new()), Arc::new(NoSnapshots), journal), always)
         }
         (None, None) => (
-            Arc::new(EmbeddedLog::in_memory()),
-            Arc::new(LocalBus::new()),
-            Arc::new(NoSnapshots),
-            "embedded, in memory (lost on exit; pass --data-dir DIR to keep sessions)".to_owned(),
+            (
+                Arc::new(EmbeddedLog::in_memory()),
+                Arc::new(LocalBus::new()),
+                Arc::new(NoSnapshots),
+                "embedded, in memory (lost on exit; pass --data-dir DIR to keep sessions)".to_owned(),
+            ),
+            always,
         ),
     };
+    let http = crate::ops::OpsHttp::start(opts.http.as_deref(), ready).await?;
     let host = SessionHost::with_snapshots(log.clone(), bus.clone(), snapshots.clone(), WorkerConfig::default());
     let resumed = host.resume_running().await.context("cannot resume the sessions that were running")?;
     if resumed > 0 {
@@ -171,6 +182,7 @@ pub async fn run(opts: DevOpts, security: ServerSecurity) -> Result<()> {
 
     let url = client_url_for(local, security.tls.is_some());
     print!("{}", banner(&url, &journal, &auth_line));
+    println!("  http       {}", http.describe());
     tracing::info!(%local, tls = security.tls.is_some(), "serving turnstile.v1.Agent");
 
     let server = tokio::spawn(turnstile_gateway::serve_with(gateway, listener, security.tls, shutdown_signal()));
@@ -183,6 +195,7 @@ pub async fn run(opts: DevOpts, security: ServerSecurity) -> Result<()> {
         });
     }
     server.await.context("the server task panicked")?.context("the gRPC server stopped")?;
+    http.stop();
     tracing::info!("stopped");
     Ok(())
 }

@@ -30,9 +30,12 @@ pub struct GatewayOpts {
     pub nats_security: NatsSecurity,
     /// TLS to the workers (`--cluster-tls-ca`); `None` dials them in clear text.
     pub cluster_tls: Option<ClientTlsConfig>,
+    /// `--http`: `/metrics`, `/healthz`, `/readyz`.
+    pub http: Option<String>,
 }
 
 pub async fn run(opts: GatewayOpts, security: ServerSecurity) -> Result<()> {
+    crate::ops::install_metrics();
     let listener = bind(&opts.listen).await?;
     let local = listener.local_addr().context("cannot read the bound address")?;
     let auth_line = security::auth_line(&security.auth, local, &opts.listen)?;
@@ -63,13 +66,20 @@ pub async fn run(opts: GatewayOpts, security: ServerSecurity) -> Result<()> {
         .with_snapshots(Arc::new(snapshots))
         .with_auth(security.auth);
 
+    let http = crate::ops::OpsHttp::start(
+        opts.http.as_deref(),
+        Arc::new(crate::ops::nats_ready(client.clone(), opts.nats.clone())),
+    )
+    .await?;
     let url = client_url_for(local, security.tls.is_some());
     println!("turnstile gateway listening on {url}");
     println!("{auth_line}");
+    println!("http: {}", http.describe());
     tracing::info!(%local, nats = %opts.nats, shards = opts.shards, "serving turnstile.v1.Agent with cluster routing");
     turnstile_gateway::serve_with(gateway, listener, security.tls, shutdown_signal())
         .await
         .context("the gRPC server stopped")?;
+    http.stop();
     tracing::info!("stopped");
     Ok(())
 }

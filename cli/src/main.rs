@@ -6,6 +6,7 @@ mod client;
 mod demo;
 mod dev;
 mod gateway;
+mod ops;
 mod render;
 mod security;
 mod telemetry;
@@ -92,6 +93,9 @@ enum Cmd {
 
 #[derive(Args, Debug)]
 struct DevArgs {
+    /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090).
+    #[arg(long, env = "TURNSTILE_HTTP")]
+    http: Option<String>,
     /// Address to listen on (port 0 picks a free one).
     #[arg(long, env = "TURNSTILE_LISTEN", default_value = "127.0.0.1:7400")]
     listen: String,
@@ -145,6 +149,9 @@ impl ClusterLayout {
 
 #[derive(Args, Debug)]
 struct GatewayArgs {
+    /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090).
+    #[arg(long, env = "TURNSTILE_HTTP")]
+    http: Option<String>,
     #[command(flatten)]
     layout: ClusterLayout,
     /// Address of the public API.
@@ -165,6 +172,9 @@ struct GatewayArgs {
 
 #[derive(Args, Debug)]
 struct WorkerArgs {
+    /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090).
+    #[arg(long, env = "TURNSTILE_HTTP")]
+    http: Option<String>,
     #[command(flatten)]
     layout: ClusterLayout,
     /// Address of the internal worker API.
@@ -359,7 +369,11 @@ async fn run(cli: Cli) -> Result<()> {
             security: a.nats_security.security(),
         });
         let security = security::ServerSecurity::load(&a.auth, &a.tls)?;
-        return dev::run(dev::DevOpts { listen: a.listen, data_dir: a.data_dir, nats, demo: a.demo }, security).await;
+        return dev::run(
+            dev::DevOpts { listen: a.listen, data_dir: a.data_dir, nats, demo: a.demo, http: a.http },
+            security,
+        )
+        .await;
     }
     if let Cmd::Worker(a) = cli.command {
         if a.renew_ms >= a.lease_ttl_ms {
@@ -382,6 +396,7 @@ async fn run(cli: Cli) -> Result<()> {
             drain_timeout: std::time::Duration::from_millis(a.drain_timeout_ms),
             nats_security: a.nats_security.security(),
             tls: a.tls.load()?,
+            http: a.http,
         })
         .await;
     }
@@ -396,6 +411,7 @@ async fn run(cli: Cli) -> Result<()> {
                 route_deadline: std::time::Duration::from_millis(a.route_deadline_ms),
                 nats_security: a.nats_security.security(),
                 cluster_tls: a.cluster_tls.load()?,
+                http: a.http,
             },
             security::ServerSecurity::load(&a.auth, &a.tls)?,
         )

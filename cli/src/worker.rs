@@ -35,9 +35,13 @@ pub struct WorkerOpts {
     pub nats_security: NatsSecurity,
     /// Serve the internal API over TLS (`--tls-cert/--tls-key`); gateways dial with `--cluster-tls-ca`.
     pub tls: Option<ServerTlsConfig>,
+    /// `--http`: `/metrics`, `/healthz`, `/readyz`.
+    pub http: Option<String>,
 }
 
 pub async fn run(opts: WorkerOpts) -> Result<()> {
+    crate::ops::install_metrics();
+    let started = std::time::Instant::now();
     let listener = bind(&opts.listen).await?;
     let local = listener.local_addr().context("cannot read the bound address")?;
     let advertise = opts.advertise.clone().unwrap_or_else(|| local.to_string());
@@ -72,7 +76,11 @@ pub async fn run(opts: WorkerOpts) -> Result<()> {
         tokio::spawn(service::serve_with(WorkerService::new(handle.host()), listener, opts.tls.clone(), async {
             let _ = stop_rx.await;
         }));
+    let grace = crate::ops::worker_grace(opts.renew_every, opts.lease_ttl, opts.drain_timeout);
+    let ready = crate::ops::worker_ready(client.clone(), opts.nats.clone(), handle.leases(), started, grace);
+    let http = crate::ops::OpsHttp::start(opts.http.as_deref(), Arc::new(ready)).await?;
     println!("turnstile worker {id} serving on {advertise}");
+    println!("http: {}", http.describe());
     tracing::info!(%id, %local, %advertise, shards = opts.shards, "serving turnstile.cluster.v1.Worker");
 
     tokio::select! {
@@ -87,6 +95,7 @@ pub async fn run(opts: WorkerOpts) -> Result<()> {
     handle.shutdown(opts.drain_timeout).await;
     let _ = stop_tx.send(());
     server.await.context("the server task panicked")?.context("the internal gRPC server stopped")?;
+    http.stop();
     tracing::info!(%id, "stopped");
     Ok(())
 }

@@ -1,0 +1,137 @@
+//! `--http ADDR` of every server: `/metrics`, `/healthz` and `/readyz` ([`turnstile_ops`]), and what
+//! "ready" means for each kind of server (docs/OPERATIONS.md, "Readiness").
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use async_nats::connection::State;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use turnstile_ops::Readiness;
+use turnstile_worker::cluster::Leases;
+
+/// `--http` when it is not given. Loopback: exposing metrics is the deployer's choice (`--http 0.0.0.0:9090`).
+pub const DEFAULT_HTTP: &str = "127.0.0.1:9090";
+
+/// Installs the metrics recorder first thing, so nothing recorded while a server starts is lost.
+pub fn install_metrics() {
+    if let Err(e) = turnstile_ops::install_metrics() {
+        tracing::warn!(error = %e, "metrics are not recorded");
+    }
+}
+
+/// The ops HTTP server of this process, if it runs.
+#[derive(Debug)]
+pub struct OpsHttp {
+    addr: Option<SocketAddr>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl OpsHttp {
+    /// Binds `--http` (`None`: [`DEFAULT_HTTP`]) and serves it with `readiness`. An explicit address that
+    /// cannot be bound is an error; the default one being busy (several servers on one machine) is only a
+    /// warning, and this process then serves no HTTP endpoints.
+    pub async fn start(http: Option<&str>, readiness: Arc<dyn Readiness>) -> Result<Self> {
+        let listener = match (TcpListener::bind(http.unwrap_or(DEFAULT_HTTP)).await, http) {
+            (Ok(l), _) => l,
+            (Err(e), None) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                tracing::warn!("{DEFAULT_HTTP} is in use: no /metrics, /healthz, /readyz; pass --http ADDR");
+                return Ok(Self { addr: None, stop: None });
+            }
+            (Err(e), Some(addr)) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                bail!("{addr} is in use; pass --http 127.0.0.1:0 or another port")
+            }
+            (Err(e), addr) => {
+                let addr = addr.unwrap_or(DEFAULT_HTTP);
+                return Err(e).with_context(|| format!("cannot listen on {addr}; pass --http HOST:PORT"));
+            }
+        };
+        let addr = listener.local_addr().context("cannot read the bound HTTP address")?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            if let Err(e) = turnstile_ops::serve_http(listener, readiness, shutdown).await {
+                tracing::error!(error = %e, "the ops HTTP server stopped");
+            }
+        });
+        tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+        Ok(Self { addr: Some(addr), stop: Some(stop) })
+    }
+
+    /// For the banner.
+    pub fn describe(&self) -> String {
+        match self.addr {
+            Some(addr) => format!("http://{addr} (/metrics /healthz /readyz)"),
+            None => format!("off ({DEFAULT_HTTP} in use; pass --http ADDR)"),
+        }
+    }
+
+    pub fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Ready while the NATS client is connected.
+pub fn nats_ready(client: async_nats::Client, url: String) -> impl Fn() -> Result<(), String> + Send + Sync {
+    move || nats_state(&client, &url)
+}
+
+fn nats_state(client: &async_nats::Client, url: &str) -> Result<(), String> {
+    match client.connection_state() {
+        State::Connected => Ok(()),
+        State::Disconnected => Err(format!("NATS at {url} is disconnected")),
+        State::Pending => Err(format!("NATS at {url} is pending (connecting)")),
+    }
+}
+
+/// A worker is ready while NATS is connected and it holds a shard lease, or is still starting: within
+/// `grace` of `started` (see [`worker_grace`]).
+pub fn worker_ready(
+    client: async_nats::Client,
+    url: String,
+    leases: Arc<Leases>,
+    started: Instant,
+    grace: Duration,
+) -> impl Fn() -> Result<(), String> + Send + Sync {
+    move || {
+        nats_state(&client, &url)?;
+        if leases.held_shards().is_empty() && started.elapsed() >= grace {
+            return Err(format!("holds no shard lease {} s after start", started.elapsed().as_secs()));
+        }
+        Ok(())
+    }
+}
+
+/// How long a worker counts as starting: its first lease round waits two renew intervals for peers'
+/// heartbeats, a dead predecessor's leases take a TTL to lapse, and shards peers hand over come after
+/// their drain.
+pub fn worker_grace(renew_every: Duration, ttl: Duration, drain_timeout: Duration) -> Duration {
+    renew_every * 2 + ttl + drain_timeout
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn an_explicit_busy_http_port_fails_and_says_how_to_pick_another() {
+        let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let err = OpsHttp::start(Some(&addr), Arc::new(turnstile_ops::AlwaysReady)).await.unwrap_err();
+        assert_eq!(err.to_string(), format!("{addr} is in use; pass --http 127.0.0.1:0 or another port"));
+    }
+
+    #[test]
+    fn the_default_grace_covers_the_first_round_a_lapse_and_a_drain() {
+        let grace = worker_grace(Duration::from_millis(400), Duration::from_millis(1500), Duration::from_secs(10));
+        assert_eq!(grace, Duration::from_millis(12_300));
+    }
+}

@@ -18,7 +18,8 @@ use turnstile_tests::process::ChildProcess;
 
 /// The NATS server the run uses: started here (and stopped with the value) or given.
 pub enum Nats {
-    Started(NatsServer),
+    // Boxed: the harness server is large next to a URL.
+    Started(Box<NatsServer>),
     Given(String),
 }
 
@@ -29,7 +30,9 @@ impl Nats {
                 require_loopback(url)?;
                 Ok(Self::Given(url.to_owned()))
             }
-            None => Ok(Self::Started(NatsServer::start().await.context("starting nats-server with the harness")?)),
+            None => {
+                Ok(Self::Started(Box::new(NatsServer::start().await.context("starting nats-server with the harness")?)))
+            }
         }
     }
 

@@ -19,16 +19,7 @@ pub fn from_command(err: CommandError) -> Status {
 
 /// The gRPC code of a [`CommandError`].
 pub fn command_code(err: &CommandError) -> Code {
-    match err {
-        CommandError::InvalidArgument(_) => Code::InvalidArgument,
-        CommandError::NotFound(_) => Code::NotFound,
-        CommandError::AlreadyExists(_) => Code::AlreadyExists,
-        CommandError::FailedPrecondition(_) => Code::FailedPrecondition,
-        CommandError::ResourceExhausted(_) => Code::ResourceExhausted,
-        CommandError::Unavailable(_) | CommandError::NotOwner { .. } => Code::Unavailable,
-        CommandError::DeadlineExceeded(_) => Code::DeadlineExceeded,
-        CommandError::Internal(_) => Code::Internal,
-    }
+    Code::from_i32(err.grpc_code())
 }
 
 /// A journal failure during a read. Unreachable stores are retryable; anything else is a bug or

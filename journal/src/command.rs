@@ -114,6 +114,24 @@ pub enum CommandError {
     Internal(String),
 }
 
+impl CommandError {
+    /// The standard gRPC status code of this error (the numbers of `google.rpc.Code`), so the public
+    /// gateway and the internal worker API map every kind the same way. Not-owner is UNAVAILABLE:
+    /// retryable, and safe to retry with the same MessageId.
+    pub fn grpc_code(&self) -> i32 {
+        match self {
+            Self::InvalidArgument(_) => 3,
+            Self::DeadlineExceeded(_) => 4,
+            Self::NotFound(_) => 5,
+            Self::AlreadyExists(_) => 6,
+            Self::ResourceExhausted(_) => 8,
+            Self::FailedPrecondition(_) => 9,
+            Self::Internal(_) => 13,
+            Self::Unavailable(_) | Self::NotOwner { .. } => 14,
+        }
+    }
+}
+
 /// Routes a command to the driver that owns the session and returns its reply.
 #[async_trait]
 pub trait CommandRouter: Send + Sync + 'static {

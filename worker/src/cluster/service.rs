@@ -47,16 +47,7 @@ impl WorkerService {
 /// The gRPC code of a [`CommandError`]; the same mapping as the public gateway's, so a client of either
 /// sees one code per kind. Not-owner is UNAVAILABLE: retryable, and safe to retry with the same MessageId.
 pub fn command_code(err: &CommandError) -> Code {
-    match err {
-        CommandError::InvalidArgument(_) => Code::InvalidArgument,
-        CommandError::NotFound(_) => Code::NotFound,
-        CommandError::AlreadyExists(_) => Code::AlreadyExists,
-        CommandError::FailedPrecondition(_) => Code::FailedPrecondition,
-        CommandError::ResourceExhausted(_) => Code::ResourceExhausted,
-        CommandError::Unavailable(_) | CommandError::NotOwner { .. } => Code::Unavailable,
-        CommandError::DeadlineExceeded(_) => Code::DeadlineExceeded,
-        CommandError::Internal(_) => Code::Internal,
-    }
+    Code::from_i32(err.grpc_code())
 }
 
 /// `err` as a status: code, the error's message, and its kind (plus session and owner for not-owner) in

@@ -30,6 +30,7 @@ pub mod nats;
 pub mod otlp;
 pub mod ports;
 pub mod process;
+pub mod served;
 pub mod session;
 pub mod watch;
 
@@ -40,6 +41,7 @@ pub use dev::{Backend, DevOptions, DevServer};
 pub use fold::Projection;
 pub use msg::{data_msg, new_session_ref, plugin_msg, source_msg, text_of, user_msg};
 pub use nats::NatsServer;
+pub use served::{Deployment, Served};
 pub use session::Session;
 pub use watch::{WatchRecorder, assert_lines, line_of, lines_of};
 

@@ -1,5 +1,8 @@
 //! A small client DSL for one session: every call is one public RPC, nothing more.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use tonic::Status;
 use tonic::transport::Channel;
 use turnstile_proto::v1::agent_client::AgentClient;
@@ -14,10 +17,12 @@ use turnstile_proto::v1::{
 use crate::watch::WatchRecorder;
 use crate::{DEFAULT_WAIT, HarnessError, new_session_ref};
 
-/// One session on one server.
+/// One session, reached through one server or, for a cluster, through several gateways in turn.
 #[derive(Clone, Debug)]
 pub struct Session {
-    client: AgentClient<Channel>,
+    clients: Arc<[AgentClient<Channel>]>,
+    /// Which client the next call uses: calls alternate between gateways.
+    next: Arc<AtomicUsize>,
     session: SessionRef,
 }
 
@@ -28,15 +33,23 @@ impl Session {
     }
 
     pub fn with_ref(client: AgentClient<Channel>, session: SessionRef) -> Self {
-        Self { client, session }
+        Self::alternating(vec![client], session)
+    }
+
+    /// A session whose calls go to `clients` in turn (round robin), e.g. the gateways of a cluster.
+    pub fn alternating(clients: Vec<AgentClient<Channel>>, session: SessionRef) -> Self {
+        assert!(!clients.is_empty(), "a session needs at least one client");
+        Self { clients: clients.into(), next: Arc::new(AtomicUsize::new(0)), session }
     }
 
     pub fn reference(&self) -> SessionRef {
         self.session.clone()
     }
 
+    /// The client of the next call (the same one each time unless the session alternates).
     pub fn client(&self) -> AgentClient<Channel> {
-        self.client.clone()
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len();
+        self.clients[i].clone()
     }
 
     fn some_ref(&self) -> Option<SessionRef> {
@@ -49,28 +62,28 @@ impl Session {
 
     pub async fn send(&self, message: UserMessage, target: Target, wakeup: bool) -> Result<SendReply, Status> {
         let req = SendRequest { session: self.some_ref(), message: Some(message), target: target as i32, wakeup };
-        self.client.clone().send(req).await.map(tonic::Response::into_inner)
+        self.client().send(req).await.map(tonic::Response::into_inner)
     }
 
     pub async fn followup(&self, message: UserMessage) -> Result<SendReply, Status> {
-        self.client.clone().followup(self.deliver(message)).await.map(tonic::Response::into_inner)
+        self.client().followup(self.deliver(message)).await.map(tonic::Response::into_inner)
     }
 
     pub async fn queue(&self, message: UserMessage) -> Result<SendReply, Status> {
-        self.client.clone().queue(self.deliver(message)).await.map(tonic::Response::into_inner)
+        self.client().queue(self.deliver(message)).await.map(tonic::Response::into_inner)
     }
 
     pub async fn steer(&self, message: UserMessage, expected_turn: Option<u64>) -> Result<SendReply, Status> {
         let req = SteerRequest { session: self.some_ref(), message: Some(message), expected_turn };
-        self.client.clone().steer(req).await.map(tonic::Response::into_inner)
+        self.client().steer(req).await.map(tonic::Response::into_inner)
     }
 
     pub async fn inject(&self, message: UserMessage) -> Result<SendReply, Status> {
-        self.client.clone().inject(self.deliver(message)).await.map(tonic::Response::into_inner)
+        self.client().inject(self.deliver(message)).await.map(tonic::Response::into_inner)
     }
 
     pub async fn interrupt(&self, message: UserMessage) -> Result<SendReply, Status> {
-        self.client.clone().interrupt(self.deliver(message)).await.map(tonic::Response::into_inner)
+        self.client().interrupt(self.deliver(message)).await.map(tonic::Response::into_inner)
     }
 
     /// Cancel with cause `user`.
@@ -81,17 +94,17 @@ impl Session {
     pub async fn cancel_with(&self, cause: Cause, keep_inbox: bool) -> Result<CancelReply, Status> {
         let req =
             CancelRequest { session: self.some_ref(), cause: Some(CancelCause { cause: Some(cause) }), keep_inbox };
-        self.client.clone().cancel(req).await.map(tonic::Response::into_inner)
+        self.client().cancel(req).await.map(tonic::Response::into_inner)
     }
 
     pub async fn replace(&self, id: &str, message: UserMessage) -> Result<EditReply, Status> {
         let req = ReplaceRequest { session: self.some_ref(), id: id.into(), message: Some(message) };
-        self.client.clone().replace(req).await.map(tonic::Response::into_inner)
+        self.client().replace(req).await.map(tonic::Response::into_inner)
     }
 
     pub async fn remove(&self, id: &str) -> Result<EditReply, Status> {
         let req = RemoveRequest { session: self.some_ref(), id: id.into() };
-        self.client.clone().remove(req).await.map(tonic::Response::into_inner)
+        self.client().remove(req).await.map(tonic::Response::into_inner)
     }
 
     pub async fn splice(
@@ -102,28 +115,28 @@ impl Session {
         inserted: Vec<UserMessage>,
     ) -> Result<EditReply, Status> {
         let req = SpliceRequest { session: self.some_ref(), target: target as i32, start, delete_count, inserted };
-        self.client.clone().splice(req).await.map(tonic::Response::into_inner)
+        self.client().splice(req).await.map(tonic::Response::into_inner)
     }
 
     pub async fn clear(&self) -> Result<EditReply, Status> {
-        self.client.clone().clear(ClearRequest { session: self.some_ref() }).await.map(tonic::Response::into_inner)
+        self.client().clear(ClearRequest { session: self.some_ref() }).await.map(tonic::Response::into_inner)
     }
 
     pub async fn inbox(&self) -> Result<InboxSnapshot, Status> {
         let req = GetInboxRequest { session: self.some_ref() };
-        self.client.clone().get_inbox(req).await.map(tonic::Response::into_inner)
+        self.client().get_inbox(req).await.map(tonic::Response::into_inner)
     }
 
     pub async fn info(&self) -> Result<SessionInfo, Status> {
         let req = GetSessionRequest { session: self.some_ref() };
-        self.client.clone().get_session(req).await.map(tonic::Response::into_inner)
+        self.client().get_session(req).await.map(tonic::Response::into_inner)
     }
 
     /// `WhenIdle` with the harness's default bound.
     pub async fn when_idle(&self) -> Result<SessionInfo, Status> {
         let timeout_ms = u64::try_from(DEFAULT_WAIT.as_millis()).unwrap_or(u64::MAX);
         let req = WhenIdleRequest { session: self.some_ref(), timeout_ms };
-        self.client.clone().when_idle(req).await.map(tonic::Response::into_inner)
+        self.client().when_idle(req).await.map(tonic::Response::into_inner)
     }
 
     /// Starts recording `Watch(after_seq = 0, live = true)`; returns once `caught_up` arrived, so every
@@ -135,7 +148,7 @@ impl Session {
     /// The durable log as a fresh `Watch(after_seq, live = false)` replays it up to `caught_up`.
     pub async fn replay(&self, after_seq: u64) -> Result<(Vec<SessionEvent>, u64), HarnessError> {
         let req = WatchRequest { session: self.some_ref(), after_seq, live: false };
-        let mut stream = self.client.clone().watch(req).await?.into_inner();
+        let mut stream = self.client().watch(req).await?.into_inner();
         let read = async move {
             let mut events = Vec::new();
             while let Some(item) = stream.message().await? {

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use turnstile_proto::v1::SessionStatus;
-use turnstile_tests::{Backend, DevServer, Session, WatchRecorder, assert_lines, text_of, user_msg};
+use turnstile_tests::{Deployment, Served, Session, WatchRecorder, assert_lines, text_of, user_msg};
 
 /// A slow prompt: long enough that a command sent after its first delta lands mid-stream.
 const SLOW: &str = "[[delay:3000]] one two three four five six seven eight nine ten";
@@ -47,7 +47,7 @@ fn refs(lines: &[String]) -> Vec<&str> {
 }
 
 /// Starts `A` = [`SLOW`] and waits for its first delta.
-async fn streaming(server: &DevServer) -> (Session, WatchRecorder) {
+async fn streaming(server: &Served) -> (Session, WatchRecorder) {
     let s = server.session();
     let watch = s.watch().await.unwrap();
     assert_eq!(s.followup(user_msg("A", SLOW)).await.unwrap().turn, Some(1));
@@ -65,8 +65,8 @@ fn assert_delivered_prefix(watch: &WatchRecorder) {
 
 /// Scenario 13: cancel(user) mid-stream: interrupted assistant/message with the delivered prefix,
 /// step/end, turn/end aborted{user}; the queued item is discarded (canceled splice, discarded event).
-async fn s13_cancel_mid_stream_discards_queue(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s13_cancel_mid_stream_discards_queue(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let (s, watch) = streaming(&server).await;
     s.queue(user_msg("Q", "queued")).await.unwrap();
     s.cancel(false).await.unwrap();
@@ -96,8 +96,8 @@ async fn s13_cancel_mid_stream_discards_queue(backend: Backend) {
 
 /// Scenario 14: cancel(user, keep_inbox) mid-stream with B queued: B parks after idle; a later
 /// followup(C) runs B then C.
-async fn s14_cancel_keep_inbox_parks_queue(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s14_cancel_keep_inbox_parks_queue(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let (s, watch) = streaming(&server).await;
     s.queue(user_msg("B", "parked")).await.unwrap();
     s.cancel(true).await.unwrap();
@@ -137,8 +137,8 @@ async fn s14_cancel_keep_inbox_parks_queue(backend: Backend) {
 /// Whether B lands before the abort converges is up to the server's speed (cancel replies before the turn
 /// converges, and B is sent right after that reply). Both orders must end with B running as turn 2; the
 /// latch order is checked exactly when it happens, and the other order is checked exactly too.
-async fn s15_followup_during_abort_latches(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s15_followup_during_abort_latches(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let (s, watch) = streaming(&server).await;
     s.cancel(true).await.unwrap();
     let b = s.followup(user_msg("B", "after")).await.unwrap();
@@ -173,8 +173,8 @@ async fn s15_followup_during_abort_latches(backend: Backend) {
 
 /// Scenario 15 with steer: a waking delivery during the abort is forced to next-turn whatever it asked for.
 /// (Same ordering caveat as above; only the latch order says something about forcing.)
-async fn s15_steer_during_abort_goes_to_next_turn(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s15_steer_during_abort_goes_to_next_turn(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let (s, watch) = streaming(&server).await;
     s.cancel(true).await.unwrap();
     s.steer(user_msg("S", "steer"), None).await.unwrap();
@@ -198,8 +198,8 @@ async fn s15_steer_during_abort_goes_to_next_turn(backend: Backend) {
 
 /// Scenario 24: interrupt(X) while turn 1 runs (in a tool) with B queued: turn 1 ends aborted{user},
 /// turn 2 runs X, turn 3 runs B.
-async fn s24_interrupt_runs_next_with_queue_behind(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s24_interrupt_runs_next_with_queue_behind(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
     s.followup(user_msg("A", "[[tool:sleep 2000]]")).await.unwrap();
@@ -241,7 +241,7 @@ async fn s24_interrupt_runs_next_with_queue_behind(backend: Backend) {
     assert_eq!(x_message.map(|m| text_of(&m)), Some("now".to_owned()));
 }
 
-turnstile_tests::backend_tests!(
+turnstile_tests::scenario_tests!(
     s13_cancel_mid_stream_discards_queue,
     s14_cancel_keep_inbox_parks_queue,
     s15_followup_during_abort_latches,

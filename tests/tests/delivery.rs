@@ -7,7 +7,7 @@
 
 use turnstile_proto::v1::SessionStatus;
 use turnstile_proto::v1::message_source::Kind;
-use turnstile_tests::{Backend, assert_lines, source_msg, text_of, user_msg};
+use turnstile_tests::{Deployment, assert_lines, source_msg, text_of, user_msg};
 
 /// The lines of an idle followup that completes with `reply`, from its splice to `L status idle`.
 fn idle_followup_turn(id: &str, turn: u64, reply: &str) -> Vec<String> {
@@ -47,8 +47,8 @@ fn refs(lines: &[String]) -> Vec<&str> {
 
 /// Scenario 1: idle followup(A) writes exactly the canonical order of SPEC §5; `when_idle` resolves after
 /// `status idle`; the live deltas concatenate to the assistant text and lie inside the step.
-async fn s01_idle_followup_canonical_order(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s01_idle_followup_canonical_order(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -84,8 +84,8 @@ async fn s01_idle_followup_canonical_order(backend: Backend) {
 
 /// Scenario 2: three followups back to back (the first opens turn 1, the others arrive while it runs):
 /// turns 1, 2, 3 with one user/message each and exactly one running→idle pair.
-async fn s02_three_followups_back_to_back(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s02_three_followups_back_to_back(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -119,8 +119,8 @@ async fn s02_three_followups_back_to_back(backend: Backend) {
 
 /// Scenario 3: followup(B) while A streams writes only its splice and `inserted(B)`; B is claimed at
 /// `turn/start 2` with no idle in between.
-async fn s03_followup_while_streaming(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s03_followup_while_streaming(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -161,8 +161,8 @@ async fn s03_followup_while_streaming(backend: Backend) {
 
 /// Scenario 4: an idle queue(Q) writes one splice and no turn; a later followup(F) runs Q as turn 1 and
 /// F as turn 2.
-async fn s04_idle_queue_then_followup(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s04_idle_queue_then_followup(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -189,8 +189,8 @@ async fn s04_idle_queue_then_followup(backend: Backend) {
 }
 
 /// Scenario 5: an idle steer(S) opens one turn and S is claimed by its first proposal.
-async fn s05_idle_steer_opens_a_turn(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s05_idle_steer_opens_a_turn(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -221,8 +221,8 @@ async fn s05_idle_steer_opens_a_turn(backend: Backend) {
 
 /// Scenario 5, with a queued item: an idle steer also claims the head of next-turn into the same batch
 /// (next-step claims first), so the first step enters `[S, Q]`.
-async fn s05_idle_steer_claims_queue_head_into_same_batch(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s05_idle_steer_claims_queue_head_into_same_batch(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -258,8 +258,8 @@ async fn s05_idle_steer_claims_queue_head_into_same_batch(backend: Backend) {
 }
 
 /// Scenario 6: steer(S) during a tool call: S's user/message is in turn 1, step 2, after the tool/result.
-async fn s06_steer_during_tool_call(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s06_steer_during_tool_call(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -316,8 +316,8 @@ async fn s06_steer_during_tool_call(backend: Backend) {
 
 /// Scenario 7: an idle inject(I) writes only its splice; a later followup(P)'s first step enters [I, P].
 /// Inject's default source is `plugin{""}`.
-async fn s07_idle_inject_joins_next_waking_delivery(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s07_idle_inject_joins_next_waking_delivery(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -371,8 +371,8 @@ async fn s07_idle_inject_joins_next_waking_delivery(backend: Backend) {
 
 /// Scenario 9: a pre-step reject ends the turn blocked with no step; a prompt queued afterwards parks
 /// until the next waking delivery, which runs it first.
-async fn s09_pre_step_reject_then_queue_parks(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s09_pre_step_reject_then_queue_parks(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -422,7 +422,7 @@ async fn s09_pre_step_reject_then_queue_parks(backend: Backend) {
     assert_lines(&lines[11..], &refs(&expected));
 }
 
-turnstile_tests::backend_tests!(
+turnstile_tests::scenario_tests!(
     s01_idle_followup_canonical_order,
     s02_three_followups_back_to_back,
     s03_followup_while_streaming,

@@ -7,7 +7,7 @@
 use tonic::Code;
 use turnstile_proto::v1::{InboxSnapshot, Target, WatchItem};
 use turnstile_tests::watch::durable_events;
-use turnstile_tests::{Backend, Projection, Session, WatchRecorder, assert_lines, text_of, user_msg};
+use turnstile_tests::{Deployment, Projection, Session, WatchRecorder, assert_lines, text_of, user_msg};
 
 fn ids(list: &[turnstile_proto::v1::UserMessage]) -> Vec<&str> {
     list.iter().map(|m| m.id.as_str()).collect()
@@ -22,8 +22,8 @@ async fn assert_unchanged(s: &Session, before: &(Vec<turnstile_proto::v1::Sessio
 /// Scenario 19: replace(id, new) across lists is one canceled splice, discarded(old), inserted(new);
 /// replacing with an id already pending elsewhere fails and writes nothing; a same-id replace rewrites
 /// the content and keeps the id.
-async fn s19_replace_across_lists(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s19_replace_across_lists(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
     s.queue(user_msg("A", "a")).await.unwrap();
@@ -69,8 +69,8 @@ async fn s19_replace_across_lists(backend: Backend) {
 
 /// Scenario 20: remove(unknown id) is NOT_FOUND and writes nothing; remove(known id) is one canceled
 /// splice and a discarded event.
-async fn s20_remove_unknown_and_known(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s20_remove_unknown_and_known(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
     s.queue(user_msg("A", "a")).await.unwrap();
@@ -96,8 +96,8 @@ async fn s20_remove_unknown_and_known(backend: Backend) {
 
 /// Scenario 21: clear() writes the next-step splice, then the next-turn splice, both canceled; a second
 /// clear writes nothing and replies the session's last seq.
-async fn s21_clear_next_step_then_next_turn(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s21_clear_next_step_then_next_turn(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
     s.queue(user_msg("A", "a")).await.unwrap();
@@ -133,8 +133,8 @@ async fn s21_clear_next_step_then_next_turn(backend: Backend) {
 /// Scenario 22: a retried followup with the same MessageId and content returns the same seq and writes
 /// nothing, after the turn ran and while still pending; the same id with other content or routing is
 /// ALREADY_EXISTS.
-async fn s22_retry_is_idempotent(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s22_retry_is_idempotent(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
     let first = s.followup(user_msg("A", "hello")).await.unwrap();
@@ -163,8 +163,8 @@ async fn s22_retry_is_idempotent(backend: Backend) {
 
 /// Scenario 23: a steer with a stale `expected_turn` is FAILED_PRECONDITION naming the running turn (or
 /// saying the session is idle) and writes nothing.
-async fn s23_steer_with_stale_expected_turn(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s23_steer_with_stale_expected_turn(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -240,8 +240,8 @@ fn fold_every_prefix(items: &[WatchItem]) -> Projection {
 
 /// Scenario 25: a projection rebuilt elsewhere from the log equals the owner's inbox after every step:
 /// deliveries, edits, claims by running turns, a cancel.
-async fn s25_rebuilt_projection_equals_owner_inbox(backend: Backend) {
-    let server = backend.start_dev().await.unwrap();
+async fn s25_rebuilt_projection_equals_owner_inbox(backend: Deployment) {
+    let server = backend.start().await.unwrap();
     let s = server.session();
     let watch = s.watch().await.unwrap();
 
@@ -280,7 +280,7 @@ async fn s25_rebuilt_projection_equals_owner_inbox(backend: Backend) {
     assert!(folded.matches(&snap));
 }
 
-turnstile_tests::backend_tests!(
+turnstile_tests::scenario_tests!(
     s19_replace_across_lists,
     s20_remove_unknown_and_known,
     s21_clear_next_step_then_next_turn,

@@ -57,6 +57,32 @@ impl std::fmt::Debug for JetStreamLog {
     }
 }
 
+/// How long start-up keeps asking a reachable server whose JetStream does not answer yet (a fresh
+/// cluster electing its meta leader, a busy node): long enough for an election, short enough to fail.
+const STREAM_SETUP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// [`ensure_stream`], retried while the server is reachable but JetStream requests time out. A layout
+/// mismatch, a server without JetStream or any other refusal is returned at once.
+async fn ensure_stream_patiently(
+    js: &jetstream::Context,
+    config: &JetStreamConfig,
+    partition: u32,
+) -> Result<jetstream::stream::Stream, JournalError> {
+    let started = std::time::Instant::now();
+    loop {
+        match ensure_stream(js, config, partition).await {
+            // Only a timeout means "not yet": no responders (JetStream off) or a refusal will not change.
+            Err(JournalError::Unavailable(e))
+                if e.contains("timed out") && started.elapsed() < STREAM_SETUP_PATIENCE =>
+            {
+                tracing::warn!(partition, error = %e, "JetStream not answering yet; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 impl JetStreamLog {
     /// Connects to `config.url` (bounded by `config.connect_timeout`) and creates or verifies the event
     /// streams. An unreachable server is [`JournalError::Unavailable`] naming the URL; a stream with another
@@ -68,7 +94,7 @@ impl JetStreamLog {
         js.set_timeout(config.request_timeout);
         let mut streams = Vec::with_capacity(config.partitions as usize);
         for p in 0..config.partitions {
-            streams.push(ensure_stream(&js, &config, p).await?);
+            streams.push(ensure_stream_patiently(&js, &config, p).await?);
         }
         Ok(Self { config, client, js, streams, last: Mutex::default() })
     }

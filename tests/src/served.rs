@@ -21,15 +21,15 @@ pub enum Deployment {
 /// A running deployment; dropping it stops every process.
 #[derive(Debug)]
 pub enum Served {
-    Dev(DevServer),
+    Dev(Box<DevServer>),
     Cluster(Box<Cluster>),
 }
 
 impl Deployment {
     pub async fn start(self) -> Result<Served, HarnessError> {
         match self {
-            Self::Embedded => Ok(Served::Dev(crate::Backend::Embedded.start_dev().await?)),
-            Self::Nats => Ok(Served::Dev(crate::Backend::Nats.start_dev().await?)),
+            Self::Embedded => Ok(Served::Dev(Box::new(crate::Backend::Embedded.start_dev().await?))),
+            Self::Nats => Ok(Served::Dev(Box::new(crate::Backend::Nats.start_dev().await?))),
             Self::Cluster => Ok(Served::Cluster(Box::new(Cluster::start(3, 2).await?))),
         }
     }

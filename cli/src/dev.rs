@@ -41,16 +41,31 @@ pub struct NatsOpts {
     pub security: NatsSecurity,
 }
 
-/// Connects the JetStream journal and the live bus on its connection. The errors say what to do: an
-/// unreachable server names the URL and how to start one; a stream with another layout names the field.
-async fn connect_nats(opts: &NatsOpts) -> Result<(Journal, Arc<dyn Readiness>)> {
-    let mut config = JetStreamConfig::new(opts.url.clone());
-    config.partitions = opts.partitions;
-    config.replicas = opts.replicas;
-    config.security = opts.security.clone();
-    let log = JetStreamLog::connect(config).await.map_err(|e| nats_error(&opts.url, &e))?;
+/// The JetStream journal, the live bus on its connection and the snapshot bucket: what every server on
+/// NATS (`dev --nats`, `gateway`, `worker`) opens first. The errors say what to do: an unreachable server
+/// names the URL and how to start one; a stream with another layout names the field.
+pub(crate) async fn open_nats_journal(
+    url: &str,
+    partitions: u32,
+    replicas: usize,
+    shards: u32,
+    security: NatsSecurity,
+) -> Result<(JetStreamLog, NatsBus, KvSnapshots)> {
+    let mut config = JetStreamConfig::new(url.to_owned());
+    config.partitions = partitions;
+    config.replicas = replicas;
+    config.shards = shards;
+    config.security = security;
+    let log = JetStreamLog::connect(config).await.map_err(|e| nats_error(url, &e))?;
     let bus = NatsBus::new(log.client().clone());
-    let snapshots = KvSnapshots::open(log.client(), opts.replicas).await.map_err(|e| nats_error(&opts.url, &e))?;
+    let snapshots = KvSnapshots::open(log.client(), replicas).await.map_err(|e| nats_error(url, &e))?;
+    Ok((log, bus, snapshots))
+}
+
+async fn connect_nats(opts: &NatsOpts) -> Result<(Journal, Arc<dyn Readiness>)> {
+    let shards = JetStreamConfig::new(opts.url.clone()).shards;
+    let (log, bus, snapshots) =
+        open_nats_journal(&opts.url, opts.partitions, opts.replicas, shards, opts.security.clone()).await?;
     let journal = format!(
         "JetStream at {} ({} partition{}, {} replica{})",
         opts.url,

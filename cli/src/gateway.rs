@@ -8,9 +8,9 @@ use anyhow::{Context, Result};
 use tonic::transport::ClientTlsConfig;
 use turnstile_gateway::cluster_router::GrpcTransport;
 use turnstile_gateway::{ClusterRouter, ClusterRouterConfig, Gateway, GatewayConfig};
+use turnstile_journal::CommandRouter;
+use turnstile_journal::jetstream::NatsSecurity;
 use turnstile_journal::jetstream::shards::ClusterKv;
-use turnstile_journal::jetstream::{KvSnapshots, NatsSecurity};
-use turnstile_journal::{CommandRouter, JetStreamConfig, JetStreamLog, NatsBus};
 use turnstile_worker::cluster::LeaseConfig;
 
 use crate::dev::{bind, client_url_for, nats_error, shutdown_signal};
@@ -39,15 +39,15 @@ pub async fn run(opts: GatewayOpts, security: ServerSecurity) -> Result<()> {
     let listener = bind(&opts.listen).await?;
     let local = listener.local_addr().context("cannot read the bound address")?;
     let auth_line = security::auth_line(&security.auth, local, &opts.listen)?;
-    let mut config = JetStreamConfig::new(opts.nats.clone());
-    config.partitions = opts.partitions;
-    config.replicas = opts.replicas;
-    config.shards = opts.shards;
-    config.security = opts.nats_security.clone();
-    let log = JetStreamLog::connect(config).await.map_err(|e| nats_error(&opts.nats, &e))?;
+    let (log, bus, snapshots) = crate::dev::open_nats_journal(
+        &opts.nats,
+        opts.partitions,
+        opts.replicas,
+        opts.shards,
+        opts.nats_security.clone(),
+    )
+    .await?;
     let client = log.client().clone();
-    let bus = NatsBus::new(client.clone());
-    let snapshots = KvSnapshots::open(&client, opts.replicas).await.map_err(|e| nats_error(&opts.nats, &e))?;
     // The workers' heartbeat TTL: whoever creates the workers bucket first sets its max age.
     let worker_ttl = LeaseConfig::default().worker_ttl;
     let kv = ClusterKv::open(&client, opts.replicas, opts.shards, worker_ttl)

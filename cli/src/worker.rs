@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tonic::transport::ServerTlsConfig;
-use turnstile_journal::jetstream::{KvSnapshots, NatsSecurity};
-use turnstile_journal::{JetStreamConfig, JetStreamLog, NatsBus};
+use turnstile_journal::jetstream::NatsSecurity;
 use turnstile_worker::WorkerConfig;
 use turnstile_worker::cluster::service::{self, WorkerService};
 use turnstile_worker::cluster::{LeaseConfig, WorkerOptions, start_worker};
@@ -47,15 +46,15 @@ pub async fn run(opts: WorkerOpts) -> Result<()> {
     let advertise = opts.advertise.clone().unwrap_or_else(|| local.to_string());
     let id = opts.id.clone().unwrap_or_else(|| format!("worker-{advertise}"));
 
-    let mut config = JetStreamConfig::new(opts.nats.clone());
-    config.partitions = opts.partitions;
-    config.replicas = opts.replicas;
-    config.shards = opts.shards;
-    config.security = opts.nats_security.clone();
-    let log = JetStreamLog::connect(config).await.map_err(|e| nats_error(&opts.nats, &e))?;
+    let (log, bus, snapshots) = crate::dev::open_nats_journal(
+        &opts.nats,
+        opts.partitions,
+        opts.replicas,
+        opts.shards,
+        opts.nats_security.clone(),
+    )
+    .await?;
     let client = log.client().clone();
-    let bus = NatsBus::new(client.clone());
-    let snapshots = KvSnapshots::open(&client, opts.replicas).await.map_err(|e| nats_error(&opts.nats, &e))?;
     let leases = LeaseConfig {
         shards: opts.shards,
         ttl: opts.lease_ttl,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use prost::Message as _;
 use turnstile_journal::jetstream::subjects;
-use turnstile_journal::message::SessionRef;
+use turnstile_model::message::SessionRef;
 use turnstile_proto::v1 as pb;
 use turnstile_tests::nats::NatsServer;
 use turnstile_tests::{DevOptions, DevServer, new_session_ref, user_msg};

@@ -9,9 +9,9 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
-use turnstile_journal::codec;
-use turnstile_journal::message::{MessageSource, SessionRef, Target, UserMessage};
-use turnstile_journal::{CancelCause, Status};
+use turnstile_model::message::{MessageSource, SessionRef, Target, UserMessage};
+use turnstile_model::{CancelCause, Status};
+use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_client::AgentClient;
 
@@ -286,7 +286,7 @@ pub async fn watch(
                 let e = codec::decode_session_event(e).context("the server sent an invalid event")?;
                 on_seq(e.seq);
                 last_seq = e.seq;
-                idle_now = caught_up && matches!(e.payload, turnstile_journal::EventPayload::Status(Status::Idle));
+                idle_now = caught_up && matches!(e.payload, turnstile_model::EventPayload::Status(Status::Idle));
                 if opts.json { format!("{}\n", render::event_json(&e)) } else { renderer.event(&e) }
             }
             Some(pb::watch_item::Item::Live(l)) => {

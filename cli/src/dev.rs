@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use tokio::net::TcpListener;
+use turnstile_cluster::CommandRouter;
 use turnstile_gateway::{Gateway, GatewayConfig};
 use turnstile_journal::jetstream::{KvSnapshots, NatsSecurity};
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{
-    CommandRouter, EmbeddedLog, JetStreamConfig, JetStreamLog, JournalError, LiveBus, LocalBus, NatsBus, SessionLog,
+    EmbeddedLog, JetStreamConfig, JetStreamLog, JournalError, LiveBus, LocalBus, NatsBus, SessionLog,
 };
 use turnstile_ops::Readiness;
 use turnstile_worker::{SessionHost, WorkerConfig};
@@ -90,6 +91,11 @@ pub(crate) fn nats_error(url: &str, err: &JournalError) -> anyhow::Error {
         }
         other => anyhow::anyhow!("cannot use the JetStream journal at {url}: {other}"),
     }
+}
+
+/// Why the cluster's ownership buckets cannot be used, for a worker or gateway that is starting.
+pub(crate) fn membership_error(url: &str, err: &turnstile_cluster::MembershipError) -> anyhow::Error {
+    anyhow::anyhow!("cannot use the shard lease buckets on NATS at {url}: {err}; check that nats-server runs with -js")
 }
 
 /// Binds first so a busy port fails before anything else starts, with the fix in the message.

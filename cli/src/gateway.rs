@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tonic::transport::ClientTlsConfig;
+use turnstile_cluster::CommandRouter;
+use turnstile_cluster::LeaseConfig;
+use turnstile_cluster::kv::ClusterKv;
 use turnstile_gateway::cluster_router::GrpcTransport;
 use turnstile_gateway::{ClusterRouter, ClusterRouterConfig, Gateway, GatewayConfig};
-use turnstile_journal::CommandRouter;
 use turnstile_journal::jetstream::NatsSecurity;
-use turnstile_journal::jetstream::shards::ClusterKv;
-use turnstile_worker::cluster::LeaseConfig;
 
-use crate::dev::{bind, client_url_for, nats_error, shutdown_signal};
+use crate::dev::{bind, client_url_for, membership_error, shutdown_signal};
 use crate::security::{self, ServerSecurity};
 
 /// Options of `turnstile gateway`.
@@ -52,8 +52,8 @@ pub async fn run(opts: GatewayOpts, security: ServerSecurity) -> Result<()> {
     let worker_ttl = LeaseConfig::default().worker_ttl;
     let kv = ClusterKv::open(&client, opts.replicas, opts.shards, worker_ttl)
         .await
-        .map_err(|e| nats_error(&opts.nats, &e))?;
-    let map = kv.watch_shards().await.map_err(|e| nats_error(&opts.nats, &e))?;
+        .map_err(|e| membership_error(&opts.nats, &e))?;
+    let map = kv.watch_shards().await.map_err(|e| membership_error(&opts.nats, &e))?;
     let router_config = ClusterRouterConfig { deadline: opts.route_deadline, ..ClusterRouterConfig::default() };
     let router: Arc<dyn CommandRouter> = match opts.cluster_tls.clone() {
         Some(tls) => {

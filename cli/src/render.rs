@@ -6,8 +6,8 @@
 //! domain types (`serde`).
 
 use serde_json::{Value, json};
-use turnstile_journal::message::{MessageSource, UserMessage};
-use turnstile_journal::{Envelope, EventPayload, Inbox, LiveEvent, LivePayload, Splice, SpliceOutcome, Status};
+use turnstile_model::message::{MessageSource, UserMessage};
+use turnstile_model::{Envelope, EventPayload, Inbox, LiveEvent, LivePayload, Splice, SpliceOutcome, Status};
 
 /// Longest text preview shown in a line, in characters.
 const PREVIEW: usize = 60;
@@ -225,8 +225,8 @@ pub fn caught_up_json(seq: u64, status: Status, inbox: &Inbox) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use turnstile_journal::message::{SessionRef, Target};
-    use turnstile_journal::{CancelCause, TurnEndReason};
+    use turnstile_model::message::{SessionRef, Target};
+    use turnstile_model::{CancelCause, TurnEndReason};
 
     use super::*;
 

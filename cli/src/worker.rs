@@ -13,7 +13,7 @@ use turnstile_worker::WorkerConfig;
 use turnstile_worker::cluster::service::{self, WorkerService};
 use turnstile_worker::cluster::{LeaseConfig, WorkerOptions, start_worker};
 
-use crate::dev::{bind, nats_error, shutdown_signal};
+use crate::dev::{bind, membership_error, shutdown_signal};
 
 /// Options of `turnstile worker`.
 #[derive(Clone, Debug)]
@@ -66,7 +66,7 @@ pub async fn run(opts: WorkerOpts) -> Result<()> {
         WorkerOptions { id: id.clone(), advertise_addr: advertise.clone(), leases, worker: WorkerConfig::default() };
     let handle = start_worker(options, &client, opts.replicas, Arc::new(log), Arc::new(bus), Arc::new(snapshots))
         .await
-        .map_err(|e| nats_error(&opts.nats, &e))?;
+        .map_err(|e| membership_error(&opts.nats, &e))?;
 
     // The server keeps answering while the worker drains (not-owner for released shards tells gateways
     // to look again), so it stops only after `shutdown`.

@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
-use turnstile_journal::message::SessionRef;
+use turnstile_model::message::SessionRef;
 
 /// An auth configuration that cannot be used; the message names the file and what to fix.
 #[derive(Debug, thiserror::Error)]

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
@@ -22,13 +22,13 @@ use tokio::time::Instant;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
-use turnstile_journal::codec::command::{
-    ERROR_KEY, OWNER_KEY, SESSION_KEY, command_error_from_parts, decode_command_reply, encode_execute_request,
-};
-use turnstile_journal::jetstream::shards::{ShardLease, ShardMap};
-use turnstile_journal::jetstream::subjects::shard_of;
-use turnstile_journal::trace::{TRACEPARENT, current_traceparent};
-use turnstile_journal::{Command, CommandError, CommandReply, CommandRouter, SessionRef};
+use turnstile_cluster::CommandRouter;
+use turnstile_cluster::codec::{decode_command_reply, encode_execute_request};
+use turnstile_cluster::status::command_error;
+use turnstile_cluster::{ShardLease, ShardMap, shard_of};
+use turnstile_model::{Command, CommandError, CommandReply, SessionRef};
+use turnstile_ops::clock::now_ms;
+use turnstile_ops::trace::{TRACEPARENT, current_traceparent};
 use turnstile_proto::cluster::v1 as cpb;
 use turnstile_proto::cluster::v1::worker_client::WorkerClient;
 
@@ -148,11 +148,6 @@ enum Attempt {
     Retry(String),
 }
 
-fn now_ms() -> u64 {
-    // A clock before 1970 reads as 0: every lease then looks unexpired, and the owner's own check decides.
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 impl ClusterRouter {
     /// A router over the shard map `map` (from `ClusterKv::watch_shards`) with gRPC to the workers.
     pub fn new(map: watch::Receiver<ShardMap>, config: ClusterRouterConfig) -> Self {
@@ -190,7 +185,7 @@ impl ClusterRouter {
             }
             Err(status) => status,
         };
-        match rebuild(&status) {
+        match command_error(&status) {
             Some(CommandError::NotOwner { owner, .. }) => Attempt::Retry(format!(
                 "worker {} at {} no longer owns it (it names {})",
                 lease.owner,
@@ -240,11 +235,6 @@ async fn moved(mut map: watch::Receiver<ShardMap>, shard: u32, lease: &ShardLeas
 }
 
 /// The [`CommandError`] a worker put into `status`'s metadata, if it did.
-fn rebuild(status: &Status) -> Option<CommandError> {
-    let get = |key: &str| status.metadata().get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let kind = get(ERROR_KEY)?;
-    command_error_from_parts(&kind, status.message().to_owned(), get(SESSION_KEY), get(OWNER_KEY))
-}
 
 #[async_trait]
 impl CommandRouter for ClusterRouter {
@@ -314,8 +304,8 @@ impl CommandRouter for ClusterRouter {
 mod tests {
     use std::collections::VecDeque;
 
-    use turnstile_journal::jetstream::shards::LeaseEntry;
-    use turnstile_journal::message::{ContentBlock, MessageId, MessageSource, Target, UserMessage};
+    use turnstile_cluster::kv::LeaseEntry;
+    use turnstile_model::message::{ContentBlock, MessageId, MessageSource, Target, UserMessage};
 
     use super::*;
 
@@ -368,13 +358,13 @@ mod tests {
     }
 
     fn sent(seq: u64) -> Result<cpb::ExecuteReply, Status> {
-        let reply = turnstile_journal::codec::encode_command_reply(&session(), &CommandReply::Sent { seq, turn: None });
+        let reply = turnstile_cluster::codec::encode_command_reply(&session(), &CommandReply::Sent { seq, turn: None });
         Ok(reply)
     }
 
     fn not_owner(owner: Option<&str>) -> Result<cpb::ExecuteReply, Status> {
         let err = CommandError::NotOwner { session: session().to_string(), owner: owner.map(str::to_owned) };
-        Err(turnstile_worker::cluster::service::command_status(&err))
+        Err(turnstile_cluster::status::command_status(&err))
     }
 
     fn followup() -> Command {
@@ -514,7 +504,7 @@ mod tests {
         let (_tx, rx) = watch::channel(map_with(Some(("w1", "a:1", 1))));
         let transport = Arc::new(FakeTransport::default());
         let precondition = CommandError::FailedPrecondition("session acme/s1 is idle".into());
-        transport.answer("a:1", Err(turnstile_worker::cluster::service::command_status(&precondition)));
+        transport.answer("a:1", Err(turnstile_cluster::status::command_status(&precondition)));
         let router = ClusterRouter::with_transport(rx, transport.clone(), config(1000));
         assert_eq!(router.execute(&session(), followup(), None).await, Err(precondition));
         assert_eq!(transport.calls().len(), 1, "an application error is not retried");

@@ -1,54 +1,37 @@
-//! Request decoding and validation (proto → domain) for the gateway's RPCs.
+//! The gateway's request policy on top of the one proto → model codec (`turnstile_proto::codec`).
 //!
-//! Every error names the request field that was wrong (`message.source.goal.round`) and how to fix it,
-//! because it goes back to the caller verbatim as INVALID_ARGUMENT.
+//! Decoding and validation (ids, sources, content blocks, targets) are the codec's, with errors that name
+//! the request field (`message.source.goal.round`) and say how to fix it; they go back to the caller
+//! verbatim as INVALID_ARGUMENT. What is the gateway's own: an empty tenant means the caller's default
+//! tenant, a message without a source gets the preset's default (`user`, or `plugin{""}` for inject),
+//! and a missing cancel cause is `user`.
 
-use turnstile_journal::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
-use turnstile_journal::{CancelCause, ValueError};
+use turnstile_model::{CancelCause, MessageId, MessageSource, SessionRef, Target, UserMessage};
+use turnstile_proto::codec::message::{required_session_at, target_at, user_message_at};
+use turnstile_proto::codec::{CodecError, decode_cancel_cause};
 use turnstile_proto::v1 as pb;
 
-/// A request field that breaks the API's rules.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ConvertError {
-    #[error("{field} is required")]
-    Missing { field: String },
-    #[error("{field}: {source}")]
-    Value { field: String, source: ValueError },
-    #[error("{field}: {detail}")]
-    Invalid { field: String, detail: String },
-}
-
-fn value(field: impl Into<String>) -> impl FnOnce(ValueError) -> ConvertError {
-    let field = field.into();
-    move |source| ConvertError::Value { field, source }
-}
-
 /// `session`: required; an empty tenant is replaced by `default_tenant` (no auth in front of us).
-pub fn session(raw: Option<pb::SessionRef>, default_tenant: &str) -> Result<SessionRef, ConvertError> {
-    let raw = raw.ok_or_else(|| ConvertError::Missing { field: "session".into() })?;
-    let tenant = if raw.tenant.is_empty() { default_tenant.to_owned() } else { raw.tenant };
-    let session = SessionRef { tenant, id: raw.id };
-    session.validate().map_err(value("session"))?;
-    Ok(session)
+pub fn session(raw: Option<pb::SessionRef>, default_tenant: &str) -> Result<SessionRef, CodecError> {
+    let raw = raw.map(|mut s| {
+        if s.tenant.is_empty() {
+            default_tenant.clone_into(&mut s.tenant);
+        }
+        s
+    });
+    required_session_at(raw, "session")
 }
 
-/// A MessageId field (`id`, `message.id`): 1..=128 bytes.
-pub fn message_id(field: &str, raw: String) -> Result<MessageId, ConvertError> {
+/// A MessageId field (`id`): 1..=128 bytes.
+pub fn message_id(field: &str, raw: String) -> Result<MessageId, CodecError> {
     let id = MessageId(raw);
-    id.validate().map_err(value(field))?;
+    id.validate().map_err(|e| CodecError::value(field, e))?;
     Ok(id)
 }
 
 /// A `Target` enum field; `TARGET_UNSPECIFIED` (or an unknown number) is refused.
-pub fn target(field: &str, raw: i32) -> Result<Target, ConvertError> {
-    match pb::Target::try_from(raw) {
-        Ok(pb::Target::NextTurn) => Ok(Target::NextTurn),
-        Ok(pb::Target::NextStep) => Ok(Target::NextStep),
-        _ => Err(ConvertError::Invalid {
-            field: field.to_owned(),
-            detail: format!("target {raw} is not valid; use TARGET_NEXT_TURN (1) or TARGET_NEXT_STEP (2)"),
-        }),
-    }
+pub fn target(field: &str, raw: i32) -> Result<Target, CodecError> {
+    target_at(raw, field)
 }
 
 /// A required message; a missing (or empty) source becomes `default_source`.
@@ -56,39 +39,12 @@ pub fn user_message(
     field: &str,
     raw: Option<pb::UserMessage>,
     default_source: &MessageSource,
-) -> Result<UserMessage, ConvertError> {
-    let raw = raw.ok_or_else(|| ConvertError::Missing { field: field.to_owned() })?;
-    let id = message_id(&format!("{field}.id"), raw.id)?;
-    let content = raw
-        .content
-        .into_iter()
-        .enumerate()
-        .map(|(i, block)| match block.block {
-            Some(pb::content_block::Block::Text(t)) => Ok(ContentBlock::Text { text: t.text }),
-            Some(pb::content_block::Block::Data(d)) => Ok(ContentBlock::Data { mime: d.mime, bytes: d.bytes }),
-            None => Err(ConvertError::Invalid {
-                field: format!("{field}.content[{i}]"),
-                detail: "the block is empty; set `text` or `data`".into(),
-            }),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let source = match raw.source.and_then(|s| s.kind) {
-        None => default_source.clone(),
-        Some(kind) => source_kind(kind),
-    };
-    source.validate().map_err(value(format!("{field}.source")))?;
-    Ok(UserMessage { id, content, source })
-}
-
-fn source_kind(kind: pb::message_source::Kind) -> MessageSource {
-    use pb::message_source::Kind;
-    match kind {
-        Kind::User(_) => MessageSource::User,
-        Kind::Plugin(p) => MessageSource::Plugin { plugin: p.plugin, form: (!p.form.is_empty()).then_some(p.form) },
-        Kind::Goal(g) => MessageSource::Goal { goal_id: g.goal_id, revision: g.revision, round: g.round },
-        Kind::Tool(t) => MessageSource::Tool { call_id: t.call_id },
-        Kind::Model(m) => MessageSource::Model { provider: m.provider, model: m.model },
+) -> Result<UserMessage, CodecError> {
+    let mut raw = raw.ok_or_else(|| CodecError::missing(field, "set the message's id and content"))?;
+    if raw.source.as_ref().is_some_and(|s| s.kind.is_none()) {
+        raw.source = None;
     }
+    user_message_at(raw, field, Some(default_source.clone()))
 }
 
 /// The default source of `Inject`: a plugin with no name and no form.
@@ -98,18 +54,13 @@ pub fn inject_default_source() -> MessageSource {
 
 /// `cause`: a missing cause (or an empty oneof) is `user`.
 pub fn cancel_cause(raw: Option<pb::CancelCause>) -> CancelCause {
-    use pb::cancel_cause::Cause;
-    match raw.and_then(|c| c.cause) {
-        None | Some(Cause::User(_)) => CancelCause::User,
-        Some(Cause::Parent(_)) => CancelCause::Parent,
-        Some(Cause::Hook(h)) => CancelCause::Hook { reason: h.reason },
-        Some(Cause::Disposed(_)) => CancelCause::Disposed,
-    }
+    raw.and_then(|c| decode_cancel_cause(c).ok()).unwrap_or(CancelCause::User)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use turnstile_model::ContentBlock;
 
     fn text_message(id: &str, source: Option<pb::message_source::Kind>) -> pb::UserMessage {
         pb::UserMessage {
@@ -130,7 +81,7 @@ mod tests {
     #[test]
     fn missing_or_malformed_session_is_named() {
         let err = session(None, "default").unwrap_err();
-        assert_eq!(err.to_string(), "session is required");
+        assert_eq!(err.to_string(), "session: is missing; set the session's tenant and id");
         let err = session(Some(pb::SessionRef { tenant: "acme".into(), id: "a/b".into() }), "default").unwrap_err();
         assert!(err.to_string().starts_with("session: session id \"a/b\""), "{err}");
         let err = session(Some(pb::SessionRef { tenant: "acme".into(), id: String::new() }), "d").unwrap_err();
@@ -161,6 +112,10 @@ mod tests {
         assert_eq!(m.content, vec![ContentBlock::text("hi")]);
         let m = user_message("message", Some(text_message("m1", None)), &inject_default_source()).unwrap();
         assert_eq!(m.source, MessageSource::Plugin { plugin: String::new(), form: None });
+        let mut empty = text_message("m1", None);
+        empty.source = Some(pb::MessageSource { kind: None });
+        let m = user_message("message", Some(empty), &MessageSource::User).unwrap();
+        assert_eq!(m.source, MessageSource::User);
         let tool = pb::message_source::Kind::Tool(pb::ToolSource { call_id: "c9".into() });
         let m = user_message("message", Some(text_message("m1", Some(tool))), &inject_default_source()).unwrap();
         assert_eq!(m.source, MessageSource::Tool { call_id: "c9".into() });
@@ -173,16 +128,20 @@ mod tests {
     fn invalid_sources_and_blocks_name_their_field() {
         let goal = pb::message_source::Kind::Goal(pb::GoalSource { goal_id: "g".into(), revision: 1, round: 0 });
         let err = user_message("message", Some(text_message("m1", Some(goal))), &MessageSource::User).unwrap_err();
-        assert_eq!(err.to_string(), "message.source: goal source round must be at least 1");
+        assert!(err.to_string().starts_with("message.source"), "{err}");
+        assert!(err.to_string().contains("round"), "{err}");
         let form = pb::message_source::Kind::Plugin(pb::PluginSource { plugin: "p".into(), form: "poem".into() });
         let err = user_message("message", Some(text_message("m1", Some(form))), &MessageSource::User).unwrap_err();
         assert!(err.to_string().contains("\"poem\""), "{err}");
         let mut raw = text_message("m1", None);
         raw.content.push(pb::ContentBlock { block: None });
         let err = user_message("inserted[0]", Some(raw), &MessageSource::User).unwrap_err();
-        assert!(err.to_string().starts_with("inserted[0].content[1]: the block is empty"), "{err}");
+        assert!(
+            err.to_string().starts_with("inserted[0].content[1]: content block has neither text nor data"),
+            "{err}"
+        );
         let err = user_message("message", None, &MessageSource::User).unwrap_err();
-        assert_eq!(err.to_string(), "message is required");
+        assert_eq!(err.to_string(), "message: is missing; set the message's id and content");
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Turnstile's public gRPC gateway (`turnstile.v1.Agent`, API.md).
 //!
 //! Place in the architecture: clients talk only to a gateway. It validates each request, turns it into
-//! a journal [`Command`](turnstile_journal::Command) and hands it to a
-//! [`CommandRouter`](turnstile_journal::CommandRouter), which reaches the driver that owns the session
+//! a [`Command`](turnstile_model::Command) and hands it to a
+//! [`CommandRouter`](turnstile_cluster::CommandRouter), which reaches the driver that owns the session
 //! (the in-process worker host in `turnstile dev`, the shard owner over internal gRPC in a cluster).
 //! Reads — `GetInbox`, `GetSession`, `ListSessions` and `Watch` — never touch a driver: the gateway folds
 //! the session's log itself, so any gateway can serve any session while shards move.
@@ -31,7 +31,6 @@ pub use service::{Gateway, GatewayConfig};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::ServerTlsConfig;
-use turnstile_journal::trace;
 use turnstile_proto::v1::agent_server::AgentServer;
 
 /// The gRPC server stopped for a reason other than `shutdown`.
@@ -61,21 +60,9 @@ pub async fn serve_with(
         shutdown.await;
         watches.cancel();
     };
-    // One span per RPC, in the client's trace when it sent a `traceparent`.
-    let mut builder = tonic::transport::Server::builder().trace_fn(|req| {
-        let traceparent = req.headers().get(trace::TRACEPARENT).and_then(|v| v.to_str().ok());
-        trace::grpc_request_span(req.uri().path(), traceparent)
-    });
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
-    }
-    // Health and reflection (unauthenticated: they reveal no session data), so probes and grpcurl need
-    // no proto files.
     let served = [<AgentServer<Gateway> as tonic::server::NamedService>::NAME];
-    let (_health_reporter, health) = turnstile_ops::grpc::health(&served).await;
-    builder
-        .add_service(health)
-        .add_optional_service(turnstile_ops::grpc::reflection(&served))
+    let (router, _health) = turnstile_ops::grpc::server(&served, tls).await?;
+    router
         .add_service(AgentServer::new(gateway))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await?;

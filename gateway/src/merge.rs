@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use turnstile_journal::{Envelope, LiveEvent};
+use turnstile_model::{Envelope, LiveEvent};
 
 /// Live events held back at most; beyond this the oldest are dropped (live events are best effort, and
 /// a tail that far behind must not grow memory without bound).
@@ -91,7 +91,7 @@ impl TailMerge {
 
 #[cfg(test)]
 mod tests {
-    use turnstile_journal::{EventPayload, LivePayload, SessionRef, Status};
+    use turnstile_model::{EventPayload, LivePayload, SessionRef, Status};
 
     use super::*;
 

@@ -1,7 +1,7 @@
 //! The gateway's metrics: one count per routed command.
 
 use metrics::counter;
-use turnstile_journal::{CommandError, CommandReply};
+use turnstile_model::{CommandError, CommandReply};
 use turnstile_ops::names;
 
 /// Counts a command the gateway routed, by preset (`Command::name()`) and outcome (`accepted` or the

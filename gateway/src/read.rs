@@ -2,9 +2,10 @@
 //! store is configured), so reads keep working while a shard moves and never wait on a driver.
 
 use tonic::Status;
+use turnstile_journal::SessionLog;
 use turnstile_journal::snapshot::{LoadError, SnapshotStore, load_state};
-use turnstile_journal::state::DEFAULT_DEDUP_HORIZON;
-use turnstile_journal::{SessionLog, SessionRef, SessionState};
+use turnstile_model::state::DEFAULT_DEDUP_HORIZON;
+use turnstile_model::{SessionRef, SessionState};
 
 use crate::status;
 

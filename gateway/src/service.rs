@@ -8,10 +8,12 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
-use turnstile_journal::codec;
-use turnstile_journal::message::{MessageSource, SessionRef, Target, UserMessage};
+use turnstile_cluster::CommandRouter;
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
-use turnstile_journal::{Command, CommandReply, CommandRouter, LiveBus, SessionLog, SessionState};
+use turnstile_journal::{LiveBus, SessionLog};
+use turnstile_model::message::{MessageSource, SessionRef, Target, UserMessage};
+use turnstile_model::{Command, CommandReply, SessionState};
+use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_server::Agent;
 

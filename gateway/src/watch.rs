@@ -11,11 +11,12 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use turnstile_journal::log::read_all;
 use turnstile_journal::snapshot::SnapshotStore;
-use turnstile_journal::{LiveBus, LiveStream, SessionLog, SessionRef};
+use turnstile_journal::{LiveBus, LiveStream, SessionLog};
+use turnstile_model::SessionRef;
 use turnstile_proto::v1 as pb;
 
 use crate::merge::{Merged, TailMerge};
-use turnstile_journal::codec;
+use turnstile_proto::codec;
 
 use crate::{read, status};
 
@@ -29,7 +30,7 @@ pub struct WatchSpec {
 
 type Tx = mpsc::Sender<Result<pb::WatchItem, Status>>;
 
-fn event_item(e: &turnstile_journal::Envelope) -> pb::WatchItem {
+fn event_item(e: &turnstile_model::Envelope) -> pb::WatchItem {
     pb::WatchItem { item: Some(pb::watch_item::Item::Event(codec::encode_session_event(e))) }
 }
 

@@ -4,9 +4,9 @@
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
-use crate::event::LiveEvent;
 use crate::log::JournalError;
-use crate::message::SessionRef;
+use turnstile_model::event::LiveEvent;
+use turnstile_model::message::SessionRef;
 
 /// A stream of live events of one session, in publication order.
 pub type LiveStream = BoxStream<'static, LiveEvent>;

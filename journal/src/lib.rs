@@ -10,28 +10,12 @@
 //! gRPC services or routing.
 
 pub mod bus;
-pub mod codec;
-pub mod command;
 pub mod embedded;
-pub mod event;
-pub mod inbox;
 pub mod jetstream;
 pub mod log;
-pub mod message;
 pub mod snapshot;
-pub mod state;
-pub mod trace;
 
 pub use bus::{LiveBus, LiveStream};
-pub use codec::CodecError;
-pub use command::{Command, CommandError, CommandReply, CommandRouter, SessionSummary};
 pub use embedded::{EmbeddedLog, LocalBus};
-pub use event::{
-    CancelCause, Envelope, EventPayload, LiveEvent, LivePayload, Splice, SpliceOutcome, Status, ToolCallSpec,
-    TurnEndReason,
-};
-pub use inbox::{Inbox, SpliceError};
 pub use jetstream::{JetStreamConfig, JetStreamLog, NatsBus};
 pub use log::{EventStream, JournalError, SessionLog};
-pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
-pub use state::{ProjectionError, SessionState};

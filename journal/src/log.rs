@@ -7,8 +7,8 @@
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
-use crate::event::Envelope;
-use crate::message::SessionRef;
+use turnstile_model::event::Envelope;
+use turnstile_model::message::SessionRef;
 
 /// A stream of durable events in seq order.
 pub type EventStream = BoxStream<'static, Result<Envelope, JournalError>>;

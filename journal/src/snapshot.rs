@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::log::{JournalError, SessionLog, read_all};
-use crate::message::SessionRef;
-use crate::state::{ProjectionError, SessionState};
+use turnstile_model::message::SessionRef;
+use turnstile_model::state::{ProjectionError, SessionState};
 
 /// The schema version of [`Snapshot`]; bump it whenever `SessionState`'s serialized shape changes.
 pub const SNAPSHOT_VERSION: u32 = 1;

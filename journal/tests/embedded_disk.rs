@@ -10,9 +10,10 @@ use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
 
 use common::{batch, session};
-use turnstile_journal::codec::encode_event;
 use turnstile_journal::log::read_all;
-use turnstile_journal::{EmbeddedLog, JournalError, SessionLog, SessionRef};
+use turnstile_journal::{EmbeddedLog, JournalError, SessionLog};
+use turnstile_model::SessionRef;
+use turnstile_proto::codec::encode_event;
 
 fn log_file(dir: &Path, s: &SessionRef) -> PathBuf {
     dir.join("sessions").join(&s.tenant).join(format!("{}.log", s.id))

@@ -8,7 +8,8 @@ mod common;
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use turnstile_journal::{LiveBus, LiveEvent, LivePayload, LiveStream, LocalBus, SessionRef, Status};
+use turnstile_journal::{LiveBus, LiveStream, LocalBus};
+use turnstile_model::{LiveEvent, LivePayload, SessionRef, Status};
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -20,7 +20,7 @@ async fn snapshot_plus_tail_equals_full_fold() {
 #[tokio::test]
 async fn unusable_snapshots_are_ignored() {
     let (log, store) = (EmbeddedLog::in_memory(), MemorySnapshots::default());
-    let put = |s: &turnstile_journal::SessionRef, b: Vec<u8>| store.put_raw(s, b);
+    let put = |s: &turnstile_model::SessionRef, b: Vec<u8>| store.put_raw(s, b);
     snapshot_cases::unusable_snapshots_are_ignored(&log, &store, &put, session("t", "b"), session("t", "c")).await;
 }
 

@@ -1,4 +1,5 @@
-//! `grpc.health.v1.Health` and `grpc.reflection.v1.ServerReflection` for a tonic server, so `grpcurl` and
+//! The gRPC server every Turnstile role serves on ([`server`]): one span per call in the caller's trace,
+//! optional TLS, and `grpc.health.v1.Health` and `grpc.reflection.v1.ServerReflection`, so `grpcurl` and
 //! gRPC health probes work without the proto files.
 
 use prost::Message;
@@ -7,6 +8,26 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::server::HealthReporter;
 use tonic_reflection::pb::v1::server_reflection_server::{ServerReflection, ServerReflectionServer};
+
+/// A server for `services` (their full names, as `NamedService::NAME`): each call gets a span in the
+/// caller's trace (its `traceparent` metadata), TLS when `tls` is set, and the health and reflection
+/// services (unauthenticated: they reveal no session data). Add the role's own services to the returned
+/// router and serve it. The health reporter is returned so a role can report NOT_SERVING later.
+pub async fn server(
+    services: &[&str],
+    tls: Option<tonic::transport::ServerTlsConfig>,
+) -> Result<(tonic::transport::server::Router, HealthReporter), tonic::transport::Error> {
+    let mut builder = tonic::transport::Server::builder().trace_fn(|req| {
+        let traceparent = req.headers().get(crate::trace::TRACEPARENT).and_then(|v| v.to_str().ok());
+        crate::trace::grpc_request_span(req.uri().path(), traceparent)
+    });
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let (reporter, health) = health(services).await;
+    let router = builder.add_service(health).add_optional_service(reflection(services));
+    Ok((router, reporter))
+}
 
 /// The health service, reporting `""` (the whole server) and each of `services` as SERVING. Keep the
 /// reporter to change a status later (NOT_SERVING while draining, say).

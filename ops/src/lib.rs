@@ -1,13 +1,17 @@
 //! The operations surface every Turnstile server shares: Prometheus metrics ([`metrics`]), the HTTP
-//! endpoints `/metrics`, `/healthz` and `/readyz` ([`http`]), and gRPC health and reflection ([`grpc`]).
+//! endpoints `/metrics`, `/healthz` and `/readyz` ([`http`]), the gRPC server every role serves its
+//! services on, with health, reflection and one span per call ([`grpc`]), and W3C trace context across
+//! gRPC hops and NATS headers ([`trace`]).
 //!
 //! Instrumented code uses the `metrics` facade macros directly with the names in [`names`], so nothing is
 //! threaded through constructors; a process that never installs the exporter ([`install_metrics`])
 //! records nothing and pays almost nothing. docs/OPERATIONS.md lists every metric.
 
+pub mod clock;
 pub mod grpc;
 pub mod http;
 mod recorder;
+pub mod trace;
 
 pub use http::{AlwaysReady, HttpError, Readiness, serve_http};
 pub use recorder::{MetricsError, install_metrics, render_metrics};

@@ -1,8 +1,12 @@
 //! Turnstile's wire contract: the public `turnstile.v1` gRPC API of API.md, the durable event schema of
 //! SPEC.md §5 and the internal `turnstile.cluster.v1` gateway → worker API, generated from `proto/`.
 //!
-//! This crate sits at the bottom of the workspace (`proto ← journal ← worker, gateway ← cli`): it has no
-//! behaviour, only types. The journal maps them to and from its domain model; the gateway serves them.
+//! Place in the architecture: the wire format of the values of `turnstile-model`. The generated code is
+//! here, and so is [`codec`], the one mapping between it and the model (both directions): the journal
+//! encodes events with it, the gateway decodes requests with it, the cluster crate carries commands with
+//! it. Decoding *is* validation, with errors that name the field.
+
+pub mod codec;
 
 /// `turnstile.v1`: public API and durable/live event messages.
 pub mod v1 {

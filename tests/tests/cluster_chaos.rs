@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 use tonic::{Code, Status};
-use turnstile_journal::jetstream::shards::{ClusterKv, ShardMap};
+use turnstile_cluster::kv::{ClusterKv, ShardMap};
 use turnstile_journal::jetstream::subjects::shard_of;
 use turnstile_journal::{JetStreamConfig, JetStreamLog, SessionLog};
 use turnstile_proto::v1::watch_item::Item;
@@ -56,9 +56,9 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-fn journal_ref(s: &Session) -> turnstile_journal::SessionRef {
+fn journal_ref(s: &Session) -> turnstile_model::SessionRef {
     let r = s.reference();
-    turnstile_journal::SessionRef::new(&r.tenant, &r.id).unwrap()
+    turnstile_model::SessionRef::new(&r.tenant, &r.id).unwrap()
 }
 
 /// The journal as the cluster's processes see it, from the test (for the shard map and crafted logs).

@@ -270,13 +270,13 @@ async fn s27_killed_between_claim_and_step_start_restores_the_claim_on_nats() {
     server.kill();
 
     let journal = JetStreamLog::connect(JetStreamConfig::new(nats.url())).await.unwrap();
-    let from = turnstile_journal::SessionRef::new(&model.reference().tenant, &model.reference().id).unwrap();
+    let from = turnstile_model::SessionRef::new(&model.reference().tenant, &model.reference().id).unwrap();
     let written = journal.read(&from, 1, 100).await.unwrap();
     assert_eq!(written.len(), lines.len());
     assert_eq!(lines[3], "D spliced next-turn 0 1 []", "event 4 is the claim");
     assert_eq!(lines.last().map(String::as_str), Some("D spliced next-turn 0 0 [B]"), "the last is B's queue splice");
     let target = new_session_ref();
-    let to = turnstile_journal::SessionRef::new(&target.tenant, &target.id).unwrap();
+    let to = turnstile_model::SessionRef::new(&target.tenant, &target.id).unwrap();
     let crashed: Vec<_> = written[..4]
         .iter()
         .chain(written.last())

@@ -23,9 +23,9 @@ use futures::StreamExt as _;
 use tokio::sync::Barrier;
 use turnstile_journal::jetstream::subjects;
 use turnstile_journal::log::read_all;
-use turnstile_journal::{
-    JetStreamConfig, JetStreamLog, JournalError, LiveBus, LiveEvent, LivePayload, NatsBus, SessionLog, Status, codec,
-};
+use turnstile_journal::{JetStreamConfig, JetStreamLog, JournalError, LiveBus, NatsBus, SessionLog};
+use turnstile_model::{LiveEvent, LivePayload, Status};
+use turnstile_proto::codec;
 use turnstile_tests::nats::NatsServer;
 
 use common::{batch, session};
@@ -230,7 +230,7 @@ async fn tail_follows_another_writer_without_gaps() {
     assert_eq!(read_all(&reader, &s, 1).await.unwrap(), batch(&s, 1, TOTAL, "w"));
 }
 
-async fn next(stream: &mut turnstile_journal::EventStream) -> turnstile_journal::Envelope {
+async fn next(stream: &mut turnstile_journal::EventStream) -> turnstile_model::Envelope {
     match tokio::time::timeout(WAIT, stream.next()).await {
         Ok(Some(Ok(event))) => event,
         Ok(Some(Err(e))) => panic!("tail failed: {e}"),
@@ -332,7 +332,7 @@ async fn events_are_stored_one_message_each_with_headers() {
     assert_eq!(last.sequence, 3, "three messages, one per event");
 }
 
-fn live(session: &turnstile_journal::SessionRef, n: u64) -> LiveEvent {
+fn live(session: &turnstile_model::SessionRef, n: u64) -> LiveEvent {
     let payload = if n.is_multiple_of(2) {
         LivePayload::AssistantDelta { turn: 1, step: 1, text: format!("d{n}") }
     } else {

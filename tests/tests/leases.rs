@@ -7,9 +7,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use turnstile_journal::jetstream::shards::ClusterKv;
+use turnstile_cluster::kv::ClusterKv;
 use turnstile_journal::snapshot::NoSnapshots;
-use turnstile_journal::{JetStreamConfig, JetStreamLog, NatsBus, SessionRef};
+use turnstile_journal::{JetStreamConfig, JetStreamLog, NatsBus};
+use turnstile_model::SessionRef;
 use turnstile_tests::nats::NatsServer;
 use turnstile_worker::WorkerConfig;
 use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker};
@@ -89,7 +90,7 @@ async fn a_lease_that_is_not_renewed_is_taken_over_after_its_ttl() {
     let kv = ClusterKv::open(&client, 1, SHARDS, Duration::from_secs(1)).await.unwrap();
     // A "dead" worker holding shard 0 until shortly from now, at epoch 7.
     let expires = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64 + 700;
-    let dead = turnstile_journal::jetstream::shards::ShardLease {
+    let dead = turnstile_cluster::kv::ShardLease {
         owner: "dead".into(),
         addr: "127.0.0.1:9".into(),
         epoch: 7,

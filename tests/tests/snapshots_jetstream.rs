@@ -11,7 +11,8 @@ mod snapshot_cases;
 
 use async_nats::jetstream;
 use turnstile_journal::jetstream::{KvSnapshots, SNAPSHOT_BUCKET};
-use turnstile_journal::{JetStreamConfig, JetStreamLog, JournalError, SessionRef};
+use turnstile_journal::{JetStreamConfig, JetStreamLog, JournalError};
+use turnstile_model::SessionRef;
 use turnstile_tests::nats::NatsServer;
 
 use common::session;

@@ -105,7 +105,7 @@ async fn one_followup_is_one_trace_across_gateway_worker_and_nats() {
     for (event_type, tp) in &events {
         let tp = tp.as_deref().unwrap_or_else(|| panic!("{event_type} has no traceparent header"));
         assert_eq!(
-            turnstile_journal::trace::trace_id_of(tp),
+            turnstile_ops::trace::trace_id_of(tp),
             Some(trace_id.as_str()),
             "{event_type} carries {tp}, not trace {trace_id}"
         );

@@ -7,26 +7,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
-use turnstile_journal::{ContentBlock, UserMessage};
-
-use crate::driver::{PreStepDecision, PreStepRequest};
-use crate::model::directive::{self, Directive};
-
-/// What one hook decides.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HookVerdict {
-    /// Pass this batch to the next hook (the last one is entered).
-    Pass(Vec<UserMessage>),
-    Reject,
-}
-
-/// A hook failed; the turn ends `error`.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("hook {hook}: {message}")]
-pub struct HookError {
-    pub hook: String,
-    pub message: String,
-}
+pub use turnstile_driver::{HookError, HookVerdict};
+use turnstile_driver::{PreStepDecision, PreStepRequest};
+use turnstile_model::UserMessage;
 
 #[async_trait]
 pub trait PreStepHook: Send + Sync + 'static {
@@ -63,34 +46,11 @@ pub async fn run_waterfall(
 pub struct ContentGuard;
 
 impl ContentGuard {
-    pub const NAME: &'static str = "content-guard";
+    pub const NAME: &'static str = turnstile_driver::scripted::CONTENT_GUARD;
 
     /// The guard's verdict, without IO.
     pub fn judge(batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
-        let mut entered = Vec::with_capacity(batch.len());
-        let mut reject = false;
-        for mut message in batch {
-            let (directives, _) = directive::parse(&message.text());
-            let mut keep = true;
-            for d in directives {
-                match d {
-                    Directive::HookFail => {
-                        return Err(HookError {
-                            hook: Self::NAME.into(),
-                            message: format!("failed on message {} ([[hook-fail]])", message.id),
-                        });
-                    }
-                    Directive::Reject => reject = true,
-                    Directive::Drop => keep = false,
-                    Directive::Rewrite { text } => message.content = vec![ContentBlock::text(text)],
-                    _ => {}
-                }
-            }
-            if keep {
-                entered.push(message);
-            }
-        }
-        Ok(if reject { HookVerdict::Reject } else { HookVerdict::Pass(entered) })
+        turnstile_driver::scripted::judge(batch)
     }
 }
 

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
+use turnstile_cluster::CommandRouter;
 use turnstile_journal::snapshot::{LoadError, NoSnapshots, SnapshotStore, load_state};
-use turnstile_journal::{
-    Command, CommandError, CommandReply, CommandRouter, JournalError, LiveBus, SessionLog, SessionRef, Status,
-};
+use turnstile_journal::{JournalError, LiveBus, SessionLog};
+use turnstile_model::{Command, CommandError, CommandReply, SessionRef, Status};
 
 use crate::config::WorkerConfig;
 use crate::hooks::{ContentGuard, PreStepHook};
@@ -225,7 +225,7 @@ impl CommandRouter for SessionHost {
         let when_idle = matches!(command, Command::WhenIdle);
         let (reply_tx, reply_rx) = oneshot::channel();
         // The caller's span (the internal RPC's, or the gateway's in `turnstile dev`) is the command's parent.
-        let traceparent = turnstile_journal::trace::current_traceparent();
+        let traceparent = turnstile_ops::trace::current_traceparent();
         let mut msg = CommandMsg { command, reply: reply_tx, traceparent };
         // A runner that just unloaded (passivation) refuses the send; the second attempt starts a new one.
         for attempt in 0..2 {

@@ -1,14 +1,14 @@
 //! Session drivers: the single writer of each session's log.
 //!
-//! [`driver`] is the sans-IO state machine of SPEC §4 (commands, model and tool outcomes and the current
-//! time in; durable events, live events, replies and requests for IO out). [`runner`] is the async task
-//! that feeds one driver and performs its IO against the journal; [`host`] keeps one runner per loaded
-//! session and implements the gateway's [`turnstile_journal::CommandRouter`] seam. [`model`], [`tools`]
-//! and [`hooks`] are the pluggable parts of a step.
+//! Place in the architecture: gateway → **worker** → driver → journal. The driver itself is the sans-IO
+//! state machine of `turnstile-driver`; this crate does its IO. [`runner`] is the async task that feeds
+//! one driver (each input stamped with the time it arrived) and performs its effects against the
+//! journal; [`host`] keeps one runner per loaded session and implements the gateway's
+//! [`turnstile_cluster::CommandRouter`] seam; [`cluster`] holds shard leases and serves the internal API.
+//! [`model`], [`tools`] and [`hooks`] are the pluggable parts of a step.
 
 pub mod cluster;
 pub mod config;
-pub mod driver;
 pub mod hooks;
 pub mod host;
 mod metrics;

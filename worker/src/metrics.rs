@@ -9,7 +9,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
-use turnstile_journal::{Envelope, EventPayload, JournalError, SpliceOutcome, Target, TurnEndReason};
+use turnstile_journal::JournalError;
+use turnstile_model::{Envelope, EventPayload, SpliceOutcome, Target, TurnEndReason};
 use turnstile_ops::GaugeGuard;
 use turnstile_ops::names;
 

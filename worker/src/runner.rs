@@ -2,8 +2,9 @@
 //!
 //! The runner does IO only: it appends to the journal, publishes live events, answers callers and runs
 //! pre-step hooks, model requests and tool calls as tasks whose outcomes come back as driver inputs.
-//! Consecutive appends are written as one atomic conditional batch; an append must be durable before any
-//! later effect runs, so callers and observers never see what the log does not hold.
+//! Each append group the driver emits is written as one conditional append; it must be durable before any
+//! later effect runs, so callers and observers never see what the log does not hold. The runner never
+//! regroups the driver's output. Time is read once per input, after the input arrived.
 //!
 //! When an append fails, the in-memory driver may hold state the log does not: the runner treats that
 //! like a crash of the driver. A conflict means another writer owns the session, so the runner stops for
@@ -11,24 +12,26 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 use turnstile_journal::snapshot::{LoadError, Snapshot, SnapshotStore, load_state};
-use turnstile_journal::{Command, CommandError, CommandReply, Envelope, JournalError, LiveBus, SessionLog, SessionRef};
+use turnstile_journal::{JournalError, LiveBus, SessionLog};
+use turnstile_model::{Command, CommandError, CommandReply, Envelope, SessionRef};
+use turnstile_ops::clock::now_ms;
 
 use crate::config::WorkerConfig;
-use crate::driver::{
-    CommandId, Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepOutcome, PreStepRequest, ToolOutcome,
-    ToolRequest, atomic_groups,
-};
 use crate::hooks::{PreStepHook, run_waterfall};
 use crate::host::Ownership;
 use crate::model::{DeltaSink, Model, ModelError};
 use crate::spans::{TurnSpans, command_span};
 use crate::tools::ToolRegistry;
+use turnstile_driver::{
+    CommandId, Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepOutcome, PreStepRequest, ToolOutcome,
+    ToolRequest,
+};
 
 /// Everything a runner needs besides its session.
 pub struct RunnerDeps {
@@ -76,10 +79,6 @@ enum Stop {
     Reload,
     /// Another writer owns the session: stop serving it.
     Lost,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Loads a session (snapshot + tail) into a driver and repairs it (its effects are still to perform).
@@ -212,7 +211,6 @@ impl Runner {
     async fn serve(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
         let passivate_after = self.deps.config.passivate_after;
         loop {
-            let now = now_ms();
             let idle_for = tokio::time::sleep(passivate_after);
             // The span of what this iteration does: the command's, else the open step's or turn's.
             let mut span = None;
@@ -229,7 +227,9 @@ impl Runner {
                     }
                     Control::Stop => return true,
                 },
-                Some(msg) = self.op_rx.recv() => match msg {
+                Some(msg) = self.op_rx.recv() => {
+                    let now = now_ms();
+                    match msg {
                     OpMsg::PreStep { op, outcome } => {
                         self.ops.remove(&op);
                         self.driver.on_pre_step(op, outcome, now);
@@ -243,6 +243,7 @@ impl Runner {
                         self.ops.remove(&op);
                         self.driver.on_tool_done(op, outcome, now);
                     }
+                    }
                 },
                 msg = commands.recv() => {
                     let Some(CommandMsg { command, reply, traceparent }) = msg else { return true };
@@ -250,7 +251,7 @@ impl Runner {
                     let id = self.next_command;
                     self.next_command += 1;
                     self.waiting.insert(id, reply);
-                    self.driver.on_command(id, command, now);
+                    self.driver.on_command(id, command, now_ms());
                 }
             }
             let span = span.unwrap_or_else(|| self.spans.active());
@@ -296,16 +297,7 @@ impl Runner {
     /// the session must no longer be served.
     async fn settle(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
         loop {
-            let effects = self.driver.drain_effects();
-            if let Some(e) = self.driver.poisoned() {
-                let message = format!("session {} hit an internal error ({e}); retry", self.session);
-                tracing::error!(session = %self.session, error = %e, "driver invariant broken; reloading");
-                self.fail_replies(&effects, &message);
-                if !self.reload(commands).await {
-                    return false;
-                }
-                continue;
-            }
+            let effects = self.driver.ready();
             match self.perform(effects).await {
                 Ok(()) => return true,
                 Err(Stop::Lost) => return false,
@@ -319,17 +311,11 @@ impl Runner {
     }
 
     async fn perform(&mut self, effects: Vec<Effect>) -> Result<(), Stop> {
-        let mut rest = effects.into_iter().peekable();
+        let mut rest = effects.into_iter();
         while let Some(effect) = rest.next() {
             match effect {
-                Effect::Append(first) => {
-                    let mut batch = vec![first];
-                    while let Some(Effect::Append(_)) = rest.peek() {
-                        if let Some(Effect::Append(e)) = rest.next() {
-                            batch.push(e);
-                        }
-                    }
-                    if let Err(e) = self.append_run(&batch).await {
+                Effect::Append(group) => {
+                    if let Err(e) = self.append(group.events()).await {
                         let remaining: Vec<Effect> = rest.collect();
                         let lost = matches!(e, JournalError::Conflict { .. });
                         let message = journal_to_command(e.clone()).to_string();
@@ -356,18 +342,14 @@ impl Runner {
                         token.cancel();
                     }
                 }
+                Effect::Reload { reason } => {
+                    // The driver already withdrew this input's effects and failed its replies.
+                    tracing::error!(session = %self.session, error = %reason, "driver invariant broken; reloading");
+                    return Err(Stop::Reload);
+                }
             }
         }
         Ok(())
-    }
-
-    /// Writes a run of consecutive appends group by group ([`atomic_groups`]), in order.
-    async fn append_run(&mut self, run: &[Envelope]) -> Result<u64, JournalError> {
-        let mut last = 0;
-        for group in atomic_groups(run) {
-            last = self.append(&run[group]).await?;
-        }
-        Ok(last)
     }
 
     async fn append(&mut self, batch: &[Envelope]) -> Result<u64, JournalError> {
@@ -381,7 +363,7 @@ impl Runner {
         }
         let started = std::time::Instant::now();
         let span = self.spans.begin_append(&self.session, batch);
-        let traceparent = turnstile_journal::trace::traceparent_of(&span);
+        let traceparent = turnstile_ops::trace::traceparent_of(&span);
         let result =
             self.deps.log.append_traced(&self.session, expected, batch, traceparent.as_deref()).instrument(span).await;
         self.spans.end_append(batch);

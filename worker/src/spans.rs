@@ -7,7 +7,8 @@
 //! carries. With tracing off the spans are plain `tracing` spans and no `traceparent` is written.
 
 use tracing::Span;
-use turnstile_journal::{Envelope, EventPayload, SessionRef, trace};
+use turnstile_model::{Envelope, EventPayload, SessionRef};
+use turnstile_ops::trace;
 
 /// The span of one command in the runner, in the caller's trace when it sent a `traceparent`.
 pub(crate) fn command_span(session: &SessionRef, command: &'static str, traceparent: Option<&str>) -> Span {

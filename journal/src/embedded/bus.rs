@@ -12,9 +12,9 @@ use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use crate::bus::{LiveBus, LiveStream};
-use crate::event::LiveEvent;
 use crate::log::JournalError;
-use crate::message::SessionRef;
+use turnstile_model::event::LiveEvent;
+use turnstile_model::message::SessionRef;
 
 /// Buffered live events per session before a slow subscriber starts missing some.
 pub const LIVE_CAPACITY: usize = 1024;

@@ -19,10 +19,10 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::codec;
-use crate::event::Envelope;
 use crate::log::JournalError;
-use crate::message::SessionRef;
+use turnstile_model::event::Envelope;
+use turnstile_model::message::SessionRef;
+use turnstile_proto::codec;
 
 const HEADER: usize = 8;
 const LOG_EXT: &str = "log";

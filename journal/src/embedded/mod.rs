@@ -20,10 +20,10 @@ use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
 pub use bus::{LIVE_CAPACITY, LocalBus};
 
-use crate::codec;
-use crate::event::Envelope;
 use crate::log::{EventStream, JournalError, SessionLog};
-use crate::message::SessionRef;
+use turnstile_model::event::Envelope;
+use turnstile_model::message::SessionRef;
+use turnstile_proto::codec;
 
 /// A [`SessionLog`] kept in this process, optionally backed by files.
 pub struct EmbeddedLog {

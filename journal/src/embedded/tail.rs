@@ -7,8 +7,8 @@ use futures::StreamExt as _;
 use tokio::sync::watch;
 
 use super::Slot;
-use crate::event::Envelope;
 use crate::log::EventStream;
+use turnstile_model::event::Envelope;
 
 /// Events read from memory per refill.
 const PAGE: usize = 256;

@@ -5,10 +5,10 @@ use futures::StreamExt as _;
 
 use super::subjects;
 use crate::bus::{LiveBus, LiveStream};
-use crate::codec;
-use crate::event::LiveEvent;
 use crate::log::JournalError;
-use crate::message::SessionRef;
+use turnstile_model::event::LiveEvent;
+use turnstile_model::message::SessionRef;
+use turnstile_proto::codec;
 
 /// Live events as protobuf `LiveEvent` bodies on `turnstile.live.<tenant>.<session>.<type>`. Observers
 /// outside Turnstile can subscribe with wildcards (`turnstile.live.acme.>`).

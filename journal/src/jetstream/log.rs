@@ -17,10 +17,10 @@ use futures::StreamExt as _;
 
 use super::config::{JetStreamConfig, ensure_stream};
 use super::{HEADER_EPOCH, HEADER_SEQ, HEADER_TRACEPARENT, HEADER_TYPE, subjects, tail};
-use crate::codec;
-use crate::event::Envelope;
 use crate::log::{EventStream, JournalError, SessionLog};
-use crate::message::SessionRef;
+use turnstile_model::event::Envelope;
+use turnstile_model::message::SessionRef;
+use turnstile_proto::codec;
 
 /// The most events one append may carry: the server's default cap on an atomic batch.
 /// Room left in a NATS message for headers (type, seq, epoch, traceparent, batch and expected-sequence).

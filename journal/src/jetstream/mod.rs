@@ -4,7 +4,7 @@
 //! Layout: streams `TURNSTILE_EVENTS_<p>` (subjects `turnstile.ev.<p>.>`, file storage, configured
 //! replicas, atomic publish and direct get on); one subject per session, `turnstile.ev.<p>.<tenant>.<id>`,
 //! with the partition from a stable hash ([`subjects`]); one message per durable event, body
-//! [`crate::codec::encode_event`], headers `Turnstile-Type`, `Turnstile-Seq`, `Turnstile-Epoch` and, when
+//! [`turnstile_proto::codec::encode_event`], headers `Turnstile-Type`, `Turnstile-Seq`, `Turnstile-Epoch` and, when
 //! given, `traceparent`.
 //!
 //! Single writer (SPEC §6): every append carries `Nats-Expected-Last-Subject-Sequence` = the stream
@@ -33,7 +33,6 @@
 mod bus;
 mod config;
 mod log;
-pub mod shards;
 mod snapshots;
 pub mod subjects;
 mod tail;

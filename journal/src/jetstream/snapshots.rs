@@ -4,8 +4,8 @@ use async_nats::jetstream::{self, kv};
 use async_trait::async_trait;
 
 use crate::log::JournalError;
-use crate::message::SessionRef;
 use crate::snapshot::{Snapshot, SnapshotStore};
+use turnstile_model::message::SessionRef;
 
 /// The bucket every node reads and the owner writes.
 pub const SNAPSHOT_BUCKET: &str = "turnstile_snapshots";

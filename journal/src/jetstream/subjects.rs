@@ -2,30 +2,17 @@
 //!
 //! The hash is part of the storage format: changing it moves sessions to other subjects and streams, so it
 //! is written out here (FNV-1a 64) rather than borrowed from a hasher whose output may change between
-//! Rust releases. The cluster's shard leases reuse [`shard_of`] and [`partition_of`].
+//! Rust releases. The session → shard hash itself is `turnstile_model::shard`, shared with the
+//! cluster's shard leases.
 
-use crate::message::SessionRef;
+use turnstile_model::SessionRef;
+pub use turnstile_model::shard::{fnv1a64, shard_of};
 
 /// Prefix of every durable event subject: `turnstile.ev.<p>.<tenant>.<session>`.
 pub const EVENT_PREFIX: &str = "turnstile.ev";
 
 /// Prefix of every live event subject: `turnstile.live.<tenant>.<session>.<type>`.
 pub const LIVE_PREFIX: &str = "turnstile.live";
-
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
-/// FNV-1a, 64 bit. Stable by construction: the same bytes give the same value on every build and platform.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(FNV_OFFSET, |hash, b| (hash ^ u64::from(*b)).wrapping_mul(FNV_PRIME))
-}
-
-/// The virtual shard of `session`: FNV-1a 64 of `"<tenant>/<id>"` mod `shards`. `shards` 0 is read as 1.
-pub fn shard_of(session: &SessionRef, shards: u32) -> u32 {
-    let hash = fnv1a64(format!("{}/{}", session.tenant, session.id).as_bytes());
-    // The remainder is below `shards`, a u32, so the cast cannot truncate.
-    (hash % u64::from(shards.max(1))) as u32
-}
 
 /// The partition (event stream) of a virtual shard: shard mod `partitions`. `partitions` 0 is read as 1.
 pub fn partition_of(shard: u32, partitions: u32) -> u32 {
@@ -79,14 +66,6 @@ mod tests {
 
     fn s(tenant: &str, id: &str) -> SessionRef {
         SessionRef::new(tenant, id).unwrap()
-    }
-
-    #[test]
-    fn fnv1a64_matches_the_reference_vectors() {
-        // From the FNV reference test suite.
-        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
     }
 
     #[test]

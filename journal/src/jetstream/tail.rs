@@ -4,7 +4,7 @@ use futures::StreamExt as _;
 
 use super::log::{JetStreamLog, decode};
 use crate::log::{EventStream, JournalError};
-use crate::message::SessionRef;
+use turnstile_model::message::SessionRef;
 
 struct Cursor {
     messages: async_nats::jetstream::consumer::pull::Ordered,

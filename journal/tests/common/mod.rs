@@ -1,7 +1,7 @@
 //! Builders for real envelopes, shared by the journal's integration tests.
 #![allow(dead_code)]
 
-use turnstile_journal::{
+use turnstile_model::{
     Envelope, EventPayload, MessageSource, SessionRef, Splice, SpliceOutcome, Status, Target, TurnEndReason,
     UserMessage,
 };
@@ -16,7 +16,7 @@ pub fn payload(seq: u64, tag: &str) -> EventPayload {
     let turn = seq / 10 + 1;
     let message = UserMessage {
         id: format!("{tag}-m{turn}").as_str().into(),
-        content: vec![turnstile_journal::ContentBlock::text(format!("prompt {turn} from {tag}"))],
+        content: vec![turnstile_model::ContentBlock::text(format!("prompt {turn} from {tag}"))],
         source: MessageSource::User,
     };
     match seq % 10 {

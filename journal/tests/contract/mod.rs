@@ -9,7 +9,8 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use tokio::sync::Barrier;
 use turnstile_journal::log::read_all;
-use turnstile_journal::{EventStream, JournalError, SessionLog, SessionRef};
+use turnstile_journal::{EventStream, JournalError, SessionLog};
+use turnstile_model::SessionRef;
 
 use crate::common::{batch, event, session};
 
@@ -50,7 +51,7 @@ macro_rules! contract_suite {
 /// Generous: only reached when an expected event never comes.
 const WAIT: Duration = Duration::from_secs(20);
 
-async fn next(stream: &mut EventStream) -> turnstile_journal::Envelope {
+async fn next(stream: &mut EventStream) -> turnstile_model::Envelope {
     match tokio::time::timeout(WAIT, stream.next()).await {
         Ok(Some(Ok(event))) => event,
         Ok(Some(Err(e))) => panic!("tail failed: {e}"),

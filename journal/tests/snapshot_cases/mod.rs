@@ -1,9 +1,10 @@
 //! Snapshot cases written once, run against every [`SnapshotStore`] (memory here, JetStream KV in
 //! `tests/tests/snapshots_jetstream.rs`). `put_raw` overwrites the stored bytes of a session.
 
+use turnstile_journal::SessionLog;
 use turnstile_journal::snapshot::{Snapshot, SnapshotStore, load_state};
-use turnstile_journal::state::DEFAULT_DEDUP_HORIZON;
-use turnstile_journal::{SessionLog, SessionRef, SessionState};
+use turnstile_model::state::DEFAULT_DEDUP_HORIZON;
+use turnstile_model::{SessionRef, SessionState};
 
 use super::common::batch;
 

@@ -12,47 +12,18 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::watch;
-use turnstile_journal::SessionRef;
-use turnstile_journal::jetstream::shards::{CasError, ClusterKv, ShardLease, ShardMap, WorkerInfo};
-use turnstile_journal::jetstream::subjects::{fnv1a64, shard_of};
+use turnstile_cluster::{CasError, ClusterKv, LeaseConfig, ShardLease, ShardMap, WorkerInfo};
+use turnstile_model::SessionRef;
+use turnstile_model::shard::{fnv1a64, shard_of};
+use turnstile_ops::clock::now_ms;
 
 use turnstile_ops::names;
 
 use crate::host::{Ownership, SessionHost};
-
-/// Lease timing. The defaults give failover in about two seconds.
-#[derive(Clone, Debug)]
-pub struct LeaseConfig {
-    /// Virtual shards (V).
-    pub shards: u32,
-    /// How long a lease lasts without renewal.
-    pub ttl: Duration,
-    /// How often leases are renewed and shares recomputed.
-    pub renew_every: Duration,
-    /// How long a heartbeat keeps a worker counted as live.
-    pub worker_ttl: Duration,
-    /// How long a released shard's sessions may take to finish their running step.
-    pub drain_timeout: Duration,
-    /// Acquisitions per tick, so a starting worker does not stall its loop.
-    pub max_acquire_per_tick: usize,
-}
-
-impl Default for LeaseConfig {
-    fn default() -> Self {
-        Self {
-            shards: 256,
-            ttl: Duration::from_millis(1500),
-            renew_every: Duration::from_millis(400),
-            worker_ttl: Duration::from_millis(3000),
-            drain_timeout: Duration::from_secs(10),
-            max_acquire_per_tick: 64,
-        }
-    }
-}
 
 /// A lease this worker holds.
 #[derive(Clone, Debug)]
@@ -63,10 +34,6 @@ struct Held {
     valid_until: Instant,
     /// Being handed over: no new commands, but the running step may still write.
     releasing: bool,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// This worker's leases; the [`Ownership`] its session host consults.
@@ -173,7 +140,7 @@ impl Leases {
                         lost.push(shard);
                     }
                     // Keep the lease; it lapses by its local deadline if the store stays away.
-                    Err(CasError::Journal(e)) => {
+                    Err(CasError::Store(e)) => {
                         metrics::counter!(names::LEASE_RENEW_FAILURES, "reason" => "error").increment(1);
                         tracing::warn!(shard, error = %e, "lease renewal failed");
                     }
@@ -268,7 +235,7 @@ impl Leases {
                     acquired.push(shard);
                 }
                 Err(CasError::Lost { .. }) => {}
-                Err(CasError::Journal(e)) => {
+                Err(CasError::Store(e)) => {
                     tracing::warn!(shard, error = %e, "cannot acquire lease");
                     break;
                 }

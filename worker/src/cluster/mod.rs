@@ -11,13 +11,14 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use turnstile_journal::jetstream::shards::ClusterKv;
+use turnstile_cluster::{ClusterKv, MembershipError};
 use turnstile_journal::snapshot::SnapshotStore;
-use turnstile_journal::{JournalError, LiveBus, SessionLog};
+use turnstile_journal::{LiveBus, SessionLog};
 
 use crate::config::WorkerConfig;
 use crate::host::SessionHost;
-pub use leases::{LeaseConfig, Leases};
+pub use leases::Leases;
+pub use turnstile_cluster::LeaseConfig;
 
 /// What a cluster worker is.
 #[derive(Clone, Debug)]
@@ -53,7 +54,7 @@ pub async fn start_worker(
     log: Arc<dyn SessionLog>,
     bus: Arc<dyn LiveBus>,
     snapshots: Arc<dyn SnapshotStore>,
-) -> Result<WorkerHandle, JournalError> {
+) -> Result<WorkerHandle, MembershipError> {
     let kv = ClusterKv::open(client, replicas, options.leases.shards, options.leases.worker_ttl).await?;
     let map = kv.watch_shards().await?;
     let leases = Leases::new(options.id.clone(), options.advertise_addr.clone(), kv, map, options.leases.clone());

@@ -2,9 +2,9 @@
 //! session.
 //!
 //! It is a thin adapter over any [`CommandRouter`] (the worker's `SessionHost`): decode the request with
-//! the journal codec, `execute`, encode the reply. Ownership is the router's business: a host that does
+//! the cluster codec, `execute`, encode the reply. Ownership is the router's business: a host that does
 //! not own the session answers [`CommandError::NotOwner`], which goes back as UNAVAILABLE with the
-//! metadata of [`turnstile_journal::codec::command`] (`turnstile-error: not-owner`, `turnstile-owner`),
+//! metadata of [`turnstile_cluster::codec`] (`turnstile-error: not-owner`, `turnstile-owner`),
 //! so the gateway can refresh its shard map and retry rather than fail the client.
 
 use std::future::Future;
@@ -12,12 +12,11 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::metadata::{MetadataMap, MetadataValue};
-use tonic::{Code, Request, Response, Status};
-use turnstile_journal::codec::command::{
-    ERROR_KEY, OWNER_KEY, SESSION_KEY, command_error_parts, decode_execute_request, encode_command_reply,
-};
-use turnstile_journal::{CommandError, CommandRouter, trace};
+use tonic::{Request, Response, Status};
+use turnstile_cluster::CommandRouter;
+use turnstile_cluster::codec::{decode_execute_request, encode_command_reply};
+use turnstile_cluster::status::command_status;
+use turnstile_model::CommandError;
 use turnstile_proto::cluster::v1 as cpb;
 use turnstile_proto::cluster::v1::worker_server::{Worker, WorkerServer};
 
@@ -42,28 +41,6 @@ impl WorkerService {
     pub fn into_server(self) -> WorkerServer<Self> {
         WorkerServer::new(self)
     }
-}
-
-/// The gRPC code of a [`CommandError`]; the same mapping as the public gateway's, so a client of either
-/// sees one code per kind. Not-owner is UNAVAILABLE: retryable, and safe to retry with the same MessageId.
-pub fn command_code(err: &CommandError) -> Code {
-    Code::from_i32(err.grpc_code())
-}
-
-/// `err` as a status: code, the error's message, and its kind (plus session and owner for not-owner) in
-/// the metadata, from which the gateway rebuilds the same [`CommandError`].
-pub fn command_status(err: &CommandError) -> Status {
-    let parts = command_error_parts(err);
-    let mut metadata = MetadataMap::new();
-    metadata.insert(ERROR_KEY, MetadataValue::from_static(parts.kind));
-    // Session names and socket addresses are ASCII by construction; a value that is not (a hand-made
-    // advertise address, say) is left out, and the gateway treats the owner as unknown.
-    for (key, value) in [(SESSION_KEY, parts.session), (OWNER_KEY, parts.owner)] {
-        if let Some(value) = value.and_then(|v| MetadataValue::try_from(v.as_str()).ok()) {
-            metadata.insert(key, value);
-        }
-    }
-    Status::with_metadata(command_code(err), parts.message, metadata)
 }
 
 #[tonic::async_trait]
@@ -99,21 +76,9 @@ pub async fn serve_with(
     tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    // One span per call, in the gateway's trace (its `traceparent` metadata); the host hands the current
-    // trace context to the session's runner with the command.
-    let mut builder = tonic::transport::Server::builder().trace_fn(|req| {
-        let traceparent = req.headers().get(trace::TRACEPARENT).and_then(|v| v.to_str().ok());
-        trace::grpc_request_span(req.uri().path(), traceparent)
-    });
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
-    }
-    // Health and reflection, so probes and grpcurl need no proto files.
     let served = [<WorkerServer<WorkerService> as tonic::server::NamedService>::NAME];
-    let (_health_reporter, health) = turnstile_ops::grpc::health(&served).await;
-    builder
-        .add_service(health)
-        .add_optional_service(turnstile_ops::grpc::reflection(&served))
+    let (router, _health) = turnstile_ops::grpc::server(&served, tls).await?;
+    router
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
@@ -123,12 +88,13 @@ pub async fn serve_with(
 mod tests {
     use std::time::Duration;
 
-    use turnstile_journal::codec::command::{command_error_from_parts, encode_execute_request};
-    use turnstile_journal::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
-    use turnstile_journal::{Command, CommandReply};
+    use turnstile_cluster::codec::encode_execute_request;
+    use turnstile_model::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
+    use turnstile_model::{Command, CommandReply};
     use turnstile_proto::cluster::v1::worker_client::WorkerClient;
 
     use super::*;
+    use tonic::Code;
 
     /// Answers every command with what it was asked, or the error it was told to give.
     struct Echo {
@@ -161,10 +127,7 @@ mod tests {
         WorkerClient::connect(format!("http://{addr}")).await.unwrap()
     }
 
-    fn rebuild(status: &Status) -> Option<CommandError> {
-        let get = |key: &str| status.metadata().get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        command_error_from_parts(&get(ERROR_KEY)?, status.message().to_owned(), get(SESSION_KEY), get(OWNER_KEY))
-    }
+    use turnstile_cluster::status::command_error as rebuild;
 
     #[tokio::test]
     async fn commands_and_replies_cross_the_hop() {
@@ -177,10 +140,10 @@ mod tests {
         };
         let send = Command::Send { message, target: Target::NextTurn, wakeup: true, expected_turn: Some(4) };
         let reply = c.execute(encode_execute_request(&session, &send, None)).await.unwrap().into_inner();
-        let reply = turnstile_journal::codec::decode_command_reply(reply).unwrap();
+        let reply = turnstile_cluster::codec::decode_command_reply(reply).unwrap();
         assert_eq!(reply, CommandReply::Sent { seq: 7, turn: Some(4) });
         let request = encode_execute_request(&session, &Command::WhenIdle, Some(Duration::from_millis(250)));
-        let reply = turnstile_journal::codec::decode_command_reply(c.execute(request).await.unwrap().into_inner());
+        let reply = turnstile_cluster::codec::decode_command_reply(c.execute(request).await.unwrap().into_inner());
         assert_eq!(reply.unwrap(), CommandReply::Written { seq: 250 });
     }
 

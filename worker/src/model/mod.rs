@@ -1,13 +1,12 @@
 //! Models: what runs a step's request. The scripted model is built in; others plug in through [`Model`].
 
-pub mod directive;
 pub mod scripted;
 
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::driver::{ModelOutput, ModelRequest};
+use turnstile_driver::{ModelOutput, ModelRequest};
 
 pub use scripted::ScriptedModel;
 

@@ -4,14 +4,14 @@
 mod support;
 
 use support::{Sim, msg, refused, render_durable, sent, written};
-use turnstile_journal::codec::{decode_event, encode_event};
-use turnstile_journal::state::SessionState;
-use turnstile_journal::{
+use turnstile_driver::Limits;
+use turnstile_driver::{PreStepDecision, PreStepOutcome};
+use turnstile_model::state::SessionState;
+use turnstile_model::{
     CancelCause, Command, CommandReply, ContentBlock, EventPayload, MessageSource, SpliceOutcome, Status, Target,
     UserMessage,
 };
-use turnstile_worker::Limits;
-use turnstile_worker::driver::{PreStepDecision, PreStepOutcome};
+use turnstile_proto::codec::{decode_event, encode_event};
 
 /// The rendered events of one plain echo turn `n` for message `id` answering `text`.
 fn echo_turn(n: u64, id: &str, text: &str) -> Vec<String> {
@@ -468,7 +468,7 @@ fn s12_hook_failure_is_an_error_turn_and_the_next_followup_runs() {
         "L status idle",
     ]);
     match &sim.log[4].payload {
-        EventPayload::TurnEnd { reason: turnstile_journal::TurnEndReason::Error { message, code }, .. } => {
+        EventPayload::TurnEnd { reason: turnstile_model::TurnEndReason::Error { message, code }, .. } => {
             assert_eq!(code, "hook_failed");
             assert!(message.contains("message A"), "{message}");
         }
@@ -1207,7 +1207,7 @@ fn crash_corpus() -> Sim {
 
 /// Recovers from `log[..k]` for every `k` in `points`: every accepted message is admitted exactly once
 /// or still pending (only when nothing woke the session), never lost or entered twice.
-fn crash_failures(full: &[turnstile_journal::Envelope], points: impl IntoIterator<Item = usize>) -> Vec<String> {
+fn crash_failures(full: &[turnstile_model::Envelope], points: impl IntoIterator<Item = usize>) -> Vec<String> {
     let mut failures = Vec::new();
     for k in points {
         let mut next = Sim::recover(full[..k].to_vec(), Limits::default(), 2, 1_000);

@@ -1,6 +1,6 @@
 //! Repair and resume after the previous owner stopped (SPEC §6).
 
-use turnstile_journal::{EventPayload, LivePayload, Splice, SpliceOutcome, Status, Target, TurnEndReason, UserMessage};
+use turnstile_model::{EventPayload, LivePayload, Splice, SpliceOutcome, Status, Target, TurnEndReason, UserMessage};
 
 use super::turn::Resume;
 use super::{Driver, ToolOutcome};

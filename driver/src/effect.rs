@@ -1,6 +1,6 @@
 //! What the driver asks its runner to do, and what the runner reports back.
 
-use turnstile_journal::{CommandError, CommandReply, Envelope, LiveEvent, ToolCallSpec, UserMessage};
+use turnstile_model::{CommandError, CommandReply, Envelope, EventPayload, LiveEvent, ToolCallSpec, UserMessage};
 
 /// Names one command for the runner, which pairs it with the caller waiting for the reply.
 pub type CommandId = u64;
@@ -12,9 +12,10 @@ pub type OpId = u64;
 /// An output of the driver, to be performed by the runner in order.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
-    /// Append one durable event. Consecutive appends may be written as one atomic batch; an append must
-    /// be durable before any later effect is performed.
-    Append(Envelope),
+    /// Append one group of durable events atomically, conditional on the log ending right before the
+    /// group's first seq. The group must be durable before any later effect is performed; a failed append
+    /// means the driver's state is ahead of the log: the runner drops the driver and reloads.
+    Append(AppendGroup),
     /// Publish one live event (best effort).
     Publish(LiveEvent),
     /// Answer a command.
@@ -28,6 +29,44 @@ pub enum Effect {
     /// Signal an abort to a running operation. Pre-step and model operations must then report promptly
     /// (with [`PreStepOutcome::Aborted`] / [`ModelOutcome::Aborted`]); a tool finishes its call.
     Abort { op: OpId },
+    /// The driver broke an invariant (see [`crate::Driver::ready`]): load the session again from its log.
+    Reload { reason: String },
+}
+
+/// Durable events that must land together or not at all, in seq order (never empty).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AppendGroup {
+    events: Vec<Envelope>,
+}
+
+impl AppendGroup {
+    pub(crate) fn new(first: Envelope) -> Self {
+        Self { events: vec![first] }
+    }
+
+    pub(crate) fn push(&mut self, event: Envelope) {
+        self.events.push(event);
+    }
+
+    /// A `step/start` followed only by `user/message`s so far.
+    pub(crate) fn opens_step(&self) -> bool {
+        matches!(self.events.first().map(|e| &e.payload), Some(EventPayload::StepStart { .. }))
+            && self.events[1..].iter().all(|e| matches!(e.payload, EventPayload::UserMessage { .. }))
+    }
+
+    /// The events, in seq order.
+    pub fn events(&self) -> &[Envelope] {
+        &self.events
+    }
+
+    /// The seq the log must end at for this group to be appended (the first event's seq − 1).
+    pub fn expected_last_seq(&self) -> u64 {
+        self.events.first().map_or(0, |e| e.seq.saturating_sub(1))
+    }
+
+    pub fn into_events(self) -> Vec<Envelope> {
+        self.events
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -48,6 +87,22 @@ pub enum PreStepDecision {
     Reject,
     /// The complete, ordered batch to enter.
     Enter(Vec<UserMessage>),
+}
+
+/// What one hook decides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HookVerdict {
+    /// Pass this batch to the next hook (the last one is entered).
+    Pass(Vec<UserMessage>),
+    Reject,
+}
+
+/// A hook failed; the turn ends `error`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("hook {hook}: {message}")]
+pub struct HookError {
+    pub hook: String,
+    pub message: String,
 }
 
 #[derive(Clone, Debug, PartialEq)]

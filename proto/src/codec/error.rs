@@ -1,6 +1,6 @@
 //! The codec's error and the field-path helpers every decoder uses.
 
-use crate::message::ValueError;
+use turnstile_model::message::ValueError;
 
 /// A protobuf value that cannot become a domain value. `path` names the offending field.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -40,11 +40,11 @@ impl CodecError {
 }
 
 /// `parent.child`, or `child` at the root.
-pub(crate) fn join(parent: &str, child: &str) -> String {
+pub fn join(parent: &str, child: &str) -> String {
     if parent.is_empty() { child.to_owned() } else { format!("{parent}.{child}") }
 }
 
 /// `parent[i]`.
-pub(crate) fn index(parent: &str, i: usize) -> String {
+pub fn index(parent: &str, i: usize) -> String {
     format!("{parent}[{i}]")
 }

@@ -1,7 +1,7 @@
 //! A deterministic simulated runner for one session's [`Driver`].
 //!
 //! It performs the driver's effects in order against an in-memory log, a fake clock and the pure parts
-//! of the worker (the scripted model's [`scripted::plan`], the content guard's [`ContentGuard::judge`]),
+//! of the worker (the scripted model's [`scripted::plan`], the content guard's [`scripted::judge`]),
 //! and checks the driver's invariants after every input: the fold of the log equals the driver's state,
 //! seqs are contiguous from 1, time and epoch never decrease, live events carry the seq they follow.
 //!
@@ -13,18 +13,18 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use turnstile_journal::state::SessionState;
-use turnstile_journal::{
-    CancelCause, Command, CommandError, CommandReply, Envelope, EventPayload, Inbox, LiveEvent, LivePayload, MessageId,
-    SessionRef, SpliceOutcome, Target, TurnEndReason, UserMessage,
-};
-use turnstile_worker::Limits;
-use turnstile_worker::driver::{
+use turnstile_driver::HookVerdict;
+use turnstile_driver::Limits;
+use turnstile_driver::scripted::{self, ScriptedPlan};
+use turnstile_driver::{
     CommandId, Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest,
     ToolOutcome, ToolRequest,
 };
-use turnstile_worker::hooks::{ContentGuard, HookVerdict};
-use turnstile_worker::model::scripted::{self, ScriptedPlan};
+use turnstile_model::state::SessionState;
+use turnstile_model::{
+    CancelCause, Command, CommandError, CommandReply, Envelope, EventPayload, Inbox, LiveEvent, LivePayload, MessageId,
+    SessionRef, SpliceOutcome, Target, TurnEndReason, UserMessage,
+};
 
 pub type Reply = Result<CommandReply, CommandError>;
 
@@ -70,7 +70,7 @@ pub fn msg(id: &str, text: &str) -> UserMessage {
 
 /// The content guard as a pre-step outcome.
 pub fn guard(req: &PreStepRequest) -> PreStepOutcome {
-    match ContentGuard::judge(req.messages.clone()) {
+    match scripted::judge(req.messages.clone()) {
         Ok(HookVerdict::Pass(batch)) => PreStepOutcome::Decided(PreStepDecision::Enter(batch)),
         Ok(HookVerdict::Reject) => PreStepOutcome::Decided(PreStepDecision::Reject),
         Err(e) => PreStepOutcome::Failed { message: e.to_string() },
@@ -95,8 +95,8 @@ pub struct Sim {
     pub tool_requests: Vec<ToolRequest>,
     /// The driver's inbox at every input boundary, with the seq it had then.
     pub inbox_at: Vec<(u64, Inbox)>,
-    /// The log length after each atomic append group (`driver::atomic_groups` of a run of consecutive
-    /// `Append` effects, each group one conditional append): the only places a crash can cut the log.
+    /// The log length after each append group (each one conditional append): the only places a crash
+    /// can cut the log.
     pub batch_ends: Vec<usize>,
     /// Hold pre-step decisions until [`Sim::decide_pre_steps`].
     pub hold_presteps: bool,
@@ -373,47 +373,35 @@ impl Sim {
         }
     }
 
-    fn end_run(&mut self, run: &mut Vec<Envelope>) {
-        if run.is_empty() {
-            return;
-        }
-        let start = self.log.len() - run.len();
-        for group in turnstile_worker::driver::atomic_groups(run) {
-            self.batch_ends.push(start + group.end);
-        }
-        run.clear();
-    }
-
-    /// Performs every pending effect in order, then checks the invariants. Records where the runner's
-    /// appends end: runs of consecutive appends are written in `atomic_groups`.
+    /// Performs every effect of [`Driver::ready`] in order, then checks the invariants. Records where
+    /// each append group ends: the only places a crash can cut the log.
     fn perform_effects(&mut self) {
-        let mut run: Vec<Envelope> = Vec::new();
-        while let Some(effect) = self.driver.poll_effect() {
-            if let Effect::Append(env) = &effect {
-                run.push(env.clone());
-            } else {
-                self.end_run(&mut run);
-            }
+        for effect in self.driver.ready() {
+            let appended = matches!(effect, Effect::Append(_));
             self.perform(effect);
+            if appended {
+                self.batch_ends.push(self.log.len());
+            }
         }
-        self.end_run(&mut run);
         self.check();
     }
 
     fn perform(&mut self, effect: Effect) {
         match effect {
-            Effect::Append(env) => {
-                assert_eq!(env.seq, self.log.len() as u64 + 1, "seqs are contiguous from 1: {env:?}");
-                assert_eq!(env.session, self.session);
-                assert_eq!(env.epoch, self.epoch, "events carry the writer's epoch: {env:?}");
-                if let Some(last) = self.log.last() {
-                    assert!(env.time_ms >= last.time_ms, "time decreased at seq {}", env.seq);
+            Effect::Append(group) => {
+                for env in group.into_events() {
+                    assert_eq!(env.seq, self.log.len() as u64 + 1, "seqs are contiguous from 1: {env:?}");
+                    assert_eq!(env.session, self.session);
+                    assert_eq!(env.epoch, self.epoch, "events carry the writer's epoch: {env:?}");
+                    if let Some(last) = self.log.last() {
+                        assert!(env.time_ms >= last.time_ms, "time decreased at seq {}", env.seq);
+                    }
+                    if let Err(e) = self.shadow.apply(&env) {
+                        panic!("the log refuses the driver's event {}: {e}\n{:#?}", env.seq, self.render_all());
+                    }
+                    self.log.push(env.clone());
+                    self.recs.push(Rec::D(env));
                 }
-                if let Err(e) = self.shadow.apply(&env) {
-                    panic!("the log refuses the driver's event {}: {e}\n{:#?}", env.seq, self.render_all());
-                }
-                self.log.push(env.clone());
-                self.recs.push(Rec::D(env));
             }
             Effect::Publish(ev) => {
                 assert_eq!(ev.session, self.session);
@@ -493,6 +481,7 @@ impl Sim {
                     self.abort(op);
                 }
             }
+            Effect::Reload { reason } => panic!("driver broke an invariant: {reason}\n{:#?}", self.render_all()),
         }
     }
 
@@ -514,9 +503,6 @@ impl Sim {
 
     /// The invariants that hold after every input.
     pub fn check(&mut self) {
-        if let Some(e) = self.driver.poisoned() {
-            panic!("driver poisoned: {e}\n{:#?}", self.render_all());
-        }
         let state = self.driver.state();
         assert_eq!(&self.shadow, state, "the fold of the log differs from the driver's state");
         assert_eq!(state.last_seq, self.log.len() as u64);

@@ -1,9 +1,9 @@
-//! Smoke tests of the driver's own plumbing; the SPEC scenarios live in `worker/tests/`.
+//! Smoke tests of the driver's own plumbing; the SPEC scenarios live in `driver/tests/`.
 
-use turnstile_journal::{Command, CommandReply, SessionRef, SessionState, Target, UserMessage};
+use turnstile_model::{Command, CommandReply, SessionRef, SessionState, Target, UserMessage};
 
 use super::*;
-use crate::config::Limits;
+use crate::Limits;
 
 fn driver() -> Driver {
     let session = SessionRef::new("t", "s").unwrap();
@@ -17,11 +17,13 @@ fn idle_followup_claims_before_replying() {
     let mut d = driver();
     let msg = UserMessage::user_text("A", "hello");
     d.on_command(1, Command::Send { message: msg, target: Target::NextTurn, wakeup: true, expected_turn: None }, 5);
-    let effects = d.drain_effects();
+    let effects = d.ready();
     let kinds: Vec<String> = effects
         .iter()
         .map(|e| match e {
-            Effect::Append(e) => format!("D {}", e.event_type()),
+            Effect::Append(g) => {
+                g.events().iter().map(|e| format!("D {}", e.event_type())).collect::<Vec<_>>().join(" + ")
+            }
             Effect::Publish(l) => format!("L {}", l.event_type()),
             Effect::Reply { result, .. } => format!("R {result:?}"),
             Effect::PreStep(p) => format!("P {}", p.messages.len()),
@@ -46,7 +48,7 @@ fn idle_followup_claims_before_replying() {
         panic!("no pre-step")
     };
     d.on_pre_step(p.op, PreStepOutcome::Decided(PreStepDecision::Enter(p.messages)), 6);
-    let Some(Effect::Model(m)) = d.drain_effects().into_iter().find(|e| matches!(e, Effect::Model(_))) else {
+    let Some(Effect::Model(m)) = d.ready().into_iter().find(|e| matches!(e, Effect::Model(_))) else {
         panic!("no model request")
     };
     d.on_model_delta(m.op, "echo: ", 7);
@@ -55,16 +57,36 @@ fn idle_followup_claims_before_replying() {
     d.on_model_done(m.op, ModelOutcome::Finished(output), 8);
     d.on_command(2, Command::WhenIdle, 9);
     let tail: Vec<&'static str> = d
-        .drain_effects()
+        .ready()
         .iter()
-        .filter_map(|e| match e {
-            Effect::Append(e) => Some(e.event_type()),
-            Effect::Reply { result: Ok(CommandReply::Idle(_)), .. } => Some("idle"),
-            _ => None,
+        .flat_map(|e| match e {
+            Effect::Append(g) => g.events().iter().map(|e| e.event_type()).collect(),
+            Effect::Reply { result: Ok(CommandReply::Idle(_)), .. } => vec!["idle"],
+            _ => vec![],
         })
         .collect();
     assert_eq!(tail, ["assistant/message", "step/end", "turn/end", "agent/status", "idle"]);
     assert!(d.is_quiescent());
     assert!(d.state().open_turn.is_none());
     assert_eq!(d.state().last_seq, 10);
+}
+
+#[test]
+fn a_step_start_and_its_user_messages_are_one_append_group() {
+    let mut d = driver();
+    let msg = UserMessage::user_text("A", "hello");
+    d.on_command(1, Command::Send { message: msg, target: Target::NextTurn, wakeup: true, expected_turn: None }, 5);
+    let Some(Effect::PreStep(p)) = d.ready().into_iter().find(|e| matches!(e, Effect::PreStep(_))) else {
+        panic!("no pre-step")
+    };
+    d.on_pre_step(p.op, PreStepOutcome::Decided(PreStepDecision::Enter(p.messages)), 6);
+    let groups: Vec<Vec<&'static str>> = d
+        .ready()
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Append(g) => Some(g.events().iter().map(|e| e.event_type()).collect()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(groups, [vec!["step/start", "user/message"]]);
 }

@@ -1,15 +1,15 @@
 //! Round trips for every payload variant and source kind, and each decode error.
 
+use crate::v1 as pb;
 use prost::Message as _;
-use turnstile_proto::v1 as pb;
 
 use super::*;
-use crate::event::{
+use turnstile_model::event::{
     CancelCause, Envelope, EventPayload, LiveEvent, LivePayload, Splice, SpliceOutcome, Status, ToolCallSpec,
     TurnEndReason,
 };
-use crate::inbox::Inbox;
-use crate::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
+use turnstile_model::inbox::Inbox;
+use turnstile_model::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
 
 fn session() -> SessionRef {
     SessionRef { tenant: "acme".into(), id: "s-1".into() }

@@ -1,13 +1,13 @@
 //! Live events (SPEC §5 live types): `LiveEvent` ↔ `pb::LiveEvent`.
 
+use crate::v1 as pb;
+use crate::v1::live_event::Payload;
 use prost::Message as _;
-use turnstile_proto::v1 as pb;
-use turnstile_proto::v1::live_event::Payload;
 
 use super::error::CodecError;
 use super::event::{encode_status, status_at};
 use super::message::{encode_session_ref, encode_user_message, required_message_at, required_session_at};
-use crate::event::{LiveEvent, LivePayload};
+use turnstile_model::event::{LiveEvent, LivePayload};
 
 fn encode_payload(payload: &LivePayload) -> Payload {
     match payload {

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use support::{Rec, Sim, error_kind, msg, render_durable, render_live};
-use turnstile_journal::{
+use turnstile_model::{
     CancelCause, Command, CommandReply, Envelope, EventPayload, Inbox, LivePayload, SpliceOutcome, Status, Target,
     TurnEndReason, UserMessage,
 };

@@ -1,4 +1,4 @@
-//! Protobuf mapping between the domain model and `turnstile_proto::v1`.
+//! Protobuf mapping between the domain model and `crate::v1`.
 //!
 //! Encoding is total: every domain value has one protobuf form. Decoding is *validation*: a protobuf value
 //! that breaks a rule of SPEC §1–§5 is refused with a [`CodecError`] whose message names the field path
@@ -6,10 +6,9 @@
 //! here: the driver checks it against its configured limit.
 //!
 //! Submodules: [`message`] (values of SPEC §1), [`event`] (durable events), [`live`] (live events),
-//! [`command`] (commands and replies of the internal gateway → worker hop).
+//! The internal gateway → worker hop's commands and replies are `turnstile_cluster::codec`.
 
-pub mod command;
-mod error;
+pub mod error;
 pub mod event;
 pub mod live;
 pub mod message;
@@ -17,7 +16,6 @@ pub mod message;
 #[cfg(test)]
 mod tests;
 
-pub use command::{decode_command_reply, decode_execute_request, encode_command_reply, encode_execute_request};
 pub use error::CodecError;
 pub use event::{
     decode_cancel_cause, decode_event, decode_session_event, decode_splice, decode_status, decode_turn_end_reason,

@@ -1,15 +1,15 @@
 //! Durable events (SPEC §5): `Envelope` ↔ `SessionEvent`, and their parts.
 
+use crate::v1 as pb;
+use crate::v1::{cancel_cause::Cause, session_event::Payload, turn_end_reason::Reason};
 use prost::Message as _;
-use turnstile_proto::v1 as pb;
-use turnstile_proto::v1::{cancel_cause::Cause, session_event::Payload, turn_end_reason::Reason};
 
 use super::error::{CodecError, join};
 use super::message::{
     encode_session_ref, encode_target, encode_user_message, messages_at, optional_target_at, required_message_at,
     required_session_at, target_at,
 };
-use crate::event::{
+use turnstile_model::event::{
     CancelCause, DURABLE_TYPES, Envelope, EventPayload, Splice, SpliceOutcome, Status, ToolCallSpec, TurnEndReason,
 };
 
@@ -29,7 +29,7 @@ pub fn decode_status(raw: i32) -> Result<Status, CodecError> {
     status_at(raw, "status")
 }
 
-pub(crate) fn status_at(raw: i32, path: &str) -> Result<Status, CodecError> {
+pub fn status_at(raw: i32, path: &str) -> Result<Status, CodecError> {
     match pb::SessionStatus::try_from(raw) {
         Ok(pb::SessionStatus::Idle) => Ok(Status::Idle),
         Ok(pb::SessionStatus::Running) => Ok(Status::Running),

@@ -1,6 +1,6 @@
 //! Turns and steps: claim → pre-step → step (model, tools) → turn end and drain (SPEC §4).
 
-use turnstile_journal::{
+use turnstile_model::{
     CancelCause, EventPayload, LivePayload, Splice, SpliceOutcome, Status, Target, ToolCallSpec, TurnEndReason,
     UserMessage,
 };

@@ -1,16 +1,13 @@
 //! Commands that the gateway routes to a session's owning driver, and their replies.
 //!
-//! This is the seam between `gateway` (validation, routing) and `worker` (drivers): the gateway holds a
-//! [`CommandRouter`]; `turnstile dev` plugs the in-process worker host in directly, the cluster puts the
-//! internal gRPC hop and shard routing behind the same trait.
+//! This is the seam between `gateway` (validation, routing) and `worker` (drivers): the gateway turns a
+//! request into a [`Command`] and routes it (through `turnstile_cluster::CommandRouter`) to the driver
+//! that owns the session, which answers with a [`CommandReply`] or a [`CommandError`].
 
-use std::time::Duration;
-
-use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::event::{CancelCause, Status};
-use crate::message::{MessageId, SessionRef, Target, UserMessage};
+use crate::message::{MessageId, Target, UserMessage};
 
 /// A client command for one session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,22 +126,5 @@ impl CommandError {
             Self::Internal(_) => 13,
             Self::Unavailable(_) | Self::NotOwner { .. } => 14,
         }
-    }
-}
-
-/// Routes a command to the driver that owns the session and returns its reply.
-#[async_trait]
-pub trait CommandRouter: Send + Sync + 'static {
-    /// Executes `command` on `session`'s driver. `timeout` bounds `WhenIdle` (and routing retries).
-    async fn execute(
-        &self,
-        session: &SessionRef,
-        command: Command,
-        timeout: Option<Duration>,
-    ) -> Result<CommandReply, CommandError>;
-
-    /// The id of the worker that owns `session`, when this router knows it.
-    async fn owner(&self, _session: &SessionRef) -> Option<String> {
-        None
     }
 }

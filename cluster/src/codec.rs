@@ -16,14 +16,14 @@ use turnstile_proto::cluster::v1::execute_reply::Reply;
 use turnstile_proto::cluster::v1::execute_request::Command as PbCommand;
 use turnstile_proto::v1 as pb;
 
-use super::error::{CodecError, join};
-use super::event::{decode_cancel_cause, encode_cancel_cause, encode_status, status_at};
-use super::message::{
+use turnstile_model::command::{Command, CommandError, CommandReply, SessionSummary};
+use turnstile_model::message::{MessageId, SessionRef};
+use turnstile_proto::codec::error::{CodecError, join};
+use turnstile_proto::codec::event::{decode_cancel_cause, encode_cancel_cause, encode_status, status_at};
+use turnstile_proto::codec::message::{
     encode_session_ref, encode_target, encode_user_message, messages_at, required_message_at, required_session_at,
     target_at,
 };
-use crate::command::{Command, CommandError, CommandReply, SessionSummary};
-use crate::message::{MessageId, SessionRef};
 
 /// Metadata key of a failed `Execute`: the [`CommandError`] kind ([`command_error_kind`]).
 pub const ERROR_KEY: &str = "turnstile-error";
@@ -239,8 +239,8 @@ pub fn command_error_from_parts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{CancelCause, Status};
-    use crate::message::{ContentBlock, MessageSource, Target, UserMessage};
+    use turnstile_model::event::{CancelCause, Status};
+    use turnstile_model::message::{ContentBlock, MessageSource, Target, UserMessage};
 
     fn session() -> SessionRef {
         SessionRef { tenant: "acme".into(), id: "s-1".into() }

@@ -1,11 +1,11 @@
 //! SPEC §1 values: sessions, messages, sources, targets, and the inbox snapshot.
 
-use turnstile_proto::v1 as pb;
-use turnstile_proto::v1::{content_block::Block, message_source::Kind};
+use crate::v1 as pb;
+use crate::v1::{content_block::Block, message_source::Kind};
 
 use super::error::{CodecError, index, join};
-use crate::inbox::Inbox;
-use crate::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
+use turnstile_model::inbox::Inbox;
+use turnstile_model::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
 
 const SOURCE_KINDS: &str = "set one of user, plugin, goal, tool or model";
 const TARGETS: &str = "use TARGET_NEXT_TURN or TARGET_NEXT_STEP";
@@ -19,13 +19,13 @@ pub fn decode_session_ref(session: pb::SessionRef) -> Result<SessionRef, CodecEr
     session_ref_at(session, "session")
 }
 
-pub(crate) fn session_ref_at(session: pb::SessionRef, path: &str) -> Result<SessionRef, CodecError> {
+pub fn session_ref_at(session: pb::SessionRef, path: &str) -> Result<SessionRef, CodecError> {
     let session = SessionRef { tenant: session.tenant, id: session.id };
     session.validate().map_err(|e| CodecError::value(path, e))?;
     Ok(session)
 }
 
-pub(crate) fn required_session_at(session: Option<pb::SessionRef>, path: &str) -> Result<SessionRef, CodecError> {
+pub fn required_session_at(session: Option<pb::SessionRef>, path: &str) -> Result<SessionRef, CodecError> {
     let session = session.ok_or_else(|| CodecError::missing(path, "set the session's tenant and id"))?;
     session_ref_at(session, path)
 }
@@ -123,7 +123,7 @@ pub fn decode_user_message_with_default_source(
     user_message_at(message, "message", Some(default))
 }
 
-pub(crate) fn user_message_at(
+pub fn user_message_at(
     message: pb::UserMessage,
     path: &str,
     default: Option<MessageSource>,
@@ -148,12 +148,12 @@ pub(crate) fn user_message_at(
     Ok(UserMessage { id, content, source })
 }
 
-pub(crate) fn required_message_at(message: Option<pb::UserMessage>, path: &str) -> Result<UserMessage, CodecError> {
+pub fn required_message_at(message: Option<pb::UserMessage>, path: &str) -> Result<UserMessage, CodecError> {
     let message = message.ok_or_else(|| CodecError::missing(path, "set the full message (id, content, source)"))?;
     user_message_at(message, path, None)
 }
 
-pub(crate) fn messages_at(messages: Vec<pb::UserMessage>, path: &str) -> Result<Vec<UserMessage>, CodecError> {
+pub fn messages_at(messages: Vec<pb::UserMessage>, path: &str) -> Result<Vec<UserMessage>, CodecError> {
     messages.into_iter().enumerate().map(|(i, m)| user_message_at(m, &index(path, i), None)).collect()
 }
 
@@ -169,7 +169,7 @@ pub fn decode_target(raw: i32) -> Result<Target, CodecError> {
     target_at(raw, "target")
 }
 
-pub(crate) fn target_at(raw: i32, path: &str) -> Result<Target, CodecError> {
+pub fn target_at(raw: i32, path: &str) -> Result<Target, CodecError> {
     match optional_target_at(raw, path)? {
         Some(target) => Ok(target),
         None => Err(CodecError::invalid(path, format!("TARGET_UNSPECIFIED is not a target; {TARGETS}"))),
@@ -177,7 +177,7 @@ pub(crate) fn target_at(raw: i32, path: &str) -> Result<Target, CodecError> {
 }
 
 /// `TARGET_UNSPECIFIED` is `None`; unknown values are refused.
-pub(crate) fn optional_target_at(raw: i32, path: &str) -> Result<Option<Target>, CodecError> {
+pub fn optional_target_at(raw: i32, path: &str) -> Result<Option<Target>, CodecError> {
     match pb::Target::try_from(raw) {
         Ok(pb::Target::Unspecified) => Ok(None),
         Ok(pb::Target::NextTurn) => Ok(Some(Target::NextTurn)),

@@ -2,8 +2,8 @@
 //!
 //! Every command is validated completely before its first write, so a refused command writes nothing.
 
-use turnstile_journal::state::Fingerprint;
-use turnstile_journal::{
+use turnstile_model::state::Fingerprint;
+use turnstile_model::{
     CancelCause, Command, CommandError, CommandReply, EventPayload, LivePayload, MessageId, Splice, SpliceOutcome,
     Status, Target, UserMessage,
 };

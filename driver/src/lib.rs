@@ -1,32 +1,56 @@
-//! The session driver: SPEC §4 as a sans-IO state machine.
+//! The session driver: SPEC §4–§6 as a sans-IO state machine, the single writer of one session's log.
 //!
-//! Inputs are commands, the outcomes of the operations it asked for (pre-step decisions, model deltas
-//! and results, tool results) and the current time; outputs are [`Effect`]s, polled in order. There is
-//! no clock, socket or task inside, so every SPEC scenario runs against it in microseconds and the same
-//! inputs always give the same effects. The async [`crate::runner`] performs the effects.
+//! Place in the architecture: the worker's async runner owns one [`Driver`] per loaded session. It
+//! feeds the driver *inputs*, each with the current time read once for that input: commands
+//! ([`Driver::on_command`]), the outcomes of operations the driver asked for ([`Driver::on_pre_step`],
+//! [`Driver::on_model_delta`], [`Driver::on_model_done`], [`Driver::on_tool_done`]) and lifecycle
+//! signals ([`Driver::recover`], [`Driver::on_drain`]). After each input it takes [`Driver::ready`]: the
+//! [`Effect`]s to perform in order, raft-rs `Ready` style. An [`Effect::Append`] carries an
+//! [`AppendGroup`] the journal must write atomically and durably before any later effect runs; the
+//! runner never regroups, reorders or second-guesses them.
 //!
-//! Every durable event the driver writes goes through the same fold ([`SessionState::apply`]) that any
-//! reader uses, so the owner's inbox is by construction the projection of its own log.
+//! This crate depends on `turnstile-model` (and `tracing`) only: there is no clock, socket or task
+//! inside, so every SPEC scenario runs against it in microseconds and the same inputs always give the
+//! same effects. Every durable event the driver writes goes through the same fold
+//! ([`SessionState::apply`]) that any reader uses, so the owner's inbox is by construction the
+//! projection of its own log.
+//!
+//! ```
+//! use turnstile_driver::{Driver, Effect, Limits};
+//! use turnstile_model::{Command, ContentBlock, MessageSource, SessionRef, SessionState, Target, UserMessage};
+//!
+//! let session = SessionRef::new("acme", "s1").unwrap();
+//! let mut driver = Driver::new(SessionState::new(session, 10_000), Limits::default(), 1, "doc");
+//! driver.recover(0);
+//! let hello = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hi")], source: MessageSource::User };
+//! driver.on_command(1, Command::Send { message: hello, target: Target::NextTurn, wakeup: true, expected_turn: None }, 1_000);
+//! let effects = driver.ready();
+//! // The insert splice is durable before anything else happens; the turn's pre-step decision follows.
+//! assert!(matches!(&effects[0], Effect::Append(group) if group.events()[0].seq == 1));
+//! assert!(effects.iter().any(|e| matches!(e, Effect::PreStep(_))));
+//! ```
 
 mod commands;
+pub mod directive;
 pub mod effect;
+mod limits;
 mod recovery;
+pub mod scripted;
 mod turn;
 
 use std::collections::VecDeque;
 
-use turnstile_journal::{
+use turnstile_model::{
     CancelCause, CommandError, CommandReply, Envelope, EventPayload, LiveEvent, LivePayload, ProjectionError,
     SessionState, SessionSummary, Status,
 };
 
 pub use effect::{
-    CommandId, Effect, ModelOutcome, ModelOutput, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest,
-    ToolOutcome, ToolRequest,
+    AppendGroup, CommandId, Effect, HookError, HookVerdict, ModelOutcome, ModelOutput, ModelRequest, OpId,
+    PreStepDecision, PreStepOutcome, PreStepRequest, ToolOutcome, ToolRequest,
 };
+pub use limits::Limits;
 use turn::ActiveTurn;
-
-use crate::config::Limits;
 
 /// The driver of one session: its single writer.
 #[derive(Debug)]
@@ -41,8 +65,8 @@ pub struct Driver {
     idle_waiters: Vec<CommandId>,
     next_op: OpId,
     effects: VecDeque<Effect>,
-    /// Set when an event the driver produced does not fold: a bug. The runner must discard this input's
-    /// effects and reload the session from its log.
+    /// Set when an event the driver produced does not fold: a bug. [`Driver::ready`] then withdraws this
+    /// input's effects and asks for a reload.
     poisoned: Option<ProjectionError>,
     /// The time of the input being handled.
     now_ms: u64,
@@ -75,19 +99,28 @@ impl Driver {
         &self.state
     }
 
-    /// The next effect to perform, in order.
-    pub fn poll_effect(&mut self) -> Option<Effect> {
-        self.effects.pop_front()
-    }
-
-    /// All pending effects, in order.
-    pub fn drain_effects(&mut self) -> Vec<Effect> {
-        self.effects.drain(..).collect()
-    }
-
-    /// An internal invariant broke while handling the last input (see the field's doc).
-    pub fn poisoned(&self) -> Option<&ProjectionError> {
-        self.poisoned.as_ref()
+    /// Everything the runner must do after the last input, in order. Each [`Effect::Append`] group must be
+    /// durable before any later effect is performed.
+    ///
+    /// If the last input made the driver produce an event that does not fold (a bug), none of that
+    /// input's effects may happen: they are withdrawn, every reply among them becomes UNAVAILABLE (the
+    /// caller may retry with the same MessageId), and the last effect is [`Effect::Reload`]. This driver is
+    /// then spent; the runner loads the session again from its log.
+    pub fn ready(&mut self) -> Vec<Effect> {
+        let effects: Vec<Effect> = self.effects.drain(..).collect();
+        let Some(error) = self.poisoned.take() else { return effects };
+        let message = format!("session {} hit an internal error ({error}); retry", self.state.session);
+        let mut withdrawn: Vec<Effect> = effects
+            .into_iter()
+            .filter_map(|effect| match effect {
+                Effect::Reply { id, .. } => {
+                    Some(Effect::Reply { id, result: Err(CommandError::Unavailable(message.clone())) })
+                }
+                _ => None,
+            })
+            .collect();
+        withdrawn.push(Effect::Reload { reason: error.to_string() });
+        withdrawn
     }
 
     /// Starts handing the session off (rebalance or shutdown): the running step finishes, then the driver
@@ -166,7 +199,11 @@ impl Driver {
         op
     }
 
-    /// Writes one durable event: stamps the envelope, folds it, and emits the append.
+    /// Writes one durable event: stamps the envelope, folds it, and emits it in an append group: a
+    /// `user/message` joins the group of the `step/start` it follows (recovery tells a claimed message a
+    /// decision dropped from one whose `user/message` was never written only because they land
+    /// together); every other event is a group of its own. Journals make single appends cheaper than
+    /// atomic batches, and a cut between any two groups is repaired by SPEC §6.
     fn write(&mut self, payload: EventPayload) -> u64 {
         let event = Envelope {
             session: self.state.session.clone(),
@@ -179,7 +216,14 @@ impl Driver {
         match self.state.apply(&event) {
             Ok(()) => {
                 let seq = event.seq;
-                self.effects.push_back(Effect::Append(event));
+                match self.effects.back_mut() {
+                    Some(Effect::Append(group))
+                        if matches!(event.payload, EventPayload::UserMessage { .. }) && group.opens_step() =>
+                    {
+                        group.push(event);
+                    }
+                    _ => self.effects.push_back(Effect::Append(AppendGroup::new(event))),
+                }
                 seq
             }
             Err(e) => {
@@ -223,27 +267,6 @@ impl Driver {
     fn aborting_cause(&self) -> Option<&CancelCause> {
         self.turn.as_ref().and_then(|t| t.cancel.as_ref())
     }
-}
-
-/// Splits a run of consecutive appends into the groups that must be written atomically: a `step/start`
-/// with the `user/message`s that follow it is one group (recovery tells a claimed message a decision
-/// dropped from one whose `user/message` was never written only because they land together); every
-/// other event is a group of its own. Journals make single appends cheaper than atomic batches, and a
-/// cut between any two groups is repaired by SPEC §6.
-pub fn atomic_groups(events: &[Envelope]) -> Vec<std::ops::Range<usize>> {
-    let mut groups = Vec::new();
-    let mut i = 0;
-    while i < events.len() {
-        let mut end = i + 1;
-        if matches!(events[i].payload, EventPayload::StepStart { .. }) {
-            while end < events.len() && matches!(events[end].payload, EventPayload::UserMessage { .. }) {
-                end += 1;
-            }
-        }
-        groups.push(i..end);
-        i = end;
-    }
-    groups
 }
 
 #[cfg(test)]

@@ -18,10 +18,19 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::log::JournalError;
-
 pub const SHARDS_BUCKET: &str = "turnstile_shards";
 pub const WORKERS_BUCKET: &str = "turnstile_workers";
+
+/// Why the ownership buckets could not be read or written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MembershipError {
+    /// NATS could not be reached or refused the operation; retry.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A record could not be encoded or decoded.
+    #[error("{0}")]
+    Storage(String),
+}
 
 /// Who owns a virtual shard, until when, under which epoch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,7 +76,7 @@ pub enum CasError {
     #[error("shard {shard} changed under us")]
     Lost { shard: u32 },
     #[error(transparent)]
-    Journal(#[from] JournalError),
+    Store(#[from] MembershipError),
 }
 
 /// Every shard's current lease, as seen through the KV watch.
@@ -87,8 +96,8 @@ impl ShardMap {
     }
 }
 
-fn unavailable(what: &str, e: impl std::fmt::Display) -> JournalError {
-    JournalError::Unavailable(format!("{what}: {e}"))
+fn unavailable(what: &str, e: impl std::fmt::Display) -> MembershipError {
+    MembershipError::Unavailable(format!("{what}: {e}"))
 }
 
 /// Handles on the two ownership buckets.
@@ -105,7 +114,7 @@ impl std::fmt::Debug for ClusterKv {
     }
 }
 
-async fn bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, JournalError> {
+async fn bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, MembershipError> {
     match js.get_key_value(&config.bucket).await {
         Ok(store) => Ok(store),
         Err(_) => {
@@ -122,7 +131,7 @@ impl ClusterKv {
         replicas: usize,
         shards: u32,
         worker_ttl: Duration,
-    ) -> Result<Self, JournalError> {
+    ) -> Result<Self, MembershipError> {
         let js = jetstream::new(client.clone());
         let shards_kv = bucket(
             &js,
@@ -157,42 +166,42 @@ impl ClusterKv {
     }
 
     /// The current lease of `shard`, if it ever had one.
-    pub async fn lease(&self, shard: u32) -> Result<Option<LeaseEntry>, JournalError> {
+    pub async fn lease(&self, shard: u32) -> Result<Option<LeaseEntry>, MembershipError> {
         let entry = self.shards_kv.entry(shard.to_string()).await.map_err(|e| unavailable("shard lease", e))?;
         Ok(entry.and_then(|e| decode_lease(&e)))
     }
 
     /// Writes `lease` iff the entry is still at `revision` (`None`: iff the shard has no entry yet).
     pub async fn put_lease(&self, shard: u32, lease: &ShardLease, revision: Option<u64>) -> Result<u64, CasError> {
-        let value = serde_json::to_vec(lease).map_err(|e| JournalError::Storage(e.to_string()))?;
+        let value = serde_json::to_vec(lease).map_err(|e| MembershipError::Storage(e.to_string()))?;
         let key = shard.to_string();
         let lost = CasError::Lost { shard };
         match revision {
             None => self.shards_kv.create(&key, value.into()).await.map_err(|e| match e.kind() {
                 kv::CreateErrorKind::AlreadyExists => lost,
-                _ => CasError::Journal(unavailable("shard lease create", e)),
+                _ => CasError::Store(unavailable("shard lease create", e)),
             }),
             Some(rev) => self.shards_kv.update(&key, value.into(), rev).await.map_err(|e| match e.kind() {
                 kv::UpdateErrorKind::WrongLastRevision => lost,
-                _ => CasError::Journal(unavailable("shard lease update", e)),
+                _ => CasError::Store(unavailable("shard lease update", e)),
             }),
         }
     }
 
     /// Records a heartbeat.
-    pub async fn heartbeat(&self, info: &WorkerInfo) -> Result<(), JournalError> {
-        let value = serde_json::to_vec(info).map_err(|e| JournalError::Storage(e.to_string()))?;
+    pub async fn heartbeat(&self, info: &WorkerInfo) -> Result<(), MembershipError> {
+        let value = serde_json::to_vec(info).map_err(|e| MembershipError::Storage(e.to_string()))?;
         self.workers_kv.put(&info.id, value.into()).await.map_err(|e| unavailable("worker heartbeat", e))?;
         Ok(())
     }
 
     /// Removes a worker's heartbeat (clean shutdown), so others rebalance at once.
-    pub async fn leave(&self, worker_id: &str) -> Result<(), JournalError> {
+    pub async fn leave(&self, worker_id: &str) -> Result<(), MembershipError> {
         self.workers_kv.delete(worker_id).await.map_err(|e| unavailable("worker leave", e))
     }
 
     /// Workers whose heartbeat is younger than `ttl` at `now_ms`, ordered by id.
-    pub async fn live_workers(&self, now_ms: u64, ttl: Duration) -> Result<Vec<WorkerInfo>, JournalError> {
+    pub async fn live_workers(&self, now_ms: u64, ttl: Duration) -> Result<Vec<WorkerInfo>, MembershipError> {
         let mut keys = self.workers_kv.keys().await.map_err(|e| unavailable("worker list", e))?;
         let mut ids = Vec::new();
         while let Some(key) = keys.next().await {
@@ -215,7 +224,7 @@ impl ClusterKv {
 
     /// A shard map kept current by a KV watch (with the bucket's history first) in a background task.
     /// The task ends when every receiver is dropped; a broken watch is re-established.
-    pub async fn watch_shards(&self) -> Result<watch::Receiver<ShardMap>, JournalError> {
+    pub async fn watch_shards(&self) -> Result<watch::Receiver<ShardMap>, MembershipError> {
         let first = self.shards_kv.watch_with_history(">").await.map_err(|e| unavailable("shard watch", e))?;
         let (tx, rx) = watch::channel(ShardMap { shards: self.shards, ..ShardMap::default() });
         let store = self.shards_kv.clone();

@@ -1,0 +1,54 @@
+//! Cluster membership and the command seam, shared by the gateway and the worker so that neither
+//! imports the other and neither goes through the log crate.
+//!
+//! Place in the architecture: the gateway routes each command to the worker that owns the session's
+//! virtual shard; the worker acquires and renews shard leases. Both sides need the same facts:
+//!
+//! - [`kv`]: the ownership records in JetStream KV (shard leases, worker heartbeats) and the watched
+//!   [`ShardMap`]; [`shard_of`] is the session → shard hash (from `turnstile-model`).
+//! - [`LeaseConfig`]: lease timing, the same on every node.
+//! - [`router`]: the [`CommandRouter`] trait, the gateway → driver seam (the in-process host in
+//!   `turnstile dev`, the internal gRPC hop in a cluster).
+//! - [`codec`] and [`status`]: the internal `turnstile.cluster.v1` API's commands and replies, and the one
+//!   [`CommandError`](turnstile_model::CommandError) ↔ gRPC status mapping, used in both directions.
+
+pub mod codec;
+pub mod kv;
+pub mod router;
+pub mod status;
+
+use std::time::Duration;
+
+pub use kv::{CasError, ClusterKv, LeaseEntry, MembershipError, ShardLease, ShardMap, WorkerInfo};
+pub use router::CommandRouter;
+pub use turnstile_model::shard::shard_of;
+
+/// Lease timing. The defaults give failover in about two to three seconds.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    /// Virtual shards (V).
+    pub shards: u32,
+    /// How long a lease lasts without renewal.
+    pub ttl: Duration,
+    /// How often leases are renewed and shares recomputed.
+    pub renew_every: Duration,
+    /// How long a heartbeat keeps a worker counted as live.
+    pub worker_ttl: Duration,
+    /// How long a released shard's sessions may take to finish their running step.
+    pub drain_timeout: Duration,
+    /// Acquisitions per tick, so a starting worker does not stall its loop.
+    pub max_acquire_per_tick: usize,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self {
+            shards: 256,
+            ttl: Duration::from_millis(1500),
+            renew_every: Duration::from_millis(400),
+            worker_ttl: Duration::from_millis(3000),
+            drain_timeout: Duration::from_secs(10),
+            max_acquire_per_tick: 64,
+        }
+    }
+}

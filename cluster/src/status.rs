@@ -1,0 +1,94 @@
+//! The one mapping between [`CommandError`] and gRPC statuses, in both directions.
+//!
+//! The public gateway answers clients with [`command_status`]; the worker answers the gateway with the
+//! same function, and the gateway rebuilds the worker's exact error with [`command_error`]. The metadata
+//! keys and the kind names are in [`crate::codec`].
+
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::{Code, Status};
+use turnstile_model::CommandError;
+
+use crate::codec::{ERROR_KEY, OWNER_KEY, SESSION_KEY, command_error_from_parts, command_error_parts};
+
+/// How [`CommandError::Internal`] displays before its payload.
+const INTERNAL_PREFIX: &str = "internal error: ";
+
+/// The gRPC code of a [`CommandError`]. Not-owner is UNAVAILABLE: retryable, and safe to retry with the
+/// same MessageId.
+pub fn command_code(err: &CommandError) -> Code {
+    Code::from_i32(err.grpc_code())
+}
+
+/// `err` as a status: its code, its message (which already says what was wrong and what to do), and its
+/// kind (plus session and owner for not-owner) in the metadata, from which [`command_error`] rebuilds it.
+pub fn command_status(err: &CommandError) -> Status {
+    let parts = command_error_parts(err);
+    let message = match err {
+        // A client that meets not-owner (a shard moving under `turnstile dev --nats`, say) may retry.
+        CommandError::NotOwner { .. } => format!("{err}; retry the request (the same MessageId is safe)"),
+        // The display (`internal error: …`) is what clients see; [`command_error`] takes the prefix off.
+        _ => err.to_string(),
+    };
+    let mut metadata = MetadataMap::new();
+    metadata.insert(ERROR_KEY, MetadataValue::from_static(parts.kind));
+    // Session names and socket addresses are ASCII by construction; a value that is not (a hand-made
+    // advertise address, say) is left out, and the receiver treats the owner as unknown.
+    for (key, value) in [(SESSION_KEY, parts.session), (OWNER_KEY, parts.owner)] {
+        if let Some(value) = value.and_then(|v| MetadataValue::try_from(v.as_str()).ok()) {
+            metadata.insert(key, value);
+        }
+    }
+    Status::with_metadata(command_code(err), message, metadata)
+}
+
+/// The [`CommandError`] a [`command_status`] carries; `None` for a status without the error kind (a
+/// transport failure, a proxy's answer), which the caller handles by its code.
+pub fn command_error(status: &Status) -> Option<CommandError> {
+    let get = |key: &str| status.metadata().get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let kind = get(ERROR_KEY)?;
+    let message = status.message();
+    let payload = match command_error_from_parts(&kind, String::new(), None, None)? {
+        CommandError::Internal(_) => message.strip_prefix(INTERNAL_PREFIX).unwrap_or(message),
+        _ => message,
+    };
+    command_error_from_parts(&kind, payload.to_owned(), get(SESSION_KEY), get(OWNER_KEY))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_survives_the_round_trip_with_its_code() {
+        let cases = [
+            (CommandError::InvalidArgument("bad".into()), Code::InvalidArgument),
+            (CommandError::NotFound("no such id".into()), Code::NotFound),
+            (CommandError::AlreadyExists("dup".into()), Code::AlreadyExists),
+            (CommandError::FailedPrecondition("turn 3 is running".into()), Code::FailedPrecondition),
+            (CommandError::ResourceExhausted("full".into()), Code::ResourceExhausted),
+            (CommandError::Unavailable("down".into()), Code::Unavailable),
+            (CommandError::DeadlineExceeded("late".into()), Code::DeadlineExceeded),
+            (CommandError::Internal("bug".into()), Code::Internal),
+            (
+                CommandError::NotOwner { session: "acme/s1".into(), owner: Some("127.0.0.1:7501".into()) },
+                Code::Unavailable,
+            ),
+            (CommandError::NotOwner { session: "acme/s1".into(), owner: None }, Code::Unavailable),
+        ];
+        for (err, code) in cases {
+            let status = command_status(&err);
+            assert_eq!(status.code(), code, "{err:?}");
+            if !matches!(err, CommandError::NotOwner { .. }) {
+                assert_eq!(status.message(), err.to_string());
+            }
+            // Through a second hop (gateway → client of another gateway) nothing is added twice.
+            assert_eq!(command_error(&command_status(&command_error(&status).unwrap())), Some(err.clone()));
+            assert_eq!(command_error(&status), Some(err));
+        }
+    }
+
+    #[test]
+    fn a_status_without_the_kind_is_not_a_command_error() {
+        assert_eq!(command_error(&Status::unavailable("connection refused")), None);
+    }
+}

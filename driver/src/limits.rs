@@ -1,0 +1,25 @@
+//! The limits of SPEC §2 that the driver enforces.
+
+use turnstile_model::state::DEFAULT_DEDUP_HORIZON;
+
+/// The limits of SPEC §2.
+///
+/// ```
+/// let limits = turnstile_driver::Limits::default();
+/// assert_eq!(limits.max_pending, 1000);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Content bytes (text + data) of one message. Default 1 MiB.
+    pub max_message_bytes: usize,
+    /// Pending items across both lists of one session. Default 1,000.
+    pub max_pending: usize,
+    /// Accepted MessageIds remembered for idempotent retries. Default 10,000.
+    pub dedup_horizon: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_message_bytes: 1024 * 1024, max_pending: 1000, dedup_horizon: DEFAULT_DEDUP_HORIZON }
+    }
+}

@@ -1,0 +1,184 @@
+//! The deterministic parts of the scripted model and the built-in content guard (API.md "The scripted
+//! model"): directives in the text of the entered messages decide the reply, tool calls, failures and the
+//! guard's verdict.
+//!
+//! Both are pure, so the driver's scenario tests use them directly and every SPEC §7 scenario replays
+//! exactly. The worker's async `ScriptedModel` streams a [`plan`] (pacing it for `[[delay:MS]]`) and its
+//! `ContentGuard` hook answers with [`judge`].
+//!
+//! ```
+//! use turnstile_driver::scripted;
+//! use turnstile_driver::ModelRequest;
+//! use turnstile_model::{ContentBlock, MessageSource, UserMessage};
+//! let hello = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hello")], source: MessageSource::User };
+//! let request = ModelRequest { op: 1, turn: 1, step: 1, messages: vec![hello], tool_results: vec![], interrupted_prompt: vec![] };
+//! assert_eq!(scripted::plan(&request).output.text, "echo: hello");
+//! ```
+
+use std::time::Duration;
+
+use turnstile_model::{ContentBlock, ToolCallSpec, UserMessage};
+
+use crate::directive::{self, Directive};
+use crate::effect::{HookError, HookVerdict, ModelOutput, ModelRequest};
+
+/// The name the content guard reports in its errors.
+pub const CONTENT_GUARD: &str = "content-guard";
+
+/// The reply the scripted model gives to one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScriptedPlan {
+    /// The pieces streamed as `assistant/delta`; they concatenate to `output.text`.
+    pub deltas: Vec<String>,
+    pub output: ModelOutput,
+    /// Total time to spread the deltas over.
+    pub delay: Duration,
+    /// `[[fail]]`: the request fails with this message.
+    pub fail: Option<String>,
+}
+
+/// How many deltas a reply is split into at most (more with `[[delay]]`, so the stream is visibly slow).
+const FAST_CHUNKS: usize = 3;
+const SLOW_CHUNKS: usize = 10;
+
+/// What the scripted model answers to `request`.
+pub fn plan(request: &ModelRequest) -> ScriptedPlan {
+    let prompt: &[UserMessage] =
+        if request.messages.is_empty() { &request.interrupted_prompt } else { &request.messages };
+    let mut directives = Vec::new();
+    let mut texts = Vec::new();
+    for message in prompt {
+        let (d, text) = directive::parse(&message.text());
+        directives.extend(d);
+        if !text.is_empty() {
+            texts.push(text);
+        }
+    }
+    let text = if !prompt.is_empty() {
+        format!("echo: {}", texts.join("\n"))
+    } else if !request.tool_results.is_empty() {
+        let results: Vec<String> = request
+            .tool_results
+            .iter()
+            .map(|r| match &r.error {
+                Some(e) => format!("{} failed: {e}", r.name),
+                None => format!("{}: {}", r.name, r.output),
+            })
+            .collect();
+        format!("tool results: {}", results.join("; "))
+    } else {
+        "nothing new to answer".to_owned()
+    };
+    let mut delay = Duration::ZERO;
+    let mut tool_calls = Vec::new();
+    let mut max_tokens = false;
+    let mut fail = None;
+    for d in directives {
+        match d {
+            Directive::Tool { name, arguments } => tool_calls.push(ToolCallSpec {
+                call_id: format!("call-{}-{}-{}", request.turn, request.step, tool_calls.len() + 1),
+                name,
+                arguments,
+            }),
+            Directive::Delay { ms } => delay += Duration::from_millis(ms),
+            Directive::MaxTokens => max_tokens = true,
+            Directive::Fail => fail = Some("the scripted model was told to fail ([[fail]])".to_owned()),
+            // Content-guard directives are for the pre-step hook, not the model.
+            Directive::Reject | Directive::Drop | Directive::Rewrite { .. } | Directive::HookFail => {}
+        }
+    }
+    let chunks = if delay.is_zero() { FAST_CHUNKS } else { SLOW_CHUNKS };
+    ScriptedPlan { deltas: split(&text, chunks), output: ModelOutput { text, tool_calls, max_tokens }, delay, fail }
+}
+
+/// Splits `text` at word boundaries into at most `max` non-empty pieces that concatenate to it.
+fn split(text: &str, max: usize) -> Vec<String> {
+    let words: Vec<&str> = text.split_inclusive(' ').collect();
+    let per = words.len().div_ceil(max.max(1)).max(1);
+    words.chunks(per).map(|c| c.concat()).filter(|s| !s.is_empty()).collect()
+}
+
+/// The content guard's verdict on a claimed batch, driven by `[[reject]]`, `[[drop]]`, `[[rewrite:TEXT]]`
+/// and `[[hook-fail]]`.
+pub fn judge(batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
+    let mut entered = Vec::with_capacity(batch.len());
+    let mut reject = false;
+    for mut message in batch {
+        let (directives, _) = directive::parse(&message.text());
+        let mut keep = true;
+        for d in directives {
+            match d {
+                Directive::HookFail => {
+                    return Err(HookError {
+                        hook: CONTENT_GUARD.into(),
+                        message: format!("failed on message {} ([[hook-fail]])", message.id),
+                    });
+                }
+                Directive::Reject => reject = true,
+                Directive::Drop => keep = false,
+                Directive::Rewrite { text } => message.content = vec![ContentBlock::text(text)],
+                _ => {}
+            }
+        }
+        if keep {
+            entered.push(message);
+        }
+    }
+    Ok(if reject { HookVerdict::Reject } else { HookVerdict::Pass(entered) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::effect::ToolOutcome;
+
+    fn request(messages: Vec<UserMessage>) -> ModelRequest {
+        ModelRequest { op: 1, turn: 2, step: 1, messages, tool_results: vec![], interrupted_prompt: vec![] }
+    }
+
+    #[test]
+    fn echoes_plain_text_in_deltas_that_concatenate() {
+        let p = plan(&request(vec![UserMessage::user_text("a", "hello big world"), UserMessage::user_text("b", "x")]));
+        assert_eq!(p.output.text, "echo: hello big world\nx");
+        assert_eq!(p.deltas.concat(), p.output.text);
+        assert!(p.deltas.len() > 1);
+        assert!(p.output.tool_calls.is_empty());
+    }
+
+    #[test]
+    fn tool_and_delay_directives_combine() {
+        let p = plan(&request(vec![UserMessage::user_text("a", "[[delay:500]] [[tool:echo hi]] go")]));
+        assert_eq!(p.delay, Duration::from_millis(500));
+        assert_eq!(p.output.text, "echo: go");
+        assert_eq!(
+            p.output.tool_calls,
+            vec![ToolCallSpec { call_id: "call-2-1-1".into(), name: "echo".into(), arguments: "hi".into() }]
+        );
+    }
+
+    #[test]
+    fn answers_tool_results_when_no_message_is_new() {
+        let mut r = request(vec![]);
+        r.tool_results = vec![ToolOutcome {
+            call_id: "c".into(),
+            name: "echo".into(),
+            output: "hi".into(),
+            error: None,
+            concludes_turn: false,
+        }];
+        assert_eq!(plan(&r).output.text, "tool results: echo: hi");
+    }
+
+    #[test]
+    fn answers_the_interrupted_prompt_on_resume() {
+        let mut r = request(vec![]);
+        r.interrupted_prompt = vec![UserMessage::user_text("a", "still there?")];
+        assert_eq!(plan(&r).output.text, "echo: still there?");
+    }
+
+    #[test]
+    fn fail_and_max_tokens() {
+        assert!(plan(&request(vec![UserMessage::user_text("a", "[[fail]]")])).fail.is_some());
+        assert!(plan(&request(vec![UserMessage::user_text("a", "[[max-tokens]]")])).output.max_tokens);
+    }
+}

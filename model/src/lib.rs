@@ -1,0 +1,39 @@
+//! The values of Turnstile and the fold of a session's log: what a session *is*, independent of who
+//! drives it, where it is stored and how it travels.
+//!
+//! Place in the architecture: the bottom of the one-way flow. The driver (`turnstile-driver`) writes
+//! these events, the journal (`turnstile-journal`) stores and encodes them, the gateway folds them for
+//! reads. This crate has no IO and no async runtime, so nothing built on it can reach a clock or a socket
+//! through it.
+//!
+//! - [`message`]: SPEC §1 values (sessions, MessageIds, user messages, sources, targets).
+//! - [`event`]: the durable and live events of §5 and their envelope.
+//! - [`inbox`]: the two pending lists and the normalized splice of §3.
+//! - [`state`]: [`SessionState`], the fold of a log into inbox, status and recovery facts (§3, §6).
+//! - [`command`]: client commands, their replies and typed errors (the gateway → driver seam).
+//! - [`shard`]: the stable session → virtual shard hash.
+//!
+//! ```
+//! use turnstile_model::{ContentBlock, MessageSource, SessionRef, SessionState, UserMessage};
+//! let session = SessionRef::new("acme", "s1").unwrap();
+//! let state = SessionState::new(session, 10_000);
+//! assert_eq!(state.last_seq, 0);
+//! let m = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hi")], source: MessageSource::User };
+//! assert_eq!(m.text(), "hi");
+//! ```
+
+pub mod command;
+pub mod event;
+pub mod inbox;
+pub mod message;
+pub mod shard;
+pub mod state;
+
+pub use command::{Command, CommandError, CommandReply, SessionSummary};
+pub use event::{
+    CancelCause, Envelope, EventPayload, LiveEvent, LivePayload, Splice, SpliceOutcome, Status, ToolCallSpec,
+    TurnEndReason,
+};
+pub use inbox::{Inbox, SpliceError};
+pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
+pub use state::{ProjectionError, SessionState};

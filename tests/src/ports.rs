@@ -11,19 +11,12 @@
 //! Both readers answer `None` until the file is there, whole and from the given process, so a caller
 //! polls them with [`crate::process::ChildProcess::wait_for`].
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 
 use serde_json::Value;
 
 use crate::HarnessError;
-
-/// A loopback address whose port was free a moment ago.
-pub fn free_loopback_addr() -> Result<SocketAddr, HarnessError> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .map_err(|e| HarnessError::io("binding 127.0.0.1:0 to find a free port", e))?;
-    listener.local_addr().map_err(|e| HarnessError::io("reading the free port", e))
-}
 
 /// What `turnstile --ready-file` reported.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! The servers under test: a nats-server (the harness's [`NatsServer`], or one given by URL) and
-//! `turnstile dev --nats URL` on a free loopback port.
+//! `turnstile dev --nats URL` on a loopback port it picks itself (port 0, read back from `--ready-file`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ use tonic::transport::{Channel, Endpoint};
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::{GetSessionRequest, SessionRef};
 use turnstile_tests::nats::NatsServer;
-use turnstile_tests::ports::free_loopback_addr;
+use turnstile_tests::ports::read_turnstile_ready;
 use turnstile_tests::process::ChildProcess;
 
 /// The NATS server the run uses: started here (and stopped with the value) or given.
@@ -75,7 +75,6 @@ pub struct Dev {
     _scratch: TempDir,
 }
 
-const START_ATTEMPTS: usize = 3;
 const STARTUP: Duration = Duration::from_secs(30);
 
 impl Dev {
@@ -87,28 +86,31 @@ impl Dev {
                 bin.display()
             );
         }
-        let mut last = None;
-        for _ in 0..START_ATTEMPTS {
-            match Self::try_start(bin, nats_url, extra).await {
-                Ok(dev) => return Ok(dev),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| anyhow::anyhow!("no start attempt was made")))
-    }
-
-    async fn try_start(bin: &Path, nats_url: &str, extra: &[String]) -> Result<Self> {
         let scratch = tempfile::Builder::new().prefix("turnstile-bench-").tempdir()?;
-        let addr = free_loopback_addr()?;
+        let ready_file = scratch.path().join("ready.json");
         let mut command = Command::new(bin);
-        command.arg("dev").arg("--nats").arg(nats_url).arg("--listen").arg(addr.to_string()).args(extra);
+        command
+            .arg("dev")
+            .arg("--nats")
+            .arg(nats_url)
+            .args(["--listen", "127.0.0.1:0", "--ready-file"])
+            .arg(&ready_file);
+        if !extra.iter().any(|a| a == "--http" || a.starts_with("--http=")) {
+            // Not the default 127.0.0.1:9090, which another server on the machine may hold.
+            command.args(["--http", "127.0.0.1:0"]);
+        }
+        command.args(extra);
         if std::env::var_os("RUST_LOG").is_none() {
             // Logging every request would measure the logger.
             command.env("RUST_LOG", "warn");
         }
         command.env("NO_COLOR", "1");
         let log = scratch.path().join("turnstile-dev.log");
-        let mut process = ChildProcess::spawn(format!("turnstile dev on {addr}"), command, &log)?;
+        let mut process = ChildProcess::spawn("turnstile dev", command, &log)?;
+        let addr = process
+            .wait_for("its --ready-file", STARTUP, |pid| read_turnstile_ready(&ready_file, pid).and_then(|r| r.grpc))
+            .await?;
+        process.set_name(format!("turnstile dev on {addr}"));
         let channel = wait_ready(&mut process, addr).await?;
         Ok(Self { process, addr, channel, _scratch: scratch })
     }

@@ -1,8 +1,9 @@
 //! `turnstile dev`: gateway and worker in one process, on the embedded journal (in memory or `--data-dir`)
 //! or on JetStream (`--nats URL`).
 
+use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
@@ -30,6 +31,8 @@ pub struct DevOpts {
     pub demo: bool,
     /// `--http`: `/metrics`, `/healthz`, `/readyz`.
     pub http: Option<String>,
+    /// `--ready-file`: where [`report_bound`] writes the bound addresses.
+    pub ready_file: Option<PathBuf>,
 }
 
 /// `--nats URL --partitions P --replicas R`.
@@ -107,6 +110,55 @@ pub(crate) async fn bind(listen: &str) -> Result<TcpListener> {
         }
         Err(e) => Err(e).with_context(|| format!("cannot listen on {listen}; pass --listen HOST:PORT")),
     }
+}
+
+/// One listener of this process: its name (`grpc`, `worker`, `http`) and the address it is bound to.
+pub(crate) type Bound = (&'static str, SocketAddr);
+
+/// `name` bound at `listener` and, when they are served, the ops HTTP endpoints.
+pub(crate) fn bound_with_http(name: &'static str, listener: SocketAddr, http: &crate::ops::OpsHttp) -> Vec<Bound> {
+    let mut bound = vec![(name, listener)];
+    bound.extend(http.addr().map(|addr| ("http", addr)));
+    bound
+}
+
+/// The stdout line that reports one bound listener: `turnstile: listening NAME=ADDR`, ADDR as bound
+/// (`127.0.0.1:40123`, `[::1]:40123`, a wildcard bind as `0.0.0.0:40123`). A stable, machine-readable
+/// format: docs/TESTING.md and docs/decisions/0007-bound-addresses.md.
+pub(crate) fn listening_line((name, addr): Bound) -> String {
+    format!("turnstile: listening {name}={addr}")
+}
+
+/// The `--ready-file` object: `{"pid":N,"NAME":"ADDR",…}` with one member per listener plus `fields`.
+pub(crate) fn ready_json(pid: u32, bound: &[Bound], fields: &[(&str, String)]) -> String {
+    let mut object = serde_json::Map::new();
+    object.insert("pid".to_owned(), pid.into());
+    for (name, addr) in bound {
+        object.insert((*name).to_owned(), addr.to_string().into());
+    }
+    for (name, value) in fields {
+        object.insert((*name).to_owned(), value.clone().into());
+    }
+    serde_json::Value::Object(object).to_string()
+}
+
+/// Reports every bound address once all listeners are bound, before serving: one [`listening_line`] per
+/// listener on stdout, and with `--ready-file PATH` the [`ready_json`] object (plus `fields`), written to a
+/// temporary file beside PATH and renamed over it, so a reader sees all of it or nothing.
+pub(crate) fn report_bound(bound: &[Bound], fields: &[(&str, String)], ready_file: Option<&Path>) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    for listener in bound {
+        writeln!(out, "{}", listening_line(*listener)).context("cannot write to stdout")?;
+    }
+    out.flush().context("cannot write to stdout")?;
+    let Some(path) = ready_file else { return Ok(()) };
+    let name =
+        path.file_name().with_context(|| format!("--ready-file {} names no file", path.display()))?.to_string_lossy();
+    let pid = std::process::id();
+    let temporary = path.with_file_name(format!(".{name}.{pid}.tmp"));
+    std::fs::write(&temporary, ready_json(pid, bound, fields) + "\n")
+        .and_then(|()| std::fs::rename(&temporary, path))
+        .with_context(|| format!("cannot write --ready-file {}", path.display()))
 }
 
 /// The URL clients use for `addr`: a wildcard bind is reached over loopback.
@@ -204,6 +256,8 @@ pub async fn run(opts: DevOpts, security: ServerSecurity) -> Result<()> {
     let url = client_url_for(local, security.tls.is_some());
     print!("{}", banner(&url, &journal, &auth_line));
     println!("  http       {}", http.describe());
+    let bound = bound_with_http("grpc", local, &http);
+    report_bound(&bound, &[], opts.ready_file.as_deref())?;
     tracing::info!(%local, tls = security.tls.is_some(), "serving turnstile.v1.Agent");
 
     let server = tokio::spawn(turnstile_gateway::serve_with(gateway, listener, security.tls, shutdown_signal()));
@@ -244,6 +298,32 @@ mod tests {
         );
         let err = JournalError::Storage("stream TURNSTILE_EVENTS_0 exists with replicas = 3".into());
         assert!(nats_error(url, &err).to_string().starts_with("cannot use the JetStream journal at nats://"));
+    }
+
+    #[test]
+    fn bound_addresses_are_reported_in_the_documented_formats() {
+        let grpc: SocketAddr = "127.0.0.1:40123".parse().unwrap();
+        let http: SocketAddr = "[::1]:9".parse().unwrap();
+        assert_eq!(listening_line(("grpc", grpc)), "turnstile: listening grpc=127.0.0.1:40123");
+        assert_eq!(listening_line(("http", http)), "turnstile: listening http=[::1]:9");
+        let json: serde_json::Value =
+            serde_json::from_str(&ready_json(7, &[("worker", grpc)], &[("advertise", "10.0.0.5:7501".into())]))
+                .unwrap();
+        assert_eq!(json, serde_json::json!({"pid": 7, "worker": "127.0.0.1:40123", "advertise": "10.0.0.5:7501"}));
+    }
+
+    #[test]
+    fn the_ready_file_is_replaced_whole() {
+        let dir = std::env::temp_dir().join(format!("turnstile-ready-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ready.json");
+        std::fs::write(&path, "stale").unwrap();
+        let grpc: SocketAddr = "127.0.0.1:40123".parse().unwrap();
+        report_bound(&[("grpc", grpc)], &[], Some(&path)).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(json["grpc"], "127.0.0.1:40123");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file is left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

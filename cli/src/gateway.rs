@@ -1,6 +1,7 @@
 //! `turnstile gateway`: the public `turnstile.v1.Agent` service of a cluster. Stateless: commands go to
 //! the shard owners through [`ClusterRouter`], reads fold the JetStream log (from snapshots) here.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use turnstile_gateway::cluster_router::GrpcTransport;
 use turnstile_gateway::{ClusterRouter, ClusterRouterConfig, Gateway, GatewayConfig};
 use turnstile_journal::jetstream::NatsSecurity;
 
-use crate::dev::{bind, client_url_for, membership_error, shutdown_signal};
+use crate::dev::{bind, bound_with_http, client_url_for, membership_error, report_bound, shutdown_signal};
 use crate::security::{self, ServerSecurity};
 
 /// Options of `turnstile gateway`.
@@ -32,6 +33,8 @@ pub struct GatewayOpts {
     pub cluster_tls: Option<ClientTlsConfig>,
     /// `--http`: `/metrics`, `/healthz`, `/readyz`.
     pub http: Option<String>,
+    /// `--ready-file`: where [`report_bound`] writes the bound addresses.
+    pub ready_file: Option<PathBuf>,
 }
 
 pub async fn run(opts: GatewayOpts, security: ServerSecurity) -> Result<()> {
@@ -75,6 +78,8 @@ pub async fn run(opts: GatewayOpts, security: ServerSecurity) -> Result<()> {
     println!("turnstile gateway listening on {url}");
     println!("{auth_line}");
     println!("http: {}", http.describe());
+    let bound = bound_with_http("grpc", local, &http);
+    report_bound(&bound, &[], opts.ready_file.as_deref())?;
     tracing::info!(%local, nats = %opts.nats, shards = opts.shards, "serving turnstile.v1.Agent with cluster routing");
     turnstile_gateway::serve_with(gateway, listener, security.tls, shutdown_signal())
         .await

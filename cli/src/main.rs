@@ -23,6 +23,19 @@ use crate::client::{CauseArg, Client, Delivery, Preset, SourceArg, TargetArg, Wa
 /// The address client commands use by default.
 pub const DEFAULT_ADDR: &str = "http://127.0.0.1:7400";
 
+/// How the servers report where they listen (docs/TESTING.md, docs/decisions/0007-bound-addresses.md).
+const BOUND_ADDRESSES_HELP: &str = "\
+Bound addresses: once every listener is bound, and before serving, the server prints one line per listener
+on stdout, `turnstile: listening NAME=ADDR`, with NAME `grpc` (the public API of dev and gateway), `worker`
+(the internal API of a worker) or `http` (/metrics, /healthz, /readyz; absent when not served) and ADDR the
+bound address (`127.0.0.1:40123`, `[::1]:40123`), so port 0 in --listen/--http is usable from scripts:
+  turnstile dev --listen 127.0.0.1:0 --http 127.0.0.1:0
+  turnstile: listening grpc=127.0.0.1:40123
+  turnstile: listening http=127.0.0.1:40124
+--ready-file PATH writes the same as one JSON object, replaced atomically:
+  {\"pid\":4242,\"grpc\":\"127.0.0.1:40123\",\"http\":\"127.0.0.1:40124\"}
+(a worker adds \"id\" and \"advertise\", the address in its heartbeat and shard leases).";
+
 #[derive(Parser, Debug)]
 #[command(name = "turnstile", version, about = "Turnstile: long-lived AI-agent sessions", propagate_version = true)]
 struct Cli {
@@ -52,10 +65,13 @@ struct Global {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run gateway + worker in one process on the embedded journal (or on JetStream with --nats).
+    #[command(after_help = BOUND_ADDRESSES_HELP)]
     Dev(DevArgs),
     /// Run a cluster gateway: the public API, routing commands to shard owners (JetStream at --nats).
+    #[command(after_help = BOUND_ADDRESSES_HELP)]
     Gateway(GatewayArgs),
     /// Run a cluster worker: takes shard leases and serves their sessions to gateways (JetStream at --nats).
+    #[command(after_help = BOUND_ADDRESSES_HELP)]
     Worker(WorkerArgs),
     /// Deliver a new turn that starts the agent if idle (next-turn, wakeup).
     Followup(DeliverArgs),
@@ -93,10 +109,14 @@ enum Cmd {
 
 #[derive(Args, Debug)]
 struct DevArgs {
-    /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090).
+    /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090; port 0
+    /// picks a free one, reported as `turnstile: listening http=ADDR`).
     #[arg(long, env = "TURNSTILE_HTTP")]
     http: Option<String>,
-    /// Address to listen on (port 0 picks a free one).
+    /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).
+    #[arg(long, value_name = "FILE")]
+    ready_file: Option<PathBuf>,
+    /// Address to listen on (port 0 picks a free one, reported as `turnstile: listening grpc=ADDR`).
     #[arg(long, env = "TURNSTILE_LISTEN", default_value = "127.0.0.1:7400")]
     listen: String,
     /// Keep sessions on disk in DIR (default: in memory).
@@ -149,12 +169,16 @@ impl ClusterLayout {
 
 #[derive(Args, Debug)]
 struct GatewayArgs {
-    /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090).
+    /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090; port 0
+    /// picks a free one, reported as `turnstile: listening http=ADDR`).
     #[arg(long, env = "TURNSTILE_HTTP")]
     http: Option<String>,
+    /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).
+    #[arg(long, value_name = "FILE")]
+    ready_file: Option<PathBuf>,
     #[command(flatten)]
     layout: ClusterLayout,
-    /// Address of the public API.
+    /// Address of the public API (port 0 picks a free one, reported as `turnstile: listening grpc=ADDR`).
     #[arg(long, env = "TURNSTILE_LISTEN", default_value = "127.0.0.1:7400")]
     listen: String,
     /// How long a command may wait for a shard owner (while shards move) before UNAVAILABLE.
@@ -172,15 +196,21 @@ struct GatewayArgs {
 
 #[derive(Args, Debug)]
 struct WorkerArgs {
-    /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090).
+    /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090; port 0
+    /// picks a free one, reported as `turnstile: listening http=ADDR`).
     #[arg(long, env = "TURNSTILE_HTTP")]
     http: Option<String>,
+    /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).
+    #[arg(long, value_name = "FILE")]
+    ready_file: Option<PathBuf>,
     #[command(flatten)]
     layout: ClusterLayout,
-    /// Address of the internal worker API.
+    /// Address of the internal worker API (port 0 picks a free one, reported as `turnstile: listening
+    /// worker=ADDR`).
     #[arg(long, env = "TURNSTILE_LISTEN", default_value = "127.0.0.1:7500")]
     listen: String,
-    /// Address gateways dial to reach this worker (default: the bound --listen address).
+    /// Address gateways dial to reach this worker, put in its heartbeat and shard leases (default: the
+    /// bound --listen address, with the port the kernel picked for port 0).
     #[arg(long, env = "TURNSTILE_ADVERTISE")]
     advertise: Option<String>,
     /// Unique worker id, reported as the session owner (default: worker-<advertised address>).
@@ -370,7 +400,14 @@ async fn run(cli: Cli) -> Result<()> {
         });
         let security = security::ServerSecurity::load(&a.auth, &a.tls)?;
         return dev::run(
-            dev::DevOpts { listen: a.listen, data_dir: a.data_dir, nats, demo: a.demo, http: a.http },
+            dev::DevOpts {
+                listen: a.listen,
+                data_dir: a.data_dir,
+                nats,
+                demo: a.demo,
+                http: a.http,
+                ready_file: a.ready_file,
+            },
             security,
         )
         .await;
@@ -397,6 +434,7 @@ async fn run(cli: Cli) -> Result<()> {
             nats_security: a.nats_security.security(),
             tls: a.tls.load()?,
             http: a.http,
+            ready_file: a.ready_file,
         })
         .await;
     }
@@ -412,6 +450,7 @@ async fn run(cli: Cli) -> Result<()> {
                 nats_security: a.nats_security.security(),
                 cluster_tls: a.cluster_tls.load()?,
                 http: a.http,
+                ready_file: a.ready_file,
             },
             security::ServerSecurity::load(&a.auth, &a.tls)?,
         )

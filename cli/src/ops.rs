@@ -62,6 +62,11 @@ impl OpsHttp {
         Ok(Self { addr: Some(addr), stop: Some(stop) })
     }
 
+    /// The bound address, when the endpoints are served.
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.addr
+    }
+
     /// For the banner.
     pub fn describe(&self) -> String {
         match self.addr {

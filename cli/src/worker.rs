@@ -3,6 +3,7 @@
 //! `turnstile.cluster.v1.Worker` API. SIGTERM drains its sessions and releases its leases before it exits,
 //! so the next owners start at once instead of waiting for the leases to expire.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,14 +14,15 @@ use turnstile_worker::WorkerConfig;
 use turnstile_worker::cluster::service::{self, WorkerService};
 use turnstile_worker::cluster::{LeaseConfig, WorkerOptions, start_worker};
 
-use crate::dev::{bind, membership_error, shutdown_signal};
+use crate::dev::{bind, bound_with_http, membership_error, report_bound, shutdown_signal};
 
 /// Options of `turnstile worker`.
 #[derive(Clone, Debug)]
 pub struct WorkerOpts {
     pub nats: String,
     pub listen: String,
-    /// The address gateways dial; `None` is the bound address.
+    /// The address gateways dial (in the heartbeat and the shard leases); `None` is the bound address, so
+    /// `--listen 127.0.0.1:0` advertises the port the kernel picked.
     pub advertise: Option<String>,
     /// `None`: `worker-<advertised address>`.
     pub id: Option<String>,
@@ -36,6 +38,8 @@ pub struct WorkerOpts {
     pub tls: Option<ServerTlsConfig>,
     /// `--http`: `/metrics`, `/healthz`, `/readyz`.
     pub http: Option<String>,
+    /// `--ready-file`: where [`report_bound`] writes the bound addresses (and the advertised one).
+    pub ready_file: Option<PathBuf>,
 }
 
 pub async fn run(opts: WorkerOpts) -> Result<()> {
@@ -80,6 +84,14 @@ pub async fn run(opts: WorkerOpts) -> Result<()> {
     let http = crate::ops::OpsHttp::start(opts.http.as_deref(), Arc::new(ready)).await?;
     println!("turnstile worker {id} serving on {advertise}");
     println!("http: {}", http.describe());
+    let bound = bound_with_http("worker", local, &http);
+    if let Err(e) =
+        report_bound(&bound, &[("id", id.clone()), ("advertise", advertise.clone())], opts.ready_file.as_deref())
+    {
+        // It holds leases by now: leave the cluster so the shards move on at once.
+        handle.shutdown(opts.drain_timeout).await;
+        return Err(e);
+    }
     tracing::info!(%id, %local, %advertise, shards = opts.shards, "serving turnstile.cluster.v1.Worker");
 
     tokio::select! {

@@ -1,6 +1,7 @@
 //! A real cluster on loopback: one nats-server with JetStream (or several clustered, with R3 streams:
-//! [`ClusterOptions::nats_nodes`]), `turnstile worker` and `turnstile gateway` processes on free ports, and
-//! clients of each gateway.
+//! [`ClusterOptions::nats_nodes`]), `turnstile worker` and `turnstile gateway` processes, and clients of
+//! each gateway. Every process binds port 0 (`--listen 127.0.0.1:0 --http 127.0.0.1:0`) and the harness
+//! reads the bound addresses back from its `--ready-file`.
 //!
 //! Workers are `w1`, `w2`, … (their ids are what `GetSession.owner` reports); index `i` in the methods is
 //! 0-based (`worker(0)` is `w1`). The chaos handles are real signals: [`Cluster::kill9_worker`] (a crash),
@@ -20,7 +21,7 @@ use turnstile_proto::v1::{GetSessionRequest, SessionRef};
 
 use crate::binary::turnstile_bin;
 use crate::nats::{NatsCluster, NatsServer};
-use crate::ports::free_loopback_addr;
+use crate::ports::{TurnstileReady, read_turnstile_ready};
 use crate::process::ChildProcess;
 use crate::session::Session;
 use crate::{DEFAULT_WAIT, HarnessError, new_session_ref, user_msg};
@@ -61,8 +62,42 @@ impl ClusterOptions {
 #[derive(Debug)]
 struct Node {
     process: ChildProcess,
+    /// The bound address of its gRPC API (public for a gateway, internal for a worker).
     addr: SocketAddr,
-    args: Vec<String>,
+    /// Arguments after `--nats …` (see [`Cluster::args`]).
+    extra: Vec<String>,
+}
+
+/// A spawned server that has not reported its bound addresses yet.
+#[derive(Debug)]
+struct Starting {
+    process: ChildProcess,
+    ready_file: PathBuf,
+    extra: Vec<String>,
+}
+
+impl Starting {
+    /// Waits (bounded) for the `--ready-file` and takes the address `pick` chooses from it.
+    async fn bound(mut self, pick: fn(&TurnstileReady) -> Option<SocketAddr>) -> Result<Node, HarnessError> {
+        let ready_file = self.ready_file;
+        let addr = self
+            .process
+            .wait_for("its --ready-file", DEFAULT_WAIT, |pid| {
+                read_turnstile_ready(&ready_file, pid).as_ref().and_then(pick)
+            })
+            .await?;
+        let name = format!("{} on {addr}", self.process.name());
+        self.process.set_name(name);
+        Ok(Node { process: self.process, addr, extra: self.extra })
+    }
+}
+
+fn worker_addr(ready: &TurnstileReady) -> Option<SocketAddr> {
+    ready.worker
+}
+
+fn gateway_addr(ready: &TurnstileReady) -> Option<SocketAddr> {
+    ready.grpc
 }
 
 /// A running cluster. Dropping it kills every process (the nats-server last).
@@ -98,25 +133,21 @@ impl Cluster {
         let (worker_env, gateway_env) = (opts.worker_env.clone(), opts.gateway_env.clone());
         let mut cluster =
             Self { bin, workers: Vec::new(), gateways: Vec::new(), worker_env, gateway_env, scratch, nats };
-        for i in 0..opts.workers {
-            let node = cluster.spawn_worker(i, opts.worker_args.clone())?;
+        // Every process first, so they start side by side; then what each reports.
+        let workers = (0..opts.workers)
+            .map(|i| cluster.spawn_worker(i, opts.worker_args.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let gateways = (0..opts.gateways)
+            .map(|i| cluster.spawn_gateway(i, opts.gateway_args.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        for worker in workers {
+            let node = worker.bound(worker_addr).await?;
             cluster.workers.push(node);
         }
-        for i in 0..opts.gateways {
-            let node = cluster.spawn_gateway(i, opts.gateway_args.clone())?;
-            let channel = wait_gateway(&mut cluster.workers, node.addr, &node.process).await;
-            let mut node = node;
-            let channel = match channel {
-                Ok(c) => c,
-                Err(e) => {
-                    node.process.kill();
-                    return Err(e);
-                }
-            };
+        for gateway in gateways {
+            let node = gateway.bound(gateway_addr).await?;
+            let channel = wait_gateway(&mut cluster.workers, node.addr, &node.process).await?;
             cluster.gateways.push((node, channel));
-        }
-        for i in 0..cluster.workers.len() {
-            cluster.wait_worker_listening(i).await?;
         }
         for g in 0..cluster.gateways.len() {
             cluster.wait_routing(g).await?;
@@ -132,65 +163,50 @@ impl Cluster {
         vec!["--nats".into(), self.nats.urls(), "--replicas".into(), replicas.to_string()]
     }
 
-    fn spawn_worker(&self, i: usize, extra: Vec<String>) -> Result<Node, HarnessError> {
-        let addr = free_loopback_addr()?;
+    fn spawn_worker(&self, i: usize, extra: Vec<String>) -> Result<Starting, HarnessError> {
         let id = worker_id(i);
-        let mut args = vec!["worker".to_owned()];
-        args.extend(self.common_args());
-        args.extend(["--listen".into(), addr.to_string(), "--id".into(), id.clone()]);
-        args.extend(extra);
-        let name = format!("turnstile worker {id} on {addr}");
-        let process = self.spawn(&name, &args, &self.worker_env, &format!("worker-{id}.log"))?;
-        Ok(Node { process, addr, args })
+        let name = format!("turnstile worker {id}");
+        self.spawn(&name, "worker", Some(&id), extra, &self.worker_env, &format!("worker-{id}"))
     }
 
-    fn spawn_gateway(&self, i: usize, extra: Vec<String>) -> Result<Node, HarnessError> {
-        let addr = free_loopback_addr()?;
-        let mut args = vec!["gateway".to_owned()];
-        args.extend(self.common_args());
-        args.extend(["--listen".into(), addr.to_string()]);
-        args.extend(extra);
-        let name = format!("turnstile gateway {i} on {addr}");
-        let process = self.spawn(&name, &args, &self.gateway_env, &format!("gateway-{i}.log"))?;
-        Ok(Node { process, addr, args })
+    fn spawn_gateway(&self, i: usize, extra: Vec<String>) -> Result<Starting, HarnessError> {
+        let name = format!("turnstile gateway {i}");
+        self.spawn(&name, "gateway", None, extra, &self.gateway_env, &format!("gateway-{i}"))
     }
 
+    /// Spawns `turnstile ROLE --nats … --listen 127.0.0.1:0 --http 127.0.0.1:0 --ready-file FILE.ready.json
+    /// [--id ID] EXTRA…` with its log in `FILE.log`. The NATS URLs are the current ones (a restarted
+    /// nats-server member has a new one); the ready file is removed first (it may be there from the
+    /// process this one restarts).
     fn spawn(
         &self,
         name: &str,
-        args: &[String],
+        role: &str,
+        id: Option<&str>,
+        extra: Vec<String>,
         env: &[(String, String)],
-        log: &str,
-    ) -> Result<ChildProcess, HarnessError> {
+        file: &str,
+    ) -> Result<Starting, HarnessError> {
+        let ready_file = self.scratch.path().join(format!("{file}.ready.json"));
+        match std::fs::remove_file(&ready_file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(HarnessError::io(format!("removing {}", ready_file.display()), e));
+            }
+            _ => {}
+        }
         let mut command = Command::new(&self.bin);
-        command.args(args).envs(env.iter().map(|(k, v)| (k, v)));
+        command.arg(role).args(self.common_args());
+        command.args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--ready-file"]).arg(&ready_file);
+        if let Some(id) = id {
+            command.args(["--id", id]);
+        }
+        command.args(&extra).envs(env.iter().map(|(k, v)| (k, v)));
         if std::env::var_os("RUST_LOG").is_none() {
             command.env("RUST_LOG", "info");
         }
         command.env("NO_COLOR", "1");
-        ChildProcess::spawn(name, command, &self.scratch.path().join(log))
-    }
-
-    /// Waits until worker `i` accepts connections on its internal port.
-    async fn wait_worker_listening(&mut self, i: usize) -> Result<(), HarnessError> {
-        let deadline = tokio::time::Instant::now() + DEFAULT_WAIT;
-        loop {
-            let node = &mut self.workers[i];
-            if let Some(e) = node.process.exited_error() {
-                return Err(e);
-            }
-            if tokio::net::TcpStream::connect(node.addr).await.is_ok() {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(HarnessError::StartTimeout {
-                    what: node.process.name().to_owned(),
-                    waited: DEFAULT_WAIT,
-                    log_tail: node.process.log_tail(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let process = ChildProcess::spawn(name, command, &self.scratch.path().join(format!("{file}.log")))?;
+        Ok(Starting { process, ready_file, extra })
     }
 
     /// Waits until a followup through gateway `g` is accepted (some worker owns the probe's shard).
@@ -277,6 +293,11 @@ impl Cluster {
         (0..self.workers.len()).find(|i| worker_id(*i) == id)
     }
 
+    /// The address worker `i` bound (its internal API), as it reported it; new after a restart.
+    pub fn worker_addr(&self, i: usize) -> SocketAddr {
+        self.workers[i].addr
+    }
+
     pub fn worker_log(&self, i: usize) -> &Path {
         self.workers[i].process.log_path()
     }
@@ -308,13 +329,15 @@ impl Cluster {
         self.workers[i].process.stop(grace).await;
     }
 
-    /// Starts worker `i` again (same id, same address) after a kill or stop.
+    /// Starts worker `i` again after a kill or stop: the same id and arguments, a new port (which it
+    /// advertises in its heartbeat and leases, so gateways find it there). Returns once it listens.
     pub async fn restart_worker(&mut self, i: usize) -> Result<(), HarnessError> {
-        let args = self.workers[i].args.clone();
-        let log = format!("worker-{}.log", worker_id(i));
-        let name = format!("turnstile worker {} on {}", worker_id(i), self.workers[i].addr);
-        self.workers[i].process = self.spawn(&name, &args, &self.worker_env, &log)?;
-        self.wait_worker_listening(i).await
+        // The old process is gone; make sure before its ready file is removed and reused.
+        self.workers[i].process.kill();
+        let extra = self.workers[i].extra.clone();
+        let starting = self.spawn_worker(i, extra)?;
+        self.workers[i] = starting.bound(worker_addr).await?;
+        Ok(())
     }
 
     /// The log tails of every process, for failure messages.

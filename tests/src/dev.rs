@@ -16,7 +16,7 @@ use turnstile_proto::v1::{GetSessionRequest, SessionRef};
 use crate::HarnessError;
 use crate::binary::turnstile_bin;
 use crate::nats::NatsServer;
-use crate::ports::free_loopback_addr;
+use crate::ports::read_turnstile_ready;
 use crate::process::ChildProcess;
 use crate::session::Session;
 
@@ -27,13 +27,11 @@ pub struct DevOptions {
     pub data_dir: Option<PathBuf>,
     /// `--nats URL`: keep sessions in JetStream (and find them again after a restart).
     pub nats_url: Option<String>,
-    /// Further arguments after `dev --listen ADDR`.
+    /// Further arguments after the harness's own `dev --listen 127.0.0.1:0 --http 127.0.0.1:0 --ready-file
+    /// FILE`.
     pub extra_args: Vec<String>,
-    /// Bound on the wait for the first successful gRPC call.
+    /// Bound on the wait for the bound addresses and then the first successful gRPC call.
     pub startup_timeout: Duration,
-    /// `--http 127.0.0.1:<free port>`: serve `/metrics`, `/healthz`, `/readyz` where
-    /// [`DevServer::http_addr`] says.
-    pub http: bool,
     /// The server speaks TLS (`--tls-cert/--tls-key` in `extra_args`): the harness dials
     /// `https://localhost:PORT` trusting this PEM CA.
     pub tls_ca: Option<PathBuf>,
@@ -46,7 +44,6 @@ impl Default for DevOptions {
             nats_url: None,
             extra_args: Vec::new(),
             startup_timeout: Duration::from_secs(30),
-            http: false,
             tls_ca: None,
         }
     }
@@ -60,11 +57,6 @@ impl DevOptions {
     /// On the JetStream journal of the nats-server at `url`.
     pub fn nats(url: impl Into<String>) -> Self {
         Self { nats_url: Some(url.into()), ..Self::default() }
-    }
-
-    /// The same, with the ops HTTP endpoints on a free loopback port.
-    pub fn with_http(self) -> Self {
-        Self { http: true, ..self }
     }
 }
 
@@ -125,7 +117,8 @@ macro_rules! backend_tests {
     };
 }
 
-/// A running `turnstile dev` on a free loopback port. Dropping it kills the process.
+/// A running `turnstile dev` on loopback ports it picked itself (port 0, read back from its `--ready-file`).
+/// Dropping it kills the process.
 #[derive(Debug)]
 pub struct DevServer {
     process: ChildProcess,
@@ -140,9 +133,6 @@ pub struct DevServer {
     nats: Option<NatsServer>,
 }
 
-/// Attempts when the child exits before serving (most likely: another process took the free port).
-const START_ATTEMPTS: usize = 3;
-
 impl DevServer {
     /// Starts an in-memory dev server.
     pub async fn start() -> Result<Self, HarnessError> {
@@ -153,34 +143,18 @@ impl DevServer {
         let bin = tokio::task::spawn_blocking(turnstile_bin)
             .await
             .map_err(|e| HarnessError::Build(format!("build task failed: {e}")))??;
-        let mut last = None;
-        for _ in 0..START_ATTEMPTS {
-            match Self::try_start(&bin, &opts).await {
-                Ok(server) => return Ok(server),
-                Err(e @ HarnessError::Exited { .. }) => last = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| HarnessError::Build("no start attempt was made".into())))
-    }
-
-    async fn try_start(bin: &Path, opts: &DevOptions) -> Result<Self, HarnessError> {
         let scratch = tempfile::Builder::new()
             .prefix("turnstile-dev-")
             .tempdir()
             .map_err(|e| HarnessError::io("creating a scratch dir", e))?;
-        let addr = free_loopback_addr()?;
+        let ready_file = scratch.path().join("ready.json");
         let mut command = Command::new(bin);
-        command.arg("dev").arg("--listen").arg(addr.to_string());
+        command.arg("dev").args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--ready-file"]).arg(&ready_file);
         if let Some(dir) = &opts.data_dir {
             command.arg("--data-dir").arg(dir);
         }
         if let Some(url) = &opts.nats_url {
             command.arg("--nats").arg(url);
-        }
-        let http_addr = if opts.http { Some(free_loopback_addr()?) } else { None };
-        if let Some(http) = http_addr {
-            command.arg("--http").arg(http.to_string());
         }
         command.args(&opts.extra_args);
         if std::env::var_os("RUST_LOG").is_none() {
@@ -188,9 +162,17 @@ impl DevServer {
         }
         command.env("NO_COLOR", "1");
         let log_path = scratch.path().join("turnstile-dev.log");
-        let mut process = ChildProcess::spawn(format!("turnstile dev on {addr}"), command, &log_path)?;
+        let started = tokio::time::Instant::now();
+        let mut process = ChildProcess::spawn("turnstile dev", command, &log_path)?;
+        let (addr, http_addr) = process
+            .wait_for("its --ready-file", opts.startup_timeout, |pid| {
+                read_turnstile_ready(&ready_file, pid).and_then(|r| Some((r.grpc?, r.http)))
+            })
+            .await?;
+        process.set_name(format!("turnstile dev on {addr}"));
         let endpoint = endpoint(addr, opts.tls_ca.as_deref())?;
-        let channel = wait_ready(&mut process, endpoint, opts.startup_timeout).await?;
+        let left = opts.startup_timeout.saturating_sub(started.elapsed());
+        let channel = wait_ready(&mut process, endpoint, left).await?;
         Ok(Self { process, addr, channel, http_addr, tls: opts.tls_ca.is_some(), _scratch: scratch, nats: None })
     }
 
@@ -198,7 +180,7 @@ impl DevServer {
         self.addr
     }
 
-    /// Where `/metrics`, `/healthz` and `/readyz` are served, when started [`DevOptions::with_http`].
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (`None` only if the server did not serve them).
     pub fn http_addr(&self) -> Option<SocketAddr> {
         self.http_addr
     }

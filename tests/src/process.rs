@@ -39,6 +39,11 @@ impl ChildProcess {
         &self.name
     }
 
+    /// Renames it for later messages (e.g. with the address it reported).
+    pub fn set_name(&mut self, name: impl Into<String>) {
+        self.name = name.into();
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
@@ -69,6 +74,41 @@ impl ChildProcess {
     pub fn exited_error(&mut self) -> Option<HarnessError> {
         let status = self.exited()?;
         Some(HarnessError::Exited { what: self.name.clone(), status, log_tail: self.log_tail() })
+    }
+
+    /// Waits (bounded by `timeout`) until `probe`, given the process id, finds what the starting process
+    /// reports ([`crate::ports`]: its bound addresses). Fails as soon as the process exits, and on timeout,
+    /// with the log's tail; `what` names the awaited report in that message.
+    pub async fn wait_for<T>(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut probe: impl FnMut(u32) -> Option<T>,
+    ) -> Result<T, HarnessError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(e) = self.exited_error() {
+                return Err(e);
+            }
+            let Some(pid) = self.pid() else {
+                return Err(HarnessError::Exited {
+                    what: self.name.clone(),
+                    status: "killed".into(),
+                    log_tail: self.log_tail(),
+                });
+            };
+            if let Some(found) = probe(pid) {
+                return Ok(found);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(HarnessError::StartTimeout {
+                    what: format!("{} ({what})", self.name),
+                    waited: timeout,
+                    log_tail: self.log_tail(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// SIGKILL and reap: the crash case. Idempotent.

@@ -583,6 +583,18 @@ async fn rolling_restart_under_load_loses_and_duplicates_nothing() {
         // step boundary).
         wait_shares(&cluster, &map, &workers, 10).await;
         let back = t.elapsed();
+        // It came back on a port of its own choosing, and its leases name that port: gateways dial
+        // what the lease says.
+        let bound = cluster.worker_addr(i).to_string();
+        let leased: Vec<String> = {
+            let (map, now) = (map.borrow(), now_ms());
+            (0..SHARDS)
+                .filter_map(|s| map.owner(s, now))
+                .filter(|l| l.owner == workers[i])
+                .map(|l| l.addr.clone())
+                .collect()
+        };
+        assert!(leased.iter().all(|a| *a == bound), "{} bound {bound} but its leases say {leased:?}", workers[i]);
         println!(
             "rolling restart: {} drained and exited in {} ms, holds {} shards again {} ms after SIGTERM",
             workers[i],

@@ -21,7 +21,7 @@ use turnstile_journal::{JetStreamConfig, JetStreamLog, SessionLog};
 use turnstile_proto::v1::watch_item::Item;
 use turnstile_proto::v1::{LiveEvent, SessionEvent, SessionRef, SessionStatus, WatchItem};
 use turnstile_tests::binary::turnstile_bin;
-use turnstile_tests::ports::free_loopback_addr;
+use turnstile_tests::ports::ClosedPort;
 use turnstile_tests::process::ChildProcess;
 use turnstile_tests::watch::check_stream;
 use turnstile_tests::{
@@ -109,8 +109,9 @@ fn is_idle_status(e: &LiveEvent) -> bool {
 #[tokio::test]
 async fn an_unreachable_nats_at_startup_is_named_and_exits_1() {
     let bin = tokio::task::spawn_blocking(turnstile_bin).await.unwrap().unwrap();
-    // A port nobody listens on: bound a moment ago and released.
-    let url = format!("nats://{}", free_loopback_addr().unwrap());
+    // A port nobody listens on: held bound, never listening, for the whole test.
+    let closed = ClosedPort::new().unwrap();
+    let url = format!("nats://{}", closed.addr());
     let scratch = tempfile::tempdir().unwrap();
     let log = scratch.path().join("dev.log");
     let mut command = Command::new(bin);

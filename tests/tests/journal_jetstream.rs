@@ -281,8 +281,9 @@ async fn a_restarted_server_keeps_the_log() {
 /// Nothing listens: `connect` fails with `Unavailable` naming the URL, well inside the bound.
 #[tokio::test]
 async fn connecting_to_nothing_fails_promptly_naming_the_url() {
-    let addr = turnstile_tests::ports::free_loopback_addr().unwrap();
-    let url = format!("nats://{addr}");
+    // Held bound, never listening, for the whole test.
+    let closed = turnstile_tests::ports::ClosedPort::new().unwrap();
+    let url = format!("nats://{}", closed.addr());
     let config = JetStreamConfig { connect_timeout: Duration::from_secs(2), ..JetStreamConfig::new(&url) };
     let result = tokio::time::timeout(WAIT, JetStreamLog::connect(config)).await.expect("connect gives up by itself");
     match result {

@@ -17,7 +17,7 @@ use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 use turnstile_proto::v1::session_event::Payload;
 use turnstile_proto::v1::{SessionEvent, SpliceOutcome, Target};
-use turnstile_tests::{DEFAULT_WAIT, DevOptions, DevServer, Session, user_msg};
+use turnstile_tests::{DEFAULT_WAIT, DevServer, Session, user_msg};
 
 /// `GET path` over a fresh HTTP/1.1 connection: (status code, body).
 async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -119,7 +119,7 @@ async fn idle(s: &Session) {
 
 #[tokio::test]
 async fn metrics_count_a_scripted_workload_by_what_its_logs_hold() {
-    let server = DevServer::start_with(DevOptions::default().with_http()).await.unwrap();
+    let server = DevServer::start().await.unwrap();
     let http = server.http_addr().unwrap();
 
     // One Watch open is one on the gauge, and closing it takes it off again.
@@ -197,7 +197,7 @@ async fn metrics_count_a_scripted_workload_by_what_its_logs_hold() {
 
 #[tokio::test]
 async fn reflection_lists_the_services_and_health_says_serving() {
-    let server = DevServer::start_with(DevOptions::default().with_http()).await.unwrap();
+    let server = DevServer::start().await.unwrap();
     let channel = tonic::transport::Endpoint::from_shared(server.url()).unwrap().connect().await.unwrap();
 
     let mut reflection = ServerReflectionClient::new(channel.clone());

@@ -64,6 +64,8 @@ struct Node {
     process: ChildProcess,
     /// The bound address of its gRPC API (public for a gateway, internal for a worker).
     addr: SocketAddr,
+    /// Its `/metrics` endpoint.
+    http: Option<SocketAddr>,
     /// Arguments after `--nats …` (see [`Cluster::args`]).
     extra: Vec<String>,
 }
@@ -80,15 +82,15 @@ impl Starting {
     /// Waits (bounded) for the `--ready-file` and takes the address `pick` chooses from it.
     async fn bound(mut self, pick: fn(&TurnstileReady) -> Option<SocketAddr>) -> Result<Node, HarnessError> {
         let ready_file = self.ready_file;
-        let addr = self
+        let (addr, http) = self
             .process
             .wait_for("its --ready-file", DEFAULT_WAIT, |pid| {
-                read_turnstile_ready(&ready_file, pid).as_ref().and_then(pick)
+                read_turnstile_ready(&ready_file, pid).and_then(|r| Some((pick(&r)?, r.http)))
             })
             .await?;
         let name = format!("{} on {addr}", self.process.name());
         self.process.set_name(name);
-        Ok(Node { process: self.process, addr, extra: self.extra })
+        Ok(Node { process: self.process, addr, http, extra: self.extra })
     }
 }
 
@@ -152,7 +154,52 @@ impl Cluster {
         for g in 0..cluster.gateways.len() {
             cluster.wait_routing(g).await?;
         }
+        cluster.wait_balanced().await?;
         Ok(cluster)
+    }
+
+    /// Waits (bounded) until the shards are settled: every virtual shard is owned and no worker holds
+    /// more than its fair share, read from each worker's `turnstile_shards_owned` gauge. Until then
+    /// shards still move at start-up, and a turn that is running when its shard moves is (correctly)
+    /// interrupted and resumed by the new owner, which tests that count events must not meet by chance.
+    pub async fn wait_balanced(&self) -> Result<(), HarnessError> {
+        let deadline = tokio::time::Instant::now() + DEFAULT_WAIT;
+        let live = self.workers.len();
+        if live == 0 {
+            return Ok(());
+        }
+        // The workers' `--shards`, else the default.
+        let shards = self.workers[0]
+            .extra
+            .windows(2)
+            .find(|w| w[0] == "--shards")
+            .and_then(|w| w[1].parse::<u64>().ok())
+            .unwrap_or(DEFAULT_SHARDS);
+        let fair = shards.div_ceil(live as u64);
+        loop {
+            let mut owned = Vec::with_capacity(live);
+            for worker in &self.workers {
+                owned.push(match worker.http {
+                    Some(http) => shards_owned(http).await,
+                    None => None,
+                });
+            }
+            let counts: Option<Vec<u64>> = owned.into_iter().collect();
+            if let Some(counts) = &counts
+                && counts.iter().sum::<u64>() == shards
+                && counts.iter().all(|c| *c <= fair)
+            {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(HarnessError::StartTimeout {
+                    what: format!("shards to settle (owned per worker: {counts:?}, fair share {fair})"),
+                    waited: DEFAULT_WAIT,
+                    log_tail: self.logs(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     fn common_args(&self) -> Vec<String> {
@@ -391,4 +438,19 @@ async fn wait_gateway(workers: &mut [Node], addr: SocketAddr, process: &ChildPro
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The virtual shards of a worker started without `--shards`.
+const DEFAULT_SHARDS: u64 = 256;
+
+/// A worker's `turnstile_shards_owned` gauge, `None` while it cannot be read.
+async fn shards_owned(http: SocketAddr) -> Option<u64> {
+    let (status, body) = crate::nats::http_get(http, "/metrics").await?;
+    if status != 200 {
+        return None;
+    }
+    body.lines()
+        .find_map(|line| line.strip_prefix("turnstile_shards_owned "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
 }

@@ -278,7 +278,7 @@ async fn healthz(monitor: SocketAddr) -> bool {
 
 /// One plain HTTP/1.0 GET on the monitoring port: the status code and the body, `None` when the server
 /// does not answer within 2 s.
-async fn http_get(monitor: SocketAddr, path: &str) -> Option<(u16, String)> {
+pub(crate) async fn http_get(monitor: SocketAddr, path: &str) -> Option<(u16, String)> {
     let attempt = async {
         let mut stream = tokio::net::TcpStream::connect(monitor).await.ok()?;
         let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");

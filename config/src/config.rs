@@ -321,7 +321,7 @@ impl Config {
         }
         for (name, server) in &self.mcp {
             let path = root.key("mcp").key(name);
-            let rule = "1 to 64 letters, digits, '_' or '-', without \"__\" or a trailing '_' (tools are offered as NAME__TOOL)";
+            let rule = "1 to 64 letters, digits, '_' or '-', without \"__\" or a trailing '_', since tools are offered as NAME__TOOL";
             check_name(&path, name, &server.name, is_server_name(name), rule)?;
             server.check(&path)?;
         }

@@ -69,28 +69,38 @@ macro_rules! keyword_enum {
             }
         }
 
-        impl<'de> ::serde::Deserialize<'de> for $name {
-            fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = <String as ::serde::Deserialize>::deserialize(d)?;
-                s.parse().map_err(::serde::de::Error::custom)
-            }
-        }
+        $crate::names::deserialize_from_str!($name);
     };
 }
 pub(crate) use keyword_enum;
 
-/// Deserializes a type through its `FromStr`, so that its message is the error's.
+/// Deserializes a type from a string through its `FromStr`, so that its message is the error's.
 macro_rules! deserialize_from_str {
     ($name:ty) => {
         impl<'de> ::serde::Deserialize<'de> for $name {
             fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = <String as ::serde::Deserialize>::deserialize(d)?;
-                s.parse().map_err(::serde::de::Error::custom)
+                d.deserialize_str($crate::names::FromStrVisitor(::std::marker::PhantomData))
             }
         }
     };
 }
 pub(crate) use deserialize_from_str;
+
+/// Parses the string in `visit_str`, so that toml gives the error the span of the very value (an array
+/// element, not the whole array).
+pub(crate) struct FromStrVisitor<T>(pub(crate) std::marker::PhantomData<T>);
+
+impl<T: std::str::FromStr<Err = ValueError>> serde::de::Visitor<'_> for FromStrVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
+        v.parse().map_err(E::custom)
+    }
+}
 
 /// What [`is_name`] allows, for messages.
 pub(crate) const NAME_RULE: &str = "1 to 64 letters, digits, '_' or '-'";

@@ -43,7 +43,7 @@ pub struct Config {
     pub default_agent: String,
     /// Per-message and per-session limits (SPEC §2).
     pub limits: Limits,
-    /// Shard layout and lease timings of a cluster (ignored by the embedded `dev`).
+    /// Shard layout and lease timings of a cluster (`dev --nats` uses only `partitions` and `replicas`).
     pub cluster: ClusterConfig,
     /// Snapshots, passivation and the dedup horizon.
     pub journal: JournalConfig,

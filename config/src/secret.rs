@@ -41,8 +41,9 @@ impl fmt::Display for Secret {
     }
 }
 
-/// Reads environment variable `variable` through `env` for the key at `key`: `Ok(None)` never; an unset or
-/// blank variable is an error naming both (and never the value).
+/// Reads environment variable `variable` through `env` for the key at `key`, trimmed; an unset or blank
+/// variable is an error naming both the key and the variable (never a value). `purpose` says what the
+/// variable should hold.
 pub(crate) fn from_env(
     key: &str,
     variable: &str,

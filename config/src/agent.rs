@@ -1,0 +1,208 @@
+//! `[agents.NAME]`: the profiles sessions run (SPEC §8).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::names::keyword_enum;
+use crate::path::{Invalid, KeyPath, positive};
+use crate::tools::{Builtin, ToolId, ToolPattern, ToolRef};
+use crate::url::HttpUrl;
+
+keyword_enum! {
+    /// What a remote pre-step hook's timeout or error does to the turn (SPEC §9). Default `error`.
+    #[derive(Default)]
+    pub enum OnFailure ("on_failure") {
+        /// Live `agent/error`, the turn ends `error`.
+        #[default]
+        Error = "error",
+        /// As if the hook rejected: the turn ends `blocked`.
+        Reject = "reject",
+        /// The hook is left out: the batch goes on as it came in.
+        Skip = "skip",
+    }
+}
+
+/// A remote pre-step hook: the gRPC service `turnstile.hooks.v1.PreStepHook` at `url`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookConfig {
+    /// Where the service listens (http or https).
+    pub url: HttpUrl,
+    /// Deadline of one call, in ms. Default 1,000.
+    #[serde(default = "HookConfig::default_deadline_ms")]
+    pub deadline_ms: u64,
+    /// What a timeout or error does. Default `error`.
+    #[serde(default)]
+    pub on_failure: OnFailure,
+}
+
+impl HookConfig {
+    fn default_deadline_ms() -> u64 {
+        1000
+    }
+
+    /// `deadline_ms` as a duration.
+    pub fn deadline(&self) -> Duration {
+        Duration::from_millis(self.deadline_ms)
+    }
+}
+
+/// An agent profile (`[agents.NAME]`).
+///
+/// ```
+/// use turnstile_config::{Config, ToolId};
+///
+/// let config = Config::from_toml_str(
+///     "[agents.careful]\ntools = [\"sleep\", \"client:deploy\"]\napproval = [\"client:*\"]\n",
+/// )
+/// .unwrap();
+/// let careful = &config.agents["careful"];
+/// assert_eq!(careful.model, "scripted");
+/// assert!(careful.offers(ToolId::Client("deploy")));
+/// assert!(careful.requires_approval(ToolId::Client("deploy")));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// The table's name (`NAME` of `[agents.NAME]`); set by the parser, not written in the file.
+    #[serde(skip)]
+    pub name: String,
+    /// The model it runs on (a `[models.NAME]`). Default `scripted`.
+    pub model: String,
+    /// The system prompt. Default empty (none sent).
+    pub system: String,
+    /// The tools it may call. Default none.
+    pub tools: Vec<ToolRef>,
+    /// Calls that wait for a `Decide` before they run. Default none.
+    pub approval: Vec<ToolPattern>,
+    /// History sent with each request, in whole turns before the current one. Default 100.
+    pub history_turns: u32,
+    /// Remote pre-step hooks, in order, after the built-in content guard. Default none.
+    pub hooks: Vec<HookConfig>,
+    /// Deadline of one tool call, in ms. Default `[tools] deadline_ms` (60,000).
+    pub tool_deadline_ms: Option<u64>,
+    /// Model steps one turn may take before it ends `error`. Default unlimited.
+    pub max_steps_per_turn: Option<u32>,
+    /// Estimated request size, in tokens, above which the oldest turns are compacted (SPEC §13).
+    /// Default: never compact.
+    pub context_budget_tokens: Option<u64>,
+    /// The model that writes compaction summaries (a `[models.NAME]`). Default the agent's model.
+    pub compaction_model: Option<String>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            model: crate::SCRIPTED.to_owned(),
+            system: String::new(),
+            tools: Vec::new(),
+            approval: Vec::new(),
+            history_turns: 100,
+            hooks: Vec::new(),
+            tool_deadline_ms: None,
+            max_steps_per_turn: None,
+            context_budget_tokens: None,
+            compaction_model: None,
+        }
+    }
+}
+
+impl AgentConfig {
+    /// The built-in agent `scripted`: the scripted model with the tools `sleep`, `echo` and `clock`.
+    pub fn scripted() -> Self {
+        Self {
+            name: crate::SCRIPTED.to_owned(),
+            tools: vec![
+                ToolRef::Builtin(Builtin::Sleep),
+                ToolRef::Builtin(Builtin::Echo),
+                ToolRef::Builtin(Builtin::Clock),
+            ],
+            ..Self::default()
+        }
+    }
+
+    /// Whether the agent may call `tool`.
+    pub fn offers(&self, tool: ToolId<'_>) -> bool {
+        self.tools.iter().any(|t| t.matches(tool))
+    }
+
+    /// Whether a call of `tool` waits for a `Decide`.
+    pub fn requires_approval(&self, tool: ToolId<'_>) -> bool {
+        self.approval.iter().any(|p| p.matches(tool))
+    }
+
+    /// The model compaction uses: `compaction_model`, else `model`.
+    pub fn compaction_model(&self) -> &str {
+        self.compaction_model.as_deref().unwrap_or(&self.model)
+    }
+
+    /// Checks the agent against the rest of the configuration: models and MCP servers it names exist,
+    /// approval patterns can match one of its tools, numbers are in range.
+    pub(crate) fn check(&self, path: &KeyPath, config: &crate::Config) -> Result<(), Invalid> {
+        let known_model = |key: &str, name: &str| {
+            if config.models.contains_key(name) {
+                Ok(())
+            } else {
+                Err(path
+                    .key(key)
+                    .invalid(format!("no model named {name:?} (known: {})", crate::names::known(config.models.keys()))))
+            }
+        };
+        known_model("model", &self.model)?;
+        if let Some(name) = &self.compaction_model {
+            known_model("compaction_model", name)?;
+        }
+        let known_server = |key: KeyPath, entry: &dyn std::fmt::Display, server: Option<&str>| match server {
+            Some(server) if !config.mcp.contains_key(server) => Err(key.invalid(format!(
+                "\"{entry}\": no MCP server named {server:?} (known: {})",
+                crate::names::known(config.mcp.keys())
+            ))),
+            _ => Ok(()),
+        };
+        for (i, tool) in self.tools.iter().enumerate() {
+            known_server(path.key("tools").index(i), tool, tool.mcp_server())?;
+            if let Some(first) = self.tools[..i].iter().position(|t| t == tool) {
+                return Err(path
+                    .key("tools")
+                    .index(i)
+                    .invalid(format!("\"{tool}\" is already listed (tools[{first}])")));
+            }
+        }
+        for (i, pattern) in self.approval.iter().enumerate() {
+            let key = path.key("approval").index(i);
+            known_server(key.clone(), pattern, pattern.mcp_server())?;
+            if !self.tools.iter().any(|t| pattern.may_match(t)) {
+                let tools: Vec<String> = self.tools.iter().map(ToString::to_string).collect();
+                let tools = if tools.is_empty() { "none".to_owned() } else { tools.join(", ") };
+                return Err(key.invalid(format!(
+                    "\"{pattern}\" matches none of this agent's tools (tools: {tools}); add the tool to tools or remove the pattern"
+                )));
+            }
+        }
+        for (i, hook) in self.hooks.iter().enumerate() {
+            positive(
+                &path.key("hooks").index(i),
+                "deadline_ms",
+                hook.deadline_ms,
+                "a deadline of 0 would fail every step",
+            )?;
+        }
+        if let Some(ms) = self.tool_deadline_ms {
+            positive(path, "tool_deadline_ms", ms, "a deadline of 0 would fail every call")?;
+        }
+        if let Some(n) = self.max_steps_per_turn {
+            positive(path, "max_steps_per_turn", u64::from(n), "0 would end every turn before its first step")?;
+        }
+        if let Some(n) = self.context_budget_tokens {
+            positive(
+                path,
+                "context_budget_tokens",
+                n,
+                "0 would compact before every step; leave it out to never compact",
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,408 @@
+//! [`Config`]: the whole file, its sections, loading and validation.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::de::DeTable;
+
+use crate::agent::AgentConfig;
+use crate::error::ConfigError;
+use crate::mcp::McpServerConfig;
+use crate::model::ModelConfig;
+use crate::names::{NAME_RULE, is_name, known};
+use crate::path::{self, Invalid, KeyPath, positive};
+use crate::tools::{ToolId, is_server_name};
+
+/// The name of the built-in agent and of the built-in model it runs on.
+pub const SCRIPTED: &str = "scripted";
+
+/// The environment variable that names the configuration file when `--config` is not given.
+pub const CONFIG_ENV: &str = "TURNSTILE_CONFIG";
+
+/// The configuration of a node (API.md "Configuration"): every key optional, the same file on every node.
+///
+/// Parsing fills in defaults, adds the built-in model and agent `scripted` unless the file defines its own,
+/// and validates; the fields are public so that command-line flags can override them afterwards (call
+/// [`Config::validate`] again after changing them).
+///
+/// ```
+/// use turnstile_config::Config;
+///
+/// let config = Config::from_toml_str("[limits]\nmax_pending = 50\n").unwrap();
+/// assert_eq!(config.limits.max_pending, 50);
+/// assert_eq!(config.limits.max_message_bytes, 1024 * 1024);
+/// assert_eq!(config.default_agent, "scripted");
+/// assert_eq!(config, Config::from_toml_str("").map(|mut c| { c.limits.max_pending = 50; c }).unwrap());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The agent a session runs until `ConfigureSession` names another. Default `scripted`.
+    pub default_agent: String,
+    /// Per-message and per-session limits (SPEC §2).
+    pub limits: Limits,
+    /// Shard layout and lease timings of a cluster (`dev --nats` uses only `partitions` and `replicas`).
+    pub cluster: ClusterConfig,
+    /// Snapshots, passivation and the dedup horizon.
+    pub journal: JournalConfig,
+    /// Defaults for tool calls.
+    pub tools: ToolDefaults,
+    /// Model endpoints by name; always has `scripted`.
+    pub models: BTreeMap<String, ModelConfig>,
+    /// MCP servers by name.
+    pub mcp: BTreeMap<String, McpServerConfig>,
+    /// Agent profiles by name; always has `scripted`.
+    pub agents: BTreeMap<String, AgentConfig>,
+}
+
+/// `[limits]`: what one delivery may carry (SPEC §2).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Content bytes (text + data) of one message; larger ones are invalid-argument. Default 1 MiB.
+    pub max_message_bytes: usize,
+    /// Pending items across both lists of one session; more are resource-exhausted. Default 1,000.
+    pub max_pending: usize,
+    /// `WhenIdle` timeout when the caller gives none, in ms. Default 30,000.
+    pub when_idle_timeout_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_message_bytes: 1024 * 1024, max_pending: 1000, when_idle_timeout_ms: 30_000 }
+    }
+}
+
+impl Limits {
+    /// `when_idle_timeout_ms` as a duration.
+    pub fn when_idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.when_idle_timeout_ms)
+    }
+}
+
+/// `[cluster]`: how a NATS cluster's sessions are laid out and owned (ARCHITECTURE.md, decision 0005).
+/// `shards`, `partitions` and `replicas` are part of the layout: every node of a cluster must agree.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Virtual shards sessions are hashed to (V). Default 256.
+    pub shards: u32,
+    /// JetStream event streams sessions are spread over. Default 1.
+    pub partitions: u32,
+    /// Replicas of each stream and KV bucket: 1 for one NATS server, 3 for a cluster. Default 1.
+    pub replicas: u32,
+    /// How long a shard lease lasts without renewal: the failover time after a crash, in ms. Default 1,500.
+    pub lease_ttl_ms: u64,
+    /// How often leases are renewed and fair shares recomputed, in ms. Default 400.
+    pub renew_ms: u64,
+    /// How long a worker's heartbeat keeps it counted as live, in ms. Default 3,000.
+    pub worker_ttl_ms: u64,
+    /// How long running steps may take to finish when shards are handed over or at SIGTERM, in ms.
+    /// Default 10,000.
+    pub drain_timeout_ms: u64,
+    /// How long a gateway command may wait for a shard owner while shards move, in ms. Default 10,000.
+    pub route_deadline_ms: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            shards: 256,
+            partitions: 1,
+            replicas: 1,
+            lease_ttl_ms: 1500,
+            renew_ms: 400,
+            worker_ttl_ms: 3000,
+            drain_timeout_ms: 10_000,
+            route_deadline_ms: 10_000,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// `lease_ttl_ms` as a duration.
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_millis(self.lease_ttl_ms)
+    }
+
+    /// `renew_ms` as a duration.
+    pub fn renew_every(&self) -> Duration {
+        Duration::from_millis(self.renew_ms)
+    }
+
+    /// `worker_ttl_ms` as a duration.
+    pub fn worker_ttl(&self) -> Duration {
+        Duration::from_millis(self.worker_ttl_ms)
+    }
+
+    /// `drain_timeout_ms` as a duration.
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
+    }
+
+    /// `route_deadline_ms` as a duration.
+    pub fn route_deadline(&self) -> Duration {
+        Duration::from_millis(self.route_deadline_ms)
+    }
+}
+
+/// `[journal]`: how session state is kept (decision 0006).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JournalConfig {
+    /// A snapshot is written after this many new events (and when a session is unloaded). Default 100.
+    pub snapshot_every: u64,
+    /// An idle session with nothing waiting is unloaded after this long, in ms. Default 300,000.
+    pub passivate_after_ms: u64,
+    /// Accepted MessageIds remembered per session for idempotent retries; at least 10,000 (SPEC §2).
+    /// Default 10,000.
+    pub dedup_horizon: usize,
+}
+
+/// The smallest dedup horizon SPEC §2 allows.
+pub const MIN_DEDUP_HORIZON: usize = 10_000;
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        Self { snapshot_every: 100, passivate_after_ms: 300_000, dedup_horizon: MIN_DEDUP_HORIZON }
+    }
+}
+
+impl JournalConfig {
+    /// `passivate_after_ms` as a duration.
+    pub fn passivate_after(&self) -> Duration {
+        Duration::from_millis(self.passivate_after_ms)
+    }
+}
+
+/// `[tools]`: defaults for tool calls.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolDefaults {
+    /// Deadline of one tool call when neither its MCP server nor its agent sets one, in ms. Default 60,000.
+    pub deadline_ms: u64,
+}
+
+impl Default for ToolDefaults {
+    fn default() -> Self {
+        Self { deadline_ms: 60_000 }
+    }
+}
+
+impl Default for Config {
+    /// The configuration without a file: the agent `scripted` on the model `scripted`, with the tools
+    /// `sleep`, `echo` and `clock`, and the default limits and timings.
+    fn default() -> Self {
+        Self {
+            default_agent: SCRIPTED.to_owned(),
+            limits: Limits::default(),
+            cluster: ClusterConfig::default(),
+            journal: JournalConfig::default(),
+            tools: ToolDefaults::default(),
+            models: BTreeMap::from([(SCRIPTED.to_owned(), ModelConfig::scripted())]),
+            mcp: BTreeMap::new(),
+            agents: BTreeMap::from([(SCRIPTED.to_owned(), AgentConfig::scripted())]),
+        }
+    }
+}
+
+impl Config {
+    /// Parses and validates a configuration text. Errors name the key and its line and column.
+    ///
+    /// ```
+    /// use turnstile_config::Config;
+    ///
+    /// let err = Config::from_toml_str("[models.local]\nprovider = \"foo\"\n").unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     r#"line 2, column 12: models.local.provider: unknown provider "foo" (allowed: openai, anthropic, scripted)"#
+    /// );
+    /// ```
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let root = DeTable::parse(text).map_err(|e| path::syntax_error(text, &e))?;
+        let root = root.get_ref();
+        let mut config: Self = toml::from_str(text).map_err(|e| path::deserialize_error(text, root, &e))?;
+        config.normalize();
+        config.check().map_err(|e| e.into_error(Some((text, root))))?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates the file at `path`; errors start with the file's name.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Read { path: path.to_path_buf(), reason: e.to_string() })?;
+        Self::from_toml_str(&text).map_err(|e| e.in_file(PathBuf::from(path)))
+    }
+
+    /// [`Config::load`] when a file is named (by `--config` or [`CONFIG_ENV`]), else the default.
+    pub fn load_or_default(path: Option<&Path>) -> Result<Self, ConfigError> {
+        path.map_or_else(|| Ok(Self::default()), Self::load)
+    }
+
+    /// Adds the built-in model and agent `scripted` where the maps lack them and sets every entry's `name`
+    /// to its key. The parser does this; call it on a configuration built in code before
+    /// [`Config::validate`].
+    pub fn normalize(&mut self) {
+        self.models.entry(SCRIPTED.to_owned()).or_insert_with(ModelConfig::scripted);
+        self.agents.entry(SCRIPTED.to_owned()).or_insert_with(AgentConfig::scripted);
+        for (name, model) in &mut self.models {
+            model.name.clone_from(name);
+        }
+        for (name, server) in &mut self.mcp {
+            server.name.clone_from(name);
+        }
+        for (name, agent) in &mut self.agents {
+            agent.name.clone_from(name);
+        }
+    }
+
+    /// Checks the whole configuration (after flags changed it, say); the first problem is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check().map_err(|e| e.into_error(None))
+    }
+
+    /// The agent named `name`.
+    pub fn agent(&self, name: &str) -> Option<&AgentConfig> {
+        self.agents.get(name)
+    }
+
+    /// The `default_agent`'s profile (present in a validated configuration).
+    pub fn default_agent(&self) -> Option<&AgentConfig> {
+        self.agents.get(&self.default_agent)
+    }
+
+    /// The model `agent` runs on (present in a validated configuration).
+    pub fn model_of(&self, agent: &AgentConfig) -> Option<&ModelConfig> {
+        self.models.get(&agent.model)
+    }
+
+    /// The agents' names, sorted and comma-separated, for messages such as an unknown agent in
+    /// `ConfigureSession`.
+    pub fn agent_names(&self) -> String {
+        known(self.agents.keys())
+    }
+
+    /// The deadline of a call of `tool` by `agent`: the MCP server's `tool_deadline_ms`, else the agent's,
+    /// else `[tools] deadline_ms`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile_config::{Builtin, Config, ToolId};
+    ///
+    /// let config = Config::default();
+    /// let agent = config.default_agent().unwrap();
+    /// assert_eq!(config.tool_deadline(agent, ToolId::Builtin(Builtin::Sleep)), Duration::from_secs(60));
+    /// ```
+    pub fn tool_deadline(&self, agent: &AgentConfig, tool: ToolId<'_>) -> Duration {
+        let server = match tool {
+            ToolId::Mcp { server, .. } => self.mcp.get(server).and_then(|s| s.tool_deadline_ms),
+            ToolId::Builtin(_) | ToolId::Client(_) => None,
+        };
+        Duration::from_millis(server.or(agent.tool_deadline_ms).unwrap_or(self.tools.deadline_ms))
+    }
+
+    fn check(&self) -> Result<(), Invalid> {
+        let root = KeyPath::root();
+        if !self.agents.contains_key(&self.default_agent) {
+            return Err(root.key("default_agent").invalid(format!(
+                "no agent named {:?} (known: {})",
+                self.default_agent,
+                known(self.agents.keys())
+            )));
+        }
+        self.check_sections(&root)?;
+        for (name, model) in &self.models {
+            let path = root.key("models").key(name);
+            check_name(&path, name, &model.name, is_name(name), NAME_RULE)?;
+            model.check(&path)?;
+        }
+        for (name, server) in &self.mcp {
+            let path = root.key("mcp").key(name);
+            let rule = "1 to 64 letters, digits, '_' or '-', without \"__\" or a trailing '_', since tools are offered as NAME__TOOL";
+            check_name(&path, name, &server.name, is_server_name(name), rule)?;
+            server.check(&path)?;
+        }
+        for (name, agent) in &self.agents {
+            let path = root.key("agents").key(name);
+            check_name(&path, name, &agent.name, is_name(name), NAME_RULE)?;
+            agent.check(&path, self)?;
+        }
+        Ok(())
+    }
+
+    fn check_sections(&self, root: &KeyPath) -> Result<(), Invalid> {
+        let limits = root.key("limits");
+        positive(&limits, "max_message_bytes", self.limits.max_message_bytes as u64, "0 would refuse every message")?;
+        positive(&limits, "max_pending", self.limits.max_pending as u64, "0 would refuse every delivery")?;
+        positive(&limits, "when_idle_timeout_ms", self.limits.when_idle_timeout_ms, "0 would time out every WhenIdle")?;
+
+        let c = &self.cluster;
+        let cluster = root.key("cluster");
+        positive(&cluster, "partitions", u64::from(c.partitions), "sessions need at least one stream")?;
+        if c.shards < c.partitions {
+            return Err(cluster.key("shards").invalid(format!(
+                "{} is below partitions ({}); every partition needs at least one shard",
+                c.shards, c.partitions
+            )));
+        }
+        if !(1..=5).contains(&c.replicas) {
+            return Err(cluster.key("replicas").invalid(format!(
+                "{} is out of range (allowed: 1 to 5; 1 for one NATS server, 3 for a cluster)",
+                c.replicas
+            )));
+        }
+        if c.lease_ttl_ms < 100 {
+            return Err(cluster.key("lease_ttl_ms").invalid(format!(
+                "{} is below 100; a lease shorter than that lapses between renewals",
+                c.lease_ttl_ms
+            )));
+        }
+        if c.renew_ms < 10 {
+            return Err(cluster.key("renew_ms").invalid(format!("{} is below 10 (allowed: 10 and above)", c.renew_ms)));
+        }
+        if c.renew_ms >= c.lease_ttl_ms {
+            return Err(cluster.key("renew_ms").invalid(format!(
+                "{} must be below lease_ttl_ms ({}), or leases lapse between renewals; try a third of it",
+                c.renew_ms, c.lease_ttl_ms
+            )));
+        }
+        if c.worker_ttl_ms <= c.renew_ms {
+            return Err(cluster.key("worker_ttl_ms").invalid(format!(
+                "{} must be above renew_ms ({}), or live workers drop out between heartbeats; try several times it",
+                c.worker_ttl_ms, c.renew_ms
+            )));
+        }
+
+        let journal = root.key("journal");
+        positive(&journal, "snapshot_every", self.journal.snapshot_every, "0 would mean a snapshot before any event")?;
+        positive(
+            &journal,
+            "passivate_after_ms",
+            self.journal.passivate_after_ms,
+            "0 would unload every session as soon as it idles; use a large value to keep sessions loaded",
+        )?;
+        if self.journal.dedup_horizon < MIN_DEDUP_HORIZON {
+            return Err(journal.key("dedup_horizon").invalid(format!(
+                "{} is below {MIN_DEDUP_HORIZON}, the least SPEC §2 promises for idempotent retries",
+                self.journal.dedup_horizon
+            )));
+        }
+        positive(&root.key("tools"), "deadline_ms", self.tools.deadline_ms, "a deadline of 0 would fail every call")
+    }
+}
+
+/// A map key must be a usable name, and an entry built in code must carry its key as its name.
+fn check_name(path: &KeyPath, key: &str, name: &str, ok: bool, rule: &str) -> Result<(), Invalid> {
+    if !ok {
+        return Err(path.invalid(format!("not a valid name (allowed: {rule})")));
+    }
+    if name != key {
+        return Err(path.invalid(format!(
+            "the entry's name is {name:?} but its key is {key:?}; call Config::normalize after building a configuration in code"
+        )));
+    }
+    Ok(())
+}

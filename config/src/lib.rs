@@ -1,0 +1,60 @@
+//! Turnstile's configuration file (API.md "Configuration"; reference: `docs/CONFIGURATION.md`), parsed into
+//! typed structs, defaulted and validated.
+//!
+//! Its place in the architecture: `node/` loads one [`Config`] per process (`--config FILE`, or the file
+//! [`CONFIG_ENV`] names; the same file on every node), lets command-line flags override its public fields,
+//! and hands the parts to the roles it wires: the gateway reads [`Limits`] and [`ClusterConfig`]'s layout
+//! and route deadline; the worker reads the agents ([`AgentConfig`]), their models ([`ModelConfig`]), MCP
+//! servers ([`McpServerConfig`]), hooks ([`HookConfig`]) and tools ([`ToolRef`], [`ToolPattern`]), the
+//! lease timings and the [`JournalConfig`]. Nothing here does I/O beyond reading the file: no async runtime,
+//! no network, and secrets ([`Secret`]) are only read from the environment when a caller asks
+//! ([`ModelConfig::resolve_api_key`], [`McpServerConfig::resolve_headers`]).
+//!
+//! Every key is optional; without a file, [`Config::default`] runs the built-in agent `scripted` on the
+//! deterministic scripted model. Unknown keys and bad values are refused with a [`ConfigError`] that names
+//! the key, where it is, and what is allowed:
+//!
+//! ```
+//! use turnstile_config::Config;
+//!
+//! let config = Config::from_toml_str(
+//!     r#"
+//! default_agent = "assistant"
+//!
+//! [models.local]
+//! provider = "openai"
+//! base_url = "http://127.0.0.1:8080/v1"
+//! model = "SmolLM2-135M-Instruct"
+//!
+//! [agents.assistant]
+//! model = "local"
+//! tools = ["clock"]
+//! "#,
+//! )
+//! .unwrap();
+//! assert_eq!(config.default_agent().unwrap().model, "local");
+//!
+//! let err = Config::from_toml_str("[agents.assistant]\nmodle = \"local\"\n").unwrap_err();
+//! assert!(err.to_string().starts_with("line 2, column 1: agents.assistant.modle: unknown key (allowed: model, "));
+//! ```
+
+mod agent;
+mod config;
+mod error;
+mod mcp;
+mod model;
+mod names;
+mod path;
+mod secret;
+mod tools;
+mod url;
+
+pub use agent::{AgentConfig, HookConfig, OnFailure};
+pub use config::{CONFIG_ENV, ClusterConfig, Config, JournalConfig, Limits, MIN_DEDUP_HORIZON, SCRIPTED, ToolDefaults};
+pub use error::{ConfigError, Location};
+pub use mcp::{McpServerConfig, McpTransport};
+pub use model::{ModelConfig, Provider};
+pub use names::ValueError;
+pub use secret::Secret;
+pub use tools::{Builtin, Glob, ToolId, ToolPattern, ToolRef};
+pub use url::HttpUrl;

@@ -1,0 +1,194 @@
+//! `[models.NAME]`: model endpoints agents run on.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::ConfigError;
+use crate::names::{ENV_VAR_RULE, is_env_var, keyword_enum};
+use crate::path::{Invalid, KeyPath, positive};
+use crate::secret::{Secret, from_env};
+use crate::url::HttpUrl;
+
+keyword_enum! {
+    /// The API a model speaks.
+    pub enum Provider ("provider") {
+        /// OpenAI Chat Completions, or any compatible server (llama.cpp, vLLM, Ollama, DeepSeek, …).
+        OpenAi = "openai",
+        /// Anthropic Messages.
+        Anthropic = "anthropic",
+        /// The deterministic scripted model of API.md (no network).
+        Scripted = "scripted",
+    }
+}
+
+impl Provider {
+    /// The endpoint used when a model gives no `base_url` (`None` for `scripted`, which has none).
+    pub fn default_base_url(self) -> Option<&'static str> {
+        match self {
+            Self::OpenAi => Some("https://api.openai.com/v1"),
+            Self::Anthropic => Some("https://api.anthropic.com/v1"),
+            Self::Scripted => None,
+        }
+    }
+}
+
+/// One model endpoint (`[models.NAME]`).
+///
+/// ```
+/// use turnstile_config::{Config, Provider};
+///
+/// let config = Config::from_toml_str(
+///     "[models.local]\nprovider = \"openai\"\nbase_url = \"http://127.0.0.1:8080/v1\"\nmodel = \"SmolLM2\"\n",
+/// )
+/// .unwrap();
+/// let local = &config.models["local"];
+/// assert_eq!(local.provider, Provider::OpenAi);
+/// assert_eq!(local.max_tokens, 1024);
+/// assert_eq!(local.resolve_api_key(|_| None).unwrap(), None);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// The table's name (`NAME` of `[models.NAME]`); set by the parser, not written in the file.
+    #[serde(skip)]
+    pub name: String,
+    /// The API it speaks. Default `openai`.
+    pub provider: Provider,
+    /// The endpoint; the worker appends `/chat/completions` (openai) or `/messages` (anthropic).
+    /// Default: [`Provider::default_base_url`]. Not allowed for `scripted`.
+    pub base_url: Option<HttpUrl>,
+    /// The model's name at the provider. Required for `openai` and `anthropic`.
+    pub model: String,
+    /// The *name* of the environment variable that holds the API key (never the key). Default: none,
+    /// for servers that need no key.
+    pub api_key_env: Option<String>,
+    /// Output token limit of one request. Default 1024.
+    pub max_tokens: u32,
+    /// Limit on one whole request, in ms. Default 120,000.
+    pub timeout_ms: u64,
+    /// Limit on waiting for the first byte of the answer, in ms. Default 30,000.
+    pub first_byte_timeout_ms: u64,
+    /// Limit on a pause of the answer's stream, in ms. Default 30,000.
+    pub idle_timeout_ms: u64,
+    /// Retries of a request that failed before its first byte (connection failure, 429, 5xx). Default 3.
+    pub retries: u32,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            provider: Provider::OpenAi,
+            base_url: None,
+            model: String::new(),
+            api_key_env: None,
+            max_tokens: 1024,
+            timeout_ms: 120_000,
+            first_byte_timeout_ms: 30_000,
+            idle_timeout_ms: 30_000,
+            retries: 3,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The built-in model `scripted` (provider `scripted`).
+    pub fn scripted() -> Self {
+        Self {
+            name: crate::SCRIPTED.to_owned(),
+            provider: Provider::Scripted,
+            model: crate::SCRIPTED.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    /// The endpoint: `base_url`, else the provider's default (`None` for `scripted`).
+    pub fn endpoint(&self) -> Option<HttpUrl> {
+        self.base_url.clone().or_else(|| self.provider.default_base_url().and_then(|u| u.parse().ok()))
+    }
+
+    /// `timeout_ms` as a duration.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    /// `first_byte_timeout_ms` as a duration.
+    pub fn first_byte_timeout(&self) -> Duration {
+        Duration::from_millis(self.first_byte_timeout_ms)
+    }
+
+    /// `idle_timeout_ms` as a duration.
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+
+    /// The API key, read through `env` (pass `|v| std::env::var(v).ok()` in a server) from the variable
+    /// `api_key_env` names: `None` when the model names no variable; an error naming the key and the
+    /// variable (never the value) when the variable is unset or blank.
+    ///
+    /// ```
+    /// use turnstile_config::Config;
+    ///
+    /// let config = Config::from_toml_str(
+    ///     "[models.gpt]\nmodel = \"gpt-4o-mini\"\napi_key_env = \"OPENAI_API_KEY\"\n",
+    /// )
+    /// .unwrap();
+    /// let gpt = &config.models["gpt"];
+    /// let key = gpt.resolve_api_key(|v| (v == "OPENAI_API_KEY").then(|| "sk-1".to_owned())).unwrap();
+    /// assert_eq!(key.unwrap().expose(), "sk-1");
+    /// assert_eq!(
+    ///     gpt.resolve_api_key(|_| None).unwrap_err().to_string(),
+    ///     "models.gpt.api_key_env: environment variable OPENAI_API_KEY is not set; \
+    ///      set it to the API key of model \"gpt\", or remove this key"
+    /// );
+    /// ```
+    pub fn resolve_api_key(&self, env: impl Fn(&str) -> Option<String>) -> Result<Option<Secret>, ConfigError> {
+        let Some(variable) = &self.api_key_env else { return Ok(None) };
+        let key = KeyPath::root().key("models").key(&self.name).key("api_key_env").to_string();
+        from_env(&key, variable, &format!("the API key of model {:?}", self.name), env).map(Some)
+    }
+
+    pub(crate) fn check(&self, path: &KeyPath) -> Result<(), Invalid> {
+        let scripted = self.provider == Provider::Scripted;
+        if scripted && self.base_url.is_some() {
+            return Err(path.key("base_url").invalid("the scripted provider has no endpoint; remove base_url"));
+        }
+        if scripted && self.api_key_env.is_some() {
+            return Err(path.key("api_key_env").invalid("the scripted provider needs no key; remove api_key_env"));
+        }
+        if !scripted && self.model.trim().is_empty() {
+            return Err(path.key("model").invalid(format!(
+                "missing; name the model at the provider, e.g. model = \"{}\"",
+                if self.provider == Provider::Anthropic { "claude-sonnet-4-5" } else { "gpt-4o-mini" }
+            )));
+        }
+        if let Some(variable) = &self.api_key_env
+            && !is_env_var(variable)
+        {
+            // Never echo the value: it may be the key itself, written in the wrong place.
+            return Err(path
+                .key("api_key_env")
+                .invalid(format!("must be {ENV_VAR_RULE}; put the key in that variable and name the variable here")));
+        }
+        positive(path, "max_tokens", u64::from(self.max_tokens), "0 would allow no answer")?;
+        for (key, value) in [
+            ("timeout_ms", self.timeout_ms),
+            ("first_byte_timeout_ms", self.first_byte_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+        ] {
+            positive(path, key, value, "a timeout of 0 would fail every request")?;
+        }
+        for (key, value) in
+            [("first_byte_timeout_ms", self.first_byte_timeout_ms), ("idle_timeout_ms", self.idle_timeout_ms)]
+        {
+            if value > self.timeout_ms {
+                return Err(path.key(key).invalid(format!(
+                    "{value} is above timeout_ms ({}), so it could never fire; lower it or raise timeout_ms",
+                    self.timeout_ms
+                )));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,6 +1,11 @@
 //! Models: what runs a step's request. The scripted model is built in; others plug in through [`Model`].
+//! Real providers ([`openai`], [`anthropic`]) stream a provider-neutral [`chat::ChatRequest`];
+//! [`chat_model`] runs them as a [`Model`].
 
+pub mod chat;
 pub mod directive;
+pub mod endpoint;
+pub mod retry;
 pub mod scripted;
 
 use async_trait::async_trait;

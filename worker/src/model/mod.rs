@@ -5,6 +5,8 @@
 pub mod chat;
 pub mod directive;
 pub mod endpoint;
+mod http;
+pub mod openai;
 pub mod retry;
 pub mod scripted;
 
@@ -14,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::driver::{ModelOutput, ModelRequest};
 
+pub use http::metric_names;
 pub use scripted::ScriptedModel;
 
 /// Why a model request did not finish.

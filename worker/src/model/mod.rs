@@ -2,6 +2,7 @@
 //! Real providers ([`openai`], [`anthropic`]) stream a provider-neutral [`chat::ChatRequest`];
 //! [`chat_model`] runs them as a [`Model`].
 
+pub mod anthropic;
 pub mod chat;
 pub mod directive;
 pub mod endpoint;

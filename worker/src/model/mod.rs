@@ -4,6 +4,7 @@
 
 pub mod anthropic;
 pub mod chat;
+pub mod chat_model;
 pub mod directive;
 pub mod endpoint;
 mod http;

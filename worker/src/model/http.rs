@@ -30,7 +30,8 @@ use super::chat::{ChatOutput, Delivered, Partial, ProviderError, StreamDelta, Ti
 use super::endpoint::{EndpointError, ModelEndpoint};
 use super::retry::parse_retry_after;
 
-/// Metric names of the model providers (docs/OPERATIONS.md lists them with the rest).
+/// Metric names of the model providers. They live here until the crates settle; then they belong in
+/// `turnstile_ops::names` and the metrics table of docs/OPERATIONS.md.
 pub mod metric_names {
     /// Counter `{provider, model, outcome}`: model requests by outcome (`ok` or the error code).
     pub const MODEL_REQUESTS: &str = "turnstile_model_requests_total";

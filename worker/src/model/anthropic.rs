@@ -373,9 +373,7 @@ impl SseDecoder for Decoder {
     }
 
     fn has_output(&self) -> bool {
-        !self.delivered.text.is_empty()
-            || self.delivered.saw_reasoning
-            || self.blocks.values().any(|b| matches!(b, Block::ToolUse { .. }))
+        self.delivered.any() || self.blocks.values().any(|b| matches!(b, Block::ToolUse { .. }))
     }
 
     fn finish(&mut self) -> Result<ChatOutput, String> {

@@ -289,8 +289,6 @@ pub trait ChatProvider: Send + Sync + 'static {
 pub(crate) struct Delivered {
     pub(crate) text: String,
     pub(crate) reasoning: String,
-    /// Reasoning was streamed (even an empty piece: the model thinks, say so).
-    pub(crate) saw_reasoning: bool,
 }
 
 impl Delivered {
@@ -302,7 +300,6 @@ impl Delivered {
     }
 
     pub(crate) fn reasoning(&mut self, piece: &str, sink: &mut (dyn FnMut(StreamDelta) + Send)) {
-        self.saw_reasoning = true;
         if !piece.is_empty() {
             self.reasoning.push_str(piece);
             sink(StreamDelta::Reasoning(piece.to_owned()));
@@ -313,8 +310,14 @@ impl Delivered {
         Partial { text: self.text.clone(), reasoning: self.reasoning.clone() }
     }
 
-    /// The reasoning for [`ChatOutput::reasoning`].
+    /// Something of the reply came: text or reasoning.
+    pub(crate) fn any(&self) -> bool {
+        !self.text.is_empty() || !self.reasoning.is_empty()
+    }
+
+    /// The reasoning for [`ChatOutput::reasoning`]: `None` when none was streamed (servers that send an
+    /// empty `reasoning_content` with every chunk do not count).
     pub(crate) fn take_reasoning(&mut self) -> Option<String> {
-        (self.saw_reasoning || !self.reasoning.is_empty()).then(|| std::mem::take(&mut self.reasoning))
+        (!self.reasoning.is_empty()).then(|| std::mem::take(&mut self.reasoning))
     }
 }

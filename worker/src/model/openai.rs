@@ -334,7 +334,7 @@ impl SseDecoder for Decoder {
     }
 
     fn has_output(&self) -> bool {
-        !self.delivered.text.is_empty() || self.delivered.saw_reasoning || !self.calls.is_empty()
+        self.delivered.any() || !self.calls.is_empty()
     }
 
     fn finish(&mut self) -> Result<ChatOutput, String> {
@@ -417,6 +417,15 @@ mod tests {
         let mut d = Decoder::default();
         feed(&mut d, r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]},"finish_reason":"length"}]}"#).unwrap();
         assert_eq!(d.finish().unwrap().finish, Finish::Length);
+    }
+
+    #[test]
+    fn empty_reasoning_pieces_are_no_reasoning() {
+        let mut d = Decoder::default();
+        let chunk = r#"{"choices":[{"delta":{"content":"hi","reasoning_content":""},"finish_reason":"stop"}]}"#;
+        feed(&mut d, chunk).unwrap();
+        let out = d.finish().unwrap();
+        assert_eq!((out.text.as_str(), out.reasoning), ("hi", None));
     }
 
     #[test]

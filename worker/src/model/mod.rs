@@ -1,5 +1,14 @@
 //! Models: what runs a step's request. The scripted model is built in; others plug in through [`Model`].
+//! Real providers ([`openai`], [`anthropic`]) stream a provider-neutral [`chat::ChatRequest`];
+//! [`chat_model`] runs them as a [`Model`].
 
+pub mod anthropic;
+pub mod chat;
+pub mod chat_model;
+pub mod endpoint;
+mod http;
+pub mod openai;
+pub mod retry;
 pub mod scripted;
 
 use async_trait::async_trait;
@@ -8,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use turnstile_driver::{ModelOutput, ModelRequest};
 
+pub use http::metric_names;
 pub use scripted::ScriptedModel;
 
 /// Why a model request did not finish.

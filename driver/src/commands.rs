@@ -210,18 +210,11 @@ impl Driver {
         delete_count: u32,
         inserted: Vec<UserMessage>,
     ) -> Result<CommandReply, CommandError> {
+        // Normalized like the seed's `Array.prototype.splice` (SPEC §3): a start past the end is the end, a
+        // delete count past the end is cut; the durable splice holds the normalized values.
         let len = self.state.inbox.list(target).len();
-        if start as usize > len {
-            return Err(CommandError::InvalidArgument(format!(
-                "splice start {start} is past the end of {target}, which has {len} messages; use 0..={len}"
-            )));
-        }
-        if delete_count as usize > len - start as usize {
-            return Err(CommandError::InvalidArgument(format!(
-                "splice deletes {delete_count} from {start} but {target} has only {} messages from there",
-                len - start as usize
-            )));
-        }
+        let start = start.min(u32::try_from(len).unwrap_or(u32::MAX));
+        let delete_count = delete_count.min(u32::try_from(len - start as usize).unwrap_or(u32::MAX));
         let removed: Vec<MessageId> = self.state.inbox.list(target)[start as usize..(start + delete_count) as usize]
             .iter()
             .map(|m| m.id.clone())

@@ -837,13 +837,42 @@ fn client_splice_is_one_normalized_splice() {
     });
     assert_eq!(written(r), 3);
     sim.expect(&["D spliced next-turn 1 1 [C,D] canceled", "L discarded B", "L inserted C", "L inserted D"]);
-    let r = sim.command(Command::Splice { target: Target::NextTurn, start: 4, delete_count: 0, inserted: vec![] });
-    let (kind, message) = refused(r);
-    assert_eq!(kind, "invalid-argument");
-    assert!(message.contains("start 4"), "{message}");
     let r = sim.command(Command::Splice { target: Target::NextTurn, start: 0, delete_count: 0, inserted: vec![] });
     assert_eq!(written(r), 3, "an empty splice is not written");
     sim.expect_nothing();
+}
+
+/// SPEC §3: a client splice is normalized like `Array.prototype.splice` and the durable record holds the
+/// normalized values; one that then changes nothing writes nothing.
+#[test]
+fn client_splice_past_the_end_is_normalized() {
+    let mut sim = Sim::new();
+    sent(sim.queue("A", "a"));
+    sent(sim.queue("B", "b"));
+    sim.take();
+    // start 9 of 2 is the end: an append.
+    let r = sim.command(Command::Splice {
+        target: Target::NextTurn,
+        start: 9,
+        delete_count: 5,
+        inserted: vec![msg("C", "c")],
+    });
+    assert_eq!(written(r), 3);
+    sim.expect(&["D spliced next-turn 2 0 [C]", "L inserted C"]);
+    // delete 7 from 1 removes the 2 that are there.
+    let r = sim.command(Command::Splice { target: Target::NextTurn, start: 1, delete_count: 7, inserted: vec![] });
+    assert_eq!(written(r), 4);
+    sim.expect(&["D spliced next-turn 1 2 [] canceled", "L discarded B", "L discarded C"]);
+    // Past the end and deleting nothing there: no change, nothing written, the last seq.
+    let r = sim.command(Command::Splice {
+        target: Target::NextTurn,
+        start: u32::MAX,
+        delete_count: u32::MAX,
+        inserted: vec![],
+    });
+    assert_eq!(written(r), 4);
+    sim.expect_nothing();
+    assert_eq!(sim.driver.state().inbox.next_turn.len(), 1);
 }
 
 #[test]

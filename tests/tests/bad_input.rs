@@ -153,15 +153,31 @@ async fn steer_with_stale_expected_turn_is_failed_precondition(backend: Backend)
     assert_never_written(&fresh).await;
 }
 
-async fn splice_out_of_range_is_refused(backend: Backend) {
+/// SPEC §3: an out-of-range client splice is not refused but normalized like `Array.prototype.splice`,
+/// and the durable record holds the normalized values; one that then changes nothing writes nothing.
+async fn splice_out_of_range_is_normalized(backend: Backend) {
     let server = backend.start_dev().await.unwrap();
     let (s, before) = written(&server).await;
-    let err = s.splice(Target::NextTurn, 2, 0, vec![user_msg("N", "x")]).await.unwrap_err();
-    assert!(matches!(err.code(), Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition), "{err:?}");
-    assert!(err.message().contains('2') || err.message().contains("start"), "{}", err.message());
-    let err = s.splice(Target::NextTurn, 0, 2, vec![]).await.unwrap_err();
-    assert!(err.message().contains('2') || err.message().contains("delete"), "{}", err.message());
+    // next-turn is [Q]: deleting 2 from the end (start 2 → 1) with nothing to insert changes nothing.
+    assert_eq!(s.splice(Target::NextTurn, 2, 2, vec![]).await.unwrap().seq, before.1);
     assert_unchanged(&s, &before).await;
+    // start 2 of 1 is the end: an append at 1.
+    s.splice(Target::NextTurn, 2, 0, vec![user_msg("N", "x")]).await.unwrap();
+    // delete 9 from 0 removes the 2 that are there.
+    s.splice(Target::NextTurn, 0, 9, vec![]).await.unwrap();
+    let (log, last) = s.replay(0).await.unwrap();
+    assert_eq!(last, 3);
+    let splices: Vec<(u32, u32, usize)> = log[1..]
+        .iter()
+        .map(|e| match &e.payload {
+            Some(turnstile_proto::v1::session_event::Payload::InboxSpliced(sp)) => {
+                (sp.start, sp.removed_count, sp.inserted.len())
+            }
+            other => panic!("expected a splice, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(splices, [(1, 0, 1), (0, 2, 0)]);
+    assert!(s.inbox().await.unwrap().next_turn.is_empty());
 }
 
 /// More than the configured pending items (default 1,000 across both lists) is RESOURCE_EXHAUSTED.
@@ -195,6 +211,6 @@ turnstile_tests::backend_tests!(
     duplicate_pending_id_with_other_content_already_exists,
     replace_or_remove_of_unknown_id_is_not_found,
     steer_with_stale_expected_turn_is_failed_precondition,
-    splice_out_of_range_is_refused,
+    splice_out_of_range_is_normalized,
     pending_limit_is_resource_exhausted,
 );

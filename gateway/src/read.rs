@@ -3,7 +3,7 @@
 
 use tonic::Status;
 use turnstile_journal::SessionLog;
-use turnstile_journal::snapshot::{LoadError, SnapshotStore, load_state};
+use turnstile_journal::snapshot::{LoadError, SnapshotStore, load_state, load_state_keeping};
 use turnstile_model::state::DEFAULT_DEDUP_HORIZON;
 use turnstile_model::{SessionRef, SessionState};
 
@@ -15,10 +15,26 @@ pub async fn project(
     snapshots: &dyn SnapshotStore,
     session: &SessionRef,
 ) -> Result<SessionState, Status> {
-    load_state(log, snapshots, session, DEFAULT_DEDUP_HORIZON).await.map_err(|e| match e {
+    load_state(log, snapshots, session, DEFAULT_DEDUP_HORIZON).await.map_err(load_status)
+}
+
+/// [`project`], with the events after `after_seq` from the same read of the log (Watch's resume).
+pub async fn project_after(
+    log: &dyn SessionLog,
+    snapshots: &dyn SnapshotStore,
+    session: &SessionRef,
+    after_seq: u64,
+) -> Result<(SessionState, Vec<turnstile_model::Envelope>), Status> {
+    load_state_keeping(log, snapshots, session, DEFAULT_DEDUP_HORIZON, after_seq.saturating_add(1))
+        .await
+        .map_err(load_status)
+}
+
+fn load_status(e: LoadError) -> Status {
+    match e {
         LoadError::Journal(e) => status::from_journal(e),
         LoadError::Projection { session, source } => status::from_projection(&session, source),
-    })
+    }
 }
 
 /// The fold of an existing session; NOT_FOUND for a session with no accepted writes.

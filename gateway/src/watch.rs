@@ -9,7 +9,6 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
-use turnstile_journal::log::read_all;
 use turnstile_journal::snapshot::SnapshotStore;
 use turnstile_journal::{LiveBus, LiveStream, SessionLog};
 use turnstile_model::SessionRef;
@@ -79,12 +78,8 @@ async fn stream(
         futures::stream::pending().boxed()
     };
     // The fold comes from the latest snapshot; the history the client misses is read on its own.
-    let state = read::project(log.as_ref(), snapshots, session).await?;
-    let events = if spec.after_seq < state.last_seq {
-        read_all(log.as_ref(), session, spec.after_seq + 1).await.map_err(status::from_journal)?
-    } else {
-        Vec::new()
-    };
+    // One read of the log gives both the state at caught-up and the events the client missed.
+    let (state, events) = read::project_after(log.as_ref(), snapshots, session, spec.after_seq).await?;
     for e in events.iter().filter(|e| e.seq > spec.after_seq && e.seq <= state.last_seq) {
         if tx.send(Ok(event_item(e))).await.is_err() {
             return Ok(());

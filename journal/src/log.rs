@@ -108,3 +108,49 @@ pub async fn read_all(
         }
     }
 }
+
+/// One event of an append that passed [`check_batch`]: its stored bytes and the event as a reader will
+/// decode them.
+#[derive(Clone, Debug)]
+pub(crate) struct CheckedEvent {
+    pub body: Vec<u8>,
+    pub stored: Envelope,
+}
+
+/// The checks every backend makes before an append (the `SessionLog::append` contract): a valid session
+/// name, at most `max_events` events (at least one), all of this session, seqs contiguous from
+/// `expected + 1`, and each event encodable into bytes that decode again (what is stored must read back:
+/// refuse here what a reader would call corrupt).
+pub(crate) fn check_batch(
+    session: &SessionRef,
+    expected: u64,
+    events: &[Envelope],
+    max_events: usize,
+) -> Result<Vec<CheckedEvent>, JournalError> {
+    let invalid = |detail: String| JournalError::InvalidBatch { session: session.clone(), detail };
+    session.validate().map_err(|e| invalid(format!("the session name is invalid: {e}")))?;
+    if events.is_empty() {
+        return Err(invalid("no events; an append carries at least one".into()));
+    }
+    if events.len() > max_events {
+        return Err(invalid(format!("{} events; one append carries at most {max_events}", events.len())));
+    }
+    let mut checked = Vec::with_capacity(events.len());
+    for (i, event) in events.iter().enumerate() {
+        if event.session != *session {
+            return Err(invalid(format!("event {i} belongs to {}; append only this session's events", event.session)));
+        }
+        if expected.checked_add(i as u64 + 1) != Some(event.seq) {
+            return Err(invalid(format!(
+                "event {i} has seq {} but seqs must run contiguously from expected_last_seq + 1 = {}",
+                event.seq,
+                expected.saturating_add(1)
+            )));
+        }
+        let body = turnstile_proto::codec::encode_event(event);
+        let stored = turnstile_proto::codec::decode_event(&body)
+            .map_err(|e| invalid(format!("event {i} (seq {}) cannot be stored: {e}", event.seq)))?;
+        checked.push(CheckedEvent { body, stored });
+    }
+    Ok(checked)
+}

@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::log::{JournalError, SessionLog, read_all};
+use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
 use turnstile_model::state::{ProjectionError, SessionState};
 
@@ -136,18 +137,33 @@ pub async fn load_state(
     session: &SessionRef,
     dedup_horizon: usize,
 ) -> Result<SessionState, LoadError> {
+    Ok(load_state_keeping(log, snapshots, session, dedup_horizon, u64::MAX).await?.0)
+}
+
+/// [`load_state`], also returning the events with seq ≥ `keep_from`, from *one* read of the log: from the
+/// snapshot's seq + 1 or `keep_from`, whichever is lower (a Watch resuming at `after_seq` needs both the
+/// state and the events it missed).
+pub async fn load_state_keeping(
+    log: &dyn SessionLog,
+    snapshots: &dyn SnapshotStore,
+    session: &SessionRef,
+    dedup_horizon: usize,
+    keep_from: u64,
+) -> Result<(SessionState, Vec<Envelope>), LoadError> {
+    let keep = |events: Vec<Envelope>| events.into_iter().filter(|e| e.seq >= keep_from).collect::<Vec<_>>();
     if let Some(snapshot) = snapshots.load(session).await? {
         let seq = snapshot.seq();
-        let tail = read_all(log, session, seq + 1).await?;
+        let events = read_all(log, session, (seq + 1).min(keep_from.max(1))).await?;
         // A snapshot ahead of the log (the log was reset) or that the tail does not follow is unusable.
         let mut state = snapshot.state;
         let fits = log.last_seq(session).await? >= seq;
-        if fits && tail.iter().try_for_each(|e| state.apply(e)).is_ok() {
-            return Ok(state);
+        if fits && events.iter().filter(|e| e.seq > seq).try_for_each(|e| state.apply(e)).is_ok() {
+            return Ok((state, keep(events)));
         }
         tracing::warn!(%session, snapshot_seq = seq, "snapshot does not fit the log; folding the log from the start");
     }
     let events = read_all(log, session, 1).await?;
-    SessionState::fold(session.clone(), dedup_horizon, &events)
-        .map_err(|source| LoadError::Projection { session: session.clone(), source })
+    let state = SessionState::fold(session.clone(), dedup_horizon, &events)
+        .map_err(|source| LoadError::Projection { session: session.clone(), source })?;
+    Ok((state, keep(events)))
 }

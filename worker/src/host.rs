@@ -221,7 +221,7 @@ impl CommandRouter for SessionHost {
         command: Command,
         timeout: Option<Duration>,
     ) -> Result<CommandReply, CommandError> {
-        session.validate().map_err(|e| CommandError::InvalidArgument(e.to_string()))?;
+        // `session` was validated where it entered: the gateway's decoding or the internal codec's.
         let when_idle = matches!(command, Command::WhenIdle);
         let (reply_tx, reply_rx) = oneshot::channel();
         // The caller's span (the internal RPC's, or the gateway's in `turnstile dev`) is the command's parent.

@@ -23,7 +23,6 @@ pub use bus::{LIVE_CAPACITY, LocalBus};
 use crate::log::{EventStream, JournalError, SessionLog};
 use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
-use turnstile_proto::codec;
 
 /// A [`SessionLog`] kept in this process, optionally backed by files.
 pub struct EmbeddedLog {
@@ -128,31 +127,6 @@ impl Slot {
 
 /// Checks the batch shape and passes every event through the codec, so what is kept in memory is exactly
 /// what a restart (or another backend) reads back.
-fn check_batch(session: &SessionRef, expected: u64, events: &[Envelope]) -> Result<Vec<Envelope>, JournalError> {
-    let invalid = |detail: String| JournalError::InvalidBatch { session: session.clone(), detail };
-    session.validate().map_err(|e| invalid(format!("the session name is invalid: {e}")))?;
-    if events.is_empty() {
-        return Err(invalid("no events; an append carries at least one".into()));
-    }
-    let mut checked = Vec::with_capacity(events.len());
-    for (i, event) in events.iter().enumerate() {
-        if event.session != *session {
-            return Err(invalid(format!("event {i} belongs to {}; append only this session's events", event.session)));
-        }
-        let want = expected.checked_add(i as u64 + 1);
-        if want != Some(event.seq) {
-            return Err(invalid(format!(
-                "event {i} has seq {} but seqs must run contiguously from expected_last_seq + 1 = {}",
-                event.seq,
-                expected.saturating_add(1)
-            )));
-        }
-        let stored = codec::decode_event(&codec::encode_event(event))
-            .map_err(|e| invalid(format!("event {i} (seq {}) cannot be stored: {e}", event.seq)))?;
-        checked.push(stored);
-    }
-    Ok(checked)
-}
 
 #[async_trait]
 impl SessionLog for EmbeddedLog {
@@ -162,7 +136,10 @@ impl SessionLog for EmbeddedLog {
         expected_last_seq: u64,
         events: &[Envelope],
     ) -> Result<u64, JournalError> {
-        let events = check_batch(session, expected_last_seq, events)?;
+        let events: Vec<Envelope> = crate::log::check_batch(session, expected_last_seq, events, usize::MAX)?
+            .into_iter()
+            .map(|c| c.stored)
+            .collect();
         let slot = self.find_or_create(session);
         let writer = Arc::clone(&slot.writer).lock_owned().await;
         if self.store.is_none() {

@@ -229,7 +229,10 @@ impl JetStreamLog {
         events: &[Envelope],
         traceparent: Option<&str>,
     ) -> Result<u64, JournalError> {
-        let bodies = check_batch(session, expected_last_seq, events)?;
+        let bodies: Vec<Vec<u8>> = crate::log::check_batch(session, expected_last_seq, events, MAX_BATCH)?
+            .into_iter()
+            .map(|c| c.body)
+            .collect();
         // Refuse up front what the server would refuse for size: that is not worth a retry.
         let max_payload = self.client.server_info().max_payload;
         if let Some(body) = bodies.iter().find(|b| b.len() + HEADER_ALLOWANCE > max_payload) {
@@ -418,37 +421,6 @@ impl SessionLog for JetStreamLog {
         sessions.truncate(limit);
         Ok(sessions)
     }
-}
-
-/// Checks the batch shape (as the embedded backend does) and encodes each event.
-fn check_batch(session: &SessionRef, expected: u64, events: &[Envelope]) -> Result<Vec<Vec<u8>>, JournalError> {
-    let invalid = |detail: String| JournalError::InvalidBatch { session: session.clone(), detail };
-    session.validate().map_err(|e| invalid(format!("the session name is invalid: {e}")))?;
-    if events.is_empty() {
-        return Err(invalid("no events; an append carries at least one".into()));
-    }
-    if events.len() > MAX_BATCH {
-        return Err(invalid(format!("{} events; one append carries at most {MAX_BATCH}", events.len())));
-    }
-    let mut bodies = Vec::with_capacity(events.len());
-    for (i, event) in events.iter().enumerate() {
-        if event.session != *session {
-            return Err(invalid(format!("event {i} belongs to {}; append only this session's events", event.session)));
-        }
-        if expected.checked_add(i as u64 + 1) != Some(event.seq) {
-            return Err(invalid(format!(
-                "event {i} has seq {} but seqs must run contiguously from expected_last_seq + 1 = {}",
-                event.seq,
-                expected.saturating_add(1)
-            )));
-        }
-        let body = codec::encode_event(event);
-        // What is stored must read back: refuse here what a reader would call corrupt.
-        codec::decode_event(&body)
-            .map_err(|e| invalid(format!("event {i} (seq {}) cannot be stored: {e}", event.seq)))?;
-        bodies.push(body);
-    }
-    Ok(bodies)
 }
 
 /// The `Turnstile-Seq` header of a stored message.

@@ -33,8 +33,8 @@ pub mod transcript;
 
 pub use command::{Command, CommandError, CommandReply, SessionSummary};
 pub use event::{
-    CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, Splice, SpliceOutcome, Status, ToolCallSpec,
-    TurnEndReason,
+    CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, Splice, SpliceOutcome, Status,
+    ToolCallSpec, TurnEndReason,
 };
 pub use inbox::{Inbox, SpliceError};
 pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};

@@ -10,7 +10,7 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use turnstile_model::message::{MessageSource, SessionRef, Target, UserMessage};
-use turnstile_model::{CancelCause, Status};
+use turnstile_model::{CancelCause, InjectMode, Status};
 use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_client::AgentClient;
@@ -137,6 +137,31 @@ impl FromStr for CauseArg {
     }
 }
 
+/// `--inject-mode pending|out-of-turn`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InjectModeArg(pub InjectMode);
+
+impl FromStr for InjectModeArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "pending" => Ok(Self(InjectMode::Pending)),
+            "out-of-turn" => Ok(Self(InjectMode::OutOfTurn)),
+            _ => Err(format!("inject mode {s:?} is not valid; use pending or out-of-turn")),
+        }
+    }
+}
+
+/// The name of an inject-mode enum value, as the CLI spells it.
+fn inject_mode_name(raw: i32) -> &'static str {
+    match pb::InjectMode::try_from(raw) {
+        Ok(pb::InjectMode::OutOfTurn) => InjectMode::OutOfTurn.as_str(),
+        Ok(_) => InjectMode::Pending.as_str(),
+        Err(_) => "unknown",
+    }
+}
+
 /// `--target next-turn|next-step`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TargetArg(pub Target);
@@ -181,21 +206,24 @@ fn info_json(info: &pb::SessionInfo) -> serde_json::Value {
     let s = info.session.clone().unwrap_or_default();
     serde_json::json!({
         "tenant": s.tenant, "id": s.id, "status": status_name(info.status), "last_seq": info.last_seq,
-        "last_turn": info.last_turn, "epoch": info.epoch, "owner": info.owner,
+        "last_turn": info.last_turn, "epoch": info.epoch, "owner": info.owner, "agent": info.agent,
+        "inject_mode": inject_mode_name(info.inject_mode),
     })
 }
 
 fn info_line(info: &pb::SessionInfo) -> String {
     let s = info.session.clone().unwrap_or_default();
     format!(
-        "{}/{} status={} last_seq={} last_turn={} epoch={} owner={}",
+        "{}/{} status={} last_seq={} last_turn={} epoch={} owner={} agent={} inject_mode={}",
         s.tenant,
         s.id,
         status_name(info.status),
         info.last_seq,
         info.last_turn,
         info.epoch,
-        if info.owner.is_empty() { "-" } else { &info.owner }
+        if info.owner.is_empty() { "-" } else { &info.owner },
+        if info.agent.is_empty() { "-" } else { &info.agent },
+        inject_mode_name(info.inject_mode),
     )
 }
 
@@ -444,6 +472,18 @@ pub async fn splice(
     let reply = client.api.splice(request).await?.into_inner();
     let ids = ids.iter().map(|id| format!(" id={id}")).collect::<String>();
     println!("spliced seq={}{ids}", reply.seq);
+    Ok(())
+}
+
+/// `configure SESSION --agent NAME [--inject-mode MODE]`: prints the session as `session` does.
+pub async fn configure(client: &mut Client, session: &str, agent: &str, inject_mode: InjectMode) -> Result<()> {
+    let request = pb::ConfigureSessionRequest {
+        session: Some(client.session(session)),
+        agent: agent.to_owned(),
+        inject_mode: codec::encode_inject_mode(inject_mode).into(),
+    };
+    let info = client.api.configure_session(request).await?.into_inner();
+    println!("configured {}", info_line(&info));
     Ok(())
 }
 

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
-use crate::client::{CauseArg, Client, Delivery, Preset, SourceArg, TargetArg, WatchOpts};
+use crate::client::{CauseArg, Client, Delivery, InjectModeArg, Preset, SourceArg, TargetArg, WatchOpts};
 
 /// The address client commands use by default.
 pub const DEFAULT_ADDR: &str = "http://127.0.0.1:7400";
@@ -95,6 +95,8 @@ enum Cmd {
     Splice(SpliceArgs),
     /// Remove every pending message.
     Clear(SessionArg),
+    /// Choose the session's agent (and inject mode) from the next turn on; only while idle.
+    Configure(ConfigureArgs),
     /// Show the pending messages.
     Inbox(ShowArgs),
     /// Show a session's status, last seq and turn, epoch and owner.
@@ -321,6 +323,17 @@ struct SpliceArgs {
 }
 
 #[derive(Args, Debug)]
+struct ConfigureArgs {
+    session: String,
+    /// One of the agents of the server's configuration (`scripted` without one).
+    #[arg(long)]
+    agent: String,
+    /// pending | out-of-turn: what an inject to an idle session does (SPEC §11).
+    #[arg(long, default_value = "pending")]
+    inject_mode: InjectModeArg,
+}
+
+#[derive(Args, Debug)]
 struct SessionArg {
     session: String,
 }
@@ -479,6 +492,7 @@ async fn run(cli: Cli) -> Result<()> {
             client::splice(c, &a.session, a.target.0, a.start, a.delete, &a.text, source.as_ref()).await
         }
         Cmd::Clear(a) => client::clear(c, &a.session).await,
+        Cmd::Configure(a) => client::configure(c, &a.session, &a.agent, a.inject_mode.0).await,
         Cmd::Inbox(a) => client::inbox(c, &a.session, a.json).await,
         Cmd::Session(a) => client::show_session(c, &a.session, a.json).await,
         Cmd::List(a) => client::list(c, a.json, a.all_tenants).await,

@@ -147,6 +147,9 @@ impl Renderer {
             EventPayload::GoalChange { goal_id, revision, state, .. } => {
                 (ambient, format!("goal/change {goal_id} rev {revision} {state}"))
             }
+            EventPayload::SessionConfigured { agent, inject_mode } => {
+                (ambient, format!("session/configured agent {agent} inject_mode {inject_mode}"))
+            }
             EventPayload::Ignorable { event_type } => (ambient, format!("{event_type} (ignorable, not understood)")),
         };
         self.line(&prefix, depth, &text)

@@ -17,9 +17,12 @@ use turnstile_proto::cluster::v1::execute_request::Command as PbCommand;
 use turnstile_proto::v1 as pb;
 
 use turnstile_model::command::{Command, CommandError, CommandReply, SessionSummary};
+use turnstile_model::event::InjectMode;
 use turnstile_model::message::{MessageId, SessionRef};
 use turnstile_proto::codec::error::{CodecError, join};
-use turnstile_proto::codec::event::{decode_cancel_cause, encode_cancel_cause, encode_status, status_at};
+use turnstile_proto::codec::event::{
+    decode_cancel_cause, encode_cancel_cause, encode_inject_mode, encode_status, inject_mode_at, status_at,
+};
 use turnstile_proto::codec::message::{
     encode_session_ref, encode_target, encode_user_message, messages_at, required_message_at, required_session_at,
     target_at,
@@ -32,7 +35,7 @@ pub const OWNER_KEY: &str = "turnstile-owner";
 /// Metadata key of a not-owner answer: the session, `tenant/id`.
 pub const SESSION_KEY: &str = "turnstile-session";
 
-const COMMANDS: &str = "set one of send, interrupt, cancel, replace, remove, splice, clear or when_idle";
+const COMMANDS: &str = "set one of send, interrupt, cancel, replace, remove, splice, clear, when_idle or configure";
 const REPLIES: &str = "set one of sent, written_seq or idle";
 
 /// The request that asks `session`'s owner to run `command`; `timeout` bounds `WhenIdle`.
@@ -86,6 +89,10 @@ pub fn encode_command(command: &Command) -> PbCommand {
         }),
         Command::Clear => PbCommand::Clear(cpb::ClearCommand {}),
         Command::WhenIdle => PbCommand::WhenIdle(cpb::WhenIdleCommand {}),
+        Command::Configure { agent, inject_mode } => PbCommand::Configure(cpb::ConfigureCommand {
+            agent: agent.clone(),
+            inject_mode: encode_inject_mode(*inject_mode) as i32,
+        }),
     }
 }
 
@@ -119,6 +126,16 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
         },
         PbCommand::Clear(_) => Command::Clear,
         PbCommand::WhenIdle(_) => Command::WhenIdle,
+        PbCommand::Configure(c) => {
+            if c.agent.is_empty() {
+                return Err(CodecError::invalid("configure.agent", "is empty; name one of the configured agents"));
+            }
+            // The gateway already turned an unspecified mode into pending; the hop carries a named one.
+            Command::Configure {
+                agent: c.agent,
+                inject_mode: inject_mode_at(c.inject_mode, "configure.inject_mode", None)?,
+            }
+        }
     })
 }
 
@@ -149,6 +166,8 @@ pub fn encode_command_reply(session: &SessionRef, reply: &CommandReply) -> cpb::
             last_turn: summary.last_turn,
             epoch: summary.epoch,
             owner: summary.owner.clone(),
+            agent: summary.agent.clone(),
+            inject_mode: encode_inject_mode(summary.inject_mode) as i32,
         }),
     };
     cpb::ExecuteReply { reply: Some(reply) }
@@ -165,6 +184,9 @@ pub fn decode_command_reply(reply: cpb::ExecuteReply) -> Result<CommandReply, Co
             last_turn: info.last_turn,
             epoch: info.epoch,
             owner: info.owner,
+            agent: info.agent,
+            // A worker of an older build sends no mode: its sessions can only be pending.
+            inject_mode: inject_mode_at(info.inject_mode, "idle.inject_mode", Some(InjectMode::Pending))?,
         })),
         None => Err(CodecError::missing("reply", REPLIES)),
     }
@@ -289,6 +311,8 @@ mod tests {
         all.push(Command::Splice { target: Target::NextStep, start: 0, delete_count: 0, inserted: vec![] });
         all.push(Command::Clear);
         all.push(Command::WhenIdle);
+        all.push(Command::Configure { agent: "assistant".into(), inject_mode: InjectMode::Pending });
+        all.push(Command::Configure { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn });
         all
     }
 
@@ -318,6 +342,8 @@ mod tests {
                 last_turn: 3,
                 epoch: 2,
                 owner: "w1".into(),
+                agent: "scripted".into(),
+                inject_mode: InjectMode::OutOfTurn,
             }),
         ];
         for reply in replies {

@@ -4,8 +4,8 @@
 
 use turnstile_model::state::Fingerprint;
 use turnstile_model::{
-    CancelCause, Command, CommandError, CommandReply, EventPayload, LivePayload, MessageId, Splice, SpliceOutcome,
-    Status, Target, UserMessage,
+    CancelCause, Command, CommandError, CommandReply, EventPayload, InjectMode, LivePayload, MessageId, Splice,
+    SpliceOutcome, Status, Target, UserMessage,
 };
 
 use super::{CommandId, Driver};
@@ -33,6 +33,7 @@ impl Driver {
                 self.client_splice(target, start, delete_count, inserted)
             }
             Command::Clear => Ok(self.clear()),
+            Command::Configure { agent, inject_mode } => self.configure(agent, inject_mode),
             Command::WhenIdle => {
                 if self.is_quiescent() {
                     Ok(CommandReply::Idle(self.summary()))
@@ -236,6 +237,31 @@ impl Driver {
         }
         self.write_edit(target, start, delete_count, inserted);
         Ok(CommandReply::Written { seq: self.state.last_seq })
+    }
+
+    /// `ConfigureSession` (SPEC §8): one durable `session/configured`, only while idle. A configure equal to
+    /// the last recorded one writes nothing; a session never configured always records the choice (even
+    /// the default agent), so a later change of the configuration's default does not move it.
+    fn configure(&mut self, agent: String, inject_mode: InjectMode) -> Result<CommandReply, CommandError> {
+        if self.agents.get(&agent).is_none() {
+            let known: Vec<&str> = self.agents.names().collect();
+            return Err(CommandError::InvalidArgument(format!(
+                "agent {agent:?} is not configured; known agents: {}",
+                known.join(", ")
+            )));
+        }
+        if self.turn.is_some() || self.state.status != Status::Idle || self.latched_wake {
+            let running = self.running_turn().unwrap_or(self.state.last_turn);
+            return Err(CommandError::FailedPrecondition(format!(
+                "session {} is running turn {running}; configure it once it is idle (WhenIdle), or cancel the turn",
+                self.state.session
+            )));
+        }
+        if self.state.agent.as_deref() == Some(agent.as_str()) && self.state.inject_mode == inject_mode {
+            return Ok(CommandReply::Written { seq: self.state.last_seq });
+        }
+        let seq = self.write(EventPayload::SessionConfigured { agent, inject_mode });
+        Ok(CommandReply::Written { seq })
     }
 
     fn clear(&mut self) -> CommandReply {

@@ -1,6 +1,8 @@
 //! What the driver asks its runner to do, and what the runner reports back.
 
-use turnstile_model::{CommandError, CommandReply, Envelope, EventPayload, LiveEvent, ToolCallSpec, UserMessage};
+use turnstile_model::{
+    CommandError, CommandReply, Envelope, EventPayload, LiveEvent, ToolCallSpec, TranscriptEntry, UserMessage,
+};
 
 /// Names one command for the runner, which pairs it with the caller waiting for the reply.
 pub type CommandId = u64;
@@ -132,6 +134,15 @@ pub struct ModelRequest {
     pub op: OpId,
     pub turn: u64,
     pub step: u32,
+    /// The agent running this turn (SPEC §8): the runner picks its model and tools by this name.
+    pub agent: String,
+    /// The agent's system prompt, sent before everything else.
+    pub system: Option<String>,
+    /// The session's history before this step, in log order: entered user messages, assistant messages
+    /// (interrupted ones as delivered) and tool results, cut to the agent's `history_turns` by dropping
+    /// the oldest whole turns before this one (the current turn is never cut). It includes what
+    /// `tool_results` and `interrupted_prompt` repeat; those stay for models that only look at the step.
+    pub history: Vec<TranscriptEntry>,
     /// Messages entered in this step.
     pub messages: Vec<UserMessage>,
     /// Results of the previous step's tool calls, in call order.

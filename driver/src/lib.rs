@@ -16,11 +16,11 @@
 //! projection of its own log.
 //!
 //! ```
-//! use turnstile_driver::{Driver, Effect, Limits};
+//! use turnstile_driver::{AgentCatalog, Driver, Effect, Limits};
 //! use turnstile_model::{Command, ContentBlock, MessageSource, SessionRef, SessionState, Target, UserMessage};
 //!
 //! let session = SessionRef::new("acme", "s1").unwrap();
-//! let mut driver = Driver::new(SessionState::new(session, 10_000), Limits::default(), 1, "doc");
+//! let mut driver = Driver::new(SessionState::new(session, 10_000), Limits::default(), AgentCatalog::default(), 1, "doc");
 //! driver.recover(0);
 //! let hello = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hi")], source: MessageSource::User };
 //! driver.on_command(1, Command::Send { message: hello, target: Target::NextTurn, wakeup: true, expected_turn: None }, 1_000);
@@ -30,6 +30,7 @@
 //! assert!(effects.iter().any(|e| matches!(e, Effect::PreStep(_))));
 //! ```
 
+pub mod agents;
 mod commands;
 pub mod directive;
 pub mod effect;
@@ -45,6 +46,7 @@ use turnstile_model::{
     SessionState, SessionSummary, Status,
 };
 
+pub use agents::{AgentCatalog, AgentProfile, CatalogError};
 pub use effect::{
     AppendGroup, CommandId, Effect, HookError, HookVerdict, ModelOutcome, ModelOutput, ModelRequest, OpId,
     PreStepDecision, PreStepOutcome, PreStepRequest, ToolOutcome, ToolRequest,
@@ -57,6 +59,8 @@ use turn::ActiveTurn;
 pub struct Driver {
     state: SessionState,
     limits: Limits,
+    /// The agents a session may run (SPEC §8): names for `ConfigureSession`, profiles for model requests.
+    agents: AgentCatalog,
     epoch: u64,
     owner: String,
     turn: Option<ActiveTurn>,
@@ -77,10 +81,23 @@ pub struct Driver {
 impl Driver {
     /// A driver for a session whose log folds to `state`. Call [`Driver::recover`] before anything else
     /// so an open turn is repaired (SPEC §6).
-    pub fn new(state: SessionState, limits: Limits, epoch: u64, owner: impl Into<String>) -> Self {
+    ///
+    /// The transcript's bound is raised to the catalog's largest history budget, so every agent gets the
+    /// history it asks for; it is never lowered here, so the owner's fold stays the readers' fold.
+    pub fn new(
+        mut state: SessionState,
+        limits: Limits,
+        agents: AgentCatalog,
+        epoch: u64,
+        owner: impl Into<String>,
+    ) -> Self {
+        if agents.max_history_turns() > state.transcript.keep_turns() {
+            state.transcript.set_keep_turns(agents.max_history_turns());
+        }
         Self {
             state,
             limits,
+            agents,
             epoch,
             owner: owner.into(),
             turn: None,
@@ -162,6 +179,8 @@ impl Driver {
             last_turn: self.state.last_turn,
             epoch: self.epoch,
             owner: self.owner.clone(),
+            agent: self.agents.resolve(self.state.agent.as_deref()).0.to_owned(),
+            inject_mode: self.state.inject_mode,
         }
     }
 

@@ -11,7 +11,10 @@
 //! use turnstile_driver::ModelRequest;
 //! use turnstile_model::{ContentBlock, MessageSource, UserMessage};
 //! let hello = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hello")], source: MessageSource::User };
-//! let request = ModelRequest { op: 1, turn: 1, step: 1, messages: vec![hello], tool_results: vec![], interrupted_prompt: vec![] };
+//! let request = ModelRequest {
+//!     op: 1, turn: 1, step: 1, agent: "scripted".into(), system: None, history: vec![],
+//!     messages: vec![hello], tool_results: vec![], interrupted_prompt: vec![],
+//! };
 //! assert_eq!(scripted::plan(&request).output.text, "echo: hello");
 //! ```
 
@@ -133,7 +136,17 @@ mod tests {
     use crate::effect::ToolOutcome;
 
     fn request(messages: Vec<UserMessage>) -> ModelRequest {
-        ModelRequest { op: 1, turn: 2, step: 1, messages, tool_results: vec![], interrupted_prompt: vec![] }
+        ModelRequest {
+            op: 1,
+            turn: 2,
+            step: 1,
+            agent: "scripted".into(),
+            system: None,
+            history: vec![],
+            messages,
+            tool_results: vec![],
+            interrupted_prompt: vec![],
+        }
     }
 
     #[test]

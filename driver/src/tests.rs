@@ -7,7 +7,8 @@ use crate::Limits;
 
 fn driver() -> Driver {
     let session = SessionRef::new("t", "s").unwrap();
-    let mut d = Driver::new(SessionState::new(session, 100), Limits::default(), 1, "test");
+    let mut d =
+        Driver::new(SessionState::new(session, 100), Limits::default(), crate::AgentCatalog::default(), 1, "test");
     d.recover(1);
     d
 }

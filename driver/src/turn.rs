@@ -34,6 +34,8 @@ pub(super) struct ActiveTurn {
     pub resumed: bool,
     /// A tool of the current step concluded the turn.
     pub concluded: bool,
+    /// The agent this turn runs, fixed at `turn/start` so a configuration applies from the next turn.
+    pub agent: String,
 }
 
 /// What a resumed turn's first step must still answer.
@@ -82,6 +84,7 @@ impl Driver {
             return;
         }
         let turn = self.state.last_turn + 1;
+        let agent = self.agents.resolve(self.state.agent.as_deref()).0.to_owned();
         self.write(EventPayload::TurnStart { turn });
         self.turn = Some(ActiveTurn {
             turn,
@@ -95,6 +98,7 @@ impl Driver {
             tool_results: resume.tool_results,
             interrupted_prompt: resume.prompt,
             concluded: false,
+            agent,
         });
         self.propose();
     }
@@ -193,6 +197,10 @@ impl Driver {
         let (turn, step) = (t.turn, t.step);
         let tool_results = std::mem::take(&mut t.tool_results);
         let interrupted_prompt = std::mem::take(&mut t.interrupted_prompt);
+        let (agent, profile) = self.agents.resolve(Some(&t.agent));
+        let (agent, system, history_turns) = (agent.to_owned(), profile.system.clone(), profile.history_turns);
+        // Read before this step's messages are written: the history is what came before the step.
+        let history = self.state.transcript.history(turn, step, history_turns);
         self.write(EventPayload::StepStart { turn, step });
         for message in &messages {
             self.write(EventPayload::UserMessage { message: message.clone(), turn, step });
@@ -205,6 +213,9 @@ impl Driver {
             op,
             turn,
             step,
+            agent,
+            system,
+            history,
             messages,
             tool_results,
             interrupted_prompt,

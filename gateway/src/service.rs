@@ -12,7 +12,7 @@ use turnstile_cluster::CommandRouter;
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{LiveBus, SessionLog};
 use turnstile_model::message::{MessageSource, SessionRef, Target, UserMessage};
-use turnstile_model::{Command, CommandReply, SessionState};
+use turnstile_model::{Command, CommandReply, InjectMode, SessionState};
 use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_server::Agent;
@@ -30,11 +30,19 @@ pub struct GatewayConfig {
     pub when_idle_timeout: Duration,
     /// Items buffered per Watch stream before the tail waits for the client.
     pub watch_buffer: usize,
+    /// The agent a session runs until `ConfigureSession` names another (config `default_agent`); reads
+    /// report it for sessions never configured.
+    pub default_agent: String,
 }
 
 impl Default for GatewayConfig {
     fn default() -> Self {
-        Self { default_tenant: "default".into(), when_idle_timeout: Duration::from_secs(30), watch_buffer: 256 }
+        Self {
+            default_tenant: "default".into(),
+            when_idle_timeout: Duration::from_secs(30),
+            watch_buffer: 256,
+            default_agent: "scripted".into(),
+        }
     }
 }
 
@@ -181,6 +189,8 @@ impl Gateway {
             last_turn: state.last_turn,
             epoch: state.epoch,
             owner: self.router.owner(&state.session).await.unwrap_or_default(),
+            agent: state.agent.clone().unwrap_or_else(|| self.config.default_agent.clone()),
+            inject_mode: codec::encode_inject_mode(state.inject_mode) as i32,
         }
     }
 }
@@ -211,6 +221,7 @@ names_session!(
     pb::ClearRequest,
     pb::GetInboxRequest,
     pb::GetSessionRequest,
+    pb::ConfigureSessionRequest,
     pb::WatchRequest,
     pb::WhenIdleRequest,
 );
@@ -335,6 +346,29 @@ impl Agent for Gateway {
         Ok(Response::new(self.info(&state).await))
     }
 
+    async fn configure_session(
+        &self,
+        request: Request<pb::ConfigureSessionRequest>,
+    ) -> Result<Response<pb::SessionInfo>, Status> {
+        let req = self.open(request)?;
+        let session = self.session(req.session)?;
+        if req.agent.is_empty() {
+            return Err(Status::invalid_argument("agent: is empty; name one of the configured agents"));
+        }
+        let inject_mode = codec::inject_mode_at(req.inject_mode, "inject_mode", Some(InjectMode::Pending))
+            .map_err(status::from_convert)?;
+        let seq = self.written(session.clone(), Command::Configure { agent: req.agent, inject_mode }).await?;
+        // The event is durable before the driver replies, so the fold includes it (or a later state).
+        let state = read::project(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
+        if state.last_seq < seq {
+            return Err(Status::unavailable(format!(
+                "session {session} was configured at seq {seq} but the log read ends at {}; retry GetSession",
+                state.last_seq
+            )));
+        }
+        Ok(Response::new(self.info(&state).await))
+    }
+
     type WatchStream = ReceiverStream<Result<pb::WatchItem, Status>>;
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
@@ -378,6 +412,8 @@ impl Agent for Gateway {
             last_turn: summary.last_turn,
             epoch: summary.epoch,
             owner: summary.owner,
+            agent: summary.agent,
+            inject_mode: codec::encode_inject_mode(summary.inject_mode) as i32,
         }))
     }
 

@@ -16,7 +16,7 @@ use turnstile_model::message::SessionRef;
 use turnstile_model::state::{ProjectionError, SessionState};
 
 /// The schema version of [`Snapshot`]; bump it whenever `SessionState`'s serialized shape changes.
-pub const SNAPSHOT_VERSION: u32 = 1;
+pub const SNAPSHOT_VERSION: u32 = 2;
 
 /// A session's fold at `state.last_seq`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

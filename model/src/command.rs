@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{CancelCause, Status};
+use crate::event::{CancelCause, InjectMode, Status};
 use crate::message::{MessageId, Target, UserMessage};
 
 /// A client command for one session.
@@ -41,6 +41,11 @@ pub enum Command {
         inserted: Vec<UserMessage>,
     },
     Clear,
+    /// `ConfigureSession` (SPEC §8): the agent and inject mode from the next turn on; only while idle.
+    Configure {
+        agent: String,
+        inject_mode: InjectMode,
+    },
     /// Resolves when the driver is idle and no latched wake is pending.
     WhenIdle,
 }
@@ -59,6 +64,7 @@ impl Command {
             Self::Remove { .. } => "remove",
             Self::Splice { .. } => "splice",
             Self::Clear => "clear",
+            Self::Configure { .. } => "configure",
             Self::WhenIdle => "when_idle",
         }
     }
@@ -72,6 +78,9 @@ pub struct SessionSummary {
     pub last_turn: u64,
     pub epoch: u64,
     pub owner: String,
+    /// The agent the session runs: the configured one, else the default agent.
+    pub agent: String,
+    pub inject_mode: InjectMode,
 }
 
 /// The reply to a [`Command`].

@@ -104,6 +104,33 @@ pub struct ToolCallSpec {
     pub arguments: String,
 }
 
+/// What an `inject` to an idle session does (SPEC §11). Stored by `session/configured`; only
+/// [`InjectMode::Pending`] behaves differently today, `OutOfTurn` is recorded for the driver that will.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum InjectMode {
+    /// The inject waits in next-step for the next step (SPEC §4).
+    #[default]
+    Pending,
+    /// An inject to an idle session becomes a `user/message` between turns.
+    OutOfTurn,
+}
+
+impl InjectMode {
+    /// The name used by the CLI and in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::OutOfTurn => "out-of-turn",
+        }
+    }
+}
+
+impl fmt::Display for InjectMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The payload of a durable event; one variant per durable type of SPEC §5.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum EventPayload {
@@ -155,6 +182,12 @@ pub enum EventPayload {
         state: String,
         detail: Vec<u8>,
     },
+    /// `session/configured` (SPEC §8): the agent profile and inject mode from the next turn on. Durable so
+    /// every later owner runs the same profile.
+    SessionConfigured {
+        agent: String,
+        inject_mode: InjectMode,
+    },
     /// An event of a type this build does not know, marked ignorable by its writer. Readers skip it;
     /// an unknown type that is not ignorable is refused by the codec instead.
     Ignorable {
@@ -177,13 +210,14 @@ impl EventPayload {
             Self::ToolCall { .. } => "tool/call",
             Self::ToolResult { .. } => "tool/result",
             Self::GoalChange { .. } => "goal/change",
+            Self::SessionConfigured { .. } => "session/configured",
             Self::Ignorable { .. } => "ignorable",
         }
     }
 }
 
 /// Every durable type, in SPEC §5 order.
-pub const DURABLE_TYPES: [&str; 11] = [
+pub const DURABLE_TYPES: [&str; 12] = [
     "agent/inbox/spliced",
     "agent/status",
     "turn/start",
@@ -195,6 +229,7 @@ pub const DURABLE_TYPES: [&str; 11] = [
     "tool/call",
     "tool/result",
     "goal/change",
+    "session/configured",
 ];
 
 /// A durable event with its envelope. `seq` is contiguous from 1 per session; `time_ms` and `epoch`

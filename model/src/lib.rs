@@ -10,6 +10,7 @@
 //! - [`event`]: the durable and live events of §5 and their envelope.
 //! - [`inbox`]: the two pending lists and the normalized splice of §3.
 //! - [`state`]: [`SessionState`], the fold of a log into inbox, status and recovery facts (§3, §6).
+//! - [`transcript`]: the bounded conversation history a model request is built from (§8).
 //! - [`command`]: client commands, their replies and typed errors (the gateway → driver seam).
 //! - [`shard`]: the stable session → virtual shard hash.
 //!
@@ -28,12 +29,14 @@ pub mod inbox;
 pub mod message;
 pub mod shard;
 pub mod state;
+pub mod transcript;
 
 pub use command::{Command, CommandError, CommandReply, SessionSummary};
 pub use event::{
-    CancelCause, Envelope, EventPayload, LiveEvent, LivePayload, Splice, SpliceOutcome, Status, ToolCallSpec,
-    TurnEndReason,
+    CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, Splice, SpliceOutcome, Status,
+    ToolCallSpec, TurnEndReason,
 };
 pub use inbox::{Inbox, SpliceError};
 pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
 pub use state::{ProjectionError, SessionState};
+pub use transcript::{Transcript, TranscriptEntry};

@@ -10,9 +10,10 @@ use std::collections::{HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::event::{Envelope, EventPayload, SpliceOutcome, Status, ToolCallSpec};
+use crate::event::{Envelope, EventPayload, InjectMode, SpliceOutcome, Status, ToolCallSpec};
 use crate::inbox::{Inbox, SpliceError};
 use crate::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
+use crate::transcript::{Transcript, TranscriptEntry};
 
 /// How many accepted MessageIds the idempotence index remembers at least (SPEC §2).
 pub const DEFAULT_DEDUP_HORIZON: usize = 10_000;
@@ -192,6 +193,12 @@ pub struct SessionState {
     /// A waking insert follows the last `agent/status idle` (SPEC §6 resume rule).
     pub wake_since_idle: bool,
     pub accepted: AcceptedIndex,
+    /// The agent the last `session/configured` named; `None` runs the configuration's default agent.
+    pub agent: Option<String>,
+    /// The inject mode the last `session/configured` set (SPEC §11).
+    pub inject_mode: InjectMode,
+    /// The bounded conversation history model requests are built from (SPEC §8).
+    pub transcript: Transcript,
 }
 
 impl SessionState {
@@ -207,6 +214,9 @@ impl SessionState {
             open_turn: None,
             wake_since_idle: false,
             accepted: AcceptedIndex::new(dedup_horizon),
+            agent: None,
+            inject_mode: InjectMode::Pending,
+            transcript: Transcript::default(),
         }
     }
 
@@ -328,10 +338,18 @@ impl SessionState {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
                 open.admitted.push(message.clone());
                 open.open_step_messages.push(message.clone());
+                self.transcript.push(TranscriptEntry::User { turn: *turn, step: *step, message: message.clone() });
             }
-            EventPayload::AssistantMessage { turn, step, max_tokens, .. } => {
+            EventPayload::AssistantMessage { turn, step, max_tokens, text, tool_calls, interrupted } => {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
                 open.max_tokens |= *max_tokens;
+                self.transcript.push(TranscriptEntry::Assistant {
+                    turn: *turn,
+                    step: *step,
+                    text: text.clone(),
+                    tool_calls: tool_calls.clone(),
+                    interrupted: *interrupted,
+                });
             }
             EventPayload::ToolCall { turn, step, call } => {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
@@ -346,11 +364,23 @@ impl SessionState {
                     .ok_or_else(|| structure(format!("no open call {call_id}")))?;
                 let call = open.open_calls.remove(i);
                 open.last_step_results.push(ToolResultRecord {
+                    call_id: call.call_id.clone(),
+                    name: call.name.clone(),
+                    output: output.clone(),
+                    error: error.clone(),
+                });
+                self.transcript.push(TranscriptEntry::ToolResult {
+                    turn: *turn,
+                    step: *step,
                     call_id: call.call_id,
                     name: call.name,
                     output: output.clone(),
                     error: error.clone(),
                 });
+            }
+            EventPayload::SessionConfigured { agent, inject_mode } => {
+                self.agent = Some(agent.clone());
+                self.inject_mode = *inject_mode;
             }
             EventPayload::GoalChange { .. } | EventPayload::Ignorable { .. } => {}
         }

@@ -9,9 +9,10 @@ use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::cancel_cause::Cause;
 use turnstile_proto::v1::watch_item::Item;
 use turnstile_proto::v1::{
-    CancelCause, CancelReply, CancelRequest, ClearRequest, DeliverRequest, EditReply, Empty, GetInboxRequest,
-    GetSessionRequest, InboxSnapshot, RemoveRequest, ReplaceRequest, SendReply, SendRequest, SessionEvent, SessionInfo,
-    SessionRef, SpliceRequest, SteerRequest, Target, UserMessage, WatchRequest, WhenIdleRequest,
+    CancelCause, CancelReply, CancelRequest, ClearRequest, ConfigureSessionRequest, DeliverRequest, EditReply, Empty,
+    GetInboxRequest, GetSessionRequest, InboxSnapshot, InjectMode, RemoveRequest, ReplaceRequest, SendReply,
+    SendRequest, SessionEvent, SessionInfo, SessionRef, SpliceRequest, SteerRequest, Target, UserMessage, WatchRequest,
+    WhenIdleRequest,
 };
 
 use crate::watch::WatchRecorder;
@@ -120,6 +121,16 @@ impl Session {
 
     pub async fn clear(&self) -> Result<EditReply, Status> {
         self.client().clear(ClearRequest { session: self.some_ref() }).await.map(tonic::Response::into_inner)
+    }
+
+    /// `ConfigureSession(agent, inject_mode)`; `inject_mode` is a `turnstile.v1.InjectMode` value.
+    pub async fn configure(&self, agent: &str, inject_mode: InjectMode) -> Result<SessionInfo, Status> {
+        let req = ConfigureSessionRequest {
+            session: self.some_ref(),
+            agent: agent.to_owned(),
+            inject_mode: inject_mode as i32,
+        };
+        self.client().configure_session(req).await.map(tonic::Response::into_inner)
     }
 
     pub async fn inbox(&self) -> Result<InboxSnapshot, Status> {

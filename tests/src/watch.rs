@@ -341,6 +341,7 @@ pub fn durable_type(payload: &Durable) -> &'static str {
         Durable::ToolCall(_) => "tool/call",
         Durable::ToolResult(_) => "tool/result",
         Durable::GoalChange(_) => "goal/change",
+        Durable::SessionConfigured(_) => "session/configured",
     }
 }
 
@@ -499,6 +500,7 @@ fn durable_line(e: &SessionEvent) -> String {
             None => format!("tool/result {}.{} {:?}", r.turn, r.step, r.output),
         },
         Durable::GoalChange(g) => format!("goal/change {} {} {}", g.goal_id, g.revision, g.state),
+        Durable::SessionConfigured(c) => format!("session/configured {} {}", c.agent, c.inject_mode),
     }
 }
 

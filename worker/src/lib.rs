@@ -17,5 +17,5 @@ pub mod runner;
 mod spans;
 pub mod tools;
 
-pub use config::{Limits, WorkerConfig};
+pub use config::{AgentCatalog, Limits, WorkerConfig};
 pub use host::SessionHost;

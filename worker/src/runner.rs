@@ -89,7 +89,8 @@ pub(crate) async fn load_driver(deps: &RunnerDeps, session: &SessionRef, epoch: 
             LoadError::Journal(e) => journal_to_command(e),
             LoadError::Projection { .. } => CommandError::Internal(e.to_string()),
         })?;
-    let mut driver = Driver::new(state, deps.config.limits.clone(), epoch, deps.config.owner_id.clone());
+    let mut driver =
+        Driver::new(state, deps.config.limits.clone(), deps.config.agents.clone(), epoch, deps.config.owner_id.clone());
     driver.recover(now_ms());
     Ok(driver)
 }

@@ -538,7 +538,17 @@ async fn bad_endpoints_are_refused_before_any_request() {
 // The bridge to today's `Model` trait.
 
 fn model_request(messages: Vec<UserMessage>, tool_results: Vec<ToolOutcome>) -> ModelRequest {
-    ModelRequest { op: 1, turn: 1, step: 1, messages, tool_results, interrupted_prompt: vec![] }
+    ModelRequest {
+        op: 1,
+        turn: 1,
+        step: 1,
+        agent: "assistant".into(),
+        system: None,
+        history: vec![],
+        messages,
+        tool_results,
+        interrupted_prompt: vec![],
+    }
 }
 
 #[tokio::test]

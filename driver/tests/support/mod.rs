@@ -14,8 +14,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use turnstile_driver::HookVerdict;
-use turnstile_driver::Limits;
 use turnstile_driver::scripted::{self, ScriptedPlan};
+use turnstile_driver::{AgentCatalog, Limits};
 use turnstile_driver::{
     CommandId, Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest,
     ToolOutcome, ToolRequest,
@@ -120,8 +120,13 @@ impl Sim {
     }
 
     pub fn with_limits(limits: Limits) -> Self {
+        Self::with_agents(limits, AgentCatalog::default())
+    }
+
+    /// A new session whose driver knows `agents`.
+    pub fn with_agents(limits: Limits, agents: AgentCatalog) -> Self {
         let state = SessionState::new(session(), limits.dedup_horizon);
-        let driver = Driver::new(state.clone(), limits.clone(), 1, "node-1");
+        let driver = Driver::new(state.clone(), limits.clone(), agents, 1, "node-1");
         let mut sim = Self::build(driver, limits, 1, Vec::new(), state, 0);
         sim.driver.recover(0);
         sim.pump();
@@ -132,7 +137,7 @@ impl Sim {
     /// A new owner (epoch `epoch`) loads `log`, folds it and calls `recover(now)`.
     pub fn recover(log: Vec<Envelope>, limits: Limits, epoch: u64, now: u64) -> Self {
         let state = SessionState::fold(session(), limits.dedup_horizon, &log).unwrap();
-        let driver = Driver::new(state.clone(), limits.clone(), epoch, "node-2");
+        let driver = Driver::new(state.clone(), limits.clone(), AgentCatalog::default(), epoch, "node-2");
         let mut sim = Self::build(driver, limits, epoch, log, state, now);
         sim.driver.recover(now);
         sim.pump();
@@ -698,6 +703,7 @@ pub fn render_durable(e: &Envelope) -> String {
             format!("D tool/result {turn}.{step} {call_id}{}", if error.is_some() { " error" } else { "" })
         }
         EventPayload::GoalChange { goal_id, .. } => format!("D goal/change {goal_id}"),
+        EventPayload::SessionConfigured { agent, inject_mode } => format!("D session/configured {agent} {inject_mode}"),
         EventPayload::Ignorable { event_type } => format!("D ignorable {event_type}"),
     }
 }

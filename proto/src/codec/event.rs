@@ -10,7 +10,8 @@ use super::message::{
     required_session_at, target_at,
 };
 use turnstile_model::event::{
-    CancelCause, DURABLE_TYPES, Envelope, EventPayload, Splice, SpliceOutcome, Status, ToolCallSpec, TurnEndReason,
+    CancelCause, DURABLE_TYPES, Envelope, EventPayload, InjectMode, Splice, SpliceOutcome, Status, ToolCallSpec,
+    TurnEndReason,
 };
 
 const STATUSES: &str = "use SESSION_STATUS_IDLE or SESSION_STATUS_RUNNING";
@@ -93,6 +94,28 @@ fn turn_end_reason_at(reason: pb::TurnEndReason, path: &str) -> Result<TurnEndRe
         Some(Reason::Error(e)) => Ok(TurnEndReason::Error { message: e.message, code: e.code }),
         Some(Reason::Interrupted(_)) => Ok(TurnEndReason::Interrupted),
         None => Err(CodecError::invalid(path, format!("turn-end reason has no kind; {REASONS}"))),
+    }
+}
+
+const INJECT_MODES: &str = "use INJECT_MODE_PENDING or INJECT_MODE_OUT_OF_TURN";
+
+pub fn encode_inject_mode(mode: InjectMode) -> pb::InjectMode {
+    match mode {
+        InjectMode::Pending => pb::InjectMode::Pending,
+        InjectMode::OutOfTurn => pb::InjectMode::OutOfTurn,
+    }
+}
+
+/// Decodes an inject mode at `path`. `unspecified` is what `INJECT_MODE_UNSPECIFIED` means there: a
+/// request may leave the mode to its default, a stored event must name one (`None` refuses it).
+pub fn inject_mode_at(raw: i32, path: &str, unspecified: Option<InjectMode>) -> Result<InjectMode, CodecError> {
+    match pb::InjectMode::try_from(raw) {
+        Ok(pb::InjectMode::Pending) => Ok(InjectMode::Pending),
+        Ok(pb::InjectMode::OutOfTurn) => Ok(InjectMode::OutOfTurn),
+        Ok(pb::InjectMode::Unspecified) => unspecified.ok_or_else(|| {
+            CodecError::invalid(path, format!("INJECT_MODE_UNSPECIFIED is not an inject mode; {INJECT_MODES}"))
+        }),
+        Err(_) => Err(CodecError::invalid(path, format!("{raw} is not a known inject mode; {INJECT_MODES}"))),
     }
 }
 
@@ -194,6 +217,10 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             state: state.clone(),
             detail: detail.clone(),
         }),
+        EventPayload::SessionConfigured { agent, inject_mode } => Payload::SessionConfigured(pb::SessionConfigured {
+            agent: agent.clone(),
+            inject_mode: encode_inject_mode(*inject_mode).into(),
+        }),
         // An event this build does not understand has no payload it could write.
         EventPayload::Ignorable { .. } => return None,
     })
@@ -213,6 +240,7 @@ fn payload_type(payload: &Payload) -> &'static str {
         Payload::ToolCall(_) => "tool/call",
         Payload::ToolResult(_) => "tool/result",
         Payload::GoalChange(_) => "goal/change",
+        Payload::SessionConfigured(_) => "session/configured",
     }
 }
 
@@ -258,6 +286,18 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
         },
         Payload::GoalChange(g) => {
             EventPayload::GoalChange { goal_id: g.goal_id, revision: g.revision, state: g.state, detail: g.detail }
+        }
+        Payload::SessionConfigured(c) => {
+            if c.agent.is_empty() {
+                return Err(CodecError::invalid(
+                    "session_configured.agent",
+                    "is empty; name the agent the session runs",
+                ));
+            }
+            EventPayload::SessionConfigured {
+                agent: c.agent,
+                inject_mode: inject_mode_at(c.inject_mode, "session_configured.inject_mode", None)?,
+            }
         }
     })
 }

@@ -5,8 +5,8 @@ use prost::Message as _;
 
 use super::*;
 use turnstile_model::event::{
-    CancelCause, Envelope, EventPayload, LiveEvent, LivePayload, Splice, SpliceOutcome, Status, ToolCallSpec,
-    TurnEndReason,
+    CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, Splice, SpliceOutcome, Status,
+    ToolCallSpec, TurnEndReason,
 };
 use turnstile_model::inbox::Inbox;
 use turnstile_model::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
@@ -91,6 +91,8 @@ fn payloads() -> Vec<EventPayload> {
         },
         EventPayload::GoalChange { goal_id: "g".into(), revision: 2, state: "active".into(), detail: vec![9, 8] },
         EventPayload::Ignorable { event_type: "future/thing".into() },
+        EventPayload::SessionConfigured { agent: "assistant".into(), inject_mode: InjectMode::Pending },
+        EventPayload::SessionConfigured { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn },
     ];
     for source in sources() {
         out.push(EventPayload::UserMessage { message: message("m", source), turn: 4, step: 2 });
@@ -366,6 +368,30 @@ fn type_must_match_payload_even_when_ignorable() {
     let e = decode_session_event(event).unwrap_err();
     assert_eq!(e.path(), Some("type"));
     assert!(e.to_string().contains("\"turn/start\""), "{e}");
+}
+
+#[test]
+fn session_configured_needs_an_agent_and_a_named_inject_mode() {
+    let payload = EventPayload::SessionConfigured { agent: "a".into(), inject_mode: InjectMode::OutOfTurn };
+    let mut event = encode_session_event(&envelope(1, payload));
+    assert_eq!(event.r#type, "session/configured");
+    if let Some(pb::session_event::Payload::SessionConfigured(c)) = &mut event.payload {
+        c.inject_mode = 0;
+    }
+    let e = decode_session_event(event.clone()).unwrap_err();
+    assert_eq!(e.path(), Some("session_configured.inject_mode"));
+    assert!(e.to_string().contains("INJECT_MODE_PENDING"), "{e}");
+    if let Some(pb::session_event::Payload::SessionConfigured(c)) = &mut event.payload {
+        c.inject_mode = 9;
+    }
+    assert_eq!(decode_session_event(event.clone()).unwrap_err().path(), Some("session_configured.inject_mode"));
+    if let Some(pb::session_event::Payload::SessionConfigured(c)) = &mut event.payload {
+        c.inject_mode = 1;
+        c.agent = String::new();
+    }
+    assert_eq!(decode_session_event(event).unwrap_err().path(), Some("session_configured.agent"));
+    // A request may leave the mode unspecified: it means pending there.
+    assert_eq!(inject_mode_at(0, "inject_mode", Some(InjectMode::Pending)).unwrap(), InjectMode::Pending);
 }
 
 #[test]

@@ -1,10 +1,10 @@
-//! Real providers behind today's [`Model`] trait, until the driver hands models whole histories.
+//! Real providers behind the [`Model`] trait.
 //!
 //! [`connect`] builds the provider an endpoint names; [`ChatModel`] runs it as a [`Model`]. The driver's
-//! [`ModelRequest`] carries only what a step adds (its messages, the previous step's tool results, an
-//! interrupted prompt), not the session's history, so this bridge is lossy on purpose: it sends the
-//! agent's system prompt and this step's messages, and the previous step's tool results as one user
-//! message of text (a `tool` message needs the assistant message with its call, which the request lacks).
+//! [`ModelRequest`] carries the agent's system prompt and the session's history (SPEC §8), which
+//! [`ChatModel::chat_request`] maps onto the provider-neutral [`ChatRequest`]: user messages with their
+//! content blocks (`image/*` data as images), assistant text with its tool calls, each call's result
+//! paired by call id, then this step's messages.
 //! Reasoning deltas and token usage have nowhere to go in [`ModelOutput`] yet and are dropped here.
 //!
 //! ```no_run
@@ -21,12 +21,16 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use std::collections::HashSet;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use turnstile_model::{ContentBlock, ToolCallSpec, UserMessage};
+
+use turnstile_model::{ContentBlock, MessageId, ToolCallSpec, TranscriptEntry, UserMessage};
 
 use super::anthropic::AnthropicProvider;
-use super::chat::{ChatContent, ChatMessage, ChatProvider, ChatRequest, Finish, ProviderError, StreamDelta, ToolSpec};
+use super::chat::{
+    ChatContent, ChatMessage, ChatProvider, ChatRequest, ChatToolCall, Finish, ProviderError, StreamDelta, ToolSpec,
+};
 use super::endpoint::{EndpointError, ModelEndpoint, ProviderKind};
 use super::openai::OpenAiProvider;
 use super::{DeltaSink, Model, ModelError};
@@ -73,23 +77,107 @@ impl ChatModel {
         self
     }
 
-    /// The chat request this bridge sends for `request` (see the module docs for what it leaves out).
+    /// The chat request for `request` (SPEC §8): the system prompt (the agent's, else this model's), then
+    /// the history in log order — user messages with their content blocks, assistant text with its tool
+    /// calls, each call followed by its result — then this step's messages.
+    ///
+    /// Providers refuse a call without a result, so a call the log never answered (a crash between two
+    /// calls of one step) gets an error result here. Tool results and an interrupted prompt that the
+    /// history does not already hold (a request built without history) are sent the old way: results as
+    /// one user message of text, the prompt as user messages.
     pub fn chat_request(&self, request: &ModelRequest) -> ChatRequest {
         let mut messages = Vec::new();
-        if !request.tool_results.is_empty() {
-            let lines: Vec<String> = request
-                .tool_results
-                .iter()
-                .map(|r| match &r.error {
-                    Some(error) => format!("- {} ({}) failed: {error}", r.name, r.call_id),
-                    None => format!("- {} ({}): {}", r.name, r.call_id, r.output),
-                })
-                .collect();
+        let mut unanswered: Vec<String> = Vec::new();
+        let mut answered: HashSet<&str> = HashSet::new();
+        let mut seen_users: HashSet<&MessageId> = HashSet::new();
+        for entry in &request.history {
+            match entry {
+                TranscriptEntry::User { message, .. } => {
+                    close_calls(&mut messages, &mut unanswered);
+                    seen_users.insert(&message.id);
+                    messages.push(user_message(message));
+                }
+                TranscriptEntry::Assistant { text, tool_calls, .. } => {
+                    close_calls(&mut messages, &mut unanswered);
+                    if text.is_empty() && tool_calls.is_empty() {
+                        continue;
+                    }
+                    unanswered = tool_calls.iter().map(|c| c.call_id.clone()).collect();
+                    messages.push(ChatMessage::Assistant {
+                        text: text.clone(),
+                        reasoning: None,
+                        tool_calls: tool_calls
+                            .iter()
+                            .map(|c| ChatToolCall {
+                                id: c.call_id.clone(),
+                                name: c.name.clone(),
+                                arguments_json: c.arguments.clone(),
+                            })
+                            .collect(),
+                    });
+                }
+                TranscriptEntry::ToolResult { call_id, name, output, error, .. } => {
+                    answered.insert(call_id);
+                    if let Some(i) = unanswered.iter().position(|c| c == call_id) {
+                        unanswered.remove(i);
+                        let (output, is_error) = result_text(output, error.as_deref());
+                        messages.push(ChatMessage::ToolResult { call_id: call_id.clone(), output, is_error });
+                    } else {
+                        // A result whose call is not right before it cannot be a `tool` message.
+                        close_calls(&mut messages, &mut unanswered);
+                        messages.push(ChatMessage::user_text(format!(
+                            "Tool results:\n{}",
+                            result_line(name, call_id, output, error.as_deref())
+                        )));
+                    }
+                }
+            }
+        }
+        close_calls(&mut messages, &mut unanswered);
+        let lines: Vec<String> = request
+            .tool_results
+            .iter()
+            .filter(|r| !answered.contains(r.call_id.as_str()))
+            .map(|r| result_line(&r.name, &r.call_id, &r.output, r.error.as_deref()))
+            .collect();
+        if !lines.is_empty() {
             messages.push(ChatMessage::user_text(format!("Tool results:\n{}", lines.join("\n"))));
         }
-        let prompt = request.interrupted_prompt.iter().chain(&request.messages);
+        let prompt = request.interrupted_prompt.iter().filter(|m| !seen_users.contains(&m.id)).chain(&request.messages);
         messages.extend(prompt.map(user_message));
-        ChatRequest { system: self.system.clone(), messages, tools: self.tools.clone(), max_tokens: None }
+        ChatRequest {
+            system: request.system.clone().or_else(|| self.system.clone()),
+            messages,
+            tools: self.tools.clone(),
+            max_tokens: None,
+        }
+    }
+}
+
+/// Gives every call of the last assistant message that has no result an error result.
+fn close_calls(messages: &mut Vec<ChatMessage>, unanswered: &mut Vec<String>) {
+    for call_id in unanswered.drain(..) {
+        messages.push(ChatMessage::ToolResult {
+            call_id,
+            output: "no result was recorded for this call (the worker running it stopped)".into(),
+            is_error: true,
+        });
+    }
+}
+
+/// A tool result as the model sees it: the error first when the call failed, then any partial output.
+fn result_text(output: &str, error: Option<&str>) -> (String, bool) {
+    match error {
+        None => (output.to_owned(), false),
+        Some(e) if output.is_empty() => (e.to_owned(), true),
+        Some(e) => (format!("{e}\n{output}"), true),
+    }
+}
+
+fn result_line(name: &str, call_id: &str, output: &str, error: Option<&str>) -> String {
+    match error {
+        Some(error) => format!("- {name} ({call_id}) failed: {error}"),
+        None => format!("- {name} ({call_id}): {output}"),
     }
 }
 
@@ -144,5 +232,161 @@ impl Model for ChatModel {
             Err(ProviderError::Aborted { .. }) => Err(ModelError::Aborted),
             Err(error) => Err(ModelError::Failed { message: error.to_string(), code: error.code().to_owned() }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use turnstile_driver::ToolOutcome;
+
+    fn model() -> ChatModel {
+        let mut endpoint = ModelEndpoint::new(ProviderKind::OpenAi, "m");
+        endpoint.base_url = "http://127.0.0.1:1/v1".into();
+        ChatModel::new(connect(endpoint).unwrap()).with_system("model default")
+    }
+
+    fn request(history: Vec<TranscriptEntry>, messages: Vec<UserMessage>) -> ModelRequest {
+        ModelRequest {
+            op: 1,
+            turn: 2,
+            step: 1,
+            agent: "assistant".into(),
+            system: Some("You are helpful.".into()),
+            history,
+            messages,
+            tool_results: vec![],
+            interrupted_prompt: vec![],
+        }
+    }
+
+    fn call(id: &str) -> ToolCallSpec {
+        ToolCallSpec { call_id: id.into(), name: "clock".into(), arguments: "{}".into() }
+    }
+
+    fn result(id: &str, output: &str, error: Option<&str>) -> TranscriptEntry {
+        TranscriptEntry::ToolResult {
+            turn: 1,
+            step: 1,
+            call_id: id.into(),
+            name: "clock".into(),
+            output: output.into(),
+            error: error.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn maps_system_history_with_paired_tool_calls_then_the_step() {
+        let image = UserMessage {
+            id: MessageId("m1".into()),
+            content: vec![
+                ContentBlock::text("what is this?"),
+                ContentBlock::Data { mime: "image/png".into(), bytes: vec![1, 2] },
+            ],
+            source: turnstile_model::MessageSource::User,
+        };
+        let history = vec![
+            TranscriptEntry::User { turn: 1, step: 1, message: image },
+            TranscriptEntry::Assistant {
+                turn: 1,
+                step: 1,
+                text: "checking".into(),
+                tool_calls: vec![call("c1"), call("c2")],
+                interrupted: false,
+            },
+            result("c1", "12:00", None),
+            result("c2", "", Some("tool_timeout")),
+            TranscriptEntry::Assistant {
+                turn: 1,
+                step: 2,
+                text: "noon".into(),
+                tool_calls: vec![],
+                interrupted: false,
+            },
+        ];
+        let chat = model().chat_request(&request(history, vec![UserMessage::user_text("m2", "thanks")]));
+        assert_eq!(chat.system.as_deref(), Some("You are helpful."));
+        assert_eq!(
+            chat.messages,
+            vec![
+                ChatMessage::User {
+                    content: vec![
+                        ChatContent::Text("what is this?".into()),
+                        ChatContent::Data { mime: "image/png".into(), bytes: vec![1, 2] },
+                    ]
+                },
+                ChatMessage::Assistant {
+                    text: "checking".into(),
+                    reasoning: None,
+                    tool_calls: vec![
+                        ChatToolCall { id: "c1".into(), name: "clock".into(), arguments_json: "{}".into() },
+                        ChatToolCall { id: "c2".into(), name: "clock".into(), arguments_json: "{}".into() },
+                    ],
+                },
+                ChatMessage::ToolResult { call_id: "c1".into(), output: "12:00".into(), is_error: false },
+                ChatMessage::ToolResult { call_id: "c2".into(), output: "tool_timeout".into(), is_error: true },
+                ChatMessage::assistant_text("noon"),
+                ChatMessage::user_text("thanks"),
+            ]
+        );
+        assert!(matches!(&chat.messages[0], ChatMessage::User { content } if content[1].as_image().is_some()));
+    }
+
+    #[test]
+    fn an_unanswered_call_gets_an_error_result_and_answered_results_are_not_repeated() {
+        let history = vec![
+            TranscriptEntry::User { turn: 1, step: 1, message: UserMessage::user_text("m1", "time?") },
+            TranscriptEntry::Assistant {
+                turn: 1,
+                step: 1,
+                text: String::new(),
+                tool_calls: vec![call("c1"), call("c2")],
+                interrupted: false,
+            },
+            result("c1", "12:00", None),
+        ];
+        let mut r = request(history, vec![]);
+        r.system = None;
+        r.tool_results = vec![ToolOutcome {
+            call_id: "c1".into(),
+            name: "clock".into(),
+            output: "12:00".into(),
+            error: None,
+            concludes_turn: false,
+        }];
+        // On resume the interrupted prompt is already in the history.
+        r.interrupted_prompt = vec![UserMessage::user_text("m1", "time?")];
+        let chat = model().chat_request(&r);
+        assert_eq!(chat.system.as_deref(), Some("model default"));
+        assert_eq!(chat.messages.len(), 4, "{:?}", chat.messages);
+        assert!(
+            matches!(&chat.messages[2], ChatMessage::ToolResult { call_id, is_error: false, .. } if call_id == "c1")
+        );
+        assert!(
+            matches!(&chat.messages[3], ChatMessage::ToolResult { call_id, is_error: true, .. } if call_id == "c2")
+        );
+    }
+
+    #[test]
+    fn without_history_tool_results_and_the_interrupted_prompt_go_as_user_text() {
+        let mut r = request(vec![], vec![]);
+        r.tool_results = vec![ToolOutcome {
+            call_id: "c1".into(),
+            name: "clock".into(),
+            output: String::new(),
+            error: Some("boom".into()),
+            concludes_turn: false,
+        }];
+        r.interrupted_prompt = vec![UserMessage::user_text("m1", "still there?")];
+        let chat = model().chat_request(&r);
+        assert_eq!(
+            chat.messages,
+            vec![
+                ChatMessage::user_text("Tool results:\n- clock (c1) failed: boom"),
+                ChatMessage::user_text("still there?"),
+            ]
+        );
     }
 }

@@ -28,7 +28,7 @@ use turnstile_proto::codec::message::{
     target_at,
 };
 
-/// Metadata key of a failed `Execute`: the [`CommandError`] kind ([`command_error_kind`]).
+/// Metadata key of a failed `Execute`: the [`CommandError`] kind ([`CommandError::kind`]).
 pub const ERROR_KEY: &str = "turnstile-error";
 /// Metadata key of a not-owner answer: the owner's advertised address, when the worker knows it.
 pub const OWNER_KEY: &str = "turnstile-owner";
@@ -192,21 +192,6 @@ pub fn decode_command_reply(reply: cpb::ExecuteReply) -> Result<CommandReply, Co
     }
 }
 
-/// The kind of a [`CommandError`], as [`ERROR_KEY`] carries it.
-pub fn command_error_kind(err: &CommandError) -> &'static str {
-    match err {
-        CommandError::InvalidArgument(_) => "invalid-argument",
-        CommandError::NotFound(_) => "not-found",
-        CommandError::AlreadyExists(_) => "already-exists",
-        CommandError::FailedPrecondition(_) => "failed-precondition",
-        CommandError::ResourceExhausted(_) => "resource-exhausted",
-        CommandError::Unavailable(_) => "unavailable",
-        CommandError::DeadlineExceeded(_) => "deadline-exceeded",
-        CommandError::NotOwner { .. } => "not-owner",
-        CommandError::Internal(_) => "internal",
-    }
-}
-
 /// What a [`CommandError`] becomes on the wire: its kind, the status message, and for not-owner the
 /// session and the owner's address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -220,7 +205,7 @@ pub struct ErrorParts {
 /// Splits `err` into the parts a status carries. The message is the error's payload, not its display,
 /// so [`command_error_from_parts`] gets the same value back.
 pub fn command_error_parts(err: &CommandError) -> ErrorParts {
-    let kind = command_error_kind(err);
+    let kind = err.kind();
     match err {
         CommandError::NotOwner { session, owner } => {
             ErrorParts { kind, message: err.to_string(), session: Some(session.clone()), owner: owner.clone() }
@@ -401,7 +386,7 @@ mod tests {
         ];
         for err in errors {
             let parts = command_error_parts(&err);
-            assert_eq!(parts.kind, command_error_kind(&err));
+            assert_eq!(parts.kind, err.kind());
             let back = command_error_from_parts(parts.kind, parts.message, parts.session, parts.owner);
             assert_eq!(back, Some(err));
         }

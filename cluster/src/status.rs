@@ -47,10 +47,7 @@ pub fn command_error(status: &Status) -> Option<CommandError> {
     let get = |key: &str| status.metadata().get(key).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let kind = get(ERROR_KEY)?;
     let message = status.message();
-    let payload = match command_error_from_parts(&kind, String::new(), None, None)? {
-        CommandError::Internal(_) => message.strip_prefix(INTERNAL_PREFIX).unwrap_or(message),
-        _ => message,
-    };
+    let payload = if kind == "internal" { message.strip_prefix(INTERNAL_PREFIX).unwrap_or(message) } else { message };
     command_error_from_parts(&kind, payload.to_owned(), get(SESSION_KEY), get(OWNER_KEY))
 }
 

@@ -121,6 +121,22 @@ pub enum CommandError {
 }
 
 impl CommandError {
+    /// The kind of this error as a stable name (`invalid-argument`, `not-owner`, …): what the internal API
+    /// carries beside the gRPC code, and what logs and tests compare.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::InvalidArgument(_) => "invalid-argument",
+            Self::NotFound(_) => "not-found",
+            Self::AlreadyExists(_) => "already-exists",
+            Self::FailedPrecondition(_) => "failed-precondition",
+            Self::ResourceExhausted(_) => "resource-exhausted",
+            Self::Unavailable(_) => "unavailable",
+            Self::DeadlineExceeded(_) => "deadline-exceeded",
+            Self::NotOwner { .. } => "not-owner",
+            Self::Internal(_) => "internal",
+        }
+    }
+
     /// The standard gRPC status code of this error (the numbers of `google.rpc.Code`), so the public
     /// gateway and the internal worker API map every kind the same way. Not-owner is UNAVAILABLE:
     /// retryable, and safe to retry with the same MessageId.

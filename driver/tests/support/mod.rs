@@ -729,18 +729,9 @@ pub fn render_reply(id: CommandId, result: &Reply) -> String {
     }
 }
 
+/// The error's stable kind name (`CommandError::kind`).
 pub fn error_kind(e: &CommandError) -> &'static str {
-    match e {
-        CommandError::InvalidArgument(_) => "invalid-argument",
-        CommandError::NotFound(_) => "not-found",
-        CommandError::AlreadyExists(_) => "already-exists",
-        CommandError::FailedPrecondition(_) => "failed-precondition",
-        CommandError::ResourceExhausted(_) => "resource-exhausted",
-        CommandError::Unavailable(_) => "unavailable",
-        CommandError::DeadlineExceeded(_) => "deadline-exceeded",
-        CommandError::NotOwner { .. } => "not-owner",
-        CommandError::Internal(_) => "internal",
-    }
+    e.kind()
 }
 
 pub fn render(rec: &Rec) -> String {

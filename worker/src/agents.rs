@@ -62,7 +62,7 @@ pub enum AgentSetupError {
         /// The variable `api_key_env` names.
         variable: String,
         #[source]
-        source: ConfigError,
+        source: Box<ConfigError>,
     },
     /// A model's endpoint cannot be used (bad URL, a key that is no header value, no HTTP client).
     #[error("model {model:?}: {source}")]
@@ -140,7 +140,7 @@ fn built_model(
     let api_key = model.resolve_api_key(env).map_err(|source| AgentSetupError::ApiKey {
         model: name.to_owned(),
         variable: model.api_key_env.clone().unwrap_or_default(),
-        source,
+        source: Box::new(source),
     })?;
     let mut endpoint = ModelEndpoint::new(provider, model.model.clone());
     if let Some(url) = model.endpoint() {

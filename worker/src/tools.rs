@@ -36,29 +36,60 @@ impl ToolReturn {
 #[async_trait]
 pub trait Tool: Send + Sync + 'static {
     /// What the tool does, for the model.
-    fn description(&self) -> &str {
-        ""
-    }
+    fn description(&self) -> &str;
 
-    /// The JSON Schema of the tool's arguments, for the model. Default: an object with any properties.
-    fn input_schema(&self) -> serde_json::Value {
-        serde_json::json!({"type": "object"})
-    }
+    /// The JSON Schema of the tool's arguments (an object), for the model.
+    fn input_schema(&self) -> serde_json::Value;
 
-    /// Runs one call. `abort` is signalled when the turn is cancelled: a started call finishes (it may
-    /// stop early) and its result is recorded.
+    /// Runs one call. `arguments` is what the model sent: a JSON object for a real model, the text after
+    /// the tool's name for a scripted `[[tool:NAME ARGS]]`. `abort` is signalled when the turn is
+    /// cancelled: a started call finishes (it may stop early) and its result is recorded.
     async fn call(&self, arguments: &str, abort: &CancellationToken) -> ToolReturn;
 }
 
-/// `sleep MS`: waits and returns `slept MS`, or stops early on abort.
+/// Field `key` of `arguments` when they are a JSON object: `Some(None)` for an object without it,
+/// `None` when the arguments are not a JSON object (scripted plain text).
+fn json_field(arguments: &str, key: &str) -> Option<Option<serde_json::Value>> {
+    let trimmed = arguments.trim_start();
+    if !trimmed.starts_with('{') {
+        return None;
+    }
+    match serde_json::from_str::<serde_json::Value>(trimmed) {
+        Ok(serde_json::Value::Object(mut object)) => Some(object.remove(key)),
+        _ => None,
+    }
+}
+
+/// `sleep`: waits `ms` milliseconds and returns `slept MS`, or stops early on abort.
+///
+/// Arguments: `{"ms": 500}`, or the plain number (`[[tool:sleep 500]]`).
 #[derive(Debug, Default)]
 pub struct Sleep;
 
 #[async_trait]
 impl Tool for Sleep {
+    fn description(&self) -> &str {
+        "Waits the given number of milliseconds, then returns \"slept MS\". Stops early if the turn is cancelled."
+    }
+
+    fn input_schema(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {"ms": {"type": "integer", "minimum": 0, "description": "How long to wait, in milliseconds."}},
+            "required": ["ms"],
+            "additionalProperties": false,
+        })
+    }
+
     async fn call(&self, arguments: &str, abort: &CancellationToken) -> ToolReturn {
-        let Ok(ms) = arguments.trim().parse::<u64>() else {
-            return ToolReturn::failed(format!("sleep takes a number of milliseconds, got {arguments:?}"));
+        let ms = match json_field(arguments, "ms") {
+            Some(field) => field.as_ref().and_then(serde_json::Value::as_u64),
+            None => arguments.trim().parse::<u64>().ok(),
+        };
+        let Some(ms) = ms else {
+            return ToolReturn::failed(format!(
+                "sleep takes {{\"ms\": MILLISECONDS}} or a number of milliseconds, got {arguments:?}"
+            ));
         };
         let started = tokio::time::Instant::now();
         tokio::select! {
@@ -70,18 +101,38 @@ impl Tool for Sleep {
     }
 }
 
-/// `echo TEXT`: returns TEXT.
+/// `echo`: returns its text.
+///
+/// Arguments: `{"text": "hi"}`, or the plain text (`[[tool:echo hi]]`); a JSON object without `text` is
+/// returned as it came.
 #[derive(Debug, Default)]
 pub struct Echo;
 
 #[async_trait]
 impl Tool for Echo {
+    fn description(&self) -> &str {
+        "Returns the given text unchanged."
+    }
+
+    fn input_schema(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {"text": {"type": "string", "description": "The text to return."}},
+            "required": ["text"],
+            "additionalProperties": false,
+        })
+    }
+
     async fn call(&self, arguments: &str, _abort: &CancellationToken) -> ToolReturn {
-        ToolReturn::ok(arguments)
+        match json_field(arguments, "text") {
+            Some(Some(serde_json::Value::String(text))) => ToolReturn::ok(text),
+            _ => ToolReturn::ok(arguments),
+        }
     }
 }
 
-/// `clock`: the current UTC time, as RFC 3339 and as Unix milliseconds; it takes no arguments.
+/// `clock`: the current UTC time, as RFC 3339 and as Unix milliseconds; it takes no arguments (any are
+/// ignored). No time zones: the model converts if it must.
 ///
 /// The output is one JSON object, e.g. `{"utc":"2025-06-01T12:00:00.250Z","unix_ms":1748779200250}`.
 #[derive(Clone, Copy, Debug)]
@@ -104,9 +155,19 @@ impl Clock {
 
 #[async_trait]
 impl Tool for Clock {
+    fn description(&self) -> &str {
+        "Returns the current time in UTC: {\"utc\": RFC 3339 timestamp with milliseconds, \"unix_ms\": milliseconds since the Unix epoch}."
+    }
+
+    fn input_schema(&self) -> serde_json::Value {
+        serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false})
+    }
+
+    /// Any arguments are ignored.
     async fn call(&self, _arguments: &str, _abort: &CancellationToken) -> ToolReturn {
         let ms = (self.now_ms)();
-        ToolReturn::ok(serde_json::json!({"utc": rfc3339_utc(ms), "unix_ms": ms}).to_string())
+        // Written by hand so the keys keep this order (the timestamp needs no escaping).
+        ToolReturn::ok(format!(r#"{{"utc":"{}","unix_ms":{ms}}}"#, rfc3339_utc(ms)))
     }
 }
 
@@ -193,6 +254,8 @@ impl ToolRegistry {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[tokio::test(start_paused = true)]
@@ -200,21 +263,67 @@ mod tests {
         let tools = ToolRegistry::builtin();
         let abort = CancellationToken::new();
         assert_eq!(tools.call("sleep", "20", &abort).await, ToolReturn::ok("slept 20"));
+        assert_eq!(tools.call("sleep", r#"{"ms": 30}"#, &abort).await, ToolReturn::ok("slept 30"));
         abort.cancel();
         let r = tools.call("sleep", "100000", &abort).await;
         assert!(r.error.as_deref().is_some_and(|e| e.starts_with("aborted after")), "{r:?}");
     }
 
     #[tokio::test]
-    async fn echo_and_unknown() {
+    async fn echo_sleep_arguments_and_unknown_tools() {
         let tools = ToolRegistry::builtin();
         let abort = CancellationToken::new();
         assert_eq!(tools.call("echo", "hi there", &abort).await, ToolReturn::ok("hi there"));
+        assert_eq!(tools.call("echo", r#"{"text": "from a model"}"#, &abort).await, ToolReturn::ok("from a model"));
+        assert_eq!(tools.call("echo", r#"{"other": 1}"#, &abort).await, ToolReturn::ok(r#"{"other": 1}"#));
         let r = tools.call("nope", "", &abort).await;
         assert_eq!(r.error.as_deref(), Some("unknown tool \"nope\"; available: clock, echo, sleep"));
-        assert_eq!(
-            tools.call("sleep", "soon", &abort).await.error.as_deref(),
-            Some("sleep takes a number of milliseconds, got \"soon\"")
-        );
+        for bad in ["soon", r#"{"ms": -1}"#, r#"{"ms": "5"}"#, "{}"] {
+            assert_eq!(
+                tools.call("sleep", bad, &abort).await.error,
+                Some(format!("sleep takes {{\"ms\": MILLISECONDS}} or a number of milliseconds, got {bad:?}"))
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn clock_returns_utc_rfc3339_and_unix_ms() {
+        let clock = Clock::with_time_source(|| 1_748_779_200_250);
+        let r = clock.call("", &CancellationToken::new()).await;
+        assert_eq!(r, ToolReturn::ok(r#"{"utc":"2025-06-01T12:00:00.250Z","unix_ms":1748779200250}"#));
+        // Arguments are ignored.
+        assert_eq!(clock.call(r#"{"tz": "+02:00"}"#, &CancellationToken::new()).await, r);
+        // The real clock: now, give or take.
+        let before = turnstile_ops::clock::now_ms();
+        let r = ToolRegistry::builtin().call("clock", "{}", &CancellationToken::new()).await;
+        let out: serde_json::Value = serde_json::from_str(&r.output).unwrap();
+        let ms = out["unix_ms"].as_u64().unwrap();
+        assert!(ms >= before && ms < before + 60_000, "{out}");
+        assert_eq!(out["utc"].as_str().unwrap(), rfc3339_utc(ms));
+    }
+
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(rfc3339_utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339_utc(951_868_799_999), "2000-02-29T23:59:59.999Z");
+        assert_eq!(rfc3339_utc(1_735_689_599_999), "2024-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339_utc(4_107_542_400_000), "2100-03-01T00:00:00.000Z");
+        assert_eq!(rfc3339_utc(253_402_300_799_000), "9999-12-31T23:59:59.000Z");
+    }
+
+    #[test]
+    fn every_builtin_describes_itself_with_an_object_schema() {
+        let tools = ToolRegistry::builtin();
+        for name in ["sleep", "echo", "clock"] {
+            let spec = tools.spec(name).unwrap();
+            assert_eq!(spec.name, name);
+            assert!(!spec.description.is_empty(), "{name}");
+            assert_eq!(spec.input_schema["type"], "object", "{name}");
+            assert_eq!(spec.input_schema["additionalProperties"], false, "{name}");
+        }
+        assert_eq!(tools.spec("sleep").unwrap().input_schema["required"], serde_json::json!(["ms"]));
+        assert_eq!(tools.spec("echo").unwrap().input_schema["required"], serde_json::json!(["text"]));
+        assert!(tools.spec("nope").is_none());
     }
 }

@@ -33,10 +33,15 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    /// How the banner and the logs name it: the file, or that there is none.
+    /// How the banner names it: the file and its agents, or that there is none.
     pub fn describe(&self) -> String {
         match &self.path {
-            Some(path) => path.display().to_string(),
+            Some(path) => format!(
+                "{} (agents: {}; default {})",
+                path.display(),
+                self.config.agent_names(),
+                self.config.default_agent
+            ),
             None => "none (built-in defaults; pass --config FILE)".to_owned(),
         }
     }
@@ -177,7 +182,7 @@ mod tests {
         std::fs::write(&path, "[limits]\nmax_pending = 5\n").unwrap();
         let loaded = load(Some(&path)).unwrap();
         assert_eq!(loaded.config.limits.max_pending, 5);
-        assert_eq!(loaded.describe(), path.display().to_string());
+        assert_eq!(loaded.describe(), format!("{} (agents: scripted; default scripted)", path.display()));
         assert!(Loaded::default().describe().starts_with("none"));
     }
 }

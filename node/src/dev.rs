@@ -19,7 +19,7 @@ use crate::ops::{OpsHttp, install_metrics, nats_ready};
 use crate::report::{Bound, bind, bound_with_http, client_url_for, report_bound};
 use crate::running::{Running, handle_methods};
 use crate::security::{AuthOptions, ServerSecurity, ServerTls, auth_line};
-use crate::{NodeError, gateway_config, replicas, worker_config};
+use crate::{NodeError, agents, gateway_config, replicas, worker_config};
 
 /// `--listen` when it is not given.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
@@ -154,20 +154,23 @@ fn banner(url: &str, journal: &str, config: &str, auth: &str) -> String {
     )
 }
 
-/// Starts a dev server: loads the security files, binds, opens the journal, resumes the sessions that were
+/// Starts a dev server: sets up the configuration's agents, loads the security files, binds, opens the journal, resumes the sessions that were
 /// running, prints the banner and the bound addresses, and serves until stopped.
 pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     install_metrics();
+    let agents = agents(&opts.config)?;
     let security = ServerSecurity::load(&opts.auth, opts.tls.as_ref())?;
     let (listener, local) = bind(&opts.listen).await?;
     let auth = auth_line(&security.auth, local, &opts.listen)?;
     let journal = open_journal(&opts).await?;
     let http = OpsHttp::start(opts.http.as_deref(), journal.ready.clone()).await?;
     let config = &opts.config.config;
-    let host = SessionHost::with_snapshots(
+    let host = SessionHost::with_agents(
         journal.log.clone(),
         journal.bus.clone(),
         journal.snapshots.clone(),
+        None,
+        agents,
         worker_config(config),
     );
     let resumed = host.resume_running().await.map_err(NodeError::Resume)?;

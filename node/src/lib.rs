@@ -59,6 +59,12 @@ fn gateway_config(config: &Config) -> GatewayConfig {
     }
 }
 
+/// The agents, models and tools of the configuration, ready to run (API keys read from the environment).
+fn agents(loaded: &config::Loaded) -> Result<turnstile_worker::agents::AgentSetup, NodeError> {
+    turnstile_worker::agents::from_config(&loaded.config)
+        .map_err(|cause| NodeError::Agents { file: loaded.path.clone(), cause })
+}
+
 /// Replicas as the journal counts them; the configuration bounds them to 1..=5.
 fn replicas(config: &Config) -> usize {
     usize::try_from(config.cluster.replicas).unwrap_or(1)

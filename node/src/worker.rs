@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 use turnstile_worker::cluster::service::{self, WorkerService};
-use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker};
+use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker_with_agents};
 
 use crate::config::Loaded;
 use crate::journal::{NatsOptions, open_nats};
@@ -18,7 +18,7 @@ use crate::ops::{OpsHttp, install_metrics, worker_grace, worker_ready};
 use crate::report::{bind, bound_with_http, report_bound};
 use crate::running::{Running, handle_methods};
 use crate::security::ServerTls;
-use crate::{NodeError, replicas, worker_config};
+use crate::{NodeError, agents, replicas, worker_config};
 
 /// `--listen` of a worker when it is not given.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7500";
@@ -41,7 +41,8 @@ pub struct Options {
     pub ready_file: Option<PathBuf>,
     /// Serve the internal API over TLS; gateways then dial with their cluster TLS.
     pub tls: Option<ServerTls>,
-    /// The configuration, flags applied: `[cluster]` timings and layout, `[limits]`, `[journal]`.
+    /// The configuration, flags applied: agents and models, `[cluster]` timings and layout, `[limits]`,
+    /// `[journal]`.
     pub config: Loaded,
 }
 
@@ -95,11 +96,12 @@ impl Handle {
     handle_methods!();
 }
 
-/// Starts a worker: loads the TLS files, binds, opens the journal, joins the cluster, prints the bound
+/// Starts a worker: sets up the configuration's agents, loads the TLS files, binds, opens the journal, joins the cluster, prints the bound
 /// addresses, and serves until stopped.
 pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     install_metrics();
     let started = Instant::now();
+    let agents = agents(&opts.config)?;
     let tls = opts.tls.as_ref().map(ServerTls::load).transpose()?;
     let (listener, local) = bind(&opts.listen).await?;
     let advertise = opts.advertise.clone().unwrap_or_else(|| local.to_string());
@@ -122,7 +124,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let grace = worker_grace(leases.renew_every, leases.ttl, drain);
     let options =
         WorkerOptions { id: id.clone(), advertise_addr: advertise.clone(), leases, worker: worker_config(config) };
-    let worker = start_worker(options, &client, replicas(config), Arc::new(log), Arc::new(bus), Arc::new(snapshots))
+    let (log, bus, snapshots) = (Arc::new(log), Arc::new(bus), Arc::new(snapshots));
+    let worker = start_worker_with_agents(options, agents, &client, replicas(config), log, bus, snapshots)
         .await
         .map_err(|e| NodeError::membership(url, e))?;
 

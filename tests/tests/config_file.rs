@@ -2,7 +2,8 @@
 //!
 //! Bad input stops the process before anything listens: a non-zero exit, nothing on stdout's `listening`
 //! lines, and one precise error on stderr naming the file, line, column and key. A good file changes what
-//! the server does (`[limits] max_message_bytes`), and a command-line flag wins over the file's key.
+//! the server does (`[limits] max_message_bytes`, its agents on `dev` and on a cluster), and a command-line
+//! flag wins over the file's key.
 // Test code: a failed unwrap is a failed test, with the error in the panic message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,8 +13,9 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 use tonic::Code;
+use turnstile_proto::v1::InjectMode;
 use turnstile_tests::binary::turnstile_bin;
-use turnstile_tests::{DEFAULT_WAIT, DevOptions, DevServer, NatsServer, user_msg};
+use turnstile_tests::{Cluster, ClusterOptions, DEFAULT_WAIT, DevOptions, DevServer, NatsServer, Session, user_msg};
 
 /// A variable no test environment sets, named by `api_key_env`.
 const UNSET_KEY_VAR: &str = "TURNSTILE_TEST_CONFIG_FILE_UNSET_KEY";
@@ -112,12 +114,11 @@ async fn an_api_key_variable_that_is_not_set_is_named() {
          \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\napi_key_env = \"{UNSET_KEY_VAR}\"\n\n[agents.assistant]\nmodel = \
          \"local\"\n"
     ));
-    let refused = dev_with_config(&path).await;
-    assert_eq!(refused.code, Some(1), "{refused:?}");
-    assert!(!refused.stdout.contains("listening"), "nothing was started:\n{}", refused.stdout);
-    let line = refused.error_line();
-    assert!(line.contains("models.local.api_key_env"), "the key is named: {line}");
-    assert!(line.contains(&format!("environment variable {UNSET_KEY_VAR} is not set")), "{line}");
+    dev_with_config(&path).await.assert_error(&format!(
+        "{}: model \"local\": models.local.api_key_env: environment variable {UNSET_KEY_VAR} is not set; set it to the \
+         API key of model \"local\", or remove this key",
+        path.display()
+    ));
 }
 
 #[tokio::test]
@@ -249,4 +250,48 @@ async fn streams(nats: &NatsServer) -> Vec<String> {
     names.retain(|n| n.starts_with("TURNSTILE_EVENTS_"));
     names.sort();
     names
+}
+
+/// A file that adds an agent and makes it the default.
+const HELPER: &str = "default_agent = \"helper\"\n\n[agents.helper]\nsystem = \"Be brief.\"\ntools = [\"echo\"]\n";
+
+/// The file's agents are the ones a session may be configured with, and its default agent is what an
+/// unconfigured session reports and runs.
+async fn the_files_agents_are_served(s: &Session) {
+    let err = s.configure("nope", InjectMode::Pending).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("helper, scripted"), "the file's agents are listed: {}", err.message());
+    s.followup(user_msg("A", "hello")).await.unwrap();
+    let info = s.when_idle().await.unwrap();
+    assert_eq!(info.agent, "helper", "an unconfigured session runs the file's default agent");
+    assert_eq!(s.configure("scripted", InjectMode::Pending).await.unwrap().agent, "scripted");
+}
+
+#[tokio::test]
+async fn the_files_agents_run_on_dev() {
+    let (_dir, path) = config_file(HELPER);
+    let args = vec!["--config".to_owned(), path.to_str().unwrap().to_owned()];
+    let server = DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::default() }).await.unwrap();
+    the_files_agents_are_served(&server.session()).await;
+    let log = std::fs::read_to_string(server.log_path()).unwrap();
+    assert!(
+        log.contains(&format!("config     {} (agents: helper, scripted; default helper)", path.display())),
+        "{log}"
+    );
+}
+
+/// In the `cluster` test group (docs/TESTING.md): it runs a worker and a gateway.
+mod cluster {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_files_agents_run_on_a_cluster() {
+        let (_dir, path) = config_file(HELPER);
+        let config = vec!["--config".to_owned(), path.to_str().unwrap().to_owned()];
+        let mut opts = ClusterOptions::new(1, 1);
+        opts.worker_args.clone_from(&config);
+        opts.gateway_args = config;
+        let cluster = Cluster::start_with(opts).await.unwrap();
+        the_files_agents_are_served(&cluster.session(0)).await;
+    }
 }

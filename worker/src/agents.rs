@@ -322,7 +322,7 @@ mod tests {
         async fn step(&self, r: ModelRequest, d: DeltaSink, _: CancellationToken) -> Result<ModelOutput, ModelError> {
             let text = format!("{} answers {}", self.0, r.agent);
             d.send(text.clone()).await;
-            Ok(ModelOutput { text, tool_calls: vec![], max_tokens: false })
+            Ok(ModelOutput::text(text))
         }
     }
 

@@ -26,7 +26,7 @@ use turnstile_driver::{AgentCatalog, AgentProfile, CatalogError, ModelOutput, Mo
 use crate::model::chat::{ChatProvider, ToolSpec};
 use crate::model::chat_model::{self, ChatModel};
 use crate::model::endpoint::{ApiKey, EndpointError, ModelEndpoint, ProviderKind};
-use crate::model::{DeltaSink, Model, ModelError, ScriptedModel};
+use crate::model::{DeltaSink, Model, ModelError, ModelIdentity, ScriptedModel};
 use crate::tools::ToolRegistry;
 
 /// What a worker needs to run a configuration's agents.
@@ -204,6 +204,10 @@ impl AgentRouter {
 
 #[async_trait]
 impl Model for AgentRouter {
+    fn identity(&self, agent: &str) -> ModelIdentity {
+        self.model_of(agent).map_or_else(|| ModelIdentity::new("none", "none"), |m| m.identity(agent))
+    }
+
     async fn step(
         &self,
         request: ModelRequest,

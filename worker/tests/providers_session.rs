@@ -32,9 +32,14 @@ struct Run {
 
 /// Runs one followup on the agent `assistant` of `provider` at `server`, until the session is idle.
 async fn run_one_turn(provider: &str, server: &FakeServer, text: &str) -> Run {
+    run_turn_on(provider, server, "test-model", text).await
+}
+
+/// [`run_one_turn`] naming the model at the provider (metrics tests count apart by it).
+async fn run_turn_on(provider: &str, server: &FakeServer, model: &str, text: &str) -> Run {
     let config = Config::from_toml_str(&format!(
         "default_agent = \"assistant\"\n[models.fake]\nprovider = \"{provider}\"\nbase_url = \"{}\"\n\
-         model = \"test-model\"\nretries = 0\n[agents.assistant]\nmodel = \"fake\"\n",
+         model = \"{model}\"\nretries = 0\n[agents.assistant]\nmodel = \"fake\"\n",
         server.base_url
     ))
     .unwrap();
@@ -164,4 +169,148 @@ async fn a_reply_without_reasoning_or_usage_records_neither() {
         run.assistant()
     );
     assert_eq!(run.deltas(true), "");
+}
+
+#[tokio::test]
+async fn model_requests_tokens_errors_and_first_token_time_are_counted_by_tenant_agent_and_model() {
+    turnstile_ops::install_metrics().unwrap();
+    let server = FakeServer::openai(vec![
+        Reply::events(&[
+            openai_chunk(json!({"role": "assistant", "content": "counted"}), None),
+            openai_chunk(json!({}), Some("stop")),
+            openai_usage(12, 3),
+            OPENAI_DONE.to_owned(),
+        ]),
+        Reply::error(403, "forbidden"),
+    ])
+    .await;
+    run_turn_on("openai", &server, "metrics-model", "one").await;
+    let failed = run_turn_on("openai", &server, "metrics-model", "two").await;
+    assert!(matches!(failed.turn_end(), TurnEndReason::Error { code, .. } if code == "model_refused"));
+
+    let text = turnstile_ops::render_metrics().unwrap();
+    let line = |name: &str, extra: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name) && l.contains(r#"model="metrics-model""#) && l.contains(extra))
+            .unwrap_or_else(|| panic!("no {name} {extra} in\n{text}"))
+            .to_owned()
+    };
+    let who = r#"agent="assistant",provider="openai""#;
+    let requests = line("turnstile_model_requests_total", r#"outcome="ok""#);
+    assert!(requests.contains(r#"tenant="acme""#) && requests.contains(who), "{requests}");
+    assert!(requests.ends_with(" 1"), "{requests}");
+    assert!(line("turnstile_model_requests_total", r#"outcome="model_refused""#).ends_with(" 1"));
+    assert!(line("turnstile_model_tokens_total", r#"kind="input""#).ends_with(" 12"));
+    assert!(line("turnstile_model_tokens_total", r#"kind="output""#).ends_with(" 3"));
+    let errors = line("turnstile_model_errors_total", r#"code="model_refused""#);
+    assert!(errors.contains(r#"tenant="acme""#) && errors.ends_with(" 1"), "{errors}");
+    // Only the request that streamed has a first token.
+    assert!(line("turnstile_model_time_to_first_token_seconds_count", who).ends_with(" 1"));
+    assert!(line("turnstile_model_request_duration_seconds_count", r#"outcome="ok""#).ends_with(" 1"));
+    assert!(line("turnstile_model_request_duration_seconds_count", r#"outcome="model_refused""#).ends_with(" 1"));
+}
+
+#[tokio::test]
+async fn the_scripted_model_is_counted_as_provider_scripted() {
+    turnstile_ops::install_metrics().unwrap();
+    let log = Arc::new(EmbeddedLog::in_memory());
+    let bus = Arc::new(LocalBus::new());
+    let setup = from_config_with_env(&Config::default(), |_| None).unwrap();
+    let host = SessionHost::with_agents(log, bus, Arc::new(NoSnapshots), None, setup, WorkerConfig::default());
+    let session = SessionRef::new("scripted-tenant", "s1").unwrap();
+    let message = UserMessage::user_text("m1", "hi");
+    let send = Command::Send { message, target: Target::NextTurn, wakeup: true, expected_turn: None };
+    host.execute(&session, send, None).await.unwrap();
+    host.execute(&session, Command::WhenIdle, Some(Duration::from_secs(20))).await.unwrap();
+    let text = turnstile_ops::render_metrics().unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("turnstile_model_requests_total") && l.contains(r#"tenant="scripted-tenant""#))
+        .unwrap_or_else(|| panic!("no scripted request in\n{text}"));
+    for label in [r#"agent="scripted""#, r#"provider="scripted""#, r#"model="scripted""#, r#"outcome="ok""#] {
+        assert!(line.contains(label), "{label} in {line}");
+    }
+}
+
+mod spans {
+    //! A layer that keeps every span's name, parent and fields.
+
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::Context;
+    use tracing_subscriber::registry::LookupSpan;
+
+    #[derive(Clone, Debug, Default)]
+    pub struct Seen {
+        pub name: String,
+        pub parent: Option<String>,
+        pub fields: BTreeMap<String, String>,
+    }
+
+    #[derive(Clone, Default)]
+    pub struct Capture(pub Arc<Mutex<BTreeMap<u64, Seen>>>);
+
+    struct Fields<'a>(&'a mut BTreeMap<String, String>);
+
+    impl Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.insert(field.name().to_owned(), format!("{value:?}"));
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0.insert(field.name().to_owned(), value.to_owned());
+        }
+    }
+
+    impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+            let parent = ctx.span(id).and_then(|s| s.parent()).map(|p| p.name().to_owned());
+            let mut seen = Seen { name: attrs.metadata().name().to_owned(), parent, fields: BTreeMap::new() };
+            attrs.record(&mut Fields(&mut seen.fields));
+            self.0.lock().unwrap().insert(id.into_u64(), seen);
+        }
+
+        fn on_record(&self, id: &Id, values: &Record<'_>, _ctx: Context<'_, S>) {
+            if let Some(seen) = self.0.lock().unwrap().get_mut(&id.into_u64()) {
+                values.record(&mut Fields(&mut seen.fields));
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn each_model_request_has_a_span_with_provider_model_and_token_counts() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    let capture = spans::Capture::default();
+    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    let server = FakeServer::openai(vec![Reply::events(&[
+        openai_chunk(json!({"role": "assistant", "content": "spanned"}), None),
+        openai_chunk(json!({}), Some("stop")),
+        openai_usage(21, 4),
+        OPENAI_DONE.to_owned(),
+    ])])
+    .await;
+    run_one_turn("openai", &server, "hi").await;
+    let seen = capture.0.lock().unwrap().clone();
+    let request = seen.values().find(|s| s.name == "model.request").expect("a model.request span");
+    assert_eq!(request.parent.as_deref(), Some("step"));
+    for (field, value) in [
+        ("agent", "assistant"),
+        ("provider", "openai"),
+        ("model", "test-model"),
+        ("outcome", "ok"),
+        ("input_tokens", "21"),
+        ("output_tokens", "4"),
+        ("session", "acme/s1"),
+    ] {
+        assert_eq!(request.fields.get(field).map(String::as_str), Some(value), "{field} in {request:?}");
+    }
+    assert!(request.fields.contains_key("first_token_ms"), "{request:?}");
+    let http = seen.values().find(|s| s.name == "model.http").expect("a model.http span");
+    assert_eq!(http.parent.as_deref(), Some("model.request"));
+    assert_eq!(http.fields.get("attempts").map(String::as_str), Some("1"));
 }

@@ -34,7 +34,7 @@ use super::chat::{
 };
 use super::endpoint::{EndpointError, ModelEndpoint, ProviderKind};
 use super::openai::OpenAiProvider;
-use super::{DeltaSink, Model, ModelError};
+use super::{DeltaSink, Model, ModelError, ModelIdentity};
 use turnstile_driver::{ModelOutput, ModelRequest};
 
 /// The provider `endpoint.provider` names, ready to stream.
@@ -196,6 +196,10 @@ fn user_message(message: &UserMessage) -> ChatMessage {
 
 #[async_trait]
 impl Model for ChatModel {
+    fn identity(&self, _agent: &str) -> ModelIdentity {
+        ModelIdentity::new(self.provider.provider(), self.provider.model())
+    }
+
     async fn step(
         &self,
         request: ModelRequest,

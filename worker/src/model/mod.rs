@@ -19,7 +19,6 @@ use turnstile_driver::{ModelOutput, ModelRequest};
 
 use chat::StreamDelta;
 
-pub use http::metric_names;
 pub use scripted::ScriptedModel;
 
 /// Why a model request did not finish.
@@ -57,9 +56,30 @@ impl DeltaSink {
     }
 }
 
+/// Who answers a model request, for metrics and spans: the provider (`openai`, `anthropic`, `scripted`)
+/// and the model's name there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelIdentity {
+    pub provider: String,
+    pub model: String,
+}
+
+impl ModelIdentity {
+    pub fn new(provider: impl Into<String>, model: impl Into<String>) -> Self {
+        Self { provider: provider.into(), model: model.into() }
+    }
+}
+
 /// A streaming model.
 #[async_trait]
 pub trait Model: Send + Sync + 'static {
+    /// Who answers the requests of `agent` (the metrics' and spans' `provider` and `model`). Default:
+    /// `custom` for both.
+    fn identity(&self, agent: &str) -> ModelIdentity {
+        let _ = agent;
+        ModelIdentity::new("custom", "custom")
+    }
+
     /// Answers one step. The text deltas sent to `deltas` must concatenate to the returned text, the
     /// reasoning deltas to the returned reasoning. On `abort`, return [`ModelError::Aborted`] promptly.
     async fn step(

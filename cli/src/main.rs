@@ -4,24 +4,21 @@
 
 mod client;
 mod demo;
-mod dev;
-mod gateway;
-mod ops;
 mod render;
 mod security;
-mod telemetry;
-mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
+use turnstile_node::config::{Loaded, Overrides};
+use turnstile_node::signal::shutdown_signal;
 
 use crate::client::{CauseArg, Client, Delivery, InjectModeArg, Preset, SourceArg, TargetArg, WatchOpts};
 
-/// The address client commands use by default.
-pub const DEFAULT_ADDR: &str = "http://127.0.0.1:7400";
+/// The address client commands use by default: a `turnstile dev` or gateway on its default `--listen`.
+pub const DEFAULT_ADDR: &str = turnstile_node::dev::DEFAULT_URL;
 
 /// How the servers report where they listen (docs/TESTING.md, docs/decisions/0007-bound-addresses.md).
 const BOUND_ADDRESSES_HELP: &str = "\
@@ -111,6 +108,8 @@ enum Cmd {
 
 #[derive(Args, Debug)]
 struct DevArgs {
+    #[command(flatten)]
+    config: ConfigArg,
     /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090; port 0
     /// picks a free one, reported as `turnstile: listening http=ADDR`).
     #[arg(long, env = "TURNSTILE_HTTP")]
@@ -119,7 +118,7 @@ struct DevArgs {
     #[arg(long, value_name = "FILE")]
     ready_file: Option<PathBuf>,
     /// Address to listen on (port 0 picks a free one, reported as `turnstile: listening grpc=ADDR`).
-    #[arg(long, env = "TURNSTILE_LISTEN", default_value = "127.0.0.1:7400")]
+    #[arg(long, env = "TURNSTILE_LISTEN", default_value = turnstile_node::dev::DEFAULT_LISTEN)]
     listen: String,
     /// Keep sessions on disk in DIR (default: in memory).
     #[arg(long, env = "TURNSTILE_DATA_DIR", conflicts_with = "nats")]
@@ -127,12 +126,14 @@ struct DevArgs {
     /// Keep sessions in NATS JetStream at URL (e.g. nats://127.0.0.1:4222) instead of the embedded journal.
     #[arg(long, env = "TURNSTILE_NATS_URL", hide_env_values = true)]
     nats: Option<String>,
-    /// JetStream event streams (partitions) to spread sessions over; part of the layout.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), requires = "nats")]
-    partitions: u32,
-    /// Replicas of each JetStream event stream (1 for one server, 3 for a cluster).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=5), requires = "nats")]
-    replicas: u64,
+    /// JetStream event streams (partitions) to spread sessions over; part of the layout [default: the
+    /// configuration's cluster.partitions, 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), requires = "nats")]
+    partitions: Option<u32>,
+    /// Replicas of each JetStream event stream (1 for one server, 3 for a cluster) [default: the
+    /// configuration's cluster.replicas, 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=5), requires = "nats")]
+    replicas: Option<u32>,
     /// Run a short scripted tour on session `demo` once the server is up.
     #[arg(long)]
     demo: bool,
@@ -144,33 +145,55 @@ struct DevArgs {
     nats_security: security::NatsSecurityArgs,
 }
 
+/// `--config FILE` of the servers.
+#[derive(Args, Debug)]
+struct ConfigArg {
+    /// The configuration file (TOML; docs/CONFIGURATION.md): limits, cluster timings and layout, journal,
+    /// models, MCP servers and agents. Flags given on the command line win over its keys.
+    #[arg(long = "config", env = "TURNSTILE_CONFIG", value_name = "FILE")]
+    path: Option<PathBuf>,
+}
+
+impl ConfigArg {
+    /// The file (or the defaults) with `flags` over it.
+    fn load(&self, flags: &Overrides) -> Result<Loaded> {
+        let mut loaded = turnstile_node::config::load(self.path.as_deref())?;
+        flags.apply(&mut loaded.config)?;
+        Ok(loaded)
+    }
+}
+
 /// Where the cluster's journal lives and how it is laid out; every gateway and worker of a cluster must
-/// agree on it.
+/// agree on it. The layout flags default to the configuration's `[cluster]` keys.
 #[derive(Args, Debug)]
 struct ClusterLayout {
     /// NATS JetStream URL(s) of the cluster (comma-separated for several servers).
     #[arg(long, env = "TURNSTILE_NATS_URL", hide_env_values = true)]
     nats: String,
-    /// JetStream event streams (partitions) to spread sessions over; part of the layout.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-    partitions: u32,
-    /// Replicas of each stream and KV bucket (1 for one server, 3 for a cluster).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=5))]
-    replicas: u64,
-    /// Virtual shards sessions are hashed to; part of the layout (at least --partitions).
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
-    shards: u32,
+    /// JetStream event streams (partitions) to spread sessions over; part of the layout [default: the
+    /// configuration's cluster.partitions, 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    partitions: Option<u32>,
+    /// Replicas of each stream and KV bucket (1 for one server, 3 for a cluster) [default: the
+    /// configuration's cluster.replicas, 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=5))]
+    replicas: Option<u32>,
+    /// Virtual shards sessions are hashed to; part of the layout (at least --partitions) [default: the
+    /// configuration's cluster.shards, 256].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    shards: Option<u32>,
 }
 
 impl ClusterLayout {
-    fn replicas(&self) -> usize {
-        // The parser bounds replicas to 1..=5.
-        usize::try_from(self.replicas).unwrap_or(1)
+    fn overrides(&self) -> Overrides {
+        Overrides { partitions: self.partitions, replicas: self.replicas, shards: self.shards, ..Overrides::default() }
     }
 }
 
 #[derive(Args, Debug)]
 struct GatewayArgs {
+    #[command(flatten)]
+    config: ConfigArg,
     /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090; port 0
     /// picks a free one, reported as `turnstile: listening http=ADDR`).
     #[arg(long, env = "TURNSTILE_HTTP")]
@@ -181,11 +204,12 @@ struct GatewayArgs {
     #[command(flatten)]
     layout: ClusterLayout,
     /// Address of the public API (port 0 picks a free one, reported as `turnstile: listening grpc=ADDR`).
-    #[arg(long, env = "TURNSTILE_LISTEN", default_value = "127.0.0.1:7400")]
+    #[arg(long, env = "TURNSTILE_LISTEN", default_value = turnstile_node::dev::DEFAULT_LISTEN)]
     listen: String,
-    /// How long a command may wait for a shard owner (while shards move) before UNAVAILABLE.
-    #[arg(long, default_value_t = 10_000)]
-    route_deadline_ms: u64,
+    /// How long a command may wait for a shard owner (while shards move) before UNAVAILABLE [default: the
+    /// configuration's cluster.route_deadline_ms, 10000].
+    #[arg(long)]
+    route_deadline_ms: Option<u64>,
     #[command(flatten)]
     auth: security::AuthArgs,
     #[command(flatten)]
@@ -198,6 +222,8 @@ struct GatewayArgs {
 
 #[derive(Args, Debug)]
 struct WorkerArgs {
+    #[command(flatten)]
+    config: ConfigArg,
     /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090; port 0
     /// picks a free one, reported as `turnstile: listening http=ADDR`).
     #[arg(long, env = "TURNSTILE_HTTP")]
@@ -209,7 +235,7 @@ struct WorkerArgs {
     layout: ClusterLayout,
     /// Address of the internal worker API (port 0 picks a free one, reported as `turnstile: listening
     /// worker=ADDR`).
-    #[arg(long, env = "TURNSTILE_LISTEN", default_value = "127.0.0.1:7500")]
+    #[arg(long, env = "TURNSTILE_LISTEN", default_value = turnstile_node::worker::DEFAULT_LISTEN)]
     listen: String,
     /// Address gateways dial to reach this worker, put in its heartbeat and shard leases (default: the
     /// bound --listen address, with the port the kernel picked for port 0).
@@ -218,15 +244,18 @@ struct WorkerArgs {
     /// Unique worker id, reported as the session owner (default: worker-<advertised address>).
     #[arg(long, env = "TURNSTILE_WORKER_ID")]
     id: Option<String>,
-    /// How long a shard lease lasts without renewal: the failover time after a crash.
-    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u64).range(100..))]
-    lease_ttl_ms: u64,
-    /// How often leases are renewed and fair shares recomputed (well below --lease-ttl-ms).
-    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u64).range(10..))]
-    renew_ms: u64,
-    /// How long running steps may take to finish when shards are handed over or at SIGTERM.
-    #[arg(long, default_value_t = 10_000)]
-    drain_timeout_ms: u64,
+    /// How long a shard lease lasts without renewal: the failover time after a crash [default: the
+    /// configuration's cluster.lease_ttl_ms, 1500].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(100..))]
+    lease_ttl_ms: Option<u64>,
+    /// How often leases are renewed and fair shares recomputed (well below --lease-ttl-ms) [default: the
+    /// configuration's cluster.renew_ms, 400].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(10..))]
+    renew_ms: Option<u64>,
+    /// How long running steps may take to finish when shards are handed over or at SIGTERM [default: the
+    /// configuration's cluster.drain_timeout_ms, 10000].
+    #[arg(long)]
+    drain_timeout_ms: Option<u64>,
     #[command(flatten)]
     tls: security::ServerTlsArgs,
     #[command(flatten)]
@@ -401,79 +430,86 @@ async fn deliver(client: &mut Client, preset: Preset, d: DeliverArgs) -> Result<
     Ok(())
 }
 
+/// `turnstile dev`: the node's dev role, the demo beside it, until Ctrl-C or SIGTERM.
+async fn run_dev(a: DevArgs) -> Result<()> {
+    if a.demo && (a.auth.options().is_enabled() || a.tls.options().is_some()) {
+        anyhow::bail!("--demo talks to the server without a token or TLS; drop --demo or the auth/TLS flags");
+    }
+    let flags = Overrides { partitions: a.partitions, replicas: a.replicas, ..Overrides::default() };
+    let options = turnstile_node::dev::Options {
+        config: a.config.load(&flags)?,
+        listen: a.listen,
+        http: a.http,
+        ready_file: a.ready_file,
+        data_dir: a.data_dir,
+        nats: a.nats.map(|url| a.nats_security.nats(url)),
+        auth: a.auth.options(),
+        tls: a.tls.options(),
+    };
+    let node = turnstile_node::dev::start(options).await?;
+    if a.demo {
+        let url = node.url().to_owned();
+        tokio::spawn(async move {
+            if let Err(e) = demo::run(&url).await {
+                eprintln!("demo failed: {e:#}");
+            }
+        });
+    }
+    Ok(node.run_until(shutdown_signal()).await?)
+}
+
+/// `turnstile gateway`, until Ctrl-C or SIGTERM.
+async fn run_gateway(a: GatewayArgs) -> Result<()> {
+    let flags = Overrides { route_deadline_ms: a.route_deadline_ms, ..a.layout.overrides() };
+    let options = turnstile_node::gateway::Options {
+        config: a.config.load(&flags)?,
+        nats: a.nats_security.nats(a.layout.nats),
+        listen: a.listen,
+        http: a.http,
+        ready_file: a.ready_file,
+        auth: a.auth.options(),
+        tls: a.tls.options(),
+        cluster_tls: a.cluster_tls.options(),
+    };
+    let node = turnstile_node::gateway::start(options).await?;
+    Ok(node.run_until(shutdown_signal()).await?)
+}
+
+/// `turnstile worker`, until Ctrl-C or SIGTERM (which drains it and releases its leases).
+async fn run_worker(a: WorkerArgs) -> Result<()> {
+    let flags = Overrides {
+        lease_ttl_ms: a.lease_ttl_ms,
+        renew_ms: a.renew_ms,
+        drain_timeout_ms: a.drain_timeout_ms,
+        ..a.layout.overrides()
+    };
+    let options = turnstile_node::worker::Options {
+        config: a.config.load(&flags)?,
+        nats: a.nats_security.nats(a.layout.nats),
+        listen: a.listen,
+        advertise: a.advertise,
+        id: a.id,
+        http: a.http,
+        ready_file: a.ready_file,
+        tls: a.tls.options(),
+    };
+    let node = turnstile_node::worker::start(options).await?;
+    Ok(node.run_until(shutdown_signal()).await?)
+}
+
 async fn run(cli: Cli) -> Result<()> {
     let g = cli.global;
-    if let Cmd::Dev(a) = cli.command {
-        let nats = a.nats.map(|url| dev::NatsOpts {
-            url,
-            partitions: a.partitions,
-            // The parser bounds replicas to 1..=5.
-            replicas: usize::try_from(a.replicas).unwrap_or(1),
-            security: a.nats_security.security(),
-        });
-        let security = security::ServerSecurity::load(&a.auth, &a.tls)?;
-        return dev::run(
-            dev::DevOpts {
-                listen: a.listen,
-                data_dir: a.data_dir,
-                nats,
-                demo: a.demo,
-                http: a.http,
-                ready_file: a.ready_file,
-            },
-            security,
-        )
-        .await;
-    }
-    if let Cmd::Worker(a) = cli.command {
-        if a.renew_ms >= a.lease_ttl_ms {
-            anyhow::bail!(
-                "--renew-ms {} must be below --lease-ttl-ms {}, or leases lapse between renewals; try a third of it",
-                a.renew_ms,
-                a.lease_ttl_ms
-            );
-        }
-        return worker::run(worker::WorkerOpts {
-            replicas: a.layout.replicas(),
-            nats: a.layout.nats,
-            listen: a.listen,
-            advertise: a.advertise,
-            id: a.id,
-            partitions: a.layout.partitions,
-            shards: a.layout.shards,
-            lease_ttl: std::time::Duration::from_millis(a.lease_ttl_ms),
-            renew_every: std::time::Duration::from_millis(a.renew_ms),
-            drain_timeout: std::time::Duration::from_millis(a.drain_timeout_ms),
-            nats_security: a.nats_security.security(),
-            tls: a.tls.load()?,
-            http: a.http,
-            ready_file: a.ready_file,
-        })
-        .await;
-    }
-    if let Cmd::Gateway(a) = cli.command {
-        return gateway::run(
-            gateway::GatewayOpts {
-                replicas: a.layout.replicas(),
-                nats: a.layout.nats,
-                listen: a.listen,
-                partitions: a.layout.partitions,
-                shards: a.layout.shards,
-                route_deadline: std::time::Duration::from_millis(a.route_deadline_ms),
-                nats_security: a.nats_security.security(),
-                cluster_tls: a.cluster_tls.load()?,
-                http: a.http,
-                ready_file: a.ready_file,
-            },
-            security::ServerSecurity::load(&a.auth, &a.tls)?,
-        )
-        .await;
-    }
+    let cmd = match cli.command {
+        Cmd::Dev(a) => return run_dev(a).await,
+        Cmd::Gateway(a) => return run_gateway(a).await,
+        Cmd::Worker(a) => return run_worker(a).await,
+        client_command => client_command,
+    };
     // With a token the server knows the tenant: an empty one in requests means "mine".
     let tenant = g.tenant.unwrap_or_else(|| if g.token.is_some() { String::new() } else { "default".to_owned() });
     let mut c = Client::connect_with_ca(&g.addr, g.token.as_deref(), &tenant, g.ca.as_deref()).await?;
     let c = &mut c;
-    match cli.command {
+    match cmd {
         Cmd::Dev(_) | Cmd::Gateway(_) | Cmd::Worker(_) => Ok(()),
         Cmd::Followup(d) => deliver(c, Preset::Followup, d).await,
         Cmd::Queue(d) => deliver(c, Preset::Queue, d).await,
@@ -544,7 +580,7 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let telemetry = telemetry::init(role(&cli.command));
+    let telemetry = turnstile_node::telemetry::init(role(&cli.command));
     let result = run(cli).await;
     // Flush queued spans before the runtime goes away (short runs would lose them otherwise).
     telemetry.shutdown().await;
@@ -582,7 +618,7 @@ mod tests {
     fn dev_takes_nats_with_its_layout() {
         let cli = Cli::try_parse_from(["turnstile", "dev"]).unwrap();
         let Cmd::Dev(a) = cli.command else { panic!("not dev") };
-        assert_eq!((a.nats, a.partitions, a.replicas), (None, 1, 1));
+        assert_eq!((a.nats, a.partitions, a.replicas, a.config.path), (None, None, None, None));
         let cli = Cli::try_parse_from([
             "turnstile",
             "dev",
@@ -595,7 +631,7 @@ mod tests {
         ])
         .unwrap();
         let Cmd::Dev(a) = cli.command else { panic!("not dev") };
-        assert_eq!((a.nats.as_deref(), a.partitions, a.replicas), (Some("nats://h:4222"), 4, 3));
+        assert_eq!((a.nats.as_deref(), a.partitions, a.replicas), (Some("nats://h:4222"), Some(4), Some(3)));
         assert!(Cli::try_parse_from(["turnstile", "dev", "--partitions", "2"]).is_err(), "layout without --nats");
         assert!(Cli::try_parse_from(["turnstile", "dev", "--nats", "nats://h", "--partitions", "0"]).is_err());
         assert!(Cli::try_parse_from(["turnstile", "dev", "--nats", "nats://h", "--data-dir", "d"]).is_err());
@@ -605,8 +641,8 @@ mod tests {
     fn gateway_takes_the_cluster_layout() {
         let cli = Cli::try_parse_from(["turnstile", "gateway", "--nats", "nats://h:4222"]).unwrap();
         let Cmd::Gateway(a) = cli.command else { panic!("not gateway") };
-        assert_eq!((a.layout.partitions, a.layout.replicas, a.layout.shards), (1, 1, 256));
-        assert_eq!((a.listen.as_str(), a.route_deadline_ms), ("127.0.0.1:7400", 10_000));
+        assert_eq!((a.layout.partitions, a.layout.replicas, a.layout.shards), (None, None, None));
+        assert_eq!((a.listen.as_str(), a.route_deadline_ms), ("127.0.0.1:7400", None));
         let cli = Cli::try_parse_from([
             "turnstile",
             "gateway",
@@ -621,7 +657,7 @@ mod tests {
         ])
         .unwrap();
         let Cmd::Gateway(a) = cli.command else { panic!("not gateway") };
-        assert_eq!((a.listen.as_str(), a.layout.replicas(), a.layout.shards), ("127.0.0.1:7401", 3, 64));
+        assert_eq!((a.listen.as_str(), a.layout.replicas, a.layout.shards), ("127.0.0.1:7401", Some(3), Some(64)));
     }
 
     #[test]
@@ -645,7 +681,54 @@ mod tests {
         .unwrap();
         let Cmd::Worker(a) = cli.command else { panic!("not worker") };
         assert_eq!((a.id.as_deref(), a.advertise.as_deref()), (Some("w1"), Some("10.0.0.5:7501")));
-        assert_eq!((a.lease_ttl_ms, a.renew_ms, a.drain_timeout_ms, a.layout.shards), (3000, 500, 10_000, 256));
+        assert_eq!(
+            (a.lease_ttl_ms, a.renew_ms, a.drain_timeout_ms, a.layout.shards),
+            (Some(3000), Some(500), None, None)
+        );
+        let flags = Overrides { lease_ttl_ms: a.lease_ttl_ms, renew_ms: a.renew_ms, ..a.layout.overrides() };
+        let loaded = a.config.load(&flags).unwrap();
+        assert_eq!((loaded.config.cluster.lease_ttl_ms, loaded.config.cluster.renew_ms), (3000, 500));
+    }
+
+    #[test]
+    fn the_servers_take_a_configuration_file() {
+        for role in ["dev", "gateway", "worker"] {
+            let mut args = vec!["turnstile", role, "--config", "t.toml"];
+            if role != "dev" {
+                args.extend(["--nats", "nats://h:4222"]);
+            }
+            let cli = Cli::try_parse_from(args).unwrap();
+            let path = match cli.command {
+                Cmd::Dev(a) => a.config.path,
+                Cmd::Gateway(a) => a.config.path,
+                Cmd::Worker(a) => a.config.path,
+                _ => panic!("not a server"),
+            };
+            assert_eq!(path.as_deref(), Some(std::path::Path::new("t.toml")), "{role}");
+        }
+        assert!(Cli::try_parse_from(["turnstile", "followup", "--config", "t.toml", "s1", "x"]).is_err());
+    }
+
+    #[test]
+    fn the_renewal_flags_are_checked_against_each_other() {
+        let cli = Cli::try_parse_from([
+            "turnstile",
+            "worker",
+            "--nats",
+            "nats://h:4222",
+            "--lease-ttl-ms",
+            "400",
+            "--renew-ms",
+            "500",
+        ])
+        .unwrap();
+        let Cmd::Worker(a) = cli.command else { panic!("not worker") };
+        let flags = Overrides { lease_ttl_ms: a.lease_ttl_ms, renew_ms: a.renew_ms, ..a.layout.overrides() };
+        let err = a.config.load(&flags).unwrap_err();
+        assert_eq!(
+            error_line(&err),
+            "error: --renew-ms 500 must be below --lease-ttl-ms 400, or leases lapse between renewals; try a third of it"
+        );
     }
 
     #[test]

@@ -1,16 +1,11 @@
-//! The auth, TLS and NATS-credential flags shared by `turnstile dev`, `gateway` and `worker`, and the one
-//! place that turns them into an [`Authenticator`], rustls configs and [`NatsSecurity`]. Every file is read
-//! at start-up, so a wrong path fails before anything listens.
+//! The auth, TLS and NATS-credential flags shared by `turnstile dev`, `gateway` and `worker`, turned into
+//! the options of [`turnstile_node`], which reads the files when a role starts (before anything listens).
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
 use clap::Args;
-use tonic::transport::{ClientTlsConfig, ServerTlsConfig};
-use turnstile_gateway::auth::{self, Authenticator, JwtAlg, JwtAuth, TokenFile};
-use turnstile_gateway::tls;
-use turnstile_journal::jetstream::NatsSecurity;
+use turnstile_node::NatsOptions;
+use turnstile_node::security::{AuthOptions, ClusterTls, JwtAlg, NatsSecurity, ServerTls};
 
 /// `--auth-tokens FILE | --jwt-key FILE [--jwt-alg]`: who may call the public API.
 #[derive(Args, Clone, Debug, Default)]
@@ -28,22 +23,9 @@ pub struct AuthArgs {
 }
 
 impl AuthArgs {
-    pub fn load(&self) -> Result<Authenticator> {
-        Ok(match (&self.auth_tokens, &self.jwt_key) {
-            (Some(file), _) => Authenticator::TokenFile(TokenFile::load(file).context("--auth-tokens")?),
-            (None, Some(key)) => Authenticator::Jwt(Box::new(JwtAuth::load(key, self.jwt_alg).context("--jwt-key")?)),
-            (None, None) => Authenticator::Disabled,
-        })
+    pub fn options(&self) -> AuthOptions {
+        AuthOptions { auth_tokens: self.auth_tokens.clone(), jwt_key: self.jwt_key.clone(), jwt_alg: self.jwt_alg }
     }
-}
-
-/// Refuses auth off on a non-loopback address, and says which mode is on (for the banner).
-pub fn auth_line(auth: &Authenticator, bound: SocketAddr, listen: &str) -> Result<String> {
-    auth::check_exposure(auth, bound, listen)?;
-    Ok(match auth {
-        Authenticator::Disabled => "auth: off (loopback only)".to_owned(),
-        other => format!("auth: {}", other.describe()),
-    })
 }
 
 /// `--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]`: serve TLS (and require client certificates).
@@ -61,11 +43,10 @@ pub struct ServerTlsArgs {
 }
 
 impl ServerTlsArgs {
-    pub fn load(&self) -> Result<Option<ServerTlsConfig>> {
-        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
-            return Ok(None);
-        };
-        Ok(Some(tls::server_config(cert, key, self.tls_client_ca.as_deref()).context("--tls-cert/--tls-key")?))
+    /// `None` without `--tls-cert` (clap requires `--tls-key` with it and the other way round).
+    pub fn options(&self) -> Option<ServerTls> {
+        let (cert, key) = self.tls_cert.clone().zip(self.tls_key.clone())?;
+        Some(ServerTls { cert, key, client_ca: self.tls_client_ca.clone() })
     }
 }
 
@@ -88,12 +69,12 @@ pub struct ClusterTlsArgs {
 }
 
 impl ClusterTlsArgs {
-    pub fn load(&self) -> Result<Option<ClientTlsConfig>> {
-        let Some(ca) = &self.cluster_tls_ca else {
-            return Ok(None);
-        };
-        let identity = self.cluster_tls_cert.as_deref().zip(self.cluster_tls_key.as_deref());
-        Ok(Some(tls::client_config(ca, self.cluster_tls_domain.as_deref(), identity).context("--cluster-tls-ca")?))
+    pub fn options(&self) -> Option<ClusterTls> {
+        Some(ClusterTls {
+            ca: self.cluster_tls_ca.clone()?,
+            domain: self.cluster_tls_domain.clone(),
+            identity: self.cluster_tls_cert.clone().zip(self.cluster_tls_key.clone()),
+        })
     }
 }
 
@@ -115,23 +96,13 @@ pub struct NatsSecurityArgs {
 }
 
 impl NatsSecurityArgs {
-    pub fn security(&self) -> NatsSecurity {
-        NatsSecurity {
+    /// The connection to `url` with these credentials.
+    pub fn nats(&self, url: String) -> NatsOptions {
+        let security = NatsSecurity {
             creds: self.nats_creds.clone(),
             ca: self.nats_ca.clone(),
             client_cert: self.nats_tls_cert.clone().zip(self.nats_tls_key.clone()),
-        }
-    }
-}
-
-/// What a server was asked to secure, loaded: the authenticator and the TLS acceptor config.
-pub struct ServerSecurity {
-    pub auth: Authenticator,
-    pub tls: Option<ServerTlsConfig>,
-}
-
-impl ServerSecurity {
-    pub fn load(auth: &AuthArgs, tls: &ServerTlsArgs) -> Result<Self> {
-        Ok(Self { auth: auth.load()?, tls: tls.load()? })
+        };
+        NatsOptions { url, security }
     }
 }

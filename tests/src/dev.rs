@@ -30,6 +30,8 @@ pub struct DevOptions {
     /// Further arguments after the harness's own `dev --listen 127.0.0.1:0 --http 127.0.0.1:0 --ready-file
     /// FILE`.
     pub extra_args: Vec<String>,
+    /// Environment variables set for the process (e.g. `TURNSTILE_CONFIG`).
+    pub env: Vec<(String, String)>,
     /// Bound on the wait for the bound addresses and then the first successful gRPC call.
     pub startup_timeout: Duration,
     /// The server speaks TLS (`--tls-cert/--tls-key` in `extra_args`): the harness dials
@@ -43,6 +45,7 @@ impl Default for DevOptions {
             data_dir: None,
             nats_url: None,
             extra_args: Vec::new(),
+            env: Vec::new(),
             startup_timeout: Duration::from_secs(30),
             tls_ca: None,
         }
@@ -157,6 +160,7 @@ impl DevServer {
             command.arg("--nats").arg(url);
         }
         command.args(&opts.extra_args);
+        command.envs(opts.env.iter().map(|(k, v)| (k, v)));
         if std::env::var_os("RUST_LOG").is_none() {
             command.env("RUST_LOG", "info");
         }

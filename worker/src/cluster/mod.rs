@@ -15,8 +15,9 @@ use turnstile_cluster::{ClusterKv, MembershipError};
 use turnstile_journal::snapshot::SnapshotStore;
 use turnstile_journal::{LiveBus, SessionLog};
 
+use crate::agents::AgentSetup;
 use crate::config::WorkerConfig;
-use crate::host::SessionHost;
+use crate::host::{Ownership, SessionHost};
 pub use leases::Leases;
 pub use turnstile_cluster::LeaseConfig;
 
@@ -55,12 +56,39 @@ pub async fn start_worker(
     bus: Arc<dyn LiveBus>,
     snapshots: Arc<dyn SnapshotStore>,
 ) -> Result<WorkerHandle, MembershipError> {
+    join(options, client, replicas, |leases, config| SessionHost::clustered(log, bus, snapshots, leases, config)).await
+}
+
+/// [`start_worker`] running the agents of a configuration ([`crate::agents::from_config`]) instead of the
+/// scripted model alone; `agents.catalog` replaces `options.worker.agents`.
+pub async fn start_worker_with_agents(
+    options: WorkerOptions,
+    agents: AgentSetup,
+    client: &async_nats::Client,
+    replicas: usize,
+    log: Arc<dyn SessionLog>,
+    bus: Arc<dyn LiveBus>,
+    snapshots: Arc<dyn SnapshotStore>,
+) -> Result<WorkerHandle, MembershipError> {
+    join(options, client, replicas, |leases, config| {
+        let ownership: Arc<dyn Ownership> = leases;
+        SessionHost::with_agents(log, bus, snapshots, Some(ownership), agents, config)
+    })
+    .await
+}
+
+async fn join(
+    options: WorkerOptions,
+    client: &async_nats::Client,
+    replicas: usize,
+    host: impl FnOnce(Arc<Leases>, WorkerConfig) -> Arc<SessionHost>,
+) -> Result<WorkerHandle, MembershipError> {
     let kv = ClusterKv::open(client, replicas, options.leases.shards, options.leases.worker_ttl).await?;
     let map = kv.watch_shards().await?;
     let leases = Leases::new(options.id.clone(), options.advertise_addr.clone(), kv, map, options.leases.clone());
     let mut config = options.worker;
     config.owner_id = options.id;
-    let host = SessionHost::clustered(log, bus, snapshots, leases.clone(), config);
+    let host = host(leases.clone(), config);
     let stop = CancellationToken::new();
     let task = tokio::spawn(lease_loop(leases.clone(), host.clone(), stop.clone()));
     Ok(WorkerHandle { host, leases, stop, task })

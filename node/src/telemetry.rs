@@ -1,4 +1,4 @@
-//! Logs and traces of the binary: a `tracing` fmt layer on stderr (filtered by `RUST_LOG`) and, iff an
+//! Logs and traces of a Turnstile process: a `tracing` fmt layer on stderr (filtered by `RUST_LOG`) and, iff an
 //! OTLP endpoint is configured, a `tracing-opentelemetry` layer exporting spans over OTLP/gRPC.
 //!
 //! Configuration is the standard OpenTelemetry environment: `OTEL_EXPORTER_OTLP_ENDPOINT` or
@@ -24,15 +24,18 @@ const ENDPOINT_VARS: [&str; 2] = ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EX
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The installed telemetry; [`Telemetry::shutdown`] flushes the spans still queued.
+#[derive(Debug)]
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
 }
 
-/// Installs the global subscriber and propagator. `role` names the process in the default service name.
+/// Installs the global subscriber (unless one is installed already) and propagator. `role` names the process in the default service name.
 /// Must run inside the tokio runtime: the gRPC exporter's channel lives on it.
 pub fn init(role: &str) -> Telemetry {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new("warn,turnstile=info,turnstile_gateway=info,turnstile_worker=info,turnstile_journal=info")
+        EnvFilter::new(
+            "warn,turnstile=info,turnstile_node=info,turnstile_gateway=info,turnstile_worker=info,turnstile_journal=info",
+        )
     });
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
@@ -51,7 +54,10 @@ pub fn init(role: &str) -> Telemetry {
     let otel = provider.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("turnstile")));
     // The filter applies to both layers: the exporter's own tonic/hyper spans stay below it, so exporting
     // never traces itself.
-    tracing_subscriber::registry().with(filter).with(fmt).with(otel).init();
+    // A process that already installed a subscriber (a test that starts roles in-process) keeps its own.
+    if tracing_subscriber::registry().with(filter).with(fmt).with(otel).try_init().is_err() {
+        tracing::debug!("a tracing subscriber is already installed; keeping it");
+    }
     if let Some(e) = failure {
         tracing::warn!(error = %e, "OTLP trace export is configured but could not start; traces are off");
     }

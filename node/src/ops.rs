@@ -5,18 +5,19 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
 use async_nats::connection::State;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use turnstile_ops::Readiness;
 use turnstile_worker::cluster::Leases;
 
+use crate::NodeError;
+
 /// `--http` when it is not given. Loopback: exposing metrics is the deployer's choice (`--http 0.0.0.0:9090`).
 pub const DEFAULT_HTTP: &str = "127.0.0.1:9090";
 
 /// Installs the metrics recorder first thing, so nothing recorded while a server starts is lost.
-pub fn install_metrics() {
+pub(crate) fn install_metrics() {
     if let Err(e) = turnstile_ops::install_metrics() {
         tracing::warn!(error = %e, "metrics are not recorded");
     }
@@ -24,7 +25,7 @@ pub fn install_metrics() {
 
 /// The ops HTTP server of this process, if it runs.
 #[derive(Debug)]
-pub struct OpsHttp {
+pub(crate) struct OpsHttp {
     addr: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
 }
@@ -33,7 +34,7 @@ impl OpsHttp {
     /// Binds `--http` (`None`: [`DEFAULT_HTTP`]) and serves it with `readiness`. An explicit address that
     /// cannot be bound is an error; the default one being busy (several servers on one machine) is only a
     /// warning, and this process then serves no HTTP endpoints.
-    pub async fn start(http: Option<&str>, readiness: Arc<dyn Readiness>) -> Result<Self> {
+    pub(crate) async fn start(http: Option<&str>, readiness: Arc<dyn Readiness>) -> Result<Self, NodeError> {
         let listener = match (TcpListener::bind(http.unwrap_or(DEFAULT_HTTP)).await, http) {
             (Ok(l), _) => l,
             (Err(e), None) if e.kind() == std::io::ErrorKind::AddrInUse => {
@@ -41,14 +42,13 @@ impl OpsHttp {
                 return Ok(Self { addr: None, stop: None });
             }
             (Err(e), Some(addr)) if e.kind() == std::io::ErrorKind::AddrInUse => {
-                bail!("{addr} is in use; pass --http 127.0.0.1:0 or another port")
+                return Err(NodeError::HttpInUse { addr: addr.to_owned() });
             }
-            (Err(e), addr) => {
-                let addr = addr.unwrap_or(DEFAULT_HTTP);
-                return Err(e).with_context(|| format!("cannot listen on {addr}; pass --http HOST:PORT"));
+            (Err(cause), addr) => {
+                return Err(NodeError::HttpListen { addr: addr.unwrap_or(DEFAULT_HTTP).to_owned(), cause });
             }
         };
-        let addr = listener.local_addr().context("cannot read the bound HTTP address")?;
+        let addr = listener.local_addr().map_err(NodeError::LocalAddr)?;
         let (stop, stopped) = oneshot::channel::<()>();
         tokio::spawn(async move {
             let shutdown = async {
@@ -63,19 +63,19 @@ impl OpsHttp {
     }
 
     /// The bound address, when the endpoints are served.
-    pub fn addr(&self) -> Option<SocketAddr> {
+    pub(crate) fn addr(&self) -> Option<SocketAddr> {
         self.addr
     }
 
     /// For the banner.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self.addr {
             Some(addr) => format!("http://{addr} (/metrics /healthz /readyz)"),
             None => format!("off ({DEFAULT_HTTP} in use; pass --http ADDR)"),
         }
     }
 
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -83,7 +83,7 @@ impl OpsHttp {
 }
 
 /// Ready while the NATS client is connected.
-pub fn nats_ready(client: async_nats::Client, url: String) -> impl Fn() -> Result<(), String> + Send + Sync {
+pub(crate) fn nats_ready(client: async_nats::Client, url: String) -> impl Fn() -> Result<(), String> + Send + Sync {
     move || nats_state(&client, &url)
 }
 
@@ -97,7 +97,7 @@ fn nats_state(client: &async_nats::Client, url: &str) -> Result<(), String> {
 
 /// A worker is ready while NATS is connected and it holds a shard lease, or is still starting: within
 /// `grace` of `started` (see [`worker_grace`]).
-pub fn worker_ready(
+pub(crate) fn worker_ready(
     client: async_nats::Client,
     url: String,
     leases: Arc<Leases>,
@@ -122,8 +122,6 @@ pub fn worker_grace(renew_every: Duration, ttl: Duration, drain_timeout: Duratio
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
-
     use super::*;
 
     #[tokio::test]

@@ -1,0 +1,239 @@
+//! `dev`: gateway and worker in one process, on the embedded journal (in memory or in a data directory) or
+//! on JetStream (`--nats URL`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use turnstile_cluster::CommandRouter;
+use turnstile_gateway::Gateway;
+use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
+use turnstile_journal::{EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, SessionLog};
+use turnstile_ops::Readiness;
+use turnstile_worker::SessionHost;
+
+use crate::config::Loaded;
+use crate::journal::{NatsOptions, open_nats};
+use crate::ops::{OpsHttp, install_metrics, nats_ready};
+use crate::report::{Bound, bind, bound_with_http, client_url_for, report_bound};
+use crate::running::{Running, handle_methods};
+use crate::security::{AuthOptions, ServerSecurity, ServerTls, auth_line};
+use crate::{NodeError, agents, gateway_config, replicas, worker_config};
+
+/// `--listen` when it is not given.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
+
+/// The URL clients reach a dev server or gateway on [`DEFAULT_LISTEN`] at: client commands' default `--addr`.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:7400";
+
+/// How a dev server is started.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The public API's address (port 0 picks a free one).
+    pub listen: String,
+    /// `/metrics`, `/healthz`, `/readyz` (`None`: [`crate::ops::DEFAULT_HTTP`], skipped if busy).
+    pub http: Option<String>,
+    /// Where the bound addresses are written once every listener is bound.
+    pub ready_file: Option<PathBuf>,
+    /// Keep sessions on disk in this directory (default: in memory). Ignored with `nats`.
+    pub data_dir: Option<PathBuf>,
+    /// Keep sessions in JetStream instead of the embedded journal, laid out by the configuration's
+    /// `cluster.partitions` and `cluster.replicas`.
+    pub nats: Option<NatsOptions>,
+    pub auth: AuthOptions,
+    /// Serve TLS.
+    pub tls: Option<ServerTls>,
+    /// The configuration, flags applied.
+    pub config: Loaded,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.to_owned(),
+            http: None,
+            ready_file: None,
+            data_dir: None,
+            nats: None,
+            auth: AuthOptions::default(),
+            tls: None,
+            config: Loaded::default(),
+        }
+    }
+}
+
+/// A running dev server.
+#[derive(Debug)]
+pub struct Handle {
+    grpc: SocketAddr,
+    http: Option<SocketAddr>,
+    url: String,
+    running: Running,
+}
+
+impl Handle {
+    /// The public API's bound address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc
+    }
+
+    /// The ops HTTP endpoints' bound address, when they are served.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http
+    }
+
+    /// The URL clients use (`https://` with TLS; a wildcard bind as loopback).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    handle_methods!();
+}
+
+/// The journal of `dev`: log, live bus, snapshots, how the banner names it, and what readiness follows.
+struct Journal {
+    log: Arc<dyn SessionLog>,
+    bus: Arc<dyn LiveBus>,
+    snapshots: Arc<dyn SnapshotStore>,
+    describe: String,
+    ready: Arc<dyn Readiness>,
+}
+
+async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
+    // The embedded journal reads from memory, so it keeps no snapshots; JetStream keeps them in KV. The
+    // embedded journal is ready once open; on NATS, readiness follows the connection.
+    let always: Arc<dyn Readiness> = Arc::new(turnstile_ops::AlwaysReady);
+    let embedded = |log: EmbeddedLog, describe: String| Journal {
+        log: Arc::new(log),
+        bus: Arc::new(LocalBus::new()),
+        snapshots: Arc::new(NoSnapshots),
+        describe,
+        ready: always.clone(),
+    };
+    match (&opts.nats, &opts.data_dir) {
+        (Some(nats), _) => {
+            let cluster = &opts.config.config.cluster;
+            let (partitions, replicas) = (cluster.partitions, replicas(&opts.config.config));
+            // `dev` keeps the journal's own shard count: the file's `cluster.shards` is for clusters.
+            let shards = JetStreamConfig::new(nats.url.clone()).shards;
+            let (log, bus, snapshots) = open_nats(nats, partitions, replicas, shards).await?;
+            let describe = format!(
+                "JetStream at {} ({} partition{}, {} replica{})",
+                nats.url,
+                partitions,
+                if partitions == 1 { "" } else { "s" },
+                replicas,
+                if replicas == 1 { "" } else { "s" },
+            );
+            let ready = Arc::new(nats_ready(log.client().clone(), nats.url.clone()));
+            Ok(Journal { log: Arc::new(log), bus: Arc::new(bus), snapshots: Arc::new(snapshots), describe, ready })
+        }
+        (None, Some(dir)) => {
+            let log = EmbeddedLog::open(dir).map_err(|cause| NodeError::DataDir { dir: dir.clone(), cause })?;
+            Ok(embedded(log, format!("embedded, on disk in {}", dir.display())))
+        }
+        (None, None) => Ok(embedded(
+            EmbeddedLog::in_memory(),
+            "embedded, in memory (lost on exit; pass --data-dir DIR to keep sessions)".to_owned(),
+        )),
+    }
+}
+
+fn banner(url: &str, journal: &str, config: &str, auth: &str) -> String {
+    let addr_flag = if url == DEFAULT_URL { String::new() } else { format!(" --addr {url}") };
+    format!(
+        "turnstile dev: gateway + worker in one process\n  \
+         listening  {url}\n  \
+         journal    {journal}\n  \
+         config     {config}\n  \
+         {auth}\n  \
+         try        turnstile{addr_flag} followup s1 \"hello\"\n             \
+         turnstile{addr_flag} watch s1 --until-idle\n  \
+         stop       Ctrl-C\n"
+    )
+}
+
+/// Starts a dev server: sets up the configuration's agents, loads the security files, binds, opens the journal, resumes the sessions that were
+/// running, prints the banner and the bound addresses, and serves until stopped.
+pub async fn start(opts: Options) -> Result<Handle, NodeError> {
+    install_metrics();
+    let agents = agents(&opts.config)?;
+    let security = ServerSecurity::load(&opts.auth, opts.tls.as_ref())?;
+    let (listener, local) = bind(&opts.listen).await?;
+    let auth = auth_line(&security.auth, local, &opts.listen)?;
+    let journal = open_journal(&opts).await?;
+    let http = OpsHttp::start(opts.http.as_deref(), journal.ready.clone()).await?;
+    let config = &opts.config.config;
+    let host = SessionHost::with_agents(
+        journal.log.clone(),
+        journal.bus.clone(),
+        journal.snapshots.clone(),
+        None,
+        agents,
+        worker_config(config),
+    );
+    let resumed = host.resume_running().await.map_err(NodeError::Resume)?;
+    if resumed > 0 {
+        tracing::info!(resumed, "resumed sessions that were running when the last process stopped");
+    }
+    let router: Arc<dyn CommandRouter> = host;
+    let gateway = Gateway::new(router, journal.log, journal.bus, gateway_config(config))
+        .with_snapshots(journal.snapshots)
+        .with_auth(security.auth);
+
+    let url = client_url_for(local, security.tls.is_some());
+    print!("{}", banner(&url, &journal.describe, &opts.config.describe(), &auth));
+    println!("  http       {}", http.describe());
+    let bound: Vec<Bound> = bound_with_http("grpc", local, &http);
+    report_bound(&bound, &[], opts.ready_file.as_deref())?;
+    tracing::info!(%local, tls = security.tls.is_some(), "serving turnstile.v1.Agent");
+
+    let stop = CancellationToken::new();
+    let serve = turnstile_gateway::serve_with(gateway, listener, security.tls, stop.clone().cancelled_owned());
+    let http_addr = http.addr();
+    let running = Running::spawn(stop, async move {
+        let served = serve.await;
+        http.stop();
+        served.map_err(NodeError::Serve)?;
+        tracing::info!("stopped");
+        Ok(())
+    });
+    Ok(Handle { grpc: local, http: http_addr, url, running })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_banner_names_the_address_in_examples_only_when_it_is_not_the_default() {
+        assert!(!banner(DEFAULT_URL, "mem", "none", "auth: off (loopback only)").contains("--addr"));
+        let b = banner("http://127.0.0.1:9", "mem", "t.toml", "auth: off (loopback only)");
+        assert!(b.contains("\n  auth: off (loopback only)\n"), "{b}");
+        assert!(b.contains("\n  config     t.toml\n"), "{b}");
+        assert!(b.contains("turnstile --addr http://127.0.0.1:9 followup s1"), "{b}");
+    }
+
+    #[tokio::test]
+    async fn a_dev_server_starts_on_port_zero_reports_its_addresses_and_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let ready = dir.path().join("ready.json");
+        let opts = Options {
+            listen: "127.0.0.1:0".into(),
+            http: Some("127.0.0.1:0".into()),
+            ready_file: Some(ready.clone()),
+            ..Options::default()
+        };
+        let node = start(opts).await.unwrap();
+        assert_ne!(node.grpc_addr().port(), 0);
+        let http = node.http_addr().unwrap();
+        assert_eq!(node.url(), format!("http://{}", node.grpc_addr()));
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&ready).unwrap()).unwrap();
+        assert_eq!(json["grpc"], node.grpc_addr().to_string());
+        assert_eq!(json["http"], http.to_string());
+        let grpc = node.grpc_addr();
+        node.shutdown().await.unwrap();
+        assert!(tokio::net::TcpStream::connect(grpc).await.is_err(), "the listener is closed once stopped");
+    }
+}

@@ -1,0 +1,137 @@
+//! `gateway`: the public `turnstile.v1.Agent` service of a cluster. Stateless: commands go to the shard
+//! owners through a [`ClusterRouter`], reads fold the JetStream log (from snapshots) here.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use turnstile_cluster::CommandRouter;
+use turnstile_cluster::kv::ClusterKv;
+use turnstile_gateway::cluster_router::GrpcTransport;
+use turnstile_gateway::{ClusterRouter, ClusterRouterConfig, Gateway};
+
+use crate::config::Loaded;
+use crate::journal::{NatsOptions, open_nats};
+use crate::ops::{OpsHttp, install_metrics, nats_ready};
+use crate::report::{bind, bound_with_http, client_url_for, report_bound};
+use crate::running::{Running, handle_methods};
+use crate::security::{AuthOptions, ClusterTls, ServerSecurity, ServerTls, auth_line};
+use crate::{NodeError, gateway_config, replicas};
+
+/// How a gateway is started.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The cluster's NATS, laid out by the configuration's `[cluster]`.
+    pub nats: NatsOptions,
+    /// The public API's address (port 0 picks a free one).
+    pub listen: String,
+    /// `/metrics`, `/healthz`, `/readyz` (`None`: [`crate::ops::DEFAULT_HTTP`], skipped if busy).
+    pub http: Option<String>,
+    /// Where the bound addresses are written once every listener is bound.
+    pub ready_file: Option<PathBuf>,
+    pub auth: AuthOptions,
+    /// Serve TLS.
+    pub tls: Option<ServerTls>,
+    /// Dial the workers over TLS; `None` dials them in clear text.
+    pub cluster_tls: Option<ClusterTls>,
+    /// The configuration, flags applied.
+    pub config: Loaded,
+}
+
+impl Options {
+    /// A gateway on the cluster at `nats` with every other option at its default.
+    pub fn new(nats: NatsOptions) -> Self {
+        Self {
+            nats,
+            listen: crate::dev::DEFAULT_LISTEN.to_owned(),
+            http: None,
+            ready_file: None,
+            auth: AuthOptions::default(),
+            tls: None,
+            cluster_tls: None,
+            config: Loaded::default(),
+        }
+    }
+}
+
+/// A running gateway.
+#[derive(Debug)]
+pub struct Handle {
+    grpc: SocketAddr,
+    http: Option<SocketAddr>,
+    url: String,
+    running: Running,
+}
+
+impl Handle {
+    /// The public API's bound address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc
+    }
+
+    /// The ops HTTP endpoints' bound address, when they are served.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http
+    }
+
+    /// The URL clients use (`https://` with TLS; a wildcard bind as loopback).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    handle_methods!();
+}
+
+/// Starts a gateway: loads the security files, binds, opens the journal and the shard map, prints the
+/// bound addresses, and serves until stopped.
+pub async fn start(opts: Options) -> Result<Handle, NodeError> {
+    install_metrics();
+    let security = ServerSecurity::load(&opts.auth, opts.tls.as_ref())?;
+    let cluster_tls = opts.cluster_tls.as_ref().map(ClusterTls::load).transpose()?;
+    let (listener, local) = bind(&opts.listen).await?;
+    let auth = auth_line(&security.auth, local, &opts.listen)?;
+    let config = &opts.config.config;
+    let c = &config.cluster;
+    let url = opts.nats.url.as_str();
+    let (log, bus, snapshots) = open_nats(&opts.nats, c.partitions, replicas(config), c.shards).await?;
+    let client = log.client().clone();
+    // The workers' heartbeat TTL: whoever creates the workers bucket first sets its max age.
+    let kv = ClusterKv::open(&client, replicas(config), c.shards, c.worker_ttl())
+        .await
+        .map_err(|e| NodeError::membership(url, e))?;
+    let map = kv.watch_shards().await.map_err(|e| NodeError::membership(url, e))?;
+    let router_config = ClusterRouterConfig { deadline: c.route_deadline(), ..ClusterRouterConfig::default() };
+    let router: Arc<dyn CommandRouter> = match cluster_tls {
+        Some(tls) => {
+            let transport = Arc::new(GrpcTransport::with_tls(router_config.connect_timeout, tls));
+            Arc::new(ClusterRouter::with_transport(map, transport, router_config))
+        }
+        None => Arc::new(ClusterRouter::new(map, router_config)),
+    };
+    let gateway = Gateway::new(router, Arc::new(log), Arc::new(bus), gateway_config(config))
+        .with_snapshots(Arc::new(snapshots))
+        .with_auth(security.auth);
+
+    let http = OpsHttp::start(opts.http.as_deref(), Arc::new(nats_ready(client, url.to_owned()))).await?;
+    let client_url = client_url_for(local, security.tls.is_some());
+    println!("turnstile gateway listening on {client_url}");
+    println!("{auth}");
+    println!("config: {}", opts.config.describe());
+    println!("http: {}", http.describe());
+    let bound = bound_with_http("grpc", local, &http);
+    report_bound(&bound, &[], opts.ready_file.as_deref())?;
+    tracing::info!(%local, nats = %url, shards = c.shards, "serving turnstile.v1.Agent with cluster routing");
+
+    let stop = CancellationToken::new();
+    let serve = turnstile_gateway::serve_with(gateway, listener, security.tls, stop.clone().cancelled_owned());
+    let http_addr = http.addr();
+    let running = Running::spawn(stop, async move {
+        let served = serve.await;
+        http.stop();
+        served.map_err(NodeError::Serve)?;
+        tracing::info!("stopped");
+        Ok(())
+    });
+    Ok(Handle { grpc: local, http: http_addr, url: client_url, running })
+}

@@ -1,0 +1,109 @@
+//! Wiring of Turnstile's roles from a configuration: [`dev`] (gateway and worker in one process),
+//! [`gateway`] and [`worker`]. This is what the `turnstile` binary, the cross-process tests and the bench
+//! start.
+//!
+//! Its place in the architecture (ARCHITECTURE.md): `model` ← `driver` ← `worker`; `model` ← `journal` ←
+//! `worker`, `gateway` ← **`node`** ← `cli`. The node depends on the gateway, worker, journal, cluster, ops
+//! and config crates and puts them together: it loads the [`config`] (the file, then command-line flags over
+//! it), binds the listeners, opens the journal (embedded or JetStream), builds the session host or the
+//! cluster router, serves the public or internal gRPC API and the ops HTTP endpoints ([`ops`]), reports the
+//! bound addresses ([`report`]) and stops gracefully. Nothing depends back on it except the CLI, the tests
+//! and the bench; clap parsing, client commands and rendering stay in the CLI.
+//!
+//! Each role has an `Options` struct and an async `start` that returns once every listener is bound and the
+//! bound addresses are reported, with a handle that exposes those addresses and can be stopped
+//! (`shutdown`), awaited (`wait`) or run until a signal (`run_until(`[`signal::shutdown_signal`]`())`).
+//! Errors are [`NodeError`]s whose messages say what was wrong and how to fix it.
+
+pub mod config;
+pub mod dev;
+mod error;
+pub mod gateway;
+mod journal;
+pub mod ops;
+pub mod report;
+mod running;
+pub mod security;
+pub mod signal;
+pub mod telemetry;
+pub mod worker;
+
+pub use error::NodeError;
+pub use journal::NatsOptions;
+pub use turnstile_config::Config;
+
+use turnstile_gateway::GatewayConfig;
+use turnstile_worker::{Limits, WorkerConfig};
+
+/// The driver settings of the configuration: `[limits]`, `[journal]` (agents are set by the role).
+fn worker_config(config: &Config) -> WorkerConfig {
+    WorkerConfig {
+        limits: Limits {
+            max_message_bytes: config.limits.max_message_bytes,
+            max_pending: config.limits.max_pending,
+            dedup_horizon: config.journal.dedup_horizon,
+        },
+        default_when_idle_timeout: config.limits.when_idle_timeout(),
+        snapshot_every: config.journal.snapshot_every,
+        passivate_after: config.journal.passivate_after(),
+        ..WorkerConfig::default()
+    }
+}
+
+/// The gateway settings of the configuration: the `WhenIdle` default and the default agent.
+fn gateway_config(config: &Config) -> GatewayConfig {
+    GatewayConfig {
+        when_idle_timeout: config.limits.when_idle_timeout(),
+        default_agent: config.default_agent.clone(),
+        ..GatewayConfig::default()
+    }
+}
+
+/// The agents, models and tools of the configuration, ready to run (API keys read from the environment).
+fn agents(loaded: &config::Loaded) -> Result<turnstile_worker::agents::AgentSetup, NodeError> {
+    turnstile_worker::agents::from_config(&loaded.config)
+        .map_err(|cause| NodeError::Agents { file: loaded.path.clone(), cause })
+}
+
+/// Replicas as the journal counts them; the configuration bounds them to 1..=5.
+fn replicas(config: &Config) -> usize {
+    usize::try_from(config.cluster.replicas).unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_file_the_roles_run_on_their_old_defaults() {
+        let config = Config::default();
+        let worker = worker_config(&config);
+        let old = WorkerConfig::default();
+        assert_eq!(worker.limits, old.limits);
+        assert_eq!(
+            (worker.default_when_idle_timeout, worker.snapshot_every, worker.passivate_after),
+            (old.default_when_idle_timeout, old.snapshot_every, old.passivate_after)
+        );
+        let gateway = gateway_config(&config);
+        let old = GatewayConfig::default();
+        assert_eq!((gateway.when_idle_timeout, &gateway.default_agent), (old.when_idle_timeout, &old.default_agent));
+        assert_eq!(replicas(&config), 1);
+    }
+
+    #[test]
+    fn the_file_sets_limits_and_journal_settings() {
+        let config = Config::from_toml_str(
+            "default_agent = \"scripted\"\n[limits]\nmax_message_bytes = 64\nmax_pending = 3\nwhen_idle_timeout_ms = 5\n\
+             [journal]\nsnapshot_every = 7\npassivate_after_ms = 9\ndedup_horizon = 20000\n",
+        )
+        .unwrap();
+        let worker = worker_config(&config);
+        assert_eq!(
+            (worker.limits.max_message_bytes, worker.limits.max_pending, worker.limits.dedup_horizon),
+            (64, 3, 20_000)
+        );
+        assert_eq!(worker.snapshot_every, 7);
+        assert_eq!(worker.passivate_after, std::time::Duration::from_millis(9));
+        assert_eq!(gateway_config(&config).when_idle_timeout, std::time::Duration::from_millis(5));
+    }
+}

@@ -1,0 +1,128 @@
+//! Who may call a server and how its connections are encrypted: the files named by the auth, TLS and
+//! NATS-credential options, and the one place that loads them into an [`Authenticator`] and rustls configs.
+//! Every file is read when a role starts, before anything listens, so a wrong path fails first.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use tonic::transport::{ClientTlsConfig, ServerTlsConfig};
+pub use turnstile_gateway::auth::JwtAlg;
+use turnstile_gateway::auth::{self, Authenticator, JwtAuth, TokenFile};
+use turnstile_gateway::tls;
+pub use turnstile_journal::jetstream::NatsSecurity;
+
+use crate::NodeError;
+
+/// `--auth-tokens FILE | --jwt-key FILE [--jwt-alg]`: who may call the public API. Neither: auth is off,
+/// which is allowed on loopback only.
+#[derive(Clone, Debug, Default)]
+pub struct AuthOptions {
+    /// Bearer tokens: a file of `TOKEN TENANT` lines (`#` comments); each token acts as its tenant. Wins
+    /// over `jwt_key`.
+    pub auth_tokens: Option<PathBuf>,
+    /// Bearer JWTs with a `tenant` and an `exp` claim, verified with this key: the HS256 secret, or the
+    /// RS256/ES256 public key PEM.
+    pub jwt_key: Option<PathBuf>,
+    /// Signature algorithm of the JWTs.
+    pub jwt_alg: JwtAlg,
+}
+
+impl AuthOptions {
+    /// Whether calls will need a token.
+    pub fn is_enabled(&self) -> bool {
+        self.auth_tokens.is_some() || self.jwt_key.is_some()
+    }
+
+    pub(crate) fn load(&self) -> Result<Authenticator, NodeError> {
+        Ok(match (&self.auth_tokens, &self.jwt_key) {
+            (Some(file), _) => Authenticator::TokenFile(
+                TokenFile::load(file).map_err(|cause| NodeError::Auth { flag: "--auth-tokens", cause })?,
+            ),
+            (None, Some(key)) => Authenticator::Jwt(Box::new(
+                JwtAuth::load(key, self.jwt_alg).map_err(|cause| NodeError::Auth { flag: "--jwt-key", cause })?,
+            )),
+            (None, None) => Authenticator::Disabled,
+        })
+    }
+}
+
+/// Refuses auth off on a non-loopback address, and says which mode is on (for the banner).
+pub(crate) fn auth_line(auth: &Authenticator, bound: SocketAddr, listen: &str) -> Result<String, NodeError> {
+    auth::check_exposure(auth, bound, listen).map_err(NodeError::Exposure)?;
+    Ok(match auth {
+        Authenticator::Disabled => "auth: off (loopback only)".to_owned(),
+        other => format!("auth: {}", other.describe()),
+    })
+}
+
+/// `--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]`: serve TLS (and require client certificates).
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key of `cert`.
+    pub key: PathBuf,
+    /// Require client certificates signed by this PEM CA (mutual TLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+impl ServerTls {
+    pub(crate) fn load(&self) -> Result<ServerTlsConfig, NodeError> {
+        tls::server_config(&self.cert, &self.key, self.client_ca.as_deref())
+            .map_err(|cause| NodeError::Tls { flag: "--tls-cert/--tls-key", cause })
+    }
+}
+
+/// `--cluster-tls-ca FILE [--cluster-tls-domain NAME] [--cluster-tls-cert/--cluster-tls-key]`: the
+/// gateway's hop to the workers.
+#[derive(Clone, Debug)]
+pub struct ClusterTls {
+    /// Dial workers over TLS, trusting this PEM CA.
+    pub ca: PathBuf,
+    /// Name to check in the workers' certificates (default: the host of each advertised address).
+    pub domain: Option<String>,
+    /// Client certificate and key, for workers that require one.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+impl ClusterTls {
+    pub(crate) fn load(&self) -> Result<ClientTlsConfig, NodeError> {
+        let identity = self.identity.as_ref().map(|(cert, key)| (cert.as_path(), key.as_path()));
+        tls::client_config(&self.ca, self.domain.as_deref(), identity)
+            .map_err(|cause| NodeError::Tls { flag: "--cluster-tls-ca", cause })
+    }
+}
+
+/// The authenticator and TLS acceptor of a public server, loaded.
+pub(crate) struct ServerSecurity {
+    pub(crate) auth: Authenticator,
+    pub(crate) tls: Option<ServerTlsConfig>,
+}
+
+impl ServerSecurity {
+    pub(crate) fn load(auth: &AuthOptions, tls: Option<&ServerTls>) -> Result<Self, NodeError> {
+        Ok(Self { auth: auth.load()?, tls: tls.map(ServerTls::load).transpose()? })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_token_file_names_the_flag_and_the_file() {
+        let auth = AuthOptions { auth_tokens: Some("/nonexistent/tokens".into()), ..AuthOptions::default() };
+        assert!(auth.is_enabled());
+        let err = auth.load().err().unwrap().to_string();
+        assert!(err.starts_with("--auth-tokens: cannot read /nonexistent/tokens: "), "{err}");
+    }
+
+    #[test]
+    fn auth_off_is_announced_on_loopback_and_refused_elsewhere() {
+        let loopback: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert_eq!(auth_line(&Authenticator::Disabled, loopback, "127.0.0.1:0").unwrap(), "auth: off (loopback only)");
+        let anywhere: SocketAddr = "0.0.0.0:1".parse().unwrap();
+        let err = auth_line(&Authenticator::Disabled, anywhere, "0.0.0.0:0").unwrap_err().to_string();
+        assert!(err.starts_with("refusing to serve without auth on 0.0.0.0:0"), "{err}");
+    }
+}

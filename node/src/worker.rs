@@ -1,0 +1,196 @@
+//! `worker`: one worker of a cluster. It heartbeats, takes its fair share of shard leases, runs the drivers
+//! of those shards' sessions and serves them to gateways over the internal `turnstile.cluster.v1.Worker`
+//! API. Stopping drains its sessions and releases its leases before it ends, so the next owners start at
+//! once instead of waiting for the leases to expire.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+use turnstile_worker::cluster::service::{self, WorkerService};
+use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker_with_agents};
+
+use crate::config::Loaded;
+use crate::journal::{NatsOptions, open_nats};
+use crate::ops::{OpsHttp, install_metrics, worker_grace, worker_ready};
+use crate::report::{bind, bound_with_http, report_bound};
+use crate::running::{Running, handle_methods};
+use crate::security::ServerTls;
+use crate::{NodeError, agents, replicas, worker_config};
+
+/// `--listen` of a worker when it is not given.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7500";
+
+/// How a worker is started.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The cluster's NATS, laid out by the configuration's `[cluster]`.
+    pub nats: NatsOptions,
+    /// The internal API's address (port 0 picks a free one).
+    pub listen: String,
+    /// The address gateways dial (in the heartbeat and the shard leases); `None` is the bound address, so
+    /// `127.0.0.1:0` advertises the port the kernel picked.
+    pub advertise: Option<String>,
+    /// Unique worker id, reported as the session owner; `None`: `worker-<advertised address>`.
+    pub id: Option<String>,
+    /// `/metrics`, `/healthz`, `/readyz` (`None`: [`crate::ops::DEFAULT_HTTP`], skipped if busy).
+    pub http: Option<String>,
+    /// Where the bound addresses (and the id and advertised address) are written once bound.
+    pub ready_file: Option<PathBuf>,
+    /// Serve the internal API over TLS; gateways then dial with their cluster TLS.
+    pub tls: Option<ServerTls>,
+    /// The configuration, flags applied: agents and models, `[cluster]` timings and layout, `[limits]`,
+    /// `[journal]`.
+    pub config: Loaded,
+}
+
+impl Options {
+    /// A worker on the cluster at `nats` with every other option at its default.
+    pub fn new(nats: NatsOptions) -> Self {
+        Self {
+            nats,
+            listen: DEFAULT_LISTEN.to_owned(),
+            advertise: None,
+            id: None,
+            http: None,
+            ready_file: None,
+            tls: None,
+            config: Loaded::default(),
+        }
+    }
+}
+
+/// A running worker.
+#[derive(Debug)]
+pub struct Handle {
+    addr: SocketAddr,
+    http: Option<SocketAddr>,
+    id: String,
+    advertise: String,
+    running: Running,
+}
+
+impl Handle {
+    /// The internal API's bound address.
+    pub fn worker_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The ops HTTP endpoints' bound address, when they are served.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http
+    }
+
+    /// The worker's id, reported as the session owner.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The address in its heartbeat and shard leases.
+    pub fn advertise(&self) -> &str {
+        &self.advertise
+    }
+
+    handle_methods!();
+}
+
+/// Starts a worker: sets up the configuration's agents, loads the TLS files, binds, opens the journal, joins the cluster, prints the bound
+/// addresses, and serves until stopped.
+pub async fn start(opts: Options) -> Result<Handle, NodeError> {
+    install_metrics();
+    let started = Instant::now();
+    let agents = agents(&opts.config)?;
+    let tls = opts.tls.as_ref().map(ServerTls::load).transpose()?;
+    let (listener, local) = bind(&opts.listen).await?;
+    let advertise = opts.advertise.clone().unwrap_or_else(|| local.to_string());
+    let id = opts.id.clone().unwrap_or_else(|| format!("worker-{advertise}"));
+    let config = &opts.config.config;
+    let c = &config.cluster;
+    let url = opts.nats.url.as_str();
+
+    let (log, bus, snapshots) = open_nats(&opts.nats, c.partitions, replicas(config), c.shards).await?;
+    let client = log.client().clone();
+    let leases = LeaseConfig {
+        shards: c.shards,
+        ttl: c.lease_ttl(),
+        renew_every: c.renew_every(),
+        worker_ttl: c.worker_ttl(),
+        drain_timeout: c.drain_timeout(),
+        ..LeaseConfig::default()
+    };
+    let drain = leases.drain_timeout;
+    let grace = worker_grace(leases.renew_every, leases.ttl, drain);
+    let options =
+        WorkerOptions { id: id.clone(), advertise_addr: advertise.clone(), leases, worker: worker_config(config) };
+    let (log, bus, snapshots) = (Arc::new(log), Arc::new(bus), Arc::new(snapshots));
+    let worker = start_worker_with_agents(options, agents, &client, replicas(config), log, bus, snapshots)
+        .await
+        .map_err(|e| NodeError::membership(url, e))?;
+
+    // The server keeps answering while the worker drains (not-owner for released shards tells gateways
+    // to look again), so it stops only after the worker has left the cluster.
+    let stop_server = CancellationToken::new();
+    let mut server = tokio::spawn(service::serve_with(
+        WorkerService::new(worker.host()),
+        listener,
+        tls,
+        stop_server.clone().cancelled_owned(),
+    ));
+    let ready = worker_ready(client, url.to_owned(), worker.leases(), started, grace);
+    let http = match OpsHttp::start(opts.http.as_deref(), Arc::new(ready)).await {
+        Ok(http) => http,
+        Err(e) => {
+            leave(worker, drain, &stop_server).await;
+            return Err(e);
+        }
+    };
+    println!("turnstile worker {id} serving on {advertise}");
+    println!("config: {}", opts.config.describe());
+    println!("http: {}", http.describe());
+    let bound = bound_with_http("worker", local, &http);
+    if let Err(e) =
+        report_bound(&bound, &[("id", id.clone()), ("advertise", advertise.clone())], opts.ready_file.as_deref())
+    {
+        // It may hold leases by now: leave the cluster so the shards move on at once.
+        leave(worker, drain, &stop_server).await;
+        http.stop();
+        return Err(e);
+    }
+    tracing::info!(%id, %local, %advertise, shards = c.shards, "serving turnstile.cluster.v1.Worker");
+
+    let http_addr = http.addr();
+    let stop = CancellationToken::new();
+    let stopped = stop.clone();
+    let task_id = id.clone();
+    let running = Running::spawn(stop, async move {
+        let id = task_id;
+        tokio::select! {
+            () = stopped.cancelled() => {}
+            served = &mut server => {
+                // The server ended by itself: leave the cluster anyway so the shards move on at once.
+                worker.shutdown(drain).await;
+                http.stop();
+                return served.map_err(NodeError::Panicked)?.map_err(NodeError::WorkerServe);
+            }
+        }
+        let drain_timeout_ms = u64::try_from(drain.as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(%id, drain_timeout_ms, "draining and releasing shards");
+        worker.shutdown(drain).await;
+        stop_server.cancel();
+        let served = server.await;
+        http.stop();
+        served.map_err(NodeError::Panicked)?.map_err(NodeError::WorkerServe)?;
+        tracing::info!(%id, "stopped");
+        Ok(())
+    });
+    Ok(Handle { addr: local, http: http_addr, id, advertise, running })
+}
+
+/// Leaves the cluster (drain, release, no heartbeat) and stops the internal server, for a start that fails
+/// after joining.
+async fn leave(worker: WorkerHandle, drain: std::time::Duration, server: &CancellationToken) {
+    worker.shutdown(drain).await;
+    server.cancel();
+}

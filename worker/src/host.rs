@@ -11,6 +11,7 @@ use turnstile_journal::snapshot::{LoadError, NoSnapshots, SnapshotStore, load_st
 use turnstile_journal::{JournalError, LiveBus, SessionLog};
 use turnstile_model::{Command, CommandError, CommandReply, SessionRef, Status};
 
+use crate::agents::AgentSetup;
 use crate::config::WorkerConfig;
 use crate::hooks::{ContentGuard, PreStepHook};
 use crate::model::{Model, ScriptedModel};
@@ -89,6 +90,24 @@ impl SessionHost {
             ownership: Some(ownership),
             config,
         };
+        Arc::new(Self { deps: Arc::new(deps), runners: Mutex::new(HashMap::new()) })
+    }
+
+    /// A host running the agents of a configuration ([`crate::agents::from_config`]): their models and
+    /// tools, the content guard, and `agents.catalog` in place of `config.agents`. `ownership` is `None` in
+    /// `turnstile dev` (this process owns every session) and the shard leases in a cluster.
+    pub fn with_agents(
+        log: Arc<dyn SessionLog>,
+        bus: Arc<dyn LiveBus>,
+        snapshots: Arc<dyn SnapshotStore>,
+        ownership: Option<Arc<dyn Ownership>>,
+        agents: AgentSetup,
+        mut config: WorkerConfig,
+    ) -> Arc<Self> {
+        let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(ContentGuard)];
+        config.agents = agents.catalog;
+        let deps =
+            RunnerDeps { log, bus, model: agents.model, tools: agents.tools, hooks, snapshots, ownership, config };
         Arc::new(Self { deps: Arc::new(deps), runners: Mutex::new(HashMap::new()) })
     }
 

@@ -5,8 +5,10 @@
 //! one driver (each input stamped with the time it arrived) and performs its effects against the
 //! journal; [`host`] keeps one runner per loaded session and implements the gateway's
 //! [`turnstile_cluster::CommandRouter`] seam; [`cluster`] holds shard leases and serves the internal API.
-//! [`model`], [`tools`] and [`hooks`] are the pluggable parts of a step.
+//! [`model`], [`tools`] and [`hooks`] are the pluggable parts of a step; [`agents`] builds the models, tools
+//! and agent catalog of a configuration file.
 
+pub mod agents;
 pub mod cluster;
 pub mod config;
 pub mod hooks;

@@ -25,6 +25,7 @@ use turnstile_ops::clock::now_ms;
 use crate::config::WorkerConfig;
 use crate::hooks::{PreStepHook, run_waterfall};
 use crate::host::Ownership;
+use crate::model::chat::StreamDelta;
 use crate::model::{DeltaSink, Model, ModelError};
 use crate::spans::{TurnSpans, command_span};
 use crate::tools::ToolRegistry;
@@ -68,7 +69,7 @@ pub(crate) struct CommandMsg {
 /// Outcomes of the runner's own operations, fed back into the driver.
 enum OpMsg {
     PreStep { op: OpId, outcome: PreStepOutcome },
-    ModelDelta { op: OpId, text: String },
+    ModelDelta { op: OpId, text: String, reasoning: bool },
     ModelDone { op: OpId, outcome: ModelOutcome },
     ToolDone { op: OpId, outcome: ToolOutcome },
 }
@@ -235,7 +236,9 @@ impl Runner {
                         self.ops.remove(&op);
                         self.driver.on_pre_step(op, outcome, now);
                     }
-                    OpMsg::ModelDelta { op, text } => self.driver.on_model_delta(op, &text, now),
+                    OpMsg::ModelDelta { op, text, reasoning } => {
+                        self.driver.on_model_delta(op, &text, reasoning, now);
+                    }
                     OpMsg::ModelDone { op, outcome } => {
                         self.ops.remove(&op);
                         self.driver.on_model_done(op, outcome, now);
@@ -448,12 +451,16 @@ impl Runner {
         let token = self.op_token(request.op);
         let (tx, deps, op) = (self.op_tx.clone(), self.deps.clone(), request.op);
         tokio::spawn(async move {
-            let (delta_tx, mut delta_rx) = mpsc::channel::<String>(64);
+            let (delta_tx, mut delta_rx) = mpsc::channel::<StreamDelta>(64);
             let forward = {
                 let tx = tx.clone();
                 async move {
-                    while let Some(text) = delta_rx.recv().await {
-                        let _ = tx.send(OpMsg::ModelDelta { op, text });
+                    while let Some(delta) = delta_rx.recv().await {
+                        let (text, reasoning) = match delta {
+                            StreamDelta::Text(text) => (text, false),
+                            StreamDelta::Reasoning(text) => (text, true),
+                        };
+                        let _ = tx.send(OpMsg::ModelDelta { op, text, reasoning });
                     }
                 }
             };

@@ -584,7 +584,7 @@ async fn chat_model_streams_deltas_and_maps_the_output() {
     while let Ok(delta) = rx.try_recv() {
         deltas.push(delta);
     }
-    assert_eq!(deltas, ["Checking ", "now."]);
+    assert_eq!(deltas, [StreamDelta::Text("Checking ".into()), StreamDelta::Text("now.".into())]);
     let sent = &server.requests()[0].body;
     assert_eq!(sent["messages"][0], json!({"role": "system", "content": "Be brief."}));
     assert_eq!(sent["messages"][1], json!({"role": "user", "content": "what time is it?"}));

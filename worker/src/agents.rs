@@ -1,0 +1,357 @@
+//! The agents of a configuration, made runnable: [`from_config`] turns a [`turnstile_config::Config`] into
+//! the driver's [`AgentCatalog`], one [`Model`] that serves every agent, and the [`ToolRegistry`].
+//!
+//! Each `[models.NAME]` becomes one model: `scripted` the [`ScriptedModel`], `openai` and `anthropic` one
+//! HTTP provider ([`chat_model::connect`]) with the key read from the variable `api_key_env` names. Each
+//! agent then gets a [`Model`] of its own over its model's provider, offering the model the JSON Schemas of
+//! exactly the tools the agent lists ([`ChatModel::with_tools`]). [`AgentRouter`] picks the agent's model
+//! by [`ModelRequest::agent`] for every step.
+//!
+//! ```
+//! use turnstile_worker::agents::from_config;
+//!
+//! let setup = from_config(&turnstile_config::Config::default()).unwrap();
+//! assert_eq!(setup.catalog, turnstile_driver::AgentCatalog::default());
+//! assert!(setup.tools.contains("clock"));
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use turnstile_config::{Config, ConfigError, ModelConfig, Provider, ToolRef};
+use turnstile_driver::{AgentCatalog, AgentProfile, CatalogError, ModelOutput, ModelRequest};
+
+use crate::model::chat::{ChatProvider, ToolSpec};
+use crate::model::chat_model::{self, ChatModel};
+use crate::model::endpoint::{ApiKey, EndpointError, ModelEndpoint, ProviderKind};
+use crate::model::{DeltaSink, Model, ModelError, ScriptedModel};
+use crate::tools::ToolRegistry;
+
+/// What a worker needs to run a configuration's agents.
+pub struct AgentSetup {
+    /// Names, system prompts and history budgets of the agents, and the default one (for the driver).
+    pub catalog: AgentCatalog,
+    /// Serves every agent: an [`AgentRouter`] over the agents' models.
+    pub model: Arc<dyn Model>,
+    /// The tools the agents may call.
+    pub tools: ToolRegistry,
+}
+
+impl std::fmt::Debug for AgentSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentSetup").field("catalog", &self.catalog).field("tools", &self.tools).finish_non_exhaustive()
+    }
+}
+
+/// A configuration this worker cannot run. Every message names the agent, model or variable at fault
+/// (never a key's value).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentSetupError {
+    /// An agent runs on a model the configuration does not define.
+    #[error("agent {agent:?}: no model named {model:?} (known: {known})")]
+    UnknownModel { agent: String, model: String, known: String },
+    /// An agent lists a tool this worker does not provide.
+    #[error("agent {agent:?}: tool \"{tool}\" is not available in this worker ({reason}; available: {available})")]
+    UnknownTool { agent: String, tool: String, reason: &'static str, available: String },
+    /// A model's `api_key_env` names a variable that is unset or blank.
+    #[error("model {model:?}: {source}")]
+    ApiKey {
+        model: String,
+        /// The variable `api_key_env` names.
+        variable: String,
+        #[source]
+        source: Box<ConfigError>,
+    },
+    /// A model's endpoint cannot be used (bad URL, a key that is no header value, no HTTP client).
+    #[error("model {model:?}: {source}")]
+    Endpoint {
+        model: String,
+        #[source]
+        source: EndpointError,
+    },
+    /// The agents do not form a catalog (the default agent is missing).
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+}
+
+/// The agents of `config`, ready to run; API keys are read from the process environment.
+pub fn from_config(config: &Config) -> Result<AgentSetup, AgentSetupError> {
+    from_config_with_env(config, |variable| std::env::var(variable).ok())
+}
+
+/// [`from_config`] with the environment given as a function (tests pass their own).
+pub fn from_config_with_env(
+    config: &Config,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<AgentSetup, AgentSetupError> {
+    let tools = ToolRegistry::builtin();
+    let models = config
+        .models
+        .iter()
+        .map(|(name, model)| Ok((name.as_str(), built_model(name, model, &env)?)))
+        .collect::<Result<BTreeMap<&str, BuiltModel>, AgentSetupError>>()?;
+    let mut profiles = Vec::new();
+    let mut routes: HashMap<String, Arc<dyn Model>> = HashMap::new();
+    for (name, agent) in &config.agents {
+        let Some(model) = models.get(agent.model.as_str()) else {
+            return Err(AgentSetupError::UnknownModel {
+                agent: name.clone(),
+                model: agent.model.clone(),
+                known: config.models.keys().cloned().collect::<Vec<_>>().join(", "),
+            });
+        };
+        let specs = agent.tools.iter().map(|tool| tool_spec(name, tool, &tools)).collect::<Result<Vec<_>, _>>()?;
+        let system = (!agent.system.trim().is_empty()).then(|| agent.system.clone());
+        profiles.push((name.clone(), AgentProfile { system, history_turns: agent.history_turns }));
+        routes.insert(name.clone(), model.for_agent(specs));
+    }
+    let catalog = AgentCatalog::new(config.default_agent.clone(), profiles)?;
+    let model = Arc::new(AgentRouter::new(routes, catalog.default_agent()));
+    Ok(AgentSetup { catalog, model, tools })
+}
+
+/// One `[models.NAME]`, built: the scripted model, or a connected provider that agents wrap with their tools.
+enum BuiltModel {
+    Scripted(Arc<ScriptedModel>),
+    Chat(Arc<dyn ChatProvider>),
+}
+
+impl BuiltModel {
+    fn for_agent(&self, tools: Vec<ToolSpec>) -> Arc<dyn Model> {
+        match self {
+            Self::Scripted(model) => model.clone(),
+            Self::Chat(provider) => Arc::new(ChatModel::new(provider.clone()).with_tools(tools)),
+        }
+    }
+}
+
+fn built_model(
+    name: &str,
+    model: &ModelConfig,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<BuiltModel, AgentSetupError> {
+    let provider = match model.provider {
+        Provider::Scripted => return Ok(BuiltModel::Scripted(Arc::new(ScriptedModel))),
+        Provider::OpenAi => ProviderKind::OpenAi,
+        Provider::Anthropic => ProviderKind::Anthropic,
+    };
+    let api_key = model.resolve_api_key(env).map_err(|source| AgentSetupError::ApiKey {
+        model: name.to_owned(),
+        variable: model.api_key_env.clone().unwrap_or_default(),
+        source: Box::new(source),
+    })?;
+    let mut endpoint = ModelEndpoint::new(provider, model.model.clone());
+    if let Some(url) = model.endpoint() {
+        endpoint.base_url = url.as_str().to_owned();
+    }
+    endpoint.api_key = api_key.map(|key| ApiKey::new(key.expose()));
+    endpoint.max_tokens = Some(model.max_tokens);
+    endpoint.timeout = model.timeout();
+    endpoint.first_byte_timeout = model.first_byte_timeout();
+    endpoint.idle_timeout = model.idle_timeout();
+    endpoint.retries = model.retries;
+    let provider =
+        chat_model::connect(endpoint).map_err(|source| AgentSetupError::Endpoint { model: name.to_owned(), source })?;
+    Ok(BuiltModel::Chat(provider))
+}
+
+/// The model's description of `tool`, which `agent` lists; an error when this worker has no such tool.
+fn tool_spec(agent: &str, tool: &ToolRef, tools: &ToolRegistry) -> Result<ToolSpec, AgentSetupError> {
+    let reason = match tool {
+        ToolRef::Builtin(builtin) => match tools.spec(builtin.as_str()) {
+            Some(spec) => return Ok(spec),
+            None => "this built-in is not implemented yet",
+        },
+        ToolRef::Mcp { .. } => "MCP tools are not supported yet",
+        ToolRef::Client(_) => "client tools are not supported yet",
+    };
+    Err(AgentSetupError::UnknownTool {
+        agent: agent.to_owned(),
+        tool: tool.to_string(),
+        reason,
+        available: tools.names().collect::<Vec<_>>().join(", "),
+    })
+}
+
+/// A [`Model`] that runs each step on the model of the step's agent ([`ModelRequest::agent`]); an agent
+/// it does not know (a catalog and router built apart) runs on the default agent's model.
+pub struct AgentRouter {
+    agents: HashMap<String, Arc<dyn Model>>,
+    default_agent: String,
+}
+
+impl std::fmt::Debug for AgentRouter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut agents: Vec<&String> = self.agents.keys().collect();
+        agents.sort();
+        f.debug_struct("AgentRouter").field("agents", &agents).field("default_agent", &self.default_agent).finish()
+    }
+}
+
+impl AgentRouter {
+    /// Routes to `agents` by name; `default_agent` should be one of them.
+    pub fn new(agents: HashMap<String, Arc<dyn Model>>, default_agent: impl Into<String>) -> Self {
+        Self { agents, default_agent: default_agent.into() }
+    }
+
+    /// The model that serves `agent`.
+    pub fn model_of(&self, agent: &str) -> Option<&Arc<dyn Model>> {
+        self.agents.get(agent).or_else(|| self.agents.get(&self.default_agent))
+    }
+}
+
+#[async_trait]
+impl Model for AgentRouter {
+    async fn step(
+        &self,
+        request: ModelRequest,
+        deltas: DeltaSink,
+        abort: CancellationToken,
+    ) -> Result<ModelOutput, ModelError> {
+        match self.model_of(&request.agent) {
+            Some(model) => model.step(request, deltas, abort).await,
+            None => Err(ModelError::Failed {
+                message: format!("no model serves agent {:?} (and no default agent)", request.agent),
+                code: "model_unavailable".into(),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use tokio::sync::mpsc;
+    use turnstile_model::UserMessage;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn request(agent: &str, text: &str) -> ModelRequest {
+        ModelRequest {
+            op: 1,
+            turn: 1,
+            step: 1,
+            agent: agent.into(),
+            system: None,
+            history: vec![],
+            messages: vec![UserMessage::user_text("m1", text)],
+            tool_results: vec![],
+            interrupted_prompt: vec![],
+        }
+    }
+
+    async fn run(model: &dyn Model, request: ModelRequest) -> Result<ModelOutput, ModelError> {
+        let (tx, mut rx) = mpsc::channel(64);
+        let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+        let out = model.step(request, DeltaSink::new(tx), CancellationToken::new()).await;
+        drain.await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn the_default_config_is_the_scripted_agent_on_the_scripted_model() {
+        let setup = from_config_with_env(&Config::default(), no_env).unwrap();
+        assert_eq!(setup.catalog, AgentCatalog::default());
+        assert_eq!(setup.tools.names().collect::<Vec<_>>(), ["clock", "echo", "sleep"]);
+        let out = run(setup.model.as_ref(), request("scripted", "hi")).await.unwrap();
+        assert_eq!(out.text, "echo: hi");
+    }
+
+    #[test]
+    fn agents_become_catalog_profiles() {
+        let config = Config::from_toml_str(
+            "default_agent = \"terse\"\n[agents.terse]\nsystem = \"Be terse.\"\nhistory_turns = 3\ntools = [\"clock\"]\n",
+        )
+        .unwrap();
+        let setup = from_config_with_env(&config, no_env).unwrap();
+        assert_eq!(setup.catalog.default_agent(), "terse");
+        assert_eq!(
+            setup.catalog.get("terse"),
+            Some(&AgentProfile { system: Some("Be terse.".into()), history_turns: 3 })
+        );
+        assert_eq!(setup.catalog.names().collect::<Vec<_>>(), ["scripted", "terse"]);
+    }
+
+    #[test]
+    fn a_tool_the_worker_does_not_have_names_the_agent_and_the_tool() {
+        for (tool, reason) in [
+            ("spawn_agent", "this built-in is not implemented yet"),
+            ("client:lookup", "client tools are not supported yet"),
+        ] {
+            let config = Config::from_toml_str(&format!("[agents.helper]\ntools = [\"echo\", \"{tool}\"]\n")).unwrap();
+            let err = from_config_with_env(&config, no_env).unwrap_err();
+            assert!(matches!(&err, AgentSetupError::UnknownTool { agent, .. } if agent == "helper"), "{err:?}");
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "agent \"helper\": tool \"{tool}\" is not available in this worker ({reason}; available: clock, echo, sleep)"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_api_key_variable_names_the_model_and_the_variable() {
+        let config = Config::from_toml_str(
+            "[models.gpt]\nmodel = \"gpt-4o-mini\"\napi_key_env = \"TURNSTILE_TEST_KEY\"\n[agents.a]\nmodel = \"gpt\"\n",
+        )
+        .unwrap();
+        let err = from_config_with_env(&config, no_env).unwrap_err();
+        assert!(matches!(&err, AgentSetupError::ApiKey { model, variable, .. }
+            if model == "gpt" && variable == "TURNSTILE_TEST_KEY"));
+        let message = err.to_string();
+        assert!(message.starts_with("model \"gpt\": models.gpt.api_key_env: "), "{message}");
+        assert!(message.contains("TURNSTILE_TEST_KEY is not set"), "{message}");
+
+        let key = |v: &str| (v == "TURNSTILE_TEST_KEY").then(|| "sk-test-secret".to_owned());
+        let setup = from_config_with_env(&config, key).unwrap();
+        assert!(!format!("{setup:?}").contains("sk-test-secret"));
+    }
+
+    /// A model that answers with its own name.
+    struct Named(&'static str);
+
+    #[async_trait]
+    impl Model for Named {
+        async fn step(&self, r: ModelRequest, d: DeltaSink, _: CancellationToken) -> Result<ModelOutput, ModelError> {
+            let text = format!("{} answers {}", self.0, r.agent);
+            d.send(text.clone()).await;
+            Ok(ModelOutput::text(text))
+        }
+    }
+
+    #[tokio::test]
+    async fn the_router_picks_the_model_of_the_requests_agent() {
+        let router = AgentRouter::new(
+            HashMap::from([
+                ("a".to_owned(), Arc::new(Named("first")) as Arc<dyn Model>),
+                ("b".to_owned(), Arc::new(Named("second")) as Arc<dyn Model>),
+            ]),
+            "a",
+        );
+        assert_eq!(run(&router, request("a", "x")).await.unwrap().text, "first answers a");
+        assert_eq!(run(&router, request("b", "x")).await.unwrap().text, "second answers b");
+        // An agent the router does not know runs on the default agent's model.
+        assert_eq!(run(&router, request("gone", "x")).await.unwrap().text, "first answers gone");
+    }
+
+    #[tokio::test]
+    async fn agents_on_two_models_are_routed_by_agent() {
+        // "remote" points at a port where nothing listens: a request that reaches it fails fast.
+        let config = Config::from_toml_str(
+            "[models.remote]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\nretries = 0\n\
+             [agents.local]\n[agents.far]\nmodel = \"remote\"\n",
+        )
+        .unwrap();
+        let setup = from_config_with_env(&config, no_env).unwrap();
+        assert_eq!(run(setup.model.as_ref(), request("local", "hi")).await.unwrap().text, "echo: hi");
+        let err = run(setup.model.as_ref(), request("far", "hi")).await.unwrap_err();
+        assert!(matches!(&err, ModelError::Failed { code, .. } if code == "model_unavailable"), "{err:?}");
+    }
+}

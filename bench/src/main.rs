@@ -4,8 +4,12 @@
 //! The run starts a nats-server with the harness (`turnstile_tests::nats::NatsServer`) unless `--nats URL`
 //! names one on loopback, starts the release `turnstile dev --nats URL --listen 127.0.0.1:<free port>`,
 //! measures, prints a Markdown report (or `--json`) and stops what it started.
+//!
+//! `turnstile-bench model` measures a real model instead: time to first token and streaming rate straight
+//! from llama-server and through `turnstile dev --config` (see [`model`]).
 
 mod latency;
+mod model;
 mod servers;
 mod stats;
 mod throughput;
@@ -14,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use serde::Serialize;
 
 use crate::latency::{LatencyOpts, LatencyReport};
@@ -23,6 +27,8 @@ use crate::throughput::{ThroughputOpts, ThroughputReport};
 #[derive(Parser, Debug)]
 #[command(name = "turnstile-bench", about = "Benchmarks Turnstile's followup path against raw JetStream")]
 struct Args {
+    #[command(subcommand)]
+    mode: Option<Mode>,
     /// Use this nats-server (loopback only) instead of starting one with the harness.
     #[arg(long)]
     nats: Option<String>,
@@ -64,6 +70,13 @@ struct Args {
     json: bool,
 }
 
+#[derive(Subcommand, Debug)]
+enum Mode {
+    /// A real model (llama-server on SmolLM2): time to first token and deltas/s straight from llama-server
+    /// and through `turnstile dev --config`, same prompt, interleaved rounds.
+    Model(model::ModelArgs),
+}
+
 #[derive(Debug, Serialize)]
 struct Machine {
     nproc: usize,
@@ -81,7 +94,7 @@ struct Report {
     throughput: Option<ThroughputReport>,
 }
 
-fn cpu_model() -> String {
+pub(crate) fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|info| {
@@ -96,6 +109,9 @@ fn cpu_model() -> String {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(Mode::Model(model_args)) = args.mode {
+        return model::run(model_args).await;
+    }
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let bin = args.turnstile_bin.clone().unwrap_or_else(servers::default_turnstile_bin);
 
@@ -106,7 +122,7 @@ async fn main() -> Result<()> {
         .connect(&nats_url)
         .await
         .with_context(|| format!("connecting to {nats_url}"))?;
-    let dev = servers::Dev::start(&bin, &nats_url, &args.dev_args).await?;
+    let dev = servers::Dev::start(&bin, Some(&nats_url), &args.dev_args).await?;
     eprintln!("nats-server {nats_url}, turnstile dev {} ({})", dev.url(), bin.display());
 
     let machine = Machine {

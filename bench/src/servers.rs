@@ -1,5 +1,5 @@
 //! The servers under test: a nats-server (the harness's [`NatsServer`], or one given by URL) and
-//! `turnstile dev --nats URL` on a loopback port it picks itself (port 0, read back from `--ready-file`).
+//! `turnstile dev [--nats URL]` on a loopback port it picks itself (port 0, read back from `--ready-file`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -67,7 +67,7 @@ pub fn default_turnstile_bin() -> PathBuf {
     turnstile_tests::binary::target_dir().join("release").join(format!("turnstile{}", std::env::consts::EXE_SUFFIX))
 }
 
-/// A running `turnstile dev --nats URL`; dropping it kills the process.
+/// A running `turnstile dev` (with `--nats URL`, or on its embedded journal); dropping it kills the process.
 pub struct Dev {
     process: ChildProcess,
     addr: SocketAddr,
@@ -78,7 +78,7 @@ pub struct Dev {
 const STARTUP: Duration = Duration::from_secs(30);
 
 impl Dev {
-    pub async fn start(bin: &Path, nats_url: &str, extra: &[String]) -> Result<Self> {
+    pub async fn start(bin: &Path, nats_url: Option<&str>, extra: &[String]) -> Result<Self> {
         if !bin.is_file() {
             bail!(
                 "{} does not exist; build it with `cargo build --release -p turnstile-bench -p turnstile` \
@@ -89,12 +89,11 @@ impl Dev {
         let scratch = tempfile::Builder::new().prefix("turnstile-bench-").tempdir()?;
         let ready_file = scratch.path().join("ready.json");
         let mut command = Command::new(bin);
-        command
-            .arg("dev")
-            .arg("--nats")
-            .arg(nats_url)
-            .args(["--listen", "127.0.0.1:0", "--ready-file"])
-            .arg(&ready_file);
+        command.arg("dev");
+        if let Some(url) = nats_url {
+            command.arg("--nats").arg(url);
+        }
+        command.args(["--listen", "127.0.0.1:0", "--ready-file"]).arg(&ready_file);
         if !extra.iter().any(|a| a == "--http" || a.starts_with("--http=")) {
             // Not the default 127.0.0.1:9090, which another server on the machine may hold.
             command.args(["--http", "127.0.0.1:0"]);

@@ -41,9 +41,40 @@ impl Percentiles {
     }
 }
 
+/// The median, minimum and maximum of a few values (the runs of `turnstile-bench model`); all zero for none.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Spread {
+    pub count: usize,
+    pub p50: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    /// Nearest-rank median (the lower middle value of an even count), as [`Percentiles`] computes p50.
+    pub fn of(values: &[f64]) -> Self {
+        let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+        sorted.sort_by(f64::total_cmp);
+        let (Some(min), Some(max)) = (sorted.first().copied(), sorted.last().copied()) else {
+            return Self::default();
+        };
+        let k = sorted.len().div_ceil(2);
+        Self { count: sorted.len(), p50: sorted[k - 1], min, max }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spread_of_a_few_runs() {
+        let s = Spread::of(&[3.0, 1.0, 2.0, f64::NAN]);
+        assert_eq!((s.count, s.p50, s.min, s.max), (3, 2.0, 1.0, 3.0));
+        let even = Spread::of(&[4.0, 1.0, 3.0, 2.0]);
+        assert_eq!(even.p50, 2.0);
+        assert_eq!(Spread::of(&[]).count, 0);
+    }
 
     #[test]
     fn nearest_rank() {

@@ -303,7 +303,8 @@ pub async fn watch(
 ) -> Result<()> {
     let request = pb::WatchRequest { session: Some(client.session(id)), after_seq: opts.after, live: opts.live };
     let mut stream = client.api.watch(request).await?.into_inner();
-    let mut renderer = Renderer::new();
+    // `out` is stdout for every caller (`watch`, the demo).
+    let mut renderer = Renderer::with_color(render::stdout_color());
     let mut caught_up = false;
     let mut last_seq = 0;
     while let Some(item) = stream.next().await {

@@ -2,8 +2,12 @@
 //!
 //! Human: one line per event, durable lines prefixed by their seq (`#12`), live lines by `~`, indented by
 //! depth (turn-level events 2 spaces inside a turn, step-level 4). `assistant/delta` text streams inline
-//! and its line is ended before the next other event. JSON: one object per line built from the journal's
-//! domain types (`serde`).
+//! and its line is ended before the next other event; reasoning deltas stream on lines of their own,
+//! labelled `[reasoning]` (and dimmed on a terminal). `assistant/message` shows its reasoning and the
+//! provider's token usage when it has them. JSON: one object per line built from the journal's domain
+//! types (`serde`).
+
+use std::io::IsTerminal as _;
 
 use serde_json::{Value, json};
 use turnstile_model::message::{MessageSource, UserMessage};
@@ -13,6 +17,11 @@ use turnstile_model::{Envelope, EventPayload, Inbox, LiveEvent, LivePayload, Spl
 const PREVIEW: usize = 60;
 /// Width of the `#12` / `~` column.
 const PREFIX: usize = 5;
+/// ANSI faint on and off, around reasoning on a terminal.
+const DIM: &str = "\x1b[2m";
+const UNDIM: &str = "\x1b[22m";
+/// The label of a line of reasoning deltas.
+const REASONING: &str = "[reasoning] ";
 
 /// Turns a Watch stream into human-readable text. Each call returns the text to print as is (deltas
 /// have no trailing newline).
@@ -20,8 +29,15 @@ const PREFIX: usize = 5;
 pub struct Renderer {
     in_turn: bool,
     in_step: bool,
-    /// A delta line is open (printed without its newline yet).
-    in_delta: bool,
+    /// A delta line is open (printed without its newline yet): `Some(true)` for reasoning.
+    in_delta: Option<bool>,
+    /// Dim reasoning with ANSI codes.
+    color: bool,
+}
+
+/// Whether stdout takes ANSI styling: a terminal, and `NO_COLOR` unset.
+pub fn stdout_color() -> bool {
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// `3f2a9c1e` for a UUID: enough to tell messages apart on screen (`inbox` shows full ids).
@@ -77,13 +93,14 @@ fn splice_line(s: &Splice) -> String {
 }
 
 impl Renderer {
-    pub fn new() -> Self {
-        Self::default()
+    /// A renderer that dims reasoning with ANSI codes when `color` is set.
+    pub fn with_color(color: bool) -> Self {
+        Self { color, ..Self::default() }
     }
 
     /// Ends an open delta line.
     fn end_delta(&mut self) -> &'static str {
-        if std::mem::take(&mut self.in_delta) { "\n" } else { "" }
+        if self.in_delta.take().is_some() { "\n" } else { "" }
     }
 
     /// Depth of an event that can happen anywhere (splices, status, live events).
@@ -123,8 +140,14 @@ impl Renderer {
                 (1, format!("step/end {turn}.{step}"))
             }
             EventPayload::UserMessage { message, .. } => (2, format!("user/message {}", message_brief(message))),
-            EventPayload::AssistantMessage { text, tool_calls, interrupted, max_tokens, .. } => {
+            EventPayload::AssistantMessage { text, tool_calls, interrupted, max_tokens, reasoning, usage, .. } => {
                 let mut line = format!("assistant/message {}", preview(text));
+                if let Some(reasoning) = reasoning {
+                    line.push_str(&format!(" reasoning {}", preview(reasoning)));
+                }
+                if let Some(usage) = usage {
+                    line.push_str(&format!(" usage in={} out={}", usage.input_tokens, usage.output_tokens));
+                }
                 if !tool_calls.is_empty() {
                     let calls: Vec<String> = tool_calls.iter().map(|c| format!("{} {}", c.name, c.arguments)).collect();
                     line.push_str(&format!(" tools=[{}]", calls.join(", ")));
@@ -159,14 +182,24 @@ impl Renderer {
     pub fn live(&mut self, l: &LiveEvent) -> String {
         let depth = self.ambient_depth();
         let text = match &l.payload {
-            LivePayload::AssistantDelta { text, .. } => {
+            LivePayload::AssistantDelta { text, reasoning, .. } => {
                 let indent = " ".repeat(PREFIX + 2 * depth.max(2));
-                let body = text.replace('\n', &format!("\n{indent}"));
-                if self.in_delta {
+                let mut body = text.replace('\n', &format!("\n{indent}"));
+                if *reasoning && self.color {
+                    body = format!("{DIM}{body}{UNDIM}");
+                }
+                if self.in_delta == Some(*reasoning) {
                     return body;
                 }
-                self.in_delta = true;
-                return format!("{:<PREFIX$}{:indent$}{body}", "~", "", indent = depth.max(2) * 2);
+                // A new line: the first delta, or reasoning after text (or text after reasoning).
+                let end = self.end_delta();
+                self.in_delta = Some(*reasoning);
+                let label = match (*reasoning, self.color) {
+                    (false, _) => String::new(),
+                    (true, false) => REASONING.to_owned(),
+                    (true, true) => format!("{DIM}{REASONING}{UNDIM}"),
+                };
+                return format!("{end}{:<PREFIX$}{:indent$}{label}{body}", "~", "", indent = depth.max(2) * 2);
             }
             LivePayload::Inserted { message } => format!("inserted {}", message_brief(message)),
             LivePayload::Discarded { message } => format!("discarded {}", message_brief(message)),
@@ -260,7 +293,7 @@ mod tests {
     #[test]
     fn a_turn_is_indented_by_depth_with_deltas_inline() {
         let a = UserMessage::user_text("A1b2", "hello");
-        let mut r = Renderer::new();
+        let mut r = Renderer::default();
         let mut out = String::new();
         out += &r.event(&ev(1, insert(a.clone())));
         out += &r.live(&live(1, LivePayload::Inserted { message: a.clone() }));
@@ -281,8 +314,10 @@ mod tests {
         out += &r.live(&live(4, LivePayload::Claimed { message: a.clone(), turn: 1 }));
         out += &r.event(&ev(5, EventPayload::StepStart { turn: 1, step: 1 }));
         out += &r.event(&ev(6, EventPayload::UserMessage { message: a, turn: 1, step: 1 }));
-        out += &r.live(&live(6, LivePayload::AssistantDelta { turn: 1, step: 1, text: "echo: ".into() }));
-        out += &r.live(&live(6, LivePayload::AssistantDelta { turn: 1, step: 1, text: "hello".into() }));
+        out += &r
+            .live(&live(6, LivePayload::AssistantDelta { turn: 1, step: 1, text: "echo: ".into(), reasoning: false }));
+        out +=
+            &r.live(&live(6, LivePayload::AssistantDelta { turn: 1, step: 1, text: "hello".into(), reasoning: false }));
         out += &r.event(&ev(
             7,
             EventPayload::AssistantMessage {
@@ -292,6 +327,8 @@ mod tests {
                 tool_calls: vec![],
                 interrupted: false,
                 max_tokens: false,
+                reasoning: None,
+                usage: None,
             },
         ));
         out += &r.event(&ev(8, EventPayload::StepEnd { turn: 1, step: 1 }));
@@ -317,7 +354,7 @@ mod tests {
 
     #[test]
     fn splices_show_their_outcome_source_and_forced_target() {
-        let mut r = Renderer::new();
+        let mut r = Renderer::default();
         let plugin = UserMessage {
             source: MessageSource::Plugin { plugin: String::new(), form: None },
             ..UserMessage::user_text("3f2a9c1e-5b6d-4e8f-9a0b-1c2d3e4f5a6b", "context")
@@ -352,16 +389,70 @@ mod tests {
 
     #[test]
     fn a_delta_line_is_ended_before_the_next_event_and_at_the_end() {
-        let mut r = Renderer::new();
+        let mut r = Renderer::default();
         r.event(&ev(1, EventPayload::StepStart { turn: 1, step: 1 }));
-        let d = r.live(&live(1, LivePayload::AssistantDelta { turn: 1, step: 1, text: "par".into() }));
+        let d =
+            r.live(&live(1, LivePayload::AssistantDelta { turn: 1, step: 1, text: "par".into(), reasoning: false }));
         assert!(!d.ends_with('\n'));
         let aborted =
             r.event(&ev(2, EventPayload::TurnEnd { turn: 1, reason: TurnEndReason::Aborted(CancelCause::User) }));
         assert_eq!(aborted, "\n#2   turn/end 1 aborted{user}\n");
         assert_eq!(r.finish(), "");
-        r.live(&live(2, LivePayload::AssistantDelta { turn: 2, step: 1, text: "x".into() }));
+        r.live(&live(2, LivePayload::AssistantDelta { turn: 2, step: 1, text: "x".into(), reasoning: false }));
         assert_eq!(r.finish(), "\n");
+    }
+
+    fn delta(text: &str, reasoning: bool) -> LiveEvent {
+        live(6, LivePayload::AssistantDelta { turn: 1, step: 1, text: text.into(), reasoning })
+    }
+
+    fn answer() -> EventPayload {
+        EventPayload::AssistantMessage {
+            turn: 1,
+            step: 1,
+            text: "It is noon.".into(),
+            tool_calls: vec![],
+            interrupted: false,
+            max_tokens: false,
+            reasoning: Some("The user wants the time.".into()),
+            usage: Some(turnstile_model::Usage { input_tokens: 120, output_tokens: 9 }),
+        }
+    }
+
+    #[test]
+    fn reasoning_streams_on_labelled_lines_and_the_message_shows_reasoning_and_usage() {
+        let mut r = Renderer::default();
+        let mut out = r.event(&ev(5, EventPayload::StepStart { turn: 1, step: 1 }));
+        for (text, reasoning) in [("The user ", true), ("wants the time.", true), ("It is ", false), ("noon.", false)] {
+            out += &r.live(&delta(text, reasoning));
+        }
+        out += &r.event(&ev(7, answer()));
+        let expected = "\
+#5     step/start 1.1
+~        [reasoning] The user wants the time.
+~        It is noon.
+#7       assistant/message \"It is noon.\" reasoning \"The user wants the time.\" usage in=120 out=9
+";
+        assert_eq!(out, expected);
+        // Reasoning after text starts a line of its own again.
+        r.live(&delta("a", false));
+        assert_eq!(r.live(&delta("b", true)), "\n~        [reasoning] b");
+    }
+
+    #[test]
+    fn on_a_terminal_reasoning_is_dimmed() {
+        let mut r = Renderer::with_color(true);
+        r.event(&ev(5, EventPayload::StepStart { turn: 1, step: 1 }));
+        assert_eq!(r.live(&delta("hmm", true)), "~        \x1b[2m[reasoning] \x1b[22m\x1b[2mhmm\x1b[22m");
+        assert_eq!(r.live(&delta(" ok", true)), "\x1b[2m ok\x1b[22m");
+        assert_eq!(r.live(&delta("Yes.", false)), "\n~        Yes.");
+    }
+
+    #[test]
+    fn json_carries_reasoning_and_usage() {
+        let e = event_json(&ev(7, answer()));
+        assert_eq!(e["payload"]["reasoning"], "The user wants the time.");
+        assert_eq!(e["payload"]["usage"], json!({"input_tokens": 120, "output_tokens": 9}));
     }
 
     #[test]
@@ -379,10 +470,12 @@ mod tests {
         assert_eq!(e, json!({"kind":"event","seq":3,"epoch":1,"time_ms":103,"type":"turn/start","payload":{"turn":1}}));
         let s = event_json(&ev(4, EventPayload::Status(Status::Idle)));
         assert_eq!(s["payload"], json!({"status": "Idle"}));
-        let l = live_json(&live(4, LivePayload::AssistantDelta { turn: 1, step: 2, text: "hi".into() }));
+        let l =
+            live_json(&live(4, LivePayload::AssistantDelta { turn: 1, step: 2, text: "hi".into(), reasoning: true }));
         assert_eq!(
             l,
-            json!({"kind":"live","after_seq":4,"type":"assistant/delta","payload":{"turn":1,"step":2,"text":"hi"}})
+            json!({"kind":"live","after_seq":4,"type":"assistant/delta",
+                   "payload":{"turn":1,"step":2,"text":"hi","reasoning":true}})
         );
         let c = caught_up_json(0, Status::Idle, &Inbox::default());
         assert_eq!(c, json!({"kind":"caught_up","seq":0,"status":"Idle","inbox":{"next_turn":[],"next_step":[]}}));

@@ -1,7 +1,7 @@
 //! What the driver asks its runner to do, and what the runner reports back.
 
 use turnstile_model::{
-    CommandError, CommandReply, Envelope, EventPayload, LiveEvent, ToolCallSpec, TranscriptEntry, UserMessage,
+    CommandError, CommandReply, Envelope, EventPayload, LiveEvent, ToolCallSpec, TranscriptEntry, Usage, UserMessage,
 };
 
 /// Names one command for the runner, which pairs it with the caller waiting for the reply.
@@ -152,13 +152,36 @@ pub struct ModelRequest {
 }
 
 /// What a finished model request produced.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// ```
+/// use turnstile_driver::ModelOutput;
+/// use turnstile_model::Usage;
+///
+/// let output = ModelOutput {
+///     usage: Some(Usage { input_tokens: 120, output_tokens: 8 }),
+///     ..ModelOutput::text("It is noon.")
+/// };
+/// assert_eq!(output.reasoning, None);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ModelOutput {
-    /// The whole reply; the streamed deltas concatenate to it.
+    /// The whole reply; the streamed text deltas concatenate to it.
     pub text: String,
     pub tool_calls: Vec<ToolCallSpec>,
     /// The model stopped at its token limit; its tool calls are truncated and never run.
     pub max_tokens: bool,
+    /// The model's reasoning, kept apart from the text; the streamed reasoning deltas concatenate to it.
+    /// `None` when it streamed none.
+    pub reasoning: Option<String>,
+    /// The token usage the provider reported, if it did.
+    pub usage: Option<Usage>,
+}
+
+impl ModelOutput {
+    /// A reply of `text` alone: no tool calls, reasoning or usage.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self { text: text.into(), ..Self::default() }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -192,10 +192,11 @@ impl Driver {
         self.turn_pre_step(op, outcome);
     }
 
-    /// The model streamed a piece of its reply.
-    pub fn on_model_delta(&mut self, op: OpId, text: &str, now_ms: u64) {
+    /// The model streamed a piece of its reply text, or of its reasoning when `reasoning` is set. Each
+    /// becomes a live `assistant/delta` (marked reasoning or not); an abort keeps what was delivered.
+    pub fn on_model_delta(&mut self, op: OpId, text: &str, reasoning: bool, now_ms: u64) {
         self.now_ms = now_ms;
-        self.turn_model_delta(op, text);
+        self.turn_model_delta(op, text, reasoning);
     }
 
     /// The model request ended.

@@ -91,7 +91,12 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
         }
     }
     let chunks = if delay.is_zero() { FAST_CHUNKS } else { SLOW_CHUNKS };
-    ScriptedPlan { deltas: split(&text, chunks), output: ModelOutput { text, tool_calls, max_tokens }, delay, fail }
+    ScriptedPlan {
+        deltas: split(&text, chunks),
+        output: ModelOutput { text, tool_calls, max_tokens, reasoning: None, usage: None },
+        delay,
+        fail,
+    }
 }
 
 /// Splits `text` at word boundaries into at most `max` non-empty pieces that concatenate to it.

@@ -52,9 +52,9 @@ fn idle_followup_claims_before_replying() {
     let Some(Effect::Model(m)) = d.ready().into_iter().find(|e| matches!(e, Effect::Model(_))) else {
         panic!("no model request")
     };
-    d.on_model_delta(m.op, "echo: ", 7);
-    d.on_model_delta(m.op, "hello", 7);
-    let output = ModelOutput { text: "echo: hello".into(), tool_calls: vec![], max_tokens: false };
+    d.on_model_delta(m.op, "echo: ", false, 7);
+    d.on_model_delta(m.op, "hello", false, 7);
+    let output = ModelOutput::text("echo: hello");
     d.on_model_done(m.op, ModelOutcome::Finished(output), 8);
     d.on_command(2, Command::WhenIdle, 9);
     let tail: Vec<&'static str> = d

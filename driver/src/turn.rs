@@ -60,7 +60,9 @@ pub(super) enum Phase {
     },
     Model {
         op: OpId,
+        /// Text and reasoning delivered so far (published as deltas).
         text: String,
+        reasoning: String,
     },
     Tools {
         calls: Vec<ToolCallSpec>,
@@ -207,7 +209,7 @@ impl Driver {
         }
         let op = self.new_op();
         if let Some(t) = self.turn.as_mut() {
-            t.phase = Phase::Model { op, text: String::new() };
+            t.phase = Phase::Model { op, text: String::new(), reasoning: String::new() };
         }
         self.effects.push_back(Effect::Model(ModelRequest {
             op,
@@ -222,32 +224,34 @@ impl Driver {
         }));
     }
 
-    pub(super) fn turn_model_delta(&mut self, op: OpId, delta: &str) {
+    pub(super) fn turn_model_delta(&mut self, op: OpId, delta: &str, is_reasoning: bool) {
         let Some(t) = self.turn.as_mut() else { return };
         // Deltas after an abort are not "delivered": the interrupted message holds what was published.
         if t.cancel.is_some() || delta.is_empty() {
             return;
         }
         let (turn, step) = (t.turn, t.step);
-        let Phase::Model { op: current, text } = &mut t.phase else { return };
+        let Phase::Model { op: current, text, reasoning } = &mut t.phase else { return };
         if *current != op {
             return;
         }
-        text.push_str(delta);
-        self.publish(LivePayload::AssistantDelta { turn, step, text: delta.to_owned() });
+        if is_reasoning { reasoning } else { text }.push_str(delta);
+        self.publish(LivePayload::AssistantDelta { turn, step, text: delta.to_owned(), reasoning: is_reasoning });
     }
 
     pub(super) fn turn_model_done(&mut self, op: OpId, outcome: ModelOutcome) {
         let Some(t) = self.turn.as_mut() else { return };
-        let Phase::Model { op: current, text } = &mut t.phase else { return };
+        let Phase::Model { op: current, text, reasoning } = &mut t.phase else { return };
         if *current != op {
             return;
         }
         let delivered = std::mem::take(text);
+        let delivered_reasoning = std::mem::take(reasoning);
         let (turn, step) = (t.turn, t.step);
         if let Some(cause) = t.cancel.clone() {
-            // Mid-stream abort: keep what was delivered, close the step and the turn.
-            if !delivered.is_empty() {
+            // Mid-stream abort: keep what was delivered (text, reasoning or both), close the step and the
+            // turn. The request never finished, so there is no usage to record.
+            if !delivered.is_empty() || !delivered_reasoning.is_empty() {
                 self.write(EventPayload::AssistantMessage {
                     turn,
                     step,
@@ -255,6 +259,8 @@ impl Driver {
                     tool_calls: Vec::new(),
                     interrupted: true,
                     max_tokens: false,
+                    reasoning: (!delivered_reasoning.is_empty()).then_some(delivered_reasoning),
+                    usage: None,
                 });
             }
             self.write(EventPayload::StepEnd { turn, step });
@@ -272,6 +278,8 @@ impl Driver {
                     tool_calls: tool_calls.clone(),
                     interrupted: false,
                     max_tokens,
+                    reasoning: output.reasoning,
+                    usage: output.usage,
                 });
                 if max_tokens {
                     if let Some(t) = self.turn.as_mut() {

@@ -107,7 +107,7 @@ mod tests {
         LiveEvent {
             session: session(),
             after_seq,
-            payload: LivePayload::AssistantDelta { turn: 1, step: 1, text: text.into() },
+            payload: LivePayload::AssistantDelta { turn: 1, step: 1, text: text.into(), reasoning: false },
         }
     }
 

@@ -104,6 +104,15 @@ pub struct ToolCallSpec {
     pub arguments: String,
 }
 
+/// The token usage a model provider reported for one request (SPEC §8), recorded on `assistant/message`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens (Anthropic: input plus cache reads and writes).
+    pub input_tokens: u64,
+    /// Tokens the model generated (reasoning included, where the provider counts it there).
+    pub output_tokens: u64,
+}
+
 /// What an `inject` to an idle session does (SPEC §11). Stored by `session/configured`; only
 /// [`InjectMode::Pending`] behaves differently today, `OutOfTurn` is recorded for the driver that will.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -159,10 +168,18 @@ pub enum EventPayload {
     AssistantMessage {
         turn: u64,
         step: u32,
+        /// The reply; the text deltas of the step concatenate to it.
         text: String,
         tool_calls: Vec<ToolCallSpec>,
         interrupted: bool,
         max_tokens: bool,
+        /// Reasoning the model streamed apart from its text (DeepSeek `reasoning_content`, Anthropic
+        /// thinking); the reasoning deltas concatenate to it. `None` when there was none.
+        #[serde(default)]
+        reasoning: Option<String>,
+        /// The provider's token usage, when it reported one (never for an interrupted reply).
+        #[serde(default)]
+        usage: Option<Usage>,
     },
     ToolCall {
         turn: u64,
@@ -252,12 +269,32 @@ impl Envelope {
 /// The payload of a live (not stored) event.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum LivePayload {
-    Inserted { message: UserMessage },
-    Discarded { message: UserMessage },
-    Claimed { message: UserMessage, turn: u64 },
-    Status { status: Status },
-    AssistantDelta { turn: u64, step: u32, text: String },
-    Error { turn: u64, step: u32, message: String },
+    Inserted {
+        message: UserMessage,
+    },
+    Discarded {
+        message: UserMessage,
+    },
+    Claimed {
+        message: UserMessage,
+        turn: u64,
+    },
+    Status {
+        status: Status,
+    },
+    /// A piece of the reply (`reasoning = false`) or of the model's reasoning (`reasoning = true`).
+    AssistantDelta {
+        turn: u64,
+        step: u32,
+        text: String,
+        #[serde(default)]
+        reasoning: bool,
+    },
+    Error {
+        turn: u64,
+        step: u32,
+        message: String,
+    },
 }
 
 impl LivePayload {
@@ -285,5 +322,50 @@ pub struct LiveEvent {
 impl LiveEvent {
     pub fn event_type(&self) -> &'static str {
         self.payload.event_type()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn events_serialized_before_reasoning_and_usage_still_deserialize() {
+        let old = r#"{"AssistantMessage":{"turn":1,"step":1,"text":"hi","tool_calls":[],"interrupted":false,"max_tokens":false}}"#;
+        let payload: EventPayload = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            payload,
+            EventPayload::AssistantMessage {
+                turn: 1,
+                step: 1,
+                text: "hi".into(),
+                tool_calls: vec![],
+                interrupted: false,
+                max_tokens: false,
+                reasoning: None,
+                usage: None,
+            }
+        );
+        let old_delta = r#"{"AssistantDelta":{"turn":1,"step":1,"text":"h"}}"#;
+        let live: LivePayload = serde_json::from_str(old_delta).unwrap();
+        assert_eq!(live, LivePayload::AssistantDelta { turn: 1, step: 1, text: "h".into(), reasoning: false });
+    }
+
+    #[test]
+    fn reasoning_and_usage_round_trip_through_serde() {
+        let payload = EventPayload::AssistantMessage {
+            turn: 2,
+            step: 1,
+            text: "noon".into(),
+            tool_calls: vec![],
+            interrupted: false,
+            max_tokens: false,
+            reasoning: Some("check the clock".into()),
+            usage: Some(Usage { input_tokens: 7, output_tokens: 3 }),
+        };
+        let json = serde_json::to_string(&payload).unwrap();
+        assert_eq!(serde_json::from_str::<EventPayload>(&json).unwrap(), payload);
     }
 }

@@ -34,7 +34,7 @@ pub mod transcript;
 pub use command::{Command, CommandError, CommandReply, SessionSummary};
 pub use event::{
     CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, Splice, SpliceOutcome, Status,
-    ToolCallSpec, TurnEndReason,
+    ToolCallSpec, TurnEndReason, Usage,
 };
 pub use inbox::{Inbox, SpliceError};
 pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};

@@ -340,7 +340,7 @@ impl SessionState {
                 open.open_step_messages.push(message.clone());
                 self.transcript.push(TranscriptEntry::User { turn: *turn, step: *step, message: message.clone() });
             }
-            EventPayload::AssistantMessage { turn, step, max_tokens, text, tool_calls, interrupted } => {
+            EventPayload::AssistantMessage { turn, step, max_tokens, text, tool_calls, interrupted, .. } => {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
                 open.max_tokens |= *max_tokens;
                 self.transcript.push(TranscriptEntry::Assistant {

@@ -17,7 +17,8 @@ pub use http::{AlwaysReady, HttpError, Readiness, serve_http};
 pub use recorder::{MetricsError, install_metrics, render_metrics};
 
 /// Metric names. Counters end in `_total`, histograms in `_seconds` (base units); labels are low
-/// cardinality (command presets, outcomes, reasons), never session ids.
+/// cardinality (command presets, outcomes, reasons), never session ids. The model counters carry the
+/// tenant (tokens are accounted per tenant); histograms never do.
 pub mod names {
     /// Counter `{preset, outcome}`: commands the gateway routed, by `Command::name()` and `accepted` or
     /// the error kind (`invalid_argument`, `already_exists`, `failed_precondition`, `unavailable`, ...).
@@ -50,6 +51,23 @@ pub mod names {
     /// Counter `{reason}`: lease renewals that failed (`lost`: another worker holds it; `error`: the KV
     /// store did not answer).
     pub const LEASE_RENEW_FAILURES: &str = "turnstile_lease_renew_failures_total";
+    /// Counter `{tenant, agent, provider, model, outcome}`: model requests ended, by `ok`, `aborted` or
+    /// the error code (`model_unavailable`, `model_rate_limited`, `model_timeout`, `model_refused`,
+    /// `model_stream_broken`, `model_failed`).
+    pub const MODEL_REQUESTS: &str = "turnstile_model_requests_total";
+    /// Counter `{tenant, agent, provider, model, kind}`: tokens the providers reported (`input`, `output`).
+    pub const MODEL_TOKENS: &str = "turnstile_model_tokens_total";
+    /// Counter `{tenant, agent, provider, model, code}`: failed model requests by error code (aborts are
+    /// not errors).
+    pub const MODEL_ERRORS: &str = "turnstile_model_errors_total";
+    /// Counter `{provider, model, reason}`: retries before the first byte (`connection`, `rate_limited`,
+    /// `server_error`).
+    pub const MODEL_RETRIES: &str = "turnstile_model_retries_total";
+    /// Histogram `{agent, provider, model}`: seconds from the start of a model request (retries included)
+    /// to its first streamed text or reasoning, or to its end when it streamed none (tool calls only).
+    pub const MODEL_FIRST_TOKEN_SECONDS: &str = "turnstile_model_time_to_first_token_seconds";
+    /// Histogram `{agent, provider, model, outcome}`: seconds a model request took, end to end.
+    pub const MODEL_REQUEST_SECONDS: &str = "turnstile_model_request_duration_seconds";
 }
 
 /// Increments a gauge now and decrements it when dropped, so a gauge of "things open" stays right however

@@ -58,4 +58,14 @@ fn describe() {
     describe_gauge!(names::SESSIONS_LOADED, "Sessions with a live runner on this worker.");
     describe_gauge!(names::SHARDS_OWNED, "Shard leases held by this worker.");
     describe_counter!(names::LEASE_RENEW_FAILURES, "Failed lease renewals, by reason.");
+    describe_counter!(names::MODEL_REQUESTS, "Model requests ended, by tenant, agent, provider, model and outcome.");
+    describe_counter!(names::MODEL_TOKENS, "Tokens providers reported, by tenant, agent, provider, model and kind.");
+    describe_counter!(names::MODEL_ERRORS, "Failed model requests, by tenant, agent, provider, model and code.");
+    describe_counter!(names::MODEL_RETRIES, "Model request retries before the first byte, by reason.");
+    describe_histogram!(
+        names::MODEL_FIRST_TOKEN_SECONDS,
+        Unit::Seconds,
+        "Time from a model request's start to its first streamed piece."
+    );
+    describe_histogram!(names::MODEL_REQUEST_SECONDS, Unit::Seconds, "Time of one model request, end to end.");
 }

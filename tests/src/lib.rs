@@ -25,6 +25,7 @@ pub mod binary;
 pub mod cluster;
 pub mod dev;
 pub mod fold;
+pub mod llama;
 pub mod msg;
 pub mod nats;
 pub mod otlp;

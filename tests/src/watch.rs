@@ -113,12 +113,23 @@ impl WatchRecorder {
         lock(&self.state).end.clone()
     }
 
-    /// The concatenated `assistant/delta` texts of one step.
+    /// The concatenated text `assistant/delta`s of one step (reasoning deltas left out).
     pub fn delta_text(&self, turn: u64, step: u32) -> String {
+        self.deltas_of(turn, step, false)
+    }
+
+    /// The concatenated reasoning `assistant/delta`s of one step.
+    pub fn delta_reasoning(&self, turn: u64, step: u32) -> String {
+        self.deltas_of(turn, step, true)
+    }
+
+    fn deltas_of(&self, turn: u64, step: u32, reasoning: bool) -> String {
         self.live_events()
             .into_iter()
             .filter_map(|l| match l.payload {
-                Some(Live::AssistantDelta(d)) if d.turn == turn && d.step == step => Some(d.text),
+                Some(Live::AssistantDelta(d)) if d.turn == turn && d.step == step && d.reasoning == reasoning => {
+                    Some(d.text)
+                }
                 _ => None,
             })
             .collect()
@@ -492,6 +503,12 @@ fn durable_line(e: &SessionEvent) -> String {
             for call in &m.tool_calls {
                 line.push_str(&format!(" call {} {}", call.name, call.arguments));
             }
+            if let Some(reasoning) = &m.reasoning {
+                line.push_str(&format!(" reasoning {reasoning:?}"));
+            }
+            if let Some(u) = &m.usage {
+                line.push_str(&format!(" usage {}/{}", u.input_tokens, u.output_tokens));
+            }
             line
         }
         Durable::ToolCall(c) => format!("tool/call {}.{} {} {}", c.turn, c.step, c.name, c.arguments),
@@ -511,6 +528,7 @@ fn live_line(l: &LiveEvent) -> String {
         Some(Live::Discarded(d)) => format!("discarded {}", id(&d.message)),
         Some(Live::Claimed(c)) => format!("claimed {} {}", id(&c.message), c.turn),
         Some(Live::Status(s)) => format!("status {}", status(s.status)),
+        Some(Live::AssistantDelta(d)) if d.reasoning => format!("reasoning {}.{} {:?}", d.turn, d.step, d.text),
         Some(Live::AssistantDelta(d)) => format!("delta {}.{} {:?}", d.turn, d.step, d.text),
         Some(Live::Error(e)) => format!("error {}.{} {:?}", e.turn, e.step, e.message),
         None => format!("{} <no payload>", l.r#type),

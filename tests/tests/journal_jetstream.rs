@@ -335,7 +335,7 @@ async fn events_are_stored_one_message_each_with_headers() {
 
 fn live(session: &turnstile_model::SessionRef, n: u64) -> LiveEvent {
     let payload = if n.is_multiple_of(2) {
-        LivePayload::AssistantDelta { turn: 1, step: 1, text: format!("d{n}") }
+        LivePayload::AssistantDelta { turn: 1, step: 1, text: format!("d{n}"), reasoning: false }
     } else {
         LivePayload::Status { status: Status::Running }
     };

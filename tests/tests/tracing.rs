@@ -70,13 +70,16 @@ async fn one_followup_is_one_trace_across_gateway_worker_and_nats() {
     Session::with_ref(cluster.client(0), session.clone()).when_idle().await.unwrap();
 
     // Both processes export spans of the client's trace: the gateway its RPC, command and routing
-    // spans (the RPC's parent is the client's span), the worker its RPC, command, turn, step and appends.
+    // spans (the RPC's parent is the client's span), the worker its RPC, command, turn, step, model request
+    // and appends.
     let spans = collector
         .wait_for("spans of both processes in the client's trace", DEFAULT_WAIT, |spans| {
             let worker = names_of(spans, WORKER_SERVICE, &trace_id);
             let gateway = names_of(spans, GATEWAY_SERVICE, &trace_id);
             ["route", "command"].iter().all(|n| gateway.contains(n))
-                && ["turn", "step", "journal.append", "runner.command"].iter().all(|n| worker.contains(n))
+                && ["turn", "step", "model.request", "journal.append", "runner.command"]
+                    .iter()
+                    .all(|n| worker.contains(n))
         })
         .await
         .unwrap();
@@ -93,6 +96,10 @@ async fn one_followup_is_one_trace_across_gateway_worker_and_nats() {
         .expect("the worker's Execute span in the client's trace");
     let route = spans.iter().find(|s| s.service == GATEWAY_SERVICE && s.name == "route" && s.trace_id == trace_id);
     assert_eq!(Some(&worker_rpc.parent_span_id), route.map(|r| &r.span_id), "the worker's span is the route's child");
+    let in_trace =
+        |name: &str| spans.iter().find(|s| s.service == WORKER_SERVICE && s.name == name && s.trace_id == trace_id);
+    let (step, model) = (in_trace("step").expect("a step span"), in_trace("model.request").expect("a model span"));
+    assert_eq!(model.parent_span_id, step.span_id, "a model request's span is a child of its step's");
 
     // Every event the followup wrote (splice, status, turn/start, step/start, … turn/end, idle status)
     // carries the same trace on its NATS headers, so an observer can join it.

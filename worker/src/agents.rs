@@ -26,7 +26,7 @@ use turnstile_driver::{AgentCatalog, AgentProfile, CatalogError, ModelOutput, Mo
 use crate::model::chat::{ChatProvider, ToolSpec};
 use crate::model::chat_model::{self, ChatModel};
 use crate::model::endpoint::{ApiKey, EndpointError, ModelEndpoint, ProviderKind};
-use crate::model::{DeltaSink, Model, ModelError, ScriptedModel};
+use crate::model::{DeltaSink, Model, ModelError, ModelIdentity, ScriptedModel};
 use crate::tools::ToolRegistry;
 
 /// What a worker needs to run a configuration's agents.
@@ -204,6 +204,10 @@ impl AgentRouter {
 
 #[async_trait]
 impl Model for AgentRouter {
+    fn identity(&self, agent: &str) -> ModelIdentity {
+        self.model_of(agent).map_or_else(|| ModelIdentity::new("none", "none"), |m| m.identity(agent))
+    }
+
     async fn step(
         &self,
         request: ModelRequest,
@@ -322,7 +326,7 @@ mod tests {
         async fn step(&self, r: ModelRequest, d: DeltaSink, _: CancellationToken) -> Result<ModelOutput, ModelError> {
             let text = format!("{} answers {}", self.0, r.agent);
             d.send(text.clone()).await;
-            Ok(ModelOutput { text, tool_calls: vec![], max_tokens: false })
+            Ok(ModelOutput::text(text))
         }
     }
 

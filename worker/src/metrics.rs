@@ -6,13 +6,17 @@
 
 use std::future::Future;
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
+use tracing::Span;
+use turnstile_driver::ModelOutcome;
 use turnstile_journal::JournalError;
-use turnstile_model::{Envelope, EventPayload, SpliceOutcome, Target, TurnEndReason};
+use turnstile_model::{Envelope, EventPayload, SessionRef, SpliceOutcome, Target, TurnEndReason};
 use turnstile_ops::GaugeGuard;
 use turnstile_ops::names;
+
+use crate::model::ModelIdentity;
 
 /// Per session: when the open step started and when the first claim since the last step/start landed.
 #[derive(Debug, Default)]
@@ -103,6 +107,88 @@ fn reason_label(reason: &TurnEndReason) -> &'static str {
         TurnEndReason::Aborted(_) => "aborted",
         TurnEndReason::Error { .. } => "error",
         TurnEndReason::Interrupted => "interrupted",
+    }
+}
+
+/// One model request as the runner sees it, from its start to its outcome: counted in the `turnstile_model_*`
+/// metrics by tenant, agent, provider and model, and recorded on its `model.request` span.
+pub(crate) struct ModelCall {
+    tenant: String,
+    agent: String,
+    identity: ModelIdentity,
+    started: Instant,
+    first_piece: Option<Instant>,
+    span: Span,
+}
+
+impl ModelCall {
+    /// A request of `agent` in `session`, answered by `identity`, starting now; `span` is its
+    /// `model.request` span ([`crate::spans::model_span`]).
+    pub(crate) fn start(session: &SessionRef, agent: &str, identity: ModelIdentity, span: Span) -> Self {
+        Self {
+            tenant: session.tenant.clone(),
+            agent: agent.to_owned(),
+            identity,
+            started: Instant::now(),
+            first_piece: None,
+            span,
+        }
+    }
+
+    /// A piece of text or reasoning arrived.
+    pub(crate) fn streamed(&mut self) {
+        self.first_piece.get_or_insert_with(Instant::now);
+    }
+
+    /// The request ended with `outcome`.
+    pub(crate) fn finish(self, outcome: &ModelOutcome) {
+        let took = self.started.elapsed();
+        let (tenant, agent) = (self.tenant, self.agent);
+        let (provider, model) = (self.identity.provider, self.identity.model);
+        let label = match outcome {
+            ModelOutcome::Finished(_) => "ok",
+            ModelOutcome::Aborted => "aborted",
+            ModelOutcome::Failed { code, .. } => code.as_str(),
+        }
+        .to_owned();
+        counter!(names::MODEL_REQUESTS, "tenant" => tenant.clone(), "agent" => agent.clone(),
+            "provider" => provider.clone(), "model" => model.clone(), "outcome" => label.clone())
+        .increment(1);
+        histogram!(names::MODEL_REQUEST_SECONDS, "agent" => agent.clone(), "provider" => provider.clone(),
+            "model" => model.clone(), "outcome" => label.clone())
+        .record(took.as_secs_f64());
+        // A reply that streamed nothing (tool calls only) had its first token when it ended.
+        let first = match (self.first_piece, outcome) {
+            (Some(at), _) => Some(at.duration_since(self.started)),
+            (None, ModelOutcome::Finished(_)) => Some(took),
+            (None, _) => None,
+        };
+        if let Some(first) = first {
+            histogram!(names::MODEL_FIRST_TOKEN_SECONDS, "agent" => agent.clone(), "provider" => provider.clone(),
+                "model" => model.clone())
+            .record(first.as_secs_f64());
+            self.span.record("first_token_ms", first.as_millis() as u64);
+        }
+        self.span.record("outcome", label.as_str());
+        match outcome {
+            ModelOutcome::Finished(output) => {
+                if let Some(usage) = output.usage {
+                    self.span.record("input_tokens", usage.input_tokens);
+                    self.span.record("output_tokens", usage.output_tokens);
+                    for (kind, tokens) in [("input", usage.input_tokens), ("output", usage.output_tokens)] {
+                        counter!(names::MODEL_TOKENS, "tenant" => tenant.clone(), "agent" => agent.clone(),
+                            "provider" => provider.clone(), "model" => model.clone(), "kind" => kind)
+                        .increment(tokens);
+                    }
+                }
+            }
+            ModelOutcome::Failed { code, .. } => {
+                counter!(names::MODEL_ERRORS, "tenant" => tenant, "agent" => agent, "provider" => provider,
+                    "model" => model, "code" => code.clone())
+                .increment(1);
+            }
+            ModelOutcome::Aborted => {}
+        }
     }
 }
 

@@ -25,8 +25,10 @@ use turnstile_ops::clock::now_ms;
 use crate::config::WorkerConfig;
 use crate::hooks::{PreStepHook, run_waterfall};
 use crate::host::Ownership;
+use crate::metrics::ModelCall;
+use crate::model::chat::StreamDelta;
 use crate::model::{DeltaSink, Model, ModelError};
-use crate::spans::{TurnSpans, command_span};
+use crate::spans::{TurnSpans, command_span, model_span};
 use crate::tools::ToolRegistry;
 use turnstile_driver::{
     CommandId, Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepOutcome, PreStepRequest, ToolOutcome,
@@ -68,7 +70,7 @@ pub(crate) struct CommandMsg {
 /// Outcomes of the runner's own operations, fed back into the driver.
 enum OpMsg {
     PreStep { op: OpId, outcome: PreStepOutcome },
-    ModelDelta { op: OpId, text: String },
+    ModelDelta { op: OpId, text: String, reasoning: bool },
     ModelDone { op: OpId, outcome: ModelOutcome },
     ToolDone { op: OpId, outcome: ToolOutcome },
 }
@@ -235,7 +237,9 @@ impl Runner {
                         self.ops.remove(&op);
                         self.driver.on_pre_step(op, outcome, now);
                     }
-                    OpMsg::ModelDelta { op, text } => self.driver.on_model_delta(op, &text, now),
+                    OpMsg::ModelDelta { op, text, reasoning } => {
+                        self.driver.on_model_delta(op, &text, reasoning, now);
+                    }
                     OpMsg::ModelDone { op, outcome } => {
                         self.ops.remove(&op);
                         self.driver.on_model_done(op, outcome, now);
@@ -447,13 +451,23 @@ impl Runner {
     fn spawn_model(&mut self, request: ModelRequest) {
         let token = self.op_token(request.op);
         let (tx, deps, op) = (self.op_tx.clone(), self.deps.clone(), request.op);
-        tokio::spawn(async move {
-            let (delta_tx, mut delta_rx) = mpsc::channel::<String>(64);
+        let identity = deps.model.identity(&request.agent);
+        // The step's span is open: `step/start` was appended before the driver asked for the model.
+        let span = model_span(&self.spans.active(), &self.session, &request.agent, &identity);
+        let mut call = ModelCall::start(&self.session, &request.agent, identity, span.clone());
+        let task = async move {
+            let (delta_tx, mut delta_rx) = mpsc::channel::<StreamDelta>(64);
             let forward = {
                 let tx = tx.clone();
+                let call = &mut call;
                 async move {
-                    while let Some(text) = delta_rx.recv().await {
-                        let _ = tx.send(OpMsg::ModelDelta { op, text });
+                    while let Some(delta) = delta_rx.recv().await {
+                        call.streamed();
+                        let (text, reasoning) = match delta {
+                            StreamDelta::Text(text) => (text, false),
+                            StreamDelta::Reasoning(text) => (text, true),
+                        };
+                        let _ = tx.send(OpMsg::ModelDelta { op, text, reasoning });
                     }
                 }
             };
@@ -473,8 +487,10 @@ impl Runner {
                 Err(ModelError::Failed { message, code }) => ModelOutcome::Failed { message, code },
                 Err(ModelError::Aborted) => ModelOutcome::Aborted,
             };
+            call.finish(&outcome);
             let _ = tx.send(OpMsg::ModelDone { op, outcome });
-        });
+        };
+        tokio::spawn(task.instrument(span));
     }
 
     fn spawn_tool(&mut self, request: ToolRequest) {

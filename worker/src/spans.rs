@@ -10,11 +10,31 @@ use tracing::Span;
 use turnstile_model::{Envelope, EventPayload, SessionRef};
 use turnstile_ops::trace;
 
+use crate::model::ModelIdentity;
+
 /// The span of one command in the runner, in the caller's trace when it sent a `traceparent`.
 pub(crate) fn command_span(session: &SessionRef, command: &'static str, traceparent: Option<&str>) -> Span {
     let span = tracing::info_span!(parent: None, "runner.command", %session, command);
     trace::set_parent_from(&span, traceparent);
     span
+}
+
+/// The span of one model request (`model.request`) of `agent` in `session`, a child of `parent` (the step's
+/// span). Its outcome, token counts and time to first token are recorded when it ends
+/// (`crate::metrics::ModelCall`); a provider's HTTP work is a `model.http` span inside it.
+pub(crate) fn model_span(parent: &Span, session: &SessionRef, agent: &str, identity: &ModelIdentity) -> Span {
+    tracing::info_span!(
+        parent: parent,
+        "model.request",
+        %session,
+        agent,
+        provider = %identity.provider,
+        model = %identity.model,
+        outcome = tracing::field::Empty,
+        input_tokens = tracing::field::Empty,
+        output_tokens = tracing::field::Empty,
+        first_token_ms = tracing::field::Empty,
+    )
 }
 
 /// The open turn and step of one session.

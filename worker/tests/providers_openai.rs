@@ -584,7 +584,7 @@ async fn chat_model_streams_deltas_and_maps_the_output() {
     while let Ok(delta) = rx.try_recv() {
         deltas.push(delta);
     }
-    assert_eq!(deltas, ["Checking ", "now."]);
+    assert_eq!(deltas, [StreamDelta::Text("Checking ".into()), StreamDelta::Text("now.".into())]);
     let sent = &server.requests()[0].body;
     assert_eq!(sent["messages"][0], json!({"role": "system", "content": "Be brief."}));
     assert_eq!(sent["messages"][1], json!({"role": "user", "content": "what time is it?"}));
@@ -610,37 +610,30 @@ async fn chat_model_streams_deltas_and_maps_the_output() {
 }
 
 #[tokio::test]
-async fn requests_tokens_and_first_token_time_are_counted() {
+async fn retries_are_counted_by_reason() {
+    // Requests, tokens and timings are counted by the worker's runner for every kind of model
+    // (`providers_session.rs`); the retries before the first byte only the HTTP engine sees.
     turnstile_ops::install_metrics().unwrap();
     let server = FakeServer::openai(vec![
+        Reply::error(429, "slow down"),
         Reply::events(&[
             openai_chunk(json!({"content": "hi"}), Some("stop")),
             openai_usage(12, 3),
             OPENAI_DONE.to_owned(),
         ]),
-        Reply::error(429, "slow down"),
-        Reply::error(403, "forbidden"),
     ])
     .await;
-    // A model name of its own: the other tests of this binary count into the same recorder.
+    // A model name of its own: the other tests of this binary may count into the same recorder.
     let mut endpoint = server.endpoint(ProviderKind::OpenAi);
     endpoint.model = "metrics-model".into();
     let provider = OpenAiProvider::new(endpoint).unwrap();
     provider.stream(&hello(), &mut |_| {}, &CancellationToken::new()).await.unwrap();
-    let error = provider.stream(&hello(), &mut |_| {}, &CancellationToken::new()).await.unwrap_err();
-    assert_eq!(error.code(), "model_refused");
 
     let text = turnstile_ops::render_metrics().unwrap();
-    let line = |name: &str, extra: &str| {
-        text.lines()
-            .find(|l| l.starts_with(name) && l.contains("metrics-model") && l.contains(extra))
-            .unwrap_or_else(|| panic!("no {name} {extra} in\n{text}"))
-            .to_owned()
-    };
-    assert!(line("turnstile_model_requests_total", r#"outcome="ok""#).ends_with(" 1"));
-    assert!(line("turnstile_model_requests_total", r#"outcome="model_refused""#).ends_with(" 1"));
-    assert!(line("turnstile_model_tokens_total", r#"kind="input""#).ends_with(" 12"));
-    assert!(line("turnstile_model_tokens_total", r#"kind="output""#).ends_with(" 3"));
-    assert!(line("turnstile_model_retries_total", r#"reason="rate_limited""#).ends_with(" 1"));
-    assert!(line("turnstile_model_time_to_first_token_seconds_count", "").ends_with(" 1"));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("turnstile_model_retries_total") && l.contains("metrics-model"))
+        .unwrap_or_else(|| panic!("no retries line in\n{text}"));
+    assert!(line.contains(r#"provider="openai""#) && line.contains(r#"reason="rate_limited""#), "{line}");
+    assert!(line.ends_with(" 1"), "{line}");
 }

@@ -17,8 +17,8 @@ use turnstile_driver::HookVerdict;
 use turnstile_driver::scripted::{self, ScriptedPlan};
 use turnstile_driver::{AgentCatalog, Limits};
 use turnstile_driver::{
-    CommandId, Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest,
-    ToolOutcome, ToolRequest,
+    CommandId, Driver, Effect, ModelOutcome, ModelOutput, ModelRequest, OpId, PreStepDecision, PreStepOutcome,
+    PreStepRequest, ToolOutcome, ToolRequest,
 };
 use turnstile_model::state::SessionState;
 use turnstile_model::{
@@ -43,15 +43,32 @@ pub enum Rec {
 
 enum Ready {
     PreStep(OpId, PreStepOutcome),
-    Delta(OpId, String),
+    /// A text delta, or a reasoning delta when the flag is set.
+    Delta(OpId, String, bool),
     ModelDone(OpId, ModelOutcome),
     ToolDone(OpId, ToolOutcome),
 }
 
 struct HeldModel {
     req: ModelRequest,
-    plan: ScriptedPlan,
+    reply: ModelReply,
     next: usize,
+}
+
+/// How the simulated model answers one request: deltas (`(reasoning, text)`) streamed in order, then the
+/// output; held until the test streams it when `delay` is not zero. [`ModelReply::scripted`] is the
+/// scripted model's plan; a test may queue its own ([`Sim::model_replies`]).
+#[derive(Clone, Debug)]
+pub struct ModelReply {
+    pub deltas: Vec<(bool, String)>,
+    pub output: ModelOutput,
+    pub delay: std::time::Duration,
+}
+
+impl ModelReply {
+    pub fn scripted(plan: ScriptedPlan) -> Self {
+        Self { deltas: plan.deltas.into_iter().map(|d| (false, d)).collect(), output: plan.output, delay: plan.delay }
+    }
 }
 
 struct HeldTool {
@@ -104,6 +121,8 @@ pub struct Sim {
     pub delay_aborts: bool,
     /// How pre-steps are decided (default: the content guard).
     pub decide: fn(&PreStepRequest) -> PreStepOutcome,
+    /// Replies for the next model requests, in order, instead of the scripted model's plan.
+    pub model_replies: VecDeque<ModelReply>,
     next_cmd: CommandId,
     cursor: usize,
     shadow: SessionState,
@@ -163,6 +182,7 @@ impl Sim {
             hold_presteps: false,
             delay_aborts: false,
             decide: guard,
+            model_replies: VecDeque::new(),
             next_cmd: 1,
             cursor: 0,
             shadow,
@@ -297,10 +317,10 @@ impl Sim {
     /// Streams the next delta of the held model reply; false when there is none left (or no model).
     pub fn stream_one_delta(&mut self) -> bool {
         let Some(m) = self.held_models.first_mut() else { return false };
-        let Some(delta) = m.plan.deltas.get(m.next).cloned() else { return false };
+        let Some((reasoning, delta)) = m.reply.deltas.get(m.next).cloned() else { return false };
         m.next += 1;
         let op = m.req.op;
-        self.ready.push_back(Ready::Delta(op, delta));
+        self.ready.push_back(Ready::Delta(op, delta, reasoning));
         self.pump();
         true
     }
@@ -308,11 +328,11 @@ impl Sim {
     /// Streams the rest of every held model reply and finishes it.
     pub fn finish_model(&mut self) {
         for m in std::mem::take(&mut self.held_models) {
-            self.now += m.plan.delay.as_millis() as u64;
-            for delta in &m.plan.deltas[m.next..] {
-                self.ready.push_back(Ready::Delta(m.req.op, delta.clone()));
+            self.now += m.reply.delay.as_millis() as u64;
+            for (reasoning, delta) in &m.reply.deltas[m.next..] {
+                self.ready.push_back(Ready::Delta(m.req.op, delta.clone(), *reasoning));
             }
-            self.ready.push_back(Ready::ModelDone(m.req.op, ModelOutcome::Finished(m.plan.output.clone())));
+            self.ready.push_back(Ready::ModelDone(m.req.op, ModelOutcome::Finished(m.reply.output.clone())));
         }
         self.pump();
     }
@@ -370,7 +390,7 @@ impl Sim {
             let now = self.now;
             match ready {
                 Ready::PreStep(op, outcome) => self.driver.on_pre_step(op, outcome, now),
-                Ready::Delta(op, text) => self.driver.on_model_delta(op, &text, now),
+                Ready::Delta(op, text, reasoning) => self.driver.on_model_delta(op, &text, reasoning, now),
                 Ready::ModelDone(op, outcome) => self.driver.on_model_done(op, outcome, now),
                 Ready::ToolDone(op, outcome) => self.driver.on_tool_done(op, outcome, now),
             }
@@ -438,19 +458,25 @@ impl Sim {
             Effect::Model(req) => {
                 self.recs.push(Rec::Op(format!("X model {}.{} {}", req.turn, req.step, ids(&req.messages))));
                 self.model_requests.push(req.clone());
-                let plan = scripted::plan(&req);
-                if let Some(message) = plan.fail {
-                    self.ready.push_back(Ready::ModelDone(
-                        req.op,
-                        ModelOutcome::Failed { message, code: "model_failed".into() },
-                    ));
-                } else if plan.delay.is_zero() {
-                    for delta in &plan.deltas {
-                        self.ready.push_back(Ready::Delta(req.op, delta.clone()));
+                let reply = match self.model_replies.pop_front() {
+                    Some(reply) => reply,
+                    None => {
+                        let plan = scripted::plan(&req);
+                        if let Some(message) = plan.fail {
+                            let failed = ModelOutcome::Failed { message, code: "model_failed".into() };
+                            self.ready.push_back(Ready::ModelDone(req.op, failed));
+                            return;
+                        }
+                        ModelReply::scripted(plan)
                     }
-                    self.ready.push_back(Ready::ModelDone(req.op, ModelOutcome::Finished(plan.output)));
+                };
+                if reply.delay.is_zero() {
+                    for (reasoning, delta) in &reply.deltas {
+                        self.ready.push_back(Ready::Delta(req.op, delta.clone(), *reasoning));
+                    }
+                    self.ready.push_back(Ready::ModelDone(req.op, ModelOutcome::Finished(reply.output)));
                 } else {
-                    self.held_models.push(HeldModel { req, plan, next: 0 });
+                    self.held_models.push(HeldModel { req, reply, next: 0 });
                 }
             }
             Effect::Tool(req) => {
@@ -473,7 +499,7 @@ impl Sim {
                         }
                     },
                     other => {
-                        let out = tool_err(&req, format!("unknown tool {other:?}; available: echo, sleep"));
+                        let out = tool_err(&req, format!("unknown tool {other:?}; available: clock, echo, sleep"));
                         self.ready.push_back(Ready::ToolDone(req.op, out));
                     }
                 }
@@ -566,17 +592,48 @@ impl Sim {
         self.recs.iter().filter(|r| !matches!(r, Rec::Op(_))).map(render).collect()
     }
 
-    /// The deltas published for step `turn.step`, concatenated.
+    /// The text deltas published for step `turn.step`, concatenated.
     pub fn delta_text(&self, turn: u64, step: u32) -> String {
+        self.deltas_of(turn, step, false)
+    }
+
+    /// The reasoning deltas published for step `turn.step`, concatenated.
+    pub fn delta_reasoning(&self, turn: u64, step: u32) -> String {
+        self.deltas_of(turn, step, true)
+    }
+
+    fn deltas_of(&self, turn: u64, step: u32, of_reasoning: bool) -> String {
         self.live
             .iter()
             .filter_map(|e| match &e.payload {
-                LivePayload::AssistantDelta { turn: t, step: s, text } if *t == turn && *s == step => {
+                LivePayload::AssistantDelta { turn: t, step: s, text, reasoning }
+                    if *t == turn && *s == step && *reasoning == of_reasoning =>
+                {
                     Some(text.as_str())
                 }
                 _ => None,
             })
             .collect()
+    }
+
+    /// Durable and live events, deltas included (no replies or IO requests), since the last `take`.
+    pub fn take_with_deltas(&mut self) -> Vec<String> {
+        let out = self.recs[self.cursor..].iter().filter(|r| matches!(r, Rec::D(_) | Rec::L(_))).map(render).collect();
+        self.cursor = self.recs.len();
+        out
+    }
+
+    /// Asserts the events since the last `take`, deltas included.
+    #[track_caller]
+    pub fn expect_with_deltas(&mut self, expected: &[&str]) {
+        let got = self.take_with_deltas();
+        let expected: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
+        assert!(
+            got == expected,
+            "event sequence differs\n--- expected\n{}\n--- got\n{}\n",
+            expected.join("\n"),
+            got.join("\n")
+        );
     }
 
     /// The `assistant/message` of step `turn.step`.
@@ -684,8 +741,14 @@ pub fn render_durable(e: &Envelope) -> String {
         EventPayload::StepStart { turn, step } => format!("D step/start {turn}.{step}"),
         EventPayload::StepEnd { turn, step } => format!("D step/end {turn}.{step}"),
         EventPayload::UserMessage { message, turn, step } => format!("D user/message {} {turn}.{step}", message.id),
-        EventPayload::AssistantMessage { turn, step, text, tool_calls, interrupted, max_tokens } => {
+        EventPayload::AssistantMessage { turn, step, text, tool_calls, interrupted, max_tokens, reasoning, usage } => {
             let mut out = format!("D assistant/message {turn}.{step} {text:?}");
+            if let Some(reasoning) = reasoning {
+                out.push_str(&format!(" reasoning:{reasoning:?}"));
+            }
+            if let Some(u) = usage {
+                out.push_str(&format!(" usage:{}/{}", u.input_tokens, u.output_tokens));
+            }
             if !tool_calls.is_empty() {
                 let names: Vec<&str> = tool_calls.iter().map(|c| c.name.as_str()).collect();
                 out.push_str(&format!(" calls[{}]", names.join(",")));
@@ -714,7 +777,10 @@ pub fn render_live(e: &LiveEvent) -> String {
         LivePayload::Discarded { message } => format!("L discarded {}", message.id),
         LivePayload::Claimed { message, turn } => format!("L claimed {} {turn}", message.id),
         LivePayload::Status { status } => format!("L status {status}"),
-        LivePayload::AssistantDelta { turn, step, text } => format!("L delta {turn}.{step} {text}"),
+        LivePayload::AssistantDelta { turn, step, text, reasoning: false } => format!("L delta {turn}.{step} {text}"),
+        LivePayload::AssistantDelta { turn, step, text, reasoning: true } => {
+            format!("L reasoning {turn}.{step} {text}")
+        }
         LivePayload::Error { turn, step, message } => format!("L error {turn}.{step} {message}"),
     }
 }

@@ -49,6 +49,8 @@ pub fn payload(seq: u64, tag: &str) -> EventPayload {
             tool_calls: vec![],
             interrupted: false,
             max_tokens: false,
+            reasoning: None,
+            usage: None,
         },
         8 => EventPayload::StepEnd { turn, step: 1 },
         9 => EventPayload::TurnEnd { turn, reason: TurnEndReason::Completed },

@@ -11,7 +11,7 @@ use super::message::{
 };
 use turnstile_model::event::{
     CancelCause, DURABLE_TYPES, Envelope, EventPayload, InjectMode, Splice, SpliceOutcome, Status, ToolCallSpec,
-    TurnEndReason,
+    TurnEndReason, Usage,
 };
 
 const STATUSES: &str = "use SESSION_STATUS_IDLE or SESSION_STATUS_RUNNING";
@@ -187,7 +187,7 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             turn: *turn,
             step: *step,
         }),
-        EventPayload::AssistantMessage { turn, step, text, tool_calls, interrupted, max_tokens } => {
+        EventPayload::AssistantMessage { turn, step, text, tool_calls, interrupted, max_tokens, reasoning, usage } => {
             Payload::AssistantMessage(pb::AssistantMessage {
                 turn: *turn,
                 step: *step,
@@ -195,6 +195,8 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
                 tool_calls: tool_calls.iter().map(encode_tool_call_spec).collect(),
                 interrupted: *interrupted,
                 max_tokens: *max_tokens,
+                reasoning: reasoning.clone(),
+                usage: usage.map(|u| pb::Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens }),
             })
         }
         EventPayload::ToolCall { turn, step, call } => Payload::ToolCall(pb::ToolCall {
@@ -271,6 +273,8 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
                 .collect(),
             interrupted: a.interrupted,
             max_tokens: a.max_tokens,
+            reasoning: a.reasoning,
+            usage: a.usage.map(|u| Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens }),
         },
         Payload::ToolCall(c) => EventPayload::ToolCall {
             turn: c.turn,

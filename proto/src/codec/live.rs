@@ -21,9 +21,12 @@ fn encode_payload(payload: &LivePayload) -> Payload {
             Payload::Claimed(pb::Claimed { message: Some(encode_user_message(message)), turn: *turn })
         }
         LivePayload::Status { status } => Payload::Status(pb::StatusChanged { status: encode_status(*status).into() }),
-        LivePayload::AssistantDelta { turn, step, text } => {
-            Payload::AssistantDelta(pb::AssistantDelta { turn: *turn, step: *step, text: text.clone() })
-        }
+        LivePayload::AssistantDelta { turn, step, text, reasoning } => Payload::AssistantDelta(pb::AssistantDelta {
+            turn: *turn,
+            step: *step,
+            text: text.clone(),
+            reasoning: *reasoning,
+        }),
         LivePayload::Error { turn, step, message } => {
             Payload::Error(pb::AgentError { turn: *turn, step: *step, message: message.clone() })
         }
@@ -51,7 +54,9 @@ fn decode_payload(payload: Payload) -> Result<LivePayload, CodecError> {
             LivePayload::Claimed { message: required_message_at(p.message, "claimed.message")?, turn: p.turn }
         }
         Payload::Status(p) => LivePayload::Status { status: status_at(p.status, "status.status")? },
-        Payload::AssistantDelta(p) => LivePayload::AssistantDelta { turn: p.turn, step: p.step, text: p.text },
+        Payload::AssistantDelta(p) => {
+            LivePayload::AssistantDelta { turn: p.turn, step: p.step, text: p.text, reasoning: p.reasoning }
+        }
         Payload::Error(p) => LivePayload::Error { turn: p.turn, step: p.step, message: p.message },
     })
 }

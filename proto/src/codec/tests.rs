@@ -6,7 +6,7 @@ use prost::Message as _;
 use super::*;
 use turnstile_model::event::{
     CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, Splice, SpliceOutcome, Status,
-    ToolCallSpec, TurnEndReason,
+    ToolCallSpec, TurnEndReason, Usage,
 };
 use turnstile_model::inbox::Inbox;
 use turnstile_model::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
@@ -79,6 +79,28 @@ fn payloads() -> Vec<EventPayload> {
             tool_calls: vec![call.clone()],
             interrupted: true,
             max_tokens: true,
+            reasoning: None,
+            usage: None,
+        },
+        EventPayload::AssistantMessage {
+            turn: 4,
+            step: 2,
+            text: "It is noon.".into(),
+            tool_calls: vec![],
+            interrupted: false,
+            max_tokens: false,
+            reasoning: Some("The clock said 12:00.".into()),
+            usage: Some(Usage { input_tokens: 1234, output_tokens: 56 }),
+        },
+        EventPayload::AssistantMessage {
+            turn: 4,
+            step: 3,
+            text: String::new(),
+            tool_calls: vec![],
+            interrupted: false,
+            max_tokens: true,
+            reasoning: Some(String::new()),
+            usage: Some(Usage::default()),
         },
         EventPayload::ToolCall { turn: 4, step: 1, call },
         EventPayload::ToolResult { turn: 4, step: 1, call_id: "c1".into(), output: "hi".into(), error: None },
@@ -150,7 +172,8 @@ fn every_live_payload_round_trips_through_bytes() {
         LivePayload::Claimed { message: message("c", sources()[4].clone()), turn: 2 },
         LivePayload::Status { status: Status::Running },
         LivePayload::Status { status: Status::Idle },
-        LivePayload::AssistantDelta { turn: 2, step: 1, text: "ec".into() },
+        LivePayload::AssistantDelta { turn: 2, step: 1, text: "ec".into(), reasoning: false },
+        LivePayload::AssistantDelta { turn: 2, step: 1, text: "hmm".into(), reasoning: true },
         LivePayload::Error { turn: 2, step: 1, message: "hook failed".into() },
     ];
     for payload in live {
@@ -158,6 +181,39 @@ fn every_live_payload_round_trips_through_bytes() {
         assert_eq!(encode_live_event(&event).r#type, event.event_type());
         assert_eq!(decode_live(&encode_live(&event)).unwrap(), event);
     }
+}
+
+#[test]
+fn events_written_before_reasoning_and_usage_decode_without_them() {
+    // What a writer that predates fields 7 and 8 (`AssistantMessage`) and 4 (`AssistantDelta`) produced.
+    let old = pb::AssistantMessage { turn: 1, step: 1, text: "hi".into(), ..Default::default() };
+    let event = pb::SessionEvent {
+        session: Some(encode_session_ref(&session())),
+        seq: 1,
+        time_unix_ms: 5,
+        epoch: 1,
+        r#type: "assistant/message".into(),
+        ignorable: false,
+        payload: Some(pb::session_event::Payload::AssistantMessage(old)),
+    };
+    let back = decode_event(&event.encode_to_vec()).unwrap();
+    assert!(
+        matches!(&back.payload, EventPayload::AssistantMessage { reasoning: None, usage: None, text, .. } if text == "hi"),
+        "{back:?}"
+    );
+    let delta = pb::LiveEvent {
+        session: Some(encode_session_ref(&session())),
+        after_seq: 1,
+        r#type: "assistant/delta".into(),
+        payload: Some(pb::live_event::Payload::AssistantDelta(pb::AssistantDelta {
+            turn: 1,
+            step: 1,
+            text: "h".into(),
+            ..Default::default()
+        })),
+    };
+    let back = decode_live(&delta.encode_to_vec()).unwrap();
+    assert_eq!(back.payload, LivePayload::AssistantDelta { turn: 1, step: 1, text: "h".into(), reasoning: false });
 }
 
 #[test]

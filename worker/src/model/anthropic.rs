@@ -372,10 +372,6 @@ impl SseDecoder for Decoder {
         &self.delivered
     }
 
-    fn has_output(&self) -> bool {
-        self.delivered.any() || self.blocks.values().any(|b| matches!(b, Block::ToolUse { .. }))
-    }
-
     fn finish(&mut self) -> Result<ChatOutput, String> {
         let tool_calls: Vec<ChatToolCall> = std::mem::take(&mut self.blocks)
             .into_values()

@@ -310,11 +310,6 @@ impl Delivered {
         Partial { text: self.text.clone(), reasoning: self.reasoning.clone() }
     }
 
-    /// Something of the reply came: text or reasoning.
-    pub(crate) fn any(&self) -> bool {
-        !self.text.is_empty() || !self.reasoning.is_empty()
-    }
-
     /// The reasoning for [`ChatOutput::reasoning`]: `None` when none was streamed (servers that send an
     /// empty `reasoning_content` with every chunk do not count).
     pub(crate) fn take_reasoning(&mut self) -> Option<String> {

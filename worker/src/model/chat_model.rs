@@ -5,7 +5,8 @@
 //! [`ChatModel::chat_request`] maps onto the provider-neutral [`ChatRequest`]: user messages with their
 //! content blocks (`image/*` data as images), assistant text with its tool calls, each call's result
 //! paired by call id, then this step's messages.
-//! Reasoning deltas and token usage have nowhere to go in [`ModelOutput`] yet and are dropped here.
+//! Reasoning deltas stream as reasoning, and the reply's reasoning and token usage land in [`ModelOutput`]
+//! (and so on the durable `assistant/message`).
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -25,7 +26,7 @@ use std::collections::HashSet;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use turnstile_model::{ContentBlock, MessageId, ToolCallSpec, TranscriptEntry, UserMessage};
+use turnstile_model::{ContentBlock, MessageId, ToolCallSpec, TranscriptEntry, Usage, UserMessage};
 
 use super::anthropic::AnthropicProvider;
 use super::chat::{
@@ -33,7 +34,7 @@ use super::chat::{
 };
 use super::endpoint::{EndpointError, ModelEndpoint, ProviderKind};
 use super::openai::OpenAiProvider;
-use super::{DeltaSink, Model, ModelError};
+use super::{DeltaSink, Model, ModelError, ModelIdentity};
 use turnstile_driver::{ModelOutput, ModelRequest};
 
 /// The provider `endpoint.provider` names, ready to stream.
@@ -195,6 +196,10 @@ fn user_message(message: &UserMessage) -> ChatMessage {
 
 #[async_trait]
 impl Model for ChatModel {
+    fn identity(&self, _agent: &str) -> ModelIdentity {
+        ModelIdentity::new(self.provider.provider(), self.provider.model())
+    }
+
     async fn step(
         &self,
         request: ModelRequest,
@@ -202,20 +207,18 @@ impl Model for ChatModel {
         abort: CancellationToken,
     ) -> Result<ModelOutput, ModelError> {
         let chat = self.chat_request(&request);
-        // The provider's sink is synchronous; text goes through a channel to the async delta sink.
-        let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+        // The provider's sink is synchronous; deltas go through a channel to the async delta sink.
+        let (tx, mut rx) = mpsc::unbounded_channel::<StreamDelta>();
         let run = async move {
             let mut sink = move |delta: StreamDelta| {
-                if let StreamDelta::Text(text) = delta {
-                    let _ = tx.send(text);
-                }
+                let _ = tx.send(delta);
             };
             self.provider.stream(&chat, &mut sink, &abort).await
             // `sink` and its sender drop here, which ends the forwarding below.
         };
         let forward = async {
-            while let Some(text) = rx.recv().await {
-                deltas.send(text).await;
+            while let Some(delta) = rx.recv().await {
+                deltas.send_delta(delta).await;
             }
         };
         let (result, ()) = tokio::join!(run, forward);
@@ -228,6 +231,8 @@ impl Model for ChatModel {
                     .map(|c| ToolCallSpec { call_id: c.id, name: c.name, arguments: c.arguments_json })
                     .collect(),
                 max_tokens: output.finish == Finish::Length,
+                reasoning: output.reasoning,
+                usage: output.usage.map(|u| Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens }),
             }),
             Err(ProviderError::Aborted { .. }) => Err(ModelError::Aborted),
             Err(error) => Err(ModelError::Failed { message: error.to_string(), code: error.code().to_owned() }),

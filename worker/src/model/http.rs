@@ -1,5 +1,6 @@
 //! What every HTTP provider shares: the client, the retry loop, the three timeouts, cancellation, the
-//! server-sent-event stream, metrics and the request span. A provider supplies the URL, its headers, the
+//! server-sent-event stream, the retry counter and the HTTP span (`model.http`, under the runner's
+//! `model.request`, which records the request's outcome, tokens and timings for every kind of model). A provider supplies the URL, its headers, the
 //! JSON body, and an [`SseDecoder`] that turns its events into deltas and a [`ChatOutput`].
 //!
 //! One request, as SPEC §8 has it:
@@ -18,7 +19,7 @@ use bytes::Bytes;
 use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use metrics::{counter, histogram};
+use metrics::counter;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Client, StatusCode, Url};
 use tokio::time::{Instant, timeout, timeout_at};
@@ -29,25 +30,7 @@ use tracing::field::Empty;
 use super::chat::{ChatOutput, Delivered, Partial, ProviderError, StreamDelta, TimeoutKind};
 use super::endpoint::{EndpointError, ModelEndpoint};
 use super::retry::parse_retry_after;
-
-/// Metric names of the model providers. They live here until the crates settle; then they belong in
-/// `turnstile_ops::names` and the metrics table of docs/OPERATIONS.md.
-pub mod metric_names {
-    /// Counter `{provider, model, outcome}`: model requests by outcome (`ok` or the error code).
-    pub const MODEL_REQUESTS: &str = "turnstile_model_requests_total";
-    /// Counter `{provider, model, kind}`: tokens the providers reported (`input`, `output`).
-    pub const MODEL_TOKENS: &str = "turnstile_model_tokens_total";
-    /// Counter `{provider, model, reason}`: retries before the first byte (`connection`, `rate_limited`,
-    /// `server_error`).
-    pub const MODEL_RETRIES: &str = "turnstile_model_retries_total";
-    /// Histogram `{provider, model}`: seconds from the start of a request (retries included) to its first
-    /// text, reasoning or tool call.
-    pub const MODEL_FIRST_TOKEN_SECONDS: &str = "turnstile_model_time_to_first_token_seconds";
-    /// Histogram `{provider, model, outcome}`: seconds a request took, end to end.
-    pub const MODEL_REQUEST_SECONDS: &str = "turnstile_model_request_duration_seconds";
-}
-
-use metric_names::*;
+use turnstile_ops::names::MODEL_RETRIES;
 
 /// Whether a provider's stream has more to say.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,8 +48,6 @@ pub(crate) trait SseDecoder: Send {
     fn complete_at_eof(&self) -> bool;
     /// The text and reasoning delivered so far.
     fn delivered(&self) -> &Delivered;
-    /// Something of the reply arrived (text, reasoning or a tool call): the time to first token.
-    fn has_output(&self) -> bool;
     /// The finished reply.
     fn finish(&mut self) -> Result<ChatOutput, String>;
 }
@@ -117,21 +98,18 @@ impl HttpEngine {
     ) -> Result<ChatOutput, ProviderError> {
         let provider = self.provider;
         let span = tracing::info_span!(
-            "model.request",
+            "model.http",
             provider,
             model = %self.endpoint.model,
             attempts = Empty,
-            input_tokens = Empty,
-            output_tokens = Empty,
             outcome = Empty,
         );
         async {
             let started = Instant::now();
             let deadline = started + self.endpoint.timeout;
             let mut attempts = 0;
-            let mut first_output = None;
             let outcome = {
-                let work = self.attempts(&body, deadline, decoder, sink, &mut attempts, &mut first_output);
+                let work = self.attempts(&body, deadline, decoder, sink, &mut attempts);
                 tokio::select! {
                     biased;
                     () = cancel.cancelled() => None,
@@ -148,7 +126,7 @@ impl HttpEngine {
                 }),
                 Some(Ok(result)) => result,
             };
-            self.record(&result, attempts, started, first_output);
+            self.record(&result, attempts, started);
             result
         }
         .instrument(span)
@@ -163,7 +141,6 @@ impl HttpEngine {
         decoder: &mut D,
         sink: &mut (dyn FnMut(StreamDelta) + Send),
         attempts: &mut u32,
-        first_output: &mut Option<Instant>,
     ) -> Result<ChatOutput, ProviderError> {
         let mut rng = fastrand::Rng::new();
         loop {
@@ -171,7 +148,7 @@ impl HttpEngine {
             let failure = match self.open(body).await {
                 Ok((first, rest)) => {
                     let bytes = futures::stream::once(futures::future::ready(Ok(first))).chain(rest);
-                    return decode_stream(bytes, self.endpoint.idle_timeout, decoder, sink, first_output).await;
+                    return decode_stream(bytes, self.endpoint.idle_timeout, decoder, sink).await;
                 }
                 Err(Attempt::Fatal(error)) => return Err(error),
                 Err(Attempt::Retry(failure)) => failure,
@@ -270,15 +247,9 @@ impl HttpEngine {
         }
     }
 
-    fn record(
-        &self,
-        result: &Result<ChatOutput, ProviderError>,
-        attempts: u32,
-        started: Instant,
-        first: Option<Instant>,
-    ) {
-        let provider = self.provider;
-        let model = self.endpoint.model.clone();
+    /// Logs the end of a request and records its attempts and outcome on the span. Requests, tokens and
+    /// timings are counted by the runner (`crate::metrics::ModelCall`), for every kind of model.
+    fn record(&self, result: &Result<ChatOutput, ProviderError>, attempts: u32, started: Instant) {
         let outcome = match result {
             Ok(_) => "ok",
             Err(e) => e.code(),
@@ -286,27 +257,13 @@ impl HttpEngine {
         let span = tracing::Span::current();
         span.record("attempts", attempts);
         span.record("outcome", outcome);
-        counter!(MODEL_REQUESTS, "provider" => provider, "model" => model.clone(), "outcome" => outcome).increment(1);
-        histogram!(MODEL_REQUEST_SECONDS, "provider" => provider, "model" => model.clone(), "outcome" => outcome)
-            .record(started.elapsed().as_secs_f64());
-        if let Some(first) = first {
-            histogram!(MODEL_FIRST_TOKEN_SECONDS, "provider" => provider, "model" => model.clone())
-                .record(first.duration_since(started).as_secs_f64());
-        }
+        let took = started.elapsed();
         match result {
             Ok(output) => {
-                if let Some(usage) = output.usage {
-                    span.record("input_tokens", usage.input_tokens);
-                    span.record("output_tokens", usage.output_tokens);
-                    counter!(MODEL_TOKENS, "provider" => provider, "model" => model.clone(), "kind" => "input")
-                        .increment(usage.input_tokens);
-                    counter!(MODEL_TOKENS, "provider" => provider, "model" => model, "kind" => "output")
-                        .increment(usage.output_tokens);
-                }
-                tracing::debug!(finish = ?output.finish, tool_calls = output.tool_calls.len(), "model request done");
+                tracing::debug!(finish = ?output.finish, tool_calls = output.tool_calls.len(), ?took, "model request done");
             }
-            Err(ProviderError::Aborted { .. }) => tracing::debug!("model request aborted"),
-            Err(error) => tracing::warn!(%error, code = error.code(), "model request failed"),
+            Err(ProviderError::Aborted { .. }) => tracing::debug!(?took, "model request aborted"),
+            Err(error) => tracing::warn!(%error, code = error.code(), ?took, "model request failed"),
         }
     }
 }
@@ -341,13 +298,11 @@ impl Retryable {
 }
 
 /// Reads a stream of response bytes as server-sent events through `decoder` until it is done.
-/// `first_output` is set when the reply's first piece arrives.
 pub(crate) async fn decode_stream<S, E, D>(
     bytes: S,
     idle: Duration,
     decoder: &mut D,
     sink: &mut (dyn FnMut(StreamDelta) + Send),
-    first_output: &mut Option<Instant>,
 ) -> Result<ChatOutput, ProviderError>
 where
     S: Stream<Item = Result<Bytes, E>>,
@@ -378,9 +333,6 @@ where
                 Err(message) => return Err(broken(message, decoder)),
             },
         };
-        if first_output.is_none() && decoder.has_output() {
-            *first_output = Some(Instant::now());
-        }
         if flow == Flow::Done {
             return decoder.finish().map_err(|message| broken(message, decoder));
         }
@@ -479,9 +431,6 @@ mod tests {
         fn delivered(&self) -> &Delivered {
             &self.delivered
         }
-        fn has_output(&self) -> bool {
-            !self.delivered.text.is_empty()
-        }
         fn finish(&mut self) -> Result<ChatOutput, String> {
             Ok(ChatOutput {
                 text: std::mem::take(&mut self.delivered.text),
@@ -505,9 +454,8 @@ mod tests {
                 seen.push(t);
             }
         };
-        let mut first = None;
         let bytes = futures::stream::iter(chunks).chain(tail);
-        let result = decode_stream(bytes, Duration::from_secs(5), &mut Echo::default(), &mut sink, &mut first).await;
+        let result = decode_stream(bytes, Duration::from_secs(5), &mut Echo::default(), &mut sink).await;
         (result, seen)
     }
 

@@ -333,10 +333,6 @@ impl SseDecoder for Decoder {
         &self.delivered
     }
 
-    fn has_output(&self) -> bool {
-        self.delivered.any() || !self.calls.is_empty()
-    }
-
     fn finish(&mut self) -> Result<ChatOutput, String> {
         let calls = std::mem::take(&mut self.calls);
         let mut finish = match self.finish_reason.as_deref() {

@@ -6,7 +6,7 @@ use tokio_util::sync::CancellationToken;
 pub use turnstile_driver::scripted::{ScriptedPlan, plan};
 use turnstile_driver::{ModelOutput, ModelRequest};
 
-use super::{DeltaSink, Model, ModelError};
+use super::{DeltaSink, Model, ModelError, ModelIdentity};
 
 /// The scripted model as a [`Model`].
 #[derive(Clone, Debug, Default)]
@@ -14,6 +14,10 @@ pub struct ScriptedModel;
 
 #[async_trait]
 impl Model for ScriptedModel {
+    fn identity(&self, _agent: &str) -> ModelIdentity {
+        ModelIdentity::new("scripted", "scripted")
+    }
+
     async fn step(
         &self,
         request: ModelRequest,

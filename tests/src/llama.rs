@@ -177,7 +177,8 @@ pub async fn http_request(
     json_body: Option<&Value>,
 ) -> Result<(u16, String), HarnessError> {
     let attempt = async {
-        let mut stream = TcpStream::connect(addr).await.map_err(|e| HarnessError::io(format!("connecting {addr}"), e))?;
+        let mut stream =
+            TcpStream::connect(addr).await.map_err(|e| HarnessError::io(format!("connecting {addr}"), e))?;
         let body = json_body.map(|b| b.to_string()).unwrap_or_default();
         stream
             .write_all(request_head(method, path, json_body.map(|_| body.len())).as_bytes())
@@ -469,11 +470,14 @@ impl RecordedRequest {
 /// byte for byte (so streaming answers pass through as they come) and keeping a copy of what each client
 /// sent. [`RecordingProxy::requests`] parses those copies into HTTP/1.1 requests. Dropping it closes the
 /// listener and every forwarded connection.
+/// What one forwarded connection's client sent, shared with its forwarding task.
+type ConnectionBytes = Arc<Mutex<Vec<u8>>>;
+
 #[derive(Debug)]
 pub struct RecordingProxy {
     addr: SocketAddr,
     /// Per accepted connection, in accept order: every byte the client sent.
-    connections: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>,
+    connections: Arc<Mutex<Vec<ConnectionBytes>>>,
     task: JoinHandle<()>,
 }
 
@@ -486,7 +490,7 @@ impl RecordingProxy {
         let listener =
             TcpListener::bind("127.0.0.1:0").await.map_err(|e| HarnessError::io("binding the recording proxy", e))?;
         let addr = listener.local_addr().map_err(|e| HarnessError::io("reading the proxy's address", e))?;
-        let connections: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>> = Arc::default();
+        let connections: Arc<Mutex<Vec<ConnectionBytes>>> = Arc::default();
         let sink = Arc::clone(&connections);
         let task = tokio::spawn(async move {
             // Owned here: aborting the accept task drops the set, which aborts every forwarding task.

@@ -158,7 +158,8 @@ pub async fn http_request(
     json_body: Option<&Value>,
 ) -> Result<(u16, String), HarnessError> {
     let attempt = async {
-        let mut stream = TcpStream::connect(addr).await.map_err(|e| HarnessError::io(format!("connecting {addr}"), e))?;
+        let mut stream =
+            TcpStream::connect(addr).await.map_err(|e| HarnessError::io(format!("connecting {addr}"), e))?;
         let body = json_body.map(|b| b.to_string()).unwrap_or_default();
         stream
             .write_all(request_head(method, path, json_body.map(|_| body.len())).as_bytes())
@@ -454,9 +455,12 @@ impl RecordedRequest {
 pub struct RecordingProxy {
     addr: SocketAddr,
     /// Per accepted connection, in accept order: every byte the client sent.
-    connections: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>,
+    connections: Recorded,
     task: JoinHandle<()>,
 }
+
+/// Per accepted connection, in accept order: every byte the client sent.
+type Recorded = Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -467,7 +471,7 @@ impl RecordingProxy {
         let listener =
             TcpListener::bind("127.0.0.1:0").await.map_err(|e| HarnessError::io("binding the recording proxy", e))?;
         let addr = listener.local_addr().map_err(|e| HarnessError::io("reading the proxy's address", e))?;
-        let connections: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>> = Arc::default();
+        let connections: Recorded = Arc::default();
         let sink = Arc::clone(&connections);
         let task = tokio::spawn(async move {
             // Owned here: aborting the accept task drops the set, which aborts every forwarding task.

@@ -346,7 +346,8 @@ fn markdown(r: &ModelReport) -> String {
         r.direct.runs, r.warmup, r.max_tokens
     );
     let _ = writeln!(out, "Prompt {:?}, system {:?}.\n", r.prompt, r.system);
-    let _ = writeln!(out, "| path | TTFT p50 | TTFT min – max | deltas/s p50 | deltas/s min – max | answer p50 | deltas |");
+    let _ =
+        writeln!(out, "| path | TTFT p50 | TTFT min – max | deltas/s p50 | deltas/s min – max | answer p50 | deltas |");
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
     for (name, p) in [("llama-server direct (SSE)", &r.direct), ("Turnstile (Followup → Watch)", &r.turnstile)] {
         let _ = writeln!(

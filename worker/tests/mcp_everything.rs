@@ -110,13 +110,20 @@ async fn a_server_killed_mid_call_gives_an_error_and_is_restarted() {
     let r = tokio::time::timeout(Duration::from_secs(5), running).await.expect("a dead server ends the call").unwrap();
     assert!(r.error.as_deref().is_some_and(|e| e.contains("closed the connection")), "{r:?}");
 
-    // The supervisor restarts it; a later call waits for the new process and works.
+    // The supervisor restarts it (a new process) and a later call works.
     let restarted = Instant::now();
+    let new_pid = async {
+        loop {
+            match server.pid() {
+                Some(new) if new != pid => return new,
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    };
+    let new_pid = tokio::time::timeout(Duration::from_secs(20), new_pid).await.expect("restarted");
+    println!("restarted (pid {pid} -> {new_pid}) {} ms after the failed call", restarted.elapsed().as_millis());
     let r = call(&setup, "everything__echo", r#"{"message": "after the restart"}"#).await;
     assert_eq!((r.output.as_str(), r.error), ("Echo: after the restart", None));
-    println!("call after the kill answered in {} ms", restarted.elapsed().as_millis());
-    let new_pid = server.pid().expect("connected again");
-    assert_ne!(new_pid, pid);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,4 +173,71 @@ async fn an_unlisted_tool_and_a_server_that_cannot_start_are_setup_errors() {
         message.starts_with("MCP server \"ghost\" did not start: cannot run \"/nonexistent/mcp-server\""),
         "{message}"
     );
+}
+
+/// The everything server in its streamable HTTP mode on a free loopback port, killed on drop.
+struct HttpServer {
+    child: tokio::process::Child,
+    url: String,
+}
+
+impl HttpServer {
+    async fn start() -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut child = tokio::process::Command::new(everything_bin())
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let listening = async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if line.contains("listening on port") {
+                    return;
+                }
+            }
+            panic!("the HTTP server ended before listening");
+        };
+        tokio::time::timeout(Duration::from_secs(30), listening).await.expect("the HTTP server listens");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Self { child, url: format!("http://127.0.0.1:{port}/mcp") }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamable_http_lists_and_calls_with_headers_from_the_environment() {
+    let mut server = HttpServer::start().await;
+    let config = Config::from_toml_str(&format!(
+        "[mcp.web]\nurl = {:?}\nheaders_env = {{ X-Turnstile-Test = \"WEB_TOKEN\" }}\n\
+         [agents.a]\ntools = [\"mcp:web/echo\", \"mcp:web/trigger-long-running-operation\"]\ntool_deadline_ms = 300\n",
+        server.url
+    ))
+    .unwrap();
+    let env = |v: &str| (v == "WEB_TOKEN").then(|| "secret-value".to_owned());
+    let started = Instant::now();
+    let mcp = start_mcp_with_env(&config, env).await.unwrap();
+    println!("streamable HTTP connected and listed in {} ms", started.elapsed().as_millis());
+    let setup = from_config_with_mcp(&config, env, &mcp).unwrap();
+    assert_eq!(
+        setup.tools.names().collect::<Vec<_>>(),
+        ["clock", "echo", "sleep", "web__echo", "web__trigger-long-running-operation"]
+    );
+    let r = call(&setup, "web__echo", r#"{"message": "over http"}"#).await;
+    assert_eq!((r.output.as_str(), r.error), ("Echo: over http", None));
+    let r = call(&setup, "web__trigger-long-running-operation", r#"{"duration": 10, "steps": 10}"#).await;
+    assert_eq!(r.error.as_deref(), Some(TOOL_TIMEOUT), "{r:?}");
+
+    // A header variable that is unset is named before anything connects.
+    let err = start_mcp_with_env(&config, |_| None).await.unwrap_err().to_string();
+    assert!(err.contains("WEB_TOKEN") && err.contains("X-Turnstile-Test"), "{err}");
+
+    // The server goes away: a call fails (an error result, not a hang).
+    server.child.kill().await.unwrap();
+    let r = call(&setup, "web__echo", r#"{"message": "anyone?"}"#).await;
+    assert!(r.error.is_some(), "{r:?}");
 }

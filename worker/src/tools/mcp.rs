@@ -158,7 +158,7 @@ impl McpServer {
 
     /// Whether the server is connected now.
     pub fn is_connected(&self) -> bool {
-        matches!(&*self.status.borrow(), Status::Ready { .. })
+        matches!(&*self.status.borrow(), Status::Ready { peer, .. } if !peer.is_transport_closed())
     }
 
     /// The tools the server listed last.
@@ -202,11 +202,16 @@ impl McpServer {
         }
     }
 
-    /// The connection, waiting while the server (re)starts; an error when its last start failed.
+    /// The connection, waiting while the server (re)starts (also when it has just closed and the supervisor
+    /// has not yet noticed); an error when its last start failed.
     async fn connected(&self) -> Result<Peer<RoleClient>, String> {
         let mut status = self.status.clone();
         let s = status
-            .wait_for(|s| !matches!(s, Status::Starting))
+            .wait_for(|s| match s {
+                Status::Starting => false,
+                Status::Ready { peer, .. } => !peer.is_transport_closed(),
+                Status::Failed(_) | Status::Stopped => true,
+            })
             .await
             .map_err(|_| format!("MCP server {:?} is stopped", self.name))?;
         match &*s {

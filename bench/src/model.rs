@@ -3,7 +3,7 @@
 //! run.
 //!
 //! The run starts llama-server on SmolLM2-135M-Instruct with the harness ([`LlamaServer`]: greedy,
-//! `-t 2`, one slot) and the release `turnstile dev --config FILE` (embedded journal unless `--dev-arg`
+//! `-t 1` unless `--threads`, one slot) and the release `turnstile dev --config FILE` (embedded journal unless `--dev-arg`
 //! says otherwise) whose default agent runs an `openai` model on that server with the same system prompt
 //! and `max_tokens`. Then, after `--warmup` rounds that are dropped, `--runs` rounds, each one request
 //! of each kind (which goes first alternates):
@@ -33,7 +33,7 @@ use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::live_event::Payload as Live;
 use turnstile_proto::v1::session_event::Payload as Durable;
 use turnstile_proto::v1::watch_item::Item;
-use turnstile_tests::llama::{LlamaServer, SMOLLM2_MODEL, chat_body, llama_paths, stream_chat};
+use turnstile_tests::llama::{LlamaOptions, LlamaServer, SMOLLM2_MODEL, chat_body, llama_paths, stream_chat};
 
 use crate::latency::text_message;
 use crate::servers;
@@ -59,6 +59,9 @@ pub struct ModelArgs {
     /// The system prompt (the Turnstile agent's `system`).
     #[arg(long, default_value = DEFAULT_SYSTEM)]
     system: String,
+    /// llama-server's `-t` (the harness's default: one thread, robust beside other processes).
+    #[arg(long, default_value_t = 1)]
+    threads: u32,
     /// Extra arguments for llama-server (repeatable), e.g. `--llama-arg=--no-cache-prompt`.
     #[arg(long = "llama-arg", allow_hyphen_values = true)]
     llama_args: Vec<String>,
@@ -118,6 +121,7 @@ pub struct ModelReport {
     pub model_file: String,
     pub turnstile_bin: String,
     pub dev_args: Vec<String>,
+    pub llama_threads: u32,
     pub llama_args: Vec<String>,
     pub system: String,
     pub prompt: String,
@@ -152,8 +156,8 @@ fn report_of(samples: &[Sample]) -> PathReport {
 pub async fn run(args: ModelArgs) -> Result<()> {
     let bin = args.turnstile_bin.clone().unwrap_or_else(servers::default_turnstile_bin);
     let (llama_bin, model_file) = llama_paths();
-    let llama_args: Vec<&str> = args.llama_args.iter().map(String::as_str).collect();
-    let llama = LlamaServer::start_with(&llama_args).await.context("starting llama-server with the harness")?;
+    let opts = LlamaOptions { threads: args.threads, extra_args: args.llama_args.clone() };
+    let llama = LlamaServer::start_with(opts).await.context("starting llama-server with the harness")?;
 
     let scratch = tempfile::Builder::new().prefix("turnstile-bench-model-").tempdir()?;
     let config = scratch.path().join("turnstile.toml");
@@ -180,6 +184,7 @@ pub async fn run(args: ModelArgs) -> Result<()> {
         model_file: model_file.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
         turnstile_bin: bin.display().to_string(),
         dev_args: args.dev_args.clone(),
+        llama_threads: args.threads,
         llama_args: args.llama_args.clone(),
         system: args.system.clone(),
         prompt: args.prompt.clone(),
@@ -331,11 +336,12 @@ fn markdown(r: &ModelReport) -> String {
     let _ = writeln!(out, "### Machine\n");
     let _ = writeln!(
         out,
-        "{} cores ({}), llama-server {} on {} (`-t 2 -np 1 --temp 0`{}), `turnstile dev --config` ({}{})\n",
+        "{} cores ({}), llama-server {} on {} (`-t {} -np 1 --temp 0`{}), `turnstile dev --config` ({}{})\n",
         r.nproc,
         r.cpu_model,
         r.llama_server_version,
         r.model_file,
+        r.llama_threads,
         r.llama_args.iter().map(|a| format!(" {a}")).collect::<String>(),
         r.turnstile_bin,
         r.dev_args.iter().map(|a| format!(" {a}")).collect::<String>(),

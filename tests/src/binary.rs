@@ -43,17 +43,30 @@ fn locate() -> Result<PathBuf, String> {
         return if bin.is_file() { Ok(bin) } else { Err(format!("TURNSTILE_BIN={} is not a file", bin.display())) };
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = Command::new(&cargo)
-        .args(["build", "-p", "turnstile", "--bin", "turnstile"])
-        .current_dir(workspace_root())
-        .output()
-        .map_err(|e| format!("could not run {cargo:?}: {e}"))?;
+    let mut command = Command::new(&cargo);
+    command.args(["build", "-p", "turnstile", "--bin", "turnstile"]).current_dir(workspace_root());
+    // The variables cargo set for this test process (CARGO_MANIFEST_DIR, CARGO_PKG_NAME, OUT_DIR, …) are
+    // ones build scripts such as ring's rerun on: inherited, they would make this build differ from a
+    // `cargo build` in a shell, and each would rebuild every crate above ring after the other.
+    for (name, _) in std::env::vars_os() {
+        if is_per_crate_variable(&name.to_string_lossy()) {
+            command.env_remove(&name);
+        }
+    }
+    let output = command.output().map_err(|e| format!("could not run {cargo:?}: {e}"))?;
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         return Err(format!("cargo build -p turnstile exited with {}:\n{}", output.status, tail(&stderr, 60)));
     }
     let bin = target_dir().join("debug").join(format!("turnstile{}", std::env::consts::EXE_SUFFIX));
     if bin.is_file() { Ok(bin) } else { Err(format!("cargo built turnstile but {} does not exist", bin.display())) }
+}
+
+/// A variable cargo sets for the crate it compiles or runs, not one the user set.
+fn is_per_crate_variable(name: &str) -> bool {
+    const PREFIXES: [&str; 5] = ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_BIN_", "CARGO_CFG_", "CARGO_FEATURE_"];
+    const NAMES: [&str; 4] = ["CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"];
+    PREFIXES.iter().any(|p| name.starts_with(p)) || NAMES.contains(&name)
 }
 
 /// The last `lines` lines of `text`.

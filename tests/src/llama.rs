@@ -3,11 +3,15 @@
 //! The binary and the model come from `LLAMA_SERVER_BIN` and `SMOLLM2_GGUF`, which
 //! `scripts/setup-test-deps` installs and writes into `.ci/test-env.sh` (there are no fallbacks: the
 //! build is too specific to guess). [`LlamaServer::start`] runs
-//! `llama-server -m $SMOLLM2_GGUF --host 127.0.0.1 --port 0 -c 4096 -t 2 -np 1 --temp 0 --seed 42 --no-webui`,
+//! `llama-server -m $SMOLLM2_GGUF --host 127.0.0.1 --port 0 -c 4096 -t 1 -np 1 --temp 0 --seed 42 --no-webui`,
 //! reads the port it picked from its log line `llama_server: listening on http://127.0.0.1:PORT`, and
 //! returns once `GET /health` answers 200 (the model is loaded). `--temp 0` makes every request that does
 //! not set a temperature greedy, so the same request gives the same text; `-np 1` is one slot (requests
-//! are served one at a time, which is all a test or the bench sends); `-t 2` matches the CI machine.
+//! are served one at a time, which is all a test or the bench sends). One thread by default: llama.cpp's
+//! threads meet at a barrier after every operation, and with other processes on the two cores (nextest runs
+//! four tests at once) a descheduled thread stalls the others. Measured at load average 10, one thread
+//! decoded SmolLM2 at 12–21 tokens/s and answered in 2–3 s where two threads did 2.5–7 tokens/s and took
+//! 8–13 s (and a turn once went past the harness's 30 s wait). [`LlamaOptions::threads`] changes it.
 //!
 //! Beside it, two small tools that need no HTTP client crate (plain HTTP/1.1 on a `TcpStream`):
 //! - [`stream_chat`] sends one streaming `POST /v1/chat/completions` and times each text delta as it
@@ -64,14 +68,28 @@ pub struct LlamaServer {
     _scratch: TempDir,
 }
 
+/// How a [`LlamaServer`] is started.
+#[derive(Clone, Debug)]
+pub struct LlamaOptions {
+    /// `-t`: threads for generation and prompt processing (1; see the module doc).
+    pub threads: u32,
+    /// Further arguments after the harness's own (a repeated flag: the last one wins).
+    pub extra_args: Vec<String>,
+}
+
+impl Default for LlamaOptions {
+    fn default() -> Self {
+        Self { threads: 1, extra_args: Vec::new() }
+    }
+}
+
 impl LlamaServer {
     /// Starts the server on SmolLM2 (see the module doc for the flags) and waits until it serves.
     pub async fn start() -> Result<Self, HarnessError> {
-        Self::start_with(&[]).await
+        Self::start_with(LlamaOptions::default()).await
     }
 
-    /// As [`LlamaServer::start`], with further arguments after the harness's own.
-    pub async fn start_with(extra_args: &[&str]) -> Result<Self, HarnessError> {
+    pub async fn start_with(opts: LlamaOptions) -> Result<Self, HarnessError> {
         let (bin, model) = llama_paths();
         let scratch = tempfile::Builder::new()
             .prefix("turnstile-llama-")
@@ -82,9 +100,10 @@ impl LlamaServer {
         command
             .arg("-m")
             .arg(model)
-            .args(["--host", "127.0.0.1", "--port", "0", "-c", "4096", "-t", "2", "-np", "1"])
+            .args(["--host", "127.0.0.1", "--port", "0", "-c", "4096", "-np", "1"])
+            .args(["-t", &opts.threads.to_string()])
             .args(["--temp", "0", "--seed", "42", "--no-webui", "--log-colors", "off"])
-            .args(extra_args);
+            .args(&opts.extra_args);
         let mut process = ChildProcess::spawn("llama-server", command, &log_path)?;
         let started = Instant::now();
         let addr = process.wait_for("its `listening on` log line", STARTUP, |_| listening_addr(&log_path)).await?;
@@ -451,11 +470,14 @@ impl RecordedRequest {
 /// byte for byte (so streaming answers pass through as they come) and keeping a copy of what each client
 /// sent. [`RecordingProxy::requests`] parses those copies into HTTP/1.1 requests. Dropping it closes the
 /// listener and every forwarded connection.
+/// What one forwarded connection's client sent, shared with its forwarding task.
+type ConnectionBytes = Arc<Mutex<Vec<u8>>>;
+
 #[derive(Debug)]
 pub struct RecordingProxy {
     addr: SocketAddr,
     /// Per accepted connection, in accept order: every byte the client sent.
-    connections: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>,
+    connections: Arc<Mutex<Vec<ConnectionBytes>>>,
     task: JoinHandle<()>,
 }
 
@@ -468,7 +490,7 @@ impl RecordingProxy {
         let listener =
             TcpListener::bind("127.0.0.1:0").await.map_err(|e| HarnessError::io("binding the recording proxy", e))?;
         let addr = listener.local_addr().map_err(|e| HarnessError::io("reading the proxy's address", e))?;
-        let connections: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>> = Arc::default();
+        let connections: Arc<Mutex<Vec<ConnectionBytes>>> = Arc::default();
         let sink = Arc::clone(&connections);
         let task = tokio::spawn(async move {
             // Owned here: aborting the accept task drops the set, which aborts every forwarding task.

@@ -9,12 +9,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
+use tonic::Code;
 use turnstile_proto::v1::live_event::Payload as Live;
 use turnstile_proto::v1::session_event::Payload as Durable;
 use turnstile_proto::v1::watch_item::Item;
 use turnstile_tests::llama::{LlamaServer, RecordingProxy, SMOLLM2_MODEL, chat_body, stream_chat};
 use turnstile_tests::msg::TEST_TENANT;
-use turnstile_tests::{DevOptions, DevServer, WatchRecorder, user_msg};
+use turnstile_tests::{DevOptions, DevServer, Session, WatchRecorder, user_msg};
 
 const SYSTEM: &str = "You are a helpful assistant. Answer in one short sentence.";
 
@@ -58,6 +59,20 @@ fn messages_of(request: &Value) -> Vec<(String, String)> {
 
 fn pair(role: &str, content: &str) -> (String, String) {
     (role.to_owned(), content.to_owned())
+}
+
+/// Waits until the session is idle. A real model on a busy machine can take longer than the harness's 30 s
+/// `WhenIdle` (the time is the model's, not Turnstile's), so this asks up to four times (2 min) before
+/// the stream is settled.
+async fn wait_idle(session: &Session, context: impl Fn() -> String) {
+    for _ in 0..4 {
+        match session.when_idle().await {
+            Ok(_) => return,
+            Err(status) if status.code() == Code::DeadlineExceeded => {}
+            Err(status) => panic!("WhenIdle failed: {status}\n{}", context()),
+        }
+    }
+    panic!("the session was not idle within 2 min\n{}", context());
 }
 
 /// Turn `turn` (one model step) as `Watch` delivered it: the live deltas came before the durable
@@ -138,10 +153,12 @@ system = "{SYSTEM}"
     let (q1, q2) = ("Which planet in our solar system is the largest one?", "And the smallest?");
 
     session.followup(user_msg("q1", q1)).await.unwrap();
+    wait_idle(&session, context).await;
     watch.settle(&session).await.unwrap_or_else(|e| panic!("{e}\n{}", context()));
     let a1 = check_answer(&watch, 1, &context());
 
     session.followup(user_msg("q2", q2)).await.unwrap();
+    wait_idle(&session, context).await;
     watch.settle(&session).await.unwrap_or_else(|e| panic!("{e}\n{}", context()));
     let a2 = check_answer(&watch, 2, &context());
 
@@ -166,6 +183,7 @@ system = "{SYSTEM}"
     // Usage as recorded on the durable messages (the provider's own counts).
     let u1 = watch.assistant_message(1, 1).and_then(|m| m.usage).expect("usage on assistant/message 1.1");
     let u2 = watch.assistant_message(2, 1).and_then(|m| m.usage).expect("usage on assistant/message 2.1");
+    eprintln!("turn 1: {a1:?} {u1:?}\nturn 2: {a2:?} {u2:?}");
     for u in [&u1, &u2] {
         assert!(u.input_tokens > 0 && u.output_tokens > 0, "{u:?}");
         assert!(u.output_tokens <= 32, "max_tokens = 32: {u:?}");

@@ -211,6 +211,9 @@ pub fn from_config_with_mcp(
             for def in chosen {
                 let deadline = config.tool_deadline(agent, ToolId::Mcp { server, tool: &def.name });
                 let registered = tool_name(server, &def.name);
+                if specs.iter().any(|s: &ToolSpec| s.name == registered) {
+                    continue; // listed both by name and through `mcp:SERVER/*`
+                }
                 specs.push(ToolSpec {
                     name: registered.clone(),
                     description: def.description.clone(),

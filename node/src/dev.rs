@@ -158,7 +158,7 @@ fn banner(url: &str, journal: &str, config: &str, auth: &str) -> String {
 /// running, prints the banner and the bound addresses, and serves until stopped.
 pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     install_metrics();
-    let agents = agents(&opts.config)?;
+    let agents = agents(&opts.config).await?;
     let security = ServerSecurity::load(&opts.auth, opts.tls.as_ref())?;
     let (listener, local) = bind(&opts.listen).await?;
     let auth = auth_line(&security.auth, local, &opts.listen)?;

@@ -22,7 +22,7 @@ pub enum NodeError {
     #[error("{0}")]
     Flags(String),
     /// The configuration's agents cannot run here: a model's `api_key_env` names an unset variable, a
-    /// provider cannot be set up, a tool is not available. The message names the file (when there is one),
+    /// provider cannot be set up, a tool is not available, an MCP server does not start. The message names the file (when there is one),
     /// the agent or model and the variable, never a key's value.
     #[error("{}{cause}", file.as_ref().map(|f| format!("{}: ", f.display())).unwrap_or_default())]
     Agents { file: Option<PathBuf>, cause: turnstile_worker::agents::AgentSetupError },

@@ -59,9 +59,11 @@ fn gateway_config(config: &Config) -> GatewayConfig {
     }
 }
 
-/// The agents, models and tools of the configuration, ready to run (API keys read from the environment).
-fn agents(loaded: &config::Loaded) -> Result<turnstile_worker::agents::AgentSetup, NodeError> {
-    turnstile_worker::agents::from_config(&loaded.config)
+/// The agents, models and tools of the configuration, ready to run: the MCP servers the agents use are
+/// started first (API keys and header values read from the environment).
+async fn agents(loaded: &config::Loaded) -> Result<turnstile_worker::agents::AgentSetup, NodeError> {
+    turnstile_worker::agents::setup(&loaded.config)
+        .await
         .map_err(|cause| NodeError::Agents { file: loaded.path.clone(), cause })
 }
 

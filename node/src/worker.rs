@@ -101,7 +101,7 @@ impl Handle {
 pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     install_metrics();
     let started = Instant::now();
-    let agents = agents(&opts.config)?;
+    let agents = agents(&opts.config).await?;
     let tls = opts.tls.as_ref().map(ServerTls::load).transpose()?;
     let (listener, local) = bind(&opts.listen).await?;
     let advertise = opts.advertise.clone().unwrap_or_else(|| local.to_string());

@@ -7,6 +7,10 @@
 //! exactly the tools the agent lists ([`ChatModel::with_tools`]). [`AgentRouter`] picks the agent's model
 //! by [`ModelRequest::agent`] for every step.
 //!
+//! MCP tools (`mcp:SERVER/TOOL`, `mcp:SERVER/*`) need their servers running first: [`start_mcp`] starts
+//! the servers the agents use and lists their tools, [`from_config_with_mcp`] then registers each tool as
+//! `SERVER__TOOL`; [`setup`] does both (docs/decisions/0012-mcp-tools.md).
+//!
 //! ```
 //! use turnstile_worker::agents::from_config;
 //!
@@ -17,10 +21,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
-use turnstile_config::{Config, ConfigError, ModelConfig, Provider, ToolRef};
+use turnstile_config::{Config, ConfigError, ModelConfig, Provider, ToolId, ToolRef};
 use turnstile_driver::{AgentCatalog, AgentProfile, CatalogError, ModelOutput, ModelRequest};
 
 use crate::model::chat::{ChatProvider, ToolSpec};
@@ -28,6 +33,7 @@ use crate::model::chat_model::{self, ChatModel};
 use crate::model::endpoint::{ApiKey, EndpointError, ModelEndpoint, ProviderKind};
 use crate::model::{DeltaSink, Model, ModelError, ModelIdentity, ScriptedModel};
 use crate::tools::ToolRegistry;
+use crate::tools::mcp::{McpError, McpServer, McpTool, McpToolDef, tool_name};
 
 /// What a worker needs to run a configuration's agents.
 pub struct AgentSetup {
@@ -54,7 +60,10 @@ pub enum AgentSetupError {
     UnknownModel { agent: String, model: String, known: String },
     /// An agent lists a tool this worker does not provide.
     #[error("agent {agent:?}: tool \"{tool}\" is not available in this worker ({reason}; available: {available})")]
-    UnknownTool { agent: String, tool: String, reason: &'static str, available: String },
+    UnknownTool { agent: String, tool: String, reason: String, available: String },
+    /// An MCP server the agents use did not start (or its headers cannot be read).
+    #[error(transparent)]
+    Mcp(Box<McpError>),
     /// A model's `api_key_env` names a variable that is unset or blank.
     #[error("model {model:?}: {source}")]
     ApiKey {
@@ -76,7 +85,14 @@ pub enum AgentSetupError {
     Catalog(#[from] CatalogError),
 }
 
-/// The agents of `config`, ready to run; API keys are read from the process environment.
+impl From<McpError> for AgentSetupError {
+    fn from(error: McpError) -> Self {
+        Self::Mcp(Box::new(error))
+    }
+}
+
+/// The agents of `config`, ready to run; API keys are read from the process environment. An agent with
+/// MCP tools needs [`setup`] (or [`start_mcp`] and [`from_config_with_mcp`]).
 pub fn from_config(config: &Config) -> Result<AgentSetup, AgentSetupError> {
     from_config_with_env(config, |variable| std::env::var(variable).ok())
 }
@@ -86,7 +102,74 @@ pub fn from_config_with_env(
     config: &Config,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<AgentSetup, AgentSetupError> {
-    let tools = ToolRegistry::builtin();
+    from_config_with_mcp(config, env, &McpServers::default())
+}
+
+/// Starts the MCP servers the agents use ([`start_mcp`]), then builds the agents with their tools
+/// ([`from_config_with_mcp`]); API keys and header values are read from the process environment.
+pub async fn setup(config: &Config) -> Result<AgentSetup, AgentSetupError> {
+    let env = |variable: &str| std::env::var(variable).ok();
+    let mcp = start_mcp_with_env(config, env).await?;
+    from_config_with_mcp(config, env, &mcp)
+}
+
+/// The running MCP servers of a configuration, by `[mcp.NAME]` name.
+#[derive(Clone, Debug, Default)]
+pub struct McpServers {
+    servers: BTreeMap<String, Arc<McpServer>>,
+}
+
+impl McpServers {
+    /// Server `name`, when it was started.
+    pub fn get(&self, name: &str) -> Option<&Arc<McpServer>> {
+        self.servers.get(name)
+    }
+
+    /// The started servers' names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.servers.keys().map(String::as_str)
+    }
+}
+
+/// Starts, at once, every `[mcp.NAME]` server some agent lists a tool of (servers no agent uses are not
+/// started) and waits until each has listed its tools; the first that fails to start within
+/// [`crate::tools::mcp::START_TIMEOUT`] is the error (the others are stopped). Header values are read from
+/// the process environment.
+pub async fn start_mcp(config: &Config) -> Result<McpServers, AgentSetupError> {
+    start_mcp_with_env(config, |variable| std::env::var(variable).ok()).await
+}
+
+/// [`start_mcp`] with the environment given as a function.
+pub async fn start_mcp_with_env(
+    config: &Config,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<McpServers, AgentSetupError> {
+    let used: std::collections::BTreeSet<&str> =
+        config.agents.values().flat_map(|a| a.tools.iter().filter_map(ToolRef::mcp_server)).collect();
+    let mut starting = Vec::new();
+    for name in used {
+        // The config crate refuses an agent naming a server that is not configured.
+        let Some(server) = config.mcp.get(name) else { continue };
+        starting.push(McpServer::spawn(server, &env)?);
+    }
+    let ready =
+        futures::future::join_all(starting.iter().map(|server| server.ready(crate::tools::mcp::START_TIMEOUT))).await;
+    for (server, ready) in starting.iter().zip(ready) {
+        ready.map_err(|message| McpError::Start { server: server.name().to_owned(), message })?;
+    }
+    Ok(McpServers { servers: starting.into_iter().map(|s| (s.name().to_owned(), s)).collect() })
+}
+
+/// [`from_config_with_env`] with the started MCP servers whose tools the agents list: each tool is
+/// registered as `SERVER__TOOL`, its calls bounded by [`Config::tool_deadline`] (the longest, when agents
+/// with different deadlines list the same tool).
+pub fn from_config_with_mcp(
+    config: &Config,
+    env: impl Fn(&str) -> Option<String>,
+    mcp: &McpServers,
+) -> Result<AgentSetup, AgentSetupError> {
+    let mut tools = ToolRegistry::builtin();
+    let mut mcp_tools: BTreeMap<String, (Arc<McpServer>, McpToolDef, Duration)> = BTreeMap::new();
     let models = config
         .models
         .iter()
@@ -102,10 +185,50 @@ pub fn from_config_with_env(
                 known: config.models.keys().cloned().collect::<Vec<_>>().join(", "),
             });
         };
-        let specs = agent.tools.iter().map(|tool| tool_spec(name, tool, &tools)).collect::<Result<Vec<_>, _>>()?;
+        let mut specs = Vec::new();
+        for tool in &agent.tools {
+            let ToolRef::Mcp { server, tool: wanted } = tool else {
+                specs.push(tool_spec(name, tool, &tools)?);
+                continue;
+            };
+            let unknown = |reason: String| AgentSetupError::UnknownTool {
+                agent: name.clone(),
+                tool: tool.to_string(),
+                reason,
+                available: tools.names().chain(mcp_tools.keys().map(String::as_str)).collect::<Vec<_>>().join(", "),
+            };
+            let Some(running) = mcp.get(server) else {
+                return Err(unknown(format!("MCP server {server:?} is not started (agents::start_mcp)")));
+            };
+            let listed = running.tools();
+            let chosen: Vec<McpToolDef> = match wanted {
+                None => listed,
+                Some(wanted) => match listed.into_iter().find(|t| &t.name == wanted) {
+                    Some(def) => vec![def],
+                    None => return Err(unknown(format!("MCP server {server:?} does not list it"))),
+                },
+            };
+            for def in chosen {
+                let deadline = config.tool_deadline(agent, ToolId::Mcp { server, tool: &def.name });
+                let registered = tool_name(server, &def.name);
+                if specs.iter().any(|s: &ToolSpec| s.name == registered) {
+                    continue; // listed both by name and through `mcp:SERVER/*`
+                }
+                specs.push(ToolSpec {
+                    name: registered.clone(),
+                    description: def.description.clone(),
+                    input_schema: def.input_schema.clone(),
+                });
+                let entry = mcp_tools.entry(registered).or_insert_with(|| (running.clone(), def, deadline));
+                entry.2 = entry.2.max(deadline);
+            }
+        }
         let system = (!agent.system.trim().is_empty()).then(|| agent.system.clone());
         profiles.push((name.clone(), AgentProfile { system, history_turns: agent.history_turns }));
         routes.insert(name.clone(), model.for_agent(specs));
+    }
+    for (registered, (server, def, deadline)) in mcp_tools {
+        tools.register(registered, Arc::new(McpTool::new(server, def, deadline)));
     }
     let catalog = AgentCatalog::new(config.default_agent.clone(), profiles)?;
     let model = Arc::new(AgentRouter::new(routes, catalog.default_agent()));
@@ -164,13 +287,13 @@ fn tool_spec(agent: &str, tool: &ToolRef, tools: &ToolRegistry) -> Result<ToolSp
             Some(spec) => return Ok(spec),
             None => "this built-in is not implemented yet",
         },
-        ToolRef::Mcp { .. } => "MCP tools are not supported yet",
+        ToolRef::Mcp { .. } => "MCP tools need their servers started (agents::start_mcp)",
         ToolRef::Client(_) => "client tools are not supported yet",
     };
     Err(AgentSetupError::UnknownTool {
         agent: agent.to_owned(),
         tool: tool.to_string(),
-        reason,
+        reason: reason.to_owned(),
         available: tools.names().collect::<Vec<_>>().join(", "),
     })
 }
@@ -298,6 +421,24 @@ mod tests {
                 )
             );
         }
+    }
+
+    #[test]
+    fn mcp_tools_need_a_configured_and_started_server() {
+        // The config crate refuses a server that is not configured.
+        let err = Config::from_toml_str("[agents.a]\ntools = [\"mcp:files/*\"]\n").unwrap_err().to_string();
+        assert!(err.contains("files"), "{err}");
+        // A configured server that was not started (from_config without start_mcp) is named.
+        let config = Config::from_toml_str(
+            "[mcp.files]\ncommand = \"files-server\"\n[agents.a]\ntools = [\"mcp:files/read\"]\n",
+        )
+        .unwrap();
+        let err = from_config_with_env(&config, no_env).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "agent \"a\": tool \"mcp:files/read\" is not available in this worker (MCP server \"files\" is not \
+             started (agents::start_mcp); available: clock, echo, sleep)"
+        );
     }
 
     #[test]

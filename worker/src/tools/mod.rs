@@ -1,4 +1,5 @@
-//! Tools a model step can call, and the built-ins `sleep`, `echo` and `clock`.
+//! Tools a model step can call, the built-ins `sleep`, `echo` and `clock`, and the tools of MCP servers
+//! ([`mcp`]).
 //!
 //! Each tool describes itself to the model ([`Tool::description`], [`Tool::input_schema`]); the registry
 //! hands those out by name ([`ToolRegistry::spec`]) so an agent's model is offered exactly the tools the
@@ -12,6 +13,8 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::chat::ToolSpec;
+
+pub mod mcp;
 
 /// What a tool call returned.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -336,7 +336,7 @@ fn markdown(r: &ModelReport) -> String {
     let _ = writeln!(out, "### Machine\n");
     let _ = writeln!(
         out,
-        "{} cores ({}), llama-server {} on {} (`-t {} -np 1 --temp 0`{}), `turnstile dev --config` ({}{})\n",
+        "{} cores ({}), llama-server {} on {} (`-t {} -np 1 --temp 0{}`), `turnstile dev --config` ({}{})\n",
         r.nproc,
         r.cpu_model,
         r.llama_server_version,
@@ -352,7 +352,8 @@ fn markdown(r: &ModelReport) -> String {
         r.direct.runs, r.warmup, r.max_tokens
     );
     let _ = writeln!(out, "Prompt {:?}, system {:?}.\n", r.prompt, r.system);
-    let _ = writeln!(out, "| path | TTFT p50 | TTFT min – max | deltas/s p50 | deltas/s min – max | answer p50 | deltas |");
+    let _ =
+        writeln!(out, "| path | TTFT p50 | TTFT min – max | deltas/s p50 | deltas/s min – max | answer p50 | deltas |");
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
     for (name, p) in [("llama-server direct (SSE)", &r.direct), ("Turnstile (Followup → Watch)", &r.turnstile)] {
         let _ = writeln!(

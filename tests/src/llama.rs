@@ -177,7 +177,8 @@ pub async fn http_request(
     json_body: Option<&Value>,
 ) -> Result<(u16, String), HarnessError> {
     let attempt = async {
-        let mut stream = TcpStream::connect(addr).await.map_err(|e| HarnessError::io(format!("connecting {addr}"), e))?;
+        let mut stream =
+            TcpStream::connect(addr).await.map_err(|e| HarnessError::io(format!("connecting {addr}"), e))?;
         let body = json_body.map(|b| b.to_string()).unwrap_or_default();
         stream
             .write_all(request_head(method, path, json_body.map(|_| body.len())).as_bytes())

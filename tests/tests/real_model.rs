@@ -142,7 +142,8 @@ system = "{SYSTEM}"
         base_url = proxy.base_url(),
     );
     std::fs::write(&config, toml).unwrap();
-    let opts = DevOptions { extra_args: vec!["--config".into(), config.display().to_string()], ..DevOptions::default() };
+    let opts =
+        DevOptions { extra_args: vec!["--config".into(), config.display().to_string()], ..DevOptions::default() };
     let server = DevServer::start_with(opts).await.unwrap();
     let context = || format!("--- turnstile dev\n{}\n--- llama-server\n{}", server.log_tail(), llama.log_tail());
 

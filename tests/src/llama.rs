@@ -466,6 +466,9 @@ impl RecordedRequest {
     }
 }
 
+/// What the client of one forwarded connection has sent so far.
+type Upload = Arc<Mutex<Vec<u8>>>;
+
 /// A TCP proxy on a loopback port it binds itself (port 0), forwarding every connection to `upstream`
 /// byte for byte (so streaming answers pass through as they come) and keeping a copy of what each client
 /// sent. [`RecordingProxy::requests`] parses those copies into HTTP/1.1 requests. Dropping it closes the
@@ -474,7 +477,7 @@ impl RecordedRequest {
 pub struct RecordingProxy {
     addr: SocketAddr,
     /// Per accepted connection, in accept order: every byte the client sent.
-    connections: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>,
+    connections: Arc<Mutex<Vec<Upload>>>,
     task: JoinHandle<()>,
 }
 
@@ -487,7 +490,7 @@ impl RecordingProxy {
         let listener =
             TcpListener::bind("127.0.0.1:0").await.map_err(|e| HarnessError::io("binding the recording proxy", e))?;
         let addr = listener.local_addr().map_err(|e| HarnessError::io("reading the proxy's address", e))?;
-        let connections: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>> = Arc::default();
+        let connections: Arc<Mutex<Vec<Upload>>> = Arc::default();
         let sink = Arc::clone(&connections);
         let task = tokio::spawn(async move {
             // Owned here: aborting the accept task drops the set, which aborts every forwarding task.
@@ -534,7 +537,7 @@ impl Drop for RecordingProxy {
     }
 }
 
-async fn forward(client: TcpStream, upstream: SocketAddr, record: Arc<Mutex<Vec<u8>>>) {
+async fn forward(client: TcpStream, upstream: SocketAddr, record: Upload) {
     let Ok(server) = TcpStream::connect(upstream).await else { return };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);

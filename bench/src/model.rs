@@ -336,7 +336,7 @@ fn markdown(r: &ModelReport) -> String {
     let _ = writeln!(out, "### Machine\n");
     let _ = writeln!(
         out,
-        "{} cores ({}), llama-server {} on {} (`-t {} -np 1 --temp 0`{}), `turnstile dev --config` ({}{})\n",
+        "{} cores ({}), llama-server {} on {} (`-t {} -np 1 --temp 0{}`), `turnstile dev --config` ({}{})\n",
         r.nproc,
         r.cpu_model,
         r.llama_server_version,

@@ -466,18 +466,18 @@ impl RecordedRequest {
     }
 }
 
+/// What the client of one forwarded connection has sent so far.
+type Upload = Arc<Mutex<Vec<u8>>>;
+
 /// A TCP proxy on a loopback port it binds itself (port 0), forwarding every connection to `upstream`
 /// byte for byte (so streaming answers pass through as they come) and keeping a copy of what each client
 /// sent. [`RecordingProxy::requests`] parses those copies into HTTP/1.1 requests. Dropping it closes the
 /// listener and every forwarded connection.
-/// What one forwarded connection's client sent, shared with its forwarding task.
-type ConnectionBytes = Arc<Mutex<Vec<u8>>>;
-
 #[derive(Debug)]
 pub struct RecordingProxy {
     addr: SocketAddr,
     /// Per accepted connection, in accept order: every byte the client sent.
-    connections: Arc<Mutex<Vec<ConnectionBytes>>>,
+    connections: Arc<Mutex<Vec<Upload>>>,
     task: JoinHandle<()>,
 }
 
@@ -490,7 +490,7 @@ impl RecordingProxy {
         let listener =
             TcpListener::bind("127.0.0.1:0").await.map_err(|e| HarnessError::io("binding the recording proxy", e))?;
         let addr = listener.local_addr().map_err(|e| HarnessError::io("reading the proxy's address", e))?;
-        let connections: Arc<Mutex<Vec<ConnectionBytes>>> = Arc::default();
+        let connections: Arc<Mutex<Vec<Upload>>> = Arc::default();
         let sink = Arc::clone(&connections);
         let task = tokio::spawn(async move {
             // Owned here: aborting the accept task drops the set, which aborts every forwarding task.
@@ -537,7 +537,7 @@ impl Drop for RecordingProxy {
     }
 }
 
-async fn forward(client: TcpStream, upstream: SocketAddr, record: Arc<Mutex<Vec<u8>>>) {
+async fn forward(client: TcpStream, upstream: SocketAddr, record: Upload) {
     let Ok(server) = TcpStream::connect(upstream).await else { return };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);

@@ -124,6 +124,11 @@ async fn bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store
     }
 }
 
+/// How long the shard watch may see no change before it is re-established (see `watch_shards`). Leases
+/// are renewed every `LeaseConfig::renew_every` (400 ms by default), so a healthy watch is never this quiet
+/// while any worker lives; a cluster without workers re-establishes it every few seconds, which is cheap.
+const SHARD_WATCH_IDLE: Duration = Duration::from_secs(5);
+
 impl ClusterKv {
     /// Opens (creating if needed) both buckets. `worker_ttl` is how long a heartbeat counts.
     pub async fn open(
@@ -248,7 +253,18 @@ impl ClusterKv {
                 loop {
                     let next = tokio::select! {
                         () = tx.closed() => return,
-                        next = watch.next() => next,
+                        next = tokio::time::timeout(SHARD_WATCH_IDLE, watch.next()) => next,
+                    };
+                    // A watch that saw nothing for SHARD_WATCH_IDLE has stalled: live owners renew their
+                    // leases every few hundred ms. The KV watch is an ordered push consumer, and when the
+                    // bucket's stream leader moves it can go quiet without ending or erroring, which left
+                    // gateways routing on a map that named no owner for a minute (cluster_chaos, leader kill).
+                    let Ok(next) = next else {
+                        tracing::warn!(
+                            idle_ms = SHARD_WATCH_IDLE.as_millis() as u64,
+                            "shard watch idle; re-establishing"
+                        );
+                        break;
                     };
                     let Some(Ok(entry)) = next else { break };
                     let Ok(shard) = entry.key.parse::<u32>() else { continue };

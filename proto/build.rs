@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/turnstile/v1/events.proto",
         "proto/turnstile/v1/agent.proto",
         "proto/turnstile/cluster/v1/cluster.proto",
+        "proto/turnstile/hooks/v1/hooks.proto",
     ];
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     let mut config = prost_build::Config::new();

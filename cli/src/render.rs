@@ -160,8 +160,20 @@ impl Renderer {
                 }
                 (2, line)
             }
-            EventPayload::ToolCall { call, .. } => {
-                (2, format!("tool/call {} {} {}", call.call_id, call.name, call.arguments))
+            EventPayload::ToolCall { call, awaiting_approval, .. } => {
+                let mut line = format!("tool/call {} {} {}", call.call_id, call.name, call.arguments);
+                if *awaiting_approval {
+                    line.push_str(&format!(
+                        " AWAITING APPROVAL (turnstile decide SESSION {} --approve|--deny)",
+                        call.call_id
+                    ));
+                }
+                (2, line)
+            }
+            EventPayload::ToolDecision { call_id, approved, reason, .. } => {
+                let verdict = if *approved { "approved" } else { "denied" };
+                let reason = if reason.is_empty() { String::new() } else { format!(": {}", preview(reason)) };
+                (2, format!("tool/decision {call_id} {verdict}{reason}"))
             }
             EventPayload::ToolResult { call_id, output, error, .. } => match error {
                 Some(err) => (2, format!("tool/result {call_id} error {}", preview(err))),

@@ -93,6 +93,11 @@ pub fn encode_command(command: &Command) -> PbCommand {
             agent: agent.clone(),
             inject_mode: encode_inject_mode(*inject_mode) as i32,
         }),
+        Command::Decide { call_id, approve, reason } => PbCommand::Decide(cpb::DecideCommand {
+            call_id: call_id.clone(),
+            approve: *approve,
+            reason: reason.clone(),
+        }),
     }
 }
 
@@ -135,6 +140,12 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
                 agent: c.agent,
                 inject_mode: inject_mode_at(c.inject_mode, "configure.inject_mode", None)?,
             }
+        }
+        PbCommand::Decide(d) => {
+            if d.call_id.is_empty() {
+                return Err(CodecError::invalid("decide.call_id", "is empty; name the tool call to decide"));
+            }
+            Command::Decide { call_id: d.call_id, approve: d.approve, reason: d.reason }
         }
     })
 }
@@ -298,6 +309,7 @@ mod tests {
         all.push(Command::WhenIdle);
         all.push(Command::Configure { agent: "assistant".into(), inject_mode: InjectMode::Pending });
         all.push(Command::Configure { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn });
+        all.push(Command::Decide { call_id: "call-1".into(), approve: false, reason: "too risky".into() });
         all
     }
 

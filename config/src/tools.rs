@@ -46,6 +46,28 @@ pub enum ToolId<'a> {
     Client(&'a str),
 }
 
+impl<'a> ToolId<'a> {
+    /// The tool a model-facing name stands for: `SERVER__TOOL` is a tool of an MCP server, a built-in's
+    /// name is that built-in, any other name a client tool (client tools may not take built-in names).
+    ///
+    /// ```
+    /// use turnstile_config::{Builtin, ToolId};
+    ///
+    /// assert_eq!(ToolId::from_call_name("files__read_file"), ToolId::Mcp { server: "files", tool: "read_file" });
+    /// assert_eq!(ToolId::from_call_name("clock"), ToolId::Builtin(Builtin::Clock));
+    /// assert_eq!(ToolId::from_call_name("lookup"), ToolId::Client("lookup"));
+    /// ```
+    pub fn from_call_name(name: &'a str) -> Self {
+        if let Some((server, tool)) = name.split_once("__") {
+            return Self::Mcp { server, tool };
+        }
+        match name.parse::<Builtin>() {
+            Ok(builtin) => Self::Builtin(builtin),
+            Err(_) => Self::Client(name),
+        }
+    }
+}
+
 /// One entry of an agent's `tools`.
 ///
 /// ```

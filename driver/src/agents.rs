@@ -5,6 +5,7 @@
 //! runner's business, so it stays out of this sans-IO crate.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use turnstile_model::transcript::DEFAULT_TRANSCRIPT_TURNS;
 
@@ -18,13 +19,65 @@ pub struct AgentProfile {
     pub system: Option<String>,
     /// Whole turns before the current one that a model request carries.
     pub history_turns: u32,
+    /// The tool calls that wait for a human's decision before they run (SPEC §9).
+    pub approval: ApprovalRules,
 }
 
 impl Default for AgentProfile {
     fn default() -> Self {
-        Self { system: None, history_turns: DEFAULT_TRANSCRIPT_TURNS }
+        Self { system: None, history_turns: DEFAULT_TRANSCRIPT_TURNS, approval: ApprovalRules::default() }
     }
 }
+
+/// Which calls of an agent wait for a human's decision (SPEC §9), asked by the name the model calls the
+/// tool by (a built-in by its name, an MCP tool as `SERVER__TOOL`, a client tool by its name).
+///
+/// The rule is a pure function the worker builds from the agent's `approval` patterns, which only it can
+/// read (it knows which name is which kind of tool); the driver just asks it.
+///
+/// ```
+/// use turnstile_driver::ApprovalRules;
+///
+/// let rules = ApprovalRules::new(|tool| tool.starts_with("files__write"));
+/// assert!(rules.requires("files__write_file"));
+/// assert!(!rules.requires("clock"));
+/// assert!(!ApprovalRules::default().requires("files__write_file"));
+/// ```
+#[derive(Clone, Default)]
+pub struct ApprovalRules(Option<Arc<ApprovalRule>>);
+
+/// Whether a call of the named tool waits for a decision.
+type ApprovalRule = dyn Fn(&str) -> bool + Send + Sync;
+
+impl ApprovalRules {
+    pub fn new(requires: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+        Self(Some(Arc::new(requires)))
+    }
+
+    /// A call of `tool` waits for a decision.
+    pub fn requires(&self, tool: &str) -> bool {
+        self.0.as_ref().is_some_and(|rule| rule(tool))
+    }
+}
+
+impl std::fmt::Debug for ApprovalRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "ApprovalRules(..)" } else { "ApprovalRules(none)" })
+    }
+}
+
+impl PartialEq for ApprovalRules {
+    /// The same rule object (rules are functions; two built apart are never equal).
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for ApprovalRules {}
 
 /// A catalog that cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -108,4 +161,5 @@ impl AgentCatalog {
     }
 }
 
-static FALLBACK: AgentProfile = AgentProfile { system: None, history_turns: DEFAULT_TRANSCRIPT_TURNS };
+static FALLBACK: AgentProfile =
+    AgentProfile { system: None, history_turns: DEFAULT_TRANSCRIPT_TURNS, approval: ApprovalRules(None) };

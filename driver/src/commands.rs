@@ -34,6 +34,7 @@ impl Driver {
             }
             Command::Clear => Ok(self.clear()),
             Command::Configure { agent, inject_mode } => self.configure(agent, inject_mode),
+            Command::Decide { call_id, approve, reason } => self.decide(&call_id, approve, reason),
             Command::WhenIdle => {
                 if self.is_quiescent() {
                     Ok(CommandReply::Idle(self.summary()))

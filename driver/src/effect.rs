@@ -74,6 +74,8 @@ impl AppendGroup {
 #[derive(Clone, Debug, PartialEq)]
 pub struct PreStepRequest {
     pub op: OpId,
+    /// The agent running the turn: the runner picks its waterfall by this name.
+    pub agent: String,
     pub turn: u64,
     /// The step this proposal would open.
     pub step: u32,
@@ -86,7 +88,8 @@ pub struct PreStepRequest {
 /// The decision of the pre-step waterfall.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PreStepDecision {
-    Reject,
+    /// End the turn `blocked`, with the reason the rejecting hook gave (recorded in `turn/end`).
+    Reject { reason: Option<String> },
     /// The complete, ordered batch to enter.
     Enter(Vec<UserMessage>),
 }
@@ -96,7 +99,9 @@ pub enum PreStepDecision {
 pub enum HookVerdict {
     /// Pass this batch to the next hook (the last one is entered).
     Pass(Vec<UserMessage>),
-    Reject,
+    Reject {
+        reason: Option<String>,
+    },
 }
 
 /// A hook failed; the turn ends `error`.
@@ -127,6 +132,16 @@ pub struct ToolOutcome {
     pub error: Option<String>,
     /// The tool concluded the turn (the step result becomes `completed`).
     pub concludes_turn: bool,
+    /// Model-visible context the tool returned with its result (SPEC §9): inserted at the end of
+    /// next-step, right after the `tool/result`, with source `tool{call_id}` (the driver sets it).
+    pub context: Vec<UserMessage>,
+}
+
+impl ToolOutcome {
+    /// A result with no context that does not conclude the turn.
+    pub fn new(call_id: impl Into<String>, name: impl Into<String>, output: String, error: Option<String>) -> Self {
+        Self { call_id: call_id.into(), name: name.into(), output, error, concludes_turn: false, context: Vec::new() }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -194,6 +209,8 @@ pub enum ModelOutcome {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolRequest {
     pub op: OpId,
+    /// The agent running the turn: its tool list and deadlines apply to the call.
+    pub agent: String,
     pub turn: u64,
     pub step: u32,
     pub call: ToolCallSpec,

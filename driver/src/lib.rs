@@ -46,7 +46,7 @@ use turnstile_model::{
     SessionState, SessionSummary, Status,
 };
 
-pub use agents::{AgentCatalog, AgentProfile, CatalogError};
+pub use agents::{AgentCatalog, AgentProfile, ApprovalRules, CatalogError};
 pub use effect::{
     AppendGroup, CommandId, Effect, HookError, HookVerdict, ModelOutcome, ModelOutput, ModelRequest, OpId,
     PreStepDecision, PreStepOutcome, PreStepRequest, ToolOutcome, ToolRequest,
@@ -158,7 +158,10 @@ impl Driver {
     pub fn is_parked(&self) -> bool {
         match &self.turn {
             None => true,
-            Some(t) => matches!(t.phase, turn::Phase::Parked),
+            // A call waiting for approval runs nothing: the next owner waits for the decision instead.
+            Some(t) => {
+                matches!(t.phase, turn::Phase::Parked | turn::Phase::Tools { running: None, awaiting: Some(_), .. })
+            }
         }
     }
 

@@ -2,7 +2,7 @@
 
 use turnstile_model::{EventPayload, LivePayload, Splice, SpliceOutcome, Status, Target, TurnEndReason, UserMessage};
 
-use super::turn::Resume;
+use super::turn::{ActiveTurn, Phase, Resume};
 use super::{Driver, ToolOutcome};
 
 impl Driver {
@@ -11,6 +11,9 @@ impl Driver {
     pub fn recover(&mut self, now_ms: u64) {
         self.now_ms = now_ms;
         let mut resume = Resume::default();
+        if self.resume_awaiting_approval() {
+            return;
+        }
         if let Some(open) = self.state.open_turn.clone() {
             let (turn, step) = (open.turn, open.step);
             for call in &open.open_calls {
@@ -36,13 +39,7 @@ impl Driver {
                 resume.tool_results = open
                     .last_step_results
                     .iter()
-                    .map(|r| ToolOutcome {
-                        call_id: r.call_id.clone(),
-                        name: r.name.clone(),
-                        output: r.output.clone(),
-                        error: r.error.clone(),
-                        concludes_turn: false,
-                    })
+                    .map(|r| ToolOutcome::new(&r.call_id, &r.name, r.output.clone(), r.error.clone()))
                     .collect();
             }
             self.write(EventPayload::TurnEnd { turn, reason: TurnEndReason::Interrupted });
@@ -67,6 +64,41 @@ impl Driver {
         }
         self.set_status(Status::Running);
         self.open_turn(resume);
+    }
+
+    /// A turn cut while a call waited for approval is not interrupted: nothing of it was running, so the
+    /// new owner takes the turn over in place and waits for the same decision (SPEC §9).
+    fn resume_awaiting_approval(&mut self) -> bool {
+        let Some(open) = self.state.open_turn.clone() else { return false };
+        let Some(waiting) = open.awaiting.clone() else { return false };
+        if !open.step_open || open.open_calls.len() != 1 {
+            return false;
+        }
+        let (calls, next) = match open.step_calls.iter().position(|c| c.call_id == waiting.call_id) {
+            Some(next) => (open.step_calls.clone(), next),
+            None => (vec![waiting.clone()], 0),
+        };
+        let agent = self.agents.resolve(self.state.agent.as_deref()).0.to_owned();
+        self.turn = Some(ActiveTurn {
+            turn: open.turn,
+            proposal: 1,
+            step: open.step,
+            phase: Phase::Tools { calls, next, running: None, awaiting: Some(waiting.call_id) },
+            cancel: None,
+            last_step: None,
+            max_tokens: open.max_tokens,
+            tool_results: open
+                .last_step_results
+                .iter()
+                .map(|r| ToolOutcome::new(&r.call_id, &r.name, r.output.clone(), r.error.clone()))
+                .collect(),
+            interrupted_prompt: Vec::new(),
+            resumed: false,
+            concluded: false,
+            agent,
+        });
+        self.set_status(Status::Running);
+        true
     }
 
     /// Re-inserts claimed-but-never-entered messages at the head of their list.

@@ -132,7 +132,7 @@ pub fn judge(batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
             entered.push(message);
         }
     }
-    Ok(if reject { HookVerdict::Reject } else { HookVerdict::Pass(entered) })
+    Ok(if reject { HookVerdict::Reject { reason: None } } else { HookVerdict::Pass(entered) })
 }
 
 #[cfg(test)]
@@ -177,13 +177,7 @@ mod tests {
     #[test]
     fn answers_tool_results_when_no_message_is_new() {
         let mut r = request(vec![]);
-        r.tool_results = vec![ToolOutcome {
-            call_id: "c".into(),
-            name: "echo".into(),
-            output: "hi".into(),
-            error: None,
-            concludes_turn: false,
-        }];
+        r.tool_results = vec![ToolOutcome::new("c", "echo", "hi".into(), None)];
         assert_eq!(plan(&r).output.text, "tool results: echo: hi");
     }
 

@@ -1,8 +1,8 @@
 //! Turns and steps: claim → pre-step → step (model, tools) → turn end and drain (SPEC §4).
 
 use turnstile_model::{
-    CancelCause, EventPayload, LivePayload, Splice, SpliceOutcome, Status, Target, ToolCallSpec, TurnEndReason,
-    UserMessage,
+    CancelCause, CommandError, CommandReply, EventPayload, LivePayload, MessageSource, Splice, SpliceOutcome, Status,
+    Target, ToolCallSpec, TurnEndReason, UserMessage,
 };
 
 use super::{
@@ -68,6 +68,8 @@ pub(super) enum Phase {
         calls: Vec<ToolCallSpec>,
         next: usize,
         running: Option<OpId>,
+        /// The call at `next` waits for `Decide` (SPEC §9); nothing runs meanwhile.
+        awaiting: Option<String>,
     },
 }
 
@@ -115,7 +117,7 @@ impl Driver {
             return;
         }
         t.proposal += 1;
-        let (turn, proposal, step) = (t.turn, t.proposal, t.step + 1);
+        let (turn, proposal, step, agent) = (t.turn, t.proposal, t.step + 1, t.agent.clone());
         // A resumed turn's one next-turn slot belongs to the prompt a crash interrupted.
         let claim_next_turn = proposal == 1 && !t.resumed;
         let mut claimed = self.claim(Target::NextStep, self.state.inbox.next_step.len());
@@ -129,7 +131,7 @@ impl Driver {
         if let Some(t) = self.turn.as_mut() {
             t.phase = Phase::PreStep { op };
         }
-        self.effects.push_back(Effect::PreStep(PreStepRequest { op, turn, step, proposal, messages: claimed }));
+        self.effects.push_back(Effect::PreStep(PreStepRequest { op, agent, turn, step, proposal, messages: claimed }));
     }
 
     /// A pure-deletion splice of the first `count` messages of `target` (nothing when 0).
@@ -168,7 +170,9 @@ impl Driver {
             PreStepOutcome::Failed { message } => {
                 self.fail_turn(step + 1, format!("pre-step hook failed: {message}"), "hook_failed".into());
             }
-            PreStepOutcome::Decided(PreStepDecision::Reject) => self.end_turn(TurnEndReason::Blocked),
+            PreStepOutcome::Decided(PreStepDecision::Reject { reason }) => {
+                self.end_turn(TurnEndReason::Blocked { reason })
+            }
             PreStepOutcome::Decided(PreStepDecision::Enter(messages)) => {
                 if !messages.is_empty() || resumed && proposal == 1 {
                     return self.start_step(messages);
@@ -290,7 +294,7 @@ impl Driver {
                     self.end_step(StepResult::Completed);
                 } else {
                     if let Some(t) = self.turn.as_mut() {
-                        t.phase = Phase::Tools { calls: tool_calls, next: 0, running: None };
+                        t.phase = Phase::Tools { calls: tool_calls, next: 0, running: None, awaiting: None };
                     }
                     self.next_tool_call();
                 }
@@ -312,13 +316,14 @@ impl Driver {
         loop {
             let Some(t) = self.turn.as_mut() else { return };
             let (turn, step, aborting, concluded) = (t.turn, t.step, t.cancel.is_some(), t.concluded);
-            let Phase::Tools { calls, next, running } = &mut t.phase else { return };
+            let needs_approval = |name: &str| self.agents.resolve(Some(&t.agent)).1.approval.requires(name);
+            let Phase::Tools { calls, next, awaiting, .. } = &mut t.phase else { return };
             let Some(call) = calls.get(*next).cloned() else {
                 return self.end_step(if concluded { StepResult::Completed } else { StepResult::Continue });
             };
             if aborting {
                 *next += 1;
-                self.write(EventPayload::ToolCall { turn, step, call: call.clone() });
+                self.write(EventPayload::ToolCall { turn, step, call: call.clone(), awaiting_approval: false });
                 self.write(EventPayload::ToolResult {
                     turn,
                     step,
@@ -328,12 +333,85 @@ impl Driver {
                 });
                 continue;
             }
-            let op = self.next_op;
-            self.next_op += 1;
-            *running = Some(op);
-            self.write(EventPayload::ToolCall { turn, step, call: call.clone() });
-            self.effects.push_back(Effect::Tool(ToolRequest { op, turn, step, call }));
+            if needs_approval(&call.name) {
+                // Durable before anyone can decide it; watchers see the call waiting.
+                *awaiting = Some(call.call_id.clone());
+                self.write(EventPayload::ToolCall { turn, step, call, awaiting_approval: true });
+                return;
+            }
+            self.run_tool_call(call);
             return;
+        }
+    }
+
+    /// Writes `tool/call` (unless it was written awaiting approval) and asks the runner to run it.
+    fn run_tool_call(&mut self, call: ToolCallSpec) {
+        let Some(t) = self.turn.as_mut() else { return };
+        let (turn, step, agent) = (t.turn, t.step, t.agent.clone());
+        let Phase::Tools { running, awaiting, .. } = &mut t.phase else { return };
+        let approved = awaiting.take().is_some();
+        let op = self.next_op;
+        self.next_op += 1;
+        *running = Some(op);
+        if !approved {
+            self.write(EventPayload::ToolCall { turn, step, call: call.clone(), awaiting_approval: false });
+        }
+        self.effects.push_back(Effect::Tool(ToolRequest { op, agent, turn, step, call }));
+    }
+
+    /// `Decide` (SPEC §9): answers the call awaiting approval. Approved runs it; denied gives the
+    /// error result `denied: <reason>` and goes on with the next call.
+    pub(super) fn decide(
+        &mut self,
+        call_id: &str,
+        approve: bool,
+        reason: String,
+    ) -> Result<CommandReply, CommandError> {
+        let waiting = self.turn.as_ref().and_then(|t| match &t.phase {
+            Phase::Tools { calls, next, awaiting: Some(id), .. } if id == call_id && t.cancel.is_none() => {
+                calls.get(*next).cloned().map(|call| (t.turn, t.step, call))
+            }
+            _ => None,
+        });
+        let Some((turn, step, call)) = waiting else {
+            return Err(self.undecidable(call_id));
+        };
+        self.write(EventPayload::ToolDecision {
+            turn,
+            step,
+            call_id: call_id.to_owned(),
+            approved: approve,
+            reason: reason.clone(),
+        });
+        if approve {
+            self.run_tool_call(call);
+        } else {
+            let reason = if reason.trim().is_empty() { "no reason given".to_owned() } else { reason };
+            if let Some(Phase::Tools { next, awaiting, .. }) = self.turn.as_mut().map(|t| &mut t.phase) {
+                *next += 1;
+                *awaiting = None;
+            }
+            let outcome = ToolOutcome::new(call.call_id, call.name, String::new(), Some(format!("denied: {reason}")));
+            self.record_tool_result(turn, step, outcome);
+            self.next_tool_call();
+        }
+        Ok(CommandReply::Written { seq: self.state.last_seq })
+    }
+
+    /// Why `call_id` cannot be decided: a call of this session that is not waiting (already decided, or
+    /// never asked for approval) is a failed precondition; any other id is unknown.
+    fn undecidable(&self, call_id: &str) -> CommandError {
+        let session = &self.state.session;
+        let known = self.state.transcript.entries().any(|e| e.mentions_call(call_id))
+            || self.state.open_turn.as_ref().is_some_and(|o| o.step_calls.iter().any(|c| c.call_id == call_id));
+        if known {
+            CommandError::FailedPrecondition(format!(
+                "tool call {call_id} of session {session} is not awaiting approval: it was already decided, or it never needed approval"
+            ))
+        } else {
+            CommandError::NotFound(format!(
+                "session {session} has no tool call {call_id}; take the id from the `tool/call` event with awaiting_approval"
+            ))
         }
     }
 
@@ -346,6 +424,13 @@ impl Driver {
         }
         *running = None;
         *next += 1;
+        self.record_tool_result(turn, step, outcome);
+        self.next_tool_call();
+    }
+
+    /// `tool/result`, then the tool's context messages (one splice at the end of next-step, source
+    /// `tool{call_id}`), so the next proposal claims them.
+    fn record_tool_result(&mut self, turn: u64, step: u32, mut outcome: ToolOutcome) {
         let concludes = outcome.concludes_turn;
         self.write(EventPayload::ToolResult {
             turn,
@@ -354,12 +439,50 @@ impl Driver {
             output: outcome.output.clone(),
             error: outcome.error.clone(),
         });
+        let context: Vec<UserMessage> = std::mem::take(&mut outcome.context)
+            .into_iter()
+            .map(|mut m| {
+                m.source = MessageSource::Tool { call_id: outcome.call_id.clone() };
+                m
+            })
+            .filter(|m| self.accepted_as_context(m))
+            .collect();
+        if !context.is_empty() {
+            self.write(EventPayload::InboxSpliced(Splice {
+                target: Target::NextStep,
+                start: self.state.inbox.next_step.len() as u32,
+                removed_count: 0,
+                inserted: context.clone(),
+                outcome: SpliceOutcome::None,
+                wake: false,
+                requested_target: None,
+            }));
+            for message in context {
+                self.publish(LivePayload::Inserted { message });
+            }
+        }
         if let Some(t) = self.turn.as_mut() {
             t.tool_results.push(outcome);
             // A tool that concludes the turn makes the step result `completed`; later calls still run.
             t.concluded |= concludes;
         }
-        self.next_tool_call();
+    }
+
+    /// A context message the tool returned can be inserted: well-formed, within the size limit and with
+    /// an id never used in this session. Anything else is dropped with a warning rather than failing the
+    /// turn: the result itself is already durable and the model sees it.
+    fn accepted_as_context(&self, message: &UserMessage) -> bool {
+        let problem = match message.validate(self.limits.max_message_bytes) {
+            Err(e) => Some(e.to_string()),
+            Ok(()) if self.state.inbox.contains(&message.id) || self.state.accepted.get(&message.id).is_some() => {
+                Some(format!("message id {} was already used in this session", message.id))
+            }
+            Ok(()) => None,
+        };
+        if let Some(problem) = &problem {
+            tracing::warn!(session = %self.state.session, id = %message.id, problem, "dropped a tool context message");
+        }
+        problem.is_none()
     }
 
     /// `step/end`, then the next proposal or the end of the turn.
@@ -410,9 +533,20 @@ impl Driver {
             return;
         }
         t.cancel = Some(cause);
-        let op = match &t.phase {
+        let op = match &mut t.phase {
             Phase::PreStep { op } | Phase::Model { op, .. } => Some(*op),
-            Phase::Tools { running, .. } => *running,
+            Phase::Tools { running, awaiting, next, calls } => {
+                if let Some(call_id) = awaiting.take() {
+                    // A call waiting for approval never started: it ends like an unstarted call.
+                    let name = calls.get(*next).map(|c| c.name.clone()).unwrap_or_default();
+                    *next += 1;
+                    let (turn, step) = (t.turn, t.step);
+                    let error = Some("not run: the turn was aborted".to_owned());
+                    self.record_tool_result(turn, step, ToolOutcome::new(call_id, name, String::new(), error));
+                    return self.next_tool_call();
+                }
+                *running
+            }
             Phase::Parked => None,
         };
         if let Some(op) = op {

@@ -16,7 +16,10 @@ fn two_agents(history_turns: u32) -> AgentCatalog {
         "scripted",
         [
             ("scripted".to_owned(), AgentProfile::default()),
-            ("short".to_owned(), AgentProfile { system: Some("Be brief.".into()), history_turns }),
+            (
+                "short".to_owned(),
+                AgentProfile { system: Some("Be brief.".into()), history_turns, ..AgentProfile::default() },
+            ),
         ],
     )
     .unwrap()

@@ -230,8 +230,10 @@ impl Tracker {
                 assert!(!self.step_open, "{at}: a step is open");
                 assert!(self.ended.insert(*turn), "{at}: turn ended twice");
                 self.open_turn = None;
-                let losing =
-                    matches!(reason, TurnEndReason::Blocked | TurnEndReason::Error { .. } | TurnEndReason::Aborted(_));
+                let losing = matches!(
+                    reason,
+                    TurnEndReason::Blocked { .. } | TurnEndReason::Error { .. } | TurnEndReason::Aborted(_)
+                );
                 for (id, f) in self.fate.iter_mut() {
                     if let Fate::Claimed { turn: t, text } = f
                         && t == turn

@@ -222,6 +222,7 @@ names_session!(
     pb::GetInboxRequest,
     pb::GetSessionRequest,
     pb::ConfigureSessionRequest,
+    pb::DecideRequest,
     pb::WatchRequest,
     pb::WhenIdleRequest,
 );
@@ -367,6 +368,28 @@ impl Agent for Gateway {
             )));
         }
         Ok(Response::new(self.info(&state).await))
+    }
+
+    async fn decide(&self, request: Request<pb::DecideRequest>) -> Result<Response<pb::EditReply>, Status> {
+        let req = self.open(request)?;
+        let session = self.session(req.session)?;
+        if req.call_id.is_empty() {
+            return Err(Status::invalid_argument(
+                "call_id: is empty; name the tool call to decide (the call_id of its tool/call event)",
+            ));
+        }
+        let command = Command::Decide { call_id: req.call_id, approve: req.approve, reason: req.reason };
+        let seq = self.written(session, command).await?;
+        Ok(Response::new(pb::EditReply { seq }))
+    }
+
+    type ServeToolsStream = ReceiverStream<Result<pb::ToolTask, Status>>;
+
+    async fn serve_tools(
+        &self,
+        _request: Request<tonic::Streaming<pb::ToolWorkerMessage>>,
+    ) -> Result<Response<Self::ServeToolsStream>, Status> {
+        Err(Status::unimplemented("ServeTools is not served by this gateway yet"))
     }
 
     type WatchStream = ReceiverStream<Result<pb::WatchItem, Status>>;

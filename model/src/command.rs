@@ -46,6 +46,12 @@ pub enum Command {
         agent: String,
         inject_mode: InjectMode,
     },
+    /// `Decide` (SPEC §9): answers the tool call awaiting approval.
+    Decide {
+        call_id: String,
+        approve: bool,
+        reason: String,
+    },
     /// Resolves when the driver is idle and no latched wake is pending.
     WhenIdle,
 }
@@ -65,6 +71,7 @@ impl Command {
             Self::Splice { .. } => "splice",
             Self::Clear => "clear",
             Self::Configure { .. } => "configure",
+            Self::Decide { .. } => "decide",
             Self::WhenIdle => "when_idle",
         }
     }

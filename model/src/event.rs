@@ -53,10 +53,16 @@ impl fmt::Display for CancelCause {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TurnEndReason {
     Completed,
-    Blocked,
+    /// A pre-step decision rejected the batch; the reason names the hook and says why, when it did.
+    Blocked {
+        reason: Option<String>,
+    },
     MaxTokens,
     Aborted(CancelCause),
-    Error { message: String, code: String },
+    Error {
+        message: String,
+        code: String,
+    },
     Interrupted,
 }
 
@@ -64,7 +70,8 @@ impl fmt::Display for TurnEndReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Completed => f.write_str("completed"),
-            Self::Blocked => f.write_str("blocked"),
+            Self::Blocked { reason: None } => f.write_str("blocked"),
+            Self::Blocked { reason: Some(reason) } => write!(f, "blocked{{{reason}}}"),
             Self::MaxTokens => f.write_str("max-tokens"),
             Self::Aborted(cause) => write!(f, "aborted{{{cause}}}"),
             Self::Error { message, code } => write!(f, "error{{{code}: {message}}}"),
@@ -185,6 +192,17 @@ pub enum EventPayload {
         turn: u64,
         step: u32,
         call: ToolCallSpec,
+        /// The call waits for a `tool/decision` before it runs (SPEC §9).
+        #[serde(default)]
+        awaiting_approval: bool,
+    },
+    /// `tool/decision` (SPEC §9): the answer to a call awaiting approval.
+    ToolDecision {
+        turn: u64,
+        step: u32,
+        call_id: String,
+        approved: bool,
+        reason: String,
     },
     ToolResult {
         turn: u64,
@@ -226,6 +244,7 @@ impl EventPayload {
             Self::AssistantMessage { .. } => "assistant/message",
             Self::ToolCall { .. } => "tool/call",
             Self::ToolResult { .. } => "tool/result",
+            Self::ToolDecision { .. } => "tool/decision",
             Self::GoalChange { .. } => "goal/change",
             Self::SessionConfigured { .. } => "session/configured",
             Self::Ignorable { .. } => "ignorable",
@@ -234,7 +253,7 @@ impl EventPayload {
 }
 
 /// Every durable type, in SPEC §5 order.
-pub const DURABLE_TYPES: [&str; 12] = [
+pub const DURABLE_TYPES: [&str; 13] = [
     "agent/inbox/spliced",
     "agent/status",
     "turn/start",
@@ -247,6 +266,7 @@ pub const DURABLE_TYPES: [&str; 12] = [
     "tool/result",
     "goal/change",
     "session/configured",
+    "tool/decision",
 ];
 
 /// A durable event with its envelope. `seq` is contiguous from 1 per session; `time_ms` and `epoch`

@@ -151,6 +151,12 @@ pub struct OpenTurn {
     /// Tool results of the latest step (cleared at `step/start`): a turn cut after a tool step still owes
     /// the model's answer to them.
     pub last_step_results: Vec<ToolResultRecord>,
+    /// The tool calls the open step's `assistant/message` asked for, in model order.
+    #[serde(default)]
+    pub step_calls: Vec<ToolCallSpec>,
+    /// The open call that waits for a `tool/decision` (SPEC §9).
+    #[serde(default)]
+    pub awaiting: Option<ToolCallSpec>,
 }
 
 /// A `tool/result` with the name of its call.
@@ -325,6 +331,7 @@ impl SessionState {
                 open.undecided_claims.clear();
                 open.open_step_messages.clear();
                 open.last_step_results.clear();
+                open.step_calls.clear();
             }
             EventPayload::StepEnd { turn, step } => {
                 let open = self.open_turn_mut(*turn).ok_or_else(|| structure("its turn is not open".into()))?;
@@ -343,6 +350,7 @@ impl SessionState {
             EventPayload::AssistantMessage { turn, step, max_tokens, text, tool_calls, interrupted, .. } => {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
                 open.max_tokens |= *max_tokens;
+                open.step_calls = tool_calls.clone();
                 self.transcript.push(TranscriptEntry::Assistant {
                     turn: *turn,
                     step: *step,
@@ -351,9 +359,22 @@ impl SessionState {
                     interrupted: *interrupted,
                 });
             }
-            EventPayload::ToolCall { turn, step, call } => {
+            EventPayload::ToolCall { turn, step, call, awaiting_approval } => {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
+                if *awaiting_approval {
+                    if let Some(waiting) = &open.awaiting {
+                        return Err(structure(format!("call {} already awaits approval", waiting.call_id)));
+                    }
+                    open.awaiting = Some(call.clone());
+                }
                 open.open_calls.push(call.clone());
+            }
+            EventPayload::ToolDecision { turn, step, call_id, .. } => {
+                let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
+                if open.awaiting.as_ref().is_none_or(|c| &c.call_id != call_id) {
+                    return Err(structure(format!("call {call_id} does not await approval")));
+                }
+                open.awaiting = None;
             }
             EventPayload::ToolResult { turn, step, call_id, output, error } => {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
@@ -363,6 +384,10 @@ impl SessionState {
                     .position(|c| &c.call_id == call_id)
                     .ok_or_else(|| structure(format!("no open call {call_id}")))?;
                 let call = open.open_calls.remove(i);
+                if open.awaiting.as_ref().is_some_and(|c| c.call_id == call.call_id) {
+                    // Denied, or ended unstarted by an abort.
+                    open.awaiting = None;
+                }
                 open.last_step_results.push(ToolResultRecord {
                     call_id: call.call_id.clone(),
                     name: call.name.clone(),

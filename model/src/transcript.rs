@@ -39,6 +39,15 @@ impl TranscriptEntry {
             Self::User { step, .. } | Self::Assistant { step, .. } | Self::ToolResult { step, .. } => *step,
         }
     }
+
+    /// The entry asks for or answers the tool call `call_id`.
+    pub fn mentions_call(&self, call_id: &str) -> bool {
+        match self {
+            Self::User { .. } => false,
+            Self::Assistant { tool_calls, .. } => tool_calls.iter().any(|c| c.call_id == call_id),
+            Self::ToolResult { call_id: id, .. } => id == call_id,
+        }
+    }
 }
 
 /// The entries of one turn (or of one run of between-turn entries, turn 0), in log order.

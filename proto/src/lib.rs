@@ -23,5 +23,13 @@ pub mod cluster {
     }
 }
 
+/// `turnstile.hooks.v1`: the remote pre-step hook service a worker calls (SPEC §9).
+pub mod hooks {
+    pub mod v1 {
+        #![allow(missing_docs, clippy::all, clippy::pedantic)]
+        tonic::include_proto!("turnstile.hooks.v1");
+    }
+}
+
 /// Encoded `FileDescriptorSet` of every Turnstile proto, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("turnstile_descriptor");

@@ -353,6 +353,7 @@ pub fn durable_type(payload: &Durable) -> &'static str {
         Durable::ToolResult(_) => "tool/result",
         Durable::GoalChange(_) => "goal/change",
         Durable::SessionConfigured(_) => "session/configured",
+        Durable::ToolDecision(_) => "tool/decision",
     }
 }
 
@@ -477,7 +478,10 @@ fn durable_line(e: &SessionEvent) -> String {
         Durable::TurnEnd(t) => {
             let reason = match t.reason.as_ref().and_then(|r| r.reason.as_ref()) {
                 Some(Reason::Completed(_)) => "completed".to_owned(),
-                Some(Reason::Blocked(_)) => "blocked".to_owned(),
+                Some(Reason::Blocked(b)) => match &b.reason {
+                    Some(reason) => format!("blocked{{{reason}}}"),
+                    None => "blocked".to_owned(),
+                },
                 Some(Reason::MaxTokens(_)) => "max-tokens".to_owned(),
                 Some(Reason::Aborted(c)) => format!("aborted{{{}}}", cause(&Some(c.clone()))),
                 Some(Reason::Error(_)) => "error".to_owned(),
@@ -511,7 +515,14 @@ fn durable_line(e: &SessionEvent) -> String {
             }
             line
         }
-        Durable::ToolCall(c) => format!("tool/call {}.{} {} {}", c.turn, c.step, c.name, c.arguments),
+        Durable::ToolCall(c) => {
+            let waits = if c.awaiting_approval { " awaiting-approval" } else { "" };
+            format!("tool/call {}.{} {} {}{waits}", c.turn, c.step, c.name, c.arguments)
+        }
+        Durable::ToolDecision(d) => {
+            let verdict = if d.approved { "approved" } else { "denied" };
+            format!("tool/decision {}.{} {} {verdict} {:?}", d.turn, d.step, d.call_id, d.reason)
+        }
         Durable::ToolResult(r) => match &r.error {
             Some(err) => format!("tool/result {}.{} error {:?}", r.turn, r.step, err),
             None => format!("tool/result {}.{} {:?}", r.turn, r.step, r.output),

@@ -26,7 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use turnstile_config::{Config, ConfigError, ModelConfig, Provider, ToolId, ToolRef};
-use turnstile_driver::{AgentCatalog, AgentProfile, CatalogError, ModelOutput, ModelRequest};
+use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, CatalogError, ModelOutput, ModelRequest};
 
 use crate::model::chat::{ChatProvider, ToolSpec};
 use crate::model::chat_model::{self, ChatModel};
@@ -224,7 +224,16 @@ pub fn from_config_with_mcp(
             }
         }
         let system = (!agent.system.trim().is_empty()).then(|| agent.system.clone());
-        profiles.push((name.clone(), AgentProfile { system, history_turns: agent.history_turns }));
+        let approval = if agent.approval.is_empty() {
+            ApprovalRules::default()
+        } else {
+            let patterns = agent.approval.clone();
+            ApprovalRules::new(move |tool| {
+                let id = ToolId::from_call_name(tool);
+                patterns.iter().any(|p| p.matches(id))
+            })
+        };
+        profiles.push((name.clone(), AgentProfile { system, history_turns: agent.history_turns, approval }));
         routes.insert(name.clone(), model.for_agent(specs));
     }
     for (registered, (server, def, deadline)) in mcp_tools {
@@ -400,7 +409,7 @@ mod tests {
         assert_eq!(setup.catalog.default_agent(), "terse");
         assert_eq!(
             setup.catalog.get("terse"),
-            Some(&AgentProfile { system: Some("Be terse.".into()), history_turns: 3 })
+            Some(&AgentProfile { system: Some("Be terse.".into()), history_turns: 3, ..AgentProfile::default() })
         );
         assert_eq!(setup.catalog.names().collect::<Vec<_>>(), ["scripted", "terse"]);
     }

@@ -34,7 +34,7 @@ pub async fn run_waterfall(
     for hook in hooks {
         match hook.decide(request, batch, abort).await? {
             HookVerdict::Pass(next) => batch = next,
-            HookVerdict::Reject => return Ok(PreStepDecision::Reject),
+            HookVerdict::Reject { reason } => return Ok(PreStepDecision::Reject { reason }),
         }
     }
     Ok(PreStepDecision::Enter(batch))
@@ -86,7 +86,10 @@ mod tests {
 
     #[test]
     fn rejects_drops_rewrites_and_fails() {
-        assert_eq!(ContentGuard::judge(vec![msg("a", "x"), msg("b", "[[reject]]")]), Ok(HookVerdict::Reject));
+        assert_eq!(
+            ContentGuard::judge(vec![msg("a", "x"), msg("b", "[[reject]]")]),
+            Ok(HookVerdict::Reject { reason: None })
+        );
         assert_eq!(
             ContentGuard::judge(vec![msg("a", "x"), msg("b", "[[drop]] y")]),
             Ok(HookVerdict::Pass(vec![msg("a", "x")]))

@@ -102,7 +102,7 @@ fn target_label(target: Target) -> &'static str {
 fn reason_label(reason: &TurnEndReason) -> &'static str {
     match reason {
         TurnEndReason::Completed => "completed",
-        TurnEndReason::Blocked => "blocked",
+        TurnEndReason::Blocked { .. } => "blocked",
         TurnEndReason::MaxTokens => "max_tokens",
         TurnEndReason::Aborted(_) => "aborted",
         TurnEndReason::Error { .. } => "error",

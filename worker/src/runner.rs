@@ -500,11 +500,8 @@ impl Runner {
             // A started call finishes even on abort: the tool sees the signal and may stop early.
             let r = deps.tools.call(&request.call.name, &request.call.arguments, &token).await;
             let outcome = ToolOutcome {
-                call_id: request.call.call_id,
-                name: request.call.name,
-                output: r.output,
-                error: r.error,
                 concludes_turn: r.concludes_turn,
+                ..ToolOutcome::new(request.call.call_id, request.call.name, r.output, r.error)
             };
             let _ = tx.send(OpMsg::ToolDone { op: request.op, outcome });
         });

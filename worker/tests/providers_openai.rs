@@ -590,13 +590,7 @@ async fn chat_model_streams_deltas_and_maps_the_output() {
     assert_eq!(sent["messages"][1], json!({"role": "user", "content": "what time is it?"}));
 
     let (tx, _rx) = mpsc::channel(16);
-    let results = vec![ToolOutcome {
-        call_id: "c1".into(),
-        name: "clock".into(),
-        output: "12:00".into(),
-        error: None,
-        concludes_turn: false,
-    }];
+    let results = vec![ToolOutcome::new("c1", "clock", "12:00".into(), None)];
     let error =
         model.step(model_request(vec![], results), DeltaSink::new(tx), CancellationToken::new()).await.unwrap_err();
     match error {

@@ -89,7 +89,7 @@ pub fn msg(id: &str, text: &str) -> UserMessage {
 pub fn guard(req: &PreStepRequest) -> PreStepOutcome {
     match scripted::judge(req.messages.clone()) {
         Ok(HookVerdict::Pass(batch)) => PreStepOutcome::Decided(PreStepDecision::Enter(batch)),
-        Ok(HookVerdict::Reject) => PreStepOutcome::Decided(PreStepDecision::Reject),
+        Ok(HookVerdict::Reject { reason }) => PreStepOutcome::Decided(PreStepDecision::Reject { reason }),
         Err(e) => PreStepOutcome::Failed { message: e.to_string() },
     }
 }
@@ -675,23 +675,11 @@ impl Default for Sim {
 }
 
 fn tool_ok(req: &ToolRequest, output: String) -> ToolOutcome {
-    ToolOutcome {
-        call_id: req.call.call_id.clone(),
-        name: req.call.name.clone(),
-        output,
-        error: None,
-        concludes_turn: false,
-    }
+    ToolOutcome::new(&req.call.call_id, &req.call.name, output, None)
 }
 
 fn tool_err(req: &ToolRequest, error: String) -> ToolOutcome {
-    ToolOutcome {
-        call_id: req.call.call_id.clone(),
-        name: req.call.name.clone(),
-        output: String::new(),
-        error: Some(error),
-        concludes_turn: false,
-    }
+    ToolOutcome::new(&req.call.call_id, &req.call.name, String::new(), Some(error))
 }
 
 pub fn ids(messages: &[UserMessage]) -> String {
@@ -701,7 +689,8 @@ pub fn ids(messages: &[UserMessage]) -> String {
 pub fn reason(r: &TurnEndReason) -> String {
     match r {
         TurnEndReason::Completed => "completed".into(),
-        TurnEndReason::Blocked => "blocked".into(),
+        TurnEndReason::Blocked { reason: None } => "blocked".into(),
+        TurnEndReason::Blocked { reason: Some(reason) } => format!("blocked{{{reason}}}"),
         TurnEndReason::MaxTokens => "max-tokens".into(),
         TurnEndReason::Aborted(cause) => format!("aborted{{{cause}}}"),
         TurnEndReason::Error { code, .. } => format!("error{{{code}}}"),
@@ -761,7 +750,18 @@ pub fn render_durable(e: &Envelope) -> String {
             }
             out
         }
-        EventPayload::ToolCall { turn, step, call } => format!("D tool/call {turn}.{step} {}", call.name),
+        EventPayload::ToolCall { turn, step, call, awaiting_approval: false } => {
+            format!("D tool/call {turn}.{step} {}", call.name)
+        }
+        EventPayload::ToolCall { turn, step, call, awaiting_approval: true } => {
+            format!("D tool/call {turn}.{step} {} awaiting-approval", call.name)
+        }
+        EventPayload::ToolDecision { turn, step, call_id, approved, reason } => {
+            format!(
+                "D tool/decision {turn}.{step} {call_id} {} {reason}",
+                if *approved { "approved" } else { "denied" }
+            )
+        }
         EventPayload::ToolResult { turn, step, call_id, error, .. } => {
             format!("D tool/result {turn}.{step} {call_id}{}", if error.is_some() { " error" } else { "" })
         }

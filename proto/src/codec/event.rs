@@ -69,7 +69,7 @@ fn cancel_cause_at(cause: pb::CancelCause, path: &str) -> Result<CancelCause, Co
 pub fn encode_turn_end_reason(reason: &TurnEndReason) -> pb::TurnEndReason {
     let reason = match reason {
         TurnEndReason::Completed => Reason::Completed(pb::Empty {}),
-        TurnEndReason::Blocked => Reason::Blocked(pb::Empty {}),
+        TurnEndReason::Blocked { reason } => Reason::Blocked(pb::TurnBlocked { reason: reason.clone() }),
         TurnEndReason::MaxTokens => Reason::MaxTokens(pb::Empty {}),
         TurnEndReason::Aborted(cause) => Reason::Aborted(encode_cancel_cause(cause)),
         TurnEndReason::Error { message, code } => {
@@ -88,7 +88,7 @@ pub fn decode_turn_end_reason(reason: pb::TurnEndReason) -> Result<TurnEndReason
 fn turn_end_reason_at(reason: pb::TurnEndReason, path: &str) -> Result<TurnEndReason, CodecError> {
     match reason.reason {
         Some(Reason::Completed(_)) => Ok(TurnEndReason::Completed),
-        Some(Reason::Blocked(_)) => Ok(TurnEndReason::Blocked),
+        Some(Reason::Blocked(b)) => Ok(TurnEndReason::Blocked { reason: b.reason }),
         Some(Reason::MaxTokens(_)) => Ok(TurnEndReason::MaxTokens),
         Some(Reason::Aborted(cause)) => Ok(TurnEndReason::Aborted(cancel_cause_at(cause, &join(path, "aborted"))?)),
         Some(Reason::Error(e)) => Ok(TurnEndReason::Error { message: e.message, code: e.code }),
@@ -199,13 +199,23 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
                 usage: usage.map(|u| pb::Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens }),
             })
         }
-        EventPayload::ToolCall { turn, step, call } => Payload::ToolCall(pb::ToolCall {
+        EventPayload::ToolCall { turn, step, call, awaiting_approval } => Payload::ToolCall(pb::ToolCall {
             turn: *turn,
             step: *step,
             call_id: call.call_id.clone(),
             name: call.name.clone(),
             arguments: call.arguments.clone(),
+            awaiting_approval: *awaiting_approval,
         }),
+        EventPayload::ToolDecision { turn, step, call_id, approved, reason } => {
+            Payload::ToolDecision(pb::ToolDecision {
+                turn: *turn,
+                step: *step,
+                call_id: call_id.clone(),
+                approved: *approved,
+                reason: reason.clone(),
+            })
+        }
         EventPayload::ToolResult { turn, step, call_id, output, error } => Payload::ToolResult(pb::ToolResult {
             turn: *turn,
             step: *step,
@@ -243,6 +253,7 @@ fn payload_type(payload: &Payload) -> &'static str {
         Payload::ToolResult(_) => "tool/result",
         Payload::GoalChange(_) => "goal/change",
         Payload::SessionConfigured(_) => "session/configured",
+        Payload::ToolDecision(_) => "tool/decision",
     }
 }
 
@@ -280,6 +291,14 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             turn: c.turn,
             step: c.step,
             call: ToolCallSpec { call_id: c.call_id, name: c.name, arguments: c.arguments },
+            awaiting_approval: c.awaiting_approval,
+        },
+        Payload::ToolDecision(d) => EventPayload::ToolDecision {
+            turn: d.turn,
+            step: d.step,
+            call_id: d.call_id,
+            approved: d.approved,
+            reason: d.reason,
         },
         Payload::ToolResult(r) => EventPayload::ToolResult {
             turn: r.turn,

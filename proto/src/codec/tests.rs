@@ -102,7 +102,10 @@ fn payloads() -> Vec<EventPayload> {
             reasoning: Some(String::new()),
             usage: Some(Usage::default()),
         },
-        EventPayload::ToolCall { turn: 4, step: 1, call },
+        EventPayload::ToolCall { turn: 4, step: 1, call: call.clone(), awaiting_approval: false },
+        EventPayload::ToolCall { turn: 4, step: 1, call, awaiting_approval: true },
+        EventPayload::ToolDecision { turn: 4, step: 1, call_id: "c1".into(), approved: true, reason: "ok".into() },
+        EventPayload::ToolDecision { turn: 4, step: 1, call_id: "c1".into(), approved: false, reason: String::new() },
         EventPayload::ToolResult { turn: 4, step: 1, call_id: "c1".into(), output: "hi".into(), error: None },
         EventPayload::ToolResult {
             turn: 4,
@@ -121,7 +124,8 @@ fn payloads() -> Vec<EventPayload> {
     }
     let reasons = [
         TurnEndReason::Completed,
-        TurnEndReason::Blocked,
+        TurnEndReason::Blocked { reason: None },
+        TurnEndReason::Blocked { reason: Some("step budget: 8 steps".into()) },
         TurnEndReason::MaxTokens,
         TurnEndReason::Aborted(CancelCause::User),
         TurnEndReason::Aborted(CancelCause::Parent),
@@ -482,7 +486,10 @@ fn nested_payload_errors_name_the_path() {
     }
     assert_eq!(decode_session_event(event).unwrap_err().path(), Some("inbox_spliced.requested_target"));
 
-    let mut end = encode_session_event(&envelope(1, EventPayload::TurnEnd { turn: 1, reason: TurnEndReason::Blocked }));
+    let mut end = encode_session_event(&envelope(
+        1,
+        EventPayload::TurnEnd { turn: 1, reason: TurnEndReason::Blocked { reason: None } },
+    ));
     if let Some(pb::session_event::Payload::TurnEnd(t)) = &mut end.payload {
         t.reason = None;
     }

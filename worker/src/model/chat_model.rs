@@ -354,13 +354,7 @@ mod tests {
         ];
         let mut r = request(history, vec![]);
         r.system = None;
-        r.tool_results = vec![ToolOutcome {
-            call_id: "c1".into(),
-            name: "clock".into(),
-            output: "12:00".into(),
-            error: None,
-            concludes_turn: false,
-        }];
+        r.tool_results = vec![ToolOutcome::new("c1", "clock", "12:00".into(), None)];
         // On resume the interrupted prompt is already in the history.
         r.interrupted_prompt = vec![UserMessage::user_text("m1", "time?")];
         let chat = model().chat_request(&r);
@@ -377,13 +371,7 @@ mod tests {
     #[test]
     fn without_history_tool_results_and_the_interrupted_prompt_go_as_user_text() {
         let mut r = request(vec![], vec![]);
-        r.tool_results = vec![ToolOutcome {
-            call_id: "c1".into(),
-            name: "clock".into(),
-            output: String::new(),
-            error: Some("boom".into()),
-            concludes_turn: false,
-        }];
+        r.tool_results = vec![ToolOutcome::new("c1", "clock", String::new(), Some("boom".into()))];
         r.interrupted_prompt = vec![UserMessage::user_text("m1", "still there?")];
         let chat = model().chat_request(&r);
         assert_eq!(

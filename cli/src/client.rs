@@ -488,6 +488,20 @@ pub async fn configure(client: &mut Client, session: &str, agent: &str, inject_m
     Ok(())
 }
 
+/// `decide SESSION CALL_ID --approve|--deny [--reason TEXT]`.
+pub async fn decide(client: &mut Client, session: &str, call_id: &str, approve: bool, reason: &str) -> Result<()> {
+    let request = pb::DecideRequest {
+        session: Some(client.session(session)),
+        call_id: call_id.to_owned(),
+        approve,
+        reason: reason.to_owned(),
+    };
+    let reply = client.api.decide(request).await?.into_inner();
+    let verdict = if approve { "approved" } else { "denied" };
+    println!("{verdict} call_id={call_id} seq={}", reply.seq);
+    Ok(())
+}
+
 pub async fn clear(client: &mut Client, session: &str) -> Result<()> {
     let reply = client.api.clear(pb::ClearRequest { session: Some(client.session(session)) }).await?.into_inner();
     println!("cleared seq={}", reply.seq);

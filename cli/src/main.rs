@@ -94,6 +94,8 @@ enum Cmd {
     Clear(SessionArg),
     /// Choose the session's agent (and inject mode) from the next turn on; only while idle.
     Configure(ConfigureArgs),
+    /// Approve or deny a tool call awaiting approval (`watch` shows its call id).
+    Decide(DecideArgs),
     /// Show the pending messages.
     Inbox(ShowArgs),
     /// Show a session's status, last seq and turn, epoch and owner.
@@ -363,6 +365,23 @@ struct ConfigureArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("verdict").required(true).args(["approve", "deny"]))]
+struct DecideArgs {
+    session: String,
+    /// The call id of the `tool/call` event marked AWAITING APPROVAL.
+    call_id: String,
+    /// Run the tool.
+    #[arg(long)]
+    approve: bool,
+    /// Do not run it: the model gets the error result `denied: REASON`.
+    #[arg(long)]
+    deny: bool,
+    /// Why (recorded in `tool/decision`; the model sees it on a denial).
+    #[arg(long, default_value = "")]
+    reason: String,
+}
+
+#[derive(Args, Debug)]
 struct SessionArg {
     session: String,
 }
@@ -529,6 +548,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Clear(a) => client::clear(c, &a.session).await,
         Cmd::Configure(a) => client::configure(c, &a.session, &a.agent, a.inject_mode.0).await,
+        Cmd::Decide(a) => client::decide(c, &a.session, &a.call_id, a.approve, &a.reason).await,
         Cmd::Inbox(a) => client::inbox(c, &a.session, a.json).await,
         Cmd::Session(a) => client::show_session(c, &a.session, a.json).await,
         Cmd::List(a) => client::list(c, a.json, a.all_tenants).await,

@@ -133,6 +133,17 @@ impl Session {
         self.client().configure_session(req).await.map(tonic::Response::into_inner)
     }
 
+    /// `Decide(call_id, approve, reason)` (SPEC §9).
+    pub async fn decide(&self, call_id: &str, approve: bool, reason: &str) -> Result<EditReply, Status> {
+        let req = turnstile_proto::v1::DecideRequest {
+            session: self.some_ref(),
+            call_id: call_id.to_owned(),
+            approve,
+            reason: reason.to_owned(),
+        };
+        self.client().decide(req).await.map(tonic::Response::into_inner)
+    }
+
     pub async fn inbox(&self) -> Result<InboxSnapshot, Status> {
         let req = GetInboxRequest { session: self.some_ref() };
         self.client().get_inbox(req).await.map(tonic::Response::into_inner)

@@ -155,8 +155,13 @@ impl Sim {
 
     /// A new owner (epoch `epoch`) loads `log`, folds it and calls `recover(now)`.
     pub fn recover(log: Vec<Envelope>, limits: Limits, epoch: u64, now: u64) -> Self {
+        Self::recover_with_agents(log, limits, AgentCatalog::default(), epoch, now)
+    }
+
+    /// [`Sim::recover`] by a driver that knows `agents`.
+    pub fn recover_with_agents(log: Vec<Envelope>, limits: Limits, agents: AgentCatalog, epoch: u64, now: u64) -> Self {
         let state = SessionState::fold(session(), limits.dedup_horizon, &log).unwrap();
-        let driver = Driver::new(state.clone(), limits.clone(), AgentCatalog::default(), epoch, "node-2");
+        let driver = Driver::new(state.clone(), limits.clone(), agents, epoch, "node-2");
         let mut sim = Self::build(driver, limits, epoch, log, state, now);
         sim.driver.recover(now);
         sim.pump();
@@ -488,6 +493,18 @@ impl Sim {
                 match req.call.name.as_str() {
                     "echo" => {
                         let out = tool_ok(&req, req.call.arguments.clone());
+                        self.ready.push_back(Ready::ToolDone(req.op, out));
+                    }
+                    // `context A|B`: returns "ok" with the context messages "A" and "B" (SPEC §9).
+                    "context" => {
+                        let mut out = tool_ok(&req, "ok".into());
+                        out.context = req
+                            .call
+                            .arguments
+                            .split('|')
+                            .enumerate()
+                            .map(|(i, text)| msg(&format!("{}.ctx{i}", req.call.call_id), text.trim()))
+                            .collect();
                         self.ready.push_back(Ready::ToolDone(req.op, out));
                     }
                     "sleep" => match req.call.arguments.trim().parse::<u64>() {

@@ -56,5 +56,5 @@ pub use mcp::{McpServerConfig, McpTransport};
 pub use model::{ModelConfig, Provider};
 pub use names::ValueError;
 pub use secret::Secret;
-pub use tools::{Builtin, Glob, ToolId, ToolPattern, ToolRef};
+pub use tools::{Builtin, Glob, MAX_MODEL_TOOL_NAME, ToolId, ToolPattern, ToolRef, is_model_tool_name};
 pub use url::HttpUrl;

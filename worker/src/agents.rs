@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
-use turnstile_config::{Config, ConfigError, ModelConfig, Provider, ToolId, ToolRef};
+use turnstile_config::{
+    Config, ConfigError, MAX_MODEL_TOOL_NAME, ModelConfig, Provider, ToolId, ToolRef, is_model_tool_name,
+};
 use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, CatalogError, ModelOutput, ModelRequest};
 
 use crate::model::chat::{ChatProvider, ToolSpec};
@@ -211,6 +213,22 @@ pub fn from_config_with_mcp(
             for def in chosen {
                 let deadline = config.tool_deadline(agent, ToolId::Mcp { server, tool: &def.name });
                 let registered = tool_name(server, &def.name);
+                if !is_model_tool_name(&registered) {
+                    let reason = format!(
+                        "the model would call it {registered:?}, which is not 1–{MAX_MODEL_TOOL_NAME} letters, digits, `_` or `-` (what OpenAI and Anthropic accept); use a shorter [mcp.*] name"
+                    );
+                    if wanted.is_some() {
+                        return Err(AgentSetupError::UnknownTool {
+                            agent: name.clone(),
+                            tool: tool.to_string(),
+                            reason,
+                            available: tools.names().collect::<Vec<_>>().join(", "),
+                        });
+                    }
+                    // `mcp:SERVER/*` takes what the server lists; one odd name must not stop the worker.
+                    tracing::warn!(agent = %name, server = %server, tool = %def.name, "{reason}; the tool is not offered");
+                    continue;
+                }
                 if specs.iter().any(|s: &ToolSpec| s.name == registered) {
                     continue; // listed both by name and through `mcp:SERVER/*`
                 }

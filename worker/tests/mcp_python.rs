@@ -74,3 +74,25 @@ async fn an_is_error_result_is_a_tool_error() {
     let r = setup.tools.call("py__fail", "{}", &CancellationToken::new()).await;
     assert!(r.error.as_deref().is_some_and(|e| e.contains("it broke")), "{r:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_name_too_long_for_a_model_is_skipped_by_a_wildcard_and_refused_by_name() {
+    let (mcp, setup, marker) = start("long", 60_000).await;
+    let long = format!("py__{}", "a_tool_whose_name_is_longer_than_what_any_model_provider_accepts"[..61].to_owned());
+    assert_eq!(long.len(), 65);
+    assert!(setup.tools.contains("py__wait"), "the other tools are offered");
+    assert!(!setup.tools.contains(&long), "`mcp:py/*` leaves out a name no model accepts");
+
+    let python = std::env::var("TURNSTILE_TEST_PYTHON").unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_server.py");
+    let config = Config::from_toml_str(&format!(
+        "[mcp.py]\ncommand = {python:?}\nargs = [{:?}, {:?}]\n[agents.a]\ntools = [\"mcp:py/{}\"]\n",
+        script.display().to_string(),
+        marker.display().to_string(),
+        &long[4..],
+    ))
+    .unwrap();
+    let err = from_config_with_mcp(&config, |_| None, &mcp).unwrap_err().to_string();
+    assert!(err.contains(&format!("the model would call it {long:?}")), "{err}");
+    assert!(err.contains("use a shorter [mcp.*] name"), "{err}");
+}

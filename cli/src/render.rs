@@ -139,6 +139,10 @@ impl Renderer {
                 self.in_step = false;
                 (1, format!("step/end {turn}.{step}"))
             }
+            // Turn 0 is history between turns (an out-of-turn inject, SPEC §11).
+            EventPayload::UserMessage { message, turn: 0, .. } => {
+                (ambient, format!("user/message {} (between turns)", message_brief(message)))
+            }
             EventPayload::UserMessage { message, .. } => (2, format!("user/message {}", message_brief(message))),
             EventPayload::AssistantMessage { text, tool_calls, interrupted, max_tokens, reasoning, usage, .. } => {
                 let mut line = format!("assistant/message {}", preview(text));

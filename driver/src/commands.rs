@@ -123,6 +123,12 @@ impl Driver {
                 ),
             }));
         }
+        let idle = self.turn.is_none() && self.state.status == Status::Idle;
+        if target == Target::NextStep && !wakeup && idle && self.state.inject_mode == InjectMode::OutOfTurn {
+            // SPEC §11, seed 004: an idle inject becomes history between turns, not pending input.
+            let seq = self.write(EventPayload::UserMessage { message, turn: 0, step: 0 });
+            return Ok(CommandReply::Sent { seq, turn: None });
+        }
         self.check_room(1, 0)?;
 
         // A waking delivery during an abort is forced to next-turn and latches a wake (never for
@@ -134,7 +140,6 @@ impl Driver {
             Position::Tail => self.state.inbox.list(written_target).len() as u32,
             Position::Head => 0,
         };
-        let idle = self.turn.is_none() && self.state.status == Status::Idle;
         let seq = self.write(EventPayload::InboxSpliced(Splice {
             target: written_target,
             start,

@@ -120,8 +120,8 @@ pub struct Usage {
     pub output_tokens: u64,
 }
 
-/// What an `inject` to an idle session does (SPEC §11). Stored by `session/configured`; only
-/// [`InjectMode::Pending`] behaves differently today, `OutOfTurn` is recorded for the driver that will.
+/// What an `inject` to an idle session does (SPEC §11). Stored by `session/configured`; an inject to a
+/// running session behaves as SPEC §4 in both modes (docs/decisions/0016-out-of-turn-inject.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum InjectMode {
     /// The inject waits in next-step for the next step (SPEC §4).

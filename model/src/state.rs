@@ -341,6 +341,18 @@ impl SessionState {
                 open.step_open = false;
                 open.open_step_messages.clear();
             }
+            EventPayload::UserMessage { message, turn: 0, step: 0 } => {
+                // An out-of-turn inject (SPEC §11): history between turns, accepted like a delivery.
+                if let Some(open) = &self.open_turn {
+                    return Err(structure(format!("a message between turns while turn {} is open", open.turn)));
+                }
+                if self.accepted.get(&message.id).is_some() {
+                    return Err(structure(format!("message id {} was already accepted", message.id)));
+                }
+                let fingerprint = Some(Fingerprint::of(message, Target::NextStep, false));
+                self.accepted.insert(message.id.clone(), Acceptance { seq, fingerprint, opened_turn: None });
+                self.transcript.push(TranscriptEntry::User { turn: 0, step: 0, message: message.clone() });
+            }
             EventPayload::UserMessage { message, turn, step } => {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
                 open.admitted.push(message.clone());

@@ -63,8 +63,34 @@ async fn configure_scripted_writes_session_configured(backend: Backend) {
     assert_eq!((info.agent.as_str(), info.inject_mode), ("scripted", InjectMode::Pending as i32));
 }
 
+/// SPEC §11: with `out-of-turn` an idle inject is one `user/message {turn: 0, step: 0}` and nothing else;
+/// a retry is deduplicated; a later followup runs as usual.
+async fn an_out_of_turn_inject_to_an_idle_session_is_one_message_between_turns(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
+    let s = server.session();
+    s.configure("scripted", InjectMode::OutOfTurn).await.unwrap();
+    let reply = s.inject(user_msg("I", "the build is green")).await.unwrap();
+    assert_eq!((reply.seq, reply.turn), (2, None));
+    assert_eq!(s.inject(user_msg("I", "the build is green")).await.unwrap().seq, 2, "a retry is deduplicated");
+    let (events, last) = s.replay(0).await.unwrap();
+    assert_eq!(last, 2, "nothing but the message: {events:?}");
+    match &events[1].payload {
+        Some(Payload::UserMessage(m)) => {
+            assert_eq!((m.turn, m.step, m.message.as_ref().unwrap().id.as_str()), (0, 0, "I"));
+        }
+        other => panic!("expected user/message, got {other:?}"),
+    }
+    let info = s.info().await.unwrap();
+    assert_eq!(info.status, turnstile_proto::v1::SessionStatus::Idle as i32);
+    assert!(s.inbox().await.unwrap().next_step.is_empty(), "nothing pending");
+    s.followup(user_msg("A", "go")).await.unwrap();
+    let idle = s.when_idle().await.unwrap();
+    assert_eq!(idle.last_turn, 1);
+}
+
 turnstile_tests::backend_tests!(
     unknown_agent_is_invalid_argument_listing_the_known_ones,
     configure_while_running_is_failed_precondition_naming_the_turn,
     configure_scripted_writes_session_configured,
+    an_out_of_turn_inject_to_an_idle_session_is_one_message_between_turns,
 );

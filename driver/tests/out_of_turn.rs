@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::{Sim, msg, refused, sent, written};
+use support::{Sim, refused, sent, written};
 use turnstile_driver::Limits;
 use turnstile_model::{Command, InjectMode, SessionState, Status, Target, TranscriptEntry};
 

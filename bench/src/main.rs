@@ -5,6 +5,8 @@
 //! names one on loopback, starts the release `turnstile dev --nats URL --listen 127.0.0.1:<free port>`,
 //! measures, prints a Markdown report (or `--json`) and stops what it started.
 //!
+//! `turnstile-bench tools` measures what Turnstile adds to a tool call of each kind (see [`tools`]).
+//!
 //! `turnstile-bench model` measures a real model instead: time to first token and streaming rate straight
 //! from llama-server and through `turnstile dev --config` (see [`model`]).
 
@@ -13,6 +15,7 @@ mod model;
 mod servers;
 mod stats;
 mod throughput;
+mod tools;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -75,6 +78,9 @@ enum Mode {
     /// A real model (llama-server on SmolLM2): time to first token and deltas/s straight from llama-server
     /// and through `turnstile dev --config`, same prompt, interleaved rounds.
     Model(model::ModelArgs),
+    /// Tool calls: what Turnstile adds to one call of each kind of tool (built-in, MCP over stdio)
+    /// against calling it directly, same run.
+    Tools(tools::ToolsArgs),
 }
 
 #[derive(Debug, Serialize)]
@@ -109,8 +115,10 @@ pub(crate) fn cpu_model() -> String {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    if let Some(Mode::Model(model_args)) = args.mode {
-        return model::run(model_args).await;
+    match args.mode {
+        Some(Mode::Model(model_args)) => return model::run(model_args).await,
+        Some(Mode::Tools(tools_args)) => return tools::run(tools_args).await,
+        None => {}
     }
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let bin = args.turnstile_bin.clone().unwrap_or_else(servers::default_turnstile_bin);

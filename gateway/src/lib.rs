@@ -29,7 +29,6 @@ use std::future::Future;
 pub use cluster_router::{ClusterRouter, ClusterRouterConfig};
 pub use service::{Gateway, GatewayConfig};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::ServerTlsConfig;
 use turnstile_proto::v1::agent_server::AgentServer;
 
@@ -64,7 +63,7 @@ pub async fn serve_with(
     let (router, _health) = turnstile_ops::grpc::server(&served, tls).await?;
     router
         .add_service(AgentServer::new(gateway))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(turnstile_ops::grpc::incoming(listener), shutdown)
         .await?;
     Ok(())
 }

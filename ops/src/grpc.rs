@@ -29,6 +29,16 @@ pub async fn server(
     Ok((router, reporter))
 }
 
+/// The connections a role's gRPC server accepts on `listener`, with `TCP_NODELAY` set on each.
+///
+/// Without it a stream of small messages (a Watch's events, a tool call's frames) meets Nagle's
+/// algorithm and the client's delayed ACK: each small write after an unacknowledged one waited up to
+/// ~40 ms, so a `tool/call` reached a watcher only with its `tool/result` (measured with
+/// `turnstile-bench tools`). `serve_with_incoming` does not apply the builder's `tcp_nodelay`.
+pub fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
 /// The health service, reporting `""` (the whole server) and each of `services` as SERVING. Keep the
 /// reporter to change a status later (NOT_SERVING while draining, say).
 pub async fn health(services: &[&str]) -> (HealthReporter, HealthServer<impl Health>) {

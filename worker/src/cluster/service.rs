@@ -11,7 +11,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 use turnstile_cluster::CommandRouter;
 use turnstile_cluster::codec::{decode_execute_request, encode_command_reply};
@@ -80,7 +79,7 @@ pub async fn serve_with(
     let (router, _health) = turnstile_ops::grpc::server(&served, tls).await?;
     router
         .add_service(service.into_server())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(turnstile_ops::grpc::incoming(listener), shutdown)
         .await
 }
 

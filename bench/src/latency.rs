@@ -69,6 +69,7 @@ fn splice_event(session: &pb::SessionRef, message: pb::UserMessage) -> pb::Sessi
             outcome: pb::SpliceOutcome::None.into(),
             wake: true,
             requested_target: pb::Target::Unspecified.into(),
+            deadline: None,
         })),
     }
 }

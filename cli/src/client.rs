@@ -10,7 +10,7 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use turnstile_model::message::{MessageSource, SessionRef, Target, UserMessage};
-use turnstile_model::{CancelCause, InjectMode, Status};
+use turnstile_model::{CancelCause, InjectMode, OnDeadline, Status};
 use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_client::AgentClient;
@@ -380,10 +380,19 @@ pub struct Delivery {
 pub enum Preset {
     Followup,
     Queue,
-    Steer { expected_turn: Option<u64> },
+    /// A steer; with `deadline_ms`, `on_deadline` (`None`: the server's default, interrupt) applies to it
+    /// if it is still pending then (SPEC §11).
+    Steer {
+        expected_turn: Option<u64>,
+        deadline_ms: Option<u64>,
+        on_deadline: Option<OnDeadline>,
+    },
     Inject,
     Interrupt,
-    Send { target: Target, wakeup: bool },
+    Send {
+        target: Target,
+        wakeup: bool,
+    },
 }
 
 /// Delivers one message and returns its id and the reply.
@@ -397,11 +406,16 @@ pub async fn deliver(client: &mut Client, preset: Preset, d: &Delivery) -> Resul
         Preset::Queue => client.api.queue(deliver()).await?,
         Preset::Inject => client.api.inject(deliver()).await?,
         Preset::Interrupt => client.api.interrupt(deliver()).await?,
-        Preset::Steer { expected_turn } => {
-            client
-                .api
-                .steer(pb::SteerRequest { session: session.clone(), message: message.clone(), expected_turn })
-                .await?
+        Preset::Steer { expected_turn, deadline_ms, on_deadline } => {
+            let on_deadline = on_deadline.map_or(0, |d| codec::encode_on_deadline(d) as i32);
+            let request = pb::SteerRequest {
+                session: session.clone(),
+                message: message.clone(),
+                expected_turn,
+                deadline_ms,
+                on_deadline,
+            };
+            client.api.steer(request).await?
         }
         Preset::Send { target, wakeup } => {
             let target = codec::encode_target(target) as i32;

@@ -51,7 +51,13 @@ pub async fn run(url: &str) -> Result<()> {
     step(&mut client, "followup", Preset::Followup, "[[tool:sleep 1500]] working").await?;
     // Give the model time to call the tool, so the steer lands while it sleeps.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    step(&mut client, "steer", Preset::Steer { expected_turn: None }, "also mention the weather").await?;
+    step(
+        &mut client,
+        "steer",
+        Preset::Steer { expected_turn: None, deadline_ms: None, on_deadline: None },
+        "also mention the weather",
+    )
+    .await?;
     step(&mut client, "inject", Preset::Inject, "context: it is sunny").await?;
     step(&mut client, "queue", Preset::Queue, "and then say goodbye").await?;
     let last = idle(&mut client).await?;

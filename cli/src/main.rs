@@ -292,6 +292,27 @@ struct SteerArgs {
     /// Refuse unless the session is running this turn.
     #[arg(long)]
     expected_turn: Option<u64>,
+    /// If the steer is still pending this many milliseconds after it was accepted, apply --on-deadline.
+    #[arg(long)]
+    deadline_ms: Option<u64>,
+    /// interrupt (cancel the turn and run the steer next, the default) | drop (remove the steer).
+    #[arg(long, requires = "deadline_ms")]
+    on_deadline: Option<OnDeadlineArg>,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum OnDeadlineArg {
+    Interrupt,
+    Drop,
+}
+
+impl From<OnDeadlineArg> for turnstile_model::OnDeadline {
+    fn from(arg: OnDeadlineArg) -> Self {
+        match arg {
+            OnDeadlineArg::Interrupt => Self::Interrupt,
+            OnDeadlineArg::Drop => Self::Drop,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -534,7 +555,14 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Queue(d) => deliver(c, Preset::Queue, d).await,
         Cmd::Inject(d) => deliver(c, Preset::Inject, d).await,
         Cmd::Interrupt(d) => deliver(c, Preset::Interrupt, d).await,
-        Cmd::Steer(s) => deliver(c, Preset::Steer { expected_turn: s.expected_turn }, s.delivery).await,
+        Cmd::Steer(s) => {
+            let preset = Preset::Steer {
+                expected_turn: s.expected_turn,
+                deadline_ms: s.deadline_ms,
+                on_deadline: s.on_deadline.map(Into::into),
+            };
+            deliver(c, preset, s.delivery).await
+        }
         Cmd::Send(s) => deliver(c, Preset::Send { target: s.target.0, wakeup: s.wakeup }, s.delivery).await,
         Cmd::Cancel(a) => client::cancel(c, &a.session, a.cause.0, a.keep_inbox).await,
         Cmd::Replace(a) => {

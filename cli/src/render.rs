@@ -303,6 +303,7 @@ mod tests {
             outcome: SpliceOutcome::None,
             wake: true,
             requested_target: None,
+            deadline: None,
         })
     }
 
@@ -325,6 +326,7 @@ mod tests {
                 outcome: SpliceOutcome::None,
                 wake: false,
                 requested_target: None,
+                deadline: None,
             }),
         ));
         out += &r.live(&live(4, LivePayload::Claimed { message: a.clone(), turn: 1 }));
@@ -385,6 +387,7 @@ mod tests {
                 outcome: SpliceOutcome::Canceled,
                 wake: true,
                 requested_target: Some(Target::NextStep),
+                deadline: None,
             }),
         ));
         assert_eq!(
@@ -399,6 +402,7 @@ mod tests {
             outcome: SpliceOutcome::Restored,
             wake: false,
             requested_target: None,
+            deadline: None,
         });
         assert!(r.event(&ev(4, restored)).ends_with("restored\n"));
     }

@@ -16,12 +16,13 @@ use turnstile_proto::cluster::v1::execute_reply::Reply;
 use turnstile_proto::cluster::v1::execute_request::Command as PbCommand;
 use turnstile_proto::v1 as pb;
 
-use turnstile_model::command::{Command, CommandError, CommandReply, SessionSummary};
+use turnstile_model::command::{Command, CommandError, CommandReply, DeadlineSpec, SessionSummary};
 use turnstile_model::event::InjectMode;
 use turnstile_model::message::{MessageId, SessionRef};
 use turnstile_proto::codec::error::{CodecError, join};
 use turnstile_proto::codec::event::{
-    decode_cancel_cause, encode_cancel_cause, encode_inject_mode, encode_status, inject_mode_at, status_at,
+    decode_cancel_cause, encode_cancel_cause, encode_inject_mode, encode_on_deadline, encode_status, inject_mode_at,
+    on_deadline_at, status_at,
 };
 use turnstile_proto::codec::message::{
     encode_session_ref, encode_target, encode_user_message, messages_at, required_message_at, required_session_at,
@@ -65,11 +66,13 @@ pub fn decode_execute_request(
 /// One [`Command`] as the request's `command` oneof.
 pub fn encode_command(command: &Command) -> PbCommand {
     match command {
-        Command::Send { message, target, wakeup, expected_turn } => PbCommand::Send(cpb::SendCommand {
+        Command::Send { message, target, wakeup, expected_turn, deadline } => PbCommand::Send(cpb::SendCommand {
             message: Some(encode_user_message(message)),
             target: encode_target(*target) as i32,
             wakeup: *wakeup,
             expected_turn: *expected_turn,
+            deadline_ms: deadline.map(|d| d.after_ms),
+            on_deadline: deadline.map_or(0, |d| encode_on_deadline(d.on_deadline) as i32),
         }),
         Command::Interrupt { message } => {
             PbCommand::Interrupt(cpb::InterruptCommand { message: Some(encode_user_message(message)) })
@@ -109,6 +112,13 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
             target: target_at(s.target, "send.target")?,
             wakeup: s.wakeup,
             expected_turn: s.expected_turn,
+            deadline: match s.deadline_ms {
+                None => None,
+                Some(after_ms) => Some(DeadlineSpec {
+                    after_ms,
+                    on_deadline: on_deadline_at(s.on_deadline, "send.on_deadline", None)?,
+                }),
+            },
         },
         PbCommand::Interrupt(i) => Command::Interrupt { message: required_message_at(i.message, "interrupt.message")? },
         PbCommand::Cancel(c) => {
@@ -257,7 +267,7 @@ pub fn command_error_from_parts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use turnstile_model::event::{CancelCause, Status};
+    use turnstile_model::event::{CancelCause, OnDeadline, Status};
     use turnstile_model::message::{ContentBlock, MessageSource, Target, UserMessage};
 
     fn session() -> SessionRef {
@@ -278,7 +288,7 @@ mod tests {
         for target in [Target::NextTurn, Target::NextStep] {
             for wakeup in [true, false] {
                 for expected_turn in [None, Some(0), Some(7)] {
-                    all.push(Command::Send { message: m("m1"), target, wakeup, expected_turn });
+                    all.push(Command::Send { message: m("m1"), target, wakeup, expected_turn, deadline: None });
                 }
             }
         }
@@ -287,11 +297,25 @@ mod tests {
             target: Target::NextStep,
             wakeup: false,
             expected_turn: None,
+            deadline: None,
         });
+        for on_deadline in [OnDeadline::Interrupt, OnDeadline::Drop] {
+            all.push(Command::Send {
+                message: m("m3"),
+                target: Target::NextStep,
+                wakeup: true,
+                expected_turn: None,
+                deadline: Some(DeadlineSpec { after_ms: 1500, on_deadline }),
+            });
+        }
         all.push(Command::Interrupt { message: message("m3", MessageSource::Tool { call_id: "c".into() }) });
-        for cause in
-            [CancelCause::User, CancelCause::Parent, CancelCause::Hook { reason: "r".into() }, CancelCause::Disposed]
-        {
+        for cause in [
+            CancelCause::User,
+            CancelCause::Parent,
+            CancelCause::Hook { reason: "r".into() },
+            CancelCause::Disposed,
+            CancelCause::SteerDeadline,
+        ] {
             for keep_inbox in [true, false] {
                 all.push(Command::Cancel { cause: cause.clone(), keep_inbox });
             }
@@ -360,8 +384,17 @@ mod tests {
             target: 0,
             wakeup: true,
             expected_turn: None,
+            ..Default::default()
         });
         assert_eq!(decode_command(send).unwrap_err().path(), Some("send.target"));
+        let send = PbCommand::Send(cpb::SendCommand {
+            message: Some(encode_user_message(&message("m1", MessageSource::User))),
+            target: pb::Target::NextStep as i32,
+            wakeup: true,
+            deadline_ms: Some(100),
+            ..Default::default()
+        });
+        assert_eq!(decode_command(send).unwrap_err().path(), Some("send.on_deadline"));
         let mut raw = encode_user_message(&message("m1", MessageSource::User));
         raw.source = None;
         let interrupt = PbCommand::Interrupt(cpb::InterruptCommand { message: Some(raw) });

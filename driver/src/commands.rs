@@ -4,8 +4,8 @@
 
 use turnstile_model::state::Fingerprint;
 use turnstile_model::{
-    CancelCause, Command, CommandError, CommandReply, EventPayload, InjectMode, LivePayload, MessageId, Splice,
-    SpliceOutcome, Status, Target, UserMessage,
+    CancelCause, Command, CommandError, CommandReply, DeadlineSpec, EventPayload, InjectMode, LivePayload, MessageId,
+    Splice, SpliceOutcome, Status, SteerDeadline, Target, UserMessage,
 };
 
 use super::{CommandId, Driver};
@@ -22,8 +22,8 @@ impl Driver {
     pub fn on_command(&mut self, id: CommandId, command: Command, now_ms: u64) {
         self.now_ms = now_ms;
         let result = match command {
-            Command::Send { message, target, wakeup, expected_turn } => {
-                self.deliver(message, target, wakeup, expected_turn, Position::Tail)
+            Command::Send { message, target, wakeup, expected_turn, deadline } => {
+                self.deliver(message, target, wakeup, expected_turn, deadline, Position::Tail)
             }
             Command::Interrupt { message } => self.interrupt(message),
             Command::Cancel { cause, keep_inbox } => Ok(self.cancel(cause, keep_inbox)),
@@ -94,6 +94,7 @@ impl Driver {
         target: Target,
         wakeup: bool,
         expected_turn: Option<u64>,
+        deadline: Option<DeadlineSpec>,
         position: Position,
     ) -> Result<CommandReply, CommandError> {
         self.check_message(&message)?;
@@ -148,6 +149,8 @@ impl Driver {
             outcome: SpliceOutcome::None,
             wake: wakeup,
             requested_target: forced.then_some(target),
+            deadline: deadline
+                .map(|d| SteerDeadline { at_ms: self.now_ms.saturating_add(d.after_ms), on_deadline: d.on_deadline }),
         }));
         self.publish(LivePayload::Inserted { message });
         if !wakeup {
@@ -183,7 +186,7 @@ impl Driver {
         if self.turn.is_some() {
             self.abort_turn(CancelCause::User);
         }
-        self.deliver(message, Target::NextTurn, true, None, Position::Head)
+        self.deliver(message, Target::NextTurn, true, None, None, Position::Head)
     }
 
     /// `cancel(cause, keep_inbox)`: replies once its splices are durable and the abort is signalled.
@@ -295,7 +298,7 @@ impl Driver {
     }
 
     /// A client edit: one splice (canceled when it removes anything), then discarded and inserted events.
-    fn write_edit(&mut self, target: Target, start: u32, removed_count: u32, inserted: Vec<UserMessage>) {
+    pub(super) fn write_edit(&mut self, target: Target, start: u32, removed_count: u32, inserted: Vec<UserMessage>) {
         let removed: Vec<UserMessage> =
             self.state.inbox.list(target)[start as usize..(start + removed_count) as usize].to_vec();
         self.write(EventPayload::InboxSpliced(Splice {
@@ -306,6 +309,7 @@ impl Driver {
             outcome: if removed_count > 0 { SpliceOutcome::Canceled } else { SpliceOutcome::None },
             wake: false,
             requested_target: None,
+            deadline: None,
         }));
         for message in removed {
             self.publish(LivePayload::Discarded { message });

@@ -32,6 +32,7 @@
 
 pub mod agents;
 mod commands;
+mod deadlines;
 pub mod directive;
 pub mod effect;
 mod limits;

@@ -10,6 +10,9 @@ impl Driver {
     /// iff the session was running. Call once, right after [`Driver::new`].
     pub fn recover(&mut self, now_ms: u64) {
         self.now_ms = now_ms;
+        // Steer deadlines that passed while no owner ran the session fire first (SPEC §11); nothing runs
+        // yet, so an `interrupt` only moves its steer to the head of next-turn.
+        self.on_timer(now_ms);
         let mut resume = Resume::default();
         if self.resume_awaiting_approval() {
             return;
@@ -114,6 +117,7 @@ impl Driver {
             outcome: SpliceOutcome::Restored,
             wake: false,
             requested_target: None,
+            deadline: None,
         }));
         for message in messages {
             self.publish(LivePayload::Inserted { message });

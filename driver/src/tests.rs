@@ -17,7 +17,11 @@ fn driver() -> Driver {
 fn idle_followup_claims_before_replying() {
     let mut d = driver();
     let msg = UserMessage::user_text("A", "hello");
-    d.on_command(1, Command::Send { message: msg, target: Target::NextTurn, wakeup: true, expected_turn: None }, 5);
+    d.on_command(
+        1,
+        Command::Send { message: msg, target: Target::NextTurn, wakeup: true, expected_turn: None, deadline: None },
+        5,
+    );
     let effects = d.ready();
     let kinds: Vec<String> = effects
         .iter()
@@ -76,7 +80,11 @@ fn idle_followup_claims_before_replying() {
 fn a_step_start_and_its_user_messages_are_one_append_group() {
     let mut d = driver();
     let msg = UserMessage::user_text("A", "hello");
-    d.on_command(1, Command::Send { message: msg, target: Target::NextTurn, wakeup: true, expected_turn: None }, 5);
+    d.on_command(
+        1,
+        Command::Send { message: msg, target: Target::NextTurn, wakeup: true, expected_turn: None, deadline: None },
+        5,
+    );
     let Some(Effect::PreStep(p)) = d.ready().into_iter().find(|e| matches!(e, Effect::PreStep(_))) else {
         panic!("no pre-step")
     };

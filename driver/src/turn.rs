@@ -148,6 +148,7 @@ impl Driver {
             outcome: SpliceOutcome::None,
             wake: false,
             requested_target: None,
+            deadline: None,
         }));
         claimed
     }
@@ -456,6 +457,7 @@ impl Driver {
                 outcome: SpliceOutcome::None,
                 wake: false,
                 requested_target: None,
+                deadline: None,
             }));
             for message in context {
                 self.publish(LivePayload::Inserted { message });

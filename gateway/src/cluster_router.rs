@@ -373,7 +373,7 @@ mod tests {
             content: vec![ContentBlock::text("hi")],
             source: MessageSource::User,
         };
-        Command::Send { message, target: Target::NextTurn, wakeup: true, expected_turn: None }
+        Command::Send { message, target: Target::NextTurn, wakeup: true, expected_turn: None, deadline: None }
     }
 
     fn config(deadline_ms: u64) -> ClusterRouterConfig {

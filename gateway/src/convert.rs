@@ -6,9 +6,12 @@
 //! tenant, a message without a source gets the preset's default (`user`, or `plugin{""}` for inject),
 //! and a missing cancel cause is `user`.
 
-use turnstile_model::{CancelCause, MessageId, MessageSource, SessionRef, Target, UserMessage};
+use turnstile_model::{
+    CancelCause, DeadlineSpec, MAX_STEER_DEADLINE_MS, MessageId, MessageSource, OnDeadline, SessionRef, Target,
+    UserMessage,
+};
 use turnstile_proto::codec::message::{required_session_at, target_at, user_message_at};
-use turnstile_proto::codec::{CodecError, decode_cancel_cause};
+use turnstile_proto::codec::{CodecError, decode_cancel_cause, on_deadline_at};
 use turnstile_proto::v1 as pb;
 
 /// `session`: required; an empty tenant is replaced by `default_tenant` (no auth in front of us).
@@ -27,6 +30,28 @@ pub fn message_id(field: &str, raw: String) -> Result<MessageId, CodecError> {
     let id = MessageId(raw);
     id.validate().map_err(|e| CodecError::value(field, e))?;
     Ok(id)
+}
+
+/// A steer's `deadline_ms` and `on_deadline` (SPEC §11): a deadline of 1 ms to 7 days; `on_deadline`
+/// defaults to INTERRUPT and means nothing without a deadline.
+pub fn steer_deadline(deadline_ms: Option<u64>, on_deadline: i32) -> Result<Option<DeadlineSpec>, CodecError> {
+    let Some(after_ms) = deadline_ms else {
+        if on_deadline != 0 {
+            return Err(CodecError::invalid(
+                "on_deadline",
+                "is set without deadline_ms; set deadline_ms too, or leave on_deadline unspecified",
+            ));
+        }
+        return Ok(None);
+    };
+    if after_ms == 0 || after_ms > MAX_STEER_DEADLINE_MS {
+        return Err(CodecError::invalid(
+            "deadline_ms",
+            format!("{after_ms} is out of range; give 1 to {MAX_STEER_DEADLINE_MS} (7 days) milliseconds"),
+        ));
+    }
+    let on_deadline = on_deadline_at(on_deadline, "on_deadline", Some(OnDeadline::Interrupt))?;
+    Ok(Some(DeadlineSpec { after_ms, on_deadline }))
 }
 
 /// A `Target` enum field; `TARGET_UNSPECIFIED` (or an unknown number) is refused.

@@ -178,7 +178,7 @@ impl Gateway {
         default_source: &MessageSource,
     ) -> Result<Response<pb::SendReply>, Status> {
         let (session, message) = self.delivery(req, default_source)?;
-        self.deliver(session, Command::Send { message, target, wakeup, expected_turn: None }).await
+        self.deliver(session, Command::Send { message, target, wakeup, expected_turn: None, deadline: None }).await
     }
 
     async fn info(&self, state: &SessionState) -> pb::SessionInfo {
@@ -257,7 +257,11 @@ impl Agent for Gateway {
         let target = convert::target("target", req.target).map_err(status::from_convert)?;
         let message =
             convert::user_message("message", req.message, &MessageSource::User).map_err(status::from_convert)?;
-        self.deliver(session, Command::Send { message, target, wakeup: req.wakeup, expected_turn: None }).await
+        self.deliver(
+            session,
+            Command::Send { message, target, wakeup: req.wakeup, expected_turn: None, deadline: None },
+        )
+        .await
     }
 
     async fn followup(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
@@ -273,8 +277,14 @@ impl Agent for Gateway {
         let session = self.session(req.session)?;
         let message =
             convert::user_message("message", req.message, &MessageSource::User).map_err(status::from_convert)?;
-        let command =
-            Command::Send { message, target: Target::NextStep, wakeup: true, expected_turn: req.expected_turn };
+        let deadline = convert::steer_deadline(req.deadline_ms, req.on_deadline).map_err(status::from_convert)?;
+        let command = Command::Send {
+            message,
+            target: Target::NextStep,
+            wakeup: true,
+            expected_turn: req.expected_turn,
+            deadline,
+        };
         self.deliver(session, command).await
     }
 

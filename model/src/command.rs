@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{CancelCause, InjectMode, Status};
+use crate::event::{CancelCause, InjectMode, OnDeadline, Status};
 use crate::message::{MessageId, Target, UserMessage};
 
 /// A client command for one session.
@@ -18,6 +18,8 @@ pub enum Command {
         target: Target,
         wakeup: bool,
         expected_turn: Option<u64>,
+        /// A steer's deadline, relative to its acceptance (SPEC §11).
+        deadline: Option<DeadlineSpec>,
     },
     /// Cancel the active turn keeping the inbox, then followup at the head of next-turn.
     Interrupt {
@@ -55,6 +57,16 @@ pub enum Command {
     /// Resolves when the driver is idle and no latched wake is pending.
     WhenIdle,
 }
+
+/// A steer's `deadline_ms` and `on_deadline`, as the client gave them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadlineSpec {
+    pub after_ms: u64,
+    pub on_deadline: OnDeadline,
+}
+
+/// The longest steer deadline accepted: a week. Longer is almost certainly a unit mistake.
+pub const MAX_STEER_DEADLINE_MS: u64 = 7 * 24 * 3600 * 1000;
 
 impl Command {
     /// Short name for logs and metrics.

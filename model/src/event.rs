@@ -34,8 +34,12 @@ impl fmt::Display for Status {
 pub enum CancelCause {
     User,
     Parent,
-    Hook { reason: String },
+    Hook {
+        reason: String,
+    },
     Disposed,
+    /// A steer's deadline passed while it was pending, with `on_deadline = interrupt` (SPEC §11).
+    SteerDeadline,
 }
 
 impl fmt::Display for CancelCause {
@@ -45,6 +49,7 @@ impl fmt::Display for CancelCause {
             Self::Parent => f.write_str("parent"),
             Self::Hook { reason } => write!(f, "hook({reason})"),
             Self::Disposed => f.write_str("disposed"),
+            Self::SteerDeadline => f.write_str("steer-deadline"),
         }
     }
 }
@@ -101,6 +106,37 @@ pub struct Splice {
     pub wake: bool,
     /// The target a waking delivery asked for when it was forced elsewhere (during an abort).
     pub requested_target: Option<Target>,
+    /// A steer's deadline (SPEC §11): what happens to the inserted message if it is still pending then.
+    #[serde(default)]
+    pub deadline: Option<SteerDeadline>,
+}
+
+/// When a pending steer stops waiting, and what happens then (SPEC §11).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SteerDeadline {
+    /// Unix milliseconds: the steer's acceptance time plus its `deadline_ms`.
+    pub at_ms: u64,
+    pub on_deadline: OnDeadline,
+}
+
+/// What a steer deadline does to a steer still pending (SPEC §11).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum OnDeadline {
+    /// Cancel the running turn (cause `steer-deadline`, keeping the inbox) and move the steer to the head
+    /// of next-turn, like `interrupt`.
+    #[default]
+    Interrupt,
+    /// Remove the steer (canceled splice, live `discarded`).
+    Drop,
+}
+
+impl fmt::Display for OnDeadline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Interrupt => "interrupt",
+            Self::Drop => "drop",
+        })
+    }
 }
 
 /// A tool call as the model produced it.

@@ -31,10 +31,10 @@ pub mod shard;
 pub mod state;
 pub mod transcript;
 
-pub use command::{Command, CommandError, CommandReply, SessionSummary};
+pub use command::{Command, CommandError, CommandReply, DeadlineSpec, MAX_STEER_DEADLINE_MS, SessionSummary};
 pub use event::{
-    CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, Splice, SpliceOutcome, Status,
-    ToolCallSpec, TurnEndReason, Usage,
+    CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, OnDeadline, Splice, SpliceOutcome, Status,
+    SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 pub use inbox::{Inbox, SpliceError};
 pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};

@@ -5,12 +5,12 @@
 //! idempotent retries). The driver applies every event it writes through the same fold, so the owner's
 //! inbox and any reader's projection are the same function of the same log.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::event::{Envelope, EventPayload, InjectMode, SpliceOutcome, Status, ToolCallSpec};
+use crate::event::{Envelope, EventPayload, InjectMode, SpliceOutcome, Status, SteerDeadline, ToolCallSpec};
 use crate::inbox::{Inbox, SpliceError};
 use crate::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
 use crate::transcript::{Transcript, TranscriptEntry};
@@ -205,6 +205,10 @@ pub struct SessionState {
     pub inject_mode: InjectMode,
     /// The bounded conversation history model requests are built from (SPEC §8).
     pub transcript: Transcript,
+    /// The deadlines of pending steers (SPEC §11), by message id: set by the steer's insert splice,
+    /// gone once the message leaves the inbox (claimed, moved, removed).
+    #[serde(default)]
+    pub steer_deadlines: BTreeMap<MessageId, SteerDeadline>,
 }
 
 impl SessionState {
@@ -223,6 +227,7 @@ impl SessionState {
             agent: None,
             inject_mode: InjectMode::Pending,
             transcript: Transcript::default(),
+            steer_deadlines: BTreeMap::new(),
         }
     }
 
@@ -272,6 +277,14 @@ impl SessionState {
         match &event.payload {
             EventPayload::InboxSpliced(splice) => {
                 let removed = self.inbox.apply(splice).map_err(|source| ProjectionError::Splice { seq, source })?;
+                for m in &removed {
+                    self.steer_deadlines.remove(&m.id);
+                }
+                if let Some(deadline) = splice.deadline {
+                    for m in &splice.inserted {
+                        self.steer_deadlines.insert(m.id.clone(), deadline);
+                    }
+                }
                 let is_claim = splice.outcome == SpliceOutcome::None && !removed.is_empty();
                 if is_claim && let Some(open) = self.open_turn.as_mut() {
                     open.undecided_claims.extend(removed.into_iter().map(|m| (splice.target, m)));

@@ -75,7 +75,25 @@ impl Session {
     }
 
     pub async fn steer(&self, message: UserMessage, expected_turn: Option<u64>) -> Result<SendReply, Status> {
-        let req = SteerRequest { session: self.some_ref(), message: Some(message), expected_turn };
+        let req =
+            SteerRequest { session: self.some_ref(), message: Some(message), expected_turn, ..Default::default() };
+        self.client().steer(req).await.map(tonic::Response::into_inner)
+    }
+
+    /// A steer with a deadline (SPEC §11): `on_deadline` is a `turnstile.v1.OnDeadline` value.
+    pub async fn steer_with_deadline(
+        &self,
+        message: UserMessage,
+        deadline_ms: Option<u64>,
+        on_deadline: i32,
+    ) -> Result<SendReply, Status> {
+        let req = SteerRequest {
+            session: self.some_ref(),
+            message: Some(message),
+            expected_turn: None,
+            deadline_ms,
+            on_deadline,
+        };
         self.client().steer(req).await.map(tonic::Response::into_inner)
     }
 

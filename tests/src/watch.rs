@@ -442,6 +442,7 @@ fn cause(c: &Option<CancelCause>) -> String {
         Some(Cause::Parent(_)) => "parent".into(),
         Some(Cause::Hook(h)) => format!("hook:{}", h.reason),
         Some(Cause::Disposed(_)) => "disposed".into(),
+        Some(Cause::SteerDeadline(_)) => "steer-deadline".into(),
         None => "cause?".into(),
     }
 }

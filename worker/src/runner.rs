@@ -215,6 +215,10 @@ impl Runner {
         let passivate_after = self.deps.config.passivate_after;
         loop {
             let idle_for = tokio::time::sleep(passivate_after);
+            // A steer deadline (SPEC §11): the driver keeps them; the runner only sleeps until the next.
+            let timer = self.driver.next_timer();
+            let timer_due =
+                tokio::time::sleep(Duration::from_millis(timer.map_or(0, |at| at.saturating_sub(now_ms()))));
             // The span of what this iteration does: the command's, else the open step's or turn's.
             let mut span = None;
             tokio::select! {
@@ -223,6 +227,7 @@ impl Runner {
                     tracing::debug!(session = %self.session, "passivating idle session");
                     return true;
                 }
+                () = timer_due, if timer.is_some() => self.driver.on_timer(now_ms()),
                 Some(control) = self.control.recv() => match control {
                     Control::Drain => {
                         self.draining = true;
@@ -272,7 +277,11 @@ impl Runner {
 
     /// Nothing runs, nothing waits: the session may be unloaded.
     fn is_unloadable(&self) -> bool {
-        self.driver.is_quiescent() && self.waiting.is_empty() && self.ops.is_empty()
+        // A pending steer deadline must fire on time, so its session stays loaded.
+        self.driver.is_quiescent()
+            && self.waiting.is_empty()
+            && self.ops.is_empty()
+            && self.driver.next_timer().is_none()
     }
 
     /// Writes a snapshot every `snapshot_every` events (or always when `final_`), in the background so

@@ -51,7 +51,7 @@ async fn run_turn_on(provider: &str, server: &FakeServer, model: &str, text: &st
     let session = SessionRef::new("acme", "s1").unwrap();
     let mut live = bus.subscribe(&session).await.unwrap();
     let message = UserMessage::user_text("m1", text);
-    let send = Command::Send { message, target: Target::NextTurn, wakeup: true, expected_turn: None };
+    let send = Command::Send { message, target: Target::NextTurn, wakeup: true, expected_turn: None, deadline: None };
     host.execute(&session, send, None).await.unwrap();
     host.execute(&session, Command::WhenIdle, Some(Duration::from_secs(20))).await.unwrap();
     let events = turnstile_journal::log::read_all(log.as_ref(), &session, 1).await.unwrap();
@@ -219,7 +219,7 @@ async fn the_scripted_model_is_counted_as_provider_scripted() {
     let host = SessionHost::with_agents(log, bus, Arc::new(NoSnapshots), None, setup, WorkerConfig::default());
     let session = SessionRef::new("scripted-tenant", "s1").unwrap();
     let message = UserMessage::user_text("m1", "hi");
-    let send = Command::Send { message, target: Target::NextTurn, wakeup: true, expected_turn: None };
+    let send = Command::Send { message, target: Target::NextTurn, wakeup: true, expected_turn: None, deadline: None };
     host.execute(&session, send, None).await.unwrap();
     host.execute(&session, Command::WhenIdle, Some(Duration::from_secs(20))).await.unwrap();
     let text = turnstile_ops::render_metrics().unwrap();

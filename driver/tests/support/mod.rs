@@ -22,8 +22,8 @@ use turnstile_driver::{
 };
 use turnstile_model::state::SessionState;
 use turnstile_model::{
-    CancelCause, Command, CommandError, CommandReply, Envelope, EventPayload, Inbox, LiveEvent, LivePayload, MessageId,
-    SessionRef, SpliceOutcome, Target, TurnEndReason, UserMessage,
+    CancelCause, Command, CommandError, CommandReply, DeadlineSpec, Envelope, EventPayload, Inbox, LiveEvent,
+    LivePayload, MessageId, OnDeadline, SessionRef, SpliceOutcome, Target, TurnEndReason, UserMessage,
 };
 
 pub type Reply = Result<CommandReply, CommandError>;
@@ -229,7 +229,7 @@ impl Sim {
     }
 
     pub fn send(&mut self, message: UserMessage, target: Target, wakeup: bool, expected_turn: Option<u64>) -> Reply {
-        self.command(Command::Send { message, target, wakeup, expected_turn })
+        self.command(Command::Send { message, target, wakeup, expected_turn, deadline: None })
     }
 
     pub fn followup(&mut self, id: &str, text: &str) -> Reply {
@@ -238,6 +238,17 @@ impl Sim {
 
     pub fn queue(&mut self, id: &str, text: &str) -> Reply {
         self.send(msg(id, text), Target::NextTurn, false, None)
+    }
+
+    /// A steer whose deadline is `after_ms` after now.
+    pub fn steer_with_deadline(&mut self, id: &str, text: &str, after_ms: u64, on_deadline: OnDeadline) -> Reply {
+        self.command(Command::Send {
+            message: msg(id, text),
+            target: Target::NextStep,
+            wakeup: true,
+            expected_turn: None,
+            deadline: Some(DeadlineSpec { after_ms, on_deadline }),
+        })
     }
 
     pub fn steer(&mut self, id: &str, text: &str, expected_turn: Option<u64>) -> Reply {
@@ -361,6 +372,15 @@ impl Sim {
         for t in due {
             self.ready.push_back(Ready::ToolDone(t.req.op, tool_ok(&t.req, format!("slept {}", t.ms))));
         }
+        self.pump();
+    }
+
+    /// Moves the clock to `now` and fires the driver's timers (steer deadlines) that are due.
+    pub fn fire_timers(&mut self, now: u64) {
+        self.now = self.now.max(now);
+        let now = self.now;
+        self.driver.on_timer(now);
+        self.perform_effects();
         self.pump();
     }
 

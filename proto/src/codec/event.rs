@@ -10,8 +10,8 @@ use super::message::{
     required_session_at, target_at,
 };
 use turnstile_model::event::{
-    CancelCause, DURABLE_TYPES, Envelope, EventPayload, InjectMode, Splice, SpliceOutcome, Status, ToolCallSpec,
-    TurnEndReason, Usage,
+    CancelCause, DURABLE_TYPES, Envelope, EventPayload, InjectMode, OnDeadline, Splice, SpliceOutcome, Status,
+    SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 
 const STATUSES: &str = "use SESSION_STATUS_IDLE or SESSION_STATUS_RUNNING";
@@ -47,6 +47,7 @@ pub fn encode_cancel_cause(cause: &CancelCause) -> pb::CancelCause {
         CancelCause::Parent => Cause::Parent(pb::Empty {}),
         CancelCause::Hook { reason } => Cause::Hook(pb::HookCause { reason: reason.clone() }),
         CancelCause::Disposed => Cause::Disposed(pb::Empty {}),
+        CancelCause::SteerDeadline => Cause::SteerDeadline(pb::Empty {}),
     };
     pb::CancelCause { cause: Some(cause) }
 }
@@ -62,6 +63,7 @@ fn cancel_cause_at(cause: pb::CancelCause, path: &str) -> Result<CancelCause, Co
         Some(Cause::Parent(_)) => Ok(CancelCause::Parent),
         Some(Cause::Hook(h)) => Ok(CancelCause::Hook { reason: h.reason }),
         Some(Cause::Disposed(_)) => Ok(CancelCause::Disposed),
+        Some(Cause::SteerDeadline(_)) => Ok(CancelCause::SteerDeadline),
         None => Err(CodecError::invalid(path, format!("cancel cause has no kind; {CAUSES}"))),
     }
 }
@@ -148,6 +150,29 @@ pub fn encode_splice(splice: &Splice) -> pb::InboxSpliced {
         outcome: encode_outcome(splice.outcome).into(),
         wake: splice.wake,
         requested_target: splice.requested_target.map_or(pb::Target::Unspecified, encode_target).into(),
+        deadline: splice
+            .deadline
+            .map(|d| pb::SteerDeadline { at_unix_ms: d.at_ms, on_deadline: encode_on_deadline(d.on_deadline).into() }),
+    }
+}
+
+pub fn encode_on_deadline(on_deadline: OnDeadline) -> pb::OnDeadline {
+    match on_deadline {
+        OnDeadline::Interrupt => pb::OnDeadline::Interrupt,
+        OnDeadline::Drop => pb::OnDeadline::Drop,
+    }
+}
+
+/// `on_deadline` at `path`; UNSPECIFIED is `default` when one is given (a request), else an error (a
+/// stored event always names it).
+pub fn on_deadline_at(raw: i32, path: &str, default: Option<OnDeadline>) -> Result<OnDeadline, CodecError> {
+    match pb::OnDeadline::try_from(raw) {
+        Ok(pb::OnDeadline::Interrupt) => Ok(OnDeadline::Interrupt),
+        Ok(pb::OnDeadline::Drop) => Ok(OnDeadline::Drop),
+        Ok(pb::OnDeadline::Unspecified) => {
+            default.ok_or_else(|| CodecError::invalid(path, "is unspecified; set INTERRUPT or DROP"))
+        }
+        Err(_) => Err(CodecError::invalid(path, format!("{raw} is not an OnDeadline; use INTERRUPT or DROP"))),
     }
 }
 
@@ -165,6 +190,13 @@ fn splice_at(splice: pb::InboxSpliced, path: &str) -> Result<Splice, CodecError>
         outcome: outcome_at(splice.outcome, &join(path, "outcome"))?,
         wake: splice.wake,
         requested_target: optional_target_at(splice.requested_target, &join(path, "requested_target"))?,
+        deadline: match splice.deadline {
+            None => None,
+            Some(d) => Some(SteerDeadline {
+                at_ms: d.at_unix_ms,
+                on_deadline: on_deadline_at(d.on_deadline, &join(path, "deadline.on_deadline"), None)?,
+            }),
+        },
     })
 }
 

@@ -48,6 +48,7 @@ fn payloads() -> Vec<EventPayload> {
             outcome: SpliceOutcome::None,
             wake: true,
             requested_target: Some(Target::NextStep),
+            deadline: None,
         }),
         EventPayload::InboxSpliced(Splice {
             target: Target::NextStep,
@@ -57,6 +58,7 @@ fn payloads() -> Vec<EventPayload> {
             outcome: SpliceOutcome::Canceled,
             wake: false,
             requested_target: None,
+            deadline: None,
         }),
         EventPayload::InboxSpliced(Splice {
             target: Target::NextTurn,
@@ -66,6 +68,7 @@ fn payloads() -> Vec<EventPayload> {
             outcome: SpliceOutcome::Restored,
             wake: false,
             requested_target: None,
+            deadline: None,
         }),
         EventPayload::Status(Status::Idle),
         EventPayload::Status(Status::Running),
@@ -263,6 +266,7 @@ fn targets_statuses_causes_and_reasons_round_trip() {
         outcome: SpliceOutcome::None,
         wake: false,
         requested_target: None,
+        deadline: None,
     };
     assert_eq!(decode_splice(encode_splice(&splice)).unwrap(), splice);
 }
@@ -464,6 +468,7 @@ fn nested_payload_errors_name_the_path() {
         outcome: SpliceOutcome::None,
         wake: false,
         requested_target: None,
+        deadline: None,
     };
     let mut event = encode_session_event(&envelope(1, EventPayload::InboxSpliced(splice)));
     if let Some(pb::session_event::Payload::InboxSpliced(s)) = &mut event.payload {

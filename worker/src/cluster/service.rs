@@ -137,7 +137,8 @@ mod tests {
             content: vec![ContentBlock::text("hi")],
             source: MessageSource::User,
         };
-        let send = Command::Send { message, target: Target::NextTurn, wakeup: true, expected_turn: Some(4) };
+        let send =
+            Command::Send { message, target: Target::NextTurn, wakeup: true, expected_turn: Some(4), deadline: None };
         let reply = c.execute(encode_execute_request(&session, &send, None)).await.unwrap().into_inner();
         let reply = turnstile_cluster::codec::decode_command_reply(reply).unwrap();
         assert_eq!(reply, CommandReply::Sent { seq: 7, turn: Some(4) });

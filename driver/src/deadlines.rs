@@ -1,0 +1,68 @@
+//! Steer deadlines (SPEC §11): driver timers with time as an input.
+//!
+//! A steer's deadline is recorded in its insert splice as an absolute time, so the fold
+//! ([`SessionState::steer_deadlines`](turnstile_model::SessionState)) holds every pending one and a new
+//! owner re-arms them from the log: a deadline that passed during a failover is due at once. The runner
+//! sleeps until [`Driver::next_timer`] and then calls [`Driver::on_timer`].
+
+use turnstile_model::{
+    CancelCause, EventPayload, LivePayload, MessageId, OnDeadline, Splice, SpliceOutcome, Status, Target,
+};
+
+use super::Driver;
+
+impl Driver {
+    /// The earliest pending steer deadline (unix ms), if any: when the runner must call [`Driver::on_timer`].
+    pub fn next_timer(&self) -> Option<u64> {
+        self.state.steer_deadlines.values().map(|d| d.at_ms).min()
+    }
+
+    /// Time passed: every steer still pending at its deadline gets its `on_deadline`, earliest first.
+    pub fn on_timer(&mut self, now_ms: u64) {
+        self.now_ms = now_ms;
+        let mut due: Vec<(u64, MessageId, OnDeadline)> = self
+            .state
+            .steer_deadlines
+            .iter()
+            .filter(|(_, d)| d.at_ms <= now_ms)
+            .map(|(id, d)| (d.at_ms, id.clone(), d.on_deadline))
+            .collect();
+        due.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        for (_, id, on_deadline) in due {
+            // An earlier deadline of this round may have moved things; act only on what is still pending.
+            let Some((target, index)) = self.state.inbox.find(&id) else { continue };
+            match on_deadline {
+                OnDeadline::Drop => self.write_edit(target, index as u32, 1, Vec::new()),
+                OnDeadline::Interrupt => self.steer_deadline_interrupt(target, index),
+            }
+        }
+    }
+
+    /// Like `interrupt(steer)`: cancel the running turn keeping the inbox (cause `steer-deadline`), and move
+    /// the steer to the head of next-turn as a waking insert, so it runs as the next turn.
+    fn steer_deadline_interrupt(&mut self, target: Target, index: usize) {
+        let message = self.state.inbox.list(target)[index].clone();
+        if self.turn.is_some() {
+            self.abort_turn(CancelCause::SteerDeadline);
+        }
+        self.write_edit(target, index as u32, 1, Vec::new());
+        self.write(EventPayload::InboxSpliced(Splice {
+            target: Target::NextTurn,
+            start: 0,
+            removed_count: 0,
+            inserted: vec![message.clone()],
+            outcome: SpliceOutcome::None,
+            wake: true,
+            requested_target: None,
+            deadline: None,
+        }));
+        self.publish(LivePayload::Inserted { message });
+        if self.aborting_cause().is_some() {
+            // It runs once the aborted turn has ended, like any waking delivery during an abort.
+            self.latched_wake = true;
+        } else if self.turn.is_none() && self.state.status == Status::Idle {
+            self.set_status(Status::Running);
+            self.open_turn(super::turn::Resume::default());
+        }
+    }
+}

@@ -51,7 +51,14 @@ pub struct ChatModel {
     provider: Arc<dyn ChatProvider>,
     system: Option<String>,
     tools: Vec<ToolSpec>,
+    /// Client tools the agent lists, offered with the schema their executors registered for the
+    /// request's tenant, looked up per request ([`crate::tools::client::offered`]).
+    client_tools: Vec<String>,
+    client_bus: ClientBusSlot,
 }
+
+/// Where the client tool bus is set once the node has it (after the agents are built).
+pub type ClientBusSlot = Arc<std::sync::OnceLock<Arc<dyn turnstile_cluster::ToolBus>>>;
 
 impl std::fmt::Debug for ChatModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -65,7 +72,13 @@ impl std::fmt::Debug for ChatModel {
 
 impl ChatModel {
     pub fn new(provider: Arc<dyn ChatProvider>) -> Self {
-        Self { provider, system: None, tools: Vec::new() }
+        Self {
+            provider,
+            system: None,
+            tools: Vec::new(),
+            client_tools: Vec::new(),
+            client_bus: ClientBusSlot::default(),
+        }
     }
 
     pub fn with_system(mut self, system: impl Into<String>) -> Self {
@@ -75,6 +88,14 @@ impl ChatModel {
 
     pub fn with_tools(mut self, tools: Vec<ToolSpec>) -> Self {
         self.tools = tools;
+        self
+    }
+
+    /// Also offers client tools `names`, described by their executors at request time over `bus` (a tool
+    /// with no executor connected, or no bus yet, is not offered).
+    pub fn with_client_tools(mut self, names: Vec<String>, bus: ClientBusSlot) -> Self {
+        self.client_tools = names;
+        self.client_bus = bus;
         self
     }
 
@@ -206,7 +227,14 @@ impl Model for ChatModel {
         deltas: DeltaSink,
         abort: CancellationToken,
     ) -> Result<ModelOutput, ModelError> {
-        let chat = self.chat_request(&request);
+        let mut chat = self.chat_request(&request);
+        if !self.client_tools.is_empty()
+            && let Some(bus) = self.client_bus.get()
+        {
+            let offered =
+                crate::tools::client::offered(bus.as_ref(), &request.session.tenant, &self.client_tools).await;
+            chat.tools.extend(offered);
+        }
         // The provider's sink is synchronous; deltas go through a channel to the async delta sink.
         let (tx, mut rx) = mpsc::unbounded_channel::<StreamDelta>();
         let run = async move {
@@ -256,6 +284,7 @@ mod tests {
     fn request(history: Vec<TranscriptEntry>, messages: Vec<UserMessage>) -> ModelRequest {
         ModelRequest {
             op: 1,
+            session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
             turn: 2,
             step: 1,
             agent: "assistant".into(),

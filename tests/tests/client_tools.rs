@@ -450,3 +450,80 @@ fn python_with_grpc() -> Option<PathBuf> {
             .is_ok_and(|s| s.success())
     })
 }
+
+/// The figure of docs/BENCHMARKS.md "Client tools": the median time of a client tool call through
+/// Turnstile's path (the worker's NATS request → the gateway's queue subscription → the executor's stream
+/// → back) beside a bare NATS request/reply to a responder in this process (the floor of the hop) and the
+/// executor's own work (its answer function). Printed, never asserted.
+#[tokio::test]
+async fn client_tool_call_latency_figure() {
+    use turnstile_cluster::ToolBus as _;
+    let (server, _dir) = dev_on_nats().await;
+    let answer = answer_with("found", &[]);
+    let _executor = ToolExecutor::connect(server.client(), None, vec![tool("lookup", LOOKUP_SCHEMA)], answer.clone())
+        .await
+        .unwrap();
+    let client = async_nats::connect(server.nats().unwrap().url()).await.unwrap();
+    let bus = turnstile_cluster::NatsToolBus::new(client.clone());
+    let task = |i: usize| turnstile_tests::v1::ToolCallTask {
+        session: Some(SessionRef { tenant: turnstile_tests::msg::TEST_TENANT.into(), id: "bench".into() }),
+        call_id: format!("call-{i}"),
+        name: "lookup".into(),
+        arguments_json: r#"{"q":"x"}"#.into(),
+        deadline_unix_ms: 0,
+    };
+    const N: usize = 500;
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let mut through = Vec::with_capacity(N);
+    for i in 0..N + 50 {
+        let started = Instant::now();
+        let r = bus.call(turnstile_tests::msg::TEST_TENANT, "lookup", task(i), Duration::from_secs(10)).await.unwrap();
+        assert_eq!(r.error, None);
+        if i >= 50 {
+            through.push(started.elapsed());
+        }
+    }
+    // A bare NATS request/reply: what the hop costs without Turnstile.
+    let mut sub = client.subscribe("bench.echo").await.unwrap();
+    let responder = client.clone();
+    tokio::spawn(async move {
+        use futures::StreamExt as _;
+        while let Some(m) = sub.next().await {
+            if let Some(reply) = m.reply {
+                let _ = responder.publish(reply, m.payload).await;
+            }
+        }
+    });
+    client.flush().await.unwrap();
+    let mut bare = Vec::with_capacity(N);
+    for i in 0..N + 50 {
+        let started = Instant::now();
+        client.request("bench.echo", "x".into()).await.unwrap();
+        if i >= 50 {
+            bare.push(started.elapsed());
+        }
+    }
+    let mut direct = Vec::with_capacity(N);
+    for i in 0..N {
+        let t = task(i);
+        let started = Instant::now();
+        let _ = answer(&t);
+        direct.push(started.elapsed());
+    }
+    // The schema lookup a model request of an agent with client tools makes per tool.
+    let mut spec = Vec::with_capacity(N);
+    for _ in 0..N {
+        let started = Instant::now();
+        assert!(bus.spec(turnstile_tests::msg::TEST_TENANT, "lookup").await.unwrap().is_some());
+        spec.push(started.elapsed());
+    }
+    let (through, bare, direct, spec) = (median(through), median(bare), median(direct), median(spec));
+    println!(
+        "client tool call, median of {N}: through Turnstile {through:?}, executor called directly {direct:?}, \
+         added {:?}; bare NATS request/reply {bare:?}; schema lookup {spec:?}",
+        through.saturating_sub(direct)
+    );
+}

@@ -411,4 +411,90 @@ mod tests {
             ]
         );
     }
+
+    /// Records the tool names of each request.
+    #[derive(Default)]
+    struct Recording(std::sync::Mutex<Vec<Vec<String>>>);
+
+    #[async_trait]
+    impl ChatProvider for Recording {
+        fn provider(&self) -> &'static str {
+            "openai"
+        }
+        fn model(&self) -> &str {
+            "m"
+        }
+        async fn stream(
+            &self,
+            request: &ChatRequest,
+            _sink: &mut (dyn FnMut(StreamDelta) + Send),
+            _cancel: &CancellationToken,
+        ) -> Result<crate::model::chat::ChatOutput, ProviderError> {
+            self.0.lock().unwrap().push(request.tools.iter().map(|t| t.name.clone()).collect());
+            Ok(crate::model::chat::ChatOutput {
+                text: "ok".into(),
+                reasoning: None,
+                tool_calls: vec![],
+                finish: Finish::Stop,
+                usage: None,
+            })
+        }
+    }
+
+    /// Serves `lookup` for tenant `acme` only.
+    #[derive(Debug)]
+    struct AcmeLookup;
+
+    #[async_trait]
+    impl turnstile_cluster::ToolBus for AcmeLookup {
+        async fn call(
+            &self,
+            _tenant: &str,
+            tool: &str,
+            _task: turnstile_proto::v1::ToolCallTask,
+            _wait: std::time::Duration,
+        ) -> Result<turnstile_proto::v1::ToolCallResult, turnstile_cluster::ToolBusError> {
+            Err(turnstile_cluster::ToolBusError::NoExecutor(tool.into()))
+        }
+        async fn cancel(&self, _tenant: &str, _task: turnstile_proto::v1::ToolCallTask) {}
+        async fn spec(
+            &self,
+            tenant: &str,
+            tool: &str,
+        ) -> Result<Option<turnstile_proto::v1::ClientToolSpec>, turnstile_cluster::ToolBusError> {
+            Ok((tenant == "acme" && tool == "lookup").then(|| turnstile_proto::v1::ClientToolSpec {
+                name: tool.into(),
+                description: "finds".into(),
+                input_schema_json: r#"{"type":"object"}"#.into(),
+            }))
+        }
+    }
+
+    #[tokio::test]
+    async fn client_tools_are_offered_with_the_schema_registered_for_the_requests_tenant() {
+        let provider = Arc::new(Recording::default());
+        let slot = ClientBusSlot::default();
+        let model = ChatModel::new(provider.clone())
+            .with_tools(vec![ToolSpec {
+                name: "clock".into(),
+                description: String::new(),
+                input_schema: serde_json::json!({}),
+            }])
+            .with_client_tools(vec!["lookup".into(), "gone".into()], slot.clone());
+        let run = |tenant: &str| {
+            let mut r = request(vec![], vec![UserMessage::user_text("m1", "hi")]);
+            r.session.tenant = tenant.into();
+            let (tx, _rx) = mpsc::channel(16);
+            model.step(r, crate::model::DeltaSink::new(tx), CancellationToken::new())
+        };
+        // No bus yet: only the static tools.
+        run("acme").await.unwrap();
+        let _ = slot.set(Arc::new(AcmeLookup));
+        run("acme").await.unwrap();
+        run("other").await.unwrap();
+        assert_eq!(
+            *provider.0.lock().unwrap(),
+            vec![vec!["clock".to_owned()], vec!["clock".to_owned(), "lookup".to_owned()], vec!["clock".to_owned()]]
+        );
+    }
 }

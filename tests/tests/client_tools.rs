@@ -156,6 +156,34 @@ async fn with_no_executor_the_call_fails_at_once() {
     assert_eq!(result.error.as_deref(), Some("no executor for tool lookup"));
     // "At once": far below the 60 s deadline (a bound for a hang, not a timing assertion).
     assert!(started.elapsed() < DEFAULT_WAIT);
+
+    // An executor that came and left leaves no executor behind either.
+    let executor =
+        ToolExecutor::connect(server.client(), None, vec![tool("lookup", LOOKUP_SCHEMA)], answer_with("found", &[]))
+            .await
+            .unwrap();
+    let session = server.session();
+    assert_eq!(only_result(&run_turn(&session, CALL_LOOKUP).await).error, None);
+    executor.disconnect();
+    let events = run_turn(&session, CALL_LOOKUP).await;
+    assert_eq!(tool_results(&events)[1].error.as_deref(), Some("no executor for tool lookup"));
+
+    // The calls are counted by kind, tool and outcome.
+    let (status, body) = turnstile_tests::nats::http_get(server.http_addr().unwrap(), "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    let count = |outcome: &str| {
+        body.lines()
+            .find(|l| {
+                l.starts_with("turnstile_tool_calls_total{")
+                    && l.contains(r#"kind="client""#)
+                    && l.contains(r#"tool="lookup""#)
+                    && l.contains(&format!(r#"outcome="{outcome}""#))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    assert_eq!(count("no_executor").as_deref(), Some("2"), "{body}");
+    assert_eq!(count("ok").as_deref(), Some("1"), "{body}");
 }
 
 #[tokio::test]

@@ -37,6 +37,10 @@ const STREAM_BUFFER: usize = 256;
 /// has given up by then and sent a cancel, which normally ends it first).
 const DEADLINE_GRACE: Duration = Duration::from_secs(5);
 
+/// How long a new stream may take to send its `register`: a client that opens and stays silent would hold
+/// the handler (and itself, waiting for the response headers) forever.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How long a registration waits for another gateway's schema of a tool it registers.
 const CONFLICT_CHECK: Duration = Duration::from_millis(500);
 
@@ -186,7 +190,12 @@ impl ToolHub {
         tenant: String,
         mut inbound: impl futures::Stream<Item = Result<pb::ToolWorkerMessage, Status>> + Send + Unpin + 'static,
     ) -> Result<ReceiverStream<Result<pb::ToolTask, Status>>, Status> {
-        let first = inbound.next().await;
+        let Ok(first) = tokio::time::timeout(REGISTER_TIMEOUT, inbound.next()).await else {
+            return Err(Status::deadline_exceeded(format!(
+                "no `register` within {} s of opening ServeTools; send `register {{tools: [...]}}` first",
+                REGISTER_TIMEOUT.as_secs()
+            )));
+        };
         let register = match first {
             Some(Ok(pb::ToolWorkerMessage { message: Some(pb::tool_worker_message::Message::Register(r)) })) => r,
             Some(Err(status)) => return Err(status),

@@ -16,11 +16,13 @@ pub mod codec;
 pub mod kv;
 pub mod router;
 pub mod status;
+pub mod tools;
 
 use std::time::Duration;
 
 pub use kv::{CasError, ClusterKv, LeaseEntry, MembershipError, ShardLease, ShardMap, WorkerInfo};
 pub use router::CommandRouter;
+pub use tools::{NatsToolBus, ToolBus, ToolBusError};
 pub use turnstile_model::shard::shard_of;
 
 /// Lease timing. The defaults give failover in about two to three seconds.

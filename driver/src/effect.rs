@@ -1,7 +1,8 @@
 //! What the driver asks its runner to do, and what the runner reports back.
 
 use turnstile_model::{
-    CommandError, CommandReply, Envelope, EventPayload, LiveEvent, ToolCallSpec, TranscriptEntry, Usage, UserMessage,
+    CommandError, CommandReply, Envelope, EventPayload, LiveEvent, SessionRef, ToolCallSpec, TranscriptEntry, Usage,
+    UserMessage,
 };
 
 /// Names one command for the runner, which pairs it with the caller waiting for the reply.
@@ -147,6 +148,8 @@ impl ToolOutcome {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelRequest {
     pub op: OpId,
+    /// The session the step belongs to: its tenant scopes the client tools offered to the model.
+    pub session: SessionRef,
     pub turn: u64,
     pub step: u32,
     /// The agent running this turn (SPEC §8): the runner picks its model and tools by this name.

@@ -13,6 +13,7 @@
 //! let hello = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hello")], source: MessageSource::User };
 //! let request = ModelRequest {
 //!     op: 1, turn: 1, step: 1, agent: "scripted".into(), system: None, history: vec![],
+//!     session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
 //!     messages: vec![hello], tool_results: vec![], interrupted_prompt: vec![],
 //! };
 //! assert_eq!(scripted::plan(&request).output.text, "echo: hello");
@@ -143,6 +144,7 @@ mod tests {
     fn request(messages: Vec<UserMessage>) -> ModelRequest {
         ModelRequest {
             op: 1,
+            session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
             turn: 2,
             step: 1,
             agent: "scripted".into(),

@@ -218,6 +218,7 @@ impl Driver {
         }
         self.effects.push_back(Effect::Model(ModelRequest {
             op,
+            session: self.state.session.clone(),
             turn,
             step,
             agent,

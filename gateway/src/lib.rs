@@ -22,6 +22,7 @@ pub mod read;
 pub mod service;
 pub mod status;
 pub mod tls;
+pub mod tools;
 pub mod watch;
 
 use std::future::Future;
@@ -30,6 +31,7 @@ pub use cluster_router::{ClusterRouter, ClusterRouterConfig};
 pub use service::{Gateway, GatewayConfig};
 use tokio::net::TcpListener;
 use tonic::transport::ServerTlsConfig;
+pub use tools::ToolHub;
 use turnstile_proto::v1::agent_server::AgentServer;
 
 /// The gRPC server stopped for a reason other than `shutdown`.

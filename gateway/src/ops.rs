@@ -1,6 +1,6 @@
 //! The gateway's metrics: one count per routed command.
 
-use metrics::counter;
+use metrics::{counter, gauge};
 use turnstile_model::{CommandError, CommandReply};
 use turnstile_ops::names;
 
@@ -26,4 +26,14 @@ fn outcome(reply: &Result<CommandReply, CommandError>) -> &'static str {
         Err(CommandError::NotOwner { .. }) => "not_owner",
         Err(CommandError::Internal(_)) => "internal",
     }
+}
+
+/// A client tool executor registered (+1) or left (-1).
+pub(crate) fn executors_changed(by: i8) {
+    gauge!(names::TOOL_EXECUTORS).increment(f64::from(by));
+}
+
+/// An executor sent a result for a call nobody waits for.
+pub(crate) fn result_rejected() {
+    counter!(names::TOOL_RESULTS_REJECTED).increment(1);
 }

@@ -18,6 +18,7 @@ use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_server::Agent;
 
 use crate::auth::{Authenticator, Caller};
+use crate::tools::ToolHub;
 use crate::watch::{self, WatchSpec};
 use crate::{convert, read, status};
 
@@ -62,6 +63,8 @@ pub struct Gateway {
     auth: Arc<Authenticator>,
     /// Ends every Watch stream at shutdown; the server's graceful drain would otherwise wait for them forever.
     shutdown: CancellationToken,
+    /// The client tool executors connected here (`ServeTools`).
+    tools: ToolHub,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -85,7 +88,14 @@ impl Gateway {
             config,
             auth: Arc::new(Authenticator::Disabled),
             shutdown: CancellationToken::new(),
+            tools: ToolHub::new(),
         }
+    }
+
+    /// Client tool executors register in `hub` (one reachable over NATS in a cluster).
+    pub fn with_tools(mut self, hub: ToolHub) -> Self {
+        self.tools = hub;
+        self
     }
 
     /// Every call must carry a bearer token that `auth` resolves to a tenant, and is confined to it.
@@ -397,9 +407,28 @@ impl Agent for Gateway {
 
     async fn serve_tools(
         &self,
-        _request: Request<tonic::Streaming<pb::ToolWorkerMessage>>,
+        request: Request<tonic::Streaming<pb::ToolWorkerMessage>>,
     ) -> Result<Response<Self::ServeToolsStream>, Status> {
-        Err(Status::unimplemented("ServeTools is not served by this gateway yet"))
+        // Tools are the caller's tenant's. Without auth there is no caller tenant, and the stream names no
+        // session: the `turnstile-tenant` header names it, as `session.tenant` does in other calls.
+        let tenant = match self.auth.authenticate(request.metadata())? {
+            Caller::Tenant(tenant) => tenant,
+            Caller::Anonymous => match request.metadata().get(crate::tools::TENANT_HEADER) {
+                None => self.config.default_tenant.clone(),
+                Some(value) => {
+                    let tenant = value.to_str().unwrap_or_default().to_owned();
+                    SessionRef::new(tenant.clone(), "x").map_err(|e| {
+                        Status::invalid_argument(format!(
+                            "header {}: {e}; name a tenant of letters, digits, '-' and '_'",
+                            crate::tools::TENANT_HEADER
+                        ))
+                    })?;
+                    tenant
+                }
+            },
+        };
+        let stream = self.tools.serve(tenant, request.into_inner()).await?;
+        Ok(Response::new(stream))
     }
 
     type WatchStream = ReceiverStream<Result<pb::WatchItem, Status>>;

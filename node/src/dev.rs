@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use turnstile_cluster::CommandRouter;
-use turnstile_gateway::Gateway;
+use turnstile_gateway::{Gateway, ToolHub};
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, SessionLog};
 use turnstile_ops::Readiness;
@@ -98,6 +98,8 @@ struct Journal {
     snapshots: Arc<dyn SnapshotStore>,
     describe: String,
     ready: Arc<dyn Readiness>,
+    /// The NATS connection of a JetStream journal.
+    nats: Option<async_nats::Client>,
 }
 
 async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
@@ -110,6 +112,7 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
         snapshots: Arc::new(NoSnapshots),
         describe,
         ready: always.clone(),
+        nats: None,
     };
     match (&opts.nats, &opts.data_dir) {
         (Some(nats), _) => {
@@ -126,8 +129,16 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
                 replicas,
                 if replicas == 1 { "" } else { "s" },
             );
-            let ready = Arc::new(nats_ready(log.client().clone(), nats.url.clone()));
-            Ok(Journal { log: Arc::new(log), bus: Arc::new(bus), snapshots: Arc::new(snapshots), describe, ready })
+            let client = log.client().clone();
+            let ready = Arc::new(nats_ready(client.clone(), nats.url.clone()));
+            Ok(Journal {
+                log: Arc::new(log),
+                bus: Arc::new(bus),
+                snapshots: Arc::new(snapshots),
+                describe,
+                ready,
+                nats: Some(client),
+            })
         }
         (None, Some(dir)) => {
             let log = EmbeddedLog::open(dir).map_err(|cause| NodeError::DataDir { dir: dir.clone(), cause })?;
@@ -163,6 +174,23 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let (listener, local) = bind(&opts.listen).await?;
     let auth = auth_line(&security.auth, local, &opts.listen)?;
     let journal = open_journal(&opts).await?;
+    // Client tools: over NATS when the journal is there (other gateways' executors too), else straight to
+    // this process's gateway.
+    let tools = match &journal.nats {
+        Some(client) => {
+            let url = opts.nats.as_ref().map_or("", |n| n.url.as_str());
+            let hub = ToolHub::with_nats(client.clone())
+                .await
+                .map_err(|cause| NodeError::ToolHub { url: url.to_owned(), cause })?;
+            agents.tools.set_client_tools(Arc::new(turnstile_cluster::NatsToolBus::new(client.clone())));
+            hub
+        }
+        None => {
+            let hub = ToolHub::new();
+            agents.tools.set_client_tools(Arc::new(hub.clone()));
+            hub
+        }
+    };
     let http = OpsHttp::start(opts.http.as_deref(), journal.ready.clone()).await?;
     let config = &opts.config.config;
     let host = SessionHost::with_agents(
@@ -180,7 +208,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let router: Arc<dyn CommandRouter> = host;
     let gateway = Gateway::new(router, journal.log, journal.bus, gateway_config(config))
         .with_snapshots(journal.snapshots)
-        .with_auth(security.auth);
+        .with_auth(security.auth)
+        .with_tools(tools);
 
     let url = client_url_for(local, security.tls.is_some());
     print!("{}", banner(&url, &journal.describe, &opts.config.describe(), &auth));

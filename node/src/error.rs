@@ -59,6 +59,9 @@ pub enum NodeError {
     /// The shard lease and worker buckets cannot be opened or watched.
     #[error("cannot use the shard lease buckets on NATS at {url}: {cause}; check that nats-server runs with -js")]
     Membership { url: String, cause: turnstile_cluster::MembershipError },
+    /// The gateway could not subscribe to client tool cancels.
+    #[error("cannot serve client tools over NATS at {url}: {cause}")]
+    ToolHub { url: String, cause: async_nats::SubscribeError },
     /// The embedded journal in `--data-dir` cannot be opened.
     #[error("cannot open the journal in {}; check --data-dir: {cause}", dir.display())]
     DataDir { dir: PathBuf, cause: JournalError },

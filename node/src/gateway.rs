@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use turnstile_cluster::CommandRouter;
 use turnstile_cluster::kv::ClusterKv;
 use turnstile_gateway::cluster_router::GrpcTransport;
-use turnstile_gateway::{ClusterRouter, ClusterRouterConfig, Gateway};
+use turnstile_gateway::{ClusterRouter, ClusterRouterConfig, Gateway, ToolHub};
 
 use crate::config::Loaded;
 use crate::journal::{NatsOptions, open_nats};
@@ -109,9 +109,12 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         }
         None => Arc::new(ClusterRouter::new(map, router_config)),
     };
+    let tools =
+        ToolHub::with_nats(client.clone()).await.map_err(|cause| NodeError::ToolHub { url: url.to_owned(), cause })?;
     let gateway = Gateway::new(router, Arc::new(log), Arc::new(bus), gateway_config(config))
         .with_snapshots(Arc::new(snapshots))
-        .with_auth(security.auth);
+        .with_auth(security.auth)
+        .with_tools(tools);
 
     let http = OpsHttp::start(opts.http.as_deref(), Arc::new(nats_ready(client, url.to_owned()))).await?;
     let client_url = client_url_for(local, security.tls.is_some());

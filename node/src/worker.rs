@@ -125,6 +125,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let options =
         WorkerOptions { id: id.clone(), advertise_addr: advertise.clone(), leases, worker: worker_config(config) };
     let (log, bus, snapshots) = (Arc::new(log), Arc::new(bus), Arc::new(snapshots));
+    // Client tools are NATS requests to the gateways holding their executors.
+    agents.tools.set_client_tools(Arc::new(turnstile_cluster::NatsToolBus::new(client.clone())));
     let worker = start_worker_with_agents(options, agents, &client, replicas(config), log, bus, snapshots)
         .await
         .map_err(|e| NodeError::membership(url, e))?;

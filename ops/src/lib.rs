@@ -68,6 +68,16 @@ pub mod names {
     pub const MODEL_FIRST_TOKEN_SECONDS: &str = "turnstile_model_time_to_first_token_seconds";
     /// Histogram `{agent, provider, model, outcome}`: seconds a model request took, end to end.
     pub const MODEL_REQUEST_SECONDS: &str = "turnstile_model_request_duration_seconds";
+    /// Counter `{kind, server, tool, outcome}`: tool calls ended. `kind` is `builtin`, `mcp` or `client`;
+    /// `server` the MCP server (empty otherwise); `outcome` `ok`, `error`, `tool_timeout`, `aborted`,
+    /// `no_executor` or `unavailable` (the agent does not list the tool).
+    pub const TOOL_CALLS: &str = "turnstile_tool_calls_total";
+    /// Histogram `{kind, server, tool, outcome}`: seconds a tool call took, as the runner waited for it.
+    pub const TOOL_CALL_SECONDS: &str = "turnstile_tool_call_duration_seconds";
+    /// Gauge: client tool executors (`ServeTools` streams) registered on this gateway.
+    pub const TOOL_EXECUTORS: &str = "turnstile_tool_executors";
+    /// Counter: results executors sent for a call id the gateway was not waiting for (answered `rejected`).
+    pub const TOOL_RESULTS_REJECTED: &str = "turnstile_tool_results_rejected_total";
 }
 
 /// Increments a gauge now and decrements it when dropped, so a gauge of "things open" stays right however

@@ -208,6 +208,11 @@ impl DevServer {
     }
 
     /// The nats-server this server owns ([`Backend::Nats`]), if any.
+    /// Keeps `nats` alive as long as this server (the server runs on it).
+    pub fn own_nats(&mut self, nats: NatsServer) {
+        self.nats = Some(nats);
+    }
+
     pub fn nats(&self) -> Option<&NatsServer> {
         self.nats.as_ref()
     }

@@ -19,7 +19,8 @@
 //! - [`session`] is a small client DSL for one session (presets, edits, reads);
 //! - [`msg`] builds messages and sources;
 //! - [`watch`] records a `Watch` stream and reduces it to comparable lines;
-//! - [`fold`] is an independent inbox projection, to compare with the server's.
+//! - [`fold`] is an independent inbox projection, to compare with the server's;
+//! - [`tool_executor`] is a client tool executor over `ServeTools` (tonic).
 
 pub mod binary;
 pub mod cluster;
@@ -33,6 +34,7 @@ pub mod ports;
 pub mod process;
 pub mod served;
 pub mod session;
+pub mod tool_executor;
 pub mod watch;
 
 use std::time::Duration;

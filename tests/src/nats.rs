@@ -276,9 +276,9 @@ async fn healthz(monitor: SocketAddr) -> bool {
     http_get(monitor, "/healthz").await.is_some_and(|(status, _)| status == 200)
 }
 
-/// One plain HTTP/1.0 GET on the monitoring port: the status code and the body, `None` when the server
+/// One plain HTTP/1.0 GET (a monitoring port, a server's `/metrics`): the status code and the body, `None` when the server
 /// does not answer within 2 s.
-pub(crate) async fn http_get(monitor: SocketAddr, path: &str) -> Option<(u16, String)> {
+pub async fn http_get(monitor: SocketAddr, path: &str) -> Option<(u16, String)> {
     let attempt = async {
         let mut stream = tokio::net::TcpStream::connect(monitor).await.ok()?;
         let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");

@@ -31,7 +31,7 @@ use turnstile_config::{
 use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, CatalogError, ModelOutput, ModelRequest};
 
 use crate::model::chat::{ChatProvider, ToolSpec};
-use crate::model::chat_model::{self, ChatModel};
+use crate::model::chat_model::{self, ChatModel, ClientBusSlot};
 use crate::model::endpoint::{ApiKey, EndpointError, ModelEndpoint, ProviderKind};
 use crate::model::{DeltaSink, Model, ModelError, ModelIdentity, ScriptedModel};
 use crate::tools::ToolRegistry;
@@ -188,7 +188,12 @@ pub fn from_config_with_mcp(
             });
         };
         let mut specs = Vec::new();
+        let mut client_tools = Vec::new();
         for tool in &agent.tools {
+            if let ToolRef::Client(client) = tool {
+                client_tools.push(client.clone());
+                continue;
+            }
             let ToolRef::Mcp { server, tool: wanted } = tool else {
                 specs.push(tool_spec(name, tool, &tools)?);
                 continue;
@@ -252,13 +257,14 @@ pub fn from_config_with_mcp(
             })
         };
         profiles.push((name.clone(), AgentProfile { system, history_turns: agent.history_turns, approval }));
-        routes.insert(name.clone(), model.for_agent(specs));
+        routes.insert(name.clone(), model.for_agent(specs, client_tools, tools.client_slot()));
     }
     for (registered, (server, def, deadline)) in mcp_tools {
         tools.register(registered, Arc::new(McpTool::new(server, def, deadline)));
     }
     let catalog = AgentCatalog::new(config.default_agent.clone(), profiles)?;
     let model = Arc::new(AgentRouter::new(routes, catalog.default_agent()));
+    let tools = tools.with_policy(Arc::new(config.clone()));
     Ok(AgentSetup { catalog, model, tools })
 }
 
@@ -269,10 +275,12 @@ enum BuiltModel {
 }
 
 impl BuiltModel {
-    fn for_agent(&self, tools: Vec<ToolSpec>) -> Arc<dyn Model> {
+    fn for_agent(&self, tools: Vec<ToolSpec>, client_tools: Vec<String>, bus: ClientBusSlot) -> Arc<dyn Model> {
         match self {
             Self::Scripted(model) => model.clone(),
-            Self::Chat(provider) => Arc::new(ChatModel::new(provider.clone()).with_tools(tools)),
+            Self::Chat(provider) => {
+                Arc::new(ChatModel::new(provider.clone()).with_tools(tools).with_client_tools(client_tools, bus))
+            }
         }
     }
 }
@@ -315,7 +323,7 @@ fn tool_spec(agent: &str, tool: &ToolRef, tools: &ToolRegistry) -> Result<ToolSp
             None => "this built-in is not implemented yet",
         },
         ToolRef::Mcp { .. } => "MCP tools need their servers started (agents::start_mcp)",
-        ToolRef::Client(_) => "client tools are not supported yet",
+        ToolRef::Client(_) => "client tools are offered by their executors at request time",
     };
     Err(AgentSetupError::UnknownTool {
         agent: agent.to_owned(),
@@ -389,6 +397,7 @@ mod tests {
     fn request(agent: &str, text: &str) -> ModelRequest {
         ModelRequest {
             op: 1,
+            session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
             turn: 1,
             step: 1,
             agent: agent.into(),
@@ -434,10 +443,8 @@ mod tests {
 
     #[test]
     fn a_tool_the_worker_does_not_have_names_the_agent_and_the_tool() {
-        for (tool, reason) in [
-            ("spawn_agent", "this built-in is not implemented yet"),
-            ("client:lookup", "client tools are not supported yet"),
-        ] {
+        {
+            let (tool, reason) = ("spawn_agent", "this built-in is not implemented yet");
             let config = Config::from_toml_str(&format!("[agents.helper]\ntools = [\"echo\", \"{tool}\"]\n")).unwrap();
             let err = from_config_with_env(&config, no_env).unwrap_err();
             assert!(matches!(&err, AgentSetupError::UnknownTool { agent, .. } if agent == "helper"), "{err:?}");
@@ -448,6 +455,13 @@ mod tests {
                 )
             );
         }
+    }
+
+    #[test]
+    fn client_tools_are_accepted_and_only_listed_tools_may_be_called() {
+        let config = Config::from_toml_str("[agents.helper]\ntools = [\"echo\", \"client:lookup\"]\n").unwrap();
+        let setup = from_config_with_env(&config, no_env).unwrap();
+        assert!(!setup.tools.contains("lookup"), "client tools are not registered: they are looked up per call");
     }
 
     #[test]

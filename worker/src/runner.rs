@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 use turnstile_journal::snapshot::{LoadError, Snapshot, SnapshotStore, load_state};
 use turnstile_journal::{JournalError, LiveBus, SessionLog};
+use turnstile_model::message::{ContentBlock, MessageId, MessageSource, UserMessage};
 use turnstile_model::{Command, CommandError, CommandReply, Envelope, SessionRef};
 use turnstile_ops::clock::now_ms;
 
@@ -504,15 +505,41 @@ impl Runner {
 
     fn spawn_tool(&mut self, request: ToolRequest) {
         let token = self.op_token(request.op);
-        let (tx, deps) = (self.op_tx.clone(), self.deps.clone());
-        tokio::spawn(async move {
-            // A started call finishes even on abort: the tool sees the signal and may stop early.
-            let r = deps.tools.call(&request.call.name, &request.call.arguments, &token).await;
-            let outcome = ToolOutcome {
-                concludes_turn: r.concludes_turn,
-                ..ToolOutcome::new(request.call.call_id, request.call.name, r.output, r.error)
-            };
-            let _ = tx.send(OpMsg::ToolDone { op: request.op, outcome });
-        });
+        let (tx, deps, session) = (self.op_tx.clone(), self.deps.clone(), self.session.clone());
+        let span = tracing::info_span!(
+            parent: &self.spans.active(),
+            "tool.call",
+            %session,
+            agent = %request.agent,
+            tool = %request.call.name,
+            call_id = %request.call.call_id,
+            outcome = tracing::field::Empty,
+        );
+        tokio::spawn(
+            async move {
+                // A started call finishes even on abort: the tool sees the signal and may stop early.
+                let call = &request.call;
+                let r =
+                    deps.tools.run(&session, &call.call_id, &request.agent, &call.name, &call.arguments, &token).await;
+                // Context messages get ids derived from the call id (unique in the session like it).
+                let context = r
+                    .context
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, text)| UserMessage {
+                        id: MessageId(format!("{}.ctx{i}", call.call_id)),
+                        content: vec![ContentBlock::text(text)],
+                        source: MessageSource::Tool { call_id: call.call_id.clone() },
+                    })
+                    .collect();
+                let outcome = ToolOutcome {
+                    concludes_turn: r.concludes_turn,
+                    context,
+                    ..ToolOutcome::new(call.call_id.clone(), call.name.clone(), r.output, r.error)
+                };
+                let _ = tx.send(OpMsg::ToolDone { op: request.op, outcome });
+            }
+            .instrument(span),
+        );
     }
 }

@@ -46,6 +46,7 @@ fn setup(base_url: &str) -> AgentSetup {
 fn request(agent: &str, system: Option<&str>, text: &str) -> ModelRequest {
     ModelRequest {
         op: 1,
+        session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
         turn: 1,
         step: 1,
         agent: agent.into(),

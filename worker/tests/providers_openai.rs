@@ -540,6 +540,7 @@ async fn bad_endpoints_are_refused_before_any_request() {
 fn model_request(messages: Vec<UserMessage>, tool_results: Vec<ToolOutcome>) -> ModelRequest {
     ModelRequest {
         op: 1,
+        session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
         turn: 1,
         step: 1,
         agent: "assistant".into(),

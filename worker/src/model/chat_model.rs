@@ -51,7 +51,14 @@ pub struct ChatModel {
     provider: Arc<dyn ChatProvider>,
     system: Option<String>,
     tools: Vec<ToolSpec>,
+    /// Client tools the agent lists, offered with the schema their executors registered for the
+    /// request's tenant, looked up per request ([`crate::tools::client::offered`]).
+    client_tools: Vec<String>,
+    client_bus: ClientBusSlot,
 }
+
+/// Where the client tool bus is set once the node has it (after the agents are built).
+pub type ClientBusSlot = Arc<std::sync::OnceLock<Arc<dyn turnstile_cluster::ToolBus>>>;
 
 impl std::fmt::Debug for ChatModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -65,7 +72,13 @@ impl std::fmt::Debug for ChatModel {
 
 impl ChatModel {
     pub fn new(provider: Arc<dyn ChatProvider>) -> Self {
-        Self { provider, system: None, tools: Vec::new() }
+        Self {
+            provider,
+            system: None,
+            tools: Vec::new(),
+            client_tools: Vec::new(),
+            client_bus: ClientBusSlot::default(),
+        }
     }
 
     pub fn with_system(mut self, system: impl Into<String>) -> Self {
@@ -75,6 +88,14 @@ impl ChatModel {
 
     pub fn with_tools(mut self, tools: Vec<ToolSpec>) -> Self {
         self.tools = tools;
+        self
+    }
+
+    /// Also offers client tools `names`, described by their executors at request time over `bus` (a tool
+    /// with no executor connected, or no bus yet, is not offered).
+    pub fn with_client_tools(mut self, names: Vec<String>, bus: ClientBusSlot) -> Self {
+        self.client_tools = names;
+        self.client_bus = bus;
         self
     }
 
@@ -206,7 +227,14 @@ impl Model for ChatModel {
         deltas: DeltaSink,
         abort: CancellationToken,
     ) -> Result<ModelOutput, ModelError> {
-        let chat = self.chat_request(&request);
+        let mut chat = self.chat_request(&request);
+        if !self.client_tools.is_empty()
+            && let Some(bus) = self.client_bus.get()
+        {
+            let offered =
+                crate::tools::client::offered(bus.as_ref(), &request.session.tenant, &self.client_tools).await;
+            chat.tools.extend(offered);
+        }
         // The provider's sink is synchronous; deltas go through a channel to the async delta sink.
         let (tx, mut rx) = mpsc::unbounded_channel::<StreamDelta>();
         let run = async move {
@@ -256,6 +284,7 @@ mod tests {
     fn request(history: Vec<TranscriptEntry>, messages: Vec<UserMessage>) -> ModelRequest {
         ModelRequest {
             op: 1,
+            session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
             turn: 2,
             step: 1,
             agent: "assistant".into(),
@@ -380,6 +409,92 @@ mod tests {
                 ChatMessage::user_text("Tool results:\n- clock (c1) failed: boom"),
                 ChatMessage::user_text("still there?"),
             ]
+        );
+    }
+
+    /// Records the tool names of each request.
+    #[derive(Default)]
+    struct Recording(std::sync::Mutex<Vec<Vec<String>>>);
+
+    #[async_trait]
+    impl ChatProvider for Recording {
+        fn provider(&self) -> &'static str {
+            "openai"
+        }
+        fn model(&self) -> &str {
+            "m"
+        }
+        async fn stream(
+            &self,
+            request: &ChatRequest,
+            _sink: &mut (dyn FnMut(StreamDelta) + Send),
+            _cancel: &CancellationToken,
+        ) -> Result<crate::model::chat::ChatOutput, ProviderError> {
+            self.0.lock().unwrap().push(request.tools.iter().map(|t| t.name.clone()).collect());
+            Ok(crate::model::chat::ChatOutput {
+                text: "ok".into(),
+                reasoning: None,
+                tool_calls: vec![],
+                finish: Finish::Stop,
+                usage: None,
+            })
+        }
+    }
+
+    /// Serves `lookup` for tenant `acme` only.
+    #[derive(Debug)]
+    struct AcmeLookup;
+
+    #[async_trait]
+    impl turnstile_cluster::ToolBus for AcmeLookup {
+        async fn call(
+            &self,
+            _tenant: &str,
+            tool: &str,
+            _task: turnstile_proto::v1::ToolCallTask,
+            _wait: std::time::Duration,
+        ) -> Result<turnstile_proto::v1::ToolCallResult, turnstile_cluster::ToolBusError> {
+            Err(turnstile_cluster::ToolBusError::NoExecutor(tool.into()))
+        }
+        async fn cancel(&self, _tenant: &str, _task: turnstile_proto::v1::ToolCallTask) {}
+        async fn spec(
+            &self,
+            tenant: &str,
+            tool: &str,
+        ) -> Result<Option<turnstile_proto::v1::ClientToolSpec>, turnstile_cluster::ToolBusError> {
+            Ok((tenant == "acme" && tool == "lookup").then(|| turnstile_proto::v1::ClientToolSpec {
+                name: tool.into(),
+                description: "finds".into(),
+                input_schema_json: r#"{"type":"object"}"#.into(),
+            }))
+        }
+    }
+
+    #[tokio::test]
+    async fn client_tools_are_offered_with_the_schema_registered_for_the_requests_tenant() {
+        let provider = Arc::new(Recording::default());
+        let slot = ClientBusSlot::default();
+        let model = ChatModel::new(provider.clone())
+            .with_tools(vec![ToolSpec {
+                name: "clock".into(),
+                description: String::new(),
+                input_schema: serde_json::json!({}),
+            }])
+            .with_client_tools(vec!["lookup".into(), "gone".into()], slot.clone());
+        let run = |tenant: &str| {
+            let mut r = request(vec![], vec![UserMessage::user_text("m1", "hi")]);
+            r.session.tenant = tenant.into();
+            let (tx, _rx) = mpsc::channel(16);
+            model.step(r, crate::model::DeltaSink::new(tx), CancellationToken::new())
+        };
+        // No bus yet: only the static tools.
+        run("acme").await.unwrap();
+        let _ = slot.set(Arc::new(AcmeLookup));
+        run("acme").await.unwrap();
+        run("other").await.unwrap();
+        assert_eq!(
+            *provider.0.lock().unwrap(),
+            vec![vec!["clock".to_owned()], vec!["clock".to_owned(), "lookup".to_owned()], vec!["clock".to_owned()]]
         );
     }
 }

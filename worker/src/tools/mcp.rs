@@ -29,7 +29,8 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use turnstile_config::{McpServerConfig, McpTransport, Secret};
 
-use super::{Tool, ToolReturn};
+pub use super::TOOL_TIMEOUT;
+use super::{Tool, ToolContext, ToolReturn};
 
 /// How long a start (spawn or connect, handshake, first `tools/list`) may take.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -39,9 +40,6 @@ pub const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A connection that lived this long resets the backoff to [`INITIAL_BACKOFF`].
 const HEALTHY_AFTER: Duration = Duration::from_secs(30);
-
-/// The error of a call that passed its deadline (SPEC §9).
-pub const TOOL_TIMEOUT: &str = "tool_timeout";
 
 /// The name the model sees for tool `tool` of server `server`: `SERVER__TOOL`.
 pub fn tool_name(server: &str, tool: &str) -> String {
@@ -194,6 +192,7 @@ impl McpServer {
                 ),
                 error: Some(TOOL_TIMEOUT.to_owned()),
                 concludes_turn: false,
+                context: Vec::new(),
             },
             r = work => match r {
                 Ok(result) => from_result(result),
@@ -312,8 +311,11 @@ impl Tool for McpTool {
         self.tool.input_schema.clone()
     }
 
-    async fn call(&self, arguments: &str, abort: &CancellationToken) -> ToolReturn {
-        self.server.call(&self.tool.name, arguments, self.deadline, abort).await
+    /// Bounded by the call's deadline ([`ToolContext::deadline`], the agent's for this tool), or the
+    /// registered one when that is shorter (a call outside [`super::ToolRegistry::run`] has the default);
+    /// the registry's own bound ends it at the same time, this one names the server in the message.
+    async fn call(&self, ctx: &ToolContext, arguments: &str, abort: &CancellationToken) -> ToolReturn {
+        self.server.call(&self.tool.name, arguments, ctx.deadline.min(self.deadline), abort).await
     }
 }
 

@@ -1,9 +1,10 @@
-//! Tools a model step can call, the built-ins `sleep`, `echo` and `clock`, and the tools of MCP servers
-//! ([`mcp`]).
+//! Tools a model step can call, the built-ins `sleep`, `echo` and `clock`, the tools of MCP servers
+//! ([`mcp`]) and client tools served over `ServeTools` ([`client`]).
 //!
 //! Each tool describes itself to the model ([`Tool::description`], [`Tool::input_schema`]); the registry
 //! hands those out by name ([`ToolRegistry::spec`]) so an agent's model is offered exactly the tools the
-//! agent lists.
+//! agent lists. [`ToolRegistry::run`] is the one place a call is checked against the agent's list, bounded
+//! by its deadline (`tool_timeout`), measured and traced.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,10 +12,46 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
+use turnstile_cluster::ToolBus;
+use turnstile_config::{Config, ToolId};
+use turnstile_model::message::SessionRef;
 
 use crate::model::chat::ToolSpec;
+pub use crate::model::chat_model::ClientBusSlot;
 
+pub mod client;
 pub mod mcp;
+
+/// The error of a call that passed its deadline (SPEC §9).
+pub const TOOL_TIMEOUT: &str = "tool_timeout";
+
+/// The deadline of a call when no configuration says otherwise (`[tools] deadline_ms`).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// How long a tool may take to wind down (send its cancel) after its deadline passed, before the call
+/// ends anyway.
+const CANCEL_GRACE: Duration = Duration::from_millis(200);
+
+/// Who calls a tool: the session (its tenant scopes client tools), the durable call id, the agent and the
+/// call's deadline (already applied by [`ToolRegistry::run`]; tools that talk to others pass it on).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolContext {
+    pub session: SessionRef,
+    pub call_id: String,
+    pub agent: String,
+    pub deadline: Duration,
+}
+
+impl Default for ToolContext {
+    fn default() -> Self {
+        Self {
+            session: SessionRef { tenant: "default".to_owned(), id: "local".to_owned() },
+            call_id: String::new(),
+            agent: turnstile_config::SCRIPTED.to_owned(),
+            deadline: DEFAULT_DEADLINE,
+        }
+    }
+}
 
 /// What a tool call returned.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,15 +61,17 @@ pub struct ToolReturn {
     pub error: Option<String>,
     /// The tool concluded the turn.
     pub concludes_turn: bool,
+    /// Model-visible context messages to insert after the result (SPEC §9), as text.
+    pub context: Vec<String>,
 }
 
 impl ToolReturn {
     pub fn ok(output: impl Into<String>) -> Self {
-        Self { output: output.into(), error: None, concludes_turn: false }
+        Self { output: output.into(), error: None, concludes_turn: false, context: Vec::new() }
     }
 
     pub fn failed(error: impl Into<String>) -> Self {
-        Self { output: String::new(), error: Some(error.into()), concludes_turn: false }
+        Self { output: String::new(), error: Some(error.into()), concludes_turn: false, context: Vec::new() }
     }
 }
 
@@ -46,8 +85,9 @@ pub trait Tool: Send + Sync + 'static {
 
     /// Runs one call. `arguments` is what the model sent: a JSON object for a real model, the text after
     /// the tool's name for a scripted `[[tool:NAME ARGS]]`. `abort` is signalled when the turn is
-    /// cancelled: a started call finishes (it may stop early) and its result is recorded.
-    async fn call(&self, arguments: &str, abort: &CancellationToken) -> ToolReturn;
+    /// cancelled, and when the call's deadline passed: a started call finishes (it may stop early, and should
+    /// tell whatever runs it to stop) and its result is recorded.
+    async fn call(&self, ctx: &ToolContext, arguments: &str, abort: &CancellationToken) -> ToolReturn;
 }
 
 /// Field `key` of `arguments` when they are a JSON object: `Some(None)` for an object without it,
@@ -84,7 +124,7 @@ impl Tool for Sleep {
         })
     }
 
-    async fn call(&self, arguments: &str, abort: &CancellationToken) -> ToolReturn {
+    async fn call(&self, _ctx: &ToolContext, arguments: &str, abort: &CancellationToken) -> ToolReturn {
         let ms = match json_field(arguments, "ms") {
             Some(field) => field.as_ref().and_then(serde_json::Value::as_u64),
             None => arguments.trim().parse::<u64>().ok(),
@@ -126,7 +166,7 @@ impl Tool for Echo {
         })
     }
 
-    async fn call(&self, arguments: &str, _abort: &CancellationToken) -> ToolReturn {
+    async fn call(&self, _ctx: &ToolContext, arguments: &str, _abort: &CancellationToken) -> ToolReturn {
         match json_field(arguments, "text") {
             Some(Some(serde_json::Value::String(text))) => ToolReturn::ok(text),
             _ => ToolReturn::ok(arguments),
@@ -167,7 +207,7 @@ impl Tool for Clock {
     }
 
     /// Any arguments are ignored.
-    async fn call(&self, _arguments: &str, _abort: &CancellationToken) -> ToolReturn {
+    async fn call(&self, _ctx: &ToolContext, _arguments: &str, _abort: &CancellationToken) -> ToolReturn {
         let ms = (self.now_ms)();
         // Written by hand so the keys keep this order (the timestamp needs no escaping).
         ToolReturn::ok(format!(r#"{{"utc":"{}","unix_ms":{ms}}}"#, rfc3339_utc(ms)))
@@ -202,6 +242,10 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 #[derive(Clone, Default)]
 pub struct ToolRegistry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
+    /// Which agent may call what, and each call's deadline; `None`: every tool, [`DEFAULT_DEADLINE`].
+    policy: Option<Arc<Config>>,
+    /// Reaches client tool executors once set (shared with the agents' models); empty: no client tools.
+    client: ClientBusSlot,
 }
 
 impl std::fmt::Debug for ToolRegistry {
@@ -243,15 +287,109 @@ impl ToolRegistry {
         self.tools.insert(name.into(), tool);
     }
 
-    /// Runs `name`; an unknown tool is a failed call that names the ones there are.
+    /// Calls are allowed and bounded as `config` says: an agent calls only the tools it lists, within
+    /// [`Config::tool_deadline`].
+    pub fn with_policy(mut self, config: Arc<Config>) -> Self {
+        self.policy = Some(config);
+        self
+    }
+
+    /// Client tools are called over `bus`.
+    pub fn with_client_tools(self, bus: Arc<dyn ToolBus>) -> Self {
+        self.set_client_tools(bus);
+        self
+    }
+
+    /// Client tools are called over `bus` from now on, here and in every model sharing this registry's
+    /// slot ([`ToolRegistry::client_slot`]); the first bus set stays.
+    pub fn set_client_tools(&self, bus: Arc<dyn ToolBus>) {
+        let _ = self.client.set(bus);
+    }
+
+    /// The slot the client tool bus is set in.
+    pub fn client_slot(&self) -> ClientBusSlot {
+        self.client.clone()
+    }
+
+    /// Runs `name` for the default agent with no policy applied (tests, tools used on their own); an
+    /// unknown tool is a failed call that names the ones there are.
     pub async fn call(&self, name: &str, arguments: &str, abort: &CancellationToken) -> ToolReturn {
         match self.tools.get(name) {
-            Some(tool) => tool.call(arguments, abort).await,
-            None => ToolReturn::failed(format!(
-                "unknown tool {name:?}; available: {}",
-                self.tools.keys().cloned().collect::<Vec<_>>().join(", ")
-            )),
+            Some(tool) => tool.call(&ToolContext::default(), arguments, abort).await,
+            None => ToolReturn::failed(self.unknown(name)),
         }
+    }
+
+    fn unknown(&self, name: &str) -> String {
+        format!("unknown tool {name:?}; available: {}", self.tools.keys().cloned().collect::<Vec<_>>().join(", "))
+    }
+
+    /// Runs call `call_id` of tool `name` by `agent` in `session`: refused when the agent does not list
+    /// the tool (a model may name any tool), bounded by the agent's deadline for it (`tool_timeout`; the
+    /// tool sees `abort` fire and gets [`CANCEL_GRACE`] to send its cancel), counted and timed
+    /// ([`crate::metrics::ToolCall`]).
+    pub async fn run(
+        &self,
+        session: &SessionRef,
+        call_id: &str,
+        agent: &str,
+        name: &str,
+        arguments: &str,
+        abort: &CancellationToken,
+    ) -> ToolReturn {
+        let id = ToolId::from_call_name(name);
+        let mut measure = crate::metrics::ToolCall::start(id);
+        let deadline = match &self.policy {
+            None => DEFAULT_DEADLINE,
+            Some(config) => match config.agents.get(agent) {
+                Some(profile) if profile.offers(id) => config.tool_deadline(profile, id),
+                Some(profile) => {
+                    let listed: Vec<String> = profile.tools.iter().map(ToString::to_string).collect();
+                    let listed = if listed.is_empty() { "none".to_owned() } else { listed.join(", ") };
+                    measure.end("unavailable");
+                    return ToolReturn::failed(format!(
+                        "tool {name} is not available to agent {agent} (its tools: {listed}); call one of those"
+                    ));
+                }
+                // An agent the configuration does not name (a catalog built apart): no list to check.
+                None => DEFAULT_DEADLINE,
+            },
+        };
+        let tool: Arc<dyn Tool> = match (self.tools.get(name), id, self.client.get()) {
+            (Some(tool), _, _) => tool.clone(),
+            (None, ToolId::Client(tool), Some(bus)) => Arc::new(client::ClientTool::new(tool, bus.clone())),
+            (None, _, _) => {
+                measure.end("unavailable");
+                return ToolReturn::failed(self.unknown(name));
+            }
+        };
+        let ctx =
+            ToolContext { session: session.clone(), call_id: call_id.to_owned(), agent: agent.to_owned(), deadline };
+        let stop = abort.child_token();
+        let call = tool.call(&ctx, arguments, &stop);
+        tokio::pin!(call);
+        let r = tokio::select! {
+            r = &mut call => r,
+            () = tokio::time::sleep(deadline) => {
+                stop.cancel();
+                // Let the tool send its cancel (MCP notification, client `cancel`); its own result is not
+                // the outcome.
+                let _ = tokio::time::timeout(CANCEL_GRACE, &mut call).await;
+                ToolReturn {
+                    output: format!("{name} gave no result within {} ms; the call was cancelled", deadline.as_millis()),
+                    ..ToolReturn::failed(TOOL_TIMEOUT)
+                }
+            }
+        };
+        let outcome = match r.error.as_deref() {
+            None => "ok",
+            Some(TOOL_TIMEOUT) => TOOL_TIMEOUT,
+            Some(e) if e.starts_with(client::NO_EXECUTOR) => "no_executor",
+            Some(_) if abort.is_cancelled() => "aborted",
+            Some(_) => "error",
+        };
+        measure.end(outcome);
+        r
     }
 }
 
@@ -292,10 +430,11 @@ mod tests {
     #[tokio::test]
     async fn clock_returns_utc_rfc3339_and_unix_ms() {
         let clock = Clock::with_time_source(|| 1_748_779_200_250);
-        let r = clock.call("", &CancellationToken::new()).await;
+        let ctx = ToolContext::default();
+        let r = clock.call(&ctx, "", &CancellationToken::new()).await;
         assert_eq!(r, ToolReturn::ok(r#"{"utc":"2025-06-01T12:00:00.250Z","unix_ms":1748779200250}"#));
         // Arguments are ignored.
-        assert_eq!(clock.call(r#"{"tz": "+02:00"}"#, &CancellationToken::new()).await, r);
+        assert_eq!(clock.call(&ctx, r#"{"tz": "+02:00"}"#, &CancellationToken::new()).await, r);
         // The real clock: now, give or take.
         let before = turnstile_ops::clock::now_ms();
         let r = ToolRegistry::builtin().call("clock", "{}", &CancellationToken::new()).await;

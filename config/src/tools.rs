@@ -30,23 +30,7 @@ keyword_enum! {
     }
 }
 
-/// The longest tool name the model providers accept (OpenAI and Anthropic: `^[a-zA-Z0-9_-]{1,64}$`).
-pub const MAX_MODEL_TOOL_NAME: usize = 64;
-
-/// A name a model can call a tool by: 1–64 ASCII letters, digits, `_` or `-` (what OpenAI and Anthropic
-/// accept). MCP tools are offered as `SERVER__TOOL`, so the whole of that must fit.
-///
-/// ```
-/// use turnstile_config::is_model_tool_name;
-///
-/// assert!(is_model_tool_name("files__read_file"));
-/// assert!(!is_model_tool_name("files__read file"));
-/// assert!(!is_model_tool_name(&"x".repeat(65)));
-/// ```
-pub fn is_model_tool_name(name: &str) -> bool {
-    (1..=MAX_MODEL_TOOL_NAME).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
+pub use turnstile_model::tool_names::{MAX_MODEL_TOOL_NAME, is_model_tool_name};
 
 /// A tool name as a call names it at run time, to match against [`ToolRef`] and [`ToolPattern`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -342,6 +326,13 @@ impl fmt::Display for ToolPattern {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_builtins_are_the_models_builtin_tool_names() {
+        let mut names: Vec<&str> = super::Builtin::ALL.iter().map(|b| b.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, turnstile_model::tool_names::BUILTIN_TOOL_NAMES);
+    }
+
     use super::*;
 
     fn tool(s: &str) -> Result<ToolRef, String> {

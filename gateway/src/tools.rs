@@ -22,13 +22,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 use turnstile_cluster::tools::{QUEUE_GROUP, call_subject, spec_subject};
 use turnstile_cluster::{ToolBus, ToolBusError};
+use turnstile_model::tool_names::{BUILTIN_TOOL_NAMES, MAX_MODEL_TOOL_NAME, MCP_SEPARATOR, is_model_tool_name};
 use turnstile_proto::v1 as pb;
 
 /// The header naming an executor's tenant when auth is off (with auth, the token's tenant is used).
 pub const TENANT_HEADER: &str = "turnstile-tenant";
-
-/// Names a client tool may not take: the built-ins (SPEC §9, §13).
-pub const BUILTIN_NAMES: &[&str] = &["sleep", "echo", "clock", "spawn_agent"];
 
 /// Tasks buffered per executor stream before a call is refused as busy.
 const STREAM_BUFFER: usize = 256;
@@ -114,18 +112,20 @@ fn invalid(message: String) -> Status {
 /// Checks one tool of a registration; its parsed schema.
 pub fn validate(spec: &pb::ClientToolSpec) -> Result<serde_json::Value, Status> {
     let name = &spec.name;
-    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b)) {
-        return Err(invalid(format!("tool name {name:?} is invalid: use 1 to 64 of letters, digits, '_' and '-'")));
+    if !is_model_tool_name(name) {
+        return Err(invalid(format!(
+            "tool name {name:?} is invalid: use 1 to {MAX_MODEL_TOOL_NAME} of letters, digits, '_' and '-'"
+        )));
     }
-    if name.contains("__") {
+    if name.contains(MCP_SEPARATOR) {
         return Err(invalid(format!(
             "tool name {name:?} contains \"__\", which is reserved for MCP tools (SERVER__TOOL); rename the tool"
         )));
     }
-    if BUILTIN_NAMES.contains(&name.as_str()) {
+    if BUILTIN_TOOL_NAMES.contains(&name.as_str()) {
         return Err(invalid(format!(
             "tool name {name:?} is a built-in tool's name (built-ins: {}); rename the tool",
-            BUILTIN_NAMES.join(", ")
+            BUILTIN_TOOL_NAMES.join(", ")
         )));
     }
     let schema: serde_json::Value = serde_json::from_str(&spec.input_schema_json).map_err(|e| {

@@ -29,6 +29,7 @@ pub mod inbox;
 pub mod message;
 pub mod shard;
 pub mod state;
+pub mod tool_names;
 pub mod transcript;
 
 pub use command::{Command, CommandError, CommandReply, DeadlineSpec, MAX_STEER_DEADLINE_MS, SessionSummary};

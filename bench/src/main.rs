@@ -6,8 +6,10 @@
 //! measures, prints a Markdown report (or `--json`) and stops what it started.
 //!
 //! `turnstile-bench model` measures a real model instead: time to first token and streaming rate straight
-//! from llama-server and through `turnstile dev --config` (see [`model`]).
+//! from llama-server and through `turnstile dev --config` (see [`model`]); `turnstile-bench hooks` what one
+//! remote pre-step hook adds to a turn (see [`hooks`]).
 
+mod hooks;
 mod latency;
 mod model;
 mod servers;
@@ -75,6 +77,9 @@ enum Mode {
     /// A real model (llama-server on SmolLM2): time to first token and deltas/s straight from llama-server
     /// and through `turnstile dev --config`, same prompt, interleaved rounds.
     Model(model::ModelArgs),
+    /// What one remote pre-step hook adds to a turn: followup → idle with and without a local Rust hook
+    /// that passes the batch, interleaved.
+    Hooks(hooks::HookArgs),
 }
 
 #[derive(Debug, Serialize)]
@@ -109,8 +114,10 @@ pub(crate) fn cpu_model() -> String {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    if let Some(Mode::Model(model_args)) = args.mode {
-        return model::run(model_args).await;
+    match args.mode {
+        Some(Mode::Model(model_args)) => return model::run(model_args).await,
+        Some(Mode::Hooks(hook_args)) => return hooks::run(hook_args).await,
+        None => {}
     }
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let bin = args.turnstile_bin.clone().unwrap_or_else(servers::default_turnstile_bin);

@@ -440,6 +440,9 @@ impl Runner {
         let waterfall = self.deps.hooks.for_agent(&request.agent);
         let task = async move {
             let outcome = tokio::select! {
+                // Checked first: a hook that sees the abort returns an error, which must not be mistaken
+                // for a hook failure.
+                biased;
                 () = token.cancelled() => PreStepOutcome::Aborted,
                 r = run_waterfall(&waterfall, &session, &request, &token) => match r {
                     Ok(decision) => PreStepOutcome::Decided(decision),

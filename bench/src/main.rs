@@ -8,8 +8,10 @@
 //! `turnstile-bench tools` measures what Turnstile adds to a tool call of each kind (see [`tools`]).
 //!
 //! `turnstile-bench model` measures a real model instead: time to first token and streaming rate straight
-//! from llama-server and through `turnstile dev --config` (see [`model`]).
+//! from llama-server and through `turnstile dev --config` (see [`model`]); `turnstile-bench hooks` what one
+//! remote pre-step hook adds to a turn (see [`hooks`]).
 
+mod hooks;
 mod latency;
 mod model;
 mod servers;
@@ -81,6 +83,9 @@ enum Mode {
     /// Tool calls: what Turnstile adds to one call of each kind of tool (built-in, MCP over stdio)
     /// against calling it directly, same run.
     Tools(tools::ToolsArgs),
+    /// What one remote pre-step hook adds to a turn: followup → idle with and without a local Rust hook
+    /// that passes the batch, interleaved.
+    Hooks(hooks::HookArgs),
 }
 
 #[derive(Debug, Serialize)]
@@ -118,6 +123,7 @@ async fn main() -> Result<()> {
     match args.mode {
         Some(Mode::Model(model_args)) => return model::run(model_args).await,
         Some(Mode::Tools(tools_args)) => return tools::run(tools_args).await,
+        Some(Mode::Hooks(hook_args)) => return hooks::run(hook_args).await,
         None => {}
     }
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();

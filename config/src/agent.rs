@@ -82,7 +82,8 @@ pub struct AgentConfig {
     pub hooks: Vec<HookConfig>,
     /// Deadline of one tool call, in ms. Default `[tools] deadline_ms` (60,000).
     pub tool_deadline_ms: Option<u64>,
-    /// Model steps one turn may take before it ends `error`. Default unlimited.
+    /// Model steps one turn may take: the proposal that would open one more ends the turn `blocked` (the
+    /// built-in step-budget hook). Default unlimited.
     pub max_steps_per_turn: Option<u32>,
     /// Estimated request size, in tokens, above which the oldest turns are compacted (SPEC §13).
     /// Default: never compact.

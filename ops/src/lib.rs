@@ -78,6 +78,12 @@ pub mod names {
     pub const TOOL_EXECUTORS: &str = "turnstile_tool_executors";
     /// Counter: results executors sent for a call id the gateway was not waiting for (answered `rejected`).
     pub const TOOL_RESULTS_REJECTED: &str = "turnstile_tool_results_rejected_total";
+    /// Counter `{hook, outcome, action}`: calls of remote pre-step hooks, by the hook's URL; `outcome` is
+    /// `enter`, `reject`, `timeout`, `unavailable`, `status`, `invalid` or `aborted`, `action` what the
+    /// waterfall did with it (`pass`, `reject`, `error`, `skip`; a failure's is the hook's `on_failure`).
+    pub const PRE_STEP_HOOK_CALLS: &str = "turnstile_pre_step_hook_calls_total";
+    /// Histogram `{hook, outcome}`: seconds one remote pre-step hook call took, as the worker waited for it.
+    pub const PRE_STEP_HOOK_SECONDS: &str = "turnstile_pre_step_hook_duration_seconds";
 }
 
 /// Increments a gauge now and decrements it when dropped, so a gauge of "things open" stays right however

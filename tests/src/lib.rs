@@ -21,11 +21,13 @@
 //! - [`watch`] records a `Watch` stream and reduces it to comparable lines;
 //! - [`fold`] is an independent inbox projection, to compare with the server's;
 //! - [`tool_executor`] is a client tool executor over `ServeTools` (tonic).
+//! - [`hook_server`] is a remote pre-step hook (`turnstile.hooks.v1.PreStepHook`) whose answers a test sets.
 
 pub mod binary;
 pub mod cluster;
 pub mod dev;
 pub mod fold;
+pub mod hook_server;
 pub mod llama;
 pub mod msg;
 pub mod nats;
@@ -42,6 +44,7 @@ use std::time::Duration;
 pub use cluster::{Cluster, ClusterOptions};
 pub use dev::{Backend, DevOptions, DevServer};
 pub use fold::Projection;
+pub use hook_server::{Behaviour, HookServer};
 pub use msg::{data_msg, new_session_ref, plugin_msg, source_msg, text_of, user_msg};
 pub use nats::NatsServer;
 pub use served::{Deployment, Served};

@@ -30,6 +30,8 @@ use turnstile_config::{
 };
 use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, CatalogError, ModelOutput, ModelRequest};
 
+use crate::hooks::remote::RemoteHookError;
+use crate::hooks::{AgentHooks, ContentGuard, PreStepHook, RemoteHook, StepBudget};
 use crate::model::chat::{ChatProvider, ToolSpec};
 use crate::model::chat_model::{self, ChatModel, ClientBusSlot};
 use crate::model::endpoint::{ApiKey, EndpointError, ModelEndpoint, ProviderKind};
@@ -45,11 +47,17 @@ pub struct AgentSetup {
     pub model: Arc<dyn Model>,
     /// The tools the agents may call.
     pub tools: ToolRegistry,
+    /// Each agent's pre-step waterfall: content guard, step budget, remote hooks (crate::hooks).
+    pub hooks: AgentHooks,
 }
 
 impl std::fmt::Debug for AgentSetup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentSetup").field("catalog", &self.catalog).field("tools", &self.tools).finish_non_exhaustive()
+        f.debug_struct("AgentSetup")
+            .field("catalog", &self.catalog)
+            .field("tools", &self.tools)
+            .field("hooks", &self.hooks)
+            .finish_non_exhaustive()
     }
 }
 
@@ -81,6 +89,13 @@ pub enum AgentSetupError {
         model: String,
         #[source]
         source: EndpointError,
+    },
+    /// A remote pre-step hook's URL cannot be dialled.
+    #[error("agent {agent:?}: {source}")]
+    Hook {
+        agent: String,
+        #[source]
+        source: RemoteHookError,
     },
     /// The agents do not form a catalog (the default agent is missing).
     #[error(transparent)]
@@ -179,6 +194,7 @@ pub fn from_config_with_mcp(
         .collect::<Result<BTreeMap<&str, BuiltModel>, AgentSetupError>>()?;
     let mut profiles = Vec::new();
     let mut routes: HashMap<String, Arc<dyn Model>> = HashMap::new();
+    let mut waterfalls: HashMap<String, Vec<Arc<dyn PreStepHook>>> = HashMap::new();
     for (name, agent) in &config.agents {
         let Some(model) = models.get(agent.model.as_str()) else {
             return Err(AgentSetupError::UnknownModel {
@@ -258,6 +274,7 @@ pub fn from_config_with_mcp(
         };
         profiles.push((name.clone(), AgentProfile { system, history_turns: agent.history_turns, approval }));
         routes.insert(name.clone(), model.for_agent(specs, client_tools, tools.client_slot()));
+        waterfalls.insert(name.clone(), waterfall(name, agent)?);
     }
     for (registered, (server, def, deadline)) in mcp_tools {
         tools.register(registered, Arc::new(McpTool::new(server, def, deadline)));
@@ -265,7 +282,22 @@ pub fn from_config_with_mcp(
     let catalog = AgentCatalog::new(config.default_agent.clone(), profiles)?;
     let model = Arc::new(AgentRouter::new(routes, catalog.default_agent()));
     let tools = tools.with_policy(Arc::new(config.clone()));
-    Ok(AgentSetup { catalog, model, tools })
+    let hooks = AgentHooks::new(waterfalls, catalog.default_agent());
+    Ok(AgentSetup { catalog, model, tools, hooks })
+}
+
+/// `agent`'s pre-step waterfall: the content guard, its step budget, then its remote hooks in config order.
+fn waterfall(name: &str, agent: &turnstile_config::AgentConfig) -> Result<Vec<Arc<dyn PreStepHook>>, AgentSetupError> {
+    let mut hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(ContentGuard)];
+    if let Some(max) = agent.max_steps_per_turn {
+        hooks.push(Arc::new(StepBudget::new(max)));
+    }
+    for hook in &agent.hooks {
+        let remote =
+            RemoteHook::new(hook).map_err(|source| AgentSetupError::Hook { agent: name.to_owned(), source })?;
+        hooks.push(Arc::new(remote));
+    }
+    Ok(hooks)
 }
 
 /// One `[models.NAME]`, built: the scripted model, or a connected provider that agents wrap with their tools.
@@ -439,6 +471,22 @@ mod tests {
             Some(&AgentProfile { system: Some("Be terse.".into()), history_turns: 3, ..AgentProfile::default() })
         );
         assert_eq!(setup.catalog.names().collect::<Vec<_>>(), ["scripted", "terse"]);
+    }
+
+    #[test]
+    fn each_agent_gets_the_guard_its_budget_and_its_remote_hooks_in_order() {
+        let config = Config::from_toml_str(
+            "[agents.a]\nmax_steps_per_turn = 4\nhooks = [{ url = \"http://127.0.0.1:9/\" }, \
+             { url = \"http://127.0.0.1:10\", on_failure = \"skip\" }]\n[agents.b]\n",
+        )
+        .unwrap();
+        let setup = from_config_with_env(&config, no_env).unwrap();
+        let names =
+            |agent: &str| -> Vec<String> { setup.hooks.for_agent(agent).iter().map(|h| h.name().to_owned()).collect() };
+        assert_eq!(names("a"), ["content-guard", "step-budget", "http://127.0.0.1:9", "http://127.0.0.1:10"]);
+        assert_eq!(names("b"), ["content-guard"]);
+        // Unknown agents run the default agent's (`scripted`) waterfall.
+        assert_eq!(names("gone"), ["content-guard"]);
     }
 
     #[test]

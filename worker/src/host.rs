@@ -13,7 +13,7 @@ use turnstile_model::{Command, CommandError, CommandReply, SessionRef, Status};
 
 use crate::agents::AgentSetup;
 use crate::config::WorkerConfig;
-use crate::hooks::{ContentGuard, PreStepHook};
+use crate::hooks::{AgentHooks, PreStepHook};
 use crate::model::{Model, ScriptedModel};
 use crate::runner::{CommandMsg, Control, Runner, RunnerDeps};
 use crate::tools::ToolRegistry;
@@ -67,7 +67,7 @@ impl SessionHost {
         snapshots: Arc<dyn SnapshotStore>,
         config: WorkerConfig,
     ) -> Arc<Self> {
-        let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(ContentGuard)];
+        let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(crate::hooks::ContentGuard)];
         Self::with_parts(log, bus, snapshots, Arc::new(ScriptedModel), ToolRegistry::builtin(), hooks, config)
     }
 
@@ -79,7 +79,7 @@ impl SessionHost {
         ownership: Arc<dyn Ownership>,
         config: WorkerConfig,
     ) -> Arc<Self> {
-        let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(ContentGuard)];
+        let hooks = AgentHooks::default();
         let deps = RunnerDeps {
             log,
             bus,
@@ -104,10 +104,17 @@ impl SessionHost {
         agents: AgentSetup,
         mut config: WorkerConfig,
     ) -> Arc<Self> {
-        let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(ContentGuard)];
         config.agents = agents.catalog;
-        let deps =
-            RunnerDeps { log, bus, model: agents.model, tools: agents.tools, hooks, snapshots, ownership, config };
+        let deps = RunnerDeps {
+            log,
+            bus,
+            model: agents.model,
+            tools: agents.tools,
+            hooks: agents.hooks,
+            snapshots,
+            ownership,
+            config,
+        };
         Arc::new(Self { deps: Arc::new(deps), runners: Mutex::new(HashMap::new()) })
     }
 
@@ -121,7 +128,16 @@ impl SessionHost {
         config: WorkerConfig,
     ) -> Arc<Self> {
         Arc::new(Self {
-            deps: Arc::new(RunnerDeps { log, bus, model, tools, hooks, snapshots, ownership: None, config }),
+            deps: Arc::new(RunnerDeps {
+                log,
+                bus,
+                model,
+                tools,
+                hooks: AgentHooks::uniform(hooks),
+                snapshots,
+                ownership: None,
+                config,
+            }),
             runners: Mutex::new(HashMap::new()),
         })
     }

@@ -24,7 +24,7 @@ use turnstile_model::{Command, CommandError, CommandReply, Envelope, SessionRef}
 use turnstile_ops::clock::now_ms;
 
 use crate::config::WorkerConfig;
-use crate::hooks::{PreStepHook, run_waterfall};
+use crate::hooks::{AgentHooks, run_waterfall};
 use crate::host::Ownership;
 use crate::metrics::ModelCall;
 use crate::model::chat::StreamDelta;
@@ -42,7 +42,8 @@ pub struct RunnerDeps {
     pub bus: Arc<dyn LiveBus>,
     pub model: Arc<dyn Model>,
     pub tools: ToolRegistry,
-    pub hooks: Vec<Arc<dyn PreStepHook>>,
+    /// Each agent's pre-step waterfall, picked by the proposal's agent.
+    pub hooks: AgentHooks,
     pub snapshots: Arc<dyn SnapshotStore>,
     /// Shard ownership in a cluster; `None` in `turnstile dev`, which owns everything at its epoch.
     pub ownership: Option<Arc<dyn Ownership>>,
@@ -445,17 +446,23 @@ impl Runner {
 
     fn spawn_pre_step(&mut self, request: PreStepRequest) {
         let token = self.op_token(request.op);
-        let (tx, deps) = (self.op_tx.clone(), self.deps.clone());
-        tokio::spawn(async move {
+        let (tx, session) = (self.op_tx.clone(), self.session.clone());
+        let waterfall = self.deps.hooks.for_agent(&request.agent);
+        let task = async move {
             let outcome = tokio::select! {
+                // Checked first: a hook that sees the abort returns an error, which must not be mistaken
+                // for a hook failure.
+                biased;
                 () = token.cancelled() => PreStepOutcome::Aborted,
-                r = run_waterfall(&deps.hooks, &request, &token) => match r {
+                r = run_waterfall(&waterfall, &session, &request, &token) => match r {
                     Ok(decision) => PreStepOutcome::Decided(decision),
                     Err(e) => PreStepOutcome::Failed { message: e.to_string() },
                 },
             };
             let _ = tx.send(OpMsg::PreStep { op: request.op, outcome });
-        });
+        };
+        // The hooks' spans (`pre_step.hook`) belong to the open turn.
+        tokio::spawn(task.instrument(self.spans.active()));
     }
 
     fn spawn_model(&mut self, request: ModelRequest) {

@@ -1,0 +1,152 @@
+//! A remote pre-step hook for tests: the gRPC service `turnstile.hooks.v1.PreStepHook` on 127.0.0.1:0,
+//! in the test process, answering as the test says ([`Behaviour`]) and recording every request it got.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status};
+use turnstile_proto::hooks::v1::pre_step_decision::Decision;
+use turnstile_proto::hooks::v1::pre_step_hook_server::{PreStepHook, PreStepHookServer};
+use turnstile_proto::hooks::v1::{Enter, PreStepDecision, PreStepRequest, Reject};
+use turnstile_proto::v1::UserMessage;
+
+use crate::HarnessError;
+use crate::msg::{source_msg, text_of};
+
+/// How the hook answers.
+#[derive(Clone, Debug)]
+pub enum Behaviour {
+    /// `enter` with the batch as given.
+    Pass,
+    /// `enter` with every message's text prefixed by this (same ids).
+    Prefix(String),
+    /// `enter` without the messages whose text contains this.
+    DropContaining(String),
+    /// `enter([])`.
+    EnterNothing,
+    /// `reject {reason}`.
+    Reject(String),
+    /// Sleep this long, then pass (a deadline shorter than this makes the worker give up first).
+    Sleep(Duration),
+    /// `enter` with a message whose id the batch does not have.
+    AddMessage(String),
+    /// `enter` with the first message twice.
+    Duplicate,
+    /// An empty decision (neither reject nor enter).
+    Empty,
+    /// A gRPC error status (`INTERNAL`) with this message.
+    Fail(String),
+}
+
+#[derive(Debug)]
+struct State {
+    behaviour: Mutex<Behaviour>,
+    requests: Mutex<Vec<PreStepRequest>>,
+}
+
+struct Service(Arc<State>);
+
+#[tonic::async_trait]
+impl PreStepHook for Service {
+    async fn decide(&self, request: Request<PreStepRequest>) -> Result<Response<PreStepDecision>, Status> {
+        let request = request.into_inner();
+        self.0.requests.lock().unwrap_or_else(PoisonError::into_inner).push(request.clone());
+        let behaviour = self.0.behaviour.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let enter = |messages: Vec<UserMessage>| Decision::Enter(Enter { messages });
+        let decision = match behaviour {
+            Behaviour::Pass => enter(request.messages),
+            Behaviour::Prefix(prefix) => enter(
+                request
+                    .messages
+                    .into_iter()
+                    .map(|m| source_msg(&m.id, &format!("{prefix}{}", text_of(&m)), None))
+                    .collect(),
+            ),
+            Behaviour::DropContaining(marker) => {
+                enter(request.messages.into_iter().filter(|m| !text_of(m).contains(&marker)).collect())
+            }
+            Behaviour::EnterNothing => enter(vec![]),
+            Behaviour::Reject(reason) => Decision::Reject(Reject { reason }),
+            Behaviour::Sleep(pause) => {
+                tokio::time::sleep(pause).await;
+                enter(request.messages)
+            }
+            Behaviour::AddMessage(id) => {
+                let mut messages = request.messages;
+                messages.push(source_msg(&id, "smuggled", None));
+                enter(messages)
+            }
+            Behaviour::Duplicate => {
+                let mut messages = request.messages;
+                if let Some(first) = messages.first().cloned() {
+                    messages.push(first);
+                }
+                enter(messages)
+            }
+            Behaviour::Empty => return Ok(Response::new(PreStepDecision { decision: None })),
+            Behaviour::Fail(message) => return Err(Status::internal(message)),
+        };
+        Ok(Response::new(PreStepDecision { decision: Some(decision) }))
+    }
+}
+
+/// A running hook server; dropping it stops the server.
+#[derive(Debug)]
+pub struct HookServer {
+    addr: SocketAddr,
+    state: Arc<State>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl HookServer {
+    /// Serves `behaviour` on a port of 127.0.0.1 the system picks.
+    pub async fn start(behaviour: Behaviour) -> Result<Self, HarnessError> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| HarnessError::io("binding the hook server", e))?;
+        let addr = listener.local_addr().map_err(|e| HarnessError::io("reading the hook server's address", e))?;
+        let state = Arc::new(State { behaviour: Mutex::new(behaviour), requests: Mutex::new(Vec::new()) });
+        let (stop, stopped) = oneshot::channel::<()>();
+        let service = PreStepHookServer::new(Service(state.clone()));
+        tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(Self { addr, state, stop: Some(stop) })
+    }
+
+    /// `http://127.0.0.1:PORT`, for an agent's `hooks = [{ url = ... }]`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Answers the next requests with `behaviour`.
+    pub fn set(&self, behaviour: Behaviour) {
+        *self.state.behaviour.lock().unwrap_or_else(PoisonError::into_inner) = behaviour;
+    }
+
+    /// Every request received so far, in order.
+    pub fn requests(&self) -> Vec<PreStepRequest> {
+        self.state.requests.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The texts of each request's batch, in order.
+    pub fn batches(&self) -> Vec<Vec<String>> {
+        self.requests().iter().map(|r| r.messages.iter().map(text_of).collect()).collect()
+    }
+}
+
+impl Drop for HookServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}

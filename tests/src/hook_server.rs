@@ -150,3 +150,76 @@ impl Drop for HookServer {
         }
     }
 }
+
+/// The Python hook server `tests/fixtures/hook_server.py` (grpcio), its stubs generated from `proto/` at
+/// start into a temporary directory: it upper-cases the batch, or with `--tag TEXT` puts TEXT in front of
+/// every text block. It binds 127.0.0.1:0 and prints `port N`, which [`PythonHookServer::start`] reads.
+/// Dropping it kills and reaps the process.
+pub struct PythonHookServer {
+    child: std::process::Child,
+    url: String,
+    _stubs: tempfile::TempDir,
+}
+
+impl PythonHookServer {
+    /// Starts it with `args` (`TURNSTILE_TEST_PYTHON` runs it, as `.ci/test-env.sh` sets).
+    pub async fn start(args: &[&str]) -> Result<Self, HarnessError> {
+        let python = std::env::var("TURNSTILE_TEST_PYTHON").map_err(|_| {
+            HarnessError::Inconsistent(
+                "TURNSTILE_TEST_PYTHON is not set: run scripts/setup-test-deps, then `source .ci/test-env.sh`".into(),
+            )
+        })?;
+        let root = crate::binary::workspace_root();
+        let stubs = tempfile::tempdir().map_err(|e| HarnessError::Inconsistent(format!("temp dir: {e}")))?;
+        let status = std::process::Command::new(&python)
+            .args(["-m", "grpc_tools.protoc", "-I"])
+            .arg(root.join("proto/proto"))
+            .arg(format!("--python_out={}", stubs.path().display()))
+            .arg(format!("--grpc_python_out={}", stubs.path().display()))
+            .args(["turnstile/v1/events.proto", "turnstile/hooks/v1/hooks.proto"])
+            .status()
+            .map_err(|e| HarnessError::Inconsistent(format!("running {python} -m grpc_tools.protoc: {e}")))?;
+        if !status.success() {
+            return Err(HarnessError::Inconsistent(format!("grpc_tools.protoc failed: {status}")));
+        }
+        let mut child = std::process::Command::new(&python)
+            .arg(root.join("tests/fixtures/hook_server.py"))
+            .args(args)
+            .env("PYTHONPATH", stubs.path())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| HarnessError::Inconsistent(format!("starting the Python hook server: {e}")))?;
+        let Some(stdout) = child.stdout.take() else {
+            return Err(HarnessError::Inconsistent("the Python hook server has no stdout".into()));
+        };
+        let first_line = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line)
+        });
+        let mut server = Self { child, url: String::new(), _stubs: stubs };
+        let line = match tokio::time::timeout(crate::DEFAULT_WAIT, first_line).await {
+            Ok(Ok(Ok(line))) => line,
+            other => {
+                return Err(HarnessError::Inconsistent(format!("the Python hook server printed no port: {other:?}")));
+            }
+        };
+        let port = line
+            .trim()
+            .strip_prefix("port ")
+            .ok_or_else(|| HarnessError::Inconsistent(format!("expected a `port N` line, got {line:?}")))?;
+        server.url = format!("http://127.0.0.1:{port}");
+        Ok(server)
+    }
+
+    /// `http://127.0.0.1:PORT`, for an agent's `hooks = [{ url = ... }]`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for PythonHookServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -44,7 +44,7 @@ use std::time::Duration;
 pub use cluster::{Cluster, ClusterOptions};
 pub use dev::{Backend, DevOptions, DevServer};
 pub use fold::Projection;
-pub use hook_server::{Behaviour, HookServer};
+pub use hook_server::{Behaviour, HookServer, PythonHookServer};
 pub use msg::{data_msg, new_session_ref, plugin_msg, source_msg, text_of, user_msg};
 pub use nats::NatsServer;
 pub use served::{Deployment, Served};

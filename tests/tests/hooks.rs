@@ -9,7 +9,9 @@ use std::time::Duration;
 use tempfile::TempDir;
 use turnstile_proto::v1::session_event::Payload;
 use turnstile_proto::v1::{InjectMode, SessionStatus};
-use turnstile_tests::{Behaviour, DevOptions, DevServer, HookServer, Session, WatchRecorder, text_of, user_msg};
+use turnstile_tests::{
+    Behaviour, DevOptions, DevServer, HookServer, PythonHookServer, Session, WatchRecorder, text_of, user_msg,
+};
 
 /// Long enough that a passing run never reaches it, short enough to keep the deadline tests quick: the
 /// hooks that are meant to miss it sleep far longer ([`SLEEP`]).
@@ -365,40 +367,8 @@ async fn the_step_budget_blocks_the_step_past_the_limit() {
 /// at test time: it upper-cases the batch.
 #[tokio::test]
 async fn a_python_hook_rewrites_the_batch() {
-    let python = std::env::var("TURNSTILE_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!("TURNSTILE_TEST_PYTHON is not set: run scripts/setup-test-deps, then `source .ci/test-env.sh`")
-    });
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
-    let stubs = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(&python)
-        .args(["-m", "grpc_tools.protoc", "-I"])
-        .arg(root.join("proto/proto"))
-        .arg(format!("--python_out={}", stubs.path().display()))
-        .arg(format!("--grpc_python_out={}", stubs.path().display()))
-        .args(["turnstile/v1/events.proto", "turnstile/hooks/v1/hooks.proto"])
-        .status()
-        .unwrap();
-    assert!(status.success(), "grpc_tools.protoc failed");
-    let child = std::process::Command::new(&python)
-        .arg(root.join("tests/fixtures/hook_server.py"))
-        .env("PYTHONPATH", stubs.path())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    // The server binds port 0 and prints `port N` once it serves.
-    let stdout = child.0.stdout.take().unwrap();
-    let first_line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line)
-    });
-    let line = tokio::time::timeout(turnstile_tests::DEFAULT_WAIT, first_line)
-        .await
-        .expect("the Python hook server printed no port")
-        .unwrap()
-        .unwrap();
-    let port = line.trim().strip_prefix("port ").unwrap_or_else(|| panic!("a `port N` line, got {line:?}")).to_owned();
-    let url = format!("http://127.0.0.1:{port}");
+    let python = PythonHookServer::start(&[]).await.unwrap();
+    let url = python.url().to_owned();
     let (_dir, server) = dev(&guarded(&[(&url, DEADLINE_MS, "error")])).await;
     let s = server.session();
     let watch = s.watch().await.unwrap();
@@ -410,15 +380,4 @@ async fn a_python_hook_rewrites_the_batch() {
         [("I".to_owned(), "SOME CONTEXT".to_owned()), ("P".to_owned(), "HELLO THERE".to_owned())]
     );
     assert!(has(&lines, "D turn/end 1 completed"), "{lines:#?}");
-    drop(child);
-}
-
-/// Kills and reaps the child when the test ends, passed or failed.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

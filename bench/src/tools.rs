@@ -1,10 +1,11 @@
 //! `turnstile-bench tools`: what Turnstile adds to one tool call, per kind of tool, against calling the
 //! same tool directly, in the same run.
 //!
-//! The run starts the release `turnstile dev --config FILE` whose default agent lists the built-in `echo`
-//! and the `echo` tool of `@modelcontextprotocol/server-everything` over stdio (`MCP_EVERYTHING_BIN`, as the
+//! The run starts the release `turnstile dev --config FILE` whose default agent lists the built-ins `sleep`
+//! (a calibration) and `echo`, the client tool `lookup`, and the `echo` tool of `@modelcontextprotocol/server-everything` over stdio (`MCP_EVERYTHING_BIN`, as the
 //! tests use it). Each round sends one followup per kind to a fresh session whose scripted model calls the
-//! tool once (`[[tool:NAME ARGS]]`), and a live `Watch` opened before the followup timestamps the durable
+//! tool once (`[[tool:NAME ARGS]]`; the client tool `lookup` is served by an executor over `ServeTools` in
+//! this process), and a live `Watch` opened before the followup timestamps the durable
 //! `tool/call` and `tool/result` as they arrive: **through Turnstile** is the time between the two (the
 //! dispatch, the call, the durable append of the result and its delivery; the append of `tool/call` and the
 //! watch delivery lag are on both ends and cancel out). **Direct** is the same call made by a client in
@@ -26,6 +27,9 @@ use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::session_event::Payload as Durable;
 use turnstile_proto::v1::watch_item::Item;
+
+use turnstile_tests::msg::TEST_TENANT;
+use turnstile_tests::tool_executor;
 
 use crate::latency::text_message;
 use crate::servers;
@@ -72,7 +76,7 @@ enum Direct {
     Mcp,
 }
 
-const KINDS: [Kind; 3] = [
+const KINDS: [Kind; 4] = [
     // Calibration: the interval must come out at the sleep plus what the others add.
     Kind {
         name: "built-in sleep 20 (calibration)",
@@ -84,6 +88,13 @@ const KINDS: [Kind; 3] = [
         name: "MCP everything__echo (stdio)",
         prompt: "[[tool:everything__echo {\"message\": \"bench\"}]] go",
         direct: Direct::Mcp,
+    },
+    // The executor answers from its `ServeTools` stream in this process: the direct call is its answer
+    // function, nothing measurable.
+    Kind {
+        name: "client lookup (ServeTools executor)",
+        prompt: "[[tool:lookup {\"q\":\"bench\"}]] go",
+        direct: Direct::InProcess,
     },
 ];
 
@@ -113,7 +124,7 @@ fn config_toml(everything: &std::path::Path) -> String {
     let quote = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
     format!(
         "default_agent = \"bench\"\n\n[mcp.everything]\ncommand = {}\nargs = [\"stdio\"]\n\n\
-         [agents.bench]\ntools = [\"echo\", \"sleep\", \"mcp:everything/echo\"]\n",
+         [agents.bench]\ntools = [\"echo\", \"sleep\", \"mcp:everything/echo\", \"client:lookup\"]\n",
         quote(&everything.display().to_string()),
     )
 }
@@ -164,6 +175,13 @@ pub async fn run(args: ToolsArgs) -> Result<()> {
 
 async fn measure(args: &ToolsArgs, channel: Channel) -> Result<(Vec<Vec<Duration>>, Vec<Duration>)> {
     let client = AgentClient::new(channel);
+    // The client tool's executor, connected for the whole run (the harness's executor serves the tenant
+    // `TEST_TENANT`, so the sessions use it too).
+    let lookup = vec![tool_executor::tool("lookup", tool_executor::LOOKUP_SCHEMA)];
+    let _executor =
+        tool_executor::ToolExecutor::connect(client.clone(), None, lookup, tool_executor::answer_with("found", &[]))
+            .await
+            .map_err(|e| anyhow::anyhow!("registering the client tool: {e}"))?;
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let mcp = DirectMcp::start(&args.mcp_everything_bin).await?;
     let mut through: Vec<Vec<Duration>> = vec![Vec::new(); KINDS.len()];
@@ -171,7 +189,7 @@ async fn measure(args: &ToolsArgs, channel: Channel) -> Result<(Vec<Vec<Duration
     eprintln!("tools: {} rounds + {} warm-up ...", args.runs, args.warmup);
     for round in 0..args.warmup + args.runs {
         for (i, kind) in KINDS.iter().enumerate() {
-            let session = pb::SessionRef { tenant: "bench".into(), id: format!("tools-{run_id}-{round}-{i}") };
+            let session = pb::SessionRef { tenant: TEST_TENANT.into(), id: format!("tools-{run_id}-{round}-{i}") };
             let took = tokio::time::timeout(ROUND_TIMEOUT, one_call(client.clone(), session, kind.prompt))
                 .await
                 .with_context(|| format!("a {} round took over {ROUND_TIMEOUT:?}", kind.name))??;

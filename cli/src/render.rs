@@ -168,8 +168,8 @@ impl Renderer {
                 let mut line = format!("tool/call {} {} {}", call.call_id, call.name, call.arguments);
                 if *awaiting_approval {
                     line.push_str(&format!(
-                        " AWAITING APPROVAL (turnstile decide SESSION {} --approve|--deny)",
-                        call.call_id
+                        " AWAITING APPROVAL (turnstile decide {} {} --approve|--deny)",
+                        e.session.id, call.call_id
                     ));
                 }
                 (2, line)

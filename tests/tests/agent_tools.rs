@@ -66,10 +66,9 @@ async fn one_turn_calls_a_builtin_an_mcp_and_a_client_tool_with_an_approval_and_
         })
         .unwrap();
     s.decide(&call_id, true, "the lookup is read-only").await.unwrap();
-    s.when_idle().await.unwrap();
-
+    // Idle, and the watch has everything up to it (WhenIdle can answer before the stream delivers).
+    let lines = watch.settle(&s).await.unwrap();
     let (events, _) = s.replay(0).await.unwrap();
-    let lines = watch.lines();
     let at = |line: &str| lines.iter().position(|l| l == line).unwrap_or_else(|| panic!("no {line:?} in {lines:#?}"));
     assert!(
         at(&format!("D tool/decision 1.1 {call_id} approved \"the lookup is read-only\""))

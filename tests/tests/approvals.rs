@@ -88,8 +88,8 @@ async fn approve_with_the_cli_then_deny_and_refuse_bad_decisions() {
     let (ok, out, err) = cli(&server.url(), &["decide", &id, &call, "--approve", "--reason", "fine"]).await;
     assert!(ok, "{err}");
     assert!(out.starts_with(&format!("approved call_id={call} seq=")), "{out}");
-    s.when_idle().await.unwrap();
-    let lines = watch.lines();
+    // Idle, and the watch has everything up to it (WhenIdle can answer before the stream delivers).
+    let lines = watch.settle(&s).await.unwrap();
     let at = |pattern: &str| {
         lines
             .iter()
@@ -113,8 +113,7 @@ async fn approve_with_the_cli_then_deny_and_refuse_bad_decisions() {
     watch.wait_line("D tool/call 2.1 echo again awaiting-approval").await.unwrap();
     let call = awaiting_call(&s).await;
     s.decide(&call, false, "not on a Friday").await.unwrap();
-    s.when_idle().await.unwrap();
-    let lines = watch.lines();
+    let lines = watch.settle(&s).await.unwrap();
     assert!(lines.contains(&format!("D tool/decision 2.1 {call} denied \"not on a Friday\"")), "{lines:#?}");
     assert!(lines.contains(&"D tool/result 2.1 error \"denied: not on a Friday\"".to_owned()), "{lines:#?}");
     assert!(lines.contains(&"D turn/end 2 completed".to_owned()), "{lines:#?}");
@@ -138,8 +137,7 @@ async fn cancel_ends_a_waiting_call_like_an_unstarted_one() {
     watch.wait_line("D tool/call 1.1 echo hi awaiting-approval").await.unwrap();
     let call = awaiting_call(&s).await;
     s.cancel(false).await.unwrap();
-    s.when_idle().await.unwrap();
-    let lines = watch.lines();
+    let lines = watch.settle(&s).await.unwrap();
     assert!(lines.contains(&"D tool/result 1.1 error \"not run: the turn was aborted\"".to_owned()), "{lines:#?}");
     assert!(lines.contains(&"D turn/end 1 aborted{user}".to_owned()), "{lines:#?}");
     let err = s.decide(&call, true, "").await.unwrap_err();
@@ -176,8 +174,7 @@ mod cluster {
                 Err(status) => panic!("decide after the kill failed: {status:?}\n{}", cluster.logs()),
             }
         }
-        s1.when_idle().await.unwrap();
-        let lines = watch.lines();
+        let lines = watch.settle(&s1).await.unwrap();
         let durable: Vec<&String> = lines.iter().filter(|l| l.starts_with("D ")).collect();
         assert!(
             !durable.iter().any(|l| l.contains("interrupted")),

@@ -16,9 +16,8 @@ async fn interrupt_runs_a_late_steer_as_the_next_turn(backend: Backend) {
     watch.wait_line("D tool/call 1.1 sleep 60000").await.unwrap();
     s.steer_with_deadline(user_msg("S", "hurry"), Some(200), OnDeadline::Interrupt as i32).await.unwrap();
     watch.wait_line("D turn/end 1 aborted{steer-deadline}").await.unwrap();
-    let info = s.when_idle().await.unwrap();
-    assert_eq!(info.last_turn, 2);
-    let lines = watch.lines();
+    let lines = watch.settle(&s).await.unwrap();
+    assert_eq!(s.info().await.unwrap().last_turn, 2);
     let at = |line: &str| lines.iter().position(|l| l == line).unwrap_or_else(|| panic!("no {line:?} in {lines:#?}"));
     assert!(at("D spliced next-turn 0 0 [S] wake") < at("D turn/end 1 aborted{steer-deadline}"));
     assert!(at("D turn/end 1 aborted{steer-deadline}") < at("D user/message S"));
@@ -35,8 +34,7 @@ async fn drop_removes_a_late_steer_and_a_timely_one_runs(backend: Backend) {
     // This one is claimed when the tool finishes, long before its deadline.
     s.steer_with_deadline(user_msg("OK", "in time"), Some(60_000), OnDeadline::Drop as i32).await.unwrap();
     watch.wait_line("L discarded LATE").await.unwrap();
-    s.when_idle().await.unwrap();
-    let lines = watch.lines();
+    let lines = watch.settle(&s).await.unwrap();
     assert!(lines.contains(&"D spliced next-step 0 1 [] canceled".to_owned()), "{lines:#?}");
     assert!(!lines.iter().any(|l| l.starts_with("D user/message LATE")), "{lines:#?}");
     assert!(lines.contains(&"D user/message OK".to_owned()), "{lines:#?}");
@@ -101,7 +99,7 @@ mod cluster {
             }
         }
         watch.wait_line("L discarded S").await.unwrap();
-        let lines = watch.lines();
+        let lines = watch.wait_line("D turn/end 1 interrupted").await.unwrap();
         let dropped = lines.iter().position(|l| l == "D spliced next-step 0 1 [] canceled");
         let interrupted = lines.iter().position(|l| l == "D turn/end 1 interrupted");
         assert!(dropped.is_some() && dropped < interrupted, "S is dropped before the turn is repaired: {lines:#?}");

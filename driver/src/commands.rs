@@ -12,7 +12,7 @@ use super::{CommandId, Driver};
 
 /// Where a delivery goes in its list.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Position {
+pub(super) enum Position {
     Tail,
     Head,
 }
@@ -35,6 +35,8 @@ impl Driver {
             Command::Clear => Ok(self.clear()),
             Command::Configure { agent, inject_mode } => self.configure(agent, inject_mode),
             Command::Decide { call_id, approve, reason } => self.decide(&call_id, approve, reason),
+            Command::SetGoal { goal_id, objective, max_rounds } => self.set_goal(goal_id, objective, max_rounds),
+            Command::UpdateGoal { goal_id, action } => self.update_goal(&goal_id, action),
             Command::WhenIdle => {
                 if self.is_quiescent() {
                     Ok(CommandReply::Idle(self.summary()))
@@ -88,7 +90,7 @@ impl Driver {
     }
 
     /// `send(message, target, wakeup)`: the delivery primitive.
-    fn deliver(
+    pub(super) fn deliver(
         &mut self,
         message: UserMessage,
         target: Target,

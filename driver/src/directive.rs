@@ -19,6 +19,9 @@ pub enum Directive {
     Rewrite { text: String },
     /// `[[hook-fail]]`: the content guard fails.
     HookFail,
+    /// `[[complete-goal-at:N]]` in a goal's objective: the scripted model calls `goal_complete` in the step
+    /// that enters round N's continuation (API.md "Scripted model additions").
+    CompleteGoalAt { round: u64 },
 }
 
 /// The directives of `text`, in order, and the text with them taken out (trimmed). Anything between
@@ -61,6 +64,7 @@ fn parse_one(inner: &str) -> Option<Directive> {
         ("drop", None) => Directive::Drop,
         ("rewrite", Some(text)) => Directive::Rewrite { text: text.to_owned() },
         ("hook-fail", None) => Directive::HookFail,
+        ("complete-goal-at", Some(n)) => Directive::CompleteGoalAt { round: n.parse().ok().filter(|n| *n > 0)? },
         _ => return None,
     })
 }
@@ -91,5 +95,12 @@ mod tests {
         let (d, text) = parse("[[rewrite:new words]] old [[oops");
         assert_eq!(d, vec![Directive::Rewrite { text: "new words".into() }]);
         assert_eq!(text, "old [[oops");
+    }
+
+    #[test]
+    fn complete_goal_at_takes_a_positive_round() {
+        let (d, text) = parse("work [[complete-goal-at:3]] [[complete-goal-at:0]]");
+        assert_eq!(d, vec![Directive::CompleteGoalAt { round: 3 }]);
+        assert_eq!(text, "work [[complete-goal-at:0]]");
     }
 }

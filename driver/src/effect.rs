@@ -167,6 +167,23 @@ pub struct ModelRequest {
     pub tool_results: Vec<ToolOutcome>,
     /// The prompt of a turn a crash interrupted mid-step: this step must answer it (SPEC §6).
     pub interrupted_prompt: Vec<UserMessage>,
+    /// The session's active goal (SPEC §10): while there is one the runner offers the model the built-in
+    /// tool [`GOAL_COMPLETE`] `{summary}`. The driver itself runs that tool; it never reaches the runner.
+    pub goal: Option<ActiveGoal>,
+}
+
+/// The name of the built-in tool that ends the active goal (SPEC §10).
+pub const GOAL_COMPLETE: &str = "goal_complete";
+
+/// What a model request says about the active goal, so the runner can describe `goal_complete`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActiveGoal {
+    pub goal_id: String,
+    pub revision: u64,
+    pub objective: String,
+    /// Continuations admitted so far in this revision.
+    pub round: u64,
+    pub max_rounds: u32,
 }
 
 /// What a finished model request produced.

@@ -35,6 +35,7 @@ mod commands;
 mod deadlines;
 pub mod directive;
 pub mod effect;
+mod goals;
 mod limits;
 mod recovery;
 pub mod scripted;
@@ -49,8 +50,8 @@ use turnstile_model::{
 
 pub use agents::{AgentCatalog, AgentProfile, ApprovalRules, CatalogError};
 pub use effect::{
-    AppendGroup, CommandId, Effect, HookError, HookVerdict, ModelOutcome, ModelOutput, ModelRequest, OpId,
-    PreStepDecision, PreStepOutcome, PreStepRequest, ToolOutcome, ToolRequest,
+    ActiveGoal, AppendGroup, CommandId, Effect, GOAL_COMPLETE, HookError, HookVerdict, ModelOutcome, ModelOutput,
+    ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, ToolOutcome, ToolRequest,
 };
 pub use limits::Limits;
 use turn::ActiveTurn;

@@ -58,11 +58,13 @@ impl Driver {
         }
         let was_running = self.state.status == Status::Running || self.state.wake_since_idle;
         if !was_running {
+            self.goal_after_recovery();
             return;
         }
         if resume.is_empty() && self.state.inbox.is_empty() {
             // Running with nothing left to do (a crash between `turn/end` and `status idle`).
             self.set_status(Status::Idle);
+            self.goal_after_recovery();
             return;
         }
         self.set_status(Status::Running);

@@ -14,17 +14,17 @@
 //! let request = ModelRequest {
 //!     op: 1, turn: 1, step: 1, agent: "scripted".into(), system: None, history: vec![],
 //!     session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
-//!     messages: vec![hello], tool_results: vec![], interrupted_prompt: vec![],
+//!     messages: vec![hello], tool_results: vec![], interrupted_prompt: vec![], goal: None,
 //! };
 //! assert_eq!(scripted::plan(&request).output.text, "echo: hello");
 //! ```
 
 use std::time::Duration;
 
-use turnstile_model::{ContentBlock, ToolCallSpec, UserMessage};
+use turnstile_model::{ContentBlock, MessageSource, ToolCallSpec, UserMessage};
 
 use crate::directive::{self, Directive};
-use crate::effect::{HookError, HookVerdict, ModelOutput, ModelRequest};
+use crate::effect::{GOAL_COMPLETE, HookError, HookVerdict, ModelOutput, ModelRequest};
 
 /// The name the content guard reports in its errors.
 pub const CONTENT_GUARD: &str = "content-guard";
@@ -53,7 +53,16 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
     let mut texts = Vec::new();
     for message in prompt {
         let (d, text) = directive::parse(&message.text());
-        directives.extend(d);
+        // `[[complete-goal-at:N]]` sits in the objective, so every continuation repeats it: only the one
+        // whose source is round N acts, and only while the goal (and so the tool) is offered.
+        let entered_round = match &message.source {
+            MessageSource::Goal { round, .. } if request.goal.is_some() => Some(*round),
+            _ => None,
+        };
+        directives.extend(d.into_iter().filter(|d| match d {
+            Directive::CompleteGoalAt { round } => entered_round == Some(*round),
+            _ => true,
+        }));
         if !text.is_empty() {
             texts.push(text);
         }
@@ -87,6 +96,11 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
             Directive::Delay { ms } => delay += Duration::from_millis(ms),
             Directive::MaxTokens => max_tokens = true,
             Directive::Fail => fail = Some("the scripted model was told to fail ([[fail]])".to_owned()),
+            Directive::CompleteGoalAt { round } => tool_calls.push(ToolCallSpec {
+                call_id: format!("call-{}-{}-{}", request.turn, request.step, tool_calls.len() + 1),
+                name: GOAL_COMPLETE.to_owned(),
+                arguments: format!(r#"{{"summary":"done in round {round}"}}"#),
+            }),
             // Content-guard directives are for the pre-step hook, not the model.
             Directive::Reject | Directive::Drop | Directive::Rewrite { .. } | Directive::HookFail => {}
         }
@@ -153,6 +167,7 @@ mod tests {
             messages,
             tool_results: vec![],
             interrupted_prompt: vec![],
+            goal: None,
         }
     }
 

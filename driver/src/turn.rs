@@ -6,8 +6,8 @@ use turnstile_model::{
 };
 
 use super::{
-    Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, ToolOutcome,
-    ToolRequest,
+    Driver, Effect, GOAL_COMPLETE, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest,
+    ToolOutcome, ToolRequest,
 };
 
 /// The runtime of the open turn: what the driver is waiting for.
@@ -209,9 +209,11 @@ impl Driver {
         // Read before this step's messages are written: the history is what came before the step.
         let history = self.state.transcript.history(turn, step, history_turns);
         self.write(EventPayload::StepStart { turn, step });
+        // Offered from the state at step start: a goal paused or completed meanwhile is not offered.
         for message in &messages {
             self.write(EventPayload::UserMessage { message: message.clone(), turn, step });
         }
+        let goal = self.active_goal();
         let op = self.new_op();
         if let Some(t) = self.turn.as_mut() {
             t.phase = Phase::Model { op, text: String::new(), reasoning: String::new() };
@@ -227,6 +229,7 @@ impl Driver {
             messages,
             tool_results,
             interrupted_prompt,
+            goal,
         }));
     }
 
@@ -335,6 +338,13 @@ impl Driver {
                 });
                 continue;
             }
+            if call.name == GOAL_COMPLETE {
+                // The goal system's own tool: the driver runs it, never the runner, and never asks for
+                // approval (it only records that the model considers the goal reached).
+                *next += 1;
+                self.goal_complete_call(turn, step, call);
+                continue;
+            }
             if needs_approval(&call.name) {
                 // Durable before anyone can decide it; watchers see the call waiting.
                 *awaiting = Some(call.call_id.clone());
@@ -432,7 +442,7 @@ impl Driver {
 
     /// `tool/result`, then the tool's context messages (one splice at the end of next-step, source
     /// `tool{call_id}`), so the next proposal claims them.
-    fn record_tool_result(&mut self, turn: u64, step: u32, mut outcome: ToolOutcome) {
+    pub(super) fn record_tool_result(&mut self, turn: u64, step: u32, mut outcome: ToolOutcome) {
         let concludes = outcome.concludes_turn;
         self.write(EventPayload::ToolResult {
             turn,
@@ -517,7 +527,11 @@ impl Driver {
     pub(super) fn end_turn(&mut self, reason: TurnEndReason) {
         let Some(t) = self.turn.take() else { return };
         let drains = matches!(reason, TurnEndReason::Completed | TurnEndReason::MaxTokens) && t.step > 0;
-        self.write(EventPayload::TurnEnd { turn: t.turn, reason });
+        // SPEC §10: only a turn that completed a step goes on with the goal. An empty first batch (a
+        // dropped continuation) parks like §4 says, so a hook that drops every round cannot spin.
+        let continues_goal = reason == TurnEndReason::Completed && t.step > 0;
+        self.write(EventPayload::TurnEnd { turn: t.turn, reason: reason.clone() });
+        self.goal_after_turn(t.turn, &reason);
         if drains && !self.state.inbox.is_empty() {
             return self.open_turn(Resume::default());
         }
@@ -525,6 +539,9 @@ impl Driver {
         if std::mem::take(&mut self.latched_wake) && !self.state.inbox.is_empty() {
             self.set_status(Status::Running);
             return self.open_turn(Resume::default());
+        }
+        if continues_goal {
+            self.goal_continue();
         }
         self.resolve_idle_waiters();
     }

@@ -10,7 +10,6 @@ use std::time::Duration;
 use support::{ModelReply, Sim, sent, written};
 use turnstile_driver::ModelOutput;
 use turnstile_model::{CancelCause, EventPayload, Usage};
-use turnstile_proto::codec::{decode_event, encode_event};
 
 const OPENING: [&str; 9] = [
     "D spliced next-turn 0 0 [A] wake",
@@ -64,7 +63,7 @@ fn reasoning_and_usage_land_on_the_assistant_message_and_deltas_stay_apart() {
     assert!(sim.live.iter().filter(|e| e.event_type() == "assistant/delta").all(|e| e.after_seq == 6));
     // The durable event survives the wire format whole.
     for event in &sim.log {
-        assert_eq!(&decode_event(&encode_event(event)).unwrap(), event);
+        assert_eq!(&support::wire_round_trip(event), event);
     }
     sim.check_full_fold();
 
@@ -161,6 +160,7 @@ fn usage_is_recorded_on_a_tool_calling_reply_and_each_step_has_its_own() {
         messages: vec![support::msg("A", "[[tool:echo hi]]")],
         tool_results: vec![],
         interrupted_prompt: vec![],
+        goal: None,
     });
     let mut first = ModelReply::scripted(first);
     first.output.usage = Some(Usage { input_tokens: 10, output_tokens: 3 });

@@ -11,7 +11,6 @@ use turnstile_model::{
     CancelCause, Command, CommandReply, ContentBlock, EventPayload, MessageSource, SpliceOutcome, Status, Target,
     UserMessage,
 };
-use turnstile_proto::codec::{decode_event, encode_event};
 
 /// The rendered events of one plain echo turn `n` for message `id` answering `text`.
 fn echo_turn(n: u64, id: &str, text: &str) -> Vec<String> {
@@ -1034,7 +1033,7 @@ fn s25_another_node_folds_the_wire_log_event_by_event() {
     let mut replica = SessionState::new(support::session(), 10_000);
     let mut boundaries = sim.inbox_at.iter().peekable();
     for e in &sim.log {
-        let wire = decode_event(&encode_event(e)).unwrap();
+        let wire = support::wire_round_trip(e);
         assert_eq!(&wire, e, "the codec round-trips event {}", e.seq);
         replica.apply(&wire).unwrap_or_else(|err| panic!("replica refused {}: {err}", render_durable(e)));
         // The projection rule of SPEC §3 by hand, independent of the fold.

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::event::{CancelCause, InjectMode, OnDeadline, Status};
+use crate::goal::GoalAction;
 use crate::message::{MessageId, Target, UserMessage};
 
 /// A client command for one session.
@@ -54,6 +55,18 @@ pub enum Command {
         approve: bool,
         reason: String,
     },
+    /// `SetGoal` (SPEC §10): starts goal `goal_id` (minted by the gateway) at revision 1, or, while a goal
+    /// is active or paused, revises that goal (its id stays; revision + 1, round 0, active).
+    SetGoal {
+        goal_id: String,
+        objective: String,
+        max_rounds: u32,
+    },
+    /// `UpdateGoal` (SPEC §10): pause, resume or clear the session's goal `goal_id`.
+    UpdateGoal {
+        goal_id: String,
+        action: GoalAction,
+    },
     /// Resolves when the driver is idle and no latched wake is pending.
     WhenIdle,
 }
@@ -84,6 +97,8 @@ impl Command {
             Self::Clear => "clear",
             Self::Configure { .. } => "configure",
             Self::Decide { .. } => "decide",
+            Self::SetGoal { .. } => "set_goal",
+            Self::UpdateGoal { .. } => "update_goal",
             Self::WhenIdle => "when_idle",
         }
     }

@@ -4,6 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::goal::GoalChange;
 use crate::message::{SessionRef, Target, UserMessage};
 
 /// Driver status. `Running` covers everything from the waking delivery through every drained turn.
@@ -247,12 +248,8 @@ pub enum EventPayload {
         output: String,
         error: Option<String>,
     },
-    GoalChange {
-        goal_id: String,
-        revision: u64,
-        state: String,
-        detail: Vec<u8>,
-    },
+    /// `goal/change` (SPEC §10): written only by the goal system.
+    GoalChange(GoalChange),
     /// `session/configured` (SPEC §8): the agent profile and inject mode from the next turn on. Durable so
     /// every later owner runs the same profile.
     SessionConfigured {
@@ -281,7 +278,7 @@ impl EventPayload {
             Self::ToolCall { .. } => "tool/call",
             Self::ToolResult { .. } => "tool/result",
             Self::ToolDecision { .. } => "tool/decision",
-            Self::GoalChange { .. } => "goal/change",
+            Self::GoalChange(_) => "goal/change",
             Self::SessionConfigured { .. } => "session/configured",
             Self::Ignorable { .. } => "ignorable",
         }

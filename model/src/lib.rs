@@ -8,6 +8,7 @@
 //!
 //! - [`message`]: SPEC §1 values (sessions, MessageIds, user messages, sources, targets).
 //! - [`event`]: the durable and live events of §5 and their envelope.
+//! - [`goal`]: the typed `goal/change` event and the goal fold (§10).
 //! - [`inbox`]: the two pending lists and the normalized splice of §3.
 //! - [`state`]: [`SessionState`], the fold of a log into inbox, status and recovery facts (§3, §6).
 //! - [`transcript`]: the bounded conversation history a model request is built from (§8).
@@ -25,6 +26,7 @@
 
 pub mod command;
 pub mod event;
+pub mod goal;
 pub mod inbox;
 pub mod message;
 pub mod shard;
@@ -37,6 +39,7 @@ pub use event::{
     CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, OnDeadline, Splice, SpliceOutcome, Status,
     SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
+pub use goal::{Goal, GoalAction, GoalChange, GoalState};
 pub use inbox::{Inbox, SpliceError};
 pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
 pub use state::{ProjectionError, SessionState};

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::event::{Envelope, EventPayload, InjectMode, SpliceOutcome, Status, SteerDeadline, ToolCallSpec};
+use crate::goal::{GoalFold, GoalFoldError};
 use crate::inbox::{Inbox, SpliceError};
 use crate::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
 use crate::transcript::{Transcript, TranscriptEntry};
@@ -181,6 +182,8 @@ pub enum ProjectionError {
     TimeDecreased { seq: u64, time_ms: u64, last: u64 },
     #[error("event {seq} is an invalid splice: {source}")]
     Splice { seq: u64, source: SpliceError },
+    #[error("event {seq} is an invalid goal change: {source}")]
+    Goal { seq: u64, source: GoalFoldError },
     #[error("event {seq} ({event_type}) does not fit the turn structure: {detail}")]
     Structure { seq: u64, event_type: &'static str, detail: String },
 }
@@ -209,6 +212,9 @@ pub struct SessionState {
     /// gone once the message leaves the inbox (claimed, moved, removed).
     #[serde(default)]
     pub steer_deadlines: BTreeMap<MessageId, SteerDeadline>,
+    /// The session's goal and how its last turn ended (SPEC §10).
+    #[serde(default)]
+    pub goals: GoalFold,
 }
 
 impl SessionState {
@@ -228,6 +234,7 @@ impl SessionState {
             inject_mode: InjectMode::Pending,
             transcript: Transcript::default(),
             steer_deadlines: BTreeMap::new(),
+            goals: GoalFold::default(),
         }
     }
 
@@ -327,11 +334,13 @@ impl SessionState {
                 self.last_turn = *turn;
                 self.open_turn = Some(OpenTurn { turn: *turn, ..OpenTurn::default() });
             }
-            EventPayload::TurnEnd { turn, .. } => {
+            EventPayload::TurnEnd { turn, reason } => {
                 let open = self.open_turn.as_ref().ok_or_else(|| structure("no turn is open".into()))?;
                 if open.turn != *turn || open.step_open {
                     return Err(structure(format!("turn {} open (step open: {})", open.turn, open.step_open)));
                 }
+                let stepped = open.step > 0;
+                self.goals.on_turn_end(seq, *turn, reason, stepped);
                 self.open_turn = None;
             }
             EventPayload::StepStart { turn, step } => {
@@ -364,12 +373,14 @@ impl SessionState {
                 }
                 let fingerprint = Some(Fingerprint::of(message, Target::NextStep, false));
                 self.accepted.insert(message.id.clone(), Acceptance { seq, fingerprint, opened_turn: None });
+                self.goals.on_user_message(&message.source);
                 self.transcript.push(TranscriptEntry::User { turn: 0, step: 0, message: message.clone() });
             }
             EventPayload::UserMessage { message, turn, step } => {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
                 open.admitted.push(message.clone());
                 open.open_step_messages.push(message.clone());
+                self.goals.on_user_message(&message.source);
                 self.transcript.push(TranscriptEntry::User { turn: *turn, step: *step, message: message.clone() });
             }
             EventPayload::AssistantMessage { turn, step, max_tokens, text, tool_calls, interrupted, .. } => {
@@ -432,7 +443,11 @@ impl SessionState {
                 self.agent = Some(agent.clone());
                 self.inject_mode = *inject_mode;
             }
-            EventPayload::GoalChange { .. } | EventPayload::Ignorable { .. } => {}
+            EventPayload::GoalChange(change) => {
+                self.goals.check(change).map_err(|source| ProjectionError::Goal { seq, source })?;
+                self.goals.apply_change(seq, change);
+            }
+            EventPayload::Ignorable { .. } => {}
         }
         self.last_seq = seq;
         self.last_time_ms = event.time_ms;

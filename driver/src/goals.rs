@@ -1,0 +1,251 @@
+//! Goals (SPEC §10): `SetGoal`/`UpdateGoal`, continuation rounds, pausing, the budget and
+//! `goal_complete` (docs/decisions/0018-goals.md).
+//!
+//! The goal system is the only writer of `goal/change`. Its state is the fold
+//! ([`turnstile_model::goal::GoalFold`]): the goal itself, R (admitted continuations of the revision) and
+//! how the last turn ended. The driver keeps nothing of its own, so a new owner decides exactly what the
+//! old one would have decided next.
+
+use turnstile_model::goal::MAX_GOAL_ID_LEN;
+use turnstile_model::{
+    CommandError, CommandReply, ContentBlock, EventPayload, Goal, GoalAction, GoalChange, GoalState, MessageId,
+    MessageSource, Status, Target, ToolCallSpec, TurnEndReason, UserMessage,
+};
+
+use super::commands::Position;
+use super::{ActiveGoal, Driver, ToolOutcome};
+
+impl Driver {
+    /// `SetGoal`: a new goal at revision 1, or a revision of the active or paused one. Everything is
+    /// checked before the write, so a refused command writes nothing.
+    pub(super) fn set_goal(
+        &mut self,
+        goal_id: String,
+        objective: String,
+        max_rounds: u32,
+    ) -> Result<CommandReply, CommandError> {
+        check_goal_id(&goal_id)?;
+        if objective.trim().is_empty() {
+            return Err(CommandError::InvalidArgument(
+                "goal objective is empty; say what the session should work toward".into(),
+            ));
+        }
+        if max_rounds == 0 {
+            return Err(CommandError::InvalidArgument(
+                "goal max_rounds is 0; allow at least one round (each round is one continuation turn)".into(),
+            ));
+        }
+        // The longest continuation (round MAX) must be a valid message, or no round could ever be sent.
+        let longest = turnstile_model::goal::continuation_text(u64::from(max_rounds), max_rounds, &objective);
+        if longest.len() > self.limits.max_message_bytes {
+            return Err(CommandError::InvalidArgument(format!(
+                "goal objective is {} bytes; its continuation message would be {} bytes, over the limit of {}; shorten it",
+                objective.len(),
+                longest.len(),
+                self.limits.max_message_bytes
+            )));
+        }
+        let change = match self.state.goals.current.as_ref() {
+            Some(g) if !g.state.is_terminal() => {
+                if g.state == GoalState::Active && g.objective == objective && g.max_rounds == max_rounds {
+                    // The same goal again (a retry): nothing changes, so nothing is written.
+                    return Ok(CommandReply::Written { seq: self.state.last_seq });
+                }
+                // A revision keeps the goal's id: the id the caller minted names nothing new.
+                GoalChange {
+                    goal_id: g.goal_id.clone(),
+                    revision: g.revision + 1,
+                    state: GoalState::Active,
+                    objective,
+                    max_rounds,
+                    round: 0,
+                    summary: None,
+                    reason: None,
+                }
+            }
+            Some(g) if g.goal_id == goal_id => {
+                return Err(CommandError::AlreadyExists(format!(
+                    "goal {goal_id} of session {} already ended ({}); mint a new goal id for a new goal",
+                    self.state.session, g.state
+                )));
+            }
+            _ => GoalChange {
+                goal_id,
+                revision: 1,
+                state: GoalState::Active,
+                objective,
+                max_rounds,
+                round: 0,
+                summary: None,
+                reason: None,
+            },
+        };
+        let seq = self.write(EventPayload::GoalChange(change));
+        // Set on an idle session with nothing pending: the first round starts right away.
+        self.goal_continue();
+        Ok(CommandReply::Written { seq })
+    }
+
+    /// `UpdateGoal`: pause, resume or clear. A change to the state the goal already has writes nothing.
+    pub(super) fn update_goal(&mut self, goal_id: &str, action: GoalAction) -> Result<CommandReply, CommandError> {
+        let session = &self.state.session;
+        let goal = match self.state.goals.current.as_ref() {
+            None => {
+                return Err(CommandError::NotFound(format!("session {session} has no goal; set one with SetGoal")));
+            }
+            Some(g) if g.goal_id != goal_id => {
+                return Err(CommandError::NotFound(format!(
+                    "goal {goal_id} is not the goal of session {session} (its goal is {}); take the id from GetSession",
+                    g.goal_id
+                )));
+            }
+            Some(g) => g.clone(),
+        };
+        let change = match (action, goal.state) {
+            (GoalAction::Pause, GoalState::Paused)
+            | (GoalAction::Resume, GoalState::Active)
+            | (GoalAction::Clear, GoalState::Cleared) => {
+                return Ok(CommandReply::Written { seq: self.state.last_seq });
+            }
+            (GoalAction::Pause, GoalState::Active) => {
+                goal.change(GoalState::Paused, None, Some("paused by UpdateGoal".into()))
+            }
+            // Resume continues from the same round (R is kept).
+            (GoalAction::Resume, GoalState::Paused) => goal.change(GoalState::Active, None, None),
+            (GoalAction::Clear, _) => goal.change(GoalState::Cleared, None, Some("cleared by UpdateGoal".into())),
+            (GoalAction::Pause | GoalAction::Resume, state) => {
+                return Err(CommandError::FailedPrecondition(format!(
+                    "goal {goal_id} of session {session} is {state}, so it cannot {action}; SetGoal starts a new goal"
+                )));
+            }
+        };
+        let seq = self.write(EventPayload::GoalChange(change));
+        self.goal_continue();
+        Ok(CommandReply::Written { seq })
+    }
+
+    /// Right after `turn/end`: a turn that ended blocked, error or aborted pauses an active goal.
+    pub(super) fn goal_after_turn(&mut self, turn: u64, reason: &TurnEndReason) {
+        let pauses =
+            matches!(reason, TurnEndReason::Blocked { .. } | TurnEndReason::Error { .. } | TurnEndReason::Aborted(_));
+        if pauses && let Some(goal) = self.state.goals.active().cloned() {
+            let why = format!("turn {turn} ended {reason}");
+            self.write(EventPayload::GoalChange(goal.change(GoalState::Paused, None, Some(why))));
+        }
+    }
+
+    /// The session is idle: if the goal is active and nothing is pending (human input always goes
+    /// first), either the budget is spent (`budget-limited`) or the next round's continuation is
+    /// delivered as a waking next-turn message, which opens a turn like any idle followup.
+    pub(super) fn goal_continue(&mut self) {
+        // A draining owner leaves it to the next one, which decides the same from the fold.
+        let idle = self.turn.is_none() && self.state.status == Status::Idle && !self.latched_wake;
+        if self.draining || !idle || !self.state.inbox.is_empty() {
+            return;
+        }
+        let Some(goal) = self.state.goals.active().cloned() else { return };
+        if goal.budget_spent() {
+            let why = format!("{} rounds admitted without goal_complete", goal.max_rounds);
+            self.write(EventPayload::GoalChange(goal.change(GoalState::BudgetLimited, None, Some(why))));
+            return;
+        }
+        let round = goal.round + 1;
+        let message = UserMessage {
+            id: self.continuation_id(&goal, round),
+            content: vec![ContentBlock::text(goal.continuation_text(round))],
+            source: MessageSource::Goal { goal_id: goal.goal_id.clone(), revision: goal.revision, round },
+        };
+        if let Err(e) = self.deliver(message, Target::NextTurn, true, None, None, Position::Tail) {
+            // SetGoal checked the goal id and the size; nothing else can refuse an idle, empty session.
+            tracing::error!(session = %self.state.session, error = %e, "goal continuation refused");
+        }
+    }
+
+    /// After repair, on a session that does not resume: do what the old owner would have done after the
+    /// last turn, if a crash cut it before (a pause or a continuation that never became durable).
+    pub(super) fn goal_after_recovery(&mut self) {
+        let Some(changed_seq) = self.state.goals.active().map(|g| g.changed_seq) else { return };
+        match self.state.goals.last_turn_end.clone() {
+            // The goal changed after the last turn (set, revised, resumed while idle): start a round.
+            Some(last) if last.seq < changed_seq => self.goal_continue(),
+            Some(last) if last.pauses_goal() => self.goal_after_turn(last.turn, &last.reason),
+            Some(last) if last.continues_goal() => self.goal_continue(),
+            Some(_) => {}
+            None => self.goal_continue(),
+        }
+    }
+
+    /// `goal-<goal_id>-<revision>-<round>`; a round delivered again (its first continuation was rejected
+    /// or dropped) gets `.2`, `.3`, … because an accepted MessageId is never reused. Derived from the fold
+    /// alone, so every owner mints the same id.
+    fn continuation_id(&self, goal: &Goal, round: u64) -> MessageId {
+        let base = format!("goal-{}-{}-{round}", goal.goal_id, goal.revision);
+        let used = |id: &MessageId| self.state.accepted.get(id).is_some() || self.state.inbox.contains(id);
+        let first = MessageId(base.clone());
+        if !used(&first) {
+            return first;
+        }
+        (2u64..).map(|n| MessageId(format!("{base}.{n}"))).find(|id| !used(id)).unwrap_or(first)
+    }
+
+    /// The active goal as a model request describes it (the runner offers `goal_complete` then).
+    pub(super) fn active_goal(&self) -> Option<ActiveGoal> {
+        self.state.goals.active().map(|g| ActiveGoal {
+            goal_id: g.goal_id.clone(),
+            revision: g.revision,
+            objective: g.objective.clone(),
+            round: g.round,
+            max_rounds: g.max_rounds,
+        })
+    }
+
+    /// The model called `goal_complete`: the driver runs it itself. `tool/call`, `tool/result`, then
+    /// `goal/change {completed, summary}`; the call concludes the turn, so no step answers it and no
+    /// round follows. Without an active goal (paused meanwhile, or never offered) it is an error result.
+    pub(super) fn goal_complete_call(&mut self, turn: u64, step: u32, call: ToolCallSpec) {
+        self.write(EventPayload::ToolCall { turn, step, call: call.clone(), awaiting_approval: false });
+        let goal = self.state.goals.active().cloned();
+        let mut outcome = match &goal {
+            Some(g) => ToolOutcome::new(&call.call_id, &call.name, format!("goal {} completed", g.goal_id), None),
+            None => ToolOutcome::new(
+                &call.call_id,
+                &call.name,
+                String::new(),
+                Some("the session has no active goal to complete".into()),
+            ),
+        };
+        outcome.concludes_turn = goal.is_some();
+        self.record_tool_result(turn, step, outcome);
+        if let Some(goal) = goal {
+            let summary = summary_of(&call.arguments);
+            self.write(EventPayload::GoalChange(goal.change(GoalState::Completed, Some(summary), None)));
+        }
+    }
+}
+
+/// The `summary` of `goal_complete`'s JSON arguments; anything else is taken as the summary itself, so a
+/// model that answers in plain text still completes the goal.
+fn summary_of(arguments: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(arguments) {
+        Ok(serde_json::Value::Object(map)) => match map.get("summary") {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
+            None => String::new(),
+        },
+        _ => arguments.trim().to_owned(),
+    }
+}
+
+/// A goal id: 1 to [`MAX_GOAL_ID_LEN`] letters, digits, `-` or `_` (a UUID fits), so the continuation
+/// MessageIds built from it are valid.
+fn check_goal_id(goal_id: &str) -> Result<(), CommandError> {
+    let ok = (1..=MAX_GOAL_ID_LEN).contains(&goal_id.len())
+        && goal_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(CommandError::InvalidArgument(format!(
+            "goal id {goal_id:?} must be 1 to {MAX_GOAL_ID_LEN} letters, digits, '-' or '_'; mint a UUID"
+        )))
+    }
+}

@@ -161,17 +161,29 @@ impl Driver {
         }
     }
 
-    /// After repair, on a session that does not resume: do what the old owner would have done after the
-    /// last turn, if a crash cut it before (a pause or a continuation that never became durable).
-    pub(super) fn goal_after_recovery(&mut self) {
+    /// After repair, before the driver goes idle: the pause the old owner owed the last turn, if a cut
+    /// lost it (written where the old owner would have, before `status idle`).
+    pub(super) fn goal_recover_pause(&mut self) {
         let Some(changed_seq) = self.state.goals.active().map(|g| g.changed_seq) else { return };
-        match self.state.goals.last_turn_end.clone() {
-            // The goal changed after the last turn (set, revised, resumed while idle): start a round.
-            Some(last) if last.seq < changed_seq => self.goal_continue(),
-            Some(last) if last.pauses_goal() => self.goal_after_turn(last.turn, &last.reason),
-            Some(last) if last.continues_goal() => self.goal_continue(),
-            Some(_) => {}
-            None => self.goal_continue(),
+        if let Some(last) = self.state.goals.last_turn_end.clone()
+            && last.seq > changed_seq
+            && last.pauses_goal()
+        {
+            self.goal_after_turn(last.turn, &last.reason);
+        }
+    }
+
+    /// After repair, on a session that does not resume: the round (or budget verdict) the old owner owed
+    /// the session, if a cut lost it.
+    pub(super) fn goal_recover_continue(&mut self) {
+        let Some(changed_seq) = self.state.goals.active().map(|g| g.changed_seq) else { return };
+        let owed = match &self.state.goals.last_turn_end {
+            // No turn since the goal changed (set, revised or resumed on an idle session): a round is owed.
+            None => true,
+            Some(last) => last.seq < changed_seq || last.continues_goal(),
+        };
+        if owed {
+            self.goal_continue();
         }
     }
 

@@ -56,15 +56,17 @@ impl Driver {
             self.restore(Target::NextStep, next_step);
             self.restore(Target::NextTurn, next_turn);
         }
+        // A pause the last turn owed the goal comes right after its `turn/end`, as the old owner writes it.
+        self.goal_recover_pause();
         let was_running = self.state.status == Status::Running || self.state.wake_since_idle;
         if !was_running {
-            self.goal_after_recovery();
+            self.goal_recover_continue();
             return;
         }
         if resume.is_empty() && self.state.inbox.is_empty() {
             // Running with nothing left to do (a crash between `turn/end` and `status idle`).
             self.set_status(Status::Idle);
-            self.goal_after_recovery();
+            self.goal_recover_continue();
             return;
         }
         self.set_status(Status::Running);

@@ -160,9 +160,10 @@ impl LastTurnEnd {
         matches!(self.reason, TurnEndReason::Blocked { .. } | TurnEndReason::Error { .. } | TurnEndReason::Aborted(_))
     }
 
-    /// The turn ended `completed` after running a step: the session may go on with the next round.
+    /// The turn ran a step and ended `completed`, or `interrupted` (a new owner repaired it; a crash is
+    /// nobody's verdict on the goal): the session may go on with the next round.
     pub fn continues_goal(&self) -> bool {
-        self.reason == TurnEndReason::Completed && self.stepped
+        matches!(self.reason, TurnEndReason::Completed | TurnEndReason::Interrupted) && self.stepped
     }
 }
 

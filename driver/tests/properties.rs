@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use support::{Rec, Sim, error_kind, msg, render_durable, render_live};
 use turnstile_model::{
-    CancelCause, Command, CommandReply, Envelope, EventPayload, Inbox, LivePayload, SpliceOutcome, Status, Target,
-    TurnEndReason, UserMessage,
+    CancelCause, Command, CommandReply, Envelope, EventPayload, GoalAction, Inbox, LivePayload, MessageSource,
+    SpliceOutcome, Status, Target, TurnEndReason, UserMessage,
 };
 
 const DIRECTIVES: [&str; 12] = [
@@ -96,6 +96,15 @@ enum Action {
     DecidePreSteps,
     Advance(u16),
     WhenIdle,
+    /// SetGoal with a fresh goal id (a revision while one is active or paused).
+    SetGoal {
+        max_rounds: u8,
+        slow: bool,
+    },
+    /// UpdateGoal on the session's goal: pause, resume or clear.
+    UpdateGoal {
+        action: u8,
+    },
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -118,6 +127,8 @@ fn action() -> impl Strategy<Value = Action> {
         3 => Just(Action::DecidePreSteps),
         1 => (1u16..80).prop_map(Action::Advance),
         1 => Just(Action::WhenIdle),
+        1 => (1u8..4, any::<bool>()).prop_map(|(max_rounds, slow)| Action::SetGoal { max_rounds, slow }),
+        1 => (0u8..3).prop_map(|action| Action::UpdateGoal { action }),
     ]
 }
 
@@ -286,6 +297,7 @@ fn run(case: Case) {
     let mut tracker = Tracker::default();
     let mut accepted: BTreeMap<String, Accepted> = BTreeMap::new();
     let mut waiters = Vec::new();
+    let mut goals_set = 0u32;
 
     for action in case.actions {
         let before = sim.log.len();
@@ -413,6 +425,25 @@ fn run(case: Case) {
                 assert_eq!(sim.reply(id).is_some(), quiescent, "when_idle resolves at once iff quiescent");
                 waiters.push((id, quiescent));
             }
+            Action::SetGoal { max_rounds, slow } => {
+                goals_set += 1;
+                let objective = if slow { "work [[delay:100]]" } else { "work" };
+                let reply = sim.command(Command::SetGoal {
+                    goal_id: format!("g{goals_set}"),
+                    objective: objective.into(),
+                    max_rounds: u32::from(max_rounds),
+                });
+                assert!(matches!(reply, Ok(CommandReply::Written { .. })), "set goal: {reply:?}");
+            }
+            Action::UpdateGoal { action } => {
+                let action = [GoalAction::Pause, GoalAction::Resume, GoalAction::Clear][usize::from(action)];
+                let goal_id = sim.driver.state().goals.current.as_ref().map_or("g0".to_owned(), |g| g.goal_id.clone());
+                match sim.command(Command::UpdateGoal { goal_id, action }) {
+                    Ok(CommandReply::Written { .. }) => {}
+                    Err(e) => assert!(["not-found", "failed-precondition"].contains(&error_kind(&e)), "{e}"),
+                    Ok(other) => panic!("update goal: {other:?}"),
+                }
+            }
         }
         tracker.follow(&sim.log);
         check_always(&sim, &tracker);
@@ -437,7 +468,10 @@ fn run(case: Case) {
         if !immediate {
             let at = lines.iter().position(|l| l.starts_with(&format!("R {id} idle"))).unwrap();
             let mut prev = at - 1;
-            while lines[prev].starts_with("R ") && lines[prev].contains(" idle ") {
+            // The goal system acts once the session is idle (a budget verdict): that may come between.
+            while lines[prev].starts_with("R ") && lines[prev].contains(" idle ")
+                || lines[prev].starts_with("D goal/change")
+            {
                 prev -= 1;
             }
             assert_eq!(lines[prev], "L status idle", "when_idle {id}: {lines:#?}");
@@ -472,6 +506,27 @@ fn check_always(sim: &Sim, tracker: &Tracker) {
     if sim.driver.is_quiescent() {
         assert!(tracker.open_turn.is_none());
     }
+    check_goal(sim);
+}
+
+/// The goal's round is the number of its revision's continuations admitted, each round admitted once and
+/// in order, never more than the budget.
+fn check_goal(sim: &Sim) {
+    let Some(goal) = sim.driver.state().goals.current.as_ref() else { return };
+    let rounds: Vec<u64> = sim
+        .user_messages()
+        .into_iter()
+        .filter_map(|(_, _, _, m)| match m.source {
+            MessageSource::Goal { goal_id, revision, round }
+                if goal_id == goal.goal_id && revision == goal.revision =>
+            {
+                Some(round)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rounds, (1..=goal.round).collect::<Vec<_>>(), "admitted rounds of {goal:?}");
+    assert!(goal.round <= u64::from(goal.max_rounds), "{goal:?} ran past its budget");
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -328,10 +328,42 @@ fn pause_lets_the_running_round_finish_and_starts_no_other() {
         "D status idle",
         "L status idle",
     ]);
-    // The model of a paused goal is not offered goal_complete.
+    // A cleared goal is gone for good: a later turn runs no round and is not offered goal_complete.
     written(sim.update_goal("g1", GoalAction::Clear));
     sim.expect(&["D goal/change g1.1 cleared 1/3 reason:\"cleared by UpdateGoal\""]);
+    sent(sim.followup("A", "hi"));
+    sim.expect(&strs(&[opens(2, "A"), echo_step(2, "A", "hi"), idle()].concat()));
+    assert_eq!(sim.model_requests.last().unwrap().goal, None);
+    assert_eq!(refused(sim.update_goal("g1", GoalAction::Resume)).0, "failed-precondition");
     sim.check_full_fold();
+}
+
+#[test]
+fn goal_complete_without_an_active_goal_is_an_error_result() {
+    let mut sim = Sim::new();
+    sent(sim.followup("A", "[[tool:goal_complete {\"summary\":\"x\"}]] done"));
+    sim.expect(&strs(
+        &[
+            opens(1, "A"),
+            vec![
+                "D step/start 1.1".into(),
+                "D user/message A 1.1".into(),
+                "D assistant/message 1.1 \"echo: done\" calls[goal_complete]".into(),
+                "D tool/call 1.1 goal_complete".into(),
+                "D tool/result 1.1 call-1-1-1 error".into(),
+                "D step/end 1.1".into(),
+                // Not concluded: the model answers the error in another step.
+                "D step/start 1.2".into(),
+                "D assistant/message 1.2 \"tool results: goal_complete failed: the session has no active goal to complete\"".into(),
+                "D step/end 1.2".into(),
+                "D turn/end 1 completed".into(),
+            ],
+            idle(),
+        ]
+        .concat(),
+    ));
+    assert!(sim.tool_requests.is_empty());
+    assert!(sim.driver.state().goals.current.is_none());
 }
 
 #[test]

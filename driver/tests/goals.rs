@@ -105,6 +105,9 @@ fn a_goal_set_on_an_idle_session_runs_rounds_until_goal_complete() {
     let id = sim.when_idle();
     assert!(sim.reply(id).is_some(), "a completed goal leaves the session quiescent");
     sim.check_full_fold();
+    for e in &sim.log {
+        assert_eq!(&support::wire_round_trip(e), e, "event {} survives the wire", e.seq);
+    }
     // A later turn is not offered the tool any more.
     sent(sim.followup("A", "thanks"));
     assert_eq!(sim.model_requests.last().unwrap().goal, None);

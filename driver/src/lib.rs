@@ -23,7 +23,7 @@
 //! let mut driver = Driver::new(SessionState::new(session, 10_000), Limits::default(), AgentCatalog::default(), 1, "doc");
 //! driver.recover(0);
 //! let hello = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hi")], source: MessageSource::User };
-//! driver.on_command(1, Command::Send { message: hello, target: Target::NextTurn, wakeup: true, expected_turn: None }, 1_000);
+//! driver.on_command(1, Command::Send { message: hello, target: Target::NextTurn, wakeup: true, expected_turn: None, deadline: None }, 1_000);
 //! let effects = driver.ready();
 //! // The insert splice is durable before anything else happens; the turn's pre-step decision follows.
 //! assert!(matches!(&effects[0], Effect::Append(group) if group.events()[0].seq == 1));

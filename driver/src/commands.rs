@@ -50,7 +50,7 @@ impl Driver {
     }
 
     /// A message must be well-formed and within the size limit.
-    fn check_message(&self, message: &UserMessage) -> Result<(), CommandError> {
+    pub(super) fn check_message(&self, message: &UserMessage) -> Result<(), CommandError> {
         message.validate(self.limits.max_message_bytes).map_err(|e| CommandError::InvalidArgument(e.to_string()))
     }
 
@@ -70,7 +70,7 @@ impl Driver {
 
     /// A message id that a delivery or edit may insert: not pending (unless `except` is being removed by
     /// the same splice) and never accepted before.
-    fn check_new_id(&self, id: &MessageId, except: &[&MessageId]) -> Result<(), CommandError> {
+    pub(super) fn check_new_id(&self, id: &MessageId, except: &[&MessageId]) -> Result<(), CommandError> {
         if except.contains(&id) {
             return Ok(());
         }
@@ -155,23 +155,27 @@ impl Driver {
                 .map(|d| SteerDeadline { at_ms: self.now_ms.saturating_add(d.after_ms), on_deadline: d.on_deadline }),
         }));
         self.publish(LivePayload::Inserted { message });
-        if !wakeup {
-            return Ok(CommandReply::Sent { seq, turn: None });
-        }
-        if let Some(cause) = aborting {
-            if cause != CancelCause::Disposed {
+        let turn = if wakeup { self.wake() } else { None };
+        Ok(CommandReply::Sent { seq, turn })
+    }
+
+    /// A waking insert was just written: during an abort it latches a wake (never for `disposed`), so it
+    /// runs once the aborted turn has ended; on an idle session it starts the driver, `turn/start` and the
+    /// turn-boundary claim (all before the caller's reply); a running driver takes it at a later boundary.
+    /// The turn it opened, if any.
+    pub(super) fn wake(&mut self) -> Option<u64> {
+        if let Some(cause) = self.aborting_cause() {
+            if *cause != CancelCause::Disposed {
                 self.latched_wake = true;
             }
-            return Ok(CommandReply::Sent { seq, turn: None });
+            return None;
         }
-        if idle {
-            // Insert, start the driver, `turn/start` and the turn-boundary claim, all before replying.
+        if self.turn.is_none() && self.state.status == Status::Idle {
             self.set_status(Status::Running);
             self.open_turn(super::turn::Resume::default());
-            return Ok(CommandReply::Sent { seq, turn: Some(self.state.last_turn) });
+            return Some(self.state.last_turn);
         }
-        // A running driver takes the input at a later boundary.
-        Ok(CommandReply::Sent { seq, turn: None })
+        None
     }
 
     /// Cancel the active turn keeping the inbox, then a followup at the head of next-turn.

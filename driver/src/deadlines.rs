@@ -5,9 +5,7 @@
 //! owner re-arms them from the log: a deadline that passed during a failover is due at once. The runner
 //! sleeps until [`Driver::next_timer`] and then calls [`Driver::on_timer`].
 
-use turnstile_model::{
-    CancelCause, EventPayload, LivePayload, MessageId, OnDeadline, Splice, SpliceOutcome, Status, Target,
-};
+use turnstile_model::{CancelCause, EventPayload, LivePayload, MessageId, OnDeadline, Splice, SpliceOutcome, Target};
 
 use super::Driver;
 
@@ -57,12 +55,7 @@ impl Driver {
             deadline: None,
         }));
         self.publish(LivePayload::Inserted { message });
-        if self.aborting_cause().is_some() {
-            // It runs once the aborted turn has ended, like any waking delivery during an abort.
-            self.latched_wake = true;
-        } else if self.turn.is_none() && self.state.status == Status::Idle {
-            self.set_status(Status::Running);
-            self.open_turn(super::turn::Resume::default());
-        }
+        // Like any waking delivery: latched behind the aborted turn, or a turn of its own when idle.
+        self.wake();
     }
 }

@@ -10,6 +10,9 @@ use super::{
     ToolOutcome, ToolRequest,
 };
 
+/// The error result of a call that never started because its turn was aborted (§4).
+const NOT_RUN_ABORTED: &str = "not run: the turn was aborted";
+
 /// The runtime of the open turn: what the driver is waiting for.
 #[derive(Debug)]
 pub(super) struct ActiveTurn {
@@ -334,7 +337,7 @@ impl Driver {
                     step,
                     call_id: call.call_id,
                     output: String::new(),
-                    error: Some("not run: the turn was aborted".into()),
+                    error: Some(NOT_RUN_ABORTED.into()),
                 });
                 continue;
             }
@@ -460,19 +463,8 @@ impl Driver {
             .filter(|m| self.accepted_as_context(m))
             .collect();
         if !context.is_empty() {
-            self.write(EventPayload::InboxSpliced(Splice {
-                target: Target::NextStep,
-                start: self.state.inbox.next_step.len() as u32,
-                removed_count: 0,
-                inserted: context.clone(),
-                outcome: SpliceOutcome::None,
-                wake: false,
-                requested_target: None,
-                deadline: None,
-            }));
-            for message in context {
-                self.publish(LivePayload::Inserted { message });
-            }
+            // Appended to next-step like an edit that removes nothing: one splice, then `inserted`s.
+            self.write_edit(Target::NextStep, self.state.inbox.next_step.len() as u32, 0, context);
         }
         if let Some(t) = self.turn.as_mut() {
             t.tool_results.push(outcome);
@@ -485,17 +477,12 @@ impl Driver {
     /// an id never used in this session. Anything else is dropped with a warning rather than failing the
     /// turn: the result itself is already durable and the model sees it.
     fn accepted_as_context(&self, message: &UserMessage) -> bool {
-        let problem = match message.validate(self.limits.max_message_bytes) {
-            Err(e) => Some(e.to_string()),
-            Ok(()) if self.state.inbox.contains(&message.id) || self.state.accepted.get(&message.id).is_some() => {
-                Some(format!("message id {} was already used in this session", message.id))
-            }
-            Ok(()) => None,
-        };
-        if let Some(problem) = &problem {
-            tracing::warn!(session = %self.state.session, id = %message.id, problem, "dropped a tool context message");
+        // The same checks a delivery gets: well-formed, within the size limit, an id never used.
+        let checked = self.check_message(message).and_then(|()| self.check_new_id(&message.id, &[]));
+        if let Err(problem) = &checked {
+            tracing::warn!(session = %self.state.session, id = %message.id, %problem, "dropped a tool context message");
         }
-        problem.is_none()
+        checked.is_ok()
     }
 
     /// `step/end`, then the next proposal or the end of the turn.
@@ -561,7 +548,7 @@ impl Driver {
                     let name = calls.get(*next).map(|c| c.name.clone()).unwrap_or_default();
                     *next += 1;
                     let (turn, step) = (t.turn, t.step);
-                    let error = Some("not run: the turn was aborted".to_owned());
+                    let error = Some(NOT_RUN_ABORTED.to_owned());
                     self.record_tool_result(turn, step, ToolOutcome::new(call_id, name, String::new(), error));
                     return self.next_tool_call();
                 }

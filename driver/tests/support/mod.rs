@@ -611,14 +611,7 @@ impl Sim {
     /// Asserts the events since the last `take`.
     #[track_caller]
     pub fn expect(&mut self, expected: &[&str]) {
-        let got = self.take();
-        let expected: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
-        assert!(
-            got == expected,
-            "event sequence differs\n--- expected\n{}\n--- got\n{}\n",
-            expected.join("\n"),
-            got.join("\n")
-        );
+        assert_sequence(&self.take(), expected);
     }
 
     /// Asserts that nothing durable or live happened since the last `take`.
@@ -671,14 +664,7 @@ impl Sim {
     /// Asserts the events since the last `take`, deltas included.
     #[track_caller]
     pub fn expect_with_deltas(&mut self, expected: &[&str]) {
-        let got = self.take_with_deltas();
-        let expected: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
-        assert!(
-            got == expected,
-            "event sequence differs\n--- expected\n{}\n--- got\n{}\n",
-            expected.join("\n"),
-            got.join("\n")
-        );
+        assert_sequence(&self.take_with_deltas(), expected);
     }
 
     /// The `assistant/message` of step `turn.step`.
@@ -725,6 +711,17 @@ fn tool_ok(req: &ToolRequest, output: String) -> ToolOutcome {
 
 fn tool_err(req: &ToolRequest, error: String) -> ToolOutcome {
     ToolOutcome::new(&req.call.call_id, &req.call.name, String::new(), Some(error))
+}
+
+/// `got` is exactly `expected`, else a panic showing both, one line each.
+#[track_caller]
+fn assert_sequence(got: &[String], expected: &[&str]) {
+    assert!(
+        got == expected,
+        "event sequence differs\n--- expected\n{}\n--- got\n{}\n",
+        expected.join("\n"),
+        got.join("\n")
+    );
 }
 
 pub fn ids(messages: &[UserMessage]) -> String {

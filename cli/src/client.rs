@@ -10,7 +10,7 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use turnstile_model::message::{MessageSource, SessionRef, Target, UserMessage};
-use turnstile_model::{CancelCause, InjectMode, OnDeadline, Status};
+use turnstile_model::{CancelCause, GoalAction, InjectMode, OnDeadline, Status};
 use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_client::AgentClient;
@@ -208,13 +208,18 @@ fn info_json(info: &pb::SessionInfo) -> serde_json::Value {
         "tenant": s.tenant, "id": s.id, "status": status_name(info.status), "last_seq": info.last_seq,
         "last_turn": info.last_turn, "epoch": info.epoch, "owner": info.owner, "agent": info.agent,
         "inject_mode": inject_mode_name(info.inject_mode),
+        "goal": info.goal.as_ref().map(goal_json),
     })
 }
 
 fn info_line(info: &pb::SessionInfo) -> String {
     let s = info.session.clone().unwrap_or_default();
+    let goal = match &info.goal {
+        Some(goal) => format!(" {}", goal_line(goal)),
+        None => String::new(),
+    };
     format!(
-        "{}/{} status={} last_seq={} last_turn={} epoch={} owner={} agent={} inject_mode={}",
+        "{}/{} status={} last_seq={} last_turn={} epoch={} owner={} agent={} inject_mode={}{goal}",
         s.tenant,
         s.id,
         status_name(info.status),
@@ -514,6 +519,65 @@ pub async fn decide(client: &mut Client, session: &str, call_id: &str, approve: 
     let verdict = if approve { "approved" } else { "denied" };
     println!("{verdict} call_id={call_id} seq={}", reply.seq);
     Ok(())
+}
+
+/// `goal set SESSION --max-rounds N OBJECTIVE`.
+pub async fn set_goal(client: &mut Client, session: &str, objective: &str, max_rounds: u32) -> Result<()> {
+    let request =
+        pb::SetGoalRequest { session: Some(client.session(session)), objective: objective.to_owned(), max_rounds };
+    let goal = client.api.set_goal(request).await?.into_inner();
+    println!("{}", goal_line(&goal));
+    Ok(())
+}
+
+/// `goal pause|resume|clear SESSION [--goal-id ID]`; without an id, the session's current goal.
+pub async fn update_goal(
+    client: &mut Client,
+    session: &str,
+    goal_id: Option<String>,
+    action: GoalAction,
+) -> Result<()> {
+    let goal_id = match goal_id {
+        Some(id) => id,
+        None => {
+            let request = pb::GetSessionRequest { session: Some(client.session(session)) };
+            let info = client.api.get_session(request).await?.into_inner();
+            match info.goal {
+                Some(goal) => goal.goal_id,
+                None => bail!("session {session} has no goal; start one with `turnstile goal set`"),
+            }
+        }
+    };
+    let request = pb::UpdateGoalRequest {
+        session: Some(client.session(session)),
+        goal_id,
+        action: codec::encode_goal_action(action).into(),
+    };
+    let goal = client.api.update_goal(request).await?.into_inner();
+    println!("{}", goal_line(&goal));
+    Ok(())
+}
+
+/// `goal ID rev R STATE round R/MAX: OBJECTIVE`, then the summary or reason.
+fn goal_line(goal: &pb::GoalInfo) -> String {
+    let mut line = format!(
+        "goal {} rev {} {} round {}/{}: {}",
+        goal.goal_id, goal.revision, goal.state, goal.round, goal.max_rounds, goal.objective
+    );
+    if let Some(summary) = &goal.summary {
+        line.push_str(&format!(" summary={summary:?}"));
+    }
+    if let Some(reason) = &goal.reason {
+        line.push_str(&format!(" reason={reason:?}"));
+    }
+    line
+}
+
+fn goal_json(goal: &pb::GoalInfo) -> serde_json::Value {
+    serde_json::json!({
+        "goal_id": goal.goal_id, "revision": goal.revision, "state": goal.state, "objective": goal.objective,
+        "round": goal.round, "max_rounds": goal.max_rounds, "summary": goal.summary, "reason": goal.reason,
+    })
 }
 
 pub async fn clear(client: &mut Client, session: &str) -> Result<()> {

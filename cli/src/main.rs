@@ -12,6 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
+use turnstile_model::GoalAction;
 use turnstile_node::config::{Loaded, Overrides};
 use turnstile_node::signal::shutdown_signal;
 
@@ -96,6 +97,9 @@ enum Cmd {
     Configure(ConfigureArgs),
     /// Approve or deny a tool call awaiting approval (`watch` shows its call id).
     Decide(DecideArgs),
+    /// Give the session a goal it works toward over several rounds, or pause, resume or clear it.
+    #[command(subcommand)]
+    Goal(GoalCmd),
     /// Show the pending messages.
     Inbox(ShowArgs),
     /// Show a session's status, last seq and turn, epoch and owner.
@@ -402,6 +406,38 @@ struct DecideArgs {
     reason: String,
 }
 
+#[derive(Subcommand, Debug)]
+enum GoalCmd {
+    /// Start a goal (rounds begin once the session is idle with nothing pending); on a session whose goal
+    /// is active or paused, revise it (revision + 1, round 0).
+    Set(GoalSetArgs),
+    /// Let the running round finish and start no other.
+    Pause(GoalUpdateArgs),
+    /// Continue a paused goal from the round it stopped at.
+    Resume(GoalUpdateArgs),
+    /// End the goal; no further rounds.
+    Clear(GoalUpdateArgs),
+}
+
+#[derive(Args, Debug)]
+struct GoalSetArgs {
+    session: String,
+    /// Continuation rounds the goal may run (1..=the server's limits.max_goal_rounds, default cap 100).
+    #[arg(long)]
+    max_rounds: u32,
+    /// What to work toward (words are joined with spaces).
+    #[arg(required = true)]
+    objective: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct GoalUpdateArgs {
+    session: String,
+    /// The goal's id (default: the session's current goal, read with GetSession).
+    #[arg(long)]
+    goal_id: Option<String>,
+}
+
 #[derive(Args, Debug)]
 struct SessionArg {
     session: String,
@@ -577,6 +613,10 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Clear(a) => client::clear(c, &a.session).await,
         Cmd::Configure(a) => client::configure(c, &a.session, &a.agent, a.inject_mode.0).await,
         Cmd::Decide(a) => client::decide(c, &a.session, &a.call_id, a.approve, &a.reason).await,
+        Cmd::Goal(GoalCmd::Set(a)) => client::set_goal(c, &a.session, &a.objective.join(" "), a.max_rounds).await,
+        Cmd::Goal(GoalCmd::Pause(a)) => client::update_goal(c, &a.session, a.goal_id, GoalAction::Pause).await,
+        Cmd::Goal(GoalCmd::Resume(a)) => client::update_goal(c, &a.session, a.goal_id, GoalAction::Resume).await,
+        Cmd::Goal(GoalCmd::Clear(a)) => client::update_goal(c, &a.session, a.goal_id, GoalAction::Clear).await,
         Cmd::Inbox(a) => client::inbox(c, &a.session, a.json).await,
         Cmd::Session(a) => client::show_session(c, &a.session, a.json).await,
         Cmd::List(a) => client::list(c, a.json, a.all_tenants).await,

@@ -183,8 +183,23 @@ impl Renderer {
                 Some(err) => (2, format!("tool/result {call_id} error {}", preview(err))),
                 None => (2, format!("tool/result {call_id} {}", preview(output))),
             },
-            EventPayload::GoalChange { goal_id, revision, state, .. } => {
-                (ambient, format!("goal/change {goal_id} rev {revision} {state}"))
+            EventPayload::GoalChange(g) => {
+                let mut line = format!(
+                    "goal/change {} rev {} {} round {}/{}: {}",
+                    g.goal_id,
+                    g.revision,
+                    g.state,
+                    g.round,
+                    g.max_rounds,
+                    preview(&g.objective)
+                );
+                if let Some(summary) = &g.summary {
+                    line.push_str(&format!(" summary {}", preview(summary)));
+                }
+                if let Some(reason) = &g.reason {
+                    line.push_str(&format!(" ({})", preview(reason)));
+                }
+                (ambient, line)
             }
             EventPayload::SessionConfigured { agent, inject_mode } => {
                 (ambient, format!("session/configured agent {agent} inject_mode {inject_mode}"))

@@ -16,18 +16,17 @@ use turnstile_proto::cluster::v1::execute_reply::Reply;
 use turnstile_proto::cluster::v1::execute_request::Command as PbCommand;
 use turnstile_proto::v1 as pb;
 
-use turnstile_model::command::{Command, CommandError, CommandReply, DeadlineSpec, SessionSummary};
-use turnstile_model::event::InjectMode;
+use turnstile_model::command::{Command, CommandError, CommandReply, DeadlineSpec};
 use turnstile_model::message::{MessageId, SessionRef};
 use turnstile_proto::codec::error::{CodecError, join};
 use turnstile_proto::codec::event::{
-    decode_cancel_cause, encode_cancel_cause, encode_inject_mode, encode_on_deadline, encode_status, inject_mode_at,
-    on_deadline_at, status_at,
+    decode_cancel_cause, encode_cancel_cause, encode_inject_mode, encode_on_deadline, inject_mode_at, on_deadline_at,
 };
 use turnstile_proto::codec::message::{
     encode_session_ref, encode_target, encode_user_message, messages_at, required_message_at, required_session_at,
     target_at,
 };
+use turnstile_proto::codec::session::{encode_goal_action, encode_session_info, goal_action_at, session_info_at};
 
 /// Metadata key of a failed `Execute`: the [`CommandError`] kind ([`CommandError::kind`]).
 pub const ERROR_KEY: &str = "turnstile-error";
@@ -101,6 +100,15 @@ pub fn encode_command(command: &Command) -> PbCommand {
             approve: *approve,
             reason: reason.clone(),
         }),
+        Command::SetGoal { goal_id, objective, max_rounds } => PbCommand::SetGoal(cpb::SetGoalCommand {
+            goal_id: goal_id.clone(),
+            objective: objective.clone(),
+            max_rounds: *max_rounds,
+        }),
+        Command::UpdateGoal { goal_id, action } => PbCommand::UpdateGoal(cpb::UpdateGoalCommand {
+            goal_id: goal_id.clone(),
+            action: encode_goal_action(*action) as i32,
+        }),
     }
 }
 
@@ -157,6 +165,13 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
             }
             Command::Decide { call_id: d.call_id, approve: d.approve, reason: d.reason }
         }
+        // The driver checks the goal id, the objective and the round budget against its limits.
+        PbCommand::SetGoal(g) => {
+            Command::SetGoal { goal_id: g.goal_id, objective: g.objective, max_rounds: g.max_rounds }
+        }
+        PbCommand::UpdateGoal(g) => {
+            Command::UpdateGoal { goal_id: g.goal_id, action: goal_action_at(g.action, "update_goal.action")? }
+        }
     })
 }
 
@@ -180,16 +195,7 @@ pub fn encode_command_reply(session: &SessionRef, reply: &CommandReply) -> cpb::
     let reply = match reply {
         CommandReply::Sent { seq, turn } => Reply::Sent(pb::SendReply { seq: *seq, turn: *turn }),
         CommandReply::Written { seq } => Reply::WrittenSeq(*seq),
-        CommandReply::Idle(summary) => Reply::Idle(pb::SessionInfo {
-            session: Some(encode_session_ref(session)),
-            status: encode_status(summary.status) as i32,
-            last_seq: summary.last_seq,
-            last_turn: summary.last_turn,
-            epoch: summary.epoch,
-            owner: summary.owner.clone(),
-            agent: summary.agent.clone(),
-            inject_mode: encode_inject_mode(summary.inject_mode) as i32,
-        }),
+        CommandReply::Idle(summary) => Reply::Idle(encode_session_info(session, summary)),
     };
     cpb::ExecuteReply { reply: Some(reply) }
 }
@@ -199,16 +205,7 @@ pub fn decode_command_reply(reply: cpb::ExecuteReply) -> Result<CommandReply, Co
     match reply.reply {
         Some(Reply::Sent(s)) => Ok(CommandReply::Sent { seq: s.seq, turn: s.turn }),
         Some(Reply::WrittenSeq(seq)) => Ok(CommandReply::Written { seq }),
-        Some(Reply::Idle(info)) => Ok(CommandReply::Idle(SessionSummary {
-            status: status_at(info.status, "idle.status")?,
-            last_seq: info.last_seq,
-            last_turn: info.last_turn,
-            epoch: info.epoch,
-            owner: info.owner,
-            agent: info.agent,
-            // A worker of an older build sends no mode: its sessions can only be pending.
-            inject_mode: inject_mode_at(info.inject_mode, "idle.inject_mode", Some(InjectMode::Pending))?,
-        })),
+        Some(Reply::Idle(info)) => Ok(CommandReply::Idle(session_info_at(info, "idle")?)),
         None => Err(CodecError::missing("reply", REPLIES)),
     }
 }
@@ -267,7 +264,9 @@ pub fn command_error_from_parts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use turnstile_model::event::{CancelCause, OnDeadline, Status};
+    use turnstile_model::SessionSummary;
+    use turnstile_model::event::{CancelCause, InjectMode, OnDeadline, Status};
+    use turnstile_model::goal::{GoalAction, GoalChange, GoalState};
     use turnstile_model::message::{ContentBlock, MessageSource, Target, UserMessage};
 
     fn session() -> SessionRef {
@@ -334,6 +333,10 @@ mod tests {
         all.push(Command::Configure { agent: "assistant".into(), inject_mode: InjectMode::Pending });
         all.push(Command::Configure { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn });
         all.push(Command::Decide { call_id: "call-1".into(), approve: false, reason: "too risky".into() });
+        all.push(Command::SetGoal { goal_id: "g-1".into(), objective: "ship it".into(), max_rounds: 4 });
+        for action in [GoalAction::Pause, GoalAction::Resume, GoalAction::Clear] {
+            all.push(Command::UpdateGoal { goal_id: "g-1".into(), action });
+        }
         all
     }
 
@@ -365,6 +368,26 @@ mod tests {
                 owner: "w1".into(),
                 agent: "scripted".into(),
                 inject_mode: InjectMode::OutOfTurn,
+                goal: None,
+            }),
+            CommandReply::Idle(SessionSummary {
+                status: Status::Running,
+                last_seq: 41,
+                last_turn: 4,
+                epoch: 2,
+                owner: "w1".into(),
+                agent: "scripted".into(),
+                inject_mode: InjectMode::Pending,
+                goal: Some(GoalChange {
+                    goal_id: "g-1".into(),
+                    revision: 2,
+                    state: GoalState::Paused,
+                    objective: "ship it".into(),
+                    max_rounds: 4,
+                    round: 3,
+                    summary: None,
+                    reason: Some("turn 4 ended error".into()),
+                }),
             }),
         ];
         for reply in replies {

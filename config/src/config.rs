@@ -67,11 +67,13 @@ pub struct Limits {
     pub max_pending: usize,
     /// `WhenIdle` timeout when the caller gives none, in ms. Default 30,000.
     pub when_idle_timeout_ms: u64,
+    /// The largest `max_rounds` a `SetGoal` may ask for; more are invalid-argument. Default 100.
+    pub max_goal_rounds: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_message_bytes: 1024 * 1024, max_pending: 1000, when_idle_timeout_ms: 30_000 }
+        Self { max_message_bytes: 1024 * 1024, max_pending: 1000, when_idle_timeout_ms: 30_000, max_goal_rounds: 100 }
     }
 }
 
@@ -338,6 +340,7 @@ impl Config {
         positive(&limits, "max_message_bytes", self.limits.max_message_bytes as u64, "0 would refuse every message")?;
         positive(&limits, "max_pending", self.limits.max_pending as u64, "0 would refuse every delivery")?;
         positive(&limits, "when_idle_timeout_ms", self.limits.when_idle_timeout_ms, "0 would time out every WhenIdle")?;
+        positive(&limits, "max_goal_rounds", u64::from(self.limits.max_goal_rounds), "0 would refuse every goal")?;
 
         let c = &self.cluster;
         let cluster = root.key("cluster");

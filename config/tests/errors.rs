@@ -39,7 +39,7 @@ fn unknown_agent_key() {
 fn unknown_keys_in_every_other_table() {
     assert_eq!(
         err("[limits]\nmax_bytes = 1\n"),
-        "line 2, column 1: limits.max_bytes: unknown key (allowed: max_message_bytes, max_pending, when_idle_timeout_ms)"
+        "line 2, column 1: limits.max_bytes: unknown key (allowed: max_message_bytes, max_pending, when_idle_timeout_ms, max_goal_rounds)"
     );
     assert_eq!(
         err("[cluster]\nlease_ms = 1\n"),
@@ -248,6 +248,10 @@ fn numbers_out_of_range() {
     assert_eq!(
         err("[limits]\nmax_pending = 0\n"),
         "line 2, column 15: limits.max_pending: must be at least 1 (0 would refuse every delivery)"
+    );
+    assert_eq!(
+        err("[limits]\nmax_goal_rounds = 0\n"),
+        "line 2, column 19: limits.max_goal_rounds: must be at least 1 (0 would refuse every goal)"
     );
     assert_eq!(
         err("[limits]\nmax_pending = -1\n"),

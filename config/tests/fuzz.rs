@@ -49,6 +49,7 @@ const KEYS: &[&str] = &[
     "max_message_bytes",
     "max_pending",
     "when_idle_timeout_ms",
+    "max_goal_rounds",
     "shards",
     "partitions",
     "replicas",

@@ -35,6 +35,12 @@ impl Driver {
                 "goal max_rounds is 0; allow at least one round (each round is one continuation turn)".into(),
             ));
         }
+        if max_rounds > self.limits.max_goal_rounds {
+            return Err(CommandError::InvalidArgument(format!(
+                "goal max_rounds is {max_rounds}, above this cluster's cap of {} (config limits.max_goal_rounds); ask for fewer rounds",
+                self.limits.max_goal_rounds
+            )));
+        }
         // The longest continuation (round MAX) must be a valid message, or no round could ever be sent.
         let longest = turnstile_model::goal::continuation_text(u64::from(max_rounds), max_rounds, &objective);
         if longest.len() > self.limits.max_message_bytes {

@@ -178,15 +178,9 @@ impl Driver {
     }
 
     pub fn summary(&self) -> SessionSummary {
-        SessionSummary {
-            status: self.state.status,
-            last_seq: self.state.last_seq,
-            last_turn: self.state.last_turn,
-            epoch: self.epoch,
-            owner: self.owner.clone(),
-            agent: self.agents.resolve(self.state.agent.as_deref()).0.to_owned(),
-            inject_mode: self.state.inject_mode,
-        }
+        let agent = self.agents.resolve(self.state.agent.as_deref()).0.to_owned();
+        // The driver's own epoch: the log's last event may predate this ownership.
+        SessionSummary { epoch: self.epoch, ..SessionSummary::of(&self.state, self.owner.clone(), agent) }
     }
 
     // ----- outcomes of operations ---------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 use turnstile_model::state::DEFAULT_DEDUP_HORIZON;
 
+/// `max_rounds` a goal may ask for unless the configuration says otherwise.
+pub const DEFAULT_MAX_GOAL_ROUNDS: u32 = 100;
+
 /// The limits of SPEC §2.
 ///
 /// ```
@@ -16,10 +19,17 @@ pub struct Limits {
     pub max_pending: usize,
     /// Accepted MessageIds remembered for idempotent retries. Default 10,000.
     pub dedup_horizon: usize,
+    /// The largest `max_rounds` a `SetGoal` may ask for (config `limits.max_goal_rounds`). Default 100.
+    pub max_goal_rounds: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_message_bytes: 1024 * 1024, max_pending: 1000, dedup_horizon: DEFAULT_DEDUP_HORIZON }
+        Self {
+            max_message_bytes: 1024 * 1024,
+            max_pending: 1000,
+            dedup_horizon: DEFAULT_DEDUP_HORIZON,
+            max_goal_rounds: DEFAULT_MAX_GOAL_ROUNDS,
+        }
     }
 }

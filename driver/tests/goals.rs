@@ -462,7 +462,10 @@ fn a_new_owner_writes_the_pause_a_cut_lost() {
 
 #[test]
 fn bad_goal_input_is_refused_with_nothing_written() {
-    let mut sim = Sim::with_limits(Limits { max_message_bytes: 200, ..Limits::default() });
+    let mut sim = Sim::with_limits(Limits { max_message_bytes: 200, max_goal_rounds: 10, ..Limits::default() });
+    let (kind, message) = refused(sim.set_goal("g1", "ship it", 11));
+    assert_eq!(kind, "invalid-argument");
+    assert!(message.contains("cap of 10"), "{message}");
     let cases = [
         (sim.set_goal("g1", "", 3), "invalid-argument"),
         (sim.set_goal("g1", "   ", 3), "invalid-argument"),

@@ -12,7 +12,7 @@ use turnstile_cluster::CommandRouter;
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{LiveBus, SessionLog};
 use turnstile_model::message::{MessageSource, SessionRef, Target, UserMessage};
-use turnstile_model::{Command, CommandReply, InjectMode, SessionState};
+use turnstile_model::{Command, CommandReply, InjectMode, SessionState, SessionSummary};
 use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_server::Agent;
@@ -192,16 +192,33 @@ impl Gateway {
     }
 
     async fn info(&self, state: &SessionState) -> pb::SessionInfo {
-        pb::SessionInfo {
-            session: Some(codec::encode_session_ref(&state.session)),
-            status: codec::encode_status(state.status) as i32,
-            last_seq: state.last_seq,
-            last_turn: state.last_turn,
-            epoch: state.epoch,
-            owner: self.router.owner(&state.session).await.unwrap_or_default(),
-            agent: state.agent.clone().unwrap_or_else(|| self.config.default_agent.clone()),
-            inject_mode: codec::encode_inject_mode(state.inject_mode) as i32,
+        let owner = self.router.owner(&state.session).await.unwrap_or_default();
+        let agent = state.agent.clone().unwrap_or_else(|| self.config.default_agent.clone());
+        codec::encode_session_info(&state.session, &SessionSummary::of(state, owner, agent))
+    }
+
+    /// The state after a command the driver answered with `seq`: its event is durable before the reply,
+    /// so a read that ends earlier is a lagging replica, and the caller may retry.
+    async fn state_after(&self, session: &SessionRef, seq: u64, retry: &str) -> Result<SessionState, Status> {
+        let state = read::project(self.log.as_ref(), self.snapshots.as_ref(), session).await?;
+        if state.last_seq < seq {
+            return Err(Status::unavailable(format!(
+                "session {session} wrote seq {seq} but the log read ends at {}; {retry}",
+                state.last_seq
+            )));
         }
+        Ok(state)
+    }
+
+    /// The session's goal after a goal command answered with `seq`.
+    async fn goal_after(&self, session: &SessionRef, seq: u64) -> Result<Response<pb::GoalInfo>, Status> {
+        let state = self.state_after(session, seq, "read the goal with GetSession").await?;
+        let goal = state.goals.current.as_ref().ok_or_else(|| {
+            Status::internal(format!(
+                "session {session} answered a goal command but its log holds no goal; this is a bug"
+            ))
+        })?;
+        Ok(Response::new(codec::encode_goal_info(&goal.current())))
     }
 }
 
@@ -233,6 +250,8 @@ names_session!(
     pb::GetSessionRequest,
     pb::ConfigureSessionRequest,
     pb::DecideRequest,
+    pb::SetGoalRequest,
+    pb::UpdateGoalRequest,
     pb::WatchRequest,
     pb::WhenIdleRequest,
 );
@@ -379,14 +398,7 @@ impl Agent for Gateway {
         let inject_mode = codec::inject_mode_at(req.inject_mode, "inject_mode", Some(InjectMode::Pending))
             .map_err(status::from_convert)?;
         let seq = self.written(session.clone(), Command::Configure { agent: req.agent, inject_mode }).await?;
-        // The event is durable before the driver replies, so the fold includes it (or a later state).
-        let state = read::project(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
-        if state.last_seq < seq {
-            return Err(Status::unavailable(format!(
-                "session {session} was configured at seq {seq} but the log read ends at {}; retry GetSession",
-                state.last_seq
-            )));
-        }
+        let state = self.state_after(&session, seq, "retry GetSession").await?;
         Ok(Response::new(self.info(&state).await))
     }
 
@@ -401,6 +413,30 @@ impl Agent for Gateway {
         let command = Command::Decide { call_id: req.call_id, approve: req.approve, reason: req.reason };
         let seq = self.written(session, command).await?;
         Ok(Response::new(pb::EditReply { seq }))
+    }
+
+    async fn set_goal(&self, request: Request<pb::SetGoalRequest>) -> Result<Response<pb::GoalInfo>, Status> {
+        let req = self.open(request)?;
+        let session = self.session(req.session)?;
+        // The driver checks the objective and the round budget (it knows the limits) and writes nothing
+        // when it refuses. A revision keeps the goal's own id, so the minted one may go unused.
+        let goal_id = uuid::Uuid::new_v4().to_string();
+        let command = Command::SetGoal { goal_id, objective: req.objective, max_rounds: req.max_rounds };
+        let seq = self.written(session.clone(), command).await?;
+        self.goal_after(&session, seq).await
+    }
+
+    async fn update_goal(&self, request: Request<pb::UpdateGoalRequest>) -> Result<Response<pb::GoalInfo>, Status> {
+        let req = self.open(request)?;
+        let session = self.session(req.session)?;
+        if req.goal_id.is_empty() {
+            return Err(Status::invalid_argument(
+                "goal_id: is empty; name the goal (SetGoal's reply and GetSession's goal carry its id)",
+            ));
+        }
+        let action = codec::goal_action_at(req.action, "action").map_err(status::from_convert)?;
+        let seq = self.written(session.clone(), Command::UpdateGoal { goal_id: req.goal_id, action }).await?;
+        self.goal_after(&session, seq).await
     }
 
     type ServeToolsStream = ReceiverStream<Result<pb::ToolTask, Status>>;
@@ -467,16 +503,7 @@ impl Agent for Gateway {
         let CommandReply::Idle(summary) = reply else {
             return Err(unexpected("when_idle", &reply));
         };
-        Ok(Response::new(pb::SessionInfo {
-            session: Some(codec::encode_session_ref(&session)),
-            status: codec::encode_status(summary.status) as i32,
-            last_seq: summary.last_seq,
-            last_turn: summary.last_turn,
-            epoch: summary.epoch,
-            owner: summary.owner,
-            agent: summary.agent,
-            inject_mode: codec::encode_inject_mode(summary.inject_mode) as i32,
-        }))
+        Ok(Response::new(codec::encode_session_info(&session, &summary)))
     }
 
     async fn list_sessions(

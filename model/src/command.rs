@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::event::{CancelCause, InjectMode, OnDeadline, Status};
-use crate::goal::GoalAction;
+use crate::goal::{GoalAction, GoalChange};
 use crate::message::{MessageId, Target, UserMessage};
 
 /// A client command for one session.
@@ -115,6 +115,25 @@ pub struct SessionSummary {
     /// The agent the session runs: the configured one, else the default agent.
     pub agent: String,
     pub inject_mode: InjectMode,
+    /// The session's latest goal in any state (`Goal::current`), if it ever had one.
+    pub goal: Option<GoalChange>,
+}
+
+impl SessionSummary {
+    /// What a reader of the log knows of `state`; `owner` and `agent` come from the cluster and the
+    /// configuration, which the log does not hold.
+    pub fn of(state: &crate::SessionState, owner: String, agent: String) -> Self {
+        Self {
+            status: state.status,
+            last_seq: state.last_seq,
+            last_turn: state.last_turn,
+            epoch: state.epoch,
+            owner,
+            agent,
+            inject_mode: state.inject_mode,
+            goal: state.goals.current.as_ref().map(crate::goal::Goal::current),
+        }
+    }
 }
 
 /// The reply to a [`Command`].

@@ -44,6 +44,13 @@ impl GoalState {
         }
     }
 
+    /// The state named by its API name, if it is one.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::Active, Self::Paused, Self::Completed, Self::BudgetLimited, Self::Cleared]
+            .into_iter()
+            .find(|state| state.as_str() == name)
+    }
+
     /// No change but a new `SetGoal` (a new goal) follows this state.
     pub fn is_terminal(self) -> bool {
         matches!(self, Self::Completed | Self::BudgetLimited | Self::Cleared)
@@ -122,6 +129,11 @@ impl Goal {
     /// The text of the continuation for round `round` (SPEC §10).
     pub fn continuation_text(&self, round: u64) -> String {
         continuation_text(round, self.max_rounds, &self.objective)
+    }
+
+    /// The goal as it stands, in the shape of a `goal/change` (what `GoalInfo` reports).
+    pub fn current(&self) -> GoalChange {
+        self.change(self.state, self.summary.clone(), self.reason.clone())
     }
 
     /// The `goal/change` that moves this goal to `state`, keeping everything else.
@@ -291,5 +303,7 @@ mod tests {
     fn continuation_text_names_round_budget_and_objective() {
         assert_eq!(continuation_text(2, 5, "fix it"), "Continue working toward the goal (round 2 of 5): fix it");
         assert_eq!(GoalState::BudgetLimited.to_string(), "budget-limited");
+        assert_eq!(GoalState::parse("budget-limited"), Some(GoalState::BudgetLimited));
+        assert_eq!(GoalState::parse("done"), None);
     }
 }

@@ -42,6 +42,7 @@ fn worker_config(config: &Config) -> WorkerConfig {
             max_message_bytes: config.limits.max_message_bytes,
             max_pending: config.limits.max_pending,
             dedup_horizon: config.journal.dedup_horizon,
+            max_goal_rounds: config.limits.max_goal_rounds,
         },
         default_when_idle_timeout: config.limits.when_idle_timeout(),
         snapshot_every: config.journal.snapshot_every,

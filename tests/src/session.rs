@@ -10,9 +10,9 @@ use turnstile_proto::v1::cancel_cause::Cause;
 use turnstile_proto::v1::watch_item::Item;
 use turnstile_proto::v1::{
     CancelCause, CancelReply, CancelRequest, ClearRequest, ConfigureSessionRequest, DeliverRequest, EditReply, Empty,
-    GetInboxRequest, GetSessionRequest, InboxSnapshot, InjectMode, RemoveRequest, ReplaceRequest, SendReply,
-    SendRequest, SessionEvent, SessionInfo, SessionRef, SpliceRequest, SteerRequest, Target, UserMessage, WatchRequest,
-    WhenIdleRequest,
+    GetInboxRequest, GetSessionRequest, GoalAction, GoalInfo, InboxSnapshot, InjectMode, RemoveRequest, ReplaceRequest,
+    SendReply, SendRequest, SessionEvent, SessionInfo, SessionRef, SetGoalRequest, SpliceRequest, SteerRequest, Target,
+    UpdateGoalRequest, UserMessage, WatchRequest, WhenIdleRequest,
 };
 
 use crate::watch::WatchRecorder;
@@ -160,6 +160,18 @@ impl Session {
             reason: reason.to_owned(),
         };
         self.client().decide(req).await.map(tonic::Response::into_inner)
+    }
+
+    /// `SetGoal(objective, max_rounds)` (SPEC §10).
+    pub async fn set_goal(&self, objective: &str, max_rounds: u32) -> Result<GoalInfo, Status> {
+        let req = SetGoalRequest { session: self.some_ref(), objective: objective.to_owned(), max_rounds };
+        self.client().set_goal(req).await.map(tonic::Response::into_inner)
+    }
+
+    /// `UpdateGoal(goal_id, action)` (SPEC §10).
+    pub async fn update_goal(&self, goal_id: &str, action: GoalAction) -> Result<GoalInfo, Status> {
+        let req = UpdateGoalRequest { session: self.some_ref(), goal_id: goal_id.to_owned(), action: action as i32 };
+        self.client().update_goal(req).await.map(tonic::Response::into_inner)
     }
 
     pub async fn inbox(&self) -> Result<InboxSnapshot, Status> {

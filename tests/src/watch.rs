@@ -528,7 +528,17 @@ fn durable_line(e: &SessionEvent) -> String {
             Some(err) => format!("tool/result {}.{} error {:?}", r.turn, r.step, err),
             None => format!("tool/result {}.{} {:?}", r.turn, r.step, r.output),
         },
-        Durable::GoalChange(g) => format!("goal/change {} {} {}", g.goal_id, g.revision, g.state),
+        // The goal id is a server-minted uuid; a session has one goal at a time, so the line leaves it out.
+        Durable::GoalChange(g) => {
+            let mut line = format!("goal/change {} {} {}/{}", g.revision, g.state, g.round, g.max_rounds);
+            if let Some(summary) = &g.summary {
+                line.push_str(&format!(" summary:{summary:?}"));
+            }
+            if let Some(reason) = &g.reason {
+                line.push_str(&format!(" reason:{reason:?}"));
+            }
+            line
+        }
         Durable::SessionConfigured(c) => format!("session/configured {} {}", c.agent, c.inject_mode),
     }
 }

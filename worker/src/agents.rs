@@ -438,6 +438,7 @@ mod tests {
             messages: vec![UserMessage::user_text("m1", text)],
             tool_results: vec![],
             interrupted_prompt: vec![],
+            goal: None,
         }
     }
 

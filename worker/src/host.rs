@@ -152,8 +152,8 @@ impl SessionHost {
         }
     }
 
-    /// Loads every session whose log says it was running when the process stopped, so it is repaired
-    /// and resumed (SPEC §6) without waiting for a command. Returns how many were loaded.
+    /// Loads every session whose log says it was running when the process stopped, or whose goal is
+    /// active, so it is repaired and resumed (SPEC §6, §10) without waiting for a command. Returns how many were loaded.
     pub async fn resume_running(&self) -> Result<usize, HostError> {
         self.resume_where(|_| true).await
     }
@@ -178,8 +178,12 @@ impl SessionHost {
                                 HostError::Projection { session: session.clone(), detail: e.to_string() }
                             }
                         })?;
-                if state.status == Status::Running || state.wake_since_idle || state.open_turn.is_some() {
-                    tracing::info!(%session, epoch, "resuming a session that was running");
+                // An active goal may be owed its next round (the owner died between a round's `status idle`
+                // and the continuation) or a pause; the driver's recovery decides which, if any.
+                let goal_active = state.goals.active().is_some();
+                if state.status == Status::Running || state.wake_since_idle || state.open_turn.is_some() || goal_active
+                {
+                    tracing::info!(%session, epoch, goal_active, "resuming a session that was running");
                     self.runner(&session, epoch);
                     resumed += 1;
                 }

@@ -55,6 +55,7 @@ fn request(agent: &str, system: Option<&str>, text: &str) -> ModelRequest {
         messages: vec![UserMessage::user_text("m1", text)],
         tool_results: vec![],
         interrupted_prompt: vec![],
+        goal: None,
     }
 }
 

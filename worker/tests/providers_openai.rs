@@ -549,6 +549,7 @@ fn model_request(messages: Vec<UserMessage>, tool_results: Vec<ToolOutcome>) -> 
         messages,
         tool_results,
         interrupted_prompt: vec![],
+        goal: None,
     }
 }
 

@@ -863,11 +863,9 @@ pub fn render(rec: &Rec) -> String {
 
 /// An event through a wire format and back, as another node would read it.
 ///
-/// On the `goals` branch this is serde JSON: the proto codec (`turnstile_proto::codec::{encode_event,
-/// decode_event}`, a dev-dependency before) does not carry the typed `goal/change` yet, and the driver's
-/// tests must build without it. Switch back to the codec once `proto` encodes `GoalChange` in full.
+/// The event after the proto codec: what a reader of the journal gets back.
 pub fn wire_round_trip(e: &Envelope) -> Envelope {
-    serde_json::from_str(&serde_json::to_string(e).unwrap()).unwrap()
+    turnstile_proto::codec::decode_event(&turnstile_proto::codec::encode_event(e)).unwrap()
 }
 
 /// `Sent { seq, turn }`, or a panic naming the error.

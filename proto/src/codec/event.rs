@@ -13,6 +13,7 @@ use turnstile_model::event::{
     CancelCause, DURABLE_TYPES, Envelope, EventPayload, InjectMode, OnDeadline, Splice, SpliceOutcome, Status,
     SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
+use turnstile_model::goal::{GoalChange, GoalState, MAX_GOAL_ID_LEN};
 
 const STATUSES: &str = "use SESSION_STATUS_IDLE or SESSION_STATUS_RUNNING";
 const CAUSES: &str = "set one of user, parent, hook or disposed";
@@ -255,11 +256,15 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             output: output.clone(),
             error: error.clone(),
         }),
-        EventPayload::GoalChange { goal_id, revision, state, detail } => Payload::GoalChange(pb::GoalChange {
-            goal_id: goal_id.clone(),
-            revision: *revision,
-            state: state.clone(),
-            detail: detail.clone(),
+        EventPayload::GoalChange(change) => Payload::GoalChange(pb::GoalChange {
+            goal_id: change.goal_id.clone(),
+            revision: change.revision,
+            state: change.state.as_str().to_owned(),
+            objective: change.objective.clone(),
+            max_rounds: change.max_rounds,
+            round: change.round,
+            summary: change.summary.clone(),
+            reason: change.reason.clone(),
         }),
         EventPayload::SessionConfigured { agent, inject_mode } => Payload::SessionConfigured(pb::SessionConfigured {
             agent: agent.clone(),
@@ -339,9 +344,7 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             output: r.output,
             error: r.error,
         },
-        Payload::GoalChange(g) => {
-            EventPayload::GoalChange { goal_id: g.goal_id, revision: g.revision, state: g.state, detail: g.detail }
-        }
+        Payload::GoalChange(g) => EventPayload::GoalChange(goal_change(g)?),
         Payload::SessionConfigured(c) => {
             if c.agent.is_empty() {
                 return Err(CodecError::invalid(
@@ -426,4 +429,35 @@ pub fn decode_event(bytes: &[u8]) -> Result<Envelope, CodecError> {
     let event = pb::SessionEvent::decode(bytes)
         .map_err(|e| CodecError::Malformed { what: "SessionEvent", detail: e.to_string() })?;
     decode_session_event(event)
+}
+
+fn goal_change(g: pb::GoalChange) -> Result<GoalChange, CodecError> {
+    if g.goal_id.is_empty() || g.goal_id.len() > MAX_GOAL_ID_LEN {
+        return Err(CodecError::invalid(
+            "goal_change.goal_id",
+            format!("must be 1–{MAX_GOAL_ID_LEN} bytes (got {})", g.goal_id.len()),
+        ));
+    }
+    if g.revision == 0 {
+        return Err(CodecError::invalid("goal_change.revision", "is 0; revisions start at 1"));
+    }
+    if g.max_rounds == 0 {
+        return Err(CodecError::invalid("goal_change.max_rounds", "is 0; a goal runs at least one round"));
+    }
+    let Some(state) = GoalState::parse(&g.state) else {
+        return Err(CodecError::invalid(
+            "goal_change.state",
+            format!("`{}` is not a goal state (active, paused, completed, budget-limited, cleared)", g.state),
+        ));
+    };
+    Ok(GoalChange {
+        goal_id: g.goal_id,
+        revision: g.revision,
+        state,
+        objective: g.objective,
+        max_rounds: g.max_rounds,
+        round: g.round,
+        summary: g.summary,
+        reason: g.reason,
+    })
 }

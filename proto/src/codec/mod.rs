@@ -6,12 +6,14 @@
 //! here: the driver checks it against its configured limit.
 //!
 //! Submodules: [`message`] (values of SPEC §1), [`event`] (durable events), [`live`] (live events),
+//! [`session`] (what reads report of a session and its goal).
 //! The internal gateway → worker hop's commands and replies are `turnstile_cluster::codec`.
 
 pub mod error;
 pub mod event;
 pub mod live;
 pub mod message;
+pub mod session;
 
 #[cfg(test)]
 mod tests;
@@ -27,4 +29,7 @@ pub use message::{
     decode_content_block, decode_inbox_snapshot, decode_message_source, decode_session_ref, decode_target,
     decode_user_message, decode_user_message_with_default_source, encode_content_block, encode_inbox,
     encode_message_source, encode_session_ref, encode_target, encode_user_message,
+};
+pub use session::{
+    encode_goal_action, encode_goal_info, encode_session_info, goal_action_at, goal_info_at, session_info_at,
 };

@@ -8,6 +8,7 @@ use turnstile_model::event::{
     CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, Splice, SpliceOutcome, Status,
     ToolCallSpec, TurnEndReason, Usage,
 };
+use turnstile_model::goal::{GoalChange, GoalState};
 use turnstile_model::inbox::Inbox;
 use turnstile_model::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
 
@@ -117,7 +118,26 @@ fn payloads() -> Vec<EventPayload> {
             output: String::new(),
             error: Some("boom".into()),
         },
-        EventPayload::GoalChange { goal_id: "g".into(), revision: 2, state: "active".into(), detail: vec![9, 8] },
+        EventPayload::GoalChange(GoalChange {
+            goal_id: "g".into(),
+            revision: 2,
+            state: GoalState::Paused,
+            objective: "ship it".into(),
+            max_rounds: 5,
+            round: 3,
+            summary: None,
+            reason: Some("turn ended error".into()),
+        }),
+        EventPayload::GoalChange(GoalChange {
+            goal_id: "g".into(),
+            revision: 2,
+            state: GoalState::Completed,
+            objective: "ship it".into(),
+            max_rounds: 5,
+            round: 4,
+            summary: Some("shipped".into()),
+            reason: None,
+        }),
         EventPayload::Ignorable { event_type: "future/thing".into() },
         EventPayload::SessionConfigured { agent: "assistant".into(), inject_mode: InjectMode::Pending },
         EventPayload::SessionConfigured { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn },
@@ -539,4 +559,36 @@ fn garbage_bytes_are_malformed() {
     // Valid protobuf of the wrong shape still fails validation rather than decoding to something.
     let bytes = pb::SessionRef { tenant: "a".into(), id: "b".into() }.encode_to_vec();
     assert!(decode_event(&bytes).is_err());
+}
+
+#[test]
+fn a_goal_change_that_breaks_the_goal_rules_names_its_field() {
+    let good = pb::GoalChange {
+        goal_id: "g".into(),
+        revision: 1,
+        state: "active".into(),
+        objective: "o".into(),
+        max_rounds: 3,
+        ..Default::default()
+    };
+    let cases = [
+        (pb::GoalChange { goal_id: String::new(), ..good.clone() }, "goal_change.goal_id"),
+        (pb::GoalChange { goal_id: "g".repeat(65), ..good.clone() }, "goal_change.goal_id"),
+        (pb::GoalChange { revision: 0, ..good.clone() }, "goal_change.revision"),
+        (pb::GoalChange { max_rounds: 0, ..good.clone() }, "goal_change.max_rounds"),
+        (pb::GoalChange { state: "done".into(), ..good.clone() }, "goal_change.state"),
+    ];
+    for (change, path) in cases {
+        let event = pb::SessionEvent {
+            session: Some(encode_session_ref(&session())),
+            seq: 1,
+            time_unix_ms: 5,
+            epoch: 1,
+            r#type: "goal/change".into(),
+            ignorable: false,
+            payload: Some(pb::session_event::Payload::GoalChange(change)),
+        };
+        let err = decode_event(&event.encode_to_vec()).unwrap_err();
+        assert!(err.to_string().contains(path), "{path}: {err}");
+    }
 }

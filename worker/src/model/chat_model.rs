@@ -167,10 +167,12 @@ impl ChatModel {
         }
         let prompt = request.interrupted_prompt.iter().filter(|m| !seen_users.contains(&m.id)).chain(&request.messages);
         messages.extend(prompt.map(user_message));
+        let mut tools = self.tools.clone();
+        tools.extend(request.goal.as_ref().map(crate::tools::goal_complete_spec));
         ChatRequest {
             system: request.system.clone().or_else(|| self.system.clone()),
             messages,
-            tools: self.tools.clone(),
+            tools,
             max_tokens: None,
         }
     }
@@ -293,6 +295,7 @@ mod tests {
             messages,
             tool_results: vec![],
             interrupted_prompt: vec![],
+            goal: None,
         }
     }
 
@@ -410,6 +413,25 @@ mod tests {
                 ChatMessage::user_text("still there?"),
             ]
         );
+    }
+
+    #[test]
+    fn goal_complete_is_offered_only_with_an_active_goal() {
+        let r = request(vec![], vec![UserMessage::user_text("m1", "hi")]);
+        assert!(model().chat_request(&r).tools.is_empty());
+        let mut r = r;
+        r.goal = Some(turnstile_driver::ActiveGoal {
+            goal_id: "g".into(),
+            revision: 1,
+            objective: "write the report".into(),
+            round: 2,
+            max_rounds: 5,
+        });
+        let tools = model().chat_request(&r).tools;
+        assert_eq!(tools.len(), 1);
+        assert_eq!(tools[0].name, "goal_complete");
+        assert!(tools[0].description.contains("round 2 of at most 5): write the report"), "{}", tools[0].description);
+        assert_eq!(tools[0].input_schema["required"], serde_json::json!(["summary"]));
     }
 
     /// Records the tool names of each request.

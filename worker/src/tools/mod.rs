@@ -214,6 +214,25 @@ impl Tool for Clock {
     }
 }
 
+/// How the model is offered `goal_complete` while the session has an active goal (SPEC §10). The driver
+/// runs the call itself (it writes the goal's end), so no [`Tool`] stands behind this description.
+pub fn goal_complete_spec(goal: &turnstile_driver::ActiveGoal) -> crate::model::chat::ToolSpec {
+    crate::model::chat::ToolSpec {
+        name: turnstile_driver::GOAL_COMPLETE.to_owned(),
+        description: format!(
+            "Call this once the goal is achieved, with a short summary of the outcome; it ends the goal and no \
+             further rounds run. The goal (round {} of at most {}): {}",
+            goal.round, goal.max_rounds, goal.objective
+        ),
+        input_schema: serde_json::json!({
+            "type": "object",
+            "properties": {"summary": {"type": "string", "description": "What was achieved."}},
+            "required": ["summary"],
+            "additionalProperties": false,
+        }),
+    }
+}
+
 /// `ms` since the Unix epoch as an RFC 3339 UTC timestamp with milliseconds (`1970-01-01T00:00:00.000Z`).
 pub fn rfc3339_utc(ms: u64) -> String {
     let (secs, millis) = (ms / 1000, ms % 1000);

@@ -63,7 +63,9 @@ fn source_suffix(source: &MessageSource) -> String {
             None if plugin.is_empty() => " <plugin>".into(),
             None => format!(" <plugin:{plugin}>"),
         },
-        MessageSource::Goal { goal_id, revision, round } => format!(" <goal:{goal_id}:{revision}:{round}>"),
+        MessageSource::Goal { goal_id, revision, round } => {
+            format!(" <goal:{}:{revision}:{round}>", short_id(goal_id))
+        }
         MessageSource::Tool { call_id } => format!(" <tool:{call_id}>"),
         MessageSource::Model { provider, model } => format!(" <model:{provider}:{model}>"),
     }
@@ -186,7 +188,7 @@ impl Renderer {
             EventPayload::GoalChange(g) => {
                 let mut line = format!(
                     "goal/change {} rev {} {} round {}/{}: {}",
-                    g.goal_id,
+                    short_id(&g.goal_id),
                     g.revision,
                     g.state,
                     g.round,

@@ -79,7 +79,7 @@ async fn stream(
     };
     // The state at caught-up comes from the latest read snapshot plus the events after it. A client
     // resuming within those events gets them from that same read; one resuming further back gets its
-    // history from a reader that starts at its seq (found without a walk, see `SessionLog::tail`) and goes
+    // history from a reader that starts at its seq (located by an O(log n) search, `SessionLog::tail`) and goes
     // on as the live tail, so the history is streamed, never held or folded.
     let fold = read::project_with_tail(log.as_ref(), snapshots, session).await?;
     let last_seq = fold.state.last_seq;

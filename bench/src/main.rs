@@ -9,11 +9,13 @@
 //!
 //! `turnstile-bench model` measures a real model instead: time to first token and streaming rate straight
 //! from llama-server and through `turnstile dev --config` (see [`model`]); `turnstile-bench hooks` what one
-//! remote pre-step hook adds to a turn (see [`hooks`]).
+//! remote pre-step hook adds to a turn (see [`hooks`]); `turnstile-bench reads` the reads of a long
+//! session (see [`reads`]).
 
 mod hooks;
 mod latency;
 mod model;
+mod reads;
 mod servers;
 mod stats;
 mod throughput;
@@ -86,6 +88,9 @@ enum Mode {
     /// What one remote pre-step hook adds to a turn: followup → idle with and without a local Rust hook
     /// that passes the batch, interleaved.
     Hooks(hooks::HookArgs),
+    /// Reads of a long session on `dev --nats`: Watch → caught-up resuming near the end and from 0, and
+    /// GetInbox, on 100,000 events against a small session (decision 0020).
+    Reads(reads::ReadsArgs),
 }
 
 #[derive(Debug, Serialize)]
@@ -124,6 +129,7 @@ async fn main() -> Result<()> {
         Some(Mode::Model(model_args)) => return model::run(model_args).await,
         Some(Mode::Tools(tools_args)) => return tools::run(tools_args).await,
         Some(Mode::Hooks(hook_args)) => return hooks::run(hook_args).await,
+        Some(Mode::Reads(reads_args)) => return reads::run(reads_args).await,
         None => {}
     }
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();

@@ -3,31 +3,29 @@
 
 use tonic::Status;
 use turnstile_journal::SessionLog;
-use turnstile_journal::snapshot::{LoadError, SnapshotStore, load_state, load_state_keeping};
-use turnstile_model::state::DEFAULT_DEDUP_HORIZON;
+use turnstile_journal::snapshot::{LoadError, ReadFold, SnapshotStore, load_for_reads};
 use turnstile_model::{SessionRef, SessionState};
 
 use crate::status;
 
-/// The fold of `session`: latest usable snapshot + the events after it.
+/// The fold of `session` as reads see it (without the dedup index and the transcript): its latest read
+/// snapshot + the events after it, read from the position the snapshot recorded (decision 0020).
 pub async fn project(
     log: &dyn SessionLog,
     snapshots: &dyn SnapshotStore,
     session: &SessionRef,
 ) -> Result<SessionState, Status> {
-    load_state(log, snapshots, session, DEFAULT_DEDUP_HORIZON).await.map_err(load_status)
+    Ok(project_with_tail(log, snapshots, session).await?.state)
 }
 
-/// [`project`], with the events after `after_seq` from the same read of the log (Watch's resume).
-pub async fn project_after(
+/// [`project`], with the events it folded onto the snapshot (Watch serves a resume near the end from
+/// them without another read of the log).
+pub async fn project_with_tail(
     log: &dyn SessionLog,
     snapshots: &dyn SnapshotStore,
     session: &SessionRef,
-    after_seq: u64,
-) -> Result<(SessionState, Vec<turnstile_model::Envelope>), Status> {
-    load_state_keeping(log, snapshots, session, DEFAULT_DEDUP_HORIZON, after_seq.saturating_add(1))
-        .await
-        .map_err(load_status)
+) -> Result<ReadFold, Status> {
+    load_for_reads(log, snapshots, session).await.map_err(load_status)
 }
 
 fn load_status(e: LoadError) -> Status {

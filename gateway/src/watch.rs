@@ -77,26 +77,59 @@ async fn stream(
     } else {
         futures::stream::pending().boxed()
     };
-    // The fold comes from the latest snapshot; the history the client misses is read on its own.
-    // One read of the log gives both the state at caught-up and the events the client missed.
-    let (state, events) = read::project_after(log.as_ref(), snapshots, session, spec.after_seq).await?;
-    for e in events.iter().filter(|e| e.seq > spec.after_seq && e.seq <= state.last_seq) {
-        if tx.send(Ok(event_item(e))).await.is_err() {
-            return Ok(());
+    // The state at caught-up comes from the latest read snapshot plus the events after it. A client
+    // resuming within those events gets them from that same read; one resuming further back gets its
+    // history from a reader that starts at its seq (located by an O(log n) search, `SessionLog::tail`) and goes
+    // on as the live tail, so the history is streamed, never held or folded.
+    let fold = read::project_with_tail(log.as_ref(), snapshots, session).await?;
+    let last_seq = fold.state.last_seq;
+    let mut history = None;
+    match fold.events_after(spec.after_seq) {
+        Some(missed) => {
+            for e in missed {
+                if tx.send(Ok(event_item(e))).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        None => {
+            let mut events = log.tail(session, spec.after_seq).await.map_err(status::from_journal)?;
+            let mut next = spec.after_seq + 1;
+            while next <= last_seq {
+                let e = match events.next().await {
+                    Some(Ok(e)) => e,
+                    Some(Err(e)) => return Err(status::from_journal(e)),
+                    None => {
+                        return Err(Status::unavailable(format!(
+                            "the log of session {session} ended while its history was read; reconnect with after_seq = {}",
+                            next - 1
+                        )));
+                    }
+                };
+                next = e.seq + 1;
+                if tx.send(Ok(event_item(&e))).await.is_err() {
+                    return Ok(());
+                }
+            }
+            history = Some(events);
         }
     }
     let caught_up = pb::CaughtUp {
-        seq: state.last_seq,
-        inbox: Some(codec::encode_inbox(&state.inbox, state.last_seq)),
-        status: codec::encode_status(state.status) as i32,
+        seq: last_seq,
+        inbox: Some(codec::encode_inbox(&fold.state.inbox, last_seq)),
+        status: codec::encode_status(fold.state.status) as i32,
     };
     if tx.send(Ok(pb::WatchItem { item: Some(pb::watch_item::Item::CaughtUp(caught_up)) })).await.is_err() {
         return Ok(());
     }
-    drop(events);
+    drop(fold);
 
-    let mut merge = TailMerge::new(state.last_seq, spec.after_seq);
-    let mut tail = log.tail(session, state.last_seq).await.map_err(status::from_journal)?;
+    let mut merge = TailMerge::new(last_seq, spec.after_seq);
+    let mut tail = match history {
+        // The history reader goes on past caught-up: it is the tail.
+        Some(events) => events,
+        None => log.tail(session, last_seq).await.map_err(status::from_journal)?,
+    };
     loop {
         // Live first: the driver publishes a live event before it appends the next durable one, so a
         // live event that is already waiting belongs before any durable event that is ready now.

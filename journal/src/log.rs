@@ -70,6 +70,23 @@ pub trait SessionLog: Send + Sync + 'static {
     /// Up to `limit` events with `seq >= from_seq`, in order. An unknown session has no events.
     async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError>;
 
+    /// Every event with seq > `after_seq` up to the log's end, in order; `None` when the log ends before
+    /// `after_seq` (it was reset: whatever described it is stale). `position` is the backend's position of
+    /// event `after_seq` as a snapshot recorded it: a backend that can start there needs no search, and
+    /// one that finds another event there answers `None`. A read from 0 is the whole log.
+    async fn read_after(
+        &self,
+        session: &SessionRef,
+        after_seq: u64,
+        position: Option<u64>,
+    ) -> Result<Option<Vec<Envelope>>, JournalError> {
+        let _ = position;
+        if self.last_seq(session).await? < after_seq {
+            return Ok(None);
+        }
+        read_all(self, session, after_seq.saturating_add(1)).await.map(Some)
+    }
+
     /// The seq of the session's last event, 0 when it has none.
     async fn last_seq(&self, session: &SessionRef) -> Result<u64, JournalError>;
 
@@ -88,8 +105,8 @@ pub trait SessionLog: Send + Sync + 'static {
 }
 
 /// Reads a whole log from `from_seq` in pages.
-pub async fn read_all(
-    log: &dyn SessionLog,
+pub async fn read_all<L: SessionLog + ?Sized>(
+    log: &L,
     session: &SessionRef,
     from_seq: u64,
 ) -> Result<Vec<Envelope>, JournalError> {

@@ -10,24 +10,51 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::log::{JournalError, SessionLog, read_all};
+use crate::log::{JournalError, SessionLog};
 use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
-use turnstile_model::state::{ProjectionError, SessionState};
+use turnstile_model::state::{AcceptedIndex, ProjectionError, SessionState};
+use turnstile_model::transcript::Transcript;
 
 /// The schema version of [`Snapshot`]; bump it whenever `SessionState`'s serialized shape changes.
-pub const SNAPSHOT_VERSION: u32 = 2;
+/// 3: the dedup index is stored compactly (each id once, fingerprints in hex; decision 0020).
+pub const SNAPSHOT_VERSION: u32 = 3;
 
 /// A session's fold at `state.last_seq`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
     pub version: u32,
     pub state: SessionState,
+    /// The backend's position of event `state.last_seq` (JetStream: its stream sequence), when the store
+    /// knew it at save: a reader starts the tail just after it instead of locating the event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    /// A read snapshot ([`Snapshot::for_reads`]): the state without the dedup index and the transcript.
+    /// Only reads load it; an owner would lose its idempotence index, so [`Snapshot::decode`] refuses it
+    /// where a full one is expected.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub for_reads: bool,
+}
+
+/// `state` as reads see it: without the dedup index (only an owner deciding a retry needs it) and the
+/// transcript (only model requests need it). These are the two parts of a fold that grow with a session's
+/// history up to their bounds (10,000 ids; 101 turns); the rest is bounded by the inbox limits.
+pub fn reads_view(mut state: SessionState) -> SessionState {
+    state.accepted = AcceptedIndex::new(1);
+    state.transcript = Transcript::new(state.transcript.keep_turns());
+    state
 }
 
 impl Snapshot {
     pub fn of(state: &SessionState) -> Self {
-        Self { version: SNAPSHOT_VERSION, state: state.clone() }
+        Self { version: SNAPSHOT_VERSION, state: state.clone(), position: None, for_reads: false }
+    }
+
+    /// The read snapshot of the same fold (see [`reads_view`]).
+    pub fn for_reads(&self) -> Self {
+        // The clone copies the index and transcript only to drop them; a snapshot is taken every 100
+        // events, and this keeps the fold's shape (fields others add) out of this function.
+        Self { state: reads_view(self.state.clone()), for_reads: true, ..self.clone() }
     }
 
     pub fn seq(&self) -> u64 {
@@ -39,8 +66,19 @@ impl Snapshot {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
-    /// Decodes a stored snapshot of `session`; `None` (with a warning) for anything unusable.
+    /// Decodes a stored full snapshot of `session`; `None` (with a warning) for anything unusable, a read
+    /// snapshot included.
     pub fn decode(session: &SessionRef, bytes: &[u8]) -> Option<Self> {
+        let snapshot = Self::decode_any(session, bytes)?;
+        if snapshot.for_reads {
+            tracing::warn!(%session, "ignoring a read snapshot where a full one is expected; folding the log from the start");
+            return None;
+        }
+        Some(snapshot)
+    }
+
+    /// Decodes a stored snapshot of `session`, full or read; `None` (with a warning) for anything unusable.
+    pub fn decode_any(session: &SessionRef, bytes: &[u8]) -> Option<Self> {
         #[derive(Deserialize)]
         struct Version {
             version: u32,
@@ -76,8 +114,14 @@ pub trait SnapshotStore: Send + Sync + 'static {
     /// The latest usable snapshot of `session`, if any. Unusable ones are `Ok(None)`.
     async fn load(&self, session: &SessionRef) -> Result<Option<Snapshot>, JournalError>;
 
-    /// Replaces the stored snapshot of its session.
+    /// Replaces the stored snapshot of its session (and, in stores that keep one, its read snapshot).
     async fn save(&self, snapshot: &Snapshot) -> Result<(), JournalError>;
+
+    /// The latest usable snapshot for reads: a read snapshot ([`Snapshot::for_reads`]) where the store keeps
+    /// them, else the full one.
+    async fn load_for_reads(&self, session: &SessionRef) -> Result<Option<Snapshot>, JournalError> {
+        self.load(session).await
+    }
 }
 
 /// No snapshots: every load folds the whole log (the embedded journal, where reads are from memory).
@@ -95,29 +139,45 @@ impl SnapshotStore for NoSnapshots {
     }
 }
 
-/// Snapshots in memory, stored encoded so loads go through the same decoding as a real store.
+/// Snapshots in memory, stored encoded so loads go through the same decoding as a real store; like the KV
+/// store it keeps a read snapshot beside each full one.
 #[derive(Debug, Default)]
 pub struct MemorySnapshots {
     entries: Mutex<HashMap<SessionRef, Vec<u8>>>,
+    reads: Mutex<HashMap<SessionRef, Vec<u8>>>,
 }
 
 impl MemorySnapshots {
-    /// Overwrites the raw stored bytes of `session` (for tests of corrupt snapshots).
+    /// Overwrites the raw stored bytes of `session`'s full snapshot (for tests of corrupt snapshots).
     pub fn put_raw(&self, session: &SessionRef, bytes: Vec<u8>) {
-        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(session.clone(), bytes);
+        lock(&self.entries).insert(session.clone(), bytes);
     }
+}
+
+// Each critical section is one map operation: a poisoned lock still holds a consistent map.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[async_trait]
 impl SnapshotStore for MemorySnapshots {
     async fn load(&self, session: &SessionRef) -> Result<Option<Snapshot>, JournalError> {
-        let bytes = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(session).cloned();
+        let bytes = lock(&self.entries).get(session).cloned();
         Ok(bytes.and_then(|b| Snapshot::decode(session, &b)))
     }
 
     async fn save(&self, snapshot: &Snapshot) -> Result<(), JournalError> {
+        lock(&self.reads).insert(snapshot.state.session.clone(), snapshot.for_reads().encode());
         self.put_raw(&snapshot.state.session, snapshot.encode());
         Ok(())
+    }
+
+    async fn load_for_reads(&self, session: &SessionRef) -> Result<Option<Snapshot>, JournalError> {
+        let bytes = lock(&self.reads).get(session).cloned();
+        match bytes.and_then(|b| Snapshot::decode_any(session, &b)) {
+            Some(snapshot) => Ok(Some(snapshot)),
+            None => self.load(session).await,
+        }
     }
 }
 
@@ -130,40 +190,90 @@ pub enum LoadError {
     Projection { session: SessionRef, source: ProjectionError },
 }
 
-/// Loads `session`'s fold: the latest usable snapshot plus the events after it, or the whole log.
+/// Loads `session`'s full fold (an owner's load): the latest usable snapshot plus the events after it, or
+/// the whole log.
 pub async fn load_state(
     log: &dyn SessionLog,
     snapshots: &dyn SnapshotStore,
     session: &SessionRef,
     dedup_horizon: usize,
 ) -> Result<SessionState, LoadError> {
-    Ok(load_state_keeping(log, snapshots, session, dedup_horizon, u64::MAX).await?.0)
+    if let Some(snapshot) = snapshots.load(session).await?
+        && let Some((state, _)) = fold_tail(log, session, snapshot).await?
+    {
+        return Ok(state);
+    }
+    Ok(fold_log(log, session, dedup_horizon).await?.0)
 }
 
-/// [`load_state`], also returning the events with seq ≥ `keep_from`, from *one* read of the log: from the
-/// snapshot's seq + 1 or `keep_from`, whichever is lower (a Watch resuming at `after_seq` needs both the
-/// state and the events it missed).
-pub async fn load_state_keeping(
+/// What a read loaded: the fold in [`reads_view`] form and the events it folded onto its snapshot (the
+/// whole log when there was no usable snapshot), in order.
+#[derive(Clone, Debug)]
+pub struct ReadFold {
+    pub state: SessionState,
+    pub tail: Vec<Envelope>,
+}
+
+impl ReadFold {
+    /// The events with seq > `after_seq`, when this read holds all of them (a Watch resuming there needs
+    /// no other read of the log).
+    pub fn events_after(&self, after_seq: u64) -> Option<&[Envelope]> {
+        if after_seq >= self.state.last_seq {
+            return Some(&[]);
+        }
+        let first = self.tail.first()?.seq;
+        (after_seq + 1 >= first)
+            .then(|| &self.tail[usize::try_from(after_seq + 1 - first).unwrap_or(usize::MAX).min(self.tail.len())..])
+    }
+}
+
+/// The fold reads serve (GetInbox, GetSession, Watch's caught-up), in [`reads_view`] form: the latest read
+/// snapshot plus the events after it. The tail is read from the snapshot's recorded position, so the cost
+/// is a snapshot get, one last-event get and the tail: flat in the length of the history.
+pub async fn load_for_reads(
     log: &dyn SessionLog,
     snapshots: &dyn SnapshotStore,
     session: &SessionRef,
-    dedup_horizon: usize,
-    keep_from: u64,
-) -> Result<(SessionState, Vec<Envelope>), LoadError> {
-    let keep = |events: Vec<Envelope>| events.into_iter().filter(|e| e.seq >= keep_from).collect::<Vec<_>>();
-    if let Some(snapshot) = snapshots.load(session).await? {
-        let seq = snapshot.seq();
-        let events = read_all(log, session, (seq + 1).min(keep_from.max(1))).await?;
-        // A snapshot ahead of the log (the log was reset) or that the tail does not follow is unusable.
-        let mut state = snapshot.state;
-        let fits = log.last_seq(session).await? >= seq;
-        if fits && events.iter().filter(|e| e.seq > seq).try_for_each(|e| state.apply(e)).is_ok() {
-            return Ok((state, keep(events)));
-        }
-        tracing::warn!(%session, snapshot_seq = seq, "snapshot does not fit the log; folding the log from the start");
+) -> Result<ReadFold, LoadError> {
+    let (state, tail) = match snapshots.load_for_reads(session).await? {
+        Some(snapshot) => match fold_tail(log, session, snapshot).await? {
+            Some(loaded) => loaded,
+            None => fold_log(log, session, turnstile_model::state::DEFAULT_DEDUP_HORIZON).await?,
+        },
+        None => fold_log(log, session, turnstile_model::state::DEFAULT_DEDUP_HORIZON).await?,
+    };
+    Ok(ReadFold { state: reads_view(state), tail })
+}
+
+/// `snapshot`'s state with the events after it folded on, and those events; `None` (with a warning) when
+/// the snapshot does not fit the log: ahead of it, at a position that holds another event, or not
+/// followed by its tail.
+async fn fold_tail(
+    log: &dyn SessionLog,
+    session: &SessionRef,
+    snapshot: Snapshot,
+) -> Result<Option<(SessionState, Vec<Envelope>)>, LoadError> {
+    let seq = snapshot.seq();
+    let Some(tail) = log.read_after(session, seq, snapshot.position).await? else {
+        tracing::warn!(%session, snapshot_seq = seq, "snapshot is ahead of the log; folding the log from the start");
+        return Ok(None);
+    };
+    let mut state = snapshot.state;
+    if tail.iter().try_for_each(|e| state.apply(e)).is_err() {
+        tracing::warn!(%session, snapshot_seq = seq, "the log does not follow the snapshot; folding the log from the start");
+        return Ok(None);
     }
-    let events = read_all(log, session, 1).await?;
+    Ok(Some((state, tail)))
+}
+
+/// The whole log folded from seq 1 (one read from the start, not page by page), and its events.
+async fn fold_log(
+    log: &dyn SessionLog,
+    session: &SessionRef,
+    dedup_horizon: usize,
+) -> Result<(SessionState, Vec<Envelope>), LoadError> {
+    let events = log.read_after(session, 0, None).await?.unwrap_or_default();
     let state = SessionState::fold(session.clone(), dedup_horizon, &events)
         .map_err(|source| LoadError::Projection { session: session.clone(), source })?;
-    Ok((state, keep(events)))
+    Ok((state, events))
 }

@@ -29,3 +29,9 @@ async fn snapshot_ahead_of_the_log_is_ignored() {
     let (log, store) = (EmbeddedLog::in_memory(), MemorySnapshots::default());
     snapshot_cases::snapshot_ahead_of_the_log_is_ignored(&log, &store, session("t", "d")).await;
 }
+
+#[tokio::test]
+async fn reads_load_the_read_snapshot_plus_tail() {
+    let (log, store) = (EmbeddedLog::in_memory(), MemorySnapshots::default());
+    snapshot_cases::reads_load_the_read_snapshot_plus_tail(&log, &store, session("t", "e")).await;
+}

@@ -81,6 +81,29 @@ impl Fingerprint {
     }
 }
 
+impl Fingerprint {
+    /// 32 lowercase hex digits (the snapshot form).
+    pub fn to_hex(&self) -> String {
+        use std::fmt::Write as _;
+        self.0.iter().fold(String::with_capacity(32), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    }
+
+    /// The inverse of [`Fingerprint::to_hex`]; `None` for anything but 32 hex digits.
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        if hex.len() != 32 || !hex.is_ascii() {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(Self(out))
+    }
+}
+
 /// How a MessageId was first accepted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Acceptance {
@@ -95,7 +118,11 @@ pub struct Acceptance {
 }
 
 /// The index of accepted MessageIds, bounded by the dedup horizon (oldest forgotten first).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// It is the largest part of an owner's snapshot (10,000 ids at the default horizon), so its serialized
+/// form is compact: each id once, oldest first, with its fingerprint as 32 hex digits (see the `Serialize`
+/// impl below and decision 0020).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AcceptedIndex {
     by_id: HashMap<MessageId, Acceptance>,
     order: VecDeque<MessageId>,
@@ -128,6 +155,54 @@ impl AcceptedIndex {
                 self.by_id.remove(&old);
             }
         }
+    }
+}
+
+/// One accepted id as stored: `[id, seq, fingerprint (hex) or null, opened turn or null]`. The derived form
+/// of the map plus the order list held every id twice and a fingerprint as 16 JSON numbers: about twice
+/// the bytes.
+type StoredAcceptance<Id> = (Id, u64, Option<String>, Option<u64>);
+
+#[derive(Serialize)]
+struct AcceptedIndexOut<'a> {
+    horizon: usize,
+    entries: Vec<StoredAcceptance<&'a MessageId>>,
+}
+
+#[derive(Deserialize)]
+struct AcceptedIndexIn {
+    horizon: usize,
+    entries: Vec<StoredAcceptance<MessageId>>,
+}
+
+impl Serialize for AcceptedIndex {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let entries = self
+            .order
+            .iter()
+            .filter_map(|id| {
+                let a = self.by_id.get(id)?;
+                Some((id, a.seq, a.fingerprint.map(|f| f.to_hex()), a.opened_turn))
+            })
+            .collect();
+        AcceptedIndexOut { horizon: self.horizon, entries }.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for AcceptedIndex {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let stored = AcceptedIndexIn::deserialize(deserializer)?;
+        let mut index = Self::new(stored.horizon);
+        for (id, seq, fingerprint, opened_turn) in stored.entries {
+            let fingerprint = fingerprint
+                .map(|hex| {
+                    Fingerprint::from_hex(&hex)
+                        .ok_or_else(|| serde::de::Error::custom("a fingerprint is not 32 hex digits"))
+                })
+                .transpose()?;
+            index.insert(id, Acceptance { seq, fingerprint, opened_turn });
+        }
+        Ok(index)
     }
 }
 
@@ -461,5 +536,33 @@ impl SessionState {
 
     fn open_step(&mut self, turn: u64, step: u32) -> Option<&mut OpenTurn> {
         self.open_turn_mut(turn).filter(|o| o.step_open && o.step == step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_accepted_index_round_trips_in_its_compact_form() {
+        let mut index = AcceptedIndex::new(3);
+        let m = UserMessage::user_text("m", "hi");
+        for (i, id) in ["a", "b", "c", "d"].into_iter().enumerate() {
+            let fingerprint = (i % 2 == 0).then(|| Fingerprint::of(&m, Target::NextTurn, i == 0));
+            index.insert(MessageId::from(id), Acceptance { seq: i as u64 + 1, fingerprint, opened_turn: Some(7) });
+        }
+        let json = serde_json::to_string(&index).unwrap();
+        // Each id once, oldest (already forgotten "a") not at all.
+        assert_eq!(json.matches("\"b\"").count(), 1);
+        assert!(!json.contains("\"a\""));
+        let back: AcceptedIndex = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, index);
+        assert_eq!(
+            back.get(&MessageId::from("c")).and_then(|a| a.fingerprint),
+            index.get(&"c".into()).and_then(|a| a.fingerprint)
+        );
+        let fp = Fingerprint::of(&m, Target::NextStep, false);
+        assert_eq!(Fingerprint::from_hex(&fp.to_hex()), Some(fp));
+        assert_eq!(Fingerprint::from_hex("zz"), None);
     }
 }

@@ -16,6 +16,19 @@ use crate::message::UserMessage;
 /// Turns kept before the newest one when nothing else is configured (the agents' default `history_turns`).
 pub const DEFAULT_TRANSCRIPT_TURNS: u32 = 100;
 
+/// Entries kept of one run of out-of-turn messages (turn 0, between two turns; SPEC §11), oldest dropped
+/// first. Such a run is one group and would otherwise grow without bound on a session that only ever
+/// receives idle injects, and with it every snapshot (decision 0020). A turn enters at most `max_pending`
+/// messages (default 1,000) at once; a run between turns is held to the same size. Its entries are all
+/// user messages, so dropping single entries never separates a tool call from its result.
+pub const MAX_BETWEEN_TURN_ENTRIES: usize = 1_000;
+
+/// Entries kept in all: older whole turns are dropped while the kept ones hold more (never the newest
+/// turn). 101 turns of a busy session, each with up to 1,000 out-of-turn messages between them, would
+/// otherwise make the owner's snapshot tens of MiB (decision 0020); 10,000 entries is far more history
+/// than any model context holds.
+pub const MAX_TRANSCRIPT_ENTRIES: usize = 10_000;
+
 /// One entry of the history, in log order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TranscriptEntry {
@@ -100,7 +113,13 @@ impl Transcript {
     /// Appends one entry (the fold calls this in log order).
     pub(crate) fn push(&mut self, entry: TranscriptEntry) {
         match self.turns.back_mut() {
-            Some(last) if last.turn == entry.turn() => last.entries.push(entry),
+            Some(last) if last.turn == entry.turn() => {
+                last.entries.push(entry);
+                if last.turn == 0 && last.entries.len() > MAX_BETWEEN_TURN_ENTRIES {
+                    let excess = last.entries.len() - MAX_BETWEEN_TURN_ENTRIES;
+                    last.entries.drain(..excess);
+                }
+            }
             _ => {
                 self.turns.push_back(TranscriptTurn { turn: entry.turn(), entries: vec![entry] });
                 self.trim();
@@ -112,6 +131,10 @@ impl Transcript {
         let keep = usize::try_from(self.keep_turns).unwrap_or(usize::MAX).saturating_add(1);
         while self.turns.len() > keep {
             self.turns.pop_front();
+        }
+        let mut entries: usize = self.turns.iter().map(|t| t.entries.len()).sum();
+        while entries > MAX_TRANSCRIPT_ENTRIES && self.turns.len() > 1 {
+            entries -= self.turns.pop_front().map_or(0, |t| t.entries.len());
         }
     }
 
@@ -167,6 +190,40 @@ mod tests {
         assert_eq!(kept, vec![2, 3]);
         t.set_keep_turns(0);
         assert_eq!(t.turns().count(), 1);
+    }
+
+    #[test]
+    fn a_run_of_out_of_turn_entries_keeps_its_newest() {
+        let mut t = Transcript::default();
+        t.push(user(1, 1, "a1"));
+        for i in 0..MAX_BETWEEN_TURN_ENTRIES + 5 {
+            t.push(user(0, 0, &format!("o{i}")));
+        }
+        let run = t.turns().find(|t| t.turn == 0).map(|t| t.entries.clone()).unwrap_or_default();
+        assert_eq!(run.len(), MAX_BETWEEN_TURN_ENTRIES);
+        assert_eq!(ids(&run[..1]), vec!["o5".to_owned()]);
+        // The turns around the run are untouched.
+        assert_eq!(t.turns().next().map(|t| t.turn), Some(1));
+    }
+
+    #[test]
+    fn older_whole_turns_go_when_the_entries_exceed_the_cap() {
+        let mut t = Transcript::default();
+        for turn in 1..=12u64 {
+            t.push(user(turn, 1, &format!("a{turn}")));
+            for i in 0..MAX_BETWEEN_TURN_ENTRIES {
+                t.push(user(0, 0, &format!("o{turn}-{i}")));
+            }
+        }
+        let entries = t.entries().count();
+        assert!(entries <= MAX_TRANSCRIPT_ENTRIES + MAX_BETWEEN_TURN_ENTRIES, "{entries} entries kept");
+        // Whole turns: the oldest kept group starts with its turn's first entry or is a whole run.
+        let first = t.turns().next().map(|g| (g.turn, g.entries.len()));
+        assert!(
+            matches!(first, Some((0, n)) if n == MAX_BETWEEN_TURN_ENTRIES)
+                || matches!(first, Some((turn, 1)) if turn > 0)
+        );
+        assert_eq!(t.turns().last().map(|g| g.turn), Some(0), "the newest run is kept");
     }
 
     #[test]

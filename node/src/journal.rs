@@ -22,7 +22,10 @@ pub(crate) async fn open_nats(
     config.security = nats.security.clone();
     let log = JetStreamLog::connect(config).await.map_err(|e| NodeError::nats(url, e))?;
     let bus = NatsBus::new(log.client().clone());
-    let snapshots = KvSnapshots::open(log.client(), replicas).await.map_err(|e| NodeError::nats(url, e))?;
+    let snapshots = KvSnapshots::open(log.client(), replicas)
+        .await
+        .map_err(|e| NodeError::nats(url, e))?
+        .with_positions(log.positions());
     Ok((log, bus, snapshots))
 }
 

@@ -1,7 +1,7 @@
 //! [`JetStreamLog`]: the [`SessionLog`] on JetStream streams.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use async_nats::HeaderMap;
 use async_nats::header::{
@@ -48,7 +48,20 @@ pub struct JetStreamLog {
     /// `streams[p]` is partition p's stream.
     streams: Vec<Stream>,
     /// session → where its log ended after this process's last append or read of it.
-    last: Mutex<HashMap<SessionRef, LastEvent>>,
+    last: Positions,
+}
+
+/// Where this process last saw each session's log end (its last seq and that event's stream sequence),
+/// shared with the snapshot store of the same process so a snapshot records the stream position of its
+/// last event without asking the server (the owner has just appended it).
+#[derive(Clone, Debug, Default)]
+pub struct Positions(Arc<Mutex<HashMap<SessionRef, LastEvent>>>);
+
+impl Positions {
+    /// The stream sequence of event `seq` of `session`, if that is where this process last saw its log end.
+    pub fn stream_seq_of(&self, session: &SessionRef, seq: u64) -> Option<u64> {
+        lock(&self.0).get(session).filter(|l| l.seq == seq).map(|l| l.stream_seq)
+    }
 }
 
 impl std::fmt::Debug for JetStreamLog {
@@ -96,7 +109,12 @@ impl JetStreamLog {
         for p in 0..config.partitions {
             streams.push(ensure_stream_patiently(&js, &config, p).await?);
         }
-        Ok(Self { config, client, js, streams, last: Mutex::default() })
+        Ok(Self { config, client, js, streams, last: Positions::default() })
+    }
+
+    /// The positions this log learns from its appends and reads, for [`super::KvSnapshots::with_positions`].
+    pub fn positions(&self) -> Positions {
+        self.last.clone()
     }
 
     pub fn config(&self) -> &JetStreamConfig {
@@ -121,11 +139,11 @@ impl JetStreamLog {
     }
 
     fn cached(&self, session: &SessionRef) -> Option<LastEvent> {
-        lock(&self.last).get(session).copied()
+        lock(&self.last.0).get(session).copied()
     }
 
     fn remember(&self, session: &SessionRef, last: LastEvent) {
-        let mut cache = lock(&self.last);
+        let mut cache = lock(&self.last.0);
         if cache.len() >= CACHE_LIMIT && !cache.contains_key(session) {
             cache.clear();
         }
@@ -133,7 +151,7 @@ impl JetStreamLog {
     }
 
     fn forget(&self, session: &SessionRef) {
-        lock(&self.last).remove(session);
+        lock(&self.last.0).remove(session);
     }
 
     /// The session's last event as the stream leader has it (no cache).
@@ -158,6 +176,16 @@ impl JetStreamLog {
     /// the middle of a long log costs O(log n) small gets instead of replaying the log before it.
     pub(super) async fn stream_seq_of(&self, session: &SessionRef, seq: u64) -> Result<Option<u64>, JournalError> {
         let Some(last) = self.fetch_last(session).await? else { return Ok(None) };
+        self.stream_seq_before(session, seq, last).await
+    }
+
+    /// [`JetStreamLog::stream_seq_of`] given the session's last event.
+    async fn stream_seq_before(
+        &self,
+        session: &SessionRef,
+        seq: u64,
+        last: LastEvent,
+    ) -> Result<Option<u64>, JournalError> {
         if seq > last.seq {
             return Ok(None);
         }
@@ -197,6 +225,10 @@ impl JetStreamLog {
     /// The stream sequence to consume from so that every event with seq ≥ `seq` is delivered, including
     /// ones not appended yet: the event's own stream seq, else just past the log's end.
     pub(super) async fn start_of(&self, session: &SessionRef, seq: u64) -> Result<u64, JournalError> {
+        if seq <= 1 {
+            // From the first event: a consumer filtered on the subject from stream sequence 1 finds it.
+            return Ok(1);
+        }
         if let Some(at) = self.stream_seq_of(session, seq).await? {
             return Ok(at);
         }
@@ -377,6 +409,46 @@ impl SessionLog for JetStreamLog {
         let from_seq = from_seq.max(1);
         let Some(start) = self.stream_seq_of(session, from_seq).await? else { return Ok(Vec::new()) };
         self.read_from(session, start, from_seq, limit).await
+    }
+
+    /// One last-event get, then one ordered consumer from the recorded position (no search): a snapshot's
+    /// tail costs the same on a log of 100 events as on one of 100,000. Without a position the start is
+    /// found by [`JetStreamLog::stream_seq_of`]'s binary search (O(log n) gets).
+    async fn read_after(
+        &self,
+        session: &SessionRef,
+        after_seq: u64,
+        position: Option<u64>,
+    ) -> Result<Option<Vec<Envelope>>, JournalError> {
+        let Some(last) = self.fetch_last(session).await? else {
+            return Ok((after_seq == 0).then(Vec::new));
+        };
+        if last.seq < after_seq {
+            return Ok(None);
+        }
+        if last.seq == after_seq {
+            // The recorded event is the last one: it must still be where it was recorded.
+            return Ok(position.is_none_or(|p| p == last.stream_seq).then(Vec::new));
+        }
+        let start = match position {
+            // Event `after_seq` precedes the last one, so its stream sequence is below the last's; a
+            // position at or past it is not this log's.
+            Some(p) if p < last.stream_seq => p + 1,
+            Some(_) => return Ok(None),
+            None if after_seq == 0 => 1,
+            None => match self.stream_seq_before(session, after_seq + 1, last).await? {
+                Some(start) => start,
+                None => return Ok(None),
+            },
+        };
+        // A message of the subject lies at or after `start` (the last one), so the read cannot wait.
+        let events = self.read_from(session, start, after_seq + 1, usize::MAX).await?;
+        // From a position that is not event `after_seq`'s (a log reset and written again), the first event
+        // read is not the next one: the caller folds from the start.
+        if events.first().is_none_or(|e| e.seq != after_seq + 1) {
+            return Ok(None);
+        }
+        Ok(Some(events))
     }
 
     async fn last_seq(&self, session: &SessionRef) -> Result<u64, JournalError> {

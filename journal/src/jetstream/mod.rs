@@ -41,7 +41,7 @@ use std::time::Duration;
 
 pub use bus::{NatsBus, barrier};
 pub use config::{JetStreamConfig, NatsSecurity};
-pub use log::{JetStreamLog, MAX_BATCH};
+pub use log::{JetStreamLog, MAX_BATCH, Positions};
 pub use snapshots::{KvSnapshots, SNAPSHOT_BUCKET};
 
 use crate::log::JournalError;

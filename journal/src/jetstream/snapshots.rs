@@ -3,6 +3,7 @@
 use async_nats::jetstream::{self, kv};
 use async_trait::async_trait;
 
+use super::log::Positions;
 use crate::log::JournalError;
 use crate::snapshot::{Snapshot, SnapshotStore};
 use turnstile_model::message::SessionRef;
@@ -10,9 +11,13 @@ use turnstile_model::message::SessionRef;
 /// The bucket every node reads and the owner writes.
 pub const SNAPSHOT_BUCKET: &str = "turnstile_snapshots";
 
-/// [`SnapshotStore`] on a JetStream KV bucket.
+/// [`SnapshotStore`] on a JetStream KV bucket: the full snapshot under `<tenant>.<id>` (an owner's load)
+/// and a read snapshot ([`Snapshot::for_reads`]) under `<tenant>.<id>.read` (GetInbox, GetSession, Watch):
+/// a few KiB instead of the up to a few MiB the dedup index and the transcript make (decision 0020).
 pub struct KvSnapshots {
     store: kv::Store,
+    /// Where the log of this process saw each session end, to record a snapshot's stream position.
+    positions: Option<Positions>,
 }
 
 impl std::fmt::Debug for KvSnapshots {
@@ -50,13 +55,25 @@ impl KvSnapshots {
                 .await
                 .map_err(|e| JournalError::Unavailable(format!("cannot create KV bucket {SNAPSHOT_BUCKET}: {e}")))?,
         };
-        Ok(Self { store })
+        Ok(Self { store, positions: None })
+    }
+
+    /// Records in each snapshot the stream sequence of its last event when `positions` (the log of the
+    /// same process) knows it, so readers start their tail there.
+    pub fn with_positions(mut self, positions: Positions) -> Self {
+        self.positions = Some(positions);
+        self
     }
 }
 
 /// Tenants and session ids are `[A-Za-z0-9_-]`, so `tenant.id` is a valid, unambiguous KV key.
 fn key(session: &SessionRef) -> String {
     format!("{}.{}", session.tenant, session.id)
+}
+
+/// The read snapshot's key: three tokens, so it is never a session's key.
+fn read_key(session: &SessionRef) -> String {
+    format!("{}.{}.read", session.tenant, session.id)
 }
 
 fn unavailable(e: impl std::fmt::Display) -> JournalError {
@@ -71,7 +88,22 @@ impl SnapshotStore for KvSnapshots {
     }
 
     async fn save(&self, snapshot: &Snapshot) -> Result<(), JournalError> {
-        self.store.put(key(&snapshot.state.session), snapshot.encode().into()).await.map_err(unavailable)?;
+        let session = &snapshot.state.session;
+        let position = snapshot.position.or_else(|| self.positions.as_ref()?.stream_seq_of(session, snapshot.seq()));
+        let snapshot = Snapshot { position, ..snapshot.clone() };
+        // Two puts, each a whole snapshot: if only one lands, each key still holds a fold that fits the
+        // log, at most one snapshot interval older than the other.
+        self.store.put(read_key(session), snapshot.for_reads().encode().into()).await.map_err(unavailable)?;
+        self.store.put(key(session), snapshot.encode().into()).await.map_err(unavailable)?;
         Ok(())
+    }
+
+    async fn load_for_reads(&self, session: &SessionRef) -> Result<Option<Snapshot>, JournalError> {
+        let bytes = self.store.get(read_key(session)).await.map_err(unavailable)?;
+        match bytes.and_then(|b| Snapshot::decode_any(session, &b)) {
+            Some(snapshot) => Ok(Some(snapshot)),
+            // Written before read snapshots existed, or the read put failed: the full one serves too.
+            None => self.load(session).await,
+        }
     }
 }

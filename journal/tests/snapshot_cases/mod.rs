@@ -2,7 +2,7 @@
 //! `tests/tests/snapshots_jetstream.rs`). `put_raw` overwrites the stored bytes of a session.
 
 use turnstile_journal::SessionLog;
-use turnstile_journal::snapshot::{Snapshot, SnapshotStore, load_state};
+use turnstile_journal::snapshot::{Snapshot, SnapshotStore, load_for_reads, load_state, reads_view};
 use turnstile_model::state::DEFAULT_DEDUP_HORIZON;
 use turnstile_model::{SessionRef, SessionState};
 
@@ -62,4 +62,47 @@ pub async fn snapshot_ahead_of_the_log_is_ignored(
     let state = load_state(log, store, &session, DEFAULT_DEDUP_HORIZON).await.unwrap();
     assert_eq!(state.last_seq, 8);
     assert_eq!(state, fold_all(log, &session).await);
+}
+
+/// Reads load the read snapshot (no dedup index, no transcript) plus the tail after it: the same state as
+/// a full fold in its reads form, with exactly the events after the snapshot; a snapshot ahead of the log
+/// is ignored there too.
+pub async fn reads_load_the_read_snapshot_plus_tail(
+    log: &dyn SessionLog,
+    store: &dyn SnapshotStore,
+    session: SessionRef,
+) {
+    let events = batch(&session, 1, 40, "r");
+    log.append(&session, 0, &events[..25]).await.unwrap();
+    let at_25 = SessionState::fold(session.clone(), DEFAULT_DEDUP_HORIZON, &events[..25]).unwrap();
+    assert!(!at_25.accepted.is_empty() && at_25.transcript.entries().count() > 0, "the case needs both parts");
+    store.save(&Snapshot::of(&at_25)).await.unwrap();
+    log.append(&session, 25, &events[25..]).await.unwrap();
+
+    let stored = store.load_for_reads(&session).await.unwrap().expect("a snapshot for reads");
+    assert_eq!(stored.seq(), 25);
+    assert_eq!(stored.state, reads_view(at_25.clone()), "the read snapshot leaves out the index and transcript");
+    // The owner's snapshot keeps them.
+    assert_eq!(store.load(&session).await.unwrap().expect("full snapshot").state, at_25);
+
+    let full = fold_all(log, &session).await;
+    let read = load_for_reads(log, store, &session).await.unwrap();
+    assert_eq!(read.state, reads_view(full.clone()));
+    assert_eq!(read.state.inbox, full.inbox);
+    assert_eq!(read.tail, events[25..].to_vec(), "exactly the events after the snapshot");
+    assert_eq!(read.events_after(30).map(<[_]>::len), Some(10));
+    assert_eq!(read.events_after(40).map(<[_]>::len), Some(0));
+    assert_eq!(read.events_after(10), None, "older events are not in the read");
+
+    // A snapshot ahead of the log (another session's log reset to fewer events) is ignored.
+    let other = SessionRef::new(session.tenant.clone(), format!("{}-short", session.id)).unwrap();
+    let ahead = batch(&other, 1, 20, "x");
+    store
+        .save(&Snapshot::of(&SessionState::fold(other.clone(), DEFAULT_DEDUP_HORIZON, &ahead).unwrap()))
+        .await
+        .unwrap();
+    log.append(&other, 0, &ahead[..8]).await.unwrap();
+    let read = load_for_reads(log, store, &other).await.unwrap();
+    assert_eq!(read.state, reads_view(fold_all(log, &other).await));
+    assert_eq!(read.tail.len(), 8, "folded from the start");
 }

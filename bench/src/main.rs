@@ -9,8 +9,10 @@
 //!
 //! `turnstile-bench model` measures a real model instead: time to first token and streaming rate straight
 //! from llama-server and through `turnstile dev --config` (see [`model`]); `turnstile-bench hooks` what one
-//! remote pre-step hook adds to a turn (see [`hooks`]).
+//! remote pre-step hook adds to a turn (see [`hooks`]); `turnstile-bench failover` how long a session is
+//! without an owner after a kill -9 or SIGSTOP of it (see [`failover`]).
 
+mod failover;
 mod hooks;
 mod latency;
 mod model;
@@ -86,6 +88,9 @@ enum Mode {
     /// What one remote pre-step hook adds to a turn: followup → idle with and without a local Rust hook
     /// that passes the batch, interleaved.
     Hooks(hooks::HookArgs),
+    /// Failover: kill -9 (and SIGSTOP) the owner of a session in a real cluster of worker processes and
+    /// time the signal → the next accepted followup.
+    Failover(failover::FailoverArgs),
 }
 
 #[derive(Debug, Serialize)]
@@ -124,6 +129,7 @@ async fn main() -> Result<()> {
         Some(Mode::Model(model_args)) => return model::run(model_args).await,
         Some(Mode::Tools(tools_args)) => return tools::run(tools_args).await,
         Some(Mode::Hooks(hook_args)) => return hooks::run(hook_args).await,
+        Some(Mode::Failover(failover_args)) => return failover::run(failover_args).await,
         None => {}
     }
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();

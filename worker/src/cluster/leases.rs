@@ -6,16 +6,20 @@
 //! resumes the shard's running sessions, SPEC §6), and hands back shards above it (drain, snapshot,
 //! release) so the next owner starts at once instead of waiting for expiry.
 //!
+//! A peer whose NATS connection is gone ([`super::presence`]) is dead: it no longer counts towards the fair
+//! share and its leases are taken at once with the next epoch, without waiting for them to expire. The
+//! presence watch wakes the loop as soon as it knows.
+//!
 //! Safety does not rest on this loop being timely: [`Leases::may_write`] compares against a local deadline
 //! taken *before* each renewal request, so a worker that was paused past its lease refuses to write
 //! when it wakes, and the conditional append refuses any writer whose view of the log is stale.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use turnstile_cluster::{CasError, ClusterKv, LeaseConfig, ShardLease, ShardMap, WorkerInfo};
 use turnstile_model::SessionRef;
 use turnstile_model::shard::{fnv1a64, shard_of};
@@ -23,6 +27,7 @@ use turnstile_ops::clock::now_ms;
 
 use turnstile_ops::names;
 
+use super::presence::Probe;
 use crate::host::{Ownership, SessionHost};
 
 /// A lease this worker holds.
@@ -36,6 +41,18 @@ struct Held {
     releasing: bool,
 }
 
+/// What this worker knows of its peers' NATS connections ([`super::presence`]).
+#[derive(Debug, Default)]
+struct Peers {
+    /// Peers that answer presence probes (their heartbeat says so); only these are probed, so a worker of
+    /// a build without presence is never taken for dead.
+    present: HashSet<String>,
+    /// Peers whose subscription was gone at the last probe, and since when.
+    suspected: HashMap<String, Instant>,
+    /// Peers whose subscription was gone twice in a row: their connection is closed.
+    dead: HashSet<String>,
+}
+
 /// This worker's leases; the [`Ownership`] its session host consults.
 pub struct Leases {
     id: String,
@@ -44,6 +61,9 @@ pub struct Leases {
     config: LeaseConfig,
     held: Mutex<HashMap<u32, Held>>,
     map: watch::Receiver<ShardMap>,
+    peers: Mutex<Peers>,
+    /// Wakes the lease loop before its next round (a peer was found dead).
+    wake: Notify,
 }
 
 impl std::fmt::Debug for Leases {
@@ -60,7 +80,16 @@ impl Leases {
         map: watch::Receiver<ShardMap>,
         config: LeaseConfig,
     ) -> Arc<Self> {
-        Arc::new(Self { id, addr, kv, config, held: Mutex::new(HashMap::new()), map })
+        Arc::new(Self {
+            id,
+            addr,
+            kv,
+            config,
+            held: Mutex::new(HashMap::new()),
+            map,
+            peers: Mutex::new(Peers::default()),
+            wake: Notify::new(),
+        })
     }
 
     pub fn config(&self) -> &LeaseConfig {
@@ -78,6 +107,92 @@ impl Leases {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn peers(&self) -> std::sync::MutexGuard<'_, Peers> {
+        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Resolves when the presence watch found a peer dead (or at once if it did since the last call).
+    pub async fn woken(&self) {
+        self.wake.notified().await;
+    }
+
+    /// Workers this worker knows to have lost their NATS connection, in order.
+    pub fn dead_peers(&self) -> Vec<String> {
+        let mut dead: Vec<String> = self.peers().dead.iter().cloned().collect();
+        dead.sort_unstable();
+        dead
+    }
+
+    fn is_dead(&self, worker: &str) -> bool {
+        self.peers().dead.contains(worker)
+    }
+
+    /// The peers the presence watch should probe now: those that advertise presence, but not this worker.
+    pub fn presence_targets(&self) -> Vec<String> {
+        let mut targets: Vec<String> = self.peers().present.iter().filter(|p| **p != self.id).cloned().collect();
+        targets.sort_unstable();
+        targets
+    }
+
+    /// Takes in one probe's answer about `peer`. Gone twice in a row, at least half a probe interval
+    /// apart, makes it dead and wakes the lease loop; any answer makes it live again.
+    pub fn observe(&self, peer: &str, probe: Probe) {
+        let newly_dead = {
+            let mut peers = self.peers();
+            match probe {
+                Probe::Present => {
+                    peers.suspected.remove(peer);
+                    if peers.dead.remove(peer) {
+                        tracing::info!(peer, "worker answers its presence probes again");
+                    }
+                    false
+                }
+                Probe::Unknown => {
+                    peers.suspected.remove(peer);
+                    false
+                }
+                Probe::Gone if peers.dead.contains(peer) => false,
+                Probe::Gone => match peers.suspected.get(peer) {
+                    Some(since) if since.elapsed() >= self.config.presence_every / 2 => {
+                        peers.suspected.remove(peer);
+                        peers.dead.insert(peer.to_owned());
+                        true
+                    }
+                    Some(_) => false,
+                    None => {
+                        peers.suspected.insert(peer.to_owned(), Instant::now());
+                        false
+                    }
+                },
+            }
+        };
+        if newly_dead {
+            tracing::warn!(peer, "worker's NATS connection is gone; taking its shards without waiting for expiry");
+            self.wake.notify_one();
+        }
+    }
+
+    /// Peers to probe from now on: every live heartbeat that advertises presence, and whoever still owns
+    /// a lease in the map among the ones probed before (a dead worker's heartbeat expires before long
+    /// leases do).
+    fn track_peers(&self, live: &[WorkerInfo]) {
+        let owners: HashSet<String> = {
+            let map = self.map.borrow();
+            map.leases.values().filter(|e| !e.lease.owner.is_empty()).map(|e| e.lease.owner.clone()).collect()
+        };
+        let mut peers = self.peers();
+        let Peers { present, suspected, dead } = &mut *peers;
+        present.retain(|p| owners.contains(p));
+        present.extend(live.iter().filter(|w| w.presence && w.id != self.id).map(|w| w.id.clone()));
+        suspected.retain(|p, _| present.contains(p));
+        dead.retain(|p| present.contains(p));
+    }
+
+    /// The map names a newer epoch for `shard` than `epoch`: someone took the shard over.
+    fn superseded(&self, shard: u32, epoch: u64) -> bool {
+        self.map.borrow().leases.get(&shard).is_some_and(|e| e.lease.epoch > epoch)
+    }
+
     fn shard(&self, session: &SessionRef) -> u32 {
         shard_of(session, self.config.shards)
     }
@@ -88,7 +203,13 @@ impl Leases {
 
     /// Records this worker as live.
     pub async fn heartbeat(&self) {
-        let info = WorkerInfo { id: self.id.clone(), addr: self.addr.clone(), capacity: 1, heartbeat_ms: now_ms() };
+        let info = WorkerInfo {
+            id: self.id.clone(),
+            addr: self.addr.clone(),
+            capacity: 1,
+            heartbeat_ms: now_ms(),
+            presence: true,
+        };
         if let Err(e) = self.kv.heartbeat(&info).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
@@ -100,7 +221,12 @@ impl Leases {
         self.renew(host).await;
         self.drop_lapsed(host);
         match self.kv.live_workers(now_ms(), self.config.worker_ttl).await {
-            Ok(live) => self.rebalance(host, live.len().max(1)).await,
+            Ok(live) => {
+                self.track_peers(&live);
+                // A dead peer's heartbeat outlives it by up to `worker_ttl`; its share is ours to split now.
+                let alive = live.iter().filter(|w| !self.is_dead(&w.id)).count();
+                self.rebalance(host, alive.max(1)).await;
+            }
             Err(e) => tracing::warn!(error = %e, "cannot list workers; not rebalancing this round"),
         }
         metrics::gauge!(names::SHARDS_OWNED).set(self.lock().len() as f64);
@@ -195,18 +321,25 @@ impl Leases {
         let now = now_ms();
         // Start from a point of our own so workers do not all race for the same shards.
         let offset = (fnv1a64(self.id.as_bytes()) % u64::from(v)) as u32;
+        let wanted = wanted.min(self.config.max_acquire_per_tick);
+        let dead = self.peers().dead.clone();
+        let takeable = |l: &ShardLease, now: u64| !l.is_held(now) || l.owner == self.id || dead.contains(&l.owner);
+        // Every takeable shard, not just `wanted` of them: survivors of a dead peer race for the same
+        // shards, and one that loses a race goes on to the next instead of waiting for its next round.
         let candidates: Vec<u32> = {
             let map = self.map.borrow();
             let held = self.lock();
             (0..v)
                 .map(|i| (offset + i) % v)
                 .filter(|s| !held.contains_key(s))
-                .filter(|s| map.owner(*s, now).is_none_or(|l| l.owner == self.id))
-                .take(wanted.min(self.config.max_acquire_per_tick))
+                .filter(|s| map.leases.get(s).is_none_or(|e| takeable(&e.lease, now)))
                 .collect()
         };
         let mut acquired = Vec::new();
         for shard in candidates {
+            if acquired.len() >= wanted {
+                break;
+            }
             let started = Instant::now();
             let current = match self.kv.lease(shard).await {
                 Ok(c) => c,
@@ -216,10 +349,18 @@ impl Leases {
                 }
             };
             if let Some(c) = &current
+                && !takeable(&c.lease, now_ms())
+            {
+                continue;
+            }
+            // Taking a live-looking lease of a dead peer is safe: the next epoch fences its writes
+            // (`may_write` sees the newer epoch in the map, its renewal's CAS fails, and the conditional
+            // append refuses any stale view of the log).
+            if let Some(c) = &current
                 && c.lease.is_held(now_ms())
                 && c.lease.owner != self.id
             {
-                continue;
+                tracing::info!(shard, from = %c.lease.owner, epoch = c.lease.epoch + 1, "taking over a dead worker's shard");
             }
             let epoch = current.as_ref().map_or(1, |c| c.lease.epoch + 1);
             let lease = ShardLease {
@@ -322,11 +463,11 @@ impl Leases {
 impl Ownership for Leases {
     fn accepting(&self, session: &SessionRef) -> Result<u64, Option<String>> {
         let shard = self.shard(session);
-        if let Some(h) = self.lock().get(&shard)
-            && !h.releasing
-            && h.valid_until > Instant::now()
+        let epoch = self.lock().get(&shard).filter(|h| !h.releasing && h.valid_until > Instant::now()).map(|h| h.epoch);
+        if let Some(epoch) = epoch
+            && !self.superseded(shard, epoch)
         {
-            return Ok(h.epoch);
+            return Ok(epoch);
         }
         let map = self.map.borrow();
         Err(map.owner(shard, now_ms()).filter(|l| l.owner != self.id).map(|l| l.addr.clone()))
@@ -334,6 +475,9 @@ impl Ownership for Leases {
 
     fn may_write(&self, session: &SessionRef, epoch: u64) -> bool {
         let shard = self.shard(session);
+        // A taker may act before this lease expires (a peer that saw our NATS connection drop): its newer
+        // epoch in the map stops us before the next renewal would tell.
         self.lock().get(&shard).is_some_and(|h| h.epoch == epoch && h.valid_until > Instant::now())
+            && !self.superseded(shard, epoch)
     }
 }

@@ -188,6 +188,30 @@ impl Leases {
         dead.retain(|p| present.contains(p));
     }
 
+    /// Peers named as the owner of a lease that expired at `now_ms` (they stopped renewing).
+    fn lapsed_owners(&self, now_ms: u64) -> HashSet<String> {
+        let map = self.map.borrow();
+        map.leases
+            .values()
+            .filter(|e| !e.lease.owner.is_empty() && e.lease.owner != self.id && !e.lease.is_held(now_ms))
+            .map(|e| e.lease.owner.clone())
+            .collect()
+    }
+
+    /// How long until a peer's lease in the map expires, if one does before `within`: the lease loop wakes
+    /// then (a paused owner's shards move when its lease runs out, not up to a round later). Healthy
+    /// owners renew long before, so this only fires for owners that stopped renewing.
+    pub fn next_peer_expiry(&self, within: Duration) -> Option<Duration> {
+        let now = now_ms();
+        let map = self.map.borrow();
+        map.leases
+            .values()
+            .filter(|e| e.lease.is_held(now) && e.lease.owner != self.id)
+            .map(|e| Duration::from_millis(e.lease.expires_at_ms - now))
+            .filter(|d| *d < within)
+            .min()
+    }
+
     /// The map names a newer epoch for `shard` than `epoch`: someone took the shard over.
     fn superseded(&self, shard: u32, epoch: u64) -> bool {
         self.map.borrow().leases.get(&shard).is_some_and(|e| e.lease.epoch > epoch)
@@ -223,8 +247,11 @@ impl Leases {
         match self.kv.live_workers(now_ms(), self.config.worker_ttl).await {
             Ok(live) => {
                 self.track_peers(&live);
-                // A dead peer's heartbeat outlives it by up to `worker_ttl`; its share is ours to split now.
-                let alive = live.iter().filter(|w| !self.is_dead(&w.id)).count();
+                // A dead peer's heartbeat outlives it by up to `worker_ttl`, and so does a paused one's; a
+                // peer that is dead, or that let a lease lapse, is not doing its share, so its share is ours
+                // to split now rather than when its heartbeat expires.
+                let lapsed = self.lapsed_owners(now_ms());
+                let alive = live.iter().filter(|w| !self.is_dead(&w.id) && !lapsed.contains(&w.id)).count();
                 self.rebalance(host, alive.max(1)).await;
             }
             Err(e) => tracing::warn!(error = %e, "cannot list workers; not rebalancing this round"),

@@ -116,9 +116,14 @@ async fn lease_loop(leases: Arc<Leases>, host: Arc<SessionHost>, stop: Cancellat
     }
     loop {
         leases.tick(&host).await;
+        // Just past the moment a stalled peer's lease runs out, if that comes before the next round; at
+        // least a few ms, so a lease expiring now cannot spin the loop.
+        let next = leases
+            .next_peer_expiry(every)
+            .map_or(every, |d| (d + Duration::from_millis(5)).max(Duration::from_millis(20)));
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
+            () = tokio::time::sleep(next) => {}
             // A peer died: take its shards now, not at the next round.
             () = leases.woken() => {}
         }

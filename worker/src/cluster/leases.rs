@@ -30,6 +30,9 @@ use turnstile_ops::names;
 use super::presence::Probe;
 use crate::host::{Ownership, SessionHost};
 
+/// Lease acquisitions in flight at once (each is a read and a compare-and-set).
+const ACQUIRE_AT_ONCE: usize = 16;
+
 /// A lease this worker holds.
 #[derive(Clone, Debug)]
 struct Held {
@@ -47,9 +50,7 @@ struct Peers {
     /// Peers that answer presence probes (their heartbeat says so); only these are probed, so a worker of
     /// a build without presence is never taken for dead.
     present: HashSet<String>,
-    /// Peers whose subscription was gone at the last probe, and since when.
-    suspected: HashMap<String, Instant>,
-    /// Peers whose subscription was gone twice in a row: their connection is closed.
+    /// Peers whose subscription was gone at two probes in a row: their connection is closed.
     dead: HashSet<String>,
 }
 
@@ -134,36 +135,21 @@ impl Leases {
         targets
     }
 
-    /// Takes in one probe's answer about `peer`. Gone twice in a row, at least half a probe interval
-    /// apart, makes it dead and wakes the lease loop; any answer makes it live again.
+    /// Takes in what the presence watch learned about `peer`: [`Probe::Gone`] (confirmed, see
+    /// [`super::presence::watch_peers`]) makes it dead and wakes the lease loop; an answer makes it live
+    /// again; a timeout changes nothing.
     pub fn observe(&self, peer: &str, probe: Probe) {
         let newly_dead = {
             let mut peers = self.peers();
             match probe {
                 Probe::Present => {
-                    peers.suspected.remove(peer);
                     if peers.dead.remove(peer) {
                         tracing::info!(peer, "worker answers its presence probes again");
                     }
                     false
                 }
-                Probe::Unknown => {
-                    peers.suspected.remove(peer);
-                    false
-                }
-                Probe::Gone if peers.dead.contains(peer) => false,
-                Probe::Gone => match peers.suspected.get(peer) {
-                    Some(since) if since.elapsed() >= self.config.presence_every / 2 => {
-                        peers.suspected.remove(peer);
-                        peers.dead.insert(peer.to_owned());
-                        true
-                    }
-                    Some(_) => false,
-                    None => {
-                        peers.suspected.insert(peer.to_owned(), Instant::now());
-                        false
-                    }
-                },
+                Probe::Unknown => false,
+                Probe::Gone => peers.dead.insert(peer.to_owned()),
             }
         };
         if newly_dead {
@@ -181,10 +167,9 @@ impl Leases {
             map.leases.values().filter(|e| !e.lease.owner.is_empty()).map(|e| e.lease.owner.clone()).collect()
         };
         let mut peers = self.peers();
-        let Peers { present, suspected, dead } = &mut *peers;
+        let Peers { present, dead } = &mut *peers;
         present.retain(|p| owners.contains(p));
         present.extend(live.iter().filter(|w| w.presence && w.id != self.id).map(|w| w.id.clone()));
-        suspected.retain(|p, _| present.contains(p));
         dead.retain(|p| present.contains(p));
     }
 
@@ -244,6 +229,12 @@ impl Leases {
         self.heartbeat().await;
         self.renew(host).await;
         self.drop_lapsed(host);
+        self.rebalance_now(host).await;
+    }
+
+    /// Recomputes the fair share and acquires or hands back shards towards it, without renewing: what the
+    /// lease loop does between rounds when a peer died or a peer's lease ran out.
+    pub async fn rebalance_now(self: &Arc<Self>, host: &Arc<SessionHost>) {
         match self.kv.live_workers(now_ms(), self.config.worker_ttl).await {
             Ok(live) => {
                 self.track_peers(&live);
@@ -362,52 +353,35 @@ impl Leases {
                 .filter(|s| map.leases.get(s).is_none_or(|e| takeable(&e.lease, now)))
                 .collect()
         };
+        // A few at a time, never more than still wanted (an acquisition beyond the share would be handed
+        // back at once): a dead peer's shards are all taken within a few round trips.
         let mut acquired = Vec::new();
-        for shard in candidates {
-            if acquired.len() >= wanted {
+        let mut from_dead = 0usize;
+        let mut candidates = candidates.into_iter();
+        while acquired.len() < wanted {
+            let batch: Vec<u32> = candidates.by_ref().take((wanted - acquired.len()).min(ACQUIRE_AT_ONCE)).collect();
+            if batch.is_empty() {
                 break;
             }
-            let started = Instant::now();
-            let current = match self.kv.lease(shard).await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(shard, error = %e, "cannot read lease");
-                    break;
-                }
-            };
-            if let Some(c) = &current
-                && !takeable(&c.lease, now_ms())
-            {
-                continue;
-            }
-            // Taking a live-looking lease of a dead peer is safe: the next epoch fences its writes
-            // (`may_write` sees the newer epoch in the map, its renewal's CAS fails, and the conditional
-            // append refuses any stale view of the log).
-            if let Some(c) = &current
-                && c.lease.is_held(now_ms())
-                && c.lease.owner != self.id
-            {
-                tracing::info!(shard, from = %c.lease.owner, epoch = c.lease.epoch + 1, "taking over a dead worker's shard");
-            }
-            let epoch = current.as_ref().map_or(1, |c| c.lease.epoch + 1);
-            let lease = ShardLease {
-                owner: self.id.clone(),
-                addr: self.addr.clone(),
-                epoch,
-                expires_at_ms: now_ms() + self.config.ttl.as_millis() as u64,
-            };
-            match self.kv.put_lease(shard, &lease, current.map(|c| c.revision)).await {
-                Ok(revision) => {
-                    let held = Held { epoch, revision, valid_until: started + self.valid_for(), releasing: false };
-                    self.lock().insert(shard, held);
-                    acquired.push(shard);
-                }
-                Err(CasError::Lost { .. }) => {}
-                Err(CasError::Store(e)) => {
-                    tracing::warn!(shard, error = %e, "cannot acquire lease");
-                    break;
+            let outcomes =
+                futures::future::join_all(batch.into_iter().map(|shard| self.try_acquire(shard, &takeable))).await;
+            let mut store_failed = false;
+            for outcome in outcomes {
+                match outcome {
+                    Ok(Some((shard, was_dead))) => {
+                        acquired.push(shard);
+                        from_dead += usize::from(was_dead);
+                    }
+                    Ok(None) => {}
+                    Err(()) => store_failed = true,
                 }
             }
+            if store_failed {
+                break;
+            }
+        }
+        if from_dead > 0 {
+            tracing::warn!(count = from_dead, worker = %self.id, "took over shards of dead workers before their leases expired");
         }
         if acquired.is_empty() {
             return;
@@ -421,6 +395,54 @@ impl Leases {
                 tracing::warn!(error = %e, "resuming sessions of acquired shards failed");
             }
         });
+    }
+
+    /// Takes `shard` if it is still takeable when read: `Some((shard, held by a dead peer))` if this worker
+    /// holds it now, `None` if someone else got it first, `Err` if the store failed (stop acquiring).
+    async fn try_acquire(
+        &self,
+        shard: u32,
+        takeable: &impl Fn(&ShardLease, u64) -> bool,
+    ) -> Result<Option<(u32, bool)>, ()> {
+        let started = Instant::now();
+        let current = match self.kv.lease(shard).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(shard, error = %e, "cannot read lease");
+                return Err(());
+            }
+        };
+        if let Some(c) = &current
+            && !takeable(&c.lease, now_ms())
+        {
+            return Ok(None);
+        }
+        // Taking a live-looking lease of a dead peer is safe: the next epoch fences its writes (`may_write`
+        // sees the newer epoch in the map, its renewal's CAS fails, and the conditional append refuses any
+        // stale view of the log).
+        let was_dead = current.as_ref().is_some_and(|c| c.lease.is_held(now_ms()) && c.lease.owner != self.id);
+        if was_dead && let Some(c) = &current {
+            tracing::debug!(shard, from = %c.lease.owner, epoch = c.lease.epoch + 1, "taking over a dead worker's shard");
+        }
+        let epoch = current.as_ref().map_or(1, |c| c.lease.epoch + 1);
+        let lease = ShardLease {
+            owner: self.id.clone(),
+            addr: self.addr.clone(),
+            epoch,
+            expires_at_ms: now_ms() + self.config.ttl.as_millis() as u64,
+        };
+        match self.kv.put_lease(shard, &lease, current.map(|c| c.revision)).await {
+            Ok(revision) => {
+                let held = Held { epoch, revision, valid_until: started + self.valid_for(), releasing: false };
+                self.lock().insert(shard, held);
+                Ok(Some((shard, was_dead)))
+            }
+            Err(CasError::Lost { .. }) => Ok(None),
+            Err(CasError::Store(e)) => {
+                tracing::warn!(shard, error = %e, "cannot acquire lease");
+                Err(())
+            }
+        }
     }
 
     /// Hands `shard` back: refuse new commands, drain its sessions, release the lease.

@@ -116,16 +116,24 @@ async fn lease_loop(leases: Arc<Leases>, host: Arc<SessionHost>, stop: Cancellat
     }
     loop {
         leases.tick(&host).await;
-        // Just past the moment a stalled peer's lease runs out, if that comes before the next round; at
-        // least a few ms, so a lease expiring now cannot spin the loop.
-        let next = leases
-            .next_peer_expiry(every)
-            .map_or(every, |d| (d + Duration::from_millis(5)).max(Duration::from_millis(20)));
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(next) => {}
-            // A peer died: take its shards now, not at the next round.
-            () = leases.woken() => {}
+        let round = tokio::time::Instant::now() + every;
+        // Between rounds, rebalance (without renewing) when a peer is found dead or when a stalled peer's
+        // lease runs out, so its shards move then and not up to a round later.
+        loop {
+            let expiry = leases.next_peer_expiry(every).map(|d| {
+                // Just past the expiry, and never a spin on a lease that expires now.
+                tokio::time::Instant::now() + (d + Duration::from_millis(5)).max(Duration::from_millis(20))
+            });
+            let wake_at = expiry.map_or(round, |e| e.min(round));
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep_until(wake_at) => {}
+                () = leases.woken() => {}
+            }
+            if tokio::time::Instant::now() >= round {
+                break;
+            }
+            leases.rebalance_now(&host).await;
         }
     }
 }

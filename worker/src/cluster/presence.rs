@@ -6,7 +6,7 @@
 //!
 //! - an answer: the peer lives;
 //! - *no responders* (the server's own status: nobody subscribes to the subject any more): its connection
-//!   is gone. Twice in a row, `presence_every` apart, and the peer counts as dead: [`Leases`] leaves it
+//!   is gone. Twice in a row, a quarter of `presence_every` apart, and the peer counts as dead: [`Leases`] leaves it
 //!   out of the fair share and takes its shards by compare-and-set with the next epoch, without waiting
 //!   for the lease to run out;
 //! - no answer in time: unknown (a paused or overloaded peer still holds its subscription). Only the
@@ -97,8 +97,10 @@ pub async fn probe(client: &async_nats::Client, id: &str, timeout: Duration) -> 
     }
 }
 
-/// Probes the peers [`Leases::presence_targets`] names every `presence_every`, all at once, and reports
-/// each answer to [`Leases::observe`], until `stop`.
+/// Probes the peers [`Leases::presence_targets`] names every `presence_every`, all at once, until `stop`.
+/// A peer found gone is asked once more a quarter interval later, and only a second "gone" reaches
+/// [`Leases::observe`] as [`Probe::Gone`]: one missing subscriber may be interest still on its way between
+/// clustered servers, two a quarter interval apart are a closed connection.
 pub async fn watch_peers(client: async_nats::Client, leases: Arc<Leases>, stop: CancellationToken) {
     let every = leases.config().presence_every.max(Duration::from_millis(10));
     let mut ticks = tokio::time::interval(every);
@@ -112,7 +114,11 @@ pub async fn watch_peers(client: async_nats::Client, leases: Arc<Leases>, stop: 
         let answers = futures::future::join_all(targets.into_iter().map(|id| {
             let client = &client;
             async move {
-                let answer = probe(client, &id, every).await;
+                let mut answer = probe(client, &id, every).await;
+                if answer == Probe::Gone {
+                    tokio::time::sleep(every / 4).await;
+                    answer = probe(client, &id, every).await;
+                }
                 (id, answer)
             }
         }))

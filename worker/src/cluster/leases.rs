@@ -52,6 +52,10 @@ struct Peers {
     present: HashSet<String>,
     /// Peers whose subscription was gone at two probes in a row: their connection is closed.
     dead: HashSet<String>,
+    /// Peers that let a lease lapse, with their heartbeat time then: left out of the fair share until
+    /// they heartbeat again (a paused peer), so the shares do not flip back as soon as its lapsed leases
+    /// have been taken.
+    lapsed: HashMap<String, u64>,
 }
 
 /// This worker's leases; the [`Ownership`] its session host consults.
@@ -124,10 +128,6 @@ impl Leases {
         dead
     }
 
-    fn is_dead(&self, worker: &str) -> bool {
-        self.peers().dead.contains(worker)
-    }
-
     /// The peers the presence watch should probe now: those that advertise presence, but not this worker.
     pub fn presence_targets(&self) -> Vec<String> {
         let mut targets: Vec<String> = self.peers().present.iter().filter(|p| **p != self.id).cloned().collect();
@@ -167,7 +167,7 @@ impl Leases {
             map.leases.values().filter(|e| !e.lease.owner.is_empty()).map(|e| e.lease.owner.clone()).collect()
         };
         let mut peers = self.peers();
-        let Peers { present, dead } = &mut *peers;
+        let Peers { present, dead, .. } = &mut *peers;
         present.retain(|p| owners.contains(p));
         present.extend(live.iter().filter(|w| w.presence && w.id != self.id).map(|w| w.id.clone()));
         dead.retain(|p| present.contains(p));
@@ -241,8 +241,15 @@ impl Leases {
                 // A dead peer's heartbeat outlives it by up to `worker_ttl`, and so does a paused one's; a
                 // peer that is dead, or that let a lease lapse, is not doing its share, so its share is ours
                 // to split now rather than when its heartbeat expires.
-                let lapsed = self.lapsed_owners(now_ms());
-                let alive = live.iter().filter(|w| !self.is_dead(&w.id) && !lapsed.contains(&w.id)).count();
+                let expired = self.lapsed_owners(now_ms());
+                let alive = {
+                    let mut peers = self.peers();
+                    for w in live.iter().filter(|w| expired.contains(&w.id)) {
+                        peers.lapsed.insert(w.id.clone(), w.heartbeat_ms);
+                    }
+                    peers.lapsed.retain(|id, then| live.iter().any(|w| w.id == *id && w.heartbeat_ms <= *then));
+                    live.iter().filter(|w| !peers.dead.contains(&w.id) && !peers.lapsed.contains_key(&w.id)).count()
+                };
                 self.rebalance(host, alive.max(1)).await;
             }
             Err(e) => tracing::warn!(error = %e, "cannot list workers; not rebalancing this round"),

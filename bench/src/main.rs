@@ -10,8 +10,10 @@
 //! `turnstile-bench model` measures a real model instead: time to first token and streaming rate straight
 //! from llama-server and through `turnstile dev --config` (see [`model`]); `turnstile-bench hooks` what one
 //! remote pre-step hook adds to a turn (see [`hooks`]); `turnstile-bench reads` the reads of a long
-//! session (see [`reads`]).
+//! session (see [`reads`]); `turnstile-bench failover` how long a session is without an owner after a
+//! kill -9 or SIGSTOP of it (see [`failover`]).
 
+mod failover;
 mod hooks;
 mod latency;
 mod model;
@@ -91,6 +93,9 @@ enum Mode {
     /// Reads of a long session on `dev --nats`: Watch → caught-up resuming near the end and from 0, and
     /// GetInbox, on 100,000 events against a small session (decision 0020).
     Reads(reads::ReadsArgs),
+    /// Failover: kill -9 (and SIGSTOP) the owner of a session in a real cluster of worker processes and
+    /// time the signal → the next accepted followup.
+    Failover(failover::FailoverArgs),
 }
 
 #[derive(Debug, Serialize)]
@@ -130,6 +135,7 @@ async fn main() -> Result<()> {
         Some(Mode::Tools(tools_args)) => return tools::run(tools_args).await,
         Some(Mode::Hooks(hook_args)) => return hooks::run(hook_args).await,
         Some(Mode::Reads(reads_args)) => return reads::run(reads_args).await,
+        Some(Mode::Failover(failover_args)) => return failover::run(failover_args).await,
         None => {}
     }
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();

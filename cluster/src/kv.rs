@@ -60,6 +60,11 @@ pub struct WorkerInfo {
     /// Relative capacity (1 = one fair share).
     pub capacity: u32,
     pub heartbeat_ms: u64,
+    /// The worker answers on its presence subject while its NATS connection lives, so peers may treat a
+    /// missing subscriber as a dead worker. False (absent) for builds without presence, which peers then
+    /// only ever replace by lease expiry.
+    #[serde(default)]
+    pub presence: bool,
 }
 
 /// A lease entry and the KV revision that a compare-and-set must name.

@@ -25,7 +25,9 @@ pub use router::CommandRouter;
 pub use tools::{NatsToolBus, ToolBus, ToolBusError};
 pub use turnstile_model::shard::shard_of;
 
-/// Lease timing. The defaults give failover in about two to three seconds.
+/// Lease timing. The defaults give failover in about two to three seconds when only the lease can tell
+/// (a paused or partitioned owner); an owner whose NATS connection closed is replaced within a few
+/// `presence_every`.
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
     /// Virtual shards (V).
@@ -40,6 +42,10 @@ pub struct LeaseConfig {
     pub drain_timeout: Duration,
     /// Acquisitions per tick, so a starting worker does not stall its loop.
     pub max_acquire_per_tick: usize,
+    /// How often a worker asks each peer's presence subject whether its NATS connection still lives
+    /// (docs/decisions/0019): a peer whose subscription is gone twice in a row is dead, and its shards are
+    /// taken at once instead of after `ttl`. Each probe waits at most this long for an answer.
+    pub presence_every: Duration,
 }
 
 impl Default for LeaseConfig {
@@ -51,6 +57,7 @@ impl Default for LeaseConfig {
             worker_ttl: Duration::from_millis(3000),
             drain_timeout: Duration::from_secs(10),
             max_acquire_per_tick: 64,
+            presence_every: Duration::from_millis(100),
         }
     }
 }

@@ -680,6 +680,15 @@ async fn nats_stream_leader_killed_under_load_loses_nothing() {
         tally.slowest.1,
         tally.failures.len()
     );
+    // What the workers made of the NATS kill: a worker whose connection was on the killed server has no
+    // presence while it reconnects, and a peer may take that for a death (docs/decisions/0019).
+    for i in 0..cluster.workers() {
+        let text = std::fs::read_to_string(cluster.worker_log(i)).unwrap_or_default();
+        let gone = text.lines().filter(|l| l.contains("NATS connection is gone")).count();
+        let back = text.lines().filter(|l| l.contains("answers its presence probes again")).count();
+        let reconnects = text.lines().filter(|l| l.contains("event: disconnected")).count();
+        println!("nats: {} found a peer gone {gone}×, back {back}×; disconnected {reconnects}×", cluster.worker_id(i));
+    }
     assert!(tally.failures.is_empty(), "calls failed for good:\n{}\n{}", tally.failures.join("\n"), cluster.logs());
     assert!(audit.problems.is_empty(), "{} problems:\n{}", audit.problems.len(), audit.problems.join("\n"));
     assert_eq!(audit.admitted + audit.pending, tally.accepted.len());

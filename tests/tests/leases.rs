@@ -27,6 +27,7 @@ fn lease_config() -> LeaseConfig {
         worker_ttl: Duration::from_millis(1200),
         drain_timeout: Duration::from_secs(2),
         max_acquire_per_tick: 64,
+        presence_every: Duration::from_millis(50),
     }
 }
 
@@ -104,4 +105,134 @@ async fn a_lease_that_is_not_renewed_is_taken_over_after_its_ttl() {
     let stored = kv.lease(0).await.unwrap().unwrap().lease;
     assert_eq!((stored.owner.as_str(), stored.epoch), ("3", 8));
     w.shutdown(Duration::from_secs(2)).await;
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// A worker with a lease valid for a minute and no NATS connection. Its heartbeat is kept fresh for the
+/// whole test (a crashed worker's lasts `worker_ttl`), so peers surely see it; dropping the handle ends it.
+async fn ghost(kv: &ClusterKv, id: &str, presence: bool, shard: u32, epoch: u64) -> tokio::task::JoinHandle<()> {
+    let info = turnstile_cluster::kv::WorkerInfo {
+        id: id.into(),
+        addr: "127.0.0.1:9".into(),
+        capacity: 1,
+        heartbeat_ms: now_ms(),
+        presence,
+    };
+    kv.heartbeat(&info).await.unwrap();
+    let beats = tokio::spawn({
+        let kv = kv.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let _ =
+                    kv.heartbeat(&turnstile_cluster::kv::WorkerInfo { heartbeat_ms: now_ms(), ..info.clone() }).await;
+            }
+        }
+    });
+    let lease = turnstile_cluster::kv::ShardLease {
+        owner: id.into(),
+        addr: "127.0.0.1:9".into(),
+        epoch,
+        expires_at_ms: now_ms() + 60_000,
+    };
+    kv.put_lease(shard, &lease, None).await.unwrap();
+    beats
+}
+
+/// docs/decisions/0019: a peer that advertises presence and has no subscriber on its presence subject is
+/// dead, so its unexpired lease is taken at once with the next epoch. (The wait is bounded by `WAIT`, a
+/// third of the lease's minute.)
+#[tokio::test]
+async fn a_lease_of_a_worker_whose_connection_is_gone_is_taken_before_it_expires() {
+    let nats = NatsServer::start().await.unwrap();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let kv = ClusterKv::open(&client, 1, SHARDS, Duration::from_secs(1)).await.unwrap();
+    let beats = ghost(&kv, "gone", true, 0, 7).await;
+    let w = worker(&nats, "3").await;
+    let leases = w.leases();
+    until("the dead worker's shard is taken", || leases.held_shards().contains(&0)).await;
+    assert_eq!(leases.accepting(&session_in(0)), Ok(8), "takeover takes the next epoch");
+    assert_eq!(leases.dead_peers(), vec!["gone".to_owned()]);
+    beats.abort();
+    w.shutdown(Duration::from_secs(2)).await;
+}
+
+/// A peer of a build without presence is never taken for dead: its lease is left alone while it lasts,
+/// and the shard's other peers share the rest.
+#[tokio::test]
+async fn a_worker_without_presence_keeps_its_lease_until_it_expires() {
+    let nats = NatsServer::start().await.unwrap();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let kv = ClusterKv::open(&client, 1, SHARDS, Duration::from_secs(1)).await.unwrap();
+    let beats = ghost(&kv, "old-build", false, 0, 7).await;
+    let w = worker(&nats, "3").await;
+    let leases = w.leases();
+    until("the free shards are taken", || leases.held_shards().len() >= (SHARDS as usize) / 2).await;
+    // Pacing, not a speed assertion: many probe rounds (every 50 ms) and lease rounds (every 150 ms) pass.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!leases.held_shards().contains(&0), "{:?}", leases.held_shards());
+    assert!(leases.dead_peers().is_empty());
+    assert_eq!(kv.lease(0).await.unwrap().unwrap().lease.owner, "old-build");
+    beats.abort();
+    w.shutdown(Duration::from_secs(2)).await;
+}
+
+/// The other side of an early takeover: a live worker whose shard was taken under a newer epoch (as when
+/// a peer took its brief disconnect for a death) stops writing that shard at once, by the map, drops it at
+/// its next renewal, and does not take it back while the taker holds it.
+#[tokio::test]
+async fn a_worker_whose_shard_is_taken_under_a_newer_epoch_stops_writing_and_lets_go() {
+    let nats = NatsServer::start().await.unwrap();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let kv = ClusterKv::open(&client, 1, SHARDS, Duration::from_secs(1)).await.unwrap();
+    let a = worker(&nats, "1").await;
+    let la = a.leases();
+    until("A holds every shard", || la.held_shards().len() == SHARDS as usize).await;
+    let s = session_in(3);
+    let epoch = la.accepting(&s).unwrap();
+    assert!(la.may_write(&s, epoch));
+
+    // A taker (a worker that answers presence probes, so A has no reason to take it back) writes the next
+    // epoch by compare-and-set, long before A's lease would run out.
+    let taker = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let mut presence = client.subscribe(turnstile_worker::cluster::presence::subject("taker")).await.unwrap();
+            while let Some(m) = futures::StreamExt::next(&mut presence).await {
+                if let Some(reply) = m.reply {
+                    client.publish(reply, bytes::Bytes::new()).await.unwrap();
+                }
+            }
+        }
+    });
+    let taker_info = turnstile_cluster::kv::WorkerInfo {
+        id: "taker".into(),
+        addr: "127.0.0.1:9".into(),
+        capacity: 1,
+        heartbeat_ms: now_ms(),
+        presence: true,
+    };
+    kv.heartbeat(&taker_info).await.unwrap();
+    let current = kv.lease(3).await.unwrap().unwrap();
+    let taken = turnstile_cluster::kv::ShardLease {
+        owner: "taker".into(),
+        addr: "127.0.0.1:9".into(),
+        epoch: current.lease.epoch + 1,
+        expires_at_ms: now_ms() + 60_000,
+    };
+    kv.put_lease(3, &taken, Some(current.revision)).await.unwrap();
+
+    until("A stops writing shard 3", || !la.may_write(&s, epoch)).await;
+    until("A drops shard 3", || !la.held_shards().contains(&3)).await;
+    assert_eq!(la.accepting(&s), Err(Some("127.0.0.1:9".into())), "A points at the taker");
+    // Pacing: several of A's rounds (150 ms); it must not have fought for the shard back.
+    kv.heartbeat(&turnstile_cluster::kv::WorkerInfo { heartbeat_ms: now_ms(), ..taker_info.clone() }).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!la.held_shards().contains(&3));
+    assert_eq!(kv.lease(3).await.unwrap().unwrap().lease.owner, "taker");
+    taker.abort();
+    a.shutdown(Duration::from_secs(2)).await;
 }

@@ -6,16 +6,20 @@
 //! resumes the shard's running sessions, SPEC §6), and hands back shards above it (drain, snapshot,
 //! release) so the next owner starts at once instead of waiting for expiry.
 //!
+//! A peer whose NATS connection is gone ([`super::presence`]) is dead: it no longer counts towards the fair
+//! share and its leases are taken at once with the next epoch, without waiting for them to expire. The
+//! presence watch wakes the loop as soon as it knows.
+//!
 //! Safety does not rest on this loop being timely: [`Leases::may_write`] compares against a local deadline
 //! taken *before* each renewal request, so a worker that was paused past its lease refuses to write
 //! when it wakes, and the conditional append refuses any writer whose view of the log is stale.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use turnstile_cluster::{CasError, ClusterKv, LeaseConfig, ShardLease, ShardMap, WorkerInfo};
 use turnstile_model::SessionRef;
 use turnstile_model::shard::{fnv1a64, shard_of};
@@ -23,7 +27,11 @@ use turnstile_ops::clock::now_ms;
 
 use turnstile_ops::names;
 
+use super::presence::Probe;
 use crate::host::{Ownership, SessionHost};
+
+/// Lease acquisitions in flight at once (each is a read and a compare-and-set).
+const ACQUIRE_AT_ONCE: usize = 16;
 
 /// A lease this worker holds.
 #[derive(Clone, Debug)]
@@ -36,6 +44,20 @@ struct Held {
     releasing: bool,
 }
 
+/// What this worker knows of its peers' NATS connections ([`super::presence`]).
+#[derive(Debug, Default)]
+struct Peers {
+    /// Peers that answer presence probes (their heartbeat says so); only these are probed, so a worker of
+    /// a build without presence is never taken for dead.
+    present: HashSet<String>,
+    /// Peers whose subscription was gone at two probes in a row: their connection is closed.
+    dead: HashSet<String>,
+    /// Peers that let a lease lapse, with their heartbeat time then: left out of the fair share until
+    /// they heartbeat again (a paused peer), so the shares do not flip back as soon as its lapsed leases
+    /// have been taken.
+    lapsed: HashMap<String, u64>,
+}
+
 /// This worker's leases; the [`Ownership`] its session host consults.
 pub struct Leases {
     id: String,
@@ -44,6 +66,9 @@ pub struct Leases {
     config: LeaseConfig,
     held: Mutex<HashMap<u32, Held>>,
     map: watch::Receiver<ShardMap>,
+    peers: Mutex<Peers>,
+    /// Wakes the lease loop before its next round (a peer was found dead).
+    wake: Notify,
 }
 
 impl std::fmt::Debug for Leases {
@@ -60,7 +85,16 @@ impl Leases {
         map: watch::Receiver<ShardMap>,
         config: LeaseConfig,
     ) -> Arc<Self> {
-        Arc::new(Self { id, addr, kv, config, held: Mutex::new(HashMap::new()), map })
+        Arc::new(Self {
+            id,
+            addr,
+            kv,
+            config,
+            held: Mutex::new(HashMap::new()),
+            map,
+            peers: Mutex::new(Peers::default()),
+            wake: Notify::new(),
+        })
     }
 
     pub fn config(&self) -> &LeaseConfig {
@@ -78,6 +112,96 @@ impl Leases {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn peers(&self) -> std::sync::MutexGuard<'_, Peers> {
+        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Resolves when the presence watch found a peer dead (or at once if it did since the last call).
+    pub async fn woken(&self) {
+        self.wake.notified().await;
+    }
+
+    /// Workers this worker knows to have lost their NATS connection, in order.
+    pub fn dead_peers(&self) -> Vec<String> {
+        let mut dead: Vec<String> = self.peers().dead.iter().cloned().collect();
+        dead.sort_unstable();
+        dead
+    }
+
+    /// The peers the presence watch should probe now: those that advertise presence, but not this worker.
+    pub fn presence_targets(&self) -> Vec<String> {
+        let mut targets: Vec<String> = self.peers().present.iter().filter(|p| **p != self.id).cloned().collect();
+        targets.sort_unstable();
+        targets
+    }
+
+    /// Takes in what the presence watch learned about `peer`: [`Probe::Gone`] (confirmed, see
+    /// [`super::presence::watch_peers`]) makes it dead and wakes the lease loop; an answer makes it live
+    /// again; a timeout changes nothing.
+    pub fn observe(&self, peer: &str, probe: Probe) {
+        let newly_dead = {
+            let mut peers = self.peers();
+            match probe {
+                Probe::Present => {
+                    if peers.dead.remove(peer) {
+                        tracing::info!(peer, "worker answers its presence probes again");
+                    }
+                    false
+                }
+                Probe::Unknown => false,
+                Probe::Gone => peers.dead.insert(peer.to_owned()),
+            }
+        };
+        if newly_dead {
+            tracing::warn!(peer, "worker's NATS connection is gone; taking its shards without waiting for expiry");
+            self.wake.notify_one();
+        }
+    }
+
+    /// Peers to probe from now on: every live heartbeat that advertises presence, and whoever still owns
+    /// a lease in the map among the ones probed before (a dead worker's heartbeat expires before long
+    /// leases do).
+    fn track_peers(&self, live: &[WorkerInfo]) {
+        let owners: HashSet<String> = {
+            let map = self.map.borrow();
+            map.leases.values().filter(|e| !e.lease.owner.is_empty()).map(|e| e.lease.owner.clone()).collect()
+        };
+        let mut peers = self.peers();
+        let Peers { present, dead, .. } = &mut *peers;
+        present.retain(|p| owners.contains(p));
+        present.extend(live.iter().filter(|w| w.presence && w.id != self.id).map(|w| w.id.clone()));
+        dead.retain(|p| present.contains(p));
+    }
+
+    /// Peers named as the owner of a lease that expired at `now_ms` (they stopped renewing).
+    fn lapsed_owners(&self, now_ms: u64) -> HashSet<String> {
+        let map = self.map.borrow();
+        map.leases
+            .values()
+            .filter(|e| !e.lease.owner.is_empty() && e.lease.owner != self.id && !e.lease.is_held(now_ms))
+            .map(|e| e.lease.owner.clone())
+            .collect()
+    }
+
+    /// How long until a peer's lease in the map expires, if one does before `within`: the lease loop wakes
+    /// then (a paused owner's shards move when its lease runs out, not up to a round later). Healthy
+    /// owners renew long before, so this only fires for owners that stopped renewing.
+    pub fn next_peer_expiry(&self, within: Duration) -> Option<Duration> {
+        let now = now_ms();
+        let map = self.map.borrow();
+        map.leases
+            .values()
+            .filter(|e| e.lease.is_held(now) && e.lease.owner != self.id)
+            .map(|e| Duration::from_millis(e.lease.expires_at_ms - now))
+            .filter(|d| *d < within)
+            .min()
+    }
+
+    /// The map names a newer epoch for `shard` than `epoch`: someone took the shard over.
+    fn superseded(&self, shard: u32, epoch: u64) -> bool {
+        self.map.borrow().leases.get(&shard).is_some_and(|e| e.lease.epoch > epoch)
+    }
+
     fn shard(&self, session: &SessionRef) -> u32 {
         shard_of(session, self.config.shards)
     }
@@ -88,7 +212,13 @@ impl Leases {
 
     /// Records this worker as live.
     pub async fn heartbeat(&self) {
-        let info = WorkerInfo { id: self.id.clone(), addr: self.addr.clone(), capacity: 1, heartbeat_ms: now_ms() };
+        let info = WorkerInfo {
+            id: self.id.clone(),
+            addr: self.addr.clone(),
+            capacity: 1,
+            heartbeat_ms: now_ms(),
+            presence: true,
+        };
         if let Err(e) = self.kv.heartbeat(&info).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
@@ -99,8 +229,29 @@ impl Leases {
         self.heartbeat().await;
         self.renew(host).await;
         self.drop_lapsed(host);
+        self.rebalance_now(host).await;
+    }
+
+    /// Recomputes the fair share and acquires or hands back shards towards it, without renewing: what the
+    /// lease loop does between rounds when a peer died or a peer's lease ran out.
+    pub async fn rebalance_now(self: &Arc<Self>, host: &Arc<SessionHost>) {
         match self.kv.live_workers(now_ms(), self.config.worker_ttl).await {
-            Ok(live) => self.rebalance(host, live.len().max(1)).await,
+            Ok(live) => {
+                self.track_peers(&live);
+                // A dead peer's heartbeat outlives it by up to `worker_ttl`, and so does a paused one's; a
+                // peer that is dead, or that let a lease lapse, is not doing its share, so its share is ours
+                // to split now rather than when its heartbeat expires.
+                let expired = self.lapsed_owners(now_ms());
+                let alive = {
+                    let mut peers = self.peers();
+                    for w in live.iter().filter(|w| expired.contains(&w.id)) {
+                        peers.lapsed.insert(w.id.clone(), w.heartbeat_ms);
+                    }
+                    peers.lapsed.retain(|id, then| live.iter().any(|w| w.id == *id && w.heartbeat_ms <= *then));
+                    live.iter().filter(|w| !peers.dead.contains(&w.id) && !peers.lapsed.contains_key(&w.id)).count()
+                };
+                self.rebalance(host, alive.max(1)).await;
+            }
             Err(e) => tracing::warn!(error = %e, "cannot list workers; not rebalancing this round"),
         }
         metrics::gauge!(names::SHARDS_OWNED).set(self.lock().len() as f64);
@@ -195,51 +346,49 @@ impl Leases {
         let now = now_ms();
         // Start from a point of our own so workers do not all race for the same shards.
         let offset = (fnv1a64(self.id.as_bytes()) % u64::from(v)) as u32;
+        let wanted = wanted.min(self.config.max_acquire_per_tick);
+        let dead = self.peers().dead.clone();
+        let takeable = |l: &ShardLease, now: u64| !l.is_held(now) || l.owner == self.id || dead.contains(&l.owner);
+        // Every takeable shard, not just `wanted` of them: survivors of a dead peer race for the same
+        // shards, and one that loses a race goes on to the next instead of waiting for its next round.
         let candidates: Vec<u32> = {
             let map = self.map.borrow();
             let held = self.lock();
             (0..v)
                 .map(|i| (offset + i) % v)
                 .filter(|s| !held.contains_key(s))
-                .filter(|s| map.owner(*s, now).is_none_or(|l| l.owner == self.id))
-                .take(wanted.min(self.config.max_acquire_per_tick))
+                .filter(|s| map.leases.get(s).is_none_or(|e| takeable(&e.lease, now)))
                 .collect()
         };
+        // A few at a time, never more than still wanted (an acquisition beyond the share would be handed
+        // back at once): a dead peer's shards are all taken within a few round trips.
         let mut acquired = Vec::new();
-        for shard in candidates {
-            let started = Instant::now();
-            let current = match self.kv.lease(shard).await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(shard, error = %e, "cannot read lease");
-                    break;
-                }
-            };
-            if let Some(c) = &current
-                && c.lease.is_held(now_ms())
-                && c.lease.owner != self.id
-            {
-                continue;
+        let mut from_dead = 0usize;
+        let mut candidates = candidates.into_iter();
+        while acquired.len() < wanted {
+            let batch: Vec<u32> = candidates.by_ref().take((wanted - acquired.len()).min(ACQUIRE_AT_ONCE)).collect();
+            if batch.is_empty() {
+                break;
             }
-            let epoch = current.as_ref().map_or(1, |c| c.lease.epoch + 1);
-            let lease = ShardLease {
-                owner: self.id.clone(),
-                addr: self.addr.clone(),
-                epoch,
-                expires_at_ms: now_ms() + self.config.ttl.as_millis() as u64,
-            };
-            match self.kv.put_lease(shard, &lease, current.map(|c| c.revision)).await {
-                Ok(revision) => {
-                    let held = Held { epoch, revision, valid_until: started + self.valid_for(), releasing: false };
-                    self.lock().insert(shard, held);
-                    acquired.push(shard);
-                }
-                Err(CasError::Lost { .. }) => {}
-                Err(CasError::Store(e)) => {
-                    tracing::warn!(shard, error = %e, "cannot acquire lease");
-                    break;
+            let outcomes =
+                futures::future::join_all(batch.into_iter().map(|shard| self.try_acquire(shard, &takeable))).await;
+            let mut store_failed = false;
+            for outcome in outcomes {
+                match outcome {
+                    Ok(Some((shard, was_dead))) => {
+                        acquired.push(shard);
+                        from_dead += usize::from(was_dead);
+                    }
+                    Ok(None) => {}
+                    Err(()) => store_failed = true,
                 }
             }
+            if store_failed {
+                break;
+            }
+        }
+        if from_dead > 0 {
+            tracing::warn!(count = from_dead, worker = %self.id, "took over shards of dead workers before their leases expired");
         }
         if acquired.is_empty() {
             return;
@@ -253,6 +402,54 @@ impl Leases {
                 tracing::warn!(error = %e, "resuming sessions of acquired shards failed");
             }
         });
+    }
+
+    /// Takes `shard` if it is still takeable when read: `Some((shard, held by a dead peer))` if this worker
+    /// holds it now, `None` if someone else got it first, `Err` if the store failed (stop acquiring).
+    async fn try_acquire(
+        &self,
+        shard: u32,
+        takeable: &impl Fn(&ShardLease, u64) -> bool,
+    ) -> Result<Option<(u32, bool)>, ()> {
+        let started = Instant::now();
+        let current = match self.kv.lease(shard).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(shard, error = %e, "cannot read lease");
+                return Err(());
+            }
+        };
+        if let Some(c) = &current
+            && !takeable(&c.lease, now_ms())
+        {
+            return Ok(None);
+        }
+        // Taking a live-looking lease of a dead peer is safe: the next epoch fences its writes (`may_write`
+        // sees the newer epoch in the map, its renewal's CAS fails, and the conditional append refuses any
+        // stale view of the log).
+        let was_dead = current.as_ref().is_some_and(|c| c.lease.is_held(now_ms()) && c.lease.owner != self.id);
+        if was_dead && let Some(c) = &current {
+            tracing::debug!(shard, from = %c.lease.owner, epoch = c.lease.epoch + 1, "taking over a dead worker's shard");
+        }
+        let epoch = current.as_ref().map_or(1, |c| c.lease.epoch + 1);
+        let lease = ShardLease {
+            owner: self.id.clone(),
+            addr: self.addr.clone(),
+            epoch,
+            expires_at_ms: now_ms() + self.config.ttl.as_millis() as u64,
+        };
+        match self.kv.put_lease(shard, &lease, current.map(|c| c.revision)).await {
+            Ok(revision) => {
+                let held = Held { epoch, revision, valid_until: started + self.valid_for(), releasing: false };
+                self.lock().insert(shard, held);
+                Ok(Some((shard, was_dead)))
+            }
+            Err(CasError::Lost { .. }) => Ok(None),
+            Err(CasError::Store(e)) => {
+                tracing::warn!(shard, error = %e, "cannot acquire lease");
+                Err(())
+            }
+        }
     }
 
     /// Hands `shard` back: refuse new commands, drain its sessions, release the lease.
@@ -322,11 +519,11 @@ impl Leases {
 impl Ownership for Leases {
     fn accepting(&self, session: &SessionRef) -> Result<u64, Option<String>> {
         let shard = self.shard(session);
-        if let Some(h) = self.lock().get(&shard)
-            && !h.releasing
-            && h.valid_until > Instant::now()
+        let epoch = self.lock().get(&shard).filter(|h| !h.releasing && h.valid_until > Instant::now()).map(|h| h.epoch);
+        if let Some(epoch) = epoch
+            && !self.superseded(shard, epoch)
         {
-            return Ok(h.epoch);
+            return Ok(epoch);
         }
         let map = self.map.borrow();
         Err(map.owner(shard, now_ms()).filter(|l| l.owner != self.id).map(|l| l.addr.clone()))
@@ -334,6 +531,9 @@ impl Ownership for Leases {
 
     fn may_write(&self, session: &SessionRef, epoch: u64) -> bool {
         let shard = self.shard(session);
+        // A taker may act before this lease expires (a peer that saw our NATS connection drop): its newer
+        // epoch in the map stops us before the next renewal would tell.
         self.lock().get(&shard).is_some_and(|h| h.epoch == epoch && h.valid_until > Instant::now())
+            && !self.superseded(shard, epoch)
     }
 }

@@ -1,9 +1,11 @@
 //! Cluster membership of a worker: shard leases, ownership checks, and the internal gRPC service.
 //!
 //! [`start_worker`] wires a [`SessionHost`] to [`leases::Leases`] (its [`crate::host::Ownership`]) and runs
-//! the lease loop; [`service`] exposes the host to gateways over `turnstile.cluster.v1`.
+//! the lease loop; [`presence`] tells a dead peer (closed NATS connection) from a slow one; [`service`] exposes
+//! the host to gateways over `turnstile.cluster.v1`.
 
 pub mod leases;
+pub mod presence;
 pub mod service;
 
 use std::sync::Arc;
@@ -33,12 +35,17 @@ pub struct WorkerOptions {
     pub worker: WorkerConfig,
 }
 
-/// A running worker: its host and its lease loop.
+/// A running worker: its host, its lease loop and its presence.
 pub struct WorkerHandle {
     host: Arc<SessionHost>,
     leases: Arc<Leases>,
+    /// Stops the lease loop and the probing of peers.
     stop: CancellationToken,
     task: JoinHandle<()>,
+    /// Stops answering presence probes: only after the leave, since a worker that stops answering while
+    /// it drains would have its shards taken before it released them.
+    present: CancellationToken,
+    presence: JoinHandle<()>,
 }
 
 impl std::fmt::Debug for WorkerHandle {
@@ -85,13 +92,17 @@ async fn join(
 ) -> Result<WorkerHandle, MembershipError> {
     let kv = ClusterKv::open(client, replicas, options.leases.shards, options.leases.worker_ttl).await?;
     let map = kv.watch_shards().await?;
+    // Before the first heartbeat (which tells peers to probe): a peer must never find us absent.
+    let present = CancellationToken::new();
+    let presence = presence::serve(client, &options.id, present.clone()).await?;
     let leases = Leases::new(options.id.clone(), options.advertise_addr.clone(), kv, map, options.leases.clone());
     let mut config = options.worker;
     config.owner_id = options.id;
     let host = host(leases.clone(), config);
     let stop = CancellationToken::new();
+    tokio::spawn(presence::watch_peers(client.clone(), leases.clone(), stop.clone()));
     let task = tokio::spawn(lease_loop(leases.clone(), host.clone(), stop.clone()));
-    Ok(WorkerHandle { host, leases, stop, task })
+    Ok(WorkerHandle { host, leases, stop, task, present, presence })
 }
 
 async fn lease_loop(leases: Arc<Leases>, host: Arc<SessionHost>, stop: CancellationToken) {
@@ -105,9 +116,24 @@ async fn lease_loop(leases: Arc<Leases>, host: Arc<SessionHost>, stop: Cancellat
     }
     loop {
         leases.tick(&host).await;
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
+        let round = tokio::time::Instant::now() + every;
+        // Between rounds, rebalance (without renewing) when a peer is found dead or when a stalled peer's
+        // lease runs out, so its shards move then and not up to a round later.
+        loop {
+            let expiry = leases.next_peer_expiry(every).map(|d| {
+                // Just past the expiry, and never a spin on a lease that expires now.
+                tokio::time::Instant::now() + (d + Duration::from_millis(5)).max(Duration::from_millis(20))
+            });
+            let wake_at = expiry.map_or(round, |e| e.min(round));
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep_until(wake_at) => {}
+                () = leases.woken() => {}
+            }
+            if tokio::time::Instant::now() >= round {
+                break;
+            }
+            leases.rebalance_now(&host).await;
         }
     }
 }
@@ -127,5 +153,7 @@ impl WorkerHandle {
         self.stop.cancel();
         let _ = self.task.await;
         let _ = tokio::time::timeout(drain_timeout + Duration::from_secs(2), self.leases.leave(&self.host)).await;
+        self.present.cancel();
+        let _ = self.presence.await;
     }
 }

@@ -20,11 +20,23 @@ pub struct AuthArgs {
     /// Signature algorithm of the JWTs: HS256, RS256 or ES256.
     #[arg(long, env = "TURNSTILE_JWT_ALG", default_value = "HS256", value_name = "ALG")]
     pub jwt_alg: JwtAlg,
+    /// Require JWTs whose `aud` claim is (or contains) this value, e.g. the gateway's URL.
+    #[arg(long, env = "TURNSTILE_JWT_AUDIENCE", value_name = "AUD", requires = "jwt_key")]
+    pub jwt_audience: Option<String>,
+    /// Require JWTs whose `iss` claim is this value (the identity provider that mints them).
+    #[arg(long, env = "TURNSTILE_JWT_ISSUER", value_name = "ISS", requires = "jwt_key")]
+    pub jwt_issuer: Option<String>,
 }
 
 impl AuthArgs {
     pub fn options(&self) -> AuthOptions {
-        AuthOptions { auth_tokens: self.auth_tokens.clone(), jwt_key: self.jwt_key.clone(), jwt_alg: self.jwt_alg }
+        AuthOptions {
+            auth_tokens: self.auth_tokens.clone(),
+            jwt_key: self.jwt_key.clone(),
+            jwt_alg: self.jwt_alg,
+            jwt_audience: self.jwt_audience.clone(),
+            jwt_issuer: self.jwt_issuer.clone(),
+        }
     }
 }
 

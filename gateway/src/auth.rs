@@ -273,9 +273,36 @@ impl JwtAuth {
         let mut validation = Validation::new(alg.algorithm());
         validation.set_required_spec_claims(&["exp"]);
         validation.validate_exp = true;
-        // Tokens are scoped by their key and tenant claim; an `aud` is not part of this contract.
+        // Without a configured audience, tokens are scoped by their key and tenant claim only.
         validation.validate_aud = false;
         Ok(Self { key, validation })
+    }
+
+    /// Also requires the tokens' `aud` and `iss` claims: `aud` must be or contain `audience`, `iss` must be
+    /// `issuer`. A key shared by several services (an identity provider's) otherwise admits tokens minted
+    /// for any of them.
+    pub fn with_claims(mut self, audience: Option<&str>, issuer: Option<&str>) -> Self {
+        let mut required = vec!["exp"];
+        if let Some(audience) = audience {
+            self.validation.set_audience(&[audience]);
+            self.validation.validate_aud = true;
+            required.push("aud");
+        }
+        if let Some(issuer) = issuer {
+            self.validation.set_issuer(&[issuer]);
+            required.push("iss");
+        }
+        self.validation.set_required_spec_claims(&required);
+        self
+    }
+
+    /// The configured audience and issuer, for messages.
+    fn expected(&self, claim: &str) -> String {
+        let values = match claim {
+            "aud" => self.validation.aud.as_ref(),
+            _ => self.validation.iss.as_ref(),
+        };
+        values.map(|set| set.iter().cloned().collect::<Vec<_>>().join(", ")).unwrap_or_default()
     }
 
     /// The tenant claim of a valid token.
@@ -287,6 +314,12 @@ impl JwtAuth {
                 ErrorKind::MissingRequiredClaim(c) => format!("it has no `{c}` claim"),
                 ErrorKind::InvalidAlgorithm => "it is not signed with the configured algorithm".to_owned(),
                 ErrorKind::InvalidSignature => "its signature does not match the configured key".to_owned(),
+                ErrorKind::InvalidAudience => {
+                    format!("its `aud` claim does not name this service (expected {})", self.expected("aud"))
+                }
+                ErrorKind::InvalidIssuer => {
+                    format!("its `iss` claim is not the configured issuer (expected {})", self.expected("iss"))
+                }
                 ErrorKind::Json(_) => {
                     "its claims are not valid (a string `tenant` and a numeric `exp` are required)".to_owned()
                 }

@@ -25,6 +25,10 @@ pub struct AuthOptions {
     pub jwt_key: Option<PathBuf>,
     /// Signature algorithm of the JWTs.
     pub jwt_alg: JwtAlg,
+    /// When set, a JWT's `aud` must be (or contain) this value.
+    pub jwt_audience: Option<String>,
+    /// When set, a JWT's `iss` must be this value.
+    pub jwt_issuer: Option<String>,
 }
 
 impl AuthOptions {
@@ -39,7 +43,9 @@ impl AuthOptions {
                 TokenFile::load(file).map_err(|cause| NodeError::Auth { flag: "--auth-tokens", cause })?,
             ),
             (None, Some(key)) => Authenticator::Jwt(Box::new(
-                JwtAuth::load(key, self.jwt_alg).map_err(|cause| NodeError::Auth { flag: "--jwt-key", cause })?,
+                JwtAuth::load(key, self.jwt_alg)
+                    .map_err(|cause| NodeError::Auth { flag: "--jwt-key", cause })?
+                    .with_claims(self.jwt_audience.as_deref(), self.jwt_issuer.as_deref()),
             )),
             (None, None) => Authenticator::Disabled,
         })

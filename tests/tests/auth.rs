@@ -206,6 +206,59 @@ async fn a_jwt_names_its_tenant_and_expired_or_forged_ones_are_refused() {
     assert_eq!(err.unwrap_err().code(), Code::Unauthenticated);
 }
 
+#[derive(serde::Serialize)]
+struct ScopedClaims<'a> {
+    tenant: &'a str,
+    exp: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aud: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    iss: Option<&'a str>,
+}
+
+#[tokio::test]
+async fn a_configured_audience_and_issuer_refuse_tokens_minted_for_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = b"an-hs256-secret-of-at-least-32-bytes!";
+    let key = dir.path().join("jwt.key");
+    std::fs::write(&key, secret).unwrap();
+    let args =
+        ["--jwt-key", &key.display().to_string(), "--jwt-audience", "turnstile", "--jwt-issuer", "https://id.test"]
+            .map(String::from)
+            .to_vec();
+    let server = start_with_args(args).await;
+    let mut client = server.client();
+    let exp = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() + 3600;
+    let sign = |aud: Option<&str>, iss: Option<&str>| {
+        let claims = ScopedClaims { tenant: "scoped", exp, aud, iss };
+        let key = jsonwebtoken::EncodingKey::from_secret(secret);
+        jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256), &claims, &key).unwrap()
+    };
+
+    let good = sign(Some("turnstile"), Some("https://id.test"));
+    followup(&mut client, &good, name("", "s1"), "hello").await.unwrap();
+    let cases = [
+        (
+            sign(Some("billing"), Some("https://id.test")),
+            "its `aud` claim does not name this service (expected turnstile)",
+        ),
+        (sign(None, Some("https://id.test")), "it has no `aud` claim"),
+        (
+            sign(Some("turnstile"), Some("https://evil.test")),
+            "its `iss` claim is not the configured issuer (expected https://id.test)",
+        ),
+        (sign(Some("turnstile"), None), "it has no `iss` claim"),
+    ];
+    for (token, why) in cases {
+        let err = client.get_session(authed(GetSessionRequest { session: name("", "s1") }, Some(&token))).await;
+        let err = err.unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{why}: {err:?}");
+        assert_eq!(err.message(), format!("the bearer JWT is not valid: {why}"));
+    }
+    let info = client.get_session(authed(GetSessionRequest { session: name("", "s1") }, Some(&good))).await;
+    assert_eq!(info.unwrap().into_inner().session, name("scoped", "s1"));
+}
+
 #[tokio::test]
 async fn auth_off_is_refused_off_loopback_and_announced_on_loopback() {
     let bin = tokio::task::spawn_blocking(turnstile_tests::binary::turnstile_bin).await.unwrap().unwrap();

@@ -6,7 +6,7 @@
 
 use tonic::Code;
 use turnstile_proto::v1::OnDeadline;
-use turnstile_tests::{Backend, Cluster, DEFAULT_WAIT, user_msg};
+use turnstile_tests::{Backend, Cluster, user_msg};
 
 async fn interrupt_runs_a_late_steer_as_the_next_turn(backend: Backend) {
     let server = backend.start_dev().await.unwrap();

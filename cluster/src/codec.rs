@@ -369,6 +369,7 @@ mod tests {
                 agent: "scripted".into(),
                 inject_mode: InjectMode::OutOfTurn,
                 goal: None,
+                last_time_ms: 1_700_000_000_000,
             }),
             CommandReply::Idle(SessionSummary {
                 status: Status::Running,
@@ -388,6 +389,7 @@ mod tests {
                     summary: None,
                     reason: Some("turn 4 ended error".into()),
                 }),
+                last_time_ms: 0,
             }),
         ];
         for reply in replies {

@@ -11,10 +11,12 @@
 //! [`read`] (projection reads), [`merge`] and [`watch`] (the resumable Watch stream), [`service`] (the
 //! RPCs), [`cluster_router`] (routing to shard owners over the internal API, with retries while shards move),
 //! [`auth`] (bearer tokens → tenant; every call is confined to its tenant) and [`tls`] (rustls configs
-//! from PEM files, for the public API and the internal hop).
+//! from PEM files, for the public API and the internal hop). [`console`] serves the web console and the
+//! same service over gRPC-Web for it, on the ops HTTP listener.
 
 pub mod auth;
 pub mod cluster_router;
+pub mod console;
 pub mod convert;
 pub mod merge;
 mod ops;

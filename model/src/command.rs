@@ -117,6 +117,8 @@ pub struct SessionSummary {
     pub inject_mode: InjectMode,
     /// The session's latest goal in any state (`Goal::current`), if it ever had one.
     pub goal: Option<GoalChange>,
+    /// The `time` of the last durable event (0 before the first): the session's last activity.
+    pub last_time_ms: u64,
 }
 
 impl SessionSummary {
@@ -132,6 +134,7 @@ impl SessionSummary {
             agent,
             inject_mode: state.inject_mode,
             goal: state.goals.current.as_ref().map(crate::goal::Goal::current),
+            last_time_ms: state.last_time_ms,
         }
     }
 }

@@ -191,7 +191,6 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
             hub
         }
     };
-    let http = OpsHttp::start(opts.http.as_deref(), journal.ready.clone()).await?;
     let config = &opts.config.config;
     let host = SessionHost::with_agents(
         journal.log.clone(),
@@ -206,14 +205,19 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         tracing::info!(resumed, "resumed sessions that were running when the last process stopped");
     }
     let router: Arc<dyn CommandRouter> = host;
+    let auth_enabled = security.auth.is_enabled();
     let gateway = Gateway::new(router, journal.log, journal.bus, gateway_config(config))
         .with_snapshots(journal.snapshots)
         .with_auth(security.auth)
         .with_tools(tools);
+    // The web console and its gRPC-Web calls share the ops listener (decision 0029).
+    let console = turnstile_gateway::console::router(gateway.clone(), auth_enabled);
+    let http = OpsHttp::start_with(opts.http.as_deref(), journal.ready, console).await?;
 
     let url = client_url_for(local, security.tls.is_some());
     print!("{}", banner(&url, &journal.describe, &opts.config.describe(), &auth));
     println!("  http       {}", http.describe());
+    println!("  console    {}", http.console());
     let bound: Vec<Bound> = bound_with_http("grpc", local, &http);
     report_bound(&bound, &[], opts.ready_file.as_deref())?;
     tracing::info!(%local, tls = security.tls.is_some(), "serving turnstile.v1.Agent");

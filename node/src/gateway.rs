@@ -111,17 +111,22 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     };
     let tools =
         ToolHub::with_nats(client.clone()).await.map_err(|cause| NodeError::ToolHub { url: url.to_owned(), cause })?;
+    let auth_enabled = security.auth.is_enabled();
     let gateway = Gateway::new(router, Arc::new(log), Arc::new(bus), gateway_config(config))
         .with_snapshots(Arc::new(snapshots))
         .with_auth(security.auth)
         .with_tools(tools);
 
-    let http = OpsHttp::start(opts.http.as_deref(), Arc::new(nats_ready(client, url.to_owned()))).await?;
+    // The web console and its gRPC-Web calls share the ops listener (decision 0029).
+    let console = turnstile_gateway::console::router(gateway.clone(), auth_enabled);
+    let ready = Arc::new(nats_ready(client, url.to_owned()));
+    let http = OpsHttp::start_with(opts.http.as_deref(), ready, console).await?;
     let client_url = client_url_for(local, security.tls.is_some());
     println!("turnstile gateway listening on {client_url}");
     println!("{auth}");
     println!("config: {}", opts.config.describe());
     println!("http: {}", http.describe());
+    println!("console: {}", http.console());
     let bound = bound_with_http("grpc", local, &http);
     report_bound(&bound, &[], opts.ready_file.as_deref())?;
     tracing::info!(%local, nats = %url, shards = c.shards, "serving turnstile.v1.Agent with cluster routing");

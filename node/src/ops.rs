@@ -35,6 +35,16 @@ impl OpsHttp {
     /// cannot be bound is an error; the default one being busy (several servers on one machine) is only a
     /// warning, and this process then serves no HTTP endpoints.
     pub(crate) async fn start(http: Option<&str>, readiness: Arc<dyn Readiness>) -> Result<Self, NodeError> {
+        Self::start_with(http, readiness, axum::Router::new()).await
+    }
+
+    /// [`OpsHttp::start`] with `extra` routes beside the ops endpoints: a gateway's web console
+    /// ([`turnstile_gateway::console`]).
+    pub(crate) async fn start_with(
+        http: Option<&str>,
+        readiness: Arc<dyn Readiness>,
+        extra: axum::Router,
+    ) -> Result<Self, NodeError> {
         let listener = match (TcpListener::bind(http.unwrap_or(DEFAULT_HTTP)).await, http) {
             (Ok(l), _) => l,
             (Err(e), None) if e.kind() == std::io::ErrorKind::AddrInUse => {
@@ -54,7 +64,7 @@ impl OpsHttp {
             let shutdown = async {
                 let _ = stopped.await;
             };
-            if let Err(e) = turnstile_ops::serve_http(listener, readiness, shutdown).await {
+            if let Err(e) = turnstile_ops::serve_http_with(listener, readiness, extra, shutdown).await {
                 tracing::error!(error = %e, "the ops HTTP server stopped");
             }
         });
@@ -71,6 +81,14 @@ impl OpsHttp {
     pub(crate) fn describe(&self) -> String {
         match self.addr {
             Some(addr) => format!("http://{addr} (/metrics /healthz /readyz)"),
+            None => format!("off ({DEFAULT_HTTP} in use; pass --http ADDR)"),
+        }
+    }
+
+    /// The web console's URL (a wildcard bind as loopback), or why there is none, for the banners.
+    pub(crate) fn console(&self) -> String {
+        match self.addr {
+            Some(addr) => format!("{}/", crate::report::client_url(addr)),
             None => format!("off ({DEFAULT_HTTP} in use; pass --http ADDR)"),
         }
     }

@@ -2,6 +2,7 @@
 //! scraper or a kubelet probe never competes with (or needs) the gRPC stack.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -59,11 +60,25 @@ pub async fn serve_http(
     readiness: Arc<dyn Readiness>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), HttpError> {
+    serve_http_with(listener, readiness, Router::new(), shutdown).await
+}
+
+/// [`serve_http`] with `extra` routes beside the ops endpoints (a gateway's web console). Each request
+/// carries the peer's address as `ConnectInfo<SocketAddr>`, for routes that answer loopback peers only.
+pub async fn serve_http_with(
+    listener: TcpListener,
+    readiness: Arc<dyn Readiness>,
+    extra: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), HttpError> {
     if let Err(e) = crate::install_metrics() {
         // Health and readiness still matter without metrics; /metrics answers 500 with this error.
         tracing::warn!(error = %e, "serving /healthz and /readyz without metrics");
     }
-    axum::serve(listener, router(readiness)).with_graceful_shutdown(shutdown).await?;
+    let app = router(readiness).merge(extra);
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(shutdown)
+        .await?;
     Ok(())
 }
 

@@ -13,7 +13,7 @@ pub mod http;
 mod recorder;
 pub mod trace;
 
-pub use http::{AlwaysReady, HttpError, Readiness, serve_http};
+pub use http::{AlwaysReady, HttpError, Readiness, serve_http, serve_http_with};
 pub use recorder::{MetricsError, install_metrics, render_metrics};
 
 /// Metric names. Counters end in `_total`, histograms in `_seconds` (base units); labels are low

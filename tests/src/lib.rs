@@ -22,8 +22,10 @@
 //! - [`fold`] is an independent inbox projection, to compare with the server's;
 //! - [`tool_executor`] is a client tool executor over `ServeTools` (tonic).
 //! - [`hook_server`] is a remote pre-step hook (`turnstile.hooks.v1.PreStepHook`) whose answers a test sets.
+//! - [`browser`] is a real headless chromium and the node scripts that drive it (the web console's test).
 
 pub mod binary;
+pub mod browser;
 pub mod cluster;
 pub mod dev;
 pub mod fold;

@@ -63,6 +63,7 @@ pub fn encode_session_info(session: &SessionRef, summary: &SessionSummary) -> pb
         agent: summary.agent.clone(),
         inject_mode: encode_inject_mode(summary.inject_mode) as i32,
         goal: summary.goal.as_ref().map(encode_goal_info),
+        last_event_unix_ms: summary.last_time_ms,
     }
 }
 
@@ -78,6 +79,7 @@ pub fn session_info_at(info: pb::SessionInfo, path: &str) -> Result<SessionSumma
         // A node of an older build sends no mode: its sessions can only be pending.
         inject_mode: inject_mode_at(info.inject_mode, &join(path, "inject_mode"), Some(InjectMode::Pending))?,
         goal: info.goal.map(|g| goal_info_at(g, &join(path, "goal"))).transpose()?,
+        last_time_ms: info.last_event_unix_ms,
     })
 }
 

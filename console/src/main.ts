@@ -1,0 +1,100 @@
+// Turnstile's web console: the sessions of the caller's tenant (#/) and one session's page (#/s/ID,
+// session.ts). The bearer token and, with auth off, the tenant are kept in this browser's localStorage
+// and sent with every call, exactly as `turnstile --token` does.
+
+import { api, describe, settings } from "./api";
+import { byId, fill, h } from "./dom";
+import { sessionPage } from "./session";
+import type { SessionInfo } from "../gen/turnstile/v1/agent_pb";
+import { SessionStatus } from "../gen/turnstile/v1/events_pb";
+
+let leave: (() => void) | undefined;
+
+function header() {
+  const token = h("input", { id: "token", type: "password", placeholder: "bearer token", autocomplete: "off", value: settings.token }) as HTMLInputElement;
+  const tenant = h("input", { id: "tenant", placeholder: "tenant (auth off)", value: settings.tenant }) as HTMLInputElement;
+  fill(byId("top"),
+    h("a", { href: "#/", class: "brand" }, "Turnstile"),
+    h("form", { id: "settings", class: "row", onsubmit: (ev: Event) => {
+      ev.preventDefault();
+      settings.token = token.value.trim();
+      settings.tenant = tenant.value.trim();
+      byId("saved").textContent = "saved";
+      route();
+    } }, token, tenant, h("button", { id: "save-settings", type: "submit" }, "save"), h("span", { id: "saved", class: "muted" })));
+}
+
+function when(ms: bigint): string {
+  if (ms === 0n) return "";
+  const d = new Date(Number(ms));
+  const ago = Math.max(0, Math.round((Date.now() - d.getTime()) / 1000));
+  const rel = ago < 60 ? `${ago} s ago` : ago < 3600 ? `${Math.round(ago / 60)} min ago` : `${Math.round(ago / 3600)} h ago`;
+  return `${d.toLocaleString()} (${rel})`;
+}
+
+function sessionsPage(root: HTMLElement): () => void {
+  const input = h("input", { id: "open-id", placeholder: "session id", pattern: "[A-Za-z0-9_-]{1,128}", required: true }) as HTMLInputElement;
+  fill(root,
+    h("section", { id: "sessions-page" },
+      h("div", { class: "row" },
+        h("h2", {}, "Sessions"),
+        h("span", { class: "spacer" }),
+        h("form", { class: "row", onsubmit: (ev: Event) => { ev.preventDefault(); window.location.hash = `#/s/${encodeURIComponent(input.value)}`; } },
+          input, h("button", { id: "open", type: "submit" }, "open"))),
+      h("div", { id: "list-error", class: "error" }),
+      h("table", { id: "sessions" },
+        h("thead", {}, h("tr", {}, ["session", "status", "last activity", "agent", "goal", "turns"].map((c) => h("th", {}, c)))),
+        h("tbody", {}))));
+  let stopped = false;
+  const load = async () => {
+    try {
+      const all: SessionInfo[] = [];
+      let pageToken = "";
+      do {
+        const reply = await api.listSessions({ pageToken, pageSize: 500, tenant: settings.tenant });
+        all.push(...reply.sessions);
+        pageToken = reply.nextPageToken;
+      } while (pageToken && all.length < 5000);
+      all.sort((a, b) => Number(b.lastEventUnixMs - a.lastEventUnixMs));
+      byId("list-error").textContent = "";
+      const body = root.querySelector("#sessions tbody");
+      if (!body) return;
+      fill(body, all.length === 0
+        ? h("tr", {}, h("td", { colspan: 6, class: "muted" }, "no sessions yet: open one by its id and send a followup"))
+        : all.map((s) => {
+            const id = s.session?.id ?? "";
+            const running = s.status === SessionStatus.RUNNING;
+            return h("tr", { "data-session": id },
+              h("td", {}, h("a", { href: `#/s/${encodeURIComponent(id)}` }, id)),
+              h("td", {}, h("span", { class: `status ${running ? "running" : "idle"}` }, running ? "running" : "idle")),
+              h("td", {}, when(s.lastEventUnixMs)),
+              h("td", {}, s.agent),
+              h("td", {}, s.goal ? `${s.goal.state}: ${s.goal.objective}` : ""),
+              h("td", {}, String(s.lastTurn)));
+          }));
+    } catch (e) {
+      byId("list-error").textContent = `ListSessions failed: ${describe(e)}`;
+    }
+  };
+  const tick = async () => {
+    while (!stopped) {
+      await load();
+      await new Promise((r) => setTimeout(r, 3000));
+    }
+  };
+  void tick();
+  return () => {
+    stopped = true;
+  };
+}
+
+function route() {
+  leave?.();
+  const root = byId("app");
+  const m = /^#\/s\/(.+)$/.exec(window.location.hash);
+  leave = m ? sessionPage(root, decodeURIComponent(m[1])) : sessionsPage(root);
+}
+
+header();
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,268 @@
+// The session as the console shows it, folded from one Watch stream (ARCHITECTURE.md, "Watch"): turns
+// with their steps, each step's entered messages, streamed and final assistant text, reasoning and tool
+// calls with their decisions and results; the inbox (by the SPEC §3 projection of the durable splices);
+// status, goal and pending approvals. Durable events are the truth; live deltas only fill a step until
+// its durable `assistant/message` replaces them.
+
+import type { WatchItem } from "../gen/turnstile/v1/agent_pb";
+import { SessionStatus, Target, type SessionEvent, type TurnEndReason, type UserMessage } from "../gen/turnstile/v1/events_pb";
+
+/// A goal as `goal/change` and `GetSession` both carry it.
+export interface GoalShown {
+  goalId: string;
+  state: string;
+  objective: string;
+  round: bigint;
+  maxRounds: number;
+  summary?: string;
+  reason?: string;
+}
+
+export interface Tool {
+  callId: string;
+  name: string;
+  args: string;
+  awaiting: boolean;
+  decision?: { approved: boolean; reason: string };
+  result?: { output: string; error?: string };
+}
+
+export interface Step {
+  key: string; // "turn.step"
+  turn: bigint;
+  step: number;
+  messages: UserMessage[];
+  /// Live text and reasoning, until the durable assistant/message arrives.
+  streamed: string;
+  streamedReasoning: string;
+  /// How many live `assistant/delta`s this step received before its durable message.
+  deltas: number;
+  text?: string;
+  reasoning?: string;
+  interrupted: boolean;
+  maxTokens: boolean;
+  usage?: { input: bigint; output: bigint };
+  tools: Map<string, Tool>;
+  ended: boolean;
+  reasoningOpen: boolean;
+}
+
+export interface Turn {
+  turn: bigint;
+  steps: Map<number, Step>;
+  end?: string;
+  /// Errors reported live (`agent/error`) during the turn.
+  errors: string[];
+}
+
+/// Out-of-turn entries: `user/message` with turn 0, configuration, goal changes.
+export interface Note {
+  seq: bigint;
+  text: string;
+}
+
+export class SessionView {
+  lastSeq = 0n;
+  caughtUp = false;
+  status: SessionStatus = SessionStatus.UNSPECIFIED;
+  nextTurn: UserMessage[] = [];
+  nextStep: UserMessage[] = [];
+  turns = new Map<bigint, Turn>();
+  /// Turns and notes in log order, for rendering.
+  order: Array<{ turn: bigint } | { note: Note }> = [];
+  goal?: GoalShown;
+  agent?: string;
+  /// Which parts changed since the last render.
+  dirty = { header: true, inbox: true, turns: new Set<bigint>(), order: true, approvals: true };
+
+  apply(item: WatchItem) {
+    const it = item.item;
+    switch (it.case) {
+      case "event":
+        this.durable(it.value);
+        break;
+      case "caughtUp": {
+        this.caughtUp = true;
+        this.lastSeq = it.value.seq > this.lastSeq ? it.value.seq : this.lastSeq;
+        this.status = it.value.status;
+        if (it.value.inbox) {
+          this.nextTurn = [...it.value.inbox.nextTurn];
+          this.nextStep = [...it.value.inbox.nextStep];
+        }
+        this.dirty.header = this.dirty.inbox = true;
+        break;
+      }
+      case "live": {
+        const p = it.value.payload;
+        if (p.case === "assistantDelta") {
+          const s = this.step(p.value.turn, p.value.step);
+          if (s.text === undefined) {
+            if (p.value.reasoning) s.streamedReasoning += p.value.text;
+            else s.streamed += p.value.text;
+            s.deltas++;
+            this.dirty.turns.add(s.turn);
+          }
+        } else if (p.case === "error") {
+          this.turn(p.value.turn).errors.push(p.value.message);
+          this.dirty.turns.add(p.value.turn);
+        } else if (p.case === "status") {
+          this.status = p.value.status;
+          this.dirty.header = true;
+        }
+        break;
+      }
+    }
+  }
+
+  /// Calls awaiting a decision: written awaiting approval, not yet decided or ended.
+  pendingApprovals(): Array<{ step: Step; tool: Tool }> {
+    const out: Array<{ step: Step; tool: Tool }> = [];
+    for (const t of this.turns.values())
+      for (const s of t.steps.values())
+        for (const tool of s.tools.values()) if (tool.awaiting && !tool.decision && !tool.result) out.push({ step: s, tool });
+    return out;
+  }
+
+  private durable(e: SessionEvent) {
+    if (e.seq <= this.lastSeq && this.caughtUp) return; // a resumed stream never repeats, but be safe
+    this.lastSeq = e.seq;
+    const p = e.payload;
+    switch (p.case) {
+      case "inboxSpliced": {
+        const list = p.value.target === Target.NEXT_STEP ? this.nextStep : this.nextTurn;
+        list.splice(p.value.start, p.value.removedCount, ...p.value.inserted);
+        this.dirty.inbox = true;
+        break;
+      }
+      case "status":
+        this.status = p.value.status;
+        this.dirty.header = true;
+        break;
+      case "turnStart":
+        this.turn(p.value.turn);
+        break;
+      case "turnEnd":
+        this.turn(p.value.turn).end = reason(p.value.reason);
+        this.dirty.turns.add(p.value.turn);
+        break;
+      case "stepStart":
+        this.step(p.value.turn, p.value.step);
+        break;
+      case "stepEnd":
+        this.step(p.value.turn, p.value.step).ended = true;
+        this.dirty.turns.add(p.value.turn);
+        break;
+      case "userMessage": {
+        const m = p.value.message;
+        if (!m) break;
+        if (p.value.turn === 0n) this.note(e.seq, `out of turn: ${m.id}`, m);
+        else {
+          this.step(p.value.turn, p.value.step).messages.push(m);
+          this.dirty.turns.add(p.value.turn);
+        }
+        break;
+      }
+      case "assistantMessage": {
+        const s = this.step(p.value.turn, p.value.step);
+        s.text = p.value.text;
+        s.reasoning = p.value.reasoning;
+        s.interrupted = p.value.interrupted;
+        s.maxTokens = p.value.maxTokens;
+        if (p.value.usage) s.usage = { input: p.value.usage.inputTokens, output: p.value.usage.outputTokens };
+        this.dirty.turns.add(s.turn);
+        break;
+      }
+      case "toolCall": {
+        const s = this.step(p.value.turn, p.value.step);
+        s.tools.set(p.value.callId, { callId: p.value.callId, name: p.value.name, args: p.value.arguments, awaiting: p.value.awaitingApproval });
+        this.dirty.turns.add(s.turn);
+        this.dirty.approvals = true;
+        break;
+      }
+      case "toolDecision": {
+        const tool = this.step(p.value.turn, p.value.step).tools.get(p.value.callId);
+        if (tool) tool.decision = { approved: p.value.approved, reason: p.value.reason };
+        this.dirty.turns.add(p.value.turn);
+        this.dirty.approvals = true;
+        break;
+      }
+      case "toolResult": {
+        const s = this.step(p.value.turn, p.value.step);
+        let tool = s.tools.get(p.value.callId);
+        if (!tool) {
+          tool = { callId: p.value.callId, name: "?", args: "", awaiting: false };
+          s.tools.set(p.value.callId, tool);
+        }
+        tool.result = { output: p.value.output, error: p.value.error };
+        this.dirty.turns.add(s.turn);
+        this.dirty.approvals = true;
+        break;
+      }
+      case "goalChange":
+        this.goal = p.value;
+        this.note(e.seq, `goal ${p.value.state}: ${p.value.objective} (round ${p.value.round}/${p.value.maxRounds})${p.value.summary ? ` — ${p.value.summary}` : ""}`);
+        this.dirty.header = true;
+        break;
+      case "sessionConfigured":
+        this.agent = p.value.agent;
+        this.note(e.seq, `configured: agent ${p.value.agent}`);
+        this.dirty.header = true;
+        break;
+      default:
+        // A type this console does not know (from a newer server): shown, never dropped silently.
+        this.note(e.seq, `${e.type}`);
+    }
+  }
+
+  private turn(n: bigint): Turn {
+    let t = this.turns.get(n);
+    if (!t) {
+      t = { turn: n, steps: new Map(), errors: [] };
+      this.turns.set(n, t);
+      this.order.push({ turn: n });
+      this.dirty.order = true;
+    }
+    this.dirty.turns.add(n);
+    return t;
+  }
+
+  private step(turn: bigint, step: number): Step {
+    const t = this.turn(turn);
+    let s = t.steps.get(step);
+    if (!s) {
+      s = { key: `${turn}.${step}`, turn, step, messages: [], streamed: "", streamedReasoning: "", deltas: 0, interrupted: false, maxTokens: false, tools: new Map(), ended: false, reasoningOpen: false };
+      t.steps.set(step, s);
+    }
+    return s;
+  }
+
+  private note(seq: bigint, text: string, m?: UserMessage) {
+    const body = m ? `${text} ${m.content.map((c) => (c.block.case === "text" ? c.block.value.text : "")).join(" ")}` : text;
+    this.order.push({ note: { seq, text: body } });
+    this.dirty.order = true;
+  }
+}
+
+/// `completed`, `blocked: why`, `max-tokens`, `aborted{user}`, `error: message`, `interrupted`.
+export function reason(r: TurnEndReason | undefined): string {
+  const v = r?.reason;
+  switch (v?.case) {
+    case "completed":
+      return "completed";
+    case "blocked":
+      return v.value.reason ? `blocked: ${v.value.reason}` : "blocked";
+    case "maxTokens":
+      return "max-tokens";
+    case "aborted": {
+      const c = v.value.cause;
+      const cause = c.case === "hook" ? `hook: ${c.value.reason}` : c.case === "steerDeadline" ? "steer-deadline" : (c.case ?? "unknown");
+      return `aborted{${cause}}`;
+    }
+    case "error":
+      return `error: ${v.value.message}${v.value.code ? ` (${v.value.code})` : ""}`;
+    case "interrupted":
+      return "interrupted";
+    default:
+      return "ended";
+  }
+}

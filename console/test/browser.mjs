@@ -1,0 +1,115 @@
+// The web console in a real browser (tests/tests/console.rs starts `turnstile dev` and chromium, then
+// runs this): through the page only, as a person would, it opens a session, sends a followup and sees the
+// reply stream in, changes the inbox (queue, replace, remove), cancels a running turn, approves a call
+// that waits for approval, and saves a screenshot. Every wait is bounded (playwright's 30 s default);
+// any failure exits non-zero with what the page showed. The last stdout line is a JSON summary the Rust
+// test checks against the session's log.
+//
+// Env: CDP_ENDPOINT (chromium's ws:// DevTools URL), CONSOLE_URL, TURNSTILE_TOKEN, SESSION_ID (the
+// session the page drives), LISTED_SESSION (one that already exists), SCREENSHOT (a .png path).
+
+import { chromium } from "playwright-core";
+
+const env = (name) => {
+  const v = process.env[name];
+  if (!v) throw new Error(`${name} is not set (tests/tests/console.rs sets it)`);
+  return v;
+};
+const [cdp, url, token, session, listed, screenshot] = ["CDP_ENDPOINT", "CONSOLE_URL", "TURNSTILE_TOKEN", "SESSION_ID", "LISTED_SESSION", "SCREENSHOT"].map(env);
+const log = (...a) => console.log("browser.mjs:", ...a);
+
+const browser = await chromium.connectOverCDP(cdp);
+const context = browser.contexts()[0] ?? (await browser.newContext());
+const page = await context.newPage();
+await page.setViewportSize({ width: 1280, height: 1000 });
+const pageErrors = [];
+page.on("pageerror", (e) => pageErrors.push(String(e)));
+page.on("console", (m) => m.type() === "error" && pageErrors.push(`console: ${m.text()}`));
+
+async function main() {
+  await page.goto(url);
+  // The token field: saved in this browser, sent with every call.
+  await page.fill("#token", token);
+  await page.click("#save-settings");
+  // The tenant's sessions (the token names the tenant): the one that exists, idle, with its agent.
+  const row = page.locator(`#sessions tr[data-session="${listed}"]`);
+  await row.filter({ hasText: "idle" }).filter({ hasText: "careful" }).waitFor();
+  if (pageErrors.length) throw new Error(`the sessions page failed: ${pageErrors.join("; ")}`);
+  await page.fill("#open-id", session);
+  await page.click("#open");
+  await page.locator("#status", { hasText: "new session" }).waitFor();
+
+  const send = async (preset, text) => {
+    await page.selectOption("#preset", preset);
+    await page.fill("#message", text);
+    await page.click("#send");
+    await page.locator("#result", { hasText: `${preset}: accepted` }).waitFor();
+  };
+  const turnEnd = (turn, text) => page.locator(`.turn[data-turn="${turn}"] .turn-end`, { hasText: text }).waitFor();
+
+  // 1. A followup whose reply streams slowly: the deltas arrive before the durable message.
+  await send("followup", "[[delay:1500]] hello from the browser");
+  const reply = page.locator('.step[data-step="1.1"] .assistant:not(.streaming)');
+  await reply.waitFor();
+  await turnEnd(1, "completed");
+  const replyText = await reply.locator(".text").innerText();
+  const deltas = Number(await reply.getAttribute("data-deltas"));
+  log(`turn 1 reply after ${deltas} deltas: ${JSON.stringify(replyText)}`);
+
+  // 2. The inbox: queue waits in next-turn; replace keeps the id with new text; remove discards.
+  await send("queue", "queued first");
+  const pending = page.locator("#inbox-next-turn li[data-id]");
+  await pending.filter({ hasText: "queued first" }).waitFor();
+  const queuedId = await pending.first().getAttribute("data-id");
+  await pending.first().locator("button.edit").click();
+  await pending.first().locator("textarea.replacement").fill("queued, then replaced");
+  await pending.first().locator("button.save").click();
+  await page.locator(`#inbox-next-turn li[data-id="${queuedId}"]`, { hasText: "queued, then replaced" }).waitFor();
+  await send("queue", "queued to remove");
+  const doomed = pending.filter({ hasText: "queued to remove" });
+  await doomed.waitFor();
+  const removedId = await doomed.getAttribute("data-id");
+  await doomed.locator("button.remove").click();
+  await page.locator(`#inbox-next-turn li[data-id="${removedId}"]`).waitFor({ state: "detached" });
+  // A followup wakes the session: the replaced message runs as turn 2, the followup as turn 3.
+  await send("followup", "after the queue");
+  await turnEnd(3, "completed");
+  await page.locator("#inbox-next-turn li.empty").waitFor();
+
+  // 3. Cancel a running turn: a 60 s sleep tool call, cancelled from the page.
+  await send("followup", "[[tool:sleep 60000]] a long one");
+  await page.locator('.turn[data-turn="4"] .tool.running').waitFor();
+  await page.click("#cancel");
+  await turnEnd(4, "aborted{user}");
+
+  // 4. Approve a call that waits for approval (the agent's profile gates `echo`).
+  await send("followup", "[[tool:echo approved in the browser]] please");
+  const approval = page.locator("#approvals li[data-call]");
+  await approval.waitFor();
+  const callId = await approval.getAttribute("data-call");
+  await page.locator(`.tool.awaiting-approval[data-call="${callId}"]`).waitFor();
+  await approval.locator("button.approve").click();
+  await page.locator(`.tool.done[data-call="${callId}"] .result`, { hasText: "approved in the browser" }).waitFor();
+  await turnEnd(5, "completed");
+  await page.locator("#approvals li.empty").waitFor();
+  await page.locator("#status", { hasText: "idle" }).waitFor();
+
+  if (pageErrors.length) throw new Error(`the page reported errors: ${pageErrors.join("; ")}`);
+  await page.screenshot({ path: screenshot, fullPage: true });
+  log(`screenshot: ${screenshot}`);
+  console.log(JSON.stringify({ replyText, deltas, queuedId, removedId, callId }));
+}
+
+try {
+  await main();
+} catch (e) {
+  console.error(`browser.mjs: ${e.stack ?? e}`);
+  if (pageErrors.length) console.error(`page errors: ${pageErrors.join("; ")}`);
+  try {
+    console.error(`the page showed:\n${await page.locator("body").innerText()}`);
+    await page.screenshot({ path: screenshot.replace(/\.png$/, "-failed.png"), fullPage: true });
+  } catch {}
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}

@@ -1,0 +1,173 @@
+//! The web console (decision 0029) in a real browser: `turnstile dev` with an agent that gates `echo`
+//! behind approval and bearer-token auth, headless chromium (`browser::Chromium`), and
+//! `console/test/browser.mjs` driving the page as a person would: the token field, the sessions list, a
+//! streamed followup, queue / replace / remove in the inbox, cancel of a running turn, approve of a
+//! waiting call, and a screenshot under `target/console/`. Then the session's log, read over gRPC with the
+//! same token, must hold exactly what the page did.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use tonic::Request;
+use tonic::transport::Channel;
+use turnstile_tests::browser::{Chromium, run_script};
+use turnstile_tests::v1::agent_client::AgentClient;
+use turnstile_tests::v1::cancel_cause::Cause;
+use turnstile_tests::v1::session_event::Payload;
+use turnstile_tests::v1::turn_end_reason::Reason;
+use turnstile_tests::v1::watch_item::Item;
+use turnstile_tests::v1::{DeliverRequest, SessionEvent, SessionRef, SpliceOutcome, WatchRequest, WhenIdleRequest};
+use turnstile_tests::{DevOptions, DevServer, text_of, user_msg};
+
+const TOKEN: &str = "console-test-token-0123456789";
+const TENANT: &str = "console-tenant";
+/// `echo` waits for a human; `sleep` runs freely.
+const CONFIG: &str =
+    "default_agent = \"careful\"\n\n[agents.careful]\ntools = [\"echo\", \"sleep\"]\napproval = [\"echo\"]\n";
+
+fn authed<T>(message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request.metadata_mut().insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    request
+}
+
+fn named(id: &str) -> Option<SessionRef> {
+    Some(SessionRef { tenant: String::new(), id: id.into() })
+}
+
+/// The session's whole log, as any client reads it.
+async fn log_of(client: &mut AgentClient<Channel>, id: &str) -> Vec<SessionEvent> {
+    let req = WatchRequest { session: named(id), after_seq: 0, live: false };
+    let mut stream = client.watch(authed(req)).await.unwrap().into_inner();
+    let mut events = Vec::new();
+    while let Some(item) = stream.message().await.unwrap() {
+        match item.item {
+            Some(Item::Event(e)) => events.push(e),
+            Some(Item::CaughtUp(_)) => return events,
+            _ => {}
+        }
+    }
+    panic!("the watch ended before caught_up");
+}
+
+#[tokio::test]
+async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("turnstile.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let tokens = dir.path().join("tokens.txt");
+    std::fs::write(&tokens, format!("{TOKEN} {TENANT}\n")).unwrap();
+    let args = ["--config", config.to_str().unwrap(), "--auth-tokens", tokens.to_str().unwrap()];
+    let opts = DevOptions { extra_args: args.map(str::to_owned).to_vec(), ..DevOptions::default() };
+    let server = DevServer::start_with(opts).await.unwrap();
+    let mut client = server.client();
+
+    // A session for the list to show, made by an ordinary gRPC client with the same token.
+    let listed = format!("listed-{}", uuid::Uuid::new_v4());
+    let req = DeliverRequest { session: named(&listed), message: Some(user_msg("listed-1", "hello")) };
+    client.followup(authed(req)).await.unwrap();
+    client.when_idle(authed(WhenIdleRequest { session: named(&listed), timeout_ms: 20_000 })).await.unwrap();
+
+    let browser = Chromium::start().await.unwrap();
+    let shots = turnstile_tests::binary::target_dir().join("console");
+    std::fs::create_dir_all(&shots).unwrap();
+    let screenshot = shots.join("session.png");
+    let _ = std::fs::remove_file(&screenshot);
+    let session = format!("console-{}", uuid::Uuid::new_v4());
+    let http = server.http_addr().expect("dev serves --http");
+    let env = [
+        ("CDP_ENDPOINT", browser.ws_endpoint().to_owned()),
+        ("CONSOLE_URL", format!("http://{http}/")),
+        ("TURNSTILE_TOKEN", TOKEN.to_owned()),
+        ("SESSION_ID", session.clone()),
+        ("LISTED_SESSION", listed.clone()),
+        ("SCREENSHOT", screenshot.display().to_string()),
+    ];
+    let env = env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    let out = run_script("browser.mjs", env, Duration::from_secs(150)).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "browser.mjs failed ({}):\n{stdout}\n{stderr}\n--- chromium log:\n{}\n--- turnstile log:\n{}",
+        out.status,
+        browser.log_tail(),
+        server.log_tail()
+    );
+    eprintln!("{stdout}");
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let png = std::fs::read(&screenshot).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000, "{} is no screenshot", screenshot.display());
+
+    // The log holds what the page did, in order.
+    let events = log_of(&mut client, &session).await;
+    let entered: Vec<(String, String)> = events
+        .iter()
+        .filter_map(|e| match &e.payload {
+            Some(Payload::UserMessage(u)) => u.message.as_ref().map(|m| (m.id.clone(), text_of(m))),
+            _ => None,
+        })
+        .collect();
+    let texts: Vec<&str> = entered.iter().map(|(_, t)| t.as_str()).collect();
+    assert_eq!(
+        texts,
+        [
+            "[[delay:1500]] hello from the browser",
+            "queued, then replaced",
+            "after the queue",
+            "[[tool:sleep 60000]] a long one",
+            "[[tool:echo approved in the browser]] please",
+        ],
+        "the messages the page sent, the queued one as replaced"
+    );
+    assert_eq!(entered[1].0, summary["queuedId"].as_str().unwrap(), "replace kept the message's id");
+
+    // The streamed reply: what the page showed is the durable text, and it came in several deltas.
+    let first_reply = events.iter().find_map(|e| match &e.payload {
+        Some(Payload::AssistantMessage(a)) if a.turn == 1 => Some(a.text.clone()),
+        _ => None,
+    });
+    assert_eq!(first_reply.as_deref(), summary["replyText"].as_str());
+    assert!(summary["replyText"].as_str().unwrap().contains("hello from the browser"), "{summary}");
+    assert!(summary["deltas"].as_u64().unwrap() >= 2, "the page saw the reply stream: {summary}");
+
+    // Remove: one canceled splice that removed exactly that message.
+    let removed = summary["removedId"].as_str().unwrap();
+    let mut inserted_removed = false;
+    let mut canceled = 0;
+    for e in &events {
+        if let Some(Payload::InboxSpliced(s)) = &e.payload {
+            inserted_removed |= s.inserted.iter().any(|m| m.id == removed);
+            if s.outcome == SpliceOutcome::Canceled as i32 && s.inserted.is_empty() {
+                canceled += 1;
+            }
+        }
+    }
+    assert!(inserted_removed, "the removed message was queued first");
+    assert_eq!(canceled, 1, "one removal (replace inserts, so it is not counted)");
+
+    // Turns: three completed, the cancelled one aborted by the user, the approved one completed.
+    let ends: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.payload {
+            Some(Payload::TurnEnd(t)) => Some(match t.reason.as_ref().and_then(|r| r.reason.as_ref()) {
+                Some(Reason::Completed(_)) => "completed".to_owned(),
+                Some(Reason::Aborted(c)) if matches!(c.cause, Some(Cause::User(_))) => "aborted{user}".to_owned(),
+                other => format!("{other:?}"),
+            }),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends, ["completed", "completed", "completed", "aborted{user}", "completed"]);
+
+    // The approval: the page's Decide approved the call it showed.
+    let call = summary["callId"].as_str().unwrap();
+    let decided =
+        events.iter().any(|e| matches!(&e.payload, Some(Payload::ToolDecision(d)) if d.call_id == call && d.approved));
+    assert!(decided, "tool/decision approved for {call}");
+    let result = events.iter().find_map(|e| match &e.payload {
+        Some(Payload::ToolResult(r)) if r.call_id == call => Some(r.output.clone()),
+        _ => None,
+    });
+    assert_eq!(result.as_deref(), Some("approved in the browser"));
+}

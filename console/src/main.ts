@@ -33,7 +33,7 @@ function when(ms: bigint): string {
 }
 
 function sessionsPage(root: HTMLElement): () => void {
-  const input = h("input", { id: "open-id", placeholder: "session id", pattern: "[A-Za-z0-9_-]{1,128}", required: true }) as HTMLInputElement;
+  const input = h("input", { id: "open-id", placeholder: "session id", pattern: "[A-Za-z0-9_\\-]{1,128}", required: true }) as HTMLInputElement;
   fill(root,
     h("section", { id: "sessions-page" },
       h("div", { class: "row" },

@@ -269,4 +269,41 @@ mod tests {
         node.shutdown().await.unwrap();
         assert!(tokio::net::TcpStream::connect(grpc).await.is_err(), "the listener is closed once stopped");
     }
+
+    /// One HTTP/1.1 request on a fresh connection; the whole answer (headers and body) as text.
+    async fn http_exchange(addr: SocketAddr, head: &str, body: &[u8]) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(body).await.unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn the_console_and_its_grpc_web_api_are_served_on_the_http_port_to_loopback_names_only() {
+        let opts = Options { listen: "127.0.0.1:0".into(), http: Some("127.0.0.1:0".into()), ..Options::default() };
+        let node = start(opts).await.unwrap();
+        let http = node.http_addr().unwrap();
+        let page = http_exchange(http, "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", b"").await;
+        assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+        assert!(page.contains("content-security-policy: default-src 'none'"), "{page}");
+        assert!(page.contains("<script src=\"/console.js\""), "{page}");
+        // An empty ListSessionsRequest in one gRPC-Web frame.
+        let call = |host: &str| {
+            format!(
+                "POST /turnstile.v1.Agent/ListSessions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/grpc-web+proto\r\n\
+                 X-Grpc-Web: 1\r\nContent-Length: 5\r\nConnection: close\r\n\r\n"
+            )
+        };
+        let frame = [0u8; 5];
+        let ok = http_exchange(http, &call(&format!("localhost:{}", http.port())), &frame).await;
+        assert!(ok.starts_with("HTTP/1.1 200") && ok.contains("grpc-status:0"), "{ok}");
+        // With auth off, a page of another site whose name resolves to 127.0.0.1 gets nothing.
+        let rebound = http_exchange(http, &call("evil.example"), &frame).await;
+        assert!(rebound.contains("grpc-status: 7"), "{rebound}");
+        assert!(!rebound.contains("access-control-allow-origin"), "no CORS: {rebound}");
+        node.shutdown().await.unwrap();
+    }
 }

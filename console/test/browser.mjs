@@ -1,8 +1,8 @@
 // The web console in a real browser (tests/tests/console.rs starts `turnstile dev` and chromium, then
 // runs this): through the page only, as a person would, it opens a session, sends a followup and sees the
-// reply stream in, changes the inbox (queue, replace, remove), cancels a running turn, approves a call
-// that waits for approval, and saves a screenshot. Every wait is bounded (playwright's 30 s default);
-// any failure exits non-zero with what the page showed. The last stdout line is a JSON summary the Rust
+// reply stream in, changes the inbox (queue, replace, remove), cancels a running turn, and approves a
+// call that waits for approval (saving a screenshot while it waits, with a followup in the inbox). Every
+// wait is bounded (playwright's 30 s default); any failure exits non-zero with what the page showed. The last stdout line is a JSON summary the Rust
 // test checks against the session's log.
 //
 // Env: CDP_ENDPOINT (chromium's ws:// DevTools URL), CONSOLE_URL, TURNSTILE_TOKEN, SESSION_ID (the
@@ -88,15 +88,20 @@ async function main() {
   await approval.waitFor();
   const callId = await approval.getAttribute("data-call");
   await page.locator(`.tool.awaiting-approval[data-call="${callId}"]`).waitFor();
-  await approval.locator("button.approve").click();
-  await page.locator(`.tool.done[data-call="${callId}"] .result`, { hasText: "approved in the browser" }).waitFor();
-  await turnEnd(5, "completed");
-  await page.locator("#approvals li.empty").waitFor();
-  await page.locator("#status", { hasText: "idle" }).waitFor();
-
+  // While the call waits, a followup joins the inbox; the screenshot shows both.
+  await send("followup", "and then summarise");
+  await pending.filter({ hasText: "and then summarise" }).waitFor();
   if (pageErrors.length) throw new Error(`the page reported errors: ${pageErrors.join("; ")}`);
   await page.screenshot({ path: screenshot, fullPage: true });
   log(`screenshot: ${screenshot}`);
+  await approval.locator("button.approve").click();
+  await page.locator(`.tool.done[data-call="${callId}"] .result`, { hasText: "approved in the browser" }).waitFor();
+  await turnEnd(5, "completed");
+  await turnEnd(6, "completed");
+  await page.locator("#approvals li.empty").waitFor();
+  await page.locator("#inbox-next-turn li.empty").waitFor();
+  await page.locator("#status", { hasText: "idle" }).waitFor();
+  if (pageErrors.length) throw new Error(`the page reported errors: ${pageErrors.join("; ")}`);
   console.log(JSON.stringify({ replyText, deltas, queuedId, removedId, callId }));
 }
 

@@ -117,6 +117,7 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
             "after the queue",
             "[[tool:sleep 60000]] a long one",
             "[[tool:echo approved in the browser]] please",
+            "and then summarise",
         ],
         "the messages the page sent, the queued one as replaced"
     );
@@ -146,7 +147,8 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
     assert!(inserted_removed, "the removed message was queued first");
     assert_eq!(canceled, 1, "one removal (replace inserts, so it is not counted)");
 
-    // Turns: three completed, the cancelled one aborted by the user, the approved one completed.
+    // Turns: three completed, the cancelled one aborted by the user, the approved one and the followup
+    // that waited for it completed.
     let ends: Vec<String> = events
         .iter()
         .filter_map(|e| match &e.payload {
@@ -158,7 +160,7 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
             _ => None,
         })
         .collect();
-    assert_eq!(ends, ["completed", "completed", "completed", "aborted{user}", "completed"]);
+    assert_eq!(ends, ["completed", "completed", "completed", "aborted{user}", "completed", "completed"]);
 
     // The approval: the page's Decide approved the call it showed.
     let call = summary["callId"].as_str().unwrap();

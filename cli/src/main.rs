@@ -116,8 +116,8 @@ enum Cmd {
 struct DevArgs {
     #[command(flatten)]
     config: ConfigArg,
-    /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090; port 0
-    /// picks a free one, reported as `turnstile: listening http=ADDR`).
+    /// Address of the HTTP endpoints `/metrics`, `/healthz`, `/readyz` and the web console `/` (default
+    /// 127.0.0.1:9090; port 0 picks a free one, reported as `turnstile: listening http=ADDR`).
     #[arg(long, env = "TURNSTILE_HTTP")]
     http: Option<String>,
     /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).
@@ -200,8 +200,8 @@ impl ClusterLayout {
 struct GatewayArgs {
     #[command(flatten)]
     config: ConfigArg,
-    /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090; port 0
-    /// picks a free one, reported as `turnstile: listening http=ADDR`).
+    /// Address of the HTTP endpoints `/metrics`, `/healthz`, `/readyz` and the web console `/` (default
+    /// 127.0.0.1:9090; port 0 picks a free one, reported as `turnstile: listening http=ADDR`).
     #[arg(long, env = "TURNSTILE_HTTP")]
     http: Option<String>,
     /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).

@@ -81,6 +81,7 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
     if (!text.trim()) return result("write a message first", true);
     const message = textMessage(messageId(), text);
     const req = { session: sessionRef(id), message };
+    result(`${preset}: sending`);
     await call(preset, async () => {
       const reply = await retrying(() => api[preset](req));
       box.value = "";

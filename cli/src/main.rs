@@ -2,6 +2,7 @@
 //! and `turnstile worker` are the two halves of a cluster; every other command is a client of the public
 //! gRPC API.
 
+mod chat;
 mod client;
 mod demo;
 mod json;
@@ -115,6 +116,9 @@ enum Cmd {
     WaitIdle(WaitIdleArgs),
     /// Stream a session's events: history after --after, caught-up, then the live tail.
     Watch(WatchArgs),
+    /// Talk to a session from the terminal: each line is a followup (a steer while the agent runs), the
+    /// reply streams as it is written, Ctrl-C stops a running turn (keeping the inbox).
+    Chat(SessionArg),
     /// Print a shell completion script: `source <(turnstile completions bash)`, or save it where your shell
     /// loads completions (zsh: a `_turnstile` file on `$fpath`; fish: `~/.config/fish/completions/`).
     Completions(CompletionsArgs),
@@ -638,6 +642,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Session(a) => client::show_session(c, &a.session).await,
         Cmd::List(a) => client::list(c, a.all_tenants).await,
         Cmd::WaitIdle(a) => client::wait_idle(c, &a.session, a.timeout_ms).await,
+        Cmd::Chat(a) => chat::run(c, &a.session).await,
         Cmd::Watch(a) => {
             let opts = WatchOpts { after: a.after, live: !a.no_live, until_idle: a.until_idle };
             let mut out = std::io::stdout();

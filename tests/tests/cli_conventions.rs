@@ -111,3 +111,100 @@ async fn completions_are_printed_for_bash_zsh_and_fish() {
     assert!(!ok);
     assert!(err.contains("invalid value 'tcsh'"), "{err}");
 }
+
+/// The next durable event of `stream` for which `want` holds (bounded).
+async fn wait_event(
+    stream: &mut tonic::Streaming<turnstile_tests::v1::WatchItem>,
+    what: &str,
+    want: impl Fn(&turnstile_tests::v1::SessionEvent) -> bool,
+) {
+    use turnstile_tests::v1::watch_item::Item;
+    let found = async {
+        while let Some(item) = stream.message().await.unwrap() {
+            if let Some(Item::Event(e)) = item.item
+                && want(&e)
+            {
+                return;
+            }
+        }
+        panic!("the Watch ended before {what}");
+    };
+    tokio::time::timeout(turnstile_tests::DEFAULT_WAIT, found).await.unwrap_or_else(|_| panic!("no {what}"));
+}
+
+/// `turnstile chat` driven through its stdin, as a person at a terminal would: a line is a followup whose
+/// reply streams to stdout; a line while the agent runs is a steer; Ctrl-C (SIGINT) stops the running turn
+/// keeping the inbox, so the steer runs with the next line; end of input ends the chat once idle.
+#[tokio::test]
+async fn chat_sends_lines_streams_replies_and_maps_ctrl_c_to_interrupt() {
+    use std::io::{BufRead as _, Write as _};
+    use turnstile_tests::v1::session_event::Payload;
+    use turnstile_tests::v1::{SessionRef, WatchRequest, turn_end_reason::Reason};
+
+    let server = DevServer::start().await.unwrap();
+    let id = format!("chat-{}", uuid::Uuid::new_v4().simple());
+    let bin = tokio::task::spawn_blocking(turnstile_tests::binary::turnstile_bin).await.unwrap().unwrap();
+    let mut child = std::process::Command::new(bin)
+        .args(["--addr", &server.url(), "--tenant", TEST_TENANT, "chat", &id])
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let mut printed = Vec::new();
+    let mut wait_line = async |want: &str, printed: &mut Vec<String>| {
+        let found = async {
+            while let Some(line) = lines.recv().await {
+                printed.push(line.clone());
+                if line == want {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(turnstile_tests::DEFAULT_WAIT, found).await.unwrap_or_else(|_| panic!("no {want:?}"));
+    };
+
+    writeln!(stdin, "hello").unwrap();
+    wait_line("echo: hello", &mut printed).await;
+
+    let session = SessionRef { tenant: TEST_TENANT.into(), id: id.clone() };
+    let request = WatchRequest { session: Some(session), after_seq: 0, live: false };
+    let mut events = server.client().watch(request).await.unwrap().into_inner();
+    writeln!(stdin, "[[delay:60000]] slow").unwrap();
+    let entered = |text: &'static str| move |e: &turnstile_tests::v1::SessionEvent| matches!(&e.payload, Some(Payload::UserMessage(m)) if m.message.as_ref().is_some_and(|m| turnstile_tests::text_of(m) == text));
+    wait_event(&mut events, "the slow prompt entered", entered("[[delay:60000]] slow")).await;
+    // The agent runs: this line is a steer (a next-step insert).
+    writeln!(stdin, "more").unwrap();
+    wait_event(&mut events, "the steer", |e| {
+        matches!(&e.payload, Some(Payload::InboxSpliced(s))
+            if s.target == turnstile_tests::v1::Target::NextStep as i32 && s.inserted.iter().any(|m| turnstile_tests::text_of(m) == "more"))
+    })
+    .await;
+    // Ctrl-C: the running turn ends aborted{user}; the steer stays pending.
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    wait_event(&mut events, "turn 2 aborted", |e| {
+        matches!(&e.payload, Some(Payload::TurnEnd(end)) if end.turn == 2 && matches!(end.reason.as_ref().and_then(|r| r.reason.as_ref()), Some(Reason::Aborted(_))))
+    })
+    .await;
+    wait_line("[turn 2 aborted]", &mut printed).await;
+    // The next line is a followup; its turn enters the kept steer with it.
+    writeln!(stdin, "after").unwrap();
+    wait_event(&mut events, "the kept steer entered", entered("more")).await;
+    wait_line("after", &mut printed).await;
+    drop(stdin);
+    let status = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert!(stderr.contains("[interrupted at seq "), "{stderr}");
+    assert!(printed.contains(&"echo: more".to_owned()), "the steer and the followup ran in one step: {printed:?}");
+}

@@ -60,27 +60,23 @@ class WatchResume(unittest.IsolatedAsyncioTestCase):
         finally:
             current.close()
 
-    async def test_nats_gateway_stopped_and_started_elsewhere(self):
+    async def resume_on_nats(self, end) -> None:
+        """On one nats-server: the first `dev --nats` ended by `end`, the second started on a new port."""
         nats = NatsServer()
         try:
             def restart(old: DevServer) -> DevServer:
-                old.stop()
+                end(old)
                 return DevServer(nats_url=nats.url)
 
             await self.resume_across(lambda: DevServer(nats_url=nats.url), restart)
         finally:
             nats.close()
+
+    async def test_nats_gateway_stopped_and_started_elsewhere(self):
+        await self.resume_on_nats(DevServer.stop)
 
     async def test_nats_gateway_killed_and_started_elsewhere(self):
-        nats = NatsServer()
-        try:
-            def restart(old: DevServer) -> DevServer:
-                old.kill()
-                return DevServer(nats_url=nats.url)
-
-            await self.resume_across(lambda: DevServer(nats_url=nats.url), restart)
-        finally:
-            nats.close()
+        await self.resume_on_nats(DevServer.kill)
 
     async def test_embedded_data_dir_restarted(self):
         with tempfile.TemporaryDirectory(prefix="turnstile-py-data-") as data:

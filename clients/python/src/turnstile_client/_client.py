@@ -66,6 +66,30 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy(deadline=0.0)
 
 
+class _Retries:
+    """The attempts after UNAVAILABLE of one call or stream: backoff by `policy`, the deadline counted from
+    the first failure since the last success (`succeeded`)."""
+
+    def __init__(self, client: AsyncClient, policy: RetryPolicy, method: str):
+        self.client, self.policy, self.method = client, policy, method
+        self.attempt = 0
+        self.failing_since: float | None = None
+
+    def succeeded(self) -> None:
+        self.attempt, self.failing_since = 0, None
+
+    async def after_unavailable(self, details: str) -> None:
+        """Waits out the backoff and re-resolves the address, or raises UNAVAILABLE past the deadline."""
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+        pause = self.policy.backoff(self.attempt)
+        if time.monotonic() + pause - self.failing_since > self.policy.deadline:
+            raise TurnstileError(self.method, grpc.StatusCode.UNAVAILABLE, details)
+        self.attempt += 1
+        await asyncio.sleep(pause)
+        await self.client._reconnect()
+
+
 def _normalise(address: str) -> str:
     for scheme in ("http://", "grpc://"):
         if address.startswith(scheme):
@@ -181,21 +205,15 @@ class AsyncClient:
             self._connect()
 
     async def _unary(self, method: str, request: Any, *, retry: bool, timeout: float | None = None) -> Any:
-        policy = self.retry if retry else NO_RETRY
-        started = time.monotonic()
-        attempt = 0
+        retries = _Retries(self, self.retry if retry else NO_RETRY, method)
         while True:
             try:
                 return await getattr(self.stub, method)(request, metadata=self._metadata, timeout=timeout)
             except grpc.aio.AioRpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise TurnstileError(method, e.code(), e.details() or "") from e
-                pause = policy.backoff(attempt)
-                if time.monotonic() + pause - started > policy.deadline:
-                    raise TurnstileError(method, e.code(), e.details() or "") from e
-            attempt += 1
-            await asyncio.sleep(pause)
-            await self._reconnect()
+                details = e.details() or ""
+            await retries.after_unavailable(details)
 
     # --- values -----------------------------------------------------------------------------------------
 
@@ -385,9 +403,7 @@ class AsyncClient:
         """
         ref = self.ref(session)
         last_seq = after_seq
-        policy = self.retry if resume else NO_RETRY
-        attempt = 0
-        disconnected_at: float | None = None
+        retries = _Retries(self, self.retry if resume else NO_RETRY, "Watch")
         while True:
             call = self.stub.Watch(api.WatchRequest(session=ref, after_seq=last_seq, live=live), metadata=self._metadata)
             try:
@@ -397,25 +413,17 @@ class AsyncClient:
                         last_seq = max(last_seq, item.event.seq)
                     elif kind == "caught_up":
                         last_seq = max(last_seq, item.caught_up.seq)
-                    attempt, disconnected_at = 0, None
+                    retries.succeeded()
                     yield item
                 # The server never ends a Watch by itself; an end without an error is a lost connection.
-                code, details = grpc.StatusCode.UNAVAILABLE, "the Watch stream ended"
+                details = "the Watch stream ended"
             except grpc.aio.AioRpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise TurnstileError("Watch", e.code(), e.details() or "") from e
-                code, details = e.code(), e.details() or ""
+                details = e.details() or ""
             finally:
                 call.cancel()
-            # Backoff between attempts; the deadline counts from the disconnect, not from each attempt.
-            if disconnected_at is None:
-                disconnected_at = time.monotonic()
-            pause = policy.backoff(attempt)
-            if time.monotonic() + pause - disconnected_at > policy.deadline:
-                raise TurnstileError("Watch", code, details)
-            attempt += 1
-            await asyncio.sleep(pause)
-            await self._reconnect()
+            await retries.after_unavailable(details)
 
     def serve_tools(self, tools: Any) -> Any:
         """A :class:`~turnstile_client.ToolServer` serving ``tools`` (a :class:`~turnstile_client.Tools`)

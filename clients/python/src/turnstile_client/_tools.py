@@ -12,7 +12,6 @@ import asyncio
 import inspect
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
@@ -20,7 +19,7 @@ from typing import Any, get_type_hints
 import grpc
 import grpc.aio
 
-from ._client import AsyncClient, TurnstileError
+from ._client import AsyncClient, TurnstileError, _Retries
 from ._proto.turnstile.v1 import agent_pb2 as api
 from ._proto.turnstile.v1 import events_pb2 as ev
 
@@ -186,29 +185,20 @@ class ToolServer:
                 pass
 
     async def run(self) -> None:
-        policy = self.client.retry
-        attempt = 0
-        disconnected_at: float | None = None
+        retries = _Retries(self.client, self.client.retry, "ServeTools")
         while True:
             try:
                 await self._serve_once()
-                code, details = grpc.StatusCode.UNAVAILABLE, "the ServeTools stream ended"
+                details = "the ServeTools stream ended"
             except grpc.aio.AioRpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise TurnstileError("ServeTools", e.code(), e.details() or "") from e
-                code, details = e.code(), e.details() or ""
+                details = e.details() or ""
             if self._registered.is_set():
-                attempt, disconnected_at = 0, None
+                retries.succeeded()
             self._registered.clear()
-            if disconnected_at is None:
-                disconnected_at = time.monotonic()
-            pause = policy.backoff(attempt)
-            if time.monotonic() + pause - disconnected_at > policy.deadline:
-                raise TurnstileError("ServeTools", code, details)
-            attempt += 1
-            log.info("ServeTools stream lost (%s: %s); registering again", code.name, details)
-            await asyncio.sleep(pause)
-            await self.client._reconnect()
+            log.info("ServeTools stream lost (%s); registering again", details)
+            await retries.after_unavailable(details)
 
     async def _serve_once(self) -> None:
         outbox: asyncio.Queue[api.ToolWorkerMessage] = asyncio.Queue()

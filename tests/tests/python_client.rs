@@ -70,3 +70,50 @@ async fn python_watch_resumes_across_a_restarted_gateway() {
 async fn python_grpcio_reflection_v1alpha_lists_the_agent() {
     run_module("test_reflection").await;
 }
+
+/// `pip wheel clients/python` (setup.py's build step runs protogen.py) gives a wheel that carries the
+/// generated modules: what `pip install ./clients/python` installs. Without build isolation, so it needs no
+/// network: the venv has setuptools and grpcio-tools.
+#[tokio::test]
+async fn python_client_builds_a_wheel_with_its_generated_modules() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let wheel_dir = out_dir.path().to_owned();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .args([
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "--disable-pip-version-check",
+                "-q",
+                "-w",
+            ])
+            .arg(&wheel_dir)
+            .arg(client_dir())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "pip wheel failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    let wheel = std::fs::read_dir(out_dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "whl"));
+    let wheel = wheel.expect("a .whl file");
+    assert!(wheel.file_name().unwrap().to_string_lossy().starts_with("turnstile_client-0.1.0-py3-none-any"));
+    let listing = Command::new(python()).args(["-m", "zipfile", "-l"]).arg(&wheel).output().unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    for module in [
+        "turnstile_client/_proto/turnstile/v1/agent_pb2.py",
+        "turnstile_client/_proto/turnstile/v1/agent_pb2_grpc.py",
+        "turnstile_client/_proto/turnstile/v1/events_pb2.pyi",
+        "turnstile_client/_proto/turnstile/hooks/v1/hooks_pb2.py",
+        "turnstile_client/_tools.py",
+    ] {
+        assert!(listing.contains(module), "{module} is not in the wheel:\n{listing}");
+    }
+    assert!(!listing.contains("cluster"), "the internal cluster API is not part of the client:\n{listing}");
+}

@@ -66,6 +66,7 @@ class WatchResume(unittest.IsolatedAsyncioTestCase):
         try:
             def restart(old: DevServer) -> DevServer:
                 end(old)
+                old.close()
                 return DevServer(nats_url=nats.url)
 
             await self.resume_across(lambda: DevServer(nats_url=nats.url), restart)
@@ -81,7 +82,7 @@ class WatchResume(unittest.IsolatedAsyncioTestCase):
     async def test_embedded_data_dir_restarted(self):
         with tempfile.TemporaryDirectory(prefix="turnstile-py-data-") as data:
             def restart(old: DevServer) -> DevServer:
-                old.stop()
+                old.close()
                 return DevServer(data_dir=Path(data))
 
             await self.resume_across(lambda: DevServer(data_dir=Path(data)), restart)

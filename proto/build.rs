@@ -11,6 +11,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     let mut config = prost_build::Config::new();
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
+    // `prost::Name` on every message: its full name finds its descriptor (the CLI's `--json` mapping).
+    config.enable_type_names();
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("turnstile_descriptor.bin"))
         .compile_with_config(config, &files, &["proto"])?;

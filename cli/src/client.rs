@@ -37,6 +37,8 @@ pub type Api = AgentClient<InterceptedService<Channel, Auth>>;
 pub struct Client {
     pub api: Api,
     pub tenant: String,
+    /// `--json`: replies print in the protobuf JSON mapping ([`Client::print`]).
+    pub json: bool,
 }
 
 impl Client {
@@ -75,11 +77,24 @@ impl Client {
             .connect()
             .await
             .with_context(|| format!("cannot connect to {addr}; is `turnstile dev` running there? (see --addr)"))?;
-        Ok(Self { api: AgentClient::with_interceptor(channel, Auth(auth)), tenant: tenant.to_owned() })
+        Ok(Self { api: AgentClient::with_interceptor(channel, Auth(auth)), tenant: tenant.to_owned(), json: false })
     }
 
     pub fn session(&self, id: &str) -> pb::SessionRef {
         pb::SessionRef { tenant: self.tenant.clone(), id: id.to_owned() }
+    }
+
+    /// Prints one reply: with `--json` as the message in the protobuf JSON mapping (plus `extra` keys,
+    /// [`crate::json::line_with`]), else the `human` line. Every client command prints through here.
+    pub fn print<M: prost::Message + prost::Name>(
+        &self,
+        reply: &M,
+        extra: &[(&str, serde_json::Value)],
+        human: impl FnOnce(&M) -> String,
+    ) -> Result<()> {
+        let line = if self.json { crate::json::line_with(reply, extra)? } else { human(reply) };
+        println!("{line}");
+        Ok(())
     }
 }
 
@@ -202,16 +217,6 @@ fn status_name(raw: i32) -> &'static str {
     codec::decode_status(raw).map(Status::as_str).unwrap_or("unknown")
 }
 
-fn info_json(info: &pb::SessionInfo) -> serde_json::Value {
-    let s = info.session.clone().unwrap_or_default();
-    serde_json::json!({
-        "tenant": s.tenant, "id": s.id, "status": status_name(info.status), "last_seq": info.last_seq,
-        "last_turn": info.last_turn, "epoch": info.epoch, "owner": info.owner, "agent": info.agent,
-        "inject_mode": inject_mode_name(info.inject_mode),
-        "goal": info.goal.as_ref().map(goal_json),
-    })
-}
-
 fn info_line(info: &pb::SessionInfo) -> String {
     let s = info.session.clone().unwrap_or_default();
     let goal = match &info.goal {
@@ -232,20 +237,19 @@ fn info_line(info: &pb::SessionInfo) -> String {
     )
 }
 
-pub async fn show_session(client: &mut Client, id: &str, json: bool) -> Result<()> {
+pub async fn show_session(client: &mut Client, id: &str) -> Result<()> {
     let info = client.api.get_session(pb::GetSessionRequest { session: Some(client.session(id)) }).await?.into_inner();
-    println!("{}", if json { info_json(&info).to_string() } else { info_line(&info) });
-    Ok(())
+    client.print(&info, &[], info_line)
 }
 
-pub async fn list(client: &mut Client, json: bool, all_tenants: bool) -> Result<()> {
+pub async fn list(client: &mut Client, all_tenants: bool) -> Result<()> {
     let mut page_token = String::new();
     loop {
         let tenant = if all_tenants { String::new() } else { client.tenant.clone() };
         let reply =
             client.api.list_sessions(pb::ListSessionsRequest { page_token, page_size: 0, tenant }).await?.into_inner();
         for info in &reply.sessions {
-            println!("{}", if json { info_json(info).to_string() } else { info_line(info) });
+            client.print(info, &[], info_line)?;
         }
         if reply.next_page_token.is_empty() {
             return Ok(());
@@ -254,13 +258,12 @@ pub async fn list(client: &mut Client, json: bool, all_tenants: bool) -> Result<
     }
 }
 
-pub async fn inbox(client: &mut Client, id: &str, json: bool) -> Result<()> {
+pub async fn inbox(client: &mut Client, id: &str) -> Result<()> {
     let snapshot = client.api.get_inbox(pb::GetInboxRequest { session: Some(client.session(id)) }).await?.into_inner();
-    let (seq, inbox) = codec::decode_inbox_snapshot(snapshot).context("the server sent an invalid inbox")?;
-    if json {
-        println!("{}", serde_json::json!({ "seq": seq, "next_turn": inbox.next_turn, "next_step": inbox.next_step }));
-        return Ok(());
+    if client.json {
+        return client.print(&snapshot, &[], |_| String::new());
     }
+    let (seq, inbox) = codec::decode_inbox_snapshot(snapshot).context("the server sent an invalid inbox")?;
     // An empty tenant is the token's: the id alone names the session.
     let name = if client.tenant.is_empty() { id.to_owned() } else { format!("{}/{id}", client.tenant) };
     println!("inbox of {name} at seq {seq}");
@@ -283,8 +286,7 @@ fn source_note(source: &MessageSource) -> String {
 pub async fn wait_idle(client: &mut Client, id: &str, timeout_ms: u64) -> Result<()> {
     let info =
         client.api.when_idle(pb::WhenIdleRequest { session: Some(client.session(id)), timeout_ms }).await?.into_inner();
-    println!("idle seq={} turn={}", info.last_seq, info.last_turn);
-    Ok(())
+    client.print(&info, &[], |info| format!("idle seq={} turn={}", info.last_seq, info.last_turn))
 }
 
 /// What `watch` does.
@@ -292,7 +294,6 @@ pub async fn wait_idle(client: &mut Client, id: &str, timeout_ms: u64) -> Result
 pub struct WatchOpts {
     pub after: u64,
     pub live: bool,
-    pub json: bool,
     /// Stop once the session is idle after catching up.
     pub until_idle: bool,
 }
@@ -314,6 +315,8 @@ pub async fn watch(
     let mut last_seq = 0;
     while let Some(item) = stream.next().await {
         let item = item?;
+        // `--json`: the item as the server sent it, in the protobuf JSON mapping.
+        let json = if client.json { Some(format!("{}\n", crate::json::line(&item)?)) } else { None };
         let mut idle_now = false;
         let text = match item.item {
             Some(pb::watch_item::Item::Event(e)) => {
@@ -321,11 +324,11 @@ pub async fn watch(
                 on_seq(e.seq);
                 last_seq = e.seq;
                 idle_now = caught_up && matches!(e.payload, turnstile_model::EventPayload::Status(Status::Idle));
-                if opts.json { format!("{}\n", render::event_json(&e)) } else { renderer.event(&e) }
+                json.unwrap_or_else(|| renderer.event(&e))
             }
             Some(pb::watch_item::Item::Live(l)) => {
                 let l = codec::decode_live_event(l).context("the server sent an invalid live event")?;
-                if opts.json { format!("{}\n", render::live_json(&l)) } else { renderer.live(&l) }
+                json.unwrap_or_else(|| renderer.live(&l))
             }
             Some(pb::watch_item::Item::CaughtUp(c)) => {
                 caught_up = true;
@@ -337,11 +340,7 @@ pub async fn watch(
                 // Already idle: there is nothing to wait for (a turn that finished before we connected is in
                 // the history above).
                 idle_now = status == Status::Idle;
-                if opts.json {
-                    format!("{}\n", render::caught_up_json(c.seq, status, &inbox))
-                } else {
-                    renderer.caught_up(c.seq, status, &inbox)
-                }
+                json.unwrap_or_else(|| renderer.caught_up(c.seq, status, &inbox))
             }
             None => continue,
         };
@@ -440,8 +439,7 @@ pub async fn cancel(client: &mut Client, id: &str, cause: CancelCause, keep_inbo
         keep_inbox,
     };
     let reply = client.api.cancel(request).await?.into_inner();
-    println!("canceled seq={}", reply.seq);
-    Ok(())
+    client.print(&reply, &[], |r| format!("canceled seq={}", r.seq))
 }
 
 pub async fn replace(
@@ -460,15 +458,13 @@ pub async fn replace(
         message: Some(text_message(new_id, text, source)),
     };
     let reply = client.api.replace(request).await?.into_inner();
-    println!("replaced id={id} with id={new_id} seq={}", reply.seq);
-    Ok(())
+    client.print(&reply, &[("id", new_id.into())], |r| format!("replaced id={id} with id={new_id} seq={}", r.seq))
 }
 
 pub async fn remove(client: &mut Client, session: &str, id: &str) -> Result<()> {
     let request = pb::RemoveRequest { session: Some(client.session(session)), id: id.to_owned() };
     let reply = client.api.remove(request).await?.into_inner();
-    println!("removed id={id} seq={}", reply.seq);
-    Ok(())
+    client.print(&reply, &[], |r| format!("removed id={id} seq={}", r.seq))
 }
 
 pub async fn splice(
@@ -490,9 +486,8 @@ pub async fn splice(
         inserted,
     };
     let reply = client.api.splice(request).await?.into_inner();
-    let ids = ids.iter().map(|id| format!(" id={id}")).collect::<String>();
-    println!("spliced seq={}{ids}", reply.seq);
-    Ok(())
+    let line = ids.iter().map(|id| format!(" id={id}")).collect::<String>();
+    client.print(&reply, &[("ids", ids.into())], |r| format!("spliced seq={}{line}", r.seq))
 }
 
 /// `configure SESSION --agent NAME [--inject-mode MODE]`: prints the session as `session` does.
@@ -503,8 +498,7 @@ pub async fn configure(client: &mut Client, session: &str, agent: &str, inject_m
         inject_mode: codec::encode_inject_mode(inject_mode).into(),
     };
     let info = client.api.configure_session(request).await?.into_inner();
-    println!("configured {}", info_line(&info));
-    Ok(())
+    client.print(&info, &[], |info| format!("configured {}", info_line(info)))
 }
 
 /// `decide SESSION CALL_ID --approve|--deny [--reason TEXT]`.
@@ -517,8 +511,7 @@ pub async fn decide(client: &mut Client, session: &str, call_id: &str, approve: 
     };
     let reply = client.api.decide(request).await?.into_inner();
     let verdict = if approve { "approved" } else { "denied" };
-    println!("{verdict} call_id={call_id} seq={}", reply.seq);
-    Ok(())
+    client.print(&reply, &[], |r| format!("{verdict} call_id={call_id} seq={}", r.seq))
 }
 
 /// `goal set SESSION --max-rounds N OBJECTIVE`.
@@ -526,8 +519,7 @@ pub async fn set_goal(client: &mut Client, session: &str, objective: &str, max_r
     let request =
         pb::SetGoalRequest { session: Some(client.session(session)), objective: objective.to_owned(), max_rounds };
     let goal = client.api.set_goal(request).await?.into_inner();
-    println!("{}", goal_line(&goal));
-    Ok(())
+    client.print(&goal, &[], goal_line)
 }
 
 /// `goal pause|resume|clear SESSION [--goal-id ID]`; without an id, the session's current goal.
@@ -554,8 +546,7 @@ pub async fn update_goal(
         action: codec::encode_goal_action(action).into(),
     };
     let goal = client.api.update_goal(request).await?.into_inner();
-    println!("{}", goal_line(&goal));
-    Ok(())
+    client.print(&goal, &[], goal_line)
 }
 
 /// `goal ID rev R STATE round R/MAX: OBJECTIVE`, then the summary or reason.
@@ -573,17 +564,9 @@ fn goal_line(goal: &pb::GoalInfo) -> String {
     line
 }
 
-fn goal_json(goal: &pb::GoalInfo) -> serde_json::Value {
-    serde_json::json!({
-        "goal_id": goal.goal_id, "revision": goal.revision, "state": goal.state, "objective": goal.objective,
-        "round": goal.round, "max_rounds": goal.max_rounds, "summary": goal.summary, "reason": goal.reason,
-    })
-}
-
 pub async fn clear(client: &mut Client, session: &str) -> Result<()> {
     let reply = client.api.clear(pb::ClearRequest { session: Some(client.session(session)) }).await?.into_inner();
-    println!("cleared seq={}", reply.seq);
-    Ok(())
+    client.print(&reply, &[], |r| format!("cleared seq={}", r.seq))
 }
 
 /// The session name a client command was given, checked before any call so a typo fails fast.

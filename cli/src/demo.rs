@@ -36,7 +36,7 @@ pub async fn run(url: &str) -> Result<()> {
     let (seen_tx, mut seen) = watch::channel(0u64);
     let mut watcher = client.clone();
     let printer = tokio::spawn(async move {
-        let opts = WatchOpts { after: 0, live: true, json: false, until_idle: false };
+        let opts = WatchOpts { after: 0, live: true, until_idle: false };
         let mut out = std::io::stdout();
         client::watch(&mut watcher, SESSION, &opts, &mut out, |seq| {
             seen_tx.send_replace(seq);

@@ -2,8 +2,10 @@
 //! and `turnstile worker` are the two halves of a cluster; every other command is a client of the public
 //! gRPC API.
 
+mod chat;
 mod client;
 mod demo;
+mod json;
 mod render;
 mod security;
 
@@ -58,6 +60,10 @@ struct Global {
     /// PEM CA that signed the gateway's certificate, for `https://` addresses.
     #[arg(long, global = true, env = "TURNSTILE_CA", value_name = "FILE")]
     ca: Option<PathBuf>,
+    /// Print each reply (each Watch item) as one line of JSON in the protobuf JSON mapping, as grpcurl and
+    /// protobuf libraries print the same message; deliveries add the MessageId they sent as `id`.
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -110,6 +116,18 @@ enum Cmd {
     WaitIdle(WaitIdleArgs),
     /// Stream a session's events: history after --after, caught-up, then the live tail.
     Watch(WatchArgs),
+    /// Talk to a session from the terminal: each line is a followup (a steer while the agent runs), the
+    /// reply streams as it is written, Ctrl-C stops a running turn (keeping the inbox).
+    Chat(SessionArg),
+    /// Print a shell completion script: `source <(turnstile completions bash)`, or save it where your shell
+    /// loads completions (zsh: a `_turnstile` file on `$fpath`; fish: `~/.config/fish/completions/`).
+    Completions(CompletionsArgs),
+}
+
+#[derive(Args, Debug)]
+struct CompletionsArgs {
+    /// bash, zsh, fish, elvish or powershell.
+    shell: clap_complete::Shell,
 }
 
 #[derive(Args, Debug)]
@@ -446,14 +464,10 @@ struct SessionArg {
 #[derive(Args, Debug)]
 struct ShowArgs {
     session: String,
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Args, Debug)]
 struct ListArgs {
-    #[arg(long)]
-    json: bool,
     /// Every tenant's sessions, not only --tenant's.
     #[arg(long)]
     all_tenants: bool,
@@ -476,9 +490,6 @@ struct WatchArgs {
     /// Leave out live events.
     #[arg(long)]
     no_live: bool,
-    /// One JSON object per line.
-    #[arg(long)]
-    json: bool,
     /// Exit once the session is idle with no latched wake: at caught-up when it is already idle, else at
     /// the next durable `agent/status idle` that `WhenIdle` confirms.
     #[arg(long)]
@@ -502,8 +513,7 @@ fn delivery(d: DeliverArgs) -> Delivery {
 async fn deliver(client: &mut Client, preset: Preset, d: DeliverArgs) -> Result<()> {
     client::check_session(&client.tenant, &d.session)?;
     let (id, reply) = client::deliver(client, preset, &delivery(d)).await?;
-    println!("{}", client::accepted_line(&id, &reply));
-    Ok(())
+    client.print(&reply, &[("id", id.as_str().into())], |reply| client::accepted_line(&id, reply))
 }
 
 /// `turnstile dev`: the node's dev role, the demo beside it, until Ctrl-C or SIGTERM.
@@ -532,6 +542,15 @@ async fn run_dev(a: DevArgs) -> Result<()> {
         });
     }
     Ok(node.run_until(shutdown_signal()).await?)
+}
+
+/// `turnstile completions SHELL`: the script on stdout. Generated into memory first: clap_complete panics
+/// on a write error, and `turnstile completions bash | head` closing the pipe is not one.
+fn completions(shell: clap_complete::Shell) -> Result<()> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "turnstile", &mut script);
+    std::io::Write::write_all(&mut std::io::stdout().lock(), &script)?;
+    Ok(())
 }
 
 /// `turnstile gateway`, until Ctrl-C or SIGTERM.
@@ -579,14 +598,16 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Dev(a) => return run_dev(a).await,
         Cmd::Gateway(a) => return run_gateway(a).await,
         Cmd::Worker(a) => return run_worker(a).await,
+        Cmd::Completions(a) => return completions(a.shell),
         client_command => client_command,
     };
     // With a token the server knows the tenant: an empty one in requests means "mine".
     let tenant = g.tenant.unwrap_or_else(|| if g.token.is_some() { String::new() } else { "default".to_owned() });
     let mut c = Client::connect_with_ca(&g.addr, g.token.as_deref(), &tenant, g.ca.as_deref()).await?;
+    c.json = g.json;
     let c = &mut c;
     match cmd {
-        Cmd::Dev(_) | Cmd::Gateway(_) | Cmd::Worker(_) => Ok(()),
+        Cmd::Dev(_) | Cmd::Gateway(_) | Cmd::Worker(_) | Cmd::Completions(_) => Ok(()),
         Cmd::Followup(d) => deliver(c, Preset::Followup, d).await,
         Cmd::Queue(d) => deliver(c, Preset::Queue, d).await,
         Cmd::Inject(d) => deliver(c, Preset::Inject, d).await,
@@ -617,12 +638,13 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Goal(GoalCmd::Pause(a)) => client::update_goal(c, &a.session, a.goal_id, GoalAction::Pause).await,
         Cmd::Goal(GoalCmd::Resume(a)) => client::update_goal(c, &a.session, a.goal_id, GoalAction::Resume).await,
         Cmd::Goal(GoalCmd::Clear(a)) => client::update_goal(c, &a.session, a.goal_id, GoalAction::Clear).await,
-        Cmd::Inbox(a) => client::inbox(c, &a.session, a.json).await,
-        Cmd::Session(a) => client::show_session(c, &a.session, a.json).await,
-        Cmd::List(a) => client::list(c, a.json, a.all_tenants).await,
+        Cmd::Inbox(a) => client::inbox(c, &a.session).await,
+        Cmd::Session(a) => client::show_session(c, &a.session).await,
+        Cmd::List(a) => client::list(c, a.all_tenants).await,
         Cmd::WaitIdle(a) => client::wait_idle(c, &a.session, a.timeout_ms).await,
+        Cmd::Chat(a) => chat::run(c, &a.session).await,
         Cmd::Watch(a) => {
-            let opts = WatchOpts { after: a.after, live: !a.no_live, json: a.json, until_idle: a.until_idle };
+            let opts = WatchOpts { after: a.after, live: !a.no_live, until_idle: a.until_idle };
             let mut out = std::io::stdout();
             client::watch(c, &a.session, &opts, &mut out, |_| {}).await
         }

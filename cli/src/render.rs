@@ -1,15 +1,13 @@
-//! The human and JSON formats of `turnstile watch`.
+//! The human format of `turnstile watch` (`--json` prints the Watch items themselves, `json.rs`).
 //!
 //! Human: one line per event, durable lines prefixed by their seq (`#12`), live lines by `~`, indented by
 //! depth (turn-level events 2 spaces inside a turn, step-level 4). `assistant/delta` text streams inline
 //! and its line is ended before the next other event; reasoning deltas stream on lines of their own,
 //! labelled `[reasoning]` (and dimmed on a terminal). `assistant/message` shows its reasoning and the
-//! provider's token usage when it has them. JSON: one object per line built from the journal's domain
-//! types (`serde`).
+//! provider's token usage when it has them.
 
 use std::io::IsTerminal as _;
 
-use serde_json::{Value, json};
 use turnstile_model::message::{MessageSource, UserMessage};
 use turnstile_model::{Envelope, EventPayload, Inbox, LiveEvent, LivePayload, Splice, SpliceOutcome, Status};
 
@@ -260,38 +258,6 @@ impl Renderer {
     }
 }
 
-/// The payload of a serde-tagged enum value without its variant tag (the `type` field names it).
-fn untagged(value: Value) -> Value {
-    match value {
-        Value::Object(map) if map.len() == 1 => map.into_iter().next().map(|(_, inner)| inner).unwrap_or(Value::Null),
-        other => other,
-    }
-}
-
-/// `{"kind":"event","seq":..,"epoch":..,"time_ms":..,"type":..,"payload":{..}}`
-pub fn event_json(e: &Envelope) -> Value {
-    let payload = match &e.payload {
-        EventPayload::Status(status) => json!({ "status": status }),
-        other => untagged(serde_json::to_value(other).unwrap_or(Value::Null)),
-    };
-    let ty = match &e.payload {
-        EventPayload::Ignorable { event_type } => event_type.clone(),
-        other => other.event_type().to_owned(),
-    };
-    json!({ "kind": "event", "seq": e.seq, "epoch": e.epoch, "time_ms": e.time_ms, "type": ty, "payload": payload })
-}
-
-/// `{"kind":"live","after_seq":..,"type":..,"payload":{..}}`
-pub fn live_json(l: &LiveEvent) -> Value {
-    let payload = untagged(serde_json::to_value(&l.payload).unwrap_or(Value::Null));
-    json!({ "kind": "live", "after_seq": l.after_seq, "type": l.event_type(), "payload": payload })
-}
-
-/// `{"kind":"caught_up","seq":..,"status":..,"inbox":{..}}`
-pub fn caught_up_json(seq: u64, status: Status, inbox: &Inbox) -> Value {
-    json!({ "kind": "caught_up", "seq": seq, "status": status, "inbox": inbox })
-}
-
 #[cfg(test)]
 mod tests {
     use turnstile_model::message::{SessionRef, Target};
@@ -486,35 +452,11 @@ mod tests {
     }
 
     #[test]
-    fn json_carries_reasoning_and_usage() {
-        let e = event_json(&ev(7, answer()));
-        assert_eq!(e["payload"]["reasoning"], "The user wants the time.");
-        assert_eq!(e["payload"]["usage"], json!({"input_tokens": 120, "output_tokens": 9}));
-    }
-
-    #[test]
     fn long_text_is_shortened_and_escaped() {
         let p = preview(&format!("line1\n{}", "x".repeat(100)));
         assert!(p.starts_with("\"line1\\n"), "{p}");
         assert!(p.ends_with("…\""), "{p}");
         assert_eq!(short_id("A1b2"), "A1b2");
         assert_eq!(short_id("3f2a9c1e-5b6d-4e8f-9a0b-1c2d3e4f5a6b"), "3f2a9c1e");
-    }
-
-    #[test]
-    fn json_lines_carry_kind_type_and_untagged_payload() {
-        let e = event_json(&ev(3, EventPayload::TurnStart { turn: 1 }));
-        assert_eq!(e, json!({"kind":"event","seq":3,"epoch":1,"time_ms":103,"type":"turn/start","payload":{"turn":1}}));
-        let s = event_json(&ev(4, EventPayload::Status(Status::Idle)));
-        assert_eq!(s["payload"], json!({"status": "Idle"}));
-        let l =
-            live_json(&live(4, LivePayload::AssistantDelta { turn: 1, step: 2, text: "hi".into(), reasoning: true }));
-        assert_eq!(
-            l,
-            json!({"kind":"live","after_seq":4,"type":"assistant/delta",
-                   "payload":{"turn":1,"step":2,"text":"hi","reasoning":true}})
-        );
-        let c = caught_up_json(0, Status::Idle, &Inbox::default());
-        assert_eq!(c, json!({"kind":"caught_up","seq":0,"status":"Idle","inbox":{"next_turn":[],"next_step":[]}}));
     }
 }

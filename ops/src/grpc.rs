@@ -1,6 +1,7 @@
 //! The gRPC server every Turnstile role serves on ([`server`]): one span per call in the caller's trace,
-//! optional TLS, and `grpc.health.v1.Health` and `grpc.reflection.v1.ServerReflection`, so `grpcurl` and
-//! gRPC health probes work without the proto files.
+//! optional TLS, and `grpc.health.v1.Health` and gRPC reflection in both versions clients speak
+//! (`grpc.reflection.v1` and `v1alpha`: Python's grpcio-reflection, Postman, Evans and older grpcurl know
+//! only v1alpha), so those tools and gRPC health probes work without the proto files.
 
 use prost::Message;
 use prost_types::FileDescriptorSet;
@@ -8,6 +9,9 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::server::HealthReporter;
 use tonic_reflection::pb::v1::server_reflection_server::{ServerReflection, ServerReflectionServer};
+use tonic_reflection::pb::v1alpha::server_reflection_server::{
+    ServerReflection as ServerReflectionV1Alpha, ServerReflectionServer as ServerReflectionServerV1Alpha,
+};
 
 /// A server for `services` (their full names, as `NamedService::NAME`): each call gets a span in the
 /// caller's trace (its `traceparent` metadata), TLS when `tls` is set, and the health and reflection
@@ -25,7 +29,10 @@ pub async fn server(
         builder = builder.tls_config(tls)?;
     }
     let (reporter, health) = health(services).await;
-    let router = builder.add_service(health).add_optional_service(reflection(services));
+    let router = builder
+        .add_service(health)
+        .add_optional_service(reflection(services))
+        .add_optional_service(reflection_v1alpha(services));
     Ok((router, reporter))
 }
 
@@ -49,27 +56,35 @@ pub async fn health(services: &[&str]) -> (HealthReporter, HealthServer<impl Hea
     (reporter, server)
 }
 
-/// Reflection over Turnstile's protos and the health service, listing only `services` (plus health and
-/// reflection): a gateway does not advertise the internal Worker API, a worker not the public one, though
-/// every message type stays resolvable.
+/// Reflection (v1) over Turnstile's protos and the health service, listing only `services` (plus health and
+/// both reflection versions): a gateway does not advertise the internal Worker API, a worker not the public
+/// one, though every message type stays resolvable.
 ///
 /// `None` only if a compiled-in descriptor set does not decode, which the tests below rule out; the
 /// server then runs without reflection rather than not at all, and says so in the log.
 pub fn reflection(services: &[&str]) -> Option<ServerReflectionServer<impl ServerReflection>> {
-    let built = descriptors(services).and_then(|turnstile| {
-        tonic_reflection::server::Builder::configure()
-            .register_file_descriptor_set(turnstile)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|e| e.to_string())
-    });
-    match built {
-        Ok(server) => Some(server),
-        Err(e) => {
-            tracing::error!(error = %e, "gRPC reflection disabled: the descriptor set is unusable");
-            None
-        }
-    }
+    reflection_builder(services).and_then(|b| b.build_v1().map_err(|e| e.to_string())).map_or_else(disabled, Some)
+}
+
+/// [`reflection`] in the older `grpc.reflection.v1alpha` protocol, the same answers.
+pub fn reflection_v1alpha(services: &[&str]) -> Option<ServerReflectionServerV1Alpha<impl ServerReflectionV1Alpha>> {
+    reflection_builder(services).and_then(|b| b.build_v1alpha().map_err(|e| e.to_string())).map_or_else(disabled, Some)
+}
+
+/// One builder per version (building consumes it). Each version's service lists both, so a client that
+/// asks either learns that the other is there.
+fn reflection_builder(services: &[&str]) -> Result<tonic_reflection::server::Builder<'static>, String> {
+    Ok(tonic_reflection::server::Builder::configure()
+        .include_reflection_service(false)
+        .register_file_descriptor_set(descriptors(services)?)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET))
+}
+
+fn disabled<T>(e: String) -> Option<T> {
+    tracing::error!(error = %e, "gRPC reflection disabled: the descriptor set is unusable");
+    None
 }
 
 /// Turnstile's descriptor set with the services this server does not run removed.
@@ -97,5 +112,6 @@ mod tests {
         assert_eq!(served(&descriptors(&["turnstile.v1.Agent"]).unwrap()), ["turnstile.v1.Agent"]);
         assert_eq!(served(&descriptors(&["turnstile.cluster.v1.Worker"]).unwrap()), ["turnstile.cluster.v1.Worker"]);
         assert!(reflection(&["turnstile.v1.Agent"]).is_some());
+        assert!(reflection_v1alpha(&["turnstile.v1.Agent"]).is_some());
     }
 }

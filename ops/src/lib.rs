@@ -103,3 +103,66 @@ impl Drop for GaugeGuard {
         self.0.decrement(1.0);
     }
 }
+
+#[cfg(test)]
+mod dashboard {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeSet;
+
+    use serde_json::Value;
+
+    /// The metric names of [`super::names`], read from this file's source so the list cannot drift.
+    fn exported() -> BTreeSet<&'static str> {
+        let source = include_str!("lib.rs");
+        let start = source.find("pub mod names {").unwrap();
+        let end = start + source[start..].find("\n}\n").unwrap();
+        source[start..end].split('"').filter(|s| s.starts_with("turnstile_")).collect()
+    }
+
+    /// Every `turnstile_*` series named in the dashboard's queries.
+    fn queried(value: &Value, out: &mut BTreeSet<String>) {
+        match value {
+            Value::Object(map) => {
+                if let Some(Value::String(expr)) = map.get("expr") {
+                    for token in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                        if token.starts_with("turnstile_") {
+                            out.insert(token.to_owned());
+                        }
+                    }
+                }
+                map.values().for_each(|v| queried(v, out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| queried(v, out)),
+            _ => {}
+        }
+    }
+
+    /// `deploy/grafana/turnstile.json` queries only metrics the servers export (a histogram by its
+    /// `_bucket` series, only for histograms; `rate` only over counters and histograms), and every
+    /// exported metric has a panel.
+    #[test]
+    fn the_grafana_dashboard_queries_exactly_the_exported_metrics() {
+        let dashboard: Value = serde_json::from_str(include_str!("../../deploy/grafana/turnstile.json")).unwrap();
+        let mut series = BTreeSet::new();
+        queried(&dashboard, &mut series);
+        let exported = exported();
+        assert!(exported.len() >= 20, "the names block was not found: {exported:?}");
+        let mut used = BTreeSet::new();
+        for s in &series {
+            let (base, histogram) = match s.strip_suffix("_bucket") {
+                Some(base) => (base, true),
+                None => (s.as_str(), false),
+            };
+            assert!(exported.contains(base), "the dashboard queries {s}, which no server exports");
+            assert_eq!(
+                histogram,
+                base.ends_with("_seconds"),
+                "{s}: only histograms (`_seconds`) have `_bucket` series"
+            );
+            used.insert(base);
+        }
+        let missing: Vec<_> = exported.difference(&used).collect();
+        assert!(missing.is_empty(), "exported metrics without a panel: {missing:?}");
+    }
+}

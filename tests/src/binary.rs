@@ -74,3 +74,28 @@ pub(crate) fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
+
+/// What one run of the `turnstile` CLI printed.
+#[derive(Clone, Debug)]
+pub struct CliOutput {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the `turnstile` CLI with `args` (colour off) to its end. Panics when the binary cannot be had or
+/// run: a test of the CLI cannot go on without it.
+pub async fn run_cli(args: Vec<String>) -> CliOutput {
+    let out = tokio::task::spawn_blocking(move || {
+        let bin = turnstile_bin().unwrap_or_else(|e| panic!("{e}"));
+        Command::new(&bin).args(&args).env("NO_COLOR", "1").output()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the CLI task failed: {e}"))
+    .unwrap_or_else(|e| panic!("cannot run the turnstile CLI: {e}"));
+    CliOutput {
+        success: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}

@@ -42,19 +42,10 @@ async fn awaiting_call(s: &Session) -> String {
 
 /// Runs the `turnstile` CLI against `url` and returns (success, stdout, stderr).
 async fn cli(url: &str, args: &[&str]) -> (bool, String, String) {
-    let bin = tokio::task::spawn_blocking(turnstile_tests::binary::turnstile_bin).await.unwrap().unwrap();
     let mut all = vec!["--addr".to_owned(), url.to_owned(), "--tenant".to_owned(), TEST_TENANT.to_owned()];
     all.extend(args.iter().map(|a| (*a).to_owned()));
-    let out =
-        tokio::task::spawn_blocking(move || std::process::Command::new(&bin).args(&all).env("NO_COLOR", "1").output())
-            .await
-            .unwrap()
-            .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let out = turnstile_tests::binary::run_cli(all).await;
+    (out.success, out.stdout, out.stderr)
 }
 
 #[tokio::test]

@@ -211,9 +211,14 @@ async fn reflection_lists_the_services_and_health_says_serving() {
         panic!("not a service list: {reply:?}")
     };
     let names: BTreeSet<String> = list.service.into_iter().map(|s| s.name).collect();
-    let want: BTreeSet<String> = ["grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "turnstile.v1.Agent"]
-        .map(str::to_owned)
-        .into();
+    let want: BTreeSet<String> = [
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+        "turnstile.v1.Agent",
+    ]
+    .map(str::to_owned)
+    .into();
     assert_eq!(names, want, "the internal Worker API is not advertised by the public server");
 
     // The descriptors resolve too, which is what grpcurl needs to call a method.

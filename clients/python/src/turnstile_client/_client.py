@@ -1,0 +1,439 @@
+"""The asyncio client: every RPC of `turnstile.v1.Agent`, typed helpers, retries and a resumable Watch."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from ._proto.turnstile.v1 import agent_pb2 as api
+from ._proto.turnstile.v1 import agent_pb2_grpc
+from ._proto.turnstile.v1 import events_pb2 as ev
+
+#: Where a server is: ``"host:port"`` or ``"http://host:port"``, or a function returning one, asked again
+#: after every UNAVAILABLE (a gateway that came back elsewhere, say).
+Address = str | Callable[[], str]
+#: A message: a text, or a whole ``UserMessage`` (its id is minted when empty).
+MessageLike = str | ev.UserMessage
+#: A session: its id (in the client's tenant) or a ``SessionRef``.
+SessionLike = str | ev.SessionRef
+
+R = TypeVar("R")
+
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000))
+
+#: The header naming the tenant of a tool executor when the server runs without auth.
+TENANT_HEADER = "turnstile-tenant"
+
+
+class TurnstileError(Exception):
+    """A call the server (or the transport) refused: ``code`` is the gRPC status code, ``details`` the
+    server's message, which says what was wrong and what to do."""
+
+    def __init__(self, method: str, code: grpc.StatusCode, details: str):
+        super().__init__(f"{method}: {code.name}: {details}")
+        self.method = method
+        self.code = code
+        self.details = details
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How calls that are safe to repeat are retried on UNAVAILABLE.
+
+    Safe are the deliveries (``send``, ``followup``, ``queue``, ``steer``, ``inject``, ``interrupt``: the
+    retry carries the same MessageId, which the session recognises and answers with the original
+    acceptance, SPEC §2) and the reads. Edits, cancels, decisions and goal changes are not retried: a
+    repeat after a lost reply could act twice. Backoff is exponential with jitter, until ``deadline``
+    seconds have passed since the first attempt.
+    """
+
+    deadline: float = 30.0
+    initial_backoff: float = 0.05
+    max_backoff: float = 1.0
+
+    def backoff(self, attempt: int) -> float:
+        return min(self.max_backoff, self.initial_backoff * (2**attempt)) * (0.5 + random.random() / 2)
+
+
+NO_RETRY = RetryPolicy(deadline=0.0)
+
+
+class _Retries:
+    """The attempts after UNAVAILABLE of one call or stream: backoff by `policy`, the deadline counted from
+    the first failure since the last success (`succeeded`)."""
+
+    def __init__(self, client: AsyncClient, policy: RetryPolicy, method: str):
+        self.client, self.policy, self.method = client, policy, method
+        self.attempt = 0
+        self.failing_since: float | None = None
+
+    def succeeded(self) -> None:
+        self.attempt, self.failing_since = 0, None
+
+    async def after_unavailable(self, details: str) -> None:
+        """Waits out the backoff and re-resolves the address, or raises UNAVAILABLE past the deadline."""
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+        pause = self.policy.backoff(self.attempt)
+        if time.monotonic() + pause - self.failing_since > self.policy.deadline:
+            raise TurnstileError(self.method, grpc.StatusCode.UNAVAILABLE, details)
+        self.attempt += 1
+        await asyncio.sleep(pause)
+        await self.client._reconnect()
+
+
+def _normalise(address: str) -> str:
+    for scheme in ("http://", "grpc://"):
+        if address.startswith(scheme):
+            return address[len(scheme) :].rstrip("/")
+    if address.startswith("https://"):
+        raise ValueError(f"{address}: for TLS pass credentials=grpc.ssl_channel_credentials(...) and host:port")
+    return address
+
+
+def text_message(text: str, *, id: str | None = None, source: ev.MessageSource | None = None) -> ev.UserMessage:
+    """A ``UserMessage`` of one text block, with a fresh MessageId unless ``id`` is given."""
+    message = ev.UserMessage(id=id or str(uuid.uuid4()), content=[ev.ContentBlock(text=ev.TextBlock(text=text))])
+    if source is not None:
+        message.source.CopyFrom(source)
+    return message
+
+
+def text_of(message: ev.UserMessage) -> str:
+    """The message's text blocks, joined by newlines."""
+    return "\n".join(b.text.text for b in message.content if b.WhichOneof("block") == "text")
+
+
+class AsyncClient:
+    """A client of one Turnstile deployment (a gateway or ``turnstile dev``), for asyncio.
+
+    ``tenant`` names the sessions given by id (default ``"default"``, or the token's tenant with
+    ``token``). Every method of ``turnstile.v1.Agent`` has a method here returning the reply message;
+    ``stub`` is the generated stub for anything else. Use as ``async with AsyncClient(...) as c:``.
+    """
+
+    def __init__(
+        self,
+        address: Address = "127.0.0.1:7400",
+        *,
+        tenant: str | None = None,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        options: Sequence[tuple[str, Any]] = (),
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+    ):
+        self._address = address
+        self.tenant = tenant if tenant is not None else ("" if token else "default")
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self._credentials = credentials
+        self.retry = retry
+        # Redial a lost server soon: grpc's default backoff grows to 120 s, longer than any retry here.
+        given = {key for key, _ in options}
+        self._options = list(options) + [(k, v) for k, v in RECONNECT_OPTIONS if k not in given]
+        self._interceptors = list(interceptors)
+        self._channel: grpc.aio.Channel | None = None
+        self._retired: list[grpc.aio.Channel] = []
+        self._target: str | None = None
+        self._stub: agent_pb2_grpc.AgentStub | None = None
+
+    # --- connection -------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for channel in [*self._retired, self._channel]:
+            if channel is not None:
+                await channel.close()
+        self._retired.clear()
+        self._channel = self._stub = self._target = None
+
+    @property
+    def target(self) -> str:
+        """The ``host:port`` the client dials now."""
+        if self._target is None:
+            self._connect()
+        assert self._target is not None  # set by _connect
+        return self._target
+
+    @property
+    def stub(self) -> agent_pb2_grpc.AgentStub:
+        """The generated ``AgentStub`` on the current channel (pass ``metadata=client.metadata``)."""
+        if self._stub is None:
+            self._connect()
+        assert self._stub is not None  # set by _connect
+        return self._stub
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def _resolve(self) -> str:
+        return _normalise(self._address() if callable(self._address) else self._address)
+
+    def _connect(self) -> None:
+        target = self._resolve()
+        if self._credentials is not None:
+            self._channel = grpc.aio.secure_channel(
+                target, self._credentials, options=self._options, interceptors=self._interceptors
+            )
+        else:
+            self._channel = grpc.aio.insecure_channel(target, options=self._options, interceptors=self._interceptors)
+        self._target = target
+        self._stub = agent_pb2_grpc.AgentStub(self._channel)
+
+    async def _reconnect(self) -> None:
+        """After UNAVAILABLE: asks the address again and dials anew if it moved (the old channel would go
+        on dialling the old address)."""
+        if self._channel is None or self._resolve() != self._target:
+            # The old channel is retired, not closed: closing it would cancel the streams still open on
+            # it (a Watch that has not noticed yet), which end by themselves when their server is gone.
+            if self._channel is not None:
+                self._retired.append(self._channel)
+            self._connect()
+
+    async def _unary(self, method: str, request: Any, *, retry: bool, timeout: float | None = None) -> Any:
+        retries = _Retries(self, self.retry if retry else NO_RETRY, method)
+        while True:
+            try:
+                return await getattr(self.stub, method)(request, metadata=self._metadata, timeout=timeout)
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise TurnstileError(method, e.code(), e.details() or "") from e
+                details = e.details() or ""
+            await retries.after_unavailable(details)
+
+    # --- values -----------------------------------------------------------------------------------------
+
+    def ref(self, session: SessionLike) -> ev.SessionRef:
+        """A ``SessionRef``: an id in this client's tenant, or the given ref."""
+        if isinstance(session, ev.SessionRef):
+            return session
+        return ev.SessionRef(tenant=self.tenant, id=session)
+
+    @staticmethod
+    def message(message: MessageLike, *, id: str | None = None, source: ev.MessageSource | None = None) -> ev.UserMessage:
+        """A ``UserMessage`` with a MessageId: the one given, the message's own, or a fresh UUID. The id is
+        minted once per call of a helper, so every retry of that call carries the same one."""
+        if isinstance(message, str):
+            return text_message(message, id=id, source=source)
+        out = ev.UserMessage()
+        out.CopyFrom(message)
+        if id is not None:
+            out.id = id
+        elif not out.id:
+            out.id = str(uuid.uuid4())
+        if source is not None:
+            out.source.CopyFrom(source)
+        return out
+
+    # --- deliveries (retried: same MessageId) -----------------------------------------------------------
+
+    async def send(
+        self,
+        session: SessionLike,
+        message: MessageLike,
+        *,
+        target: int = ev.TARGET_NEXT_TURN,
+        wakeup: bool = True,
+        id: str | None = None,
+        source: ev.MessageSource | None = None,
+    ) -> api.SendReply:
+        """The delivery primitive (SPEC §2): ``target`` is ``TARGET_NEXT_TURN`` or ``TARGET_NEXT_STEP``."""
+        request = api.SendRequest(
+            session=self.ref(session), message=self.message(message, id=id, source=source), target=target, wakeup=wakeup
+        )
+        return await self._unary("Send", request, retry=True)
+
+    async def _deliver(self, method: str, session: SessionLike, message: MessageLike, id, source) -> api.SendReply:
+        request = api.DeliverRequest(session=self.ref(session), message=self.message(message, id=id, source=source))
+        return await self._unary(method, request, retry=True)
+
+    async def followup(self, session: SessionLike, message: MessageLike, *, id: str | None = None, source=None) -> api.SendReply:
+        """next-turn, wakeup: a new turn; starts the agent if idle."""
+        return await self._deliver("Followup", session, message, id, source)
+
+    async def queue(self, session: SessionLike, message: MessageLike, *, id: str | None = None, source=None) -> api.SendReply:
+        """next-turn, no wakeup: a turn that waits for a later waking delivery."""
+        return await self._deliver("Queue", session, message, id, source)
+
+    async def inject(self, session: SessionLike, message: MessageLike, *, id: str | None = None, source=None) -> api.SendReply:
+        """next-step, no wakeup: model-visible context (default source ``plugin{""}``)."""
+        return await self._deliver("Inject", session, message, id, source)
+
+    async def interrupt(self, session: SessionLike, message: MessageLike, *, id: str | None = None, source=None) -> api.SendReply:
+        """Cancels the running turn keeping the inbox, then follows up with ``message`` at the head."""
+        return await self._deliver("Interrupt", session, message, id, source)
+
+    async def steer(
+        self,
+        session: SessionLike,
+        message: MessageLike,
+        *,
+        expected_turn: int | None = None,
+        deadline_ms: int | None = None,
+        on_deadline: int = ev.ON_DEADLINE_UNSPECIFIED,
+        id: str | None = None,
+        source: ev.MessageSource | None = None,
+    ) -> api.SendReply:
+        """next-step, wakeup: input for the running turn's next step (opens a turn when idle)."""
+        request = api.SteerRequest(session=self.ref(session), message=self.message(message, id=id, source=source))
+        if expected_turn is not None:
+            request.expected_turn = expected_turn
+        if deadline_ms is not None:
+            request.deadline_ms = deadline_ms
+        request.on_deadline = on_deadline
+        return await self._unary("Steer", request, retry=True)
+
+    # --- commands and edits (not retried) ---------------------------------------------------------------
+
+    async def cancel(
+        self, session: SessionLike, *, cause: ev.CancelCause | None = None, keep_inbox: bool = False
+    ) -> api.CancelReply:
+        """Cancels the running turn (cause ``user`` by default); ``keep_inbox`` keeps the pending messages."""
+        request = api.CancelRequest(session=self.ref(session), keep_inbox=keep_inbox)
+        if cause is not None:
+            request.cause.CopyFrom(cause)
+        return await self._unary("Cancel", request, retry=False)
+
+    async def replace(self, session: SessionLike, id: str, message: MessageLike) -> api.EditReply:
+        """Replaces pending message ``id`` (NOT_FOUND when it is not pending)."""
+        request = api.ReplaceRequest(session=self.ref(session), id=id, message=self.message(message))
+        return await self._unary("Replace", request, retry=False)
+
+    async def remove(self, session: SessionLike, id: str) -> api.EditReply:
+        """Removes pending message ``id`` (NOT_FOUND when it is not pending)."""
+        return await self._unary("Remove", api.RemoveRequest(session=self.ref(session), id=id), retry=False)
+
+    async def splice(
+        self,
+        session: SessionLike,
+        target: int,
+        start: int,
+        delete_count: int,
+        inserted: Sequence[MessageLike] = (),
+    ) -> api.EditReply:
+        request = api.SpliceRequest(
+            session=self.ref(session),
+            target=target,
+            start=start,
+            delete_count=delete_count,
+            inserted=[self.message(m) for m in inserted],
+        )
+        return await self._unary("Splice", request, retry=False)
+
+    async def clear(self, session: SessionLike) -> api.EditReply:
+        return await self._unary("Clear", api.ClearRequest(session=self.ref(session)), retry=False)
+
+    async def configure_session(
+        self, session: SessionLike, agent: str, *, inject_mode: int = ev.INJECT_MODE_UNSPECIFIED
+    ) -> api.SessionInfo:
+        request = api.ConfigureSessionRequest(session=self.ref(session), agent=agent, inject_mode=inject_mode)
+        return await self._unary("ConfigureSession", request, retry=False)
+
+    async def decide(self, session: SessionLike, call_id: str, approve: bool, reason: str = "") -> api.EditReply:
+        """Approves or denies a tool call awaiting approval."""
+        request = api.DecideRequest(session=self.ref(session), call_id=call_id, approve=approve, reason=reason)
+        return await self._unary("Decide", request, retry=False)
+
+    async def set_goal(self, session: SessionLike, objective: str, max_rounds: int) -> api.GoalInfo:
+        request = api.SetGoalRequest(session=self.ref(session), objective=objective, max_rounds=max_rounds)
+        return await self._unary("SetGoal", request, retry=False)
+
+    async def update_goal(self, session: SessionLike, goal_id: str, action: int) -> api.GoalInfo:
+        """``action``: ``GOAL_ACTION_PAUSE``, ``GOAL_ACTION_RESUME`` or ``GOAL_ACTION_CLEAR``."""
+        request = api.UpdateGoalRequest(session=self.ref(session), goal_id=goal_id, action=action)
+        return await self._unary("UpdateGoal", request, retry=False)
+
+    # --- reads (retried) --------------------------------------------------------------------------------
+
+    async def get_inbox(self, session: SessionLike) -> api.InboxSnapshot:
+        return await self._unary("GetInbox", api.GetInboxRequest(session=self.ref(session)), retry=True)
+
+    async def get_session(self, session: SessionLike) -> api.SessionInfo:
+        return await self._unary("GetSession", api.GetSessionRequest(session=self.ref(session)), retry=True)
+
+    async def when_idle(self, session: SessionLike, *, timeout_ms: int = 0) -> api.SessionInfo:
+        """Resolves when the session is idle with nothing latched; DEADLINE_EXCEEDED after ``timeout_ms``
+        (0: the server's default, 30 s)."""
+        request = api.WhenIdleRequest(session=self.ref(session), timeout_ms=timeout_ms)
+        return await self._unary("WhenIdle", request, retry=True)
+
+    async def list_sessions(self, *, page_token: str = "", page_size: int = 0, tenant: str | None = None) -> api.ListSessionsReply:
+        request = api.ListSessionsRequest(
+            page_token=page_token, page_size=page_size, tenant=self.tenant if tenant is None else tenant
+        )
+        return await self._unary("ListSessions", request, retry=True)
+
+    async def sessions(self, *, tenant: str | None = None) -> AsyncIterator[api.SessionInfo]:
+        """Every session of the tenant, page after page."""
+        token = ""
+        while True:
+            page = await self.list_sessions(page_token=token, tenant=tenant)
+            for info in page.sessions:
+                yield info
+            token = page.next_page_token
+            if not token:
+                return
+
+    # --- streams ----------------------------------------------------------------------------------------
+
+    async def watch(
+        self, session: SessionLike, *, after_seq: int = 0, live: bool = True, resume: bool = True
+    ) -> AsyncIterator[api.WatchItem]:
+        """The session's ``WatchItem``s: durable ``event``s after ``after_seq``, ``caught_up``, then the
+        live tail (``live`` events and new ``event``s).
+
+        After a disconnect (UNAVAILABLE: a gateway restarting or gone) the stream is opened again, at the
+        address asked anew, from the last durable seq received, so no durable event is missed or repeated;
+        a resumed stream sends a fresh ``caught_up``. Live events of the gap are not replayed: they are not
+        stored (SPEC §5). Retries follow ``retry``; with ``resume=False`` a disconnect raises.
+        """
+        ref = self.ref(session)
+        last_seq = after_seq
+        retries = _Retries(self, self.retry if resume else NO_RETRY, "Watch")
+        while True:
+            call = self.stub.Watch(api.WatchRequest(session=ref, after_seq=last_seq, live=live), metadata=self._metadata)
+            try:
+                async for item in call:
+                    kind = item.WhichOneof("item")
+                    if kind == "event":
+                        last_seq = max(last_seq, item.event.seq)
+                    elif kind == "caught_up":
+                        last_seq = max(last_seq, item.caught_up.seq)
+                    retries.succeeded()
+                    yield item
+                # The server never ends a Watch by itself; an end without an error is a lost connection.
+                details = "the Watch stream ended"
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise TurnstileError("Watch", e.code(), e.details() or "") from e
+                details = e.details() or ""
+            finally:
+                call.cancel()
+            await retries.after_unavailable(details)
+
+    def serve_tools(self, tools: Any) -> Any:
+        """A :class:`~turnstile_client.ToolServer` serving ``tools`` (a :class:`~turnstile_client.Tools`)
+        through this client: ``await client.serve_tools(tools).run()`` serves until cancelled;
+        ``async with client.serve_tools(tools):`` serves inside the block, registered on entry."""
+        from ._tools import ToolServer
+
+        return ToolServer(self, tools)
+
+    def _tool_metadata(self) -> tuple[tuple[str, str], ...]:
+        if self._metadata:
+            return self._metadata
+        return ((TENANT_HEADER, self.tenant),)

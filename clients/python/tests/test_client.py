@@ -1,0 +1,317 @@
+"""The client against a real `turnstile dev`, on the embedded journal and on JetStream (`--nats`): every
+delivery preset, the inbox edits, cancel, the reads, a Watch that streams a reply, retries on UNAVAILABLE
+that carry the same MessageId (a lost reply is answered with the first acceptance, SPEC §2), the blocking
+client, and tools served from decorated functions."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import unittest
+from pathlib import Path
+import uuid
+
+import grpc
+import grpc.aio
+
+from harness import Backend, bounded
+from turnstile_client import AsyncClient, Client, ToolContext, ToolOutput, Tools, TurnstileError, pb, text_of
+
+TOOLS_CONFIG = """default_agent = "helper"
+
+[agents.helper]
+tools = ["echo", "client:lookup", "client:spell", "client:where"]
+"""
+
+
+def new_id() -> str:
+    return "py-" + uuid.uuid4().hex[:12]
+
+
+async def replay(c: AsyncClient, session: str) -> list:
+    """The session's durable events, read with a Watch without live events up to its `caught_up`."""
+    events = []
+    async for item in c.watch(session, live=False):
+        if item.WhichOneof("item") == "caught_up":
+            return events
+        events.append(item.event)
+    raise AssertionError("the Watch ended before caught_up")
+
+
+async def watch_until_idle_after(stream, turn: int) -> list:
+    """Items of `stream` up to the durable `agent/status idle` that follows `turn/end {turn}`."""
+    items, ended = [], False
+    async for item in stream:
+        items.append(item)
+        if item.WhichOneof("item") != "event":
+            continue
+        e = item.event
+        if e.WhichOneof("payload") == "turn_end" and e.turn_end.turn == turn:
+            ended = True
+        if ended and e.WhichOneof("payload") == "status" and e.status.status == pb.SESSION_STATUS_IDLE:
+            return items
+    raise AssertionError("the Watch ended early")
+
+
+def entered(events: list) -> list[tuple[str, str]]:
+    """(MessageId, text) of every `user/message`."""
+    return [(e.user_message.message.id, text_of(e.user_message.message))
+            for e in events if e.WhichOneof("payload") == "user_message"]
+
+
+def replies(events: list) -> list[str]:
+    return [e.assistant_message.text for e in events if e.WhichOneof("payload") == "assistant_message"]
+
+
+class LoseFirstReply(grpc.aio.UnaryUnaryClientInterceptor):
+    """Lets the first call of `method` reach the server and be applied, then reports UNAVAILABLE as a
+    dropped connection would: the reply is lost, the write is not."""
+
+    def __init__(self, method: str):
+        self.method = method
+        self.lost = []
+
+    async def intercept_unary_unary(self, continuation, details, request):
+        call = await continuation(details, request)
+        name = details.method.decode() if isinstance(details.method, bytes) else details.method
+        if name.endswith("/" + self.method) and not self.lost:
+            self.lost.append(await call)
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       "reply lost on purpose by the test")
+        return call
+
+
+class DevCase:
+    """A fresh `turnstile dev` (on BACKEND, with CONFIG) per test."""
+
+    BACKEND = "embedded"
+    CONFIG: str | None = None
+
+    def setUp(self) -> None:
+        self.backend = Backend(self.BACKEND)
+        self.dev = self.backend.start(config=self.CONFIG)
+
+    def tearDown(self) -> None:
+        self.backend.close()
+
+    def fail_with_log(self, message: str):
+        self.fail(f"{message}\nserver log:\n{self.dev.log_tail()}")
+
+
+class Scenarios(DevCase):
+
+    async def test_a_followup_streams_its_reply_and_every_seq_once(self):
+        async with AsyncClient(self.dev.address) as c:
+            s = new_id()
+            stream = c.watch(s)
+            first = await bounded(anext(stream), "the first WatchItem")
+            self.assertEqual(first.WhichOneof("item"), "caught_up")
+            self.assertEqual(first.caught_up.seq, 0, "a session with no events yet is caught up at 0")
+            reply = await c.followup(s, "hello")
+            self.assertGreater(reply.seq, 0)
+            self.assertTrue(reply.HasField("turn"), "a followup to an idle session opens a turn")
+            items = await bounded(watch_until_idle_after(stream, reply.turn), "the turn's end")
+            await stream.aclose()
+            events = [i.event for i in items if i.WhichOneof("item") == "event"]
+            self.assertEqual([e.seq for e in events], list(range(1, len(events) + 1)))
+            self.assertEqual(replies(events), ["echo: hello"])
+            deltas = "".join(i.live.assistant_delta.text for i in items
+                             if i.WhichOneof("item") == "live" and i.live.WhichOneof("payload") == "assistant_delta")
+            self.assertEqual(deltas, "echo: hello", "the live deltas concatenate to the reply")
+            info = await c.when_idle(s)
+            self.assertEqual(info.status, pb.SESSION_STATUS_IDLE)
+            self.assertEqual(info.last_seq, events[-1].seq)
+            self.assertEqual((await c.get_session(s)).last_turn, reply.turn)
+            listed = [i.session.id async for i in c.sessions()]
+            self.assertIn(s, listed)
+
+    async def test_a_lost_reply_is_retried_with_the_same_id_and_answered_with_the_first_acceptance(self):
+        lose = LoseFirstReply("Followup")
+        async with AsyncClient(self.dev.address, interceptors=[lose]) as c:
+            s = new_id()
+            reply = await c.followup(s, "once")
+            self.assertEqual(len(lose.lost), 1, "the first attempt was applied and its reply dropped")
+            self.assertEqual(reply.seq, lose.lost[0].seq, "the retry returns the original acceptance")
+            self.assertEqual(reply.turn, lose.lost[0].turn)
+            await c.when_idle(s)
+            events = await replay(c, s)
+            self.assertEqual([text for _, text in entered(events)], ["once"], "entered exactly once")
+
+    async def test_an_unreachable_address_is_asked_again_and_the_delivery_goes_through(self):
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        dead = "127.0.0.1:%d" % closed.getsockname()[1]
+        asked = []
+
+        def address() -> str:
+            asked.append(1)
+            return dead if len(asked) == 1 else self.dev.address
+
+        try:
+            async with AsyncClient(address) as c:
+                s = new_id()
+                reply = await c.followup(s, "through")
+                self.assertGreaterEqual(len(asked), 2)
+                self.assertEqual(c.target, self.dev.address)
+                await c.when_idle(s)
+                self.assertEqual([t for _, t in entered(await replay(c, s))], ["through"])
+                self.assertGreater(reply.seq, 0)
+        finally:
+            closed.close()
+
+    async def test_the_inbox_edits_and_reads(self):
+        async with AsyncClient(self.dev.address) as c:
+            s = new_id()
+            with self.assertRaises(TurnstileError) as e:
+                await c.get_session(s)
+            self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
+            a = await c.queue(s, "a", id="msg-a")
+            self.assertFalse(a.HasField("turn"), "a non-waking delivery opens no turn")
+            await c.queue(s, "b", id="msg-b")
+            await c.inject(s, "context", id="msg-c")
+            inbox = await c.get_inbox(s)
+            self.assertEqual([m.id for m in inbox.next_turn], ["msg-a", "msg-b"])
+            self.assertEqual([m.id for m in inbox.next_step], ["msg-c"])
+            self.assertEqual(inbox.next_step[0].source.WhichOneof("kind"), "plugin", "inject's default source")
+            await c.replace(s, "msg-a", c.message("a2", id="msg-a2"))
+            await c.remove(s, "msg-b")
+            with self.assertRaises(TurnstileError) as e:
+                await c.remove(s, "msg-b")
+            self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
+            inbox = await c.get_inbox(s)
+            self.assertEqual([(m.id, text_of(m)) for m in inbox.next_turn], [("msg-a2", "a2")])
+            cleared = await c.clear(s)
+            self.assertGreater(cleared.seq, inbox.seq)
+            inbox = await c.get_inbox(s)
+            self.assertEqual((len(inbox.next_turn), len(inbox.next_step)), (0, 0))
+            # The same id with other content is not a retry.
+            with self.assertRaises(TurnstileError) as e:
+                await c.queue(s, "other", id="msg-a")
+            self.assertEqual(e.exception.code, grpc.StatusCode.ALREADY_EXISTS)
+
+    async def test_steer_interrupt_and_cancel_a_running_turn(self):
+        async with AsyncClient(self.dev.address) as c:
+            s = new_id()
+            stream = c.watch(s)
+            await bounded(anext(stream), "caught_up")
+            slow = await c.followup(s, "[[delay:60000]] slow")
+            steered = await c.steer(s, "more", expected_turn=slow.turn)
+            self.assertGreater(steered.seq, slow.seq)
+            with self.assertRaises(TurnstileError) as e:
+                await c.steer(s, "late", expected_turn=slow.turn + 5)
+            self.assertEqual(e.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            interrupted = await c.interrupt(s, "now")
+            self.assertGreater(interrupted.seq, steered.seq)
+            # The interrupted turn ends aborted{user}; the interrupt's message runs next.
+            items = await bounded(watch_until_idle_after(stream, slow.turn + 1), "the interrupt's turn")
+            events = [i.event for i in items if i.WhichOneof("item") == "event"]
+            ends = {e.turn_end.turn: e.turn_end.reason.WhichOneof("reason")
+                    for e in events if e.WhichOneof("payload") == "turn_end"}
+            self.assertEqual(ends[slow.turn], "aborted")
+            self.assertIn("now", replies(events)[-1])
+            again = await c.followup(s, "[[delay:60000]] slow again")
+            cancelled = await c.cancel(s)
+            self.assertGreater(cancelled.seq, again.seq)
+            items = await bounded(watch_until_idle_after(stream, again.turn), "the cancelled turn's end")
+            await stream.aclose()
+            end = [i.event.turn_end for i in items if i.WhichOneof("item") == "event"
+                   and i.event.WhichOneof("payload") == "turn_end"][-1]
+            self.assertEqual(end.reason.aborted.WhichOneof("cause"), "user")
+
+    def test_the_blocking_client(self):
+        with Client(self.dev.address) as c:
+            s = new_id()
+            reply = c.followup(s, "sync hello")
+            seen = []
+            for item in c.watch(s):
+                if item.WhichOneof("item") == "event":
+                    seen.append(item.event)
+                    if item.event.WhichOneof("payload") == "turn_end" and item.event.turn_end.turn == reply.turn:
+                        break
+            self.assertEqual(replies(seen), ["echo: sync hello"])
+            self.assertEqual(c.when_idle(s).status, pb.SESSION_STATUS_IDLE)
+            self.assertIn(s, [i.session.id for i in c.sessions()])
+
+
+class ToolScenarios(DevCase):
+    CONFIG = TOOLS_CONFIG
+
+    async def test_decorated_functions_serve_the_model_s_tool_calls(self):
+        tools = Tools()
+
+        @tools.tool
+        async def lookup(q: str) -> ToolOutput:
+            """Looks a word up."""
+            return ToolOutput(f"found {q}", context=["ctx from python"])
+
+        @tools.tool(name="spell")
+        def spell_it(word: str, loud: bool = False) -> dict:
+            """Spells a word (a plain function: runs in a thread)."""
+            if word == "xyzzy":
+                raise ValueError("no such word")
+            return {"letters": list(word.upper() if loud else word)}
+
+        @tools.tool
+        async def where(ctx: ToolContext) -> str:
+            return f"{ctx.session.id} {ctx.name}"
+
+        schema = tools.tools["spell"].input_schema
+        self.assertEqual(schema["required"], ["word"])
+        self.assertEqual(schema["properties"]["loud"], {"type": "boolean"})
+        self.assertEqual(tools.tools["where"].input_schema["properties"], {}, "the context is not an argument")
+        async with AsyncClient(self.dev.address) as c:
+            async with c.serve_tools(tools) as server:
+                self.assertEqual(sorted(server.registered), ["lookup", "spell", "where"])
+                s = new_id()
+                for text in ['[[tool:lookup {"q":"x"}]]', '[[tool:spell {"word":"ab","loud":true}]]',
+                             '[[tool:spell {"word":"xyzzy"}]]', "[[tool:where {}]]"]:
+                    await c.followup(s, text)
+                    await c.when_idle(s)
+                events = await replay(c, s)
+        results = [(e.tool_result.output, e.tool_result.error if e.tool_result.HasField("error") else None)
+                   for e in events if e.WhichOneof("payload") == "tool_result"]
+        self.assertEqual(results, [
+            ("found x", None),
+            ('{"letters": ["A", "B"]}', None),
+            ("", "ValueError: no such word"),
+            (f"{s} where", None),
+        ])
+        self.assertIn("ctx from python", [t for _, t in entered(events)])
+
+
+class ExampleTest(DevCase, unittest.TestCase):
+    """The README's example runs as written."""
+
+    def test_the_quickstart_prints_the_streamed_reply(self):
+        example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
+        env = dict(os.environ, TURNSTILE_ADDR=self.dev.address)
+        out = subprocess.run([sys.executable, str(example), "hello there"], env=env, capture_output=True,
+                             text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        lines = out.stdout.splitlines()
+        self.assertEqual(lines[0], "accepted at seq 1, turn 1")
+        self.assertEqual(lines[1], "echo: hello there")
+        self.assertEqual(lines[2], "turn 1 ended: completed")
+        self.assertRegex(lines[3], r"^session quickstart-\w+: SESSION_STATUS_IDLE, last seq \d+$")
+
+
+class EmbeddedTest(Scenarios, unittest.IsolatedAsyncioTestCase):
+    BACKEND = "embedded"
+
+
+class NatsTest(Scenarios, unittest.IsolatedAsyncioTestCase):
+    BACKEND = "nats"
+
+
+class EmbeddedToolsTest(ToolScenarios, unittest.IsolatedAsyncioTestCase):
+    BACKEND = "embedded"
+
+
+class NatsToolsTest(ToolScenarios, unittest.IsolatedAsyncioTestCase):
+    BACKEND = "nats"
+
+
+if __name__ == "__main__":
+    unittest.main()

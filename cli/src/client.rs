@@ -521,6 +521,23 @@ pub async fn decide(client: &mut Client, session: &str, call_id: &str, approve: 
     Ok(())
 }
 
+/// `compact SESSION` (SPEC §13).
+pub async fn compact(client: &mut Client, session: &str) -> Result<()> {
+    let request = pb::CompactRequest { session: Some(client.session(session)) };
+    let reply = client.api.compact(request).await?.into_inner();
+    println!("compacted seq={}", reply.seq);
+    Ok(())
+}
+
+/// `fork SESSION --at-turn N --new NEW` (SPEC §13): prints the new session as `session` does.
+pub async fn fork(client: &mut Client, session: &str, at_turn: u64, new_session: &str) -> Result<()> {
+    let request =
+        pb::ForkSessionRequest { session: Some(client.session(session)), at_turn, new_session: new_session.to_owned() };
+    let info = client.api.fork_session(request).await?.into_inner();
+    println!("forked {}", info_line(&info));
+    Ok(())
+}
+
 /// `goal set SESSION --max-rounds N OBJECTIVE`.
 pub async fn set_goal(client: &mut Client, session: &str, objective: &str, max_rounds: u32) -> Result<()> {
     let request =

@@ -16,6 +16,7 @@
 pub mod auth;
 pub mod cluster_router;
 pub mod convert;
+mod history;
 pub mod merge;
 mod ops;
 pub mod read;

@@ -254,6 +254,8 @@ names_session!(
     pb::UpdateGoalRequest,
     pb::WatchRequest,
     pb::WhenIdleRequest,
+    pb::CompactRequest,
+    pb::ForkSessionRequest,
 );
 
 fn unexpected(what: &str, reply: &CommandReply) -> Status {
@@ -440,6 +442,28 @@ impl Agent for Gateway {
     }
 
     type ServeToolsStream = ReceiverStream<Result<pb::ToolTask, Status>>;
+
+    async fn compact(&self, request: Request<pb::CompactRequest>) -> Result<Response<pb::EditReply>, Status> {
+        let session = self.session(self.open(request)?.session)?;
+        let seq = self.written(session, Command::Compact).await?;
+        Ok(Response::new(pb::EditReply { seq }))
+    }
+
+    async fn fork_session(
+        &self,
+        request: Request<pb::ForkSessionRequest>,
+    ) -> Result<Response<pb::SessionInfo>, Status> {
+        let req = self.open(request)?;
+        let source = self.session(req.session)?;
+        if req.at_turn == 0 {
+            return Err(Status::invalid_argument("at_turn: is 0; turns are numbered from 1"));
+        }
+        let new_session = self.session(Some(pb::SessionRef { tenant: source.tenant.clone(), id: req.new_session }))?;
+        let fork = crate::history::fork_of(self.log.as_ref(), &source, req.at_turn).await?;
+        let seq = self.written(new_session.clone(), Command::Fork(Box::new(fork))).await?;
+        let state = self.state_after(&new_session, seq, "retry GetSession").await?;
+        Ok(Response::new(self.info(&state).await))
+    }
 
     async fn serve_tools(
         &self,

@@ -538,6 +538,26 @@ pub async fn fork(client: &mut Client, session: &str, at_turn: u64, new_session:
     Ok(())
 }
 
+/// `reference SESSION FROM_SESSION [--upto-turn N] [--id ID]` (SPEC §13).
+pub async fn reference(
+    client: &mut Client,
+    session: &str,
+    from_session: &str,
+    upto_turn: Option<u64>,
+    id: Option<String>,
+) -> Result<()> {
+    let id = id.unwrap_or_else(mint_id);
+    let request = pb::ReferenceSessionRequest {
+        session: Some(client.session(session)),
+        from_session: Some(client.session(from_session)),
+        upto_turn,
+        message_id: id.clone(),
+    };
+    let reply = client.api.reference_session(request).await?.into_inner();
+    println!("referenced id={id} seq={}", reply.seq);
+    Ok(())
+}
+
 /// `goal set SESSION --max-rounds N OBJECTIVE`.
 pub async fn set_goal(client: &mut Client, session: &str, objective: &str, max_rounds: u32) -> Result<()> {
     let request =

@@ -68,6 +68,7 @@ fn source_suffix(source: &MessageSource) -> String {
         }
         MessageSource::Tool { call_id } => format!(" <tool:{call_id}>"),
         MessageSource::Model { provider, model } => format!(" <model:{provider}:{model}>"),
+        MessageSource::Session { tenant, session, upto_seq } => format!(" <session:{tenant}/{session}@{upto_seq}>"),
     }
 }
 

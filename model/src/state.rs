@@ -65,6 +65,12 @@ impl Fingerprint {
                 h.update([13]);
                 field(&mut h, call_id.as_bytes());
             }
+            MessageSource::Session { tenant, session, upto_seq } => {
+                h.update([15]);
+                field(&mut h, tenant.as_bytes());
+                field(&mut h, session.as_bytes());
+                h.update(upto_seq.to_le_bytes());
+            }
             MessageSource::Model { provider, model } => {
                 h.update([14]);
                 field(&mut h, provider.as_bytes());

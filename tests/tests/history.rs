@@ -98,6 +98,59 @@ async fn bad_forks_are_refused_precisely_and_write_nothing(backend: Backend) {
     assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
 }
 
+async fn a_reference_injects_the_other_sessions_transcript_with_a_session_source(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
+    let from = server.session();
+    two_turns(&from).await;
+    let s = server.session();
+    let reply = s.reference_session(from.reference(), Some(1), "ref-1").await.unwrap();
+    assert_eq!((reply.seq, reply.turn), (1, None), "an inject: one splice, no turn");
+    let inbox = s.inbox().await.unwrap();
+    let m = &inbox.next_step[0];
+    assert_eq!(m.id, "ref-1");
+    let text = turnstile_tests::text_of(m);
+    assert!(
+        text.contains("user: what is a turnstile?") && text.contains("assistant: echo: what is a turnstile?"),
+        "{text}"
+    );
+    assert!(!text.contains("who invented"), "turn 2 is after upto_turn: {text}");
+    match m.source.as_ref().and_then(|s| s.kind.as_ref()) {
+        Some(turnstile_proto::v1::message_source::Kind::Session(src)) => {
+            assert_eq!(src.session, from.reference().id);
+            assert_eq!(src.upto_seq, 9, "the seq of turn 1's turn/end");
+        }
+        other => panic!("expected a session source, got {other:?}"),
+    }
+    // The next followup enters it; replay never needs the referenced session again.
+    s.followup(user_msg("P", "summarise that")).await.unwrap();
+    s.when_idle().await.unwrap();
+    let (events, _) = s.replay(0).await.unwrap();
+    let entered: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match &e.payload {
+            Some(Payload::UserMessage(u)) => u.message.as_ref().map(|m| m.id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(entered, ["ref-1", "P"]);
+}
+
+async fn a_reference_to_a_missing_session_or_turn_is_not_found_and_writes_nothing(backend: Backend) {
+    let server = backend.start_dev().await.unwrap();
+    let s = server.session();
+    let missing = server.session();
+    let err = s.reference_session(missing.reference(), None, "ref-1").await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{}", err.message());
+    let from = server.session();
+    two_turns(&from).await;
+    let err = s.reference_session(from.reference(), Some(3), "ref-1").await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{}", err.message());
+    assert!(err.message().contains("no finished turn 3"), "{}", err.message());
+    let err = s.reference_session(from.reference(), None, "").await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    assert_eq!(s.info().await.unwrap_err().code(), Code::NotFound, "nothing was written");
+}
+
 /// A cluster of 3 workers: the fork's shard is owned by another worker than the source's, and the fork runs
 /// there (the new session's owner writes `session/forked`; the gateway read the source's log).
 #[tokio::test]
@@ -134,4 +187,6 @@ turnstile_tests::backend_tests!(
     compact_writes_context_compacted_with_the_scripted_summary,
     a_fork_copies_the_transcript_and_goes_on_from_the_turn_after,
     bad_forks_are_refused_precisely_and_write_nothing,
+    a_reference_injects_the_other_sessions_transcript_with_a_session_source,
+    a_reference_to_a_missing_session_or_turn_is_not_found_and_writes_nothing,
 );

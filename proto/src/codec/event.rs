@@ -202,6 +202,10 @@ fn splice_at(splice: pb::InboxSpliced, path: &str) -> Result<Splice, CodecError>
     })
 }
 
+fn decode_tool_calls(calls: Vec<pb::ToolCallSpec>) -> Vec<ToolCallSpec> {
+    calls.into_iter().map(|c| ToolCallSpec { call_id: c.call_id, name: c.name, arguments: c.arguments }).collect()
+}
+
 fn encode_tool_call_spec(call: &ToolCallSpec) -> pb::ToolCallSpec {
     pb::ToolCallSpec { call_id: call.call_id.clone(), name: call.name.clone(), arguments: call.arguments.clone() }
 }
@@ -319,11 +323,7 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             turn: a.turn,
             step: a.step,
             text: a.text,
-            tool_calls: a
-                .tool_calls
-                .into_iter()
-                .map(|c| ToolCallSpec { call_id: c.call_id, name: c.name, arguments: c.arguments })
-                .collect(),
+            tool_calls: decode_tool_calls(a.tool_calls),
             interrupted: a.interrupted,
             max_tokens: a.max_tokens,
             reasoning: a.reasoning,
@@ -466,11 +466,7 @@ fn transcript_entry_at(entry: pb::TranscriptEntry, path: &str) -> Result<Transcr
             turn: a.turn,
             step: a.step,
             text: a.text,
-            tool_calls: a
-                .tool_calls
-                .into_iter()
-                .map(|c| ToolCallSpec { call_id: c.call_id, name: c.name, arguments: c.arguments })
-                .collect(),
+            tool_calls: decode_tool_calls(a.tool_calls),
             interrupted: a.interrupted,
         },
         Entry::ToolResult(r) => TranscriptEntry::ToolResult {

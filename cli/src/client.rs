@@ -514,6 +514,43 @@ pub async fn decide(client: &mut Client, session: &str, call_id: &str, approve: 
     client.print(&reply, &[], |r| format!("{verdict} call_id={call_id} seq={}", r.seq))
 }
 
+/// `compact SESSION` (SPEC §13).
+pub async fn compact(client: &mut Client, session: &str) -> Result<()> {
+    let request = pb::CompactRequest { session: Some(client.session(session)) };
+    let reply = client.api.compact(request).await?.into_inner();
+    println!("compacted seq={}", reply.seq);
+    Ok(())
+}
+
+/// `fork SESSION --at-turn N --new NEW` (SPEC §13): prints the new session as `session` does.
+pub async fn fork(client: &mut Client, session: &str, at_turn: u64, new_session: &str) -> Result<()> {
+    let request =
+        pb::ForkSessionRequest { session: Some(client.session(session)), at_turn, new_session: new_session.to_owned() };
+    let info = client.api.fork_session(request).await?.into_inner();
+    println!("forked {}", info_line(&info));
+    Ok(())
+}
+
+/// `reference SESSION FROM_SESSION [--upto-turn N] [--id ID]` (SPEC §13).
+pub async fn reference(
+    client: &mut Client,
+    session: &str,
+    from_session: &str,
+    upto_turn: Option<u64>,
+    id: Option<String>,
+) -> Result<()> {
+    let id = id.unwrap_or_else(mint_id);
+    let request = pb::ReferenceSessionRequest {
+        session: Some(client.session(session)),
+        from_session: Some(client.session(from_session)),
+        upto_turn,
+        message_id: id.clone(),
+    };
+    let reply = client.api.reference_session(request).await?.into_inner();
+    println!("referenced id={id} seq={}", reply.seq);
+    Ok(())
+}
+
 /// `goal set SESSION --max-rounds N OBJECTIVE`.
 pub async fn set_goal(client: &mut Client, session: &str, objective: &str, max_rounds: u32) -> Result<()> {
     let request =

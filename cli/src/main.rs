@@ -106,6 +106,12 @@ enum Cmd {
     /// Give the session a goal it works toward over several rounds, or pause, resume or clear it.
     #[command(subcommand)]
     Goal(GoalCmd),
+    /// Summarize the session's finished turns; later model requests carry the summary instead (idle only).
+    Compact(SessionArg),
+    /// Copy a session's transcript through turn --at-turn into a new session that goes on from there.
+    Fork(ForkArgs),
+    /// Inject another session's transcript (as text, source `session`) into this one as context.
+    Reference(ReferenceArgs),
     /// Show the pending messages.
     Inbox(ShowArgs),
     /// Show a session's status, last seq and turn, epoch and owner.
@@ -424,6 +430,32 @@ struct DecideArgs {
     reason: String,
 }
 
+#[derive(Args, Debug)]
+struct ReferenceArgs {
+    /// The session that gets the reference.
+    session: String,
+    /// The session whose transcript is referenced (same tenant).
+    from_session: String,
+    /// The last turn of FROM_SESSION to include (a finished turn); default all of it.
+    #[arg(long)]
+    upto_turn: Option<u64>,
+    /// The injected message's id (default: a new UUID).
+    #[arg(long)]
+    id: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct ForkArgs {
+    /// The source session.
+    session: String,
+    /// The source's last turn to copy (a finished turn, from 1).
+    #[arg(long)]
+    at_turn: u64,
+    /// The new session's id (in the same tenant; it must have no events).
+    #[arg(long = "new")]
+    new_session: String,
+}
+
 #[derive(Subcommand, Debug)]
 enum GoalCmd {
     /// Start a goal (rounds begin once the session is idle with nothing pending); on a session whose goal
@@ -634,6 +666,9 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Clear(a) => client::clear(c, &a.session).await,
         Cmd::Configure(a) => client::configure(c, &a.session, &a.agent, a.inject_mode.0).await,
         Cmd::Decide(a) => client::decide(c, &a.session, &a.call_id, a.approve, &a.reason).await,
+        Cmd::Compact(a) => client::compact(c, &a.session).await,
+        Cmd::Fork(a) => client::fork(c, &a.session, a.at_turn, &a.new_session).await,
+        Cmd::Reference(a) => client::reference(c, &a.session, &a.from_session, a.upto_turn, a.id).await,
         Cmd::Goal(GoalCmd::Set(a)) => client::set_goal(c, &a.session, &a.objective.join(" "), a.max_rounds).await,
         Cmd::Goal(GoalCmd::Pause(a)) => client::update_goal(c, &a.session, a.goal_id, GoalAction::Pause).await,
         Cmd::Goal(GoalCmd::Resume(a)) => client::update_goal(c, &a.session, a.goal_id, GoalAction::Resume).await,

@@ -66,6 +66,7 @@ fn source_suffix(source: &MessageSource) -> String {
         }
         MessageSource::Tool { call_id } => format!(" <tool:{call_id}>"),
         MessageSource::Model { provider, model } => format!(" <model:{provider}:{model}>"),
+        MessageSource::Session { tenant, session, upto_seq } => format!(" <session:{tenant}/{session}@{upto_seq}>"),
     }
 }
 
@@ -204,6 +205,27 @@ impl Renderer {
             EventPayload::SessionConfigured { agent, inject_mode } => {
                 (ambient, format!("session/configured agent {agent} inject_mode {inject_mode}"))
             }
+            EventPayload::ContextCompacted(c) => (
+                ambient,
+                format!(
+                    "context/compacted turns {}..{} ({} new) summary {}",
+                    c.from_turn,
+                    c.upto_turn,
+                    c.summarized_turns,
+                    preview(&c.summary)
+                ),
+            ),
+            EventPayload::SessionForked(f) => (
+                ambient,
+                format!(
+                    "session/forked from {} at turn {} (seq {}), {} transcript entries{}",
+                    f.from,
+                    f.at_turn,
+                    f.at_seq,
+                    f.transcript.len(),
+                    if f.compacted.is_some() { " after a summary" } else { "" }
+                ),
+            ),
             EventPayload::Ignorable { event_type } => (ambient, format!("{event_type} (ignorable, not understood)")),
         };
         self.line(&prefix, depth, &text)

@@ -91,6 +91,10 @@ pub fn encode_command(command: &Command) -> PbCommand {
         }),
         Command::Clear => PbCommand::Clear(cpb::ClearCommand {}),
         Command::WhenIdle => PbCommand::WhenIdle(cpb::WhenIdleCommand {}),
+        Command::Compact => PbCommand::Compact(cpb::CompactCommand {}),
+        Command::Fork(fork) => {
+            PbCommand::Fork(cpb::ForkCommand { fork: Some(turnstile_proto::codec::event::encode_fork(fork)) })
+        }
         Command::Configure { agent, inject_mode } => PbCommand::Configure(cpb::ConfigureCommand {
             agent: agent.clone(),
             inject_mode: encode_inject_mode(*inject_mode) as i32,
@@ -149,6 +153,11 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
         },
         PbCommand::Clear(_) => Command::Clear,
         PbCommand::WhenIdle(_) => Command::WhenIdle,
+        PbCommand::Compact(_) => Command::Compact,
+        PbCommand::Fork(f) => {
+            let fork = f.fork.ok_or_else(|| CodecError::missing("fork.fork", "set the fork to write"))?;
+            Command::Fork(Box::new(turnstile_proto::codec::event::fork_at(fork, "fork.fork")?))
+        }
         PbCommand::Configure(c) => {
             if c.agent.is_empty() {
                 return Err(CodecError::invalid("configure.agent", "is empty; name one of the configured agents"));
@@ -330,6 +339,20 @@ mod tests {
         all.push(Command::Splice { target: Target::NextStep, start: 0, delete_count: 0, inserted: vec![] });
         all.push(Command::Clear);
         all.push(Command::WhenIdle);
+        all.push(Command::Compact);
+        all.push(Command::Fork(Box::new(turnstile_model::Fork {
+            from: SessionRef::new("acme", "source").unwrap(),
+            at_turn: 2,
+            at_seq: 9,
+            agent: Some("assistant".into()),
+            compacted: Some(turnstile_model::Compaction {
+                upto_turn: 1,
+                from_turn: 1,
+                summary: "summary of turns 1..1".into(),
+                summarized_turns: 1,
+            }),
+            transcript: vec![turnstile_model::TranscriptEntry::User { turn: 2, step: 1, message: m("m9") }],
+        })));
         all.push(Command::Configure { agent: "assistant".into(), inject_mode: InjectMode::Pending });
         all.push(Command::Configure { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn });
         all.push(Command::Decide { call_id: "call-1".into(), approve: false, reason: "too risky".into() });

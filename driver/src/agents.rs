@@ -21,11 +21,19 @@ pub struct AgentProfile {
     pub history_turns: u32,
     /// The tool calls that wait for a human's decision before they run (SPEC §9).
     pub approval: ApprovalRules,
+    /// Estimated request size (UTF-8 bytes / 4) above which a step first compacts the oldest whole
+    /// turns (SPEC §13); `None` never compacts by itself.
+    pub context_budget_tokens: Option<u64>,
 }
 
 impl Default for AgentProfile {
     fn default() -> Self {
-        Self { system: None, history_turns: DEFAULT_TRANSCRIPT_TURNS, approval: ApprovalRules::default() }
+        Self {
+            system: None,
+            history_turns: DEFAULT_TRANSCRIPT_TURNS,
+            approval: ApprovalRules::default(),
+            context_budget_tokens: None,
+        }
     }
 }
 
@@ -161,5 +169,9 @@ impl AgentCatalog {
     }
 }
 
-static FALLBACK: AgentProfile =
-    AgentProfile { system: None, history_turns: DEFAULT_TRANSCRIPT_TURNS, approval: ApprovalRules(None) };
+static FALLBACK: AgentProfile = AgentProfile {
+    system: None,
+    history_turns: DEFAULT_TRANSCRIPT_TURNS,
+    approval: ApprovalRules(None),
+    context_budget_tokens: None,
+};

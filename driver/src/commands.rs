@@ -4,8 +4,8 @@
 
 use turnstile_model::state::Fingerprint;
 use turnstile_model::{
-    CancelCause, Command, CommandError, CommandReply, DeadlineSpec, EventPayload, InjectMode, LivePayload, MessageId,
-    Splice, SpliceOutcome, Status, SteerDeadline, Target, UserMessage,
+    CancelCause, Command, CommandError, CommandReply, DeadlineSpec, EventPayload, Fork, InjectMode, LivePayload,
+    MessageId, Splice, SpliceOutcome, Status, SteerDeadline, Target, UserMessage,
 };
 
 use super::{CommandId, Driver};
@@ -37,6 +37,11 @@ impl Driver {
             Command::Decide { call_id, approve, reason } => self.decide(&call_id, approve, reason),
             Command::SetGoal { goal_id, objective, max_rounds } => self.set_goal(goal_id, objective, max_rounds),
             Command::UpdateGoal { goal_id, action } => self.update_goal(&goal_id, action),
+            Command::Compact => match self.compact_command(id) {
+                Some(result) => result,
+                None => return,
+            },
+            Command::Fork(fork) => self.fork(*fork),
             Command::WhenIdle => {
                 if self.is_quiescent() {
                     Ok(CommandReply::Idle(self.summary()))
@@ -276,6 +281,25 @@ impl Driver {
             return Ok(CommandReply::Written { seq: self.state.last_seq });
         }
         let seq = self.write(EventPayload::SessionConfigured { agent, inject_mode });
+        Ok(CommandReply::Written { seq })
+    }
+
+    /// `ForkSession` on the new session (SPEC §13): `session/forked` as its first event, only while it
+    /// has none.
+    fn fork(&mut self, fork: Fork) -> Result<CommandReply, CommandError> {
+        if self.state.exists() {
+            return Err(CommandError::AlreadyExists(format!(
+                "session {} already has events (last seq {}); fork onto a new session id",
+                self.state.session, self.state.last_seq
+            )));
+        }
+        if fork.from.tenant != self.state.session.tenant {
+            return Err(CommandError::InvalidArgument(format!(
+                "a fork stays in its tenant: {} cannot be forked into tenant {}",
+                fork.from, self.state.session.tenant
+            )));
+        }
+        let seq = self.write(EventPayload::SessionForked(fork));
         Ok(CommandReply::Written { seq })
     }
 

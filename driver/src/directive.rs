@@ -22,6 +22,9 @@ pub enum Directive {
     /// `[[complete-goal-at:N]]` in a goal's objective: the scripted model calls `goal_complete` in the step
     /// that enters round N's continuation (API.md "Scripted model additions").
     CompleteGoalAt { round: u64 },
+    /// `[[compact-fail]]` anywhere in the turns being summarized: the scripted compaction request fails
+    /// (SPEC §13), so tests can pin that a failed compaction changes nothing.
+    CompactFail,
 }
 
 /// The directives of `text`, in order, and the text with them taken out (trimmed). Anything between
@@ -64,6 +67,7 @@ fn parse_one(inner: &str) -> Option<Directive> {
         ("drop", None) => Directive::Drop,
         ("rewrite", Some(text)) => Directive::Rewrite { text: text.to_owned() },
         ("hook-fail", None) => Directive::HookFail,
+        ("compact-fail", None) => Directive::CompactFail,
         ("complete-goal-at", Some(n)) => Directive::CompleteGoalAt { round: n.parse().ok().filter(|n| *n > 0)? },
         _ => return None,
     })

@@ -170,6 +170,32 @@ pub struct ModelRequest {
     /// The session's active goal (SPEC §10): while there is one the runner offers the model the built-in
     /// tool [`GOAL_COMPLETE`] `{summary}`. The driver itself runs that tool; it never reaches the runner.
     pub goal: Option<ActiveGoal>,
+    /// The summary of the session's compacted turns (SPEC §13): sent right after the system prompt as
+    /// one user-role message marked as a summary; `history` holds only the turns after it.
+    pub summary: Option<String>,
+    /// Set on a compaction request (SPEC §13): not a step, but the request that summarizes `history`
+    /// (with `summary`, the earlier summary, before it). The runner uses the agent's
+    /// `compaction_model`, offers no tools and publishes nothing; the reply text is the new summary.
+    pub compaction: Option<CompactionTask>,
+}
+
+/// What a compaction request summarizes: turns `from_turn..=upto_turn`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompactionTask {
+    pub from_turn: u64,
+    pub upto_turn: u64,
+}
+
+/// How a summary is marked when it goes to the model as a user-role message (SPEC §13).
+pub const SUMMARY_PREFIX: &str = "[summary of the earlier conversation]\n";
+
+/// The instruction a compaction request ends with.
+pub fn compaction_instruction(task: &CompactionTask) -> String {
+    format!(
+        "Summarize turns {}..{} of the conversation above (and any earlier summary) for your own later use: \
+         keep facts, decisions, open questions and tool results that matter; be brief. Reply with the summary only.",
+        task.from_turn, task.upto_turn
+    )
 }
 
 /// The name of the built-in tool that ends the active goal (SPEC §10).

@@ -32,6 +32,7 @@
 
 pub mod agents;
 mod commands;
+pub mod compaction;
 mod deadlines;
 pub mod directive;
 pub mod effect;
@@ -50,8 +51,9 @@ use turnstile_model::{
 
 pub use agents::{AgentCatalog, AgentProfile, ApprovalRules, CatalogError};
 pub use effect::{
-    ActiveGoal, AppendGroup, CommandId, Effect, GOAL_COMPLETE, HookError, HookVerdict, ModelOutcome, ModelOutput,
-    ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, ToolOutcome, ToolRequest,
+    ActiveGoal, AppendGroup, CommandId, CompactionTask, Effect, GOAL_COMPLETE, HookError, HookVerdict, ModelOutcome,
+    ModelOutput, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, SUMMARY_PREFIX, ToolOutcome,
+    ToolRequest, compaction_instruction,
 };
 pub use limits::Limits;
 use turn::ActiveTurn;
@@ -78,6 +80,8 @@ pub struct Driver {
     now_ms: u64,
     /// Handing the session to another owner: finish what runs, claim nothing more.
     draining: bool,
+    /// An idle `Compact` waiting for its summary (SPEC §13).
+    idle_compaction: Option<compaction::IdleCompaction>,
 }
 
 impl Driver {
@@ -110,6 +114,7 @@ impl Driver {
             poisoned: None,
             now_ms: 0,
             draining: false,
+            idle_compaction: None,
         }
     }
 
@@ -148,7 +153,7 @@ impl Driver {
     pub fn on_drain(&mut self) {
         self.draining = true;
         if let Some(t) = self.turn.as_mut()
-            && matches!(t.phase, turn::Phase::PreStep { .. })
+            && matches!(t.phase, turn::Phase::PreStep { .. } | turn::Phase::Compacting { .. })
         {
             // A pending pre-step decision has claimed input that no step has entered: abandoning it here
             // leaves the claim undecided in the log, so the next owner restores it.

@@ -103,6 +103,7 @@ impl Driver {
             resumed: false,
             concluded: false,
             agent,
+            compaction_tried: false,
         });
         self.set_status(Status::Running);
         true

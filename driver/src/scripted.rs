@@ -15,13 +15,14 @@
 //!     op: 1, turn: 1, step: 1, agent: "scripted".into(), system: None, history: vec![],
 //!     session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
 //!     messages: vec![hello], tool_results: vec![], interrupted_prompt: vec![], goal: None,
+//!     summary: None, compaction: None,
 //! };
 //! assert_eq!(scripted::plan(&request).output.text, "echo: hello");
 //! ```
 
 use std::time::Duration;
 
-use turnstile_model::{ContentBlock, MessageSource, ToolCallSpec, UserMessage};
+use turnstile_model::{ContentBlock, MessageSource, ToolCallSpec, TranscriptEntry, UserMessage};
 
 use crate::directive::{self, Directive};
 use crate::effect::{GOAL_COMPLETE, HookError, HookVerdict, ModelOutput, ModelRequest};
@@ -47,6 +48,9 @@ const SLOW_CHUNKS: usize = 10;
 
 /// What the scripted model answers to `request`.
 pub fn plan(request: &ModelRequest) -> ScriptedPlan {
+    if let Some(task) = &request.compaction {
+        return compaction_plan(request, task);
+    }
     let prompt: &[UserMessage] =
         if request.messages.is_empty() { &request.interrupted_prompt } else { &request.messages };
     let mut directives = Vec::new();
@@ -103,6 +107,8 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
             }),
             // Content-guard directives are for the pre-step hook, not the model.
             Directive::Reject | Directive::Drop | Directive::Rewrite { .. } | Directive::HookFail => {}
+            // Only compaction requests look at it.
+            Directive::CompactFail => {}
         }
     }
     let chunks = if delay.is_zero() { FAST_CHUNKS } else { SLOW_CHUNKS };
@@ -111,6 +117,22 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
         output: ModelOutput { text, tool_calls, max_tokens, reasoning: None, usage: None },
         delay,
         fail,
+    }
+}
+
+/// The scripted summary of a compaction request (SPEC §13): `summary of turns A..B`, or a failure when a
+/// user message among the summarized turns carries `[[compact-fail]]`.
+fn compaction_plan(request: &ModelRequest, task: &crate::effect::CompactionTask) -> ScriptedPlan {
+    let told_to_fail = request.history.iter().any(|entry| match entry {
+        TranscriptEntry::User { message, .. } => directive::parse(&message.text()).0.contains(&Directive::CompactFail),
+        _ => false,
+    });
+    let text = format!("summary of turns {}..{}", task.from_turn, task.upto_turn);
+    ScriptedPlan {
+        deltas: vec![text.clone()],
+        output: ModelOutput::text(text),
+        delay: Duration::ZERO,
+        fail: told_to_fail.then(|| "the scripted model was told to fail compaction ([[compact-fail]])".to_owned()),
     }
 }
 
@@ -168,6 +190,8 @@ mod tests {
             tool_results: vec![],
             interrupted_prompt: vec![],
             goal: None,
+            summary: None,
+            compaction: None,
         }
     }
 

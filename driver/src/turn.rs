@@ -39,6 +39,9 @@ pub(super) struct ActiveTurn {
     pub concluded: bool,
     /// The agent this turn runs, fixed at `turn/start` so a configuration applies from the next turn.
     pub agent: String,
+    /// A compaction was asked for in this turn (SPEC §13): at most one per turn, so a failing one does
+    /// not cost a request before every step.
+    pub compaction_tried: bool,
 }
 
 /// What a resumed turn's first step must still answer.
@@ -60,6 +63,12 @@ pub(super) enum Phase {
     Parked,
     PreStep {
         op: OpId,
+    },
+    /// A compaction runs before the step that will enter `messages` (SPEC §13).
+    Compacting {
+        op: OpId,
+        task: crate::effect::CompactionTask,
+        messages: Vec<UserMessage>,
     },
     Model {
         op: OpId,
@@ -106,6 +115,7 @@ impl Driver {
             interrupted_prompt: resume.prompt,
             concluded: false,
             agent,
+            compaction_tried: false,
         });
         self.propose();
     }
@@ -201,6 +211,13 @@ impl Driver {
     }
 
     fn start_step(&mut self, messages: Vec<UserMessage>) {
+        if !self.compact_before_step(&messages) {
+            self.run_step(messages);
+        }
+    }
+
+    /// `step/start`, the step's `user/message`s and its model request.
+    pub(super) fn run_step(&mut self, messages: Vec<UserMessage>) {
         let Some(t) = self.turn.as_mut() else { return };
         t.step += 1;
         t.concluded = false;
@@ -233,6 +250,8 @@ impl Driver {
             tool_results,
             interrupted_prompt,
             goal,
+            summary: self.state.compaction.as_ref().map(|c| c.summary.clone()),
+            compaction: None,
         }));
     }
 
@@ -252,6 +271,9 @@ impl Driver {
     }
 
     pub(super) fn turn_model_done(&mut self, op: OpId, outcome: ModelOutcome) {
+        if self.compaction_done(op, &outcome) {
+            return;
+        }
         let Some(t) = self.turn.as_mut() else { return };
         let Phase::Model { op: current, text, reasoning } = &mut t.phase else { return };
         if *current != op {
@@ -541,7 +563,7 @@ impl Driver {
         }
         t.cancel = Some(cause);
         let op = match &mut t.phase {
-            Phase::PreStep { op } | Phase::Model { op, .. } => Some(*op),
+            Phase::PreStep { op } | Phase::Compacting { op, .. } | Phase::Model { op, .. } => Some(*op),
             Phase::Tools { running, awaiting, next, calls } => {
                 if let Some(call_id) = awaiting.take() {
                     // A call waiting for approval never started: it ends like an unstarted call.

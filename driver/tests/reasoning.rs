@@ -161,6 +161,8 @@ fn usage_is_recorded_on_a_tool_calling_reply_and_each_step_has_its_own() {
         tool_results: vec![],
         interrupted_prompt: vec![],
         goal: None,
+        summary: None,
+        compaction: None,
     });
     let mut first = ModelReply::scripted(first);
     first.output.usage = Some(Usage { input_tokens: 10, output_tokens: 3 });

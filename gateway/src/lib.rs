@@ -18,6 +18,7 @@ pub mod auth;
 pub mod cluster_router;
 pub mod console;
 pub mod convert;
+mod history;
 pub mod merge;
 mod ops;
 pub mod read;

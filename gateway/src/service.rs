@@ -254,6 +254,9 @@ names_session!(
     pb::UpdateGoalRequest,
     pb::WatchRequest,
     pb::WhenIdleRequest,
+    pb::CompactRequest,
+    pb::ForkSessionRequest,
+    pb::ReferenceSessionRequest,
 );
 
 fn unexpected(what: &str, reply: &CommandReply) -> Status {
@@ -440,6 +443,68 @@ impl Agent for Gateway {
     }
 
     type ServeToolsStream = ReceiverStream<Result<pb::ToolTask, Status>>;
+
+    async fn compact(&self, request: Request<pb::CompactRequest>) -> Result<Response<pb::EditReply>, Status> {
+        let session = self.session(self.open(request)?.session)?;
+        let seq = self.written(session, Command::Compact).await?;
+        Ok(Response::new(pb::EditReply { seq }))
+    }
+
+    async fn fork_session(
+        &self,
+        request: Request<pb::ForkSessionRequest>,
+    ) -> Result<Response<pb::SessionInfo>, Status> {
+        let req = self.open(request)?;
+        let source = self.session(req.session)?;
+        if req.at_turn == 0 {
+            return Err(Status::invalid_argument("at_turn: is 0; turns are numbered from 1"));
+        }
+        let new_session = self.session(Some(pb::SessionRef { tenant: source.tenant.clone(), id: req.new_session }))?;
+        let fork = crate::history::fork_of(self.log.as_ref(), &source, req.at_turn).await?;
+        let seq = self.written(new_session.clone(), Command::Fork(Box::new(fork))).await?;
+        let state = self.state_after(&new_session, seq, "retry GetSession").await?;
+        Ok(Response::new(self.info(&state).await))
+    }
+
+    async fn reference_session(
+        &self,
+        request: Request<pb::ReferenceSessionRequest>,
+    ) -> Result<Response<pb::SendReply>, Status> {
+        let caller = self.auth.authenticate(request.metadata())?;
+        let req = self.open(request)?;
+        let session = self.session(req.session)?;
+        // `from_session` is confined like `session`: another tenant's session is NOT_FOUND.
+        let mut raw_from = req.from_session.ok_or_else(|| {
+            Status::invalid_argument("from_session: is missing; name the session whose transcript to reference")
+        })?;
+        if raw_from.tenant.is_empty() {
+            raw_from.tenant.clone_from(&session.tenant);
+        }
+        let from = self.session(Some(raw_from))?;
+        if let Caller::Tenant(tenant) = &caller
+            && from.tenant != *tenant
+        {
+            return Err(read::not_found(&from));
+        }
+        if req.upto_turn == Some(0) {
+            return Err(Status::invalid_argument("upto_turn: is 0; turns are numbered from 1 (leave it out for all)"));
+        }
+        let (text, upto_seq) = crate::history::reference_text(self.log.as_ref(), &from, req.upto_turn).await?;
+        let source = MessageSource::Session { tenant: from.tenant.clone(), session: from.id.clone(), upto_seq };
+        let message = convert::user_message(
+            "message",
+            Some(pb::UserMessage {
+                id: req.message_id,
+                content: vec![pb::ContentBlock { block: Some(pb::content_block::Block::Text(pb::TextBlock { text })) }],
+                source: Some(codec::encode_message_source(&source)),
+            }),
+            &source,
+        )
+        .map_err(status::from_convert)?;
+        let command =
+            Command::Send { message, target: Target::NextStep, wakeup: false, expected_turn: None, deadline: None };
+        self.deliver(session, command).await
+    }
 
     async fn serve_tools(
         &self,

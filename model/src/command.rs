@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{CancelCause, InjectMode, OnDeadline, Status};
+use crate::event::{CancelCause, Fork, InjectMode, OnDeadline, Status};
 use crate::goal::{GoalAction, GoalChange};
 use crate::message::{MessageId, Target, UserMessage};
 
@@ -69,6 +69,11 @@ pub enum Command {
     },
     /// Resolves when the driver is idle and no latched wake is pending.
     WhenIdle,
+    /// `Compact` (SPEC §13): summarize the whole turns not yet summarized, while idle.
+    Compact,
+    /// `ForkSession` (SPEC §13), routed to the *new* session's owner: writes `session/forked` as the
+    /// session's first event (the gateway read the source and built `fork`).
+    Fork(Box<Fork>),
 }
 
 /// A steer's `deadline_ms` and `on_deadline`, as the client gave them.
@@ -100,6 +105,8 @@ impl Command {
             Self::SetGoal { .. } => "set_goal",
             Self::UpdateGoal { .. } => "update_goal",
             Self::WhenIdle => "when_idle",
+            Self::Compact => "compact",
+            Self::Fork(_) => "fork",
         }
     }
 }

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::goal::GoalChange;
 use crate::message::{SessionRef, Target, UserMessage};
+use crate::transcript::TranscriptEntry;
 
 /// Driver status. `Running` covers everything from the waking delivery through every drained turn.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -256,6 +257,12 @@ pub enum EventPayload {
         agent: String,
         inject_mode: InjectMode,
     },
+    /// `context/compacted` (SPEC §13): the whole turns through `upto_turn` are replaced in later model
+    /// requests by `summary` (one user-role message marked as a summary). The log keeps every event.
+    ContextCompacted(Compaction),
+    /// `session/forked` (SPEC §13): the first event of a fork, with the source's transcript through the
+    /// end of `at_turn` copied, so the fork never reads the source again.
+    SessionForked(Fork),
     /// An event of a type this build does not know, marked ignorable by its writer. Readers skip it;
     /// an unknown type that is not ignorable is refused by the codec instead.
     Ignorable {
@@ -280,13 +287,15 @@ impl EventPayload {
             Self::ToolDecision { .. } => "tool/decision",
             Self::GoalChange(_) => "goal/change",
             Self::SessionConfigured { .. } => "session/configured",
+            Self::ContextCompacted(_) => "context/compacted",
+            Self::SessionForked(_) => "session/forked",
             Self::Ignorable { .. } => "ignorable",
         }
     }
 }
 
 /// Every durable type, in SPEC §5 order.
-pub const DURABLE_TYPES: [&str; 13] = [
+pub const DURABLE_TYPES: [&str; 15] = [
     "agent/inbox/spliced",
     "agent/status",
     "turn/start",
@@ -300,7 +309,39 @@ pub const DURABLE_TYPES: [&str; 13] = [
     "goal/change",
     "session/configured",
     "tool/decision",
+    "context/compacted",
+    "session/forked",
 ];
+
+/// `context/compacted` (SPEC §13, decision 0023).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Compaction {
+    /// The last turn the summary covers; requests send the turns after it.
+    pub upto_turn: u64,
+    /// The first turn the summary covers (an earlier summary's first turn when it was folded in).
+    pub from_turn: u64,
+    /// What the model wrote.
+    pub summary: String,
+    /// How many turns this compaction summarized anew (an earlier summary it folded in not counted).
+    pub summarized_turns: u32,
+}
+
+/// `session/forked` (SPEC §13, decision 0024).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fork {
+    /// The source session (same tenant).
+    pub from: SessionRef,
+    /// The source's last turn copied; the fork's own turns are numbered from `at_turn + 1`.
+    pub at_turn: u64,
+    /// The seq of the source's `turn/end` of `at_turn`.
+    pub at_seq: u64,
+    /// The agent the source ran at that point (`None`: the default agent).
+    pub agent: Option<String>,
+    /// The source's compaction in force at `at_seq`, if any: its summary stands before `transcript`.
+    pub compacted: Option<Compaction>,
+    /// The source's transcript through the end of `at_turn` (after the compaction), in order.
+    pub transcript: Vec<TranscriptEntry>,
+}
 
 /// A durable event with its envelope. `seq` is contiguous from 1 per session; `time_ms` and `epoch`
 /// never decrease.

@@ -36,8 +36,8 @@ pub mod transcript;
 
 pub use command::{Command, CommandError, CommandReply, DeadlineSpec, MAX_STEER_DEADLINE_MS, SessionSummary};
 pub use event::{
-    CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, OnDeadline, Splice, SpliceOutcome, Status,
-    SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
+    CancelCause, Compaction, Envelope, EventPayload, Fork, InjectMode, LiveEvent, LivePayload, OnDeadline, Splice,
+    SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 pub use goal::{Goal, GoalAction, GoalChange, GoalState};
 pub use inbox::{Inbox, SpliceError};

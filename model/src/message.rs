@@ -101,10 +101,29 @@ pub const PLUGIN_FORMS: [&str; 6] = ["instructions", "catalog", "snapshot", "not
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum MessageSource {
     User,
-    Plugin { plugin: String, form: Option<String> },
-    Goal { goal_id: String, revision: u64, round: u64 },
-    Tool { call_id: String },
-    Model { provider: String, model: String },
+    Plugin {
+        plugin: String,
+        form: Option<String>,
+    },
+    Goal {
+        goal_id: String,
+        revision: u64,
+        round: u64,
+    },
+    Tool {
+        call_id: String,
+    },
+    Model {
+        provider: String,
+        model: String,
+    },
+    /// A cross-session reference (SPEC §13): the text of session `tenant/session` through its seq
+    /// `upto_seq`, rendered when it was injected. Replay never reads that session again.
+    Session {
+        tenant: String,
+        session: String,
+        upto_seq: u64,
+    },
 }
 
 impl MessageSource {
@@ -116,6 +135,7 @@ impl MessageSource {
             Self::Goal { .. } => "goal",
             Self::Tool { .. } => "tool",
             Self::Model { .. } => "model",
+            Self::Session { .. } => "session",
         }
     }
 
@@ -134,6 +154,9 @@ impl MessageSource {
             }
             Self::Tool { call_id } if call_id.is_empty() => {
                 Err(ValueError::EmptyField { field: "source.tool.call_id" })
+            }
+            Self::Session { session, .. } if session.is_empty() => {
+                Err(ValueError::EmptyField { field: "source.session.session" })
             }
             _ => Ok(()),
         }

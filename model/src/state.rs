@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::event::{Envelope, EventPayload, InjectMode, SpliceOutcome, Status, SteerDeadline, ToolCallSpec};
+use crate::event::{
+    Compaction, Envelope, EventPayload, InjectMode, SpliceOutcome, Status, SteerDeadline, ToolCallSpec,
+};
 use crate::goal::{GoalFold, GoalFoldError};
 use crate::inbox::{Inbox, SpliceError};
 use crate::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
@@ -62,6 +64,12 @@ impl Fingerprint {
             MessageSource::Tool { call_id } => {
                 h.update([13]);
                 field(&mut h, call_id.as_bytes());
+            }
+            MessageSource::Session { tenant, session, upto_seq } => {
+                h.update([15]);
+                field(&mut h, tenant.as_bytes());
+                field(&mut h, session.as_bytes());
+                h.update(upto_seq.to_le_bytes());
             }
             MessageSource::Model { provider, model } => {
                 h.update([14]);
@@ -290,6 +298,13 @@ pub struct SessionState {
     /// The session's goal and how its last turn ended (SPEC §10).
     #[serde(default)]
     pub goals: GoalFold,
+    /// The last `context/compacted` (SPEC §13): its summary stands for the turns through `upto_turn`,
+    /// which the transcript no longer holds.
+    #[serde(default)]
+    pub compaction: Option<Compaction>,
+    /// The session this one was forked from, and the turn (SPEC §13 `session/forked`).
+    #[serde(default)]
+    pub forked_from: Option<(SessionRef, u64)>,
 }
 
 impl SessionState {
@@ -310,6 +325,8 @@ impl SessionState {
             transcript: Transcript::default(),
             steer_deadlines: BTreeMap::new(),
             goals: GoalFold::default(),
+            compaction: None,
+            forked_from: None,
         }
     }
 
@@ -521,6 +538,34 @@ impl SessionState {
             EventPayload::GoalChange(change) => {
                 self.goals.check(change).map_err(|source| ProjectionError::Goal { seq, source })?;
                 self.goals.apply_change(seq, change);
+            }
+            EventPayload::ContextCompacted(c) => {
+                let previous = self.compaction.as_ref().map_or(0, |p| p.upto_turn);
+                let open = self.open_turn.as_ref().map(|o| o.turn);
+                if c.upto_turn <= previous || c.upto_turn > self.last_turn || open == Some(c.upto_turn) {
+                    return Err(structure(format!(
+                        "compaction through turn {} does not follow the last one (turn {previous}) or is not a \
+                         finished turn (last turn {}, open {open:?})",
+                        c.upto_turn, self.last_turn
+                    )));
+                }
+                self.transcript.compact(c.upto_turn);
+                self.compaction = Some(c.clone());
+            }
+            EventPayload::SessionForked(fork) => {
+                if seq != 1 {
+                    return Err(structure("a fork's first event must be session/forked".into()));
+                }
+                if fork.compacted.as_ref().is_some_and(|c| c.upto_turn > fork.at_turn) {
+                    return Err(structure("the fork's compaction covers turns after at_turn".into()));
+                }
+                self.agent.clone_from(&fork.agent);
+                self.last_turn = fork.at_turn;
+                self.compaction.clone_from(&fork.compacted);
+                for entry in &fork.transcript {
+                    self.transcript.push(entry.clone());
+                }
+                self.forked_from = Some((fork.from.clone(), fork.at_turn));
             }
             EventPayload::Ignorable { .. } => {}
         }

@@ -30,7 +30,7 @@ pub const MAX_BETWEEN_TURN_ENTRIES: usize = 1_000;
 pub const MAX_TRANSCRIPT_ENTRIES: usize = 10_000;
 
 /// One entry of the history, in log order.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TranscriptEntry {
     /// A `user/message`: a message entered into a step.
     User { turn: u64, step: u32, message: UserMessage },
@@ -136,6 +136,28 @@ impl Transcript {
         while entries > MAX_TRANSCRIPT_ENTRIES && self.turns.len() > 1 {
             entries -= self.turns.pop_front().map_or(0, |t| t.entries.len());
         }
+    }
+
+    /// How many leading groups end with the last group of a turn in `1..=upto_turn`: the part a compaction
+    /// through `upto_turn` summarizes (out-of-turn runs before that turn included, later ones not).
+    fn groups_through(&self, upto_turn: u64) -> usize {
+        self.turns.iter().rposition(|g| g.turn != 0 && g.turn <= upto_turn).map_or(0, |i| i + 1)
+    }
+
+    /// The entries a compaction through `upto_turn` summarizes, in log order (SPEC §13).
+    pub fn entries_through(&self, upto_turn: u64) -> Vec<TranscriptEntry> {
+        self.turns.iter().take(self.groups_through(upto_turn)).flat_map(|g| g.entries.iter().cloned()).collect()
+    }
+
+    /// The turn numbers (not 0) of the groups a compaction through `upto_turn` summarizes.
+    pub fn turns_through(&self, upto_turn: u64) -> Vec<u64> {
+        self.turns.iter().take(self.groups_through(upto_turn)).map(|g| g.turn).filter(|t| *t != 0).collect()
+    }
+
+    /// Drops what a compaction through `upto_turn` summarized: later requests carry its summary instead.
+    pub(crate) fn compact(&mut self, upto_turn: u64) {
+        let n = self.groups_through(upto_turn);
+        self.turns.drain(..n);
     }
 
     /// The history a model request of step `step` of turn `turn` carries (SPEC §8): everything before that

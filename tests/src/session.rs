@@ -162,6 +162,38 @@ impl Session {
         self.client().decide(req).await.map(tonic::Response::into_inner)
     }
 
+    /// `Compact` (SPEC §13).
+    pub async fn compact(&self) -> Result<EditReply, Status> {
+        let req = turnstile_proto::v1::CompactRequest { session: self.some_ref() };
+        self.client().compact(req).await.map(tonic::Response::into_inner)
+    }
+
+    /// `ForkSession(at_turn, new_session)` (SPEC §13); `new_session` is an id in this session's tenant.
+    pub async fn fork(&self, at_turn: u64, new_session: &str) -> Result<SessionInfo, Status> {
+        let req = turnstile_proto::v1::ForkSessionRequest {
+            session: self.some_ref(),
+            at_turn,
+            new_session: new_session.to_owned(),
+        };
+        self.client().fork_session(req).await.map(tonic::Response::into_inner)
+    }
+
+    /// `ReferenceSession(from_session, upto_turn)` (SPEC §13) as message `id`.
+    pub async fn reference_session(
+        &self,
+        from: SessionRef,
+        upto_turn: Option<u64>,
+        id: &str,
+    ) -> Result<SendReply, Status> {
+        let req = turnstile_proto::v1::ReferenceSessionRequest {
+            session: self.some_ref(),
+            from_session: Some(from),
+            upto_turn,
+            message_id: id.to_owned(),
+        };
+        self.client().reference_session(req).await.map(tonic::Response::into_inner)
+    }
+
     /// `SetGoal(objective, max_rounds)` (SPEC §10).
     pub async fn set_goal(&self, objective: &str, max_rounds: u32) -> Result<GoalInfo, Status> {
         let req = SetGoalRequest { session: self.some_ref(), objective: objective.to_owned(), max_rounds };

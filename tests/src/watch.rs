@@ -354,6 +354,8 @@ pub fn durable_type(payload: &Durable) -> &'static str {
         Durable::GoalChange(_) => "goal/change",
         Durable::SessionConfigured(_) => "session/configured",
         Durable::ToolDecision(_) => "tool/decision",
+        Durable::ContextCompacted(_) => "context/compacted",
+        Durable::SessionForked(_) => "session/forked",
     }
 }
 
@@ -524,6 +526,8 @@ fn durable_line(e: &SessionEvent) -> String {
             let verdict = if d.approved { "approved" } else { "denied" };
             format!("tool/decision {}.{} {} {verdict} {:?}", d.turn, d.step, d.call_id, d.reason)
         }
+        Durable::ContextCompacted(c) => format!("context/compacted {} {:?}", c.upto_turn, c.summary),
+        Durable::SessionForked(f) => format!("session/forked {} {}", f.at_turn, f.transcript.len()),
         Durable::ToolResult(r) => match &r.error {
             Some(err) => format!("tool/result {}.{} error {:?}", r.turn, r.step, err),
             None => format!("tool/result {}.{} {:?}", r.turn, r.step, r.output),

@@ -280,3 +280,46 @@ async fn auth_off_is_refused_off_loopback_and_announced_on_loopback() {
     let log = std::fs::read_to_string(server.log_path()).unwrap();
     assert!(log.contains("auth: off (loopback only)"), "{log}");
 }
+
+/// SPEC §13 history operations keep tenants apart: tenant B cannot fork or reference tenant A's session
+/// (NOT_FOUND, as for a session that does not exist) and nothing is written; tenant A can.
+#[tokio::test]
+async fn history_operations_cannot_cross_tenants() {
+    use turnstile_tests::v1::{ForkSessionRequest, ReferenceSessionRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_with_args(vec!["--auth-tokens".into(), tokens_file(dir.path())]).await;
+    let mut client = server.client();
+    followup(&mut client, TOKEN_A, name("", "secret"), "a's plans").await.unwrap();
+    last_seq_when_idle(&mut client, TOKEN_A, "secret").await;
+
+    let fork = |token: &str, tenant: &str| {
+        let req = ForkSessionRequest { session: name(tenant, "secret"), at_turn: 1, new_session: "copy".into() };
+        authed(req, Some(token))
+    };
+    for tenant in ["", "tenant-a"] {
+        let err = client.fork_session(fork(TOKEN_B, tenant)).await.unwrap_err();
+        assert_eq!(err.code(), Code::NotFound, "{}", err.message());
+    }
+    let reference = |token: &str, from_tenant: &str| {
+        let req = ReferenceSessionRequest {
+            session: name("", "mine"),
+            from_session: name(from_tenant, "secret"),
+            upto_turn: None,
+            message_id: "ref-1".into(),
+        };
+        authed(req, Some(token))
+    };
+    let err = client.reference_session(reference(TOKEN_B, "tenant-a")).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{}", err.message());
+    assert!(err.message().contains("does not exist"), "{}", err.message());
+    // B's own `secret` does not exist either: the same answer, nothing written for B.
+    let err = client.reference_session(reference(TOKEN_B, "")).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{}", err.message());
+    for id in ["copy", "mine"] {
+        let err = client.get_session(authed(GetSessionRequest { session: name("", id) }, Some(TOKEN_B))).await;
+        assert_eq!(err.unwrap_err().code(), Code::NotFound);
+    }
+    // A forks its own session.
+    let info = client.fork_session(fork(TOKEN_A, "")).await.unwrap().into_inner();
+    assert_eq!((info.last_seq, info.session.unwrap().tenant.as_str()), (1, "tenant-a"));
+}

@@ -194,6 +194,7 @@ pub fn from_config_with_mcp(
         .collect::<Result<BTreeMap<&str, BuiltModel>, AgentSetupError>>()?;
     let mut profiles = Vec::new();
     let mut routes: HashMap<String, Arc<dyn Model>> = HashMap::new();
+    let mut compaction_routes: HashMap<String, Arc<dyn Model>> = HashMap::new();
     let mut waterfalls: HashMap<String, Vec<Arc<dyn PreStepHook>>> = HashMap::new();
     for (name, agent) in &config.agents {
         let Some(model) = models.get(agent.model.as_str()) else {
@@ -272,15 +273,27 @@ pub fn from_config_with_mcp(
                 patterns.iter().any(|p| p.matches(id))
             })
         };
-        profiles.push((name.clone(), AgentProfile { system, history_turns: agent.history_turns, approval }));
+        profiles.push((
+            name.clone(),
+            AgentProfile {
+                system,
+                history_turns: agent.history_turns,
+                approval,
+                context_budget_tokens: agent.context_budget_tokens,
+            },
+        ));
         routes.insert(name.clone(), model.for_agent(specs, client_tools, tools.client_slot()));
+        if let Some(compaction) = agent.compaction_model.as_deref().and_then(|m| models.get(m)) {
+            // Summaries need no tools: the compaction request offers none.
+            compaction_routes.insert(name.clone(), compaction.for_agent(Vec::new(), Vec::new(), tools.client_slot()));
+        }
         waterfalls.insert(name.clone(), waterfall(name, agent)?);
     }
     for (registered, (server, def, deadline)) in mcp_tools {
         tools.register(registered, Arc::new(McpTool::new(server, def, deadline)));
     }
     let catalog = AgentCatalog::new(config.default_agent.clone(), profiles)?;
-    let model = Arc::new(AgentRouter::new(routes, catalog.default_agent()));
+    let model = Arc::new(AgentRouter::new(routes, catalog.default_agent()).with_compaction(compaction_routes));
     let tools = tools.with_policy(Arc::new(config.clone()));
     let hooks = AgentHooks::new(waterfalls, catalog.default_agent());
     Ok(AgentSetup { catalog, model, tools, hooks })
@@ -369,6 +382,8 @@ fn tool_spec(agent: &str, tool: &ToolRef, tools: &ToolRegistry) -> Result<ToolSp
 /// it does not know (a catalog and router built apart) runs on the default agent's model.
 pub struct AgentRouter {
     agents: HashMap<String, Arc<dyn Model>>,
+    /// Each agent's `compaction_model`, where it names one (SPEC §13); others compact on their model.
+    compaction: HashMap<String, Arc<dyn Model>>,
     default_agent: String,
 }
 
@@ -383,7 +398,13 @@ impl std::fmt::Debug for AgentRouter {
 impl AgentRouter {
     /// Routes to `agents` by name; `default_agent` should be one of them.
     pub fn new(agents: HashMap<String, Arc<dyn Model>>, default_agent: impl Into<String>) -> Self {
-        Self { agents, default_agent: default_agent.into() }
+        Self { agents, compaction: HashMap::new(), default_agent: default_agent.into() }
+    }
+
+    /// Routes the compaction requests of these agents to their `compaction_model`.
+    pub fn with_compaction(mut self, compaction: HashMap<String, Arc<dyn Model>>) -> Self {
+        self.compaction = compaction;
+        self
     }
 
     /// The model that serves `agent`.
@@ -404,7 +425,8 @@ impl Model for AgentRouter {
         deltas: DeltaSink,
         abort: CancellationToken,
     ) -> Result<ModelOutput, ModelError> {
-        match self.model_of(&request.agent) {
+        let compaction = request.compaction.is_some().then(|| self.compaction.get(&request.agent)).flatten();
+        match compaction.or_else(|| self.model_of(&request.agent)) {
             Some(model) => model.step(request, deltas, abort).await,
             None => Err(ModelError::Failed {
                 message: format!("no model serves agent {:?} (and no default agent)", request.agent),
@@ -439,6 +461,8 @@ mod tests {
             tool_results: vec![],
             interrupted_prompt: vec![],
             goal: None,
+            summary: None,
+            compaction: None,
         }
     }
 

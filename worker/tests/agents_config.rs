@@ -56,6 +56,8 @@ fn request(agent: &str, system: Option<&str>, text: &str) -> ModelRequest {
         tool_results: vec![],
         interrupted_prompt: vec![],
         goal: None,
+        summary: None,
+        compaction: None,
     }
 }
 

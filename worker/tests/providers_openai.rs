@@ -550,6 +550,8 @@ fn model_request(messages: Vec<UserMessage>, tool_results: Vec<ToolOutcome>) -> 
         tool_results,
         interrupted_prompt: vec![],
         goal: None,
+        summary: None,
+        compaction: None,
     }
 }
 

@@ -206,7 +206,8 @@ impl Sim {
     pub fn submit(&mut self, command: Command) -> CommandId {
         let id = self.next_cmd;
         self.next_cmd += 1;
-        let waits = matches!(command, Command::WhenIdle);
+        // A `Compact` answers once its summary is back (after the pump below).
+        let waits = matches!(command, Command::WhenIdle | Command::Compact);
         let now = self.now;
         self.driver.on_command(id, command, now);
         self.perform_effects();
@@ -489,7 +490,12 @@ impl Sim {
                 }
             }
             Effect::Model(req) => {
-                self.recs.push(Rec::Op(format!("X model {}.{} {}", req.turn, req.step, ids(&req.messages))));
+                match &req.compaction {
+                    Some(task) => self.recs.push(Rec::Op(format!("X compact {}..{}", task.from_turn, task.upto_turn))),
+                    None => {
+                        self.recs.push(Rec::Op(format!("X model {}.{} {}", req.turn, req.step, ids(&req.messages))))
+                    }
+                }
                 self.model_requests.push(req.clone());
                 let reply = match self.model_replies.pop_front() {
                     Some(reply) => reply,
@@ -819,6 +825,12 @@ pub fn render_durable(e: &Envelope) -> String {
             out
         }
         EventPayload::SessionConfigured { agent, inject_mode } => format!("D session/configured {agent} {inject_mode}"),
+        EventPayload::ContextCompacted(c) => {
+            format!("D context/compacted {} {:?} {}", c.upto_turn, c.summary, c.summarized_turns)
+        }
+        EventPayload::SessionForked(f) => {
+            format!("D session/forked {} {} {} {}", f.from, f.at_turn, f.at_seq, f.transcript.len())
+        }
         EventPayload::Ignorable { event_type } => format!("D ignorable {event_type}"),
     }
 }

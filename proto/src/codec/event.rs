@@ -10,10 +10,11 @@ use super::message::{
     required_session_at, target_at,
 };
 use turnstile_model::event::{
-    CancelCause, DURABLE_TYPES, Envelope, EventPayload, InjectMode, OnDeadline, Splice, SpliceOutcome, Status,
-    SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
+    CancelCause, Compaction, DURABLE_TYPES, Envelope, EventPayload, Fork, InjectMode, OnDeadline, Splice,
+    SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 use turnstile_model::goal::{GoalChange, GoalState, MAX_GOAL_ID_LEN};
+use turnstile_model::transcript::TranscriptEntry;
 
 const STATUSES: &str = "use SESSION_STATUS_IDLE or SESSION_STATUS_RUNNING";
 const CAUSES: &str = "set one of user, parent, hook or disposed";
@@ -201,6 +202,10 @@ fn splice_at(splice: pb::InboxSpliced, path: &str) -> Result<Splice, CodecError>
     })
 }
 
+fn decode_tool_calls(calls: Vec<pb::ToolCallSpec>) -> Vec<ToolCallSpec> {
+    calls.into_iter().map(|c| ToolCallSpec { call_id: c.call_id, name: c.name, arguments: c.arguments }).collect()
+}
+
 fn encode_tool_call_spec(call: &ToolCallSpec) -> pb::ToolCallSpec {
     pb::ToolCallSpec { call_id: call.call_id.clone(), name: call.name.clone(), arguments: call.arguments.clone() }
 }
@@ -270,6 +275,8 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             agent: agent.clone(),
             inject_mode: encode_inject_mode(*inject_mode).into(),
         }),
+        EventPayload::ContextCompacted(c) => Payload::ContextCompacted(encode_compaction(c)),
+        EventPayload::SessionForked(f) => Payload::SessionForked(encode_fork(f)),
         // An event this build does not understand has no payload it could write.
         EventPayload::Ignorable { .. } => return None,
     })
@@ -291,6 +298,8 @@ fn payload_type(payload: &Payload) -> &'static str {
         Payload::GoalChange(_) => "goal/change",
         Payload::SessionConfigured(_) => "session/configured",
         Payload::ToolDecision(_) => "tool/decision",
+        Payload::ContextCompacted(_) => "context/compacted",
+        Payload::SessionForked(_) => "session/forked",
     }
 }
 
@@ -314,11 +323,7 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             turn: a.turn,
             step: a.step,
             text: a.text,
-            tool_calls: a
-                .tool_calls
-                .into_iter()
-                .map(|c| ToolCallSpec { call_id: c.call_id, name: c.name, arguments: c.arguments })
-                .collect(),
+            tool_calls: decode_tool_calls(a.tool_calls),
             interrupted: a.interrupted,
             max_tokens: a.max_tokens,
             reasoning: a.reasoning,
@@ -357,6 +362,121 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
                 inject_mode: inject_mode_at(c.inject_mode, "session_configured.inject_mode", None)?,
             }
         }
+        Payload::ContextCompacted(c) => EventPayload::ContextCompacted(compaction_at(c, "context_compacted")?),
+        Payload::SessionForked(f) => EventPayload::SessionForked(fork_at(f, "session_forked")?),
+    })
+}
+
+/// The protobuf form of a `session/forked` payload (also what `ForkCommand` carries between nodes).
+pub fn encode_fork(f: &Fork) -> pb::SessionForked {
+    pb::SessionForked {
+        from: Some(encode_session_ref(&f.from)),
+        at_turn: f.at_turn,
+        at_seq: f.at_seq,
+        agent: f.agent.clone(),
+        compacted: f.compacted.as_ref().map(encode_compaction),
+        transcript: f.transcript.iter().map(encode_transcript_entry).collect(),
+    }
+}
+
+/// The inverse of [`encode_fork`]; `path` names the message in errors.
+pub fn fork_at(f: pb::SessionForked, path: &str) -> Result<Fork, CodecError> {
+    let transcript = f
+        .transcript
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| transcript_entry_at(e, &format!("{path}.transcript[{i}]")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if f.at_turn == 0 {
+        return Err(CodecError::invalid(join(path, "at_turn"), "is 0; a fork copies at least turn 1"));
+    }
+    Ok(Fork {
+        from: required_session_at(f.from, &join(path, "from"))?,
+        at_turn: f.at_turn,
+        at_seq: f.at_seq,
+        agent: f.agent,
+        compacted: f.compacted.map(|c| compaction_at(c, &join(path, "compacted"))).transpose()?,
+        transcript,
+    })
+}
+
+fn encode_compaction(c: &Compaction) -> pb::ContextCompacted {
+    pb::ContextCompacted {
+        upto_turn: c.upto_turn,
+        summary: c.summary.clone(),
+        summarized_turns: c.summarized_turns,
+        from_turn: c.from_turn,
+    }
+}
+
+fn compaction_at(c: pb::ContextCompacted, path: &str) -> Result<Compaction, CodecError> {
+    if c.upto_turn == 0 {
+        return Err(CodecError::invalid(join(path, "upto_turn"), "is 0; a compaction covers at least turn 1"));
+    }
+    if c.from_turn > c.upto_turn {
+        return Err(CodecError::invalid(join(path, "from_turn"), "is after upto_turn"));
+    }
+    Ok(Compaction {
+        upto_turn: c.upto_turn,
+        from_turn: c.from_turn,
+        summary: c.summary,
+        summarized_turns: c.summarized_turns,
+    })
+}
+
+fn encode_transcript_entry(entry: &TranscriptEntry) -> pb::TranscriptEntry {
+    use pb::transcript_entry::Entry;
+    let entry = match entry {
+        TranscriptEntry::User { turn, step, message } => {
+            Entry::User(pb::UserMessageEvent { message: Some(encode_user_message(message)), turn: *turn, step: *step })
+        }
+        TranscriptEntry::Assistant { turn, step, text, tool_calls, interrupted } => {
+            Entry::Assistant(pb::AssistantMessage {
+                turn: *turn,
+                step: *step,
+                text: text.clone(),
+                tool_calls: tool_calls.iter().map(encode_tool_call_spec).collect(),
+                interrupted: *interrupted,
+                ..pb::AssistantMessage::default()
+            })
+        }
+        TranscriptEntry::ToolResult { turn, step, call_id, name, output, error } => {
+            Entry::ToolResult(pb::TranscriptToolResult {
+                turn: *turn,
+                step: *step,
+                call_id: call_id.clone(),
+                name: name.clone(),
+                output: output.clone(),
+                error: error.clone(),
+            })
+        }
+    };
+    pb::TranscriptEntry { entry: Some(entry) }
+}
+
+fn transcript_entry_at(entry: pb::TranscriptEntry, path: &str) -> Result<TranscriptEntry, CodecError> {
+    use pb::transcript_entry::Entry;
+    Ok(match entry.entry.ok_or_else(|| CodecError::missing(path, "user, assistant or tool_result"))? {
+        Entry::User(u) => TranscriptEntry::User {
+            turn: u.turn,
+            step: u.step,
+            message: required_message_at(u.message, &join(path, "user.message"))?,
+        },
+        Entry::Assistant(a) => TranscriptEntry::Assistant {
+            turn: a.turn,
+            step: a.step,
+            text: a.text,
+            tool_calls: decode_tool_calls(a.tool_calls),
+            interrupted: a.interrupted,
+        },
+        Entry::ToolResult(r) => TranscriptEntry::ToolResult {
+            turn: r.turn,
+            step: r.step,
+            call_id: r.call_id,
+            name: r.name,
+            output: r.output,
+            error: r.error,
+        },
     })
 }
 

@@ -7,7 +7,7 @@ use super::error::{CodecError, index, join};
 use turnstile_model::inbox::Inbox;
 use turnstile_model::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
 
-const SOURCE_KINDS: &str = "set one of user, plugin, goal, tool or model";
+const SOURCE_KINDS: &str = "set one of user, plugin, goal, tool, model or session";
 const TARGETS: &str = "use TARGET_NEXT_TURN or TARGET_NEXT_STEP";
 
 pub fn encode_session_ref(session: &SessionRef) -> pb::SessionRef {
@@ -64,6 +64,9 @@ pub fn encode_message_source(source: &MessageSource) -> pb::MessageSource {
         MessageSource::Model { provider, model } => {
             Kind::Model(pb::ModelSource { provider: provider.clone(), model: model.clone() })
         }
+        MessageSource::Session { tenant, session, upto_seq } => {
+            Kind::Session(pb::SessionSource { tenant: tenant.clone(), session: session.clone(), upto_seq: *upto_seq })
+        }
     };
     pb::MessageSource { kind: Some(kind) }
 }
@@ -84,6 +87,7 @@ fn message_source_at(source: pb::MessageSource, parent: &str) -> Result<MessageS
         Some(Kind::Goal(g)) => MessageSource::Goal { goal_id: g.goal_id, revision: g.revision, round: g.round },
         Some(Kind::Tool(t)) => MessageSource::Tool { call_id: t.call_id },
         Some(Kind::Model(m)) => MessageSource::Model { provider: m.provider, model: m.model },
+        Some(Kind::Session(s)) => MessageSource::Session { tenant: s.tenant, session: s.session, upto_seq: s.upto_seq },
         None => return Err(CodecError::invalid(path, format!("source has no kind; {SOURCE_KINDS}"))),
     };
     validate_source(&source, parent)?;

@@ -24,6 +24,7 @@ fn sources() -> Vec<MessageSource> {
         MessageSource::Goal { goal_id: "g1".into(), revision: 3, round: 2 },
         MessageSource::Tool { call_id: "call-7".into() },
         MessageSource::Model { provider: "scripted".into(), model: "echo".into() },
+        MessageSource::Session { tenant: "acme".into(), session: "other".into(), upto_seq: 9 },
     ]
 }
 
@@ -141,6 +142,37 @@ fn payloads() -> Vec<EventPayload> {
         EventPayload::Ignorable { event_type: "future/thing".into() },
         EventPayload::SessionConfigured { agent: "assistant".into(), inject_mode: InjectMode::Pending },
         EventPayload::SessionConfigured { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn },
+        EventPayload::ContextCompacted(turnstile_model::Compaction {
+            upto_turn: 3,
+            from_turn: 1,
+            summary: "summary of turns 1..3".into(),
+            summarized_turns: 2,
+        }),
+        EventPayload::SessionForked(turnstile_model::Fork {
+            from: session(),
+            at_turn: 2,
+            at_seq: 17,
+            agent: None,
+            compacted: None,
+            transcript: vec![
+                turnstile_model::TranscriptEntry::User { turn: 2, step: 1, message: message("u", MessageSource::User) },
+                turnstile_model::TranscriptEntry::Assistant {
+                    turn: 2,
+                    step: 1,
+                    text: "hi".into(),
+                    tool_calls: vec![ToolCallSpec { call_id: "c".into(), name: "echo".into(), arguments: "x".into() }],
+                    interrupted: false,
+                },
+                turnstile_model::TranscriptEntry::ToolResult {
+                    turn: 2,
+                    step: 1,
+                    call_id: "c".into(),
+                    name: "echo".into(),
+                    output: String::new(),
+                    error: Some("boom".into()),
+                },
+            ],
+        }),
     ];
     for source in sources() {
         out.push(EventPayload::UserMessage { message: message("m", source), turn: 4, step: 2 });

@@ -35,7 +35,7 @@ use super::chat::{
 use super::endpoint::{EndpointError, ModelEndpoint, ProviderKind};
 use super::openai::OpenAiProvider;
 use super::{DeltaSink, Model, ModelError, ModelIdentity};
-use turnstile_driver::{ModelOutput, ModelRequest};
+use turnstile_driver::{ModelOutput, ModelRequest, SUMMARY_PREFIX, compaction_instruction};
 
 /// The provider `endpoint.provider` names, ready to stream.
 pub fn connect(endpoint: ModelEndpoint) -> Result<Arc<dyn ChatProvider>, EndpointError> {
@@ -112,6 +112,10 @@ impl ChatModel {
         let mut unanswered: Vec<String> = Vec::new();
         let mut answered: HashSet<&str> = HashSet::new();
         let mut seen_users: HashSet<&MessageId> = HashSet::new();
+        if let Some(summary) = &request.summary {
+            // SPEC §13: the compacted turns go as one user-role message marked as a summary.
+            messages.push(ChatMessage::user_text(format!("{SUMMARY_PREFIX}{summary}")));
+        }
         for entry in &request.history {
             match entry {
                 TranscriptEntry::User { message, .. } => {
@@ -167,6 +171,11 @@ impl ChatModel {
         }
         let prompt = request.interrupted_prompt.iter().filter(|m| !seen_users.contains(&m.id)).chain(&request.messages);
         messages.extend(prompt.map(user_message));
+        if let Some(task) = &request.compaction {
+            // A compaction request asks for the summary and offers no tools.
+            messages.push(ChatMessage::user_text(compaction_instruction(task)));
+            return ChatRequest { system: None, messages, tools: Vec::new(), max_tokens: None };
+        }
         let mut tools = self.tools.clone();
         tools.extend(request.goal.as_ref().map(crate::tools::goal_complete_spec));
         ChatRequest {
@@ -230,7 +239,8 @@ impl Model for ChatModel {
         abort: CancellationToken,
     ) -> Result<ModelOutput, ModelError> {
         let mut chat = self.chat_request(&request);
-        if !self.client_tools.is_empty()
+        if request.compaction.is_none()
+            && !self.client_tools.is_empty()
             && let Some(bus) = self.client_bus.get()
         {
             let offered =
@@ -296,6 +306,8 @@ mod tests {
             tool_results: vec![],
             interrupted_prompt: vec![],
             goal: None,
+            summary: None,
+            compaction: None,
         }
     }
 

@@ -518,8 +518,7 @@ pub async fn decide(client: &mut Client, session: &str, call_id: &str, approve: 
 pub async fn compact(client: &mut Client, session: &str) -> Result<()> {
     let request = pb::CompactRequest { session: Some(client.session(session)) };
     let reply = client.api.compact(request).await?.into_inner();
-    println!("compacted seq={}", reply.seq);
-    Ok(())
+    client.print(&reply, &[], |r| format!("compacted seq={}", r.seq))
 }
 
 /// `fork SESSION --at-turn N --new NEW` (SPEC §13): prints the new session as `session` does.
@@ -527,8 +526,7 @@ pub async fn fork(client: &mut Client, session: &str, at_turn: u64, new_session:
     let request =
         pb::ForkSessionRequest { session: Some(client.session(session)), at_turn, new_session: new_session.to_owned() };
     let info = client.api.fork_session(request).await?.into_inner();
-    println!("forked {}", info_line(&info));
-    Ok(())
+    client.print(&info, &[], |i| format!("forked {}", info_line(i)))
 }
 
 /// `reference SESSION FROM_SESSION [--upto-turn N] [--id ID]` (SPEC §13).
@@ -547,8 +545,7 @@ pub async fn reference(
         message_id: id.clone(),
     };
     let reply = client.api.reference_session(request).await?.into_inner();
-    println!("referenced id={id} seq={}", reply.seq);
-    Ok(())
+    client.print(&reply, &[("id", id.clone().into())], |r| format!("referenced id={id} seq={}", r.seq))
 }
 
 /// `goal set SESSION --max-rounds N OBJECTIVE`.

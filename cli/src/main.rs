@@ -110,6 +110,9 @@ enum Cmd {
     WaitIdle(WaitIdleArgs),
     /// Stream a session's events: history after --after, caught-up, then the live tail.
     Watch(WatchArgs),
+    /// Delete a session: cancel a running turn (cause disposed), then remove its log, snapshots and
+    /// dedup state; the id may then be used again for a new session.
+    Delete(SessionArg),
 }
 
 #[derive(Args, Debug)]
@@ -626,6 +629,7 @@ async fn run(cli: Cli) -> Result<()> {
             let mut out = std::io::stdout();
             client::watch(c, &a.session, &opts, &mut out, |_| {}).await
         }
+        Cmd::Delete(a) => client::delete(c, &a.session).await,
     }
 }
 

@@ -109,6 +109,7 @@ pub fn encode_command(command: &Command) -> PbCommand {
             goal_id: goal_id.clone(),
             action: encode_goal_action(*action) as i32,
         }),
+        Command::Delete => PbCommand::Delete(cpb::DeleteCommand {}),
     }
 }
 
@@ -149,6 +150,7 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
         },
         PbCommand::Clear(_) => Command::Clear,
         PbCommand::WhenIdle(_) => Command::WhenIdle,
+        PbCommand::Delete(_) => Command::Delete,
         PbCommand::Configure(c) => {
             if c.agent.is_empty() {
                 return Err(CodecError::invalid("configure.agent", "is empty; name one of the configured agents"));
@@ -329,6 +331,7 @@ mod tests {
         });
         all.push(Command::Splice { target: Target::NextStep, start: 0, delete_count: 0, inserted: vec![] });
         all.push(Command::Clear);
+        all.push(Command::Delete);
         all.push(Command::WhenIdle);
         all.push(Command::Configure { agent: "assistant".into(), inject_mode: InjectMode::Pending });
         all.push(Command::Configure { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn });

@@ -37,6 +37,10 @@ impl Driver {
             Command::Decide { call_id, approve, reason } => self.decide(&call_id, approve, reason),
             Command::SetGoal { goal_id, objective, max_rounds } => self.set_goal(goal_id, objective, max_rounds),
             Command::UpdateGoal { goal_id, action } => self.update_goal(&goal_id, action),
+            // The host removes the log around a stopped driver; a driver asked to do it refuses.
+            Command::Delete => Err(CommandError::Internal(
+                "DeleteSession reached the session driver; the session host performs it".into(),
+            )),
             Command::WhenIdle => {
                 if self.is_quiescent() {
                     Ok(CommandReply::Idle(self.summary()))

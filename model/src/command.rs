@@ -69,6 +69,9 @@ pub enum Command {
     },
     /// Resolves when the driver is idle and no latched wake is pending.
     WhenIdle,
+    /// `DeleteSession` (SPEC §12): cancel a running turn (cause `disposed`), then remove the session's log,
+    /// snapshots and dedup state. The session host performs it around the driver, which never sees it.
+    Delete,
 }
 
 /// A steer's `deadline_ms` and `on_deadline`, as the client gave them.
@@ -100,6 +103,7 @@ impl Command {
             Self::SetGoal { .. } => "set_goal",
             Self::UpdateGoal { .. } => "update_goal",
             Self::WhenIdle => "when_idle",
+            Self::Delete => "delete",
         }
     }
 }

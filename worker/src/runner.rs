@@ -57,6 +57,9 @@ pub(crate) enum Control {
     Drain,
     /// Unload now, abandoning whatever runs (the lease is gone or the drain timed out).
     Stop,
+    /// Unload now for `DeleteSession`: write no last snapshot and wait for snapshot writes in flight, so
+    /// nothing of the session is stored after the runner is gone and the host removes it.
+    Dispose,
 }
 
 pub(crate) type ReplyTx = oneshot::Sender<Result<CommandReply, CommandError>>;
@@ -170,6 +173,10 @@ pub(crate) struct Runner {
     epoch: u64,
     control: mpsc::UnboundedReceiver<Control>,
     draining: bool,
+    /// Set by [`Control::Dispose`]: the session is being deleted.
+    disposed: bool,
+    /// Snapshot writes running in the background.
+    saves: tokio::task::JoinSet<()>,
     clock: crate::metrics::SessionClock,
     spans: TurnSpans,
 }
@@ -200,15 +207,19 @@ impl Runner {
             epoch,
             control,
             draining: false,
+            disposed: false,
+            saves: tokio::task::JoinSet::new(),
             clock: crate::metrics::SessionClock::default(),
             spans: TurnSpans::default(),
         };
-        if runner.settle(&mut commands).await && runner.serve(&mut commands).await {
+        if runner.settle(&mut commands).await && runner.serve(&mut commands).await && !runner.disposed {
             // Unloading cleanly (the driver's state is exactly the log): keep a snapshot so the next load
             // reads only what follows it. After a failed append the state may hold events the log does
             // not, so nothing is written then.
             runner.snapshot(true).await;
         }
+        // Before the queue closes: the host takes a closed queue to mean nothing more is written.
+        while runner.saves.join_next().await.is_some() {}
         runner.shutdown(&mut commands, "the session's runner stopped; retry");
     }
 
@@ -236,6 +247,10 @@ impl Runner {
                         self.driver.on_drain();
                     }
                     Control::Stop => return true,
+                    Control::Dispose => {
+                        self.disposed = true;
+                        return true;
+                    }
                 },
                 Some(msg) = self.op_rx.recv() => {
                     let now = now_ms();
@@ -305,7 +320,9 @@ impl Runner {
         if final_ {
             save.await;
         } else {
-            tokio::spawn(save);
+            // Reap finished writes so the set stays as small as the writes in flight.
+            while self.saves.try_join_next().is_some() {}
+            self.saves.spawn(save);
         }
     }
 

@@ -32,6 +32,7 @@
 
 mod bus;
 mod config;
+mod delete;
 mod log;
 mod snapshots;
 pub mod subjects;

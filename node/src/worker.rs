@@ -111,7 +111,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let c = &config.cluster;
     let url = opts.nats.url.as_str();
 
-    let (log, bus, snapshots) = open_nats(&opts.nats, c.partitions, replicas(config), c.shards).await?;
+    let (log, bus, snapshots) =
+        open_nats(&opts.nats, c.partitions, replicas(config), c.shards, &config.journal).await?;
     let client = log.client().clone();
     let leases = LeaseConfig {
         shards: c.shards,

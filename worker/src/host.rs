@@ -280,10 +280,16 @@ impl SessionHost {
             // Keeping the inbox: it goes with the log, so clearing it first would only write splices that
             // are deleted a moment later; an idle session gets no event at all.
             let cancel = Command::Cancel { cause: CancelCause::Disposed, keep_inbox: true };
-            ask(&commands, session, cancel).await?;
-            let limit = self.deps.config.default_when_idle_timeout;
-            if tokio::time::timeout(limit, ask(&commands, session, Command::WhenIdle)).await.is_err() {
-                tracing::warn!(%session, timeout_ms = limit.as_millis() as u64, "deleting a session that did not converge");
+            // A runner that cannot write (the journal is full or away: it answers UNAVAILABLE while it
+            // reloads) cannot record the cancel; the log goes anyway, and deleting must work then most of
+            // all, since it is how space comes back.
+            if let Err(e) = ask(&commands, session, cancel).await {
+                tracing::warn!(%session, error = %e, "deleting a session whose cancel was not written");
+            } else {
+                let limit = self.deps.config.default_when_idle_timeout;
+                if tokio::time::timeout(limit, ask(&commands, session, Command::WhenIdle)).await.is_err() {
+                    tracing::warn!(%session, timeout_ms = limit.as_millis() as u64, "deleting a session that did not converge");
+                }
             }
             {
                 let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);

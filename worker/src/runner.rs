@@ -108,12 +108,24 @@ const RELOAD_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 pub(crate) fn journal_to_command(e: JournalError) -> CommandError {
     match e {
+        JournalError::Unavailable(m) if out_of_space(&m) => CommandError::Unavailable(format!(
+            "the journal is out of space and refuses writes ({m}); the server stored none of it: free space on the NATS \
+             servers (delete sessions, raise max_file_store or [journal] max_bytes) and retry with the same message id"
+        )),
         JournalError::Unavailable(m) => {
             CommandError::Unavailable(format!("the journal is unavailable ({m}); retry with the same message id"))
         }
         JournalError::Conflict { .. } => CommandError::Unavailable(format!("{e}; retry to reach the new owner")),
         other => CommandError::Internal(other.to_string()),
     }
+}
+
+/// Whether a store error says JetStream has no room: the server's storage limit (`max_file_store`,
+/// "insufficient resources", 10023), an account's or a stream's (`max_bytes` with discard new: "maximum
+/// bytes exceeded", "storage resources exceeded", 10047). The server reports them only as text.
+fn out_of_space(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    ["insufficient resources", "resources exceeded", "maximum bytes", "no space left"].iter().any(|s| m.contains(s))
 }
 
 /// Loads the session, retrying with backoff while the journal is unavailable and answering commands

@@ -69,11 +69,19 @@ pub struct Limits {
     pub when_idle_timeout_ms: u64,
     /// The largest `max_rounds` a `SetGoal` may ask for; more are invalid-argument. Default 100.
     pub max_goal_rounds: u32,
+    /// Commands waiting for one session's driver; one more is resource-exhausted at once. Default 1,024.
+    pub max_queued_commands: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_message_bytes: 1024 * 1024, max_pending: 1000, when_idle_timeout_ms: 30_000, max_goal_rounds: 100 }
+        Self {
+            max_message_bytes: 1024 * 1024,
+            max_pending: 1000,
+            when_idle_timeout_ms: 30_000,
+            max_goal_rounds: 100,
+            max_queued_commands: 1024,
+        }
     }
 }
 
@@ -363,6 +371,12 @@ impl Config {
         positive(&limits, "max_pending", self.limits.max_pending as u64, "0 would refuse every delivery")?;
         positive(&limits, "when_idle_timeout_ms", self.limits.when_idle_timeout_ms, "0 would time out every WhenIdle")?;
         positive(&limits, "max_goal_rounds", u64::from(self.limits.max_goal_rounds), "0 would refuse every goal")?;
+        positive(
+            &limits,
+            "max_queued_commands",
+            self.limits.max_queued_commands as u64,
+            "0 would refuse every command",
+        )?;
 
         let c = &self.cluster;
         let cluster = root.key("cluster");

@@ -18,9 +18,6 @@ use crate::model::{Model, ScriptedModel};
 use crate::runner::{CommandMsg, Control, Runner, RunnerDeps, journal_to_command};
 use crate::tools::ToolRegistry;
 
-/// Commands queued for one session before callers are pushed back.
-const COMMAND_QUEUE: usize = 1024;
-
 /// Errors of the host itself (not of one command).
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -245,7 +242,7 @@ impl SessionHost {
         if let Some(old) = runners.remove(session) {
             let _ = old.control.send(Control::Stop);
         }
-        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        let (tx, rx) = mpsc::channel(self.deps.config.command_queue.max(1));
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         runners.insert(session.clone(), RunnerHandle { commands: tx.clone(), control: control_tx, epoch });
         tokio::spawn(crate::metrics::loaded(Runner::run(session.clone(), self.deps.clone(), epoch, rx, control_rx)));
@@ -311,6 +308,12 @@ impl SessionHost {
         Ok(CommandReply::Written { seq: last })
     }
 
+    /// Commands waiting in `session`'s queue (0 when it is not loaded).
+    pub fn queued_commands(&self, session: &SessionRef) -> usize {
+        let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        runners.get(session).map_or(0, |h| h.commands.max_capacity() - h.commands.capacity())
+    }
+
     /// Sessions with a live runner.
     pub fn loaded_sessions(&self) -> usize {
         let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
@@ -338,9 +341,18 @@ impl CommandRouter for SessionHost {
         // A runner that just unloaded (passivation) refuses the send; the second attempt starts a new one.
         for attempt in 0..2 {
             let epoch = self.epoch_for(session)?;
-            match self.runner(session, epoch)?.send(msg).await {
+            // Refuse rather than wait: a caller held behind a full queue would hold its gateway's call,
+            // and the next ones, for as long as the driver is busy.
+            match self.runner(session, epoch)?.try_send(msg) {
                 Ok(()) => break,
-                Err(mpsc::error::SendError(back)) if attempt == 0 => msg = back,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    return Err(CommandError::ResourceExhausted(format!(
+                        "session {session} has {} commands waiting for its driver (limits.max_queued_commands); \
+                         nothing of this one was applied: retry with the same message id after a moment",
+                        self.deps.config.command_queue
+                    )));
+                }
+                Err(mpsc::error::TrySendError::Closed(back)) if attempt == 0 => msg = back,
                 Err(_) => {
                     return Err(CommandError::Unavailable(format!(
                         "session {session} is restarting; retry with the same message id"

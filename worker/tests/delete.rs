@@ -3,60 +3,20 @@
 //! removed; the id is then a new session. A log wrapper keeps every append, since the log itself is gone.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Arc, Mutex};
+mod log_support;
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use futures::StreamExt as _;
+use log_support::TestLog;
 use turnstile_cluster::CommandRouter;
 use turnstile_journal::snapshot::{MemorySnapshots, SnapshotStore};
-use turnstile_journal::{EmbeddedLog, EventStream, JournalError, LocalBus, SessionLog};
+use turnstile_journal::{LocalBus, SessionLog};
 use turnstile_model::{
-    CancelCause, Command, CommandError, CommandReply, Envelope, EventPayload, SessionRef, Target, TurnEndReason,
-    UserMessage,
+    CancelCause, Command, CommandError, CommandReply, EventPayload, SessionRef, Target, TurnEndReason, UserMessage,
 };
 use turnstile_worker::{SessionHost, WorkerConfig};
-
-/// An [`EmbeddedLog`] that also keeps every event ever appended.
-struct Recording {
-    inner: EmbeddedLog,
-    appended: Mutex<Vec<Envelope>>,
-}
-
-impl Recording {
-    fn new() -> Self {
-        Self { inner: EmbeddedLog::in_memory(), appended: Mutex::default() }
-    }
-}
-
-#[async_trait]
-impl SessionLog for Recording {
-    async fn append(&self, session: &SessionRef, expected: u64, events: &[Envelope]) -> Result<u64, JournalError> {
-        let last = self.inner.append(session, expected, events).await?;
-        self.appended.lock().unwrap().extend_from_slice(events);
-        Ok(last)
-    }
-    async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError> {
-        self.inner.read(session, from_seq, limit).await
-    }
-    async fn last_seq(&self, session: &SessionRef) -> Result<u64, JournalError> {
-        self.inner.last_seq(session).await
-    }
-    async fn tail(&self, session: &SessionRef, after_seq: u64) -> Result<EventStream, JournalError> {
-        self.inner.tail(session, after_seq).await
-    }
-    async fn delete(&self, session: &SessionRef) -> Result<u64, JournalError> {
-        self.inner.delete(session).await
-    }
-    async fn list_sessions(
-        &self,
-        tenant: Option<&str>,
-        after: Option<&SessionRef>,
-        limit: usize,
-    ) -> Result<Vec<SessionRef>, JournalError> {
-        self.inner.list_sessions(tenant, after, limit).await
-    }
-}
 
 fn followup(id: &str, text: &str) -> Command {
     let message = UserMessage::user_text(id, text);
@@ -69,14 +29,14 @@ fn queue(id: &str, text: &str) -> Command {
 }
 
 struct Fixture {
-    log: Arc<Recording>,
+    log: Arc<TestLog>,
     snapshots: Arc<MemorySnapshots>,
     host: Arc<SessionHost>,
     session: SessionRef,
 }
 
 fn fixture() -> Fixture {
-    let log = Arc::new(Recording::new());
+    let log = Arc::new(TestLog::recording());
     let snapshots = Arc::new(MemorySnapshots::default());
     // A snapshot after every event, so there is one to remove.
     let config = WorkerConfig { snapshot_every: 1, ..WorkerConfig::default() };
@@ -85,7 +45,7 @@ fn fixture() -> Fixture {
 }
 
 /// Waits (through a tail, never a sleep) until the log holds an event that `wanted` picks.
-async fn until_logged(log: &Recording, session: &SessionRef, wanted: impl Fn(&EventPayload) -> bool) {
+async fn until_logged(log: &TestLog, session: &SessionRef, wanted: impl Fn(&EventPayload) -> bool) {
     let mut tail = log.tail(session, 0).await.unwrap();
     let wait = async {
         while let Some(event) = tail.next().await {

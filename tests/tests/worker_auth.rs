@@ -6,14 +6,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod pki;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    KeyUsagePurpose,
-};
+use pki::make_ca;
+use rcgen::{CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, KeyPair};
 use tonic::Code;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use turnstile_cluster::codec::encode_execute_request;
@@ -22,14 +22,6 @@ use turnstile_tests::cluster::{Cluster, ClusterOptions};
 use turnstile_tests::user_msg;
 use turnstile_tests::v1::GetSessionRequest;
 use turnstile_tests::v1::SessionRef;
-
-fn make_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-}
 
 /// A certificate signed by `ca` (for 127.0.0.1 when `server`, else a client certificate), as PEM
 /// (cert, key) files in `dir`.

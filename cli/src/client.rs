@@ -603,6 +603,13 @@ pub async fn clear(client: &mut Client, session: &str) -> Result<()> {
     client.print(&reply, &[], |r| format!("cleared seq={}", r.seq))
 }
 
+/// `delete SESSION`: prints the last seq the deleted log had.
+pub async fn delete(client: &mut Client, session: &str) -> Result<()> {
+    let request = pb::DeleteSessionRequest { session: Some(client.session(session)) };
+    let reply = client.api.delete_session(request).await?.into_inner();
+    client.print(&reply, &[], |r| format!("deleted session {session} (its log ended at seq {})", r.seq))
+}
+
 /// The session name a client command was given, checked before any call so a typo fails fast.
 pub fn check_session(tenant: &str, id: &str) -> Result<()> {
     // An empty tenant is the token's, filled in by the server; check the id against any valid tenant.

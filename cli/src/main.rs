@@ -122,6 +122,9 @@ enum Cmd {
     WaitIdle(WaitIdleArgs),
     /// Stream a session's events: history after --after, caught-up, then the live tail.
     Watch(WatchArgs),
+    /// Delete a session: cancel a running turn (cause disposed), then remove its log, snapshots and
+    /// dedup state; the id may then be used again for a new session.
+    Delete(SessionArg),
     /// Talk to a session from the terminal: each line is a followup (a steer while the agent runs), the
     /// reply streams as it is written, Ctrl-C stops a running turn (keeping the inbox).
     Chat(SessionArg),
@@ -683,6 +686,7 @@ async fn run(cli: Cli) -> Result<()> {
             let mut out = std::io::stdout();
             client::watch(c, &a.session, &opts, &mut out, |_| {}).await
         }
+        Cmd::Delete(a) => client::delete(c, &a.session).await,
     }
 }
 

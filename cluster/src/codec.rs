@@ -113,6 +113,7 @@ pub fn encode_command(command: &Command) -> PbCommand {
             goal_id: goal_id.clone(),
             action: encode_goal_action(*action) as i32,
         }),
+        Command::Delete => PbCommand::Delete(cpb::DeleteCommand {}),
     }
 }
 
@@ -158,6 +159,7 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
             let fork = f.fork.ok_or_else(|| CodecError::missing("fork.fork", "set the fork to write"))?;
             Command::Fork(Box::new(turnstile_proto::codec::event::fork_at(fork, "fork.fork")?))
         }
+        PbCommand::Delete(_) => Command::Delete,
         PbCommand::Configure(c) => {
             if c.agent.is_empty() {
                 return Err(CodecError::invalid("configure.agent", "is empty; name one of the configured agents"));
@@ -338,6 +340,7 @@ mod tests {
         });
         all.push(Command::Splice { target: Target::NextStep, start: 0, delete_count: 0, inserted: vec![] });
         all.push(Command::Clear);
+        all.push(Command::Delete);
         all.push(Command::WhenIdle);
         all.push(Command::Compact);
         all.push(Command::Fork(Box::new(turnstile_model::Fork {

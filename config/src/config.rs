@@ -69,11 +69,19 @@ pub struct Limits {
     pub when_idle_timeout_ms: u64,
     /// The largest `max_rounds` a `SetGoal` may ask for; more are invalid-argument. Default 100.
     pub max_goal_rounds: u32,
+    /// Commands waiting for one session's driver; one more is resource-exhausted at once. Default 1,024.
+    pub max_queued_commands: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_message_bytes: 1024 * 1024, max_pending: 1000, when_idle_timeout_ms: 30_000, max_goal_rounds: 100 }
+        Self {
+            max_message_bytes: 1024 * 1024,
+            max_pending: 1000,
+            when_idle_timeout_ms: 30_000,
+            max_goal_rounds: 100,
+            max_queued_commands: 1024,
+        }
     }
 }
 
@@ -161,6 +169,12 @@ pub struct JournalConfig {
     /// Accepted MessageIds remembered per session for idempotent retries; at least 10,000 (SPEC §2).
     /// Default 10,000.
     pub dedup_horizon: usize,
+    /// JetStream retention: events older than this (ms) are removed from the event streams by the
+    /// server; 0 keeps them until `DeleteSession` (decision 0027). Default 0.
+    pub max_age_ms: u64,
+    /// JetStream retention: bytes each event stream may hold; once full, appends are refused
+    /// (UNAVAILABLE, nothing acknowledged is dropped) until sessions are deleted. 0: unlimited. Default 0.
+    pub max_bytes: u64,
 }
 
 /// The smallest dedup horizon SPEC §2 allows.
@@ -168,7 +182,13 @@ pub const MIN_DEDUP_HORIZON: usize = 10_000;
 
 impl Default for JournalConfig {
     fn default() -> Self {
-        Self { snapshot_every: 100, passivate_after_ms: 300_000, dedup_horizon: MIN_DEDUP_HORIZON }
+        Self {
+            snapshot_every: 100,
+            passivate_after_ms: 300_000,
+            dedup_horizon: MIN_DEDUP_HORIZON,
+            max_age_ms: 0,
+            max_bytes: 0,
+        }
     }
 }
 
@@ -176,6 +196,16 @@ impl JournalConfig {
     /// `passivate_after_ms` as a duration.
     pub fn passivate_after(&self) -> Duration {
         Duration::from_millis(self.passivate_after_ms)
+    }
+
+    /// `max_age_ms` as a duration; `None` for 0 (no age limit).
+    pub fn max_age(&self) -> Option<Duration> {
+        (self.max_age_ms > 0).then(|| Duration::from_millis(self.max_age_ms))
+    }
+
+    /// `max_bytes`; `None` for 0 (no size limit).
+    pub fn max_bytes(&self) -> Option<u64> {
+        (self.max_bytes > 0).then_some(self.max_bytes)
     }
 }
 
@@ -341,6 +371,12 @@ impl Config {
         positive(&limits, "max_pending", self.limits.max_pending as u64, "0 would refuse every delivery")?;
         positive(&limits, "when_idle_timeout_ms", self.limits.when_idle_timeout_ms, "0 would time out every WhenIdle")?;
         positive(&limits, "max_goal_rounds", u64::from(self.limits.max_goal_rounds), "0 would refuse every goal")?;
+        positive(
+            &limits,
+            "max_queued_commands",
+            self.limits.max_queued_commands as u64,
+            "0 would refuse every command",
+        )?;
 
         let c = &self.cluster;
         let cluster = root.key("cluster");
@@ -387,6 +423,18 @@ impl Config {
             self.journal.passivate_after_ms,
             "0 would unload every session as soon as it idles; use a large value to keep sessions loaded",
         )?;
+        if self.journal.max_age_ms > 0 && self.journal.max_age_ms <= self.journal.passivate_after_ms {
+            return Err(journal.key("max_age_ms").invalid(format!(
+                "{} is not above passivate_after_ms ({}): events of sessions still loaded would expire; \
+                 use 0 (keep until deleted) or a much larger age",
+                self.journal.max_age_ms, self.journal.passivate_after_ms
+            )));
+        }
+        if self.journal.max_bytes > i64::MAX as u64 {
+            return Err(journal
+                .key("max_bytes")
+                .invalid(format!("{} is larger than JetStream accepts; use 0 for unlimited", self.journal.max_bytes)));
+        }
         if self.journal.dedup_horizon < MIN_DEDUP_HORIZON {
             return Err(journal.key("dedup_horizon").invalid(format!(
                 "{} is below {MIN_DEDUP_HORIZON}, the least SPEC §2 promises for idempotent retries",

@@ -42,6 +42,10 @@ impl Driver {
                 None => return,
             },
             Command::Fork(fork) => self.fork(*fork),
+            // The host removes the log around a stopped driver; a driver asked to do it refuses.
+            Command::Delete => Err(CommandError::Internal(
+                "DeleteSession reached the session driver; the session host performs it".into(),
+            )),
             Command::WhenIdle => {
                 if self.is_quiescent() {
                     Ok(CommandReply::Idle(self.summary()))

@@ -259,6 +259,9 @@ names_session!(
     pb::ReferenceSessionRequest,
 );
 
+// Session lifecycle (SPEC §12).
+names_session!(pb::DeleteSessionRequest);
+
 fn unexpected(what: &str, reply: &CommandReply) -> Status {
     Status::internal(format!("the driver answered {what} with {reply:?}; this is a bug, please report it"))
 }
@@ -440,6 +443,17 @@ impl Agent for Gateway {
         let action = codec::goal_action_at(req.action, "action").map_err(status::from_convert)?;
         let seq = self.written(session.clone(), Command::UpdateGoal { goal_id: req.goal_id, action }).await?;
         self.goal_after(&session, seq).await
+    }
+
+    /// SPEC §12: the owner cancels a running turn (cause `disposed`) and removes the log, snapshots and
+    /// dedup state. Tenant-scoped by [`Gateway::open`] like every call: another tenant's session is NOT_FOUND.
+    async fn delete_session(
+        &self,
+        request: Request<pb::DeleteSessionRequest>,
+    ) -> Result<Response<pb::EditReply>, Status> {
+        let session = self.session(self.open(request)?.session)?;
+        let seq = self.written(session, Command::Delete).await?;
+        Ok(Response::new(pb::EditReply { seq }))
     }
 
     type ServeToolsStream = ReceiverStream<Result<pb::ToolTask, Status>>;

@@ -94,6 +94,12 @@ pub trait SessionLog: Send + Sync + 'static {
     /// The stream ends only on error or when the log is dropped.
     async fn tail(&self, session: &SessionRef, after_seq: u64) -> Result<EventStream, JournalError>;
 
+    /// Removes every event of `session` (SPEC §12 `DeleteSession`) and returns the seq its log had (0: it
+    /// had none, nothing was removed). Afterwards the session has no events: reads are empty, `last_seq`
+    /// is 0, an append expecting 0 starts a new log under the same name, and tails of the old log end or
+    /// never see it again. The caller makes sure no writer appends meanwhile (the owner stopped its runner).
+    async fn delete(&self, session: &SessionRef) -> Result<u64, JournalError>;
+
     /// Sessions that have at least one event, ordered by (tenant, id), strictly after `after`, optionally of
     /// one tenant, at most `limit`.
     async fn list_sessions(

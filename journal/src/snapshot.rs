@@ -117,6 +117,10 @@ pub trait SnapshotStore: Send + Sync + 'static {
     /// Replaces the stored snapshot of its session (and, in stores that keep one, its read snapshot).
     async fn save(&self, snapshot: &Snapshot) -> Result<(), JournalError>;
 
+    /// Removes every snapshot of `session` (the full one and the read one), for `DeleteSession`. Removing
+    /// none is not an error.
+    async fn delete(&self, session: &SessionRef) -> Result<(), JournalError>;
+
     /// The latest usable snapshot for reads: a read snapshot ([`Snapshot::for_reads`]) where the store keeps
     /// them, else the full one.
     async fn load_for_reads(&self, session: &SessionRef) -> Result<Option<Snapshot>, JournalError> {
@@ -135,6 +139,10 @@ impl SnapshotStore for NoSnapshots {
     }
 
     async fn save(&self, _snapshot: &Snapshot) -> Result<(), JournalError> {
+        Ok(())
+    }
+
+    async fn delete(&self, _session: &SessionRef) -> Result<(), JournalError> {
         Ok(())
     }
 }
@@ -169,6 +177,12 @@ impl SnapshotStore for MemorySnapshots {
     async fn save(&self, snapshot: &Snapshot) -> Result<(), JournalError> {
         lock(&self.reads).insert(snapshot.state.session.clone(), snapshot.for_reads().encode());
         self.put_raw(&snapshot.state.session, snapshot.encode());
+        Ok(())
+    }
+
+    async fn delete(&self, session: &SessionRef) -> Result<(), JournalError> {
+        lock(&self.reads).remove(session);
+        lock(&self.entries).remove(session);
         Ok(())
     }
 

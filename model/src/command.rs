@@ -74,6 +74,9 @@ pub enum Command {
     /// `ForkSession` (SPEC §13), routed to the *new* session's owner: writes `session/forked` as the
     /// session's first event (the gateway read the source and built `fork`).
     Fork(Box<Fork>),
+    /// `DeleteSession` (SPEC §12): cancel a running turn (cause `disposed`), then remove the session's log,
+    /// snapshots and dedup state. The session host performs it around the driver, which never sees it.
+    Delete,
 }
 
 /// A steer's `deadline_ms` and `on_deadline`, as the client gave them.
@@ -107,6 +110,7 @@ impl Command {
             Self::WhenIdle => "when_idle",
             Self::Compact => "compact",
             Self::Fork(_) => "fork",
+            Self::Delete => "delete",
         }
     }
 }

@@ -120,7 +120,8 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
             let (partitions, replicas) = (cluster.partitions, replicas(&opts.config.config));
             // `dev` keeps the journal's own shard count: the file's `cluster.shards` is for clusters.
             let shards = JetStreamConfig::new(nats.url.clone()).shards;
-            let (log, bus, snapshots) = open_nats(nats, partitions, replicas, shards).await?;
+            let (log, bus, snapshots) =
+                open_nats(nats, partitions, replicas, shards, &opts.config.config.journal).await?;
             let describe = format!(
                 "JetStream at {} ({} partition{}, {} replica{})",
                 nats.url,

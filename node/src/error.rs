@@ -47,6 +47,13 @@ pub enum NodeError {
     /// Serving without auth on an address other than loopback.
     #[error("{0}")]
     Exposure(AuthError),
+    /// A worker's internal API on an address other than loopback without client certificates (mTLS with
+    /// the cluster CA, decision 0026): anyone who reaches the port could run commands on any session.
+    #[error(
+        "refusing to serve the worker API on {listen} without cluster credentials; pass --tls-cert, --tls-key and \
+         --tls-client-ca (the cluster CA that signs the gateways' --cluster-tls-cert), or listen on loopback"
+    )]
+    WorkerExposed { listen: String },
     /// A TLS file could not be loaded; `flag` names which option.
     #[error("{flag}: {cause}")]
     Tls { flag: &'static str, cause: TlsError },

@@ -94,7 +94,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let config = &opts.config.config;
     let c = &config.cluster;
     let url = opts.nats.url.as_str();
-    let (log, bus, snapshots) = open_nats(&opts.nats, c.partitions, replicas(config), c.shards).await?;
+    let (log, bus, snapshots) =
+        open_nats(&opts.nats, c.partitions, replicas(config), c.shards, &config.journal).await?;
     let client = log.client().clone();
     // The workers' heartbeat TTL: whoever creates the workers bucket first sets its max age.
     let kv = ClusterKv::open(&client, replicas(config), c.shards, c.worker_ttl())

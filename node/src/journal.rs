@@ -1,5 +1,6 @@
 //! Opening the JetStream journal every server on NATS (`dev --nats`, `gateway`, `worker`) starts with.
 
+use turnstile_journal::jetstream::Retention;
 use turnstile_journal::jetstream::{KvSnapshots, NatsSecurity};
 use turnstile_journal::{JetStreamConfig, JetStreamLog, NatsBus};
 
@@ -13,9 +14,11 @@ pub(crate) async fn open_nats(
     partitions: u32,
     replicas: usize,
     shards: u32,
+    journal: &turnstile_config::JournalConfig,
 ) -> Result<(JetStreamLog, NatsBus, KvSnapshots), NodeError> {
     let url = nats.url.as_str();
     let mut config = JetStreamConfig::new(url.to_owned());
+    config.retention = Retention { max_age: journal.max_age(), max_bytes: journal.max_bytes() };
     config.partitions = partitions;
     config.replicas = replicas;
     config.shards = shards;

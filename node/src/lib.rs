@@ -47,6 +47,7 @@ fn worker_config(config: &Config) -> WorkerConfig {
         default_when_idle_timeout: config.limits.when_idle_timeout(),
         snapshot_every: config.journal.snapshot_every,
         passivate_after: config.journal.passivate_after(),
+        command_queue: config.limits.max_queued_commands,
         ..WorkerConfig::default()
     }
 }

@@ -104,13 +104,15 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let agents = agents(&opts.config).await?;
     let tls = opts.tls.as_ref().map(ServerTls::load).transpose()?;
     let (listener, local) = bind(&opts.listen).await?;
+    check_worker_exposure(opts.tls.as_ref(), local, &opts.listen)?;
     let advertise = opts.advertise.clone().unwrap_or_else(|| local.to_string());
     let id = opts.id.clone().unwrap_or_else(|| format!("worker-{advertise}"));
     let config = &opts.config.config;
     let c = &config.cluster;
     let url = opts.nats.url.as_str();
 
-    let (log, bus, snapshots) = open_nats(&opts.nats, c.partitions, replicas(config), c.shards).await?;
+    let (log, bus, snapshots) =
+        open_nats(&opts.nats, c.partitions, replicas(config), c.shards, &config.journal).await?;
     let client = log.client().clone();
     let leases = LeaseConfig {
         shards: c.shards,
@@ -190,9 +192,40 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     Ok(Handle { addr: local, http: http_addr, id, advertise, running })
 }
 
+/// The internal API runs any command on any tenant's session, so beyond loopback it takes only callers
+/// with a certificate of the cluster CA (`--tls-client-ca`): mTLS, decision 0026. Like the gateway's auth
+/// check (decision 0007's loopback rule), it runs after binding (so `--listen` names the real address)
+/// and before the worker joins the cluster.
+pub(crate) fn check_worker_exposure(tls: Option<&ServerTls>, bound: SocketAddr, listen: &str) -> Result<(), NodeError> {
+    if bound.ip().is_loopback() || tls.is_some_and(|t| t.client_ca.is_some()) {
+        return Ok(());
+    }
+    Err(NodeError::WorkerExposed { listen: listen.to_owned() })
+}
+
 /// Leaves the cluster (drain, release, no heartbeat) and stops the internal server, for a start that fails
 /// after joining.
 async fn leave(worker: WorkerHandle, drain: std::time::Duration, server: &CancellationToken) {
     worker.shutdown(drain).await;
     server.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worker_api_beyond_loopback_needs_client_certificates() {
+        let loopback: SocketAddr = "127.0.0.1:7500".parse().unwrap();
+        let anywhere: SocketAddr = "0.0.0.0:7500".parse().unwrap();
+        assert!(check_worker_exposure(None, loopback, "127.0.0.1:7500").is_ok());
+        let err = check_worker_exposure(None, anywhere, "0.0.0.0:7500").unwrap_err().to_string();
+        assert!(err.starts_with("refusing to serve the worker API on 0.0.0.0:7500"), "{err}");
+        assert!(err.contains("--tls-client-ca"), "{err}");
+        // Server TLS alone encrypts but lets anyone in: still refused.
+        let tls = ServerTls { cert: "c.pem".into(), key: "k.pem".into(), client_ca: None };
+        assert!(check_worker_exposure(Some(&tls), anywhere, "0.0.0.0:7500").is_err());
+        let mtls = ServerTls { client_ca: Some("ca.pem".into()), ..tls };
+        assert!(check_worker_exposure(Some(&mtls), anywhere, "0.0.0.0:7500").is_ok());
+    }
 }

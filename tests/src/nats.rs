@@ -45,6 +45,8 @@ pub struct NatsServer {
     scratch: TempDir,
     /// Set for a member of a [`NatsCluster`] of several servers.
     peer: Option<Peer>,
+    /// More lines for the config file ([`NatsServer::start_with_config`]), kept across restarts.
+    extra_config: String,
 }
 
 /// How one server of a [`NatsCluster`] joins the others.
@@ -89,6 +91,15 @@ impl NatsServer {
         Ok(server)
     }
 
+    /// [`NatsServer::start`] with `extra` appended to its config file, e.g.
+    /// `jetstream { max_file_store: 1MB }` for a server that runs out of space.
+    pub async fn start_with_config(extra: &str) -> Result<Self, HarnessError> {
+        let mut server = Self::new(None)?;
+        server.extra_config = extra.to_owned();
+        server.launch(None).await?;
+        Ok(server)
+    }
+
     /// Not started yet: the addresses are placeholders until [`Self::wait_bound`] reads the real ones.
     fn new(peer: Option<Peer>) -> Result<Self, HarnessError> {
         let scratch = tempfile::Builder::new()
@@ -96,7 +107,15 @@ impl NatsServer {
             .tempdir()
             .map_err(|e| HarnessError::io("creating the nats-server scratch dir", e))?;
         let unbound = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-        Ok(Self { bin: nats_server_bin(), process: None, client: unbound, monitor: unbound, scratch, peer })
+        Ok(Self {
+            bin: nats_server_bin(),
+            process: None,
+            client: unbound,
+            monitor: unbound,
+            scratch,
+            peer,
+            extra_config: String::new(),
+        })
     }
 
     /// `nats://127.0.0.1:<port>`.
@@ -196,6 +215,7 @@ impl NatsServer {
                 routes.join(", ")
             ));
         }
+        config.push_str(&self.extra_config);
         std::fs::write(self.config_path(), config)
             .map_err(|e| HarnessError::io("writing the nats-server config", e))?;
         // A fresh dir: a killed server leaves its ports file behind.

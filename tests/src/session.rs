@@ -206,6 +206,12 @@ impl Session {
         self.client().update_goal(req).await.map(tonic::Response::into_inner)
     }
 
+    /// `DeleteSession` (SPEC §12).
+    pub async fn delete(&self) -> Result<EditReply, Status> {
+        let req = turnstile_proto::v1::DeleteSessionRequest { session: self.some_ref() };
+        self.client().delete_session(req).await.map(tonic::Response::into_inner)
+    }
+
     pub async fn inbox(&self) -> Result<InboxSnapshot, Status> {
         let req = GetInboxRequest { session: self.some_ref() };
         self.client().get_inbox(req).await.map(tonic::Response::into_inner)

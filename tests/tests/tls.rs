@@ -5,10 +5,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod pki;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use pki::make_ca;
+use rcgen::{CertificateParams, DnType, KeyPair};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 use turnstile_tests::v1::agent_client::AgentClient;
 use turnstile_tests::v1::{DeliverRequest, GetSessionRequest, SessionRef};
@@ -18,14 +21,6 @@ struct Pki {
     ca: PathBuf,
     cert: PathBuf,
     key: PathBuf,
-}
-
-fn make_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
 }
 
 /// A CA and a server certificate it signed for `localhost` and 127.0.0.1, as PEM files in `dir`.

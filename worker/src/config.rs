@@ -20,6 +20,9 @@ pub struct WorkerConfig {
     pub snapshot_every: u64,
     /// An idle session with nothing waiting is unloaded after this long (a snapshot is kept).
     pub passivate_after: Duration,
+    /// Commands queued for one session's runner; a command that finds the queue full is refused with
+    /// RESOURCE_EXHAUSTED instead of waiting (`[limits] max_queued_commands`).
+    pub command_queue: usize,
 }
 
 impl Default for WorkerConfig {
@@ -32,6 +35,7 @@ impl Default for WorkerConfig {
             default_when_idle_timeout: Duration::from_secs(30),
             snapshot_every: 100,
             passivate_after: Duration::from_secs(300),
+            command_queue: 1024,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The session host: one runner per loaded session, behind the gateway's [`CommandRouter`] seam.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -9,17 +9,14 @@ use tokio::sync::{mpsc, oneshot};
 use turnstile_cluster::CommandRouter;
 use turnstile_journal::snapshot::{LoadError, NoSnapshots, SnapshotStore, load_state};
 use turnstile_journal::{JournalError, LiveBus, SessionLog};
-use turnstile_model::{Command, CommandError, CommandReply, SessionRef, Status};
+use turnstile_model::{CancelCause, Command, CommandError, CommandReply, SessionRef, Status};
 
 use crate::agents::AgentSetup;
 use crate::config::WorkerConfig;
 use crate::hooks::{AgentHooks, PreStepHook};
 use crate::model::{Model, ScriptedModel};
-use crate::runner::{CommandMsg, Control, Runner, RunnerDeps};
+use crate::runner::{CommandMsg, Control, Runner, RunnerDeps, journal_to_command};
 use crate::tools::ToolRegistry;
-
-/// Commands queued for one session before callers are pushed back.
-const COMMAND_QUEUE: usize = 1024;
 
 /// Errors of the host itself (not of one command).
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +49,9 @@ struct RunnerHandle {
 pub struct SessionHost {
     deps: Arc<RunnerDeps>,
     runners: Mutex<HashMap<SessionRef, RunnerHandle>>,
+    /// Sessions a `DeleteSession` is removing: no runner starts for them and their commands are refused
+    /// until it answers. Locked only while `runners` is held, so the two never disagree.
+    deleting: Mutex<HashSet<SessionRef>>,
 }
 
 impl SessionHost {
@@ -90,7 +90,7 @@ impl SessionHost {
             ownership: Some(ownership),
             config,
         };
-        Arc::new(Self { deps: Arc::new(deps), runners: Mutex::new(HashMap::new()) })
+        Self::from_deps(deps)
     }
 
     /// A host running the agents of a configuration ([`crate::agents::from_config`]): their models and
@@ -115,7 +115,7 @@ impl SessionHost {
             ownership,
             config,
         };
-        Arc::new(Self { deps: Arc::new(deps), runners: Mutex::new(HashMap::new()) })
+        Self::from_deps(deps)
     }
 
     pub fn with_parts(
@@ -127,19 +127,20 @@ impl SessionHost {
         hooks: Vec<Arc<dyn PreStepHook>>,
         config: WorkerConfig,
     ) -> Arc<Self> {
-        Arc::new(Self {
-            deps: Arc::new(RunnerDeps {
-                log,
-                bus,
-                model,
-                tools,
-                hooks: AgentHooks::uniform(hooks),
-                snapshots,
-                ownership: None,
-                config,
-            }),
-            runners: Mutex::new(HashMap::new()),
+        Self::from_deps(RunnerDeps {
+            log,
+            bus,
+            model,
+            tools,
+            hooks: AgentHooks::uniform(hooks),
+            snapshots,
+            ownership: None,
+            config,
         })
+    }
+
+    fn from_deps(deps: RunnerDeps) -> Arc<Self> {
+        Arc::new(Self { deps: Arc::new(deps), runners: Mutex::default(), deleting: Mutex::default() })
     }
 
     /// The epoch to serve `session` under, or NOT-OWNER.
@@ -181,10 +182,10 @@ impl SessionHost {
                 // An active goal may be owed its next round (the owner died between a round's `status idle`
                 // and the continuation) or a pause; the driver's recovery decides which, if any.
                 let goal_active = state.goals.active().is_some();
-                if state.status == Status::Running || state.wake_since_idle || state.open_turn.is_some() || goal_active
-                {
+                let was_running = state.status == Status::Running || state.wake_since_idle || state.open_turn.is_some();
+                // A session being deleted is not resumed (`runner` refuses it).
+                if (was_running || goal_active) && self.runner(&session, epoch).is_ok() {
                     tracing::info!(%session, epoch, goal_active, "resuming a session that was running");
-                    self.runner(&session, epoch);
                     resumed += 1;
                 }
             }
@@ -229,20 +230,88 @@ impl SessionHost {
     }
 
     /// The runner of `session` under `epoch`, started (and loading) if there is none. A runner of an older
-    /// epoch (the shard was lost and won back) is replaced.
-    fn runner(&self, session: &SessionRef, epoch: u64) -> mpsc::Sender<CommandMsg> {
+    /// epoch (the shard was lost and won back) is replaced. UNAVAILABLE while the session is being deleted.
+    fn runner(&self, session: &SessionRef, epoch: u64) -> Result<mpsc::Sender<CommandMsg>, CommandError> {
         let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        if lock(&self.deleting).contains(session) {
+            return Err(being_deleted(session));
+        }
         if let Some(handle) = runners.get(session).filter(|h| !h.commands.is_closed() && h.epoch == epoch) {
-            return handle.commands.clone();
+            return Ok(handle.commands.clone());
         }
         if let Some(old) = runners.remove(session) {
             let _ = old.control.send(Control::Stop);
         }
-        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        let (tx, rx) = mpsc::channel(self.deps.config.command_queue.max(1));
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         runners.insert(session.clone(), RunnerHandle { commands: tx.clone(), control: control_tx, epoch });
         tokio::spawn(crate::metrics::loaded(Runner::run(session.clone(), self.deps.clone(), epoch, rx, control_rx)));
-        tx
+        Ok(tx)
+    }
+
+    /// `DeleteSession` (SPEC §12). While it runs the session takes no other command. A loaded runner first
+    /// cancels a running turn with cause `disposed`, keeping the inbox (its `turn/end aborted{disposed}` is
+    /// written, as any cancel's; an idle session writes nothing), converges (bounded by the `WhenIdle` timeout, then it is stopped where it is) and unloads
+    /// without a last snapshot; then the log and the snapshots (which hold the dedup index) are removed.
+    /// The reply is the last seq the log had; NOT_FOUND when it had none.
+    async fn delete(&self, session: &SessionRef) -> Result<CommandReply, CommandError> {
+        self.epoch_for(session)?;
+        let loaded = {
+            let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+            if !lock(&self.deleting).insert(session.clone()) {
+                return Err(being_deleted(session));
+            }
+            runners.get(session).map(|h| (h.commands.clone(), h.control.clone()))
+        };
+        let result = self.remove_session(session, loaded).await;
+        lock(&self.deleting).remove(session);
+        result
+    }
+
+    async fn remove_session(
+        &self,
+        session: &SessionRef,
+        loaded: Option<(mpsc::Sender<CommandMsg>, mpsc::UnboundedSender<Control>)>,
+    ) -> Result<CommandReply, CommandError> {
+        if let Some((commands, control)) = loaded.filter(|(tx, _)| !tx.is_closed()) {
+            // Keeping the inbox: it goes with the log, so clearing it first would only write splices that
+            // are deleted a moment later; an idle session gets no event at all.
+            let cancel = Command::Cancel { cause: CancelCause::Disposed, keep_inbox: true };
+            // A runner that cannot write (the journal is full or away: it answers UNAVAILABLE while it
+            // reloads) cannot record the cancel; the log goes anyway, and deleting must work then most of
+            // all, since it is how space comes back.
+            if let Err(e) = ask(&commands, session, cancel).await {
+                tracing::warn!(%session, error = %e, "deleting a session whose cancel was not written");
+            } else {
+                let limit = self.deps.config.default_when_idle_timeout;
+                if tokio::time::timeout(limit, ask(&commands, session, Command::WhenIdle)).await.is_err() {
+                    tracing::warn!(%session, timeout_ms = limit.as_millis() as u64, "deleting a session that did not converge");
+                }
+            }
+            {
+                let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+                if runners.get(session).is_some_and(|h| h.commands.same_channel(&commands)) {
+                    runners.remove(session);
+                }
+            }
+            let _ = control.send(Control::Dispose);
+            commands.closed().await;
+        }
+        let last = self.deps.log.delete(session).await.map_err(journal_to_command)?;
+        self.deps.snapshots.delete(session).await.map_err(journal_to_command)?;
+        if last == 0 {
+            return Err(CommandError::NotFound(format!(
+                "session {session} does not exist: it has no accepted writes yet"
+            )));
+        }
+        tracing::info!(%session, last_seq = last, "session deleted");
+        Ok(CommandReply::Written { seq: last })
+    }
+
+    /// Commands waiting in `session`'s queue (0 when it is not loaded).
+    pub fn queued_commands(&self, session: &SessionRef) -> usize {
+        let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        runners.get(session).map_or(0, |h| h.commands.max_capacity() - h.commands.capacity())
     }
 
     /// Sessions with a live runner.
@@ -261,6 +330,9 @@ impl CommandRouter for SessionHost {
         timeout: Option<Duration>,
     ) -> Result<CommandReply, CommandError> {
         // `session` was validated where it entered: the gateway's decoding or the internal codec's.
+        if matches!(command, Command::Delete) {
+            return self.delete(session).await;
+        }
         let when_idle = matches!(command, Command::WhenIdle);
         let (reply_tx, reply_rx) = oneshot::channel();
         // The caller's span (the internal RPC's, or the gateway's in `turnstile dev`) is the command's parent.
@@ -269,9 +341,18 @@ impl CommandRouter for SessionHost {
         // A runner that just unloaded (passivation) refuses the send; the second attempt starts a new one.
         for attempt in 0..2 {
             let epoch = self.epoch_for(session)?;
-            match self.runner(session, epoch).send(msg).await {
+            // Refuse rather than wait: a caller held behind a full queue would hold its gateway's call,
+            // and the next ones, for as long as the driver is busy.
+            match self.runner(session, epoch)?.try_send(msg) {
                 Ok(()) => break,
-                Err(mpsc::error::SendError(back)) if attempt == 0 => msg = back,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    return Err(CommandError::ResourceExhausted(format!(
+                        "session {session} has {} commands waiting for its driver (limits.max_queued_commands); \
+                         nothing of this one was applied: retry with the same message id after a moment",
+                        self.deps.config.command_queue
+                    )));
+                }
+                Err(mpsc::error::TrySendError::Closed(back)) if attempt == 0 => msg = back,
                 Err(_) => {
                     return Err(CommandError::Unavailable(format!(
                         "session {session} is restarting; retry with the same message id"
@@ -301,4 +382,27 @@ impl CommandRouter for SessionHost {
     async fn owner(&self, _session: &SessionRef) -> Option<String> {
         Some(self.deps.config.owner_id.clone())
     }
+}
+
+/// Sends one command to a runner and waits for its answer.
+async fn ask(
+    commands: &mpsc::Sender<CommandMsg>,
+    session: &SessionRef,
+    command: Command,
+) -> Result<CommandReply, CommandError> {
+    let (reply, answer) = oneshot::channel();
+    let traceparent = turnstile_ops::trace::current_traceparent();
+    let stopped =
+        || CommandError::Unavailable(format!("session {session} stopped while being deleted; delete it again"));
+    commands.send(CommandMsg { command, reply, traceparent }).await.map_err(|_| stopped())?;
+    answer.await.unwrap_or_else(|_| Err(stopped()))
+}
+
+fn being_deleted(session: &SessionRef) -> CommandError {
+    CommandError::Unavailable(format!("session {session} is being deleted; retry once DeleteSession has answered"))
+}
+
+// One set operation per critical section: a poisoned lock still holds a consistent set.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -57,6 +57,9 @@ pub(crate) enum Control {
     Drain,
     /// Unload now, abandoning whatever runs (the lease is gone or the drain timed out).
     Stop,
+    /// Unload now for `DeleteSession`: write no last snapshot and wait for snapshot writes in flight, so
+    /// nothing of the session is stored after the runner is gone and the host removes it.
+    Dispose,
 }
 
 pub(crate) type ReplyTx = oneshot::Sender<Result<CommandReply, CommandError>>;
@@ -105,12 +108,24 @@ const RELOAD_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 pub(crate) fn journal_to_command(e: JournalError) -> CommandError {
     match e {
+        JournalError::Unavailable(m) if out_of_space(&m) => CommandError::Unavailable(format!(
+            "the journal is out of space and refuses writes ({m}); the server stored none of it: free space on the NATS \
+             servers (delete sessions, raise max_file_store or [journal] max_bytes) and retry with the same message id"
+        )),
         JournalError::Unavailable(m) => {
             CommandError::Unavailable(format!("the journal is unavailable ({m}); retry with the same message id"))
         }
         JournalError::Conflict { .. } => CommandError::Unavailable(format!("{e}; retry to reach the new owner")),
         other => CommandError::Internal(other.to_string()),
     }
+}
+
+/// Whether a store error says JetStream has no room: the server's storage limit (`max_file_store`,
+/// "insufficient resources", 10023), an account's or a stream's (`max_bytes` with discard new: "maximum
+/// bytes exceeded", "storage resources exceeded", 10047). The server reports them only as text.
+fn out_of_space(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    ["insufficient resources", "resources exceeded", "maximum bytes", "no space left"].iter().any(|s| m.contains(s))
 }
 
 /// Loads the session, retrying with backoff while the journal is unavailable and answering commands
@@ -170,6 +185,10 @@ pub(crate) struct Runner {
     epoch: u64,
     control: mpsc::UnboundedReceiver<Control>,
     draining: bool,
+    /// Set by [`Control::Dispose`]: the session is being deleted.
+    disposed: bool,
+    /// Snapshot writes running in the background.
+    saves: tokio::task::JoinSet<()>,
     clock: crate::metrics::SessionClock,
     spans: TurnSpans,
 }
@@ -200,15 +219,19 @@ impl Runner {
             epoch,
             control,
             draining: false,
+            disposed: false,
+            saves: tokio::task::JoinSet::new(),
             clock: crate::metrics::SessionClock::default(),
             spans: TurnSpans::default(),
         };
-        if runner.settle(&mut commands).await && runner.serve(&mut commands).await {
+        if runner.settle(&mut commands).await && runner.serve(&mut commands).await && !runner.disposed {
             // Unloading cleanly (the driver's state is exactly the log): keep a snapshot so the next load
             // reads only what follows it. After a failed append the state may hold events the log does
             // not, so nothing is written then.
             runner.snapshot(true).await;
         }
+        // Before the queue closes: the host takes a closed queue to mean nothing more is written.
+        while runner.saves.join_next().await.is_some() {}
         runner.shutdown(&mut commands, "the session's runner stopped; retry");
     }
 
@@ -236,6 +259,10 @@ impl Runner {
                         self.driver.on_drain();
                     }
                     Control::Stop => return true,
+                    Control::Dispose => {
+                        self.disposed = true;
+                        return true;
+                    }
                 },
                 Some(msg) = self.op_rx.recv() => {
                     let now = now_ms();
@@ -305,7 +332,9 @@ impl Runner {
         if final_ {
             save.await;
         } else {
-            tokio::spawn(save);
+            // Reap finished writes so the set stays as small as the writes in flight.
+            while self.saves.try_join_next().is_some() {}
+            self.saves.spawn(save);
         }
     }
 

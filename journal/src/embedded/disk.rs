@@ -119,6 +119,19 @@ impl SessionFile {
         result
     }
 
+    /// Removes the file (`DeleteSession`) and makes the removal durable: after a crash the session is
+    /// gone, not back. A file never created is nothing to remove.
+    pub fn remove(&mut self) -> Result<(), JournalError> {
+        self.file = None;
+        match fs::remove_file(&self.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(storage(&self.path, "remove the session log", &e)),
+        }
+        self.len = 0;
+        sync_dir(self.path.parent().unwrap_or(Path::new(".")))
+    }
+
     fn create(&self) -> Result<File, JournalError> {
         let dir = self.path.parent().unwrap_or(Path::new("."));
         fs::create_dir_all(dir).map_err(|e| storage(dir, "create the tenant directory", &e))?;

@@ -48,6 +48,8 @@ struct Slot {
 enum Writer {
     Memory,
     Disk(disk::SessionFile),
+    /// The session was deleted while this slot was current: appends take the new slot instead.
+    Deleted,
 }
 
 impl EmbeddedLog {
@@ -140,8 +142,14 @@ impl SessionLog for EmbeddedLog {
             .into_iter()
             .map(|c| c.stored)
             .collect();
-        let slot = self.find_or_create(session);
-        let writer = Arc::clone(&slot.writer).lock_owned().await;
+        let (slot, writer) = loop {
+            let slot = self.find_or_create(session);
+            let writer = Arc::clone(&slot.writer).lock_owned().await;
+            // A delete that held the lock first took this slot out of the map: the next lookup is new.
+            if !matches!(*writer, Writer::Deleted) {
+                break (slot, writer);
+            }
+        };
         if self.store.is_none() {
             return slot.commit(writer, session, expected_last_seq, events);
         }
@@ -165,6 +173,10 @@ impl SessionLog for EmbeddedLog {
         Ok(tail::follow(&slot, after_seq))
     }
 
+    async fn delete(&self, session: &SessionRef) -> Result<u64, JournalError> {
+        delete_slot(self, session).await
+    }
+
     async fn list_sessions(
         &self,
         tenant: Option<&str>,
@@ -182,6 +194,37 @@ impl SessionLog for EmbeddedLog {
             .map(|(s, _)| s.clone())
             .collect())
     }
+}
+
+/// [`SessionLog::delete`]: under the slot's writer lock, the file goes first (durably), then the slot
+/// leaves the map, so no append can land in between and a new append after it starts a new slot (and
+/// file). Tails of the old slot end once the last handle on it drops.
+async fn delete_slot(log: &EmbeddedLog, session: &SessionRef) -> Result<u64, JournalError> {
+    let Some(slot) = log.find(session) else { return Ok(0) };
+    let mut writer = Arc::clone(&slot.writer).lock_owned().await;
+    if matches!(*writer, Writer::Deleted) {
+        return Ok(0);
+    }
+    let last = slot.last_seq();
+    if let Writer::Disk(_) = &*writer {
+        writer = tokio::task::spawn_blocking(move || {
+            if let Writer::Disk(file) = &mut *writer {
+                file.remove()?;
+            }
+            Ok::<_, JournalError>(writer)
+        })
+        .await
+        .map_err(|e| JournalError::Unavailable(format!("the delete task did not finish ({e}); delete again")))??;
+    }
+    *writer = Writer::Deleted;
+    {
+        let mut sessions = write_lock(&log.sessions);
+        if sessions.get(session).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+            sessions.remove(session);
+        }
+    }
+    write_lock(&slot.events).clear();
+    Ok(last)
 }
 
 // The critical sections under these locks are plain pushes, clones and lookups that cannot leave the data

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use async_nats::jetstream::stream::{Config as StreamConfig, StorageType};
+use async_nats::jetstream::stream::{Config as StreamConfig, DiscardPolicy, StorageType};
 
 use super::subjects;
 use crate::log::JournalError;
@@ -27,6 +27,20 @@ pub struct JetStreamConfig {
     pub request_timeout: Duration,
     /// How the NATS connection authenticates and is encrypted (`--nats-creds`, `--nats-ca`, …).
     pub security: NatsSecurity,
+    /// Limits the server enforces on each event stream (`[journal] max_age_ms`, `max_bytes`).
+    pub retention: Retention,
+}
+
+/// Retention limits of the event streams (decision 0027). Not part of the layout: an existing stream
+/// whose limits differ is updated to these at start-up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Events older than this are removed by the server (whole sessions that were idle that long, and the
+    /// oldest events of longer-lived ones).
+    pub max_age: Option<Duration>,
+    /// Bytes a stream may hold; with it set, the stream refuses new messages when full (discard new), so
+    /// nothing acknowledged is ever dropped to make room.
+    pub max_bytes: Option<u64>,
 }
 
 /// Credentials and TLS of the NATS connection; all optional (a plain `nats://` server needs none).
@@ -59,6 +73,7 @@ impl JetStreamConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
             security: NatsSecurity::default(),
+            retention: Retention::default(),
         }
     }
 
@@ -89,9 +104,39 @@ impl JetStreamConfig {
             // Multi-event appends are atomic batches; reads and `last_seq` may use direct gets.
             allow_atomic_publish: true,
             allow_direct: true,
+            max_age: self.retention.max_age.unwrap_or_default(),
+            max_bytes: self.retention.max_bytes.and_then(|b| i64::try_from(b).ok()).unwrap_or(-1),
+            // Full means refuse: dropping the oldest events would cut sessions' logs from the front.
+            discard: DiscardPolicy::New,
             ..Default::default()
         }
     }
+}
+
+/// Brings an existing stream's retention limits to the configured ones (they are operational settings,
+/// not layout: changing them must not need a new stream).
+async fn update_retention(
+    js: &jetstream::Context,
+    want: &StreamConfig,
+    have: StreamConfig,
+) -> Result<(), JournalError> {
+    if have.max_age == want.max_age && have.max_bytes == want.max_bytes && have.discard == want.discard {
+        return Ok(());
+    }
+    let name = want.name.clone();
+    tracing::info!(
+        stream = %name,
+        max_age_ms = want.max_age.as_millis() as u64,
+        max_bytes = want.max_bytes,
+        "updating the event stream's retention limits"
+    );
+    let updated = StreamConfig { max_age: want.max_age, max_bytes: want.max_bytes, discard: want.discard, ..have };
+    js.update_stream(updated).await.map_err(|e| {
+        JournalError::Storage(format!(
+            "cannot set the retention limits of JetStream stream {name} ([journal] max_age_ms, max_bytes): {e}"
+        ))
+    })?;
+    Ok(())
 }
 
 /// Creates partition `p`'s stream, or checks that the existing one has the layout this config expects.
@@ -107,6 +152,7 @@ pub(super) async fn ensure_stream(
         Ok(mut stream) => {
             let info = stream.info().await.map_err(|e| unavailable(&name, e))?;
             verify(&want, &info.config)?;
+            update_retention(js, &want, info.config.clone()).await?;
             Ok(stream)
         }
         Err(e) if is_not_found(&e) => match js.create_stream(want.clone()).await {

@@ -130,7 +130,7 @@ impl JetStreamLog {
         subjects::partition_of(subjects::shard_of(session, self.config.shards), self.config.partitions)
     }
 
-    fn locate(&self, session: &SessionRef) -> (&Stream, String) {
+    pub(super) fn locate(&self, session: &SessionRef) -> (&Stream, String) {
         let p = self.partition(session);
         // `validate` made partitions ≥ 1 and `connect` opened one stream per partition; partition_of is
         // below partitions, so the index is in range.
@@ -150,7 +150,7 @@ impl JetStreamLog {
         cache.insert(session.clone(), last);
     }
 
-    fn forget(&self, session: &SessionRef) {
+    pub(super) fn forget(&self, session: &SessionRef) {
         lock(&self.last.0).remove(session);
     }
 
@@ -457,6 +457,10 @@ impl SessionLog for JetStreamLog {
 
     async fn tail(&self, session: &SessionRef, after_seq: u64) -> Result<EventStream, JournalError> {
         tail::follow(self, session, after_seq).await
+    }
+
+    async fn delete(&self, session: &SessionRef) -> Result<u64, JournalError> {
+        super::delete::purge_session(self, session).await
     }
 
     async fn list_sessions(

@@ -32,6 +32,7 @@
 
 mod bus;
 mod config;
+mod delete;
 mod log;
 mod snapshots;
 pub mod subjects;
@@ -40,7 +41,7 @@ mod tail;
 use std::time::Duration;
 
 pub use bus::{NatsBus, barrier};
-pub use config::{JetStreamConfig, NatsSecurity};
+pub use config::{JetStreamConfig, NatsSecurity, Retention};
 pub use log::{JetStreamLog, MAX_BATCH, Positions};
 pub use snapshots::{KvSnapshots, SNAPSHOT_BUCKET};
 

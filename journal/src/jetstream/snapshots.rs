@@ -98,6 +98,15 @@ impl SnapshotStore for KvSnapshots {
         Ok(())
     }
 
+    async fn delete(&self, session: &SessionRef) -> Result<(), JournalError> {
+        // Purge, not delete: a delete marker would keep the key's last value in the bucket's history.
+        // The full snapshot first, so an interruption leaves at most a read snapshot, which a reader
+        // whose log no longer reaches its seq or position ignores.
+        self.store.purge(key(session)).await.map_err(unavailable)?;
+        self.store.purge(read_key(session)).await.map_err(unavailable)?;
+        Ok(())
+    }
+
     async fn load_for_reads(&self, session: &SessionRef) -> Result<Option<Snapshot>, JournalError> {
         let bytes = self.store.get(read_key(session)).await.map_err(unavailable)?;
         match bytes.and_then(|b| Snapshot::decode_any(session, &b)) {

@@ -35,6 +35,7 @@ macro_rules! contract_suite {
             tail_of_a_session_without_events,
             tail_with_concurrent_appends,
             list_sessions_order_filter_and_cursor,
+            delete_removes_the_log_and_frees_the_name,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -291,4 +292,40 @@ pub async fn list_sessions_order_filter_and_cursor(log: Arc<dyn SessionLog>) {
     assert_eq!(log.list_sessions(Some("beta"), Some(&session("alpha", "zz")), 10).await.unwrap(), everything[3..5]);
     assert!(log.list_sessions(Some("alpha"), Some(&session("alpha", "z")), 10).await.unwrap().is_empty());
     assert!(log.list_sessions(None, None, 0).await.unwrap().is_empty());
+}
+
+pub async fn delete_removes_the_log_and_frees_the_name(log: Arc<dyn SessionLog>) {
+    let s = session("acme", "doomed");
+    let kept = session("acme", "kept");
+    log.append(&s, 0, &batch(&s, 1, 3, "old")).await.unwrap();
+    log.append(&s, 3, &batch(&s, 4, 2, "old")).await.unwrap();
+    log.append(&kept, 0, &batch(&kept, 1, 2, "k")).await.unwrap();
+    let mut old_tail = log.tail(&s, 0).await.unwrap();
+    assert_eq!(seqs_until(&mut old_tail, 5).await, vec![1, 2, 3, 4, 5]);
+
+    assert_eq!(log.delete(&s).await.unwrap(), 5, "delete answers the seq the log had");
+    assert_eq!(log.last_seq(&s).await.unwrap(), 0);
+    assert!(log.read(&s, 1, 100).await.unwrap().is_empty());
+    assert_eq!(log.read_after(&s, 3, None).await.unwrap(), None, "a read past the new end says reset");
+    assert_eq!(log.list_sessions(Some("acme"), None, 10).await.unwrap(), vec![kept.clone()]);
+    // Deleting what has no events removes nothing and says so.
+    assert_eq!(log.delete(&s).await.unwrap(), 0);
+    assert_eq!(log.delete(&session("acme", "never")).await.unwrap(), 0);
+    // The writer of the old log is refused: its expected seq is gone.
+    assert!(matches!(log.append(&s, 5, &batch(&s, 6, 1, "old")).await, Err(JournalError::Conflict { actual: 0, .. })));
+
+    // The name is free: a new log starts at seq 1 and holds only its own events.
+    let fresh = batch(&s, 1, 2, "new");
+    assert_eq!(log.append(&s, 0, &fresh).await.unwrap(), 2);
+    assert_eq!(read_all(&*log, &s, 1).await.unwrap(), fresh);
+    let mut new_tail = log.tail(&s, 0).await.unwrap();
+    let first = next(&mut new_tail).await;
+    assert_eq!(first, fresh[0], "a new tail sees the new log only");
+    // The other session is untouched.
+    assert_eq!(read_all(&*log, &kept, 1).await.unwrap(), batch(&kept, 1, 2, "k"));
+    // The old tail never delivers the old log again: it ends, or it goes on with the new log only.
+    // (An error item is an end too: the JetStream tail reports the jump back to seq 1 as one.)
+    if let Ok(Some(Ok(event))) = tokio::time::timeout(Duration::from_millis(0), old_tail.next()).await {
+        assert!(fresh.contains(&event), "an old tail delivered {event:?} after the delete");
+    }
 }

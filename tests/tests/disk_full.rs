@@ -1,0 +1,69 @@
+//! JetStream out of space (issue 14): `turnstile dev --nats` on a nats-server with a tiny
+//! `max_file_store`. Followups of large messages are accepted until the store is full; then a write
+//! answers UNAVAILABLE saying the journal is out of space, every acknowledged message is still in its
+//! session's log, and once `DeleteSession` frees room the refused followup, retried with the same
+//! MessageId, is accepted and every session goes idle by itself.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use tonic::Code;
+use turnstile_tests::v1::SessionStatus;
+use turnstile_tests::{DevOptions, DevServer, NatsServer, Session, user_msg};
+
+/// Each followup stores its text about three times (the insert splice, the user/message and the echo).
+const TEXT_BYTES: usize = 96 * 1024;
+
+#[tokio::test]
+async fn a_full_journal_refuses_writes_keeps_what_it_acknowledged_and_resumes_after_deletes() {
+    let nats = NatsServer::start_with_config("jetstream { max_file_store: 2MB }\n").await.unwrap();
+    let mut server = DevServer::start_with(DevOptions::nats(nats.url())).await.unwrap();
+    server.own_nats(nats);
+    let text = "x".repeat(TEXT_BYTES);
+
+    // Fill: one session per followup, each waited on, until a write is refused.
+    let mut accepted: Vec<(Session, String)> = Vec::new();
+    let mut refused = None;
+    for i in 0..64 {
+        let session = server.session();
+        let id = format!("m-{i}");
+        match session.followup(user_msg(&id, &text)).await {
+            Ok(_) => {
+                // The turn's own appends may hit the limit; then the session stays running until room.
+                let _ = session.when_idle().await;
+                accepted.push((session, id));
+            }
+            Err(status) => {
+                refused = Some((session, id, status));
+                break;
+            }
+        }
+    }
+    let (stuck, stuck_id, status) = refused.expect("a 2 MB store filled up");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("the journal is out of space"), "{}", status.message());
+    assert!(status.message().contains("retry with the same message id"), "{}", status.message());
+    assert!(accepted.len() >= 2, "the store held a few followups first ({} did)", accepted.len());
+    println!("accepted {} followups of {TEXT_BYTES} bytes before: {}", accepted.len(), status.message());
+
+    // Nothing acknowledged is lost: every accepted MessageId is in its session's durable log.
+    for (session, id) in &accepted {
+        let (events, _) = session.replay(0).await.unwrap();
+        assert!(format!("{events:?}").contains(&format!("id: \"{id}\"")), "{id} is in its log");
+    }
+
+    // Room comes back by deleting the sessions that finished; the refused followup, retried, is accepted.
+    let mut kept = Vec::new();
+    for (session, id) in accepted {
+        if session.info().await.unwrap().status == SessionStatus::Idle as i32 {
+            session.delete().await.unwrap();
+        } else {
+            kept.push((session, id));
+        }
+    }
+    let reply = stuck.followup(user_msg(&stuck_id, &text)).await.unwrap();
+    assert_eq!(reply.turn, Some(1));
+    // Every session left, including any whose turn hit the limit midway, finishes by itself.
+    for (session, _) in kept.iter().chain(std::iter::once(&(stuck, stuck_id))) {
+        let info = session.when_idle().await.unwrap();
+        assert_eq!(info.status, SessionStatus::Idle as i32);
+    }
+}

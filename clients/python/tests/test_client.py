@@ -191,6 +191,37 @@ class Scenarios(DevCase):
                 await c.queue(s, "other", id="msg-a")
             self.assertEqual(e.exception.code, grpc.StatusCode.ALREADY_EXISTS)
 
+    async def test_compact_fork_reference_and_delete(self):
+        async with AsyncClient(self.dev.address) as c:
+            s, fork, other = new_id(), new_id(), new_id()
+            for text in ("one", "two"):
+                await c.followup(s, text)
+                await c.when_idle(s)
+            await c.compact(s)
+            kinds = [e.WhichOneof("payload") for e in await replay(c, s)]
+            self.assertEqual(kinds.count("context_compacted"), 1, "Compact wrote one context/compacted")
+            info = await c.fork_session(s, 1, fork)
+            self.assertEqual(info.session.id, fork)
+            first = (await replay(c, fork))[0]
+            self.assertEqual(first.WhichOneof("payload"), "session_forked")
+            self.assertEqual(first.session_forked.at_turn, 1)
+            with self.assertRaises(TurnstileError) as e:
+                await c.fork_session(s, 1, fork)
+            self.assertEqual(e.exception.code, grpc.StatusCode.ALREADY_EXISTS, "the fork exists now")
+            await c.reference_session(other, s, upto_turn=1, id="ref-1")
+            inbox = await c.get_inbox(other)
+            self.assertEqual([m.id for m in inbox.next_step], ["ref-1"])
+            self.assertEqual(inbox.next_step[0].source.WhichOneof("kind"), "session")
+            self.assertIn("one", text_of(inbox.next_step[0]), "the reference carries turn 1's transcript")
+            last = (await c.get_session(s)).last_seq
+            deleted = await c.delete_session(s)
+            self.assertEqual(deleted.seq, last, "a delete answers the last seq the log had")
+            with self.assertRaises(TurnstileError) as e:
+                await c.get_session(s)
+            self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
+            self.assertEqual((await replay(c, fork))[0].WhichOneof("payload"), "session_forked",
+                             "the fork outlives its deleted source")
+
     async def test_steer_interrupt_and_cancel_a_running_turn(self):
         async with AsyncClient(self.dev.address) as c:
             s = new_id()

@@ -357,6 +357,36 @@ class AsyncClient:
         request = api.UpdateGoalRequest(session=self.ref(session), goal_id=goal_id, action=action)
         return await self._unary("UpdateGoal", request, retry=False)
 
+    # --- history operations (SPEC §13) and deletion (§12) --------------------------------------------------
+
+    async def compact(self, session: SessionLike) -> api.EditReply:
+        """Summarizes the session's finished turns not yet summarized (durable ``context/compacted``); only
+        while idle. Nothing to summarize writes nothing and answers the last seq."""
+        return await self._unary("Compact", api.CompactRequest(session=self.ref(session)), retry=False)
+
+    async def fork_session(self, session: SessionLike, at_turn: int, new_session: str) -> api.SessionInfo:
+        """Creates ``new_session`` (same tenant) from ``session``'s transcript through the end of ``at_turn``.
+        Not retried: a repeat of a fork that landed answers ALREADY_EXISTS."""
+        request = api.ForkSessionRequest(session=self.ref(session), at_turn=at_turn, new_session=new_session)
+        return await self._unary("ForkSession", request, retry=False)
+
+    async def reference_session(
+        self, session: SessionLike, from_session: SessionLike, *, upto_turn: int | None = None, id: str | None = None
+    ) -> api.SendReply:
+        """Injects ``from_session``'s transcript (through ``upto_turn``, or all of it) into ``session`` as one
+        message with a ``session`` source. A delivery: retried on UNAVAILABLE with the same MessageId."""
+        request = api.ReferenceSessionRequest(
+            session=self.ref(session), from_session=self.ref(from_session), message_id=id or str(uuid.uuid4())
+        )
+        if upto_turn is not None:
+            request.upto_turn = upto_turn
+        return await self._unary("ReferenceSession", request, retry=True)
+
+    async def delete_session(self, session: SessionLike) -> api.EditReply:
+        """Cancels a running turn (cause ``disposed``), then removes the session's log, snapshots and dedup
+        state; the id may be used again. Not retried: a repeat of a delete that landed answers NOT_FOUND."""
+        return await self._unary("DeleteSession", api.DeleteSessionRequest(session=self.ref(session)), retry=False)
+
     # --- reads (retried) --------------------------------------------------------------------------------
 
     async def get_inbox(self, session: SessionLike) -> api.InboxSnapshot:

@@ -15,7 +15,8 @@ from ._tools import Tools
 # The AsyncClient coroutine methods the blocking client offers with the same signature and reply.
 _CALLS = (
     "send followup queue steer inject interrupt cancel replace remove splice clear configure_session decide "
-    "set_goal update_goal get_inbox get_session when_idle list_sessions"
+    "set_goal update_goal compact fork_session reference_session delete_session get_inbox get_session when_idle "
+    "list_sessions"
 ).split()
 
 

@@ -1,5 +1,9 @@
-//! `turnstile-bench`: idle-followup latency through the gateway against one raw JetStream append, and
-//! sustained followups per second over many sessions, against `turnstile dev --nats` on loopback.
+//! `turnstile-bench`: idle-followup latency through the gateway against one raw JetStream append, raw
+//! JetStream async publishes per second (the ceiling), sustained followups and events per second over many
+//! sessions, and the memory per idle loaded session, against `turnstile dev --nats` on loopback. `--json`
+//! prints one object whose top-level keys are the headline figures beside their anchors
+//! (`followup_p50_ms`, `raw_publish_ack_p50_ms`, `followups_per_s`, `raw_async_publish_per_s`,
+//! `events_per_s`, `idle_session_bytes`, and their ratios).
 //!
 //! The run starts a nats-server with the harness (`turnstile_tests::nats::NatsServer`) unless `--nats URL`
 //! names one on loopback, starts the release `turnstile dev --nats URL --listen 127.0.0.1:<free port>`,

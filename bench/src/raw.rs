@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, stream::StorageType};
+use async_nats::jetstream;
 use serde::Serialize;
 
 #[derive(Clone, Debug)]
@@ -29,19 +29,7 @@ pub struct RawReport {
 }
 
 pub async fn run(client: async_nats::Client, run_id: &str, opts: &RawOpts) -> Result<RawReport> {
-    let mut js = jetstream::new(client);
-    js.set_timeout(Duration::from_secs(30));
-    let name = format!("TURNSTILE_BENCH_ASYNC_{run_id}");
-    let prefix = format!("bench.async.{run_id}");
-    js.create_stream(jetstream::stream::Config {
-        name: name.clone(),
-        subjects: vec![format!("{prefix}.>")],
-        storage: StorageType::File,
-        num_replicas: 1,
-        ..Default::default()
-    })
-    .await
-    .with_context(|| format!("creating the scratch stream {name}"))?;
+    let (js, name, prefix) = crate::latency::scratch_stream(client, "ASYNC", run_id).await?;
     let result = publish(&js, &prefix, opts).await;
     if let Err(e) = js.delete_stream(&name).await {
         eprintln!("warning: could not delete the scratch stream {name}: {e}");

@@ -76,6 +76,9 @@ fn idle_followup_claims_before_replying() {
     assert_eq!(d.state().last_seq, 10);
 }
 
+/// The events one input writes are one group; an operation the driver starts (here the model request)
+/// ends it: `step/start` + its `user/message` are one group, the step's end + `turn/end` + idle status
+/// the next.
 #[test]
 fn a_step_start_and_its_user_messages_are_one_append_group() {
     let mut d = driver();
@@ -89,45 +92,23 @@ fn a_step_start_and_its_user_messages_are_one_append_group() {
         panic!("no pre-step")
     };
     d.on_pre_step(p.op, PreStepOutcome::Decided(PreStepDecision::Enter(p.messages)), 6);
-    let groups: Vec<Vec<&'static str>> = d
-        .ready()
-        .iter()
-        .filter_map(|e| match e {
-            Effect::Append(g) => Some(g.events().iter().map(|e| e.event_type()).collect()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(groups, [vec!["step/start", "user/message"]]);
-}
-
-/// The events one input writes are one group; an operation the driver starts (here the model request)
-/// ends it, so `step/start` + `user/message` and the step's end + `turn/end` + idle status are two groups.
-#[test]
-fn the_events_of_one_input_are_one_append_group() {
-    let mut d = driver();
-    let msg = UserMessage::user_text("A", "hello");
-    d.on_command(
-        1,
-        Command::Send { message: msg, target: Target::NextTurn, wakeup: true, expected_turn: None, deadline: None },
-        5,
-    );
-    let Some(Effect::PreStep(p)) = d.ready().into_iter().find(|e| matches!(e, Effect::PreStep(_))) else {
-        panic!("no pre-step")
+    let groups = |effects: &[Effect]| -> Vec<(u64, Vec<&'static str>)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Append(g) => Some((g.expected_last_seq(), g.events().iter().map(|e| e.event_type()).collect())),
+                _ => None,
+            })
+            .collect()
     };
-    d.on_pre_step(p.op, PreStepOutcome::Decided(PreStepDecision::Enter(p.messages)), 6);
-    let Some(Effect::Model(m)) = d.ready().into_iter().find(|e| matches!(e, Effect::Model(_))) else {
+    let effects = d.ready();
+    assert_eq!(groups(&effects), [(4, vec!["step/start", "user/message"])]);
+    let Some(Effect::Model(m)) = effects.into_iter().find(|e| matches!(e, Effect::Model(_))) else {
         panic!("no model request")
     };
     d.on_model_done(m.op, ModelOutcome::Finished(ModelOutput::text("hi")), 8);
     let effects = d.ready();
-    let groups: Vec<(u64, Vec<&'static str>)> = effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::Append(g) => Some((g.expected_last_seq(), g.events().iter().map(|e| e.event_type()).collect())),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(groups, [(6, vec!["assistant/message", "step/end", "turn/end", "agent/status"])]);
+    assert_eq!(groups(&effects), [(6, vec!["assistant/message", "step/end", "turn/end", "agent/status"])]);
     // The live idle status still names the seq of its durable event.
     let after: Vec<u64> = effects
         .iter()

@@ -74,6 +74,29 @@ fn splice_event(session: &pb::SessionRef, message: pb::UserMessage) -> pb::Sessi
     }
 }
 
+/// Creates a scratch stream `TURNSTILE_BENCH_<kind>_<run>` beside the event streams, with the same storage
+/// (file, R1), on subjects `bench.<kind>.<run>.>`: its context, name and subject prefix.
+pub async fn scratch_stream(
+    client: async_nats::Client,
+    kind: &str,
+    run: &str,
+) -> Result<(jetstream::Context, String, String)> {
+    let mut js = jetstream::new(client);
+    js.set_timeout(Duration::from_secs(30));
+    let name = format!("TURNSTILE_BENCH_{kind}_{run}");
+    let prefix = format!("bench.{}.{run}", kind.to_lowercase());
+    js.create_stream(jetstream::stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{prefix}.>")],
+        storage: StorageType::File,
+        num_replicas: 1,
+        ..Default::default()
+    })
+    .await
+    .with_context(|| format!("creating the scratch stream {name}"))?;
+    Ok((js, name, prefix))
+}
+
 /// A scratch stream beside the event streams, with the same storage (file, R1), removed at the end.
 struct RawStream {
     js: jetstream::Context,
@@ -83,19 +106,7 @@ struct RawStream {
 
 impl RawStream {
     async fn create(client: async_nats::Client, run: &str) -> Result<Self> {
-        let mut js = jetstream::new(client);
-        js.set_timeout(Duration::from_secs(10));
-        let name = format!("TURNSTILE_BENCH_RAW_{run}");
-        let prefix = format!("bench.raw.{run}");
-        js.create_stream(jetstream::stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{prefix}.>")],
-            storage: StorageType::File,
-            num_replicas: 1,
-            ..Default::default()
-        })
-        .await
-        .with_context(|| format!("creating the scratch stream {name}"))?;
+        let (js, name, prefix) = scratch_stream(client, "RAW", run).await?;
         Ok(Self { js, name, prefix })
     }
 

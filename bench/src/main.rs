@@ -1,5 +1,9 @@
-//! `turnstile-bench`: idle-followup latency through the gateway against one raw JetStream append, and
-//! sustained followups per second over many sessions, against `turnstile dev --nats` on loopback.
+//! `turnstile-bench`: idle-followup latency through the gateway against one raw JetStream append, raw
+//! JetStream async publishes per second (the ceiling), sustained followups and events per second over many
+//! sessions, and the memory per idle loaded session, against `turnstile dev --nats` on loopback. `--json`
+//! prints one object whose top-level keys are the headline figures beside their anchors
+//! (`followup_p50_ms`, `raw_publish_ack_p50_ms`, `followups_per_s`, `raw_async_publish_per_s`,
+//! `events_per_s`, `idle_session_bytes`, and their ratios).
 //!
 //! The run starts a nats-server with the harness (`turnstile_tests::nats::NatsServer`) unless `--nats URL`
 //! names one on loopback, starts the release `turnstile dev --nats URL --listen 127.0.0.1:<free port>`,
@@ -15,8 +19,10 @@
 
 mod failover;
 mod hooks;
+mod idle;
 mod latency;
 mod model;
+mod raw;
 mod reads;
 mod servers;
 mod stats;
@@ -74,6 +80,24 @@ struct Args {
     /// Skip the throughput phase.
     #[arg(long)]
     skip_throughput: bool,
+    /// Messages of the raw async publish phase (the ceiling: many acks in flight).
+    #[arg(long, default_value_t = 20_000)]
+    raw_count: usize,
+    /// Acks in flight at most in the raw async publish phase.
+    #[arg(long, default_value_t = 256)]
+    raw_window: usize,
+    /// Body bytes of each raw async publish (about an idle followup's first append group).
+    #[arg(long, default_value_t = 400)]
+    raw_body_bytes: usize,
+    /// Skip the raw async publish phase.
+    #[arg(long)]
+    skip_raw: bool,
+    /// Fresh sessions given one queued message each, for the memory per idle loaded session.
+    #[arg(long, default_value_t = 10_000)]
+    idle_sessions: usize,
+    /// Skip the idle-sessions phase.
+    #[arg(long)]
+    skip_idle: bool,
     /// One JSON object on stdout instead of Markdown.
     #[arg(long)]
     json: bool,
@@ -108,11 +132,60 @@ struct Machine {
     nats_started_by_bench: bool,
 }
 
+/// The headline figures, each beside its anchor from the same run (issue 11 part 5); null when the phase
+/// was skipped.
+#[derive(Debug, Default, Serialize)]
+struct Summary {
+    followup_p50_ms: Option<f64>,
+    raw_publish_ack_p50_ms: Option<f64>,
+    /// followup_p50_ms / raw_publish_ack_p50_ms.
+    followup_to_raw_p50: Option<f64>,
+    followups_per_s: Option<f64>,
+    raw_async_publish_per_s: Option<f64>,
+    events_per_s: Option<f64>,
+    /// events_per_s / raw_async_publish_per_s.
+    events_to_raw_async: Option<f64>,
+    idle_session_bytes: Option<f64>,
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
+    #[serde(flatten)]
+    summary: Summary,
     machine: Machine,
     latency: Option<LatencyReport>,
     throughput: Option<ThroughputReport>,
+    raw_async: Option<raw::RawReport>,
+    idle: Option<idle::IdleReport>,
+}
+
+impl Summary {
+    fn of(phases: &Phases) -> Self {
+        let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b.filter(|b| *b > 0.0)?);
+        let followup_p50_ms = phases.latency.as_ref().map(|l| l.followup.p50_ms);
+        let raw_publish_ack_p50_ms = phases.latency.as_ref().map(|l| l.raw.p50_ms);
+        let events_per_s = phases.throughput.as_ref().map(|t| t.events_per_s);
+        let raw_async_publish_per_s = phases.raw_async.as_ref().map(|r| r.publishes_per_s);
+        Self {
+            followup_p50_ms,
+            raw_publish_ack_p50_ms,
+            followup_to_raw_p50: ratio(followup_p50_ms, raw_publish_ack_p50_ms),
+            followups_per_s: phases.throughput.as_ref().map(|t| t.followups_per_s),
+            raw_async_publish_per_s,
+            events_per_s,
+            events_to_raw_async: ratio(events_per_s, raw_async_publish_per_s),
+            idle_session_bytes: phases.idle.as_ref().map(|i| i.bytes_per_session),
+        }
+    }
+}
+
+/// What the phases of the default mode measured.
+#[derive(Default)]
+struct Phases {
+    latency: Option<LatencyReport>,
+    throughput: Option<ThroughputReport>,
+    raw_async: Option<raw::RawReport>,
+    idle: Option<idle::IdleReport>,
 }
 
 pub(crate) fn cpu_model() -> String {
@@ -166,8 +239,15 @@ async fn main() -> Result<()> {
     }
     dev.stop().await;
     drop(nats);
-    let (latency, throughput) = outcome?;
-    let report = Report { machine, latency, throughput };
+    let phases = outcome?;
+    let report = Report {
+        summary: Summary::of(&phases),
+        machine,
+        latency: phases.latency,
+        throughput: phases.throughput,
+        raw_async: phases.raw_async,
+        idle: phases.idle,
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -179,12 +259,7 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-async fn measure(
-    args: &Args,
-    dev: &servers::Dev,
-    nats: async_nats::Client,
-    run_id: &str,
-) -> Result<(Option<LatencyReport>, Option<ThroughputReport>)> {
+async fn measure(args: &Args, dev: &servers::Dev, nats: async_nats::Client, run_id: &str) -> Result<Phases> {
     let latency = if args.skip_latency {
         None
     } else {
@@ -195,7 +270,14 @@ async fn measure(
             max_time: Duration::from_secs(600),
         };
         eprintln!("latency: {} rounds + {} warm-up ...", opts.iterations, opts.warmup);
-        Some(latency::run(dev.channel(), nats, run_id, &opts).await?)
+        Some(latency::run(dev.channel(), nats.clone(), run_id, &opts).await?)
+    };
+    let raw_async = if args.skip_raw {
+        None
+    } else {
+        let opts = raw::RawOpts { count: args.raw_count, window: args.raw_window, body_bytes: args.raw_body_bytes };
+        eprintln!("raw async publish: {} messages, {} acks in flight ...", opts.count, opts.window);
+        Some(raw::run(nats, run_id, &opts).await?)
     };
     let throughput = if args.skip_throughput {
         None
@@ -211,7 +293,14 @@ async fn measure(
         eprintln!("throughput: {} clients over {} sessions for {:?} ...", opts.clients, opts.sessions, opts.duration);
         Some(throughput::run(&dev.url(), run_id, &opts).await?)
     };
-    Ok((latency, throughput))
+    let idle = match (args.skip_idle, dev.pid()) {
+        (false, Some(pid)) => {
+            eprintln!("idle sessions: {} with one queued message each ...", args.idle_sessions);
+            Some(idle::run(&dev.url(), pid, run_id, args.idle_sessions, args.clients).await?)
+        }
+        _ => None,
+    };
+    Ok(Phases { latency, throughput, raw_async, idle })
 }
 
 fn markdown(report: &Report, args: &Args) -> String {
@@ -270,6 +359,44 @@ fn markdown(report: &Report, args: &Args) -> String {
         if t.drain_errors > 0 {
             let _ = writeln!(out, "\n{} sessions did not become idle within the drain timeout", t.drain_errors);
         }
+        let _ = writeln!(out, "\n{} durable events, {:.0} events/s (load and drain)\n", t.events, t.events_per_s);
     }
+    if let Some(r) = &report.raw_async {
+        let _ = writeln!(
+            out,
+            "### Raw JetStream async publish (the ceiling: {} messages of {} B, {} acks in flight)\n\n\
+             {:.0} publishes/s ({:.2} s)\n",
+            r.count, r.body_bytes, r.window, r.publishes_per_s, r.elapsed_s
+        );
+    }
+    if let Some(i) = &report.idle {
+        let _ = writeln!(
+            out,
+            "### Idle loaded sessions ({} with one queued message each)\n\n\
+             RSS {} → {} bytes: {:.0} bytes per session ({:.1} s to load)\n",
+            i.sessions, i.rss_before_bytes, i.rss_after_bytes, i.bytes_per_session, i.elapsed_s
+        );
+    }
+    let sum = &report.summary;
+    let _ = writeln!(out, "### Summary (each figure beside its anchor, same run)\n");
+    let _ = writeln!(out, "| figure | value | anchor | ratio |");
+    let _ = writeln!(out, "|---|---:|---:|---:|");
+    let f = |v: Option<f64>| v.map_or_else(|| "—".to_owned(), |v| format!("{v:.3}"));
+    let _ = writeln!(
+        out,
+        "| idle followup p50 ms vs raw publish-ack p50 ms | {} | {} | {}× |",
+        f(sum.followup_p50_ms),
+        f(sum.raw_publish_ack_p50_ms),
+        f(sum.followup_to_raw_p50)
+    );
+    let _ = writeln!(
+        out,
+        "| events/s vs raw async publish/s | {} | {} | {} |",
+        f(sum.events_per_s),
+        f(sum.raw_async_publish_per_s),
+        f(sum.events_to_raw_async)
+    );
+    let _ = writeln!(out, "| followups/s | {} | | |", f(sum.followups_per_s));
+    let _ = writeln!(out, "| bytes per idle loaded session | {} | | |", f(sum.idle_session_bytes));
     out
 }

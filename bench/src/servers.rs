@@ -126,6 +126,11 @@ impl Dev {
         self.process.log_tail()
     }
 
+    /// The process id, while it runs (for its resident set).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
     pub async fn stop(mut self) {
         self.process.stop(Duration::from_secs(10)).await;
     }

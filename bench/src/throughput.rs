@@ -41,6 +41,10 @@ pub struct ThroughputReport {
     /// Time after the load until every session was idle again.
     pub drain_s: f64,
     pub drain_errors: usize,
+    /// Durable events the load wrote (the sessions' last seqs once idle: 10 per followup that ran a turn).
+    pub events: u64,
+    /// `events` over the load and its drain.
+    pub events_per_s: f64,
 }
 
 #[derive(Default)]
@@ -104,7 +108,7 @@ pub async fn run(gateway_url: &str, run_id: &str, opts: &ThroughputOpts) -> Resu
         }
     }
     let elapsed = started.elapsed();
-    let (drain, drain_errors) = drain(gateway_url, &sessions, opts).await?;
+    let (drain, drain_errors, events) = drain(gateway_url, &sessions, opts).await?;
     let accepted = all.latencies.len();
     let errors = all.errors.values().sum();
     Ok(ThroughputReport {
@@ -119,15 +123,18 @@ pub async fn run(gateway_url: &str, run_id: &str, opts: &ThroughputOpts) -> Resu
         latency: Percentiles::of(&all.latencies),
         drain_s: drain.as_secs_f64(),
         drain_errors,
+        events,
+        events_per_s: events as f64 / (elapsed + drain).as_secs_f64(),
     })
 }
 
-/// `WhenIdle` on every session, a few at a time: the load is over only when its turns are.
+/// `WhenIdle` on every session, a few at a time: the load is over only when its turns are. Returns the time
+/// it took, the sessions that did not become idle and the sum of the sessions' last seqs.
 async fn drain(
     gateway_url: &str,
     sessions: &Arc<Vec<pb::SessionRef>>,
     opts: &ThroughputOpts,
-) -> Result<(Duration, usize)> {
+) -> Result<(Duration, usize, u64)> {
     let started = Instant::now();
     let next = Arc::new(AtomicUsize::new(0));
     let timeout_ms = u64::try_from(opts.drain_timeout.as_millis()).unwrap_or(u64::MAX);
@@ -136,24 +143,26 @@ async fn drain(
         let mut client = servers::connect(gateway_url).await?;
         let (sessions, next) = (sessions.clone(), next.clone());
         tasks.push(tokio::spawn(async move {
-            let mut errors = 0;
+            let (mut errors, mut events) = (0, 0);
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(session) = sessions.get(i) else { break };
                 let request = pb::WhenIdleRequest { session: Some(session.clone()), timeout_ms };
-                if let Err(status) = client.when_idle(request).await {
+                match client.when_idle(request).await {
+                    Ok(info) => events += info.get_ref().last_seq,
                     // A session the load never reached has no events: NOT_FOUND is idle enough.
-                    if status.code() != tonic::Code::NotFound {
-                        errors += 1;
-                    }
+                    Err(status) if status.code() == tonic::Code::NotFound => {}
+                    Err(_) => errors += 1,
                 }
             }
-            errors
+            (errors, events)
         }));
     }
-    let mut errors = 0;
+    let (mut errors, mut events) = (0, 0);
     for task in tasks {
-        errors += task.await?;
+        let (e, n) = task.await?;
+        errors += e;
+        events += n;
     }
-    Ok((started.elapsed(), errors))
+    Ok((started.elapsed(), errors, events))
 }

@@ -1,6 +1,7 @@
 //! Checks what docs/SUBJECTS.md tells observers: the worked partition example (computed by the journal's
 //! own functions) and, on a real nats-server with `turnstile dev --nats`, the stored messages of one idle
-//! followup (subject, headers, protobuf body) and the live subjects it publishes.
+//! followup (subject, one message per append group with its headers, protobuf body) and the live subjects it
+//! publishes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -55,33 +56,45 @@ async fn an_idle_followup_on_jetstream_looks_as_documented() {
     assert_eq!(reply.turn, Some(1));
     client.when_idle(pb::WhenIdleRequest { session: Some(session.clone()), timeout_ms: 10_000 }).await.unwrap();
 
-    // Durable: stream TURNSTILE_EVENTS_0 (P = 1), one message per event on the session's subject.
+    // Durable: stream TURNSTILE_EVENTS_0 (P = 1), one message per append group on the session's subject,
+    // body a SessionEventGroup whose seqs and types the headers name.
     let js = async_nats::jetstream::new(observer.clone());
     let stream = js.get_stream("TURNSTILE_EVENTS_0").await.unwrap();
     let subject = format!("turnstile.ev.0.{}.{}", session.tenant, session.id);
+    let mut messages = Vec::new();
     let mut durable = Vec::new();
     let mut stream_seq = 1;
     while let Ok(m) = stream.get_raw_message(stream_seq).await {
         stream_seq += 1;
         assert_eq!(m.subject.as_str(), subject);
-        let event = pb::SessionEvent::decode(m.payload.clone()).unwrap();
+        let group = pb::SessionEventGroup::decode(m.payload.clone()).unwrap();
         let names: Vec<String> = m.headers.iter().map(|(k, _)| k.to_string()).collect();
         println!(
-            "stream seq {:>2}  {:<22} Turnstile-Seq={} Turnstile-Epoch={} batch={:?}/{:?}/{:?} headers={names:?}",
+            "stream seq {}  Turnstile-Seq={}..{} Type={} Epoch={} expected={:?} headers={names:?}",
             m.sequence,
-            header(&m, "Turnstile-Type").unwrap_or_default(),
             header(&m, "Turnstile-Seq").unwrap_or_default(),
+            header(&m, "Turnstile-Last-Seq").unwrap_or_default(),
+            header(&m, "Turnstile-Type").unwrap_or_default(),
             header(&m, "Turnstile-Epoch").unwrap_or_default(),
-            header(&m, "Nats-Batch-Id").map(|_| "id"),
-            header(&m, "Nats-Batch-Sequence"),
-            header(&m, "Nats-Batch-Commit"),
+            header(&m, "Nats-Expected-Last-Subject-Sequence"),
         );
-        assert_eq!(header(&m, "Turnstile-Type").as_deref(), Some(event.r#type.as_str()));
-        assert_eq!(header(&m, "Turnstile-Seq"), Some(event.seq.to_string()));
-        assert_eq!(header(&m, "Turnstile-Epoch"), Some(event.epoch.to_string()));
-        assert_eq!(event.session.as_ref(), Some(&session));
-        durable.push(event.r#type.clone());
+        let (first, last) = (group.events.first().unwrap(), group.events.last().unwrap());
+        assert_eq!(header(&m, "Turnstile-Seq"), Some(first.seq.to_string()));
+        assert_eq!(header(&m, "Turnstile-Last-Seq"), Some(last.seq.to_string()));
+        assert_eq!(header(&m, "Turnstile-Epoch"), Some(last.epoch.to_string()));
+        let types: Vec<&str> = group.events.iter().map(|e| e.r#type.as_str()).collect();
+        assert_eq!(header(&m, "Turnstile-Type"), Some(types.join(",")));
+        // The previous message's stream sequence: the single-writer check of each append.
+        assert_eq!(header(&m, "Nats-Expected-Last-Subject-Sequence"), Some((m.sequence - 1).to_string()));
+        assert!(header(&m, "Nats-Batch-Id").is_none(), "no atomic batch for a group that fits one message");
+        for (event, seq) in group.events.iter().zip(first.seq..) {
+            assert_eq!(event.seq, seq, "contiguous seqs");
+            assert_eq!(event.session.as_ref(), Some(&session));
+            durable.push(event.r#type.clone());
+        }
+        messages.push(types.len());
     }
+    assert_eq!(messages, [4, 2, 4], "three appends: the followup's, the step's opening, the step's end");
     assert_eq!(
         durable,
         [

@@ -51,10 +51,20 @@ impl AppendGroup {
         self.events.push(event);
     }
 
-    /// A `step/start` followed only by `user/message`s so far.
+    /// How many events the group holds (at least one).
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Never true: a group holds at least one event (for clippy's `len_without_is_empty`).
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Ends with a `step/start` followed only by `user/message`s so far.
     pub(crate) fn opens_step(&self) -> bool {
-        matches!(self.events.first().map(|e| &e.payload), Some(EventPayload::StepStart { .. }))
-            && self.events[1..].iter().all(|e| matches!(e.payload, EventPayload::UserMessage { .. }))
+        let mut rest = self.events.iter().rev().skip_while(|e| matches!(e.payload, EventPayload::UserMessage { .. }));
+        matches!(rest.next().map(|e| &e.payload), Some(EventPayload::StepStart { .. }))
     }
 
     /// The events, in seq order.

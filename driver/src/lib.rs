@@ -58,6 +58,11 @@ pub use effect::{
 pub use limits::Limits;
 use turn::ActiveTurn;
 
+/// The most events [`Driver::write`] puts in one append group before it opens another (a `user/message`
+/// still joins its `step/start`'s group). An input writes a handful of events; the bound keeps a pathological
+/// one (a cancel of many calls) well inside a journal's cap on one append (1,000 on JetStream).
+pub const MAX_GROUP_EVENTS: usize = 256;
+
 /// The driver of one session: its single writer.
 #[derive(Debug)]
 pub struct Driver {
@@ -223,11 +228,16 @@ impl Driver {
         op
     }
 
-    /// Writes one durable event: stamps the envelope, folds it, and emits it in an append group: a
-    /// `user/message` joins the group of the `step/start` it follows (recovery tells a claimed message a
-    /// decision dropped from one whose `user/message` was never written only because they land
-    /// together); every other event is a group of its own. Journals make single appends cheaper than
-    /// atomic batches, and a cut between any two groups is repaired by SPEC §6.
+    /// Writes one durable event: stamps the envelope, folds it, and emits it in an append group. The
+    /// events one input writes are one group, up to [`MAX_GROUP_EVENTS`]: an event joins the last group
+    /// unless an effect that must see that group durable *and act on it* came after it (a pre-step,
+    /// model or tool request, an abort, a reload). Live events and replies wait for the group anyway, so
+    /// they do not split it. An idle followup's splice, status, `turn/start` and claim are thus one group,
+    /// answered after one journal round trip (SPEC §2), and a step's end, `turn/end` and status another
+    /// (decision 0021). A `user/message` always shares the group of the `step/start` it follows (recovery
+    /// tells a claimed message a decision dropped from one whose `user/message` was never written only
+    /// because they land together). A cut between two groups is repaired by SPEC §6; fewer groups are
+    /// fewer places to cut.
     fn write(&mut self, payload: EventPayload) -> u64 {
         let event = Envelope {
             session: self.state.session.clone(),
@@ -240,10 +250,9 @@ impl Driver {
         match self.state.apply(&event) {
             Ok(()) => {
                 let seq = event.seq;
-                match self.effects.back_mut() {
-                    Some(Effect::Append(group))
-                        if matches!(event.payload, EventPayload::UserMessage { .. }) && group.opens_step() =>
-                    {
+                let joins_step = matches!(event.payload, EventPayload::UserMessage { .. });
+                match self.open_group() {
+                    Some(group) if group.len() < MAX_GROUP_EVENTS || (joins_step && group.opens_step()) => {
                         group.push(event);
                     }
                     _ => self.effects.push_back(Effect::Append(AppendGroup::new(event))),
@@ -256,6 +265,18 @@ impl Driver {
                 self.state.last_seq
             }
         }
+    }
+
+    /// The last append group, if only live events and replies follow it (see [`Driver::write`]).
+    fn open_group(&mut self) -> Option<&mut AppendGroup> {
+        for effect in self.effects.iter_mut().rev() {
+            match effect {
+                Effect::Append(group) => return Some(group),
+                Effect::Publish(_) | Effect::Reply { .. } => {}
+                _ => return None,
+            }
+        }
+        None
     }
 
     fn publish(&mut self, payload: LivePayload) {

@@ -38,12 +38,11 @@ fn idle_followup_claims_before_replying() {
     assert_eq!(
         kinds,
         [
-            "D agent/inbox/spliced",
+            // One group: the followup is answered after one journal round trip (decision 0021). Live
+            // events keep their order and `after_seq`, published once the group is durable.
+            "D agent/inbox/spliced + D agent/status + D turn/start + D agent/inbox/spliced",
             "L agent/inbox/inserted",
-            "D agent/status",
             "L agent/status",
-            "D turn/start",
-            "D agent/inbox/spliced",
             "L agent/inbox/claimed",
             "P 1",
             "R Ok(Sent { seq: 1, turn: Some(1) })",
@@ -71,11 +70,15 @@ fn idle_followup_claims_before_replying() {
         })
         .collect();
     assert_eq!(tail, ["assistant/message", "step/end", "turn/end", "agent/status", "idle"]);
+    assert_eq!(d.state().last_seq, 10);
     assert!(d.is_quiescent());
     assert!(d.state().open_turn.is_none());
     assert_eq!(d.state().last_seq, 10);
 }
 
+/// The events one input writes are one group; an operation the driver starts (here the model request)
+/// ends it: `step/start` + its `user/message` are one group, the step's end + `turn/end` + idle status
+/// the next.
 #[test]
 fn a_step_start_and_its_user_messages_are_one_append_group() {
     let mut d = driver();
@@ -89,13 +92,48 @@ fn a_step_start_and_its_user_messages_are_one_append_group() {
         panic!("no pre-step")
     };
     d.on_pre_step(p.op, PreStepOutcome::Decided(PreStepDecision::Enter(p.messages)), 6);
-    let groups: Vec<Vec<&'static str>> = d
-        .ready()
+    let groups = |effects: &[Effect]| -> Vec<(u64, Vec<&'static str>)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Append(g) => Some((g.expected_last_seq(), g.events().iter().map(|e| e.event_type()).collect())),
+                _ => None,
+            })
+            .collect()
+    };
+    let effects = d.ready();
+    assert_eq!(groups(&effects), [(4, vec!["step/start", "user/message"])]);
+    let Some(Effect::Model(m)) = effects.into_iter().find(|e| matches!(e, Effect::Model(_))) else {
+        panic!("no model request")
+    };
+    d.on_model_done(m.op, ModelOutcome::Finished(ModelOutput::text("hi")), 8);
+    let effects = d.ready();
+    assert_eq!(groups(&effects), [(6, vec!["assistant/message", "step/end", "turn/end", "agent/status"])]);
+    // The live idle status still names the seq of its durable event.
+    let after: Vec<u64> = effects
         .iter()
         .filter_map(|e| match e {
-            Effect::Append(g) => Some(g.events().iter().map(|e| e.event_type()).collect()),
+            Effect::Publish(l) => Some(l.after_seq),
             _ => None,
         })
         .collect();
-    assert_eq!(groups, [vec!["step/start", "user/message"]]);
+    assert_eq!(after, [10]);
+}
+
+/// A group never grows past [`MAX_GROUP_EVENTS`], except that a `user/message` stays with its
+/// `step/start`.
+#[test]
+fn a_group_is_bounded_but_keeps_a_step_opening_whole() {
+    let session = SessionRef::new("t", "s").unwrap();
+    let event =
+        |seq: u64, payload: EventPayload| Envelope { session: session.clone(), seq, time_ms: 1, epoch: 1, payload };
+    let mut group = AppendGroup::new(event(1, EventPayload::Status(Status::Running)));
+    assert!(!group.opens_step());
+    group.push(event(2, EventPayload::StepStart { turn: 1, step: 1 }));
+    assert!(group.opens_step(), "a step/start at the end opens a step");
+    let message = UserMessage::user_text("A", "hello");
+    group.push(event(3, EventPayload::UserMessage { message, turn: 1, step: 1 }));
+    assert!(group.opens_step(), "and so do its user/messages after it");
+    group.push(event(4, EventPayload::Status(Status::Idle)));
+    assert!(!group.opens_step());
 }

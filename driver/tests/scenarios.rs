@@ -1278,14 +1278,14 @@ fn s26_crash_at_any_input_boundary_loses_and_duplicates_nothing() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The runner writes each run of consecutive appends as one atomic batch, so a crash can cut the log
-/// after any batch: also mid-input, e.g. after `turn/start`+claim but before `step/start`.
+/// The runner writes each append group atomically (one message on JetStream, decision 0021), so a crash
+/// can cut the log after any group. An input's events are one group unless it starts an operation between
+/// two of them, so the cuts are input ends and those places (none of which may lose or duplicate input).
 #[test]
 fn s26_crash_after_any_append_batch_loses_and_duplicates_nothing() {
     let sim = crash_corpus();
     let points = sim.batch_ends.clone();
-    let input_ends: Vec<usize> = sim.inbox_at.iter().map(|(seq, _)| *seq as usize).collect();
-    assert!(points.iter().any(|p| !input_ends.contains(p)), "some batches end inside an input");
+    assert!(points.len() > 10, "the corpus has groups to cut after: {points:?}");
     let failures = crash_failures(&sim.log, points);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -20,12 +20,14 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use futures::StreamExt as _;
+use prost::Message as _;
 use tokio::sync::Barrier;
 use turnstile_journal::jetstream::subjects;
 use turnstile_journal::log::read_all;
 use turnstile_journal::{JetStreamConfig, JetStreamLog, JournalError, LiveBus, NatsBus, SessionLog};
 use turnstile_model::{LiveEvent, LivePayload, Status};
 use turnstile_proto::codec;
+use turnstile_proto::v1 as pb;
 use turnstile_tests::nats::NatsServer;
 
 use common::{batch, session};
@@ -123,10 +125,11 @@ async fn a_stale_batch_stores_nothing() {
     assert_eq!(err, JournalError::Conflict { session: s.clone(), expected: 2, actual: 3 });
     let stored = read_all(&b, &s, 1).await.unwrap();
     assert_eq!(stored, batch(&s, 1, 3, "a"));
-    // The loser's batch left no trace in the stream either (not merely hidden from `read`).
+    // The loser's batch left no trace in the stream either (not merely hidden from `read`): the winner's
+    // two appends are two messages (decision 0021).
     let client = async_nats::connect(server.url()).await.unwrap();
     let mut stream = jetstream::new(client).get_stream("TURNSTILE_EVENTS_0").await.unwrap();
-    assert_eq!(stream.info().await.unwrap().state.messages, 3);
+    assert_eq!(stream.info().await.unwrap().state.messages, 2);
     // And b, now informed, appends after the winner.
     assert_eq!(b.append(&s, 3, &batch(&s, 4, 2, "b")).await.unwrap(), 5);
 }
@@ -311,26 +314,146 @@ async fn a_stream_with_another_layout_is_refused() {
     assert_eq!(stream.info().await.unwrap().config.storage, jetstream::stream::StorageType::Memory);
 }
 
-/// Each event is one message on the session's subject with the documented headers and codec body.
+/// An append group is one message on the session's subject with the documented headers (seq range, types,
+/// epoch, traceparent, the expected-sequence check) and a `SessionEventGroup` body.
 #[tokio::test]
-async fn events_are_stored_one_message_each_with_headers() {
+async fn an_append_group_is_stored_as_one_message_with_headers() {
     let server = server().await;
     let log = connect(&server).await;
     let s = session("acme", "headers");
     let events = batch(&s, 1, 3, "w");
     log.append_traced(&s, 0, &events, Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")).await.unwrap();
+    log.append(&s, 3, &batch(&s, 4, 1, "w")).await.unwrap();
     let client = async_nats::connect(server.url()).await.unwrap();
     let stream = jetstream::new(client).get_stream("TURNSTILE_EVENTS_0").await.unwrap();
     let subject = subjects::event_subject(0, &s);
     assert_eq!(subject, "turnstile.ev.0.acme.headers");
-    let last = stream.get_last_raw_message_by_subject(&subject).await.unwrap();
-    let header = |name: &str| last.headers.get(name).map(|v| v.as_str().to_owned());
-    assert_eq!(header("Turnstile-Type").as_deref(), Some(events[2].event_type()));
-    assert_eq!(header("Turnstile-Seq").as_deref(), Some("3"));
+    let first = stream.get_raw_message(1).await.unwrap();
+    let header = |name: &str| first.headers.get(name).map(|v| v.as_str().to_owned());
+    let types: Vec<&str> = events.iter().map(|e| e.event_type()).collect();
+    assert_eq!(header("Turnstile-Type"), Some(types.join(",")));
+    assert_eq!(header("Turnstile-Seq").as_deref(), Some("1"));
+    assert_eq!(header("Turnstile-Last-Seq").as_deref(), Some("3"));
     assert_eq!(header("Turnstile-Epoch").as_deref(), Some("1"));
+    assert_eq!(header("Nats-Expected-Last-Subject-Sequence").as_deref(), Some("0"));
+    assert!(header("Nats-Batch-Id").is_none(), "a group that fits one message is no atomic batch");
     assert!(header("traceparent").is_some_and(|t| t.starts_with("00-0af7")));
-    assert_eq!(codec::decode_event(&last.payload).unwrap(), events[2]);
-    assert_eq!(last.sequence, 3, "three messages, one per event");
+    let group = pb::SessionEventGroup::decode(first.payload.clone()).unwrap();
+    let decoded: Vec<_> = group.events.into_iter().map(|e| codec::decode_session_event(e).unwrap()).collect();
+    assert_eq!(decoded, events);
+    let last = stream.get_last_raw_message_by_subject(&subject).await.unwrap();
+    assert_eq!(last.sequence, 2, "two appends, two messages");
+    let header = |name: &str| last.headers.get(name).map(|v| v.as_str().to_owned());
+    assert_eq!((header("Turnstile-Seq"), header("Turnstile-Last-Seq")), (Some("4".into()), Some("4".into())));
+    assert_eq!(header("Nats-Expected-Last-Subject-Sequence").as_deref(), Some("1"));
+}
+
+/// A log written in the old layout (one message per event, bare `SessionEvent` body, no
+/// `Turnstile-Last-Seq`) reads the same, and appends go on after it in the new one: every read path
+/// (read from each seq, read_after with and without a position, tail, last_seq) over the mixed log.
+#[tokio::test]
+async fn a_log_of_the_old_layout_reads_and_grows_in_the_new_one() {
+    let server = server().await;
+    let log = connect(&server).await;
+    let s = session("acme", "old-layout");
+    let subject = subjects::event_subject(0, &s);
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = jetstream::new(client);
+    for event in batch(&s, 1, 3, "w") {
+        let mut headers = HeaderMap::new();
+        headers.insert("Turnstile-Type", event.event_type());
+        headers.insert("Turnstile-Seq", event.seq.to_string().as_str());
+        headers.insert("Turnstile-Epoch", "1");
+        js.publish_with_headers(subject.clone(), headers, codec::encode_event(&event).into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    assert_eq!(log.last_seq(&s).await.unwrap(), 3);
+    assert_eq!(log.append(&s, 3, &batch(&s, 4, 4, "w")).await.unwrap(), 7);
+    assert_eq!(log.append(&s, 7, &batch(&s, 8, 1, "w")).await.unwrap(), 8);
+    let all = batch(&s, 1, 8, "w");
+    for from in 1..=8 {
+        assert_eq!(log.read(&s, from, 100).await.unwrap(), all[from as usize - 1..], "read from {from}");
+        assert_eq!(log.read(&s, from, 1).await.unwrap(), all[from as usize - 1..from as usize], "one at {from}");
+    }
+    for after in 0..=8 {
+        assert_eq!(log.read_after(&s, after, None).await.unwrap().unwrap(), all[after as usize..], "after {after}");
+        let mut tail = log.tail(&s, after).await.unwrap();
+        for want in after + 1..=8 {
+            assert_eq!(next(&mut tail).await.seq, want, "tail after {after}");
+        }
+    }
+    // Positions are message ends: event 3 (old layout, stream seq 3) and event 7 (the group at 4).
+    assert_eq!(log.read_after(&s, 3, Some(3)).await.unwrap().unwrap(), all[3..]);
+    assert_eq!(log.read_after(&s, 7, Some(4)).await.unwrap().unwrap(), all[7..]);
+    assert_eq!(log.read_after(&s, 8, Some(5)).await.unwrap().unwrap(), []);
+    assert_eq!(log.read_after(&s, 8, Some(4)).await.unwrap(), None, "not where event 8 is");
+    assert_eq!(log.positions().stream_seq_of(&s, 8), Some(5));
+}
+
+/// Sessions interleaved in one stream with groups of varying sizes: every seq is found by the binary
+/// search (read from it, tail after it), whichever message holds it.
+#[tokio::test]
+async fn the_search_finds_every_seq_among_groups_of_other_sessions() {
+    let server = server().await;
+    let log = connect(&server).await;
+    let (a, b) = (session("acme", "search-a"), session("acme", "search-b"));
+    let (mut last_a, mut last_b) = (0, 0);
+    for round in 0..40u64 {
+        let n = round % 7 + 1;
+        last_a = log.append(&a, last_a, &batch(&a, last_a + 1, n, "a")).await.unwrap();
+        last_b = log.append(&b, last_b, &batch(&b, last_b + 1, 1 + round % 3, "b")).await.unwrap();
+    }
+    let all = batch(&a, 1, last_a, "a");
+    for from in 1..=last_a {
+        assert_eq!(log.read(&a, from, 2).await.unwrap(), all[from as usize - 1..(from as usize + 1).min(all.len())]);
+    }
+    let mut tail = log.tail(&a, last_a - 5).await.unwrap();
+    assert_eq!(next(&mut tail).await.seq, last_a - 4);
+    assert_eq!(read_all(&log, &b, 1).await.unwrap(), batch(&b, 1, last_b, "b"));
+}
+
+/// A group too large for one message (three events of 1.5 MiB against the harness's 4 MiB `max_payload`)
+/// is split into messages written as one atomic batch: it lands whole and reads back, and a stale one
+/// stores nothing.
+#[tokio::test]
+async fn an_oversized_group_is_one_atomic_batch_of_messages() {
+    let server = server().await;
+    let (log, other) = (connect(&server).await, connect(&server).await);
+    let s = session("acme", "oversized");
+    let big = |seq: u64| {
+        let mut event = common::event(&s, seq, "w");
+        event.payload = turnstile_model::EventPayload::AssistantMessage {
+            turn: 1,
+            step: 1,
+            text: "x".repeat(3 << 19),
+            tool_calls: vec![],
+            interrupted: false,
+            max_tokens: false,
+            reasoning: None,
+            usage: None,
+        };
+        event
+    };
+    let events: Vec<_> = (1..=3).map(big).collect();
+    assert_eq!(log.append(&s, 0, &events).await.unwrap(), 3);
+    assert_eq!(other.read(&s, 1, 10).await.unwrap(), events);
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let mut stream = jetstream::new(client).get_stream("TURNSTILE_EVENTS_0").await.unwrap();
+    let messages = stream.info().await.unwrap().state.messages;
+    assert!(messages > 1, "the group took {messages} message(s)");
+    let commit = stream.get_last_raw_message_by_subject(&subjects::event_subject(0, &s)).await.unwrap();
+    assert_eq!(commit.headers.get("Nats-Batch-Commit").map(|v| v.as_str().to_owned()).as_deref(), Some("1"));
+    // `other` read the log, so its cache says 3; one more append by `log` makes that stale.
+    assert_eq!(log.append(&s, 3, &batch(&s, 4, 1, "w")).await.unwrap(), 4);
+    let stale: Vec<_> = (4..=6).map(big).collect();
+    assert_eq!(
+        other.append(&s, 3, &stale).await.unwrap_err(),
+        JournalError::Conflict { session: s.clone(), expected: 3, actual: 4 }
+    );
+    assert_eq!(stream.info().await.unwrap().state.messages, messages + 1, "the stale batch stored nothing");
 }
 
 fn live(session: &turnstile_model::SessionRef, n: u64) -> LiveEvent {

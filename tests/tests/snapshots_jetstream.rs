@@ -81,13 +81,16 @@ async fn snapshots_record_the_stream_position_of_their_last_event() {
     log.append(&s, 20, &events[20..]).await.unwrap();
 
     let position = store.load_for_reads(&s).await.unwrap().and_then(|snap| snap.position).expect("a recorded position");
-    assert_eq!(position, 7 + 20, "the stream sequence of event 20");
+    // One message per append (decision 0021): the noise at 1, events 1..=20 at 2, 21..=30 at 3.
+    assert_eq!(position, 2, "the stream sequence of the message ending with event 20");
     assert_eq!(store.load(&s).await.unwrap().and_then(|snap| snap.position), Some(position));
     assert_eq!(log.read_after(&s, 20, Some(position)).await.unwrap(), Some(events[20..].to_vec()));
     assert_eq!(log.read_after(&s, 20, None).await.unwrap(), Some(events[20..].to_vec()), "found by search");
-    assert_eq!(log.read_after(&s, 30, Some(position + 10)).await.unwrap(), Some(vec![]));
-    // Positions that cannot be event 20's.
-    assert_eq!(log.read_after(&s, 20, Some(position + 3)).await.unwrap(), None);
+    assert_eq!(log.read_after(&s, 30, Some(position + 1)).await.unwrap(), Some(vec![]));
+    // A position before the event's message only reads more: the events up to 20 are dropped.
+    assert_eq!(log.read_after(&s, 20, Some(1)).await.unwrap(), Some(events[20..].to_vec()));
+    // Positions that cannot be event 20's: the last message and past it.
+    assert_eq!(log.read_after(&s, 20, Some(position + 1)).await.unwrap(), None);
     assert_eq!(log.read_after(&s, 20, Some(10_000)).await.unwrap(), None);
     assert_eq!(log.read_after(&s, 30, Some(position)).await.unwrap(), None);
     assert_eq!(log.read_after(&s, 31, None).await.unwrap(), None, "past the end");

@@ -101,11 +101,12 @@ async fn one_followup_is_one_trace_across_gateway_worker_and_nats() {
     let (step, model) = (in_trace("step").expect("a step span"), in_trace("model.request").expect("a model span"));
     assert_eq!(model.parent_span_id, step.span_id, "a model request's span is a child of its step's");
 
-    // Every event the followup wrote (splice, status, turn/start, step/start, … turn/end, idle status)
+    // Every append the followup wrote (splice, status, turn/start, step/start, … turn/end, idle status)
     // carries the same trace on its NATS headers, so an observer can join it.
     let subject = format!("turnstile.ev.0.{}.{}", session.tenant, session.id);
     let events = stored_events(&cluster, subject).await;
-    let types: Vec<&str> = events.iter().map(|(t, _)| t.as_str()).collect();
+    // A message holds one append group: its `Turnstile-Type` lists the group's types (decision 0021).
+    let types: Vec<&str> = events.iter().flat_map(|(t, _)| t.split(',')).collect();
     for wanted in ["agent/inbox/spliced", "turn/start", "step/start", "assistant/message", "turn/end"] {
         assert!(types.contains(&wanted), "no {wanted} among {types:?}");
     }

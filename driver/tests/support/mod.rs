@@ -464,9 +464,25 @@ impl Sim {
             }
             Effect::Publish(ev) => {
                 assert_eq!(ev.session, self.session);
-                assert_eq!(ev.after_seq, self.log.len() as u64, "a live event carries the seq it follows: {ev:?}");
+                // Published once its durable event is: at the end of the append group holding it, which may
+                // hold later events too (decision 0021). A reader places it by `after_seq`, and so does
+                // the record: right after its durable event and the live events already placed there.
+                assert!(ev.after_seq <= self.log.len() as u64, "a live event before its durable event: {ev:?}");
+                if let Some(prev) = self.live.last() {
+                    assert!(ev.after_seq >= prev.after_seq, "live events out of order: {prev:?} then {ev:?}");
+                }
                 self.live.push(ev.clone());
-                self.recs.push(Rec::L(ev));
+                if ev.after_seq == self.log.len() as u64 {
+                    self.recs.push(Rec::L(ev));
+                } else {
+                    let after = self
+                        .recs
+                        .iter()
+                        .position(|r| matches!(r, Rec::D(d) if d.seq == ev.after_seq))
+                        .map_or(0, |i| i + 1);
+                    let at = after + self.recs[after..].iter().take_while(|r| matches!(r, Rec::L(_))).count();
+                    self.recs.insert(at, Rec::L(ev));
+                }
             }
             Effect::Reply { id, result } => {
                 assert!(!self.replies.contains_key(&id), "command {id} replied twice");

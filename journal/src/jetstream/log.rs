@@ -3,36 +3,33 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use async_nats::HeaderMap;
 use async_nats::header::{
     NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL, NATS_BATCH_ID, NATS_BATCH_SEQUENCE, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
 };
+use async_nats::jetstream;
 use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::consumer::pull::OrderedConfig;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
-use async_nats::jetstream::{self, message::StreamMessage};
 use async_trait::async_trait;
 use futures::StreamExt as _;
 
 use super::config::{JetStreamConfig, ensure_stream};
-use super::{HEADER_EPOCH, HEADER_SEQ, HEADER_TRACEPARENT, HEADER_TYPE, subjects, tail};
+use super::{group, subjects, tail};
 use crate::log::{EventStream, JournalError, SessionLog};
 use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
-use turnstile_proto::codec;
 
-/// The most events one append may carry: the server's default cap on an atomic batch.
-/// Room left in a NATS message for headers (type, seq, epoch, traceparent, batch and expected-sequence).
-const HEADER_ALLOWANCE: usize = 1024;
-
+/// The most events one append may carry (the server's default cap on an atomic batch, which bounds an
+/// oversized group split into messages too).
 pub const MAX_BATCH: usize = 1000;
 
 /// Entries in the last-seq cache before it is emptied. A miss costs one message get, so a crude bound is
 /// enough to keep a long-running worker's memory flat.
 const CACHE_LIMIT: usize = 100_000;
 
-/// Where a session's log ends: its last seq and that event's stream sequence.
+/// Where a session's log ends: its last seq and the stream sequence of the message holding it (always
+/// that message's last event).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct LastEvent {
     pub seq: u64,
@@ -40,7 +37,7 @@ pub(super) struct LastEvent {
 }
 
 /// A [`SessionLog`] on JetStream: one stream per partition, one subject per session, one message per
-/// event. Cheap to share behind an `Arc`; every call goes to the server, only the last-seq cache is local.
+/// append group. Cheap to share behind an `Arc`; every call goes to the server, only the last-seq cache is local.
 pub struct JetStreamLog {
     config: JetStreamConfig,
     client: async_nats::Client,
@@ -159,7 +156,8 @@ impl JetStreamLog {
         let (stream, subject) = self.locate(session);
         match stream.get_last_raw_message_by_subject(&subject).await {
             Ok(message) => {
-                let last = LastEvent { seq: header_seq(session, &message)?, stream_seq: message.sequence };
+                let (_, seq) = group::header_range(session, Some(&message.headers), message.sequence)?;
+                let last = LastEvent { seq, stream_seq: message.sequence };
                 self.remember(session, last);
                 Ok(Some(last))
             }
@@ -171,9 +169,9 @@ impl JetStreamLog {
         }
     }
 
-    /// The stream sequence of the session's event `seq`, or `None` when the log is shorter. Binary search
-    /// over `next-by-subject` gets: every probe narrows the range by what its answer proves, so a read from
-    /// the middle of a long log costs O(log n) small gets instead of replaying the log before it.
+    /// The stream sequence of the message holding the session's event `seq`, or `None` when the log is
+    /// shorter. Binary search over `next-by-subject` gets, so a read from the middle of a long log costs
+    /// O(log n) small gets instead of replaying the log before it.
     pub(super) async fn stream_seq_of(&self, session: &SessionRef, seq: u64) -> Result<Option<u64>, JournalError> {
         let Some(last) = self.fetch_last(session).await? else { return Ok(None) };
         self.stream_seq_before(session, seq, last).await
@@ -193,8 +191,10 @@ impl JetStreamLog {
             return Ok(Some(last.stream_seq));
         }
         let (stream, subject) = self.locate(session);
-        // Stream seqs of one subject strictly increase with the session seq.
-        let (mut lo, mut hi) = (seq.max(1), last.stream_seq - (last.seq - seq));
+        // Stream seqs of one subject strictly increase with the session seqs its messages hold. A message
+        // may hold several events (decision 0021), so the seq bounds no stream sequence from below: the
+        // search runs over the stream sequences up to the last event's.
+        let (mut lo, mut hi) = (1, last.stream_seq);
         while lo <= hi {
             let mid = lo + (hi - lo) / 2;
             let message = stream
@@ -204,15 +204,16 @@ impl JetStreamLog {
                 .send()
                 .await
                 .map_err(|e| unavailable(format!("locating seq {seq} of {session}"), e))?;
-            let found = header_seq(session, &message)?;
-            match found.cmp(&seq) {
-                std::cmp::Ordering::Equal => return Ok(Some(message.sequence)),
-                // Event `seq` comes `seq - found` events later, so at least that many stream seqs later.
-                std::cmp::Ordering::Less => lo = message.sequence + (seq - found),
-                // It is before `mid` (the first of the subject at or after mid is already past it).
-                std::cmp::Ordering::Greater => {
-                    hi = mid.saturating_sub(1).min(message.sequence.saturating_sub(found - seq));
-                }
+            let (first, last_held) = group::header_range(session, Some(&message.headers), message.sequence)?;
+            if (first..=last_held).contains(&seq) {
+                return Ok(Some(message.sequence));
+            }
+            if last_held < seq {
+                // The message holding `seq` comes after this one.
+                lo = message.sequence + 1;
+            } else {
+                // It is before `mid`: the subject's first message at or after mid is already past it.
+                hi = mid - 1;
             }
         }
         Err(JournalError::Corrupt {
@@ -252,8 +253,12 @@ impl JetStreamLog {
         consumer.messages().await.map_err(|e| unavailable(format!("reading {session}"), e))
     }
 
-    /// [`SessionLog::append`] with a W3C `traceparent` carried on every event's headers (the hook for
+    /// [`SessionLog::append`] with a W3C `traceparent` carried on the group's headers (the hook for
     /// tracing: the trait method passes none).
+    ///
+    /// The group is one message (decision 0021): one publish, one ack, one
+    /// `Nats-Expected-Last-Subject-Sequence` check. Only a group too large for one message (several
+    /// large events) is split into messages written as one atomic batch (decision 0004).
     pub async fn append_traced(
         &self,
         session: &SessionRef,
@@ -267,14 +272,13 @@ impl JetStreamLog {
             .collect();
         // Refuse up front what the server would refuse for size: that is not worth a retry.
         let max_payload = self.client.server_info().max_payload;
-        if let Some(body) = bodies.iter().find(|b| b.len() + HEADER_ALLOWANCE > max_payload) {
-            return Err(JournalError::Storage(format!(
-                "an event of session {session} is {} bytes but the NATS server's max_payload is {max_payload}; \
+        let runs = group::split_to_fit(events, &bodies, max_payload).map_err(|len| {
+            JournalError::Storage(format!(
+                "an event of session {session} is {len} bytes but the NATS server's max_payload is {max_payload}; \
                  raise max_payload in the nats-server configuration (to at least the message size limit plus \
-                 64 KiB) or lower Turnstile's message size limit",
-                body.len()
-            )));
-        }
+                 64 KiB) or lower Turnstile's message size limit"
+            ))
+        })?;
         let expected_stream_seq = match self.cached(session) {
             Some(last) if last.seq == expected_last_seq => last.stream_seq,
             _ => {
@@ -287,18 +291,12 @@ impl JetStreamLog {
             }
         };
         let (_, subject) = self.locate(session);
-        let n = events.len();
+        let n = runs.len();
         // One id per batch; a uuid is 36 chars, within the server's 64.
         let batch_id = (n > 1).then(|| uuid::Uuid::new_v4().to_string());
         let mut commit = None;
-        for (i, (event, body)) in events.iter().zip(bodies).enumerate() {
-            let mut headers = HeaderMap::new();
-            headers.insert(HEADER_TYPE, event.event_type());
-            headers.insert(HEADER_SEQ, event.seq.to_string().as_str());
-            headers.insert(HEADER_EPOCH, event.epoch.to_string().as_str());
-            if let Some(tp) = traceparent.filter(|tp| !tp.is_empty()) {
-                headers.insert(HEADER_TRACEPARENT, tp);
-            }
+        for (i, run) in runs.into_iter().enumerate() {
+            let mut headers = group::group_headers(&events[run.clone()], traceparent);
             if i == 0 {
                 // On a batch the server checks it on the first message, for the whole batch.
                 headers.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, expected_stream_seq.to_string().as_str());
@@ -307,6 +305,7 @@ impl JetStreamLog {
                 headers.insert(NATS_BATCH_ID, id.as_str());
                 headers.insert(NATS_BATCH_SEQUENCE, (i + 1).to_string().as_str());
             }
+            let body = group::encode_group(bodies[run].iter().map(Vec::as_slice));
             if i + 1 < n {
                 // Not the commit: a core publish without a reply subject. The server acks only the commit,
                 // for the whole batch (a reply subject would just get an empty flow-control answer).
@@ -324,12 +323,12 @@ impl JetStreamLog {
         let ack = match commit {
             Some(Ok(ack)) => ack.await,
             Some(Err(e)) => Err(e),
-            // check_batch refused empty batches, so the loop ran its last iteration.
+            // check_batch refused empty groups, so there was at least one run and the loop ran its last.
             None => return Err(JournalError::InvalidBatch { session: session.clone(), detail: "no events".into() }),
         };
         match ack {
             Ok(ack) => {
-                let last = expected_last_seq + n as u64;
+                let last = expected_last_seq + events.len() as u64;
                 self.remember(session, LastEvent { seq: last, stream_seq: ack.sequence });
                 Ok(last)
             }
@@ -360,8 +359,10 @@ impl JetStreamLog {
             let Some(message) = messages.next().await else { break };
             let message = message.map_err(|e| unavailable(format!("reading {session}"), e))?;
             let pending = message.info().map(|i| i.pending).unwrap_or(0);
-            let event = decode(session, &message.message.headers, &message.message.payload)?;
-            if event.seq >= from_seq {
+            for event in decode(session, &message)? {
+                if event.seq < from_seq || out.len() >= limit {
+                    continue;
+                }
                 if let Some(prev) = out.last().map(|e: &Envelope| e.seq)
                     && event.seq != prev + 1
                 {
@@ -431,8 +432,10 @@ impl SessionLog for JetStreamLog {
             return Ok(position.is_none_or(|p| p == last.stream_seq).then(Vec::new));
         }
         let start = match position {
-            // Event `after_seq` precedes the last one, so its stream sequence is below the last's; a
-            // position at or past it is not this log's.
+            // Event `after_seq` precedes the last one, so its message is below the last's; a position at
+            // or past it is not this log's. A recorded position is the message whose *last* event is
+            // `after_seq` (`Positions` only holds message ends), so event `after_seq + 1` opens the
+            // subject's next message: reading from p + 1 starts at it.
             Some(p) if p < last.stream_seq => p + 1,
             Some(_) => return Ok(None),
             None if after_seq == 0 => 1,
@@ -499,31 +502,12 @@ impl SessionLog for JetStreamLog {
     }
 }
 
-/// The `Turnstile-Seq` header of a stored message.
-fn header_seq(session: &SessionRef, message: &StreamMessage) -> Result<u64, JournalError> {
-    parse_seq_header(session, &message.headers, message.sequence)
-}
-
-fn parse_seq_header(session: &SessionRef, headers: &HeaderMap, stream_seq: u64) -> Result<u64, JournalError> {
-    headers.get(HEADER_SEQ).and_then(|v| v.as_str().parse().ok()).ok_or_else(|| JournalError::Corrupt {
-        session: session.clone(),
-        seq: 0,
-        detail: format!("stream message {stream_seq} has no valid {HEADER_SEQ} header"),
-    })
-}
-
-/// Decodes one stored event and checks it against its headers and subject.
-pub(super) fn decode(session: &SessionRef, headers: &Option<HeaderMap>, body: &[u8]) -> Result<Envelope, JournalError> {
-    let header = headers.as_ref().and_then(|h| h.get(HEADER_SEQ)).and_then(|v| v.as_str().parse::<u64>().ok());
-    let corrupt = |detail: String| JournalError::Corrupt { session: session.clone(), seq: header.unwrap_or(0), detail };
-    let event = codec::decode_event(body).map_err(|e| corrupt(e.to_string()))?;
-    if event.session != *session {
-        return Err(corrupt(format!("the stored event names session {}", event.session)));
-    }
-    if header.is_some_and(|h| h != event.seq) {
-        return Err(corrupt(format!("the {HEADER_SEQ} header disagrees with the body's seq {}", event.seq)));
-    }
-    Ok(event)
+/// Decodes one stored message (a group, or one event of the old layout) and checks it against its
+/// headers and subject.
+pub(super) fn decode(session: &SessionRef, message: &jetstream::Message) -> Result<Vec<Envelope>, JournalError> {
+    // The stream sequence only names the message in an error.
+    let stream_seq = message.info().map_or(0, |i| i.stream_sequence);
+    group::decode_message(session, message.message.headers.as_ref(), &message.message.payload, stream_seq)
 }
 
 fn conflict(session: &SessionRef, expected: u64, actual: u64) -> JournalError {

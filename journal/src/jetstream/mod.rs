@@ -3,22 +3,26 @@
 //!
 //! Layout: streams `TURNSTILE_EVENTS_<p>` (subjects `turnstile.ev.<p>.>`, file storage, configured
 //! replicas, atomic publish and direct get on); one subject per session, `turnstile.ev.<p>.<tenant>.<id>`,
-//! with the partition from a stable hash ([`subjects`]); one message per durable event, body
-//! [`turnstile_proto::codec::encode_event`], headers `Turnstile-Type`, `Turnstile-Seq`, `Turnstile-Epoch` and, when
-//! given, `traceparent`.
+//! with the partition from a stable hash ([`subjects`]); **one message per append group**
+//! (docs/decisions/0021-one-message-per-append-group.md), body a `SessionEventGroup` of the group's
+//! events, headers `Turnstile-Seq` / `Turnstile-Last-Seq` (first and last seq held), `Turnstile-Type` (the
+//! types, comma-separated), `Turnstile-Epoch` and, when given, `traceparent` ([`group`]). Messages of
+//! the older one-event-per-message layout (no `Turnstile-Last-Seq`, body one `SessionEvent`) read the same.
 //!
 //! Single writer (SPEC §6): every append carries `Nats-Expected-Last-Subject-Sequence` = the stream
-//! sequence of the session's last event. The writer keeps `session → (last seq, its stream seq)` from its
-//! own appends and reads; on a miss it asks the stream leader for the subject's last message. The server
-//! is the judge: a wrong-sequence answer becomes [`JournalError::Conflict`].
+//! sequence of the message holding the session's last event. The writer keeps `session → (last seq, its
+//! stream seq)` from its own appends and reads; on a miss it asks the stream leader for the subject's last
+//! message. The server is the judge: a wrong-sequence answer becomes [`JournalError::Conflict`].
 //!
-//! Reads: the stream sequence of event `from_seq` is found by a binary search of `next-by-subject` gets
-//! (O(log n) small requests, from the leader so a read follows the writer's own appends), then an ordered
-//! consumer filtered to the subject streams from there and stops when its pending count reaches 0 — never
-//! by waiting for a timeout. `tail` is the same consumer left open; it drops redeliveries and reports a jump
-//! as an error item. A tail lives as long as the connection, not the [`JetStreamLog`] value.
+//! Reads: the stream sequence of the message holding event `from_seq` is found by a binary search of
+//! `next-by-subject` gets (O(log n) small requests, from the leader so a read follows the writer's own
+//! appends), then an ordered consumer filtered to the subject streams from there, drops the events before
+//! `from_seq` and stops when its pending count reaches 0 — never by waiting for a timeout. `tail` is the
+//! same consumer left open; it drops redeliveries and reports a jump as an error item. A tail lives as long
+//! as the connection, not the [`JetStreamLog`] value.
 //!
-//! Multi-event appends are one JetStream atomic batch (ADR-50; docs/decisions/0004-jetstream-batches.md).
+//! A group too large for one message (several large events; the server's `max_payload`) is split into
+//! messages written as one JetStream atomic batch (ADR-50; docs/decisions/0004-jetstream-batches.md).
 //! Measured against nats-server 2.15.1 with async-nats 0.51.0 (`tests/tests/journal_jetstream.rs` keeps
 //! these checks):
 //! - a batch (`Nats-Batch-Id`, `Nats-Batch-Sequence` 1..n, `Nats-Batch-Commit: 1` on the last) lands whole;
@@ -28,11 +32,13 @@
 //! - messages before the commit need no reply subject: with one, the server answers an empty flow-control
 //!   reply (which async-nats cannot parse as an ack), so they go out as core publishes on the same
 //!   connection, which keeps them in order before the commit;
-//! - a single event is a plain publish with the expected-sequence header, no batch headers.
+//! - every other group is a plain publish with the expected-sequence header, no batch headers, which the
+//!   server stores without the per-batch disk staging (and fsync) of an atomic batch.
 
 mod bus;
 mod config;
 mod delete;
+pub mod group;
 mod log;
 mod snapshots;
 pub mod subjects;
@@ -47,10 +53,14 @@ pub use snapshots::{KvSnapshots, SNAPSHOT_BUCKET};
 
 use crate::log::JournalError;
 
-/// The event's durable type (SPEC §5), e.g. `agent/inbox/spliced`.
+/// The durable types (SPEC §5) of the events a message holds, in order, comma-separated, e.g.
+/// `agent/inbox/spliced,agent/status`.
 pub const HEADER_TYPE: &str = "Turnstile-Type";
-/// The event's session seq.
+/// The session seq of the (first) event a message holds.
 pub const HEADER_SEQ: &str = "Turnstile-Seq";
+/// The seq of the last event a message holds: on every message of the one-message-per-group layout
+/// (decision 0021), absent on the single-event messages written before it.
+pub const HEADER_LAST_SEQ: &str = "Turnstile-Last-Seq";
 /// The writer's owner epoch.
 pub const HEADER_EPOCH: &str = "Turnstile-Epoch";
 /// W3C trace context of the append.

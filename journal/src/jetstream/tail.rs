@@ -1,9 +1,12 @@
 //! `tail`: an ordered consumer on the session's subject, checked for gaps and duplicates.
 
+use std::collections::VecDeque;
+
 use futures::StreamExt as _;
 
 use super::log::{JetStreamLog, decode};
 use crate::log::{EventStream, JournalError};
+use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
 
 struct Cursor {
@@ -11,14 +14,16 @@ struct Cursor {
     session: SessionRef,
     /// The seq of the last event delivered (or `after_seq`).
     last: u64,
+    /// Events of the last message read that are not delivered yet (a message holds an append group).
+    ready: VecDeque<Envelope>,
     done: bool,
 }
 
 /// Every event with seq > `after_seq`, then each new one. The consumer starts at the stream sequence of
-/// event `after_seq + 1` (or just past the log's end, which every later append is after), so nothing is
-/// missed between the catch-up and the follow. The ordered consumer recreates itself after a hiccup and may
-/// then redeliver: events at or below the last delivered seq are dropped; a jump is an error item, and the
-/// stream ends after any error (re-tail from the last seq seen).
+/// the message holding event `after_seq + 1` (or just past the log's end, which every later append is
+/// after), so nothing is missed between the catch-up and the follow. The ordered consumer recreates itself
+/// after a hiccup and may then redeliver: events at or below the last delivered seq are dropped; a jump is
+/// an error item, and the stream ends after any error (re-tail from the last seq seen).
 pub(super) async fn follow(
     log: &JetStreamLog,
     session: &SessionRef,
@@ -26,27 +31,37 @@ pub(super) async fn follow(
 ) -> Result<EventStream, JournalError> {
     let start = log.start_of(session, after_seq.saturating_add(1)).await?;
     let messages = log.consumer(session, start).await?;
-    let cursor = Cursor { messages, session: session.clone(), last: after_seq, done: false };
+    let cursor = Cursor { messages, session: session.clone(), last: after_seq, ready: VecDeque::new(), done: false };
     Ok(futures::stream::unfold(cursor, |mut cursor| async move {
         if cursor.done {
             return None;
         }
         loop {
-            let item = match cursor.messages.next().await? {
-                Ok(message) => decode(&cursor.session, &message.message.headers, &message.message.payload),
-                Err(e) => Err(JournalError::Unavailable(format!("the tail of {} broke: {e}", cursor.session))),
-            };
-            let result = match item {
-                Ok(event) if event.seq <= cursor.last => continue,
-                Ok(event) if event.seq == cursor.last + 1 => {
-                    cursor.last = event.seq;
-                    Ok(event)
+            let Some(event) = cursor.ready.pop_front() else {
+                let next = match cursor.messages.next().await? {
+                    Ok(message) => decode(&cursor.session, &message),
+                    Err(e) => Err(JournalError::Unavailable(format!("the tail of {} broke: {e}", cursor.session))),
+                };
+                match next {
+                    Ok(events) => cursor.ready.extend(events),
+                    Err(e) => {
+                        cursor.done = true;
+                        return Some((Err(e), cursor));
+                    }
                 }
-                Ok(event) => Err(JournalError::Unavailable(format!(
+                continue;
+            };
+            if event.seq <= cursor.last {
+                continue;
+            }
+            let result = if event.seq == cursor.last + 1 {
+                cursor.last = event.seq;
+                Ok(event)
+            } else {
+                Err(JournalError::Unavailable(format!(
                     "the tail of {} jumped from seq {} to {}; tail again from {}",
                     cursor.session, cursor.last, event.seq, cursor.last
-                ))),
-                Err(e) => Err(e),
+                )))
             };
             cursor.done = result.is_err();
             return Some((result, cursor));

@@ -1,0 +1,218 @@
+//! One JetStream message per append group (docs/decisions/0021-one-message-per-append-group.md): how a
+//! group's events become one message's body and headers, and how a reader turns any stored message back
+//! into events — a group message of this layout, or a single-event message of the layout before it.
+//!
+//! Body: protobuf `turnstile.v1.SessionEventGroup { repeated SessionEvent events = 1 }`, built by framing
+//! each event's already-encoded bytes as field 1 (the same bytes prost would write for the message).
+//! Headers: `Turnstile-Seq` and `Turnstile-Last-Seq` (the first and last seq it holds), `Turnstile-Type`
+//! (the types in order, comma-separated), `Turnstile-Epoch` and, when given, `traceparent`. A message
+//! without `Turnstile-Last-Seq` is of the old layout: its body is one bare `SessionEvent`.
+
+use std::ops::Range;
+
+use async_nats::HeaderMap;
+use prost::Message as _;
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
+
+use super::{HEADER_EPOCH, HEADER_LAST_SEQ, HEADER_SEQ, HEADER_TRACEPARENT, HEADER_TYPE};
+use crate::log::JournalError;
+use turnstile_model::event::Envelope;
+use turnstile_model::message::SessionRef;
+use turnstile_proto::{codec, v1 as pb};
+
+/// Separates the event types in a group's `Turnstile-Type` header.
+pub const TYPE_SEPARATOR: char = ',';
+
+/// Bytes of a message's headers besides the type list (seqs, epoch, traceparent, expected sequence and,
+/// for an oversized group, the batch headers), with room to spare.
+const FIXED_HEADER_ALLOWANCE: usize = 1024;
+
+/// The bytes one encoded event adds to a group body: field 1's key, the length and the event.
+fn framed_len(body: &[u8]) -> usize {
+    key_len(1) + encoded_len_varint(body.len() as u64) + body.len()
+}
+
+/// What one event adds to a message: its framed body and its type in the `Turnstile-Type` list.
+fn event_cost(event: &Envelope, body: &[u8]) -> usize {
+    framed_len(body) + event.event_type().len() + 1
+}
+
+/// The body of a group message holding `bodies` (each an encoded `SessionEvent`), in order.
+pub fn encode_group<'a>(bodies: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for body in bodies {
+        encode_key(1, WireType::LengthDelimited, &mut out);
+        encode_varint(body.len() as u64, &mut out);
+        out.extend_from_slice(body);
+    }
+    out
+}
+
+/// The headers of a group message holding `events` (non-empty, contiguous).
+pub fn group_headers(events: &[Envelope], traceparent: Option<&str>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    let (Some(first), Some(last)) = (events.first(), events.last()) else { return headers };
+    let types: Vec<&str> = events.iter().map(|e| e.event_type()).collect();
+    headers.insert(HEADER_TYPE, types.join(&TYPE_SEPARATOR.to_string()).as_str());
+    headers.insert(HEADER_SEQ, first.seq.to_string().as_str());
+    headers.insert(HEADER_LAST_SEQ, last.seq.to_string().as_str());
+    headers.insert(HEADER_EPOCH, last.epoch.to_string().as_str());
+    if let Some(tp) = traceparent.filter(|tp| !tp.is_empty()) {
+        headers.insert(HEADER_TRACEPARENT, tp);
+    }
+    headers
+}
+
+/// Splits a group into the fewest runs of consecutive events whose messages fit `max_payload`: one run in
+/// all but the rarest case (several large events in one group). Errs with the size of an event that fits
+/// no message on its own.
+pub fn split_to_fit(events: &[Envelope], bodies: &[Vec<u8>], max_payload: usize) -> Result<Vec<Range<usize>>, usize> {
+    let room = max_payload.saturating_sub(FIXED_HEADER_ALLOWANCE);
+    let mut runs = Vec::new();
+    let (mut start, mut used) = (0, 0);
+    for (i, (event, body)) in events.iter().zip(bodies).enumerate() {
+        let cost = event_cost(event, body);
+        if cost > room {
+            return Err(body.len());
+        }
+        if used + cost > room {
+            runs.push(start..i);
+            (start, used) = (i, 0);
+        }
+        used += cost;
+    }
+    if start < events.len() {
+        runs.push(start..events.len());
+    }
+    Ok(runs)
+}
+
+fn header_u64(headers: Option<&HeaderMap>, name: &str) -> Option<u64> {
+    headers?.get(name).and_then(|v| v.as_str().parse().ok())
+}
+
+/// The first and last seq a stored message holds, from its headers.
+pub fn header_range(
+    session: &SessionRef,
+    headers: Option<&HeaderMap>,
+    stream_seq: u64,
+) -> Result<(u64, u64), JournalError> {
+    let corrupt = |detail: String| JournalError::Corrupt { session: session.clone(), seq: 0, detail };
+    let first = header_u64(headers, HEADER_SEQ)
+        .ok_or_else(|| corrupt(format!("stream message {stream_seq} has no valid {HEADER_SEQ} header")))?;
+    let has_last = headers.is_some_and(|h| h.get(HEADER_LAST_SEQ).is_some());
+    let last = if has_last {
+        header_u64(headers, HEADER_LAST_SEQ)
+            .filter(|last| *last >= first)
+            .ok_or_else(|| corrupt(format!("stream message {stream_seq} has an invalid {HEADER_LAST_SEQ} header")))?
+    } else {
+        first
+    };
+    Ok((first, last))
+}
+
+/// Decodes one stored message into its events and checks them against its headers and subject: one
+/// session, the seqs the headers name, contiguous.
+pub fn decode_message(
+    session: &SessionRef,
+    headers: Option<&HeaderMap>,
+    body: &[u8],
+    stream_seq: u64,
+) -> Result<Vec<Envelope>, JournalError> {
+    let (first, last) = header_range(session, headers, stream_seq)?;
+    let corrupt = |detail: String| JournalError::Corrupt { session: session.clone(), seq: first, detail };
+    let grouped = headers.is_some_and(|h| h.get(HEADER_LAST_SEQ).is_some());
+    let events = if grouped {
+        let group = pb::SessionEventGroup::decode(body).map_err(|e| corrupt(format!("SessionEventGroup: {e}")))?;
+        group
+            .events
+            .into_iter()
+            .map(|e| codec::decode_session_event(e).map_err(|e| corrupt(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        vec![codec::decode_event(body).map_err(|e| corrupt(e.to_string()))?]
+    };
+    if events.len() as u64 != last - first + 1 {
+        return Err(corrupt(format!(
+            "stream message {stream_seq} holds {} events but its headers name seqs {first}..={last}",
+            events.len()
+        )));
+    }
+    for (event, want) in events.iter().zip(first..) {
+        if event.session != *session {
+            return Err(corrupt(format!("the stored event names session {}", event.session)));
+        }
+        if event.seq != want {
+            return Err(corrupt(format!(
+                "stream message {stream_seq} holds seq {} where its headers say {want}",
+                event.seq
+            )));
+        }
+    }
+    Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnstile_model::{EventPayload, Status};
+
+    fn events(n: u64) -> Vec<Envelope> {
+        let session = SessionRef::new("acme", "g").unwrap();
+        (1..=n)
+            .map(|seq| Envelope {
+                session: session.clone(),
+                seq,
+                time_ms: seq,
+                epoch: 2,
+                payload: EventPayload::Status(if seq % 2 == 0 { Status::Idle } else { Status::Running }),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_group_body_is_a_session_event_group_and_decodes_back() {
+        let events = events(3);
+        let bodies: Vec<Vec<u8>> = events.iter().map(codec::encode_event).collect();
+        let body = encode_group(bodies.iter().map(Vec::as_slice));
+        let want = pb::SessionEventGroup { events: events.iter().map(codec::encode_session_event).collect() };
+        assert_eq!(body, want.encode_to_vec(), "the same bytes prost writes for the message");
+        let headers = group_headers(&events, None);
+        assert_eq!(headers.get(HEADER_TYPE).unwrap().as_str(), "agent/status,agent/status,agent/status");
+        assert_eq!(header_range(&events[0].session, Some(&headers), 7).unwrap(), (1, 3));
+        assert_eq!(decode_message(&events[0].session, Some(&headers), &body, 7).unwrap(), events);
+    }
+
+    #[test]
+    fn a_message_of_the_old_layout_is_one_event() {
+        let events = events(1);
+        let mut headers = HeaderMap::new();
+        headers.insert(HEADER_SEQ, "1");
+        let body = codec::encode_event(&events[0]);
+        assert_eq!(decode_message(&events[0].session, Some(&headers), &body, 1).unwrap(), events);
+    }
+
+    #[test]
+    fn headers_that_disagree_with_the_body_are_corrupt() {
+        let events = events(2);
+        let bodies: Vec<Vec<u8>> = events.iter().map(codec::encode_event).collect();
+        let body = encode_group(bodies.iter().map(Vec::as_slice));
+        let mut headers = group_headers(&events, None);
+        headers.insert(HEADER_LAST_SEQ, "3");
+        let err = decode_message(&events[0].session, Some(&headers), &body, 1).unwrap_err();
+        assert!(matches!(err, JournalError::Corrupt { .. }), "{err}");
+        headers.insert(HEADER_LAST_SEQ, "0");
+        assert!(header_range(&events[0].session, Some(&headers), 1).is_err());
+    }
+
+    #[test]
+    fn an_oversized_group_splits_into_runs_that_fit() {
+        let events = events(4);
+        let bodies: Vec<Vec<u8>> = events.iter().map(codec::encode_event).collect();
+        let each = event_cost(&events[0], &bodies[0]);
+        assert_eq!(split_to_fit(&events, &bodies, 1 << 20).unwrap(), vec![0..4]);
+        let two = FIXED_HEADER_ALLOWANCE + 2 * each;
+        assert_eq!(split_to_fit(&events, &bodies, two).unwrap(), vec![0..2, 2..4]);
+        assert_eq!(split_to_fit(&events, &bodies, FIXED_HEADER_ALLOWANCE + each - 1), Err(bodies[0].len()));
+    }
+}

@@ -9,6 +9,9 @@
 //!   with a shared secret file, or RS256/ES256 with a public key PEM. Only the configured algorithm is
 //!   accepted, so `alg: none` or a switch from RS256 to HS256 (the public key used as a secret) is refused.
 //! - [`Authenticator::Disabled`]: no credentials; allowed only on a loopback listener ([`check_exposure`]).
+//! - [`Authenticator::Reloadable`]: one of the first two, read from an [`AuthSource`] again on demand
+//!   ([`Reloadable::reload`]: the node calls it on SIGHUP and when the file's bytes change, decision 0035).
+//!   A reload that fails keeps the material in force; calls already authenticated are unaffected.
 //!
 //! A missing, malformed or unknown token is UNAUTHENTICATED. Naming another tenant's session is handled
 //! by the service as NOT_FOUND, exactly like a session that does not exist.
@@ -16,6 +19,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
@@ -102,6 +106,7 @@ pub enum Authenticator {
     Disabled,
     TokenFile(TokenFile),
     Jwt(Box<JwtAuth>),
+    Reloadable(Arc<Reloadable>),
 }
 
 impl fmt::Debug for Authenticator {
@@ -118,11 +123,16 @@ impl Authenticator {
             Self::Disabled => "off",
             Self::TokenFile(_) => "bearer tokens (token file)",
             Self::Jwt(_) => "bearer JWT (tenant claim)",
+            Self::Reloadable(live) => live.current().describe(),
         }
     }
 
     pub fn is_enabled(&self) -> bool {
-        !matches!(self, Self::Disabled)
+        match self {
+            Self::Disabled => false,
+            Self::Reloadable(live) => live.current().is_enabled(),
+            Self::TokenFile(_) | Self::Jwt(_) => true,
+        }
     }
 
     /// The caller of a request with this metadata; UNAUTHENTICATED when auth is on and the token is
@@ -134,6 +144,8 @@ impl Authenticator {
                 Status::unauthenticated("the bearer token is not valid; check --token (TURNSTILE_TOKEN)")
             })?,
             Self::Jwt(jwt) => jwt.verify(bearer(metadata)?)?,
+            // The material in force when the call arrives decides it; a reload swaps it for later calls.
+            Self::Reloadable(live) => return live.current().authenticate(metadata),
         };
         Ok(Caller::Tenant(tenant))
     }
@@ -182,7 +194,11 @@ fn digest(token: &str) -> [u8; 32] {
 
 impl TokenFile {
     pub fn load(path: &Path) -> Result<Self, AuthError> {
-        let bytes = read(path)?;
+        Self::from_bytes(path, read(path)?)
+    }
+
+    /// `bytes` read from `path` (named in errors).
+    fn from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Self, AuthError> {
         let text = String::from_utf8(bytes)
             .map_err(|_| AuthError::Key { path: path.to_owned(), detail: "the token file is not UTF-8 text".into() })?;
         Self::parse(path, &text)
@@ -233,6 +249,8 @@ impl TokenFile {
 pub struct JwtAuth {
     key: DecodingKey,
     validation: Validation,
+    /// SHA-256 of the key file's bytes: tells a reload whether the key changed, without keeping or logging it.
+    key_digest: [u8; 32],
 }
 
 impl fmt::Debug for JwtAuth {
@@ -249,7 +267,12 @@ struct Claims {
 impl JwtAuth {
     /// `key_file`: the HS256 secret (trailing newlines are not part of it) or the RS256/ES256 public key PEM.
     pub fn load(key_file: &Path, alg: JwtAlg) -> Result<Self, AuthError> {
-        let bytes = read(key_file)?;
+        Self::from_bytes(key_file, &read(key_file)?, alg)
+    }
+
+    /// `bytes` read from `key_file` (named in errors).
+    fn from_bytes(key_file: &Path, bytes: &[u8], alg: JwtAlg) -> Result<Self, AuthError> {
+        let key_digest: [u8; 32] = Sha256::digest(bytes).into();
         let key_error = |detail: String| AuthError::Key { path: key_file.to_owned(), detail };
         let key = match alg {
             JwtAlg::Hs256 => {
@@ -265,9 +288,9 @@ impl JwtAuth {
                 }
                 DecodingKey::from_secret(secret)
             }
-            JwtAlg::Rs256 => DecodingKey::from_rsa_pem(&bytes)
+            JwtAlg::Rs256 => DecodingKey::from_rsa_pem(bytes)
                 .map_err(|e| key_error(format!("not an RSA public key PEM ({e}); --jwt-alg RS256 needs one")))?,
-            JwtAlg::Es256 => DecodingKey::from_ec_pem(&bytes)
+            JwtAlg::Es256 => DecodingKey::from_ec_pem(bytes)
                 .map_err(|e| key_error(format!("not an EC P-256 public key PEM ({e}); --jwt-alg ES256 needs one")))?,
         };
         let mut validation = Validation::new(alg.algorithm());
@@ -275,7 +298,7 @@ impl JwtAuth {
         validation.validate_exp = true;
         // Without a configured audience, tokens are scoped by their key and tenant claim only.
         validation.validate_aud = false;
-        Ok(Self { key, validation })
+        Ok(Self { key, validation, key_digest })
     }
 
     /// Also requires the tokens' `aud` and `iss` claims: `aud` must be or contain `audience`, `iss` must be
@@ -332,6 +355,137 @@ impl JwtAuth {
             .map_err(|e| Status::unauthenticated(format!("the bearer JWT's tenant claim is not valid: {e}")))?;
         Ok(tenant)
     }
+}
+
+/// Where an enabled authenticator's material is read from, so that it can be read again.
+#[derive(Clone, Debug)]
+pub enum AuthSource {
+    /// `--auth-tokens FILE`.
+    TokenFile(PathBuf),
+    /// `--jwt-key FILE` with its algorithm and the claims it requires.
+    Jwt { key: PathBuf, alg: JwtAlg, audience: Option<String>, issuer: Option<String> },
+}
+
+impl AuthSource {
+    /// The file the material is read from.
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::TokenFile(path) | Self::Jwt { key: path, .. } => path,
+        }
+    }
+
+    /// Reads and checks the material.
+    pub fn load(&self) -> Result<Authenticator, AuthError> {
+        self.parse(read(self.path())?)
+    }
+
+    fn parse(&self, bytes: Vec<u8>) -> Result<Authenticator, AuthError> {
+        Ok(match self {
+            Self::TokenFile(path) => Authenticator::TokenFile(TokenFile::from_bytes(path, bytes)?),
+            Self::Jwt { key, alg, audience, issuer } => Authenticator::Jwt(Box::new(
+                JwtAuth::from_bytes(key, &bytes, *alg)?.with_claims(audience.as_deref(), issuer.as_deref()),
+            )),
+        })
+    }
+}
+
+/// What the last reload attempt read: the digest of the bytes, or why they could not be read. A poll that
+/// sees the same again does nothing, so a file left broken is reported once, not at every poll.
+type Seen = Result<[u8; 32], String>;
+
+/// Auth material that can be swapped while the server runs: each call reads the [`Arc`] in force when it
+/// arrives (a read lock held only to clone it), and a successful [`Reloadable::reload`] replaces it.
+pub struct Reloadable {
+    source: AuthSource,
+    current: RwLock<Arc<Authenticator>>,
+    seen: Mutex<Option<Seen>>,
+}
+
+impl fmt::Debug for Reloadable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reloadable").field("path", &self.source.path()).finish_non_exhaustive()
+    }
+}
+
+/// What a successful reload changed, in counts and never in secrets: `3 tokens for 2 tenants (1 added, 1 removed)`,
+/// `the HS256 key was replaced`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReloadSummary(pub String);
+
+impl fmt::Display for ReloadSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Reloadable {
+    /// Loads `source` for the first time; an error here stops the server from starting.
+    pub fn load(source: AuthSource) -> Result<Self, AuthError> {
+        let bytes = read(source.path())?;
+        let seen = Ok(Sha256::digest(&bytes).into());
+        let current = source.parse(bytes)?;
+        Ok(Self { source, current: RwLock::new(Arc::new(current)), seen: Mutex::new(Some(seen)) })
+    }
+
+    pub fn source(&self) -> &AuthSource {
+        &self.source
+    }
+
+    /// The material in force.
+    pub fn current(&self) -> Arc<Authenticator> {
+        // A poisoned lock still holds a whole `Arc` (the writer only assigns one), so it is safe to use.
+        self.current.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Reads the file again and swaps the material in when it is valid. `force` (SIGHUP) reloads even when
+    /// the bytes are those of the last attempt; otherwise (a poll) unchanged bytes answer `None`. An error
+    /// leaves the material in force and names the file and what is wrong with it.
+    pub fn reload(&self, force: bool) -> Option<Result<ReloadSummary, AuthError>> {
+        let path = self.source.path();
+        let bytes = std::fs::read(path);
+        let now: Seen = match &bytes {
+            Ok(b) => Ok(Sha256::digest(b).into()),
+            Err(e) => Err(e.to_string()),
+        };
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+            if !force && seen.as_ref() == Some(&now) {
+                return None;
+            }
+            *seen = Some(now);
+        }
+        let loaded = bytes
+            .map_err(|cause| AuthError::Read { path: path.to_owned(), cause })
+            .and_then(|bytes| self.source.parse(bytes));
+        Some(loaded.map(|new| {
+            let summary = summarize(&self.current(), &new);
+            *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(new);
+            summary
+        }))
+    }
+}
+
+fn summarize(old: &Authenticator, new: &Authenticator) -> ReloadSummary {
+    ReloadSummary(match (old, new) {
+        (Authenticator::TokenFile(old), Authenticator::TokenFile(new)) => {
+            let listed = |file: &TokenFile, d: &[u8; 32]| file.entries.iter().any(|(e, _)| e == d);
+            let added = new.entries.iter().filter(|(d, _)| !listed(old, d)).count();
+            let removed = old.entries.iter().filter(|(d, _)| !listed(new, d)).count();
+            let mut tenants: Vec<&str> = new.entries.iter().map(|(_, t)| t.as_str()).collect();
+            tenants.sort_unstable();
+            tenants.dedup();
+            format!("{} tokens for {} tenants ({added} added, {removed} removed)", new.entries.len(), tenants.len())
+        }
+        (Authenticator::Jwt(old), Authenticator::Jwt(new)) => {
+            let alg = new.validation.algorithms.first().map_or_else(String::new, |a| format!("{a:?} "));
+            if old.key_digest == new.key_digest {
+                format!("the {alg}key is unchanged")
+            } else {
+                format!("the {alg}key was replaced")
+            }
+        }
+        (_, new) => format!("now {}", new.describe()),
+    })
 }
 
 /// Auth off is allowed only on loopback: anything else would let anyone on the network act as any tenant.
@@ -418,6 +572,55 @@ mod tests {
         assert!(err.to_string().contains("at least 32 bytes, this one has 9"), "{err}");
         let err = JwtAuth::load(&dir.join("missing.key"), JwtAlg::Hs256).err().unwrap();
         assert!(err.to_string().starts_with("cannot read "), "{err}");
+    }
+
+    #[test]
+    fn a_reload_swaps_valid_material_and_keeps_the_old_on_error() {
+        let dir = std::env::temp_dir().join(format!("turnstile-auth-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokens.txt");
+        std::fs::write(&path, "a acme\nb globex\n").unwrap();
+        let live = Arc::new(Reloadable::load(AuthSource::TokenFile(path.clone())).unwrap());
+        let auth = Authenticator::Reloadable(Arc::clone(&live));
+        assert_eq!(auth.authenticate(&with_auth("Bearer a")).unwrap(), Caller::Tenant("acme".into()));
+        assert!(live.reload(false).is_none(), "a poll of unchanged bytes does nothing");
+        let forced = live.reload(true).unwrap().unwrap();
+        assert_eq!(forced.0, "2 tokens for 2 tenants (0 added, 0 removed)");
+
+        // A call that took the material before the swap keeps it.
+        let before = live.current();
+        std::fs::write(&path, "b globex\nc globex\n").unwrap();
+        assert_eq!(live.reload(false).unwrap().unwrap().0, "2 tokens for 1 tenants (1 added, 1 removed)");
+        assert!(before.authenticate(&with_auth("Bearer a")).is_ok());
+        assert_eq!(auth.authenticate(&with_auth("Bearer a")).unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert!(auth.authenticate(&with_auth("Bearer c")).is_ok());
+
+        std::fs::write(&path, "b\n").unwrap();
+        let err = live.reload(false).unwrap().unwrap_err();
+        assert!(err.to_string().ends_with("tokens.txt:1: expected `TOKEN TENANT`, got 1 fields"), "{err}");
+        assert!(live.reload(false).is_none(), "a file left broken is reported once");
+        assert!(auth.authenticate(&with_auth("Bearer c")).is_ok(), "the failed reload kept the tokens");
+        std::fs::remove_file(&path).unwrap();
+        assert!(live.reload(true).unwrap().unwrap_err().to_string().starts_with("cannot read "));
+        assert!(auth.authenticate(&with_auth("Bearer c")).is_ok());
+    }
+
+    #[test]
+    fn a_key_reload_says_whether_the_key_changed_and_a_bad_pem_names_the_file() {
+        let dir = std::env::temp_dir().join(format!("turnstile-auth-key-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("hs.key");
+        std::fs::write(&path, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let source = AuthSource::Jwt { key: path.clone(), alg: JwtAlg::Hs256, audience: None, issuer: None };
+        let live = Reloadable::load(source).unwrap();
+        std::fs::write(&path, "fedcba9876543210fedcba9876543210\n").unwrap();
+        assert_eq!(live.reload(false).unwrap().unwrap().0, "the HS256 key was replaced");
+        assert_eq!(live.reload(true).unwrap().unwrap().0, "the HS256 key is unchanged");
+
+        let source = AuthSource::Jwt { key: path.clone(), alg: JwtAlg::Es256, audience: None, issuer: None };
+        std::fs::write(&path, "-----BEGIN PUBLIC KEY-----\nnot base64\n-----END PUBLIC KEY-----\n").unwrap();
+        let err = Reloadable::load(source).err().unwrap().to_string();
+        assert!(err.starts_with(&format!("{}: not an EC P-256 public key PEM", path.display())), "{err}");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::journal::{NatsOptions, open_nats};
 use crate::ops::{OpsHttp, install_metrics, nats_ready};
 use crate::report::{Bound, bind, bound_with_http, client_url_for, report_bound};
 use crate::running::{Running, handle_methods};
-use crate::security::{AuthOptions, ServerSecurity, ServerTls, auth_line};
+use crate::security::{AuthOptions, AuthWatch, ServerSecurity, ServerTls, auth_line};
 use crate::{NodeError, agents, gateway_config, replicas, worker_config};
 
 /// `--listen` when it is not given.
@@ -174,6 +174,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let security = ServerSecurity::load(&opts.auth, opts.tls.as_ref())?;
     let (listener, local) = bind(&opts.listen).await?;
     let auth = auth_line(&security.auth, local, &opts.listen)?;
+    let auth_watch = AuthWatch::install(&security.auth)?;
     let journal = open_journal(&opts).await?;
     // Client tools: over NATS when the journal is there (other gateways' executors too), else straight to
     // this process's gateway.
@@ -224,6 +225,9 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     tracing::info!(%local, tls = security.tls.is_some(), "serving turnstile.v1.Agent");
 
     let stop = CancellationToken::new();
+    if let Some(watch) = auth_watch {
+        watch.spawn(stop.clone());
+    }
     let serve = turnstile_gateway::serve_with(gateway, listener, security.tls, stop.clone().cancelled_owned());
     let http_addr = http.addr();
     let running = Running::spawn(stop, async move {

@@ -44,6 +44,9 @@ pub enum NodeError {
     /// `--auth-tokens` or `--jwt-key` could not be loaded; `flag` names which.
     #[error("{flag}: {cause}")]
     Auth { flag: &'static str, cause: AuthError },
+    /// The handler of a signal the server acts on (SIGHUP: reload the auth files) cannot be installed.
+    #[error("cannot listen for {signal}: {cause}")]
+    Signal { signal: &'static str, cause: std::io::Error },
     /// Serving without auth on an address other than loopback.
     #[error("{0}")]
     Exposure(AuthError),

@@ -16,7 +16,7 @@ use crate::journal::{NatsOptions, open_nats};
 use crate::ops::{OpsHttp, install_metrics, nats_ready};
 use crate::report::{bind, bound_with_http, client_url_for, report_bound};
 use crate::running::{Running, handle_methods};
-use crate::security::{AuthOptions, ClusterTls, ServerSecurity, ServerTls, auth_line};
+use crate::security::{AuthOptions, AuthWatch, ClusterTls, ServerSecurity, ServerTls, auth_line};
 use crate::{NodeError, gateway_config, replicas};
 
 /// How a gateway is started.
@@ -91,6 +91,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let cluster_tls = opts.cluster_tls.as_ref().map(ClusterTls::load).transpose()?;
     let (listener, local) = bind(&opts.listen).await?;
     let auth = auth_line(&security.auth, local, &opts.listen)?;
+    let auth_watch = AuthWatch::install(&security.auth)?;
     let config = &opts.config.config;
     let c = &config.cluster;
     let url = opts.nats.url.as_str();
@@ -133,6 +134,9 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     tracing::info!(%local, nats = %url, shards = c.shards, "serving turnstile.v1.Agent with cluster routing");
 
     let stop = CancellationToken::new();
+    if let Some(watch) = auth_watch {
+        watch.spawn(stop.clone());
+    }
     let serve = turnstile_gateway::serve_with(gateway, listener, security.tls, stop.clone().cancelled_owned());
     let http_addr = http.addr();
     let running = Running::spawn(stop, async move {

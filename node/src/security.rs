@@ -1,13 +1,17 @@
 //! Who may call a server and how its connections are encrypted: the files named by the auth, TLS and
 //! NATS-credential options, and the one place that loads them into an [`Authenticator`] and rustls configs.
-//! Every file is read when a role starts, before anything listens, so a wrong path fails first.
+//! Every file is read when a role starts, before anything listens, so a wrong path fails first. The auth
+//! files are read again on SIGHUP and when their bytes change ([`watch_auth`], decision 0035).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
 use tonic::transport::{ClientTlsConfig, ServerTlsConfig};
 pub use turnstile_gateway::auth::JwtAlg;
-use turnstile_gateway::auth::{self, Authenticator, JwtAuth, TokenFile};
+use turnstile_gateway::auth::{self, AuthSource, Authenticator, Reloadable};
 use turnstile_gateway::tls;
 pub use turnstile_journal::jetstream::NatsSecurity;
 
@@ -38,17 +42,80 @@ impl AuthOptions {
     }
 
     pub(crate) fn load(&self) -> Result<Authenticator, NodeError> {
-        Ok(match (&self.auth_tokens, &self.jwt_key) {
-            (Some(file), _) => Authenticator::TokenFile(
-                TokenFile::load(file).map_err(|cause| NodeError::Auth { flag: "--auth-tokens", cause })?,
+        let (flag, source) = match (&self.auth_tokens, &self.jwt_key) {
+            (Some(file), _) => ("--auth-tokens", AuthSource::TokenFile(file.clone())),
+            (None, Some(key)) => (
+                "--jwt-key",
+                AuthSource::Jwt {
+                    key: key.clone(),
+                    alg: self.jwt_alg,
+                    audience: self.jwt_audience.clone(),
+                    issuer: self.jwt_issuer.clone(),
+                },
             ),
-            (None, Some(key)) => Authenticator::Jwt(Box::new(
-                JwtAuth::load(key, self.jwt_alg)
-                    .map_err(|cause| NodeError::Auth { flag: "--jwt-key", cause })?
-                    .with_claims(self.jwt_audience.as_deref(), self.jwt_issuer.as_deref()),
-            )),
-            (None, None) => Authenticator::Disabled,
-        })
+            (None, None) => return Ok(Authenticator::Disabled),
+        };
+        let live = Reloadable::load(source).map_err(|cause| NodeError::Auth { flag, cause })?;
+        Ok(Authenticator::Reloadable(Arc::new(live)))
+    }
+}
+
+/// How often the auth file's bytes are compared with the last ones read: a rotated key or a revoked token
+/// is in force within this long even without a SIGHUP. Reading a small file every few seconds costs nothing
+/// and, unlike a modification time, also sees a rewrite within the same second.
+const AUTH_POLL: Duration = Duration::from_secs(2);
+
+/// Reloads an auth file on SIGHUP and when its bytes change ([`AuthWatch::spawn`]).
+pub(crate) struct AuthWatch {
+    live: Arc<Reloadable>,
+    #[cfg(unix)]
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl AuthWatch {
+    /// Installs the SIGHUP handler now, so a SIGHUP sent once the server reports ready reloads instead of
+    /// killing it (the default action). `None` when auth is off: there is nothing to reload.
+    pub(crate) fn install(auth: &Authenticator) -> Result<Option<Self>, NodeError> {
+        let Authenticator::Reloadable(live) = auth else { return Ok(None) };
+        Ok(Some(Self {
+            live: Arc::clone(live),
+            #[cfg(unix)]
+            hangup: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .map_err(|cause| NodeError::Signal { signal: "SIGHUP", cause })?,
+        }))
+    }
+
+    /// Watches until `stop`.
+    pub(crate) fn spawn(self, stop: CancellationToken) {
+        #[cfg(unix)]
+        let Self { live, mut hangup } = self;
+        #[cfg(not(unix))]
+        let Self { live } = self;
+        tokio::spawn(async move {
+            let mut poll = tokio::time::interval(AUTH_POLL);
+            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                #[cfg(unix)]
+                let hup = hangup.recv();
+                #[cfg(not(unix))]
+                let hup = std::future::pending::<Option<()>>();
+                let force = tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = hup => true,
+                    _ = poll.tick() => false,
+                };
+                let path = live.source().path().display().to_string();
+                match live.reload(force) {
+                    None => {}
+                    Some(Ok(summary)) => tracing::info!(file = %path, sighup = force, "auth reloaded: {summary}"),
+                    Some(Err(e)) => tracing::error!(
+                        file = %path,
+                        sighup = force,
+                        "auth reload failed, the previous tokens and keys stay in force: {e}"
+                    ),
+                }
+            }
+        });
     }
 }
 

@@ -225,6 +225,11 @@ impl DevServer {
         self.process.log_tail()
     }
 
+    /// SIGHUP: the server reads its auth files again.
+    pub fn hangup(&self) -> Result<(), HarnessError> {
+        self.process.signal("HUP")
+    }
+
     /// SIGKILL: the crash case. Nothing is flushed or shut down gracefully.
     pub fn kill(mut self) {
         self.process.kill();

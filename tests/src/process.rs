@@ -120,6 +120,24 @@ impl ChildProcess {
         }
     }
 
+    /// Sends `signal` (a `kill -s` name such as `HUP`) and does not wait; nothing if it has exited.
+    pub fn signal(&self, signal: &str) -> Result<(), HarnessError> {
+        let Some(pid) = self.pid() else { return Ok(()) };
+        // As in `stop`: `kill(1)` spares a libc dependency.
+        let status = Command::new("kill")
+            .args(["-s", signal, &pid.to_string()])
+            .status()
+            .map_err(|e| HarnessError::io("running kill", e))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(HarnessError::io(
+                "sending a signal",
+                std::io::Error::other(format!("kill -s {signal} {pid}: {status}")),
+            ))
+        }
+    }
+
     /// SIGTERM, wait up to `grace` for the exit, then SIGKILL. Idempotent.
     pub async fn stop(&mut self, grace: Duration) {
         let Some(pid) = self.pid() else { return };

@@ -474,7 +474,12 @@ fn summarize(old: &Authenticator, new: &Authenticator) -> ReloadSummary {
             let mut tenants: Vec<&str> = new.entries.iter().map(|(_, t)| t.as_str()).collect();
             tenants.sort_unstable();
             tenants.dedup();
-            format!("{} tokens for {} tenants ({added} added, {removed} removed)", new.entries.len(), tenants.len())
+            let count = |n: usize, noun: &str| if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") };
+            format!(
+                "{} for {} ({added} added, {removed} removed)",
+                count(new.entries.len(), "token"),
+                count(tenants.len(), "tenant")
+            )
         }
         (Authenticator::Jwt(old), Authenticator::Jwt(new)) => {
             let alg = new.validation.algorithms.first().map_or_else(String::new, |a| format!("{a:?} "));
@@ -590,7 +595,7 @@ mod tests {
         // A call that took the material before the swap keeps it.
         let before = live.current();
         std::fs::write(&path, "b globex\nc globex\n").unwrap();
-        assert_eq!(live.reload(false).unwrap().unwrap().0, "2 tokens for 1 tenants (1 added, 1 removed)");
+        assert_eq!(live.reload(false).unwrap().unwrap().0, "2 tokens for 1 tenant (1 added, 1 removed)");
         assert!(before.authenticate(&with_auth("Bearer a")).is_ok());
         assert_eq!(auth.authenticate(&with_auth("Bearer a")).unwrap_err().code(), tonic::Code::Unauthenticated);
         assert!(auth.authenticate(&with_auth("Bearer c")).is_ok());

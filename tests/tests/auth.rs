@@ -409,7 +409,7 @@ async fn a_token_removed_from_the_file_is_refused_after_sighup_and_a_bad_rewrite
     until_answer(&server, TOKEN_A, Code::Unauthenticated, "A revoked").await;
     assert_eq!(call(&mut client, TOKEN_B).await, Code::Ok, "B is still listed");
     let line = until_logged(&server, "auth reloaded", reloaded).await;
-    assert!(line.contains("1 tokens for 1 tenants (0 added, 1 removed)"), "{line}");
+    assert!(line.contains("1 token for 1 tenant (0 added, 1 removed)"), "{line}");
     assert!(!line.contains(TOKEN_B) && !line.contains(TOKEN_A), "a reload must not log tokens: {line}");
 
     // A rewrite that does not parse: the error names the file and the line; B still works, A stays revoked.

@@ -67,7 +67,7 @@ pub async fn serve_with(
     let served = [<AgentServer<Gateway> as tonic::server::NamedService>::NAME];
     let (router, _health) = turnstile_ops::grpc::server(&served, tls).await?;
     router
-        .add_service(AgentServer::new(gateway))
+        .add_service(gateway.into_server())
         .serve_with_incoming_shutdown(turnstile_ops::grpc::incoming(listener), shutdown)
         .await?;
     Ok(())

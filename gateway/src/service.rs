@@ -15,7 +15,7 @@ use turnstile_model::message::{MessageSource, SessionRef, Target, UserMessage};
 use turnstile_model::{Command, CommandReply, InjectMode, SessionState, SessionSummary};
 use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
-use turnstile_proto::v1::agent_server::Agent;
+use turnstile_proto::v1::agent_server::{Agent, AgentServer};
 
 use crate::auth::{Authenticator, Caller};
 use crate::tools::ToolHub;
@@ -34,6 +34,9 @@ pub struct GatewayConfig {
     /// The agent a session runs until `ConfigureSession` names another (config `default_agent`); reads
     /// report it for sessions never configured.
     pub default_agent: String,
+    /// The largest encoded request decoded (config `limits.max_request_bytes()`, decision 0033); a larger
+    /// one is refused by tonic with OUT_OF_RANGE ("decoded message length too large") before it is decoded.
+    pub max_request_bytes: usize,
 }
 
 impl Default for GatewayConfig {
@@ -43,9 +46,13 @@ impl Default for GatewayConfig {
             when_idle_timeout: Duration::from_secs(30),
             watch_buffer: 256,
             default_agent: "scripted".into(),
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
         }
     }
 }
+
+/// `max_request_bytes` of the default configuration: 4 MiB of pending content plus 1 MiB of envelope.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 5 * 1024 * 1024;
 
 /// Default and largest `ListSessions` page.
 const DEFAULT_PAGE: usize = 100;
@@ -74,6 +81,13 @@ impl std::fmt::Debug for Gateway {
 }
 
 impl Gateway {
+    /// The tonic server of this gateway with its request size limit; the gRPC server and the console's
+    /// gRPC-Web API both serve this.
+    pub fn into_server(self) -> AgentServer<Self> {
+        let limit = self.config.max_request_bytes;
+        AgentServer::new(self).max_decoding_message_size(limit)
+    }
+
     pub fn new(
         router: Arc<dyn CommandRouter>,
         log: Arc<dyn SessionLog>,

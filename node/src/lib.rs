@@ -41,6 +41,7 @@ fn worker_config(config: &Config) -> WorkerConfig {
         limits: Limits {
             max_message_bytes: config.limits.max_message_bytes,
             max_pending: config.limits.max_pending,
+            max_pending_bytes: config.limits.max_pending_bytes,
             dedup_horizon: config.journal.dedup_horizon,
             max_goal_rounds: config.limits.max_goal_rounds,
         },
@@ -57,6 +58,7 @@ fn gateway_config(config: &Config) -> GatewayConfig {
     GatewayConfig {
         when_idle_timeout: config.limits.when_idle_timeout(),
         default_agent: config.default_agent.clone(),
+        max_request_bytes: config.limits.max_request_bytes(),
         ..GatewayConfig::default()
     }
 }

@@ -137,7 +137,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     // to look again), so it stops only after the worker has left the cluster.
     let stop_server = CancellationToken::new();
     let mut server = tokio::spawn(service::serve_with(
-        WorkerService::new(worker.host()),
+        WorkerService::new(worker.host()).with_max_request_bytes(config.limits.max_request_bytes()),
         listener,
         tls,
         stop_server.clone().cancelled_owned(),

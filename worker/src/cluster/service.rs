@@ -23,6 +23,8 @@ use turnstile_proto::cluster::v1::worker_server::{Worker, WorkerServer};
 #[derive(Clone)]
 pub struct WorkerService {
     router: Arc<dyn CommandRouter>,
+    /// The largest encoded `ExecuteRequest` decoded; `None` keeps tonic's default of 4 MiB.
+    max_request_bytes: Option<usize>,
 }
 
 impl std::fmt::Debug for WorkerService {
@@ -33,12 +35,24 @@ impl std::fmt::Debug for WorkerService {
 
 impl WorkerService {
     pub fn new(router: Arc<dyn CommandRouter>) -> Self {
-        Self { router }
+        Self { router, max_request_bytes: None }
+    }
+
+    /// Decodes requests up to `bytes` (config `limits.max_request_bytes()`, decision 0033), so that every
+    /// request the gateway admitted also crosses the gateway→worker hop.
+    pub fn with_max_request_bytes(mut self, bytes: usize) -> Self {
+        self.max_request_bytes = Some(bytes);
+        self
     }
 
     /// The tonic server of this service, to add to a `tonic::transport::Server`.
     pub fn into_server(self) -> WorkerServer<Self> {
-        WorkerServer::new(self)
+        let limit = self.max_request_bytes;
+        let server = WorkerServer::new(self);
+        match limit {
+            Some(bytes) => server.max_decoding_message_size(bytes),
+            None => server,
+        }
     }
 }
 

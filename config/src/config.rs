@@ -74,6 +74,14 @@ pub struct Limits {
     /// Content bytes (text + data) pending across both inbox lists of one session; a delivery that would
     /// exceed it is resource-exhausted and writes nothing. At least `max_message_bytes`. Default 4 MiB.
     pub max_pending_bytes: usize,
+    /// Requests one tenant may make per minute on one gateway, sustained; more are resource-exhausted with
+    /// a `retry-after-ms` hint. 0: no rate limit. Default 0.
+    pub tenant_requests_per_minute: u32,
+    /// Requests one tenant may make at once after being idle; 0: `tenant_requests_per_minute`. Default 0.
+    pub tenant_request_burst: u32,
+    /// Watch streams one tenant may hold open on one gateway; one more is resource-exhausted. 0: no limit.
+    /// Default 0.
+    pub tenant_max_watches: usize,
 }
 
 impl Default for Limits {
@@ -85,6 +93,9 @@ impl Default for Limits {
             max_goal_rounds: 100,
             max_queued_commands: 1024,
             max_pending_bytes: 4 * 1024 * 1024,
+            tenant_requests_per_minute: 0,
+            tenant_request_burst: 0,
+            tenant_max_watches: 0,
         }
     }
 }

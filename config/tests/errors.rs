@@ -39,7 +39,7 @@ fn unknown_agent_key() {
 fn unknown_keys_in_every_other_table() {
     assert_eq!(
         err("[limits]\nmax_bytes = 1\n"),
-        "line 2, column 1: limits.max_bytes: unknown key (allowed: max_message_bytes, max_pending, when_idle_timeout_ms, max_goal_rounds, max_queued_commands, max_pending_bytes)"
+        "line 2, column 1: limits.max_bytes: unknown key (allowed: max_message_bytes, max_pending, when_idle_timeout_ms, max_goal_rounds, max_queued_commands, max_pending_bytes, tenant_requests_per_minute, tenant_request_burst, tenant_max_watches)"
     );
     assert_eq!(
         err("[cluster]\nlease_ms = 1\n"),

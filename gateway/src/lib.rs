@@ -63,12 +63,14 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let watches = gateway.shutdown_token();
+    let served = [<AgentServer<Gateway> as tonic::server::NamedService>::NAME];
+    let (router, health) = turnstile_ops::grpc::server(&served, tls).await?;
     let shutdown = async move {
         shutdown.await;
+        // Draining: probes on open connections see NOT_SERVING while in-flight calls finish.
+        turnstile_ops::grpc::report_draining(&health, &served).await;
         watches.cancel();
     };
-    let served = [<AgentServer<Gateway> as tonic::server::NamedService>::NAME];
-    let (router, _health) = turnstile_ops::grpc::server(&served, tls).await?;
     router
         .add_service(gateway.into_server())
         .serve_with_incoming_shutdown(turnstile_ops::grpc::incoming(listener), shutdown)

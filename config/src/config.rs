@@ -71,6 +71,17 @@ pub struct Limits {
     pub max_goal_rounds: u32,
     /// Commands waiting for one session's driver; one more is resource-exhausted at once. Default 1,024.
     pub max_queued_commands: usize,
+    /// Content bytes (text + data) pending across both inbox lists of one session; a delivery that would
+    /// exceed it is resource-exhausted and writes nothing. At least `max_message_bytes`. Default 4 MiB.
+    pub max_pending_bytes: usize,
+    /// Requests one tenant may make per minute on one gateway, sustained; more are resource-exhausted with
+    /// a `retry-after-ms` hint. 0: no rate limit. Default 0.
+    pub tenant_requests_per_minute: u32,
+    /// Requests one tenant may make at once after being idle; 0: `tenant_requests_per_minute`. Default 0.
+    pub tenant_request_burst: u32,
+    /// Watch streams one tenant may hold open on one gateway; one more is resource-exhausted. 0: no limit.
+    /// Default 0.
+    pub tenant_max_watches: usize,
 }
 
 impl Default for Limits {
@@ -81,11 +92,32 @@ impl Default for Limits {
             when_idle_timeout_ms: 30_000,
             max_goal_rounds: 100,
             max_queued_commands: 1024,
+            max_pending_bytes: 4 * 1024 * 1024,
+            tenant_requests_per_minute: 0,
+            tenant_request_burst: 0,
+            tenant_max_watches: 0,
         }
     }
 }
 
+/// Bytes of a request's envelope allowed beside its content: message ids, sources, MIME types, targets,
+/// tool-call ids and protobuf framing (decision 0033).
+pub const REQUEST_ENVELOPE_BYTES: usize = 1024 * 1024;
+
 impl Limits {
+    /// The largest encoded request the public API decodes (tonic `max_decoding_message_size`; decision
+    /// 0033): the content one valid request can carry — a `Splice` inserts at most `max_pending_bytes`,
+    /// every other request at most one message or one tool result of `max_message_bytes` — plus
+    /// [`REQUEST_ENVELOPE_BYTES`]. A larger request is refused before it is decoded.
+    ///
+    /// ```
+    /// let limits = turnstile_config::Limits::default();
+    /// assert_eq!(limits.max_request_bytes(), 5 * 1024 * 1024);
+    /// ```
+    pub fn max_request_bytes(&self) -> usize {
+        self.max_pending_bytes.max(self.max_message_bytes).saturating_add(REQUEST_ENVELOPE_BYTES)
+    }
+
     /// `when_idle_timeout_ms` as a duration.
     pub fn when_idle_timeout(&self) -> Duration {
         Duration::from_millis(self.when_idle_timeout_ms)
@@ -377,6 +409,13 @@ impl Config {
             self.limits.max_queued_commands as u64,
             "0 would refuse every command",
         )?;
+        if self.limits.max_pending_bytes < self.limits.max_message_bytes {
+            return Err(limits.key("max_pending_bytes").invalid(format!(
+                "{} is below max_message_bytes ({}): a message of the largest allowed size could never be pending; \
+                 raise it to at least max_message_bytes",
+                self.limits.max_pending_bytes, self.limits.max_message_bytes
+            )));
+        }
 
         let c = &self.cluster;
         let cluster = root.key("cluster");

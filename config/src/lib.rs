@@ -50,7 +50,10 @@ mod tools;
 mod url;
 
 pub use agent::{AgentConfig, HookConfig, OnFailure};
-pub use config::{CONFIG_ENV, ClusterConfig, Config, JournalConfig, Limits, MIN_DEDUP_HORIZON, SCRIPTED, ToolDefaults};
+pub use config::{
+    CONFIG_ENV, ClusterConfig, Config, JournalConfig, Limits, MIN_DEDUP_HORIZON, REQUEST_ENVELOPE_BYTES, SCRIPTED,
+    ToolDefaults,
+};
 pub use error::{ConfigError, Location};
 pub use mcp::{McpServerConfig, McpTransport};
 pub use model::{ModelConfig, Provider};

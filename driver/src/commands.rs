@@ -63,10 +63,12 @@ impl Driver {
         message.validate(self.limits.max_message_bytes).map_err(|e| CommandError::InvalidArgument(e.to_string()))
     }
 
-    /// The pending-items limit, for a change that adds `added` and removes `removed`.
-    fn check_room(&self, added: usize, removed: usize) -> Result<(), CommandError> {
-        let after = (self.state.inbox.len() + added).saturating_sub(removed);
-        if added > removed && after > self.limits.max_pending {
+    /// The pending-items and pending-bytes limits, for a change that adds `added` and removes the pending
+    /// items `removed` (their count and content bytes). Only a change that grows a measure is refused by it,
+    /// so removing and shrinking stay possible above a lowered limit.
+    fn check_room(&self, added: &[UserMessage], removed: Room) -> Result<(), CommandError> {
+        let after = (self.state.inbox.len() + added.len()).saturating_sub(removed.items);
+        if added.len() > removed.items && after > self.limits.max_pending {
             return Err(CommandError::ResourceExhausted(format!(
                 "session {} has {} pending messages and the limit is {}; wait for turns to drain, or remove or clear pending messages",
                 self.state.session,
@@ -74,7 +76,24 @@ impl Driver {
                 self.limits.max_pending
             )));
         }
+        let added_bytes: usize = added.iter().map(UserMessage::size).sum();
+        let pending_bytes = self.state.inbox.content_bytes();
+        let after_bytes = (pending_bytes + added_bytes).saturating_sub(removed.bytes);
+        if added_bytes > removed.bytes && after_bytes > self.limits.max_pending_bytes {
+            return Err(CommandError::ResourceExhausted(format!(
+                "session {} has {pending_bytes} bytes of pending content; {added_bytes} more would make {after_bytes}, \
+                 above the limit of {} (config limits.max_pending_bytes); wait for turns to drain, or remove or clear pending messages",
+                self.state.session, self.limits.max_pending_bytes
+            )));
+        }
         Ok(())
+    }
+
+    /// What a change removes from the pending lists: `list[start..start + count]` of `target`.
+    fn removed_room(&self, target: Target, start: usize, count: usize) -> Room {
+        let list = self.state.inbox.list(target);
+        let removed = list.get(start..start + count).unwrap_or_default();
+        Room { items: removed.len(), bytes: removed.iter().map(UserMessage::size).sum() }
     }
 
     /// A message id that a delivery or edit may insert: not pending (unless `except` is being removed by
@@ -141,7 +160,7 @@ impl Driver {
             let seq = self.write(EventPayload::UserMessage { message, turn: 0, step: 0 });
             return Ok(CommandReply::Sent { seq, turn: None });
         }
-        self.check_room(1, 0)?;
+        self.check_room(std::slice::from_ref(&message), Room::NONE)?;
 
         // A waking delivery during an abort is forced to next-turn and latches a wake (never for
         // `disposed`): it runs as the next turn once the aborted one has ended.
@@ -197,7 +216,7 @@ impl Driver {
         }
         // Validate the followup half before the cancel half acts, so a refused interrupt changes nothing.
         self.check_new_id(&message.id, &[])?;
-        self.check_room(1, 0)?;
+        self.check_room(std::slice::from_ref(&message), Room::NONE)?;
         if self.turn.is_some() {
             self.abort_turn(CancelCause::User);
         }
@@ -218,6 +237,7 @@ impl Driver {
         self.check_message(&message)?;
         let (target, index) = self.find_pending(id)?;
         self.check_new_id(&message.id, &[id])?;
+        self.check_room(std::slice::from_ref(&message), self.removed_room(target, index, 1))?;
         self.write_edit(target, index as u32, 1, vec![message]);
         Ok(CommandReply::Written { seq: self.state.last_seq })
     }
@@ -255,7 +275,7 @@ impl Driver {
             }
             self.check_new_id(&message.id, &removed_refs)?;
         }
-        self.check_room(inserted.len(), delete_count as usize)?;
+        self.check_room(&inserted, self.removed_room(target, start as usize, delete_count as usize))?;
         if delete_count == 0 && inserted.is_empty() {
             return Ok(CommandReply::Written { seq: self.state.last_seq });
         }
@@ -352,4 +372,15 @@ impl Driver {
             self.publish(LivePayload::Inserted { message });
         }
     }
+}
+
+/// Pending items a change removes: how many, and their content bytes.
+#[derive(Clone, Copy, Debug)]
+struct Room {
+    items: usize,
+    bytes: usize,
+}
+
+impl Room {
+    const NONE: Self = Self { items: 0, bytes: 0 };
 }

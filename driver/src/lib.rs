@@ -55,7 +55,7 @@ pub use effect::{
     ModelOutput, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, SUMMARY_PREFIX, ToolOutcome,
     ToolRequest, compaction_instruction,
 };
-pub use limits::Limits;
+pub use limits::{DEFAULT_MAX_PENDING_BYTES, Limits};
 use turn::ActiveTurn;
 
 /// The most events [`Driver::write`] puts in one append group before it opens another (a `user/message`

@@ -5,6 +5,9 @@ use turnstile_model::state::DEFAULT_DEDUP_HORIZON;
 /// `max_rounds` a goal may ask for unless the configuration says otherwise.
 pub const DEFAULT_MAX_GOAL_ROUNDS: u32 = 100;
 
+/// `max_pending_bytes` unless the configuration says otherwise: 4 MiB (decision 0033).
+pub const DEFAULT_MAX_PENDING_BYTES: usize = 4 * 1024 * 1024;
+
 /// The limits of SPEC §2.
 ///
 /// ```
@@ -17,6 +20,9 @@ pub struct Limits {
     pub max_message_bytes: usize,
     /// Pending items across both lists of one session. Default 1,000.
     pub max_pending: usize,
+    /// Content bytes (text + data) of the pending items across both lists of one session
+    /// (config `limits.max_pending_bytes`). Default 4 MiB.
+    pub max_pending_bytes: usize,
     /// Accepted MessageIds remembered for idempotent retries. Default 10,000.
     pub dedup_horizon: usize,
     /// The largest `max_rounds` a `SetGoal` may ask for (config `limits.max_goal_rounds`). Default 100.
@@ -28,6 +34,7 @@ impl Default for Limits {
         Self {
             max_message_bytes: 1024 * 1024,
             max_pending: 1000,
+            max_pending_bytes: DEFAULT_MAX_PENDING_BYTES,
             dedup_horizon: DEFAULT_DEDUP_HORIZON,
             max_goal_rounds: DEFAULT_MAX_GOAL_ROUNDS,
         }

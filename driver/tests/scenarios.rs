@@ -1405,6 +1405,50 @@ fn limits_pending_items_across_both_lists() {
     assert_eq!(sent(sim.queue("Q3", "d")), (6, None));
 }
 
+#[test]
+fn limits_pending_content_bytes_across_both_lists() {
+    // 10 bytes pending at most: "aaaa" (4) + "bbbb" (4) leaves room for 2 more.
+    let mut sim = Sim::with_limits(Limits { max_pending_bytes: 10, ..Limits::default() });
+    sent(sim.queue("Q1", "aaaa"));
+    sent(sim.inject("I1", "bbbb"));
+    sim.take();
+    for reply in [
+        sim.queue("Q2", "ccc"),
+        sim.inject("I2", "ccc"),
+        sim.followup("F", "ccc"),
+        sim.steer("S", "ccc", None),
+        sim.interrupt("X", "ccc"),
+        sim.replace("Q1", msg("Q1b", "aaaaaaa")),
+        sim.command(Command::Splice {
+            target: Target::NextTurn,
+            start: 0,
+            delete_count: 0,
+            inserted: vec![msg("Z1", "z"), msg("Z2", "zz")],
+        }),
+    ] {
+        let (kind, message) = refused(reply);
+        assert_eq!(kind, "resource-exhausted");
+        assert!(message.contains("limits.max_pending_bytes") && message.contains("above the limit of 10"), "{message}");
+    }
+    sim.expect_nothing();
+    assert_eq!(sim.driver.state().inbox.content_bytes(), 8, "a refused delivery adds nothing");
+    assert_eq!(sim.driver.state().last_turn, 0, "a refused followup opens no turn");
+    // Exactly at the limit is accepted; a splice that removes as much as it inserts too.
+    sent(sim.queue("Q3", "cc"));
+    written(sim.command(Command::Splice {
+        target: Target::NextTurn,
+        start: 0,
+        delete_count: 1,
+        inserted: vec![msg("Z3", "zzzz")],
+    }));
+    assert_eq!(sim.driver.state().inbox.content_bytes(), 10);
+    // The refused ids were never accepted: once room is made they are new messages.
+    written(sim.remove("Z3"));
+    assert_eq!(sim.driver.state().inbox.content_bytes(), 6);
+    sent(sim.queue("Q2", "ccc"));
+    assert_eq!(sim.driver.state().inbox.content_bytes(), 9);
+}
+
 // ----- handoff: cut after a tool step, and drain -------------------------------------------------
 
 #[test]

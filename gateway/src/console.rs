@@ -35,7 +35,7 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; conn
 /// `/` (the console), its assets, and `POST /turnstile.v1.Agent/*` (gRPC-Web to `gateway`). `auth_enabled`
 /// is whether `gateway` requires bearer tokens; without them only loopback callers are answered.
 pub fn router(gateway: Gateway, auth_enabled: bool) -> Router {
-    let api = tonic_web::GrpcWebLayer::new().named_layer(AgentServer::new(gateway));
+    let api = tonic_web::GrpcWebLayer::new().named_layer(gateway.into_server());
     let path = format!("/{}/{{*method}}", <AgentServer<Gateway> as NamedService>::NAME);
     Router::new()
         .route("/", get(|| asset("text/html; charset=utf-8", INDEX_HTML)))

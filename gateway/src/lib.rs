@@ -10,7 +10,8 @@
 //! Modules: [`convert`] (request validation), [`status`] (error → gRPC code),
 //! [`read`] (projection reads), [`merge`] and [`watch`] (the resumable Watch stream), [`service`] (the
 //! RPCs), [`cluster_router`] (routing to shard owners over the internal API, with retries while shards move),
-//! [`auth`] (bearer tokens → tenant; every call is confined to its tenant) and [`tls`] (rustls configs
+//! [`auth`] (bearer tokens → tenant; every call is confined to its tenant), [`quota`] (per-tenant request
+//! rate and open Watch streams, checked in the service methods) and [`tls`] (rustls configs
 //! from PEM files, for the public API and the internal hop). [`console`] serves the web console and the
 //! same service over gRPC-Web for it, on the ops HTTP listener.
 
@@ -21,6 +22,7 @@ pub mod convert;
 mod history;
 pub mod merge;
 mod ops;
+pub mod quota;
 pub mod read;
 pub mod service;
 pub mod status;
@@ -31,6 +33,7 @@ pub mod watch;
 use std::future::Future;
 
 pub use cluster_router::{ClusterRouter, ClusterRouterConfig};
+pub use quota::{QuotaConfig, Quotas};
 pub use service::{Gateway, GatewayConfig};
 use tokio::net::TcpListener;
 use tonic::transport::ServerTlsConfig;
@@ -60,14 +63,16 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let watches = gateway.shutdown_token();
+    let served = [<AgentServer<Gateway> as tonic::server::NamedService>::NAME];
+    let (router, health) = turnstile_ops::grpc::server(&served, tls).await?;
     let shutdown = async move {
         shutdown.await;
+        // Draining: probes on open connections see NOT_SERVING while in-flight calls finish.
+        turnstile_ops::grpc::report_draining(&health, &served).await;
         watches.cancel();
     };
-    let served = [<AgentServer<Gateway> as tonic::server::NamedService>::NAME];
-    let (router, _health) = turnstile_ops::grpc::server(&served, tls).await?;
     router
-        .add_service(AgentServer::new(gateway))
+        .add_service(gateway.into_server())
         .serve_with_incoming_shutdown(turnstile_ops::grpc::incoming(listener), shutdown)
         .await?;
     Ok(())

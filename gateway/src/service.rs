@@ -15,9 +15,10 @@ use turnstile_model::message::{MessageSource, SessionRef, Target, UserMessage};
 use turnstile_model::{Command, CommandReply, InjectMode, SessionState, SessionSummary};
 use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
-use turnstile_proto::v1::agent_server::Agent;
+use turnstile_proto::v1::agent_server::{Agent, AgentServer};
 
 use crate::auth::{Authenticator, Caller};
+use crate::quota::{QuotaConfig, Quotas};
 use crate::tools::ToolHub;
 use crate::watch::{self, WatchSpec};
 use crate::{convert, read, status};
@@ -34,6 +35,11 @@ pub struct GatewayConfig {
     /// The agent a session runs until `ConfigureSession` names another (config `default_agent`); reads
     /// report it for sessions never configured.
     pub default_agent: String,
+    /// The largest encoded request decoded (config `limits.max_request_bytes()`, decision 0033); a larger
+    /// one is refused by tonic with OUT_OF_RANGE ("decoded message length too large") before it is decoded.
+    pub max_request_bytes: usize,
+    /// Per-tenant request rate and open Watch streams (decision 0033); all off by default.
+    pub quotas: QuotaConfig,
 }
 
 impl Default for GatewayConfig {
@@ -43,9 +49,14 @@ impl Default for GatewayConfig {
             when_idle_timeout: Duration::from_secs(30),
             watch_buffer: 256,
             default_agent: "scripted".into(),
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            quotas: QuotaConfig::default(),
         }
     }
 }
+
+/// `max_request_bytes` of the default configuration: 4 MiB of pending content plus 1 MiB of envelope.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 5 * 1024 * 1024;
 
 /// Default and largest `ListSessions` page.
 const DEFAULT_PAGE: usize = 100;
@@ -65,6 +76,8 @@ pub struct Gateway {
     shutdown: CancellationToken,
     /// The client tool executors connected here (`ServeTools`).
     tools: ToolHub,
+    /// Per-tenant request rate and Watch slots, checked in every method (so gRPC-Web is covered too).
+    quotas: Quotas,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -74,6 +87,13 @@ impl std::fmt::Debug for Gateway {
 }
 
 impl Gateway {
+    /// The tonic server of this gateway with its request size limit; the gRPC server and the console's
+    /// gRPC-Web API both serve this.
+    pub fn into_server(self) -> AgentServer<Self> {
+        let limit = self.config.max_request_bytes;
+        AgentServer::new(self).max_decoding_message_size(limit)
+    }
+
     pub fn new(
         router: Arc<dyn CommandRouter>,
         log: Arc<dyn SessionLog>,
@@ -85,6 +105,7 @@ impl Gateway {
             log,
             bus,
             snapshots: Arc::new(NoSnapshots),
+            quotas: Quotas::new(config.quotas),
             config,
             auth: Arc::new(Authenticator::Disabled),
             shutdown: CancellationToken::new(),
@@ -110,6 +131,11 @@ impl Gateway {
         self
     }
 
+    /// This gateway's per-tenant quotas (tests read the open Watch count).
+    pub fn quotas(&self) -> &Quotas {
+        &self.quotas
+    }
+
     /// Cancelling it ends every open Watch stream (with UNAVAILABLE, so clients reconnect elsewhere).
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
@@ -131,6 +157,12 @@ impl Gateway {
                 return Err(read::not_found(&named));
             }
         }
+        let tenant = match (&caller, req.session_mut()) {
+            (Caller::Tenant(tenant), _) => tenant.clone(),
+            (Caller::Anonymous, Some(raw)) if !raw.tenant.is_empty() => raw.tenant.clone(),
+            (Caller::Anonymous, _) => self.config.default_tenant.clone(),
+        };
+        self.quotas.admit(&tenant)?;
         Ok(req)
     }
 
@@ -542,6 +574,7 @@ impl Agent for Gateway {
                 }
             },
         };
+        self.quotas.admit(&tenant)?;
         let stream = self.tools.serve(tenant, request.into_inner()).await?;
         Ok(Response::new(stream))
     }
@@ -551,15 +584,15 @@ impl Agent for Gateway {
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let req = self.open(request)?;
         let spec = WatchSpec { session: self.session(req.session)?, after_seq: req.after_seq, live: req.live };
+        // The slot is held by the stream's task, which ends when the client goes away.
+        let permit = self.quotas.open_watch(&spec.session.tenant)?;
         let (tx, rx) = mpsc::channel(self.config.watch_buffer.max(1));
-        tokio::spawn(watch::run(
-            self.log.clone(),
-            self.bus.clone(),
-            self.snapshots.clone(),
-            spec,
-            tx,
-            self.shutdown.clone(),
-        ));
+        let run =
+            watch::run(self.log.clone(), self.bus.clone(), self.snapshots.clone(), spec, tx, self.shutdown.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            run.await;
+        });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -601,6 +634,7 @@ impl Agent for Gateway {
             }
             req.tenant.clone_from(own);
         }
+        self.quotas.admit(if req.tenant.is_empty() { &self.config.default_tenant } else { &req.tenant })?;
         let page_size = match req.page_size as usize {
             0 => DEFAULT_PAGE,
             n if n > MAX_PAGE => {

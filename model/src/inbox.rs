@@ -47,6 +47,11 @@ impl Inbox {
         self.next_turn.len() + self.next_step.len()
     }
 
+    /// Content bytes (text + data, [`UserMessage::size`]) of the pending items across both lists.
+    pub fn content_bytes(&self) -> usize {
+        self.next_turn.iter().chain(&self.next_step).map(UserMessage::size).sum()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.next_turn.is_empty() && self.next_step.is_empty()
     }

@@ -32,7 +32,7 @@ pub use error::NodeError;
 pub use journal::NatsOptions;
 pub use turnstile_config::Config;
 
-use turnstile_gateway::GatewayConfig;
+use turnstile_gateway::{GatewayConfig, QuotaConfig};
 use turnstile_worker::{Limits, WorkerConfig};
 
 /// The driver settings of the configuration: `[limits]`, `[journal]` (agents are set by the role).
@@ -41,6 +41,7 @@ fn worker_config(config: &Config) -> WorkerConfig {
         limits: Limits {
             max_message_bytes: config.limits.max_message_bytes,
             max_pending: config.limits.max_pending,
+            max_pending_bytes: config.limits.max_pending_bytes,
             dedup_horizon: config.journal.dedup_horizon,
             max_goal_rounds: config.limits.max_goal_rounds,
         },
@@ -57,6 +58,12 @@ fn gateway_config(config: &Config) -> GatewayConfig {
     GatewayConfig {
         when_idle_timeout: config.limits.when_idle_timeout(),
         default_agent: config.default_agent.clone(),
+        max_request_bytes: config.limits.max_request_bytes(),
+        quotas: QuotaConfig {
+            requests_per_minute: config.limits.tenant_requests_per_minute,
+            request_burst: config.limits.tenant_request_burst,
+            max_watches: config.limits.tenant_max_watches,
+        },
         ..GatewayConfig::default()
     }
 }
@@ -109,5 +116,18 @@ mod tests {
         assert_eq!(worker.snapshot_every, 7);
         assert_eq!(worker.passivate_after, std::time::Duration::from_millis(9));
         assert_eq!(gateway_config(&config).when_idle_timeout, std::time::Duration::from_millis(5));
+    }
+
+    #[test]
+    fn the_file_sets_pending_bytes_the_request_size_and_the_tenant_quotas() {
+        let config = Config::from_toml_str(
+            "[limits]\nmax_message_bytes = 64\nmax_pending_bytes = 100\ntenant_requests_per_minute = 600\n\
+             tenant_request_burst = 50\ntenant_max_watches = 4\n",
+        )
+        .unwrap();
+        assert_eq!(worker_config(&config).limits.max_pending_bytes, 100);
+        let gateway = gateway_config(&config);
+        assert_eq!(gateway.max_request_bytes, 100 + turnstile_config::REQUEST_ENVELOPE_BYTES);
+        assert_eq!(gateway.quotas, QuotaConfig { requests_per_minute: 600, request_burst: 50, max_watches: 4 });
     }
 }

@@ -136,10 +136,13 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     // The server keeps answering while the worker drains (not-owner for released shards tells gateways
     // to look again), so it stops only after the worker has left the cluster.
     let stop_server = CancellationToken::new();
-    let mut server = tokio::spawn(service::serve_with(
-        WorkerService::new(worker.host()),
+    // gRPC health is NOT_SERVING from the start of the drain (issue 14).
+    let draining = CancellationToken::new();
+    let mut server = tokio::spawn(service::serve_draining(
+        WorkerService::new(worker.host()).with_max_request_bytes(config.limits.max_request_bytes()),
         listener,
         tls,
+        draining.clone(),
         stop_server.clone().cancelled_owned(),
     ));
     let ready = worker_ready(client, url.to_owned(), worker.leases(), started, grace);
@@ -181,6 +184,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         }
         let drain_timeout_ms = u64::try_from(drain.as_millis()).unwrap_or(u64::MAX);
         tracing::info!(%id, drain_timeout_ms, "draining and releasing shards");
+        draining.cancel();
         worker.shutdown(drain).await;
         stop_server.cancel();
         let served = server.await;

@@ -56,6 +56,15 @@ pub async fn health(services: &[&str]) -> (HealthReporter, HealthServer<impl Hea
     (reporter, server)
 }
 
+/// Reports the whole server (`""`) and each of `services` as NOT_SERVING: a role calls it when it starts
+/// to drain, so health probes and load balancers stop sending new work while in-flight calls finish.
+pub async fn report_draining(reporter: &HealthReporter, services: &[&str]) {
+    reporter.set_service_status("", ServingStatus::NotServing).await;
+    for service in services {
+        reporter.set_service_status(*service, ServingStatus::NotServing).await;
+    }
+}
+
 /// Reflection (v1) over Turnstile's protos and the health service, listing only `services` (plus health and
 /// both reflection versions): a gateway does not advertise the internal Worker API, a worker not the public
 /// one, though every message type stays resolvable.

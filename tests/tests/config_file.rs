@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 use tonic::Code;
-use turnstile_proto::v1::InjectMode;
+use turnstile_proto::v1::{InjectMode, Target};
 use turnstile_tests::binary::turnstile_bin;
 use turnstile_tests::{Cluster, ClusterOptions, DEFAULT_WAIT, DevOptions, DevServer, NatsServer, Session, user_msg};
 
@@ -216,6 +216,52 @@ async fn max_message_bytes_from_the_file_refuses_a_longer_followup() {
             .ends_with("has 65 bytes of content, over the limit of 64; split it or send the data by reference"),
         "{refused:?}"
     );
+}
+
+#[tokio::test]
+async fn max_pending_bytes_from_the_file_refuses_a_delivery_over_it_and_writes_nothing() {
+    let (_dir, path) = config_file("[limits]\nmax_message_bytes = 64\nmax_pending_bytes = 100\n");
+    let args = vec!["--config".to_owned(), path.to_str().unwrap().to_owned()];
+    let server = DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::default() }).await.unwrap();
+    let s = server.session();
+    s.queue(user_msg("q1", &"a".repeat(64))).await.unwrap();
+    s.inject(user_msg("i1", &"b".repeat(30))).await.unwrap();
+    let before = s.inbox().await.unwrap();
+
+    let err = s.queue(user_msg("q2", &"c".repeat(7))).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("94 bytes of pending content; 7 more would make 101, above the limit of 100 (config limits.max_pending_bytes)"),
+        "{err:?}"
+    );
+    let err = s.splice(Target::NextStep, 0, 0, vec![user_msg("z1", "zz"), user_msg("z2", "zzzzz")]).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert_eq!(s.inbox().await.unwrap(), before, "the refused deliveries wrote nothing");
+
+    // Exactly at the limit is accepted, and the refused id is a new message once room is made.
+    s.queue(user_msg("q3", &"c".repeat(6))).await.unwrap();
+    s.remove("q3").await.unwrap();
+    s.queue(user_msg("q2", &"c".repeat(6))).await.unwrap();
+    let inbox = s.inbox().await.unwrap();
+    let ids: Vec<&str> = inbox.next_turn.iter().chain(&inbox.next_step).map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["q1", "q2", "i1"]);
+}
+
+#[tokio::test]
+async fn a_request_over_the_derived_size_limit_is_refused_before_it_is_decoded() {
+    // max(max_pending_bytes, max_message_bytes) + 1 MiB of envelope (decision 0033).
+    let (_dir, path) = config_file("[limits]\nmax_message_bytes = 64\nmax_pending_bytes = 100\n");
+    let args = vec!["--config".to_owned(), path.to_str().unwrap().to_owned()];
+    let server = DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::default() }).await.unwrap();
+    let s = server.session();
+    let limit = 100 + 1024 * 1024;
+    let err = s.followup(user_msg("big", &"x".repeat(limit))).await.unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    assert!(err.message().contains(&format!("the limit is: {limit} bytes")), "{err:?}");
+    assert!(s.info().await.is_err(), "nothing was written");
+    // Under the limit the request is decoded and the driver's own message limit answers.
+    let err = s.followup(user_msg("big", &"x".repeat(limit - 1024))).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use turnstile_cluster::CommandRouter;
 use turnstile_cluster::codec::{decode_execute_request, encode_command_reply};
@@ -23,6 +24,8 @@ use turnstile_proto::cluster::v1::worker_server::{Worker, WorkerServer};
 #[derive(Clone)]
 pub struct WorkerService {
     router: Arc<dyn CommandRouter>,
+    /// The largest encoded `ExecuteRequest` decoded; `None` keeps tonic's default of 4 MiB.
+    max_request_bytes: Option<usize>,
 }
 
 impl std::fmt::Debug for WorkerService {
@@ -33,12 +36,24 @@ impl std::fmt::Debug for WorkerService {
 
 impl WorkerService {
     pub fn new(router: Arc<dyn CommandRouter>) -> Self {
-        Self { router }
+        Self { router, max_request_bytes: None }
+    }
+
+    /// Decodes requests up to `bytes` (config `limits.max_request_bytes()`, decision 0033), so that every
+    /// request the gateway admitted also crosses the gateway→worker hop.
+    pub fn with_max_request_bytes(mut self, bytes: usize) -> Self {
+        self.max_request_bytes = Some(bytes);
+        self
     }
 
     /// The tonic server of this service, to add to a `tonic::transport::Server`.
     pub fn into_server(self) -> WorkerServer<Self> {
-        WorkerServer::new(self)
+        let limit = self.max_request_bytes;
+        let server = WorkerServer::new(self);
+        match limit {
+            Some(bytes) => server.max_decoding_message_size(bytes),
+            None => server,
+        }
     }
 }
 
@@ -75,12 +90,36 @@ pub async fn serve_with(
     tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let served = [<WorkerServer<WorkerService> as tonic::server::NamedService>::NAME];
-    let (router, _health) = turnstile_ops::grpc::server(&served, tls).await?;
-    router
+    serve_draining(service, listener, tls, CancellationToken::new(), shutdown).await
+}
+
+/// [`serve_with`], and gRPC health turns NOT_SERVING (the server and the Worker service) once `draining`
+/// is cancelled: the worker is handing its shards over, and the server keeps answering (not-owner for
+/// released shards) until `shutdown`.
+pub async fn serve_draining(
+    service: WorkerService,
+    listener: TcpListener,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    draining: CancellationToken,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    const SERVED: [&str; 1] = [<WorkerServer<WorkerService> as tonic::server::NamedService>::NAME];
+    let (router, health) = turnstile_ops::grpc::server(&SERVED, tls).await?;
+    // Ends with the server (the drop guard), so nothing outlives a server that stopped without draining.
+    let reporting = CancellationToken::new();
+    let stop_reporting = reporting.clone().drop_guard();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = draining.cancelled() => turnstile_ops::grpc::report_draining(&health, &SERVED).await,
+            () = reporting.cancelled() => {}
+        }
+    });
+    let served = router
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(turnstile_ops::grpc::incoming(listener), shutdown)
-        .await
+        .await;
+    drop(stop_reporting);
+    served
 }
 
 #[cfg(test)]
@@ -171,5 +210,52 @@ mod tests {
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(status.message().starts_with("session"), "{}", status.message());
         assert!(matches!(rebuild(&status), Some(CommandError::InvalidArgument(_))));
+    }
+
+    #[tokio::test]
+    async fn health_is_not_serving_once_draining_while_commands_are_still_answered() {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (draining, stop) = (CancellationToken::new(), CancellationToken::new());
+        let service = WorkerService::new(Arc::new(Echo { error: None }));
+        let server =
+            tokio::spawn(serve_draining(service, listener, None, draining.clone(), stop.clone().cancelled_owned()));
+        let channel =
+            tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+        let mut health = HealthClient::new(channel.clone());
+        let worker = "turnstile.cluster.v1.Worker";
+        let status = |service: &str| HealthCheckRequest { service: service.into() };
+        for service in ["", worker] {
+            let reply = health.check(status(service)).await.unwrap().into_inner();
+            assert_eq!(reply.status, ServingStatus::Serving as i32, "service {service:?} before the drain");
+        }
+
+        // A health Watch sees the change as it happens (no polling on time).
+        let mut changes = health.watch(status(worker)).await.unwrap().into_inner();
+        draining.cancel();
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while let Some(reply) = changes.message().await.unwrap() {
+                if reply.status == ServingStatus::NotServing as i32 {
+                    return;
+                }
+            }
+            panic!("the health watch ended before NOT_SERVING");
+        })
+        .await
+        .expect("NOT_SERVING once draining");
+        let whole = health.check(status("")).await.unwrap().into_inner();
+        assert_eq!(whole.status, ServingStatus::NotServing as i32, "the whole server is draining");
+
+        // The server still answers while it drains (released shards say not-owner to the gateways).
+        let session = SessionRef::new("acme", "s1").unwrap();
+        let mut c = WorkerClient::new(channel);
+        let reply = c.execute(encode_execute_request(&session, &Command::Clear, None)).await.unwrap().into_inner();
+        assert!(turnstile_cluster::codec::decode_command_reply(reply).is_ok());
+        drop(changes);
+        stop.cancel();
+        server.await.unwrap().unwrap();
     }
 }

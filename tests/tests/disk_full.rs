@@ -12,6 +12,25 @@ use turnstile_tests::{DevOptions, DevServer, NatsServer, Session, user_msg};
 /// Each followup stores its text about three times (the insert splice, the user/message and the echo).
 const TEXT_BYTES: usize = 96 * 1024;
 
+/// The session's log, read again while the server answers UNAVAILABLE: a full nats-server may refuse a
+/// new reader for a moment (seen once in three runs: "maximum consumers limit reached", code 10026, while
+/// the ordered consumers of earlier reads were still being cleaned up). UNAVAILABLE says "retry"; any other
+/// error, or 60 s of refusals, fails the test.
+async fn replay_while_unavailable(session: &Session) -> Vec<turnstile_tests::v1::SessionEvent> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match session.replay(0).await {
+            Ok((events, _)) => return events,
+            Err(turnstile_tests::HarnessError::Status(s))
+                if s.code() == Code::Unavailable && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("reading {:?}: {e}", session.reference()),
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_full_journal_refuses_writes_keeps_what_it_acknowledged_and_resumes_after_deletes() {
     let nats = NatsServer::start_with_config("jetstream { max_file_store: 2MB }\n").await.unwrap();
@@ -46,7 +65,7 @@ async fn a_full_journal_refuses_writes_keeps_what_it_acknowledged_and_resumes_af
 
     // Nothing acknowledged is lost: every accepted MessageId is in its session's durable log.
     for (session, id) in &accepted {
-        let (events, _) = session.replay(0).await.unwrap();
+        let events = replay_while_unavailable(session).await;
         assert!(format!("{events:?}").contains(&format!("id: \"{id}\"")), "{id} is in its log");
     }
 

@@ -10,6 +10,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::Config;
+#[path = "../../proto/tests/mutation/mod.rs"]
+mod mutation;
+
+use mutation::{mutate, mutations};
 use prost::Message as _;
 use turnstile_cluster::codec::{
     decode_command_reply, decode_execute_request, encode_command_reply, encode_execute_request,
@@ -68,21 +72,6 @@ fn replies() -> Vec<CommandReply> {
     ]
 }
 
-/// Flips bits of, cuts or extends a valid encoding.
-fn mutate(mut bytes: Vec<u8>, flips: &[(Index, u8)], cut: Option<Index>, tail: &[u8]) -> Vec<u8> {
-    for (at, mask) in flips {
-        if !bytes.is_empty() {
-            let at = at.index(bytes.len());
-            bytes[at] ^= mask;
-        }
-    }
-    if let Some(cut) = cut {
-        bytes.truncate(cut.index(bytes.len() + 1));
-    }
-    bytes.extend_from_slice(tail);
-    bytes
-}
-
 fn check_error(err: &CodecError) {
     assert!(!err.to_string().is_empty(), "{err:?}");
 }
@@ -109,10 +98,6 @@ fn check_reply(bytes: &[u8]) {
     }
 }
 
-fn flips() -> impl Strategy<Value = Vec<(Index, u8)>> {
-    proptest::collection::vec((any::<Index>(), 1..=u8::MAX), 0..4)
-}
-
 proptest! {
     #![proptest_config(config())]
 
@@ -125,25 +110,21 @@ proptest! {
     #[test]
     fn execute_decoding_never_panics_on_mutated_requests(
         command in any::<Index>(),
-        flips in flips(),
-        cut in proptest::option::of(any::<Index>()),
-        tail in proptest::collection::vec(any::<u8>(), 0..8),
+        mutations in mutations(),
     ) {
         let command = command.get(&commands()).clone();
         let valid = encode_execute_request(&session(), &command, Some(Duration::from_millis(250))).encode_to_vec();
-        check_request(&mutate(valid, &flips, cut, &tail));
+        check_request(&mutate(valid, &mutations));
     }
 
     #[test]
     fn execute_decoding_never_panics_on_mutated_replies(
         reply in any::<Index>(),
-        flips in flips(),
-        cut in proptest::option::of(any::<Index>()),
-        tail in proptest::collection::vec(any::<u8>(), 0..8),
+        mutations in mutations(),
     ) {
         let reply = reply.get(&replies()).clone();
         let valid = encode_command_reply(&session(), &reply).encode_to_vec();
-        check_reply(&mutate(valid, &flips, cut, &tail));
+        check_reply(&mutate(valid, &mutations));
     }
 }
 

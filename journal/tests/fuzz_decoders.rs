@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "../../proto/tests/mutation/mod.rs"]
+mod mutation;
 
 use std::fs;
 use std::path::Path;
@@ -26,6 +28,7 @@ use turnstile_model::{Envelope, SessionRef, SessionState};
 use turnstile_proto::codec::encode_event;
 
 use common::{batch, session};
+use mutation::{mutate, mutations};
 
 /// Modest and deterministic enough for CI: no persistence file is written into the tree.
 fn config(cases: u32) -> Config {
@@ -39,39 +42,6 @@ fn runtime() -> tokio::runtime::Runtime {
 /// A refusal says what was wrong.
 fn check_error(err: &JournalError) {
     assert!(!err.to_string().is_empty(), "{err:?}");
-}
-
-/// One change to a valid encoding: flip bits of a byte, cut the tail, or splice in arbitrary bytes.
-#[derive(Clone, Debug)]
-enum Mutation {
-    Flip { at: Index, mask: u8 },
-    Truncate { at: Index },
-    Insert { at: Index, bytes: Vec<u8> },
-}
-
-fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        (any::<Index>(), 1..=u8::MAX).prop_map(|(at, mask)| Mutation::Flip { at, mask }),
-        any::<Index>().prop_map(|at| Mutation::Truncate { at }),
-        (any::<Index>(), proptest::collection::vec(any::<u8>(), 1..8))
-            .prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
-    ]
-}
-
-fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
-    for m in mutations {
-        let len = bytes.len();
-        match m {
-            Mutation::Flip { at, mask } if len > 0 => bytes[at.index(len)] ^= mask,
-            Mutation::Flip { .. } => {}
-            Mutation::Truncate { at } => bytes.truncate(at.index(len + 1)),
-            Mutation::Insert { at, bytes: extra } => {
-                let at = at.index(len + 1);
-                bytes.splice(at..at, extra.iter().copied());
-            }
-        }
-    }
-    bytes
 }
 
 // ---- (b) the JetStream event-group codec ----
@@ -135,7 +105,7 @@ proptest! {
 
     #[test]
     fn group_decoding_never_panics_on_mutated_groups(
-        mutations in proptest::collection::vec(mutation(), 1..4),
+        mutations in mutations(),
         seq in header_value(),
         last in header_value(),
         keep_headers in any::<bool>(),
@@ -210,7 +180,7 @@ proptest! {
     }
 
     #[test]
-    fn opening_never_panics_on_mutated_files(mutations in proptest::collection::vec(mutation(), 1..4)) {
+    fn opening_never_panics_on_mutated_files(mutations in mutations()) {
         let (rt, s) = (runtime(), session("acme", "d"));
         let (valid, events) = disk_seed(&rt, &s);
         match open_with(&rt, &s, &mutate(valid, &mutations)) {
@@ -305,7 +275,7 @@ proptest! {
     }
 
     #[test]
-    fn snapshot_loading_never_panics_on_mutated_bytes(mutations in proptest::collection::vec(mutation(), 1..4)) {
+    fn snapshot_loading_never_panics_on_mutated_bytes(mutations in mutations()) {
         let (rt, log, s) = (runtime(), EmbeddedLog::in_memory(), session("acme", "n"));
         let valid = snapshot_seed(&rt, &log, &s);
         check_snapshot(&rt, &log, &s, mutate(valid, &mutations));

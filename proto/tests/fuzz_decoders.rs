@@ -7,6 +7,9 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::Config;
+mod mutation;
+
+use mutation::{mutate, mutations};
 use prost::Message as _;
 use turnstile_model::{
     ContentBlock, Envelope, EventPayload, MessageSource, SessionRef, Splice, SpliceOutcome, Status, Target,
@@ -86,39 +89,6 @@ fn seeds() -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// One change to a valid encoding: flip bits of a byte, cut the tail, or splice in arbitrary bytes.
-#[derive(Clone, Debug)]
-enum Mutation {
-    Flip { at: usize, mask: u8 },
-    Truncate { at: usize },
-    Insert { at: usize, bytes: Vec<u8> },
-}
-
-fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        (any::<usize>(), 1..=u8::MAX).prop_map(|(at, mask)| Mutation::Flip { at, mask }),
-        any::<usize>().prop_map(|at| Mutation::Truncate { at }),
-        (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..8))
-            .prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
-    ]
-}
-
-fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
-    for m in mutations {
-        let len = bytes.len();
-        match m {
-            Mutation::Flip { at, mask } if len > 0 => bytes[at % len] ^= mask,
-            Mutation::Flip { .. } => {}
-            Mutation::Truncate { at } => bytes.truncate(at % (len + 1)),
-            Mutation::Insert { at, bytes: extra } => {
-                let at = at % (len + 1);
-                bytes.splice(at..at, extra.iter().copied());
-            }
-        }
-    }
-    bytes
-}
-
 /// A refusal says what was wrong: its message is not empty, and a field error names its field.
 fn check_error(err: &CodecError) {
     assert!(!err.to_string().is_empty(), "{err:?}");
@@ -149,7 +119,7 @@ proptest! {
     #[test]
     fn decode_event_never_panics_on_mutated_encodings(
         seed in any::<prop::sample::Index>(),
-        mutations in proptest::collection::vec(mutation(), 1..4),
+        mutations in mutations(),
     ) {
         let seeds = seeds();
         check_event(&mutate(seed.get(&seeds).clone(), &mutations));
@@ -169,7 +139,7 @@ proptest! {
     #[test]
     fn message_decoders_never_panic_on_mutated_encodings(
         source in any::<prop::sample::Index>(),
-        mutations in proptest::collection::vec(mutation(), 1..4),
+        mutations in mutations(),
     ) {
         let source = source.get(&sources()).clone();
         let bytes = mutate(codec::encode_user_message(&message(source.clone())).encode_to_vec(), &mutations);

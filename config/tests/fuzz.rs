@@ -2,6 +2,7 @@
 //! accepts also passes `validate`.
 
 use proptest::prelude::*;
+use proptest::test_runner::Config as ProptestConfig;
 use turnstile_config::{Config, ConfigError};
 
 /// Parses `text`; checks what every outcome must satisfy and returns the message of a refusal.
@@ -150,6 +151,9 @@ fn secret_line() -> impl Strategy<Value = String> {
 }
 
 proptest! {
+    // No persistence file is written into the tree.
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
     #[test]
     fn arbitrary_text_never_panics(text in any::<String>()) {
         parse(&text);

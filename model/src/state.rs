@@ -363,7 +363,7 @@ impl SessionState {
                 got: event.session.clone(),
             });
         }
-        if seq != self.last_seq + 1 {
+        if self.last_seq.checked_add(1) != Some(seq) {
             return Err(ProjectionError::Gap { last: self.last_seq, got: seq });
         }
         if event.epoch < self.epoch {
@@ -403,7 +403,13 @@ impl SessionState {
                         }
                         _ => None,
                     };
-                    let opened_turn = (splice.wake && self.status == Status::Idle).then_some(self.last_turn + 1);
+                    // Checked: a corrupt snapshot may carry a turn counter at its maximum.
+                    let opened_turn = match (splice.wake && self.status == Status::Idle)
+                        .then(|| self.last_turn.checked_add(1))
+                    {
+                        Some(None) => return Err(structure(format!("turn counter {} cannot grow", self.last_turn))),
+                        other => other.flatten(),
+                    };
                     self.accepted.insert(m.id.clone(), Acceptance { seq, fingerprint, opened_turn });
                 }
             }
@@ -420,8 +426,8 @@ impl SessionState {
                 if let Some(open) = &self.open_turn {
                     return Err(structure(format!("turn {} is still open", open.turn)));
                 }
-                if *turn != self.last_turn + 1 {
-                    return Err(structure(format!("expected turn {}, got {turn}", self.last_turn + 1)));
+                if self.last_turn.checked_add(1) != Some(*turn) {
+                    return Err(structure(format!("expected the turn after {}, got {turn}", self.last_turn)));
                 }
                 self.last_turn = *turn;
                 self.open_turn = Some(OpenTurn { turn: *turn, ..OpenTurn::default() });
@@ -437,7 +443,7 @@ impl SessionState {
             }
             EventPayload::StepStart { turn, step } => {
                 let open = self.open_turn_mut(*turn).ok_or_else(|| structure("its turn is not open".into()))?;
-                if open.step_open || *step != open.step + 1 {
+                if open.step_open || open.step.checked_add(1) != Some(*step) {
                     return Err(structure(format!("step {} of turn {turn} cannot start now", step)));
                 }
                 open.step = *step;

@@ -132,13 +132,15 @@ pub fn decode_message(
     } else {
         vec![codec::decode_event(body).map_err(|e| corrupt(e.to_string()))?]
     };
-    if events.len() as u64 != last - first + 1 {
+    // `last >= first` (header_range), but `last - first + 1` overflows for a message claiming every seq.
+    if (last - first).checked_add(1) != Some(events.len() as u64) {
         return Err(corrupt(format!(
             "stream message {stream_seq} holds {} events but its headers name seqs {first}..={last}",
             events.len()
         )));
     }
-    for (event, want) in events.iter().zip(first..) {
+    // An inclusive range: `first..` would overflow past a last seq of u64::MAX.
+    for (event, want) in events.iter().zip(first..=last) {
         if event.session != *session {
             return Err(corrupt(format!("the stored event names session {}", event.session)));
         }

@@ -14,7 +14,20 @@ fn config() -> ProptestConfig {
 /// Every key of the tables whose keys all have defaults (docs/CONFIGURATION.md), so one key alone is a
 /// complete configuration.
 const KEYS: &[(&str, &[&str])] = &[
-    ("limits", &["max_message_bytes", "max_pending", "when_idle_timeout_ms", "max_goal_rounds", "max_queued_commands"]),
+    (
+        "limits",
+        &[
+            "max_message_bytes",
+            "max_pending",
+            "max_pending_bytes",
+            "when_idle_timeout_ms",
+            "max_goal_rounds",
+            "max_queued_commands",
+            "tenant_requests_per_minute",
+            "tenant_request_burst",
+            "tenant_max_watches",
+        ],
+    ),
     (
         "cluster",
         &[

@@ -5,7 +5,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
@@ -16,6 +16,9 @@ import protogen  # noqa: E402
 class BuildPyWithProtos(build_py):
     def run(self):
         protogen.generate(protogen.proto_root(None))
+        # setup() found the packages before this ran: in a fresh checkout turnstile_client._proto did not
+        # exist yet, so find them again or the wheel would leave the generated modules out.
+        self.packages = self.distribution.packages = find_packages(str(protogen.HERE / "src"))
         super().run()
 
 

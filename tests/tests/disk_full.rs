@@ -31,6 +31,21 @@ async fn replay_while_unavailable(session: &Session) -> Vec<turnstile_tests::v1:
     }
 }
 
+/// `WhenIdle`, asked again while the server answers UNAVAILABLE (the same reader refusal as above, seen on
+/// a session whose turn hit the limit midway), for at most 60 s.
+async fn when_idle_while_unavailable(session: &Session) -> turnstile_tests::v1::SessionInfo {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match session.when_idle().await {
+            Ok(info) => return info,
+            Err(s) if s.code() == Code::Unavailable && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("waiting for {:?} to go idle: {e}", session.reference()),
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_full_journal_refuses_writes_keeps_what_it_acknowledged_and_resumes_after_deletes() {
     let nats = NatsServer::start_with_config("jetstream { max_file_store: 2MB }\n").await.unwrap();
@@ -82,7 +97,7 @@ async fn a_full_journal_refuses_writes_keeps_what_it_acknowledged_and_resumes_af
     assert_eq!(reply.turn, Some(1));
     // Every session left, including any whose turn hit the limit midway, finishes by itself.
     for (session, _) in kept.iter().chain(std::iter::once(&(stuck, stuck_id))) {
-        let info = session.when_idle().await.unwrap();
+        let info = when_idle_while_unavailable(session).await;
         assert_eq!(info.status, SessionStatus::Idle as i32);
     }
 }

@@ -91,9 +91,7 @@ impl Driver {
 
     /// What a change removes from the pending lists: `list[start..start + count]` of `target`.
     fn removed_room(&self, target: Target, start: usize, count: usize) -> Room {
-        let list = self.state.inbox.list(target);
-        let removed = list.get(start..start + count).unwrap_or_default();
-        Room { items: removed.len(), bytes: removed.iter().map(UserMessage::size).sum() }
+        Room::of(self.state.inbox.list(target).get(start..start + count).unwrap_or_default())
     }
 
     /// A message id that a delivery or edit may insert: not pending (unless `except` is being removed by
@@ -260,10 +258,9 @@ impl Driver {
         let len = self.state.inbox.list(target).len();
         let start = start.min(u32::try_from(len).unwrap_or(u32::MAX));
         let delete_count = delete_count.min(u32::try_from(len - start as usize).unwrap_or(u32::MAX));
-        let removed: Vec<MessageId> = self.state.inbox.list(target)[start as usize..(start + delete_count) as usize]
-            .iter()
-            .map(|m| m.id.clone())
-            .collect();
+        let removed_messages = &self.state.inbox.list(target)[start as usize..(start + delete_count) as usize];
+        let removed_room = Room::of(removed_messages);
+        let removed: Vec<MessageId> = removed_messages.iter().map(|m| m.id.clone()).collect();
         let removed_refs: Vec<&MessageId> = removed.iter().collect();
         for (i, message) in inserted.iter().enumerate() {
             self.check_message(message)?;
@@ -275,7 +272,7 @@ impl Driver {
             }
             self.check_new_id(&message.id, &removed_refs)?;
         }
-        self.check_room(&inserted, self.removed_room(target, start as usize, delete_count as usize))?;
+        self.check_room(&inserted, removed_room)?;
         if delete_count == 0 && inserted.is_empty() {
             return Ok(CommandReply::Written { seq: self.state.last_seq });
         }
@@ -383,4 +380,8 @@ struct Room {
 
 impl Room {
     const NONE: Self = Self { items: 0, bytes: 0 };
+
+    fn of(removed: &[UserMessage]) -> Self {
+        Self { items: removed.len(), bytes: removed.iter().map(UserMessage::size).sum() }
+    }
 }

@@ -223,8 +223,12 @@ fn info_line(info: &pb::SessionInfo) -> String {
         Some(goal) => format!(" {}", goal_line(goal)),
         None => String::new(),
     };
+    let parent = match &info.parent {
+        Some(p) => format!(" parent={}/{}", p.tenant, p.id),
+        None => String::new(),
+    };
     format!(
-        "{}/{} status={} last_seq={} last_turn={} epoch={} owner={} agent={} inject_mode={}{goal}",
+        "{}/{} status={} last_seq={} last_turn={} epoch={} owner={} agent={} inject_mode={}{parent}{goal}",
         s.tenant,
         s.id,
         status_name(info.status),
@@ -242,12 +246,13 @@ pub async fn show_session(client: &mut Client, id: &str) -> Result<()> {
     client.print(&info, &[], info_line)
 }
 
-pub async fn list(client: &mut Client, all_tenants: bool) -> Result<()> {
+/// `parent` empty lists every session; else only that session's children.
+pub async fn list(client: &mut Client, all_tenants: bool, parent: String) -> Result<()> {
     let mut page_token = String::new();
     loop {
         let tenant = if all_tenants { String::new() } else { client.tenant.clone() };
-        let reply =
-            client.api.list_sessions(pb::ListSessionsRequest { page_token, page_size: 0, tenant }).await?.into_inner();
+        let request = pb::ListSessionsRequest { page_token, page_size: 0, tenant, parent: parent.clone() };
+        let reply = client.api.list_sessions(request).await?.into_inner();
         for info in &reply.sessions {
             client.print(info, &[], info_line)?;
         }

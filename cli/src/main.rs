@@ -291,6 +291,9 @@ struct WorkerArgs {
     drain_timeout_ms: Option<u64>,
     #[command(flatten)]
     tls: security::ServerTlsArgs,
+    // How this worker dials other workers for `spawn_agent`'s child sessions, as a gateway does.
+    #[command(flatten)]
+    cluster_tls: security::ClusterTlsArgs,
     #[command(flatten)]
     nats_security: security::NatsSecurityArgs,
 }
@@ -504,8 +507,11 @@ struct ShowArgs {
 #[derive(Args, Debug)]
 struct ListArgs {
     /// Every tenant's sessions, not only --tenant's.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "parent")]
     all_tenants: bool,
+    /// Only the child sessions that this session's `spawn_agent` calls created.
+    #[arg(long, value_name = "SESSION")]
+    parent: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -622,6 +628,7 @@ async fn run_worker(a: WorkerArgs) -> Result<()> {
         http: a.http,
         ready_file: a.ready_file,
         tls: a.tls.options(),
+        cluster_tls: a.cluster_tls.options(),
     };
     let node = turnstile_node::worker::start(options).await?;
     Ok(node.run_until(shutdown_signal()).await?)
@@ -678,7 +685,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Goal(GoalCmd::Clear(a)) => client::update_goal(c, &a.session, a.goal_id, GoalAction::Clear).await,
         Cmd::Inbox(a) => client::inbox(c, &a.session).await,
         Cmd::Session(a) => client::show_session(c, &a.session).await,
-        Cmd::List(a) => client::list(c, a.all_tenants).await,
+        Cmd::List(a) => client::list(c, a.all_tenants, a.parent.unwrap_or_default()).await,
         Cmd::WaitIdle(a) => client::wait_idle(c, &a.session, a.timeout_ms).await,
         Cmd::Chat(a) => chat::run(c, &a.session).await,
         Cmd::Watch(a) => {

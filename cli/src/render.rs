@@ -202,8 +202,9 @@ impl Renderer {
                 }
                 (ambient, line)
             }
-            EventPayload::SessionConfigured { agent, inject_mode } => {
-                (ambient, format!("session/configured agent {agent} inject_mode {inject_mode}"))
+            EventPayload::SessionConfigured { agent, inject_mode, parent } => {
+                let child = parent.as_ref().map(|p| format!(" child of {p}")).unwrap_or_default();
+                (ambient, format!("session/configured agent {agent} inject_mode {inject_mode}{child}"))
             }
             EventPayload::ContextCompacted(c) => (
                 ambient,

@@ -63,7 +63,7 @@ impl ServerTlsArgs {
 }
 
 /// `--cluster-tls-ca FILE [--cluster-tls-domain NAME] [--cluster-tls-cert/--cluster-tls-key]`: the
-/// gateway's hop to the workers.
+/// gateway's hop to the workers, and a worker's hop to the owners of `spawn_agent`'s child sessions.
 #[derive(Args, Clone, Debug, Default)]
 pub struct ClusterTlsArgs {
     /// Dial workers over TLS, trusting this PEM CA (workers serve with --tls-cert/--tls-key).

@@ -16,7 +16,7 @@ use turnstile_proto::cluster::v1::execute_reply::Reply;
 use turnstile_proto::cluster::v1::execute_request::Command as PbCommand;
 use turnstile_proto::v1 as pb;
 
-use turnstile_model::command::{Command, CommandError, CommandReply, DeadlineSpec};
+use turnstile_model::command::{Command, CommandError, CommandReply, DeadlineSpec, Spawn};
 use turnstile_model::message::{MessageId, SessionRef};
 use turnstile_proto::codec::error::{CodecError, join};
 use turnstile_proto::codec::event::{
@@ -95,6 +95,11 @@ pub fn encode_command(command: &Command) -> PbCommand {
         Command::Fork(fork) => {
             PbCommand::Fork(cpb::ForkCommand { fork: Some(turnstile_proto::codec::event::encode_fork(fork)) })
         }
+        Command::Spawn(spawn) => PbCommand::Spawn(cpb::SpawnCommand {
+            parent: Some(encode_session_ref(&spawn.parent)),
+            agent: spawn.agent.clone(),
+            prompt: Some(encode_user_message(&spawn.prompt)),
+        }),
         Command::Configure { agent, inject_mode } => PbCommand::Configure(cpb::ConfigureCommand {
             agent: agent.clone(),
             inject_mode: encode_inject_mode(*inject_mode) as i32,
@@ -159,6 +164,16 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
             let fork = f.fork.ok_or_else(|| CodecError::missing("fork.fork", "set the fork to write"))?;
             Command::Fork(Box::new(turnstile_proto::codec::event::fork_at(fork, "fork.fork")?))
         }
+        PbCommand::Spawn(s) => {
+            if s.agent.is_empty() {
+                return Err(CodecError::invalid("spawn.agent", "is empty; name one of the configured agents"));
+            }
+            Command::Spawn(Box::new(Spawn {
+                parent: required_session_at(s.parent, "spawn.parent")?,
+                agent: s.agent,
+                prompt: required_message_at(s.prompt, "spawn.prompt")?,
+            }))
+        }
         PbCommand::Delete(_) => Command::Delete,
         PbCommand::Configure(c) => {
             if c.agent.is_empty() {
@@ -216,7 +231,7 @@ pub fn decode_command_reply(reply: cpb::ExecuteReply) -> Result<CommandReply, Co
     match reply.reply {
         Some(Reply::Sent(s)) => Ok(CommandReply::Sent { seq: s.seq, turn: s.turn }),
         Some(Reply::WrittenSeq(seq)) => Ok(CommandReply::Written { seq }),
-        Some(Reply::Idle(info)) => Ok(CommandReply::Idle(session_info_at(info, "idle")?)),
+        Some(Reply::Idle(info)) => Ok(CommandReply::Idle(Box::new(session_info_at(info, "idle")?))),
         None => Err(CodecError::missing("reply", REPLIES)),
     }
 }
@@ -343,6 +358,11 @@ mod tests {
         all.push(Command::Delete);
         all.push(Command::WhenIdle);
         all.push(Command::Compact);
+        all.push(Command::Spawn(Box::new(Spawn {
+            parent: SessionRef { tenant: "acme".into(), id: "planner".into() },
+            agent: "researcher".into(),
+            prompt: message("spawn:call-1-1-1", MessageSource::User),
+        })));
         all.push(Command::Fork(Box::new(turnstile_model::Fork {
             from: SessionRef::new("acme", "source").unwrap(),
             at_turn: 2,
@@ -386,7 +406,7 @@ mod tests {
             CommandReply::Sent { seq: 9, turn: None },
             CommandReply::Written { seq: 0 },
             CommandReply::Written { seq: 12 },
-            CommandReply::Idle(SessionSummary {
+            CommandReply::Idle(Box::new(SessionSummary {
                 status: Status::Idle,
                 last_seq: 40,
                 last_turn: 3,
@@ -396,8 +416,9 @@ mod tests {
                 inject_mode: InjectMode::OutOfTurn,
                 goal: None,
                 last_time_ms: 1_700_000_000_000,
-            }),
-            CommandReply::Idle(SessionSummary {
+                parent: Some(SessionRef { tenant: "acme".into(), id: "planner".into() }),
+            })),
+            CommandReply::Idle(Box::new(SessionSummary {
                 status: Status::Running,
                 last_seq: 41,
                 last_turn: 4,
@@ -416,7 +437,8 @@ mod tests {
                     reason: Some("turn 4 ended error".into()),
                 }),
                 last_time_ms: 0,
-            }),
+                parent: None,
+            })),
         ];
         for reply in replies {
             let encoded = encode_command_reply(&session(), &reply);

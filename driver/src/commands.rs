@@ -5,7 +5,7 @@
 use turnstile_model::state::Fingerprint;
 use turnstile_model::{
     CancelCause, Command, CommandError, CommandReply, DeadlineSpec, EventPayload, Fork, InjectMode, LivePayload,
-    MessageId, Splice, SpliceOutcome, Status, SteerDeadline, Target, UserMessage,
+    MessageId, Spawn, Splice, SpliceOutcome, Status, SteerDeadline, Target, UserMessage,
 };
 
 use super::{CommandId, Driver};
@@ -42,13 +42,14 @@ impl Driver {
                 None => return,
             },
             Command::Fork(fork) => self.fork(*fork),
+            Command::Spawn(spawn) => self.spawn(*spawn),
             // The host removes the log around a stopped driver; a driver asked to do it refuses.
             Command::Delete => Err(CommandError::Internal(
                 "DeleteSession reached the session driver; the session host performs it".into(),
             )),
             Command::WhenIdle => {
                 if self.is_quiescent() {
-                    Ok(CommandReply::Idle(self.summary()))
+                    Ok(CommandReply::Idle(Box::new(self.summary())))
                 } else {
                     self.idle_waiters.push(id);
                     return;
@@ -283,14 +284,20 @@ impl Driver {
     /// `ConfigureSession` (SPEC §8): one durable `session/configured`, only while idle. A configure equal to
     /// the last recorded one writes nothing; a session never configured always records the choice (even
     /// the default agent), so a later change of the configuration's default does not move it.
-    fn configure(&mut self, agent: String, inject_mode: InjectMode) -> Result<CommandReply, CommandError> {
-        if self.agents.get(&agent).is_none() {
+    /// An agent the configuration names.
+    fn check_agent(&self, agent: &str) -> Result<(), CommandError> {
+        if self.agents.get(agent).is_none() {
             let known: Vec<&str> = self.agents.names().collect();
             return Err(CommandError::InvalidArgument(format!(
                 "agent {agent:?} is not configured; known agents: {}",
                 known.join(", ")
             )));
         }
+        Ok(())
+    }
+
+    fn configure(&mut self, agent: String, inject_mode: InjectMode) -> Result<CommandReply, CommandError> {
+        self.check_agent(&agent)?;
         if self.turn.is_some() || self.state.status != Status::Idle || self.latched_wake {
             let running = self.running_turn().unwrap_or(self.state.last_turn);
             return Err(CommandError::FailedPrecondition(format!(
@@ -301,8 +308,42 @@ impl Driver {
         if self.state.agent.as_deref() == Some(agent.as_str()) && self.state.inject_mode == inject_mode {
             return Ok(CommandReply::Written { seq: self.state.last_seq });
         }
-        let seq = self.write(EventPayload::SessionConfigured { agent, inject_mode });
+        let seq = self.write(EventPayload::SessionConfigured { agent, inject_mode, parent: None });
         Ok(CommandReply::Written { seq })
+    }
+
+    /// `spawn_agent` on the child session (SPEC §13). A session with no events becomes the child:
+    /// `session/configured {agent, parent}`, then the prompt as a followup, in the same append group, so a
+    /// child never exists without its parent link or its prompt. On a child of the same parent only the
+    /// followup runs: a retried call gets its first acceptance back (SPEC §1 dedup). Any other session is
+    /// not the parent's to take.
+    fn spawn(&mut self, spawn: Spawn) -> Result<CommandReply, CommandError> {
+        let Spawn { parent, agent, prompt } = spawn;
+        let session = &self.state.session;
+        if parent.tenant != session.tenant || parent == *session {
+            return Err(CommandError::InvalidArgument(format!(
+                "session {parent} cannot spawn {session} as its child: a child is another session of the same tenant"
+            )));
+        }
+        self.check_agent(&agent)?;
+        if self.state.exists() {
+            if self.state.parent.as_ref() != Some(&parent) {
+                return Err(CommandError::AlreadyExists(format!(
+                    "session {session} already exists (last seq {}) and is not a child of {parent}; a child session \
+                     is created by its parent's spawn_agent call only",
+                    self.state.last_seq
+                )));
+            }
+        } else {
+            // Everything `deliver` checks that could fail on a session with no events, before the first write.
+            self.check_message(&prompt)?;
+            self.write(EventPayload::SessionConfigured {
+                agent,
+                inject_mode: InjectMode::Pending,
+                parent: Some(parent),
+            });
+        }
+        self.deliver(prompt, Target::NextTurn, true, None, None, Position::Tail)
     }
 
     /// `ForkSession` on the new session (SPEC §13): `session/forked` as its first event, only while it

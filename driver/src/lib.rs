@@ -304,7 +304,7 @@ impl Driver {
         if self.is_quiescent() && !self.idle_waiters.is_empty() {
             let summary = self.summary();
             for id in std::mem::take(&mut self.idle_waiters) {
-                self.reply(id, Ok(CommandReply::Idle(summary.clone())));
+                self.reply(id, Ok(CommandReply::Idle(Box::new(summary.clone()))));
             }
         }
     }

@@ -229,6 +229,51 @@ impl Gateway {
         codec::encode_session_info(&state.session, &SessionSummary::of(state, owner, agent))
     }
 
+    /// `ListSessions {parent}`: the children of `parent` (SPEC §13) after `after`. Every child id starts with
+    /// the parent's id prefix (`child::id_prefix`) and ids are listed in order, so only the ids sharing that
+    /// prefix are read, and each is projected to check its parent link.
+    async fn list_children(
+        &self,
+        parent: &SessionRef,
+        after: Option<SessionRef>,
+        page_size: usize,
+    ) -> Result<pb::ListSessionsReply, Status> {
+        let prefix = format!("{}-", turnstile_model::child::id_prefix(parent));
+        let start = SessionRef { tenant: parent.tenant.clone(), id: prefix.clone() };
+        let mut after = Some(after.filter(|a| *a > start).unwrap_or(start));
+        let mut children = Vec::new();
+        // One extra tells whether another page exists.
+        'pages: while children.len() <= page_size {
+            let refs = self
+                .log
+                .list_sessions(Some(&parent.tenant), after.as_ref(), page_size + 1)
+                .await
+                .map_err(status::from_journal)?;
+            let Some(last) = refs.last().cloned() else { break };
+            for session in refs {
+                if session.tenant != parent.tenant || !session.id.starts_with(&prefix) {
+                    break 'pages;
+                }
+                let state = read::project(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
+                if state.parent.as_ref() == Some(parent) {
+                    children.push(state);
+                }
+            }
+            after = Some(last);
+        }
+        let more = children.len() > page_size;
+        children.truncate(page_size);
+        let mut sessions = Vec::with_capacity(children.len());
+        for state in &children {
+            sessions.push(self.info(state).await);
+        }
+        let next_page_token = match children.last() {
+            Some(last) if more => page_token(&last.session),
+            _ => String::new(),
+        };
+        Ok(pb::ListSessionsReply { sessions, next_page_token })
+    }
+
     /// The state after a command the driver answered with `seq`: its event is durable before the reply,
     /// so a read that ends earlier is a lagging replica, and the caller may retry.
     async fn state_after(&self, session: &SessionRef, seq: u64, retry: &str) -> Result<SessionState, Status> {
@@ -650,6 +695,13 @@ impl Agent for Gateway {
             SessionRef::new(t.clone(), "x").map_err(|e| Status::invalid_argument(format!("tenant: {e}")))?;
         }
         let after = parse_page_token(&req.page_token)?;
+        if !req.parent.is_empty() {
+            // A parent is in one tenant: the caller's, the one named, or the default one.
+            let tenant = tenant.unwrap_or_else(|| self.config.default_tenant.clone());
+            let parent =
+                SessionRef::new(tenant, req.parent).map_err(|e| Status::invalid_argument(format!("parent: {e}")))?;
+            return self.list_children(&parent, after, page_size).await.map(Response::new);
+        }
         // One extra tells whether another page exists without an empty last page.
         let mut refs = self
             .log

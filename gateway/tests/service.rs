@@ -182,7 +182,12 @@ async fn list_sessions_pages_by_last_name() {
     let mut page_token = String::new();
     loop {
         let reply = api
-            .list_sessions(pb::ListSessionsRequest { page_token, page_size: 2, tenant: String::new() })
+            .list_sessions(pb::ListSessionsRequest {
+                page_token,
+                page_size: 2,
+                tenant: String::new(),
+                parent: String::new(),
+            })
             .await
             .unwrap()
             .into_inner();
@@ -195,12 +200,22 @@ async fn list_sessions_pages_by_last_name() {
     }
     assert_eq!(names, ["a", "b", "c"]);
     let err = api
-        .list_sessions(pb::ListSessionsRequest { page_token: String::new(), page_size: 1001, tenant: String::new() })
+        .list_sessions(pb::ListSessionsRequest {
+            page_token: String::new(),
+            page_size: 1001,
+            tenant: String::new(),
+            parent: String::new(),
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     let other = api
-        .list_sessions(pb::ListSessionsRequest { page_token: String::new(), page_size: 0, tenant: "acme".into() })
+        .list_sessions(pb::ListSessionsRequest {
+            page_token: String::new(),
+            page_size: 0,
+            tenant: "acme".into(),
+            parent: String::new(),
+        })
         .await
         .unwrap()
         .into_inner();

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::{CancelCause, Fork, InjectMode, OnDeadline, Status};
 use crate::goal::{GoalAction, GoalChange};
-use crate::message::{MessageId, Target, UserMessage};
+use crate::message::{MessageId, SessionRef, Target, UserMessage};
 
 /// A client command for one session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +74,10 @@ pub enum Command {
     /// `ForkSession` (SPEC §13), routed to the *new* session's owner: writes `session/forked` as the
     /// session's first event (the gateway read the source and built `fork`).
     Fork(Box<Fork>),
+    /// The built-in tool `spawn_agent` (SPEC §13), routed to the *child* session's owner: on a session
+    /// with no events, `session/configured {agent, parent}` and the prompt as a followup, in one append
+    /// group; on the same parent's child, the followup alone (a retry answers its first acceptance).
+    Spawn(Box<Spawn>),
     /// `DeleteSession` (SPEC §12): cancel a running turn (cause `disposed`), then remove the session's log,
     /// snapshots and dedup state. The session host performs it around the driver, which never sees it.
     Delete,
@@ -110,9 +114,22 @@ impl Command {
             Self::WhenIdle => "when_idle",
             Self::Compact => "compact",
             Self::Fork(_) => "fork",
+            Self::Spawn(_) => "spawn",
             Self::Delete => "delete",
         }
     }
+}
+
+/// What `spawn_agent` asks of the child session's driver ([`Command::Spawn`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spawn {
+    /// The session whose tool call creates the child; same tenant as the child.
+    pub parent: SessionRef,
+    /// The agent profile the child runs.
+    pub agent: String,
+    /// The prompt, delivered as a followup; its id is derived from the parent's call, so a retry of the
+    /// same call is deduplicated like any retried delivery.
+    pub prompt: UserMessage,
 }
 
 /// Where a session stands, as its owner sees it.
@@ -130,6 +147,8 @@ pub struct SessionSummary {
     pub goal: Option<GoalChange>,
     /// The `time` of the last durable event (0 before the first): the session's last activity.
     pub last_time_ms: u64,
+    /// The parent of a child session (SPEC §13).
+    pub parent: Option<SessionRef>,
 }
 
 impl SessionSummary {
@@ -146,6 +165,7 @@ impl SessionSummary {
             inject_mode: state.inject_mode,
             goal: state.goals.current.as_ref().map(crate::goal::Goal::current),
             last_time_ms: state.last_time_ms,
+            parent: state.parent.clone(),
         }
     }
 }
@@ -157,8 +177,8 @@ pub enum CommandReply {
     Sent { seq: u64, turn: Option<u64> },
     /// Cancel and edits: the seq of the last event written, or the session's last seq if none.
     Written { seq: u64 },
-    /// `WhenIdle` resolved.
-    Idle(SessionSummary),
+    /// `WhenIdle` resolved (boxed: a summary is many times the size of the other replies).
+    Idle(Box<SessionSummary>),
 }
 
 /// Why a command failed. Each maps to one gRPC code; messages say what was wrong and what to do.

@@ -256,6 +256,10 @@ pub enum EventPayload {
     SessionConfigured {
         agent: String,
         inject_mode: InjectMode,
+        /// Set on a child session's first event (SPEC §13 `spawn_agent`): the session whose tool call
+        /// created it. A later `session/configured` without it keeps the link.
+        #[serde(default)]
+        parent: Option<SessionRef>,
     },
     /// `context/compacted` (SPEC §13): the whole turns through `upto_turn` are replaced in later model
     /// requests by `summary` (one user-role message marked as a summary). The log keeps every event.

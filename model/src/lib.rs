@@ -13,6 +13,7 @@
 //! - [`state`]: [`SessionState`], the fold of a log into inbox, status and recovery facts (§3, §6).
 //! - [`transcript`]: the bounded conversation history a model request is built from (§8).
 //! - [`command`]: client commands, their replies and typed errors (the gateway → driver seam).
+//! - [`child`]: the names a `spawn_agent` call gives its child session (§13).
 //! - [`shard`]: the stable session → virtual shard hash.
 //!
 //! ```
@@ -24,6 +25,7 @@
 //! assert_eq!(m.text(), "hi");
 //! ```
 
+pub mod child;
 pub mod command;
 pub mod event;
 pub mod goal;
@@ -34,7 +36,7 @@ pub mod state;
 pub mod tool_names;
 pub mod transcript;
 
-pub use command::{Command, CommandError, CommandReply, DeadlineSpec, MAX_STEER_DEADLINE_MS, SessionSummary};
+pub use command::{Command, CommandError, CommandReply, DeadlineSpec, MAX_STEER_DEADLINE_MS, SessionSummary, Spawn};
 pub use event::{
     CancelCause, Compaction, Envelope, EventPayload, Fork, InjectMode, LiveEvent, LivePayload, OnDeadline, Splice,
     SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,

@@ -305,6 +305,10 @@ pub struct SessionState {
     /// The session this one was forked from, and the turn (SPEC §13 `session/forked`).
     #[serde(default)]
     pub forked_from: Option<(SessionRef, u64)>,
+    /// The parent of a child session (SPEC §13 `spawn_agent`), from its `session/configured`. Optional in
+    /// the snapshot's shape, so snapshots written before it still load (no version bump).
+    #[serde(default)]
+    pub parent: Option<SessionRef>,
 }
 
 impl SessionState {
@@ -327,6 +331,7 @@ impl SessionState {
             goals: GoalFold::default(),
             compaction: None,
             forked_from: None,
+            parent: None,
         }
     }
 
@@ -537,9 +542,12 @@ impl SessionState {
                     error: error.clone(),
                 });
             }
-            EventPayload::SessionConfigured { agent, inject_mode } => {
+            EventPayload::SessionConfigured { agent, inject_mode, parent } => {
                 self.agent = Some(agent.clone());
                 self.inject_mode = *inject_mode;
+                if parent.is_some() {
+                    self.parent.clone_from(parent);
+                }
             }
             EventPayload::GoalChange(change) => {
                 self.goals.check(change).map_err(|source| ProjectionError::Goal { seq, source })?;

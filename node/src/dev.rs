@@ -12,6 +12,7 @@ use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, SessionLog};
 use turnstile_ops::Readiness;
 use turnstile_worker::SessionHost;
+use turnstile_worker::tools::ChildSessions;
 
 use crate::config::Loaded;
 use crate::journal::{NatsOptions, open_nats};
@@ -194,6 +195,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         }
     };
     let config = &opts.config.config;
+    let registry = agents.tools.clone();
     let host = SessionHost::with_agents(
         journal.log.clone(),
         journal.bus.clone(),
@@ -202,6 +204,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         agents,
         worker_config(config),
     );
+    // `spawn_agent` reaches its children through this same host (before resuming: a resumed turn may call it).
+    registry.set_child_sessions(ChildSessions { router: host.clone(), log: journal.log.clone() });
     let resumed = host.resume_running().await.map_err(NodeError::Resume)?;
     if resumed > 0 {
         tracing::info!(resumed, "resumed sessions that were running when the last process stopped");

@@ -83,6 +83,30 @@ impl Handle {
     handle_methods!();
 }
 
+/// The router to every session's owner over the shard map in `client`'s KV, dialing the workers with
+/// `cluster_tls` when given: a gateway's, and a worker's for `spawn_agent`.
+pub(crate) async fn cluster_router(
+    client: &async_nats::Client,
+    url: &str,
+    config: &turnstile_config::Config,
+    cluster_tls: Option<tonic::transport::ClientTlsConfig>,
+) -> Result<Arc<dyn CommandRouter>, NodeError> {
+    let c = &config.cluster;
+    // The workers' heartbeat TTL: whoever creates the workers bucket first sets its max age.
+    let kv = ClusterKv::open(client, replicas(config), c.shards, c.worker_ttl())
+        .await
+        .map_err(|e| NodeError::membership(url, e))?;
+    let map = kv.watch_shards().await.map_err(|e| NodeError::membership(url, e))?;
+    let router_config = ClusterRouterConfig { deadline: c.route_deadline(), ..ClusterRouterConfig::default() };
+    Ok(match cluster_tls {
+        Some(tls) => {
+            let transport = Arc::new(GrpcTransport::with_tls(router_config.connect_timeout, tls));
+            Arc::new(ClusterRouter::with_transport(map, transport, router_config))
+        }
+        None => Arc::new(ClusterRouter::new(map, router_config)),
+    })
+}
+
 /// Starts a gateway: loads the security files, binds, opens the journal and the shard map, prints the
 /// bound addresses, and serves until stopped.
 pub async fn start(opts: Options) -> Result<Handle, NodeError> {
@@ -98,19 +122,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let (log, bus, snapshots) =
         open_nats(&opts.nats, c.partitions, replicas(config), c.shards, &config.journal).await?;
     let client = log.client().clone();
-    // The workers' heartbeat TTL: whoever creates the workers bucket first sets its max age.
-    let kv = ClusterKv::open(&client, replicas(config), c.shards, c.worker_ttl())
-        .await
-        .map_err(|e| NodeError::membership(url, e))?;
-    let map = kv.watch_shards().await.map_err(|e| NodeError::membership(url, e))?;
-    let router_config = ClusterRouterConfig { deadline: c.route_deadline(), ..ClusterRouterConfig::default() };
-    let router: Arc<dyn CommandRouter> = match cluster_tls {
-        Some(tls) => {
-            let transport = Arc::new(GrpcTransport::with_tls(router_config.connect_timeout, tls));
-            Arc::new(ClusterRouter::with_transport(map, transport, router_config))
-        }
-        None => Arc::new(ClusterRouter::new(map, router_config)),
-    };
+    let router = cluster_router(&client, url, config, cluster_tls).await?;
     let tools =
         ToolHub::with_nats(client.clone()).await.map_err(|cause| NodeError::ToolHub { url: url.to_owned(), cause })?;
     let auth_enabled = security.auth.is_enabled();

@@ -11,13 +11,15 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 use turnstile_worker::cluster::service::{self, WorkerService};
 use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker_with_agents};
+use turnstile_worker::tools::ChildSessions;
 
 use crate::config::Loaded;
+use crate::gateway::cluster_router;
 use crate::journal::{NatsOptions, open_nats};
 use crate::ops::{OpsHttp, install_metrics, worker_grace, worker_ready};
 use crate::report::{bind, bound_with_http, report_bound};
 use crate::running::{Running, handle_methods};
-use crate::security::ServerTls;
+use crate::security::{ClusterTls, ServerTls};
 use crate::{NodeError, agents, replicas, worker_config};
 
 /// `--listen` of a worker when it is not given.
@@ -41,6 +43,9 @@ pub struct Options {
     pub ready_file: Option<PathBuf>,
     /// Serve the internal API over TLS; gateways then dial with their cluster TLS.
     pub tls: Option<ServerTls>,
+    /// Dial other workers over TLS (for `spawn_agent`'s child sessions), as a gateway does; `None` dials
+    /// them in clear text.
+    pub cluster_tls: Option<ClusterTls>,
     /// The configuration, flags applied: agents and models, `[cluster]` timings and layout, `[limits]`,
     /// `[journal]`.
     pub config: Loaded,
@@ -57,6 +62,7 @@ impl Options {
             http: None,
             ready_file: None,
             tls: None,
+            cluster_tls: None,
             config: Loaded::default(),
         }
     }
@@ -103,6 +109,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let started = Instant::now();
     let agents = agents(&opts.config).await?;
     let tls = opts.tls.as_ref().map(ServerTls::load).transpose()?;
+    let cluster_tls = opts.cluster_tls.as_ref().map(ClusterTls::load).transpose()?;
     let (listener, local) = bind(&opts.listen).await?;
     check_worker_exposure(opts.tls.as_ref(), local, &opts.listen)?;
     let advertise = opts.advertise.clone().unwrap_or_else(|| local.to_string());
@@ -129,6 +136,9 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let (log, bus, snapshots) = (Arc::new(log), Arc::new(bus), Arc::new(snapshots));
     // Client tools are NATS requests to the gateways holding their executors.
     agents.tools.set_client_tools(Arc::new(turnstile_cluster::NatsToolBus::new(client.clone())));
+    // `spawn_agent` reaches its child sessions' owners as a gateway would, and reads their logs here.
+    let router = cluster_router(&client, url, config, cluster_tls).await?;
+    agents.tools.set_child_sessions(ChildSessions { router, log: log.clone() });
     let worker = start_worker_with_agents(options, agents, &client, replicas(config), log, bus, snapshots)
         .await
         .map_err(|e| NodeError::membership(url, e))?;

@@ -115,12 +115,18 @@ async fn a_tenant_cannot_read_write_list_or_watch_another_tenants_sessions() {
     assert!(inbox.next_turn.is_empty() && inbox.next_step.is_empty(), "{inbox:?}");
 
     // List: only A's sessions, whatever the filter; another tenant's filter is refused.
-    let req = ListSessionsRequest { page_token: String::new(), page_size: 0, tenant: String::new() };
+    let req =
+        ListSessionsRequest { page_token: String::new(), page_size: 0, tenant: String::new(), parent: String::new() };
     let list = client.list_sessions(authed(req, Some(TOKEN_A))).await.unwrap().into_inner();
     let names: Vec<_> = list.sessions.iter().map(|s| s.session.clone().unwrap()).collect();
     assert!(names.iter().all(|s| s.tenant == "tenant-a"), "{names:?}");
     assert!(names.iter().any(|s| s.id == "a-own"), "{names:?}");
-    let req = ListSessionsRequest { page_token: String::new(), page_size: 0, tenant: "tenant-b".into() };
+    let req = ListSessionsRequest {
+        page_token: String::new(),
+        page_size: 0,
+        tenant: "tenant-b".into(),
+        parent: String::new(),
+    };
     assert_eq!(client.list_sessions(authed(req, Some(TOKEN_A))).await.unwrap_err().code(), Code::PermissionDenied);
 
     // Watch: NOT_FOUND for B's session; A's own works.
@@ -155,7 +161,12 @@ async fn missing_or_unknown_tokens_are_unauthenticated() {
         assert_eq!(client.followup(authed(req, token)).await.unwrap_err().code(), Code::Unauthenticated);
         let req = WatchRequest { session: name("", "s1"), after_seq: 0, live: true };
         assert_eq!(client.watch(authed(req, token)).await.unwrap_err().code(), Code::Unauthenticated);
-        let req = ListSessionsRequest { page_token: String::new(), page_size: 0, tenant: String::new() };
+        let req = ListSessionsRequest {
+            page_token: String::new(),
+            page_size: 0,
+            tenant: String::new(),
+            parent: String::new(),
+        };
         assert_eq!(client.list_sessions(authed(req, token)).await.unwrap_err().code(), Code::Unauthenticated);
     }
     // A token-less write must not have created anything.
@@ -345,7 +356,8 @@ fn replace(path: &Path, contents: &[u8]) {
 
 /// The code of a ListSessions call with `token` (`Code::Ok` when accepted).
 async fn call(client: &mut AgentClient<Channel>, token: &str) -> Code {
-    let request = ListSessionsRequest { page_token: String::new(), page_size: 1, tenant: String::new() };
+    let request =
+        ListSessionsRequest { page_token: String::new(), page_size: 1, tenant: String::new(), parent: String::new() };
     match client.list_sessions(authed(request, Some(token))).await {
         Ok(_) => Code::Ok,
         Err(status) => status.code(),

@@ -47,7 +47,8 @@ async fn configure_scripted_writes_session_configured(backend: Backend) {
         events[0].payload,
         Some(Payload::SessionConfigured(SessionConfigured {
             agent: "scripted".into(),
-            inject_mode: InjectMode::OutOfTurn as i32
+            inject_mode: InjectMode::OutOfTurn as i32,
+            parent: None,
         }))
     );
     // The same configuration again writes nothing.

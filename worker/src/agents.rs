@@ -186,6 +186,7 @@ pub fn from_config_with_mcp(
     mcp: &McpServers,
 ) -> Result<AgentSetup, AgentSetupError> {
     let mut tools = ToolRegistry::builtin();
+    tools.offer_agents(config.agents.keys().cloned().collect());
     let mut mcp_tools: BTreeMap<String, (Arc<McpServer>, McpToolDef, Duration)> = BTreeMap::new();
     let models = config
         .models

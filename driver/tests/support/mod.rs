@@ -840,7 +840,12 @@ pub fn render_durable(e: &Envelope) -> String {
             }
             out
         }
-        EventPayload::SessionConfigured { agent, inject_mode } => format!("D session/configured {agent} {inject_mode}"),
+        EventPayload::SessionConfigured { agent, inject_mode, parent: None } => {
+            format!("D session/configured {agent} {inject_mode}")
+        }
+        EventPayload::SessionConfigured { agent, inject_mode, parent: Some(parent) } => {
+            format!("D session/configured {agent} {inject_mode} parent={parent}")
+        }
         EventPayload::ContextCompacted(c) => {
             format!("D context/compacted {} {:?} {}", c.upto_turn, c.summary, c.summarized_turns)
         }

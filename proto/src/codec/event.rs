@@ -7,7 +7,7 @@ use prost::Message as _;
 use super::error::{CodecError, join};
 use super::message::{
     encode_session_ref, encode_target, encode_user_message, messages_at, optional_target_at, required_message_at,
-    required_session_at, target_at,
+    required_session_at, session_ref_at, target_at,
 };
 use turnstile_model::event::{
     CancelCause, Compaction, DURABLE_TYPES, Envelope, EventPayload, Fork, InjectMode, OnDeadline, Splice,
@@ -271,10 +271,13 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             summary: change.summary.clone(),
             reason: change.reason.clone(),
         }),
-        EventPayload::SessionConfigured { agent, inject_mode } => Payload::SessionConfigured(pb::SessionConfigured {
-            agent: agent.clone(),
-            inject_mode: encode_inject_mode(*inject_mode).into(),
-        }),
+        EventPayload::SessionConfigured { agent, inject_mode, parent } => {
+            Payload::SessionConfigured(pb::SessionConfigured {
+                agent: agent.clone(),
+                inject_mode: encode_inject_mode(*inject_mode).into(),
+                parent: parent.as_ref().map(encode_session_ref),
+            })
+        }
         EventPayload::ContextCompacted(c) => Payload::ContextCompacted(encode_compaction(c)),
         EventPayload::SessionForked(f) => Payload::SessionForked(encode_fork(f)),
         // An event this build does not understand has no payload it could write.
@@ -360,6 +363,7 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             EventPayload::SessionConfigured {
                 agent: c.agent,
                 inject_mode: inject_mode_at(c.inject_mode, "session_configured.inject_mode", None)?,
+                parent: c.parent.map(|p| session_ref_at(p, "session_configured.parent")).transpose()?,
             }
         }
         Payload::ContextCompacted(c) => EventPayload::ContextCompacted(compaction_at(c, "context_compacted")?),

@@ -9,7 +9,7 @@ use turnstile_model::{GoalAction, SessionSummary};
 
 use super::error::{CodecError, join};
 use super::event::{encode_inject_mode, encode_status, inject_mode_at, status_at};
-use super::message::encode_session_ref;
+use super::message::{encode_session_ref, session_ref_at};
 
 const GOAL_ACTIONS: &str = "use GOAL_ACTION_PAUSE, GOAL_ACTION_RESUME or GOAL_ACTION_CLEAR";
 
@@ -64,6 +64,7 @@ pub fn encode_session_info(session: &SessionRef, summary: &SessionSummary) -> pb
         inject_mode: encode_inject_mode(summary.inject_mode) as i32,
         goal: summary.goal.as_ref().map(encode_goal_info),
         last_event_unix_ms: summary.last_time_ms,
+        parent: summary.parent.as_ref().map(encode_session_ref),
     }
 }
 
@@ -80,6 +81,7 @@ pub fn session_info_at(info: pb::SessionInfo, path: &str) -> Result<SessionSumma
         inject_mode: inject_mode_at(info.inject_mode, &join(path, "inject_mode"), Some(InjectMode::Pending))?,
         goal: info.goal.map(|g| goal_info_at(g, &join(path, "goal"))).transpose()?,
         last_time_ms: info.last_event_unix_ms,
+        parent: info.parent.map(|p| session_ref_at(p, &join(path, "parent"))).transpose()?,
     })
 }
 

@@ -1,5 +1,5 @@
-//! Tools a model step can call, the built-ins `sleep`, `echo` and `clock`, the tools of MCP servers
-//! ([`mcp`]) and client tools served over `ServeTools` ([`client`]).
+//! Tools a model step can call, the built-ins `sleep`, `echo`, `clock` and `spawn_agent` ([`spawn`]), the
+//! tools of MCP servers ([`mcp`]) and client tools served over `ServeTools` ([`client`]).
 //!
 //! Each tool describes itself to the model ([`Tool::description`], [`Tool::input_schema`]); the registry
 //! hands those out by name ([`ToolRegistry::spec`]) so an agent's model is offered exactly the tools the
@@ -21,6 +21,9 @@ pub use crate::model::chat_model::ClientBusSlot;
 
 pub mod client;
 pub mod mcp;
+pub mod spawn;
+
+pub use spawn::{ChildSessions, ChildSessionsSlot, SPAWN_AGENT, SpawnAgent};
 
 /// The error of a call that passed its deadline (SPEC §9).
 pub const TOOL_TIMEOUT: &str = "tool_timeout";
@@ -265,6 +268,8 @@ pub struct ToolRegistry {
     policy: Option<Arc<Config>>,
     /// Reaches client tool executors once set (shared with the agents' models); empty: no client tools.
     client: ClientBusSlot,
+    /// Reaches other sessions once set, for `spawn_agent`; empty: it answers that it cannot run here.
+    children: ChildSessionsSlot,
 }
 
 impl std::fmt::Debug for ToolRegistry {
@@ -274,13 +279,26 @@ impl std::fmt::Debug for ToolRegistry {
 }
 
 impl ToolRegistry {
-    /// The built-ins `sleep`, `echo` and `clock`.
+    /// The built-ins `sleep`, `echo`, `clock` and `spawn_agent` (which runs once
+    /// [`ToolRegistry::set_child_sessions`] gave it a route to other sessions).
     pub fn builtin() -> Self {
         let mut r = Self::default();
         r.register("sleep", Arc::new(Sleep));
         r.register("echo", Arc::new(Echo));
         r.register("clock", Arc::new(Clock::default()));
+        r.offer_agents(Vec::new());
         r
+    }
+
+    /// `spawn_agent` offers these agents to the model (the configuration's).
+    pub fn offer_agents(&mut self, agents: Vec<String>) {
+        let tool = SpawnAgent::new(self.children.clone(), agents);
+        self.register(SPAWN_AGENT, Arc::new(tool));
+    }
+
+    /// `spawn_agent` reaches other sessions through `children` from now on; the first one set stays.
+    pub fn set_child_sessions(&self, children: ChildSessions) {
+        let _ = self.children.set(children);
     }
 
     /// Whether a tool named `name` is registered.

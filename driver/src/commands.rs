@@ -190,6 +190,9 @@ impl Driver {
     /// turn-boundary claim (all before the caller's reply); a running driver takes it at a later boundary.
     /// The turn it opened, if any.
     pub(super) fn wake(&mut self) -> Option<u64> {
+        if self.recovering {
+            return None;
+        }
         if let Some(cause) = self.aborting_cause() {
             if *cause != CancelCause::Disposed {
                 self.latched_wake = true;

@@ -78,6 +78,8 @@ pub struct Driver {
     /// Inside a cancel-then-wake that is one step (an interrupt): the idle instant between the aborted
     /// turn's end and the wake is not one `when_idle` may report.
     holding_idle_waiters: bool,
+    /// Inside [`Driver::recover`] before its repair: a wake opens no turn yet, recovery decides what resumes.
+    recovering: bool,
     idle_waiters: Vec<CommandId>,
     next_op: OpId,
     effects: VecDeque<Effect>,
@@ -117,6 +119,7 @@ impl Driver {
             turn: None,
             latched_wake: false,
             holding_idle_waiters: false,
+            recovering: false,
             idle_waiters: Vec::new(),
             next_op: 1,
             effects: VecDeque::new(),

@@ -117,10 +117,11 @@ pub enum Fault {
 #[derive(Clone, Debug)]
 pub struct FaultRec {
     pub fault: Fault,
-    /// The log length when it happened.
+    /// The log length when it happened (after the group, for a crash).
     pub at: usize,
-    /// The group the journal refused (empty for a crash).
-    pub refused: Vec<Envelope>,
+    /// The group it struck: durable but never followed up (a crash), or refused and not stored. Empty for a
+    /// crash between inputs.
+    pub group: Vec<Envelope>,
     /// The commands still waiting for their reply: lost with a crash, else answered UNAVAILABLE.
     pub unanswered: Vec<CommandId>,
 }
@@ -508,16 +509,13 @@ impl Sim {
             if let Effect::Append(group) = &effect
                 && let Some(fault) = self.fault_now()
             {
-                let refused = match fault {
-                    Fault::Crash => {
-                        self.perform(effect);
-                        self.batch_ends.push(self.log.len());
-                        Vec::new()
-                    }
-                    Fault::Unavailable | Fault::Conflict => group.events().to_vec(),
-                };
+                let group = group.events().to_vec();
+                if fault == Fault::Crash {
+                    self.perform(effect);
+                    self.batch_ends.push(self.log.len());
+                }
                 // The rest of this input's effects are never performed; the new driver checks itself.
-                self.fault(fault, refused);
+                self.fault(fault, group);
                 return;
             }
             self.perform(effect);
@@ -553,7 +551,7 @@ impl Sim {
     }
 
     /// What the runner does about `fault` (decision 0002; `worker/src/runner.rs` `perform` and `reload`).
-    fn fault(&mut self, fault: Fault, refused: Vec<Envelope>) {
+    fn fault(&mut self, fault: Fault, group: Vec<Envelope>) {
         let unanswered: Vec<CommandId> = std::mem::take(&mut self.outstanding).into_iter().collect();
         if fault != Fault::Crash {
             let message = format!("the journal refused an append ({fault:?}); retry with the same message id");
@@ -562,7 +560,7 @@ impl Sim {
             }
         }
         self.recs.push(Rec::Op(format!("X fault {fault:?} at {}", self.log.len())));
-        self.faults.push(FaultRec { fault, at: self.log.len(), refused, unanswered });
+        self.faults.push(FaultRec { fault, at: self.log.len(), group, unanswered });
         let epoch = match fault {
             Fault::Unavailable => self.epoch,
             Fault::Crash | Fault::Conflict => {
@@ -594,6 +592,13 @@ impl Sim {
 
     fn record_reply(&mut self, id: CommandId, result: Reply) {
         assert!(!self.replies.contains_key(&id), "command {id} replied twice");
+        // A reply names only what is durable: the driver never answers ahead of its append group.
+        let named = match &result {
+            Ok(CommandReply::Sent { seq, .. } | CommandReply::Written { seq }) => *seq,
+            Ok(CommandReply::Idle(summary)) => summary.last_seq,
+            _ => 0,
+        };
+        assert!(named <= self.log.len() as u64, "reply {id} names seq {named}, the log ends at {}", self.log.len());
         self.outstanding.remove(&id);
         self.replies.insert(id, (result.clone(), self.log.len()));
         self.recs.push(Rec::R { id, result });

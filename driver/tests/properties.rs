@@ -158,8 +158,8 @@ fn action() -> impl Strategy<Value = Action> {
         1 => (1u8..4, any::<bool>()).prop_map(|(max_rounds, slow)| Action::SetGoal { max_rounds, slow }),
         1 => (0u8..3).prop_map(|action| Action::UpdateGoal { action }),
         1 => any::<bool>().prop_map(|approve| Action::Decide { approve }),
-        1 => any::<u8>().prop_map(|gap| Action::Crash { gap }),
-        3 => (0u8..4, fault, any::<u8>()).prop_map(|(pass, fault, gap)| Action::Arm { pass, fault, gap }),
+        2 => any::<u8>().prop_map(|gap| Action::Crash { gap }),
+        4 => (0u8..4, fault, any::<u8>()).prop_map(|(pass, fault, gap)| Action::Arm { pass, fault, gap }),
         2 => Just(Action::Retry),
     ]
 }
@@ -976,7 +976,7 @@ fn deliver(sim: &mut Sim, client: &mut Client, tracker: &Tracker, d: Delivery) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn random_sessions_keep_every_invariant(case in case()) {

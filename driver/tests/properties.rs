@@ -138,7 +138,7 @@ fn action() -> impl Strategy<Value = Action> {
             id.clone(),
             prop::bool::weighted(0.15),
             prop::option::weighted(0.2, 0u8..3),
-            prop::option::weighted(0.25, (1u8..200, any::<bool>())),
+            prop::option::weighted(0.4, (1u8..200, any::<bool>())),
         )
             .prop_map(|(preset, id, variant, expected, deadline)| Action::Deliver { preset, id, variant, expected, deadline }),
         2 => (id.clone(), prop::bool::weighted(0.1)).prop_map(|(id, variant)| Action::Interrupt { id, variant }),
@@ -736,7 +736,8 @@ fn run(case: Case) {
         deliver(&mut sim, &mut client, &tracker, d);
     }
     tracker.follow(&sim);
-    sim.takeover_gap_ms = 0;
+    // Long enough that every steer deadline still armed passes while no owner runs the session.
+    sim.takeover_gap_ms = 1_000;
     sim.crash();
     quiesce(&mut sim);
     tracker.follow(&sim);

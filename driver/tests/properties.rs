@@ -734,8 +734,8 @@ fn run(case: Case) {
     while !client.in_doubt.is_empty() {
         let d = client.in_doubt.remove(0);
         deliver(&mut sim, &mut client, &tracker, d);
+        tracker.follow(&sim);
     }
-    tracker.follow(&sim);
     // Long enough that every steer deadline still armed passes while no owner runs the session.
     sim.takeover_gap_ms = 1_000;
     sim.crash();

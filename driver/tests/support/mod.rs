@@ -503,8 +503,7 @@ impl Sim {
     /// Performs every effect of [`Driver::ready`] in order, then checks the invariants. Records where
     /// each append group ends: the only places a crash can cut the log.
     fn perform_effects(&mut self) {
-        let mut effects = self.driver.ready().into_iter();
-        while let Some(effect) = effects.next() {
+        for effect in self.driver.ready() {
             let appended = matches!(effect, Effect::Append(_));
             if let Effect::Append(group) = &effect
                 && let Some(fault) = self.fault_now()

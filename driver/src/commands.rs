@@ -191,6 +191,9 @@ impl Driver {
     /// turn-boundary claim (all before the caller's reply); a running driver takes it at a later boundary.
     /// The turn it opened, if any.
     pub(super) fn wake(&mut self) -> Option<u64> {
+        if self.recovering {
+            return None;
+        }
         if let Some(cause) = self.aborting_cause() {
             if *cause != CancelCause::Disposed {
                 self.latched_wake = true;
@@ -216,10 +219,12 @@ impl Driver {
         // Validate the followup half before the cancel half acts, so a refused interrupt changes nothing.
         self.check_new_id(&message.id, &[])?;
         self.check_room(std::slice::from_ref(&message), Room::NONE)?;
-        if self.turn.is_some() {
-            self.abort_turn(CancelCause::User);
-        }
-        self.deliver(message, Target::NextTurn, true, None, None, Position::Head)
+        self.holding_idle_waiters(|driver| {
+            if driver.turn.is_some() {
+                driver.abort_turn(CancelCause::User);
+            }
+            driver.deliver(message, Target::NextTurn, true, None, None, Position::Head)
+        })
     }
 
     /// `cancel(cause, keep_inbox)`: replies once its splices are durable and the abort is signalled.

@@ -31,7 +31,9 @@ impl Driver {
             let Some((target, index)) = self.state.inbox.find(&id) else { continue };
             match on_deadline {
                 OnDeadline::Drop => self.write_edit(target, index as u32, 1, Vec::new()),
-                OnDeadline::Interrupt => self.steer_deadline_interrupt(target, index),
+                OnDeadline::Interrupt => {
+                    self.holding_idle_waiters(|driver| driver.steer_deadline_interrupt(target, index));
+                }
             }
         }
     }

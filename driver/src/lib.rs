@@ -75,6 +75,11 @@ pub struct Driver {
     turn: Option<ActiveTurn>,
     /// A waking delivery arrived while the active turn was aborting: start again once it has ended.
     latched_wake: bool,
+    /// Inside a cancel-then-wake that is one step (an interrupt): the idle instant between the aborted
+    /// turn's end and the wake is not one `when_idle` may report.
+    holding_idle_waiters: bool,
+    /// Inside [`Driver::recover`] before its repair: a wake opens no turn yet, recovery decides what resumes.
+    recovering: bool,
     idle_waiters: Vec<CommandId>,
     next_op: OpId,
     effects: VecDeque<Effect>,
@@ -113,6 +118,8 @@ impl Driver {
             owner: owner.into(),
             turn: None,
             latched_wake: false,
+            holding_idle_waiters: false,
+            recovering: false,
             idle_waiters: Vec::new(),
             next_op: 1,
             effects: VecDeque::new(),
@@ -301,12 +308,23 @@ impl Driver {
 
     /// Resolves `when_idle` waiters once nothing runs and no wake is latched.
     fn resolve_idle_waiters(&mut self) {
-        if self.is_quiescent() && !self.idle_waiters.is_empty() {
+        if self.is_quiescent() && !self.holding_idle_waiters && !self.idle_waiters.is_empty() {
             let summary = self.summary();
             for id in std::mem::take(&mut self.idle_waiters) {
                 self.reply(id, Ok(CommandReply::Idle(Box::new(summary.clone()))));
             }
         }
+    }
+
+    /// Runs `step` (an abort and the wake that follows it) with `when_idle` held: an aborted turn that ends
+    /// at once (it only waited for an approval) goes idle for an instant that no caller may observe. The
+    /// waiters resolve afterwards if the session is really idle.
+    fn holding_idle_waiters<T>(&mut self, step: impl FnOnce(&mut Self) -> T) -> T {
+        let held = std::mem::replace(&mut self.holding_idle_waiters, true);
+        let result = step(self);
+        self.holding_idle_waiters = held;
+        self.resolve_idle_waiters();
+        result
     }
 
     fn aborting_cause(&self) -> Option<&CancelCause> {

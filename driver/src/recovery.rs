@@ -11,8 +11,12 @@ impl Driver {
     pub fn recover(&mut self, now_ms: u64) {
         self.now_ms = now_ms;
         // Steer deadlines that passed while no owner ran the session fire first (SPEC §11); nothing runs
-        // yet, so an `interrupt` only moves its steer to the head of next-turn.
+        // yet, so an `interrupt` only moves its steer to the head of next-turn. Its waking insert must not
+        // open a turn here, or the repair below would take that turn for the crashed one; the insert makes
+        // the session resume below instead.
+        self.recovering = true;
         self.on_timer(now_ms);
+        self.recovering = false;
         let mut resume = Resume::default();
         if self.resume_awaiting_approval() {
             return;

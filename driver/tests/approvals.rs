@@ -4,9 +4,9 @@
 
 mod support;
 
-use support::{Sim, refused, sent, written};
+use support::{Sim, refused, render_reply, sent, written};
 use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, Limits};
-use turnstile_model::{CancelCause, Command, EventPayload, MessageSource, Status};
+use turnstile_model::{CancelCause, Command, CommandReply, EventPayload, MessageSource, OnDeadline, Status};
 
 /// The scripted agent, with `echo` gated by approval.
 fn gated_echo() -> AgentCatalog {
@@ -135,6 +135,42 @@ fn cancel_while_a_call_waits_ends_it_like_an_unstarted_call() {
     assert_eq!(error.as_deref(), Some("not run: the turn was aborted"));
     let (kind, _) = refused(decide(&mut sim, "call-1-1-1", true, ""));
     assert_eq!(kind, "failed-precondition");
+}
+
+/// An interrupt is one command: its cancel half ends a turn that only waited for a decision at once, but a
+/// `when_idle` caller must not see the instant between that end and the interrupt's own turn (found by the
+/// driver proptest once it gated calls).
+#[test]
+fn an_interrupt_while_a_call_waits_does_not_resolve_when_idle_before_its_turn() {
+    let mut sim = waiting_call();
+    let waiter = sim.when_idle();
+    assert!(sim.reply(waiter).is_none());
+    // The interrupt's own turn waits for its model, so the session is running when the command returns.
+    let (_, turn) = sent(sim.interrupt("B", "[[delay:100]] hi"));
+    assert_eq!(turn, Some(2), "the aborted turn ended at once, so the interrupt opened the next one");
+    assert_eq!(sim.reply(waiter), None, "when_idle resolved in the middle of the interrupt: {:#?}", sim.lines());
+    sim.settle();
+    let last = sim.log.len() as u64;
+    assert!(matches!(sim.reply(waiter), Some(Ok(CommandReply::Idle(s))) if s.last_seq == last), "{:#?}", sim.lines());
+    let lines = sim.lines();
+    let at = lines.iter().position(|l| *l == render_reply(waiter, sim.reply(waiter).unwrap())).unwrap();
+    assert_eq!(lines[at - 1], "L status idle");
+    assert_eq!(sim.assistant_text(2, 1).as_deref(), Some("echo: hi"));
+}
+
+/// The same for a steer deadline's `interrupt` (SPEC §11), which is an interrupt the driver makes itself.
+#[test]
+fn a_steer_deadline_interrupt_while_a_call_waits_does_not_resolve_when_idle_before_its_turn() {
+    let mut sim = waiting_call();
+    sent(sim.steer_with_deadline("S", "[[delay:100]] hurry", 50, OnDeadline::Interrupt));
+    let waiter = sim.when_idle();
+    sim.take();
+    sim.fire_timers(sim.now + 50);
+    assert_eq!(sim.driver.running_turn(), Some(2), "{:#?}", sim.lines());
+    assert_eq!(sim.reply(waiter), None, "when_idle resolved in the middle of the interrupt: {:#?}", sim.lines());
+    sim.settle();
+    let last = sim.log.len() as u64;
+    assert!(matches!(sim.reply(waiter), Some(Ok(CommandReply::Idle(s))) if s.last_seq == last), "{:#?}", sim.lines());
 }
 
 #[test]

@@ -119,3 +119,37 @@ fn a_deadline_that_passed_during_failover_fires_at_once() {
     next.settle();
     assert!(!next.lines().iter().any(|l| l.starts_with("D user/message S")));
 }
+
+/// A steer parked by an aborted turn keeps its deadline; when an `interrupt` deadline passes while no
+/// owner runs the idle session, the new owner moves the steer and runs it as the next turn. Before the fix
+/// the timer opened that turn inside recovery and the repair that followed took it for a crashed one and
+/// ended it `interrupted` (found by the driver proptest with crashes).
+#[test]
+fn an_interrupt_deadline_that_passed_while_idle_runs_the_steer_after_failover() {
+    let mut sim = Sim::new();
+    sent(sim.followup("A", "[[delay:100]] go"));
+    sent(sim.steer_with_deadline("S", "hurry", 500, OnDeadline::Interrupt));
+    sim.cancel(turnstile_model::CancelCause::User, true).unwrap();
+    sim.settle();
+    assert!(sim.driver.is_quiescent());
+    assert_eq!(sim.pending_ids(), (vec![], vec!["S".to_owned()]), "the steer parks with its deadline");
+    let mut next = Sim::recover(sim.log.clone(), Limits::default(), 2, 10_000);
+    next.expect(&[
+        "D spliced next-step 0 1 [] canceled",
+        "L discarded S",
+        "D spliced next-turn 0 0 [S] wake",
+        "L inserted S",
+        "D status running",
+        "L status running",
+        "D turn/start 2",
+        "D spliced next-turn 0 1 []",
+        "L claimed S 2",
+        "D step/start 2.1",
+        "D user/message S 2.1",
+        "D assistant/message 2.1 \"echo: hurry\"",
+        "D step/end 2.1",
+        "D turn/end 2 completed",
+        "D status idle",
+        "L status idle",
+    ]);
+}

@@ -9,9 +9,13 @@
 //! held (progress it with [`Sim::stream_one_delta`] / [`Sim::finish_model`]), a `sleep` tool call is held
 //! until [`Sim::finish_tools`] or [`Sim::advance`], pre-step decisions are held when
 //! [`Sim::hold_presteps`] is set, abort acknowledgements when [`Sim::delay_aborts`] is set.
+//!
+//! Faults ([`Sim::arm`], [`Sim::crash`]) make the simulated worker die or the journal refuse an append
+//! group; the runner then does what the real one does (decision 0002): a new owner with the next epoch,
+//! or a reload under the same epoch, loads the durable log through `Driver::new` + `Driver::recover`.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use turnstile_driver::HookVerdict;
 use turnstile_driver::scripted::{self, ScriptedPlan};
@@ -94,6 +98,34 @@ pub fn guard(req: &PreStepRequest) -> PreStepOutcome {
     }
 }
 
+/// What goes wrong at an append group (SPEC §6, decision 0002).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The group becomes durable, then the worker dies: nothing after it is performed (no reply, live
+    /// event or operation), and a new owner takes over with the next epoch.
+    Crash,
+    /// The journal refuses the group (UNAVAILABLE): none of it is stored. The runner answers every
+    /// waiting caller UNAVAILABLE, drops its operations and reloads the driver under the same epoch.
+    Unavailable,
+    /// The group's expected seq is stale: another writer won, none of it is stored. The runner stops
+    /// serving the session (its callers answered UNAVAILABLE) and the new owner, with the next epoch,
+    /// loads the log.
+    Conflict,
+}
+
+/// A fault that happened.
+#[derive(Clone, Debug)]
+pub struct FaultRec {
+    pub fault: Fault,
+    /// The log length when it happened (after the group, for a crash).
+    pub at: usize,
+    /// The group it struck: durable but never followed up (a crash), or refused and not stored. Empty for a
+    /// crash between inputs.
+    pub group: Vec<Envelope>,
+    /// The commands still waiting for their reply: lost with a crash, else answered UNAVAILABLE.
+    pub unanswered: Vec<CommandId>,
+}
+
 pub struct Sim {
     pub driver: Driver,
     pub session: SessionRef,
@@ -123,6 +155,17 @@ pub struct Sim {
     pub decide: fn(&PreStepRequest) -> PreStepOutcome,
     /// Replies for the next model requests, in order, instead of the scripted model's plan.
     pub model_replies: VecDeque<ModelReply>,
+    /// The agents every driver of this session knows, a new owner's too.
+    pub agents: AgentCatalog,
+    /// `(pass, fault)`: `pass` more append groups are performed, the next one suffers `fault`.
+    pub armed: Option<(usize, Fault)>,
+    /// How long the session has no owner after a crash or a lost race (time passes for steer deadlines).
+    pub takeover_gap_ms: u64,
+    pub faults: Vec<FaultRec>,
+    /// The log length each driver of this session was loaded at (the first one included).
+    pub loads: Vec<usize>,
+    /// Commands sent and not yet answered (`WhenIdle` waiters among them).
+    outstanding: BTreeSet<CommandId>,
     next_cmd: CommandId,
     cursor: usize,
     shadow: SessionState,
@@ -145,8 +188,8 @@ impl Sim {
     /// A new session whose driver knows `agents`.
     pub fn with_agents(limits: Limits, agents: AgentCatalog) -> Self {
         let state = SessionState::new(session(), limits.dedup_horizon);
-        let driver = Driver::new(state.clone(), limits.clone(), agents, 1, "node-1");
-        let mut sim = Self::build(driver, limits, 1, Vec::new(), state, 0);
+        let driver = Driver::new(state.clone(), limits.clone(), agents.clone(), 1, "node-1");
+        let mut sim = Self::build(driver, limits, agents, 1, Vec::new(), state, 0);
         sim.driver.recover(0);
         sim.pump();
         assert!(sim.log.is_empty(), "a new session must write nothing on recover: {:?}", sim.render_all());
@@ -161,14 +204,23 @@ impl Sim {
     /// [`Sim::recover`] by a driver that knows `agents`.
     pub fn recover_with_agents(log: Vec<Envelope>, limits: Limits, agents: AgentCatalog, epoch: u64, now: u64) -> Self {
         let state = SessionState::fold(session(), limits.dedup_horizon, &log).unwrap();
-        let driver = Driver::new(state.clone(), limits.clone(), agents, epoch, "node-2");
-        let mut sim = Self::build(driver, limits, epoch, log, state, now);
+        let driver = Driver::new(state.clone(), limits.clone(), agents.clone(), epoch, "node-2");
+        let mut sim = Self::build(driver, limits, agents, epoch, log, state, now);
         sim.driver.recover(now);
         sim.pump();
         sim
     }
 
-    fn build(driver: Driver, limits: Limits, epoch: u64, log: Vec<Envelope>, shadow: SessionState, now: u64) -> Self {
+    fn build(
+        driver: Driver,
+        limits: Limits,
+        agents: AgentCatalog,
+        epoch: u64,
+        log: Vec<Envelope>,
+        shadow: SessionState,
+        now: u64,
+    ) -> Self {
+        let loads = vec![log.len()];
         Self {
             driver,
             session: session(),
@@ -188,6 +240,12 @@ impl Sim {
             delay_aborts: false,
             decide: guard,
             model_replies: VecDeque::new(),
+            agents,
+            armed: None,
+            takeover_gap_ms: 0,
+            faults: Vec::new(),
+            loads,
+            outstanding: BTreeSet::new(),
             next_cmd: 1,
             cursor: 0,
             shadow,
@@ -209,9 +267,12 @@ impl Sim {
         // A `Compact` answers once its summary is back (after the pump below).
         let waits = matches!(command, Command::WhenIdle | Command::Compact);
         let now = self.now;
+        let faults = self.faults.len();
+        self.outstanding.insert(id);
         self.driver.on_command(id, command, now);
         self.perform_effects();
-        if !waits {
+        // A fault during the command's own effects may leave it unanswered (a crash) or answered UNAVAILABLE.
+        if !waits && self.faults.len() == faults {
             assert!(self.replies.contains_key(&id), "command {id} got no reply from its own input");
         }
         self.pump();
@@ -220,13 +281,20 @@ impl Sim {
 
     /// Sends `command` and returns its reply, which every command except `WhenIdle` gets at once.
     pub fn command(&mut self, command: Command) -> Reply {
-        let before = (self.log.len(), self.live.len());
+        self.try_command(command).expect("the worker died before it answered")
+    }
+
+    /// Sends `command` and returns its reply; `None` when the worker died before answering it.
+    pub fn try_command(&mut self, command: Command) -> Option<Reply> {
+        let before = self.log.len();
+        let faults = self.faults.len();
         let id = self.submit(command);
-        let (reply, at) = self.replies[&id].clone();
-        if reply.is_err() {
-            assert_eq!(at, before.0, "a refused command wrote durable events: {:?}", reply);
+        let (reply, at) = self.replies.get(&id)?.clone();
+        // A fault's UNAVAILABLE may follow durable groups of the same input (decision 0002).
+        if reply.is_err() && self.faults.len() == faults {
+            assert_eq!(at, before, "a refused command wrote durable events: {:?}", reply);
         }
-        reply
+        Some(reply)
     }
 
     pub fn send(&mut self, message: UserMessage, target: Target, wakeup: bool, expected_turn: Option<u64>) -> Reply {
@@ -437,12 +505,102 @@ impl Sim {
     fn perform_effects(&mut self) {
         for effect in self.driver.ready() {
             let appended = matches!(effect, Effect::Append(_));
+            if let Effect::Append(group) = &effect
+                && let Some(fault) = self.fault_now()
+            {
+                let group = group.events().to_vec();
+                if fault == Fault::Crash {
+                    self.perform(effect);
+                    self.batch_ends.push(self.log.len());
+                }
+                // The rest of this input's effects are never performed; the new driver checks itself.
+                self.fault(fault, group);
+                return;
+            }
             self.perform(effect);
             if appended {
                 self.batch_ends.push(self.log.len());
             }
         }
         self.check();
+    }
+
+    // ----- faults ------------------------------------------------------------------------------
+
+    /// `pass` more append groups are performed, the next one suffers `fault` (replaces an armed fault).
+    pub fn arm(&mut self, pass: usize, fault: Fault) {
+        self.armed = Some((pass, fault));
+    }
+
+    /// The worker dies between inputs; a new owner takes over after [`Sim::takeover_gap_ms`].
+    pub fn crash(&mut self) {
+        self.fault(Fault::Crash, Vec::new());
+    }
+
+    /// Whether the append group about to be performed suffers the armed fault.
+    fn fault_now(&mut self) -> Option<Fault> {
+        let (pass, fault) = self.armed?;
+        if pass == 0 {
+            self.armed = None;
+            Some(fault)
+        } else {
+            self.armed = Some((pass - 1, fault));
+            None
+        }
+    }
+
+    /// What the runner does about `fault` (decision 0002; `worker/src/runner.rs` `perform` and `reload`).
+    fn fault(&mut self, fault: Fault, group: Vec<Envelope>) {
+        let unanswered: Vec<CommandId> = std::mem::take(&mut self.outstanding).into_iter().collect();
+        if fault != Fault::Crash {
+            let message = format!("the journal refused an append ({fault:?}); retry with the same message id");
+            for &id in &unanswered {
+                self.record_reply(id, Err(CommandError::Unavailable(message.clone())));
+            }
+        }
+        self.recs.push(Rec::Op(format!("X fault {fault:?} at {}", self.log.len())));
+        self.faults.push(FaultRec { fault, at: self.log.len(), group, unanswered });
+        let epoch = match fault {
+            Fault::Unavailable => self.epoch,
+            Fault::Crash | Fault::Conflict => {
+                self.now += self.takeover_gap_ms;
+                self.epoch + 1
+            }
+        };
+        self.load(epoch);
+    }
+
+    /// Drops the driver and its operations (their outcomes must not reach the next driver) and loads the
+    /// session from the durable log the way the worker does: fold, `Driver::new`, `Driver::recover`.
+    fn load(&mut self, epoch: u64) {
+        self.ready.clear();
+        self.held_presteps.clear();
+        self.held_models.clear();
+        self.held_tools.clear();
+        self.held_aborts.clear();
+        let state = SessionState::fold(session(), self.limits.dedup_horizon, &self.log)
+            .unwrap_or_else(|e| panic!("the durable log does not fold: {e}\n{:#?}", self.render_all()));
+        assert_eq!(state, self.shadow, "the fold of the durable log differs from the projection kept while writing");
+        self.epoch = epoch;
+        self.driver = Driver::new(state, self.limits.clone(), self.agents.clone(), epoch, format!("node-{epoch}"));
+        self.loads.push(self.log.len());
+        let now = self.now;
+        self.driver.recover(now);
+        self.pump();
+    }
+
+    fn record_reply(&mut self, id: CommandId, result: Reply) {
+        assert!(!self.replies.contains_key(&id), "command {id} replied twice");
+        // A reply names only what is durable: the driver never answers ahead of its append group.
+        let named = match &result {
+            Ok(CommandReply::Sent { seq, .. } | CommandReply::Written { seq }) => *seq,
+            Ok(CommandReply::Idle(summary)) => summary.last_seq,
+            _ => 0,
+        };
+        assert!(named <= self.log.len() as u64, "reply {id} names seq {named}, the log ends at {}", self.log.len());
+        self.outstanding.remove(&id);
+        self.replies.insert(id, (result.clone(), self.log.len()));
+        self.recs.push(Rec::R { id, result });
     }
 
     fn perform(&mut self, effect: Effect) {
@@ -484,11 +642,7 @@ impl Sim {
                     self.recs.insert(at, Rec::L(ev));
                 }
             }
-            Effect::Reply { id, result } => {
-                assert!(!self.replies.contains_key(&id), "command {id} replied twice");
-                self.replies.insert(id, (result.clone(), self.log.len()));
-                self.recs.push(Rec::R { id, result });
-            }
+            Effect::Reply { id, result } => self.record_reply(id, result),
             Effect::PreStep(req) => {
                 self.recs.push(Rec::Op(format!(
                     "X pre-step {}.{} k={} {}",

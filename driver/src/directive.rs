@@ -28,13 +28,15 @@ pub enum Directive {
 }
 
 /// The directives of `text`, in order, and the text with them taken out (trimmed). Anything between
-/// `[[` and `]]` that is not a directive stays in the text as it was.
+/// `[[` and `]]` that is not a directive stays in the text as it was. Brackets nest, so a directive's
+/// argument may hold directives of its own for someone else: `[[tool:spawn_agent researcher [[delay:500]]
+/// dig]]` is one tool call whose prompt carries the child's `[[delay:500]]`.
 pub fn parse(text: &str) -> (Vec<Directive>, String) {
     let mut directives = Vec::new();
     let mut rest = String::with_capacity(text.len());
     let mut cursor = text;
     while let Some(open) = cursor.find("[[") {
-        let Some(close) = cursor[open..].find("]]").map(|c| open + c) else { break };
+        let Some(close) = matching_close(&cursor[open + 2..]).map(|c| open + 2 + c) else { break };
         let inner = &cursor[open + 2..close];
         match parse_one(inner) {
             Some(d) => {
@@ -48,6 +50,28 @@ pub fn parse(text: &str) -> (Vec<Directive>, String) {
     rest.push_str(cursor);
     let cleaned = rest.split_whitespace().collect::<Vec<_>>().join(" ");
     (directives, cleaned)
+}
+
+/// Where the `]]` closing a `[[` opened just before `text` stands in `text`, counting nested pairs.
+fn matching_close(text: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut at = 0;
+    while at < text.len() {
+        let rest = &text[at..];
+        if rest.starts_with("[[") {
+            depth += 1;
+            at += 2;
+        } else if rest.starts_with("]]") {
+            if depth == 0 {
+                return Some(at);
+            }
+            depth -= 1;
+            at += 2;
+        } else {
+            at += rest.chars().next().map_or(1, char::len_utf8);
+        }
+    }
+    None
 }
 
 fn parse_one(inner: &str) -> Option<Directive> {
@@ -99,6 +123,21 @@ mod tests {
         let (d, text) = parse("[[rewrite:new words]] old [[oops");
         assert_eq!(d, vec![Directive::Rewrite { text: "new words".into() }]);
         assert_eq!(text, "old [[oops");
+    }
+
+    #[test]
+    fn brackets_nest_so_an_argument_can_carry_directives_for_another_agent() {
+        let (d, text) = parse("[[tool:spawn_agent researcher [[tool:sleep 500]] dig [[delay:9]]]] go");
+        assert_eq!(
+            d,
+            vec![Directive::Tool {
+                name: "spawn_agent".into(),
+                arguments: "researcher [[tool:sleep 500]] dig [[delay:9]]".into()
+            }]
+        );
+        assert_eq!(text, "go");
+        // The inner directives are the child's: they do nothing here.
+        assert!(!d.iter().any(|d| matches!(d, Directive::Delay { .. })));
     }
 
     #[test]

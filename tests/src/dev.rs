@@ -79,11 +79,16 @@ impl Backend {
     /// A fresh `turnstile dev` on this backend (for [`Backend::Nats`], with a fresh nats-server that lives
     /// and dies with the returned server).
     pub async fn start_dev(self) -> Result<DevServer, HarnessError> {
+        self.start_dev_with(DevOptions::default()).await
+    }
+
+    /// [`Backend::start_dev`] with `options` (their `nats_url` is this backend's).
+    pub async fn start_dev_with(self, options: DevOptions) -> Result<DevServer, HarnessError> {
         match self {
-            Backend::Embedded => DevServer::start().await,
+            Backend::Embedded => DevServer::start_with(DevOptions { nats_url: None, ..options }).await,
             Backend::Nats => {
                 let nats = NatsServer::start().await?;
-                let mut server = DevServer::start_with(DevOptions::nats(nats.url())).await?;
+                let mut server = DevServer::start_with(DevOptions { nats_url: Some(nats.url()), ..options }).await?;
                 server.nats = Some(nats);
                 Ok(server)
             }

@@ -1,6 +1,6 @@
 //! The built-in tool `spawn_agent {agent, prompt}` (SPEC §13): a child session on whatever worker owns
 //! it, configured with `agent` and its `parent`, sent `prompt` as a followup; the parent's call waits for
-//! the child to finish and returns its last assistant text (docs/decisions/0036-child-sessions.md).
+//! the child to finish and returns its last assistant text (docs/decisions/0038-child-sessions.md).
 //!
 //! The tool talks to the child the way a client would, through a [`CommandRouter`] (the in-process host
 //! in `turnstile dev`, the cluster router on a worker) and reads the child's log from the journal, so the

@@ -401,17 +401,23 @@ class AsyncClient:
         request = api.WhenIdleRequest(session=self.ref(session), timeout_ms=timeout_ms)
         return await self._unary("WhenIdle", request, retry=True)
 
-    async def list_sessions(self, *, page_token: str = "", page_size: int = 0, tenant: str | None = None) -> api.ListSessionsReply:
+    async def list_sessions(
+        self, *, page_token: str = "", page_size: int = 0, tenant: str | None = None, parent: str = ""
+    ) -> api.ListSessionsReply:
+        """One page of the tenant's sessions; with ``parent``, only that session's children (``spawn_agent``)."""
         request = api.ListSessionsRequest(
-            page_token=page_token, page_size=page_size, tenant=self.tenant if tenant is None else tenant
+            page_token=page_token,
+            page_size=page_size,
+            tenant=self.tenant if tenant is None else tenant,
+            parent=parent,
         )
         return await self._unary("ListSessions", request, retry=True)
 
-    async def sessions(self, *, tenant: str | None = None) -> AsyncIterator[api.SessionInfo]:
-        """Every session of the tenant, page after page."""
+    async def sessions(self, *, tenant: str | None = None, parent: str = "") -> AsyncIterator[api.SessionInfo]:
+        """Every session of the tenant (or every child of ``parent``), page after page."""
         token = ""
         while True:
-            page = await self.list_sessions(page_token=token, tenant=tenant)
+            page = await self.list_sessions(page_token=token, tenant=tenant, parent=parent)
             for info in page.sessions:
                 yield info
             token = page.next_page_token

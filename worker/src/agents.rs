@@ -479,7 +479,7 @@ mod tests {
     async fn the_default_config_is_the_scripted_agent_on_the_scripted_model() {
         let setup = from_config_with_env(&Config::default(), no_env).unwrap();
         assert_eq!(setup.catalog, AgentCatalog::default());
-        assert_eq!(setup.tools.names().collect::<Vec<_>>(), ["clock", "echo", "sleep"]);
+        assert_eq!(setup.tools.names().collect::<Vec<_>>(), ["clock", "echo", "sleep", "spawn_agent"]);
         let out = run(setup.model.as_ref(), request("scripted", "hi")).await.unwrap();
         assert_eq!(out.text, "echo: hi");
     }
@@ -516,19 +516,29 @@ mod tests {
     }
 
     #[test]
-    fn a_tool_the_worker_does_not_have_names_the_agent_and_the_tool() {
-        {
-            let (tool, reason) = ("spawn_agent", "this built-in is not implemented yet");
-            let config = Config::from_toml_str(&format!("[agents.helper]\ntools = [\"echo\", \"{tool}\"]\n")).unwrap();
-            let err = from_config_with_env(&config, no_env).unwrap_err();
-            assert!(matches!(&err, AgentSetupError::UnknownTool { agent, .. } if agent == "helper"), "{err:?}");
-            assert_eq!(
-                err.to_string(),
-                format!(
-                    "agent \"helper\": tool \"{tool}\" is not available in this worker ({reason}; available: clock, echo, sleep)"
-                )
-            );
-        }
+    fn spawn_agent_is_offered_with_the_configured_agents_to_choose_from() {
+        let config =
+            Config::from_toml_str("[agents.helper]\ntools = [\"echo\", \"spawn_agent\"]\n[agents.researcher]\n")
+                .unwrap();
+        let setup = from_config_with_env(&config, no_env).unwrap();
+        let spec = setup.tools.spec("spawn_agent").unwrap();
+        assert_eq!(spec.input_schema["required"], serde_json::json!(["agent", "prompt"]));
+        assert_eq!(
+            spec.input_schema["properties"]["agent"]["enum"],
+            serde_json::json!(["helper", "researcher", "scripted"])
+        );
+    }
+
+    #[test]
+    fn a_builtin_the_registry_does_not_hold_names_the_agent_and_the_tool() {
+        let tool = ToolRef::Builtin(turnstile_config::Builtin::Sleep);
+        let err = tool_spec("helper", &tool, &ToolRegistry::default()).unwrap_err();
+        assert!(matches!(&err, AgentSetupError::UnknownTool { agent, .. } if agent == "helper"), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "agent \"helper\": tool \"sleep\" is not available in this worker (this built-in is not implemented yet; \
+             available: )"
+        );
     }
 
     #[test]
@@ -552,7 +562,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "agent \"a\": tool \"mcp:files/read\" is not available in this worker (MCP server \"files\" is not \
-             started (agents::start_mcp); available: clock, echo, sleep)"
+             started (agents::start_mcp); available: clock, echo, sleep, spawn_agent)"
         );
     }
 

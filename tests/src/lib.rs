@@ -27,6 +27,7 @@
 pub mod binary;
 pub mod browser;
 pub mod cluster;
+pub mod config;
 pub mod dev;
 pub mod fold;
 pub mod hook_server;

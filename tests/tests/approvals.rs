@@ -4,28 +4,15 @@
 //! `turnstile watch` show and answer it, and a waiting call survives the owner's death.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-
-use tempfile::TempDir;
 use tonic::Code;
 use turnstile_proto::v1::session_event::Payload;
+use turnstile_tests::config::{config_args, config_file};
 use turnstile_tests::msg::TEST_TENANT;
 use turnstile_tests::{Cluster, ClusterOptions, DEFAULT_WAIT, DevOptions, DevServer, Session, user_msg};
 
 /// An agent whose `echo` calls wait for a human; `sleep` runs freely.
 const CAREFUL: &str =
     "default_agent = \"careful\"\n\n[agents.careful]\ntools = [\"echo\", \"sleep\"]\napproval = [\"echo\"]\n";
-
-fn config_file() -> (TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("turnstile.toml");
-    std::fs::write(&path, CAREFUL).unwrap();
-    (dir, path)
-}
-
-fn config_args(path: &Path) -> Vec<String> {
-    vec!["--config".to_owned(), path.to_str().unwrap().to_owned()]
-}
 
 /// The call id of the latest `tool/call` awaiting approval, read from the log.
 async fn awaiting_call(s: &Session) -> String {
@@ -50,7 +37,7 @@ async fn cli(url: &str, args: &[&str]) -> (bool, String, String) {
 
 #[tokio::test]
 async fn approve_with_the_cli_then_deny_and_refuse_bad_decisions() {
-    let (_dir, path) = config_file();
+    let (_dir, path) = config_file(CAREFUL);
     let server =
         DevServer::start_with(DevOptions { extra_args: config_args(&path), ..DevOptions::default() }).await.unwrap();
     let s = server.session();
@@ -119,7 +106,7 @@ async fn approve_with_the_cli_then_deny_and_refuse_bad_decisions() {
 
 #[tokio::test]
 async fn cancel_ends_a_waiting_call_like_an_unstarted_one() {
-    let (_dir, path) = config_file();
+    let (_dir, path) = config_file(CAREFUL);
     let server =
         DevServer::start_with(DevOptions { extra_args: config_args(&path), ..DevOptions::default() }).await.unwrap();
     let s = server.session();
@@ -141,7 +128,7 @@ mod cluster {
 
     #[tokio::test]
     async fn a_call_waiting_for_approval_survives_its_owner_and_the_approval_runs_it() {
-        let (_dir, path) = config_file();
+        let (_dir, path) = config_file(CAREFUL);
         let mut opts = ClusterOptions::new(3, 2);
         opts.worker_args = config_args(&path);
         opts.gateway_args = config_args(&path);

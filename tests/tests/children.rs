@@ -6,10 +6,9 @@
 //! parent its result.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use tempfile::TempDir;
 use tokio::sync::watch;
 use tonic::Code;
 use turnstile_cluster::kv::{ClusterKv, ShardMap};
@@ -17,23 +16,13 @@ use turnstile_journal::{JetStreamConfig, JetStreamLog};
 use turnstile_model::{child, shard::shard_of};
 use turnstile_proto::v1::session_event::Payload;
 use turnstile_proto::v1::{ListSessionsRequest, SessionRef};
+use turnstile_tests::config::{config_args, config_file};
 use turnstile_tests::{Backend, Cluster, ClusterOptions, DEFAULT_WAIT, DevOptions, DevServer, Session, user_msg};
 
 /// A planner that may spawn, and a researcher that works (scripted model, so replies are `echo: …`).
 const AGENTS: &str = "default_agent = \"planner\"\n\n\
     [agents.planner]\ntools = [\"spawn_agent\"]\n\n\
     [agents.researcher]\nsystem = \"You research.\"\ntools = [\"sleep\", \"echo\"]\n";
-
-fn config_file() -> (TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("turnstile.toml");
-    std::fs::write(&path, AGENTS).unwrap();
-    (dir, path)
-}
-
-fn config_args(path: &Path) -> Vec<String> {
-    vec!["--config".to_owned(), path.to_str().unwrap().to_owned()]
-}
 
 /// A dev server running [`AGENTS`] on `backend`.
 async fn start(backend: Backend, path: &Path) -> DevServer {
@@ -68,7 +57,7 @@ async fn children_listed(s: &Session) -> Vec<String> {
 }
 
 async fn a_child_runs_its_agent_and_its_answer_is_the_parents_result(backend: Backend) {
-    let (_dir, path) = config_file();
+    let (_dir, path) = config_file(AGENTS);
     let server = start(backend, &path).await;
     let parent = server.session();
     parent.followup(user_msg("P", "[[tool:spawn_agent researcher find the gate]] delegate")).await.unwrap();
@@ -102,7 +91,7 @@ async fn a_child_runs_its_agent_and_its_answer_is_the_parents_result(backend: Ba
 }
 
 async fn spawning_an_unknown_agent_is_an_error_result_and_creates_nothing(backend: Backend) {
-    let (_dir, path) = config_file();
+    let (_dir, path) = config_file(AGENTS);
     let server = start(backend, &path).await;
     let parent = server.session();
     parent.followup(user_msg("P", "[[tool:spawn_agent writer write it]] delegate")).await.unwrap();
@@ -124,7 +113,7 @@ async fn spawning_an_unknown_agent_is_an_error_result_and_creates_nothing(backen
 }
 
 async fn cancelling_the_parent_cancels_the_child_with_cause_parent(backend: Backend) {
-    let (_dir, path) = config_file();
+    let (_dir, path) = config_file(AGENTS);
     let server = start(backend, &path).await;
     let parent = server.session();
     parent.followup(user_msg("P", "[[tool:spawn_agent researcher [[tool:sleep 60000]] dig]] delegate")).await.unwrap();
@@ -211,7 +200,7 @@ mod cluster {
 
     #[tokio::test]
     async fn a_child_on_another_worker_answers_and_survives_a_kill_9_of_its_owner() {
-        let (_dir, path) = config_file();
+        let (_dir, path) = config_file(AGENTS);
         let mut cluster = cluster_with_agents(&path).await;
         let (parent, parent_owner, child_owner) = parent_apart_from_its_child(&cluster).await;
         let child = Session::with_ref(cluster.client(1), child_of(&parent, "call-1-1-1"));
@@ -248,7 +237,7 @@ mod cluster {
 
     #[tokio::test]
     async fn cancelling_a_parent_cancels_its_child_on_another_worker() {
-        let (_dir, path) = config_file();
+        let (_dir, path) = config_file(AGENTS);
         let cluster = cluster_with_agents(&path).await;
         let (parent, _, child_owner) = parent_apart_from_its_child(&cluster).await;
         let child = Session::with_ref(cluster.client(1), child_of(&parent, "call-1-1-1"));

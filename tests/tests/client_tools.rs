@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 use tonic::Code;
+use turnstile_tests::config::{config_args, config_file};
 use turnstile_tests::tool_executor::{
     LOOKUP_SCHEMA, ToolExecutor, answer_with, hold, open, result_message, tool, with_token,
 };
@@ -41,20 +42,9 @@ tools = ["echo"]
 
 const CALL_LOOKUP: &str = r#"[[tool:lookup {"q":"x"}]]"#;
 
-fn config_file() -> (TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("turnstile.toml");
-    std::fs::write(&path, CONFIG).unwrap();
-    (dir, path)
-}
-
-fn config_args(path: &std::path::Path) -> Vec<String> {
-    vec!["--config".to_owned(), path.to_str().unwrap().to_owned()]
-}
-
 /// `turnstile dev --config` on `backend` (with `extra` arguments), and the config's directory.
 async fn start(backend: Backend, extra: Vec<String>) -> (DevServer, TempDir) {
-    let (dir, path) = config_file();
+    let (dir, path) = config_file(CONFIG);
     let mut args = config_args(&path);
     args.extend(extra);
     let server = match backend {
@@ -376,7 +366,7 @@ mod cluster {
 
     #[tokio::test]
     async fn an_executor_on_one_gateway_serves_a_session_driven_through_the_other() {
-        let (_dir, path) = config_file();
+        let (_dir, path) = config_file(CONFIG);
         let mut opts = ClusterOptions::new(2, 2);
         opts.worker_args = config_args(&path);
         opts.gateway_args = config_args(&path);

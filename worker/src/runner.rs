@@ -179,6 +179,9 @@ pub(crate) struct Runner {
     op_rx: mpsc::UnboundedReceiver<OpMsg>,
     /// Cancelled when the runner stops, so no operation outlives it.
     stopped: CancellationToken,
+    /// Cancelled (then replaced) just before the operations' tokens when the runner lets them go without a
+    /// cancel of the turn (reload, shutdown): tools see it as `ToolContext::released`.
+    released: CancellationToken,
     /// The seq of the last snapshot written (or loaded).
     snapshot_seq: u64,
     /// The owner epoch this runner writes under.
@@ -215,6 +218,7 @@ impl Runner {
             op_tx,
             op_rx,
             stopped: CancellationToken::new(),
+            released: CancellationToken::new(),
             snapshot_seq,
             epoch,
             control,
@@ -430,6 +434,7 @@ impl Runner {
     /// Drops the driver and its operations and loads the session again from the log, waiting out a
     /// journal outage. False when the session cannot be served any more.
     async fn reload(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
+        std::mem::take(&mut self.released).cancel();
         for (_, token) in self.ops.drain() {
             token.cancel();
         }
@@ -454,6 +459,7 @@ impl Runner {
     }
 
     fn shutdown(&mut self, commands: &mut mpsc::Receiver<CommandMsg>, message: &str) {
+        self.released.cancel();
         self.stopped.cancel();
         for (_, token) in self.ops.drain() {
             token.cancel();
@@ -541,6 +547,7 @@ impl Runner {
 
     fn spawn_tool(&mut self, request: ToolRequest) {
         let token = self.op_token(request.op);
+        let released = self.released.clone();
         let (tx, deps, session) = (self.op_tx.clone(), self.deps.clone(), self.session.clone());
         let span = tracing::info_span!(
             parent: &self.spans.active(),
@@ -555,8 +562,10 @@ impl Runner {
             async move {
                 // A started call finishes even on abort: the tool sees the signal and may stop early.
                 let call = &request.call;
-                let r =
-                    deps.tools.run(&session, &call.call_id, &request.agent, &call.name, &call.arguments, &token).await;
+                let r = deps
+                    .tools
+                    .run(&session, &call.call_id, &request.agent, &call.name, &call.arguments, &token, &released)
+                    .await;
                 // Context messages get ids derived from the call id (unique in the session like it).
                 let context = r
                     .context

@@ -242,19 +242,19 @@ mod tests {
         let tools = super::super::ToolRegistry::builtin().with_policy(Arc::new(config)).with_client_tools(slow.clone());
         let session = turnstile_model::message::SessionRef::new("t", "s").unwrap();
         let abort = CancellationToken::new();
-        let r = tools.run(&session, "c9", "scripted", "other", "{}", &abort).await;
+        let r = tools.run(&session, "c9", "scripted", "other", "{}", &abort, &CancellationToken::new()).await;
         assert_eq!(
             r.error.as_deref(),
             Some(
                 "tool other is not available to agent scripted (its tools: sleep, echo, clock, client:lookup); call one of those"
             )
         );
-        let r = tools.run(&session, "c9", "scripted", "lookup", "{}", &abort).await;
+        let r = tools.run(&session, "c9", "scripted", "lookup", "{}", &abort, &CancellationToken::new()).await;
         assert_eq!(r.error.as_deref(), Some(super::super::TOOL_TIMEOUT));
         // The cancel is sent from a task of its own.
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(*slow.cancels.lock().unwrap(), vec!["c9".to_owned()]);
-        let r = tools.run(&session, "c10", "scripted", "echo", "hi", &abort).await;
+        let r = tools.run(&session, "c10", "scripted", "echo", "hi", &abort, &CancellationToken::new()).await;
         assert_eq!(r.output, "hi");
     }
 }

@@ -37,12 +37,17 @@ const CANCEL_GRACE: Duration = Duration::from_millis(200);
 
 /// Who calls a tool: the session (its tenant scopes client tools), the durable call id, the agent and the
 /// call's deadline (already applied by [`ToolRegistry::run`]; tools that talk to others pass it on).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct ToolContext {
     pub session: SessionRef,
     pub call_id: String,
     pub agent: String,
     pub deadline: Duration,
+    /// Cancelled, before `abort`, when this worker lets the call go without a cancel of the turn (a reload
+    /// after a journal error, a shard handed over, a shutdown): its result will not be recorded here and
+    /// the next owner repairs the call (SPEC §6). A tool whose abort has effects beyond the call (such as
+    /// `spawn_agent` cancelling its child) skips them then.
+    pub released: CancellationToken,
 }
 
 impl Default for ToolContext {
@@ -52,6 +57,7 @@ impl Default for ToolContext {
             call_id: String::new(),
             agent: turnstile_config::SCRIPTED.to_owned(),
             deadline: DEFAULT_DEADLINE,
+            released: CancellationToken::new(),
         }
     }
 }
@@ -364,7 +370,8 @@ impl ToolRegistry {
     /// Runs call `call_id` of tool `name` by `agent` in `session`: refused when the agent does not list
     /// the tool (a model may name any tool), bounded by the agent's deadline for it (`tool_timeout`; the
     /// tool sees `abort` fire and gets [`CANCEL_GRACE`] to send its cancel), counted and timed
-    /// ([`crate::metrics::ToolCall`]).
+    /// ([`crate::metrics::ToolCall`]). `released` is [`ToolContext::released`].
+    #[allow(clippy::too_many_arguments)] // The call's identity, its arguments and its two signals.
     pub async fn run(
         &self,
         session: &SessionRef,
@@ -373,6 +380,7 @@ impl ToolRegistry {
         name: &str,
         arguments: &str,
         abort: &CancellationToken,
+        released: &CancellationToken,
     ) -> ToolReturn {
         let id = ToolId::from_call_name(name);
         let mut measure = crate::metrics::ToolCall::start(id);
@@ -400,8 +408,13 @@ impl ToolRegistry {
                 return ToolReturn::failed(self.unknown(name));
             }
         };
-        let ctx =
-            ToolContext { session: session.clone(), call_id: call_id.to_owned(), agent: agent.to_owned(), deadline };
+        let ctx = ToolContext {
+            session: session.clone(),
+            call_id: call_id.to_owned(),
+            agent: agent.to_owned(),
+            deadline,
+            released: released.clone(),
+        };
         let stop = abort.child_token();
         let call = tool.call(&ctx, arguments, &stop);
         tokio::pin!(call);

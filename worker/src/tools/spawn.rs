@@ -103,6 +103,11 @@ impl Tool for SpawnAgent {
         };
         match outcome {
             Some(outcome) => outcome,
+            // Not a cancel of the parent's turn: the next owner of the parent repairs the call, and the
+            // child goes on (decision 0038).
+            None if ctx.released.is_cancelled() => ToolReturn::failed(format!(
+                "this worker let the call go before child session {child} finished; the child keeps running"
+            )),
             None => {
                 cancel_child(children.router.clone(), child.clone());
                 ToolReturn::failed(format!(
@@ -230,6 +235,70 @@ mod tests {
 
     use super::*;
     use turnstile_model::MessageId;
+
+    /// Answers `Spawn` as accepted, never finds the child idle, and records every command it routes.
+    #[derive(Default)]
+    struct Recording(std::sync::Mutex<Vec<Command>>);
+
+    #[async_trait]
+    impl CommandRouter for Recording {
+        async fn execute(
+            &self,
+            _: &SessionRef,
+            command: Command,
+            _: Option<Duration>,
+        ) -> Result<CommandReply, CommandError> {
+            self.0.lock().unwrap().push(command.clone());
+            match command {
+                Command::Spawn(_) => Ok(CommandReply::Sent { seq: 2, turn: Some(1) }),
+                Command::WhenIdle => std::future::pending().await,
+                _ => Ok(CommandReply::Written { seq: 3 }),
+            }
+        }
+    }
+
+    /// Runs a call until it waits for the child, then stops it through `stop`; the commands routed after.
+    async fn stopped_by(stop: impl FnOnce(&ToolContext, &CancellationToken)) -> (ToolReturn, Vec<Command>) {
+        let router = Arc::new(Recording::default());
+        let slot = ChildSessionsSlot::default();
+        let _ = slot
+            .set(ChildSessions { router: router.clone(), log: Arc::new(turnstile_journal::EmbeddedLog::in_memory()) });
+        let tool = SpawnAgent::new(slot, vec![]);
+        let ctx = ToolContext { call_id: "call-1-1-1".into(), ..ToolContext::default() };
+        let abort = CancellationToken::new();
+        let call = tool.call(&ctx, "researcher dig", &abort);
+        tokio::pin!(call);
+        while !router.0.lock().unwrap().iter().any(|c| matches!(c, Command::WhenIdle)) {
+            tokio::select! {
+                r = &mut call => panic!("the call ended before waiting: {r:?}"),
+                () = tokio::task::yield_now() => {}
+            }
+        }
+        stop(&ctx, &abort);
+        let r = call.await;
+        // The cancel runs on a task of its own.
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        let routed = router.0.lock().unwrap().clone();
+        (r, routed)
+    }
+
+    #[tokio::test]
+    async fn an_abort_cancels_the_child_with_cause_parent_but_a_release_does_not() {
+        let cancel = Command::Cancel { cause: CancelCause::Parent, keep_inbox: false };
+        let (r, routed) = stopped_by(|_, abort| abort.cancel()).await;
+        assert!(r.error.unwrap().contains("is being cancelled (cause parent)"));
+        assert_eq!(routed.last(), Some(&cancel), "{routed:?}");
+        // The worker lets the call go (reload, shutdown): released first, then the abort.
+        let (r, routed) = stopped_by(|ctx, abort| {
+            ctx.released.cancel();
+            abort.cancel();
+        })
+        .await;
+        assert!(r.error.unwrap().contains("the child keeps running"));
+        assert!(!routed.contains(&cancel), "{routed:?}");
+    }
 
     #[test]
     fn arguments_from_a_model_or_a_script() {

@@ -206,10 +206,10 @@ mod cluster {
         let child = Session::with_ref(cluster.client(1), child_of(&parent, "call-1-1-1"));
         let watch = child.watch().await.unwrap();
         parent
-            .followup(user_msg("P", "[[tool:spawn_agent researcher [[tool:sleep 3000]] dig]] delegate"))
+            .followup(user_msg("P", "[[tool:spawn_agent researcher [[tool:sleep 8000]] dig]] delegate"))
             .await
             .unwrap();
-        watch.wait_line("D tool/call 1.1 sleep 3000").await.unwrap();
+        watch.wait_line("D tool/call 1.1 sleep 8000").await.unwrap();
         assert_eq!(child.info().await.unwrap().owner, child_owner, "{}", cluster.logs());
 
         // The child's owner dies while the parent's call waits on it.
@@ -226,7 +226,7 @@ mod cluster {
         // The new owner repaired the child's turn and resumed it (the resumed step asks the model again,
         // which calls `sleep` again); the parent got the resumed turn's answer.
         let (output, error) = tool_result(&parent, "call-1-1-1").await;
-        assert_eq!((output.as_str(), error), ("tool results: sleep: slept 3000", None), "{:#?}", watch.lines());
+        assert_eq!((output.as_str(), error), ("tool results: sleep: slept 8000", None), "{:#?}", watch.lines());
         let lines = watch.settle(&child).await.unwrap();
         assert!(lines.contains(&"D turn/end 1 interrupted".to_owned()), "{lines:#?}");
         assert!(lines.contains(&"D turn/end 2 completed".to_owned()), "{lines:#?}");

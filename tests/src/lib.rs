@@ -26,6 +26,7 @@
 
 pub mod binary;
 pub mod browser;
+pub mod campaign;
 pub mod cluster;
 pub mod dev;
 pub mod fold;
@@ -33,7 +34,9 @@ pub mod hook_server;
 pub mod llama;
 pub mod msg;
 pub mod nats;
+pub mod netns;
 pub mod otlp;
+pub mod pki;
 pub mod ports;
 pub mod process;
 pub mod served;

@@ -35,6 +35,7 @@ use tonic::{Code, Request, Status};
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::cancel_cause::Cause;
 use turnstile_proto::v1::session_event::Payload;
+use turnstile_proto::v1::turn_end_reason::Reason;
 use turnstile_proto::v1::watch_item::Item;
 use turnstile_proto::v1::{
     CancelCause, CancelRequest, ClearRequest, DeliverRequest, Empty, GetInboxRequest, GetSessionRequest, InboxSnapshot,
@@ -157,6 +158,7 @@ pub struct Report {
     pub admitted: usize,
     pub pending: usize,
     pub canceled: usize,
+    pub lost_to_cancel: usize,
     pub maybe_ids: usize,
     pub events: usize,
     pub turns: usize,
@@ -182,8 +184,15 @@ impl std::fmt::Display for Report {
         writeln!(f, "answers: {:?}", self.answers)?;
         writeln!(
             f,
-            "ids: {} acknowledged -> {} admitted once, {} pending, {} canceled; {} only 'maybe'; {} events, {} turns",
-            self.acknowledged, self.admitted, self.pending, self.canceled, self.maybe_ids, self.events, self.turns
+            "ids: {} acknowledged -> {} admitted once, {} pending, {} canceled, {} claimed by a canceled turn; {} only 'maybe'; {} events, {} turns",
+            self.acknowledged,
+            self.admitted,
+            self.pending,
+            self.canceled,
+            self.lost_to_cancel,
+            self.maybe_ids,
+            self.events,
+            self.turns
         )?;
         writeln!(f, "violations: {}", self.violations.len())?;
         for v in &self.violations {
@@ -540,13 +549,13 @@ pub struct SessionView {
     pub idle: bool,
 }
 
-/// Retries `f` while it answers a retryable status, bounded.
-async fn retried<T, F, Fut>(what: &str, bound: Duration, mut f: F) -> Result<T, String>
+/// Retries `f` while it answers a retryable status, bounded by `bound` and by the end of the check phase.
+async fn retried<T, F, Fut>(what: &str, bound: Duration, until: Instant, mut f: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Status>>,
 {
-    let deadline = Instant::now() + bound;
+    let deadline = (Instant::now() + bound).min(until);
     loop {
         let result = tokio::time::timeout(CALL_DEADLINE + GRACE, f()).await;
         match result {
@@ -561,10 +570,10 @@ where
 }
 
 /// Reads a session at the end: waits until idle, replays the log, asks each gateway for the projection.
-async fn view(gateways: &[Channel], reference: SessionRef) -> SessionView {
+async fn view(gateways: &[Channel], reference: SessionRef, until: Instant) -> SessionView {
     let mut v = SessionView { reference: reference.clone(), ..Default::default() };
     let client = AgentClient::new(gateways[0].clone());
-    let when_idle = retried("WhenIdle", Duration::from_secs(120), || {
+    let when_idle = retried("WhenIdle", Duration::from_secs(120), until, || {
         let (mut c, s) = (client.clone(), reference.clone());
         async move {
             let r = WhenIdleRequest { session: Some(s), timeout_ms: 5_000 };
@@ -576,7 +585,7 @@ async fn view(gateways: &[Channel], reference: SessionRef) -> SessionView {
     })
     .await;
     v.idle = when_idle.is_ok();
-    let replay = retried("replay", Duration::from_secs(60), || {
+    let replay = retried("replay", Duration::from_secs(60), until, || {
         let (mut c, s) = (client.clone(), reference.clone());
         async move {
             let mut stream =
@@ -597,14 +606,14 @@ async fn view(gateways: &[Channel], reference: SessionRef) -> SessionView {
     for channel in gateways {
         let client = AgentClient::new(channel.clone());
         v.inboxes.push(
-            retried("GetInbox", Duration::from_secs(60), || {
+            retried("GetInbox", Duration::from_secs(60), until, || {
                 let (mut c, s) = (client.clone(), reference.clone());
                 async move { c.get_inbox(req(GetInboxRequest { session: Some(s) })).await.map(tonic::Response::into_inner) }
             })
             .await,
         );
         v.infos.push(
-            retried("GetSession", Duration::from_secs(60), || {
+            retried("GetSession", Duration::from_secs(60), until, || {
                 let (mut c, s) = (client.clone(), reference.clone());
                 async move {
                     c.get_session(req(GetSessionRequest { session: Some(s) })).await.map(tonic::Response::into_inner)
@@ -626,6 +635,8 @@ pub struct Counts {
     pub maybe_ids: usize,
     pub events: usize,
     pub turns: usize,
+    /// Acknowledged ids claimed by a turn that a cancel aborted before they were entered (SPEC §4).
+    pub lost_to_cancel: usize,
 }
 
 /// Whether a call of `kind` delivers a new message (its id is the message's).
@@ -690,6 +701,11 @@ pub fn check(history: &[CallRecord], faults: &[FaultRecord], views: &[SessionVie
         let mut admitted: HashMap<&str, usize> = HashMap::new();
         let mut canceled: HashMap<String, u64> = HashMap::new();
         let mut open_turns: BTreeMap<u64, u64> = BTreeMap::new();
+        // Ids claimed by the open turn, and those a turn claimed but ended aborted before entering them (SPEC
+        // §4: "a claimed message never returns to the inbox implicitly (reject, failure or cancel lose it)"),
+        // with the time of that `turn/end`.
+        let (mut current_turn, mut claimed): (u64, Vec<String>) = (0, Vec::new());
+        let mut lost_to_abort: HashMap<String, u64> = HashMap::new();
         let mut projection = Projection::default();
         let (mut status, mut last_turn) = (SessionStatus::Idle as i32, 0u64);
         for e in &v.events {
@@ -698,6 +714,12 @@ pub fn check(history: &[CallRecord], faults: &[FaultRecord], views: &[SessionVie
                     if let Some(m) = &m.message {
                         *admitted.entry(m.id.as_str()).or_default() += 1;
                     }
+                }
+                Some(Payload::InboxSpliced(s)) if s.outcome == SpliceOutcome::None as i32 && s.inserted.is_empty() => {
+                    let list =
+                        if s.target == Target::NextStep as i32 { &projection.next_step } else { &projection.next_turn };
+                    let (start, n) = (s.start as usize, s.removed_count as usize);
+                    claimed.extend(list.iter().skip(start).take(n).map(|m| m.id.clone()));
                 }
                 Some(Payload::InboxSpliced(s)) if s.outcome == SpliceOutcome::Canceled as i32 => {
                     let list =
@@ -710,11 +732,20 @@ pub fn check(history: &[CallRecord], faults: &[FaultRecord], views: &[SessionVie
                     }
                 }
                 Some(Payload::TurnStart(t)) => {
+                    (current_turn, claimed) = (t.turn, Vec::new());
                     open_turns.insert(t.turn, e.seq);
                     last_turn = last_turn.max(t.turn);
                     counts.turns += 1;
                 }
                 Some(Payload::TurnEnd(t)) => {
+                    let aborted = matches!(t.reason.as_ref().and_then(|r| r.reason.as_ref()), Some(Reason::Aborted(_)));
+                    if aborted && t.turn == current_turn {
+                        for id in claimed.drain(..) {
+                            if !admitted.contains_key(id.as_str()) {
+                                lost_to_abort.insert(id, e.time_unix_ms);
+                            }
+                        }
+                    }
                     if open_turns.remove(&t.turn).is_none() {
                         violations.push(format!(
                             "session {name}: turn/end {} at seq {} without its turn/start",
@@ -744,6 +775,21 @@ pub fn check(history: &[CallRecord], faults: &[FaultRecord], views: &[SessionVie
             match (n, p, c) {
                 (1, false, _) => counts.admitted += 1,
                 (0, true, _) => counts.pending += 1,
+                (0, false, None) if lost_to_abort.contains_key(*id) => {
+                    counts.lost_to_cancel += 1;
+                    let at = lost_to_abort[*id];
+                    // The abort needs a recorded cause: a cancel, clear or interrupt of the session that started
+                    // before the turn ended (1 s of clock slack).
+                    let explained = calls.iter().any(|c| {
+                        matches!(c.kind, "cancel" | "cancel(keep_inbox)" | "clear" | "interrupt")
+                            && c.start_unix_ms <= at + 1000
+                    });
+                    if !explained {
+                        violations.push(format!(
+                            "session {name}: {id} claimed by a turn that ended aborted, which no recorded call explains"
+                        ));
+                    }
+                }
                 (0, false, Some(at)) => {
                     counts.canceled += 1;
                     // A canceled removal needs a recorded cause: a cancel or clear of the session, or a remove
@@ -915,9 +961,11 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
         eprintln!("campaign: shards did not settle before the checks: {e}");
     }
     let channels: Vec<Channel> = shared.gateways.read().map(|g| g.clone()).unwrap_or_default();
+    // Every read of the check phase ends by this bound (a session that is still not idle then is a violation).
+    let until = Instant::now() + Duration::from_secs(180);
     let mut views = Vec::new();
     for s in &sessions {
-        views.push(view(&channels, s.clone()).await);
+        views.push(view(&channels, s.clone(), until).await);
     }
     let history = shared.history.lock().map(|h| h.clone()).unwrap_or_default();
     let (counts, violations) = check(&history, &faults, &views);
@@ -932,6 +980,7 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
     report.admitted = counts.admitted;
     report.pending = counts.pending;
     report.canceled = counts.canceled;
+    report.lost_to_cancel = counts.lost_to_cancel;
     report.maybe_ids = counts.maybe_ids;
     report.events = counts.events;
     report.turns = counts.turns;

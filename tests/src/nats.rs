@@ -50,6 +50,8 @@ pub struct NatsServer {
     /// The host of the client and monitoring listeners: loopback, or the host end of a test's own network
     /// namespace link ([`NatsCluster::start_on`]) so that a worker inside the namespace reaches it too.
     host: Ipv4Addr,
+    /// A restart binds the client port the last process held (see [`NatsServer::restart`]).
+    keep_client_port: bool,
 }
 
 /// How one server of a [`NatsCluster`] joins the others.
@@ -119,6 +121,7 @@ impl NatsServer {
             peer,
             extra_config: String::new(),
             host: Ipv4Addr::LOCALHOST,
+            keep_client_port: false,
         })
     }
 
@@ -180,7 +183,7 @@ impl NatsServer {
         // another process have taken the port meanwhile, the restart fails (the server exits with "address
         // already in use", the log tail says so). A cluster member needs no such thing: its clients have
         // every member's URL and learn the new one from the cluster.
-        let client_port = if self.peer.is_none() { Some(self.client.port()) } else { None };
+        let client_port = if self.peer.is_none() || self.keep_client_port { Some(self.client.port()) } else { None };
         self.launch(client_port).await
     }
 
@@ -402,6 +405,11 @@ impl NatsCluster {
     /// [`NatsCluster::start`] of `n` > 1 members whose client and monitoring ports listen on `host` (the
     /// routes between members stay on loopback): the host end of a [`crate::netns::NetNs`] link, for a
     /// cluster that a worker inside the namespace must reach too.
+    ///
+    /// A member of such a cluster restarts on the client port it held, as a deployment's members keep their
+    /// addresses: a long fault schedule restarts every member in turn, and a client that never restarted
+    /// would otherwise be left with only dead URLs (async-nats reconnects to the URLs it was given and those
+    /// the server it was connected to listed; members that came back since are in neither).
     pub async fn start_on(n: usize, host: Ipv4Addr) -> Result<Self, HarnessError> {
         let cluster = format!("turnstile-test-{}", uuid::Uuid::new_v4().simple());
         let mut nodes: Vec<NatsServer> = Vec::with_capacity(n);
@@ -411,6 +419,7 @@ impl NatsCluster {
                 Peer { name: format!("n{}", i + 1), cluster: cluster.clone(), route: None, routes: routes.clone() };
             let mut node = NatsServer::new(Some(peer))?;
             node.host = host;
+            node.keep_client_port = true;
             // Not healthy yet: a member reports healthy only once JetStream has found its peers.
             node.spawn_process(None)?;
             node.wait_bound().await?;

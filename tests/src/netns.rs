@@ -153,10 +153,9 @@ impl NetNs {
                 let Some(prefix) = route.split_whitespace().nth(1) else { continue };
                 if let Some(net) = prefix.strip_suffix("/29").filter(|p| p.starts_with("10.250."))
                     && let Ok(block) = net.parse::<Ipv4Addr>()
+                    && !block_in_use(block, &addrs)
                 {
-                    if !block_in_use(block, &addrs) {
-                        let _ = ip(&["route", "del", "unreachable", prefix]);
-                    }
+                    let _ = ip(&["route", "del", "unreachable", prefix]);
                 }
             }
         }

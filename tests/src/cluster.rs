@@ -11,6 +11,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
@@ -21,6 +22,7 @@ use turnstile_proto::v1::{GetSessionRequest, SessionRef};
 
 use crate::binary::turnstile_bin;
 use crate::nats::{NatsCluster, NatsServer};
+use crate::netns::NetNs;
 use crate::ports::{TurnstileReady, read_turnstile_ready};
 use crate::process::ChildProcess;
 use crate::session::Session;
@@ -42,6 +44,10 @@ pub struct ClusterOptions {
     /// nats-servers: 1 (default) is a lone server; more are clustered on loopback, and then every worker
     /// and gateway gets all their URLs in `--nats` and `--replicas` min(nodes, 3).
     pub nats_nodes: usize,
+    /// Worker `.0` runs inside the network namespace `.1` (it listens on the namespace's worker address and
+    /// dials NATS over the namespace's own link, which [`NetNs::partition`] cuts); the nats-servers then
+    /// listen on the namespace link's host end instead of loopback. Needs `nats_nodes` > 1.
+    pub isolated_worker: Option<(usize, Arc<NetNs>)>,
 }
 
 impl ClusterOptions {
@@ -54,6 +60,7 @@ impl ClusterOptions {
             worker_env: Vec::new(),
             gateway_env: Vec::new(),
             nats_nodes: 1,
+            isolated_worker: None,
         }
     }
 }
@@ -112,8 +119,10 @@ pub struct Cluster {
     gateway_env: Vec<(String, String)>,
     // Log files; removed with the cluster.
     scratch: TempDir,
-    // Declared last so it outlives the processes that use it.
+    // Declared late so it outlives the processes that use it.
     nats: NatsCluster,
+    // The namespace of an isolated worker, if any; last, so it goes after every process that used it.
+    isolated: Option<(usize, Arc<NetNs>)>,
 }
 
 impl Cluster {
@@ -127,14 +136,18 @@ impl Cluster {
         let bin = tokio::task::spawn_blocking(turnstile_bin)
             .await
             .map_err(|e| HarnessError::Build(format!("build task failed: {e}")))??;
-        let nats = NatsCluster::start(opts.nats_nodes.max(1)).await?;
+        let nats = match &opts.isolated_worker {
+            Some((_, ns)) => NatsCluster::start_on(opts.nats_nodes.max(2), ns.nats_host()).await?,
+            None => NatsCluster::start(opts.nats_nodes.max(1)).await?,
+        };
         let scratch = tempfile::Builder::new()
             .prefix("turnstile-cluster-")
             .tempdir()
             .map_err(|e| HarnessError::io("creating a scratch dir", e))?;
         let (worker_env, gateway_env) = (opts.worker_env.clone(), opts.gateway_env.clone());
+        let isolated = opts.isolated_worker.clone();
         let mut cluster =
-            Self { bin, workers: Vec::new(), gateways: Vec::new(), worker_env, gateway_env, scratch, nats };
+            Self { bin, workers: Vec::new(), gateways: Vec::new(), worker_env, gateway_env, scratch, nats, isolated };
         // Every process first, so they start side by side; then what each reports.
         let workers = (0..opts.workers)
             .map(|i| cluster.spawn_worker(i, opts.worker_args.clone()))
@@ -212,19 +225,25 @@ impl Cluster {
 
     fn spawn_worker(&self, i: usize, extra: Vec<String>) -> Result<Starting, HarnessError> {
         let id = worker_id(i);
-        let name = format!("turnstile worker {id}");
-        self.spawn(&name, "worker", Some(&id), extra, &self.worker_env, &format!("worker-{id}"))
+        let netns = self.isolated.as_ref().filter(|(w, _)| *w == i).map(|(_, ns)| ns.as_ref());
+        let name = match netns {
+            Some(ns) => format!("turnstile worker {id} (in netns {})", ns.name()),
+            None => format!("turnstile worker {id}"),
+        };
+        self.spawn(&name, "worker", Some(&id), extra, &self.worker_env, &format!("worker-{id}"), netns)
     }
 
     fn spawn_gateway(&self, i: usize, extra: Vec<String>) -> Result<Starting, HarnessError> {
         let name = format!("turnstile gateway {i}");
-        self.spawn(&name, "gateway", None, extra, &self.gateway_env, &format!("gateway-{i}"))
+        self.spawn(&name, "gateway", None, extra, &self.gateway_env, &format!("gateway-{i}"), None)
     }
 
     /// Spawns `turnstile ROLE --nats … --listen 127.0.0.1:0 --http 127.0.0.1:0 --ready-file FILE.ready.json
     /// [--id ID] EXTRA…` with its log in `FILE.log`. The NATS URLs are the current ones (a restarted
     /// nats-server member has a new one); the ready file is removed first (it may be there from the
-    /// process this one restarts).
+    /// process this one restarts). With `netns` the process runs inside that namespace and listens on its
+    /// worker address instead of loopback.
+    #[allow(clippy::too_many_arguments)]
     fn spawn(
         &self,
         name: &str,
@@ -233,6 +252,7 @@ impl Cluster {
         extra: Vec<String>,
         env: &[(String, String)],
         file: &str,
+        netns: Option<&NetNs>,
     ) -> Result<Starting, HarnessError> {
         let ready_file = self.scratch.path().join(format!("{file}.ready.json"));
         match std::fs::remove_file(&ready_file) {
@@ -241,9 +261,13 @@ impl Cluster {
             }
             _ => {}
         }
-        let mut command = Command::new(&self.bin);
+        let (mut command, host) = match netns {
+            Some(ns) => (ns.command(&self.bin), ns.worker_host().to_string()),
+            None => (Command::new(&self.bin), "127.0.0.1".to_owned()),
+        };
         command.arg(role).args(self.common_args());
-        command.args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--ready-file"]).arg(&ready_file);
+        let (listen, http) = (format!("{host}:0"), format!("{host}:0"));
+        command.args(["--listen", &listen, "--http", &http, "--ready-file"]).arg(&ready_file);
         if let Some(id) = id {
             command.args(["--id", id]);
         }
@@ -295,6 +319,50 @@ impl Cluster {
     /// SIGKILL nats-server `i` (0-based; `n1` is 0).
     pub fn kill9_nats(&mut self, i: usize) {
         self.nats.kill(i);
+    }
+
+    /// Starts nats-server `i` again on its store dir (new ports; the others and the clients learn them
+    /// from the cluster) and waits until it is healthy.
+    pub async fn restart_nats(&mut self, i: usize) -> Result<(), HarnessError> {
+        self.nats.restart(i).await
+    }
+
+    /// The namespace of the isolated worker and its index, when the cluster has one.
+    pub fn isolated_worker(&self) -> Option<(usize, &NetNs)> {
+        self.isolated.as_ref().map(|(w, ns)| (*w, ns.as_ref()))
+    }
+
+    /// The channel to gateway `g` (new after [`Cluster::restart_gateway`]).
+    pub fn gateway_channel(&self, g: usize) -> Channel {
+        self.gateways[g].1.clone()
+    }
+
+    /// SIGKILL gateway `g`.
+    pub fn kill9_gateway(&mut self, g: usize) {
+        self.gateways[g].0.process.kill();
+    }
+
+    /// SIGSTOP (`"-STOP"`) or SIGCONT (`"-CONT"`) gateway `g`.
+    pub fn signal_gateway(&self, g: usize, signal: &str) {
+        if let Some(pid) = self.gateways[g].0.process.pid() {
+            let _ = Command::new("kill").args([signal, &pid.to_string()]).status();
+        }
+    }
+
+    /// SIGTERM gateway `g` and wait for it to exit; SIGKILL after `grace`.
+    pub async fn sigterm_gateway(&mut self, g: usize, grace: Duration) {
+        self.gateways[g].0.process.stop(grace).await;
+    }
+
+    /// Starts gateway `g` again after a kill or stop: the same arguments, a new port (see
+    /// [`Cluster::gateway_channel`]). Returns once it answers.
+    pub async fn restart_gateway(&mut self, g: usize) -> Result<(), HarnessError> {
+        self.gateways[g].0.process.kill();
+        let extra = self.gateways[g].0.extra.clone();
+        let node = self.spawn_gateway(g, extra)?.bound(gateway_addr).await?;
+        let channel = wait_gateway(&mut self.workers, node.addr, &node.process).await?;
+        self.gateways[g] = (node, channel);
+        Ok(())
     }
 
     pub fn workers(&self) -> usize {

@@ -14,7 +14,11 @@
 //! - [`dev`] is `turnstile dev` (gateway + worker in one process, embedded journal or `--nats`), with
 //!   [`Backend`] and [`backend_tests!`] to run a scenario on both journals;
 //! - [`cluster`] is a real cluster: `turnstile worker` and `turnstile gateway` processes on one
-//!   nats-server, with kill -9, SIGSTOP/SIGCONT and SIGTERM of workers;
+//!   nats-server (or several), with kill -9, SIGSTOP/SIGCONT and SIGTERM of workers and gateways, and
+//!   optionally one worker inside a [`netns`] network namespace that the test creates (partitions);
+//! - [`pki`] makes throwaway CAs and the cluster's mTLS certificates;
+//! - [`campaign`] is the fault campaign: a seeded fault schedule, a client workload, its history and
+//!   the checker (issue 14 part 5);
 //! - [`otlp`] is a test OTLP trace collector (what the processes' spans were);
 //! - [`session`] is a small client DSL for one session (presets, edits, reads);
 //! - [`msg`] builds messages and sources;
@@ -26,6 +30,7 @@
 
 pub mod binary;
 pub mod browser;
+pub mod campaign;
 pub mod cluster;
 pub mod config;
 pub mod dev;
@@ -34,7 +39,9 @@ pub mod hook_server;
 pub mod llama;
 pub mod msg;
 pub mod nats;
+pub mod netns;
 pub mod otlp;
+pub mod pki;
 pub mod ports;
 pub mod process;
 pub mod served;

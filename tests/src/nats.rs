@@ -47,6 +47,11 @@ pub struct NatsServer {
     peer: Option<Peer>,
     /// More lines for the config file ([`NatsServer::start_with_config`]), kept across restarts.
     extra_config: String,
+    /// The host of the client and monitoring listeners: loopback, or the host end of a test's own network
+    /// namespace link ([`NatsCluster::start_on`]) so that a worker inside the namespace reaches it too.
+    host: Ipv4Addr,
+    /// A restart binds the client port the last process held (see [`NatsServer::restart`]).
+    keep_client_port: bool,
 }
 
 /// How one server of a [`NatsCluster`] joins the others.
@@ -115,6 +120,8 @@ impl NatsServer {
             scratch,
             peer,
             extra_config: String::new(),
+            host: Ipv4Addr::LOCALHOST,
+            keep_client_port: false,
         })
     }
 
@@ -176,7 +183,7 @@ impl NatsServer {
         // another process have taken the port meanwhile, the restart fails (the server exits with "address
         // already in use", the log tail says so). A cluster member needs no such thing: its clients have
         // every member's URL and learn the new one from the cluster.
-        let client_port = if self.peer.is_none() { Some(self.client.port()) } else { None };
+        let client_port = if self.peer.is_none() || self.keep_client_port { Some(self.client.port()) } else { None };
         self.launch(client_port).await
     }
 
@@ -230,8 +237,9 @@ impl NatsServer {
             .arg("-js")
             .arg("-sd")
             .arg(self.store_dir())
-            .args(["-a", "127.0.0.1", "-p", &client_port])
-            // The monitor binds the `-a` host too (there is no flag for its own host): loopback.
+            .args(["-a", &self.host.to_string(), "-p", &client_port])
+            // The monitor binds the `-a` host too (there is no flag for its own host): loopback, or the
+            // test's own namespace link.
             .args(["-m", "-1"])
             .arg("--ports_file_dir")
             .arg(&ports_dir);
@@ -391,6 +399,18 @@ impl NatsCluster {
         if n <= 1 {
             return Ok(Self { nodes: vec![NatsServer::start().await?] });
         }
+        Self::start_on(n, Ipv4Addr::LOCALHOST).await
+    }
+
+    /// [`NatsCluster::start`] of `n` > 1 members whose client and monitoring ports listen on `host` (the
+    /// routes between members stay on loopback): the host end of a [`crate::netns::NetNs`] link, for a
+    /// cluster that a worker inside the namespace must reach too.
+    ///
+    /// A member of such a cluster restarts on the client port it held, as a deployment's members keep their
+    /// addresses: a long fault schedule restarts every member in turn, and a client that never restarted
+    /// would otherwise be left with only dead URLs (async-nats reconnects to the URLs it was given and those
+    /// the server it was connected to listed; members that came back since are in neither).
+    pub async fn start_on(n: usize, host: Ipv4Addr) -> Result<Self, HarnessError> {
         let cluster = format!("turnstile-test-{}", uuid::Uuid::new_v4().simple());
         let mut nodes: Vec<NatsServer> = Vec::with_capacity(n);
         let mut routes = Vec::with_capacity(n);
@@ -398,6 +418,8 @@ impl NatsCluster {
             let peer =
                 Peer { name: format!("n{}", i + 1), cluster: cluster.clone(), route: None, routes: routes.clone() };
             let mut node = NatsServer::new(Some(peer))?;
+            node.host = host;
+            node.keep_client_port = true;
             // Not healthy yet: a member reports healthy only once JetStream has found its peers.
             node.spawn_process(None)?;
             node.wait_bound().await?;

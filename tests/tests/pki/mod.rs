@@ -1,12 +1,3 @@
-//! Throwaway certificate authorities for the TLS tests (`tls.rs`, `worker_auth.rs`), made with rcgen.
+//! Throwaway certificate authorities for the TLS tests (`tls.rs`, `worker_auth.rs`): the harness's own.
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose};
-
-/// A self-signed CA named `name` that may sign certificates.
-pub fn make_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-}
+pub use turnstile_tests::pki::make_ca;

@@ -39,7 +39,7 @@ impl Default for WorkerConfig {
             default_when_idle_timeout: Duration::from_secs(30),
             snapshot_every: 100,
             passivate_after: Duration::from_secs(300),
-            park_after: Duration::from_secs(1),
+            park_after: Duration::from_millis(200),
             command_queue: 1024,
         }
     }

@@ -67,7 +67,7 @@ async fn an_idle_session_holds_little_and_a_passivated_one_nothing() {
     settle().await;
     let loaded = live();
     assert_eq!(host.loaded_sessions(), SESSIONS + 10);
-    // Past `park_after` every idle session keeps only its driver.
+    // Past `park_after` (200 ms) every idle session keeps only its fold.
     tokio::time::sleep(Duration::from_secs(2)).await;
     settle().await;
 

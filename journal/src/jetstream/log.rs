@@ -162,7 +162,9 @@ impl JetStreamLog {
                 Ok(Some(last))
             }
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
-                self.forget(session);
+                // An empty log is a position too: the owner's first append after loading a fresh session
+                // then checks "no message on the subject" without asking again.
+                self.remember(session, LastEvent { seq: 0, stream_seq: 0 });
                 Ok(None)
             }
             Err(e) => Err(unavailable(format!("reading the last event of {session}"), e)),

@@ -437,23 +437,26 @@ impl SessionHost {
             return;
         }
         let every = (self.deps.config.passivate_after / 8).clamp(Duration::from_millis(10), Duration::from_secs(30));
-        let map = Arc::downgrade(&self.runners);
+        let (map, log) = (Arc::downgrade(&self.runners), self.deps.log.clone());
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(map) = map.upgrade() else { return };
                 let now = tokio::time::Instant::now();
-                let dropped: Vec<Slot> = {
+                let dropped: Vec<(SessionRef, Slot)> = {
                     let mut runners = map.lock().unwrap_or_else(PoisonError::into_inner);
                     let due: Vec<SessionRef> = runners
                         .iter()
                         .filter(|(_, slot)| matches!(slot, Slot::Parked(p) if p.until <= now))
                         .map(|(s, _)| s.clone())
                         .collect();
-                    due.iter().filter_map(|s| runners.remove(s)).collect()
+                    due.into_iter().filter_map(|s| runners.remove_entry(&s)).collect()
                 };
                 if !dropped.is_empty() {
                     tracing::debug!(sessions = dropped.len(), "passivated idle sessions");
+                }
+                for (session, _) in &dropped {
+                    log.unloaded(session);
                 }
                 // The drivers are freed here, outside the lock.
                 drop(dropped);

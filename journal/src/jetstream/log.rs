@@ -460,6 +460,10 @@ impl SessionLog for JetStreamLog {
         Ok(self.fetch_last(session).await?.map_or(0, |l| l.seq))
     }
 
+    fn unloaded(&self, session: &SessionRef) {
+        self.forget(session);
+    }
+
     async fn tail(&self, session: &SessionRef, after_seq: u64) -> Result<EventStream, JournalError> {
         tail::follow(self, session, after_seq).await
     }

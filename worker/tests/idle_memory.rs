@@ -73,6 +73,16 @@ async fn an_idle_session_holds_little_and_a_passivated_one_nothing() {
 
     let parked = live();
     assert_eq!(host.running_sessions(), 0, "every idle session parked its runner");
+    assert_eq!(host.loaded_sessions(), SESSIONS + 10, "a parked session is still loaded");
+
+    // A retry on a parked session answers from its fold, and the session parks again afterwards.
+    let w = SESSIONS + 3;
+    let retry = host.execute(&session(w), queue("w3"), None).await.unwrap();
+    assert_eq!(retry, CommandReply::Sent { seq: 1, turn: None }, "the retry of w3 on its parked session");
+    assert_eq!(host.running_sessions(), 1, "the command resumed the parked session");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    settle().await;
+    assert_eq!(host.running_sessions(), 0);
     // Passivation drops a parked session within `passivate_after` and one sweep (an eighth of it) after its
     // last input.
     tokio::time::sleep(Duration::from_secs(60 + 60 / 8 + 1)).await;

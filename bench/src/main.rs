@@ -3,7 +3,10 @@
 //! sessions, and the memory per idle loaded session, against `turnstile dev --nats` on loopback. `--json`
 //! prints one object whose top-level keys are the headline figures beside their anchors
 //! (`followup_p50_ms`, `raw_publish_ack_p50_ms`, `followups_per_s`, `raw_async_publish_per_s`,
-//! `events_per_s`, `idle_session_bytes`, and their ratios).
+//! `events_per_s`, `idle_session_bytes`, `idle_passivated_session_bytes`, `idle_second_batch_session_bytes`,
+//! `watch_fanout_delta_p50_ms`, `watch_caught_up_100k_ms`, `get_inbox_ms`, `failover_kill9_p50_ms`, and their
+//! ratios). The reads and failover phases run as child processes of this binary (`reads`, `failover` modes)
+//! with `TURNSTILE_BIN` set to the binary under test; each phase has a flag to size or skip it.
 //!
 //! The run starts a nats-server with the harness (`turnstile_tests::nats::NatsServer`) unless `--nats URL`
 //! names one on loopback, starts the release `turnstile dev --nats URL --listen 127.0.0.1:<free port>`,

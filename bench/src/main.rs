@@ -3,7 +3,10 @@
 //! sessions, and the memory per idle loaded session, against `turnstile dev --nats` on loopback. `--json`
 //! prints one object whose top-level keys are the headline figures beside their anchors
 //! (`followup_p50_ms`, `raw_publish_ack_p50_ms`, `followups_per_s`, `raw_async_publish_per_s`,
-//! `events_per_s`, `idle_session_bytes`, and their ratios).
+//! `events_per_s`, `idle_session_bytes`, `idle_passivated_session_bytes`, `idle_second_batch_session_bytes`,
+//! `watch_fanout_delta_p50_ms`, `watch_caught_up_100k_ms`, `get_inbox_ms`, `failover_kill9_p50_ms`, and their
+//! ratios). The reads and failover phases run as child processes of this binary (`reads`, `failover` modes)
+//! with `TURNSTILE_BIN` set to the binary under test; each phase has a flag to size or skip it.
 //!
 //! The run starts a nats-server with the harness (`turnstile_tests::nats::NatsServer`) unless `--nats URL`
 //! names one on loopback, starts the release `turnstile dev --nats URL --listen 127.0.0.1:<free port>`,
@@ -18,6 +21,7 @@
 //! kill -9 or SIGSTOP of it (see [`failover`]).
 
 mod failover;
+mod fanout;
 mod hooks;
 mod idle;
 mod latency;
@@ -93,8 +97,34 @@ struct Args {
     #[arg(long)]
     skip_raw: bool,
     /// Fresh sessions given one queued message each, for the memory per idle loaded session.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 100_000)]
     idle_sessions: usize,
+    /// How long the idle sessions are left alone before the "after" RSS (past the worker's 1 s
+    /// `park_after`, decision 0037).
+    #[arg(long, default_value_t = 3_000)]
+    idle_settle_ms: u64,
+    /// `[journal] passivate_after_ms` of `turnstile dev` (a config file the bench writes; 0 leaves the
+    /// default 300 s and skips the passivated reading of the idle phase).
+    #[arg(long, default_value_t = 10_000)]
+    passivate_after_ms: u64,
+    /// Events of the long session of the reads phase (`turnstile-bench reads --events`, on its own
+    /// nats-server and `turnstile dev`); 0 skips the phase.
+    #[arg(long, default_value_t = 100_000)]
+    reads_events: u64,
+    /// Timed rounds of each read of the reads phase.
+    #[arg(long, default_value_t = 20)]
+    reads_rounds: usize,
+    /// kill -9 rounds of the failover phase (`turnstile-bench failover`, a cluster of 3 worker processes
+    /// of the same binary); 0 skips the phase.
+    #[arg(long, default_value_t = 5)]
+    failover_kills: usize,
+    /// Live Watch streams of one session in the fan-out phase; 0 skips it. Each Watch holds its own
+    /// JetStream consumer today: 1,000 of them reach the server's consumer limit (10026; see BENCHMARKS.md).
+    #[arg(long, default_value_t = 200)]
+    fanout_watchers: usize,
+    /// Followups (turns streaming a reply) of the fan-out phase, with one watcher and with all of them.
+    #[arg(long, default_value_t = 20)]
+    fanout_rounds: usize,
     /// Skip the idle-sessions phase.
     #[arg(long)]
     skip_idle: bool,
@@ -145,7 +175,26 @@ struct Summary {
     events_per_s: Option<f64>,
     /// events_per_s / raw_async_publish_per_s.
     events_to_raw_async: Option<f64>,
+    /// Bytes per idle loaded session (RSS delta once they are idle, decision 0037).
     idle_session_bytes: Option<f64>,
+    /// Bytes per session once they have passivated (RSS delta; freed memory glibc keeps counts too).
+    idle_passivated_session_bytes: Option<f64>,
+    /// RSS growth per session of as many fresh sessions loaded after the passivation (memory reused).
+    idle_second_batch_session_bytes: Option<f64>,
+    idle_sessions: Option<usize>,
+    /// kill -9 of a session's owner → the next accepted followup, p50 (`failover` phase).
+    failover_kill9_p50_ms: Option<f64>,
+    /// Watch → caught-up resuming 10 events before the end of a 100,000-event session, p50 (`reads`).
+    watch_caught_up_100k_ms: Option<f64>,
+    /// Its anchor: the same read on a 1,000-event session, same run.
+    watch_caught_up_1k_ms: Option<f64>,
+    /// GetInbox on the long session, p50.
+    get_inbox_ms: Option<f64>,
+    /// Followup sent → each of `fanout_watchers` live watchers' first delta, p50 / p99.
+    watch_fanout_delta_p50_ms: Option<f64>,
+    watch_fanout_delta_p99_ms: Option<f64>,
+    /// The same with one watcher, same run (the anchor).
+    watch_fanout_one_watcher_p50_ms: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -157,6 +206,13 @@ struct Report {
     throughput: Option<ThroughputReport>,
     raw_async: Option<raw::RawReport>,
     idle: Option<idle::IdleReport>,
+    fanout: Option<fanout::FanoutReport>,
+    /// Why the fan-out phase failed, when it did.
+    fanout_error: Option<String>,
+    /// `turnstile-bench reads --json`, run as a child process.
+    reads: Option<serde_json::Value>,
+    /// `turnstile-bench failover --json`, run as a child process.
+    failover: Option<serde_json::Value>,
 }
 
 impl Summary {
@@ -175,6 +231,16 @@ impl Summary {
             events_per_s,
             events_to_raw_async: ratio(events_per_s, raw_async_publish_per_s),
             idle_session_bytes: phases.idle.as_ref().map(|i| i.bytes_per_session),
+            idle_passivated_session_bytes: phases.idle.as_ref().and_then(|i| i.passivated_bytes_per_session),
+            idle_second_batch_session_bytes: phases.idle.as_ref().and_then(|i| i.second_batch_bytes_per_session),
+            idle_sessions: phases.idle.as_ref().map(|i| i.sessions),
+            failover_kill9_p50_ms: phases.failover.as_ref().and_then(|f| f["failover_kill9_p50_ms"].as_f64()),
+            watch_caught_up_100k_ms: phases.reads.as_ref().and_then(|r| r["watch_caught_up_100k_ms"].as_f64()),
+            watch_caught_up_1k_ms: phases.reads.as_ref().and_then(|r| r["small"]["watch_10_back"]["p50_ms"].as_f64()),
+            get_inbox_ms: phases.reads.as_ref().and_then(|r| r["get_inbox_ms"].as_f64()),
+            watch_fanout_delta_p50_ms: phases.fanout.as_ref().map(|f| f.delta.p50_ms),
+            watch_fanout_delta_p99_ms: phases.fanout.as_ref().map(|f| f.delta.p99_ms),
+            watch_fanout_one_watcher_p50_ms: phases.fanout.as_ref().map(|f| f.delta_one_watcher.p50_ms),
         }
     }
 }
@@ -186,6 +252,10 @@ struct Phases {
     throughput: Option<ThroughputReport>,
     raw_async: Option<raw::RawReport>,
     idle: Option<idle::IdleReport>,
+    fanout: Option<fanout::FanoutReport>,
+    fanout_error: Option<String>,
+    reads: Option<serde_json::Value>,
+    failover: Option<serde_json::Value>,
 }
 
 pub(crate) fn cpu_model() -> String {
@@ -221,7 +291,14 @@ async fn main() -> Result<()> {
         .connect(&nats_url)
         .await
         .with_context(|| format!("connecting to {nats_url}"))?;
-    let dev = servers::Dev::start(&bin, Some(&nats_url), &args.dev_args).await?;
+    let scratch = tempfile::Builder::new().prefix("turnstile-bench-config-").tempdir()?;
+    let mut dev_args = args.dev_args.clone();
+    if args.passivate_after_ms > 0 && !dev_args.iter().any(|a| a == "--config" || a.starts_with("--config=")) {
+        let path = scratch.path().join("turnstile.toml");
+        std::fs::write(&path, format!("[journal]\npassivate_after_ms = {}\n", args.passivate_after_ms))?;
+        dev_args.extend(["--config".to_owned(), path.display().to_string()]);
+    }
+    let dev = servers::Dev::start(&bin, Some(&nats_url), &dev_args).await?;
     eprintln!("nats-server {nats_url}, turnstile dev {} ({})", dev.url(), bin.display());
 
     let machine = Machine {
@@ -239,7 +316,24 @@ async fn main() -> Result<()> {
     }
     dev.stop().await;
     drop(nats);
-    let phases = outcome?;
+    let mut phases = outcome?;
+    if args.reads_events > 0 {
+        let events = args.reads_events.to_string();
+        let rounds = args.reads_rounds.to_string();
+        let mut child = vec!["reads", "--events", &events, "--rounds", &rounds, "--from-zero-rounds", "1"];
+        let nats_arg;
+        if let Some(url) = &args.nats {
+            nats_arg = url.clone();
+            child.extend(["--nats", &nats_arg]);
+        }
+        eprintln!("reads: a {events}-event session on its own nats-server and turnstile dev ...");
+        phases.reads = Some(child_phase(&bin, &child).await?);
+    }
+    if args.failover_kills > 0 {
+        let kills = args.failover_kills.to_string();
+        eprintln!("failover: {kills} kill -9 rounds in a 3-worker cluster ...");
+        phases.failover = Some(child_phase(&bin, &["failover", "--kills", &kills, "--sigstops", "0"]).await?);
+    }
     let report = Report {
         summary: Summary::of(&phases),
         machine,
@@ -247,6 +341,10 @@ async fn main() -> Result<()> {
         throughput: phases.throughput,
         raw_async: phases.raw_async,
         idle: phases.idle,
+        fanout: phases.fanout,
+        fanout_error: phases.fanout_error,
+        reads: phases.reads,
+        failover: phases.failover,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -296,11 +394,52 @@ async fn measure(args: &Args, dev: &servers::Dev, nats: async_nats::Client, run_
     let idle = match (args.skip_idle, dev.pid()) {
         (false, Some(pid)) => {
             eprintln!("idle sessions: {} with one queued message each ...", args.idle_sessions);
-            Some(idle::run(&dev.url(), pid, run_id, args.idle_sessions, args.clients).await?)
+            let opts = idle::IdleOpts {
+                sessions: args.idle_sessions,
+                clients: args.clients,
+                settle: Duration::from_millis(args.idle_settle_ms),
+                passivate_after: (args.passivate_after_ms > 0).then(|| Duration::from_millis(args.passivate_after_ms)),
+            };
+            Some(idle::run(&dev.url(), pid, run_id, &opts).await?)
         }
         _ => None,
     };
-    Ok(Phases { latency, throughput, raw_async, idle })
+    // After the idle phase: its watchers must not be in the idle sessions' RSS.
+    let mut fanout_error = None;
+    let fanout = if args.fanout_watchers > 0 {
+        eprintln!("watch fan-out: {} watchers of one session, {} rounds ...", args.fanout_watchers, args.fanout_rounds);
+        // A failure here (the server's consumer limit) is a finding, not the end of the run.
+        match fanout::run(&dev.url(), run_id, args.fanout_watchers, args.fanout_rounds.max(1)).await {
+            Ok(report) => Some(report),
+            Err(e) => {
+                eprintln!("watch fan-out failed: {e:#}");
+                fanout_error = Some(format!("{e:#}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    Ok(Phases { latency, throughput, raw_async, idle, fanout, fanout_error, reads: None, failover: None })
+}
+
+/// Runs `turnstile-bench <mode> … --json` (this executable) with `TURNSTILE_BIN` = `bin`, so the phase's
+/// own servers (the failover cluster's harness included) run the binary under test; its JSON object.
+async fn child_phase(bin: &std::path::Path, mode_args: &[&str]) -> Result<serde_json::Value> {
+    let me = std::env::current_exe().context("locating turnstile-bench")?;
+    let mut command = std::process::Command::new(&me);
+    command.args(mode_args).arg("--json").env("TURNSTILE_BIN", bin).stderr(std::process::Stdio::inherit());
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await?
+        .with_context(|| format!("running {} {}", me.display(), mode_args.join(" ")))?;
+    if !output.status.success() {
+        anyhow::bail!("`turnstile-bench {}` failed ({})", mode_args.join(" "), output.status);
+    }
+    serde_json::from_slice(&output.stdout).with_context(|| format!("the JSON of `turnstile-bench {}`", mode_args[0]))
+}
+
+fn ratio_of(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    Some(a? / b.filter(|b| *b > 0.0)?)
 }
 
 fn markdown(report: &Report, args: &Args) -> String {
@@ -373,9 +512,16 @@ fn markdown(report: &Report, args: &Args) -> String {
         let _ = writeln!(
             out,
             "### Idle loaded sessions ({} with one queued message each)\n\n\
-             RSS {} → {} bytes: {:.0} bytes per session ({:.1} s to load)\n",
-            i.sessions, i.rss_before_bytes, i.rss_after_bytes, i.bytes_per_session, i.elapsed_s
+             RSS {} → {} bytes after {} ms idle: {:.0} bytes per session ({:.1} s to load)\n",
+            i.sessions, i.rss_before_bytes, i.rss_after_bytes, i.settle_ms, i.bytes_per_session, i.elapsed_s
         );
+        if let (Some(rss), Some(per)) = (i.rss_passivated_bytes, i.passivated_bytes_per_session) {
+            let _ = writeln!(out, "After passivation: RSS {rss} bytes, {per:.0} bytes per session\n");
+        }
+        if let (Some(rss), Some(per)) = (i.rss_second_batch_bytes, i.second_batch_bytes_per_session) {
+            let _ =
+                writeln!(out, "As many fresh sessions again, idle: RSS {rss} bytes, {per:.0} bytes per session more\n");
+        }
     }
     let sum = &report.summary;
     let _ = writeln!(out, "### Summary (each figure beside its anchor, same run)\n");
@@ -398,5 +544,23 @@ fn markdown(report: &Report, args: &Args) -> String {
     );
     let _ = writeln!(out, "| followups/s | {} | | |", f(sum.followups_per_s));
     let _ = writeln!(out, "| bytes per idle loaded session | {} | | |", f(sum.idle_session_bytes));
+    let _ = writeln!(out, "| bytes per passivated session | {} | | |", f(sum.idle_passivated_session_bytes));
+    let _ = writeln!(
+        out,
+        "| Watch → caught-up p50 ms, 100k events vs 1k events | {} | {} | {}× |",
+        f(sum.watch_caught_up_100k_ms),
+        f(sum.watch_caught_up_1k_ms),
+        f(ratio_of(sum.watch_caught_up_100k_ms, sum.watch_caught_up_1k_ms))
+    );
+    let _ = writeln!(out, "| GetInbox p50 ms (100k events) | {} | | |", f(sum.get_inbox_ms));
+    let _ = writeln!(
+        out,
+        "| Watch fan-out: followup → first delta p50 ms, all watchers vs one | {} (p99 {}) | {} | {}× |",
+        f(sum.watch_fanout_delta_p50_ms),
+        f(sum.watch_fanout_delta_p99_ms),
+        f(sum.watch_fanout_one_watcher_p50_ms),
+        f(ratio_of(sum.watch_fanout_delta_p50_ms, sum.watch_fanout_one_watcher_p50_ms))
+    );
+    let _ = writeln!(out, "| kill -9 → next accepted followup p50 ms | {} | | |", f(sum.failover_kill9_p50_ms));
     out
 }

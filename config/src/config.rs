@@ -194,9 +194,11 @@ impl ClusterConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct JournalConfig {
-    /// A snapshot is written after this many new events (and when a session is unloaded). Default 100.
+    /// A snapshot is written after this many new events (and when a running session is unloaded by a
+    /// drain or stop). Default 100.
     pub snapshot_every: u64,
-    /// An idle session with nothing waiting is unloaded after this long, in ms. Default 300,000.
+    /// An idle session with nothing waiting is dropped from memory after this long, in ms (passivation;
+    /// it keeps only its fold from 1 s after its last activity until then, decision 0037). Default 300,000.
     pub passivate_after_ms: u64,
     /// Accepted MessageIds remembered per session for idempotent retries; at least 10,000 (SPEC §2).
     /// Default 10,000.

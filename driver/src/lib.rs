@@ -135,6 +135,13 @@ impl Driver {
         &self.state
     }
 
+    /// The fold, giving up the driver: for keeping an idle session in memory with nothing else. Take it only
+    /// from a quiescent driver ([`Driver::is_quiescent`], no command waiting and no timer): a
+    /// [`Driver::new`] of the same state, without [`Driver::recover`], then behaves as this one would.
+    pub fn into_state(self) -> SessionState {
+        self.state
+    }
+
     /// Everything the runner must do after the last input, in order. Each [`Effect::Append`] group must be
     /// durable before any later effect is performed.
     ///

@@ -100,6 +100,11 @@ pub trait SessionLog: Send + Sync + 'static {
     /// never see it again. The caller makes sure no writer appends meanwhile (the owner stopped its runner).
     async fn delete(&self, session: &SessionRef) -> Result<u64, JournalError>;
 
+    /// The owner dropped `session` from memory (passivation): forget what this log keeps about it between
+    /// calls (JetStream: where its log ends), so a passivated session costs this process nothing. The next
+    /// load asks the server again, as it does anyway.
+    fn unloaded(&self, _session: &SessionRef) {}
+
     /// Sessions that have at least one event, ordered by (tenant, id), strictly after `after`, optionally of
     /// one tenant, at most `limit`.
     async fn list_sessions(

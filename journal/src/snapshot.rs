@@ -212,7 +212,15 @@ pub async fn load_state(
     session: &SessionRef,
     dedup_horizon: usize,
 ) -> Result<SessionState, LoadError> {
-    if let Some(snapshot) = snapshots.load(session).await?
+    // The snapshot and the log's end are asked for at once: a session without events (a fresh one) is
+    // known after one round trip, and a log that remembers the end (JetStream) appends its first group
+    // without asking again.
+    let (snapshot, last) = futures::join!(snapshots.load(session), log.last_seq(session));
+    if last? == 0 {
+        return SessionState::fold(session.clone(), dedup_horizon, &[])
+            .map_err(|source| LoadError::Projection { session: session.clone(), source });
+    }
+    if let Some(snapshot) = snapshot?
         && let Some((state, _)) = fold_tail(log, session, snapshot).await?
     {
         return Ok(state);

@@ -15,7 +15,7 @@ use crate::agents::AgentSetup;
 use crate::config::WorkerConfig;
 use crate::hooks::{AgentHooks, PreStepHook};
 use crate::model::{Model, ScriptedModel};
-use crate::runner::{CommandMsg, Control, Runner, RunnerDeps, journal_to_command};
+use crate::runner::{CommandMsg, Control, Home, Parked, Parking, Runner, RunnerDeps, Start, journal_to_command};
 use crate::tools::ToolRegistry;
 
 /// Errors of the host itself (not of one command).
@@ -43,12 +43,64 @@ struct RunnerHandle {
     commands: mpsc::Sender<CommandMsg>,
     control: mpsc::UnboundedSender<Control>,
     epoch: u64,
+    /// Names this runner among the session's successive ones (see [`Home::park`]).
+    id: u64,
+}
+
+/// What the host holds of a loaded session: a running runner, or the driver alone while it is idle.
+enum Slot {
+    Running(RunnerHandle),
+    Parked(Box<Parked>),
+}
+
+impl Slot {
+    fn running(&self) -> Option<&RunnerHandle> {
+        match self {
+            Slot::Running(h) => Some(h),
+            Slot::Parked(_) => None,
+        }
+    }
+
+    /// A running runner that still takes commands, or a parked driver.
+    fn is_loaded(&self) -> bool {
+        self.running().is_none_or(|h| !h.commands.is_closed())
+    }
+}
+
+type Runners = Mutex<HashMap<SessionRef, Slot>>;
+
+impl Home for Runners {
+    fn park(
+        &self,
+        session: &SessionRef,
+        id: u64,
+        parked: Box<Parked>,
+        commands: &mut mpsc::Receiver<CommandMsg>,
+        control: &mpsc::UnboundedReceiver<Control>,
+    ) -> Result<(), Box<Parked>> {
+        let mut runners = self.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(slot) = runners.get_mut(session) else { return Err(parked) };
+        // Under the lock no sender can be handed out; one handed out before finds the queue closed and
+        // asks the host again, which resumes the parked driver.
+        if slot.running().is_none_or(|h| h.id != id) || !commands.is_empty() || !control.is_empty() {
+            return Err(parked);
+        }
+        commands.close();
+        *slot = Slot::Parked(parked);
+        Ok(())
+    }
 }
 
 /// Owns the drivers of the sessions this worker serves.
 pub struct SessionHost {
     deps: Arc<RunnerDeps>,
-    runners: Mutex<HashMap<SessionRef, RunnerHandle>>,
+    /// Shared with each runner's task, which removes its own entry when it ends (passivation included), so
+    /// an unloaded session holds nothing here.
+    runners: Arc<Runners>,
+    /// Ids of runners, so a runner's exit and parking touch only their own entry.
+    next_runner: std::sync::atomic::AtomicU64,
+    /// Set once the passivation sweep of parked drivers runs.
+    sweeping: std::sync::atomic::AtomicBool,
     /// Sessions a `DeleteSession` is removing: no runner starts for them and their commands are refused
     /// until it answers. Locked only while `runners` is held, so the two never disagree.
     deleting: Mutex<HashSet<SessionRef>>,
@@ -140,7 +192,13 @@ impl SessionHost {
     }
 
     fn from_deps(deps: RunnerDeps) -> Arc<Self> {
-        Arc::new(Self { deps: Arc::new(deps), runners: Mutex::default(), deleting: Mutex::default() })
+        Arc::new(Self {
+            deps: Arc::new(deps),
+            runners: Arc::default(),
+            next_runner: std::sync::atomic::AtomicU64::new(1),
+            sweeping: std::sync::atomic::AtomicBool::new(false),
+            deleting: Mutex::default(),
+        })
     }
 
     /// The epoch to serve `session` under, or NOT-OWNER.
@@ -201,7 +259,14 @@ impl SessionHost {
         let handles: Vec<(mpsc::Sender<CommandMsg>, mpsc::UnboundedSender<Control>)> = {
             let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
             let chosen: Vec<SessionRef> = runners.keys().filter(|s| which(s)).cloned().collect();
-            chosen.into_iter().filter_map(|s| runners.remove(&s)).map(|h| (h.commands, h.control)).collect()
+            // A parked driver runs nothing and its state is in the log: it is only dropped.
+            chosen
+                .into_iter()
+                .filter_map(|s| match runners.remove(&s)? {
+                    Slot::Running(h) => Some((h.commands, h.control)),
+                    Slot::Parked(_) => None,
+                })
+                .collect()
         };
         for (_, control) in &handles {
             let _ = control.send(Control::Drain);
@@ -219,9 +284,11 @@ impl SessionHost {
     /// Stops the loaded sessions `which` selects at once, abandoning what they run (the lease is gone).
     pub fn stop_where(&self, which: impl Fn(&SessionRef) -> bool) {
         let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
-        runners.retain(|session, handle| {
+        runners.retain(|session, slot| {
             if which(session) {
-                let _ = handle.control.send(Control::Stop);
+                if let Slot::Running(handle) = slot {
+                    let _ = handle.control.send(Control::Stop);
+                }
                 false
             } else {
                 true
@@ -236,16 +303,44 @@ impl SessionHost {
         if lock(&self.deleting).contains(session) {
             return Err(being_deleted(session));
         }
-        if let Some(handle) = runners.get(session).filter(|h| !h.commands.is_closed() && h.epoch == epoch) {
+        if let Some(handle) =
+            runners.get(session).and_then(Slot::running).filter(|h| !h.commands.is_closed() && h.epoch == epoch)
+        {
             return Ok(handle.commands.clone());
         }
-        if let Some(old) = runners.remove(session) {
-            let _ = old.control.send(Control::Stop);
-        }
+        // A parked driver of this epoch is resumed as it is; anything else is replaced by a fresh load.
+        let start = match runners.remove(session) {
+            Some(Slot::Parked(parked)) if parked.epoch() == epoch => Start::Resume(parked),
+            Some(Slot::Running(old)) => {
+                let _ = old.control.send(Control::Stop);
+                Start::Load
+            }
+            Some(Slot::Parked(_)) | None => Start::Load,
+        };
+        self.start_sweep();
         let (tx, rx) = mpsc::channel(self.deps.config.command_queue.max(1));
         let (control_tx, control_rx) = mpsc::unbounded_channel();
-        runners.insert(session.clone(), RunnerHandle { commands: tx.clone(), control: control_tx, epoch });
-        tokio::spawn(crate::metrics::loaded(Runner::run(session.clone(), self.deps.clone(), epoch, rx, control_rx)));
+        let id = self.next_runner.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        runners.insert(
+            session.clone(),
+            Slot::Running(RunnerHandle { commands: tx.clone(), control: control_tx, epoch, id }),
+        );
+        let home: Arc<dyn Home> = self.runners.clone();
+        let parking = Parking { home: Arc::downgrade(&home), id };
+        drop(home);
+        let run = Runner::run(session.clone(), self.deps.clone(), epoch, start, rx, control_rx, parking);
+        let (map, session) = (Arc::downgrade(&self.runners), session.clone());
+        tokio::spawn(async move {
+            run.await;
+            // The runner ended (unloaded or parked): drop its entry unless it parked there or a newer runner
+            // took the session's place. A command that finds no entry starts a new runner.
+            if let Some(map) = map.upgrade() {
+                let mut runners = map.lock().unwrap_or_else(PoisonError::into_inner);
+                if runners.get(&session).and_then(Slot::running).is_some_and(|h| h.id == id) {
+                    runners.remove(&session);
+                }
+            }
+        });
         Ok(tx)
     }
 
@@ -257,11 +352,19 @@ impl SessionHost {
     async fn delete(&self, session: &SessionRef) -> Result<CommandReply, CommandError> {
         self.epoch_for(session)?;
         let loaded = {
-            let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
             if !lock(&self.deleting).insert(session.clone()) {
                 return Err(being_deleted(session));
             }
-            runners.get(session).map(|h| (h.commands.clone(), h.control.clone()))
+            match runners.get(session) {
+                Some(Slot::Running(h)) => Some((h.commands.clone(), h.control.clone())),
+                // An idle driver: nothing to cancel or wait for.
+                Some(Slot::Parked(_)) => {
+                    runners.remove(session);
+                    None
+                }
+                None => None,
+            }
         };
         let result = self.remove_session(session, loaded).await;
         lock(&self.deleting).remove(session);
@@ -290,7 +393,7 @@ impl SessionHost {
             }
             {
                 let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
-                if runners.get(session).is_some_and(|h| h.commands.same_channel(&commands)) {
+                if runners.get(session).and_then(Slot::running).is_some_and(|h| h.commands.same_channel(&commands)) {
                     runners.remove(session);
                 }
             }
@@ -311,13 +414,59 @@ impl SessionHost {
     /// Commands waiting in `session`'s queue (0 when it is not loaded).
     pub fn queued_commands(&self, session: &SessionRef) -> usize {
         let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
-        runners.get(session).map_or(0, |h| h.commands.max_capacity() - h.commands.capacity())
+        runners.get(session).and_then(Slot::running).map_or(0, |h| h.commands.max_capacity() - h.commands.capacity())
     }
 
-    /// Sessions with a live runner.
+    /// Sessions in memory: with a live runner, or parked (idle, their driver alone).
     pub fn loaded_sessions(&self) -> usize {
         let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
-        runners.values().filter(|h| !h.commands.is_closed()).count()
+        runners.values().filter(|slot| slot.is_loaded()).count()
+    }
+
+    /// Loaded sessions whose runner task is running (the rest are parked).
+    pub fn running_sessions(&self) -> usize {
+        let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        runners.values().filter_map(Slot::running).filter(|h| !h.commands.is_closed()).count()
+    }
+
+    /// Starts, once, the task that passivates parked drivers: it drops each once its `until` has passed
+    /// (their state is in the log; nothing is written) and ends with the host.
+    fn start_sweep(&self) {
+        use std::sync::atomic::Ordering;
+        if self.sweeping.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let every = (self.deps.config.passivate_after / 8).clamp(Duration::from_millis(10), Duration::from_secs(30));
+        let (map, log) = (Arc::downgrade(&self.runners), self.deps.log.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(map) = map.upgrade() else { return };
+                let now = tokio::time::Instant::now();
+                let dropped: Vec<(SessionRef, Slot)> = {
+                    let mut runners = map.lock().unwrap_or_else(PoisonError::into_inner);
+                    let due: Vec<SessionRef> = runners
+                        .iter()
+                        .filter(|(_, slot)| matches!(slot, Slot::Parked(p) if p.until <= now))
+                        .map(|(s, _)| s.clone())
+                        .collect();
+                    due.into_iter().filter_map(|s| runners.remove_entry(&s)).collect()
+                };
+                if !dropped.is_empty() {
+                    tracing::debug!(sessions = dropped.len(), "passivated idle sessions");
+                }
+                for (session, _) in &dropped {
+                    log.unloaded(session);
+                }
+                // The drivers are freed here, outside the lock.
+                drop(dropped);
+            }
+        });
+    }
+
+    /// Sessions the host holds anything for, loaded or ending (a runner's entry goes when its task ends).
+    pub fn held_sessions(&self) -> usize {
+        self.runners.lock().unwrap_or_else(PoisonError::into_inner).len()
     }
 }
 

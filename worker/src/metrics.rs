@@ -4,7 +4,6 @@
 //! the events' own `time_ms`, so they measure what the log says happened, not when the runner got round
 //! to noticing.
 
-use std::future::Future;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -192,10 +191,10 @@ impl ModelCall {
     }
 }
 
-/// Runs a session's runner, counting it in `turnstile_sessions_loaded` while it lives.
-pub(crate) async fn loaded(runner: impl Future<Output = ()>) {
-    let _loaded = GaugeGuard::inc(gauge!(names::SESSIONS_LOADED));
-    runner.await;
+/// Counts a loaded session in `turnstile_sessions_loaded` while the guard lives (its runner's, then its
+/// parked driver's).
+pub(crate) fn loaded() -> GaugeGuard {
+    GaugeGuard::inc(gauge!(names::SESSIONS_LOADED))
 }
 
 /// One tool call being measured: counted and timed by kind, server, tool and outcome when it ends, and its

@@ -20,7 +20,7 @@ use tracing::Instrument as _;
 use turnstile_journal::snapshot::{LoadError, Snapshot, SnapshotStore, load_state};
 use turnstile_journal::{JournalError, LiveBus, SessionLog};
 use turnstile_model::message::{ContentBlock, MessageId, MessageSource, UserMessage};
-use turnstile_model::{Command, CommandError, CommandReply, Envelope, SessionRef};
+use turnstile_model::{Command, CommandError, CommandReply, Envelope, SessionRef, SessionState};
 use turnstile_ops::clock::now_ms;
 
 use crate::config::WorkerConfig;
@@ -35,6 +35,7 @@ use turnstile_driver::{
     CommandId, Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepOutcome, PreStepRequest, ToolOutcome,
     ToolRequest,
 };
+use turnstile_ops::GaugeGuard;
 
 /// Everything a runner needs besides its session.
 pub struct RunnerDeps {
@@ -102,6 +103,11 @@ pub(crate) async fn load_driver(deps: &RunnerDeps, session: &SessionRef, epoch: 
     Ok(driver)
 }
 
+/// A driver taking up a parked session's fold: no repair, since the driver it came from was quiescent.
+fn resume_driver(deps: &RunnerDeps, state: SessionState, epoch: u64) -> Driver {
+    Driver::new(state, deps.config.limits.clone(), deps.config.agents.clone(), epoch, deps.config.owner_id.clone())
+}
+
 /// First pause before loading a session again while the journal is unavailable; doubles up to the max.
 const RELOAD_BACKOFF: Duration = Duration::from_millis(100);
 const RELOAD_BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -167,6 +173,66 @@ async fn load_until_available(
     }
 }
 
+/// A loaded session whose runner ended because it was idle (decision 0037): its driver alone, with no
+/// task, channel, timer or span. The host keeps it until the next command resumes it or passivation
+/// drops it; both happen without reading or writing anything.
+pub(crate) struct Parked {
+    /// The quiescent driver's fold: a driver is rebuilt from it, without repair, when a command comes.
+    state: SessionState,
+    epoch: u64,
+    /// The seq of the last snapshot written (or loaded), so a resumed runner keeps the snapshot cadence.
+    snapshot_seq: u64,
+    /// When passivation may drop it.
+    pub(crate) until: tokio::time::Instant,
+    /// Counts it in `turnstile_sessions_loaded` while it is held.
+    _loaded: GaugeGuard,
+}
+
+impl Parked {
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
+impl std::fmt::Debug for Parked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parked").field("epoch", &self.epoch).field("last_seq", &self.state.last_seq).finish()
+    }
+}
+
+/// What a runner starts from.
+pub(crate) enum Start {
+    /// Load the session from its snapshot and log.
+    Load,
+    /// Take up a parked driver where it stopped.
+    Resume(Box<Parked>),
+}
+
+/// Where a runner may park its driver when idle: the host's slot of its session, named by the runner's id.
+pub(crate) trait Home: Send + Sync + 'static {
+    /// Replaces runner `id`'s entry with `parked` when it is still the session's runner and `commands` and
+    /// `control` are empty, closing `commands` so the next command finds the parked driver. Gives `parked`
+    /// back when the runner must go on serving.
+    fn park(
+        &self,
+        session: &SessionRef,
+        id: u64,
+        parked: Box<Parked>,
+        commands: &mut mpsc::Receiver<CommandMsg>,
+        control: &mpsc::UnboundedReceiver<Control>,
+    ) -> Result<(), Box<Parked>>;
+}
+
+/// How [`Runner::serve`] ended.
+enum Served {
+    /// Unload (the host closed the queue, a stop, a drain that parked every step, a dispose).
+    Unload,
+    /// Nothing ran for `park_after`: hand the driver to the host.
+    Park,
+    /// The session can no longer be served.
+    Lost,
+}
+
 /// One session's runner task.
 pub(crate) struct Runner {
     session: SessionRef,
@@ -196,19 +262,85 @@ pub(crate) struct Runner {
     spans: TurnSpans,
 }
 
+/// What a runner needs to park: the host's map and its own id there.
+pub(crate) struct Parking {
+    pub home: std::sync::Weak<dyn Home>,
+    pub id: u64,
+}
+
 impl Runner {
-    /// Loads the session and serves `commands` until the host drops the sender or ownership is lost.
+    /// Loads the session (or resumes a parked driver) and serves `commands` until the host drops the
+    /// sender, ownership is lost, or the session parks.
     pub(crate) async fn run(
         session: SessionRef,
         deps: Arc<RunnerDeps>,
         epoch: u64,
+        start: Start,
         mut commands: mpsc::Receiver<CommandMsg>,
         control: mpsc::UnboundedReceiver<Control>,
+        parking: Parking,
     ) {
-        let Some(driver) = load_until_available(&deps, &session, epoch, &mut commands).await else { return };
+        let (driver, snapshot_seq, loaded) = match start {
+            Start::Load => {
+                let loaded = crate::metrics::loaded();
+                let Some(driver) = load_until_available(&deps, &session, epoch, &mut commands).await else { return };
+                let snapshot_seq = driver.state().last_seq;
+                (driver, snapshot_seq, loaded)
+            }
+            Start::Resume(parked) => {
+                let Parked { state, snapshot_seq, _loaded, .. } = *parked;
+                (resume_driver(&deps, state, epoch), snapshot_seq, _loaded)
+            }
+        };
+        let mut runner = Runner::new(session, deps, driver, snapshot_seq, epoch, control);
+        if !runner.settle(&mut commands).await {
+            return runner.end(&mut commands, false).await;
+        }
+        let mut loaded = Some(loaded);
+        loop {
+            match runner.serve(&mut commands).await {
+                Served::Unload => return runner.end(&mut commands, true).await,
+                Served::Lost => return runner.end(&mut commands, false).await,
+                Served::Park => {
+                    // Snapshot writes in flight finish first: dropping the runner would abort them.
+                    while runner.saves.join_next().await.is_some() {}
+                    let (Some(home), Some(guard)) = (parking.home.upgrade(), loaded.take()) else {
+                        return runner.end(&mut commands, true).await;
+                    };
+                    let config = &runner.deps.config;
+                    let until = tokio::time::Instant::now() + config.passivate_after.saturating_sub(config.park_after);
+                    // Parking needs nothing of the runner but the driver: nothing runs or waits.
+                    let Runner { session, deps, driver, snapshot_seq, epoch, control, .. } = runner;
+                    let parked =
+                        Box::new(Parked { state: driver.into_state(), epoch, snapshot_seq, until, _loaded: guard });
+                    match home.park(&session, parking.id, parked, &mut commands, &control) {
+                        Ok(()) => {
+                            tracing::debug!(%session, "parked idle session");
+                            return;
+                        }
+                        // A command or control message came in meanwhile: serve it.
+                        Err(parked) => {
+                            let Parked { state, _loaded, .. } = *parked;
+                            loaded = Some(_loaded);
+                            let driver = resume_driver(&deps, state, epoch);
+                            runner = Runner::new(session, deps, driver, snapshot_seq, epoch, control);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn new(
+        session: SessionRef,
+        deps: Arc<RunnerDeps>,
+        driver: Driver,
+        snapshot_seq: u64,
+        epoch: u64,
+        control: mpsc::UnboundedReceiver<Control>,
+    ) -> Self {
         let (op_tx, op_rx) = mpsc::unbounded_channel();
-        let snapshot_seq = driver.state().last_seq;
-        let mut runner = Runner {
+        Runner {
             session,
             deps,
             driver,
@@ -227,23 +359,28 @@ impl Runner {
             saves: tokio::task::JoinSet::new(),
             clock: crate::metrics::SessionClock::default(),
             spans: TurnSpans::default(),
-        };
-        if runner.settle(&mut commands).await && runner.serve(&mut commands).await && !runner.disposed {
-            // Unloading cleanly (the driver's state is exactly the log): keep a snapshot so the next load
-            // reads only what follows it. After a failed append the state may hold events the log does
-            // not, so nothing is written then.
-            runner.snapshot(true).await;
         }
-        // Before the queue closes: the host takes a closed queue to mean nothing more is written.
-        while runner.saves.join_next().await.is_some() {}
-        runner.shutdown(&mut commands, "the session's runner stopped; retry");
     }
 
-    /// True when the host closed the queue, false when the session can no longer be served.
-    async fn serve(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
-        let passivate_after = self.deps.config.passivate_after;
+    /// Unloads: a last snapshot when `clean` (the driver's state is exactly the log) and the session is not
+    /// being deleted, then every waiting caller is answered.
+    async fn end(mut self, commands: &mut mpsc::Receiver<CommandMsg>, clean: bool) {
+        if clean && !self.disposed {
+            // Keep a snapshot so the next load reads only what follows it. After a failed append the state
+            // may hold events the log does not, so nothing is written then.
+            self.snapshot(true).await;
+        }
+        // Before the queue closes: the host takes a closed queue to mean nothing more is written.
+        while self.saves.join_next().await.is_some() {}
+        self.shutdown(commands, "the session's runner stopped; retry");
+    }
+
+    /// How serving ended: see [`Served`].
+    async fn serve(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> Served {
+        // Parking keeps the driver in memory without a task; passivation (the host) drops it later.
+        let park_after = self.deps.config.park_after.min(self.deps.config.passivate_after);
         loop {
-            let idle_for = tokio::time::sleep(passivate_after);
+            let idle_for = tokio::time::sleep(park_after);
             // A steer deadline (SPEC §11): the driver keeps them; the runner only sleeps until the next.
             let timer = self.driver.next_timer();
             let timer_due =
@@ -251,21 +388,17 @@ impl Runner {
             // The span of what this iteration does: the command's, else the open step's or turn's.
             let mut span = None;
             tokio::select! {
-                () = idle_for, if self.is_unloadable() => {
-                    // Passivation: an idle session costs nothing until its next command.
-                    tracing::debug!(session = %self.session, "passivating idle session");
-                    return true;
-                }
+                () = idle_for, if self.is_unloadable() && !self.draining => return Served::Park,
                 () = timer_due, if timer.is_some() => self.driver.on_timer(now_ms()),
                 Some(control) = self.control.recv() => match control {
                     Control::Drain => {
                         self.draining = true;
                         self.driver.on_drain();
                     }
-                    Control::Stop => return true,
+                    Control::Stop => return Served::Unload,
                     Control::Dispose => {
                         self.disposed = true;
-                        return true;
+                        return Served::Unload;
                     }
                 },
                 Some(msg) = self.op_rx.recv() => {
@@ -289,7 +422,7 @@ impl Runner {
                     }
                 },
                 msg = commands.recv() => {
-                    let Some(CommandMsg { command, reply, traceparent }) = msg else { return true };
+                    let Some(CommandMsg { command, reply, traceparent }) = msg else { return Served::Unload };
                     span = Some(command_span(&self.session, command.name(), traceparent.as_deref()));
                     let id = self.next_command;
                     self.next_command += 1;
@@ -299,11 +432,11 @@ impl Runner {
             }
             let span = span.unwrap_or_else(|| self.spans.active());
             if !self.settle(commands).instrument(span).await {
-                return false;
+                return Served::Lost;
             }
             self.snapshot(false).await;
             if self.draining && self.driver.is_parked() {
-                return true;
+                return Served::Unload;
             }
         }
     }

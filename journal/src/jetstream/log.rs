@@ -162,7 +162,9 @@ impl JetStreamLog {
                 Ok(Some(last))
             }
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
-                self.forget(session);
+                // An empty log is a position too: the owner's first append after loading a fresh session
+                // then checks "no message on the subject" without asking again.
+                self.remember(session, LastEvent { seq: 0, stream_seq: 0 });
                 Ok(None)
             }
             Err(e) => Err(unavailable(format!("reading the last event of {session}"), e)),
@@ -456,6 +458,10 @@ impl SessionLog for JetStreamLog {
 
     async fn last_seq(&self, session: &SessionRef) -> Result<u64, JournalError> {
         Ok(self.fetch_last(session).await?.map_or(0, |l| l.seq))
+    }
+
+    fn unloaded(&self, session: &SessionRef) {
+        self.forget(session);
     }
 
     async fn tail(&self, session: &SessionRef, after_seq: u64) -> Result<EventStream, JournalError> {

@@ -155,19 +155,31 @@ async fn run(
             Err(e) => return ToolReturn::failed(format!("spawn_agent could not start child session {child}: {e}")),
         }
     };
-    loop {
+    let idle_seq = loop {
         match children.router.execute(child, Command::WhenIdle, Some(IDLE_WAIT)).await {
-            Ok(_) => break,
+            Ok(CommandReply::Idle(summary)) => break summary.last_seq,
+            Ok(other) => return ToolReturn::failed(format!("child session {child} answered WhenIdle with {other:?}")),
             // Still running, or its owner is changing: ask again.
             Err(CommandError::DeadlineExceeded(_)) => {}
             Err(CommandError::Unavailable(_) | CommandError::NotOwner { .. }) => tokio::time::sleep(RETRY_PAUSE).await,
             Err(e) => return ToolReturn::failed(format!("waiting for child session {child} failed: {e}")),
         }
-    }
-    match children.log.read_after(child, accepted.saturating_sub(1), None).await {
-        Ok(Some(events)) => outcome(child, prompt_id, events.iter().map(|e| &e.payload)),
-        Ok(None) => ToolReturn::failed(format!("child session {child} was deleted before its turn could be read")),
-        Err(e) => ToolReturn::failed(format!("the log of child session {child} could not be read: {e}")),
+    };
+    loop {
+        match children.log.read_after(child, accepted.saturating_sub(1), None).await {
+            // Everything the owner had written when it answered idle: what the turn came to.
+            Ok(Some(events)) if events.last().is_some_and(|e| e.seq >= idle_seq) => {
+                return outcome(child, prompt_id, events.iter().map(|e| &e.payload));
+            }
+            // A replica that has not caught up with the owner's writes yet, or a store that did not answer:
+            // read again (the call's abort bounds the wait).
+            Ok(Some(_)) => tokio::time::sleep(RETRY_PAUSE).await,
+            Err(e) if e.is_retryable() => tokio::time::sleep(RETRY_PAUSE).await,
+            Ok(None) => {
+                return ToolReturn::failed(format!("child session {child} was deleted before its turn could be read"));
+            }
+            Err(e) => return ToolReturn::failed(format!("the log of child session {child} could not be read: {e}")),
+        }
     }
 }
 

@@ -1,4 +1,7 @@
-//! Followup latency through the gateway against one raw JetStream append, interleaved on one server.
+//! Followup latency through the gateway against one raw JetStream append, interleaved on one server, with
+//! two more measurements per round that split the followup by hop: the same followup on a session that is
+//! already loaded (no session load), and a `WhenIdle` of an idle loaded session (the gRPC call, the gateway
+//! and the session's driver, with no journal IO at all).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -32,6 +35,12 @@ pub struct LatencyReport {
     pub raw_stream: String,
     pub followup: Percentiles,
     pub raw: Percentiles,
+    /// A followup on the same session once its first turn is over: the session is loaded (or parked in
+    /// memory), so no load round trip; fresh − warm is the session load.
+    pub followup_warm: Percentiles,
+    /// `WhenIdle` of that idle session: client → gateway → the session's driver and back, no journal IO;
+    /// warm − this is the driver's append group and the work around it.
+    pub driver_roundtrip: Percentiles,
     /// followup / raw per percentile.
     pub ratio_p50: f64,
     pub ratio_p90: f64,
@@ -142,7 +151,7 @@ pub async fn run(
     let result = interleave(&mut client, &raw, run_id, opts).await;
     let name = raw.name.clone();
     raw.delete().await;
-    let (followups, raws, raw_body_bytes) = result?;
+    let Rounds { followups, raws, warm, roundtrips, body_len: raw_body_bytes } = result?;
     let followup = Percentiles::of(&followups);
     let rawp = Percentiles::of(&raws);
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
@@ -156,21 +165,43 @@ pub async fn run(
         ratio_p99: ratio(followup.p99_ms, rawp.p99_ms),
         followup,
         raw: rawp,
+        followup_warm: Percentiles::of(&warm),
+        driver_roundtrip: Percentiles::of(&roundtrips),
     })
 }
 
+/// What the rounds measured, each in round order.
+struct Rounds {
+    followups: Vec<Duration>,
+    raws: Vec<Duration>,
+    warm: Vec<Duration>,
+    roundtrips: Vec<Duration>,
+    body_len: usize,
+}
+
+async fn when_idle(client: &mut AgentClient<Channel>, session: &pb::SessionRef) -> Result<()> {
+    client
+        .when_idle(pb::WhenIdleRequest { session: Some(session.clone()), timeout_ms: 10_000 })
+        .await
+        .with_context(|| format!("waiting for {} to be idle", session.id))?;
+    Ok(())
+}
+
 /// a, then (untimed) wait until that session is idle again so its turn does not run under the next
-/// measurement, then b; warm-up rounds are measured the same way and dropped.
+/// measurement, then c (`WhenIdle` of the idle session), d (a second followup on it) and its wait, then b;
+/// warm-up rounds are measured the same way and dropped.
 async fn interleave(
     client: &mut AgentClient<Channel>,
     raw: &RawStream,
     run_id: &str,
     opts: &LatencyOpts,
-) -> Result<(Vec<Duration>, Vec<Duration>, usize)> {
+) -> Result<Rounds> {
     let deadline = Instant::now() + opts.max_time;
     let total = opts.warmup + opts.iterations;
     let mut followups = Vec::with_capacity(opts.iterations);
     let mut raws = Vec::with_capacity(opts.iterations);
+    let mut warm = Vec::with_capacity(opts.iterations);
+    let mut roundtrips = Vec::with_capacity(opts.iterations);
     let mut body_len = 0;
     for i in 0..total {
         if Instant::now() >= deadline {
@@ -188,10 +219,23 @@ async fn interleave(
         if reply.get_ref().turn != Some(1) {
             bail!("followup {i} on fresh session {} did not open turn 1: {:?}", session.id, reply.get_ref());
         }
-        client
-            .when_idle(pb::WhenIdleRequest { session: Some(session.clone()), timeout_ms: 10_000 })
-            .await
-            .with_context(|| format!("waiting for {} to be idle", session.id))?;
+        when_idle(client, &session).await?;
+
+        // (c) the driver's round trip with no journal IO: WhenIdle of the idle, loaded session.
+        let started = Instant::now();
+        when_idle(client, &session).await?;
+        let c = started.elapsed();
+
+        // (d) a followup on the loaded session: no session load.
+        let second = text_message(format!("m-{run_id}-{i}-warm"), &opts.text);
+        let request = pb::DeliverRequest { session: Some(session.clone()), message: Some(second) };
+        let started = Instant::now();
+        let reply = client.followup(request).await.with_context(|| format!("second followup on {}", session.id))?;
+        let d = started.elapsed();
+        if reply.get_ref().turn != Some(2) {
+            bail!("the second followup on {} did not open turn 2: {:?}", session.id, reply.get_ref());
+        }
+        when_idle(client, &session).await?;
 
         // (b) the same splice's bytes as one raw conditional append.
         let body = splice_event(&session, message).encode_to_vec();
@@ -201,7 +245,9 @@ async fn interleave(
         if i >= opts.warmup {
             followups.push(a);
             raws.push(b);
+            roundtrips.push(c);
+            warm.push(d);
         }
     }
-    Ok((followups, raws, body_len))
+    Ok(Rounds { followups, raws, warm, roundtrips, body_len })
 }

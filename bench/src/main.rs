@@ -170,6 +170,11 @@ struct Summary {
     raw_publish_ack_p50_ms: Option<f64>,
     /// followup_p50_ms / raw_publish_ack_p50_ms.
     followup_to_raw_p50: Option<f64>,
+    /// The followup split by hop (latency phase): a followup on a loaded session (no session load) and
+    /// its ratio to the raw publish-ack, and a `WhenIdle` of an idle loaded session (no journal IO).
+    followup_warm_p50_ms: Option<f64>,
+    followup_warm_to_raw_p50: Option<f64>,
+    driver_roundtrip_p50_ms: Option<f64>,
     followups_per_s: Option<f64>,
     raw_async_publish_per_s: Option<f64>,
     events_per_s: Option<f64>,
@@ -220,12 +225,16 @@ impl Summary {
         let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b.filter(|b| *b > 0.0)?);
         let followup_p50_ms = phases.latency.as_ref().map(|l| l.followup.p50_ms);
         let raw_publish_ack_p50_ms = phases.latency.as_ref().map(|l| l.raw.p50_ms);
+        let followup_warm_p50_ms = phases.latency.as_ref().map(|l| l.followup_warm.p50_ms);
         let events_per_s = phases.throughput.as_ref().map(|t| t.events_per_s);
         let raw_async_publish_per_s = phases.raw_async.as_ref().map(|r| r.publishes_per_s);
         Self {
             followup_p50_ms,
             raw_publish_ack_p50_ms,
             followup_to_raw_p50: ratio(followup_p50_ms, raw_publish_ack_p50_ms),
+            followup_warm_p50_ms,
+            followup_warm_to_raw_p50: ratio(followup_warm_p50_ms, raw_publish_ack_p50_ms),
+            driver_roundtrip_p50_ms: phases.latency.as_ref().map(|l| l.driver_roundtrip.p50_ms),
             followups_per_s: phases.throughput.as_ref().map(|t| t.followups_per_s),
             raw_async_publish_per_s,
             events_per_s,
@@ -534,6 +543,18 @@ fn markdown(report: &Report, args: &Args) -> String {
         f(sum.followup_p50_ms),
         f(sum.raw_publish_ack_p50_ms),
         f(sum.followup_to_raw_p50)
+    );
+    let _ = writeln!(
+        out,
+        "| followup on a loaded session p50 ms vs raw publish-ack p50 ms | {} | {} | {}× |",
+        f(sum.followup_warm_p50_ms),
+        f(sum.raw_publish_ack_p50_ms),
+        f(sum.followup_warm_to_raw_p50)
+    );
+    let _ = writeln!(
+        out,
+        "| WhenIdle of an idle loaded session p50 ms (gateway + driver, no journal IO) | {} | | |",
+        f(sum.driver_roundtrip_p50_ms)
     );
     let _ = writeln!(
         out,

@@ -65,7 +65,10 @@ function sessionsPage(root: HTMLElement): () => void {
             const id = s.session?.id ?? "";
             const running = s.status === SessionStatus.RUNNING;
             return h("tr", { "data-session": id },
-              h("td", {}, h("a", { href: `#/s/${encodeURIComponent(id)}` }, id)),
+              h("td", {}, h("a", { href: `#/s/${encodeURIComponent(id)}` }, id),
+                // A spawn_agent child (SPEC §13) names its parent.
+                s.parent ? h("div", { class: "muted" }, "child of ",
+                  h("a", { href: `#/s/${encodeURIComponent(s.parent.id)}` }, s.parent.id)) : null),
               h("td", {}, h("span", { class: `status ${running ? "running" : "idle"}` }, running ? "running" : "idle")),
               h("td", {}, when(s.lastEventUnixMs)),
               h("td", {}, s.agent),

@@ -25,6 +25,7 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
         h("h2", {}, id),
         h("span", { id: "status", class: "status" }, "connecting"),
         h("span", { id: "agent", class: "muted" }),
+        h("span", { id: "parent", class: "muted" }),
         h("span", { id: "seq", class: "muted" }),
       ),
       h("div", { class: "cols" },
@@ -101,6 +102,7 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
     try {
       const info = await api.getSession({ session: sessionRef(id) });
       view.agent = info.agent;
+      if (info.parent) view.parent = info.parent.id;
       if (info.goal) view.goal = info.goal;
       view.dirty.header = true;
       schedule();
@@ -127,6 +129,9 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
       st.textContent = !view.caughtUp ? "connecting" : view.lastSeq === 0n ? "new session" : running ? "running" : "idle";
       st.className = `status ${running ? "running" : "idle"}`;
       byId("agent").textContent = view.agent ? `agent ${view.agent}` : "";
+      fill(byId("parent"), view.parent
+        ? ["child of ", h("a", { href: `#/s/${encodeURIComponent(view.parent)}` }, view.parent)]
+        : null);
       renderGoal();
     }
     byId("seq").textContent = `seq ${view.lastSeq}`;

@@ -72,6 +72,8 @@ export class SessionView {
   order: Array<{ turn: bigint } | { note: Note }> = [];
   goal?: GoalShown;
   agent?: string;
+  /// The parent session of a `spawn_agent` child (SPEC §13), from its `session/configured`.
+  parent?: string;
   /// Which parts changed since the last render.
   dirty = { header: true, inbox: true, turns: new Set<bigint>(), order: true, approvals: true };
 
@@ -205,7 +207,8 @@ export class SessionView {
         break;
       case "sessionConfigured":
         this.agent = p.value.agent;
-        this.note(e.seq, `configured: agent ${p.value.agent}`);
+        if (p.value.parent) this.parent = p.value.parent.id;
+        this.note(e.seq, `configured: agent ${p.value.agent}${p.value.parent ? ` (child of ${p.value.parent.id})` : ""}`);
         this.dirty.header = true;
         break;
       default:

@@ -7,14 +7,14 @@
 // Test code: a failed unwrap is a failed test, with the error in the panic message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tempfile::TempDir;
 use tonic::Code;
 use turnstile_proto::v1::{InjectMode, Target};
 use turnstile_tests::binary::turnstile_bin;
+use turnstile_tests::config::config_file;
 use turnstile_tests::{Cluster, ClusterOptions, DEFAULT_WAIT, DevOptions, DevServer, NatsServer, Session, user_msg};
 
 /// A variable no test environment sets, named by `api_key_env`.
@@ -82,14 +82,6 @@ async fn run_to_exit(args: &[&str], env: &[(&str, &Path)]) -> Refused {
 
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
-}
-
-/// `text` written to `turnstile.toml` in a fresh directory.
-fn config_file(text: &str) -> (TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("turnstile.toml");
-    std::fs::write(&path, text).unwrap();
-    (dir, path)
 }
 
 /// `turnstile dev --config FILE` on free ports.

@@ -67,6 +67,23 @@ pub trait SessionLog: Send + Sync + 'static {
         self.append(session, expected_last_seq, events).await
     }
 
+    /// Appends `events` as the first events of the session's log iff it has none; `None` when it has some
+    /// (nothing was written). Unlike an append expecting 0 it reads nothing before or after the write:
+    /// a worker serving a command for a session it has not loaded tries this while it loads the session,
+    /// so a new session answers after one round trip (decision 0039).
+    async fn append_first(
+        &self,
+        session: &SessionRef,
+        events: &[Envelope],
+        traceparent: Option<&str>,
+    ) -> Result<Option<u64>, JournalError> {
+        match self.append_traced(session, 0, events, traceparent).await {
+            Ok(last) => Ok(Some(last)),
+            Err(JournalError::Conflict { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Up to `limit` events with `seq >= from_seq`, in order. An unknown session has no events.
     async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError>;
 

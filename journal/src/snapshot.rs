@@ -204,6 +204,13 @@ pub enum LoadError {
     Projection { session: SessionRef, source: ProjectionError },
 }
 
+/// The fold of a session whose log has no events (whatever snapshot is stored: one ahead of the log is
+/// ignored).
+pub fn empty_state(session: &SessionRef, dedup_horizon: usize) -> Result<SessionState, LoadError> {
+    SessionState::fold(session.clone(), dedup_horizon, &[])
+        .map_err(|source| LoadError::Projection { session: session.clone(), source })
+}
+
 /// Loads `session`'s full fold (an owner's load): the latest usable snapshot plus the events after it, or
 /// the whole log.
 pub async fn load_state(
@@ -217,8 +224,7 @@ pub async fn load_state(
     // without asking again.
     let (snapshot, last) = futures::join!(snapshots.load(session), log.last_seq(session));
     if last? == 0 {
-        return SessionState::fold(session.clone(), dedup_horizon, &[])
-            .map_err(|source| LoadError::Projection { session: session.clone(), source });
+        return empty_state(session, dedup_horizon);
     }
     if let Some(snapshot) = snapshot?
         && let Some((state, _)) = fold_tail(log, session, snapshot).await?

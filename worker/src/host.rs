@@ -242,7 +242,7 @@ impl SessionHost {
                 let goal_active = state.goals.active().is_some();
                 let was_running = state.status == Status::Running || state.wake_since_idle || state.open_turn.is_some();
                 // A session being deleted is not resumed (`runner` refuses it).
-                if (was_running || goal_active) && self.runner(&session, epoch).is_ok() {
+                if (was_running || goal_active) && self.runner(&session, epoch, &mut None).is_ok() {
                     tracing::info!(%session, epoch, goal_active, "resuming a session that was running");
                     resumed += 1;
                 }
@@ -297,8 +297,15 @@ impl SessionHost {
     }
 
     /// The runner of `session` under `epoch`, started (and loading) if there is none. A runner of an older
-    /// epoch (the shard was lost and won back) is replaced. UNAVAILABLE while the session is being deleted.
-    fn runner(&self, session: &SessionRef, epoch: u64) -> Result<mpsc::Sender<CommandMsg>, CommandError> {
+    /// epoch (the shard was lost and won back) is replaced. A runner started for a session the host holds
+    /// nothing of takes the command in `first` as its start when that command may create the session
+    /// (decision 0039), leaving `None` there. UNAVAILABLE while the session is being deleted.
+    fn runner(
+        &self,
+        session: &SessionRef,
+        epoch: u64,
+        first: &mut Option<CommandMsg>,
+    ) -> Result<mpsc::Sender<CommandMsg>, CommandError> {
         let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
         if lock(&self.deleting).contains(session) {
             return Err(being_deleted(session));
@@ -315,7 +322,11 @@ impl SessionHost {
                 let _ = old.control.send(Control::Stop);
                 Start::Load
             }
-            Some(Slot::Parked(_)) | None => Start::Load,
+            Some(Slot::Parked(_)) => Start::Load,
+            None => match first.take_if(|msg| may_create(&msg.command)) {
+                Some(msg) => Start::Fresh(msg),
+                None => Start::Load,
+            },
         };
         self.start_sweep();
         let (tx, rx) = mpsc::channel(self.deps.config.command_queue.max(1));
@@ -486,13 +497,16 @@ impl CommandRouter for SessionHost {
         let (reply_tx, reply_rx) = oneshot::channel();
         // The caller's span (the internal RPC's, or the gateway's in `turnstile dev`) is the command's parent.
         let traceparent = turnstile_ops::trace::current_traceparent();
-        let mut msg = CommandMsg { command, reply: reply_tx, traceparent };
+        let mut msg = Some(CommandMsg { command, reply: reply_tx, traceparent });
         // A runner that just unloaded (passivation) refuses the send; the second attempt starts a new one.
         for attempt in 0..2 {
             let epoch = self.epoch_for(session)?;
+            let commands = self.runner(session, epoch, &mut msg)?;
+            // The new runner took it as its start.
+            let Some(next) = msg.take() else { break };
             // Refuse rather than wait: a caller held behind a full queue would hold its gateway's call,
             // and the next ones, for as long as the driver is busy.
-            match self.runner(session, epoch)?.try_send(msg) {
+            match commands.try_send(next) {
                 Ok(()) => break,
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     return Err(CommandError::ResourceExhausted(format!(
@@ -501,7 +515,7 @@ impl CommandRouter for SessionHost {
                         self.deps.config.command_queue
                     )));
                 }
-                Err(mpsc::error::TrySendError::Closed(back)) if attempt == 0 => msg = back,
+                Err(mpsc::error::TrySendError::Closed(back)) if attempt == 0 => msg = Some(back),
                 Err(_) => {
                     return Err(CommandError::Unavailable(format!(
                         "session {session} is restarting; retry with the same message id"
@@ -531,6 +545,22 @@ impl CommandRouter for SessionHost {
     async fn owner(&self, _session: &SessionRef) -> Option<String> {
         Some(self.deps.config.owner_id.clone())
     }
+}
+
+/// Whether `command` writes on a session without events, so a runner started for it may write it as the
+/// session's first group before the load says whether the session has any (decision 0039). Only a speed
+/// choice: the runner checks that the driver's first effect is an append group, and a session with events
+/// refuses the write.
+fn may_create(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Send { .. }
+            | Command::Interrupt { .. }
+            | Command::Configure { .. }
+            | Command::SetGoal { .. }
+            | Command::Fork { .. }
+            | Command::Spawn { .. }
+    )
 }
 
 /// Sends one command to a runner and waits for its answer.

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
-use turnstile_journal::snapshot::{LoadError, Snapshot, SnapshotStore, load_state};
+use turnstile_journal::snapshot::{LoadError, Snapshot, SnapshotStore, empty_state, load_state};
 use turnstile_journal::{JournalError, LiveBus, SessionLog};
 use turnstile_model::message::{ContentBlock, MessageId, MessageSource, UserMessage};
 use turnstile_model::{Command, CommandError, CommandReply, Envelope, SessionRef, SessionState};
@@ -206,6 +206,9 @@ pub(crate) enum Start {
     Load,
     /// Take up a parked driver where it stopped.
     Resume(Box<Parked>),
+    /// Serve this command of a session the host holds nothing of: written as a new session's first
+    /// events while the session loads (decision 0039), else on the loaded driver.
+    Fresh(CommandMsg),
 }
 
 /// Where a runner may park its driver when idle: the host's slot of its session, named by the runner's id.
@@ -221,6 +224,18 @@ pub(crate) trait Home: Send + Sync + 'static {
         commands: &mut mpsc::Receiver<CommandMsg>,
         control: &mpsc::UnboundedReceiver<Control>,
     ) -> Result<(), Box<Parked>>;
+}
+
+/// What the first command of a session the host held nothing of came to ([`Runner::serve_first`]).
+enum First {
+    /// Its group was written as the session's first events: the empty driver is the session's.
+    Written,
+    /// The session loaded (`None`: it cannot be served); the command runs on it.
+    Loaded(Option<Driver>),
+    /// The write's outcome is unknown: the session must be loaded after it.
+    LoadAgain,
+    /// Another writer owns the session.
+    Lost(JournalError),
 }
 
 /// How [`Runner::serve`] ended.
@@ -280,6 +295,7 @@ impl Runner {
         control: mpsc::UnboundedReceiver<Control>,
         parking: Parking,
     ) {
+        let mut first = None;
         let (driver, snapshot_seq, loaded) = match start {
             Start::Load => {
                 let loaded = crate::metrics::loaded();
@@ -291,9 +307,25 @@ impl Runner {
                 let Parked { state, snapshot_seq, _loaded, .. } = *parked;
                 (resume_driver(&deps, state, epoch), snapshot_seq, _loaded)
             }
+            Start::Fresh(msg) => {
+                let loaded = crate::metrics::loaded();
+                let empty = match empty_state(&session, deps.config.limits.dedup_horizon) {
+                    Ok(state) => state,
+                    Err(e) => {
+                        let _ = msg.reply.send(Err(CommandError::Internal(e.to_string())));
+                        return;
+                    }
+                };
+                first = Some(msg);
+                (resume_driver(&deps, empty, epoch), 0, loaded)
+            }
         };
         let mut runner = Runner::new(session, deps, driver, snapshot_seq, epoch, control);
-        if !runner.settle(&mut commands).await {
+        let served = match first {
+            Some(msg) => runner.serve_first(msg, &mut commands).await,
+            None => runner.settle(&mut commands).await,
+        };
+        if !served {
             return runner.end(&mut commands, false).await;
         }
         let mut loaded = Some(loaded);
@@ -441,6 +473,92 @@ impl Runner {
         }
     }
 
+    /// Serves the first command of a session the host held nothing of (decision 0039). The driver starts
+    /// from the empty fold; when the command's first effect is an append group, that group is written with
+    /// [`SessionLog::append_first`] while the session loads. Written: the session was new, and the command
+    /// is answered after that one round trip instead of a load and an append. Refused (the log has events)
+    /// or not a write: the empty driver and its effects are dropped, nothing of them having happened, and
+    /// the command runs on the loaded driver. False when the session can no longer be served.
+    async fn serve_first(&mut self, first: CommandMsg, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
+        let CommandMsg { command, reply, traceparent } = first;
+        let span = command_span(&self.session, command.name(), traceparent.as_deref());
+        let deps = self.deps.clone();
+        let (session, epoch) = (self.session.clone(), self.epoch);
+        let id = self.next_command;
+        self.next_command += 1;
+        self.driver.on_command(id, command.clone(), now_ms());
+        let mut effects = self.driver.ready().into_iter();
+        let first = {
+            let load = load_until_available(&deps, &session, epoch, commands);
+            tokio::pin!(load);
+            match effects.next() {
+                Some(Effect::Append(group)) => {
+                    let append = self.write(group.events(), true).instrument(span.clone());
+                    tokio::pin!(append);
+                    let mut loaded = None;
+                    let written = loop {
+                        tokio::select! {
+                            r = &mut append => break r,
+                            d = &mut load, if loaded.is_none() => loaded = Some(d),
+                        }
+                    };
+                    match written {
+                        Ok(Some(_)) => First::Written,
+                        // The log has events: the load, running since before the refused write, holds them.
+                        Ok(None) => First::Loaded(match loaded {
+                            Some(driver) => driver,
+                            None => load.await,
+                        }),
+                        // Only the lease check refuses that way here: another worker serves the session now.
+                        Err(e @ JournalError::Conflict { .. }) => First::Lost(e),
+                        // The write may have landed after the load read the log's end.
+                        Err(e) => {
+                            tracing::warn!(%session, error = %e, "first append failed; loading the session again");
+                            First::LoadAgain
+                        }
+                    }
+                }
+                _ => First::Loaded(load.await),
+            }
+        };
+        let driver = match first {
+            First::Written => {
+                self.waiting.insert(id, reply);
+                return self.settle_after(effects.collect(), commands).instrument(span).await;
+            }
+            First::Lost(e) => {
+                let _ = reply.send(Err(journal_to_command(e)));
+                return false;
+            }
+            First::Loaded(driver) => driver,
+            First::LoadAgain => load_until_available(&deps, &session, epoch, commands).await,
+        };
+        let Some(driver) = driver else {
+            let _ = reply.send(Err(CommandError::Unavailable(format!(
+                "session {session} could not be loaded; retry with the same message id"
+            ))));
+            return false;
+        };
+        self.snapshot_seq = driver.state().last_seq;
+        self.driver = driver;
+        // The empty driver's turn span, if its group opened one, belongs to nothing that happened.
+        self.spans = TurnSpans::default();
+        let id = self.next_command;
+        self.next_command += 1;
+        self.waiting.insert(id, reply);
+        self.driver.on_command(id, command, now_ms());
+        self.settle(commands).instrument(span).await
+    }
+
+    /// Performs `effects` (the rest of an input's, after its first group was written), then settles.
+    async fn settle_after(&mut self, effects: Vec<Effect>, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
+        match self.perform(effects).await {
+            Ok(()) => self.settle(commands).await,
+            Err(Stop::Lost) => false,
+            Err(Stop::Reload) => self.reload(commands).await && self.settle(commands).await,
+        }
+    }
+
     /// Nothing runs, nothing waits: the session may be unloaded.
     fn is_unloadable(&self) -> bool {
         // A pending steer deadline must fire on time, so its session stays loaded.
@@ -536,6 +654,16 @@ impl Runner {
 
     async fn append(&mut self, batch: &[Envelope]) -> Result<u64, JournalError> {
         let expected = batch.first().map_or(0, |e| e.seq.saturating_sub(1));
+        match self.write(batch, false).await? {
+            Some(last) => Ok(last),
+            None => Err(JournalError::Conflict { session: self.session.clone(), expected, actual: expected }),
+        }
+    }
+
+    /// Appends `batch`; with `new_log` as the first events of the session's log ([`SessionLog::append_first`]:
+    /// `None` when the log has events and nothing was written).
+    async fn write(&mut self, batch: &[Envelope], new_log: bool) -> Result<Option<u64>, JournalError> {
+        let expected = batch.first().map_or(0, |e| e.seq.saturating_sub(1));
         // A worker whose lease lapsed (or was taken) must not write again under the old epoch, even
         // where the conditional append would still let it through (nobody else has written yet).
         if let Some(ownership) = &self.deps.ownership
@@ -546,10 +674,20 @@ impl Runner {
         let started = std::time::Instant::now();
         let span = self.spans.begin_append(&self.session, batch);
         let traceparent = turnstile_ops::trace::traceparent_of(&span);
-        let result =
-            self.deps.log.append_traced(&self.session, expected, batch, traceparent.as_deref()).instrument(span).await;
+        let log = &self.deps.log;
+        let result = if new_log {
+            log.append_first(&self.session, batch, traceparent.as_deref()).instrument(span).await
+        } else {
+            log.append_traced(&self.session, expected, batch, traceparent.as_deref()).instrument(span).await.map(Some)
+        };
         self.spans.end_append(batch);
-        self.clock.appended(batch, started.elapsed(), &result);
+        let counted = match &result {
+            Ok(Some(last)) => Ok(*last),
+            // A refused first group counts as a conflict: the log was not where the writer expected it.
+            Ok(None) => Err(JournalError::Conflict { session: self.session.clone(), expected, actual: expected }),
+            Err(e) => Err(e.clone()),
+        };
+        self.clock.appended(batch, started.elapsed(), &counted);
         result
     }
 

@@ -36,6 +36,19 @@ pub(super) struct LastEvent {
     pub stream_seq: u64,
 }
 
+/// A checked group: its events' encoded bodies and how they split into messages.
+struct Prepared {
+    bodies: Vec<Vec<u8>>,
+    runs: Vec<std::ops::Range<usize>>,
+}
+
+/// Why [`JetStreamLog::publish`] wrote nothing (or may have).
+enum Refusal {
+    /// The subject's last message is not the expected one: nothing was written.
+    WrongLastSequence,
+    Failed(JournalError),
+}
+
 /// A [`SessionLog`] on JetStream: one stream per partition, one subject per session, one message per
 /// append group. Cheap to share behind an `Arc`; every call goes to the server, only the last-seq cache is local.
 pub struct JetStreamLog {
@@ -268,6 +281,52 @@ impl JetStreamLog {
         events: &[Envelope],
         traceparent: Option<&str>,
     ) -> Result<u64, JournalError> {
+        let prepared = self.prepare(session, expected_last_seq, events)?;
+        let expected_stream_seq = match self.cached(session) {
+            Some(last) if last.seq == expected_last_seq => last.stream_seq,
+            _ => {
+                let last = self.fetch_last(session).await?;
+                let actual = last.map_or(0, |l| l.seq);
+                if actual != expected_last_seq {
+                    return Err(conflict(session, expected_last_seq, actual));
+                }
+                last.map_or(0, |l| l.stream_seq)
+            }
+        };
+        match self.publish(session, expected_last_seq, expected_stream_seq, events, prepared, traceparent).await {
+            Ok(last) => Ok(last),
+            Err(Refusal::WrongLastSequence) => {
+                let actual = self.fetch_last(session).await?.map_or(0, |l| l.seq);
+                Err(conflict(session, expected_last_seq, actual))
+            }
+            Err(Refusal::Failed(e)) => Err(e),
+        }
+    }
+
+    /// [`SessionLog::append_first`]: one publish expecting no message on the session's subject, whatever
+    /// the cache says, and no read after a refusal (the caller loads the session anyway).
+    pub async fn append_first_traced(
+        &self,
+        session: &SessionRef,
+        events: &[Envelope],
+        traceparent: Option<&str>,
+    ) -> Result<Option<u64>, JournalError> {
+        let prepared = self.prepare(session, 0, events)?;
+        match self.publish(session, 0, 0, events, prepared, traceparent).await {
+            Ok(last) => Ok(Some(last)),
+            Err(Refusal::WrongLastSequence) => Ok(None),
+            Err(Refusal::Failed(e)) => Err(e),
+        }
+    }
+
+    /// Checks a group ([`crate::log::check_batch`]) and splits it into messages that fit the server's
+    /// `max_payload`: the encoded bodies of each message's events.
+    fn prepare(
+        &self,
+        session: &SessionRef,
+        expected_last_seq: u64,
+        events: &[Envelope],
+    ) -> Result<Prepared, JournalError> {
         let bodies: Vec<Vec<u8>> = crate::log::check_batch(session, expected_last_seq, events, MAX_BATCH)?
             .into_iter()
             .map(|c| c.body)
@@ -281,18 +340,22 @@ impl JetStreamLog {
                  64 KiB) or lower Turnstile's message size limit"
             ))
         })?;
-        let expected_stream_seq = match self.cached(session) {
-            Some(last) if last.seq == expected_last_seq => last.stream_seq,
-            _ => {
-                let last = self.fetch_last(session).await?;
-                let actual = last.map_or(0, |l| l.seq);
-                if actual != expected_last_seq {
-                    return Err(conflict(session, expected_last_seq, actual));
-                }
-                last.map_or(0, |l| l.stream_seq)
-            }
-        };
+        Ok(Prepared { bodies, runs })
+    }
+
+    /// Publishes a prepared group after the message at `expected_stream_seq` of the session's subject (0:
+    /// none) and remembers where the log ends now.
+    async fn publish(
+        &self,
+        session: &SessionRef,
+        expected_last_seq: u64,
+        expected_stream_seq: u64,
+        events: &[Envelope],
+        prepared: Prepared,
+        traceparent: Option<&str>,
+    ) -> Result<u64, Refusal> {
         let (_, subject) = self.locate(session);
+        let Prepared { bodies, runs } = prepared;
         let n = runs.len();
         // One id per batch; a uuid is 36 chars, within the server's 64.
         let batch_id = (n > 1).then(|| uuid::Uuid::new_v4().to_string());
@@ -314,7 +377,7 @@ impl JetStreamLog {
                 self.client
                     .publish_with_headers(subject.clone(), headers, body.into())
                     .await
-                    .map_err(|e| unavailable(format!("appending to {session}"), e))?;
+                    .map_err(|e| Refusal::Failed(unavailable(format!("appending to {session}"), e)))?;
             } else {
                 if batch_id.is_some() {
                     headers.insert(NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL);
@@ -326,7 +389,12 @@ impl JetStreamLog {
             Some(Ok(ack)) => ack.await,
             Some(Err(e)) => Err(e),
             // check_batch refused empty groups, so there was at least one run and the loop ran its last.
-            None => return Err(JournalError::InvalidBatch { session: session.clone(), detail: "no events".into() }),
+            None => {
+                return Err(Refusal::Failed(JournalError::InvalidBatch {
+                    session: session.clone(),
+                    detail: "no events".into(),
+                }));
+            }
         };
         match ack {
             Ok(ack) => {
@@ -334,14 +402,14 @@ impl JetStreamLog {
                 self.remember(session, LastEvent { seq: last, stream_seq: ack.sequence });
                 Ok(last)
             }
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
-                let actual = self.fetch_last(session).await?.map_or(0, |l| l.seq);
-                Err(conflict(session, expected_last_seq, actual))
-            }
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Err(Refusal::WrongLastSequence),
             Err(e) => {
                 // The outcome may be unknown (a lost ack): the next append must ask the server.
                 self.forget(session);
-                Err(unavailable(format!("appending to {session} (re-read the log: it may have landed)"), e))
+                Err(Refusal::Failed(unavailable(
+                    format!("appending to {session} (re-read the log: it may have landed)"),
+                    e,
+                )))
             }
         }
     }
@@ -403,6 +471,15 @@ impl SessionLog for JetStreamLog {
         traceparent: Option<&str>,
     ) -> Result<u64, JournalError> {
         JetStreamLog::append_traced(self, session, expected_last_seq, events, traceparent).await
+    }
+
+    async fn append_first(
+        &self,
+        session: &SessionRef,
+        events: &[Envelope],
+        traceparent: Option<&str>,
+    ) -> Result<Option<u64>, JournalError> {
+        JetStreamLog::append_first_traced(self, session, events, traceparent).await
     }
 
     async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError> {

@@ -27,6 +27,7 @@ macro_rules! contract_suite {
         $crate::contract_suite!(@cases $factory;
             append_to_new_session_expects_zero,
             racing_writers_exactly_one_wins,
+            append_first_writes_only_an_empty_log,
             stale_expected_seq_conflicts_and_changes_nothing,
             invalid_batches_are_refused,
             ranged_reads,
@@ -111,6 +112,37 @@ pub async fn racing_writers_exactly_one_wins(log: Arc<dyn SessionLog>) {
         // No fork: the stored chain is the winner's, whole.
         assert_eq!(read_all(&*log, &s, 1).await.unwrap(), winners[0]);
     }
+}
+
+/// `append_first` writes the first events of a log and nothing on a log that has some, whatever this
+/// process knows of the session (a writer that never read it, one that read it before another wrote it).
+pub async fn append_first_writes_only_an_empty_log(log: Arc<dyn SessionLog>) {
+    let s = session("acme", "first");
+    let first = batch(&s, 1, 2, "a");
+    assert_eq!(log.append_first(&s, &first, None).await.unwrap(), Some(2));
+    assert_eq!(log.append_first(&s, &batch(&s, 1, 3, "b"), None).await.unwrap(), None);
+    assert_eq!(read_all(&*log, &s, 1).await.unwrap(), first);
+    // This process saw the log empty, then another writer appended: still refused.
+    let other = session("acme", "first-other");
+    assert_eq!(log.last_seq(&other).await.unwrap(), 0);
+    let writer_b = batch(&other, 1, 1, "b");
+    log.append(&other, 0, &writer_b).await.unwrap();
+    assert_eq!(log.append_first(&other, &batch(&other, 1, 1, "c"), None).await.unwrap(), None);
+    assert_eq!(read_all(&*log, &other, 1).await.unwrap(), writer_b);
+    // The log ends where the written group ends: the next append follows it.
+    assert_eq!(log.append(&s, 2, &batch(&s, 3, 1, "a")).await.unwrap(), 3);
+    // Two first writers at once: exactly one wins.
+    let raced = session("acme", "first-race");
+    let (group_a, group_b) = (batch(&raced, 1, 1, "a"), batch(&raced, 1, 1, "b"));
+    let (a, b) = tokio::join!(log.append_first(&raced, &group_a, None), log.append_first(&raced, &group_b, None));
+    let written = [a.unwrap(), b.unwrap()];
+    assert_eq!(written.iter().filter(|w| w.is_some()).count(), 1, "{written:?}");
+    assert_eq!(log.last_seq(&raced).await.unwrap(), 1);
+    // A malformed group is refused as by `append`.
+    assert!(matches!(
+        log.append_first(&session("acme", "first-bad"), &batch(&s, 2, 1, "x"), None).await,
+        Err(JournalError::InvalidBatch { .. })
+    ));
 }
 
 pub async fn stale_expected_seq_conflicts_and_changes_nothing(log: Arc<dyn SessionLog>) {

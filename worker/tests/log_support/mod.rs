@@ -18,6 +18,8 @@ pub struct TestLog {
     permits: Option<Semaphore>,
     /// Appends waiting for a permit.
     waiting: AtomicUsize,
+    /// Each `append_first`, in order: whether it wrote.
+    pub first_appends: Mutex<Vec<bool>>,
 }
 
 impl TestLog {
@@ -28,6 +30,7 @@ impl TestLog {
             appended: Mutex::default(),
             permits: None,
             waiting: AtomicUsize::new(0),
+            first_appends: Mutex::default(),
         }
     }
 
@@ -60,6 +63,20 @@ impl SessionLog for TestLog {
         let last = self.inner.append(session, expected, events).await?;
         self.appended.lock().unwrap().extend_from_slice(events);
         Ok(last)
+    }
+    async fn append_first(
+        &self,
+        session: &SessionRef,
+        events: &[Envelope],
+        _traceparent: Option<&str>,
+    ) -> Result<Option<u64>, JournalError> {
+        let written = match self.append(session, 0, events).await {
+            Ok(last) => Some(last),
+            Err(JournalError::Conflict { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        self.first_appends.lock().unwrap().push(written.is_some());
+        Ok(written)
     }
     async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError> {
         self.inner.read(session, from_seq, limit).await

@@ -31,7 +31,7 @@ pub async fn project_with_tail(
 fn load_status(e: LoadError) -> Status {
     match e {
         LoadError::Journal(e) => status::from_journal(e),
-        LoadError::Projection { session, source } => status::from_projection(&session, source),
+        LoadError::Projection { session, source } => status::from_projection(&session, *source),
     }
 }
 

@@ -201,14 +201,15 @@ pub enum LoadError {
     #[error(transparent)]
     Journal(#[from] JournalError),
     #[error("the log of session {session} cannot be folded: {source}")]
-    Projection { session: SessionRef, source: ProjectionError },
+    /// Boxed: a projection error is large, and loads return this on every path.
+    Projection { session: SessionRef, source: Box<ProjectionError> },
 }
 
 /// The fold of a session whose log has no events (whatever snapshot is stored: one ahead of the log is
 /// ignored).
 pub fn empty_state(session: &SessionRef, dedup_horizon: usize) -> Result<SessionState, LoadError> {
     SessionState::fold(session.clone(), dedup_horizon, &[])
-        .map_err(|source| LoadError::Projection { session: session.clone(), source })
+        .map_err(|source| LoadError::Projection { session: session.clone(), source: Box::new(source) })
 }
 
 /// Loads `session`'s full fold (an owner's load): the latest usable snapshot plus the events after it, or
@@ -302,6 +303,6 @@ async fn fold_log(
 ) -> Result<(SessionState, Vec<Envelope>), LoadError> {
     let events = log.read_after(session, 0, None).await?.unwrap_or_default();
     let state = SessionState::fold(session.clone(), dedup_horizon, &events)
-        .map_err(|source| LoadError::Projection { session: session.clone(), source })?;
+        .map_err(|source| LoadError::Projection { session: session.clone(), source: Box::new(source) })?;
     Ok((state, events))
 }

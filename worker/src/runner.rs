@@ -230,8 +230,8 @@ pub(crate) trait Home: Send + Sync + 'static {
 enum First {
     /// Its group was written as the session's first events: the empty driver is the session's.
     Written,
-    /// The session loaded (`None`: it cannot be served); the command runs on it.
-    Loaded(Option<Driver>),
+    /// The session loaded (`None`: it cannot be served); the command runs on it. Boxed: a driver is large.
+    Loaded(Option<Box<Driver>>),
     /// The write's outcome is unknown: the session must be loaded after it.
     LoadAgain,
     /// Another writer owns the session.
@@ -505,10 +505,13 @@ impl Runner {
                     match written {
                         Ok(Some(_)) => First::Written,
                         // The log has events: the load, running since before the refused write, holds them.
-                        Ok(None) => First::Loaded(match loaded {
-                            Some(driver) => driver,
-                            None => load.await,
-                        }),
+                        Ok(None) => First::Loaded(
+                            match loaded {
+                                Some(driver) => driver,
+                                None => load.await,
+                            }
+                            .map(Box::new),
+                        ),
                         // Only the lease check refuses that way here: another worker serves the session now.
                         Err(e @ JournalError::Conflict { .. }) => First::Lost(e),
                         // The write may have landed after the load read the log's end.
@@ -518,7 +521,7 @@ impl Runner {
                         }
                     }
                 }
-                _ => First::Loaded(load.await),
+                _ => First::Loaded(load.await.map(Box::new)),
             }
         };
         let driver = match first {
@@ -530,7 +533,7 @@ impl Runner {
                 let _ = reply.send(Err(journal_to_command(e)));
                 return false;
             }
-            First::Loaded(driver) => driver,
+            First::Loaded(driver) => driver.map(|d| *d),
             First::LoadAgain => load_until_available(&deps, &session, epoch, commands).await,
         };
         let Some(driver) = driver else {

@@ -1,7 +1,8 @@
 //! Followup latency through the gateway against one raw JetStream append, interleaved on one server, with
 //! two more measurements per round that split the followup by hop: the same followup on a session that is
-//! already loaded (no session load), and a `WhenIdle` of an idle loaded session (the gRPC call, the gateway
-//! and the session's driver, with no journal IO at all).
+//! already loaded (no session load), a `WhenIdle` of an idle loaded session (the gRPC call, the gateway
+//! and the session's driver, with no journal IO at all), and a gRPC health check on the same server and
+//! connection (the gRPC call alone: the floor under every call).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -11,6 +12,8 @@ use async_nats::jetstream::{self, stream::StorageType};
 use prost::Message as _;
 use serde::Serialize;
 use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::session_event::Payload;
@@ -41,6 +44,9 @@ pub struct LatencyReport {
     /// `WhenIdle` of that idle session: client → gateway → the session's driver and back, no journal IO;
     /// warm − this is the driver's append group and the work around it.
     pub driver_roundtrip: Percentiles,
+    /// `grpc.health.v1.Health/Check` on the same channel: the gRPC hop alone (HTTP/2 on loopback, the
+    /// server's tower stack, no Turnstile work); `driver_roundtrip` − this is the gateway and the driver.
+    pub grpc_floor: Percentiles,
     /// followup / raw per percentile.
     pub ratio_p50: f64,
     pub ratio_p90: f64,
@@ -146,12 +152,13 @@ pub async fn run(
     run_id: &str,
     opts: &LatencyOpts,
 ) -> Result<LatencyReport> {
-    let mut client = AgentClient::new(channel);
+    let mut client = AgentClient::new(channel.clone());
+    let mut health = HealthClient::new(channel);
     let raw = RawStream::create(nats, run_id).await?;
-    let result = interleave(&mut client, &raw, run_id, opts).await;
+    let result = interleave(&mut client, &mut health, &raw, run_id, opts).await;
     let name = raw.name.clone();
     raw.delete().await;
-    let Rounds { followups, raws, warm, roundtrips, body_len: raw_body_bytes } = result?;
+    let Rounds { followups, raws, warm, roundtrips, floors, body_len: raw_body_bytes } = result?;
     let followup = Percentiles::of(&followups);
     let rawp = Percentiles::of(&raws);
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
@@ -167,6 +174,7 @@ pub async fn run(
         raw: rawp,
         followup_warm: Percentiles::of(&warm),
         driver_roundtrip: Percentiles::of(&roundtrips),
+        grpc_floor: Percentiles::of(&floors),
     })
 }
 
@@ -176,6 +184,7 @@ struct Rounds {
     raws: Vec<Duration>,
     warm: Vec<Duration>,
     roundtrips: Vec<Duration>,
+    floors: Vec<Duration>,
     body_len: usize,
 }
 
@@ -188,10 +197,11 @@ async fn when_idle(client: &mut AgentClient<Channel>, session: &pb::SessionRef) 
 }
 
 /// a, then (untimed) wait until that session is idle again so its turn does not run under the next
-/// measurement, then c (`WhenIdle` of the idle session), d (a second followup on it) and its wait, then b;
-/// warm-up rounds are measured the same way and dropped.
+/// measurement, then c (`WhenIdle` of the idle session), d (a second followup on it) and its wait, then e
+/// (a health check), then b; warm-up rounds are measured the same way and dropped.
 async fn interleave(
     client: &mut AgentClient<Channel>,
+    health: &mut HealthClient<Channel>,
     raw: &RawStream,
     run_id: &str,
     opts: &LatencyOpts,
@@ -202,6 +212,7 @@ async fn interleave(
     let mut raws = Vec::with_capacity(opts.iterations);
     let mut warm = Vec::with_capacity(opts.iterations);
     let mut roundtrips = Vec::with_capacity(opts.iterations);
+    let mut floors = Vec::with_capacity(opts.iterations);
     let mut body_len = 0;
     for i in 0..total {
         if Instant::now() >= deadline {
@@ -237,6 +248,11 @@ async fn interleave(
         }
         when_idle(client, &session).await?;
 
+        // (e) the gRPC hop alone.
+        let started = Instant::now();
+        health.check(HealthCheckRequest { service: String::new() }).await.context("health check")?;
+        let e = started.elapsed();
+
         // (b) the same splice's bytes as one raw conditional append.
         let body = splice_event(&session, message).encode_to_vec();
         body_len = body.len();
@@ -247,7 +263,8 @@ async fn interleave(
             raws.push(b);
             roundtrips.push(c);
             warm.push(d);
+            floors.push(e);
         }
     }
-    Ok(Rounds { followups, raws, warm, roundtrips, body_len })
+    Ok(Rounds { followups, raws, warm, roundtrips, floors, body_len })
 }

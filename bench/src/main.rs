@@ -175,6 +175,8 @@ struct Summary {
     followup_warm_p50_ms: Option<f64>,
     followup_warm_to_raw_p50: Option<f64>,
     driver_roundtrip_p50_ms: Option<f64>,
+    /// A gRPC health check on the same server and channel: the gRPC hop alone.
+    grpc_floor_p50_ms: Option<f64>,
     followups_per_s: Option<f64>,
     raw_async_publish_per_s: Option<f64>,
     events_per_s: Option<f64>,
@@ -235,6 +237,7 @@ impl Summary {
             followup_warm_p50_ms,
             followup_warm_to_raw_p50: ratio(followup_warm_p50_ms, raw_publish_ack_p50_ms),
             driver_roundtrip_p50_ms: phases.latency.as_ref().map(|l| l.driver_roundtrip.p50_ms),
+            grpc_floor_p50_ms: phases.latency.as_ref().map(|l| l.grpc_floor.p50_ms),
             followups_per_s: phases.throughput.as_ref().map(|t| t.followups_per_s),
             raw_async_publish_per_s,
             events_per_s,
@@ -555,6 +558,11 @@ fn markdown(report: &Report, args: &Args) -> String {
         out,
         "| WhenIdle of an idle loaded session p50 ms (gateway + driver, no journal IO) | {} | | |",
         f(sum.driver_roundtrip_p50_ms)
+    );
+    let _ = writeln!(
+        out,
+        "| gRPC health check p50 ms (the gRPC hop alone, same server and channel) | {} | | |",
+        f(sum.grpc_floor_p50_ms)
     );
     let _ = writeln!(
         out,

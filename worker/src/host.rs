@@ -16,6 +16,7 @@ use crate::config::WorkerConfig;
 use crate::hooks::{AgentHooks, PreStepHook};
 use crate::model::{Model, ScriptedModel};
 use crate::runner::{CommandMsg, Control, Home, Parked, Parking, Runner, RunnerDeps, Start, journal_to_command};
+use crate::seen::SeenSessions;
 use crate::tools::ToolRegistry;
 
 /// Errors of the host itself (not of one command).
@@ -101,6 +102,8 @@ pub struct SessionHost {
     next_runner: std::sync::atomic::AtomicU64,
     /// Set once the passivation sweep of parked drivers runs.
     sweeping: std::sync::atomic::AtomicBool,
+    /// Sessions this host started a runner for, approximately: their first command loads them first.
+    seen: SeenSessions,
     /// Sessions a `DeleteSession` is removing: no runner starts for them and their commands are refused
     /// until it answers. Locked only while `runners` is held, so the two never disagree.
     deleting: Mutex<HashSet<SessionRef>>,
@@ -197,6 +200,7 @@ impl SessionHost {
             runners: Arc::default(),
             next_runner: std::sync::atomic::AtomicU64::new(1),
             sweeping: std::sync::atomic::AtomicBool::new(false),
+            seen: SeenSessions::default(),
             deleting: Mutex::default(),
         })
     }
@@ -297,9 +301,9 @@ impl SessionHost {
     }
 
     /// The runner of `session` under `epoch`, started (and loading) if there is none. A runner of an older
-    /// epoch (the shard was lost and won back) is replaced. A runner started for a session the host holds
-    /// nothing of takes the command in `first` as its start when that command may create the session
-    /// (decision 0039), leaving `None` there. UNAVAILABLE while the session is being deleted.
+    /// epoch (the shard was lost and won back) is replaced. A runner started for a session this host never
+    /// served takes the command in `first` as its start when that command may create the session (decision
+    /// 0040), leaving `None` there. UNAVAILABLE while the session is being deleted.
     fn runner(
         &self,
         session: &SessionRef,
@@ -323,11 +327,13 @@ impl SessionHost {
                 Start::Load
             }
             Some(Slot::Parked(_)) => Start::Load,
-            None => match first.take_if(|msg| may_create(&msg.command)) {
+            // A session this host never served is most likely new (decision 0040).
+            None => match first.take_if(|msg| may_create(&msg.command) && !self.seen.may_contain(session)) {
                 Some(msg) => Start::Fresh(msg),
                 None => Start::Load,
             },
         };
+        self.seen.insert(session);
         self.start_sweep();
         let (tx, rx) = mpsc::channel(self.deps.config.command_queue.max(1));
         let (control_tx, control_rx) = mpsc::unbounded_channel();
@@ -548,7 +554,7 @@ impl CommandRouter for SessionHost {
 }
 
 /// Whether `command` writes on a session without events, so a runner started for it may write it as the
-/// session's first group before the load says whether the session has any (decision 0039). Only a speed
+/// session's first group before the load says whether the session has any (decision 0040). Only a speed
 /// choice: the runner checks that the driver's first effect is an append group, and a session with events
 /// refuses the write.
 fn may_create(command: &Command) -> bool {

@@ -16,6 +16,7 @@ pub mod host;
 mod metrics;
 pub mod model;
 pub mod runner;
+mod seen;
 mod spans;
 pub mod tools;
 

@@ -206,8 +206,8 @@ pub(crate) enum Start {
     Load,
     /// Take up a parked driver where it stopped.
     Resume(Box<Parked>),
-    /// Serve this command of a session the host holds nothing of: written as a new session's first
-    /// events while the session loads (decision 0039), else on the loaded driver.
+    /// Serve this command of a session the host has not seen: written as a new session's first events
+    /// before any read (decision 0040), else on the driver loaded after that.
     Fresh(CommandMsg),
 }
 
@@ -224,18 +224,6 @@ pub(crate) trait Home: Send + Sync + 'static {
         commands: &mut mpsc::Receiver<CommandMsg>,
         control: &mpsc::UnboundedReceiver<Control>,
     ) -> Result<(), Box<Parked>>;
-}
-
-/// What the first command of a session the host held nothing of came to ([`Runner::serve_first`]).
-enum First {
-    /// Its group was written as the session's first events: the empty driver is the session's.
-    Written,
-    /// The session loaded (`None`: it cannot be served); the command runs on it. Boxed: a driver is large.
-    Loaded(Option<Box<Driver>>),
-    /// The write's outcome is unknown: the session must be loaded after it.
-    LoadAgain,
-    /// Another writer owns the session.
-    Lost(JournalError),
 }
 
 /// How [`Runner::serve`] ended.
@@ -473,72 +461,42 @@ impl Runner {
         }
     }
 
-    /// Serves the first command of a session the host held nothing of (decision 0039). The driver starts
-    /// from the empty fold; when the command's first effect is an append group, that group is written with
-    /// [`SessionLog::append_first`] while the session loads. Written: the session was new, and the command
+    /// Serves the first command of a session the host has not seen (decision 0040). The driver starts from
+    /// the empty fold; when the command's first effect is an append group, that group is written with
+    /// [`SessionLog::append_first`] before anything is read. Written: the session was new, and the command
     /// is answered after that one round trip instead of a load and an append. Refused (the log has events)
-    /// or not a write: the empty driver and its effects are dropped, nothing of them having happened, and
-    /// the command runs on the loaded driver. False when the session can no longer be served.
+    /// or not a write: the empty driver and its effects are dropped, none of them having happened, and the
+    /// command runs on the session loaded from its log. False when the session can no longer be served.
     async fn serve_first(&mut self, first: CommandMsg, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
         let CommandMsg { command, reply, traceparent } = first;
         let span = command_span(&self.session, command.name(), traceparent.as_deref());
-        let deps = self.deps.clone();
-        let (session, epoch) = (self.session.clone(), self.epoch);
         let id = self.next_command;
         self.next_command += 1;
         self.driver.on_command(id, command.clone(), now_ms());
         let mut effects = self.driver.ready().into_iter();
-        let first = {
-            let load = load_until_available(&deps, &session, epoch, commands);
-            tokio::pin!(load);
-            match effects.next() {
-                Some(Effect::Append(group)) => {
-                    let append = self.write(group.events(), true).instrument(span.clone());
-                    tokio::pin!(append);
-                    let mut loaded = None;
-                    let written = loop {
-                        tokio::select! {
-                            r = &mut append => break r,
-                            d = &mut load, if loaded.is_none() => loaded = Some(d),
-                        }
-                    };
-                    match written {
-                        Ok(Some(_)) => First::Written,
-                        // The log has events: the load, running since before the refused write, holds them.
-                        Ok(None) => First::Loaded(
-                            match loaded {
-                                Some(driver) => driver,
-                                None => load.await,
-                            }
-                            .map(Box::new),
-                        ),
-                        // Only the lease check refuses that way here: another worker serves the session now.
-                        Err(e @ JournalError::Conflict { .. }) => First::Lost(e),
-                        // The write may have landed after the load read the log's end.
-                        Err(e) => {
-                            tracing::warn!(%session, error = %e, "first append failed; loading the session again");
-                            First::LoadAgain
-                        }
-                    }
-                }
-                _ => First::Loaded(load.await.map(Box::new)),
-            }
+        let written = match effects.next() {
+            Some(Effect::Append(group)) => self.write(group.events(), true).instrument(span.clone()).await,
+            _ => Ok(None),
         };
-        let driver = match first {
-            First::Written => {
+        match written {
+            Ok(Some(_)) => {
                 self.waiting.insert(id, reply);
                 return self.settle_after(effects.collect(), commands).instrument(span).await;
             }
-            First::Lost(e) => {
+            Ok(None) => {}
+            // Only the lease check refuses that way here: another worker serves the session now.
+            Err(e @ JournalError::Conflict { .. }) => {
                 let _ = reply.send(Err(journal_to_command(e)));
                 return false;
             }
-            First::Loaded(driver) => driver.map(|d| *d),
-            First::LoadAgain => load_until_available(&deps, &session, epoch, commands).await,
-        };
-        let Some(driver) = driver else {
+            // The outcome is unknown; the load below sees the group if it landed, and the command's retry
+            // on the loaded session is then answered as one (SPEC §1).
+            Err(e) => tracing::warn!(session = %self.session, error = %e, "first append failed; loading the session"),
+        }
+        let Some(driver) = load_until_available(&self.deps, &self.session, self.epoch, commands).await else {
             let _ = reply.send(Err(CommandError::Unavailable(format!(
-                "session {session} could not be loaded; retry with the same message id"
+                "session {} could not be loaded; retry with the same message id",
+                self.session
             ))));
             return false;
         };

@@ -1,4 +1,4 @@
-//! The first command of a session the host holds nothing of (decision 0039): a command that writes is
+//! The first command of a session the host holds nothing of (decision 0040): a command that writes is
 //! written as the session's first group while the session loads. On a new session that one write is the
 //! whole cost; on a session with events the write is refused and the command runs on the loaded session,
 //! exactly as if the host had loaded it first.
@@ -133,4 +133,29 @@ async fn commands_queued_behind_the_first_run_after_it_in_order() {
     assert_eq!(seqs.len(), 8, "each queued message has its own splice");
     assert_eq!(log.last_seq(&s).await.unwrap(), *seqs.last().unwrap());
     assert_eq!(*log.first_appends.lock().unwrap(), vec![true], "one first group, the rest appended after it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_this_host_served_before_is_loaded_first_after_passivation() {
+    let (log, snapshots) = (Arc::new(TestLog::recording()), Arc::new(MemorySnapshots::default()));
+    let config = WorkerConfig {
+        park_after: Duration::from_millis(20),
+        passivate_after: Duration::from_millis(100),
+        ..WorkerConfig::default()
+    };
+    let host = SessionHost::with_snapshots(log.clone(), Arc::new(LocalBus::new()), snapshots.clone(), config);
+    let s = session("known");
+    host.execute(&s, followup("m1", "hello"), None).await.unwrap();
+    idle(&host, &s).await;
+    let passivated = async {
+        while host.held_sessions() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), passivated).await.expect("the session was never passivated");
+    let last = log.last_seq(&s).await.unwrap();
+    let reply = host.execute(&s, followup("m2", "again"), None).await.unwrap();
+    assert_eq!(reply, CommandReply::Sent { seq: last + 1, turn: Some(2) });
+    // Only the very first command tried a first group.
+    assert_eq!(*log.first_appends.lock().unwrap(), vec![true]);
 }

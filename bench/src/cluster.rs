@@ -256,7 +256,7 @@ async fn raw_acks(nats: async_nats::Client, run_id: &str, replicas: usize, round
 }
 
 /// utime + stime of `/proc/<pid>/stat` (`pid` may be `self`), in clock ticks; `None` once it is gone.
-fn cpu_ticks(pid: &str) -> Option<u64> {
+pub(crate) fn cpu_ticks(pid: &str) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_cpu_ticks(&stat)
 }
@@ -274,7 +274,7 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
 
 /// Clock ticks per second (`getconf CLK_TCK`; the crate has no libc binding): 100 on Linux when getconf
 /// cannot answer.
-fn clk_tck() -> u64 {
+pub(crate) fn clk_tck() -> u64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()

@@ -6,8 +6,8 @@
 //! `events_per_s`, `idle_session_bytes`, `idle_passivated_session_bytes`, `idle_second_batch_session_bytes`,
 //! `watch_fanout_delta_p50_ms`, `watch_caught_up_100k_ms`, `get_inbox_ms`, `failover_kill9_p50_ms`,
 //! `steer_to_message_p50_ms` / `_p99_ms`, `cluster_followups_per_s`, `cluster_followup_p50_ms`,
-//! `cluster_cpu_s_per_1k_followups` (per process, per role, total), `cluster_raw_publish_ack_p50_ms`, and
-//! their ratios). The reads, failover and cluster phases run as child processes of this binary (`reads`,
+//! `cluster_cpu_s_per_1k_followups` (per process, per role, total) beside `cpu_s_per_1k_followups` (the
+//! throughput phase's dev + nats-server), `cluster_raw_publish_ack_p50_ms`, and their ratios). The reads, failover and cluster phases run as child processes of this binary (`reads`,
 //! `failover`, `cluster` modes) with `TURNSTILE_BIN` set to the binary under test; each phase has a flag to
 //! size or skip it.
 //!
@@ -233,6 +233,9 @@ struct Summary {
     cluster_cpu_s_per_1k_followups: Option<serde_json::Value>,
     /// Sequential raw publish-ack on an R3 stream of the same nats cluster (its own ceiling per append).
     cluster_raw_publish_ack_p50_ms: Option<f64>,
+    /// The anchor of `cluster_cpu_s_per_1k_followups`: the throughput phase's `turnstile dev` and
+    /// nats-server, and their total.
+    cpu_s_per_1k_followups: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -300,6 +303,7 @@ impl Summary {
                 .as_ref()
                 .map(|c| c["cluster_cpu_s_per_1k_followups"].clone()),
             cluster_raw_publish_ack_p50_ms: cluster_f64("cluster_raw_publish_ack_p50_ms"),
+            cpu_s_per_1k_followups: phases.throughput.as_ref().and_then(|t| t.cpu_s_per_1k_followups.clone()),
         }
     }
 }
@@ -372,7 +376,8 @@ async fn main() -> Result<()> {
         nats_started_by_bench: matches!(nats, servers::Nats::Started(_)),
     };
 
-    let outcome = measure(&args, &dev, nats_client, &run_id).await;
+    let pids = [("turnstile dev", dev.pid()), ("nats-server", nats.pid())];
+    let outcome = measure(&args, &dev, nats_client, &run_id, &pids).await;
     if outcome.is_err() {
         eprintln!("turnstile dev log tail:\n{}", dev.log_tail());
     }
@@ -428,7 +433,13 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-async fn measure(args: &Args, dev: &servers::Dev, nats: async_nats::Client, run_id: &str) -> Result<Phases> {
+async fn measure(
+    args: &Args,
+    dev: &servers::Dev,
+    nats: async_nats::Client,
+    run_id: &str,
+    pids: &[(&str, Option<u32>)],
+) -> Result<Phases> {
     let latency = if args.skip_latency {
         None
     } else {
@@ -468,7 +479,21 @@ async fn measure(args: &Args, dev: &servers::Dev, nats: async_nats::Client, run_
             drain_timeout: Duration::from_secs(60),
         };
         eprintln!("throughput: {} clients over {} sessions for {:?} ...", opts.clients, opts.sessions, opts.duration);
-        Some(throughput::run(&[dev.url()], run_id, &opts).await?)
+        // The same CPU reading as the cluster phase's, for its single-node anchor.
+        let ticks = |pid: Option<u32>| cluster::cpu_ticks(&pid?.to_string());
+        let before: Vec<Option<u64>> = pids.iter().map(|(_, pid)| ticks(*pid)).collect();
+        let mut report = throughput::run(&[dev.url()], run_id, &opts).await?;
+        let per_second = cluster::clk_tck() as f64;
+        let mut cpu = std::collections::BTreeMap::new();
+        for ((name, pid), before) in pids.iter().zip(before) {
+            if let (Some(b), Some(a), true) = (before, ticks(*pid), report.accepted > 0) {
+                let cpu_s = a.saturating_sub(b) as f64 / per_second;
+                cpu.insert((*name).to_owned(), cpu_s * 1000.0 / report.accepted as f64);
+            }
+        }
+        cpu.insert("total".to_owned(), cpu.values().sum());
+        report.cpu_s_per_1k_followups = Some(cpu);
+        Some(report)
     };
     let idle = match (args.skip_idle, dev.pid()) {
         (false, Some(pid)) => {
@@ -730,7 +755,15 @@ fn markdown(report: &Report, args: &Args) -> String {
         f(ratio_of(sum.cluster_followup_p50_ms, sum.cluster_raw_publish_ack_p50_ms))
     );
     if let Some(cpu) = &sum.cluster_cpu_s_per_1k_followups {
-        let _ = writeln!(out, "| cluster CPU s per 1,000 followups by role | {} | | |", cpu["per_role"]);
+        let single = sum.cpu_s_per_1k_followups.as_ref().and_then(|c| c.get("total").copied());
+        let _ = writeln!(
+            out,
+            "| cluster CPU s per 1,000 followups, all processes vs single node (dev + nats-server) | {} {} | {} | {} |",
+            f(cpu["total"].as_f64()),
+            cpu["per_role"],
+            f(single),
+            f(ratio_of(cpu["total"].as_f64(), single))
+        );
     }
     out
 }

@@ -46,6 +46,10 @@ pub struct ThroughputReport {
     pub events: u64,
     /// `events` over the load and its drain.
     pub events_per_s: f64,
+    /// CPU-seconds per 1,000 accepted followups of each server process over the load and its drain (the
+    /// single-node anchor of the cluster phase's figure; filled in by the caller, which knows the pids).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_s_per_1k_followups: Option<BTreeMap<String, f64>>,
 }
 
 #[derive(Default)]
@@ -127,6 +131,7 @@ pub async fn run(gateway_urls: &[String], run_id: &str, opts: &ThroughputOpts) -
         drain_errors,
         events,
         events_per_s: events as f64 / (elapsed + drain).as_secs_f64(),
+        cpu_s_per_1k_followups: None,
     })
 }
 

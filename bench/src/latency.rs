@@ -68,7 +68,7 @@ pub fn text_message(id: String, text: &str) -> pb::UserMessage {
 }
 
 /// What the idle followup's first append stores: `agent/inbox/spliced {next-turn, 0, 0, [message], wake}`.
-fn splice_event(session: &pb::SessionRef, message: pb::UserMessage) -> pb::SessionEvent {
+pub fn splice_event(session: &pb::SessionRef, message: pb::UserMessage) -> pb::SessionEvent {
     pb::SessionEvent {
         session: Some(session.clone()),
         seq: 1,
@@ -90,11 +90,13 @@ fn splice_event(session: &pb::SessionRef, message: pb::UserMessage) -> pb::Sessi
 }
 
 /// Creates a scratch stream `TURNSTILE_BENCH_<kind>_<run>` beside the event streams, with the same storage
-/// (file, R1), on subjects `bench.<kind>.<run>.>`: its context, name and subject prefix.
+/// (file, `replicas`: 1 on one server, 3 on a cluster's R3 streams), on subjects `bench.<kind>.<run>.>`:
+/// its context, name and subject prefix.
 pub async fn scratch_stream(
     client: async_nats::Client,
     kind: &str,
     run: &str,
+    replicas: usize,
 ) -> Result<(jetstream::Context, String, String)> {
     let mut js = jetstream::new(client);
     js.set_timeout(Duration::from_secs(30));
@@ -104,7 +106,7 @@ pub async fn scratch_stream(
         name: name.clone(),
         subjects: vec![format!("{prefix}.>")],
         storage: StorageType::File,
-        num_replicas: 1,
+        num_replicas: replicas,
         ..Default::default()
     })
     .await
@@ -112,22 +114,22 @@ pub async fn scratch_stream(
     Ok((js, name, prefix))
 }
 
-/// A scratch stream beside the event streams, with the same storage (file, R1), removed at the end.
-struct RawStream {
+/// A scratch stream beside the event streams, with the same storage (file, R1 or R3), removed at the end.
+pub struct RawStream {
     js: jetstream::Context,
     name: String,
     prefix: String,
 }
 
 impl RawStream {
-    async fn create(client: async_nats::Client, run: &str) -> Result<Self> {
-        let (js, name, prefix) = scratch_stream(client, "RAW", run).await?;
+    pub async fn create(client: async_nats::Client, kind: &str, run: &str, replicas: usize) -> Result<Self> {
+        let (js, name, prefix) = scratch_stream(client, kind, run, replicas).await?;
         Ok(Self { js, name, prefix })
     }
 
     /// One conditional append as the journal makes it for a single event: a fresh subject, expected last
     /// subject sequence 0, the Turnstile headers; timed until the ack.
-    async fn append(&self, i: usize, body: Vec<u8>) -> Result<Duration> {
+    pub async fn append(&self, i: usize, body: Vec<u8>) -> Result<Duration> {
         let mut headers = HeaderMap::new();
         headers.insert("Turnstile-Type", "agent/inbox/spliced");
         headers.insert("Turnstile-Seq", "1");
@@ -139,7 +141,7 @@ impl RawStream {
         Ok(started.elapsed())
     }
 
-    async fn delete(self) {
+    pub async fn delete(self) {
         if let Err(e) = self.js.delete_stream(&self.name).await {
             eprintln!("warning: could not delete the scratch stream {}: {e}", self.name);
         }
@@ -154,7 +156,7 @@ pub async fn run(
 ) -> Result<LatencyReport> {
     let mut client = AgentClient::new(channel.clone());
     let mut health = HealthClient::new(channel);
-    let raw = RawStream::create(nats, run_id).await?;
+    let raw = RawStream::create(nats, "RAW", run_id, 1).await?;
     let result = interleave(&mut client, &mut health, &raw, run_id, opts).await;
     let name = raw.name.clone();
     raw.delete().await;

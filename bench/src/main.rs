@@ -4,9 +4,12 @@
 //! prints one object whose top-level keys are the headline figures beside their anchors
 //! (`followup_p50_ms`, `raw_publish_ack_p50_ms`, `followups_per_s`, `raw_async_publish_per_s`,
 //! `events_per_s`, `idle_session_bytes`, `idle_passivated_session_bytes`, `idle_second_batch_session_bytes`,
-//! `watch_fanout_delta_p50_ms`, `watch_caught_up_100k_ms`, `get_inbox_ms`, `failover_kill9_p50_ms`, and their
-//! ratios). The reads and failover phases run as child processes of this binary (`reads`, `failover` modes)
-//! with `TURNSTILE_BIN` set to the binary under test; each phase has a flag to size or skip it.
+//! `watch_fanout_delta_p50_ms`, `watch_caught_up_100k_ms`, `get_inbox_ms`, `failover_kill9_p50_ms`,
+//! `steer_to_message_p50_ms` / `_p99_ms`, `cluster_followups_per_s`, `cluster_followup_p50_ms`,
+//! `cluster_cpu_s_per_1k_followups` (per process, per role, total) beside `cpu_s_per_1k_followups` (the
+//! throughput phase's dev + nats-server), `cluster_raw_publish_ack_p50_ms`, and their ratios). The reads, failover and cluster phases run as child processes of this binary (`reads`,
+//! `failover`, `cluster` modes) with `TURNSTILE_BIN` set to the binary under test; each phase has a flag to
+//! size or skip it.
 //!
 //! The run starts a nats-server with the harness (`turnstile_tests::nats::NatsServer`) unless `--nats URL`
 //! names one on loopback, starts the release `turnstile dev --nats URL --listen 127.0.0.1:<free port>`,
@@ -18,8 +21,11 @@
 //! from llama-server and through `turnstile dev --config` (see [`model`]); `turnstile-bench hooks` what one
 //! remote pre-step hook adds to a turn (see [`hooks`]); `turnstile-bench reads` the reads of a long
 //! session (see [`reads`]); `turnstile-bench failover` how long a session is without an owner after a
-//! kill -9 or SIGSTOP of it (see [`failover`]).
+//! kill -9 or SIGSTOP of it (see [`failover`]); `turnstile-bench cluster` the throughput phase on a real
+//! cluster (3 nats-servers with R3 streams, 3 workers, 2 gateways) and the CPU each process spends per
+//! 1,000 followups (see [`cluster`]).
 
+mod cluster;
 mod failover;
 mod fanout;
 mod hooks;
@@ -30,6 +36,7 @@ mod raw;
 mod reads;
 mod servers;
 mod stats;
+mod steer;
 mod throughput;
 mod tools;
 
@@ -128,6 +135,14 @@ struct Args {
     /// Skip the idle-sessions phase.
     #[arg(long)]
     skip_idle: bool,
+    /// Rounds of the steer phase (a steer into a running turn → its user/message at the next step); 0
+    /// skips it.
+    #[arg(long, default_value_t = 200)]
+    steer_rounds: usize,
+    /// Seconds of load of the cluster phase (`turnstile-bench cluster`: 3 nats-servers with R3 streams,
+    /// 3 workers and 2 gateways of `TURNSTILE_BIN`, `--clients` over `--sessions`); 0 skips the phase.
+    #[arg(long, default_value_t = 15.0)]
+    cluster_duration: f64,
     /// One JSON object on stdout instead of Markdown.
     #[arg(long)]
     json: bool,
@@ -150,6 +165,9 @@ enum Mode {
     /// Failover: kill -9 (and SIGSTOP) the owner of a session in a real cluster of worker processes and
     /// time the signal → the next accepted followup.
     Failover(failover::FailoverArgs),
+    /// The throughput phase on a real cluster (nats-servers with R3 streams, worker and gateway processes)
+    /// and the CPU each process spends per 1,000 followups, beside a raw R3 publish-ack.
+    Cluster(cluster::ClusterArgs),
 }
 
 #[derive(Debug, Serialize)]
@@ -202,6 +220,24 @@ struct Summary {
     watch_fanout_delta_p99_ms: Option<f64>,
     /// The same with one watcher, same run (the anchor).
     watch_fanout_one_watcher_p50_ms: Option<f64>,
+    /// max(Steer ack, the running step's end) → the steer's `user/message` at a watcher, p50 / p99
+    /// (`steer` phase; see its module for exactly what is timed).
+    steer_to_message_p50_ms: Option<f64>,
+    steer_to_message_p99_ms: Option<f64>,
+    /// Sustained followups/s through both gateways of the cluster (`cluster` phase); its anchor is
+    /// `followups_per_s` (one `dev` process on one nats-server).
+    cluster_followups_per_s: Option<f64>,
+    /// cluster_followups_per_s / followups_per_s.
+    cluster_to_single_node_followups: Option<f64>,
+    cluster_followup_p50_ms: Option<f64>,
+    cluster_followup_p99_ms: Option<f64>,
+    /// CPU-seconds per 1,000 accepted followups: `per_process`, `per_role`, `total`, `bench_clients`.
+    cluster_cpu_s_per_1k_followups: Option<serde_json::Value>,
+    /// Sequential raw publish-ack on an R3 stream of the same nats cluster (its own ceiling per append).
+    cluster_raw_publish_ack_p50_ms: Option<f64>,
+    /// The anchor of `cluster_cpu_s_per_1k_followups`: the throughput phase's `turnstile dev` and
+    /// nats-server, and their total.
+    cpu_s_per_1k_followups: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -220,6 +256,9 @@ struct Report {
     reads: Option<serde_json::Value>,
     /// `turnstile-bench failover --json`, run as a child process.
     failover: Option<serde_json::Value>,
+    steer: Option<steer::SteerReport>,
+    /// `turnstile-bench cluster --json`, run as a child process.
+    cluster: Option<serde_json::Value>,
 }
 
 impl Summary {
@@ -230,6 +269,9 @@ impl Summary {
         let followup_warm_p50_ms = phases.latency.as_ref().map(|l| l.followup_warm.p50_ms);
         let events_per_s = phases.throughput.as_ref().map(|t| t.events_per_s);
         let raw_async_publish_per_s = phases.raw_async.as_ref().map(|r| r.publishes_per_s);
+        let followups_per_s = phases.throughput.as_ref().map(|t| t.followups_per_s);
+        let cluster_f64 = |key: &str| phases.cluster.as_ref().and_then(|c| c[key].as_f64());
+        let cluster_followups_per_s = cluster_f64("cluster_followups_per_s");
         Self {
             followup_p50_ms,
             raw_publish_ack_p50_ms,
@@ -238,7 +280,7 @@ impl Summary {
             followup_warm_to_raw_p50: ratio(followup_warm_p50_ms, raw_publish_ack_p50_ms),
             driver_roundtrip_p50_ms: phases.latency.as_ref().map(|l| l.driver_roundtrip.p50_ms),
             grpc_floor_p50_ms: phases.latency.as_ref().map(|l| l.grpc_floor.p50_ms),
-            followups_per_s: phases.throughput.as_ref().map(|t| t.followups_per_s),
+            followups_per_s,
             raw_async_publish_per_s,
             events_per_s,
             events_to_raw_async: ratio(events_per_s, raw_async_publish_per_s),
@@ -253,6 +295,18 @@ impl Summary {
             watch_fanout_delta_p50_ms: phases.fanout.as_ref().map(|f| f.delta.p50_ms),
             watch_fanout_delta_p99_ms: phases.fanout.as_ref().map(|f| f.delta.p99_ms),
             watch_fanout_one_watcher_p50_ms: phases.fanout.as_ref().map(|f| f.delta_one_watcher.p50_ms),
+            steer_to_message_p50_ms: phases.steer.as_ref().map(|s| s.steer_to_message.p50_ms),
+            steer_to_message_p99_ms: phases.steer.as_ref().map(|s| s.steer_to_message.p99_ms),
+            cluster_followups_per_s,
+            cluster_to_single_node_followups: ratio(cluster_followups_per_s, followups_per_s),
+            cluster_followup_p50_ms: cluster_f64("cluster_followup_p50_ms"),
+            cluster_followup_p99_ms: cluster_f64("cluster_followup_p99_ms"),
+            cluster_cpu_s_per_1k_followups: phases
+                .cluster
+                .as_ref()
+                .map(|c| c["cluster_cpu_s_per_1k_followups"].clone()),
+            cluster_raw_publish_ack_p50_ms: cluster_f64("cluster_raw_publish_ack_p50_ms"),
+            cpu_s_per_1k_followups: phases.throughput.as_ref().and_then(|t| t.cpu_s_per_1k_followups.clone()),
         }
     }
 }
@@ -268,6 +322,8 @@ struct Phases {
     fanout_error: Option<String>,
     reads: Option<serde_json::Value>,
     failover: Option<serde_json::Value>,
+    steer: Option<steer::SteerReport>,
+    cluster: Option<serde_json::Value>,
 }
 
 pub(crate) fn cpu_model() -> String {
@@ -291,6 +347,7 @@ async fn main() -> Result<()> {
         Some(Mode::Hooks(hook_args)) => return hooks::run(hook_args).await,
         Some(Mode::Reads(reads_args)) => return reads::run(reads_args).await,
         Some(Mode::Failover(failover_args)) => return failover::run(failover_args).await,
+        Some(Mode::Cluster(cluster_args)) => return cluster::run(cluster_args).await,
         None => {}
     }
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
@@ -322,7 +379,8 @@ async fn main() -> Result<()> {
         nats_started_by_bench: matches!(nats, servers::Nats::Started(_)),
     };
 
-    let outcome = measure(&args, &dev, nats_client, &run_id).await;
+    let pids = [("turnstile dev", dev.pid()), ("nats-server", nats.pid())];
+    let outcome = measure(&args, &dev, nats_client, &run_id, &pids).await;
     if outcome.is_err() {
         eprintln!("turnstile dev log tail:\n{}", dev.log_tail());
     }
@@ -346,6 +404,13 @@ async fn main() -> Result<()> {
         eprintln!("failover: {kills} kill -9 rounds in a 3-worker cluster ...");
         phases.failover = Some(child_phase(&bin, &["failover", "--kills", &kills, "--sigstops", "0"]).await?);
     }
+    if args.cluster_duration > 0.0 {
+        let (duration, clients, sessions) =
+            (args.cluster_duration.to_string(), args.clients.to_string(), args.sessions.to_string());
+        eprintln!("cluster: 3 nats-servers (R3), 3 workers, 2 gateways, {clients} clients for {duration} s ...");
+        let child = ["cluster", "--duration", &duration, "--clients", &clients, "--sessions", &sessions];
+        phases.cluster = Some(child_phase(&bin, &child).await?);
+    }
     let report = Report {
         summary: Summary::of(&phases),
         machine,
@@ -357,6 +422,8 @@ async fn main() -> Result<()> {
         fanout_error: phases.fanout_error,
         reads: phases.reads,
         failover: phases.failover,
+        steer: phases.steer,
+        cluster: phases.cluster,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -369,7 +436,13 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-async fn measure(args: &Args, dev: &servers::Dev, nats: async_nats::Client, run_id: &str) -> Result<Phases> {
+async fn measure(
+    args: &Args,
+    dev: &servers::Dev,
+    nats: async_nats::Client,
+    run_id: &str,
+    pids: &[(&str, Option<u32>)],
+) -> Result<Phases> {
     let latency = if args.skip_latency {
         None
     } else {
@@ -381,6 +454,14 @@ async fn measure(args: &Args, dev: &servers::Dev, nats: async_nats::Client, run_
         };
         eprintln!("latency: {} rounds + {} warm-up ...", opts.iterations, opts.warmup);
         Some(latency::run(dev.channel(), nats.clone(), run_id, &opts).await?)
+    };
+    let steer = if args.steer_rounds > 0 {
+        let opts =
+            steer::SteerOpts { rounds: args.steer_rounds, warmup: (args.steer_rounds / 10).max(1), sleep_ms: 20 };
+        eprintln!("steer: {} rounds + {} warm-up ...", opts.rounds, opts.warmup);
+        Some(steer::run(&dev.url(), run_id, &opts).await?)
+    } else {
+        None
     };
     let raw_async = if args.skip_raw {
         None
@@ -401,7 +482,21 @@ async fn measure(args: &Args, dev: &servers::Dev, nats: async_nats::Client, run_
             drain_timeout: Duration::from_secs(60),
         };
         eprintln!("throughput: {} clients over {} sessions for {:?} ...", opts.clients, opts.sessions, opts.duration);
-        Some(throughput::run(&dev.url(), run_id, &opts).await?)
+        // The same CPU reading as the cluster phase's, for its single-node anchor.
+        let ticks = |pid: Option<u32>| cluster::cpu_ticks(&pid?.to_string());
+        let before: Vec<Option<u64>> = pids.iter().map(|(_, pid)| ticks(*pid)).collect();
+        let mut report = throughput::run(&[dev.url()], run_id, &opts).await?;
+        let per_second = cluster::clk_tck() as f64;
+        let mut cpu = std::collections::BTreeMap::new();
+        for ((name, pid), before) in pids.iter().zip(before) {
+            if let (Some(b), Some(a), true) = (before, ticks(*pid), report.accepted > 0) {
+                let cpu_s = a.saturating_sub(b) as f64 / per_second;
+                cpu.insert((*name).to_owned(), cpu_s * 1000.0 / report.accepted as f64);
+            }
+        }
+        cpu.insert("total".to_owned(), cpu.values().sum());
+        report.cpu_s_per_1k_followups = Some(cpu);
+        Some(report)
     };
     let idle = match (args.skip_idle, dev.pid()) {
         (false, Some(pid)) => {
@@ -432,7 +527,18 @@ async fn measure(args: &Args, dev: &servers::Dev, nats: async_nats::Client, run_
     } else {
         None
     };
-    Ok(Phases { latency, throughput, raw_async, idle, fanout, fanout_error, reads: None, failover: None })
+    Ok(Phases {
+        latency,
+        throughput,
+        raw_async,
+        idle,
+        fanout,
+        fanout_error,
+        reads: None,
+        failover: None,
+        steer,
+        cluster: None,
+    })
 }
 
 /// Runs `turnstile-bench <mode> … --json` (this executable) with `TURNSTILE_BIN` = `bin`, so the phase's
@@ -441,6 +547,10 @@ async fn child_phase(bin: &std::path::Path, mode_args: &[&str]) -> Result<serde_
     let me = std::env::current_exe().context("locating turnstile-bench")?;
     let mut command = std::process::Command::new(&me);
     command.args(mode_args).arg("--json").env("TURNSTILE_BIN", bin).stderr(std::process::Stdio::inherit());
+    if std::env::var_os("RUST_LOG").is_none() {
+        // The harness's processes log at info unless told: a measured cluster must not measure its logger.
+        command.env("RUST_LOG", "warn");
+    }
     let output = tokio::task::spawn_blocking(move || command.output())
         .await?
         .with_context(|| format!("running {} {}", me.display(), mode_args.join(" ")))?;
@@ -535,6 +645,47 @@ fn markdown(report: &Report, args: &Args) -> String {
                 writeln!(out, "As many fresh sessions again, idle: RSS {rss} bytes, {per:.0} bytes per session more\n");
         }
     }
+    if let Some(st) = &report.steer {
+        let _ = writeln!(
+            out,
+            "### Steer into a running turn → its user/message at the next step ({} rounds, tool sleep {} ms, \
+             0 ms model)\n",
+            st.rounds, st.sleep_ms
+        );
+        let _ = writeln!(out, "| measured | p50 | p90 | p99 | max |");
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|");
+        for (name, p) in [
+            ("max(ack, step's tool/result at the watcher) → user/message", &st.steer_to_message),
+            ("steer ack → user/message (includes the rest of the sleep)", &st.ack_to_message),
+            ("the Steer call (sent → ack)", &st.steer_call),
+        ] {
+            let _ = writeln!(
+                out,
+                "| {name} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms |",
+                p.p50_ms, p.p90_ms, p.p99_ms, p.max_ms
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\n{} of {} steers landed in the running step; between the tool/result and the user/message the \
+             watcher got: {}\n",
+            st.landed_in_running_step,
+            st.rounds,
+            st.boundary_events.join(", ")
+        );
+    }
+    if let Some(c) = &report.cluster {
+        let _ = writeln!(
+            out,
+            "### Cluster (3 nats-servers R3, 3 workers, 2 gateways)\n\n{:.0} followups/s, p50 {:.3} ms, p99 \
+             {:.3} ms, errors {}; CPU s per 1,000 followups: {}\n",
+            c["cluster_followups_per_s"].as_f64().unwrap_or_default(),
+            c["cluster_followup_p50_ms"].as_f64().unwrap_or_default(),
+            c["cluster_followup_p99_ms"].as_f64().unwrap_or_default(),
+            c["throughput"]["errors"],
+            c["cluster_cpu_s_per_1k_followups"]
+        );
+    }
     let sum = &report.summary;
     let _ = writeln!(out, "### Summary (each figure beside its anchor, same run)\n");
     let _ = writeln!(out, "| figure | value | anchor | ratio |");
@@ -591,5 +742,36 @@ fn markdown(report: &Report, args: &Args) -> String {
         f(ratio_of(sum.watch_fanout_delta_p50_ms, sum.watch_fanout_one_watcher_p50_ms))
     );
     let _ = writeln!(out, "| kill -9 → next accepted followup p50 ms | {} | | |", f(sum.failover_kill9_p50_ms));
+    let _ = writeln!(
+        out,
+        "| steer: max(ack, step end) → its user/message p50 ms | {} (p99 {}) | | |",
+        f(sum.steer_to_message_p50_ms),
+        f(sum.steer_to_message_p99_ms)
+    );
+    let _ = writeln!(
+        out,
+        "| cluster followups/s (3 workers, 2 gateways, R3) vs single node | {} | {} | {} |",
+        f(sum.cluster_followups_per_s),
+        f(sum.followups_per_s),
+        f(sum.cluster_to_single_node_followups)
+    );
+    let _ = writeln!(
+        out,
+        "| cluster followup p50 ms (under load) vs raw R3 publish-ack p50 ms | {} | {} | {}× |",
+        f(sum.cluster_followup_p50_ms),
+        f(sum.cluster_raw_publish_ack_p50_ms),
+        f(ratio_of(sum.cluster_followup_p50_ms, sum.cluster_raw_publish_ack_p50_ms))
+    );
+    if let Some(cpu) = &sum.cluster_cpu_s_per_1k_followups {
+        let single = sum.cpu_s_per_1k_followups.as_ref().and_then(|c| c.get("total").copied());
+        let _ = writeln!(
+            out,
+            "| cluster CPU s per 1,000 followups, all processes vs single node (dev + nats-server) | {} {} | {} | {} |",
+            f(cpu["total"].as_f64()),
+            cpu["per_role"],
+            f(single),
+            f(ratio_of(cpu["total"].as_f64(), single))
+        );
+    }
     out
 }

@@ -29,7 +29,7 @@ pub struct RawReport {
 }
 
 pub async fn run(client: async_nats::Client, run_id: &str, opts: &RawOpts) -> Result<RawReport> {
-    let (js, name, prefix) = crate::latency::scratch_stream(client, "ASYNC", run_id).await?;
+    let (js, name, prefix) = crate::latency::scratch_stream(client, "ASYNC", run_id, 1).await?;
     let result = publish(&js, &prefix, opts).await;
     if let Err(e) = js.delete_stream(&name).await {
         eprintln!("warning: could not delete the scratch stream {name}: {e}");

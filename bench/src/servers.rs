@@ -36,6 +36,14 @@ impl Nats {
         }
     }
 
+    /// The server's process id when the bench started it (for its CPU time).
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Self::Started(server) => server.pid(),
+            Self::Given(_) => None,
+        }
+    }
+
     pub fn url(&self) -> String {
         match self {
             Self::Started(server) => server.url(),

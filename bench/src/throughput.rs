@@ -1,4 +1,5 @@
-//! Sustained followups per second: K clients, round-robin over a fixed set of sessions.
+//! Sustained followups per second: K clients, round-robin over a fixed set of sessions, each client on one
+//! of the given gateways in turn (one for `dev`, every gateway of a cluster).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -45,6 +46,10 @@ pub struct ThroughputReport {
     pub events: u64,
     /// `events` over the load and its drain.
     pub events_per_s: f64,
+    /// CPU-seconds per 1,000 accepted followups of each server process over the load and its drain (the
+    /// single-node anchor of the cluster phase's figure; filled in by the caller, which knows the pids).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_s_per_1k_followups: Option<BTreeMap<String, f64>>,
 }
 
 #[derive(Default)]
@@ -54,15 +59,16 @@ struct Tally {
     errors: BTreeMap<String, usize>,
 }
 
-pub async fn run(gateway_url: &str, run_id: &str, opts: &ThroughputOpts) -> Result<ThroughputReport> {
+pub async fn run(gateway_urls: &[String], run_id: &str, opts: &ThroughputOpts) -> Result<ThroughputReport> {
+    let Some(first_gateway) = gateway_urls.first() else { anyhow::bail!("no gateway to send followups to") };
     let sessions: Arc<Vec<pb::SessionRef>> = Arc::new(
         (0..opts.sessions.max(1))
             .map(|n| pb::SessionRef { tenant: "bench".into(), id: format!("tp-{run_id}-{n}") })
             .collect(),
     );
     let mut clients = Vec::with_capacity(opts.clients);
-    for _ in 0..opts.clients.max(1) {
-        clients.push(servers::connect(gateway_url).await?);
+    for k in 0..opts.clients.max(1) {
+        clients.push(servers::connect(&gateway_urls[k % gateway_urls.len()]).await?);
     }
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -108,7 +114,7 @@ pub async fn run(gateway_url: &str, run_id: &str, opts: &ThroughputOpts) -> Resu
         }
     }
     let elapsed = started.elapsed();
-    let (drain, drain_errors, events) = drain(gateway_url, &sessions, opts).await?;
+    let (drain, drain_errors, events) = drain(first_gateway, &sessions, opts).await?;
     let accepted = all.latencies.len();
     let errors = all.errors.values().sum();
     Ok(ThroughputReport {
@@ -125,6 +131,7 @@ pub async fn run(gateway_url: &str, run_id: &str, opts: &ThroughputOpts) -> Resu
         drain_errors,
         events,
         events_per_s: events as f64 / (elapsed + drain).as_secs_f64(),
+        cpu_s_per_1k_followups: None,
     })
 }
 

@@ -455,6 +455,23 @@ impl Cluster {
         Ok(())
     }
 
+    /// Every running process of the cluster (workers, gateways, nats-servers) with its role, name and
+    /// pid: what a benchmark reads per-process CPU time of.
+    pub fn processes(&self) -> Vec<ClusterProcess> {
+        let workers = self.workers.iter().enumerate().map(|(i, w)| (Role::Worker, worker_id(i), w.process.pid()));
+        let gateways =
+            self.gateways.iter().enumerate().map(|(g, (node, _))| (Role::Gateway, format!("g{g}"), node.process.pid()));
+        let nats = (0..self.nats.len()).map(|i| {
+            let node = self.nats.node(i);
+            (Role::Nats, node.name().map_or_else(|| format!("n{}", i + 1), str::to_owned), node.pid())
+        });
+        workers
+            .chain(gateways)
+            .chain(nats)
+            .filter_map(|(role, name, pid)| Some(ClusterProcess { role, name, pid: pid? }))
+            .collect()
+    }
+
     /// The log tails of every process, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();
@@ -469,6 +486,33 @@ impl Cluster {
         }
         out
     }
+}
+
+/// What a process of a [`Cluster`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    Worker,
+    Gateway,
+    Nats,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Worker => "worker",
+            Self::Gateway => "gateway",
+            Self::Nats => "nats-server",
+        }
+    }
+}
+
+/// One running process of a [`Cluster`] ([`Cluster::processes`]).
+#[derive(Clone, Debug)]
+pub struct ClusterProcess {
+    pub role: Role,
+    /// `w1`…, `g0`…, `n1`… (a lone nats-server is `n1`).
+    pub name: String,
+    pub pid: u32,
 }
 
 fn worker_id(i: usize) -> String {

@@ -345,6 +345,11 @@ impl NatsServer {
         self.peer.as_ref().map(|p| p.name.as_str())
     }
 
+    /// The process id while it runs (the bench reads its CPU time from `/proc`).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().and_then(ChildProcess::pid)
+    }
+
     /// Whether the process runs (it is not killed or stopped).
     pub fn is_running(&self) -> bool {
         self.process.is_some()

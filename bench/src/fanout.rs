@@ -1,7 +1,9 @@
 //! Watch fan-out (issue 11 part 5): `watchers` live Watch streams of one session, then `rounds` followups
 //! whose scripted turn streams its reply; for each watcher and round, the time from sending the followup
 //! to that watcher's first `assistant/delta` of the round's turn. The anchor is the same with one watcher,
-//! same run, same session: what 1,000 watchers add is the difference.
+//! same run, same session: what 1,000 watchers add is the difference. The server's JetStream consumer
+//! count is sampled while the watchers are attached: the gateway's watchers of one session share one
+//! (decision 0039).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,40 +30,69 @@ pub struct FanoutReport {
     pub delta_one_watcher: Percentiles,
     /// Watchers that missed a round's delta within the wait (0 expected).
     pub missed: usize,
+    /// JetStream consumers on the server (the account's count), the most seen while the watchers were
+    /// attached: sampled once they had opened and after each round. `None` when the server did not
+    /// answer.
+    pub consumers_with_watchers: Option<usize>,
+    /// The same with the one watcher of the anchor.
+    pub consumers_with_one_watcher: Option<usize>,
 }
 
 /// When each round's followup was sent, by the turn it opens.
 type Sent = Arc<Mutex<HashMap<u64, Instant>>>;
 
-pub async fn run(gateway_url: &str, run_id: &str, watchers: usize, rounds: usize) -> Result<FanoutReport> {
+pub async fn run(
+    gateway_url: &str,
+    nats: async_nats::Client,
+    run_id: &str,
+    watchers: usize,
+    rounds: usize,
+) -> Result<FanoutReport> {
     let session = pb::SessionRef { tenant: "bench".into(), id: format!("fanout-{run_id}") };
     let client = servers::connect(gateway_url).await?;
+    let js = async_nats::jetstream::new(nats);
     // Each round opens the next turn of the fresh session.
     let mut next_turn = 1;
     let sent: Sent = Arc::default();
-    let one = measure(gateway_url, &client, &session, &sent, 1, rounds, &mut next_turn, run_id).await?;
-    let many = measure(gateway_url, &client, &session, &sent, watchers, rounds, &mut next_turn, run_id).await?;
+    let one = measure(gateway_url, &client, &js, &session, &sent, 1, rounds, &mut next_turn, run_id).await?;
+    let many = measure(gateway_url, &client, &js, &session, &sent, watchers, rounds, &mut next_turn, run_id).await?;
     Ok(FanoutReport {
         watchers,
         rounds,
-        delta: Percentiles::of(&many.0),
-        delta_one_watcher: Percentiles::of(&one.0),
-        missed: one.1 + many.1,
+        delta: Percentiles::of(&many.delays),
+        delta_one_watcher: Percentiles::of(&one.delays),
+        missed: one.missed + many.missed,
+        consumers_with_watchers: many.consumers,
+        consumers_with_one_watcher: one.consumers,
     })
 }
 
-/// `rounds` followups watched by `watchers` streams; every watcher's delay of every round, and the misses.
+/// One `measure` pass.
+struct Measured {
+    delays: Vec<Duration>,
+    missed: usize,
+    consumers: Option<usize>,
+}
+
+/// The server's JetStream consumers now (every stream of the account), `None` if it does not answer.
+async fn consumers(js: &async_nats::jetstream::Context) -> Option<usize> {
+    js.query_account().await.ok().map(|a| a.consumers)
+}
+
+/// `rounds` followups watched by `watchers` streams; every watcher's delay of every round, the misses and
+/// the most consumers seen.
 #[allow(clippy::too_many_arguments)]
 async fn measure(
     gateway_url: &str,
     client: &pb::agent_client::AgentClient<tonic::transport::Channel>,
+    js: &async_nats::jetstream::Context,
     session: &pb::SessionRef,
     sent: &Sent,
     watchers: usize,
     rounds: usize,
     next_turn: &mut u64,
     run_id: &str,
-) -> Result<(Vec<Duration>, usize)> {
+) -> Result<Measured> {
     let gateway = client.clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<(u64, Duration)>();
     let mut tasks = AbortOnDrop(Vec::with_capacity(watchers));
@@ -93,6 +124,7 @@ async fn measure(
     drop(tx);
     // Every watcher is subscribed once its caught-up came; give the streams a moment to open.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut most = consumers(js).await;
     let mut delays = Vec::with_capacity(watchers * rounds);
     let mut missed = 0;
     let mut s = client.clone();
@@ -124,9 +156,10 @@ async fn measure(
         s.when_idle(pb::WhenIdleRequest { session: Some(session.clone()), timeout_ms: 30_000 })
             .await
             .context("waiting for the fan-out session to be idle")?;
+        most = most.max(consumers(js).await);
     }
     drop(tasks);
-    Ok((delays, missed))
+    Ok(Measured { delays, missed, consumers: most })
 }
 
 /// The watcher tasks, stopped (their streams and the server's consumers closed) however the phase ends.

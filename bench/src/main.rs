@@ -125,9 +125,10 @@ struct Args {
     /// of the same binary); 0 skips the phase.
     #[arg(long, default_value_t = 5)]
     failover_kills: usize,
-    /// Live Watch streams of one session in the fan-out phase; 0 skips it. Each Watch holds its own
-    /// JetStream consumer today: 1,000 of them reach the server's consumer limit (10026; see BENCHMARKS.md).
-    #[arg(long, default_value_t = 200)]
+    /// Live Watch streams of one session in the fan-out phase; 0 skips it. They share the gateway's one
+    /// feed of the session (one JetStream consumer, decision 0039); before that each held its own and
+    /// 1,000 reached the server's consumer limit (10026; see BENCHMARKS.md).
+    #[arg(long, default_value_t = 1000)]
     fanout_watchers: usize,
     /// Followups (turns streaming a reply) of the fan-out phase, with one watcher and with all of them.
     #[arg(long, default_value_t = 20)]
@@ -468,7 +469,7 @@ async fn measure(
     } else {
         let opts = raw::RawOpts { count: args.raw_count, window: args.raw_window, body_bytes: args.raw_body_bytes };
         eprintln!("raw async publish: {} messages, {} acks in flight ...", opts.count, opts.window);
-        Some(raw::run(nats, run_id, &opts).await?)
+        Some(raw::run(nats.clone(), run_id, &opts).await?)
     };
     let throughput = if args.skip_throughput {
         None
@@ -516,7 +517,7 @@ async fn measure(
     let fanout = if args.fanout_watchers > 0 {
         eprintln!("watch fan-out: {} watchers of one session, {} rounds ...", args.fanout_watchers, args.fanout_rounds);
         // A failure here (the server's consumer limit) is a finding, not the end of the run.
-        match fanout::run(&dev.url(), run_id, args.fanout_watchers, args.fanout_rounds.max(1)).await {
+        match fanout::run(&dev.url(), nats.clone(), run_id, args.fanout_watchers, args.fanout_rounds.max(1)).await {
             Ok(report) => Some(report),
             Err(e) => {
                 eprintln!("watch fan-out failed: {e:#}");

@@ -8,7 +8,8 @@
 //! the session's log itself, so any gateway can serve any session while shards move.
 //!
 //! Modules: [`convert`] (request validation), [`status`] (error → gRPC code),
-//! [`read`] (projection reads), [`merge`] and [`watch`] (the resumable Watch stream), [`service`] (the
+//! [`read`] (projection reads), [`merge`], [`feed`] and [`watch`] (the resumable Watch stream over one
+//! shared feed per watched session), [`service`] (the
 //! RPCs), [`cluster_router`] (routing to shard owners over the internal API, with retries while shards move),
 //! [`auth`] (bearer tokens → tenant; every call is confined to its tenant), [`quota`] (per-tenant request
 //! rate and open Watch streams, checked in the service methods) and [`tls`] (rustls configs
@@ -19,6 +20,7 @@ pub mod auth;
 pub mod cluster_router;
 pub mod console;
 pub mod convert;
+pub mod feed;
 mod history;
 pub mod merge;
 mod ops;

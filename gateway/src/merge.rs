@@ -6,6 +6,9 @@
 //! the caught-up projection) and is dropped; a live event whose predecessor has not been sent yet is held
 //! back until it has, so every live event comes after the durable event it follows. Durable events are
 //! never duplicated.
+//!
+//! The merge runs once per watched session, in its shared feed ([`crate::feed`]); what stays per watcher
+//! is [`Join`]: where that watcher is in the feed's durable sequence and which live events are stale for it.
 
 use std::collections::VecDeque;
 
@@ -86,6 +89,60 @@ impl TailMerge {
     /// Live events waiting for their durable predecessor.
     pub fn held(&self) -> usize {
         self.held.len()
+    }
+}
+
+/// What a watcher does with a durable event of the shared feed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Already sent (or in the caught-up projection): skip it.
+    Skip,
+    /// The next one: send it.
+    Send,
+    /// The next one, but the client already has it (it resumed past the log's end then): send nothing.
+    Pass,
+    /// Events between the watcher's position and this one are missing: read them from the log first.
+    Gap,
+}
+
+/// One watcher's side of the merge, after its `caught_up {seq: C}`: the feed's items are already in
+/// [`TailMerge`] order; the watcher sends each durable event once, contiguously from C, and drops the live
+/// events that are stale for it (predecessor older than C, as [`TailMerge::live`]) or whose predecessor it
+/// has not sent (it lost them while lagging; live events are best effort).
+#[derive(Debug)]
+pub struct Join {
+    caught_up_seq: u64,
+    /// The last durable seq sent or already held by the client.
+    position: u64,
+    /// The client asked for nothing at or below this seq.
+    after_seq: u64,
+}
+
+impl Join {
+    pub fn new(caught_up_seq: u64, after_seq: u64) -> Self {
+        Self { caught_up_seq, position: caught_up_seq, after_seq }
+    }
+
+    /// The last durable seq the client has.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// Durable event `seq` from the feed or from the log; advances the position unless it is a gap.
+    pub fn durable(&mut self, seq: u64) -> Step {
+        if seq <= self.position {
+            return Step::Skip;
+        }
+        if seq > self.position + 1 {
+            return Step::Gap;
+        }
+        self.position = seq;
+        if seq > self.after_seq { Step::Send } else { Step::Pass }
+    }
+
+    /// Whether a live event following durable `after_seq` is sent.
+    pub fn live(&self, after_seq: u64) -> bool {
+        after_seq >= self.caught_up_seq && after_seq <= self.position
     }
 }
 
@@ -181,5 +238,39 @@ mod tests {
         let status =
             LiveEvent { session: session(), after_seq: 1, payload: LivePayload::Status { status: Status::Idle } };
         assert_eq!(seqs(&m.live(status)), ["L1"]);
+    }
+
+    #[test]
+    fn a_join_sends_each_durable_event_once_and_in_order() {
+        let mut j = Join::new(5, 0);
+        assert_eq!(j.durable(4), Step::Skip);
+        assert_eq!(j.durable(5), Step::Skip);
+        assert_eq!(j.durable(7), Step::Gap);
+        assert_eq!(j.position(), 5, "a gap does not move the position");
+        assert_eq!(j.durable(6), Step::Send);
+        assert_eq!(j.durable(7), Step::Send);
+        assert_eq!(j.durable(7), Step::Skip);
+        assert_eq!(j.position(), 7);
+    }
+
+    #[test]
+    fn a_join_passes_durable_events_the_client_already_has() {
+        // A client that claims seq 8 while the log was at 5 at catch-up.
+        let mut j = Join::new(5, 8);
+        assert_eq!(j.durable(6), Step::Pass);
+        assert!(j.live(6), "the live events after them are still sent");
+        assert_eq!(j.durable(7), Step::Pass);
+        assert_eq!(j.durable(8), Step::Pass);
+        assert_eq!(j.durable(9), Step::Send);
+    }
+
+    #[test]
+    fn a_join_drops_stale_live_events_and_those_ahead_of_it() {
+        let mut j = Join::new(5, 0);
+        assert!(!j.live(4), "its effect is in the caught-up projection");
+        assert!(j.live(5));
+        assert!(!j.live(6), "its durable predecessor was not sent to this watcher");
+        assert_eq!(j.durable(6), Step::Send);
+        assert!(j.live(6));
     }
 }

@@ -18,6 +18,7 @@ use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_server::{Agent, AgentServer};
 
 use crate::auth::{Authenticator, Caller};
+use crate::feed::SessionFeeds;
 use crate::quota::{QuotaConfig, Quotas};
 use crate::tools::ToolHub;
 use crate::watch::{self, WatchSpec};
@@ -32,6 +33,9 @@ pub struct GatewayConfig {
     pub when_idle_timeout: Duration,
     /// Items buffered per Watch stream before the tail waits for the client.
     pub watch_buffer: usize,
+    /// Items a session's shared Watch feed keeps for its slowest watcher; one further behind reads what
+    /// it lost from the log (decision 0039).
+    pub watch_feed_capacity: usize,
     /// The agent a session runs until `ConfigureSession` names another (config `default_agent`); reads
     /// report it for sessions never configured.
     pub default_agent: String,
@@ -48,6 +52,7 @@ impl Default for GatewayConfig {
             default_tenant: "default".into(),
             when_idle_timeout: Duration::from_secs(30),
             watch_buffer: 256,
+            watch_feed_capacity: crate::feed::DEFAULT_CAPACITY,
             default_agent: "scripted".into(),
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             quotas: QuotaConfig::default(),
@@ -67,7 +72,6 @@ const MAX_PAGE: usize = 1000;
 pub struct Gateway {
     router: Arc<dyn CommandRouter>,
     log: Arc<dyn SessionLog>,
-    bus: Arc<dyn LiveBus>,
     snapshots: Arc<dyn SnapshotStore>,
     config: GatewayConfig,
     /// Resolves each call's tenant ([`Gateway::open`]); disabled unless [`Gateway::with_auth`].
@@ -78,6 +82,8 @@ pub struct Gateway {
     tools: ToolHub,
     /// Per-tenant request rate and Watch slots, checked in every method (so gRPC-Web is covered too).
     quotas: Quotas,
+    /// One shared log reader and live subscription per watched session, for all its Watch streams here.
+    feeds: SessionFeeds,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -101,9 +107,9 @@ impl Gateway {
         config: GatewayConfig,
     ) -> Self {
         Self {
+            feeds: SessionFeeds::new(log.clone(), bus, config.watch_feed_capacity),
             router,
             log,
-            bus,
             snapshots: Arc::new(NoSnapshots),
             quotas: Quotas::new(config.quotas),
             config,
@@ -129,6 +135,11 @@ impl Gateway {
     pub fn with_snapshots(mut self, snapshots: Arc<dyn SnapshotStore>) -> Self {
         self.snapshots = snapshots;
         self
+    }
+
+    /// This gateway's shared Watch feeds (tests read how many are open).
+    pub fn feeds(&self) -> &SessionFeeds {
+        &self.feeds
     }
 
     /// This gateway's per-tenant quotas (tests read the open Watch count).
@@ -633,7 +644,7 @@ impl Agent for Gateway {
         let permit = self.quotas.open_watch(&spec.session.tenant)?;
         let (tx, rx) = mpsc::channel(self.config.watch_buffer.max(1));
         let run =
-            watch::run(self.log.clone(), self.bus.clone(), self.snapshots.clone(), spec, tx, self.shutdown.clone());
+            watch::run(self.log.clone(), self.feeds.clone(), self.snapshots.clone(), spec, tx, self.shutdown.clone());
         tokio::spawn(async move {
             let _permit = permit;
             run.await;

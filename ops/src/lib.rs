@@ -44,6 +44,9 @@ pub mod names {
     pub const CLAIM_TO_STEP_SECONDS: &str = "turnstile_claim_to_step_seconds";
     /// Gauge: Watch streams open on this gateway.
     pub const WATCH_STREAMS_OPEN: &str = "turnstile_watch_streams_open";
+    /// Gauge: shared Watch feeds open on this gateway (one per watched session: one log reader and one
+    /// live subscription each, decision 0039).
+    pub const WATCH_FEEDS_OPEN: &str = "turnstile_watch_feeds_open";
     /// Gauge: sessions with a live runner on this worker.
     pub const SESSIONS_LOADED: &str = "turnstile_sessions_loaded";
     /// Gauge: shard leases this worker holds.

@@ -55,6 +55,7 @@ fn describe() {
     describe_histogram!(names::STEP_SECONDS, Unit::Seconds, "Time from step/start to step/end.");
     describe_histogram!(names::CLAIM_TO_STEP_SECONDS, Unit::Seconds, "Time from a claim to the step/start it feeds.");
     describe_gauge!(names::WATCH_STREAMS_OPEN, "Watch streams open on this gateway.");
+    describe_gauge!(names::WATCH_FEEDS_OPEN, "Shared Watch feeds (one per watched session) open on this gateway.");
     describe_gauge!(names::SESSIONS_LOADED, "Sessions with a live runner on this worker.");
     describe_gauge!(names::SHARDS_OWNED, "Shard leases held by this worker.");
     describe_counter!(names::LEASE_RENEW_FAILURES, "Failed lease renewals, by reason.");

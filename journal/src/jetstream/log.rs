@@ -252,20 +252,30 @@ impl JetStreamLog {
         Ok(self.cached(session).map_or(1, |last| last.stream_seq + 1))
     }
 
-    /// An ordered consumer on the session's subject from stream sequence `start` (1 = everything).
+    /// An ordered consumer on the session's subject from stream sequence `start` (1 = everything), and the
+    /// guard that deletes it on the server when the reader is dropped.
     pub(super) async fn consumer(
         &self,
         session: &SessionRef,
         start: u64,
-    ) -> Result<jetstream::consumer::pull::Ordered, JournalError> {
+    ) -> Result<(jetstream::consumer::pull::Ordered, Release), JournalError> {
         let (stream, subject) = self.locate(session);
         let deliver_policy =
             if start <= 1 { DeliverPolicy::All } else { DeliverPolicy::ByStartSequence { start_sequence: start } };
+        // Named by us so it can be deleted by name (the ordered stream does not expose the server's name).
+        let name = format!("reader-{}", uuid::Uuid::new_v4().simple());
         let consumer = stream
-            .create_consumer(OrderedConfig { filter_subject: subject, deliver_policy, ..Default::default() })
+            .create_consumer(OrderedConfig {
+                name: Some(name.clone()),
+                filter_subject: subject,
+                deliver_policy,
+                ..Default::default()
+            })
             .await
             .map_err(|e| unavailable(format!("opening a reader on {session}"), e))?;
-        consumer.messages().await.map_err(|e| unavailable(format!("reading {session}"), e))
+        let release = Release { stream: Some(stream.clone()), name };
+        let messages = consumer.messages().await.map_err(|e| unavailable(format!("reading {session}"), e))?;
+        Ok((messages, release))
     }
 
     /// [`SessionLog::append`] with a W3C `traceparent` carried on the group's headers (the hook for
@@ -423,7 +433,7 @@ impl JetStreamLog {
         from_seq: u64,
         limit: usize,
     ) -> Result<Vec<Envelope>, JournalError> {
-        let mut messages = self.consumer(session, start).await?;
+        let (mut messages, _release) = self.consumer(session, start).await?;
         let mut out = Vec::new();
         while out.len() < limit {
             let Some(message) = messages.next().await else { break };
@@ -606,4 +616,29 @@ pub(super) fn unavailable(what: String, e: impl std::fmt::Display) -> JournalErr
 // The cache's critical sections are single map operations: a poisoned lock holds a consistent map.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Deletes a reader's consumer when the reader is dropped. An ordered consumer nobody pulls from stays on
+/// the server for its inactivity threshold (30 s) and counts against the server's consumer limit
+/// meanwhile: a gateway that opens and closes many readers (Watch joins, reads) would pile them up.
+/// Best effort: a consumer the delete misses (a recreated one, named `<name>_<n>`, or no runtime) still
+/// expires on its own.
+#[derive(Debug)]
+pub(super) struct Release {
+    stream: Option<Stream>,
+    name: String,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let (Some(stream), Ok(runtime)) = (self.stream.take(), tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        let name = std::mem::take(&mut self.name);
+        runtime.spawn(async move {
+            if let Err(e) = stream.delete_consumer(&name).await {
+                tracing::debug!(consumer = %name, error = %e, "deleting a reader's consumer failed; it expires on its own");
+            }
+        });
+    }
 }

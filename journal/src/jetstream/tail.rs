@@ -4,13 +4,15 @@ use std::collections::VecDeque;
 
 use futures::StreamExt as _;
 
-use super::log::{JetStreamLog, decode};
+use super::log::{JetStreamLog, Release, decode};
 use crate::log::{EventStream, JournalError};
 use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
 
 struct Cursor {
     messages: async_nats::jetstream::consumer::pull::Ordered,
+    /// Deletes the consumer on the server when the tail is dropped.
+    _release: Release,
     session: SessionRef,
     /// The seq of the last event delivered (or `after_seq`).
     last: u64,
@@ -30,8 +32,15 @@ pub(super) async fn follow(
     after_seq: u64,
 ) -> Result<EventStream, JournalError> {
     let start = log.start_of(session, after_seq.saturating_add(1)).await?;
-    let messages = log.consumer(session, start).await?;
-    let cursor = Cursor { messages, session: session.clone(), last: after_seq, ready: VecDeque::new(), done: false };
+    let (messages, release) = log.consumer(session, start).await?;
+    let cursor = Cursor {
+        messages,
+        _release: release,
+        session: session.clone(),
+        last: after_seq,
+        ready: VecDeque::new(),
+        done: false,
+    };
     Ok(futures::stream::unfold(cursor, |mut cursor| async move {
         if cursor.done {
             return None;

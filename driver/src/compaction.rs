@@ -30,7 +30,7 @@ pub(super) struct IdleCompaction {
 pub fn estimate_tokens(
     system: Option<&str>,
     summary: Option<&str>,
-    history: &[TranscriptEntry],
+    history: &[std::sync::Arc<TranscriptEntry>],
     messages: &[UserMessage],
 ) -> u64 {
     let message_bytes = |m: &UserMessage| -> usize {
@@ -44,7 +44,7 @@ pub fn estimate_tokens(
     };
     let mut bytes = system.map_or(0, str::len) + summary.map_or(0, str::len);
     for entry in history {
-        bytes += match entry {
+        bytes += match entry.as_ref() {
             TranscriptEntry::User { message, .. } => message_bytes(message),
             TranscriptEntry::Assistant { text, tool_calls, .. } => {
                 text.len() + tool_calls.iter().map(|c| c.name.len() + c.arguments.len()).sum::<usize>()

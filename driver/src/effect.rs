@@ -170,7 +170,7 @@ pub struct ModelRequest {
     /// (interrupted ones as delivered) and tool results, cut to the agent's `history_turns` by dropping
     /// the oldest whole turns before this one (the current turn is never cut). It includes what
     /// `tool_results` and `interrupted_prompt` repeat; those stay for models that only look at the step.
-    pub history: Vec<TranscriptEntry>,
+    pub history: Vec<std::sync::Arc<TranscriptEntry>>,
     /// Messages entered in this step.
     pub messages: Vec<UserMessage>,
     /// Results of the previous step's tool calls, in call order.

@@ -123,7 +123,7 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
 /// The scripted summary of a compaction request (SPEC §13): `summary of turns A..B`, or a failure when a
 /// user message among the summarized turns carries `[[compact-fail]]`.
 fn compaction_plan(request: &ModelRequest, task: &crate::effect::CompactionTask) -> ScriptedPlan {
-    let told_to_fail = request.history.iter().any(|entry| match entry {
+    let told_to_fail = request.history.iter().any(|entry| match entry.as_ref() {
         TranscriptEntry::User { message, .. } => directive::parse(&message.text()).0.contains(&Directive::CompactFail),
         _ => false,
     });

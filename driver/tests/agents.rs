@@ -7,6 +7,11 @@ use support::{Sim, msg, refused, sent, written};
 use turnstile_driver::{AgentCatalog, AgentProfile, Limits};
 use turnstile_model::{Command, InjectMode, ToolCallSpec, TranscriptEntry};
 
+/// A request's history as plain entries, to compare with expected ones.
+fn entries(history: &[std::sync::Arc<TranscriptEntry>]) -> Vec<TranscriptEntry> {
+    history.iter().map(|e| TranscriptEntry::clone(e)).collect()
+}
+
 fn configure(sim: &mut Sim, agent: &str, inject_mode: InjectMode) -> support::Reply {
     sim.command(Command::Configure { agent: agent.into(), inject_mode })
 }
@@ -93,7 +98,7 @@ fn the_second_turn_sees_the_first_turns_prompt_and_reply_in_order() {
     sent(sim.followup("B", "again"));
     let requests = &sim.model_requests;
     assert_eq!(requests[0].history, vec![]);
-    assert_eq!(requests[1].history, vec![user(1, 1, "A", "hello"), assistant(1, 1, "echo: hello")]);
+    assert_eq!(entries(&requests[1].history), vec![user(1, 1, "A", "hello"), assistant(1, 1, "echo: hello")]);
     assert_eq!(requests[1].messages, vec![msg("B", "again")]);
     // The scripted model still answers the step alone.
     assert_eq!(sim.assistant_text(2, 1).unwrap(), "echo: again");
@@ -126,10 +131,10 @@ fn tool_calls_pair_with_their_results_in_the_history() {
     let requests = &sim.model_requests;
     assert_eq!(requests.len(), 3);
     // Step 1.2 answers the tool result: its history is the whole turn so far, current turn uncut.
-    assert_eq!(requests[1].history, turn1);
+    assert_eq!(entries(&requests[1].history), turn1);
     let mut expected = turn1;
     expected.push(assistant(1, 2, "tool results: echo: hi there"));
-    assert_eq!(requests[2].history, expected);
+    assert_eq!(entries(&requests[2].history), expected);
 }
 
 #[test]
@@ -146,7 +151,9 @@ fn history_turns_drops_the_oldest_whole_turns() {
     // Only turn 2 is left, whole: its call and result stay together; turn 1 is gone.
     let turns: Vec<(u64, u32)> = turn3.history.iter().map(|e| (e.turn(), e.step())).collect();
     assert_eq!(turns, vec![(2, 1), (2, 1), (2, 1), (2, 2)]);
-    assert!(matches!(&turn3.history[2], TranscriptEntry::ToolResult { call_id, .. } if call_id == "call-2-1-1"));
+    assert!(
+        matches!(turn3.history[2].as_ref(), TranscriptEntry::ToolResult { call_id, .. } if call_id == "call-2-1-1")
+    );
     // The second step of turn 2 still saw turn 1 (one earlier turn) and all of turn 2 so far.
     let turn2_step2: Vec<(u64, u32)> = requests[2].history.iter().map(|e| (e.turn(), e.step())).collect();
     assert_eq!(turn2_step2, vec![(1, 1), (1, 1), (2, 1), (2, 1), (2, 1)]);

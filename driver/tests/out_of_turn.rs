@@ -16,10 +16,10 @@ fn out_of_turn() -> Sim {
     sim
 }
 
-fn ids(entries: &[TranscriptEntry]) -> Vec<String> {
+fn ids(entries: &[std::sync::Arc<TranscriptEntry>]) -> Vec<String> {
     entries
         .iter()
-        .map(|e| match e {
+        .map(|e| match e.as_ref() {
             TranscriptEntry::User { turn, step, message } => format!("user {} {turn}.{step}", message.id),
             TranscriptEntry::Assistant { turn, step, .. } => format!("assistant {turn}.{step}"),
             TranscriptEntry::ToolResult { turn, step, .. } => format!("tool {turn}.{step}"),

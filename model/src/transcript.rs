@@ -7,6 +7,7 @@
 //! before the current one.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -63,11 +64,13 @@ impl TranscriptEntry {
     }
 }
 
-/// The entries of one turn (or of one run of between-turn entries, turn 0), in log order.
+/// The entries of one turn (or of one run of between-turn entries, turn 0), in log order. Shared: every
+/// model request carries the history before its step, and copying a long session's entries for each
+/// step was the largest cost of a turn (docs/BENCHMARKS.md); serialized as the entries themselves.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TranscriptTurn {
     pub turn: u64,
-    pub entries: Vec<TranscriptEntry>,
+    pub entries: Vec<Arc<TranscriptEntry>>,
 }
 
 /// The bounded history: whole turns, the newest plus at most `keep_turns` before it.
@@ -107,11 +110,12 @@ impl Transcript {
 
     /// Every kept entry, in log order.
     pub fn entries(&self) -> impl Iterator<Item = &TranscriptEntry> {
-        self.turns.iter().flat_map(|t| t.entries.iter())
+        self.turns.iter().flat_map(|t| t.entries.iter().map(Arc::as_ref))
     }
 
     /// Appends one entry (the fold calls this in log order).
     pub(crate) fn push(&mut self, entry: TranscriptEntry) {
+        let entry = Arc::new(entry);
         match self.turns.back_mut() {
             Some(last) if last.turn == entry.turn() => {
                 last.entries.push(entry);
@@ -145,7 +149,7 @@ impl Transcript {
     }
 
     /// The entries a compaction through `upto_turn` summarizes, in log order (SPEC §13).
-    pub fn entries_through(&self, upto_turn: u64) -> Vec<TranscriptEntry> {
+    pub fn entries_through(&self, upto_turn: u64) -> Vec<Arc<TranscriptEntry>> {
         self.turns.iter().take(self.groups_through(upto_turn)).flat_map(|g| g.entries.iter().cloned()).collect()
     }
 
@@ -163,7 +167,7 @@ impl Transcript {
     /// The history a model request of step `step` of turn `turn` carries (SPEC §8): everything before that
     /// step, where the turns before `turn` are cut to the newest `history_turns` by dropping the oldest
     /// *whole* turns. The current turn is never cut, and a tool result stays in the turn of its call.
-    pub fn history(&self, turn: u64, step: u32, history_turns: u32) -> Vec<TranscriptEntry> {
+    pub fn history(&self, turn: u64, step: u32, history_turns: u32) -> Vec<Arc<TranscriptEntry>> {
         let budget = usize::try_from(history_turns).unwrap_or(usize::MAX);
         let earlier = self.turns.iter().filter(|t| t.turn != turn).count();
         let skip = earlier.saturating_sub(budget);
@@ -191,10 +195,10 @@ mod tests {
         TranscriptEntry::User { turn, step, message: UserMessage::user_text(id, id) }
     }
 
-    fn ids(entries: &[TranscriptEntry]) -> Vec<String> {
+    fn ids(entries: &[Arc<TranscriptEntry>]) -> Vec<String> {
         entries
             .iter()
-            .map(|e| match e {
+            .map(|e| match e.as_ref() {
                 TranscriptEntry::User { message, .. } => message.id.0.clone(),
                 other => format!("{}.{}", other.turn(), other.step()),
             })

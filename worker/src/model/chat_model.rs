@@ -117,7 +117,7 @@ impl ChatModel {
             messages.push(ChatMessage::user_text(format!("{SUMMARY_PREFIX}{summary}")));
         }
         for entry in &request.history {
-            match entry {
+            match entry.as_ref() {
                 TranscriptEntry::User { message, .. } => {
                     close_calls(&mut messages, &mut unanswered);
                     seen_users.insert(&message.id);
@@ -301,7 +301,7 @@ mod tests {
             step: 1,
             agent: "assistant".into(),
             system: Some("You are helpful.".into()),
-            history,
+            history: history.into_iter().map(std::sync::Arc::new).collect(),
             messages,
             tool_results: vec![],
             interrupted_prompt: vec![],

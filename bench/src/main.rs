@@ -2,13 +2,14 @@
 //! JetStream async publishes per second (the ceiling), sustained followups and events per second over many
 //! sessions, and the memory per idle loaded session, against `turnstile dev --nats` on loopback. `--json`
 //! prints one object whose top-level keys are the headline figures beside their anchors
-//! (`followup_p50_ms`, `raw_publish_ack_p50_ms`, `followups_per_s`, `raw_async_publish_per_s`,
+//! (`followup_p50_ms`, `raw_publish_ack_p50_ms`, the split by hop `followup_warm_p50_ms`,
+//! `driver_roundtrip_p50_ms`, `grpc_floor_p50_ms`, `followups_per_s`, `raw_async_publish_per_s`,
 //! `events_per_s`, `idle_session_bytes`, `idle_passivated_session_bytes`, `idle_second_batch_session_bytes`,
 //! `watch_fanout_delta_p50_ms`, `watch_caught_up_100k_ms`, `get_inbox_ms`, `failover_kill9_p50_ms`,
 //! `steer_to_message_p50_ms` / `_p99_ms`, `cluster_followups_per_s`, `cluster_followup_p50_ms`,
 //! `cluster_cpu_s_per_1k_followups` (per process, per role, total) beside `cpu_s_per_1k_followups` (the
-//! throughput phase's dev + nats-server), `cluster_raw_publish_ack_p50_ms`, and their ratios). The reads, failover and cluster phases run as child processes of this binary (`reads`,
-//! `failover`, `cluster` modes) with `TURNSTILE_BIN` set to the binary under test; each phase has a flag to
+//! throughput phase's dev + nats-server), `cluster_raw_publish_ack_p50_ms`, and their ratios). The reads,
+//! failover and cluster phases run as child processes of this binary (`reads`, `failover`, `cluster` modes) with `TURNSTILE_BIN` set to the binary under test; each phase has a flag to
 //! size or skip it.
 //!
 //! The run starts a nats-server with the harness (`turnstile_tests::nats::NatsServer`) unless `--nats URL`

@@ -489,26 +489,39 @@ impl Runner {
                 let _ = reply.send(Err(journal_to_command(e)));
                 return false;
             }
-            // The outcome is unknown; the load below sees the group if it landed, and the command's retry
-            // on the loaded session is then answered as one (SPEC §1).
-            Err(e) => tracing::warn!(session = %self.session, error = %e, "first append failed; loading the session"),
+            // The journal is away (or the outcome unknown): answered now, as commands are while a session
+            // cannot load; the client's retry with the same id finds the group if it landed (SPEC §1).
+            Err(e) => {
+                tracing::warn!(session = %self.session, error = %e, "first append failed; loading the session");
+                let _ = reply.send(Err(journal_to_command(e)));
+                return self.load_from_log(commands).await && self.settle(commands).await;
+            }
         }
-        let Some(driver) = load_until_available(&self.deps, &self.session, self.epoch, commands).await else {
+        if !self.load_from_log(commands).await {
             let _ = reply.send(Err(CommandError::Unavailable(format!(
                 "session {} could not be loaded; retry with the same message id",
                 self.session
             ))));
+            return false;
+        }
+        let id = self.next_command;
+        self.next_command += 1;
+        self.waiting.insert(id, reply);
+        self.driver.on_command(id, command, now_ms());
+        self.settle(commands).instrument(span).await
+    }
+
+    /// Replaces the empty driver of [`Runner::serve_first`] with the session loaded from its log, waiting
+    /// out a journal outage. False when the session cannot be served.
+    async fn load_from_log(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
+        let Some(driver) = load_until_available(&self.deps, &self.session, self.epoch, commands).await else {
             return false;
         };
         self.snapshot_seq = driver.state().last_seq;
         self.driver = driver;
         // The empty driver's turn span, if its group opened one, belongs to nothing that happened.
         self.spans = TurnSpans::default();
-        let id = self.next_command;
-        self.next_command += 1;
-        self.waiting.insert(id, reply);
-        self.driver.on_command(id, command, now_ms());
-        self.settle(commands).instrument(span).await
+        true
     }
 
     /// Performs `effects` (the rest of an input's, after its first group was written), then settles.

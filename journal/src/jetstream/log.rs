@@ -322,6 +322,14 @@ impl JetStreamLog {
         traceparent: Option<&str>,
     ) -> Result<Option<u64>, JournalError> {
         let prepared = self.prepare(session, 0, events)?;
+        // A publish made while disconnected waits in the client's buffer and may land after its ack timed
+        // out: the caller, told UNAVAILABLE, loads the session and may read it before that late first group
+        // lands. While the connection is down the first group is not published at all.
+        if self.client.connection_state() != async_nats::connection::State::Connected {
+            return Err(JournalError::Unavailable(format!(
+                "appending to {session}: the connection to NATS is down (nothing was written)"
+            )));
+        }
         match self.publish(session, 0, 0, events, prepared, traceparent).await {
             Ok(last) => Ok(Some(last)),
             Err(Refusal::WrongLastSequence) => Ok(None),

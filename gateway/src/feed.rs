@@ -122,8 +122,9 @@ impl SessionFeeds {
     }
 
     /// Joins `session`'s feed, starting it if it is not running. Returns once the feed's live
-    /// subscription is registered and its tail is open, so every durable event after the log's end *now*
-    /// and every live event published from now on will be broadcast to the returned subscription.
+    /// subscription is registered and the log's end *now* is where its tail starts, so every durable event
+    /// after it and every live event published from now on will be broadcast to the returned subscription
+    /// (or the feed's end, if its tail cannot be opened).
     pub async fn subscribe(&self, session: &SessionRef) -> Result<Subscription, Status> {
         let (feed, receiver, created) = {
             let mut feeds = self.inner.lock();
@@ -272,12 +273,14 @@ async fn follow(inner: &Inner, feed: &Feed) -> FeedEnd {
         Ok(seq) => seq,
         Err(e) => return FeedEnd::failed(&status::from_journal(e)),
     };
+    feed.last_durable.store(start, Ordering::SeqCst);
+    // Subscribers may read their folds now (each at or after `start`) while the tail opens: opening a
+    // reader is the slowest step, and nothing is broadcast before it is open.
+    feed.state.send_replace(FeedState::Running);
     let mut tail = match inner.log.tail(session, start).await {
         Ok(tail) => tail,
         Err(e) => return FeedEnd::failed(&status::from_journal(e)),
     };
-    feed.last_durable.store(start, Ordering::SeqCst);
-    feed.state.send_replace(FeedState::Running);
     // Every subscriber's caught-up is at or after `start` (it reads its fold after joining), so the live
     // events the merge drops as stale are stale for all of them.
     let mut merge = TailMerge::new(start, start);

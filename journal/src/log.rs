@@ -69,8 +69,8 @@ pub trait SessionLog: Send + Sync + 'static {
 
     /// Appends `events` as the first events of the session's log iff it has none; `None` when it has some
     /// (nothing was written). Unlike an append expecting 0 it reads nothing before or after the write:
-    /// a worker serving a command for a session it has not loaded tries this while it loads the session,
-    /// so a new session answers after one round trip (decision 0040).
+    /// a worker serving the first command of a session it never served tries this before loading it, so
+    /// a new session answers after one round trip (decision 0040).
     async fn append_first(
         &self,
         session: &SessionRef,

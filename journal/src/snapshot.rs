@@ -208,7 +208,12 @@ pub enum LoadError {
 /// The fold of a session whose log has no events (whatever snapshot is stored: one ahead of the log is
 /// ignored).
 pub fn empty_state(session: &SessionRef, dedup_horizon: usize) -> Result<SessionState, LoadError> {
-    SessionState::fold(session.clone(), dedup_horizon, &[])
+    fold(session, dedup_horizon, &[])
+}
+
+/// `events` folded from an empty state.
+fn fold(session: &SessionRef, dedup_horizon: usize, events: &[Envelope]) -> Result<SessionState, LoadError> {
+    SessionState::fold(session.clone(), dedup_horizon, events)
         .map_err(|source| LoadError::Projection { session: session.clone(), source: Box::new(source) })
 }
 
@@ -302,7 +307,6 @@ async fn fold_log(
     dedup_horizon: usize,
 ) -> Result<(SessionState, Vec<Envelope>), LoadError> {
     let events = log.read_after(session, 0, None).await?.unwrap_or_default();
-    let state = SessionState::fold(session.clone(), dedup_horizon, &events)
-        .map_err(|source| LoadError::Projection { session: session.clone(), source: Box::new(source) })?;
+    let state = fold(session, dedup_horizon, &events)?;
     Ok((state, events))
 }

@@ -286,9 +286,6 @@ impl Driver {
         Ok(CommandReply::Written { seq: self.state.last_seq })
     }
 
-    /// `ConfigureSession` (SPEC §8): one durable `session/configured`, only while idle. A configure equal to
-    /// the last recorded one writes nothing; a session never configured always records the choice (even
-    /// the default agent), so a later change of the configuration's default does not move it.
     /// An agent the configuration names.
     fn check_agent(&self, agent: &str) -> Result<(), CommandError> {
         if self.agents.get(agent).is_none() {
@@ -301,6 +298,9 @@ impl Driver {
         Ok(())
     }
 
+    /// `ConfigureSession` (SPEC §8): one durable `session/configured`, only while idle. A configure equal to
+    /// the last recorded one writes nothing; a session never configured always records the choice (even
+    /// the default agent), so a later change of the configuration's default does not move it.
     fn configure(&mut self, agent: String, inject_mode: InjectMode) -> Result<CommandReply, CommandError> {
         self.check_agent(&agent)?;
         if self.turn.is_some() || self.state.status != Status::Idle || self.latched_wake {

@@ -157,7 +157,7 @@ pub async fn run(args: ModelArgs) -> Result<()> {
     let bin = args.turnstile_bin.clone().unwrap_or_else(servers::default_turnstile_bin);
     let (llama_bin, model_file) = llama_paths();
     let opts = LlamaOptions { threads: args.threads, extra_args: args.llama_args.clone() };
-    let llama = LlamaServer::start_with(opts).await.context("starting llama-server with the harness")?;
+    let mut llama = LlamaServer::start_with(opts).await.context("starting llama-server with the harness")?;
 
     let scratch = tempfile::Builder::new().prefix("turnstile-bench-model-").tempdir()?;
     let config = scratch.path().join("turnstile.toml");
@@ -172,6 +172,10 @@ pub async fn run(args: ModelArgs) -> Result<()> {
         eprintln!("turnstile dev log tail:\n{}\nllama-server log tail:\n{}", dev.log_tail(), llama.log_tail());
     }
     dev.stop().await;
+    // A server that died mid-run is reported as such, not as the refused connection that followed.
+    if let (Err(_), Some(died)) = (&outcome, llama.died()) {
+        return Err(died.into());
+    }
     let (direct, through) = outcome?;
     drop(llama);
 

@@ -48,7 +48,7 @@ impl Provider {
 /// assert_eq!(local.resolve_api_key(|_| None).unwrap(), None);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(from = "ModelTable")]
 pub struct ModelConfig {
     /// The table's name (`NAME` of `[models.NAME]`); set by the parser, not written in the file.
     #[serde(skip)]
@@ -67,9 +67,10 @@ pub struct ModelConfig {
     pub max_tokens: u32,
     /// Limit on one whole request, in ms. Default 120,000.
     pub timeout_ms: u64,
-    /// Limit on waiting for the first byte of the answer, in ms. Default 30,000.
+    /// Limit on waiting for the first byte of the answer, in ms. Default 30,000, or `timeout_ms` when
+    /// that is lower (a default follows the value the user wrote, never conflicts with it).
     pub first_byte_timeout_ms: u64,
-    /// Limit on a pause of the answer's stream, in ms. Default 30,000.
+    /// Limit on a pause of the answer's stream, in ms. Default 30,000, or `timeout_ms` when that is lower.
     pub idle_timeout_ms: u64,
     /// Retries of a request that failed before its first byte (connection failure, 429, 5xx). Default 3.
     pub retries: u32,
@@ -85,9 +86,57 @@ impl Default for ModelConfig {
             api_key_env: None,
             max_tokens: 1024,
             timeout_ms: 120_000,
-            first_byte_timeout_ms: 30_000,
-            idle_timeout_ms: 30_000,
+            first_byte_timeout_ms: STREAM_TIMEOUT_DEFAULT_MS,
+            idle_timeout_ms: STREAM_TIMEOUT_DEFAULT_MS,
             retries: 3,
+        }
+    }
+}
+
+/// The two stream timeouts when the table does not set them: 30 s, but never above the whole request's
+/// limit, so that `timeout_ms = 20000` alone is accepted (only values the user wrote can be refused).
+const STREAM_TIMEOUT_DEFAULT_MS: u64 = 30_000;
+
+/// `[models.NAME]` as written: the derived defaults need to know which keys are absent.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelTable {
+    #[serde(default)]
+    provider: Option<Provider>,
+    #[serde(default)]
+    base_url: Option<HttpUrl>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    api_key_env: Option<String>,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    first_byte_timeout_ms: Option<u64>,
+    #[serde(default)]
+    idle_timeout_ms: Option<u64>,
+    #[serde(default)]
+    retries: Option<u32>,
+}
+
+impl From<ModelTable> for ModelConfig {
+    fn from(table: ModelTable) -> Self {
+        let defaults = Self::default();
+        let timeout_ms = table.timeout_ms.unwrap_or(defaults.timeout_ms);
+        let stream_default = STREAM_TIMEOUT_DEFAULT_MS.min(timeout_ms);
+        Self {
+            name: String::new(),
+            provider: table.provider.unwrap_or(defaults.provider),
+            base_url: table.base_url,
+            model: table.model.unwrap_or_default(),
+            api_key_env: table.api_key_env,
+            max_tokens: table.max_tokens.unwrap_or(defaults.max_tokens),
+            timeout_ms,
+            first_byte_timeout_ms: table.first_byte_timeout_ms.unwrap_or(stream_default),
+            idle_timeout_ms: table.idle_timeout_ms.unwrap_or(stream_default),
+            retries: table.retries.unwrap_or(defaults.retries),
         }
     }
 }

@@ -125,3 +125,16 @@ tools = ["sleep"]
     assert_eq!(ms(config.tool_deadline(a, ToolId::Builtin(Builtin::Sleep))), 20_000);
     assert_eq!(ms(config.tool_deadline(b, ToolId::Builtin(Builtin::Sleep))), 5000);
 }
+
+#[test]
+fn a_low_timeout_alone_lowers_the_stream_timeouts_it_would_conflict_with() {
+    // A user who writes only `timeout_ms` must not be refused over keys they never wrote.
+    let config = Config::from_toml_str("[models.m]\nmodel = \"x\"\ntimeout_ms = 20000\n").unwrap();
+    let m = &config.models["m"];
+    assert_eq!((m.timeout_ms, m.first_byte_timeout_ms, m.idle_timeout_ms), (20_000, 20_000, 20_000));
+    // Above 30 s the defaults stay 30 s; a value the user wrote is kept as written.
+    let config =
+        Config::from_toml_str("[models.m]\nmodel = \"x\"\ntimeout_ms = 60000\nidle_timeout_ms = 5000\n").unwrap();
+    let m = &config.models["m"];
+    assert_eq!((m.first_byte_timeout_ms, m.idle_timeout_ms), (30_000, 5_000));
+}

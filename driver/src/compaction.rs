@@ -123,6 +123,10 @@ impl Driver {
     /// `Compact` (SPEC §13): only while idle; nothing to summarize writes nothing.
     pub(super) fn compact_command(&mut self, id: CommandId) -> Option<Result<CommandReply, CommandError>> {
         let session = &self.state.session;
+        // Like every other call that needs a session, not a silent OK on one that was never written.
+        if self.state.last_seq == 0 {
+            return Some(Err(CommandError::session_not_found(session)));
+        }
         if let Some(turn) = self.running_turn() {
             return Some(Err(CommandError::FailedPrecondition(format!(
                 "session {session} is running turn {turn}; compact once it is idle (wait-idle), or let the agent's \

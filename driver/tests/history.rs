@@ -49,7 +49,11 @@ fn compact_while_idle_summarizes_every_finished_turn_and_later_requests_carry_th
 #[test]
 fn compact_with_nothing_to_summarize_writes_nothing() {
     let mut sim = Sim::new();
-    assert_eq!(written(compact(&mut sim)), 0);
+    // A session never written does not exist: NOT_FOUND, as for every other call that needs one.
+    let (kind, message) = refused(compact(&mut sim));
+    assert_eq!(kind, "not-found");
+    assert!(message.ends_with("does not exist: it has no accepted writes yet"), "{message}");
+    sim.expect_nothing();
     sim.followup("A", "first").unwrap();
     written(compact(&mut sim));
     sim.take();

@@ -4,7 +4,7 @@
 use tonic::Status;
 use turnstile_journal::SessionLog;
 use turnstile_journal::snapshot::{LoadError, ReadFold, SnapshotStore, load_for_reads};
-use turnstile_model::{SessionRef, SessionState};
+use turnstile_model::{CommandError, SessionRef, SessionState};
 
 use crate::status;
 
@@ -50,5 +50,5 @@ pub async fn existing(
 
 /// NOT_FOUND for `session`; also the answer for another tenant's session, so the two cannot be told apart.
 pub fn not_found(session: &SessionRef) -> Status {
-    Status::not_found(format!("session {session} does not exist: it has no accepted writes yet"))
+    Status::not_found(CommandError::session_not_found(session).to_string())
 }

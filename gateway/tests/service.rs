@@ -221,3 +221,44 @@ async fn list_sessions_pages_by_last_name() {
         .into_inner();
     assert!(other.sessions.is_empty());
 }
+
+#[tokio::test]
+async fn a_delivery_with_no_content_is_refused_saying_what_to_send() {
+    let mut api = start().await;
+    let empty = |content: Vec<pb::ContentBlock>| Some(pb::UserMessage { id: "m1".into(), content, source: None });
+    let blank = pb::ContentBlock { block: Some(pb::content_block::Block::Text(pb::TextBlock { text: " \n".into() })) };
+    for message in [empty(vec![]), empty(vec![blank.clone()]), empty(vec![blank.clone(), blank])] {
+        let err = api.followup(pb::DeliverRequest { session: session("s1"), message }).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert_eq!(
+            err.message(),
+            "message m1 has no content; send at least one text block with non-blank text, or a data block with bytes"
+        );
+    }
+    let err = api.get_session(pb::GetSessionRequest { session: session("s1") }).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "a refused delivery must not create the session");
+    // A data block alone is content.
+    let image = pb::ContentBlock {
+        block: Some(pb::content_block::Block::Data(pb::DataBlock { mime: "image/png".into(), bytes: vec![1, 2, 3] })),
+    };
+    api.queue(pb::DeliverRequest { session: session("s1"), message: empty(vec![image]) }).await.unwrap();
+}
+
+#[tokio::test]
+async fn every_call_that_needs_a_session_answers_not_found_on_one_never_written() {
+    let mut api = start().await;
+    let missing = "session default/ghost does not exist: it has no accepted writes yet";
+    let s = || session("ghost");
+    let results = [
+        ("Compact", api.compact(pb::CompactRequest { session: s() }).await.map(|_| ())),
+        ("GetInbox", api.get_inbox(pb::GetInboxRequest { session: s() }).await.map(|_| ())),
+        ("GetSession", api.get_session(pb::GetSessionRequest { session: s() }).await.map(|_| ())),
+        ("DeleteSession", api.delete_session(pb::DeleteSessionRequest { session: s() }).await.map(|_| ())),
+    ];
+    for (call, result) in results {
+        let err = result.expect_err(call);
+        assert_eq!((call, err.code(), err.message()), (call, Code::NotFound, missing));
+    }
+    let err = api.get_session(pb::GetSessionRequest { session: s() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "no call above may create the session");
+}

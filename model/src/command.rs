@@ -4,6 +4,8 @@
 //! request into a [`Command`] and routes it (through `turnstile_cluster::CommandRouter`) to the driver
 //! that owns the session, which answers with a [`CommandReply`] or a [`CommandError`].
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 use crate::event::{CancelCause, Fork, InjectMode, OnDeadline, Status};
@@ -208,6 +210,12 @@ pub enum CommandError {
 }
 
 impl CommandError {
+    /// The answer to a command or read that needs an existing session, on one with no events: the same
+    /// words wherever it is decided (host, driver, gateway reads), so a caller sees one rule.
+    pub fn session_not_found(session: impl fmt::Display) -> Self {
+        Self::NotFound(format!("session {session} does not exist: it has no accepted writes yet"))
+    }
+
     /// The kind of this error as a stable name (`invalid-argument`, `not-owner`, …): what the internal API
     /// carries beside the gRPC code, and what logs and tests compare.
     pub fn kind(&self) -> &'static str {

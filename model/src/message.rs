@@ -195,10 +195,23 @@ impl UserMessage {
         texts.join("\n")
     }
 
-    /// Checks the id, the source and the size against `max_bytes`.
+    /// Whether a model would see anything: a text block with non-blank text, or a data block with bytes.
+    /// Hosted providers refuse a user message without it (Anthropic: "text content blocks must contain
+    /// non-whitespace text"), so one is refused when delivered rather than when its turn runs.
+    pub fn has_content(&self) -> bool {
+        self.content.iter().any(|b| match b {
+            ContentBlock::Text { text } => !text.trim().is_empty(),
+            ContentBlock::Data { bytes, .. } => !bytes.is_empty(),
+        })
+    }
+
+    /// Checks the id, the source, that there is content, and the size against `max_bytes`.
     pub fn validate(&self, max_bytes: usize) -> Result<(), ValueError> {
         self.id.validate()?;
         self.source.validate()?;
+        if !self.has_content() {
+            return Err(ValueError::NoContent { id: self.id.clone() });
+        }
         let size = self.size();
         if size > max_bytes {
             return Err(ValueError::TooLarge { id: self.id.clone(), size, max: max_bytes });
@@ -252,4 +265,8 @@ pub enum ValueError {
         "message {id} has {size} bytes of content, over the limit of {max}; split it or send the data by reference"
     )]
     TooLarge { id: MessageId, size: usize, max: usize },
+    #[error(
+        "message {id} has no content; send at least one text block with non-blank text, or a data block with bytes"
+    )]
+    NoContent { id: MessageId },
 }

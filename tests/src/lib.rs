@@ -83,6 +83,9 @@ pub enum HarnessError {
     StartTimeout { what: String, waited: Duration, log_tail: String },
     #[error("{what} exited early ({status}); log tail:\n{log_tail}")]
     Exited { what: String, status: String, log_tail: String },
+    /// A model server that died: like [`HarnessError::Exited`], with what the death means and what to do.
+    #[error("{what} died ({status}): {hint}; log tail:\n{log_tail}")]
+    ModelServerDied { what: String, status: String, hint: &'static str, log_tail: String },
     #[error("gRPC transport error: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("gRPC call failed: {0}")]

@@ -106,10 +106,20 @@ impl LlamaServer {
             .args(&opts.extra_args);
         let mut process = ChildProcess::spawn("llama-server", command, &log_path)?;
         let started = Instant::now();
-        let addr = process.wait_for("its `listening on` log line", STARTUP, |_| listening_addr(&log_path)).await?;
+        let addr = process
+            .wait_for("its `listening on` log line", STARTUP, |_| listening_addr(&log_path))
+            .await
+            .map_err(explain_death)?;
         process.set_name(format!("llama-server on {addr}"));
         let server = Self { process, addr, _scratch: scratch };
-        server.wait_healthy(STARTUP.saturating_sub(started.elapsed())).await
+        server.wait_healthy(STARTUP.saturating_sub(started.elapsed())).await.map_err(explain_death)
+    }
+
+    /// Why the server stopped answering, if it has died: an error saying what its exit means and what to
+    /// do. A caller whose request failed asks this first, so that a crash is never reported as a bare
+    /// "connection refused".
+    pub fn died(&mut self) -> Option<HarnessError> {
+        self.process.exited_error().map(explain_death)
     }
 
     async fn wait_healthy(mut self, timeout: Duration) -> Result<Self, HarnessError> {
@@ -152,6 +162,34 @@ impl LlamaServer {
 
     pub fn log_tail(&self) -> String {
         self.process.log_tail()
+    }
+}
+
+/// Turns the harness's "exited early" into what a llama-server death means and what to do about it.
+fn explain_death(error: HarnessError) -> HarnessError {
+    match error {
+        HarnessError::Exited { what, status, log_tail } => {
+            let hint = death_hint(&status);
+            HarnessError::ModelServerDied { what, status, hint, log_tail }
+        }
+        other => other,
+    }
+}
+
+/// What an exit status of llama-server means (`status` is std's `ExitStatus` display).
+fn death_hint(status: &str) -> &'static str {
+    if status.contains("SIGILL") {
+        "it executed an instruction this CPU or virtual machine does not allow, so the binary was built for \
+         another CPU (llama.cpp's default GGML_NATIVE=ON, or a build copied from another machine); build the \
+         portable one with scripts/setup-test-deps (scripts/build-llama-server) and point LLAMA_SERVER_BIN at \
+         the path it prints"
+    } else if status.contains("SIGKILL") {
+        "it was killed from outside (the kernel's OOM killer, or a stop of the test run); see dmesg"
+    } else if status.contains("signal") {
+        "it crashed; the log tail below shows how far it got loading the model"
+    } else {
+        "it refused to start; the log tail below says why (a wrong -m path, an unreadable GGUF, a port in \
+         use or a flag this llama.cpp does not know)"
     }
 }
 
@@ -660,6 +698,44 @@ mod tests {
         assert_eq!(requests[0].json(), serde_json::json!({"a": 1}));
         assert_eq!(requests[1].body, b"{}");
         assert_eq!((requests[2].method.as_str(), requests[2].body.len()), ("GET", 0));
+    }
+
+    #[test]
+    fn a_death_by_sigill_says_the_build_is_for_another_cpu() {
+        let died = explain_death(HarnessError::Exited {
+            what: "llama-server".into(),
+            status: "signal: 4 (SIGILL)".into(),
+            log_tail: "load_tensors: CPU_REPACK model buffer size".into(),
+        });
+        let text = died.to_string();
+        assert!(text.starts_with("llama-server died (signal: 4 (SIGILL)): it executed an instruction"), "{text}");
+        assert!(text.contains("scripts/build-llama-server") && text.contains("CPU_REPACK"), "{text}");
+        let refused = explain_death(HarnessError::Exited {
+            what: "llama-server".into(),
+            status: "exit status: 1".into(),
+            log_tail: String::new(),
+        });
+        assert!(refused.to_string().contains("refused to start"), "{refused}");
+    }
+
+    /// A real llama-server process that dies at start is reported with its signal, the meaning and the
+    /// log tail, not as a timeout or a refused connection. `sh -c 'kill -ILL $$'` stands in for the
+    /// binary: it dies exactly as the AMX build did.
+    #[tokio::test]
+    async fn a_server_killed_by_sigill_at_start_is_explained() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let mut command = Command::new("sh");
+        command.args(["-c", "echo 'load_tensors: loading model'; kill -ILL $$"]);
+        let mut process = ChildProcess::spawn("llama-server", command, &log).unwrap();
+        let err = process
+            .wait_for("its `listening on` log line", Duration::from_secs(20), |_| listening_addr(&log))
+            .await
+            .map_err(explain_death)
+            .unwrap_err();
+        let HarnessError::ModelServerDied { status, log_tail, .. } = &err else { panic!("{err}") };
+        assert!(status.contains("SIGILL"), "{status}");
+        assert!(log_tail.contains("loading model"), "{log_tail}");
     }
 
     #[test]

@@ -420,9 +420,7 @@ impl SessionHost {
         let last = self.deps.log.delete(session).await.map_err(journal_to_command)?;
         self.deps.snapshots.delete(session).await.map_err(journal_to_command)?;
         if last == 0 {
-            return Err(CommandError::NotFound(format!(
-                "session {session} does not exist: it has no accepted writes yet"
-            )));
+            return Err(CommandError::session_not_found(session));
         }
         tracing::info!(%session, last_seq = last, "session deleted");
         Ok(CommandReply::Written { seq: last })

@@ -291,7 +291,7 @@ async fn turnstile_unbounded(
     prompt: &str,
 ) -> Result<Sample> {
     let session = pb::SessionRef { tenant: "bench".into(), id: format!("model-{run_id}-{round}") };
-    let watch = pb::WatchRequest { session: Some(session.clone()), after_seq: 0, live: true };
+    let watch = pb::WatchRequest { session: Some(session.clone()), after_seq: 0, live: true, resume: None };
     let mut stream = client.watch(watch).await?.into_inner();
     loop {
         match stream.message().await? {

@@ -26,6 +26,7 @@ pub mod merge;
 mod ops;
 pub mod quota;
 pub mod read;
+pub mod resume;
 pub mod service;
 pub mod status;
 pub mod tls;

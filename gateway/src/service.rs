@@ -20,6 +20,7 @@ use turnstile_proto::v1::agent_server::{Agent, AgentServer};
 use crate::auth::{Authenticator, Caller};
 use crate::feed::SessionFeeds;
 use crate::quota::{QuotaConfig, Quotas};
+use crate::resume::StepPosition;
 use crate::tools::ToolHub;
 use crate::watch::{self, WatchSpec};
 use crate::{convert, read, status};
@@ -140,6 +141,11 @@ impl Gateway {
     /// This gateway's shared Watch feeds (tests read how many are open).
     pub fn feeds(&self) -> &SessionFeeds {
         &self.feeds
+    }
+
+    /// Where this gateway's Watch streams ask for a streaming step's output (tests run [`watch::run`]).
+    pub fn owners(&self) -> watch::Owners {
+        watch::Owners(self.router.clone())
     }
 
     /// This gateway's per-tenant quotas (tests read the open Watch count).
@@ -639,12 +645,25 @@ impl Agent for Gateway {
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let req = self.open(request)?;
-        let spec = WatchSpec { session: self.session(req.session)?, after_seq: req.after_seq, live: req.live };
+        let resume = req.resume.map(|r| StepPosition {
+            turn: r.turn,
+            step: r.step,
+            text: r.text_offset,
+            reasoning: r.reasoning_offset,
+        });
+        let spec = WatchSpec { session: self.session(req.session)?, after_seq: req.after_seq, live: req.live, resume };
         // The slot is held by the stream's task, which ends when the client goes away.
         let permit = self.quotas.open_watch(&spec.session.tenant)?;
         let (tx, rx) = mpsc::channel(self.config.watch_buffer.max(1));
-        let run =
-            watch::run(self.log.clone(), self.feeds.clone(), self.snapshots.clone(), spec, tx, self.shutdown.clone());
+        let run = watch::run(
+            self.log.clone(),
+            self.feeds.clone(),
+            self.snapshots.clone(),
+            watch::Owners(self.router.clone()),
+            spec,
+            tx,
+            self.shutdown.clone(),
+        );
         tokio::spawn(async move {
             let _permit = permit;
             run.await;

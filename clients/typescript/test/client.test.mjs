@@ -80,12 +80,16 @@ test("a followup's reply streams through watch, from caughtUp 0 to the idle stat
   assert.equal(info.lastTurn, reply.turn);
   assert.equal(info.session?.id, s);
   assert.equal(info.agent, "helper");
+  const second = newId();
+  await client.queue(second, "a second session");
   const listed = [];
   for await (const i of client.sessions()) listed.push(i.session?.id);
-  assert.ok(listed.includes(s), "sessions() lists it");
+  assert.ok(listed.includes(s) && listed.includes(second), "sessions() lists both");
   const page = await client.listSessions({ pageSize: 1 });
   assert.equal(page.sessions.length, 1);
   assert.notEqual(page.nextPageToken, "", "more than one session: another page");
+  const next = await client.listSessions({ pageSize: 1, pageToken: page.nextPageToken });
+  assert.notEqual(next.sessions[0]?.session?.id, page.sessions[0]?.session?.id, "the next page goes on");
 });
 
 test("inbox edits and reads: queue, inject, send, replace, remove, splice, clear", async () => {

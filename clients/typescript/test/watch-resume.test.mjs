@@ -43,6 +43,9 @@ test("a watch resumes across a gateway killed and restarted on a new port: nothi
     await bounded(eventsUntilReply(stream, "echo: one", seen), "the first reply");
     const before = stream.position.afterSeq;
 
+    // The stream is being read while the gateway is down: it notices at once and retries against the dead
+    // address (connection refused) until the address function names the restarted gateway.
+    const during = eventsUntilReply(stream, "echo: two", seen);
     await control("kill-gateway 0");
     // While gateway 0 is down the session goes on through gateway 1.
     await other.followup(s, "two");
@@ -50,8 +53,7 @@ test("a watch resumes across a gateway killed and restarted on a new port: nothi
     const old = current;
     current = await control("restart-gateway 0");
     assert.notEqual(current, old, "the gateway came back on another port");
-
-    await bounded(eventsUntilReply(stream, "echo: two", seen), "the reply given while the gateway was down");
+    await bounded(during, "the reply given while the gateway was down");
     await client.followup(s, "three");
     await bounded(eventsUntilReply(stream, "echo: three", seen), "the reply after the restart");
     await stream.close();

@@ -106,11 +106,14 @@ async fn typescript_client_calls_every_rpc_against_dev() {
 }
 
 /// A delivery whose connection drops after the server applied it is retried with the same MessageId and
-/// answered with the first acceptance; a cancel in the same situation is not repeated.
+/// answered with the first acceptance; a cancel in the same situation is not repeated; a tool server
+/// registers again and serves the next call.
 #[tokio::test]
 async fn typescript_client_retries_a_delivery_after_a_dropped_connection() {
     build().await;
-    let dev = DevServer::start().await.unwrap();
+    let (_dir, config) = config_file(AGENTS);
+    let dev =
+        DevServer::start_with(DevOptions { extra_args: config_args(&config), ..DevOptions::default() }).await.unwrap();
     node_test(&["test/retry.test.mjs"], &[("TURNSTILE_ADDR", dev.addr().to_string())]).await;
 }
 

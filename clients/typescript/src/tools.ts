@@ -61,6 +61,8 @@ export interface ToolServerOptions {
   signal?: AbortSignal;
   /** Told when the gateway refused a result (its call had already ended there). */
   onRejected?: (callId: string, reason: string) => void;
+  /** Told on every accepted registration: the first, and each after a lost stream. */
+  onRegistered?: (names: string[]) => void;
 }
 
 type ResultInit = MessageInitShape<typeof ToolCallResultSchema>;
@@ -202,6 +204,7 @@ export class ToolServer {
           case "registered":
             this.#registered(task.task.value.tools);
             onRegistered();
+            this.options.onRegistered?.(task.task.value.tools);
             break;
           case "call": {
             const call = task.task.value;

@@ -107,3 +107,39 @@ test("a cancel whose connection drops is not repeated: it fails UNAVAILABLE and 
     proxy.close();
   }
 });
+
+test("a tool server whose connection drops registers again and serves the next call", async () => {
+  const proxy = new Proxy(address);
+  const client = new TurnstileClient({ address: await proxy.start() });
+  /** @type {string[][]} */
+  const registrations = [];
+  /** @type {() => void} */
+  let again = () => {};
+  const registeredAgain = new Promise((resolve) => (again = () => resolve(undefined)));
+  const server = client.serveTools(
+    { lookup: ({ q }) => `found ${q}` },
+    {
+      onRegistered: (names) => {
+        registrations.push(names);
+        if (registrations.length === 2) again();
+      },
+    },
+  );
+  try {
+    assert.deepEqual(await bounded(server.registered, "the registration"), ["lookup"]);
+    proxy.cut();
+    await bounded(registeredAgain, "the registration after the connection dropped");
+    const s = newId();
+    await direct.followup(s, '[[tool:lookup {"q":"y"}]]');
+    await direct.whenIdle(s);
+    const results = (await replay(direct, s)).flatMap((e) =>
+      e.payload.case === "toolResult" ? [[e.payload.value.output, e.payload.value.error]] : [],
+    );
+    assert.deepEqual(results, [["found y", undefined]]);
+    assert.deepEqual(registrations, [["lookup"], ["lookup"]]);
+  } finally {
+    await server.close();
+    client.close();
+    proxy.close();
+  }
+});

@@ -36,6 +36,13 @@ tools = ["echo"]
 approval = ["echo"]
 "#;
 
+/// A `turnstile dev` running [`AGENTS`] (and the directory of its configuration file, to keep).
+async fn dev_with_agents() -> (tempfile::TempDir, DevServer) {
+    let (dir, config) = config_file(AGENTS);
+    let options = DevOptions { extra_args: config_args(&config), ..DevOptions::default() };
+    (dir, DevServer::start_with(options).await.unwrap())
+}
+
 fn package_dir() -> PathBuf {
     workspace_root().join("clients/typescript")
 }
@@ -95,9 +102,7 @@ async fn node_test(files: &[&str], env: &[(&str, String)]) {
 #[tokio::test]
 async fn typescript_client_calls_every_rpc_against_dev() {
     build().await;
-    let (_dir, config) = config_file(AGENTS);
-    let dev =
-        DevServer::start_with(DevOptions { extra_args: config_args(&config), ..DevOptions::default() }).await.unwrap();
+    let (_config, dev) = dev_with_agents().await;
     let env = [
         ("TURNSTILE_ADDR", dev.addr().to_string()),
         ("TURNSTILE_HTTP_ADDR", dev.http_addr().expect("the dev server's HTTP port").to_string()),
@@ -111,9 +116,7 @@ async fn typescript_client_calls_every_rpc_against_dev() {
 #[tokio::test]
 async fn typescript_client_retries_a_delivery_after_a_dropped_connection() {
     build().await;
-    let (_dir, config) = config_file(AGENTS);
-    let dev =
-        DevServer::start_with(DevOptions { extra_args: config_args(&config), ..DevOptions::default() }).await.unwrap();
+    let (_config, dev) = dev_with_agents().await;
     node_test(&["test/retry.test.mjs"], &[("TURNSTILE_ADDR", dev.addr().to_string())]).await;
 }
 

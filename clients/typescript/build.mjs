@@ -8,7 +8,7 @@
 // A stamp (.build-stamp, the digest of every input) makes a second run with nothing changed a no-op, so
 // the tests can call it freely; they serialise concurrent runs with flock(1) (tests/tests/typescript_client.rs).
 
-import { execFileSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join, relative } from "node:path";
@@ -49,14 +49,14 @@ function stamp() {
   return hash.digest("hex");
 }
 
-const run = (cmd, args) => {
-  try {
-    execFileSync(cmd, args, { cwd: here, stdio: "inherit" });
-  } catch {
-    console.error(`build.mjs: ${cmd.split("/").pop()} ${args.join(" ")} failed (its output is above)`);
+/** Runs a tool of node_modules/.bin in the package; exits the build when it fails (its output is above). */
+function tool(name, ...args) {
+  const result = spawnSync(bin(name), args, { cwd: here, stdio: "inherit" });
+  if (result.status !== 0) {
+    console.error(`build.mjs: ${name} ${args.join(" ")} exited with ${result.status ?? result.signal}`);
     process.exit(1);
   }
-};
+}
 
 const want = stamp();
 const built = existsSync(join(here, "dist", "index.js")) && existsSync(stampFile) && readFileSync(stampFile, "utf8") === want;
@@ -66,10 +66,10 @@ if (built && !process.argv.includes("--force")) {
 }
 rmSync(stampFile, { force: true });
 const t0 = Date.now();
-run(bin("buf"), ["generate"]);
+tool("buf", "generate");
 rmSync(join(here, "dist"), { recursive: true, force: true });
-run(bin("tsc"), ["-p", "tsconfig.json"]);
-run(bin("tsc"), ["-p", join("test", "tsconfig.json")]);
+tool("tsc", "-p", "tsconfig.json");
+tool("tsc", "-p", join("test", "tsconfig.json"));
 writeFileSync(stampFile, want);
 const size = files(join(here, "dist")).reduce((n, f) => n + statSync(f).size, 0);
 console.log(`clients/typescript: built dist/ (${size} bytes) in ${((Date.now() - t0) / 1000).toFixed(1)} s`);

@@ -24,6 +24,7 @@ import {
   env,
   eventsOf,
   newId,
+  refusingAddress,
   replay,
   replies,
   untilIdleAfter,
@@ -291,12 +292,7 @@ test("client tools called by the agent: results, context, errors, the call's con
 });
 
 test("an address function is asked again after UNAVAILABLE and the delivery goes through", async () => {
-  const net = await import("node:net");
-  // A port that was just free: nothing listens there, connections are refused.
-  const closed = net.createServer();
-  await new Promise((resolve) => closed.listen(0, "127.0.0.1", () => resolve(undefined)));
-  const dead = `127.0.0.1:${/** @type {import("node:net").AddressInfo} */ (closed.address()).port}`;
-  await new Promise((resolve) => closed.close(resolve));
+  const dead = await refusingAddress();
   let asked = 0;
   const moving = new TurnstileClient({ address: () => (++asked === 1 ? dead : address), interceptors: [record] });
   try {
@@ -313,11 +309,7 @@ test("an address function is asked again after UNAVAILABLE and the delivery goes
 });
 
 test("a command is not retried: UNAVAILABLE at once when nothing listens", async () => {
-  const net = await import("node:net");
-  const closed = net.createServer();
-  await new Promise((resolve) => closed.listen(0, "127.0.0.1", () => resolve(undefined)));
-  const dead = `127.0.0.1:${/** @type {import("node:net").AddressInfo} */ (closed.address()).port}`;
-  await new Promise((resolve) => closed.close(resolve));
+  const dead = await refusingAddress();
   let asked = 0;
   const nowhere = new TurnstileClient({ address: () => (asked++, dead), retry: { deadlineMs: 500 } });
   try {

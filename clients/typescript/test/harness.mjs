@@ -32,6 +32,15 @@ export function newId(prefix = "ts") {
   return `${prefix}-${randomUUID().slice(0, 12)}`;
 }
 
+/** A loopback address nothing listens on (a port that was just free): connections to it are refused. */
+export async function refusingAddress() {
+  const server = net.createServer();
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", () => resolve(undefined)));
+  const { port } = /** @type {net.AddressInfo} */ (server.address());
+  await new Promise((resolve) => server.close(resolve));
+  return `127.0.0.1:${port}`;
+}
+
 /**
  * `promise`, or a failure naming `what` after WAIT_MS.
  * @template T

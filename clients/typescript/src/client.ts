@@ -18,6 +18,7 @@ import {
   type CancelCauseSchema,
   type InjectMode,
   type OnDeadline,
+  type SessionRef,
   Target,
 } from "./gen/turnstile/v1/events_pb.js";
 import { toTurnstileError } from "./errors.js";
@@ -122,9 +123,11 @@ export interface ListOptions extends CallOptions {
   pageSize?: number;
 }
 
-/** The connect client of the current connection, and the headers every call carries. */
+/** The current connection as callers of the generated code see it. */
 export interface Rpc {
+  /** The generated Connect client of `turnstile.v1.Agent` on this connection. */
   readonly agent: Client<typeof Agent>;
+  /** Whether the connection carries bidirectional streams (ServeTools). */
   readonly bidiStreams: boolean;
 }
 
@@ -274,7 +277,7 @@ export class ClientBase implements ClientCore {
   }
 
   /** A `SessionRef` for `session`: an id in this client's tenant, or the given ref. */
-  ref(session: SessionLike) {
+  ref(session: SessionLike): SessionRef {
     return sessionRef(session, this.tenant);
   }
 

@@ -2,13 +2,13 @@
 // 0056). Today the position is the last durable seq; SPEC §14's live positions (the streaming step's
 // byte offsets, sent as `WatchRequest.resume`) will join it in WatchPosition without changing this API.
 
-import { type SessionRef } from "./gen/turnstile/v1/events_pb.js";
-import { type WatchItem } from "./gen/turnstile/v1/agent_pb.js";
+import { Code } from "@connectrpc/connect";
+import type { WatchItem } from "./gen/turnstile/v1/agent_pb.js";
+import type { SessionRef } from "./gen/turnstile/v1/events_pb.js";
 import type { CallOptions, ClientCore } from "./client.js";
 import { TurnstileError, toTurnstileError } from "./errors.js";
 import type { Uint64 } from "./messages.js";
 import { NO_RETRY, Retries } from "./retry.js";
-import { Code } from "@connectrpc/connect";
 
 /** Where a watch stands: what it would ask the server for if it had to reopen now. */
 export interface WatchPosition {

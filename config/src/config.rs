@@ -345,6 +345,30 @@ impl Config {
         self.models.get(&agent.model)
     }
 
+    /// The agents that run on model `model` or compact with it (`compaction_model`), sorted: the models a
+    /// worker sets up, and the ones whose API key it needs, are exactly those with an agent here
+    /// (docs/decisions/0045-only-used-models-need-keys.md).
+    ///
+    /// ```
+    /// use turnstile_config::Config;
+    ///
+    /// let config = Config::from_toml_str(
+    ///     "[models.gpt]\nmodel = \"gpt-4o-mini\"\napi_key_env = \"OPENAI_API_KEY\"\n\
+    ///      [models.claude]\nprovider = \"anthropic\"\nmodel = \"claude-sonnet-4-5\"\n\
+    ///      [agents.writer]\nmodel = \"gpt\"\n[agents.editor]\nmodel = \"gpt\"\n",
+    /// )
+    /// .unwrap();
+    /// assert_eq!(config.agents_using_model("gpt"), ["editor", "writer"]);
+    /// assert!(config.agents_using_model("claude").is_empty());
+    /// ```
+    pub fn agents_using_model(&self, model: &str) -> Vec<&str> {
+        self.agents
+            .values()
+            .filter(|a| a.model == model || a.compaction_model.as_deref() == Some(model))
+            .map(|a| a.name.as_str())
+            .collect()
+    }
+
     /// The agents' names, sorted and comma-separated, for messages such as an unknown agent in
     /// `ConfigureSession`.
     pub fn agent_names(&self) -> String {

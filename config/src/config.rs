@@ -21,7 +21,7 @@ pub const SCRIPTED: &str = "scripted";
 /// The environment variable that names the configuration file when `--config` is not given.
 pub const CONFIG_ENV: &str = "TURNSTILE_CONFIG";
 
-/// The configuration of a node (API.md "Configuration"): every key optional, the same file on every node.
+/// The configuration of a node (docs/CONFIGURATION.md): every key optional, the same file on every node.
 ///
 /// Parsing fills in defaults, adds the built-in model and agent `scripted` unless the file defines its own,
 /// and validates; the fields are public so that command-line flags can override them afterwards (call
@@ -124,7 +124,7 @@ impl Limits {
     }
 }
 
-/// `[cluster]`: how a NATS cluster's sessions are laid out and owned (ARCHITECTURE.md, decision 0005).
+/// `[cluster]`: how a NATS cluster's sessions are laid out and owned (docs/SUBJECTS.md, docs/decisions/0005-shard-leases-epochs-and-handoff.md).
 /// `shards`, `partitions` and `replicas` are part of the layout: every node of a cluster must agree.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -4,8 +4,9 @@
 
 Checks what can be checked without building: every base image pinned (explicit tag or digest, never
 `latest`; the rust builder by its full x.y.z version), `cargo build --release -p turnstile --locked`, the
-final stage runs as a non-root USER and installs ca-certificates (unless distroless), exec-form
-ENTRYPOINT ["turnstile"], EXPOSE 7400 7500 9090. Exit status 1 on any failure.
+final stage (and every other stage with an ENTRYPOINT: the MCP variant) runs as a non-root USER and
+installs ca-certificates (unless distroless), exec-form ENTRYPOINT ["turnstile"], EXPOSE 7400 7500 9090.
+Exit status 1 on any failure.
 """
 
 import json
@@ -80,7 +81,15 @@ def main(path):
             if flag not in r:
                 errors.append(f"`cargo build` without {flag}")
 
-    final = stages[-1]
+    # Every stage that is an image to run (the last one, and any other with an ENTRYPOINT, such as the MCP
+    # variant) gets the same checks.
+    images = [s for s in stages[:-1] if any(op == "ENTRYPOINT" for op, _ in s["ins"])] + [stages[-1]]
+    for final in images:
+        check_image(final, errors)
+    return report(path, errors, stages)
+
+
+def check_image(final, errors):
     users = [rest for op, rest in final["ins"] if op == "USER"]
     if not users:
         errors.append("final stage has no USER: the container would run as root")
@@ -103,7 +112,6 @@ def main(path):
     missing = {"7400", "7500", "9090"} - exposed
     if missing:
         errors.append(f"EXPOSE is missing {' '.join(sorted(missing))}")
-    return report(path, errors, stages)
 
 
 def report(path, errors, stages=()):

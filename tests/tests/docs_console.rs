@@ -29,8 +29,14 @@ fn root() -> PathBuf {
 #[derive(Debug)]
 enum Step {
     /// `(command, expected output lines)` in order; `range` is the block's body in the document.
-    Block { commands: Vec<(String, Vec<String>)>, range: std::ops::Range<usize> },
-    Wait { session: String, event_type: String },
+    Block {
+        commands: Vec<(String, Vec<String>)>,
+        range: std::ops::Range<usize>,
+    },
+    Wait {
+        session: String,
+        event_type: String,
+    },
 }
 
 struct Document {
@@ -277,5 +283,8 @@ fn normalizing_keeps_what_is_stable() {
     assert_eq!(normalize("#9       assistant/message \"echo: tell \" interrupted"), {
         "#9       assistant/message \"…\" interrupted"
     });
-    assert_eq!(normalize("#7       assistant/message \"echo: deploy v2\""), "#7       assistant/message \"echo: deploy v2\"");
+    assert_eq!(
+        normalize("#7       assistant/message \"echo: deploy v2\""),
+        "#7       assistant/message \"echo: deploy v2\""
+    );
 }

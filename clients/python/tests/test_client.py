@@ -315,6 +315,14 @@ class ToolScenarios(DevCase):
 class ExampleTest(DevCase, unittest.TestCase):
     """The README's example runs as written."""
 
+    def test_every_python_block_of_the_readme_is_valid_python(self):
+        # A block that cannot even be compiled (an `async with` outside a coroutine) cannot run as written.
+        readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+        blocks = [part.split("```", 1)[0] for part in readme.split("```python\n")[1:]]
+        self.assertGreaterEqual(len(blocks), 2)
+        for block in blocks:
+            compile(block, "clients/python/README.md", "exec")
+
     def test_the_quickstart_prints_the_streamed_reply(self):
         example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
         env = dict(os.environ, TURNSTILE_ADDR=self.dev.address)

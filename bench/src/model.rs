@@ -207,7 +207,7 @@ pub async fn run(args: ModelArgs) -> Result<()> {
     Ok(())
 }
 
-/// The configuration of API.md "Configuration": one `openai` model on the server, the default agent on it.
+/// The configuration of docs/CONFIGURATION.md: one `openai` model on the server, the default agent on it.
 fn config_toml(base_url: &str, system: &str, max_tokens: u32) -> String {
     // TOML basic strings take JSON's escapes for quotes, backslashes and control characters.
     let quote = |s: &str| serde_json::Value::String(s.to_owned()).to_string();

@@ -2,7 +2,7 @@
 //! [`gateway`] and [`worker`]. This is what the `turnstile` binary, the cross-process tests and the bench
 //! start.
 //!
-//! Its place in the architecture (ARCHITECTURE.md): `model` ← `driver` ← `worker`; `model` ← `journal` ←
+//! Its place in the architecture: `model` ← `driver` ← `worker`; `model` ← `journal` ←
 //! `worker`, `gateway` ← **`node`** ← `cli`. The node depends on the gateway, worker, journal, cluster, ops
 //! and config crates and puts them together: it loads the [`config`] (the file, then command-line flags over
 //! it), binds the listeners, opens the journal (embedded or JetStream), builds the session host or the

@@ -156,6 +156,7 @@ async fn wait_for(server: &DevServer, session: &str, event_type: &str) {
         session: Some(pb::SessionRef { tenant: String::new(), id: session.to_owned() }),
         after_seq: 0,
         live: true,
+        resume: None,
     };
     let mut stream = client.watch(request).await.unwrap().into_inner();
     let found = async {

@@ -8,6 +8,7 @@ mod demo;
 mod json;
 mod render;
 mod security;
+mod watch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,7 +19,8 @@ use turnstile_model::GoalAction;
 use turnstile_node::config::{Loaded, Overrides};
 use turnstile_node::signal::shutdown_signal;
 
-use crate::client::{CauseArg, Client, Delivery, InjectModeArg, Preset, SourceArg, TargetArg, WatchOpts};
+use crate::client::{CauseArg, Client, Delivery, InjectModeArg, Preset, SourceArg, TargetArg};
+use crate::watch::WatchOpts;
 
 /// The address client commands use by default: a `turnstile dev` or gateway on its default `--listen`.
 pub const DEFAULT_ADDR: &str = turnstile_node::dev::DEFAULT_URL;
@@ -535,6 +537,10 @@ struct WatchArgs {
     /// the next durable `agent/status idle` that `WhenIdle` confirms.
     #[arg(long)]
     until_idle: bool,
+    /// How long to keep reopening a lost stream (a gateway restart, a dropped connection), in ms; a reply
+    /// that was streaming goes on from the byte it stopped at. 0: exit when the stream breaks.
+    #[arg(long, default_value_t = 30_000)]
+    reconnect_ms: u64,
 }
 
 /// The process's role in the default OTLP service name (`turnstile-<role>`).
@@ -689,9 +695,14 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::WaitIdle(a) => client::wait_idle(c, &a.session, a.timeout_ms).await,
         Cmd::Chat(a) => chat::run(c, &a.session).await,
         Cmd::Watch(a) => {
-            let opts = WatchOpts { after: a.after, live: !a.no_live, until_idle: a.until_idle };
+            let opts = WatchOpts {
+                after: a.after,
+                live: !a.no_live,
+                until_idle: a.until_idle,
+                reconnect_for: std::time::Duration::from_millis(a.reconnect_ms),
+            };
             let mut out = std::io::stdout();
-            client::watch(c, &a.session, &opts, &mut out, |_| {}).await
+            watch::watch(c, &a.session, &opts, &mut out, |_| {}).await
         }
         Cmd::Delete(a) => client::delete(c, &a.session).await,
     }

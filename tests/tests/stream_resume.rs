@@ -116,7 +116,7 @@ async fn the_cli_watch_reopens_a_lost_stream_and_goes_on_mid_reply(backend: Back
     });
     let shown = || stdout.lock().unwrap().clone();
     let wait_for = |what: &'static str| {
-        let shown = shown.clone();
+        let shown = shown;
         async move {
             let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
             while !shown().contains(what) {

@@ -115,14 +115,11 @@ async fn the_cli_watch_reopens_a_lost_stream_and_goes_on_mid_reply(backend: Back
         }
     });
     let shown = || stdout.lock().unwrap().clone();
-    let wait_for = |what: &'static str| {
-        let shown = shown;
-        async move {
-            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-            while !shown().contains(what) {
-                assert!(tokio::time::Instant::now() < deadline, "no {what:?} in the watch output:\n{}", shown());
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
+    let wait_for = |what: &'static str| async move {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !shown().contains(what) {
+            assert!(tokio::time::Instant::now() < deadline, "no {what:?} in the watch output:\n{}", shown());
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     };
     // The watch's history of a new session is empty: it is caught up at once.

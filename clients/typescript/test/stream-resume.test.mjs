@@ -13,9 +13,9 @@ const address = env("TURNSTILE_ADDR");
 const direct = new TurnstileClient({ address });
 after(() => direct.close());
 
-/** Streamed by the scripted model in ten deltas over four seconds; multi-byte characters make byte offsets
+/** Streamed by the scripted model in ten deltas over five seconds; multi-byte characters make byte offsets
  * differ from string lengths. */
-const SLOW = "[[delay:4000]] héllo wörld, this reply streams slowly in ten pieces 🎉 across a dropped connection";
+const SLOW = "[[delay:5000]] héllo wörld, this reply streams slowly in ten pieces 🎉 across a dropped connection";
 /** Cut early, so the reopened stream (a fraction of a second later) finds the step still streaming, with
  * seconds to spare on a busy machine. */
 const CUT_AFTER = 2;

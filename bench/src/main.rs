@@ -150,6 +150,11 @@ struct Args {
     /// 3 workers and 2 gateways of `TURNSTILE_BIN`, `--clients` over `--sessions`); 0 skips the phase.
     #[arg(long, default_value_t = 15.0)]
     cluster_duration: f64,
+    /// Measured rounds of the model phase (`turnstile-bench model`: llama-server on SmolLM2 straight and
+    /// through `turnstile dev --config`, interleaved); 0 skips it, and so does a machine without
+    /// `LLAMA_SERVER_BIN` and `SMOLLM2_GGUF` (scripts/setup-test-deps installs both; the report says so).
+    #[arg(long, default_value_t = 10)]
+    model_runs: usize,
     /// One JSON object on stdout instead of Markdown.
     #[arg(long)]
     json: bool,
@@ -239,6 +244,14 @@ struct Summary {
     /// The same through the cluster's other gateway (`cluster` phase).
     cluster_resume_first_delta_p50_ms: Option<f64>,
     cluster_resume_first_delta_p99_ms: Option<f64>,
+    /// A real model (`model` phase): time to first token p50 and the delta rate p50, through Turnstile and
+    /// straight from llama-server, same run; and the ratios (goals: TTFT within 2 ms, rate ≥ 0.95×).
+    model_ttft_p50_ms: Option<f64>,
+    model_direct_ttft_p50_ms: Option<f64>,
+    model_ttft_added_ms: Option<f64>,
+    model_deltas_per_s_p50: Option<f64>,
+    model_direct_deltas_per_s_p50: Option<f64>,
+    model_rate_to_direct: Option<f64>,
     /// Sustained followups/s through both gateways of the cluster (`cluster` phase); its anchor is
     /// `followups_per_s` (one `dev` process on one nats-server).
     cluster_followups_per_s: Option<f64>,
@@ -275,6 +288,10 @@ struct Report {
     resume: Option<resume::ResumeReport>,
     /// `turnstile-bench cluster --json`, run as a child process.
     cluster: Option<serde_json::Value>,
+    /// `turnstile-bench model --json`, run as a child process.
+    model: Option<serde_json::Value>,
+    /// Why the model phase did not run, when it was asked for and could not.
+    model_skipped: Option<String>,
 }
 
 impl Summary {
@@ -288,6 +305,7 @@ impl Summary {
         let followups_per_s = phases.throughput.as_ref().map(|t| t.followups_per_s);
         let cluster_f64 = |key: &str| phases.cluster.as_ref().and_then(|c| c[key].as_f64());
         let cluster_followups_per_s = cluster_f64("cluster_followups_per_s");
+        let model_f64 = |path: &str, key: &str| phases.model.as_ref().and_then(|m| m[path][key]["p50"].as_f64());
         Self {
             followup_p50_ms,
             raw_publish_ack_p50_ms,
@@ -318,6 +336,14 @@ impl Summary {
             resume_caught_up_p50_ms: phases.resume.as_ref().map(|r| r.caught_up.p50_ms),
             cluster_resume_first_delta_p50_ms: cluster_f64("cluster_resume_first_delta_p50_ms"),
             cluster_resume_first_delta_p99_ms: cluster_f64("cluster_resume_first_delta_p99_ms"),
+            model_ttft_p50_ms: model_f64("turnstile", "ttft_ms"),
+            model_direct_ttft_p50_ms: model_f64("direct", "ttft_ms"),
+            model_ttft_added_ms: model_f64("turnstile", "ttft_ms")
+                .zip(model_f64("direct", "ttft_ms"))
+                .map(|(through, direct)| through - direct),
+            model_deltas_per_s_p50: model_f64("turnstile", "deltas_per_s"),
+            model_direct_deltas_per_s_p50: model_f64("direct", "deltas_per_s"),
+            model_rate_to_direct: ratio(model_f64("turnstile", "deltas_per_s"), model_f64("direct", "deltas_per_s")),
             cluster_followups_per_s,
             cluster_to_single_node_followups: ratio(cluster_followups_per_s, followups_per_s),
             cluster_followup_p50_ms: cluster_f64("cluster_followup_p50_ms"),
@@ -346,6 +372,8 @@ struct Phases {
     steer: Option<steer::SteerReport>,
     resume: Option<resume::ResumeReport>,
     cluster: Option<serde_json::Value>,
+    model: Option<serde_json::Value>,
+    model_skipped: Option<String>,
 }
 
 pub(crate) fn cpu_model() -> String {
@@ -433,6 +461,21 @@ async fn main() -> Result<()> {
         let child = ["cluster", "--duration", &duration, "--clients", &clients, "--sessions", &sessions];
         phases.cluster = Some(child_phase(&bin, &child).await?);
     }
+    if args.model_runs > 0 {
+        let installed = ["LLAMA_SERVER_BIN", "SMOLLM2_GGUF"]
+            .iter()
+            .all(|v| std::env::var_os(v).is_some_and(|p| std::path::Path::new(&p).is_file()));
+        if installed {
+            let runs = args.model_runs.to_string();
+            eprintln!("model: {runs} rounds of llama-server (SmolLM2) straight and through turnstile dev ...");
+            phases.model = Some(child_phase(&bin, &["model", "--runs", &runs]).await?);
+        } else {
+            let why = "LLAMA_SERVER_BIN or SMOLLM2_GGUF is not an installed file (run scripts/setup-test-deps and \
+                       `source .ci/test-env.sh`)";
+            eprintln!("model: skipped: {why}");
+            phases.model_skipped = Some(why.to_owned());
+        }
+    }
     let report = Report {
         summary: Summary::of(&phases),
         machine,
@@ -447,6 +490,8 @@ async fn main() -> Result<()> {
         steer: phases.steer,
         resume: phases.resume,
         cluster: phases.cluster,
+        model: phases.model,
+        model_skipped: phases.model_skipped,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -573,6 +618,8 @@ async fn measure(
         steer,
         resume,
         cluster: None,
+        model: None,
+        model_skipped: None,
     })
 }
 
@@ -803,6 +850,20 @@ fn markdown(report: &Report, args: &Args) -> String {
         "| steer: max(ack, step end) → its user/message p50 ms | {} (p99 {}) | | |",
         f(sum.steer_to_message_p50_ms),
         f(sum.steer_to_message_p99_ms)
+    );
+    let _ = writeln!(
+        out,
+        "| real model (llama.cpp, SmolLM2): TTFT p50 ms through Turnstile vs straight | {} | {} | +{} ms |",
+        f(sum.model_ttft_p50_ms),
+        f(sum.model_direct_ttft_p50_ms),
+        f(sum.model_ttft_added_ms)
+    );
+    let _ = writeln!(
+        out,
+        "| real model: deltas/s p50 through Turnstile vs straight | {} | {} | {}× |",
+        f(sum.model_deltas_per_s_p50),
+        f(sum.model_direct_deltas_per_s_p50),
+        f(sum.model_rate_to_direct)
     );
     let _ = writeln!(
         out,

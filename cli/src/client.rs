@@ -64,7 +64,7 @@ impl Client {
             .with_context(|| format!("--addr {addr:?} is not a URL; use e.g. http://127.0.0.1:7400"))?;
         match (addr.starts_with("https://"), ca) {
             (true, Some(ca)) => {
-                let tls = turnstile_gateway::tls::client_config(ca, None, None).context("--ca")?;
+                let tls = turnstile_ops::tls::client_config(ca, None, None).context("--ca")?;
                 endpoint = endpoint.tls_config(tls).context("cannot set up TLS with --ca")?;
             }
             (true, None) => {

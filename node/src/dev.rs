@@ -19,7 +19,8 @@ use crate::journal::{NatsOptions, open_nats};
 use crate::ops::{OpsHttp, install_metrics, nats_ready};
 use crate::report::{Bound, bind, bound_with_http, client_url_for, report_bound};
 use crate::running::{Running, handle_methods};
-use crate::security::{AuthOptions, AuthWatch, ServerSecurity, ServerTls, auth_line};
+use crate::security::{AuthOptions, AuthWatch, ServerSecurity, auth_line};
+use crate::tls::ServerTls;
 use crate::{NodeError, agents, gateway_config, replicas, worker_config};
 
 /// `--listen` when it is not given.

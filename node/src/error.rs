@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use turnstile_config::ConfigError;
 use turnstile_gateway::auth::AuthError;
-use turnstile_gateway::tls::TlsError;
 use turnstile_journal::JournalError;
+use turnstile_ops::tls::TlsError;
 
 /// Why a role (`dev`, `gateway`, `worker`) could not start, or stopped with an error.
 ///

@@ -1,23 +1,21 @@
 //! `gateway`: the public `turnstile.v1.Agent` service of a cluster. Stateless: commands go to the shard
-//! owners through a [`ClusterRouter`], reads fold the JetStream log (from snapshots) here.
+//! owners through a [`turnstile_cluster::ClusterRouter`], reads fold the JetStream log (from snapshots) here.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
-use turnstile_cluster::CommandRouter;
-use turnstile_cluster::kv::ClusterKv;
-use turnstile_gateway::cluster_router::GrpcTransport;
-use turnstile_gateway::{ClusterRouter, ClusterRouterConfig, Gateway, ToolHub};
+use turnstile_gateway::{Gateway, ToolHub};
 
 use crate::config::Loaded;
 use crate::journal::{NatsOptions, open_nats};
 use crate::ops::{OpsHttp, install_metrics, nats_ready};
 use crate::report::{bind, bound_with_http, client_url_for, report_bound};
 use crate::running::{Running, handle_methods};
-use crate::security::{AuthOptions, AuthWatch, ClusterTls, ServerSecurity, ServerTls, auth_line};
-use crate::{NodeError, gateway_config, replicas};
+use crate::security::{AuthOptions, AuthWatch, ServerSecurity, auth_line};
+use crate::tls::{ClusterTls, ServerTls};
+use crate::{NodeError, cluster_router, gateway_config, replicas};
 
 /// How a gateway is started.
 #[derive(Clone, Debug)]
@@ -81,30 +79,6 @@ impl Handle {
     }
 
     handle_methods!();
-}
-
-/// The router to every session's owner over the shard map in `client`'s KV, dialing the workers with
-/// `cluster_tls` when given: a gateway's, and a worker's for `spawn_agent`.
-pub(crate) async fn cluster_router(
-    client: &async_nats::Client,
-    url: &str,
-    config: &turnstile_config::Config,
-    cluster_tls: Option<tonic::transport::ClientTlsConfig>,
-) -> Result<Arc<dyn CommandRouter>, NodeError> {
-    let c = &config.cluster;
-    // The workers' heartbeat TTL: whoever creates the workers bucket first sets its max age.
-    let kv = ClusterKv::open(client, replicas(config), c.shards, c.worker_ttl())
-        .await
-        .map_err(|e| NodeError::membership(url, e))?;
-    let map = kv.watch_shards().await.map_err(|e| NodeError::membership(url, e))?;
-    let router_config = ClusterRouterConfig { deadline: c.route_deadline(), ..ClusterRouterConfig::default() };
-    Ok(match cluster_tls {
-        Some(tls) => {
-            let transport = Arc::new(GrpcTransport::with_tls(router_config.connect_timeout, tls));
-            Arc::new(ClusterRouter::with_transport(map, transport, router_config))
-        }
-        None => Arc::new(ClusterRouter::new(map, router_config)),
-    })
 }
 
 /// Starts a gateway: loads the security files, binds, opens the journal and the shard map, prints the

@@ -26,12 +26,16 @@ mod running;
 pub mod security;
 pub mod signal;
 pub mod telemetry;
+pub mod tls;
 pub mod worker;
 
 pub use error::NodeError;
 pub use journal::NatsOptions;
 pub use turnstile_config::Config;
 
+use std::sync::Arc;
+
+use turnstile_cluster::{ClusterKv, ClusterRouter, ClusterRouterConfig, CommandRouter};
 use turnstile_gateway::{GatewayConfig, QuotaConfig};
 use turnstile_worker::{Limits, WorkerConfig};
 
@@ -74,6 +78,25 @@ async fn agents(loaded: &config::Loaded) -> Result<turnstile_worker::agents::Age
     turnstile_worker::agents::setup(&loaded.config)
         .await
         .map_err(|cause| NodeError::Agents { file: loaded.path.clone(), cause })
+}
+
+/// The router to every session's owner over the shard map in `client`'s KV, dialing the workers with
+/// `cluster_tls` when given: a gateway's, and a worker's for `spawn_agent`.
+async fn cluster_router(
+    client: &async_nats::Client,
+    url: &str,
+    config: &Config,
+    cluster_tls: Option<tonic::transport::ClientTlsConfig>,
+) -> Result<Arc<dyn CommandRouter>, NodeError> {
+    let c = &config.cluster;
+    // The workers' heartbeat TTL: whoever creates the workers bucket first sets its max age.
+    let kv = ClusterKv::open(client, replicas(config), c.shards, c.worker_ttl())
+        .await
+        .map_err(|e| NodeError::membership(url, e))?;
+    let router_config = ClusterRouterConfig { deadline: c.route_deadline(), ..ClusterRouterConfig::default() };
+    let router =
+        ClusterRouter::connect(&kv, router_config, cluster_tls).await.map_err(|e| NodeError::membership(url, e))?;
+    Ok(Arc::new(router))
 }
 
 /// Replicas as the journal counts them; the configuration bounds them to 1..=5.

@@ -14,13 +14,12 @@ use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_
 use turnstile_worker::tools::ChildSessions;
 
 use crate::config::Loaded;
-use crate::gateway::cluster_router;
 use crate::journal::{NatsOptions, open_nats};
 use crate::ops::{OpsHttp, install_metrics, worker_grace, worker_ready};
 use crate::report::{bind, bound_with_http, report_bound};
 use crate::running::{Running, handle_methods};
-use crate::security::{ClusterTls, ServerTls};
-use crate::{NodeError, agents, replicas, worker_config};
+use crate::tls::{ClusterTls, ServerTls};
+use crate::{NodeError, agents, cluster_router, replicas, worker_config};
 
 /// `--listen` of a worker when it is not given.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7500";

@@ -1,4 +1,5 @@
-//! [`ClusterRouter`]: the gateway's [`CommandRouter`] in a cluster (ARCHITECTURE "Ownership and routing").
+//! [`ClusterRouter`]: the [`CommandRouter`] of a cluster (ARCHITECTURE "Ownership and routing"): a gateway's,
+//! and a worker's for the child sessions of `spawn_agent`.
 //!
 //! A command goes to the worker that holds the lease of the session's virtual shard, over the internal
 //! `turnstile.cluster.v1.Worker` API. The shard map comes from a KV watch on `turnstile_shards` (kept
@@ -12,25 +13,23 @@
 //! Retrying is safe: deliveries are idempotent by MessageId (SPEC §2), and a worker that does not own a
 //! session applies nothing.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
-use tonic::{Code, Status};
-use turnstile_cluster::CommandRouter;
-use turnstile_cluster::codec::{decode_command_reply, encode_execute_request};
-use turnstile_cluster::status::command_error;
-use turnstile_cluster::{ShardLease, ShardMap, shard_of};
+use tonic::Code;
+use tonic::transport::ClientTlsConfig;
 use turnstile_model::{Command, CommandError, CommandReply, SessionRef};
 use turnstile_ops::clock::now_ms;
-use turnstile_ops::trace::{TRACEPARENT, current_traceparent};
-use turnstile_proto::cluster::v1 as cpb;
-use turnstile_proto::cluster::v1::worker_client::WorkerClient;
+
+use super::CommandRouter;
+use super::transport::{GrpcTransport, WorkerTransport};
+use crate::codec::{decode_command_reply, encode_execute_request};
+use crate::kv::{ClusterKv, MembershipError, ShardLease, ShardMap};
+use crate::shard_of;
+use crate::status::command_error;
 
 /// Knobs of the cluster router.
 #[derive(Clone, Debug)]
@@ -51,80 +50,6 @@ impl Default for ClusterRouterConfig {
             backoff: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
         }
-    }
-}
-
-/// How the router reaches a worker: gRPC in production, a fake in tests.
-#[async_trait]
-pub trait WorkerTransport: Send + Sync + 'static {
-    /// Calls `Execute` on the worker at `addr`; `timeout` bounds the call.
-    async fn execute(
-        &self,
-        addr: &str,
-        request: cpb::ExecuteRequest,
-        timeout: Duration,
-    ) -> Result<cpb::ExecuteReply, Status>;
-}
-
-/// tonic channels to workers, one per advertised address, opened lazily and kept: a channel reconnects
-/// by itself, so a worker that restarts on the same address is reached again without a new entry.
-#[derive(Debug)]
-pub struct GrpcTransport {
-    channels: Mutex<HashMap<String, Channel>>,
-    connect_timeout: Duration,
-    /// TLS to the workers (`--cluster-tls-ca`); the name checked is the advertised host unless the config
-    /// sets a domain.
-    tls: Option<ClientTlsConfig>,
-}
-
-impl GrpcTransport {
-    pub fn new(connect_timeout: Duration) -> Self {
-        Self { channels: Mutex::new(HashMap::new()), connect_timeout, tls: None }
-    }
-
-    /// Dials workers over TLS with `tls` (see [`crate::tls::client_config`]).
-    pub fn with_tls(connect_timeout: Duration, tls: ClientTlsConfig) -> Self {
-        Self { tls: Some(tls), ..Self::new(connect_timeout) }
-    }
-
-    fn channel(&self, addr: &str) -> Result<Channel, Status> {
-        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(channel) = channels.get(addr) {
-            return Ok(channel.clone());
-        }
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let url = if addr.contains("://") { addr.to_owned() } else { format!("{scheme}://{addr}") };
-        let mut endpoint = Endpoint::from_shared(url)
-            .map_err(|e| Status::unavailable(format!("worker address {addr:?} is not a valid URL: {e}")))?
-            .connect_timeout(self.connect_timeout)
-            .tcp_nodelay(true);
-        if let Some(tls) = &self.tls {
-            endpoint = endpoint
-                .tls_config(tls.clone())
-                .map_err(|e| Status::unavailable(format!("TLS to worker {addr:?} cannot be set up: {e}")))?;
-        }
-        let channel = endpoint.connect_lazy();
-        channels.insert(addr.to_owned(), channel.clone());
-        Ok(channel)
-    }
-}
-
-#[async_trait]
-impl WorkerTransport for GrpcTransport {
-    async fn execute(
-        &self,
-        addr: &str,
-        request: cpb::ExecuteRequest,
-        timeout: Duration,
-    ) -> Result<cpb::ExecuteReply, Status> {
-        let mut client = WorkerClient::new(self.channel(addr)?);
-        let mut request = tonic::Request::new(request);
-        request.set_timeout(timeout);
-        // The worker's spans join this request's trace (the current span is the routing attempt's).
-        if let Some(tp) = current_traceparent().and_then(|tp| MetadataValue::try_from(tp).ok()) {
-            request.metadata_mut().insert(TRACEPARENT, tp);
-        }
-        client.execute(request).await.map(tonic::Response::into_inner)
     }
 }
 
@@ -163,6 +88,23 @@ impl ClusterRouter {
         Self { map, transport, config }
     }
 
+    /// A router over the shard map in `kv` (watched from now on), dialing the workers over TLS with `tls`
+    /// when given (`turnstile_ops::tls::client_config`), else in clear text.
+    pub async fn connect(
+        kv: &ClusterKv,
+        config: ClusterRouterConfig,
+        tls: Option<ClientTlsConfig>,
+    ) -> Result<Self, MembershipError> {
+        let map = kv.watch_shards().await?;
+        Ok(match tls {
+            Some(tls) => {
+                let transport = Arc::new(GrpcTransport::with_tls(config.connect_timeout, tls));
+                Self::with_transport(map, transport, config)
+            }
+            None => Self::new(map, config),
+        })
+    }
+
     /// The session's shard and its current owner's lease, if the shard is held.
     fn lookup(&self, session: &SessionRef) -> (u32, Option<ShardLease>) {
         let map = self.map.borrow();
@@ -173,7 +115,7 @@ impl ClusterRouter {
     async fn attempt(
         &self,
         lease: &ShardLease,
-        request: cpb::ExecuteRequest,
+        request: turnstile_proto::cluster::v1::ExecuteRequest,
         remaining: Duration,
         session: &SessionRef,
     ) -> Attempt {
@@ -233,8 +175,6 @@ async fn moved(mut map: watch::Receiver<ShardMap>, shard: u32, lease: &ShardLeas
         }
     }
 }
-
-/// The [`CommandError`] a worker put into `status`'s metadata, if it did.
 
 #[async_trait]
 impl CommandRouter for ClusterRouter {
@@ -302,12 +242,15 @@ impl CommandRouter for ClusterRouter {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
+    use std::collections::{HashMap, VecDeque};
+    use std::sync::Mutex;
 
-    use turnstile_cluster::kv::LeaseEntry;
+    use tonic::Status;
     use turnstile_model::message::{ContentBlock, MessageId, MessageSource, Target, UserMessage};
+    use turnstile_proto::cluster::v1 as cpb;
 
     use super::*;
+    use crate::kv::LeaseEntry;
 
     const SHARDS: u32 = 8;
     const FAR: u64 = u64::MAX / 2;
@@ -358,13 +301,13 @@ mod tests {
     }
 
     fn sent(seq: u64) -> Result<cpb::ExecuteReply, Status> {
-        let reply = turnstile_cluster::codec::encode_command_reply(&session(), &CommandReply::Sent { seq, turn: None });
+        let reply = crate::codec::encode_command_reply(&session(), &CommandReply::Sent { seq, turn: None });
         Ok(reply)
     }
 
     fn not_owner(owner: Option<&str>) -> Result<cpb::ExecuteReply, Status> {
         let err = CommandError::NotOwner { session: session().to_string(), owner: owner.map(str::to_owned) };
-        Err(turnstile_cluster::status::command_status(&err))
+        Err(crate::status::command_status(&err))
     }
 
     fn followup() -> Command {
@@ -504,7 +447,7 @@ mod tests {
         let (_tx, rx) = watch::channel(map_with(Some(("w1", "a:1", 1))));
         let transport = Arc::new(FakeTransport::default());
         let precondition = CommandError::FailedPrecondition("session acme/s1 is idle".into());
-        transport.answer("a:1", Err(turnstile_cluster::status::command_status(&precondition)));
+        transport.answer("a:1", Err(crate::status::command_status(&precondition)));
         let router = ClusterRouter::with_transport(rx, transport.clone(), config(1000));
         assert_eq!(router.execute(&session(), followup(), None).await, Err(precondition));
         assert_eq!(transport.calls().len(), 1, "an application error is not retried");

@@ -1,4 +1,4 @@
-//! TLS for the public API and the internal gateway → worker hop (rustls on ring, through tonic).
+//! TLS for the public API, the internal gateway → worker hop and the CLI (rustls on ring, through tonic).
 //!
 //! The PEM files are read and checked here, before any listener or channel uses them, so a wrong path or
 //! a key that is not a key fails at start-up with the file's name instead of at the first handshake.

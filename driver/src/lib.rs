@@ -34,12 +34,10 @@ pub mod agents;
 mod commands;
 pub mod compaction;
 mod deadlines;
-pub mod directive;
 pub mod effect;
 mod goals;
 mod limits;
 mod recovery;
-pub mod scripted;
 mod turn;
 
 use std::collections::VecDeque;

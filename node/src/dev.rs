@@ -6,13 +6,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
+use turnstile_agent::tools::ChildSessions;
 use turnstile_cluster::CommandRouter;
 use turnstile_gateway::{Gateway, ToolHub};
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, SessionLog};
 use turnstile_ops::Readiness;
 use turnstile_worker::SessionHost;
-use turnstile_worker::tools::ChildSessions;
 
 use crate::config::Loaded;
 use crate::journal::{NatsOptions, open_nats};
@@ -197,14 +197,10 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     };
     let config = &opts.config.config;
     let registry = agents.tools.clone();
-    let host = SessionHost::with_agents(
-        journal.log.clone(),
-        journal.bus.clone(),
-        journal.snapshots.clone(),
-        None,
-        agents,
-        worker_config(config),
-    );
+    let host = SessionHost::builder(journal.log.clone(), journal.bus.clone(), agents.into())
+        .snapshots(journal.snapshots.clone())
+        .config(worker_config(config))
+        .build();
     // `spawn_agent` reaches its children through this same host (before resuming: a resumed turn may call it).
     registry.set_child_sessions(ChildSessions { router: host.clone(), log: journal.log.clone() });
     let resumed = host.resume_running().await.map_err(NodeError::Resume)?;

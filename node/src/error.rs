@@ -25,7 +25,7 @@ pub enum NodeError {
     /// provider cannot be set up, a tool is not available, an MCP server does not start. The message names the file (when there is one),
     /// the agent or model and the variable, never a key's value.
     #[error("{}{cause}", file.as_ref().map(|f| format!("{}: ", f.display())).unwrap_or_default())]
-    Agents { file: Option<PathBuf>, cause: turnstile_worker::agents::AgentSetupError },
+    Agents { file: Option<PathBuf>, cause: turnstile_agent::AgentSetupError },
     /// `--listen` is taken by another process.
     #[error("{listen} is in use; pass --listen 127.0.0.1:0 or another port")]
     ListenInUse { listen: String },

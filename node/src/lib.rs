@@ -2,11 +2,12 @@
 //! [`gateway`] and [`worker`]. This is what the `turnstile` binary, the cross-process tests and the bench
 //! start.
 //!
-//! Its place in the architecture (ARCHITECTURE.md): `model` ← `driver` ← `worker`; `model` ← `journal` ←
-//! `worker`, `gateway` ← **`node`** ← `cli`. The node depends on the gateway, worker, journal, cluster, ops
-//! and config crates and puts them together: it loads the [`config`] (the file, then command-line flags over
-//! it), binds the listeners, opens the journal (embedded or JetStream), builds the session host or the
-//! cluster router, serves the public or internal gRPC API and the ops HTTP endpoints ([`ops`]), reports the
+//! Its place in the architecture (docs/ARCHITECTURE.md): `model` ← `driver` ← `worker` ← `agent`; `model` ←
+//! `journal` ← `worker`, `gateway`; `agent`, `gateway` ← **`node`** ← `cli`. The node depends on the gateway,
+//! worker, agent, journal, cluster, ops and config crates and puts them together: it loads the [`config`]
+//! (the file, then command-line flags over it), builds the configuration's agents, binds the listeners,
+//! opens the journal (embedded or JetStream), builds the session host (handing it the agents) or the cluster
+//! router, serves the public or internal gRPC API and the ops HTTP endpoints ([`ops`]), reports the
 //! bound addresses ([`report`]) and stops gracefully. Nothing depends back on it except the CLI, the tests
 //! and the bench; clap parsing, client commands and rendering stay in the CLI.
 //!
@@ -74,8 +75,8 @@ fn gateway_config(config: &Config) -> GatewayConfig {
 
 /// The agents, models and tools of the configuration, ready to run: the MCP servers the agents use are
 /// started first (API keys and header values read from the environment).
-async fn agents(loaded: &config::Loaded) -> Result<turnstile_worker::agents::AgentSetup, NodeError> {
-    turnstile_worker::agents::setup(&loaded.config)
+async fn agents(loaded: &config::Loaded) -> Result<turnstile_agent::AgentSetup, NodeError> {
+    turnstile_agent::setup::setup(&loaded.config)
         .await
         .map_err(|cause| NodeError::Agents { file: loaded.path.clone(), cause })
 }

@@ -1,7 +1,7 @@
 //! Who may call a public server: the files named by the auth options, loaded into an [`Authenticator`]
-//! (with the server's TLS, [`crate::tls`], into a [`ServerSecurity`]). Every file is read when a role
+//! (with the server's TLS, [`crate::tls`], into a `ServerSecurity`). Every file is read when a role
 //! starts, before anything listens, so a wrong path fails first. The auth files are read again on SIGHUP and
-//! when their bytes change ([`AuthWatch`], decision 0035). The NATS credentials are the journal's
+//! when their bytes change (`AuthWatch`, decision 0035). The NATS credentials are the journal's
 //! [`NatsSecurity`].
 
 use std::net::SocketAddr;

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
+use turnstile_agent::tools::ChildSessions;
 use turnstile_worker::cluster::service::{self, WorkerService};
-use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker_with_agents};
-use turnstile_worker::tools::ChildSessions;
+use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker};
 
 use crate::config::Loaded;
 use crate::journal::{NatsOptions, open_nats};
@@ -138,7 +138,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     // `spawn_agent` reaches its child sessions' owners as a gateway would, and reads their logs here.
     let router = cluster_router(&client, url, config, cluster_tls).await?;
     agents.tools.set_child_sessions(ChildSessions { router, log: log.clone() });
-    let worker = start_worker_with_agents(options, agents, &client, replicas(config), log, bus, snapshots)
+    let worker = start_worker(options, agents.into(), &client, replicas(config), log, bus, snapshots)
         .await
         .map_err(|e| NodeError::membership(url, e))?;
 

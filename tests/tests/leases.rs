@@ -40,7 +40,8 @@ async fn worker(nats: &NatsServer, id: &str) -> WorkerHandle {
         leases: lease_config(),
         worker: WorkerConfig::default(),
     };
-    start_worker(options, &log.client().clone(), 1, log.clone(), bus, Arc::new(NoSnapshots)).await.unwrap()
+    let agents = turnstile_agent::AgentSetup::default().into();
+    start_worker(options, agents, &log.client().clone(), 1, log.clone(), bus, Arc::new(NoSnapshots)).await.unwrap()
 }
 
 async fn until(what: &str, mut done: impl FnMut() -> bool) {

@@ -11,13 +11,10 @@ use turnstile_journal::snapshot::{LoadError, NoSnapshots, SnapshotStore, load_st
 use turnstile_journal::{JournalError, LiveBus, SessionLog};
 use turnstile_model::{CancelCause, Command, CommandError, CommandReply, SessionRef, Status};
 
-use crate::agents::AgentSetup;
+use crate::agent::Agents;
 use crate::config::WorkerConfig;
-use crate::hooks::{AgentHooks, PreStepHook};
-use crate::model::{Model, ScriptedModel};
 use crate::runner::{CommandMsg, Control, Home, Parked, Parking, Runner, RunnerDeps, Start, journal_to_command};
 use crate::seen::SeenSessions;
-use crate::tools::ToolRegistry;
 
 /// Errors of the host itself (not of one command).
 #[derive(Debug, thiserror::Error)]
@@ -109,100 +106,58 @@ pub struct SessionHost {
     deleting: Mutex<HashSet<SessionRef>>,
 }
 
-impl SessionHost {
-    /// A host with the scripted model, the built-in tools and the content guard.
-    pub fn new(log: Arc<dyn SessionLog>, bus: Arc<dyn LiveBus>, config: WorkerConfig) -> Arc<Self> {
-        Self::with_snapshots(log, bus, Arc::new(NoSnapshots), config)
+/// Puts a [`SessionHost`] together: [`SessionHost::builder`], then the optional parts, then
+/// [`SessionHostBuilder::build`].
+pub struct SessionHostBuilder {
+    deps: RunnerDeps,
+}
+
+impl SessionHostBuilder {
+    /// Loads and writes snapshots in `snapshots` (default: none, every load folds the whole log).
+    pub fn snapshots(mut self, snapshots: Arc<dyn SnapshotStore>) -> Self {
+        self.deps.snapshots = snapshots;
+        self
     }
 
-    /// Like [`SessionHost::new`], loading and writing snapshots in `snapshots`.
-    pub fn with_snapshots(
-        log: Arc<dyn SessionLog>,
-        bus: Arc<dyn LiveBus>,
-        snapshots: Arc<dyn SnapshotStore>,
-        config: WorkerConfig,
-    ) -> Arc<Self> {
-        let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(crate::hooks::ContentGuard)];
-        Self::with_parts(log, bus, snapshots, Arc::new(ScriptedModel), ToolRegistry::builtin(), hooks, config)
+    /// Takes commands only for the sessions `ownership` grants (the shard leases of a cluster worker).
+    /// Default: this host owns every session at `config.epoch`, as in `turnstile dev`.
+    pub fn ownership(mut self, ownership: Arc<dyn Ownership>) -> Self {
+        self.deps.ownership = Some(ownership);
+        self
     }
 
-    /// A cluster worker's host: commands are taken only for sessions `ownership` grants.
-    pub fn clustered(
-        log: Arc<dyn SessionLog>,
-        bus: Arc<dyn LiveBus>,
-        snapshots: Arc<dyn SnapshotStore>,
-        ownership: Arc<dyn Ownership>,
-        config: WorkerConfig,
-    ) -> Arc<Self> {
-        let hooks = AgentHooks::default();
-        let deps = RunnerDeps {
-            log,
-            bus,
-            model: Arc::new(ScriptedModel),
-            tools: ToolRegistry::builtin(),
-            hooks,
-            snapshots,
-            ownership: Some(ownership),
-            config,
-        };
-        Self::from_deps(deps)
+    /// Driver and host settings (default: [`WorkerConfig::default`]).
+    pub fn config(mut self, config: WorkerConfig) -> Self {
+        self.deps.config = config;
+        self
     }
 
-    /// A host running the agents of a configuration ([`crate::agents::from_config`]): their models and
-    /// tools, the content guard, and `agents.catalog` in place of `config.agents`. `ownership` is `None` in
-    /// `turnstile dev` (this process owns every session) and the shard leases in a cluster.
-    pub fn with_agents(
-        log: Arc<dyn SessionLog>,
-        bus: Arc<dyn LiveBus>,
-        snapshots: Arc<dyn SnapshotStore>,
-        ownership: Option<Arc<dyn Ownership>>,
-        agents: AgentSetup,
-        mut config: WorkerConfig,
-    ) -> Arc<Self> {
-        config.agents = agents.catalog;
-        let deps = RunnerDeps {
-            log,
-            bus,
-            model: agents.model,
-            tools: agents.tools,
-            hooks: agents.hooks,
-            snapshots,
-            ownership,
-            config,
-        };
-        Self::from_deps(deps)
-    }
-
-    pub fn with_parts(
-        log: Arc<dyn SessionLog>,
-        bus: Arc<dyn LiveBus>,
-        snapshots: Arc<dyn SnapshotStore>,
-        model: Arc<dyn Model>,
-        tools: ToolRegistry,
-        hooks: Vec<Arc<dyn PreStepHook>>,
-        config: WorkerConfig,
-    ) -> Arc<Self> {
-        Self::from_deps(RunnerDeps {
-            log,
-            bus,
-            model,
-            tools,
-            hooks: AgentHooks::uniform(hooks),
-            snapshots,
-            ownership: None,
-            config,
-        })
-    }
-
-    fn from_deps(deps: RunnerDeps) -> Arc<Self> {
-        Arc::new(Self {
-            deps: Arc::new(deps),
+    pub fn build(self) -> Arc<SessionHost> {
+        Arc::new(SessionHost {
+            deps: Arc::new(self.deps),
             runners: Arc::default(),
             next_runner: std::sync::atomic::AtomicU64::new(1),
             sweeping: std::sync::atomic::AtomicBool::new(false),
             seen: SeenSessions::default(),
             deleting: Mutex::default(),
         })
+    }
+}
+
+impl SessionHost {
+    /// A host over the journal's `log` and `bus`, running `agents` (`turnstile_agent::AgentSetup` makes
+    /// them from a configuration; its default is the scripted agent alone).
+    pub fn builder(log: Arc<dyn SessionLog>, bus: Arc<dyn LiveBus>, agents: Agents) -> SessionHostBuilder {
+        SessionHostBuilder {
+            deps: RunnerDeps {
+                log,
+                bus,
+                agents,
+                snapshots: Arc::new(NoSnapshots),
+                ownership: None,
+                config: WorkerConfig::default(),
+            },
+        }
     }
 
     /// The epoch to serve `session` under, or NOT-OWNER.

@@ -23,17 +23,14 @@ use turnstile_model::message::{ContentBlock, MessageId, MessageSource, UserMessa
 use turnstile_model::{Command, CommandError, CommandReply, Envelope, SessionRef, SessionState};
 use turnstile_ops::clock::now_ms;
 
+use crate::agent::{Agents, DeltaSink, HookVerdict, ModelError, StreamDelta};
 use crate::config::WorkerConfig;
-use crate::hooks::{AgentHooks, run_waterfall};
 use crate::host::Ownership;
 use crate::metrics::ModelCall;
-use crate::model::chat::StreamDelta;
-use crate::model::{DeltaSink, Model, ModelError};
 use crate::spans::{TurnSpans, command_span, model_span};
-use crate::tools::ToolRegistry;
 use turnstile_driver::{
-    CommandId, Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepOutcome, PreStepRequest, ToolOutcome,
-    ToolRequest,
+    CommandId, Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest,
+    ToolOutcome, ToolRequest,
 };
 use turnstile_ops::GaugeGuard;
 
@@ -41,10 +38,8 @@ use turnstile_ops::GaugeGuard;
 pub struct RunnerDeps {
     pub log: Arc<dyn SessionLog>,
     pub bus: Arc<dyn LiveBus>,
-    pub model: Arc<dyn Model>,
-    pub tools: ToolRegistry,
-    /// Each agent's pre-step waterfall, picked by the proposal's agent.
-    pub hooks: AgentHooks,
+    /// The agents' catalog, and what answers their pre-step, model and tool effects.
+    pub agents: Agents,
     pub snapshots: Arc<dyn SnapshotStore>,
     /// Shard ownership in a cluster; `None` in `turnstile dev`, which owns everything at its epoch.
     pub ownership: Option<Arc<dyn Ownership>>,
@@ -97,15 +92,20 @@ pub(crate) async fn load_driver(deps: &RunnerDeps, session: &SessionRef, epoch: 
             LoadError::Journal(e) => journal_to_command(e),
             LoadError::Projection { .. } => CommandError::Internal(e.to_string()),
         })?;
-    let mut driver =
-        Driver::new(state, deps.config.limits.clone(), deps.config.agents.clone(), epoch, deps.config.owner_id.clone());
+    let mut driver = Driver::new(
+        state,
+        deps.config.limits.clone(),
+        deps.agents.catalog.clone(),
+        epoch,
+        deps.config.owner_id.clone(),
+    );
     driver.recover(now_ms());
     Ok(driver)
 }
 
 /// A driver taking up a parked session's fold: no repair, since the driver it came from was quiescent.
 fn resume_driver(deps: &RunnerDeps, state: SessionState, epoch: u64) -> Driver {
-    Driver::new(state, deps.config.limits.clone(), deps.config.agents.clone(), epoch, deps.config.owner_id.clone())
+    Driver::new(state, deps.config.limits.clone(), deps.agents.catalog.clone(), epoch, deps.config.owner_id.clone())
 }
 
 /// First pause before loading a session again while the journal is unavailable; doubles up to the max.
@@ -726,16 +726,16 @@ impl Runner {
 
     fn spawn_pre_step(&mut self, request: PreStepRequest) {
         let token = self.op_token(request.op);
-        let (tx, session) = (self.op_tx.clone(), self.session.clone());
-        let waterfall = self.deps.hooks.for_agent(&request.agent);
+        let (tx, session, hooks) = (self.op_tx.clone(), self.session.clone(), self.deps.agents.hooks.clone());
         let task = async move {
             let outcome = tokio::select! {
                 // Checked first: a hook that sees the abort returns an error, which must not be mistaken
                 // for a hook failure.
                 biased;
                 () = token.cancelled() => PreStepOutcome::Aborted,
-                r = run_waterfall(&waterfall, &session, &request, &token) => match r {
-                    Ok(decision) => PreStepOutcome::Decided(decision),
+                r = hooks.decide(&session, &request, request.messages.clone(), &token) => match r {
+                    Ok(HookVerdict::Pass(batch)) => PreStepOutcome::Decided(PreStepDecision::Enter(batch)),
+                    Ok(HookVerdict::Reject { reason }) => PreStepOutcome::Decided(PreStepDecision::Reject { reason }),
                     Err(e) => PreStepOutcome::Failed { message: e.to_string() },
                 },
             };
@@ -748,7 +748,7 @@ impl Runner {
     fn spawn_model(&mut self, request: ModelRequest) {
         let token = self.op_token(request.op);
         let (tx, deps, op) = (self.op_tx.clone(), self.deps.clone(), request.op);
-        let identity = deps.model.identity(&request.agent);
+        let identity = deps.agents.model.identity(&request.agent);
         // The step's span is open: `step/start` was appended before the driver asked for the model.
         let span = model_span(&self.spans.active(), &self.session, &request.agent, &identity);
         let mut call = ModelCall::start(&self.session, &request.agent, identity, span.clone());
@@ -768,7 +768,7 @@ impl Runner {
                     }
                 }
             };
-            let step = deps.model.step(request, DeltaSink::new(delta_tx), token.clone());
+            let step = deps.agents.model.step(request, DeltaSink::new(delta_tx), token.clone());
             // The forwarder ends when the model drops its sink, so every delta precedes the outcome.
             let (result, ()) = tokio::join!(
                 async {
@@ -806,11 +806,8 @@ impl Runner {
         tokio::spawn(
             async move {
                 // A started call finishes even on abort: the tool sees the signal and may stop early.
+                let r = deps.agents.tools.call(&session, &request, &token, &released).await;
                 let call = &request.call;
-                let r = deps
-                    .tools
-                    .run(&session, &call.call_id, &request.agent, &call.name, &call.arguments, &token, &released)
-                    .await;
                 // Context messages get ids derived from the call id (unique in the session like it).
                 let context = r
                     .context

@@ -17,7 +17,7 @@ use turnstile_cluster::{ClusterKv, MembershipError};
 use turnstile_journal::snapshot::SnapshotStore;
 use turnstile_journal::{LiveBus, SessionLog};
 
-use crate::agents::AgentSetup;
+use crate::agent::Agents;
 use crate::config::WorkerConfig;
 use crate::host::{Ownership, SessionHost};
 pub use leases::Leases;
@@ -54,41 +54,16 @@ impl std::fmt::Debug for WorkerHandle {
     }
 }
 
-/// Joins the cluster: opens the ownership buckets, starts the host and the lease loop.
+/// Joins the cluster: opens the ownership buckets, starts the host running `agents` over the journal's
+/// `log`, `bus` and `snapshots`, with the shard leases as its ownership, and the lease loop.
 pub async fn start_worker(
     options: WorkerOptions,
+    agents: Agents,
     client: &async_nats::Client,
     replicas: usize,
     log: Arc<dyn SessionLog>,
     bus: Arc<dyn LiveBus>,
     snapshots: Arc<dyn SnapshotStore>,
-) -> Result<WorkerHandle, MembershipError> {
-    join(options, client, replicas, |leases, config| SessionHost::clustered(log, bus, snapshots, leases, config)).await
-}
-
-/// [`start_worker`] running the agents of a configuration ([`crate::agents::from_config`]) instead of the
-/// scripted model alone; `agents.catalog` replaces `options.worker.agents`.
-pub async fn start_worker_with_agents(
-    options: WorkerOptions,
-    agents: AgentSetup,
-    client: &async_nats::Client,
-    replicas: usize,
-    log: Arc<dyn SessionLog>,
-    bus: Arc<dyn LiveBus>,
-    snapshots: Arc<dyn SnapshotStore>,
-) -> Result<WorkerHandle, MembershipError> {
-    join(options, client, replicas, |leases, config| {
-        let ownership: Arc<dyn Ownership> = leases;
-        SessionHost::with_agents(log, bus, snapshots, Some(ownership), agents, config)
-    })
-    .await
-}
-
-async fn join(
-    options: WorkerOptions,
-    client: &async_nats::Client,
-    replicas: usize,
-    host: impl FnOnce(Arc<Leases>, WorkerConfig) -> Arc<SessionHost>,
 ) -> Result<WorkerHandle, MembershipError> {
     let kv = ClusterKv::open(client, replicas, options.leases.shards, options.leases.worker_ttl).await?;
     let map = kv.watch_shards().await?;
@@ -98,7 +73,8 @@ async fn join(
     let leases = Leases::new(options.id.clone(), options.advertise_addr.clone(), kv, map, options.leases.clone());
     let mut config = options.worker;
     config.owner_id = options.id;
-    let host = host(leases.clone(), config);
+    let ownership: Arc<dyn Ownership> = leases.clone();
+    let host = SessionHost::builder(log, bus, agents).snapshots(snapshots).ownership(ownership).config(config).build();
     let stop = CancellationToken::new();
     tokio::spawn(presence::watch_peers(client.clone(), leases.clone(), stop.clone()));
     let task = tokio::spawn(lease_loop(leases.clone(), host.clone(), stop.clone()));

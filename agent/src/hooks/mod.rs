@@ -5,8 +5,8 @@
 //!
 //! Every agent has a waterfall of its own ([`AgentHooks`]), in this order: the built-in content guard,
 //! the built-in step budget ([`budget::StepBudget`], when the agent sets `max_steps_per_turn`), then the
-//! agent's remote hooks ([`remote::RemoteHook`]) in config order. The runner picks the waterfall by
-//! [`PreStepRequest::agent`] (docs/decisions/0014-remote-hooks.md).
+//! agent's remote hooks ([`remote::RemoteHook`]) in config order. [`AgentHooks`] is the worker's one
+//! [`PreStepHook`]: it runs the waterfall of [`PreStepRequest::agent`] (docs/decisions/0014-remote-hooks.md).
 
 pub mod budget;
 pub mod remote;
@@ -16,26 +16,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
-pub use turnstile_driver::{HookError, HookVerdict};
-use turnstile_driver::{PreStepDecision, PreStepRequest};
+use turnstile_driver::PreStepRequest;
 use turnstile_model::{SessionRef, UserMessage};
+pub use turnstile_worker::agent::{HookError, HookVerdict, PreStepHook};
 
 pub use budget::StepBudget;
 pub use remote::RemoteHook;
-
-#[async_trait]
-pub trait PreStepHook: Send + Sync + 'static {
-    fn name(&self) -> &str;
-
-    /// Decides over `batch` for the proposal `request` of `session`. On `abort`, return promptly.
-    async fn decide(
-        &self,
-        session: &SessionRef,
-        request: &PreStepRequest,
-        batch: Vec<UserMessage>,
-        abort: &CancellationToken,
-    ) -> Result<HookVerdict, HookError>;
-}
 
 /// One agent's hooks, in waterfall order.
 pub type Waterfall = Arc<[Arc<dyn PreStepHook>]>;
@@ -87,21 +73,40 @@ impl AgentHooks {
     }
 }
 
-/// Runs `hooks` in order over the request's claimed batch.
+/// The worker's one hook: the waterfall of the proposal's agent ([`PreStepRequest::agent`]).
+#[async_trait]
+impl PreStepHook for AgentHooks {
+    fn name(&self) -> &str {
+        "waterfall"
+    }
+
+    async fn decide(
+        &self,
+        session: &SessionRef,
+        request: &PreStepRequest,
+        batch: Vec<UserMessage>,
+        abort: &CancellationToken,
+    ) -> Result<HookVerdict, HookError> {
+        run_waterfall(&self.for_agent(&request.agent), session, request, batch, abort).await
+    }
+}
+
+/// Runs `hooks` in order over `batch`: each sees the batch the one before it passed on; the first
+/// rejection ends the waterfall.
 pub async fn run_waterfall(
     hooks: &[Arc<dyn PreStepHook>],
     session: &SessionRef,
     request: &PreStepRequest,
+    mut batch: Vec<UserMessage>,
     abort: &CancellationToken,
-) -> Result<PreStepDecision, HookError> {
-    let mut batch = request.messages.clone();
+) -> Result<HookVerdict, HookError> {
     for hook in hooks {
         match hook.decide(session, request, batch, abort).await? {
             HookVerdict::Pass(next) => batch = next,
-            HookVerdict::Reject { reason } => return Ok(PreStepDecision::Reject { reason }),
+            reject @ HookVerdict::Reject { .. } => return Ok(reject),
         }
     }
-    Ok(PreStepDecision::Enter(batch))
+    Ok(HookVerdict::Pass(batch))
 }
 
 /// The built-in content guard, driven by the scripted directives `[[reject]]`, `[[drop]]`,
@@ -110,11 +115,11 @@ pub async fn run_waterfall(
 pub struct ContentGuard;
 
 impl ContentGuard {
-    pub const NAME: &'static str = turnstile_driver::scripted::CONTENT_GUARD;
+    pub const NAME: &'static str = crate::scripted::CONTENT_GUARD;
 
     /// The guard's verdict, without IO.
     pub fn judge(batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
-        turnstile_driver::scripted::judge(batch)
+        crate::scripted::judge(batch)
     }
 }
 
@@ -188,13 +193,15 @@ mod tests {
         let request =
             PreStepRequest { op: 1, agent: "a".into(), turn: 1, step: 1, proposal: 1, messages: vec![msg("m", "x")] };
         let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(Tag("1:")), Arc::new(Tag("2:"))];
-        let decision = run_waterfall(&hooks, &session, &request, &CancellationToken::new()).await;
-        assert_eq!(decision, Ok(PreStepDecision::Enter(vec![msg("m", "2:1:x")])));
+        let decision =
+            run_waterfall(&hooks, &session, &request, request.messages.clone(), &CancellationToken::new()).await;
+        assert_eq!(decision, Ok(HookVerdict::Pass(vec![msg("m", "2:1:x")])));
         // The content guard rejects before later hooks run.
         let request = PreStepRequest { messages: vec![msg("m", "[[reject]]")], ..request };
         let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(ContentGuard), Arc::new(Tag("never"))];
-        let decision = run_waterfall(&hooks, &session, &request, &CancellationToken::new()).await;
-        assert_eq!(decision, Ok(PreStepDecision::Reject { reason: None }));
+        let decision =
+            run_waterfall(&hooks, &session, &request, request.messages.clone(), &CancellationToken::new()).await;
+        assert_eq!(decision, Ok(HookVerdict::Reject { reason: None }));
     }
 
     #[test]

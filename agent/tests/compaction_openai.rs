@@ -8,13 +8,13 @@ use provider_support::{FakeServer, OPENAI_DONE, Reply, openai_chunk};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use turnstile_agent::llm::chat_model::{ChatModel, connect};
+use turnstile_agent::llm::endpoint::ProviderKind;
 use turnstile_driver::{
     AgentCatalog, AgentProfile, Driver, Effect, Limits, ModelOutcome, PreStepDecision, PreStepOutcome, SUMMARY_PREFIX,
 };
 use turnstile_model::{Command, SessionRef, SessionState, Target, UserMessage};
-use turnstile_worker::model::chat_model::{ChatModel, connect};
-use turnstile_worker::model::endpoint::ProviderKind;
-use turnstile_worker::model::{DeltaSink, Model, ModelError};
+use turnstile_worker::agent::{DeltaSink, Model, ModelError};
 
 fn reply(text: &str) -> Reply {
     Reply::events(&[openai_chunk(json!({"content": text}), Some("stop")), OPENAI_DONE.to_owned()])

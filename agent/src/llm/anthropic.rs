@@ -19,9 +19,9 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use tokio_util::sync::CancellationToken;
-//! use turnstile_worker::model::anthropic::AnthropicProvider;
-//! use turnstile_worker::model::chat::{ChatMessage, ChatProvider, ChatRequest};
-//! use turnstile_worker::model::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
+//! use turnstile_agent::llm::anthropic::AnthropicProvider;
+//! use turnstile_agent::llm::chat::{ChatMessage, ChatProvider, ChatRequest};
+//! use turnstile_agent::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
 //!
 //! let mut endpoint = ModelEndpoint::new(ProviderKind::Anthropic, "claude-sonnet-4-5");
 //! endpoint.api_key = Some(ApiKey::new(std::env::var("ANTHROPIC_API_KEY")?));

@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use turnstile_worker::model::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
+//! use turnstile_agent::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
 //!
 //! let mut endpoint = ModelEndpoint::new(ProviderKind::OpenAi, "SmolLM2-135M-Instruct");
 //! endpoint.base_url = "http://127.0.0.1:8080/v1".into();

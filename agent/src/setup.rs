@@ -5,14 +5,14 @@
 //! HTTP provider ([`chat_model::connect`]) with the key read from the variable `api_key_env` names. Each
 //! agent then gets a [`Model`] of its own over its model's provider, offering the model the JSON Schemas of
 //! exactly the tools the agent lists ([`ChatModel::with_tools`]). [`AgentRouter`] picks the agent's model
-//! by [`ModelRequest::agent`] for every step.
+//! by `ModelRequest::agent` for every step.
 //!
 //! MCP tools (`mcp:SERVER/TOOL`, `mcp:SERVER/*`) need their servers running first: [`start_mcp`] starts
 //! the servers the agents use and lists their tools, [`from_config_with_mcp`] then registers each tool as
 //! `SERVER__TOOL`; [`setup`] does both (docs/decisions/0012-mcp-tools.md).
 //!
 //! ```
-//! use turnstile_worker::agents::from_config;
+//! use turnstile_agent::setup::from_config;
 //!
 //! let setup = from_config(&turnstile_config::Config::default()).unwrap();
 //! assert_eq!(setup.catalog, turnstile_driver::AgentCatalog::default());
@@ -23,23 +23,25 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
 use turnstile_config::{
     Config, ConfigError, MAX_MODEL_TOOL_NAME, ModelConfig, Provider, ToolId, ToolRef, is_model_tool_name,
 };
-use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, CatalogError, ModelOutput, ModelRequest};
+use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, CatalogError};
+use turnstile_worker::agent::{Agents, Model};
 
 use crate::hooks::remote::RemoteHookError;
 use crate::hooks::{AgentHooks, ContentGuard, PreStepHook, RemoteHook, StepBudget};
-use crate::model::chat::{ChatProvider, ToolSpec};
-use crate::model::chat_model::{self, ChatModel, ClientBusSlot};
-use crate::model::endpoint::{ApiKey, EndpointError, ModelEndpoint, ProviderKind};
-use crate::model::{DeltaSink, Model, ModelError, ModelIdentity, ScriptedModel};
+use crate::llm::chat::{ChatProvider, ToolSpec};
+use crate::llm::chat_model::{self, ChatModel, ClientBusSlot};
+use crate::llm::endpoint::{ApiKey, EndpointError, ModelEndpoint, ProviderKind};
+use crate::router::AgentRouter;
+use crate::scripted::ScriptedModel;
 use crate::tools::ToolRegistry;
 use crate::tools::mcp::{McpError, McpServer, McpTool, McpToolDef, tool_name};
 
-/// What a worker needs to run a configuration's agents.
+/// What a worker needs to run a configuration's agents. The node reaches the tools' slots through
+/// [`AgentSetup::tools`] ([`ToolRegistry::set_client_tools`], [`ToolRegistry::set_child_sessions`]), then
+/// hands the whole to the worker's host as its [`Agents`].
 pub struct AgentSetup {
     /// Names, system prompts and history budgets of the agents, and the default one (for the driver).
     pub catalog: AgentCatalog,
@@ -49,6 +51,30 @@ pub struct AgentSetup {
     pub tools: ToolRegistry,
     /// Each agent's pre-step waterfall: content guard, step budget, remote hooks (crate::hooks).
     pub hooks: AgentHooks,
+}
+
+impl Default for AgentSetup {
+    /// The scripted agent alone: the scripted model, the built-in tools with no policy, the content guard
+    /// (what tests and benchmarks run on).
+    fn default() -> Self {
+        Self {
+            catalog: AgentCatalog::default(),
+            model: Arc::new(ScriptedModel),
+            tools: ToolRegistry::builtin(),
+            hooks: AgentHooks::default(),
+        }
+    }
+}
+
+impl From<AgentSetup> for Agents {
+    fn from(setup: AgentSetup) -> Self {
+        Agents {
+            catalog: setup.catalog,
+            model: setup.model,
+            tools: Arc::new(setup.tools),
+            hooks: Arc::new(setup.hooks),
+        }
+    }
 }
 
 impl std::fmt::Debug for AgentSetup {
@@ -223,7 +249,7 @@ pub fn from_config_with_mcp(
                 available: tools.names().chain(mcp_tools.keys().map(String::as_str)).collect::<Vec<_>>().join(", "),
             };
             let Some(running) = mcp.get(server) else {
-                return Err(unknown(format!("MCP server {server:?} is not started (agents::start_mcp)")));
+                return Err(unknown(format!("MCP server {server:?} is not started (setup::start_mcp)")));
             };
             let listed = running.tools();
             let chosen: Vec<McpToolDef> = match wanted {
@@ -368,7 +394,7 @@ fn tool_spec(agent: &str, tool: &ToolRef, tools: &ToolRegistry) -> Result<ToolSp
             Some(spec) => return Ok(spec),
             None => "this built-in is not implemented yet",
         },
-        ToolRef::Mcp { .. } => "MCP tools need their servers started (agents::start_mcp)",
+        ToolRef::Mcp { .. } => "MCP tools need their servers started (setup::start_mcp)",
         ToolRef::Client(_) => "client tools are offered by their executors at request time",
     };
     Err(AgentSetupError::UnknownTool {
@@ -379,100 +405,16 @@ fn tool_spec(agent: &str, tool: &ToolRef, tools: &ToolRegistry) -> Result<ToolSp
     })
 }
 
-/// A [`Model`] that runs each step on the model of the step's agent ([`ModelRequest::agent`]); an agent
-/// it does not know (a catalog and router built apart) runs on the default agent's model.
-pub struct AgentRouter {
-    agents: HashMap<String, Arc<dyn Model>>,
-    /// Each agent's `compaction_model`, where it names one (SPEC §13); others compact on their model.
-    compaction: HashMap<String, Arc<dyn Model>>,
-    default_agent: String,
-}
-
-impl std::fmt::Debug for AgentRouter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut agents: Vec<&String> = self.agents.keys().collect();
-        agents.sort();
-        f.debug_struct("AgentRouter").field("agents", &agents).field("default_agent", &self.default_agent).finish()
-    }
-}
-
-impl AgentRouter {
-    /// Routes to `agents` by name; `default_agent` should be one of them.
-    pub fn new(agents: HashMap<String, Arc<dyn Model>>, default_agent: impl Into<String>) -> Self {
-        Self { agents, compaction: HashMap::new(), default_agent: default_agent.into() }
-    }
-
-    /// Routes the compaction requests of these agents to their `compaction_model`.
-    pub fn with_compaction(mut self, compaction: HashMap<String, Arc<dyn Model>>) -> Self {
-        self.compaction = compaction;
-        self
-    }
-
-    /// The model that serves `agent`.
-    pub fn model_of(&self, agent: &str) -> Option<&Arc<dyn Model>> {
-        self.agents.get(agent).or_else(|| self.agents.get(&self.default_agent))
-    }
-}
-
-#[async_trait]
-impl Model for AgentRouter {
-    fn identity(&self, agent: &str) -> ModelIdentity {
-        self.model_of(agent).map_or_else(|| ModelIdentity::new("none", "none"), |m| m.identity(agent))
-    }
-
-    async fn step(
-        &self,
-        request: ModelRequest,
-        deltas: DeltaSink,
-        abort: CancellationToken,
-    ) -> Result<ModelOutput, ModelError> {
-        let compaction = request.compaction.is_some().then(|| self.compaction.get(&request.agent)).flatten();
-        match compaction.or_else(|| self.model_of(&request.agent)) {
-            Some(model) => model.step(request, deltas, abort).await,
-            None => Err(ModelError::Failed {
-                message: format!("no model serves agent {:?} (and no default agent)", request.agent),
-                code: "model_unavailable".into(),
-            }),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use tokio::sync::mpsc;
-    use turnstile_model::UserMessage;
+    use crate::router::tests::{request, run};
+    use turnstile_worker::agent::ModelError;
 
     fn no_env(_: &str) -> Option<String> {
         None
-    }
-
-    fn request(agent: &str, text: &str) -> ModelRequest {
-        ModelRequest {
-            op: 1,
-            session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
-            turn: 1,
-            step: 1,
-            agent: agent.into(),
-            system: None,
-            history: vec![],
-            messages: vec![UserMessage::user_text("m1", text)],
-            tool_results: vec![],
-            interrupted_prompt: vec![],
-            goal: None,
-            summary: None,
-            compaction: None,
-        }
-    }
-
-    async fn run(model: &dyn Model, request: ModelRequest) -> Result<ModelOutput, ModelError> {
-        let (tx, mut rx) = mpsc::channel(64);
-        let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
-        let out = model.step(request, DeltaSink::new(tx), CancellationToken::new()).await;
-        drain.await.unwrap();
-        out
     }
 
     #[tokio::test]
@@ -562,7 +504,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "agent \"a\": tool \"mcp:files/read\" is not available in this worker (MCP server \"files\" is not \
-             started (agents::start_mcp); available: clock, echo, sleep, spawn_agent)"
+             started (setup::start_mcp); available: clock, echo, sleep, spawn_agent)"
         );
     }
 
@@ -582,33 +524,6 @@ mod tests {
         let key = |v: &str| (v == "TURNSTILE_TEST_KEY").then(|| "sk-test-secret".to_owned());
         let setup = from_config_with_env(&config, key).unwrap();
         assert!(!format!("{setup:?}").contains("sk-test-secret"));
-    }
-
-    /// A model that answers with its own name.
-    struct Named(&'static str);
-
-    #[async_trait]
-    impl Model for Named {
-        async fn step(&self, r: ModelRequest, d: DeltaSink, _: CancellationToken) -> Result<ModelOutput, ModelError> {
-            let text = format!("{} answers {}", self.0, r.agent);
-            d.send(text.clone()).await;
-            Ok(ModelOutput::text(text))
-        }
-    }
-
-    #[tokio::test]
-    async fn the_router_picks_the_model_of_the_requests_agent() {
-        let router = AgentRouter::new(
-            HashMap::from([
-                ("a".to_owned(), Arc::new(Named("first")) as Arc<dyn Model>),
-                ("b".to_owned(), Arc::new(Named("second")) as Arc<dyn Model>),
-            ]),
-            "a",
-        );
-        assert_eq!(run(&router, request("a", "x")).await.unwrap().text, "first answers a");
-        assert_eq!(run(&router, request("b", "x")).await.unwrap().text, "second answers b");
-        // An agent the router does not know runs on the default agent's model.
-        assert_eq!(run(&router, request("gone", "x")).await.unwrap().text, "first answers gone");
     }
 
     #[tokio::test]

@@ -15,15 +15,14 @@ use provider_support::{
     openai_usage,
 };
 use serde_json::json;
+use turnstile_agent::setup::from_config_with_env;
 use turnstile_cluster::CommandRouter;
 use turnstile_config::Config;
-use turnstile_journal::snapshot::NoSnapshots;
 use turnstile_journal::{EmbeddedLog, LiveBus, LocalBus};
 use turnstile_model::{
     Command, Envelope, EventPayload, LiveEvent, LivePayload, SessionRef, Target, TurnEndReason, Usage, UserMessage,
 };
-use turnstile_worker::agents::from_config_with_env;
-use turnstile_worker::{SessionHost, WorkerConfig};
+use turnstile_worker::SessionHost;
 
 struct Run {
     events: Vec<Envelope>,
@@ -46,8 +45,7 @@ async fn run_turn_on(provider: &str, server: &FakeServer, model: &str, text: &st
     let setup = from_config_with_env(&config, |_| None).unwrap();
     let log = Arc::new(EmbeddedLog::in_memory());
     let bus = Arc::new(LocalBus::new());
-    let host =
-        SessionHost::with_agents(log.clone(), bus.clone(), Arc::new(NoSnapshots), None, setup, WorkerConfig::default());
+    let host = SessionHost::builder(log.clone(), bus.clone(), setup.into()).build();
     let session = SessionRef::new("acme", "s1").unwrap();
     let mut live = bus.subscribe(&session).await.unwrap();
     let message = UserMessage::user_text("m1", text);
@@ -216,7 +214,7 @@ async fn the_scripted_model_is_counted_as_provider_scripted() {
     let log = Arc::new(EmbeddedLog::in_memory());
     let bus = Arc::new(LocalBus::new());
     let setup = from_config_with_env(&Config::default(), |_| None).unwrap();
-    let host = SessionHost::with_agents(log, bus, Arc::new(NoSnapshots), None, setup, WorkerConfig::default());
+    let host = SessionHost::builder(log, bus, setup.into()).build();
     let session = SessionRef::new("scripted-tenant", "s1").unwrap();
     let message = UserMessage::user_text("m1", "hi");
     let send = Command::Send { message, target: Target::NextTurn, wakeup: true, expected_turn: None, deadline: None };

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+use turnstile_agent::setup::{AgentSetup, McpServers, from_config_with_mcp, start_mcp_with_env};
+use turnstile_agent::tools::mcp::TOOL_TIMEOUT;
 use turnstile_config::Config;
-use turnstile_worker::agents::{AgentSetup, McpServers, from_config_with_mcp, start_mcp_with_env};
-use turnstile_worker::tools::mcp::TOOL_TIMEOUT;
 
 /// Starts the server with a fresh marker file; the agent's calls are bounded by `deadline_ms`.
 async fn start(test: &str, deadline_ms: u64) -> (McpServers, AgentSetup, PathBuf) {

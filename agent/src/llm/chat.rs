@@ -8,7 +8,7 @@
 //! [`code`](ProviderError::code) is the `turn/end` error code of SPEC §8.
 //!
 //! ```
-//! use turnstile_worker::model::chat::{ChatMessage, ChatRequest, ChatToolCall, ToolSpec};
+//! use turnstile_agent::llm::chat::{ChatMessage, ChatRequest, ChatToolCall, ToolSpec};
 //!
 //! let request = ChatRequest {
 //!     system: Some("You are terse.".into()),
@@ -37,6 +37,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use base64::Engine as _;
 use tokio_util::sync::CancellationToken;
+/// One streamed piece of the reply: the worker's, so a provider's pieces go to the runner unchanged. The
+/// text deltas of a reply concatenate to [`ChatOutput::text`], the reasoning ones to [`ChatOutput::reasoning`].
+pub use turnstile_worker::agent::StreamDelta;
 
 /// One model request: system prompt, history in log order, tools, and an optional output limit (the
 /// endpoint's `max_tokens` applies when this is `None`).
@@ -111,7 +114,7 @@ impl ChatContent {
     /// line naming its mime followed by the bytes as UTF-8, or base64 when they are not UTF-8.
     ///
     /// ```
-    /// use turnstile_worker::model::chat::ChatContent;
+    /// use turnstile_agent::llm::chat::ChatContent;
     /// let csv = ChatContent::Data { mime: "text/csv".into(), bytes: b"a,b\n1,2".to_vec() };
     /// assert_eq!(csv.data_as_text(), "[data text/csv]\na,b\n1,2");
     /// ```
@@ -142,16 +145,6 @@ pub struct ChatToolCall {
     pub id: String,
     pub name: String,
     pub arguments_json: String,
-}
-
-/// One streamed piece of the reply, delivered as soon as it arrives.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StreamDelta {
-    /// Reply text; the text deltas of a reply concatenate to [`ChatOutput::text`].
-    Text(String),
-    /// Reasoning text (DeepSeek `reasoning_content`, Anthropic thinking); they concatenate to
-    /// [`ChatOutput::reasoning`].
-    Reasoning(String),
 }
 
 /// Why the model stopped.

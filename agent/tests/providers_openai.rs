@@ -10,16 +10,16 @@ use provider_support::{FakeServer, OPENAI_DONE, Reply, SlammingServer, Step, ope
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use turnstile_driver::{ModelRequest, ToolOutcome};
-use turnstile_model::{ContentBlock, MessageSource, UserMessage};
-use turnstile_worker::model::chat::{
+use turnstile_agent::llm::chat::{
     ChatContent, ChatMessage, ChatOutput, ChatProvider, ChatRequest, ChatToolCall, Finish, ProviderError, StreamDelta,
     TimeoutKind, ToolSpec, Usage,
 };
-use turnstile_worker::model::chat_model::{ChatModel, connect};
-use turnstile_worker::model::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
-use turnstile_worker::model::openai::OpenAiProvider;
-use turnstile_worker::model::{DeltaSink, Model, ModelError};
+use turnstile_agent::llm::chat_model::{ChatModel, connect};
+use turnstile_agent::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
+use turnstile_agent::llm::openai::OpenAiProvider;
+use turnstile_driver::{ModelRequest, ToolOutcome};
+use turnstile_model::{ContentBlock, MessageSource, UserMessage};
+use turnstile_worker::agent::{DeltaSink, Model, ModelError};
 
 fn hello() -> ChatRequest {
     ChatRequest { messages: vec![ChatMessage::user_text("hello")], ..Default::default() }

@@ -12,12 +12,12 @@ use provider_support::{
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use turnstile_worker::model::anthropic::AnthropicProvider;
-use turnstile_worker::model::chat::{
+use turnstile_agent::llm::anthropic::AnthropicProvider;
+use turnstile_agent::llm::chat::{
     ChatContent, ChatMessage, ChatOutput, ChatProvider, ChatRequest, ChatToolCall, Finish, ProviderError, StreamDelta,
     ToolSpec, Usage,
 };
-use turnstile_worker::model::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
+use turnstile_agent::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
 
 fn hello() -> ChatRequest {
     ChatRequest { messages: vec![ChatMessage::user_text("hello")], ..Default::default() }

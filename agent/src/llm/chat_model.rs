@@ -1,4 +1,4 @@
-//! Real providers behind the [`Model`] trait.
+//! Real providers behind the worker's [`Model`] trait.
 //!
 //! [`connect`] builds the provider an endpoint names; [`ChatModel`] runs it as a [`Model`]. The driver's
 //! [`ModelRequest`] carries the agent's system prompt and the session's history (SPEC §8), which
@@ -10,8 +10,8 @@
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use turnstile_worker::model::chat_model::{ChatModel, connect};
-//! use turnstile_worker::model::endpoint::{ModelEndpoint, ProviderKind};
+//! use turnstile_agent::llm::chat_model::{ChatModel, connect};
+//! use turnstile_agent::llm::endpoint::{ModelEndpoint, ProviderKind};
 //!
 //! let mut endpoint = ModelEndpoint::new(ProviderKind::OpenAi, "SmolLM2-135M-Instruct");
 //! endpoint.base_url = "http://127.0.0.1:8080/v1".into();
@@ -34,8 +34,8 @@ use super::chat::{
 };
 use super::endpoint::{EndpointError, ModelEndpoint, ProviderKind};
 use super::openai::OpenAiProvider;
-use super::{DeltaSink, Model, ModelError, ModelIdentity};
 use turnstile_driver::{ModelOutput, ModelRequest, SUMMARY_PREFIX, compaction_instruction};
+use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelIdentity};
 
 /// The provider `endpoint.provider` names, ready to stream.
 pub fn connect(endpoint: ModelEndpoint) -> Result<Arc<dyn ChatProvider>, EndpointError> {
@@ -463,9 +463,9 @@ mod tests {
             request: &ChatRequest,
             _sink: &mut (dyn FnMut(StreamDelta) + Send),
             _cancel: &CancellationToken,
-        ) -> Result<crate::model::chat::ChatOutput, ProviderError> {
+        ) -> Result<crate::llm::chat::ChatOutput, ProviderError> {
             self.0.lock().unwrap().push(request.tools.iter().map(|t| t.name.clone()).collect());
-            Ok(crate::model::chat::ChatOutput {
+            Ok(crate::llm::chat::ChatOutput {
                 text: "ok".into(),
                 reasoning: None,
                 tool_calls: vec![],
@@ -519,7 +519,7 @@ mod tests {
             let mut r = request(vec![], vec![UserMessage::user_text("m1", "hi")]);
             r.session.tenant = tenant.into();
             let (tx, _rx) = mpsc::channel(16);
-            model.step(r, crate::model::DeltaSink::new(tx), CancellationToken::new())
+            model.step(r, DeltaSink::new(tx), CancellationToken::new())
         };
         // No bus yet: only the static tools.
         run("acme").await.unwrap();

@@ -4,7 +4,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use turnstile_worker::model::retry::Backoff;
+//! use turnstile_agent::llm::retry::Backoff;
 //!
 //! let backoff = Backoff::default();
 //! // The third retry waits at most base · 2² (full jitter: anywhere from zero up to that).
@@ -64,7 +64,7 @@ impl Backoff {
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use turnstile_worker::model::retry::parse_retry_after;
+/// use turnstile_agent::llm::retry::parse_retry_after;
 ///
 /// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_770);
 /// assert_eq!(parse_retry_after("3", now), Some(Duration::from_secs(3)));

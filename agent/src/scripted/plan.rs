@@ -1,31 +1,13 @@
-//! The deterministic parts of the scripted model and the built-in content guard (API.md "The scripted
-//! model"): directives in the text of the entered messages decide the reply, tool calls, failures and the
-//! guard's verdict.
-//!
-//! Both are pure, so the driver's scenario tests use them directly and every SPEC §7 scenario replays
-//! exactly. The worker's async `ScriptedModel` streams a [`plan`] (pacing it for `[[delay:MS]]`) and its
-//! `ContentGuard` hook answers with [`judge`].
-//!
-//! ```
-//! use turnstile_driver::scripted;
-//! use turnstile_driver::ModelRequest;
-//! use turnstile_model::{ContentBlock, MessageSource, UserMessage};
-//! let hello = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hello")], source: MessageSource::User };
-//! let request = ModelRequest {
-//!     op: 1, turn: 1, step: 1, agent: "scripted".into(), system: None, history: vec![],
-//!     session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
-//!     messages: vec![hello], tool_results: vec![], interrupted_prompt: vec![], goal: None,
-//!     summary: None, compaction: None,
-//! };
-//! assert_eq!(scripted::plan(&request).output.text, "echo: hello");
-//! ```
+//! The scripted model's answer to a request ([`plan`]) and the content guard's verdict ([`judge`]): pure
+//! functions of the directives in the entered messages' text.
 
 use std::time::Duration;
 
 use turnstile_model::{ContentBlock, MessageSource, ToolCallSpec, TranscriptEntry, UserMessage};
 
-use crate::directive::{self, Directive};
-use crate::effect::{GOAL_COMPLETE, HookError, HookVerdict, ModelOutput, ModelRequest};
+use turnstile_driver::{CompactionTask, GOAL_COMPLETE, HookError, HookVerdict, ModelOutput, ModelRequest};
+
+use super::directive::{self, Directive};
 
 /// The name the content guard reports in its errors.
 pub const CONTENT_GUARD: &str = "content-guard";
@@ -122,7 +104,7 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
 
 /// The scripted summary of a compaction request (SPEC §13): `summary of turns A..B`, or a failure when a
 /// user message among the summarized turns carries `[[compact-fail]]`.
-fn compaction_plan(request: &ModelRequest, task: &crate::effect::CompactionTask) -> ScriptedPlan {
+fn compaction_plan(request: &ModelRequest, task: &CompactionTask) -> ScriptedPlan {
     let told_to_fail = request.history.iter().any(|entry| match entry.as_ref() {
         TranscriptEntry::User { message, .. } => directive::parse(&message.text()).0.contains(&Directive::CompactFail),
         _ => false,
@@ -175,7 +157,7 @@ pub fn judge(batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::effect::ToolOutcome;
+    use turnstile_driver::ToolOutcome;
 
     fn request(messages: Vec<UserMessage>) -> ModelRequest {
         ModelRequest {

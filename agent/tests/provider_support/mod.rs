@@ -19,8 +19,8 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use turnstile_worker::model::endpoint::{ModelEndpoint, ProviderKind};
-use turnstile_worker::model::retry::Backoff;
+use turnstile_agent::llm::endpoint::{ModelEndpoint, ProviderKind};
+use turnstile_agent::llm::retry::Backoff;
 
 /// One step of a streamed reply.
 #[derive(Clone, Debug)]
@@ -358,10 +358,8 @@ pub fn anthropic_message_stop() -> String {
 }
 
 /// A sink that records every delta.
-pub fn recorder() -> (
-    Arc<Mutex<Vec<turnstile_worker::model::chat::StreamDelta>>>,
-    impl FnMut(turnstile_worker::model::chat::StreamDelta) + Send,
-) {
+pub fn recorder()
+-> (Arc<Mutex<Vec<turnstile_worker::agent::StreamDelta>>>, impl FnMut(turnstile_worker::agent::StreamDelta) + Send) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let into = seen.clone();
     (seen, move |delta| into.lock().unwrap().push(delta))

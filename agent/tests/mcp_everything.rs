@@ -7,9 +7,9 @@
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use turnstile_agent::setup::{AgentSetup, AgentSetupError, McpServers, from_config_with_mcp, start_mcp_with_env};
+use turnstile_agent::tools::mcp::TOOL_TIMEOUT;
 use turnstile_config::Config;
-use turnstile_worker::agents::{AgentSetup, AgentSetupError, McpServers, from_config_with_mcp, start_mcp_with_env};
-use turnstile_worker::tools::mcp::TOOL_TIMEOUT;
 
 const SLOW: &str = "everything__trigger-long-running-operation";
 
@@ -37,7 +37,7 @@ async fn start(config: &Config) -> (McpServers, AgentSetup) {
     (mcp, setup)
 }
 
-async fn call(setup: &AgentSetup, tool: &str, arguments: &str) -> turnstile_worker::tools::ToolReturn {
+async fn call(setup: &AgentSetup, tool: &str, arguments: &str) -> turnstile_worker::agent::ToolReturn {
     let abort = CancellationToken::new();
     let r = tokio::time::timeout(Duration::from_secs(20), setup.tools.call(tool, arguments, &abort));
     r.await.expect("a call never hangs")

@@ -1,4 +1,4 @@
-//! `agents::from_config` against a fake OpenAI-compatible server on loopback: each agent's model gets the
+//! `setup::from_config` against a fake OpenAI-compatible server on loopback: each agent's model gets the
 //! agent's tools (name, description, JSON Schema), the endpoint settings and the key from `api_key_env`,
 //! and steps are routed to the model of their agent.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -9,11 +9,11 @@ use provider_support::{FakeServer, OPENAI_DONE, Reply, openai_chunk, openai_usag
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use turnstile_agent::setup::{AgentSetup, from_config_with_env};
 use turnstile_config::Config;
 use turnstile_driver::{ModelOutput, ModelRequest};
 use turnstile_model::UserMessage;
-use turnstile_worker::agents::{AgentSetup, from_config_with_env};
-use turnstile_worker::model::{DeltaSink, ModelError};
+use turnstile_worker::agent::{DeltaSink, ModelError};
 
 fn config(base_url: &str) -> Config {
     Config::from_toml_str(&format!(

@@ -17,9 +17,9 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use tokio_util::sync::CancellationToken;
-//! use turnstile_worker::model::chat::{ChatMessage, ChatProvider, ChatRequest, StreamDelta};
-//! use turnstile_worker::model::endpoint::{ModelEndpoint, ProviderKind};
-//! use turnstile_worker::model::openai::OpenAiProvider;
+//! use turnstile_agent::llm::chat::{ChatMessage, ChatProvider, ChatRequest, StreamDelta};
+//! use turnstile_agent::llm::endpoint::{ModelEndpoint, ProviderKind};
+//! use turnstile_agent::llm::openai::OpenAiProvider;
 //!
 //! let mut endpoint = ModelEndpoint::new(ProviderKind::OpenAi, "SmolLM2-135M-Instruct");
 //! endpoint.base_url = "http://127.0.0.1:8080/v1".into();

@@ -14,7 +14,7 @@ use turnstile_cluster::{ToolBus, ToolBusError};
 use turnstile_proto::v1 as pb;
 
 use super::{Tool, ToolContext, ToolReturn};
-use crate::model::chat::ToolSpec;
+use crate::llm::chat::ToolSpec;
 
 /// How the error of a call with no executor starts (`no executor for tool T`).
 pub const NO_EXECUTOR: &str = "no executor for tool";

@@ -32,12 +32,12 @@ use turnstile_worker::agent::{Agents, Model};
 use crate::hooks::remote::RemoteHookError;
 use crate::hooks::{AgentHooks, ContentGuard, PreStepHook, RemoteHook, StepBudget};
 use crate::llm::chat::{ChatProvider, ToolSpec};
-use crate::llm::chat_model::{self, ChatModel, ClientBusSlot};
+use crate::llm::chat_model::{self, ChatModel};
 use crate::llm::endpoint::{ApiKey, EndpointError, ModelEndpoint, ProviderKind};
 use crate::router::AgentRouter;
 use crate::scripted::ScriptedModel;
-use crate::tools::ToolRegistry;
 use crate::tools::mcp::{McpError, McpServer, McpTool, McpToolDef, tool_name};
+use crate::tools::{ClientBusSlot, ToolRegistry};
 
 /// What a worker needs to run a configuration's agents. The node reaches the tools' slots through
 /// [`AgentSetup::tools`] ([`ToolRegistry::set_client_tools`], [`ToolRegistry::set_child_sessions`]), then

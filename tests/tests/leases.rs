@@ -14,7 +14,7 @@ use turnstile_model::SessionRef;
 use turnstile_tests::nats::NatsServer;
 use turnstile_worker::WorkerConfig;
 use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker};
-use turnstile_worker::host::Ownership;
+use turnstile_worker::ownership::Ownership;
 
 const SHARDS: u32 = 8;
 const WAIT: Duration = Duration::from_secs(20);

@@ -12,8 +12,12 @@ use turnstile_journal::{JournalError, LiveBus, SessionLog};
 use turnstile_model::{CancelCause, Command, CommandError, CommandReply, SessionRef, Status};
 
 use crate::agent::Agents;
+use crate::command::{CommandMsg, Control, journal_error};
 use crate::config::WorkerConfig;
-use crate::runner::{CommandMsg, Control, Home, Parked, Parking, Runner, RunnerDeps, Start, journal_to_command};
+use crate::deps::RunnerDeps;
+use crate::ownership::Ownership;
+use crate::park::{Home, Parked, Parking};
+use crate::runner::{Runner, Start};
 use crate::seen::SeenSessions;
 
 /// Errors of the host itself (not of one command).
@@ -23,17 +27,6 @@ pub enum HostError {
     Journal(#[from] JournalError),
     #[error("session {session} cannot be folded: {detail}")]
     Projection { session: SessionRef, detail: String },
-}
-
-/// Which sessions this worker may serve, under which epoch: the shard leases in a cluster.
-pub trait Ownership: Send + Sync + 'static {
-    /// The epoch to serve `session` under, or the owner's address (when known) if this worker must not
-    /// take commands for it (not its shard, or the shard is being handed over).
-    fn accepting(&self, session: &SessionRef) -> Result<u64, Option<String>>;
-
-    /// Whether a runner started under `epoch` may still append to `session`'s log. False as soon as the
-    /// lease has lapsed by this worker's own clock, so a paused worker never writes after waking.
-    fn may_write(&self, session: &SessionRef, epoch: u64) -> bool;
 }
 
 /// A loaded session's runner.
@@ -276,7 +269,7 @@ impl SessionHost {
         }
         // A parked driver of this epoch is resumed as it is; anything else is replaced by a fresh load.
         let start = match runners.remove(session) {
-            Some(Slot::Parked(parked)) if parked.epoch() == epoch => Start::Resume(parked),
+            Some(Slot::Parked(parked)) if parked.epoch == epoch => Start::Resume(parked),
             Some(Slot::Running(old)) => {
                 let _ = old.control.send(Control::Stop);
                 Start::Load
@@ -372,8 +365,8 @@ impl SessionHost {
             let _ = control.send(Control::Dispose);
             commands.closed().await;
         }
-        let last = self.deps.log.delete(session).await.map_err(journal_to_command)?;
-        self.deps.snapshots.delete(session).await.map_err(journal_to_command)?;
+        let last = self.deps.log.delete(session).await.map_err(journal_error)?;
+        self.deps.snapshots.delete(session).await.map_err(journal_error)?;
         if last == 0 {
             return Err(CommandError::session_not_found(session));
         }

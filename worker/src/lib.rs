@@ -12,10 +12,16 @@
 
 pub mod agent;
 pub mod cluster;
+mod command;
 pub mod config;
+mod deps;
 pub mod host;
+mod load;
 mod metrics;
-pub mod runner;
+mod operations;
+pub mod ownership;
+mod park;
+mod runner;
 mod seen;
 mod spans;
 

@@ -37,7 +37,8 @@ impl SessionClock {
     pub(crate) fn appended(&self, batch: &[Envelope], took: Duration, result: &Result<u64, JournalError>) {
         let outcome = match result {
             Ok(_) => "ok",
-            Err(JournalError::Conflict { .. }) => "conflict",
+            // A refused first group counts as a conflict: the log was not where the writer expected it.
+            Err(e) if e.is_lost_ownership() || matches!(e, JournalError::FirstRefused { .. }) => "conflict",
             Err(_) => "error",
         };
         counter!(names::APPENDS, "outcome" => outcome).increment(1);

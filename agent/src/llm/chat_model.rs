@@ -37,6 +37,8 @@ use super::openai::OpenAiProvider;
 use turnstile_driver::{ModelOutput, ModelRequest, SUMMARY_PREFIX, compaction_instruction};
 use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelIdentity};
 
+use crate::tools::ClientBusSlot;
+
 /// The provider `endpoint.provider` names, ready to stream.
 pub fn connect(endpoint: ModelEndpoint) -> Result<Arc<dyn ChatProvider>, EndpointError> {
     Ok(match endpoint.provider {
@@ -56,9 +58,6 @@ pub struct ChatModel {
     client_tools: Vec<String>,
     client_bus: ClientBusSlot,
 }
-
-/// Where the client tool bus is set once the node has it (after the agents are built).
-pub type ClientBusSlot = Arc<std::sync::OnceLock<Arc<dyn turnstile_cluster::ToolBus>>>;
 
 impl std::fmt::Debug for ChatModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

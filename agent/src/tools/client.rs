@@ -16,6 +16,9 @@ use turnstile_proto::v1 as pb;
 use super::{Tool, ToolContext, ToolReturn};
 use crate::llm::chat::ToolSpec;
 
+/// Where the client tool bus is set once the node has it (after the agents are built).
+pub type ClientBusSlot = Arc<std::sync::OnceLock<Arc<dyn turnstile_cluster::ToolBus>>>;
+
 /// How the error of a call with no executor starts (`no executor for tool T`).
 pub const NO_EXECUTOR: &str = "no executor for tool";
 

@@ -21,8 +21,8 @@ mod metrics;
 mod registry;
 pub mod spawn;
 
-pub use crate::llm::chat_model::ClientBusSlot;
 pub use builtin::{Clock, Echo, Sleep, goal_complete_spec, rfc3339_utc};
+pub use client::ClientBusSlot;
 pub use registry::ToolRegistry;
 pub use spawn::{ChildSessions, ChildSessionsSlot, SPAWN_AGENT, SpawnAgent};
 

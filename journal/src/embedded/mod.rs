@@ -127,16 +127,16 @@ impl Slot {
     }
 }
 
-/// Checks the batch shape and passes every event through the codec, so what is kept in memory is exactly
-/// what a restart (or another backend) reads back.
-
 #[async_trait]
 impl SessionLog for EmbeddedLog {
+    /// Checks the batch shape and passes every event through the codec, so what is kept in memory is exactly
+    /// what a restart (or another backend) reads back. No headers are kept: `traceparent` is dropped.
     async fn append(
         &self,
         session: &SessionRef,
         expected_last_seq: u64,
         events: &[Envelope],
+        _traceparent: Option<&str>,
     ) -> Result<u64, JournalError> {
         let events: Vec<Envelope> = crate::log::check_batch(session, expected_last_seq, events, usize::MAX)?
             .into_iter()

@@ -28,7 +28,8 @@ use turnstile_ops::clock::now_ms;
 use turnstile_ops::names;
 
 use super::presence::Probe;
-use crate::host::{Ownership, SessionHost};
+use crate::host::SessionHost;
+use crate::ownership::Ownership;
 
 /// Lease acquisitions in flight at once (each is a read and a compare-and-set).
 const ACQUIRE_AT_ONCE: usize = 16;
@@ -136,7 +137,7 @@ impl Leases {
     }
 
     /// Takes in what the presence watch learned about `peer`: [`Probe::Gone`] (confirmed, see
-    /// [`super::presence::watch_peers`]) makes it dead and wakes the lease loop; an answer makes it live
+    /// [`super::watch_peers`]) makes it dead and wakes the lease loop; an answer makes it live
     /// again; a timeout changes nothing.
     pub fn observe(&self, peer: &str, probe: Probe) {
         let newly_dead = {

@@ -16,6 +16,7 @@ pub mod embedded;
 pub mod jetstream;
 pub mod log;
 pub mod snapshot;
+mod sync;
 
 pub use bus::{LiveBus, LiveStream};
 pub use embedded::{EmbeddedLog, LocalBus};

@@ -1,7 +1,7 @@
 //! The session host: one runner per loaded session, behind the gateway's [`CommandRouter`] seam.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,6 +19,7 @@ use crate::ownership::Ownership;
 use crate::park::{Home, Parked, Parking};
 use crate::runner::{Runner, Start};
 use crate::seen::SeenSessions;
+use crate::sync::lock;
 
 /// Errors of the host itself (not of one command).
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +70,7 @@ impl Home for Runners {
         commands: &mut mpsc::Receiver<CommandMsg>,
         control: &mpsc::UnboundedReceiver<Control>,
     ) -> Result<(), Box<Parked>> {
-        let mut runners = self.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut runners = lock(self);
         let Some(slot) = runners.get_mut(session) else { return Err(parked) };
         // Under the lock no sender can be handed out; one handed out before finds the queue closed and
         // asks the host again, which resumes the parked driver.
@@ -209,7 +210,7 @@ impl SessionHost {
     /// every one of them has unloaded.
     pub async fn drain_where(&self, which: impl Fn(&SessionRef) -> bool, timeout: Duration) {
         let handles: Vec<(mpsc::Sender<CommandMsg>, mpsc::UnboundedSender<Control>)> = {
-            let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut runners = lock(&self.runners);
             let chosen: Vec<SessionRef> = runners.keys().filter(|s| which(s)).cloned().collect();
             // A parked driver runs nothing and its state is in the log: it is only dropped.
             chosen
@@ -235,7 +236,7 @@ impl SessionHost {
 
     /// Stops the loaded sessions `which` selects at once, abandoning what they run (the lease is gone).
     pub fn stop_where(&self, which: impl Fn(&SessionRef) -> bool) {
-        let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut runners = lock(&self.runners);
         runners.retain(|session, slot| {
             if which(session) {
                 if let Slot::Running(handle) = slot {
@@ -258,7 +259,7 @@ impl SessionHost {
         epoch: u64,
         first: &mut Option<CommandMsg>,
     ) -> Result<mpsc::Sender<CommandMsg>, CommandError> {
-        let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut runners = lock(&self.runners);
         if lock(&self.deleting).contains(session) {
             return Err(being_deleted(session));
         }
@@ -300,7 +301,7 @@ impl SessionHost {
             // The runner ended (unloaded or parked): drop its entry unless it parked there or a newer runner
             // took the session's place. A command that finds no entry starts a new runner.
             if let Some(map) = map.upgrade() {
-                let mut runners = map.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut runners = lock(&map);
                 if runners.get(&session).and_then(Slot::running).is_some_and(|h| h.id == id) {
                     runners.remove(&session);
                 }
@@ -317,7 +318,7 @@ impl SessionHost {
     async fn delete(&self, session: &SessionRef) -> Result<CommandReply, CommandError> {
         self.epoch_for(session)?;
         let loaded = {
-            let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut runners = lock(&self.runners);
             if !lock(&self.deleting).insert(session.clone()) {
                 return Err(being_deleted(session));
             }
@@ -357,7 +358,7 @@ impl SessionHost {
                 }
             }
             {
-                let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut runners = lock(&self.runners);
                 if runners.get(session).and_then(Slot::running).is_some_and(|h| h.commands.same_channel(&commands)) {
                     runners.remove(session);
                 }
@@ -376,19 +377,19 @@ impl SessionHost {
 
     /// Commands waiting in `session`'s queue (0 when it is not loaded).
     pub fn queued_commands(&self, session: &SessionRef) -> usize {
-        let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        let runners = lock(&self.runners);
         runners.get(session).and_then(Slot::running).map_or(0, |h| h.commands.max_capacity() - h.commands.capacity())
     }
 
     /// Sessions in memory: with a live runner, or parked (idle, their driver alone).
     pub fn loaded_sessions(&self) -> usize {
-        let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        let runners = lock(&self.runners);
         runners.values().filter(|slot| slot.is_loaded()).count()
     }
 
     /// Loaded sessions whose runner task is running (the rest are parked).
     pub fn running_sessions(&self) -> usize {
-        let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        let runners = lock(&self.runners);
         runners.values().filter_map(Slot::running).filter(|h| !h.commands.is_closed()).count()
     }
 
@@ -407,7 +408,7 @@ impl SessionHost {
                 let Some(map) = map.upgrade() else { return };
                 let now = tokio::time::Instant::now();
                 let dropped: Vec<(SessionRef, Slot)> = {
-                    let mut runners = map.lock().unwrap_or_else(PoisonError::into_inner);
+                    let mut runners = lock(&map);
                     let due: Vec<SessionRef> = runners
                         .iter()
                         .filter(|(_, slot)| matches!(slot, Slot::Parked(p) if p.until <= now))
@@ -429,7 +430,7 @@ impl SessionHost {
 
     /// Sessions the host holds anything for, loaded or ending (a runner's entry goes when its task ends).
     pub fn held_sessions(&self) -> usize {
-        self.runners.lock().unwrap_or_else(PoisonError::into_inner).len()
+        lock(&self.runners).len()
     }
 }
 
@@ -531,9 +532,4 @@ async fn ask(
 
 fn being_deleted(session: &SessionRef) -> CommandError {
     CommandError::Unavailable(format!("session {session} is being deleted; retry once DeleteSession has answered"))
-}
-
-// One set operation per critical section: a poisoned lock still holds a consistent set.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -24,6 +24,7 @@ mod park;
 mod runner;
 mod seen;
 mod spans;
+mod sync;
 
 pub use agent::Agents;
 pub use config::{Limits, WorkerConfig};

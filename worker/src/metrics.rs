@@ -4,7 +4,7 @@
 //! the events' own `time_ms`, so they measure what the log says happened, not when the runner got round
 //! to noticing.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
@@ -16,6 +16,7 @@ use turnstile_ops::GaugeGuard;
 use turnstile_ops::names;
 
 use crate::agent::ModelIdentity;
+use crate::sync::lock;
 
 /// Per session: when the open step started and when the first claim since the last step/start landed.
 #[derive(Debug, Default)]
@@ -47,7 +48,7 @@ impl SessionClock {
             return;
         }
         counter!(names::APPENDED_EVENTS).increment(batch.len() as u64);
-        let mut marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut marks = lock(&self.marks);
         for event in batch {
             marks.observe(event);
         }

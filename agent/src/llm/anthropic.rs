@@ -18,8 +18,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use tokio_util::sync::CancellationToken;
-//! use turnstile_agent::llm::anthropic::AnthropicProvider;
+//! //! use turnstile_agent::llm::anthropic::AnthropicProvider;
 //! use turnstile_agent::llm::chat::{ChatMessage, ChatProvider, ChatRequest};
 //! use turnstile_agent::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
 //!
@@ -34,37 +33,33 @@
 
 use std::collections::BTreeMap;
 
-use async_trait::async_trait;
 use eventsource_stream::Event;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 use super::chat::{
-    ChatContent, ChatMessage, ChatOutput, ChatProvider, ChatRequest, ChatToolCall, Delivered, Finish, ProviderError,
-    StreamDelta, Usage,
+    ChatContent, ChatMessage, ChatOutput, ChatRequest, ChatToolCall, Delivered, Finish, StreamDelta, Usage,
 };
 use super::endpoint::{DEFAULT_ANTHROPIC_MAX_TOKENS, EndpointError, ModelEndpoint};
-use super::http::{Flow, HttpEngine, SseDecoder};
+use super::http::{ChatApi, Flow, HttpProvider, SseDecoder};
 
 /// The Messages API version this client speaks.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// A model behind the Anthropic Messages API.
-pub struct AnthropicProvider {
-    engine: HttpEngine,
-}
+pub type AnthropicProvider = HttpProvider<Anthropic>;
 
-impl std::fmt::Debug for AnthropicProvider {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AnthropicProvider").field("endpoint", self.engine.endpoint()).finish()
-    }
-}
+/// The Anthropic Messages API, as [`HttpProvider`] speaks it.
+#[derive(Debug)]
+pub struct Anthropic;
 
-impl AnthropicProvider {
-    /// Checks the endpoint (base URL, key) and builds its client; sends nothing.
-    pub fn new(endpoint: ModelEndpoint) -> Result<Self, EndpointError> {
+impl ChatApi for Anthropic {
+    const PROVIDER: &'static str = "anthropic";
+    const PATH: &'static str = "messages";
+    type Decoder = Decoder;
+
+    fn headers(endpoint: &ModelEndpoint) -> Result<HeaderMap, EndpointError> {
         let mut headers = HeaderMap::new();
         headers.insert(HeaderName::from_static("anthropic-version"), HeaderValue::from_static(ANTHROPIC_VERSION));
         if let Some(key) = &endpoint.api_key {
@@ -73,12 +68,10 @@ impl AnthropicProvider {
             value.set_sensitive(true);
             headers.insert(HeaderName::from_static("x-api-key"), value);
         }
-        Ok(Self { engine: HttpEngine::new("anthropic", endpoint, "messages", headers)? })
+        Ok(headers)
     }
 
-    /// The JSON body sent for `request`.
-    pub fn request_body(&self, request: &ChatRequest) -> Value {
-        let endpoint = self.engine.endpoint();
+    fn body(endpoint: &ModelEndpoint, request: &ChatRequest) -> Value {
         let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
         for message in &request.messages {
             let (role, blocks) = match message {
@@ -154,28 +147,6 @@ fn tool_input(arguments: &str) -> Value {
     match serde_json::from_str::<Value>(arguments) {
         Ok(value @ Value::Object(_)) => value,
         _ => json!({}),
-    }
-}
-
-#[async_trait]
-impl ChatProvider for AnthropicProvider {
-    fn provider(&self) -> &'static str {
-        "anthropic"
-    }
-
-    fn model(&self) -> &str {
-        &self.engine.endpoint().model
-    }
-
-    async fn stream(
-        &self,
-        request: &ChatRequest,
-        sink: &mut (dyn FnMut(StreamDelta) + Send),
-        cancel: &CancellationToken,
-    ) -> Result<ChatOutput, ProviderError> {
-        let body = serde_json::to_vec(&self.request_body(request))
-            .map_err(|e| ProviderError::Refused { status: None, message: format!("request body: {e}") })?;
-        self.engine.run(body, &mut Decoder::default(), sink, cancel).await
     }
 }
 
@@ -290,8 +261,9 @@ enum Block {
 }
 
 /// Assembles one streamed message.
+/// Reads the Messages API's event stream.
 #[derive(Default)]
-struct Decoder {
+pub struct Decoder {
     delivered: Delivered,
     /// Content blocks by their stream `index` (ordered: tool calls come out in block order).
     blocks: BTreeMap<u64, Block>,

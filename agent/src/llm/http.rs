@@ -1,7 +1,8 @@
 //! What every HTTP provider shares: the client, the retry loop, the three timeouts, cancellation, the
 //! server-sent-event stream, the retry counter and the HTTP span (`model.http`, under the runner's
-//! `model.request`, which records the request's outcome, tokens and timings for every kind of model). A provider supplies the URL, its headers, the
-//! JSON body, and an [`SseDecoder`] that turns its events into deltas and a [`ChatOutput`].
+//! `model.request`, which records the request's outcome, tokens and timings for every kind of model). An API
+//! ([`ChatApi`]: OpenAI's, Anthropic's) supplies its path, its headers, the JSON body, and a decoder that
+//! turns its events into deltas and a [`ChatOutput`]; [`HttpProvider`] is the [`ChatProvider`] of any of them.
 //!
 //! One request, as SPEC §8 has it:
 //! 1. POST the body; wait for the response head and the first body byte within `first_byte_timeout`.
@@ -27,7 +28,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use super::chat::{ChatOutput, Delivered, Partial, ProviderError, StreamDelta, TimeoutKind};
+use async_trait::async_trait;
+use serde_json::Value;
+
+use super::chat::{ChatOutput, ChatProvider, ChatRequest, Delivered, Partial, ProviderError, StreamDelta, TimeoutKind};
 use super::endpoint::{EndpointError, ModelEndpoint};
 use super::retry::parse_retry_after;
 use turnstile_ops::names::MODEL_RETRIES;
@@ -50,6 +54,71 @@ pub(crate) trait SseDecoder: Send {
     fn delivered(&self) -> &Delivered;
     /// The finished reply.
     fn finish(&mut self) -> Result<ChatOutput, String>;
+}
+
+/// What tells one HTTP chat API from another. Implemented by this crate's APIs only (its decoder is the
+/// crate's own business).
+#[allow(private_bounds)] // `SseDecoder` stays crate-private: it seals the trait.
+pub trait ChatApi: Send + Sync + 'static {
+    /// The `provider` label of metrics and spans (`openai`, `anthropic`).
+    const PROVIDER: &'static str;
+    /// Appended to the endpoint's base URL.
+    const PATH: &'static str;
+    /// Reads the API's event stream.
+    type Decoder: SseDecoder + Default;
+
+    /// The headers every request carries (the key, a version); an error when the key is no header value.
+    fn headers(endpoint: &ModelEndpoint) -> Result<HeaderMap, EndpointError>;
+
+    /// The JSON body sent for `request`.
+    fn body(endpoint: &ModelEndpoint, request: &ChatRequest) -> Value;
+}
+
+/// A model behind the HTTP chat API `A`.
+pub struct HttpProvider<A> {
+    engine: HttpEngine,
+    api: std::marker::PhantomData<fn() -> A>,
+}
+
+impl<A: ChatApi> std::fmt::Debug for HttpProvider<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpProvider").field("api", &A::PROVIDER).field("endpoint", self.engine.endpoint()).finish()
+    }
+}
+
+impl<A: ChatApi> HttpProvider<A> {
+    /// Checks the endpoint (base URL, key) and builds its client; sends nothing.
+    pub fn new(endpoint: ModelEndpoint) -> Result<Self, EndpointError> {
+        let headers = A::headers(&endpoint)?;
+        Ok(Self { engine: HttpEngine::new(A::PROVIDER, endpoint, A::PATH, headers)?, api: std::marker::PhantomData })
+    }
+
+    /// The JSON body sent for `request`.
+    pub fn request_body(&self, request: &ChatRequest) -> Value {
+        A::body(self.engine.endpoint(), request)
+    }
+}
+
+#[async_trait]
+impl<A: ChatApi> ChatProvider for HttpProvider<A> {
+    fn provider(&self) -> &'static str {
+        A::PROVIDER
+    }
+
+    fn model(&self) -> &str {
+        &self.engine.endpoint().model
+    }
+
+    async fn stream(
+        &self,
+        request: &ChatRequest,
+        sink: &mut (dyn FnMut(StreamDelta) + Send),
+        cancel: &CancellationToken,
+    ) -> Result<ChatOutput, ProviderError> {
+        let body = serde_json::to_vec(&self.request_body(request))
+            .map_err(|e| ProviderError::Refused { status: None, message: format!("request body: {e}") })?;
+        self.engine.run(body, &mut A::Decoder::default(), sink, cancel).await
+    }
 }
 
 /// A provider's HTTP endpoint: one URL, fixed headers, one client with its connection pool.

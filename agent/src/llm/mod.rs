@@ -1,5 +1,5 @@
 //! LLM providers: what answers a step's model request over HTTP. Each provider ([`openai`], [`anthropic`])
-//! streams a provider-neutral [`chat::ChatRequest`] (a private `http` module holds what both share: retries, timeouts, the
+//! streams a provider-neutral [`chat::ChatRequest`] ([`http`] holds what both share: retries, timeouts, the
 //! SSE stream); [`chat_model`] runs one as the worker's [`Model`](turnstile_worker::agent::Model), mapping the
 //! driver's request onto it.
 
@@ -7,6 +7,6 @@ pub mod anthropic;
 pub mod chat;
 pub mod chat_model;
 pub mod endpoint;
-mod http;
+pub mod http;
 pub mod openai;
 pub mod retry;

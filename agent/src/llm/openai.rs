@@ -16,8 +16,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use tokio_util::sync::CancellationToken;
-//! use turnstile_agent::llm::chat::{ChatMessage, ChatProvider, ChatRequest, StreamDelta};
+//! //! use turnstile_agent::llm::chat::{ChatMessage, ChatProvider, ChatRequest, StreamDelta};
 //! use turnstile_agent::llm::endpoint::{ModelEndpoint, ProviderKind};
 //! use turnstile_agent::llm::openai::OpenAiProvider;
 //!
@@ -33,34 +32,28 @@
 
 use std::collections::HashMap;
 
-use async_trait::async_trait;
 use eventsource_stream::Event;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use super::chat::{
-    ChatContent, ChatMessage, ChatOutput, ChatProvider, ChatRequest, Delivered, Finish, ProviderError, StreamDelta,
-    Usage,
-};
+use super::chat::{ChatContent, ChatMessage, ChatOutput, ChatRequest, Delivered, Finish, StreamDelta, Usage};
 use super::endpoint::{EndpointError, ModelEndpoint};
-use super::http::{Flow, HttpEngine, SseDecoder};
+use super::http::{ChatApi, Flow, HttpProvider, SseDecoder};
 
 /// A model behind an OpenAI-compatible Chat Completions endpoint.
-pub struct OpenAiProvider {
-    engine: HttpEngine,
-}
+pub type OpenAiProvider = HttpProvider<OpenAi>;
 
-impl std::fmt::Debug for OpenAiProvider {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiProvider").field("endpoint", self.engine.endpoint()).finish()
-    }
-}
+/// The OpenAI Chat Completions API, as [`HttpProvider`] speaks it.
+#[derive(Debug)]
+pub struct OpenAi;
 
-impl OpenAiProvider {
-    /// Checks the endpoint (base URL, key) and builds its client; sends nothing.
-    pub fn new(endpoint: ModelEndpoint) -> Result<Self, EndpointError> {
+impl ChatApi for OpenAi {
+    const PROVIDER: &'static str = "openai";
+    const PATH: &'static str = "chat/completions";
+    type Decoder = Decoder;
+
+    fn headers(endpoint: &ModelEndpoint) -> Result<HeaderMap, EndpointError> {
         let mut headers = HeaderMap::new();
         if let Some(key) = &endpoint.api_key {
             let mut value = HeaderValue::from_str(&format!("Bearer {}", key.expose()))
@@ -68,12 +61,10 @@ impl OpenAiProvider {
             value.set_sensitive(true);
             headers.insert(AUTHORIZATION, value);
         }
-        Ok(Self { engine: HttpEngine::new("openai", endpoint, "chat/completions", headers)? })
+        Ok(headers)
     }
 
-    /// The JSON body sent for `request`.
-    pub fn request_body(&self, request: &ChatRequest) -> Value {
-        let endpoint = self.engine.endpoint();
+    fn body(endpoint: &ModelEndpoint, request: &ChatRequest) -> Value {
         let mut messages = Vec::with_capacity(request.messages.len() + 1);
         if let Some(system) = &request.system {
             messages.push(json!({"role": "system", "content": system}));
@@ -141,28 +132,6 @@ fn user_content(content: &[ChatContent]) -> Value {
             None => json!({"type": "text", "text": c.data_as_text()}),
         })
         .collect()
-}
-
-#[async_trait]
-impl ChatProvider for OpenAiProvider {
-    fn provider(&self) -> &'static str {
-        "openai"
-    }
-
-    fn model(&self) -> &str {
-        &self.engine.endpoint().model
-    }
-
-    async fn stream(
-        &self,
-        request: &ChatRequest,
-        sink: &mut (dyn FnMut(StreamDelta) + Send),
-        cancel: &CancellationToken,
-    ) -> Result<ChatOutput, ProviderError> {
-        let body = serde_json::to_vec(&self.request_body(request))
-            .map_err(|e| ProviderError::Refused { status: None, message: format!("request body: {e}") })?;
-        self.engine.run(body, &mut Decoder::default(), sink, cancel).await
-    }
 }
 
 // The stream's chunks. Every field is optional: compatible servers differ in what they leave out or send
@@ -234,8 +203,9 @@ struct PartialCall {
 }
 
 /// Assembles one streamed completion.
+/// Reads the Chat Completions stream.
 #[derive(Default)]
-struct Decoder {
+pub struct Decoder {
     delivered: Delivered,
     calls: Vec<PartialCall>,
     /// The stream's tool-call `index` → position in `calls`.

@@ -4,7 +4,7 @@
 //! through ordered consumers.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use async_nats::header::{
     NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL, NATS_BATCH_ID, NATS_BATCH_SEQUENCE, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
@@ -19,6 +19,7 @@ use futures::StreamExt as _;
 use super::config::{JetStreamConfig, ensure_stream};
 use super::{group, subjects};
 use crate::log::JournalError;
+use crate::sync::lock;
 use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
 
@@ -461,11 +462,6 @@ fn out_of_space(e: &jetstream::context::PublishError) -> bool {
 /// up as "stream not found" (no responders) for a few seconds.
 pub(super) fn unavailable(what: String, e: impl std::fmt::Display) -> JournalError {
     JournalError::Unavailable(format!("{what}: {e}"))
-}
-
-// The cache's critical sections are single map operations: a poisoned lock holds a consistent map.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Deletes a reader's consumer when the reader is dropped. An ordered consumer nobody pulls from stays on

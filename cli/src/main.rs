@@ -16,6 +16,7 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use turnstile_model::GoalAction;
 use turnstile_node::config::{Loaded, Overrides};
+use turnstile_node::role::Serving;
 use turnstile_node::signal::shutdown_signal;
 
 use crate::client::{CauseArg, Client, Delivery, InjectModeArg, Preset, SourceArg, TargetArg, WatchOpts};
@@ -563,15 +564,18 @@ async fn run_dev(a: DevArgs) -> Result<()> {
         anyhow::bail!("--demo talks to the server without a token or TLS; drop --demo or the auth/TLS flags");
     }
     let flags = Overrides { partitions: a.partitions, replicas: a.replicas, ..Overrides::default() };
-    let options = turnstile_node::dev::Options {
-        config: a.config.load(&flags)?,
+    let serving = Serving {
         listen: a.listen,
         http: a.http,
         ready_file: a.ready_file,
+        tls: a.tls.options(),
+        config: a.config.load(&flags)?,
+    };
+    let options = turnstile_node::dev::Options {
+        serving,
         data_dir: a.data_dir,
         nats: a.nats.map(|url| a.nats_security.nats(url)),
         auth: a.auth.options(),
-        tls: a.tls.options(),
     };
     let node = turnstile_node::dev::start(options).await?;
     if a.demo {
@@ -597,14 +601,17 @@ fn completions(shell: clap_complete::Shell) -> Result<()> {
 /// `turnstile gateway`, until Ctrl-C or SIGTERM.
 async fn run_gateway(a: GatewayArgs) -> Result<()> {
     let flags = Overrides { route_deadline_ms: a.route_deadline_ms, ..a.layout.overrides() };
-    let options = turnstile_node::gateway::Options {
-        config: a.config.load(&flags)?,
-        nats: a.nats_security.nats(a.layout.nats),
+    let serving = Serving {
         listen: a.listen,
         http: a.http,
         ready_file: a.ready_file,
-        auth: a.auth.options(),
         tls: a.tls.options(),
+        config: a.config.load(&flags)?,
+    };
+    let options = turnstile_node::gateway::Options {
+        serving,
+        nats: a.nats_security.nats(a.layout.nats),
+        auth: a.auth.options(),
         cluster_tls: a.cluster_tls.options(),
     };
     let node = turnstile_node::gateway::start(options).await?;
@@ -619,15 +626,18 @@ async fn run_worker(a: WorkerArgs) -> Result<()> {
         drain_timeout_ms: a.drain_timeout_ms,
         ..a.layout.overrides()
     };
-    let options = turnstile_node::worker::Options {
-        config: a.config.load(&flags)?,
-        nats: a.nats_security.nats(a.layout.nats),
+    let serving = Serving {
         listen: a.listen,
-        advertise: a.advertise,
-        id: a.id,
         http: a.http,
         ready_file: a.ready_file,
         tls: a.tls.options(),
+        config: a.config.load(&flags)?,
+    };
+    let options = turnstile_node::worker::Options {
+        serving,
+        nats: a.nats_security.nats(a.layout.nats),
+        advertise: a.advertise,
+        id: a.id,
         cluster_tls: a.cluster_tls.options(),
     };
     let node = turnstile_node::worker::start(options).await?;

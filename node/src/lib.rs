@@ -11,8 +11,10 @@
 //! bound addresses ([`report`]) and stops gracefully. Nothing depends back on it except the CLI, the tests
 //! and the bench; clap parsing, client commands and rendering stay in the CLI.
 //!
-//! Each role has an `Options` struct and an async `start` that returns once every listener is bound and the
-//! bound addresses are reported, with a handle that exposes those addresses and can be stopped
+//! Each role has an `Options` struct (what every role shares is its [`role::Serving`]: listener, ops HTTP,
+//! ready file, TLS, configuration) and an async `start` that returns once every listener is bound and the
+//! bound addresses are reported, with a handle (for `dev` and `gateway` the same [`gateway::Handle`]) that
+//! exposes those addresses and can be stopped
 //! (`shutdown`), awaited (`wait`) or run until a signal (`run_until(`[`signal::shutdown_signal`]`())`).
 //! Errors are [`NodeError`]s whose messages say what was wrong and how to fix it.
 
@@ -23,6 +25,7 @@ pub mod gateway;
 mod journal;
 pub mod ops;
 pub mod report;
+pub mod role;
 mod running;
 pub mod security;
 pub mod signal;

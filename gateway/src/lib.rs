@@ -9,7 +9,8 @@
 //!
 //! Modules: [`convert`] (request validation), [`status`] (error → gRPC code),
 //! [`read`] (projection reads), [`merge`], [`feed`] and [`watch`] (the resumable Watch stream over one
-//! shared feed per watched session), [`service`] (the RPCs), [`auth`] (bearer tokens → tenant; every call is
+//! shared feed per watched session), [`service`] (the [`Gateway`] and what its RPCs share; the RPCs
+//! themselves are in `rpc`), [`auth`] (bearer tokens → tenant; every call is
 //! confined to its tenant), [`quota`] (per-tenant request rate and open Watch streams, checked in the service
 //! methods) and [`tools`] (client tool executors on `ServeTools` streams). [`console`] serves the web console
 //! and the same service over gRPC-Web for it, on the ops HTTP listener. In a cluster the router is
@@ -25,6 +26,7 @@ pub mod merge;
 mod ops;
 pub mod quota;
 pub mod read;
+mod rpc;
 pub mod service;
 pub mod status;
 pub mod tools;

@@ -100,10 +100,13 @@ pub enum AgentSetupError {
     /// An MCP server the agents use did not start (or its headers cannot be read).
     #[error(transparent)]
     Mcp(Box<McpError>),
-    /// A model's `api_key_env` names a variable that is unset or blank.
-    #[error("model {model:?}: {source}")]
+    /// The `api_key_env` of a model some agent runs on names a variable that is unset or blank; the
+    /// message names those agents first, since the key is needed for them.
+    #[error("{} model {model:?}: {source}", runs_on(agents))]
     ApiKey {
         model: String,
+        /// The agents that run on (or compact with) the model, sorted.
+        agents: Vec<String>,
         /// The variable `api_key_env` names.
         variable: String,
         #[source]
@@ -126,6 +129,12 @@ pub enum AgentSetupError {
     /// The agents do not form a catalog (the default agent is missing).
     #[error(transparent)]
     Catalog(#[from] CatalogError),
+}
+
+/// `agent "a" runs on` / `agents "a", "b" run on`: who needs a model, for [`AgentSetupError::ApiKey`].
+fn runs_on(agents: &[String]) -> String {
+    let names = agents.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(", ");
+    if agents.len() == 1 { format!("agent {names} runs on") } else { format!("agents {names} run on") }
 }
 
 impl From<McpError> for AgentSetupError {
@@ -214,10 +223,14 @@ pub fn from_config_with_mcp(
     let mut tools = ToolRegistry::builtin();
     tools.offer_agents(config.agents.keys().cloned().collect());
     let mut mcp_tools: BTreeMap<String, (Arc<McpServer>, McpToolDef, Duration)> = BTreeMap::new();
+    // Only the models some agent runs on are set up, so a model no agent uses needs no key (decision 0045).
     let models = config
         .models
         .iter()
-        .map(|(name, model)| Ok((name.as_str(), built_model(name, model, &env)?)))
+        .filter_map(|(name, model)| {
+            let agents = config.agents_using_model(name);
+            (!agents.is_empty()).then(|| Ok((name.as_str(), built_model(name, model, &agents, &env)?)))
+        })
         .collect::<Result<BTreeMap<&str, BuiltModel>, AgentSetupError>>()?;
     let mut profiles = Vec::new();
     let mut routes: HashMap<String, Arc<dyn Model>> = HashMap::new();
@@ -360,6 +373,7 @@ impl BuiltModel {
 fn built_model(
     name: &str,
     model: &ModelConfig,
+    agents: &[&str],
     env: &impl Fn(&str) -> Option<String>,
 ) -> Result<BuiltModel, AgentSetupError> {
     let provider = match model.provider {
@@ -369,6 +383,7 @@ fn built_model(
     };
     let api_key = model.resolve_api_key(env).map_err(|source| AgentSetupError::ApiKey {
         model: name.to_owned(),
+        agents: agents.iter().map(|a| (*a).to_owned()).collect(),
         variable: model.api_key_env.clone().unwrap_or_default(),
         source: Box::new(source),
     })?;
@@ -509,21 +524,52 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_api_key_variable_names_the_model_and_the_variable() {
+    fn a_missing_api_key_variable_names_the_agent_the_model_and_the_variable() {
         let config = Config::from_toml_str(
             "[models.gpt]\nmodel = \"gpt-4o-mini\"\napi_key_env = \"TURNSTILE_TEST_KEY\"\n[agents.a]\nmodel = \"gpt\"\n",
         )
         .unwrap();
         let err = from_config_with_env(&config, no_env).unwrap_err();
-        assert!(matches!(&err, AgentSetupError::ApiKey { model, variable, .. }
-            if model == "gpt" && variable == "TURNSTILE_TEST_KEY"));
+        assert!(matches!(&err, AgentSetupError::ApiKey { model, agents, variable, .. }
+            if model == "gpt" && agents == &["a"] && variable == "TURNSTILE_TEST_KEY"));
         let message = err.to_string();
-        assert!(message.starts_with("model \"gpt\": models.gpt.api_key_env: "), "{message}");
+        assert!(message.starts_with("agent \"a\" runs on model \"gpt\": models.gpt.api_key_env: "), "{message}");
         assert!(message.contains("TURNSTILE_TEST_KEY is not set"), "{message}");
 
         let key = |v: &str| (v == "TURNSTILE_TEST_KEY").then(|| "sk-test-secret".to_owned());
         let setup = from_config_with_env(&config, key).unwrap();
         assert!(!format!("{setup:?}").contains("sk-test-secret"));
+    }
+
+    #[test]
+    fn only_the_models_agents_use_need_their_keys() {
+        // The README's hosted-provider example: three models, one agent on one of them (issue 31).
+        let config = Config::from_toml_str(
+            "default_agent = \"assistant\"\n\
+             [models.gpt]\nmodel = \"gpt-4o-mini\"\napi_key_env = \"TURNSTILE_TEST_OPENAI\"\n\
+             [models.deepseek]\nbase_url = \"https://api.deepseek.com/v1\"\nmodel = \"deepseek-reasoner\"\n\
+             api_key_env = \"TURNSTILE_TEST_DEEPSEEK\"\n\
+             [models.claude]\nprovider = \"anthropic\"\nmodel = \"claude-sonnet-4-5\"\n\
+             api_key_env = \"TURNSTILE_TEST_ANTHROPIC\"\n\
+             [agents.assistant]\nmodel = \"claude\"\n\
+             [agents.summarizer]\nmodel = \"claude\"\ncompaction_model = \"gpt\"\n",
+        )
+        .unwrap();
+        let only = |set: &'static [&'static str]| move |v: &str| set.contains(&v).then(|| "sk-test".to_owned());
+        // deepseek is unused: its variable is never needed.
+        let setup = from_config_with_env(&config, only(&["TURNSTILE_TEST_ANTHROPIC", "TURNSTILE_TEST_OPENAI"]));
+        assert!(setup.is_ok(), "{:?}", setup.err());
+        // gpt is used only for compaction, and that agent is named.
+        let err = from_config_with_env(&config, only(&["TURNSTILE_TEST_ANTHROPIC"])).unwrap_err();
+        assert!(err.to_string().starts_with("agent \"summarizer\" runs on model \"gpt\": "), "{err}");
+        let err = from_config_with_env(&config, only(&["TURNSTILE_TEST_OPENAI"])).unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "agents \"assistant\", \"summarizer\" run on model \"claude\": models.claude.api_key_env: environment \
+                 variable TURNSTILE_TEST_ANTHROPIC is not set"
+            ),
+            "{err}"
+        );
     }
 
     #[tokio::test]

@@ -1,4 +1,4 @@
-//! MCP client tools against a tiny server written with the `mcp` Python SDK (`worker/tests/mcp_server.py`,
+//! MCP client tools against a tiny server written with the `mcp` Python SDK (`agent/tests/mcp_server.py`,
 //! run by `TURNSTILE_TEST_PYTHON`): the server itself records that a cancelled call reached it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

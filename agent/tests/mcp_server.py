@@ -1,4 +1,4 @@
-"""A tiny MCP server (the `mcp` SDK, stdio) for worker/tests/mcp_python.rs.
+"""A tiny MCP server (the `mcp` SDK, stdio) for agent/tests/mcp_python.rs.
 
 `wait` sleeps and, when the client cancels the call, writes "cancelled" to the marker file given as the
 first argument; `fail` raises, which the SDK returns as an `isError` result; a third tool's name is too long

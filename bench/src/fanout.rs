@@ -104,7 +104,7 @@ async fn measure(
             channels.push(servers::connect(gateway_url).await?);
         }
         let mut watcher = channels.last().cloned().unwrap_or_else(|| gateway.clone());
-        let request = pb::WatchRequest { session: Some(session.clone()), after_seq: last, live: true };
+        let request = pb::WatchRequest { session: Some(session.clone()), after_seq: last, live: true, resume: None };
         let mut stream = watcher.watch(request).await.context("opening a watcher")?.into_inner();
         let (tx, sent) = (tx.clone(), sent.clone());
         tasks.0.push(tokio::spawn(async move {

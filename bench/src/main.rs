@@ -128,7 +128,7 @@ struct Args {
     failover_kills: usize,
     /// Live Watch streams of one session in the fan-out phase; 0 skips it. They share the gateway's one
     /// feed of the session (one JetStream consumer, decision 0039); before that each held its own and
-    /// 1,000 reached the server's consumer limit (10026; see BENCHMARKS.md).
+    /// 1,000 reached the server's consumer limit (10026; see docs/BENCHMARKS.md).
     #[arg(long, default_value_t = 1000)]
     fanout_watchers: usize,
     /// Followups (turns streaming a reply) of the fan-out phase, with one watcher and with all of them.

@@ -207,7 +207,7 @@ pub async fn run(args: ModelArgs) -> Result<()> {
     Ok(())
 }
 
-/// The configuration of API.md "Configuration": one `openai` model on the server, the default agent on it.
+/// The configuration of docs/CONFIGURATION.md: one `openai` model on the server, the default agent on it.
 fn config_toml(base_url: &str, system: &str, max_tokens: u32) -> String {
     // TOML basic strings take JSON's escapes for quotes, backslashes and control characters.
     let quote = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
@@ -291,7 +291,7 @@ async fn turnstile_unbounded(
     prompt: &str,
 ) -> Result<Sample> {
     let session = pb::SessionRef { tenant: "bench".into(), id: format!("model-{run_id}-{round}") };
-    let watch = pb::WatchRequest { session: Some(session.clone()), after_seq: 0, live: true };
+    let watch = pb::WatchRequest { session: Some(session.clone()), after_seq: 0, live: true, resume: None };
     let mut stream = client.watch(watch).await?.into_inner();
     loop {
         match stream.message().await? {

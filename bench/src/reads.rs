@@ -205,7 +205,7 @@ async fn build(args: &ReadsArgs, clients: &[AgentClient<Channel>], session: &Ses
 /// Watch(after_seq, live = false) from the call to `caught_up`; checks the events in between.
 async fn caught_up(client: &AgentClient<Channel>, session: &SessionRef, after_seq: u64, last: u64) -> Result<Duration> {
     let started = Instant::now();
-    let req = WatchRequest { session: Some(session.clone()), after_seq, live: false };
+    let req = WatchRequest { session: Some(session.clone()), after_seq, live: false, resume: None };
     let mut stream = client.clone().watch(req).await?.into_inner();
     let mut next = after_seq + 1;
     while let Some(item) = stream.message().await? {

@@ -119,7 +119,7 @@ async fn round(
     i: usize,
     sleep_ms: u64,
 ) -> Result<Round> {
-    let request = pb::WatchRequest { session: Some(session.clone()), after_seq: 0, live: false };
+    let request = pb::WatchRequest { session: Some(session.clone()), after_seq: 0, live: false, resume: None };
     let mut stream = watcher.watch(request).await.context("opening the Watch")?.into_inner();
     let (tx, mut rx) = mpsc::unbounded_channel::<Seen>();
     // The reader stamps each durable event as it arrives; it ends with the stream or when `rx` is dropped.

@@ -213,7 +213,7 @@ const ROUND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One followup whose model calls one tool: the time from the durable `tool/call` to its `tool/result`.
 async fn one_call(mut client: AgentClient<Channel>, session: pb::SessionRef, prompt: &str) -> Result<Duration> {
-    let watch = pb::WatchRequest { session: Some(session.clone()), after_seq: 0, live: true };
+    let watch = pb::WatchRequest { session: Some(session.clone()), after_seq: 0, live: true, resume: None };
     let mut stream = client.watch(watch).await?.into_inner();
     loop {
         match stream.message().await? {

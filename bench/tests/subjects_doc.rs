@@ -1,7 +1,8 @@
-//! Checks what docs/SUBJECTS.md tells observers: the worked partition example (computed by the journal's
-//! own functions) and, on a real nats-server with `turnstile dev --nats`, the stored messages of one idle
-//! followup (subject, one message per append group with its headers, protobuf body) and the live subjects it
-//! publishes.
+//! Checks what docs/SUBJECTS.md tells observers: every durable and live type of the protos has its row (read
+//! from the compiled descriptors, so a new payload without a row fails here), the worked partition example
+//! (computed by the journal's own functions) and, on a real nats-server with `turnstile dev --nats`, the
+//! stored messages of one idle followup (subject, one message per append group with its headers, protobuf
+//! body) and the live subjects it publishes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -13,6 +14,64 @@ use turnstile_model::message::SessionRef;
 use turnstile_proto::v1 as pb;
 use turnstile_tests::nats::NatsServer;
 use turnstile_tests::{DevOptions, DevServer, new_session_ref, user_msg};
+
+fn subjects_doc() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/SUBJECTS.md")).unwrap()
+}
+
+/// `(field name, number, message type)` of the `payload` oneof of `turnstile.v1.<message>`.
+fn payloads(message: &str) -> Vec<(String, i32, String)> {
+    use prost::Message as _;
+    let set = prost_types::FileDescriptorSet::decode(turnstile_proto::FILE_DESCRIPTOR_SET).unwrap();
+    let file = set.file.iter().find(|f| f.package() == "turnstile.v1" && f.name().ends_with("events.proto")).unwrap();
+    let message = file.message_type.iter().find(|m| m.name() == message).unwrap();
+    let payload = message.oneof_decl.iter().position(|o| o.name() == "payload").unwrap();
+    message
+        .field
+        .iter()
+        .filter(|f| f.oneof_index == Some(i32::try_from(payload).unwrap()))
+        .map(|f| (f.name().to_owned(), f.number(), f.type_name().rsplit('.').next().unwrap().to_owned()))
+        .collect()
+}
+
+/// The table rows of `doc` whose cell `column` is exactly `` `name` (number) ``, as cells.
+fn rows_naming<'a>(doc: &'a str, column: usize, name: &str, number: i32) -> Vec<Vec<&'a str>> {
+    let cell = format!("`{name}` ({number})");
+    doc.lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect::<Vec<_>>())
+        .filter(|cells| cells.get(column) == Some(&cell.as_str()))
+        .collect()
+}
+
+#[test]
+fn every_durable_and_live_type_of_the_protos_has_a_row() {
+    let doc = subjects_doc();
+    let mut durable = Vec::new();
+    for (field, number, message) in payloads("SessionEvent") {
+        let rows = rows_naming(&doc, 1, &field, number);
+        assert_eq!(rows.len(), 1, "docs/SUBJECTS.md has one durable row for payload `{field}` ({number})");
+        let row = &rows[0];
+        assert!(row[2].contains(&message), "the row of `{field}` names its message {message}: {row:?}");
+        durable.push(row[0].trim_matches('`').to_owned());
+    }
+    durable.sort();
+    let mut known: Vec<String> = turnstile_model::event::DURABLE_TYPES.iter().map(|t| (*t).to_owned()).collect();
+    known.sort();
+    assert_eq!(durable, known, "the durable rows name exactly the durable types");
+
+    let mut live = Vec::new();
+    for (field, number, message) in payloads("LiveEvent") {
+        let rows = rows_naming(&doc, 2, &field, number);
+        assert_eq!(rows.len(), 1, "docs/SUBJECTS.md has one live row for payload `{field}` ({number})");
+        let row = &rows[0];
+        let live_type = row[0].trim_matches('`');
+        assert_eq!(row[1], format!("`.{}`", live_type.replace('/', ".")), "the subject suffix of {live_type}");
+        assert!(row[3].contains(&message), "the row of `{field}` names its message {message}: {row:?}");
+        live.push(live_type.to_owned());
+    }
+    assert_eq!(live.len(), 6, "{live:?}");
+}
 
 #[test]
 fn the_worked_example_is_what_the_code_computes() {

@@ -119,7 +119,7 @@ pub async fn run(client: &mut Client, id: &str) -> Result<()> {
         Err(status) if status.code() == tonic::Code::NotFound => 0,
         Err(status) => return Err(status.into()),
     };
-    let request = pb::WatchRequest { session: Some(session.clone()), after_seq, live: true };
+    let request = pb::WatchRequest { session: Some(session.clone()), after_seq, live: true, resume: None };
     let mut stream = client.api.watch(request).await?.into_inner();
     let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .context("cannot listen for Ctrl-C")?;

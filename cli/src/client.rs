@@ -225,7 +225,8 @@ pub async fn watch(
     out: &mut (dyn Write + Send),
     mut on_seq: impl FnMut(u64) + Send,
 ) -> Result<()> {
-    let request = pb::WatchRequest { session: Some(client.session(id)), after_seq: opts.after, live: opts.live };
+    let request =
+        pb::WatchRequest { session: Some(client.session(id)), after_seq: opts.after, live: opts.live, resume: None };
     let mut stream = client.api.watch(request).await?.into_inner();
     // `out` is stdout for every caller (`watch`, the demo).
     let mut renderer = Renderer::with_color(render::stdout_color());

@@ -338,10 +338,14 @@ mod tests {
         out += &r.live(&live(4, LivePayload::Claimed { message: a.clone(), turn: 1 }));
         out += &r.event(&ev(5, EventPayload::StepStart { turn: 1, step: 1 }));
         out += &r.event(&ev(6, EventPayload::UserMessage { message: a, turn: 1, step: 1 }));
-        out += &r
-            .live(&live(6, LivePayload::AssistantDelta { turn: 1, step: 1, text: "echo: ".into(), reasoning: false }));
-        out +=
-            &r.live(&live(6, LivePayload::AssistantDelta { turn: 1, step: 1, text: "hello".into(), reasoning: false }));
+        out += &r.live(&live(
+            6,
+            LivePayload::AssistantDelta { turn: 1, step: 1, text: "echo: ".into(), reasoning: false, offset: 0 },
+        ));
+        out += &r.live(&live(
+            6,
+            LivePayload::AssistantDelta { turn: 1, step: 1, text: "hello".into(), reasoning: false, offset: 0 },
+        ));
         out += &r.event(&ev(
             7,
             EventPayload::AssistantMessage {
@@ -417,19 +421,24 @@ mod tests {
     fn a_delta_line_is_ended_before_the_next_event_and_at_the_end() {
         let mut r = Renderer::default();
         r.event(&ev(1, EventPayload::StepStart { turn: 1, step: 1 }));
-        let d =
-            r.live(&live(1, LivePayload::AssistantDelta { turn: 1, step: 1, text: "par".into(), reasoning: false }));
+        let d = r.live(&live(
+            1,
+            LivePayload::AssistantDelta { turn: 1, step: 1, text: "par".into(), reasoning: false, offset: 0 },
+        ));
         assert!(!d.ends_with('\n'));
         let aborted =
             r.event(&ev(2, EventPayload::TurnEnd { turn: 1, reason: TurnEndReason::Aborted(CancelCause::User) }));
         assert_eq!(aborted, "\n#2   turn/end 1 aborted{user}\n");
         assert_eq!(r.finish(), "");
-        r.live(&live(2, LivePayload::AssistantDelta { turn: 2, step: 1, text: "x".into(), reasoning: false }));
+        r.live(&live(
+            2,
+            LivePayload::AssistantDelta { turn: 2, step: 1, text: "x".into(), reasoning: false, offset: 0 },
+        ));
         assert_eq!(r.finish(), "\n");
     }
 
     fn delta(text: &str, reasoning: bool) -> LiveEvent {
-        live(6, LivePayload::AssistantDelta { turn: 1, step: 1, text: text.into(), reasoning })
+        live(6, LivePayload::AssistantDelta { turn: 1, step: 1, text: text.into(), reasoning, offset: 0 })
     }
 
     fn answer() -> EventPayload {

@@ -16,7 +16,7 @@ use turnstile_proto::cluster::v1::execute_reply::Reply;
 use turnstile_proto::cluster::v1::execute_request::Command as PbCommand;
 use turnstile_proto::v1 as pb;
 
-use turnstile_model::command::{Command, CommandError, CommandReply, DeadlineSpec, Spawn};
+use turnstile_model::command::{Command, CommandError, CommandReply, DeadlineSpec, Spawn, StreamingStep};
 use turnstile_model::message::{MessageId, SessionRef};
 use turnstile_proto::codec::error::{CodecError, join};
 use turnstile_proto::codec::event::{
@@ -35,8 +35,9 @@ pub const OWNER_KEY: &str = "turnstile-owner";
 /// Metadata key of a not-owner answer: the session, `tenant/id`.
 pub const SESSION_KEY: &str = "turnstile-session";
 
-const COMMANDS: &str = "set one of send, interrupt, cancel, replace, remove, splice, clear, when_idle or configure";
-const REPLIES: &str = "set one of sent, written_seq or idle";
+const COMMANDS: &str = "set one of send, interrupt, cancel, replace, remove, splice, clear, when_idle, configure, decide, \
+     set_goal, update_goal, compact, fork, spawn, delete or streaming_step";
+const REPLIES: &str = "set one of sent, written_seq, idle or streaming";
 
 /// The request that asks `session`'s owner to run `command`; `timeout` bounds `WhenIdle`.
 pub fn encode_execute_request(
@@ -119,6 +120,7 @@ pub fn encode_command(command: &Command) -> PbCommand {
             action: encode_goal_action(*action) as i32,
         }),
         Command::Delete => PbCommand::Delete(cpb::DeleteCommand {}),
+        Command::StreamingStep => PbCommand::StreamingStep(cpb::StreamingStepCommand {}),
     }
 }
 
@@ -175,6 +177,7 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
             }))
         }
         PbCommand::Delete(_) => Command::Delete,
+        PbCommand::StreamingStep(_) => Command::StreamingStep,
         PbCommand::Configure(c) => {
             if c.agent.is_empty() {
                 return Err(CodecError::invalid("configure.agent", "is empty; name one of the configured agents"));
@@ -222,6 +225,15 @@ pub fn encode_command_reply(session: &SessionRef, reply: &CommandReply) -> cpb::
         CommandReply::Sent { seq, turn } => Reply::Sent(pb::SendReply { seq: *seq, turn: *turn }),
         CommandReply::Written { seq } => Reply::WrittenSeq(*seq),
         CommandReply::Idle(summary) => Reply::Idle(encode_session_info(session, summary)),
+        CommandReply::Streaming(step) => Reply::Streaming(cpb::StreamingStepReply {
+            step: step.as_deref().map(|s| cpb::StreamingStep {
+                turn: s.turn,
+                step: s.step,
+                after_seq: s.after_seq,
+                text: s.text.clone(),
+                reasoning: s.reasoning.clone(),
+            }),
+        }),
     };
     cpb::ExecuteReply { reply: Some(reply) }
 }
@@ -232,6 +244,15 @@ pub fn decode_command_reply(reply: cpb::ExecuteReply) -> Result<CommandReply, Co
         Some(Reply::Sent(s)) => Ok(CommandReply::Sent { seq: s.seq, turn: s.turn }),
         Some(Reply::WrittenSeq(seq)) => Ok(CommandReply::Written { seq }),
         Some(Reply::Idle(info)) => Ok(CommandReply::Idle(Box::new(session_info_at(info, "idle")?))),
+        Some(Reply::Streaming(reply)) => Ok(CommandReply::Streaming(reply.step.map(|s| {
+            Box::new(StreamingStep {
+                turn: s.turn,
+                step: s.step,
+                after_seq: s.after_seq,
+                text: s.text,
+                reasoning: s.reasoning,
+            })
+        }))),
         None => Err(CodecError::missing("reply", REPLIES)),
     }
 }
@@ -356,6 +377,7 @@ mod tests {
         all.push(Command::Splice { target: Target::NextStep, start: 0, delete_count: 0, inserted: vec![] });
         all.push(Command::Clear);
         all.push(Command::Delete);
+        all.push(Command::StreamingStep);
         all.push(Command::WhenIdle);
         all.push(Command::Compact);
         all.push(Command::Spawn(Box::new(Spawn {
@@ -406,6 +428,14 @@ mod tests {
             CommandReply::Sent { seq: 9, turn: None },
             CommandReply::Written { seq: 0 },
             CommandReply::Written { seq: 12 },
+            CommandReply::Streaming(None),
+            CommandReply::Streaming(Some(Box::new(StreamingStep {
+                turn: 3,
+                step: 2,
+                after_seq: 17,
+                text: "echo: hé".into(),
+                reasoning: "hmm".into(),
+            }))),
             CommandReply::Idle(Box::new(SessionSummary {
                 status: Status::Idle,
                 last_seq: 40,

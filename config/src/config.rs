@@ -21,7 +21,7 @@ pub const SCRIPTED: &str = "scripted";
 /// The environment variable that names the configuration file when `--config` is not given.
 pub const CONFIG_ENV: &str = "TURNSTILE_CONFIG";
 
-/// The configuration of a node (API.md "Configuration"): every key optional, the same file on every node.
+/// The configuration of a node (docs/CONFIGURATION.md): every key optional, the same file on every node.
 ///
 /// Parsing fills in defaults, adds the built-in model and agent `scripted` unless the file defines its own,
 /// and validates; the fields are public so that command-line flags can override them afterwards (call
@@ -124,7 +124,7 @@ impl Limits {
     }
 }
 
-/// `[cluster]`: how a NATS cluster's sessions are laid out and owned (ARCHITECTURE.md, decision 0005).
+/// `[cluster]`: how a NATS cluster's sessions are laid out and owned (docs/SUBJECTS.md, docs/decisions/0005-shard-leases-epochs-and-handoff.md).
 /// `shards`, `partitions` and `replicas` are part of the layout: every node of a cluster must agree.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -343,6 +343,30 @@ impl Config {
     /// The model `agent` runs on (present in a validated configuration).
     pub fn model_of(&self, agent: &AgentConfig) -> Option<&ModelConfig> {
         self.models.get(&agent.model)
+    }
+
+    /// The agents that run on model `model` or compact with it (`compaction_model`), sorted: the models a
+    /// worker sets up, and the ones whose API key it needs, are exactly those with an agent here
+    /// (docs/decisions/0045-only-used-models-need-keys.md).
+    ///
+    /// ```
+    /// use turnstile_config::Config;
+    ///
+    /// let config = Config::from_toml_str(
+    ///     "[models.gpt]\nmodel = \"gpt-4o-mini\"\napi_key_env = \"OPENAI_API_KEY\"\n\
+    ///      [models.claude]\nprovider = \"anthropic\"\nmodel = \"claude-sonnet-4-5\"\n\
+    ///      [agents.writer]\nmodel = \"gpt\"\n[agents.editor]\nmodel = \"gpt\"\n",
+    /// )
+    /// .unwrap();
+    /// assert_eq!(config.agents_using_model("gpt"), ["editor", "writer"]);
+    /// assert!(config.agents_using_model("claude").is_empty());
+    /// ```
+    pub fn agents_using_model(&self, model: &str) -> Vec<&str> {
+        self.agents
+            .values()
+            .filter(|a| a.model == model || a.compaction_model.as_deref() == Some(model))
+            .map(|a| a.name.as_str())
+            .collect()
     }
 
     /// The agents' names, sorted and comma-separated, for messages such as an unknown agent in

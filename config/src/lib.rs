@@ -1,4 +1,4 @@
-//! Turnstile's configuration file (API.md "Configuration"; reference: `docs/CONFIGURATION.md`), parsed into
+//! Turnstile's configuration file (reference: `docs/CONFIGURATION.md`), parsed into
 //! typed structs, defaulted and validated.
 //!
 //! Its place in the architecture: `node/` loads one [`Config`] per process (`--config FILE`, or the file

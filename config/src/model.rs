@@ -17,7 +17,7 @@ keyword_enum! {
         OpenAi = "openai",
         /// Anthropic Messages.
         Anthropic = "anthropic",
-        /// The deterministic scripted model of API.md (no network).
+        /// The deterministic scripted model of docs/API.md (no network).
         Scripted = "scripted",
     }
 }

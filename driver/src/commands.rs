@@ -47,6 +47,7 @@ impl Driver {
             Command::Delete => Err(CommandError::Internal(
                 "DeleteSession reached the session driver; the session host performs it".into(),
             )),
+            Command::StreamingStep => Ok(CommandReply::Streaming(self.streaming_step().map(Box::new))),
             Command::WhenIdle => {
                 if self.is_quiescent() {
                     Ok(CommandReply::Idle(Box::new(self.summary())))

@@ -2,7 +2,7 @@
 
 use turnstile_model::{
     CancelCause, CommandError, CommandReply, EventPayload, LivePayload, MessageSource, Splice, SpliceOutcome, Status,
-    Target, ToolCallSpec, TurnEndReason, UserMessage,
+    StreamingStep, Target, ToolCallSpec, TurnEndReason, UserMessage,
 };
 
 use super::{
@@ -266,8 +266,31 @@ impl Driver {
         if *current != op {
             return;
         }
-        if is_reasoning { reasoning } else { text }.push_str(delta);
-        self.publish(LivePayload::AssistantDelta { turn, step, text: delta.to_owned(), reasoning: is_reasoning });
+        let so_far = if is_reasoning { reasoning } else { text };
+        let offset = so_far.len() as u64;
+        so_far.push_str(delta);
+        self.publish(LivePayload::AssistantDelta {
+            turn,
+            step,
+            text: delta.to_owned(),
+            reasoning: is_reasoning,
+            offset,
+        });
+    }
+
+    /// The output so far of the model step streaming now (SPEC §14), for a `Watch` that joins mid-step:
+    /// none outside a model phase or once the turn is canceled (no delta is published after that; the
+    /// interrupted `assistant/message` holds the output).
+    pub fn streaming_step(&self) -> Option<StreamingStep> {
+        let t = self.turn.as_ref().filter(|t| t.cancel.is_none())?;
+        let Phase::Model { text, reasoning, .. } = &t.phase else { return None };
+        Some(StreamingStep {
+            turn: t.turn,
+            step: t.step,
+            after_seq: self.state.last_seq,
+            text: text.clone(),
+            reasoning: reasoning.clone(),
+        })
     }
 
     pub(super) fn turn_model_done(&mut self, op: OpId, outcome: ModelOutcome) {

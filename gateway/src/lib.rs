@@ -1,4 +1,4 @@
-//! Turnstile's public gRPC gateway (`turnstile.v1.Agent`, API.md).
+//! Turnstile's public gRPC gateway (`turnstile.v1.Agent`, docs/API.md).
 //!
 //! Place in the architecture: clients talk only to a gateway. It validates each request, turns it into
 //! a [`Command`](turnstile_model::Command) and hands it to a
@@ -26,6 +26,7 @@ pub mod merge;
 mod ops;
 pub mod quota;
 pub mod read;
+pub mod resume;
 mod rpc;
 pub mod service;
 pub mod status;

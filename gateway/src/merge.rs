@@ -164,7 +164,7 @@ mod tests {
         LiveEvent {
             session: session(),
             after_seq,
-            payload: LivePayload::AssistantDelta { turn: 1, step: 1, text: text.into(), reasoning: false },
+            payload: LivePayload::AssistantDelta { turn: 1, step: 1, text: text.into(), reasoning: false, offset: 0 },
         }
     }
 

@@ -1,4 +1,4 @@
-//! The RPCs of `turnstile.v1.Agent` (API.md): each method confines the request to its caller's tenant
+//! The RPCs of `turnstile.v1.Agent` (docs/API.md): each method confines the request to its caller's tenant
 //! ([`Gateway::open`]), turns it into a [`Command`](turnstile_model::Command) for the session's driver or
 //! serves it as a read of the session's log, and answers.
 
@@ -14,6 +14,7 @@ use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_server::Agent;
 
 use crate::auth::Caller;
+use crate::resume::StepPosition;
 use crate::service::{DEFAULT_PAGE, Gateway, MAX_PAGE, page_token, parse_page_token, unexpected};
 use crate::watch::{self, WatchSpec};
 use crate::{convert, read, status};
@@ -285,12 +286,25 @@ impl Agent for Gateway {
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let req = self.open(request)?;
-        let spec = WatchSpec { session: self.session(req.session)?, after_seq: req.after_seq, live: req.live };
+        let resume = req.resume.map(|r| StepPosition {
+            turn: r.turn,
+            step: r.step,
+            text: r.text_offset,
+            reasoning: r.reasoning_offset,
+        });
+        let spec = WatchSpec { session: self.session(req.session)?, after_seq: req.after_seq, live: req.live, resume };
         // The slot is held by the stream's task, which ends when the client goes away.
         let permit = self.quotas.open_watch(&spec.session.tenant)?;
         let (tx, rx) = mpsc::channel(self.config.watch_buffer.max(1));
-        let run =
-            watch::run(self.log.clone(), self.feeds.clone(), self.snapshots.clone(), spec, tx, self.shutdown.clone());
+        let run = watch::run(
+            self.log.clone(),
+            self.feeds.clone(),
+            self.snapshots.clone(),
+            watch::Owners(self.router.clone()),
+            spec,
+            tx,
+            self.shutdown.clone(),
+        );
         tokio::spawn(async move {
             let _permit = permit;
             run.await;

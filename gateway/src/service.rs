@@ -20,6 +20,7 @@ use crate::auth::{Authenticator, Caller};
 use crate::feed::SessionFeeds;
 use crate::quota::{QuotaConfig, Quotas};
 use crate::tools::ToolHub;
+use crate::watch;
 use crate::{convert, read, status};
 
 /// Knobs of the gateway.
@@ -138,6 +139,11 @@ impl Gateway {
     /// This gateway's shared Watch feeds (tests read how many are open).
     pub fn feeds(&self) -> &SessionFeeds {
         &self.feeds
+    }
+
+    /// Where this gateway's Watch streams ask for a streaming step's output (tests run [`watch::run`]).
+    pub fn owners(&self) -> watch::Owners {
+        watch::Owners(self.router.clone())
     }
 
     /// This gateway's per-tenant quotas (tests read the open Watch count).

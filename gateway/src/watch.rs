@@ -7,20 +7,23 @@
 //! and rejoins the broadcast where it is: it misses no durable event (live ones are best effort).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
+use turnstile_cluster::CommandRouter;
 use turnstile_journal::SessionLog;
 use turnstile_journal::snapshot::SnapshotStore;
-use turnstile_model::SessionRef;
+use turnstile_model::{Command, CommandReply, SessionRef, StreamingStep};
+use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
 
 use crate::feed::{FeedItem, SessionFeeds, event_item};
 use crate::merge::{Join, Step};
-use turnstile_proto::codec;
+use crate::resume::{Delta, DeltaAction, StepPosition, StepStream};
 
 use crate::{read, status};
 
@@ -30,6 +33,34 @@ pub struct WatchSpec {
     pub session: SessionRef,
     pub after_seq: u64,
     pub live: bool,
+    /// What the client has of a step that was streaming (SPEC §14).
+    pub resume: Option<StepPosition>,
+}
+
+/// Bound on asking the owner for the streaming step's output: it is one in-memory read at the owner, and a
+/// Watch must not wait long for what is only an optimisation of its live tail.
+const OWNER_OUTPUT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where a Watch gets the output so far of the step its session's owner is streaming.
+#[derive(Clone)]
+pub struct Owners(pub Arc<dyn CommandRouter>);
+
+impl Owners {
+    /// The output so far, if a step streams; none when the owner cannot be asked (live output is best
+    /// effort: the durable `assistant/message` always holds the whole reply).
+    async fn streaming_step(&self, session: &SessionRef) -> Option<StreamingStep> {
+        match self.0.execute(session, Command::StreamingStep, Some(OWNER_OUTPUT_TIMEOUT)).await {
+            Ok(CommandReply::Streaming(step)) => step.map(|s| *s),
+            Ok(other) => {
+                tracing::warn!(%session, ?other, "the owner answered a streaming-step read with another reply");
+                None
+            }
+            Err(e) => {
+                tracing::debug!(%session, error = %e, "no streaming step from the owner");
+                None
+            }
+        }
+    }
 }
 
 type Tx = mpsc::Sender<Result<pb::WatchItem, Status>>;
@@ -57,13 +88,14 @@ pub async fn run(
     log: Arc<dyn SessionLog>,
     feeds: SessionFeeds,
     snapshots: Arc<dyn SnapshotStore>,
+    owners: Owners,
     spec: WatchSpec,
     tx: Tx,
     shutdown: CancellationToken,
 ) {
     let _open = turnstile_ops::GaugeGuard::inc(metrics::gauge!(turnstile_ops::names::WATCH_STREAMS_OPEN));
     let result = tokio::select! {
-        r = stream(log.as_ref(), &feeds, snapshots.as_ref(), &spec, &tx) => r,
+        r = stream(log.as_ref(), &feeds, snapshots.as_ref(), &owners, &spec, &tx) => r,
         () = shutdown.cancelled() => Err(Stop::Failed(Status::unavailable(
             "the gateway is shutting down; reconnect with after_seq set to the last seq you received",
         ))),
@@ -79,6 +111,7 @@ async fn stream(
     log: &dyn SessionLog,
     feeds: &SessionFeeds,
     snapshots: &dyn SnapshotStore,
+    owners: &Owners,
     spec: &WatchSpec,
     tx: &Tx,
 ) -> Result<(), Stop> {
@@ -110,6 +143,17 @@ async fn stream(
     drop(fold);
 
     let mut join = Join::new(last_seq, spec.after_seq);
+    let mut step_stream = StepStream::new(spec.resume);
+    if spec.live {
+        // Asked after joining the feed: a delta published after the owner's answer reaches the feed.
+        if let Some(output) = owners.streaming_step(session).await {
+            tracing::debug!(%session, turn = output.turn, step = output.step, after_seq = output.after_seq,
+                text = output.text.len(), position = join.position(), "the owner's streaming step");
+            send_deltas(tx, session, output.after_seq, step_stream.owner_output(output, join.position())).await?;
+        } else {
+            tracing::debug!(%session, position = join.position(), "no streaming step at the owner");
+        }
+    }
     loop {
         let next = tokio::select! {
             biased;
@@ -129,10 +173,18 @@ async fn stream(
                     if step == Step::Send {
                         send(tx, item.clone()).await?;
                     }
+                    if spec.live {
+                        send_deltas(tx, session, *seq, step_stream.advanced(join.position())).await?;
+                    }
                 }
                 FeedItem::Live { after_seq, item } => {
                     if spec.live && join.live(*after_seq) {
-                        send(tx, item.clone()).await?;
+                        match delta_action(&mut step_stream, item) {
+                            DeltaAction::Send => send(tx, item.clone()).await?,
+                            DeltaAction::Drop => {}
+                            DeltaAction::Trim(n) => send(tx, trimmed(item, n)).await?,
+                            DeltaAction::Gap => fill_gap(owners, session, &mut step_stream, &join, item, tx).await?,
+                        }
                     }
                 }
                 FeedItem::End(end) => return Err(Stop::Failed(end.status(session, join.position()))),
@@ -143,6 +195,13 @@ async fn stream(
                 let upto = feed.last_durable();
                 tracing::debug!(%session, lost, from = join.position(), upto, "a watcher lagged behind its feed");
                 read_log(log, session, &mut join, upto, tx).await?;
+                // The lost items may have held deltas: the owner's output fills them in (by offset).
+                if spec.live
+                    && let Some(output) = owners.streaming_step(session).await
+                {
+                    let deltas = step_stream.owner_output(output, join.position());
+                    send_deltas(tx, session, join.position(), deltas).await?;
+                }
             }
             // The feed sends its end item before it goes; a closed channel without one is a feed gone
             // for another reason: the client resumes where it is.
@@ -154,6 +213,82 @@ async fn stream(
             }
         }
     }
+}
+
+/// Sends `deltas` of the owner's output as live events following durable `after_seq`.
+async fn send_deltas(tx: &Tx, session: &SessionRef, after_seq: u64, deltas: Vec<Delta>) -> Result<(), Stop> {
+    for d in deltas {
+        let event = pb::LiveEvent {
+            session: Some(codec::encode_session_ref(session)),
+            after_seq,
+            r#type: "assistant/delta".into(),
+            payload: Some(pb::live_event::Payload::AssistantDelta(pb::AssistantDelta {
+                turn: d.turn,
+                step: d.step,
+                text: d.text,
+                reasoning: d.reasoning,
+                offset: d.offset,
+            })),
+        };
+        send(tx, pb::WatchItem { item: Some(pb::watch_item::Item::Live(event)) }).await?;
+    }
+    Ok(())
+}
+
+/// The feed's live item as an assistant delta, if it is one.
+fn as_delta(item: &pb::WatchItem) -> Option<&pb::AssistantDelta> {
+    match &item.item {
+        Some(pb::watch_item::Item::Live(pb::LiveEvent {
+            payload: Some(pb::live_event::Payload::AssistantDelta(d)),
+            ..
+        })) => Some(d),
+        _ => None,
+    }
+}
+
+/// What this watcher does with a live item of the feed (anything but a delta is sent).
+fn delta_action(step_stream: &mut StepStream, item: &pb::WatchItem) -> DeltaAction {
+    match as_delta(item) {
+        Some(d) => step_stream.delta(d.turn, d.step, d.reasoning, d.offset, d.text.len()),
+        None => DeltaAction::Send,
+    }
+}
+
+/// Missing bytes before the feed's delta `item`: the owner's output fills them (it holds the delta, which
+/// was published before it answered); an owner that no longer streams the step closes it for this watcher.
+async fn fill_gap(
+    owners: &Owners,
+    session: &SessionRef,
+    step_stream: &mut StepStream,
+    join: &Join,
+    item: &pb::WatchItem,
+    tx: &Tx,
+) -> Result<(), Stop> {
+    let Some(d) = as_delta(item) else { return Ok(()) };
+    match owners.streaming_step(session).await {
+        Some(output) if output.turn == d.turn && output.step == d.step => {
+            let deltas = step_stream.owner_output(output, join.position());
+            send_deltas(tx, session, join.position(), deltas).await
+        }
+        _ => {
+            step_stream.close(d.turn, d.step);
+            Ok(())
+        }
+    }
+}
+
+/// A delta item without its first `n` bytes (a boundary of the step's text: the client's next offset).
+fn trimmed(item: &pb::WatchItem, n: usize) -> pb::WatchItem {
+    let mut item = item.clone();
+    if let Some(pb::watch_item::Item::Live(pb::LiveEvent {
+        payload: Some(pb::live_event::Payload::AssistantDelta(d)),
+        ..
+    })) = &mut item.item
+    {
+        d.text = d.text.get(n..).unwrap_or_default().to_owned();
+        d.offset += n as u64;
+    }
+    item
 }
 
 /// Sends the durable events after `join`'s position up to `upto` from a reader of the log of its own

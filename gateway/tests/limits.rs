@@ -111,7 +111,7 @@ fn queue(tenant: &str, id: &str) -> pb::DeliverRequest {
 }
 
 fn watch(tenant: &str, id: &str) -> pb::WatchRequest {
-    pb::WatchRequest { session: in_tenant(tenant, id), after_seq: 0, live: true }
+    pb::WatchRequest { session: in_tenant(tenant, id), after_seq: 0, live: true, resume: None }
 }
 
 /// RESOURCE_EXHAUSTED naming `key`, with a `retry-after-ms` hint of at least 1 ms; the hint.

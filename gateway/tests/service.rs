@@ -88,8 +88,11 @@ async fn a_session_without_writes_does_not_exist_but_can_be_watched() {
     let err = api.get_session(pb::GetSessionRequest { session: session("s1") }).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
 
-    let mut watch =
-        api.watch(pb::WatchRequest { session: session("s1"), after_seq: 0, live: true }).await.unwrap().into_inner();
+    let mut watch = api
+        .watch(pb::WatchRequest { session: session("s1"), after_seq: 0, live: true, resume: None })
+        .await
+        .unwrap()
+        .into_inner();
     let first = collect(&mut watch, |_| true).await;
     let [Item::CaughtUp(c)] = first.as_slice() else { panic!("expected caught_up first, got {first:?}") };
     assert_eq!(c.seq, 0);
@@ -120,7 +123,7 @@ async fn a_reconnecting_watch_sees_no_gap_and_no_duplicate() {
 
     let after = 4;
     let mut watch = api
-        .watch(pb::WatchRequest { session: session("s1"), after_seq: after, live: false })
+        .watch(pb::WatchRequest { session: session("s1"), after_seq: after, live: false, resume: None })
         .await
         .unwrap()
         .into_inner();

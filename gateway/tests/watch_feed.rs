@@ -74,12 +74,29 @@ impl SessionLog for BreakableLog {
     }
 }
 
+/// A cluster where no owner answers: a Watch gets no streaming step from it.
+struct NoOwner;
+
+#[async_trait]
+impl turnstile_cluster::CommandRouter for NoOwner {
+    async fn execute(
+        &self,
+        session: &SessionRef,
+        _command: turnstile_model::Command,
+        _timeout: Option<Duration>,
+    ) -> Result<turnstile_model::CommandReply, turnstile_model::CommandError> {
+        Err(turnstile_model::CommandError::Unavailable(format!("no owner of {session} in this test")))
+    }
+}
+
 type Rx = mpsc::Receiver<Result<pb::WatchItem, Status>>;
 
 fn open(log: &Arc<dyn SessionLog>, feeds: &SessionFeeds, stop: &CancellationToken) -> Rx {
     let (tx, rx) = mpsc::channel(64);
-    let spec = WatchSpec { session: SessionRef { tenant: "t".into(), id: "s".into() }, after_seq: 0, live: true };
-    tokio::spawn(watch::run(log.clone(), feeds.clone(), Arc::new(NoSnapshots), spec, tx, stop.clone()));
+    let session = SessionRef { tenant: "t".into(), id: "s".into() };
+    let spec = WatchSpec { session, after_seq: 0, live: true, resume: None };
+    let owners = watch::Owners(Arc::new(NoOwner));
+    tokio::spawn(watch::run(log.clone(), feeds.clone(), Arc::new(NoSnapshots), owners, spec, tx, stop.clone()));
     rx
 }
 

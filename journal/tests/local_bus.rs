@@ -17,7 +17,7 @@ fn delta(session: &SessionRef, n: u64) -> LiveEvent {
     LiveEvent {
         session: session.clone(),
         after_seq: n,
-        payload: LivePayload::AssistantDelta { turn: 1, step: 1, text: format!("d{n}"), reasoning: false },
+        payload: LivePayload::AssistantDelta { turn: 1, step: 1, text: format!("d{n}"), reasoning: false, offset: 0 },
     }
 }
 

@@ -83,6 +83,10 @@ pub enum Command {
     /// `DeleteSession` (SPEC §12): cancel a running turn (cause `disposed`), then remove the session's log,
     /// snapshots and dedup state. The session host performs it around the driver, which never sees it.
     Delete,
+    /// A read for a joining `Watch` (SPEC §14): the output so far of the step that is streaming, if one is.
+    /// Writes nothing; the host answers it without loading a session that is not in memory (nothing of
+    /// it can be streaming).
+    StreamingStep,
 }
 
 /// A steer's `deadline_ms` and `on_deadline`, as the client gave them.
@@ -118,6 +122,7 @@ impl Command {
             Self::Fork(_) => "fork",
             Self::Spawn(_) => "spawn",
             Self::Delete => "delete",
+            Self::StreamingStep => "streaming_step",
         }
     }
 }
@@ -172,6 +177,20 @@ impl SessionSummary {
     }
 }
 
+/// The output so far of the model step a session's owner is streaming (SPEC §14): what a `Watch` that joins
+/// mid-step sends before the live rest. Offsets of later deltas continue from these texts' byte lengths.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamingStep {
+    pub turn: u64,
+    pub step: u32,
+    /// The seq of the durable event the latest delta followed: the output belongs after it in a stream.
+    pub after_seq: u64,
+    /// The reply text so far (UTF-8; its byte length is the next text delta's offset).
+    pub text: String,
+    /// The reasoning so far (its own offset space).
+    pub reasoning: String,
+}
+
 /// The reply to a [`Command`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommandReply {
@@ -181,6 +200,8 @@ pub enum CommandReply {
     Written { seq: u64 },
     /// `WhenIdle` resolved (boxed: a summary is many times the size of the other replies).
     Idle(Box<SessionSummary>),
+    /// [`Command::StreamingStep`]: the step streaming now, if any.
+    Streaming(Option<Box<StreamingStep>>),
 }
 
 /// Why a command failed. Each maps to one gRPC code; messages say what was wrong and what to do.

@@ -387,6 +387,10 @@ pub enum LivePayload {
         text: String,
         #[serde(default)]
         reasoning: bool,
+        /// The UTF-8 byte offset of `text` in the step's reply (or, for reasoning, in its reasoning): a
+        /// delta's offset is the previous one's plus its length, so a gap shows a missed delta (SPEC §14).
+        #[serde(default)]
+        offset: u64,
     },
     Error {
         turn: u64,
@@ -448,7 +452,10 @@ mod tests {
         );
         let old_delta = r#"{"AssistantDelta":{"turn":1,"step":1,"text":"h"}}"#;
         let live: LivePayload = serde_json::from_str(old_delta).unwrap();
-        assert_eq!(live, LivePayload::AssistantDelta { turn: 1, step: 1, text: "h".into(), reasoning: false });
+        assert_eq!(
+            live,
+            LivePayload::AssistantDelta { turn: 1, step: 1, text: "h".into(), reasoning: false, offset: 0 }
+        );
     }
 
     #[test]

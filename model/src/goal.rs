@@ -33,7 +33,7 @@ pub enum GoalState {
 }
 
 impl GoalState {
-    /// The API name (API.md `GoalChange.state`).
+    /// The API name (docs/API.md `GoalChange.state`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Active => "active",

@@ -36,7 +36,9 @@ pub mod state;
 pub mod tool_names;
 pub mod transcript;
 
-pub use command::{Command, CommandError, CommandReply, DeadlineSpec, MAX_STEER_DEADLINE_MS, SessionSummary, Spawn};
+pub use command::{
+    Command, CommandError, CommandReply, DeadlineSpec, MAX_STEER_DEADLINE_MS, SessionSummary, Spawn, StreamingStep,
+};
 pub use event::{
     CancelCause, Compaction, Envelope, EventPayload, Fork, InjectMode, LiveEvent, LivePayload, OnDeadline, Splice,
     SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,

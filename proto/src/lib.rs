@@ -1,5 +1,5 @@
-//! Turnstile's wire contract: the public `turnstile.v1` gRPC API of API.md, the durable event schema of
-//! SPEC.md §5 and the internal `turnstile.cluster.v1` gateway → worker API, generated from `proto/`.
+//! Turnstile's wire contract: the public `turnstile.v1` gRPC API of docs/API.md, the durable event schema of
+//! docs/SPEC.md §5 and the internal `turnstile.cluster.v1` gateway → worker API, generated from `proto/`.
 //!
 //! Place in the architecture: the wire format of the values of `turnstile-model`. The generated code is
 //! here, and so is [`codec`], the one mapping between it and the model (both directions): the journal

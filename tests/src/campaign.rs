@@ -588,8 +588,10 @@ async fn view(gateways: &[Channel], reference: SessionRef, until: Instant) -> Se
     let replay = retried("replay", Duration::from_secs(60), until, || {
         let (mut c, s) = (client.clone(), reference.clone());
         async move {
-            let mut stream =
-                c.watch(req(WatchRequest { session: Some(s), after_seq: 0, live: false })).await?.into_inner();
+            let mut stream = c
+                .watch(req(WatchRequest { session: Some(s), after_seq: 0, live: false, resume: None }))
+                .await?
+                .into_inner();
             let mut events = Vec::new();
             while let Some(item) = stream.message().await? {
                 match item.item {

@@ -237,7 +237,7 @@ impl Session {
 
     /// The durable log as a fresh `Watch(after_seq, live = false)` replays it up to `caught_up`.
     pub async fn replay(&self, after_seq: u64) -> Result<(Vec<SessionEvent>, u64), HarnessError> {
-        let req = WatchRequest { session: self.some_ref(), after_seq, live: false };
+        let req = WatchRequest { session: self.some_ref(), after_seq, live: false, resume: None };
         let mut stream = self.client().watch(req).await?.into_inner();
         let read = async move {
             let mut events = Vec::new();

@@ -55,12 +55,19 @@ fn lock(state: &Mutex<Recorded>) -> MutexGuard<'_, Recorded> {
 impl WatchRecorder {
     /// Opens the stream and returns once its `caught_up` marker has arrived.
     pub async fn start(
-        mut client: AgentClient<Channel>,
+        client: AgentClient<Channel>,
         session: SessionRef,
         after_seq: u64,
         live: bool,
     ) -> Result<Self, HarnessError> {
-        let mut stream = client.watch(WatchRequest { session: Some(session), after_seq, live }).await?.into_inner();
+        Self::start_request(client, WatchRequest { session: Some(session), after_seq, live, resume: None }).await
+    }
+
+    /// Opens the stream `request` asks for (a `resume` of a streaming step, say) and returns once its
+    /// `caught_up` marker has arrived.
+    pub async fn start_request(mut client: AgentClient<Channel>, request: WatchRequest) -> Result<Self, HarnessError> {
+        let (after_seq, live) = (request.after_seq, request.live);
+        let mut stream = client.watch(request).await?.into_inner();
         let state = Arc::new(Mutex::new(Recorded::default()));
         let sink = Arc::clone(&state);
         let task = tokio::spawn(async move {
@@ -133,6 +140,12 @@ impl WatchRecorder {
                 _ => None,
             })
             .collect()
+    }
+
+    /// One step's text (or reasoning) deltas as `(offset of the first, their concatenation)`; the
+    /// offsets are checked to follow each other by [`check_stream`].
+    pub fn step_output(&self, turn: u64, step: u32, reasoning: bool) -> Option<(u64, String)> {
+        step_output(&lock(&self.state).items, turn, step, reasoning)
     }
 
     /// The durable `assistant/message` of one step, if recorded.
@@ -263,12 +276,16 @@ fn settled(items: &[WatchItem], last_seq: u64, live: bool) -> bool {
         Some(Item::Event(e)) => Some(e),
         _ => None,
     }) else {
-        return last_seq == 0;
+        // No durable event: a stream that resumed at the log's end has everything once it is caught up.
+        return last_seq == 0 || position(items) >= last_seq;
     };
     if last.seq < last_seq {
         return false;
     }
-    if !live {
+    // Live events are not replayed with history: an event read before `caught_up` has no live followers.
+    let caught_up_at = items.iter().position(is_caught_up);
+    let last_at = items.iter().rposition(|i| matches!(&i.item, Some(Item::Event(e)) if e.seq == last.seq));
+    if !live || last_at < caught_up_at {
         return true;
     }
     let followers = items
@@ -282,10 +299,41 @@ fn is_delta(live: &LiveEvent) -> bool {
     matches!(live.payload, Some(Live::AssistantDelta(_)))
 }
 
+/// One step's text (or reasoning) deltas among `items` as `(offset of the first, their concatenation)`.
+pub fn step_output(items: &[WatchItem], turn: u64, step: u32, reasoning: bool) -> Option<(u64, String)> {
+    let mut out: Option<(u64, String)> = None;
+    for item in items {
+        if let Some(Item::Live(LiveEvent { payload: Some(Live::AssistantDelta(d)), .. })) = &item.item
+            && d.turn == turn
+            && d.step == step
+            && d.reasoning == reasoning
+        {
+            out.get_or_insert_with(|| (d.offset, String::new())).1.push_str(&d.text);
+        }
+    }
+    out
+}
+
+/// The last durable seq a client holds after receiving `items`: the last event's, or `caught_up`'s.
+pub fn position(items: &[WatchItem]) -> u64 {
+    items
+        .iter()
+        .filter_map(|i| match &i.item {
+            Some(Item::Event(e)) => Some(e.seq),
+            Some(Item::CaughtUp(c)) => Some(c.seq),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Checks what every Watch stream must satisfy: durable seqs contiguous from `after_seq + 1` (nothing
 /// missed, nothing twice), epoch ≥ 1 and never decreasing, time never decreasing, the `type` string
 /// agreeing with the payload, and every live event arriving after the durable event it follows.
 pub fn check_stream(items: &[WatchItem], after_seq: u64) -> Result<(), HarnessError> {
+    // Per (turn, step, reasoning): the offset the next delta must carry (SPEC §14). A stream's first delta
+    // of a step may start anywhere (it resumed); each later one continues exactly where the last ended.
+    let mut next_offset: std::collections::HashMap<(u64, u32, bool), u64> = Default::default();
     let mut expect_seq = after_seq + 1;
     let mut last_seen = None::<u64>;
     let (mut epoch, mut time) = (0u64, 0u64);
@@ -325,6 +373,16 @@ pub fn check_stream(items: &[WatchItem], after_seq: u64) -> Result<(), HarnessEr
                 last_seen = Some(c.seq);
             }
             Some(Item::Live(l)) => {
+                if let Some(Live::AssistantDelta(d)) = &l.payload {
+                    let next = next_offset.entry((d.turn, d.step, d.reasoning)).or_insert(d.offset);
+                    if d.offset != *next {
+                        return Err(HarnessError::Inconsistent(format!(
+                            "item {n}: delta {:?} of {}.{} at offset {} where {} was due",
+                            d.text, d.turn, d.step, d.offset, next
+                        )));
+                    }
+                    *next += d.text.len() as u64;
+                }
                 if last_seen.is_none_or(|s| s < l.after_seq) {
                     return Err(HarnessError::Inconsistent(format!(
                         "item {n}: live {} carries after_seq {} but arrived before that event (last seq {last_seen:?})",

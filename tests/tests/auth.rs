@@ -130,11 +130,11 @@ async fn a_tenant_cannot_read_write_list_or_watch_another_tenants_sessions() {
     assert_eq!(client.list_sessions(authed(req, Some(TOKEN_A))).await.unwrap_err().code(), Code::PermissionDenied);
 
     // Watch: NOT_FOUND for B's session; A's own works.
-    let req = WatchRequest { session: name("tenant-b", "b-secret"), after_seq: 0, live: true };
+    let req = WatchRequest { session: name("tenant-b", "b-secret"), after_seq: 0, live: true, resume: None };
     let err = client.watch(authed(req, Some(TOKEN_A))).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
     assert_eq!(err.message(), missing.message().replace("nobody", "b-secret"));
-    let req = WatchRequest { session: name("", "a-own"), after_seq: 0, live: false };
+    let req = WatchRequest { session: name("", "a-own"), after_seq: 0, live: false, resume: None };
     let mut stream = client.watch(authed(req, Some(TOKEN_A))).await.unwrap().into_inner();
     let caught_up = tokio::time::timeout(Duration::from_secs(20), async {
         while let Some(item) = stream.message().await.unwrap() {
@@ -159,7 +159,7 @@ async fn missing_or_unknown_tokens_are_unauthenticated() {
         assert_eq!(err.code(), Code::Unauthenticated, "{token:?}: {err:?}");
         let req = DeliverRequest { session: name("", "s1"), message: Some(user_msg("m1", "hi")) };
         assert_eq!(client.followup(authed(req, token)).await.unwrap_err().code(), Code::Unauthenticated);
-        let req = WatchRequest { session: name("", "s1"), after_seq: 0, live: true };
+        let req = WatchRequest { session: name("", "s1"), after_seq: 0, live: true, resume: None };
         assert_eq!(client.watch(authed(req, token)).await.unwrap_err().code(), Code::Unauthenticated);
         let req = ListSessionsRequest {
             page_token: String::new(),

@@ -1,4 +1,4 @@
-//! Bad input over gRPC: each request breaks one rule of SPEC §1–§3 / API.md. Every case asserts the exact
+//! Bad input over gRPC: each request breaks one rule of SPEC §1–§3 / docs/API.md. Every case asserts the exact
 //! status code, that the message names the offending field or value, and that nothing was written (the
 //! same replayed log and `last_seq` before and after; a never-written session stays NOT_FOUND).
 //! Every scenario runs twice (`backend_tests!`): on the embedded journal and on `--nats` (a nats-server of

@@ -168,7 +168,7 @@ async fn chat_sends_lines_streams_replies_and_maps_ctrl_c_to_interrupt() {
     wait_line("echo: hello", &mut printed).await;
 
     let session = SessionRef { tenant: TEST_TENANT.into(), id: id.clone() };
-    let request = WatchRequest { session: Some(session), after_seq: 0, live: false };
+    let request = WatchRequest { session: Some(session), after_seq: 0, live: false, resume: None };
     let mut events = server.client().watch(request).await.unwrap().into_inner();
     writeln!(stdin, "[[delay:60000]] slow").unwrap();
     let entered = |text: &'static str| move |e: &turnstile_tests::v1::SessionEvent| matches!(&e.payload, Some(Payload::UserMessage(m)) if m.message.as_ref().is_some_and(|m| turnstile_tests::text_of(m) == text));

@@ -339,7 +339,7 @@ async fn tenants_only_reach_their_own_executors() {
         client.followup(with_token(req, Some(token))).await.unwrap();
         let req = WhenIdleRequest { session: session.clone(), timeout_ms: 20_000 };
         client.when_idle(with_token(req, Some(token))).await.unwrap();
-        let req = WatchRequest { session: session.clone(), after_seq: 0, live: false };
+        let req = WatchRequest { session: session.clone(), after_seq: 0, live: false, resume: None };
         let mut stream = client.watch(with_token(req, Some(token))).await.unwrap().into_inner();
         let mut events = Vec::new();
         while let Some(item) = stream.message().await.unwrap() {

@@ -107,10 +107,24 @@ async fn an_api_key_variable_that_is_not_set_is_named() {
          \"local\"\n"
     ));
     dev_with_config(&path).await.assert_error(&format!(
-        "{}: model \"local\": models.local.api_key_env: environment variable {UNSET_KEY_VAR} is not set; set it to the \
-         API key of model \"local\", or remove this key",
+        "{}: agent \"assistant\" runs on model \"local\": models.local.api_key_env: environment variable {UNSET_KEY_VAR} \
+         is not set; set it to the API key of model \"local\", or remove this key",
         path.display()
     ));
+}
+
+#[tokio::test]
+async fn a_model_no_agent_runs_on_needs_no_key() {
+    // Issue 31: a file with several hosted models and one agent; only that agent's model needs its key.
+    let (_dir, path) = config_file(&format!(
+        "[models.hosted]\nprovider = \"anthropic\"\nmodel = \"claude-sonnet-4-5\"\napi_key_env = \"{UNSET_KEY_VAR}\"\n\n\
+         [agents.helper]\nsystem = \"Be brief.\"\n"
+    ));
+    let args = vec!["--config".to_owned(), path.to_str().unwrap().to_owned()];
+    let server = DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::default() }).await.unwrap();
+    let s = server.session();
+    assert_eq!(s.followup(user_msg("m1", "hi")).await.unwrap().turn, Some(1));
+    s.when_idle().await.unwrap();
 }
 
 #[tokio::test]

@@ -37,7 +37,7 @@ fn named(id: &str) -> Option<SessionRef> {
 
 /// The session's whole log, as any client reads it.
 async fn log_of(client: &mut AgentClient<Channel>, id: &str) -> Vec<SessionEvent> {
-    let req = WatchRequest { session: named(id), after_seq: 0, live: false };
+    let req = WatchRequest { session: named(id), after_seq: 0, live: false, resume: None };
     let mut stream = client.watch(authed(req)).await.unwrap().into_inner();
     let mut events = Vec::new();
     while let Some(item) = stream.message().await.unwrap() {

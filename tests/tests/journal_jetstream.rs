@@ -458,7 +458,7 @@ async fn an_oversized_group_is_one_atomic_batch_of_messages() {
 
 fn live(session: &turnstile_model::SessionRef, n: u64) -> LiveEvent {
     let payload = if n.is_multiple_of(2) {
-        LivePayload::AssistantDelta { turn: 1, step: 1, text: format!("d{n}"), reasoning: false }
+        LivePayload::AssistantDelta { turn: 1, step: 1, text: format!("d{n}"), reasoning: false, offset: 0 }
     } else {
         LivePayload::Status { status: Status::Running }
     };

@@ -28,7 +28,7 @@ async fn start() -> (DevServer, tempfile::TempDir) {
 
 /// Watch(after_seq, live = false) up to and including `caught_up`.
 async fn resume(s: &Session, after_seq: u64) -> (Vec<SessionEvent>, CaughtUp) {
-    let req = WatchRequest { session: Some(s.reference()), after_seq, live: false };
+    let req = WatchRequest { session: Some(s.reference()), after_seq, live: false, resume: None };
     let mut stream = s.client().watch(req).await.unwrap().into_inner();
     let mut events = Vec::new();
     while let Some(item) = stream.message().await.unwrap() {

@@ -123,7 +123,7 @@ async fn dev_with_a_real_model_keeps_history() {
     let proxy = RecordingProxy::start(llama.addr()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("turnstile.toml");
-    // API.md "Configuration". Short answers keep CI quick; the model server decodes greedily (`--temp 0`:
+    // docs/CONFIGURATION.md. Short answers keep CI quick; the model server decodes greedily (`--temp 0`:
     // the configuration has no temperature key). `retries = 0`: a failed request is a failed test.
     let toml = format!(
         r#"default_agent = "assistant"

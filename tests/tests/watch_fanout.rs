@@ -100,7 +100,7 @@ impl Stack {
     }
 
     async fn watch(&self, after_seq: u64) -> tonic::Streaming<pb::WatchItem> {
-        let request = pb::WatchRequest { session: Some(pb_session()), after_seq, live: true };
+        let request = pb::WatchRequest { session: Some(pb_session()), after_seq, live: true, resume: None };
         self.api.clone().watch(request).await.unwrap().into_inner()
     }
 }
@@ -279,7 +279,7 @@ async fn a_lagging_watcher_catches_up_from_the_log() {
     let config = GatewayConfig { watch_feed_capacity: 4, ..GatewayConfig::default() };
     let stack = start(config).await;
     let log: Arc<dyn SessionLog> = stack.log.clone();
-    let spec = WatchSpec { session: session(), after_seq: 0, live: true };
+    let spec = WatchSpec { session: session(), after_seq: 0, live: true, resume: None };
     let stop = CancellationToken::new();
     let open = |capacity: usize| {
         let (tx, rx) = mpsc::channel::<Result<pb::WatchItem, Status>>(capacity);
@@ -287,6 +287,7 @@ async fn a_lagging_watcher_catches_up_from_the_log() {
             log.clone(),
             stack.gateway.feeds().clone(),
             Arc::new(NoSnapshots),
+            stack.gateway.owners(),
             spec.clone(),
             tx,
             stop.clone(),
@@ -319,12 +320,13 @@ async fn a_lagging_watcher_catches_up_from_the_log() {
     // Then only live events, more than the feed keeps: what the slow watcher still finds in the feed has
     // no durable event, so only the lag itself can tell it what it lost.
     for i in 0..8 {
-        let payload = LivePayload::AssistantDelta { turn: 3, step: 1, text: format!("late {i}"), reasoning: false };
+        // Errors, not deltas: a watcher deduplicates a step's deltas by offset (SPEC §14).
+        let payload = LivePayload::Error { turn: 3, step: 1, message: format!("late {i}") };
         stack.bus.publish(&LiveEvent { session: session(), after_seq: last, payload }).await.unwrap();
     }
     // The fast watcher may lag on this burst too (it also reads a feed of 4) and lose some of it, but the
     // feed keeps its newest items: once the last one reaches it, the burst has been broadcast.
-    let is_last_late = |item: &Item| matches!(item, Item::Live(pb::LiveEvent { payload: Some(pb::live_event::Payload::AssistantDelta(d)), .. }) if d.text == "late 7");
+    let is_last_late = |item: &Item| matches!(item, Item::Live(pb::LiveEvent { payload: Some(pb::live_event::Payload::Error(e)), .. }) if e.message == "late 7");
     tokio::time::timeout(PATIENCE, async {
         while !is_last_late(&fast.recv().await.unwrap().unwrap().item.unwrap()) {}
     })

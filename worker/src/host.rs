@@ -446,6 +446,15 @@ impl CommandRouter for SessionHost {
         if matches!(command, Command::Delete) {
             return self.delete(session).await;
         }
+        if matches!(command, Command::StreamingStep) {
+            // A read for a joining Watch: a session with no live runner (unloaded, or parked idle) streams
+            // nothing, and loading it to say so would cost a log read. Not-owner still routes it onwards.
+            self.epoch_for(session)?;
+            let running = lock(&self.runners).get(session).and_then(Slot::running).is_some();
+            if !running {
+                return Ok(CommandReply::Streaming(None));
+            }
+        }
         let when_idle = matches!(command, Command::WhenIdle);
         let (reply_tx, reply_rx) = oneshot::channel();
         // The caller's span (the internal RPC's, or the gateway's in `turnstile dev`) is the command's parent.

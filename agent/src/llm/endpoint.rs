@@ -1,4 +1,4 @@
-//! One model endpoint: the `[models.NAME]` table of API.md "Configuration", with the API key already
+//! One model endpoint: the `[models.NAME]` table of docs/CONFIGURATION.md, with the API key already
 //! read from the variable `api_key_env` names.
 //!
 //! ```

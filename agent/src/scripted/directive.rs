@@ -1,4 +1,4 @@
-//! The scripted directives of API.md (`[[tool:echo hi]]`, `[[delay:500]]`, ...), read from message text.
+//! The scripted directives of docs/API.md (`[[tool:echo hi]]`, `[[delay:500]]`, ...), read from message text.
 
 /// One directive found in a message's text.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,7 +20,7 @@ pub enum Directive {
     /// `[[hook-fail]]`: the content guard fails.
     HookFail,
     /// `[[complete-goal-at:N]]` in a goal's objective: the scripted model calls `goal_complete` in the step
-    /// that enters round N's continuation (API.md "Scripted model additions").
+    /// that enters round N's continuation (docs/API.md "The scripted model").
     CompleteGoalAt { round: u64 },
     /// `[[compact-fail]]` anywhere in the turns being summarized: the scripted compaction request fails
     /// (SPEC §13), so tests can pin that a failed compaction changes nothing.

@@ -1,4 +1,4 @@
-//! The deterministic parts of the scripted model and the built-in content guard (API.md "The scripted
+//! The deterministic parts of the scripted model and the built-in content guard (docs/API.md "The scripted
 //! model"): directives in the text of the entered messages decide the reply, tool calls, failures and the
 //! guard's verdict.
 //!

@@ -82,9 +82,9 @@ class _Process:
 class NatsServer:
     """nats-server with JetStream on a store dir that outlives restarts."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: str = "") -> None:
         self.scratch = Path(tempfile.mkdtemp(prefix="turnstile-py-nats-"))
-        (self.scratch / "nats.conf").write_text("max_payload: 8MB\n")
+        (self.scratch / "nats.conf").write_text("max_payload: 8MB\n" + config)
         ports = self.scratch / "ports"
         ports.mkdir()
         args = [_bin("NATS_SERVER_BIN"), "-c", str(self.scratch / "nats.conf"), "-js", "-sd",

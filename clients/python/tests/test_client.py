@@ -16,7 +16,7 @@ import uuid
 import grpc
 import grpc.aio
 
-from harness import Backend, bounded
+from harness import Backend, DevServer, NatsServer, bounded
 from turnstile_client import AsyncClient, Client, ToolContext, ToolOutput, Tools, TurnstileError, pb, text_of
 
 TOOLS_CONFIG = """default_agent = "helper"
@@ -315,6 +315,14 @@ class ToolScenarios(DevCase):
 class ExampleTest(DevCase, unittest.TestCase):
     """The README's example runs as written."""
 
+    def test_every_python_block_of_the_readme_is_valid_python(self):
+        # A block that cannot even be compiled (an `async with` outside a coroutine) cannot run as written.
+        readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+        blocks = [part.split("```", 1)[0] for part in readme.split("```python\n")[1:]]
+        self.assertGreaterEqual(len(blocks), 2)
+        for block in blocks:
+            compile(block, "clients/python/README.md", "exec")
+
     def test_the_quickstart_prints_the_streamed_reply(self):
         example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
         env = dict(os.environ, TURNSTILE_ADDR=self.dev.address)
@@ -326,6 +334,77 @@ class ExampleTest(DevCase, unittest.TestCase):
         self.assertEqual(lines[1], "echo: hello there")
         self.assertEqual(lines[2], "turn 1 ended: completed")
         self.assertRegex(lines[3], r"^session quickstart-\w+: SESSION_STATUS_IDLE, last seq \d+$")
+
+
+SUBJECTS_MD = Path(__file__).resolve().parents[3] / "docs" / "SUBJECTS.md"
+
+
+def doc_block(heading: str, fence: str) -> str:
+    """The first ``` block opened with `fence` under `heading` of docs/SUBJECTS.md."""
+    section = SUBJECTS_MD.read_text().split(heading, 1)[1]
+    return section.split(fence + "\n", 1)[1].split("```", 1)[0]
+
+
+class ObserverTest(unittest.TestCase):
+    """docs/SUBJECTS.md: the observer example, run as a user with exactly the page's permissions block on a
+    nats-server under `turnstile dev --nats`, prints the page's durable lines, follows a deletion, and a user
+    of the same block cannot read another tenant's log."""
+
+    def setUp(self) -> None:
+        permissions = doc_block("## Permissions for observers", "```conf")
+        config = (
+            "no_auth_user: turnstile\n"
+            "accounts { TURNSTILE { jetstream: enabled\n users = [\n { user: turnstile }\n"
+            "  { user: observer-acme, password: observer-secret,\n" + permissions + "\n }\n ] } }\n"
+        )
+        self.nats = NatsServer(config)
+        self.addCleanup(self.nats.close)
+        self.dev = DevServer(nats_url=self.nats.url)
+        self.addCleanup(self.dev.close)
+        self.observer_url = self.nats.url.replace("nats://", "nats://observer-acme:observer-secret@")
+        self.example = Path(__file__).resolve().parent.parent / "examples" / "observer.py"
+
+    def observe(self, tenant: str, session: str, *args: str) -> subprocess.Popen:
+        process = subprocess.Popen(
+            [sys.executable, str(self.example), self.observer_url, tenant, session, "--inbox-prefix",
+             "_INBOX_acme", "--timeout", "30", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: process.poll() is None and process.kill())
+        return process
+
+    def test_the_observer_follows_a_tenants_session_and_its_deletion(self):
+        session = "obs-" + uuid.uuid4().hex[:8]
+        observer = self.observe("acme", session, "--until-idle", "2")
+        first = observer.stdout.readline()
+        self.assertEqual(first, f"observing turnstile.ev.0.acme.{session} in TURNSTILE_EVENTS_0\n",
+                         observer.stderr.read() if observer.poll() is not None else "")
+        with Client(self.dev.address, tenant="acme") as c:
+            c.followup(session, "hi there")
+            c.when_idle(session)
+            c.delete_session(session)
+            c.followup(session, "hi there")
+            c.when_idle(session)
+        out, err = observer.communicate(timeout=60)
+        self.assertEqual(observer.returncode, 0, err)
+        lines = out.splitlines()
+        durable = [line for line in lines if line.startswith(("#", "=="))]
+        documented = [line for line in doc_block("## An observer", "```").splitlines() if line.startswith("#")]
+        self.assertEqual(len(documented), 10, "the page shows one followup's ten events")
+        self.assertEqual(durable, documented + [
+            f"== session acme/{session} was deleted; a new log starts"] + documented)
+        self.assertIn("~ agent/inbox/inserted after #1", lines)
+
+    def test_another_tenants_log_is_refused(self):
+        with Client(self.dev.address, tenant="globex") as c:
+            c.followup("s1", "secret")
+            c.when_idle("s1")
+        observer = self.observe("globex", "s1", "--until-idle")
+        observer.stdout.readline()  # nothing: the consumer cannot be created
+        out, err = observer.communicate(timeout=60)
+        self.assertNotEqual(observer.returncode, 0, out)
+        self.assertNotIn("#1", out)
+        log = self.nats.process.log.read_text(errors="replace")
+        self.assertIn('Publish Violation - Subject "$JS.API.CONSUMER.CREATE.TURNSTILE_EVENTS_0.', log)
 
 
 class EmbeddedTest(Scenarios, unittest.IsolatedAsyncioTestCase):

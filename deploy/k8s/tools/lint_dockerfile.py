@@ -4,8 +4,9 @@
 
 Checks what can be checked without building: every base image pinned (explicit tag or digest, never
 `latest`; the rust builder by its full x.y.z version), `cargo build --release -p turnstile --locked`, the
-final stage runs as a non-root USER and installs ca-certificates (unless distroless), exec-form
-ENTRYPOINT ["turnstile"], EXPOSE 7400 7500 9090. Exit status 1 on any failure.
+final stage (and every other stage with an ENTRYPOINT: the MCP variant) runs as a non-root USER and
+installs ca-certificates (unless distroless), exec-form ENTRYPOINT ["turnstile"], EXPOSE 7400 7500 9090.
+Exit status 1 on any failure.
 """
 
 import json
@@ -40,9 +41,14 @@ def main(path):
             name, _, default = rest.partition("=")
             args[name.strip()] = default.strip().strip('"')
         elif op == "FROM":
-            image = [w for w in rest.split() if not w.startswith("--")][0]
-            image = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), image)
-            stages.append({"image": image, "ins": []})
+            words = [w for w in rest.split() if not w.startswith("--")]
+            image = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), words[0])
+            name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
+            # A stage built FROM an earlier one inherits its instructions (USER, ENTRYPOINT, …).
+            parent = next((st for st in stages if st["name"] == image), None)
+            inherited = list(parent["ins"]) if parent else []
+            stages.append({"image": parent["image"] if parent else image, "name": name, "ins": inherited,
+                           "from_stage": parent is not None})
         elif stages:
             stages[-1]["ins"].append((op, rest))
     if not stages:
@@ -57,7 +63,7 @@ def main(path):
                 names[words[-1]] = True
     for stage in stages:
         image = stage["image"]
-        if image in names or image == "scratch":
+        if stage["from_stage"] or image in names or image == "scratch":
             continue
         if "$" in image:
             errors.append(f"FROM {image}: unresolved build argument (give the ARG a pinned default)")
@@ -71,7 +77,7 @@ def main(path):
         if re.match(r"^(docker\.io/)?(library/)?rust:", image) and not re.match(r"\d+\.\d+\.\d+", tag):
             errors.append(f"FROM {image}: the rust builder must be pinned by its full version (x.y.z)")
 
-    runs = [rest for s in stages for op, rest in s["ins"] if op == "RUN"]
+    runs = [rest for s in stages if not s["from_stage"] for op, rest in s["ins"] if op == "RUN"]
     cargo = [r for r in runs if "cargo build" in r]
     if not cargo:
         errors.append("no `cargo build` RUN step")
@@ -80,7 +86,15 @@ def main(path):
             if flag not in r:
                 errors.append(f"`cargo build` without {flag}")
 
-    final = stages[-1]
+    # Every stage that is an image to run (the last one, and any other with an ENTRYPOINT, such as the MCP
+    # variant) gets the same checks.
+    images = [s for s in stages[:-1] if any(op == "ENTRYPOINT" for op, _ in s["ins"])] + [stages[-1]]
+    for final in images:
+        check_image(final, errors)
+    return report(path, errors, stages)
+
+
+def check_image(final, errors):
     users = [rest for op, rest in final["ins"] if op == "USER"]
     if not users:
         errors.append("final stage has no USER: the container would run as root")
@@ -103,7 +117,6 @@ def main(path):
     missing = {"7400", "7500", "9090"} - exposed
     if missing:
         errors.append(f"EXPOSE is missing {' '.join(sorted(missing))}")
-    return report(path, errors, stages)
 
 
 def report(path, errors, stages=()):

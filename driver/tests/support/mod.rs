@@ -816,18 +816,21 @@ impl Sim {
         self.deltas_of(turn, step, true)
     }
 
+    /// The step's deltas of one kind, concatenated; each delta's offset must be the length of what came
+    /// before it (SPEC §14), which every test that reads deltas thereby checks.
     fn deltas_of(&self, turn: u64, step: u32, of_reasoning: bool) -> String {
-        self.live
-            .iter()
-            .filter_map(|e| match &e.payload {
-                LivePayload::AssistantDelta { turn: t, step: s, text, reasoning }
-                    if *t == turn && *s == step && *reasoning == of_reasoning =>
-                {
-                    Some(text.as_str())
-                }
-                _ => None,
-            })
-            .collect()
+        let mut so_far = String::new();
+        for e in &self.live {
+            if let LivePayload::AssistantDelta { turn: t, step: s, text, reasoning, offset } = &e.payload
+                && *t == turn
+                && *s == step
+                && *reasoning == of_reasoning
+            {
+                assert_eq!(*offset, so_far.len() as u64, "delta {text:?} of {turn}.{step} after {so_far:?}");
+                so_far.push_str(text);
+            }
+        }
+        so_far
     }
 
     /// Durable and live events, deltas included (no replies or IO requests), since the last `take`.
@@ -1016,8 +1019,10 @@ pub fn render_live(e: &LiveEvent) -> String {
         LivePayload::Discarded { message } => format!("L discarded {}", message.id),
         LivePayload::Claimed { message, turn } => format!("L claimed {} {turn}", message.id),
         LivePayload::Status { status } => format!("L status {status}"),
-        LivePayload::AssistantDelta { turn, step, text, reasoning: false } => format!("L delta {turn}.{step} {text}"),
-        LivePayload::AssistantDelta { turn, step, text, reasoning: true } => {
+        LivePayload::AssistantDelta { turn, step, text, reasoning: false, .. } => {
+            format!("L delta {turn}.{step} {text}")
+        }
+        LivePayload::AssistantDelta { turn, step, text, reasoning: true, .. } => {
             format!("L reasoning {turn}.{step} {text}")
         }
         LivePayload::Error { turn, step, message } => format!("L error {turn}.{step} {message}"),
@@ -1030,6 +1035,8 @@ pub fn render_reply(id: CommandId, result: &Reply) -> String {
         Ok(CommandReply::Sent { seq, turn: None }) => format!("R {id} sent {seq}"),
         Ok(CommandReply::Written { seq }) => format!("R {id} written {seq}"),
         Ok(CommandReply::Idle(s)) => format!("R {id} idle {} {}", s.last_seq, s.status),
+        Ok(CommandReply::Streaming(None)) => format!("R {id} streaming none"),
+        Ok(CommandReply::Streaming(Some(s))) => format!("R {id} streaming {}.{} {:?}", s.turn, s.step, s.text),
         Err(e) => format!("R {id} err {}", error_kind(e)),
     }
 }

@@ -21,12 +21,15 @@ fn encode_payload(payload: &LivePayload) -> Payload {
             Payload::Claimed(pb::Claimed { message: Some(encode_user_message(message)), turn: *turn })
         }
         LivePayload::Status { status } => Payload::Status(pb::StatusChanged { status: encode_status(*status).into() }),
-        LivePayload::AssistantDelta { turn, step, text, reasoning } => Payload::AssistantDelta(pb::AssistantDelta {
-            turn: *turn,
-            step: *step,
-            text: text.clone(),
-            reasoning: *reasoning,
-        }),
+        LivePayload::AssistantDelta { turn, step, text, reasoning, offset } => {
+            Payload::AssistantDelta(pb::AssistantDelta {
+                turn: *turn,
+                step: *step,
+                text: text.clone(),
+                reasoning: *reasoning,
+                offset: *offset,
+            })
+        }
         LivePayload::Error { turn, step, message } => {
             Payload::Error(pb::AgentError { turn: *turn, step: *step, message: message.clone() })
         }
@@ -54,9 +57,13 @@ fn decode_payload(payload: Payload) -> Result<LivePayload, CodecError> {
             LivePayload::Claimed { message: required_message_at(p.message, "claimed.message")?, turn: p.turn }
         }
         Payload::Status(p) => LivePayload::Status { status: status_at(p.status, "status.status")? },
-        Payload::AssistantDelta(p) => {
-            LivePayload::AssistantDelta { turn: p.turn, step: p.step, text: p.text, reasoning: p.reasoning }
-        }
+        Payload::AssistantDelta(p) => LivePayload::AssistantDelta {
+            turn: p.turn,
+            step: p.step,
+            text: p.text,
+            reasoning: p.reasoning,
+            offset: p.offset,
+        },
         Payload::Error(p) => LivePayload::Error { turn: p.turn, step: p.step, message: p.message },
     })
 }

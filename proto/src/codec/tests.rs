@@ -236,8 +236,8 @@ fn every_live_payload_round_trips_through_bytes() {
         LivePayload::Claimed { message: message("c", sources()[4].clone()), turn: 2 },
         LivePayload::Status { status: Status::Running },
         LivePayload::Status { status: Status::Idle },
-        LivePayload::AssistantDelta { turn: 2, step: 1, text: "ec".into(), reasoning: false },
-        LivePayload::AssistantDelta { turn: 2, step: 1, text: "hmm".into(), reasoning: true },
+        LivePayload::AssistantDelta { turn: 2, step: 1, text: "ec".into(), reasoning: false, offset: 0 },
+        LivePayload::AssistantDelta { turn: 2, step: 1, text: "hmm".into(), reasoning: true, offset: 0 },
         LivePayload::Error { turn: 2, step: 1, message: "hook failed".into() },
     ];
     for payload in live {
@@ -277,7 +277,10 @@ fn events_written_before_reasoning_and_usage_decode_without_them() {
         })),
     };
     let back = decode_live(&delta.encode_to_vec()).unwrap();
-    assert_eq!(back.payload, LivePayload::AssistantDelta { turn: 1, step: 1, text: "h".into(), reasoning: false });
+    assert_eq!(
+        back.payload,
+        LivePayload::AssistantDelta { turn: 1, step: 1, text: "h".into(), reasoning: false, offset: 0 }
+    );
 }
 
 #[test]

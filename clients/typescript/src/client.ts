@@ -1,0 +1,511 @@
+// The client: one method for every RPC of turnstile.v1.Agent, over any Connect transport. The entry
+// points (index.ts for Node, browser.ts for browsers) only choose the transport; everything else is here.
+
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import { type Client, createClient, type Interceptor, type Transport } from "@connectrpc/connect";
+import {
+  Agent,
+  type CancelReply,
+  type EditReply,
+  type GoalAction,
+  type GoalInfo,
+  type InboxSnapshot,
+  type ListSessionsReply,
+  type SendReply,
+  type SessionInfo,
+} from "./gen/turnstile/v1/agent_pb.js";
+import {
+  type CancelCauseSchema,
+  type InjectMode,
+  type OnDeadline,
+  type SessionRef,
+  Target,
+} from "./gen/turnstile/v1/events_pb.js";
+import { toTurnstileError } from "./errors.js";
+import {
+  type MessageLike,
+  type SessionLike,
+  type SourceLike,
+  sessionRef,
+  toUserMessage,
+  type Uint64,
+  newMessageId,
+} from "./messages.js";
+import { DEFAULT_RETRY, NO_RETRY, Retries, type RetryPolicy } from "./retry.js";
+import { type Tools, ToolServer, type ToolServerOptions } from "./tools.js";
+import { WatchStream, type WatchOptions } from "./watch.js";
+
+/**
+ * Where the server is: `"host:port"`, `"http://host:port"`, `"https://host:port"` (TLS), or a function
+ * returning one, asked again after every UNAVAILABLE, so a client follows a gateway that came back on
+ * another address.
+ */
+export type Address = string | (() => string | Promise<string>);
+
+/** One dialled server: the transport calls go through, and how to let go of it. */
+export interface Connection {
+  readonly transport: Transport;
+  /** Whether the transport carries bidirectional streams (HTTP/2 does; gRPC-Web in a browser does not). */
+  readonly bidiStreams: boolean;
+  /** Closes the connection, ending the calls still open on it. */
+  close(): void;
+}
+
+/** Dials `baseUrl` (`http://host:port` or `https://host:port`) with `interceptors` on every call. */
+export type Connector = (baseUrl: string, interceptors: Interceptor[]) => Connection;
+
+/** The options of a client. Every one has a default. */
+export interface ClientOptions {
+  /** The server; default `"127.0.0.1:7400"` (`turnstile dev`). See {@link Address}. */
+  address?: Address;
+  /**
+   * The tenant of sessions named by id: default `"default"`, or, with `token`, the token's tenant (sent as
+   * `""`, which the server fills in).
+   */
+  tenant?: string;
+  /** A bearer token (`--auth-tokens`, a JWT), sent as `authorization: Bearer TOKEN`. */
+  token?: string;
+  /** How UNAVAILABLE is retried; see {@link RetryPolicy}. */
+  retry?: Partial<RetryPolicy>;
+  /** Connect interceptors, run on every call (logging, extra headers, tests that drop replies). */
+  interceptors?: Interceptor[];
+  /** How to dial; the entry point's default (HTTP/2 in Node, gRPC-Web in browsers). */
+  connector?: Connector;
+}
+
+/** What every method accepts: an AbortSignal that cancels the call and its retries. */
+export interface CallOptions {
+  signal?: AbortSignal;
+}
+
+/** The options of a delivery. */
+export interface DeliveryOptions extends CallOptions {
+  /** The MessageId to use instead of the message's own or a fresh one. */
+  id?: string;
+  /** The message's source; unset, the preset's default (`user`; `plugin{""}` for inject). */
+  source?: SourceLike;
+}
+
+/** The options of `send`, the delivery primitive. */
+export interface SendOptions extends DeliveryOptions {
+  /** `Target.NEXT_TURN` (default) or `Target.NEXT_STEP`. */
+  target?: Target;
+  /** Whether the delivery starts the agent when idle. Default `true`. */
+  wakeup?: boolean;
+}
+
+/** The options of `steer`. */
+export interface SteerOptions extends DeliveryOptions {
+  /** Refused (FAILED_PRECONDITION) unless the session is running this turn. */
+  expectedTurn?: Uint64;
+  /** A steer still pending this long after acceptance triggers `onDeadline` (1 ms .. 7 days). */
+  deadlineMs?: Uint64;
+  /** `OnDeadline.INTERRUPT` (the default with a deadline) or `OnDeadline.DROP`; only with `deadlineMs`. */
+  onDeadline?: OnDeadline;
+}
+
+/** An inbox splice: replace `deleteCount` messages of `target` from `start` with `inserted`. */
+export interface SpliceEdit {
+  target: Target;
+  start: number;
+  deleteCount: number;
+  inserted?: MessageLike[];
+}
+
+/** The filters and page of `listSessions`. */
+export interface ListOptions extends CallOptions {
+  /** Only this tenant's sessions (default: the client's; with auth, the token's). */
+  tenant?: string;
+  /** Only the `spawn_agent` children of this session id. */
+  parent?: string;
+  pageToken?: string;
+  /** 0 (default) means 100; at most 1000. */
+  pageSize?: number;
+}
+
+/** The current connection as callers of the generated code see it. */
+export interface Rpc {
+  /** The generated Connect client of `turnstile.v1.Agent` on this connection. */
+  readonly agent: Client<typeof Agent>;
+  /** Whether the connection carries bidirectional streams (ServeTools). */
+  readonly bidiStreams: boolean;
+}
+
+/**
+ * The parts of a client that its streams (`watch`, `serveTools`) use.
+ * @internal
+ */
+export interface ClientCore {
+  readonly tenant: string;
+  readonly retryPolicy: RetryPolicy;
+  rpc(): Promise<Rpc>;
+  reconnect(): Promise<void>;
+  headers(forTools?: boolean): Headers;
+}
+
+/** The header naming an executor's tenant when the server runs without auth (ServeTools names no session). */
+const TENANT_HEADER = "turnstile-tenant";
+
+function normalise(address: string): string {
+  const a = address.trim().replace(/\/+$/, "");
+  if (/^https?:\/\//.test(a)) return a;
+  if (a.startsWith("grpc://")) return `http://${a.slice("grpc://".length)}`;
+  if (a.includes("://")) {
+    throw new TypeError(`address ${JSON.stringify(address)}: use host:port, http://host:port or https://host:port`);
+  }
+  return `http://${a}`;
+}
+
+const u64 = (n: Uint64 | undefined): bigint | undefined => (n === undefined ? undefined : BigInt(n));
+
+/**
+ * A client of one Turnstile deployment (a gateway or `turnstile dev`).
+ *
+ * Every RPC of `turnstile.v1.Agent` has a method returning the reply message (the generated types, whose
+ * uint64 fields are `bigint`s). Sessions are ids in {@link ClientBase.tenant} or `SessionRef`s; messages
+ * are texts or `UserMessage`s, with MessageIds minted for you. Deliveries and reads are retried on
+ * UNAVAILABLE (a delivery with the same MessageId, so a reply lost on the way back is answered with the
+ * first acceptance and nothing is written twice); everything else fails at once. Failures reject with a
+ * {@link TurnstileError}.
+ *
+ * Use the entry point's `TurnstileClient` (this class with the platform's transport).
+ */
+export class ClientBase implements ClientCore {
+  /** The tenant of sessions named by id. */
+  readonly tenant: string;
+  /** The retry policy of this client's calls and streams. */
+  readonly retryPolicy: RetryPolicy;
+  readonly #address: Address;
+  readonly #connector: Connector;
+  readonly #interceptors: Interceptor[];
+  readonly #authorization: string | undefined;
+  #current: { target: string; connection: Connection; rpc: Rpc } | undefined;
+  #dialing: Promise<void> | undefined;
+  // Connections left when the address moved: not closed, since streams may still be open on them (they end
+  // by themselves when their server is gone); closed with the client.
+  #retired: Connection[] = [];
+  #closed = false;
+
+  constructor(options: ClientOptions, defaultConnector: Connector) {
+    this.#address = options.address ?? "127.0.0.1:7400";
+    this.tenant = options.tenant ?? (options.token ? "" : "default");
+    this.#authorization = options.token ? `Bearer ${options.token}` : undefined;
+    this.retryPolicy = { ...DEFAULT_RETRY, ...options.retry };
+    this.#interceptors = options.interceptors ?? [];
+    this.#connector = options.connector ?? defaultConnector;
+  }
+
+  // --- connection ----------------------------------------------------------------------------------------
+
+  /** The base URL the client dials now (`undefined` before the first call). */
+  get target(): string | undefined {
+    return this.#current?.target;
+  }
+
+  async #resolve(): Promise<string> {
+    const a = this.#address;
+    return normalise(typeof a === "function" ? await a() : a);
+  }
+
+  async #dial(target: string): Promise<void> {
+    if (this.#current?.target === target) return;
+    if (this.#current) this.#retired.push(this.#current.connection);
+    const connection = this.#connector(target, this.#interceptors);
+    const rpc = { agent: createClient(Agent, connection.transport), bidiStreams: connection.bidiStreams };
+    this.#current = { target, connection, rpc };
+  }
+
+  /**
+   * The generated connect client of the current connection, for RPCs newer than this client (pass
+   * `{headers: client.headers()}`). Dials on first use.
+   */
+  async rpc(): Promise<Rpc> {
+    if (this.#closed) throw new TypeError("this TurnstileClient is closed");
+    if (!this.#current) await this.reconnect();
+    // Set by reconnect (which throws otherwise).
+    return this.#current!.rpc;
+  }
+
+  /** Asks the address again and dials anew if it moved. Concurrent callers share one resolution. */
+  async reconnect(): Promise<void> {
+    this.#dialing ??= this.#resolve()
+      .then((target) => this.#dial(target))
+      .finally(() => {
+        this.#dialing = undefined;
+      });
+    return this.#dialing;
+  }
+
+  /** The headers every call carries: the bearer token, or, for ServeTools without one, the tenant. */
+  headers(forTools = false): Headers {
+    const h = new Headers();
+    if (this.#authorization) h.set("authorization", this.#authorization);
+    else if (forTools) h.set(TENANT_HEADER, this.tenant);
+    return h;
+  }
+
+  /** Closes every connection; open streams end. The client cannot be used afterwards. */
+  close(): void {
+    this.#closed = true;
+    for (const c of [...this.#retired, this.#current?.connection]) c?.close();
+    this.#retired = [];
+    this.#current = undefined;
+  }
+
+  async #unary<R>(
+    method: string,
+    retry: boolean,
+    options: CallOptions | undefined,
+    call: (agent: Client<typeof Agent>, opts: { signal?: AbortSignal; headers: Headers }) => Promise<R>,
+  ): Promise<R> {
+    const signal = options?.signal;
+    const retries = new Retries(retry ? this.retryPolicy : NO_RETRY, () => this.reconnect());
+    for (;;) {
+      let error;
+      try {
+        const { agent } = await this.rpc();
+        return await call(agent, { signal, headers: this.headers() });
+      } catch (e) {
+        error = toTurnstileError(method, e, signal);
+      }
+      try {
+        await retries.after(error, signal);
+      } catch (e) {
+        throw toTurnstileError(method, e, signal);
+      }
+    }
+  }
+
+  /** A `SessionRef` for `session`: an id in this client's tenant, or the given ref. */
+  ref(session: SessionLike): SessionRef {
+    return sessionRef(session, this.tenant);
+  }
+
+  // --- deliveries (retried with the same MessageId) -------------------------------------------------------
+
+  /** The delivery primitive (SPEC §2): `target` next-turn (default) or next-step, `wakeup` (default true). */
+  send(session: SessionLike, message: MessageLike, options: SendOptions = {}): Promise<SendReply> {
+    const request = {
+      session: this.ref(session),
+      message: toUserMessage(message, options),
+      target: options.target ?? Target.NEXT_TURN,
+      wakeup: options.wakeup ?? true,
+    };
+    return this.#unary("Send", true, options, (a, o) => a.send(request, o));
+  }
+
+  /** next-turn, wakeup: a new turn; starts the agent if idle. */
+  followup(session: SessionLike, message: MessageLike, options: DeliveryOptions = {}): Promise<SendReply> {
+    const request = { session: this.ref(session), message: toUserMessage(message, options) };
+    return this.#unary("Followup", true, options, (a, o) => a.followup(request, o));
+  }
+
+  /** next-turn, no wakeup: a turn that waits for a later waking delivery. */
+  queue(session: SessionLike, message: MessageLike, options: DeliveryOptions = {}): Promise<SendReply> {
+    const request = { session: this.ref(session), message: toUserMessage(message, options) };
+    return this.#unary("Queue", true, options, (a, o) => a.queue(request, o));
+  }
+
+  /** next-step, no wakeup: model-visible context for the next step (default source `plugin{""}`). */
+  inject(session: SessionLike, message: MessageLike, options: DeliveryOptions = {}): Promise<SendReply> {
+    const request = { session: this.ref(session), message: toUserMessage(message, options) };
+    return this.#unary("Inject", true, options, (a, o) => a.inject(request, o));
+  }
+
+  /** Cancels the running turn keeping the inbox, then follows up with `message` at the head. */
+  interrupt(session: SessionLike, message: MessageLike, options: DeliveryOptions = {}): Promise<SendReply> {
+    const request = { session: this.ref(session), message: toUserMessage(message, options) };
+    return this.#unary("Interrupt", true, options, (a, o) => a.interrupt(request, o));
+  }
+
+  /** next-step, wakeup: input for the running turn's next step (opens a turn when idle). */
+  steer(session: SessionLike, message: MessageLike, options: SteerOptions = {}): Promise<SendReply> {
+    const request = {
+      session: this.ref(session),
+      message: toUserMessage(message, options),
+      expectedTurn: u64(options.expectedTurn),
+      deadlineMs: u64(options.deadlineMs),
+      onDeadline: options.onDeadline,
+    };
+    return this.#unary("Steer", true, options, (a, o) => a.steer(request, o));
+  }
+
+  /**
+   * Injects `fromSession`'s transcript (through `uptoTurn`, or all of it) into `session` as one message with
+   * a `session` source (SPEC §13). A delivery: retried with the same MessageId (`id`, or a fresh one).
+   */
+  referenceSession(
+    session: SessionLike,
+    fromSession: SessionLike,
+    options: CallOptions & { uptoTurn?: Uint64; id?: string } = {},
+  ): Promise<SendReply> {
+    const request = {
+      session: this.ref(session),
+      fromSession: this.ref(fromSession),
+      uptoTurn: u64(options.uptoTurn),
+      messageId: options.id ?? newMessageId(),
+    };
+    return this.#unary("ReferenceSession", true, options, (a, o) => a.referenceSession(request, o));
+  }
+
+  // --- commands and edits (never retried: a repeat could act twice) ---------------------------------------
+
+  /** Cancels the running turn (cause `user` unless given); `keepInbox` keeps the pending messages. */
+  cancel(
+    session: SessionLike,
+    options: CallOptions & { cause?: MessageInitShape<typeof CancelCauseSchema>; keepInbox?: boolean } = {},
+  ): Promise<CancelReply> {
+    const request = { session: this.ref(session), cause: options.cause, keepInbox: options.keepInbox ?? false };
+    return this.#unary("Cancel", false, options, (a, o) => a.cancel(request, o));
+  }
+
+  /** Replaces pending message `id` with `message` (NOT_FOUND when `id` is not pending). */
+  replace(session: SessionLike, id: string, message: MessageLike, options: CallOptions = {}): Promise<EditReply> {
+    const request = { session: this.ref(session), id, message: toUserMessage(message) };
+    return this.#unary("Replace", false, options, (a, o) => a.replace(request, o));
+  }
+
+  /** Removes pending message `id` (NOT_FOUND when it is not pending). */
+  remove(session: SessionLike, id: string, options: CallOptions = {}): Promise<EditReply> {
+    const request = { session: this.ref(session), id };
+    return this.#unary("Remove", false, options, (a, o) => a.remove(request, o));
+  }
+
+  /** The general inbox edit: `deleteCount` messages of `target` from `start` replaced with `inserted`. */
+  splice(session: SessionLike, edit: SpliceEdit, options: CallOptions = {}): Promise<EditReply> {
+    const request = {
+      session: this.ref(session),
+      target: edit.target,
+      start: edit.start,
+      deleteCount: edit.deleteCount,
+      inserted: (edit.inserted ?? []).map((m) => toUserMessage(m)),
+    };
+    return this.#unary("Splice", false, options, (a, o) => a.splice(request, o));
+  }
+
+  /** Removes every pending message of both inbox targets. */
+  clear(session: SessionLike, options: CallOptions = {}): Promise<EditReply> {
+    return this.#unary("Clear", false, options, (a, o) => a.clear({ session: this.ref(session) }, o));
+  }
+
+  /** Sets the session's agent and inject mode from the next turn on (SPEC §8); only while idle. */
+  configureSession(
+    session: SessionLike,
+    agent: string,
+    options: CallOptions & { injectMode?: InjectMode } = {},
+  ): Promise<SessionInfo> {
+    const request = { session: this.ref(session), agent, injectMode: options.injectMode };
+    return this.#unary("ConfigureSession", false, options, (a, o) => a.configureSession(request, o));
+  }
+
+  /** Approves or denies a tool call awaiting approval (SPEC §9); denied gives `denied: <reason>`. */
+  decide(
+    session: SessionLike,
+    callId: string,
+    approve: boolean,
+    options: CallOptions & { reason?: string } = {},
+  ): Promise<EditReply> {
+    const request = { session: this.ref(session), callId, approve, reason: options.reason ?? "" };
+    return this.#unary("Decide", false, options, (a, o) => a.decide(request, o));
+  }
+
+  /** Starts a goal (SPEC §10), or revises the session's active or paused one. */
+  setGoal(session: SessionLike, objective: string, maxRounds: number, options: CallOptions = {}): Promise<GoalInfo> {
+    const request = { session: this.ref(session), objective, maxRounds };
+    return this.#unary("SetGoal", false, options, (a, o) => a.setGoal(request, o));
+  }
+
+  /** Pauses, resumes or clears the session's goal `goalId`. */
+  updateGoal(session: SessionLike, goalId: string, action: GoalAction, options: CallOptions = {}): Promise<GoalInfo> {
+    const request = { session: this.ref(session), goalId, action };
+    return this.#unary("UpdateGoal", false, options, (a, o) => a.updateGoal(request, o));
+  }
+
+  // --- history (SPEC §13) and deletion (§12) ------------------------------------------------------------
+
+  /**
+   * Summarizes the finished turns not yet summarized (durable `context/compacted`); only while idle.
+   * Nothing to summarize writes nothing and answers the last seq.
+   */
+  compact(session: SessionLike, options: CallOptions = {}): Promise<EditReply> {
+    return this.#unary("Compact", false, options, (a, o) => a.compact({ session: this.ref(session) }, o));
+  }
+
+  /**
+   * Creates `newSession` (same tenant) from `session`'s transcript through the end of `atTurn`. Not
+   * retried: a repeat of a fork that landed answers ALREADY_EXISTS.
+   */
+  forkSession(session: SessionLike, atTurn: Uint64, newSession: string, options: CallOptions = {}): Promise<SessionInfo> {
+    const request = { session: this.ref(session), atTurn: BigInt(atTurn), newSession };
+    return this.#unary("ForkSession", false, options, (a, o) => a.forkSession(request, o));
+  }
+
+  /**
+   * Deletes the session (a running turn ends `aborted{disposed}`); answers the last seq the log had. Not
+   * retried: a repeat of a delete that landed answers NOT_FOUND.
+   */
+  deleteSession(session: SessionLike, options: CallOptions = {}): Promise<EditReply> {
+    return this.#unary("DeleteSession", false, options, (a, o) => a.deleteSession({ session: this.ref(session) }, o));
+  }
+
+  // --- reads (retried) -------------------------------------------------------------------------------------
+
+  /** The pending messages of both inbox targets and the last seq folded. */
+  getInbox(session: SessionLike, options: CallOptions = {}): Promise<InboxSnapshot> {
+    return this.#unary("GetInbox", true, options, (a, o) => a.getInbox({ session: this.ref(session) }, o));
+  }
+
+  /** The session's status, last seq and turn, owner, agent, goal and parent. NOT_FOUND without events. */
+  getSession(session: SessionLike, options: CallOptions = {}): Promise<SessionInfo> {
+    return this.#unary("GetSession", true, options, (a, o) => a.getSession({ session: this.ref(session) }, o));
+  }
+
+  /**
+   * Resolves when the session is idle with nothing latched; DEADLINE_EXCEEDED after `timeoutMs` (0 or
+   * unset: the server's default, 30 s).
+   */
+  whenIdle(session: SessionLike, options: CallOptions & { timeoutMs?: Uint64 } = {}): Promise<SessionInfo> {
+    const request = { session: this.ref(session), timeoutMs: u64(options.timeoutMs) };
+    return this.#unary("WhenIdle", true, options, (a, o) => a.whenIdle(request, o));
+  }
+
+  /** One page of the tenant's sessions (or of one session's children); see {@link ClientBase.sessions}. */
+  listSessions(options: ListOptions = {}): Promise<ListSessionsReply> {
+    const request = {
+      tenant: options.tenant ?? this.tenant,
+      parent: options.parent ?? "",
+      pageToken: options.pageToken ?? "",
+      pageSize: options.pageSize ?? 0,
+    };
+    return this.#unary("ListSessions", true, options, (a, o) => a.listSessions(request, o));
+  }
+
+  /** Every session of the tenant (or every child of `parent`), page after page. */
+  async *sessions(options: Omit<ListOptions, "pageToken"> = {}): AsyncGenerator<SessionInfo, void, undefined> {
+    let pageToken = "";
+    do {
+      const page = await this.listSessions({ ...options, pageToken });
+      yield* page.sessions;
+      pageToken = page.nextPageToken;
+    } while (pageToken !== "");
+  }
+
+  // --- streams --------------------------------------------------------------------------------------------
+
+  /**
+   * The session's `WatchItem`s: durable `event`s after `afterSeq`, one `caughtUp`, then the live tail.
+   * After a disconnect the stream reopens from the last durable seq received (a fresh `caughtUp` follows):
+   * no durable event is missed or repeated. See {@link WatchStream}.
+   */
+  watch(session: SessionLike, options: WatchOptions = {}): WatchStream {
+    return new WatchStream(this, this.ref(session), options);
+  }
+
+  /**
+   * Serves `tools` to the agents of this client's tenant (`client:NAME` in an agent's `tools`) until
+   * `close()`. See {@link ToolServer}.
+   */
+  serveTools(tools: Tools, options: ToolServerOptions = {}): ToolServer {
+    return new ToolServer(this, tools, options);
+  }
+}

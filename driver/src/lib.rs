@@ -38,6 +38,7 @@ pub mod effect;
 mod goals;
 mod limits;
 mod recovery;
+mod tool_calls;
 mod turn;
 
 use std::collections::VecDeque;

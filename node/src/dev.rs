@@ -19,11 +19,8 @@ use crate::role::Serving;
 use crate::security::{AuthOptions, AuthWatch, ServerSecurity, auth_line};
 use crate::{NodeError, agents, gateway_config, replicas, worker_config};
 
-/// `--listen` when it is not given.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
-
-/// The URL clients reach a dev server or gateway on [`DEFAULT_LISTEN`] at: client commands' default `--addr`.
-pub const DEFAULT_URL: &str = "http://127.0.0.1:7400";
+/// `--listen` and the URL clients reach it at when it is not given: a gateway's, whose API `dev` serves.
+pub use crate::gateway::{DEFAULT_LISTEN, DEFAULT_URL};
 
 /// How a dev server is started.
 #[derive(Clone, Debug)]

@@ -19,6 +19,12 @@ use crate::security::{AuthOptions, AuthWatch, ServerSecurity, auth_line};
 use crate::tls::ClusterTls;
 use crate::{NodeError, cluster_router, gateway_config};
 
+/// `--listen` of a gateway (and of `dev`) when it is not given.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
+
+/// The URL clients reach a dev server or gateway on [`DEFAULT_LISTEN`] at: client commands' default `--addr`.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:7400";
+
 /// How a gateway is started.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -34,12 +40,7 @@ pub struct Options {
 impl Options {
     /// A gateway on the cluster at `nats` with every other option at its default.
     pub fn new(nats: NatsOptions) -> Self {
-        Self {
-            serving: Serving::new(crate::dev::DEFAULT_LISTEN),
-            nats,
-            auth: AuthOptions::default(),
-            cluster_tls: None,
-        }
+        Self { serving: Serving::new(DEFAULT_LISTEN), nats, auth: AuthOptions::default(), cluster_tls: None }
     }
 }
 

@@ -41,19 +41,24 @@ async fn deliver(client: &mut Client, preset: Preset, d: DeliverArgs) -> Result<
     client.print(&reply, &[("id", id.as_str().into())], |reply| client::accepted_line(&id, reply))
 }
 
+/// How a server role listens, from its flags (each role documents them in its own words).
+fn serving(
+    listen: String,
+    http: Option<String>,
+    ready_file: Option<std::path::PathBuf>,
+    tls: Option<turnstile_node::tls::ServerTls>,
+    config: turnstile_node::config::Loaded,
+) -> Serving {
+    Serving { listen, http, ready_file, tls, config }
+}
+
 /// `turnstile dev`: the node's dev role, the demo beside it, until Ctrl-C or SIGTERM.
 async fn run_dev(a: DevArgs) -> Result<()> {
     if a.demo && (a.auth.options().is_enabled() || a.tls.options().is_some()) {
         anyhow::bail!("--demo talks to the server without a token or TLS; drop --demo or the auth/TLS flags");
     }
     let flags = Overrides { partitions: a.partitions, replicas: a.replicas, ..Overrides::default() };
-    let serving = Serving {
-        listen: a.listen,
-        http: a.http,
-        ready_file: a.ready_file,
-        tls: a.tls.options(),
-        config: a.config.load(&flags)?,
-    };
+    let serving = serving(a.listen, a.http, a.ready_file, a.tls.options(), a.config.load(&flags)?);
     let options = turnstile_node::dev::Options {
         serving,
         data_dir: a.data_dir,
@@ -84,13 +89,7 @@ fn completions(shell: clap_complete::Shell) -> Result<()> {
 /// `turnstile gateway`, until Ctrl-C or SIGTERM.
 async fn run_gateway(a: GatewayArgs) -> Result<()> {
     let flags = Overrides { route_deadline_ms: a.route_deadline_ms, ..a.layout.overrides() };
-    let serving = Serving {
-        listen: a.listen,
-        http: a.http,
-        ready_file: a.ready_file,
-        tls: a.tls.options(),
-        config: a.config.load(&flags)?,
-    };
+    let serving = serving(a.listen, a.http, a.ready_file, a.tls.options(), a.config.load(&flags)?);
     let options = turnstile_node::gateway::Options {
         serving,
         nats: a.nats_security.nats(a.layout.nats),
@@ -109,13 +108,7 @@ async fn run_worker(a: WorkerArgs) -> Result<()> {
         drain_timeout_ms: a.drain_timeout_ms,
         ..a.layout.overrides()
     };
-    let serving = Serving {
-        listen: a.listen,
-        http: a.http,
-        ready_file: a.ready_file,
-        tls: a.tls.options(),
-        config: a.config.load(&flags)?,
-    };
+    let serving = serving(a.listen, a.http, a.ready_file, a.tls.options(), a.config.load(&flags)?);
     let options = turnstile_node::worker::Options {
         serving,
         nats: a.nats_security.nats(a.layout.nats),

@@ -18,7 +18,8 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! //! use turnstile_agent::llm::anthropic::AnthropicProvider;
+//! use tokio_util::sync::CancellationToken;
+//! use turnstile_agent::llm::anthropic::AnthropicProvider;
 //! use turnstile_agent::llm::chat::{ChatMessage, ChatProvider, ChatRequest};
 //! use turnstile_agent::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
 //!

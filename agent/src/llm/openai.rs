@@ -16,7 +16,8 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! //! use turnstile_agent::llm::chat::{ChatMessage, ChatProvider, ChatRequest, StreamDelta};
+//! use tokio_util::sync::CancellationToken;
+//! use turnstile_agent::llm::chat::{ChatMessage, ChatProvider, ChatRequest, StreamDelta};
 //! use turnstile_agent::llm::endpoint::{ModelEndpoint, ProviderKind};
 //! use turnstile_agent::llm::openai::OpenAiProvider;
 //!

@@ -50,6 +50,10 @@ pub struct ClusterArgs {
     /// Sequential raw publish-acks on an R3 scratch stream before the load (0 skips), after 10% warm-up.
     #[arg(long, default_value_t = 500)]
     raw_rounds: usize,
+    /// Rounds of a watcher dropped mid-reply on gateway 0 and resumed on gateway 1, after the load (0
+    /// skips; needs 2 gateways).
+    #[arg(long, default_value_t = 100)]
+    resume_rounds: usize,
     /// The followup text (the scripted model answers `echo: <text>` at once).
     #[arg(long, default_value = "hello")]
     text: String,
@@ -103,6 +107,10 @@ pub struct ClusterReport {
     pub cluster_cores_busy: f64,
     pub processes: Vec<ProcessCpu>,
     pub throughput: ThroughputReport,
+    /// A watcher dropped mid-reply on one gateway resumes on the other (SPEC §14), after the load.
+    pub cluster_resume_first_delta_p50_ms: Option<f64>,
+    pub cluster_resume_first_delta_p99_ms: Option<f64>,
+    pub resume: Option<crate::resume::ResumeReport>,
 }
 
 pub async fn run(args: ClusterArgs) -> Result<()> {
@@ -202,6 +210,18 @@ async fn measure(cluster: &Cluster, args: &ClusterArgs, turnstile_bin: String) -
         );
     }
     let total_cpu: f64 = rows.iter().map(|r| r.cpu_s).sum();
+    // After the CPU window: the resume rounds are not part of the per-followup CPU.
+    let resume = if args.resume_rounds > 0 && urls.len() > 1 {
+        let opts = crate::resume::ResumeOpts {
+            rounds: args.resume_rounds,
+            warmup: (args.resume_rounds / 10).max(1),
+            delay_ms: crate::resume::DEFAULT_DELAY_MS,
+        };
+        eprintln!("cluster resume: {} rounds across gateways ...", opts.rounds);
+        Some(crate::resume::run(&urls[0], &urls[1], &run_id, &opts).await?)
+    } else {
+        None
+    };
     let cpu = CpuPer1k {
         per_process: rows.iter().map(|r| (r.name.clone(), r.cpu_s_per_1k_followups)).collect(),
         per_role,
@@ -228,6 +248,9 @@ async fn measure(cluster: &Cluster, args: &ClusterArgs, turnstile_bin: String) -
         cluster_cores_busy: if window > 0.0 { total_cpu / window } else { 0.0 },
         processes: rows,
         throughput,
+        cluster_resume_first_delta_p50_ms: resume.as_ref().map(|r| r.first_resumed_delta.p50_ms),
+        cluster_resume_first_delta_p99_ms: resume.as_ref().map(|r| r.first_resumed_delta.p99_ms),
+        resume,
     })
 }
 
@@ -328,6 +351,15 @@ fn markdown(r: &ClusterReport) -> String {
     }
     let _ = writeln!(out, "| all | cluster | | {:.3} |", c.total);
     let _ = writeln!(out, "| bench | load clients | | {:.3} |\n", c.bench_clients);
+    if let Some(resume) = &r.resume {
+        let (d, c) = (&resume.first_resumed_delta, &resume.caught_up);
+        let _ = writeln!(
+            out,
+            "A watcher dropped mid-reply on gateway 0 resumes on gateway 1 ({} rounds, a {} ms reply): first resumed \
+             delta p50 {:.3} ms, p99 {:.3} ms; caught_up p50 {:.3} ms\n",
+            resume.rounds, resume.delay_ms, d.p50_ms, d.p99_ms, c.p50_ms
+        );
+    }
     out
 }
 

@@ -35,6 +35,7 @@ mod latency;
 mod model;
 mod raw;
 mod reads;
+mod resume;
 mod servers;
 mod stats;
 mod steer;
@@ -141,6 +142,10 @@ struct Args {
     /// skips it.
     #[arg(long, default_value_t = 200)]
     steer_rounds: usize,
+    /// Rounds of the resume phase (a watcher dropped mid-reply reconnects with its offsets → its first
+    /// resumed delta; SPEC §14); 0 skips it. The cluster phase runs it across its two gateways too.
+    #[arg(long, default_value_t = 100)]
+    resume_rounds: usize,
     /// Seconds of load of the cluster phase (`turnstile-bench cluster`: 3 nats-servers with R3 streams,
     /// 3 workers and 2 gateways of `TURNSTILE_BIN`, `--clients` over `--sessions`); 0 skips the phase.
     #[arg(long, default_value_t = 15.0)]
@@ -226,6 +231,14 @@ struct Summary {
     /// (`steer` phase; see its module for exactly what is timed).
     steer_to_message_p50_ms: Option<f64>,
     steer_to_message_p99_ms: Option<f64>,
+    /// A watcher dropped mid-reply reconnects with its seq and offsets → its first resumed delta, p50 /
+    /// p99, on `dev` (`resume` phase); its anchor, the same Watch's `caught_up`.
+    resume_first_delta_p50_ms: Option<f64>,
+    resume_first_delta_p99_ms: Option<f64>,
+    resume_caught_up_p50_ms: Option<f64>,
+    /// The same through the cluster's other gateway (`cluster` phase).
+    cluster_resume_first_delta_p50_ms: Option<f64>,
+    cluster_resume_first_delta_p99_ms: Option<f64>,
     /// Sustained followups/s through both gateways of the cluster (`cluster` phase); its anchor is
     /// `followups_per_s` (one `dev` process on one nats-server).
     cluster_followups_per_s: Option<f64>,
@@ -259,6 +272,7 @@ struct Report {
     /// `turnstile-bench failover --json`, run as a child process.
     failover: Option<serde_json::Value>,
     steer: Option<steer::SteerReport>,
+    resume: Option<resume::ResumeReport>,
     /// `turnstile-bench cluster --json`, run as a child process.
     cluster: Option<serde_json::Value>,
 }
@@ -299,6 +313,11 @@ impl Summary {
             watch_fanout_one_watcher_p50_ms: phases.fanout.as_ref().map(|f| f.delta_one_watcher.p50_ms),
             steer_to_message_p50_ms: phases.steer.as_ref().map(|s| s.steer_to_message.p50_ms),
             steer_to_message_p99_ms: phases.steer.as_ref().map(|s| s.steer_to_message.p99_ms),
+            resume_first_delta_p50_ms: phases.resume.as_ref().map(|r| r.first_resumed_delta.p50_ms),
+            resume_first_delta_p99_ms: phases.resume.as_ref().map(|r| r.first_resumed_delta.p99_ms),
+            resume_caught_up_p50_ms: phases.resume.as_ref().map(|r| r.caught_up.p50_ms),
+            cluster_resume_first_delta_p50_ms: cluster_f64("cluster_resume_first_delta_p50_ms"),
+            cluster_resume_first_delta_p99_ms: cluster_f64("cluster_resume_first_delta_p99_ms"),
             cluster_followups_per_s,
             cluster_to_single_node_followups: ratio(cluster_followups_per_s, followups_per_s),
             cluster_followup_p50_ms: cluster_f64("cluster_followup_p50_ms"),
@@ -325,6 +344,7 @@ struct Phases {
     reads: Option<serde_json::Value>,
     failover: Option<serde_json::Value>,
     steer: Option<steer::SteerReport>,
+    resume: Option<resume::ResumeReport>,
     cluster: Option<serde_json::Value>,
 }
 
@@ -425,6 +445,7 @@ async fn main() -> Result<()> {
         reads: phases.reads,
         failover: phases.failover,
         steer: phases.steer,
+        resume: phases.resume,
         cluster: phases.cluster,
     };
     if args.json {
@@ -462,6 +483,17 @@ async fn measure(
             steer::SteerOpts { rounds: args.steer_rounds, warmup: (args.steer_rounds / 10).max(1), sleep_ms: 20 };
         eprintln!("steer: {} rounds + {} warm-up ...", opts.rounds, opts.warmup);
         Some(steer::run(&dev.url(), run_id, &opts).await?)
+    } else {
+        None
+    };
+    let resume = if args.resume_rounds > 0 {
+        let opts = resume::ResumeOpts {
+            rounds: args.resume_rounds,
+            warmup: (args.resume_rounds / 10).max(1),
+            delay_ms: resume::DEFAULT_DELAY_MS,
+        };
+        eprintln!("resume: {} rounds + {} warm-up ...", opts.rounds, opts.warmup);
+        Some(resume::run(&dev.url(), &dev.url(), run_id, &opts).await?)
     } else {
         None
     };
@@ -539,6 +571,7 @@ async fn measure(
         reads: None,
         failover: None,
         steer,
+        resume,
         cluster: None,
     })
 }
@@ -647,6 +680,27 @@ fn markdown(report: &Report, args: &Args) -> String {
                 writeln!(out, "As many fresh sessions again, idle: RSS {rss} bytes, {per:.0} bytes per session more\n");
         }
     }
+    if let Some(r) = &report.resume {
+        let _ = writeln!(
+            out,
+            "### A watcher dropped mid-reply resumes with its offsets ({} rounds, a {} ms reply, {})\n",
+            r.rounds,
+            r.delay_ms,
+            if r.across_gateways { "through the other gateway" } else { "through the same gateway" }
+        );
+        let _ = writeln!(out, "| measured | p50 | p90 | p99 | max |");
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|");
+        for (name, p) in
+            [("new Watch → first resumed delta", &r.first_resumed_delta), ("new Watch → caught_up", &r.caught_up)]
+        {
+            let _ = writeln!(
+                out,
+                "| {name} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms |",
+                p.p50_ms, p.p90_ms, p.p99_ms, p.max_ms
+            );
+        }
+        let _ = writeln!(out);
+    }
     if let Some(st) = &report.steer {
         let _ = writeln!(
             out,
@@ -749,6 +803,16 @@ fn markdown(report: &Report, args: &Args) -> String {
         "| steer: max(ack, step end) → its user/message p50 ms | {} (p99 {}) | | |",
         f(sum.steer_to_message_p50_ms),
         f(sum.steer_to_message_p99_ms)
+    );
+    let _ = writeln!(
+        out,
+        "| resume: watcher dropped mid-reply → first resumed delta p50 ms, dev / cluster (other gateway) | {} (p99 \
+         {}) / {} (p99 {}) | caught-up {} | |",
+        f(sum.resume_first_delta_p50_ms),
+        f(sum.resume_first_delta_p99_ms),
+        f(sum.cluster_resume_first_delta_p50_ms),
+        f(sum.cluster_resume_first_delta_p99_ms),
+        f(sum.resume_caught_up_p50_ms)
     );
     let _ = writeln!(
         out,

@@ -530,6 +530,10 @@ pub(crate) struct WatchArgs {
     /// the next durable `agent/status idle` that `WhenIdle` confirms.
     #[arg(long)]
     pub(crate) until_idle: bool,
+    /// How long to keep reopening a lost stream (a gateway restart, a dropped connection), in ms; a reply
+    /// that was streaming goes on from the byte it stopped at. 0: exit when the stream breaks.
+    #[arg(long, default_value_t = 30_000)]
+    pub(crate) reconnect_ms: u64,
 }
 
 mod values;

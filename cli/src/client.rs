@@ -1,9 +1,6 @@
 //! Client commands over the public gRPC API.
 
-use std::io::Write;
-
 use anyhow::{Context, Result, bail};
-use futures::StreamExt;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
@@ -14,7 +11,7 @@ use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_client::AgentClient;
 
-use crate::render::{self, Renderer};
+use crate::render;
 
 /// Sends `authorization: Bearer <token>` on every call when a token is set.
 #[derive(Clone, Debug)]
@@ -205,88 +202,6 @@ pub async fn wait_idle(client: &mut Client, id: &str, timeout_ms: u64) -> Result
     let info =
         client.api.when_idle(pb::WhenIdleRequest { session: Some(client.session(id)), timeout_ms }).await?.into_inner();
     client.print(&info, &[], |info| format!("idle seq={} turn={}", info.last_seq, info.last_turn))
-}
-
-/// What `watch` does.
-#[derive(Clone, Debug)]
-pub struct WatchOpts {
-    pub after: u64,
-    pub live: bool,
-    /// Stop once the session is idle after catching up.
-    pub until_idle: bool,
-}
-
-/// Streams a session's events to `out` until the stream ends (or, with `until_idle`, the session is idle).
-/// Calls `on_seq` with each durable seq written.
-pub async fn watch(
-    client: &mut Client,
-    id: &str,
-    opts: &WatchOpts,
-    out: &mut (dyn Write + Send),
-    mut on_seq: impl FnMut(u64) + Send,
-) -> Result<()> {
-    let request =
-        pb::WatchRequest { session: Some(client.session(id)), after_seq: opts.after, live: opts.live, resume: None };
-    let mut stream = client.api.watch(request).await?.into_inner();
-    // `out` is stdout for every caller (`watch`, the demo).
-    let mut renderer = Renderer::with_color(render::stdout_color());
-    let mut caught_up = false;
-    let mut last_seq = 0;
-    while let Some(item) = stream.next().await {
-        let item = item?;
-        // `--json`: the item as the server sent it, in the protobuf JSON mapping.
-        let json = if client.json { Some(format!("{}\n", crate::json::line(&item)?)) } else { None };
-        let mut idle_now = false;
-        let text = match item.item {
-            Some(pb::watch_item::Item::Event(e)) => {
-                let e = codec::decode_session_event(e).context("the server sent an invalid event")?;
-                on_seq(e.seq);
-                last_seq = e.seq;
-                idle_now = caught_up && matches!(e.payload, turnstile_model::EventPayload::Status(Status::Idle));
-                json.unwrap_or_else(|| renderer.event(&e))
-            }
-            Some(pb::watch_item::Item::Live(l)) => {
-                let l = codec::decode_live_event(l).context("the server sent an invalid live event")?;
-                json.unwrap_or_else(|| renderer.live(&l))
-            }
-            Some(pb::watch_item::Item::CaughtUp(c)) => {
-                caught_up = true;
-                let status = codec::decode_status(c.status).context("the server sent an invalid status")?;
-                let (_, inbox) = codec::decode_inbox_snapshot(c.inbox.unwrap_or_default())
-                    .context("the server sent an invalid inbox")?;
-                on_seq(c.seq);
-                last_seq = c.seq;
-                // Already idle: there is nothing to wait for (a turn that finished before we connected is in
-                // the history above).
-                idle_now = status == Status::Idle;
-                json.unwrap_or_else(|| renderer.caught_up(c.seq, status, &inbox))
-            }
-            None => continue,
-        };
-        out.write_all(text.as_bytes())?;
-        out.flush()?;
-        if opts.until_idle && idle_now && settled(client, id, last_seq).await? {
-            break;
-        }
-    }
-    out.write_all(renderer.finish().as_bytes())?;
-    out.flush()?;
-    Ok(())
-}
-
-/// An idle seen at `seq` is final when `WhenIdle` (idle *and* no latched wake, SPEC §4) answers with
-/// that same seq; a latched wake restarts the driver and the watch goes on to the next idle.
-async fn settled(client: &Client, id: &str, seq: u64) -> Result<bool> {
-    let mut api = client.api.clone();
-    let info = api.when_idle(pb::WhenIdleRequest { session: Some(client.session(id)), timeout_ms: 0 }).await;
-    match info {
-        Ok(info) => Ok(info.into_inner().last_seq <= seq),
-        // Still busy after the server's default wait: keep watching for the next idle.
-        Err(status) if status.code() == tonic::Code::DeadlineExceeded => Ok(false),
-        // A session with no events yet is as idle as it gets.
-        Err(status) if status.code() == tonic::Code::NotFound => Ok(true),
-        Err(status) => Err(status.into()),
-    }
 }
 
 /// The arguments a delivery command shares.

@@ -6,7 +6,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use tokio::sync::watch;
 
-use crate::client::{self, Client, Delivery, Preset, WatchOpts};
+use crate::client::{self, Client, Delivery, Preset};
+use crate::watch::WatchOpts;
 
 const SESSION: &str = "demo";
 
@@ -36,9 +37,9 @@ pub async fn run(url: &str) -> Result<()> {
     let (seen_tx, mut seen) = watch::channel(0u64);
     let mut watcher = client.clone();
     let printer = tokio::spawn(async move {
-        let opts = WatchOpts { after: 0, live: true, until_idle: false };
+        let opts = WatchOpts { after: 0, live: true, until_idle: false, reconnect_for: Duration::from_secs(30) };
         let mut out = std::io::stdout();
-        client::watch(&mut watcher, SESSION, &opts, &mut out, |seq| {
+        crate::watch::watch(&mut watcher, SESSION, &opts, &mut out, |seq| {
             seen_tx.send_replace(seq);
         })
         .await

@@ -9,6 +9,7 @@ mod demo;
 mod json;
 mod render;
 mod security;
+mod watch;
 
 use std::process::ExitCode;
 
@@ -20,7 +21,8 @@ use turnstile_node::role::Serving;
 use turnstile_node::signal::shutdown_signal;
 
 use crate::args::{Cli, Cmd, DeliverArgs, DevArgs, GatewayArgs, GoalCmd, WorkerArgs};
-use crate::client::{Client, Preset, WatchOpts};
+use crate::client::{Client, Preset};
+use crate::watch::WatchOpts;
 
 /// The address client commands use by default: a `turnstile dev` or gateway on its default `--listen`.
 pub const DEFAULT_ADDR: &str = turnstile_node::dev::DEFAULT_URL;
@@ -175,9 +177,14 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::WaitIdle(a) => client::wait_idle(c, &a.session, a.timeout_ms).await,
         Cmd::Chat(a) => chat::run(c, &a.session).await,
         Cmd::Watch(a) => {
-            let opts = WatchOpts { after: a.after, live: !a.no_live, until_idle: a.until_idle };
+            let opts = WatchOpts {
+                after: a.after,
+                live: !a.no_live,
+                until_idle: a.until_idle,
+                reconnect_for: std::time::Duration::from_millis(a.reconnect_ms),
+            };
             let mut out = std::io::stdout();
-            client::watch(c, &a.session, &opts, &mut out, |_| {}).await
+            watch::watch(c, &a.session, &opts, &mut out, |_| {}).await
         }
         Cmd::Delete(a) => client::delete(c, &a.session).await,
     }

@@ -282,8 +282,10 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
     let backoff = 250;
     while (!stop.signal.aborted) {
       try {
-        // From the last seq seen: a reconnect misses nothing and repeats nothing.
-        for await (const item of api.watch({ session: sessionRef(id), afterSeq: view.lastSeq, live: true }, { signal: stop.signal })) {
+        // From the last seq seen and the streaming reply's bytes shown: a reconnect misses nothing and
+        // repeats nothing (SPEC §14).
+        const request = { session: sessionRef(id), afterSeq: view.lastSeq, live: true, resume: view.resume() };
+        for await (const item of api.watch(request, { signal: stop.signal })) {
           const before = view.status;
           view.apply(item);
           if (view.status !== before || item.item.case === "caughtUp") void refreshInfo();

@@ -2,7 +2,10 @@
 // with their steps, each step's entered messages, streamed and final assistant text, reasoning and tool
 // calls with their decisions and results; the inbox (by the SPEC §3 projection of the durable splices);
 // status, goal and pending approvals. Durable events are the truth; live deltas only fill a step until
-// its durable `assistant/message` replaces them.
+// its durable `assistant/message` replaces them. Deltas are placed by their byte offset in the step's
+// output (SPEC §14), keyed by turn/step whether or not the step's start was seen: a page reloaded mid-reply
+// gets the output so far right after `caught_up`, a repeated byte is shown once, and a reopened Watch asks
+// for the bytes after those shown (`resume`).
 
 import type { WatchItem } from "../gen/turnstile/v1/agent_pb";
 import { SessionStatus, Target, type SessionEvent, type TurnEndReason, type UserMessage } from "../gen/turnstile/v1/events_pb";
@@ -32,10 +35,13 @@ export interface Step {
   turn: bigint;
   step: number;
   messages: UserMessage[];
-  /// Live text and reasoning, until the durable assistant/message arrives.
+  /// Live text and reasoning, until the durable assistant/message arrives, and their UTF-8 byte lengths
+  /// (the offset the next delta of each continues at).
   streamed: string;
   streamedReasoning: string;
-  /// How many live `assistant/delta`s this step received before its durable message.
+  streamedBytes: number;
+  streamedReasoningBytes: number;
+  /// How many live `assistant/delta`s added to this step's text or reasoning before its durable message.
   deltas: number;
   text?: string;
   reasoning?: string;
@@ -74,6 +80,8 @@ export class SessionView {
   agent?: string;
   /// The parent session of a `spawn_agent` child (SPEC §13), from its `session/configured`.
   parent?: string;
+  /// The step whose deltas came last, until its output is durable: what a reopened Watch resumes.
+  private streaming?: Step;
   /// Which parts changed since the last render.
   dirty = { header: true, inbox: true, turns: new Set<bigint>(), order: true, approvals: true };
 
@@ -97,13 +105,22 @@ export class SessionView {
       case "live": {
         const p = it.value.payload;
         if (p.case === "assistantDelta") {
-          const s = this.step(p.value.turn, p.value.step);
-          if (s.text === undefined) {
-            if (p.value.reasoning) s.streamedReasoning += p.value.text;
-            else s.streamed += p.value.text;
-            s.deltas++;
-            this.dirty.turns.add(s.turn);
+          const d = p.value;
+          const s = this.step(d.turn, d.step);
+          if (s.text !== undefined) break;
+          const placed = place(d.reasoning ? s.streamedReasoningBytes : s.streamedBytes, Number(d.offset), d.text);
+          if (!placed) break;
+          const [text, bytes] = placed;
+          if (d.reasoning) {
+            s.streamedReasoning += text;
+            s.streamedReasoningBytes += bytes;
+          } else {
+            s.streamed += text;
+            s.streamedBytes += bytes;
           }
+          s.deltas++;
+          this.streaming = s;
+          this.dirty.turns.add(s.turn);
         } else if (p.case === "error") {
           this.turn(p.value.turn).errors.push(p.value.message);
           this.dirty.turns.add(p.value.turn);
@@ -114,6 +131,14 @@ export class SessionView {
         break;
       }
     }
+  }
+
+  /// What a reopened Watch asks for of the step that streams (`WatchRequest.resume`): the bytes after
+  /// those shown. None once the step's message, its end or its turn's end arrived.
+  resume(): { turn: bigint; step: number; textOffset: bigint; reasoningOffset: bigint } | undefined {
+    const s = this.streaming;
+    if (!s || s.text !== undefined || s.ended || this.turns.get(s.turn)?.end !== undefined) return undefined;
+    return { turn: s.turn, step: s.step, textOffset: BigInt(s.streamedBytes), reasoningOffset: BigInt(s.streamedReasoningBytes) };
   }
 
   /// Calls awaiting a decision: written awaiting approval, not yet decided or ended.
@@ -233,7 +258,10 @@ export class SessionView {
     const t = this.turn(turn);
     let s = t.steps.get(step);
     if (!s) {
-      s = { key: `${turn}.${step}`, turn, step, messages: [], streamed: "", streamedReasoning: "", deltas: 0, interrupted: false, maxTokens: false, tools: new Map(), ended: false, reasoningOpen: false };
+      s = {
+        key: `${turn}.${step}`, turn, step, messages: [], streamed: "", streamedReasoning: "", streamedBytes: 0, streamedReasoningBytes: 0,
+        deltas: 0, interrupted: false, maxTokens: false, tools: new Map(), ended: false, reasoningOpen: false,
+      };
       t.steps.set(step, s);
     }
     return s;
@@ -244,6 +272,19 @@ export class SessionView {
     this.order.push({ note: { seq, text: body } });
     this.dirty.order = true;
   }
+}
+
+const utf8 = new TextEncoder();
+const fromUtf8 = new TextDecoder();
+
+/// A delta of `text` at byte `offset` of an output of which `have` bytes are shown: the text to add and its
+/// byte length, or nothing when it only repeats bytes shown or would leave a hole (bytes this page never
+/// got, which only the step's durable message can bring).
+export function place(have: number, offset: number, text: string): [string, number] | undefined {
+  if (offset > have) return undefined;
+  const bytes = utf8.encode(text);
+  if (offset + bytes.length <= have) return undefined;
+  return offset === have ? [text, bytes.length] : [fromUtf8.decode(bytes.subarray(have - offset)), offset + bytes.length - have];
 }
 
 /// `completed`, `blocked: why`, `max-tokens`, `aborted{user}`, `error: message`, `interrupted`.

@@ -44,6 +44,7 @@ pub mod otlp;
 pub mod pki;
 pub mod ports;
 pub mod process;
+pub mod proxy;
 pub mod served;
 pub mod session;
 pub mod tool_executor;

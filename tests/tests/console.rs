@@ -3,7 +3,8 @@
 //! `console/test/browser.mjs` driving the page as a person would: the token field, the sessions list, a
 //! streamed followup, queue / replace / remove in the inbox, cancel of a running turn, approve of a
 //! waiting call, and a screenshot under `target/console/`. Then the session's log, read over gRPC with the
-//! same token, must hold exactly what the page did.
+//! same token, must hold exactly what the page did. And a streaming reply across a page reload and a
+//! dropped connection (SPEC §14, `console/test/resume.mjs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -31,14 +32,31 @@ fn authed<T>(message: T) -> Request<T> {
     request
 }
 
+/// The JSON summary a browser script prints as its last stdout line, once it exited 0 (else a failure with
+/// its output and both logs).
+fn summary_of(script: &str, out: &std::process::Output, browser: &Chromium, server: &DevServer) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{script} failed ({}):\n{stdout}\n{stderr}\n--- chromium log:\n{}\n--- turnstile log:\n{}",
+        out.status,
+        browser.log_tail(),
+        server.log_tail()
+    );
+    eprintln!("{stdout}");
+    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+}
+
 fn named(id: &str) -> Option<SessionRef> {
     Some(SessionRef { tenant: String::new(), id: id.into() })
 }
 
-/// The session's whole log, as any client reads it.
-async fn log_of(client: &mut AgentClient<Channel>, id: &str) -> Vec<SessionEvent> {
+/// The session's whole log, as any client reads it (with the test's token, or none when auth is off).
+async fn log_of(client: &mut AgentClient<Channel>, id: &str, auth: bool) -> Vec<SessionEvent> {
     let req = WatchRequest { session: named(id), after_seq: 0, live: false, resume: None };
-    let mut stream = client.watch(authed(req)).await.unwrap().into_inner();
+    let req = if auth { authed(req) } else { Request::new(req) };
+    let mut stream = client.watch(req).await.unwrap().into_inner();
     let mut events = Vec::new();
     while let Some(item) = stream.message().await.unwrap() {
         match item.item {
@@ -85,22 +103,12 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
     ];
     let env = env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
     let out = run_script("browser.mjs", env, Duration::from_secs(150)).await.unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "browser.mjs failed ({}):\n{stdout}\n{stderr}\n--- chromium log:\n{}\n--- turnstile log:\n{}",
-        out.status,
-        browser.log_tail(),
-        server.log_tail()
-    );
-    eprintln!("{stdout}");
-    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let summary = summary_of("browser.mjs", &out, &browser, &server);
     let png = std::fs::read(&screenshot).unwrap();
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000, "{} is no screenshot", screenshot.display());
 
     // The log holds what the page did, in order.
-    let events = log_of(&mut client, &session).await;
+    let events = log_of(&mut client, &session, true).await;
     let entered: Vec<(String, String)> = events
         .iter()
         .filter_map(|e| match &e.payload {
@@ -172,4 +180,51 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
         _ => None,
     });
     assert_eq!(result.as_deref(), Some("approved in the browser"));
+}
+
+/// SPEC §14 in the browser: a page reloaded mid-reply shows the reply's partial text at once (the output
+/// so far comes right after caught_up) and keeps streaming; a dropped connection (the script's proxy cuts
+/// the page's connections) reopens the Watch from the bytes the page shows. Every text the step showed is a
+/// prefix of the durable reply: nothing repeated, nothing skipped.
+#[tokio::test]
+async fn the_console_keeps_a_streaming_reply_across_a_reload_and_a_dropped_connection() {
+    let server = DevServer::start().await.unwrap();
+    let mut client = server.client();
+    let browser = Chromium::start().await.unwrap();
+    let session = format!("resume-{}", uuid::Uuid::new_v4());
+    let http = server.http_addr().expect("dev serves --http");
+    let env = [
+        ("CDP_ENDPOINT", browser.ws_endpoint().to_owned()),
+        ("CONSOLE_URL", format!("http://{http}/")),
+        ("SESSION_ID", session.clone()),
+    ];
+    let env = env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    let out = run_script("resume.mjs", env, Duration::from_secs(90)).await.unwrap();
+    let summary = summary_of("resume.mjs", &out, &browser, &server);
+    let text = |key: &str| summary[key].as_str().unwrap_or_else(|| panic!("{key} in {summary}")).to_owned();
+
+    let events = log_of(&mut client, &session, false).await;
+    let reply = events
+        .iter()
+        .find_map(|e| match &e.payload {
+            Some(Payload::AssistantMessage(a)) if a.turn == 1 => Some(a.text.clone()),
+            _ => None,
+        })
+        .expect("the reply's assistant/message");
+    assert_eq!(text("replyText"), reply, "the page shows the durable reply");
+    let (before_reload, after_reload) = (text("beforeReload"), text("afterReload"));
+    assert!(
+        after_reload.starts_with(&before_reload) && reply.starts_with(&after_reload),
+        "the reloaded page showed the partial text at once: {before_reload:?} before the reload, \
+         {after_reload:?} first after it; the reply is {reply:?}"
+    );
+    let (before_cut, after_cut) = (text("beforeCut"), text("afterCut"));
+    assert!(after_cut.len() > before_cut.len() && after_cut.starts_with(&before_cut), "{summary}");
+    assert_eq!(summary["reconnected"], true, "the page's Watch reopened over a new connection: {summary}");
+    let shown = summary["shown"].as_array().expect("the states the reply was shown in");
+    assert!(shown.len() >= 3, "the reply streamed in after the reload: {summary}");
+    for state in shown {
+        let t = state["text"].as_str().unwrap();
+        assert!(reply.starts_with(t), "the page showed {t:?}, which is not a prefix of the reply {reply:?}");
+    }
 }

@@ -65,6 +65,13 @@ async fn python_watch_resumes_across_a_restarted_gateway() {
     run_module("test_watch_resume").await;
 }
 
+/// `watch()` through a proxy that drops the connection mid-reply reopens the stream with the streaming
+/// step's offsets (SPEC §14): the deltas the caller saw are the reply, each byte once, on both journals.
+#[tokio::test]
+async fn python_watch_resumes_a_streaming_reply_across_a_dropped_connection() {
+    run_module("test_stream_resume").await;
+}
+
 /// grpcio-reflection's v1alpha client lists `turnstile.v1.Agent`.
 #[tokio::test]
 async fn python_grpcio_reflection_v1alpha_lists_the_agent() {

@@ -84,9 +84,78 @@ async fn a_resumed_watch_gets_only_what_its_client_lacks(backend: Backend) {
     assert_eq!(got + &rest, text, "both streams together are the reply, each byte once");
 }
 
+/// `turnstile watch` whose connection is cut mid-reply reopens its stream with its seq and offsets: its
+/// output shows the reply once, on one delta line, exactly as an unbroken watch would, and stderr says it
+/// reconnected.
+async fn the_cli_watch_reopens_a_lost_stream_and_goes_on_mid_reply(backend: Backend) {
+    use std::sync::{Arc, Mutex};
+    use tokio::io::AsyncReadExt;
+
+    let server = backend.start_dev().await.unwrap();
+    let s = server.session();
+    let proxy = turnstile_tests::proxy::CutProxy::start(server.addr()).await.unwrap();
+    let bin = tokio::task::spawn_blocking(turnstile_tests::binary::turnstile_bin).await.unwrap().unwrap();
+    let mut cli = tokio::process::Command::new(bin)
+        .args(["watch", &s.reference().id, "--addr", &proxy.url(), "--tenant", &s.reference().tenant])
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = Arc::new(Mutex::new(String::new()));
+    let mut pipe = cli.stdout.take().unwrap();
+    let sink = Arc::clone(&stdout);
+    let reader = tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf).await
+            && n > 0
+        {
+            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let shown = || stdout.lock().unwrap().clone();
+    let wait_for = |what: &'static str| async move {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !shown().contains(what) {
+            assert!(tokio::time::Instant::now() < deadline, "no {what:?} in the watch output:\n{}", shown());
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    // The watch's history of a new session is empty: it is caught up at once.
+    wait_for("== caught up at #0").await;
+    s.followup(user_msg("A", &slow(3000, 3))).await.unwrap();
+    wait_for("~").await;
+    wait_for("héllo").await;
+    assert!(proxy.cut() >= 1, "the watch's connection was open");
+
+    wait_for("turn/end 1").await;
+    cli.start_kill().unwrap();
+    cli.wait().await.unwrap();
+    reader.await.unwrap();
+    let mut stderr = String::new();
+    cli.stderr.take().unwrap().read_to_string(&mut stderr).await.unwrap();
+    assert!(stderr.contains("reopening after #"), "stderr: {stderr}");
+    let out = shown();
+    let text = s.replay(0).await.unwrap().0.into_iter().find_map(|e| match e.payload {
+        Some(turnstile_proto::v1::session_event::Payload::AssistantMessage(m)) => Some(m.text),
+        _ => None,
+    });
+    let text = text.expect("the reply");
+    let delta_lines: Vec<&str> = out.lines().filter(|l| l.starts_with('~') && l.contains("echo: ")).collect();
+    assert_eq!(delta_lines.len(), 1, "one delta line:\n{out}");
+    assert!(
+        delta_lines[0].trim_start_matches('~').trim_start() == text,
+        "{:?} is not the reply {text:?}",
+        delta_lines[0]
+    );
+    assert_eq!(out.matches("== caught up").count(), 1, "a reopened stream's marker is not shown:\n{out}");
+}
+
 turnstile_tests::backend_tests!(
     a_watcher_joining_mid_step_gets_the_output_so_far_then_the_rest,
-    a_resumed_watch_gets_only_what_its_client_lacks
+    a_resumed_watch_gets_only_what_its_client_lacks,
+    the_cli_watch_reopens_a_lost_stream_and_goes_on_mid_reply
 );
 
 /// The cluster (3 workers, 2 gateways): the `cluster::` prefix puts these in the test group that runs one

@@ -120,6 +120,16 @@ async fn typescript_client_retries_a_delivery_after_a_dropped_connection() {
     node_test(&["test/retry.test.mjs"], &[("TURNSTILE_ADDR", dev.addr().to_string())]).await;
 }
 
+/// `watch()` through a TCP proxy that drops the connection mid-reply reopens with the streaming step's
+/// offsets as `resume` (SPEC §14): the deltas seen are the reply, each byte once; a watch started `from` a
+/// saved position gets only the rest.
+#[tokio::test]
+async fn typescript_watch_resumes_a_streaming_reply_across_a_dropped_connection() {
+    build().await;
+    let dev = DevServer::start().await.unwrap();
+    node_test(&["test/stream-resume.test.mjs"], &[("TURNSTILE_ADDR", dev.addr().to_string())]).await;
+}
+
 /// `watch()` across a gateway of a local cluster (1 worker, 2 gateways) killed with SIGKILL and started
 /// again on a new port: the Node test drives the kill and the restart through a control port served here
 /// (one command per connection: `gateway G`, `kill-gateway G`, `restart-gateway G`; answers `ok [ADDR]`).

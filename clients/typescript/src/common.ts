@@ -38,4 +38,4 @@ export {
   ToolServer,
   type ToolServerOptions,
 } from "./tools.js";
-export { type WatchOptions, type WatchPosition, WatchStream } from "./watch.js";
+export { type StreamingPosition, type WatchOptions, type WatchPosition, WatchStream } from "./watch.js";

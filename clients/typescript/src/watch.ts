@@ -1,6 +1,6 @@
 // watch(): a Watch stream that resumes after a disconnect from the position it had reached (decision
-// 0056). Today the position is the last durable seq; SPEC §14's live positions (the streaming step's
-// byte offsets, sent as `WatchRequest.resume`) will join it in WatchPosition without changing this API.
+// 0056): the last durable seq, and the byte offsets reached in the output of the step that streams (SPEC
+// §14), sent as `WatchRequest.resume` so that a reply goes on where it stopped, each byte once.
 
 import { Code } from "@connectrpc/connect";
 import type { WatchItem } from "./gen/turnstile/v1/agent_pb.js";
@@ -14,6 +14,23 @@ import { NO_RETRY, Retries } from "./retry.js";
 export interface WatchPosition {
   /** The last durable seq received (of an `event` or a `caughtUp`); a reopened stream starts after it. */
   readonly afterSeq: bigint;
+  /**
+   * The step whose output was streaming and how much of it was received: the `offset` + UTF-8 byte length
+   * of the last `assistantDelta` of its text and of its reasoning. A reopened stream sends it as `resume`
+   * and gets only the bytes after it. Absent when no step streams (or once its durable `assistantMessage`,
+   * `stepEnd` or `turnEnd` arrived, which carries the whole text).
+   */
+  readonly streaming?: StreamingPosition;
+}
+
+/** A place in one step's output (SPEC §14): `WatchRequest.resume`. */
+export interface StreamingPosition {
+  readonly turn: bigint;
+  readonly step: number;
+  /** The next byte of the reply text the client needs. */
+  readonly textOffset: bigint;
+  /** The next byte of the reasoning the client needs (its own offset space). */
+  readonly reasoningOffset: bigint;
 }
 
 /** The options of `watch()`. */
@@ -24,7 +41,14 @@ export interface WatchOptions extends CallOptions {
   live?: boolean;
   /** `false`: a disconnect ends the stream with UNAVAILABLE instead of reopening it (default `true`). */
   resume?: boolean;
+  /**
+   * Start where another stream stood (its `position`, saved across a page reload, say): after its
+   * `afterSeq`, and with the rest of its streaming step only. Overrides `afterSeq`.
+   */
+  from?: WatchPosition;
 }
+
+const utf8 = new TextEncoder();
 
 /**
  * A session's Watch as an async iterator of `WatchItem`s: `for await (const item of client.watch(id))`.
@@ -33,14 +57,18 @@ export interface WatchOptions extends CallOptions {
  * live tail (`live` events and new `event`s); it never ends a Watch by itself. When the stream breaks
  * (UNAVAILABLE: a gateway stopping, killed or unreachable) it is opened again, at the address asked anew,
  * after {@link WatchStream.position}, with the client's retry policy (the deadline counted from the
- * disconnect), and a fresh `caughtUp` follows: no durable event is missed or repeated. Live events of the
- * gap are not replayed (they are not stored, SPEC §5).
+ * disconnect), and a fresh `caughtUp` follows: no durable event is missed or repeated. A reply that was
+ * streaming goes on from the byte offsets received (`position.streaming`, sent as `resume`): right after
+ * the `caughtUp` come the bytes the caller lacks, then the live rest, so the `assistantDelta`s of a step
+ * concatenate to its reply, each byte once, at contiguous offsets (SPEC §14). Other live events of the gap
+ * are not replayed (they are not stored, SPEC §5).
  *
  * Leaving a `for await` loop (`break`, `return`, a throw) closes the stream; so does {@link close} or the
  * `signal` option. Any other error ends the iteration with a {@link TurnstileError}.
  */
 export class WatchStream implements AsyncIterableIterator<WatchItem> {
   #afterSeq: bigint;
+  #streaming: StreamingPosition | undefined;
   #reopened = 0;
   readonly #abort = new AbortController();
   readonly #items: AsyncGenerator<WatchItem, undefined, undefined>;
@@ -51,7 +79,8 @@ export class WatchStream implements AsyncIterableIterator<WatchItem> {
     private readonly session: SessionRef,
     private readonly options: WatchOptions,
   ) {
-    this.#afterSeq = BigInt(options.afterSeq ?? 0);
+    this.#afterSeq = BigInt(options.from?.afterSeq ?? options.afterSeq ?? 0);
+    this.#streaming = options.from?.streaming;
     const outer = options.signal;
     if (outer) {
       if (outer.aborted) this.#abort.abort(outer.reason);
@@ -62,7 +91,7 @@ export class WatchStream implements AsyncIterableIterator<WatchItem> {
 
   /** What a reopened stream would start after. */
   get position(): WatchPosition {
-    return { afterSeq: this.#afterSeq };
+    return this.#streaming ? { afterSeq: this.#afterSeq, streaming: this.#streaming } : { afterSeq: this.#afterSeq };
   }
 
   /** How many times the stream was reopened after a disconnect. */
@@ -80,7 +109,12 @@ export class WatchStream implements AsyncIterableIterator<WatchItem> {
       let error: TurnstileError;
       try {
         const { agent } = await this.client.rpc();
-        const request = { session: this.session, afterSeq: this.#afterSeq, live: this.options.live ?? true };
+        const request = {
+          session: this.session,
+          afterSeq: this.#afterSeq,
+          live: this.options.live ?? true,
+          resume: this.#streaming,
+        };
         for await (const item of agent.watch(request, { signal, headers: this.client.headers() })) {
           this.#advance(item);
           retries.succeeded();
@@ -102,9 +136,31 @@ export class WatchStream implements AsyncIterableIterator<WatchItem> {
   }
 
   #advance(item: WatchItem): void {
-    const seq =
-      item.item.case === "event" ? item.item.value.seq : item.item.case === "caughtUp" ? item.item.value.seq : undefined;
+    const it = item.item;
+    const seq = it.case === "event" ? it.value.seq : it.case === "caughtUp" ? it.value.seq : undefined;
     if (seq !== undefined && seq > this.#afterSeq) this.#afterSeq = seq;
+    if (it.case === "live" && it.value.payload.case === "assistantDelta") {
+      const d = it.value.payload.value;
+      const at = this.#streaming;
+      const same = at !== undefined && at.turn === d.turn && at.step === d.step;
+      const end = d.offset + BigInt(utf8.encode(d.text).length);
+      const text = same ? at.textOffset : 0n;
+      const reasoning = same ? at.reasoningOffset : 0n;
+      this.#streaming = {
+        turn: d.turn,
+        step: d.step,
+        textOffset: !d.reasoning && end > text ? end : text,
+        reasoningOffset: d.reasoning && end > reasoning ? end : reasoning,
+      };
+    } else if (it.case === "event" && this.#streaming) {
+      // The step's durable message (or its end) holds the whole text: nothing of it to resume.
+      const at = this.#streaming;
+      const p = it.value.payload;
+      const ended =
+        ((p.case === "assistantMessage" || p.case === "stepEnd") && p.value.turn === at.turn && p.value.step === at.step) ||
+        (p.case === "turnEnd" && p.value.turn === at.turn);
+      if (ended) this.#streaming = undefined;
+    }
   }
 
   next(): Promise<IteratorResult<WatchItem, undefined>> {

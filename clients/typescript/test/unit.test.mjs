@@ -3,9 +3,14 @@
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
+import { create } from "@bufbuild/protobuf";
 import { ConnectError } from "@connectrpc/connect";
 import {
   Agent,
+  AssistantDeltaSchema,
+  AssistantMessageSchema,
+  SessionEventSchema,
+  WatchItemSchema,
   ClientBase,
   Code,
   newMessageId,
@@ -13,6 +18,7 @@ import {
   textOf,
   TurnstileClient,
   TurnstileError,
+  WatchStream,
 } from "../dist/index.js";
 import * as web from "../dist/browser.js";
 import { toTurnstileError } from "../dist/errors.js";
@@ -79,4 +85,57 @@ test("an aborted signal cancels a call and its retries", async () => {
   assert.ok(e instanceof TurnstileError);
   assert.equal(e.code, Code.Canceled);
   client.close();
+});
+
+/** @param {number} step @param {number} offset @param {string} text */
+const delta = (step, offset, text, reasoning = false) =>
+  create(WatchItemSchema, {
+    item: { case: "live", value: { payload: { case: "assistantDelta", value: create(AssistantDeltaSchema, { turn: 2n, step, offset: BigInt(offset), text, reasoning }) } } },
+  });
+
+test("a watch's position follows the streaming step's byte offsets and resumes with them", async () => {
+  // A fake connection: the first Watch sends a step's first deltas and breaks; the second is recorded.
+  /** @type {any[]} */
+  const requests = [];
+  const first = [
+    create(WatchItemSchema, { item: { case: "caughtUp", value: { seq: 5n } } }),
+    delta(1, 0, "hmm", true),
+    delta(1, 0, "é🎉"),
+    delta(1, 6, "!"),
+  ];
+  const message = create(SessionEventSchema, {
+    seq: 6n,
+    payload: { case: "assistantMessage", value: create(AssistantMessageSchema, { turn: 2n, step: 1, text: "é🎉!" }) },
+  });
+  const second = [create(WatchItemSchema, { item: { case: "caughtUp", value: { seq: 5n } } }), create(WatchItemSchema, { item: { case: "event", value: message } })];
+  const core = {
+    tenant: "t",
+    retryPolicy: { deadlineMs: 5_000, initialBackoffMs: 1, maxBackoffMs: 1 },
+    headers: () => new Headers(),
+    reconnect: async () => {},
+    rpc: async () => ({
+      agent: {
+        /** @param {any} request */
+        async *watch(request) {
+          requests.push(request);
+          yield* requests.length === 1 ? first : second;
+          if (requests.length === 1) throw new ConnectError("connection lost", Code.Unavailable);
+          await new Promise(() => {});
+        },
+      },
+    }),
+  };
+  const stream = new WatchStream(/** @type {any} */ (core), /** @type {any} */ ({ tenant: "t", id: "s" }), {});
+  for (let i = 0; i < first.length; i++) await stream.next();
+  assert.deepEqual(stream.position, { afterSeq: 5n, streaming: { turn: 2n, step: 1, textOffset: 7n, reasoningOffset: 3n } });
+  await stream.next(); // the reopened stream's caughtUp
+  assert.equal(stream.reopened, 1);
+  assert.deepEqual(requests[1].resume, { turn: 2n, step: 1, textOffset: 7n, reasoningOffset: 3n }, "sent as resume");
+  assert.equal(requests[1].afterSeq, 5n);
+  await stream.next(); // the step's message: nothing of it left to resume
+  assert.deepEqual(stream.position, { afterSeq: 6n });
+  await stream.close();
+  const resumed = new WatchStream(/** @type {any} */ (core), /** @type {any} */ ({ tenant: "t", id: "s" }), { from: { afterSeq: 4n, streaming: { turn: 2n, step: 1, textOffset: 7n, reasoningOffset: 3n } } });
+  assert.deepEqual(resumed.position.streaming?.textOffset, 7n, "from: a saved position");
+  await resumed.close();
 });

@@ -112,6 +112,45 @@ def text_of(message: ev.UserMessage) -> str:
     return "\n".join(b.text.text for b in message.content if b.WhichOneof("block") == "text")
 
 
+class _StreamingStep:
+    """Where a Watch stands in the output of the step that streams (SPEC §14): the next UTF-8 byte offset of
+    its reply text and of its reasoning, advanced by the deltas yielded to the caller. A reopened stream
+    sends it as ``resume``, so the server sends only the bytes after it; it is forgotten when the step's
+    durable ``assistant/message`` (or its end) arrives, which holds the whole text."""
+
+    def __init__(self) -> None:
+        self.at: tuple[int, int] | None = None
+        self.text = 0
+        self.reasoning = 0
+
+    def advance(self, item: api.WatchItem) -> None:
+        kind = item.WhichOneof("item")
+        if kind == "live" and item.live.WhichOneof("payload") == "assistant_delta":
+            d = item.live.assistant_delta
+            if self.at != (d.turn, d.step):
+                self.at, self.text, self.reasoning = (d.turn, d.step), 0, 0
+            end = d.offset + len(d.text.encode("utf-8"))
+            if d.reasoning:
+                self.reasoning = max(self.reasoning, end)
+            else:
+                self.text = max(self.text, end)
+        elif kind == "event" and self.at is not None:
+            e = item.event
+            payload = e.WhichOneof("payload")
+            if payload in ("assistant_message", "step_end"):
+                ended = getattr(e, payload)
+                if (ended.turn, ended.step) == self.at:
+                    self.at = None
+            elif payload == "turn_end" and e.turn_end.turn == self.at[0]:
+                self.at = None
+
+    def resume(self) -> api.StreamResume | None:
+        if self.at is None:
+            return None
+        turn, step = self.at
+        return api.StreamResume(turn=turn, step=step, text_offset=self.text, reasoning_offset=self.reasoning)
+
+
 class AsyncClient:
     """A client of one Turnstile deployment (a gateway or ``turnstile dev``), for asyncio.
 
@@ -434,14 +473,20 @@ class AsyncClient:
 
         After a disconnect (UNAVAILABLE: a gateway restarting or gone) the stream is opened again, at the
         address asked anew, from the last durable seq received, so no durable event is missed or repeated;
-        a resumed stream sends a fresh ``caught_up``. Live events of the gap are not replayed: they are not
-        stored (SPEC §5). Retries follow ``retry``; with ``resume=False`` a disconnect raises.
+        a resumed stream sends a fresh ``caught_up``. A reply that was streaming goes on where the caller
+        was: the reopened stream asks for the step's output after the byte offsets of the deltas already
+        yielded (``resume``, SPEC §14), so across the disconnect each byte of the reply is yielded once, at
+        contiguous offsets (if the step ended meanwhile, its durable ``assistant/message`` follows instead).
+        Other live events of the gap are not replayed: they are not stored (SPEC §5). Retries follow
+        ``retry``; with ``resume=False`` a disconnect raises.
         """
         ref = self.ref(session)
         last_seq = after_seq
+        streaming = _StreamingStep()
         retries = _Retries(self, self.retry if resume else NO_RETRY, "Watch")
         while True:
-            call = self.stub.Watch(api.WatchRequest(session=ref, after_seq=last_seq, live=live), metadata=self._metadata)
+            request = api.WatchRequest(session=ref, after_seq=last_seq, live=live, resume=streaming.resume())
+            call = self.stub.Watch(request, metadata=self._metadata)
             try:
                 async for item in call:
                     kind = item.WhichOneof("item")
@@ -449,6 +494,7 @@ class AsyncClient:
                         last_seq = max(last_seq, item.event.seq)
                     elif kind == "caught_up":
                         last_seq = max(last_seq, item.caught_up.seq)
+                    streaming.advance(item)
                     retries.succeeded()
                     yield item
                 # The server never ends a Watch by itself; an end without an error is a lost connection.

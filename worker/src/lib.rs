@@ -3,7 +3,7 @@
 //!
 //! Place in the architecture: gateway → **worker** → driver → journal, with `turnstile-agent` plugged in
 //! behind [`agent`]. The driver itself is the sans-IO state machine of `turnstile-driver`; this crate does
-//! its IO. [`runner`] is the async task that feeds one driver (each input stamped with the time it arrived)
+//! its IO. The `runner` is the async task that feeds one driver (each input stamped with the time it arrived)
 //! and performs its effects against the journal; [`host`] keeps one runner per loaded session and implements
 //! the gateway's [`turnstile_cluster::CommandRouter`] seam; [`cluster`] holds shard leases and serves the
 //! internal API. A step's pre-step hooks, model request and tool calls go through the [`agent`] seam

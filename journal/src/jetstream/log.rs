@@ -52,7 +52,7 @@ pub(super) enum Refusal {
     Failed(JournalError),
 }
 
-/// A [`SessionLog`] on JetStream: one stream per partition, one subject per session, one message per
+/// A [`SessionLog`](crate::SessionLog) on JetStream: one stream per partition, one subject per session, one message per
 /// append group. Cheap to share behind an `Arc`; every call goes to the server, only the last-seq cache is local.
 pub struct JetStreamLog {
     config: JetStreamConfig,

@@ -78,7 +78,7 @@ impl SessionLog for JetStreamLog {
 
     /// One last-event get, then one ordered consumer from the recorded position (no search): a snapshot's
     /// tail costs the same on a log of 100 events as on one of 100,000. Without a position the start is
-    /// found by [`JetStreamLog::stream_seq_of`]'s binary search (O(log n) gets).
+    /// found by `JetStreamLog::stream_seq_of`'s binary search (O(log n) gets).
     async fn read_after(
         &self,
         session: &SessionRef,

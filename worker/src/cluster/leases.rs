@@ -138,7 +138,7 @@ impl Leases {
     }
 
     /// Takes in what the presence watch learned about `peer`: [`Probe::Gone`] (confirmed, see
-    /// [`super::watch_peers`]) makes it dead and wakes the lease loop; an answer makes it live
+    /// `watch_peers` in [`super`]) makes it dead and wakes the lease loop; an answer makes it live
     /// again; a timeout changes nothing.
     pub fn observe(&self, peer: &str, probe: Probe) {
         let newly_dead = {

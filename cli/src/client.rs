@@ -1,9 +1,6 @@
 //! Client commands over the public gRPC API.
 
-use std::str::FromStr;
-
 use anyhow::{Context, Result, bail};
-
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
@@ -63,7 +60,7 @@ impl Client {
             .with_context(|| format!("--addr {addr:?} is not a URL; use e.g. http://127.0.0.1:7400"))?;
         match (addr.starts_with("https://"), ca) {
             (true, Some(ca)) => {
-                let tls = turnstile_gateway::tls::client_config(ca, None, None).context("--ca")?;
+                let tls = turnstile_ops::tls::client_config(ca, None, None).context("--ca")?;
                 endpoint = endpoint.tls_config(tls).context("cannot set up TLS with --ca")?;
             }
             (true, None) => {
@@ -97,98 +94,12 @@ impl Client {
     }
 }
 
-/// `--source user|plugin[:NAME[:FORM]]|goal:ID:REV:ROUND|tool:CALL_ID|model:PROVIDER:MODEL`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SourceArg(pub MessageSource);
-
-impl FromStr for SourceArg {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let parts: Vec<&str> = s.split(':').collect();
-        let num = |v: &str, what: &str| v.parse::<u64>().map_err(|_| format!("{what} {v:?} is not a number"));
-        let source = match parts.as_slice() {
-            ["user"] => MessageSource::User,
-            ["plugin"] => MessageSource::Plugin { plugin: String::new(), form: None },
-            ["plugin", name] => MessageSource::Plugin { plugin: (*name).to_owned(), form: None },
-            ["plugin", name, form] => {
-                MessageSource::Plugin { plugin: (*name).to_owned(), form: Some((*form).to_owned()) }
-            }
-            ["goal", id, rev, round] => MessageSource::Goal {
-                goal_id: (*id).to_owned(),
-                revision: num(rev, "goal revision")?,
-                round: num(round, "goal round")?,
-            },
-            ["tool", call_id] => MessageSource::Tool { call_id: (*call_id).to_owned() },
-            ["model", provider, model] => {
-                MessageSource::Model { provider: (*provider).to_owned(), model: (*model).to_owned() }
-            }
-            _ => {
-                return Err(format!(
-                    "source {s:?} is not valid; use user, plugin:NAME[:FORM], goal:ID:REV:ROUND, tool:CALL_ID or model:PROVIDER:MODEL"
-                ));
-            }
-        };
-        Ok(Self(source))
-    }
-}
-
-/// `--cause user|parent|hook:REASON|disposed`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CauseArg(pub CancelCause);
-
-impl FromStr for CauseArg {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Self(match s.split_once(':') {
-            None if s == "user" => CancelCause::User,
-            None if s == "parent" => CancelCause::Parent,
-            None if s == "disposed" => CancelCause::Disposed,
-            Some(("hook", reason)) => CancelCause::Hook { reason: reason.to_owned() },
-            _ => return Err(format!("cause {s:?} is not valid; use user, parent, hook:REASON or disposed")),
-        }))
-    }
-}
-
-/// `--inject-mode pending|out-of-turn`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InjectModeArg(pub InjectMode);
-
-impl FromStr for InjectModeArg {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "pending" => Ok(Self(InjectMode::Pending)),
-            "out-of-turn" => Ok(Self(InjectMode::OutOfTurn)),
-            _ => Err(format!("inject mode {s:?} is not valid; use pending or out-of-turn")),
-        }
-    }
-}
-
 /// The name of an inject-mode enum value, as the CLI spells it.
 fn inject_mode_name(raw: i32) -> &'static str {
     match pb::InjectMode::try_from(raw) {
         Ok(pb::InjectMode::OutOfTurn) => InjectMode::OutOfTurn.as_str(),
         Ok(_) => InjectMode::Pending.as_str(),
         Err(_) => "unknown",
-    }
-}
-
-/// `--target next-turn|next-step`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TargetArg(pub Target);
-
-impl FromStr for TargetArg {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "next-turn" => Ok(Self(Target::NextTurn)),
-            "next-step" => Ok(Self(Target::NextStep)),
-            _ => Err(format!("target {s:?} is not valid; use next-turn or next-step")),
-        }
     }
 }
 
@@ -546,39 +457,6 @@ pub fn check_session(tenant: &str, id: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sources_parse_from_their_short_form() {
-        assert_eq!("user".parse::<SourceArg>().unwrap().0, MessageSource::User);
-        assert_eq!(
-            "plugin:mem:recall".parse::<SourceArg>().unwrap().0,
-            MessageSource::Plugin { plugin: "mem".into(), form: Some("recall".into()) }
-        );
-        assert_eq!(
-            "plugin".parse::<SourceArg>().unwrap().0,
-            MessageSource::Plugin { plugin: String::new(), form: None }
-        );
-        assert_eq!(
-            "goal:g1:2:3".parse::<SourceArg>().unwrap().0,
-            MessageSource::Goal { goal_id: "g1".into(), revision: 2, round: 3 }
-        );
-        assert_eq!("tool:c1".parse::<SourceArg>().unwrap().0, MessageSource::Tool { call_id: "c1".into() });
-        assert_eq!(
-            "model:openai:gpt".parse::<SourceArg>().unwrap().0,
-            MessageSource::Model { provider: "openai".into(), model: "gpt".into() }
-        );
-        assert!("goal:g1:x:1".parse::<SourceArg>().unwrap_err().contains("not a number"));
-        assert!("robot".parse::<SourceArg>().unwrap_err().contains("plugin:NAME[:FORM]"));
-    }
-
-    #[test]
-    fn causes_and_targets_parse() {
-        assert_eq!("hook:budget".parse::<CauseArg>().unwrap().0, CancelCause::Hook { reason: "budget".into() });
-        assert_eq!("parent".parse::<CauseArg>().unwrap().0, CancelCause::Parent);
-        assert!("boss".parse::<CauseArg>().is_err());
-        assert_eq!("next-step".parse::<TargetArg>().unwrap().0, Target::NextStep);
-        assert!("next".parse::<TargetArg>().unwrap_err().contains("next-turn or next-step"));
-    }
 
     #[test]
     fn messages_leave_the_source_to_the_server_unless_given() {

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use turnstile_node::NatsOptions;
-use turnstile_node::security::{AuthOptions, ClusterTls, JwtAlg, NatsSecurity, ServerTls};
+use turnstile_node::security::{AuthOptions, JwtAlg, NatsSecurity};
+use turnstile_node::tls::{ClusterTls, ServerTls};
 
 /// `--auth-tokens FILE | --jwt-key FILE [--jwt-alg]`: who may call the public API.
 #[derive(Args, Clone, Debug, Default)]

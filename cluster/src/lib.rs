@@ -1,16 +1,20 @@
-//! Cluster membership and the command seam, shared by the gateway and the worker so that neither
-//! imports the other and neither goes through the log crate.
+//! Cluster membership, the command seam and the internal gateway → worker hop, shared by the gateway and
+//! the worker so that neither imports the other and neither goes through the log crate.
 //!
 //! Place in the architecture: the gateway routes each command to the worker that owns the session's
-//! virtual shard; the worker acquires and renews shard leases. Both sides need the same facts:
+//! virtual shard; the worker acquires and renews shard leases (and routes the commands of `spawn_agent`'s
+//! child sessions as a gateway would). Both sides need the same facts:
 //!
 //! - [`kv`]: the ownership records in JetStream KV (shard leases, worker heartbeats) and the watched
 //!   [`ShardMap`]; [`shard_of`] is the session → shard hash (from `turnstile-model`).
 //! - [`LeaseConfig`]: lease timing, the same on every node.
 //! - [`router`]: the [`CommandRouter`] trait, the gateway → driver seam (the in-process host in
-//!   `turnstile dev`, the internal gRPC hop in a cluster).
+//!   `turnstile dev`), and the internal gRPC hop behind it in a cluster: [`ClusterRouter`] routes each command
+//!   to its shard's owner over a [`router::transport`] and retries while shards move.
 //! - [`codec`] and [`status`]: the internal `turnstile.cluster.v1` API's commands and replies, and the one
 //!   [`CommandError`](turnstile_model::CommandError) ↔ gRPC status mapping, used in both directions.
+//! - [`tools`]: the [`ToolBus`] a worker calls client tools over (NATS requests to the gateways holding
+//!   their executors).
 
 pub mod codec;
 pub mod kv;
@@ -21,7 +25,7 @@ pub mod tools;
 use std::time::Duration;
 
 pub use kv::{CasError, ClusterKv, LeaseEntry, MembershipError, ShardLease, ShardMap, WorkerInfo};
-pub use router::CommandRouter;
+pub use router::{ClusterRouter, ClusterRouterConfig, CommandRouter};
 pub use tools::{NatsToolBus, ToolBus, ToolBusError};
 pub use turnstile_model::shard::shard_of;
 

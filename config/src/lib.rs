@@ -4,9 +4,9 @@
 //! Its place in the architecture: `node/` loads one [`Config`] per process (`--config FILE`, or the file
 //! [`CONFIG_ENV`] names; the same file on every node), lets command-line flags override its public fields,
 //! and hands the parts to the roles it wires: the gateway reads [`Limits`] and [`ClusterConfig`]'s layout
-//! and route deadline; the worker reads the agents ([`AgentConfig`]), their models ([`ModelConfig`]), MCP
-//! servers ([`McpServerConfig`]), hooks ([`HookConfig`]) and tools ([`ToolRef`], [`ToolPattern`]), the
-//! lease timings and the [`JournalConfig`]. Nothing here does I/O beyond reading the file: no async runtime,
+//! and route deadline; `turnstile-agent` builds the agents ([`AgentConfig`]) with their models
+//! ([`ModelConfig`]), MCP servers ([`McpServerConfig`]), hooks ([`HookConfig`]) and tools ([`ToolRef`],
+//! [`ToolPattern`]); the worker gets the lease timings, the limits and the [`JournalConfig`]'s cadences. Nothing here does I/O beyond reading the file: no async runtime,
 //! no network, and secrets ([`Secret`]) are only read from the environment when a caller asks
 //! ([`ModelConfig::resolve_api_key`], [`McpServerConfig::resolve_headers`]).
 //!

@@ -51,23 +51,14 @@ impl Driver {
                 self.limits.max_message_bytes
             )));
         }
-        let change = match self.state.goals.current.as_ref() {
+        let (goal_id, revision) = match self.state.goals.current.as_ref() {
             Some(g) if !g.state.is_terminal() => {
                 if g.state == GoalState::Active && g.objective == objective && g.max_rounds == max_rounds {
                     // The same goal again (a retry): nothing changes, so nothing is written.
                     return Ok(CommandReply::Written { seq: self.state.last_seq });
                 }
                 // A revision keeps the goal's id: the id the caller minted names nothing new.
-                GoalChange {
-                    goal_id: g.goal_id.clone(),
-                    revision: g.revision + 1,
-                    state: GoalState::Active,
-                    objective,
-                    max_rounds,
-                    round: 0,
-                    summary: None,
-                    reason: None,
-                }
+                (g.goal_id.clone(), g.revision + 1)
             }
             Some(g) if g.goal_id == goal_id => {
                 return Err(CommandError::AlreadyExists(format!(
@@ -75,16 +66,18 @@ impl Driver {
                     self.state.session, g.state
                 )));
             }
-            _ => GoalChange {
-                goal_id,
-                revision: 1,
-                state: GoalState::Active,
-                objective,
-                max_rounds,
-                round: 0,
-                summary: None,
-                reason: None,
-            },
+            _ => (goal_id, 1),
+        };
+        // A new goal or revision starts active, at round 0.
+        let change = GoalChange {
+            goal_id,
+            revision,
+            state: GoalState::Active,
+            objective,
+            max_rounds,
+            round: 0,
+            summary: None,
+            reason: None,
         };
         let seq = self.write(EventPayload::GoalChange(change));
         // Set on an idle session with nothing pending: the first round starts right away.

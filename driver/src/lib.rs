@@ -34,12 +34,11 @@ pub mod agents;
 mod commands;
 pub mod compaction;
 mod deadlines;
-pub mod directive;
 pub mod effect;
 mod goals;
 mod limits;
 mod recovery;
-pub mod scripted;
+mod tool_calls;
 mod turn;
 
 use std::collections::VecDeque;

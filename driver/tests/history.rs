@@ -147,7 +147,7 @@ fn cancel_during_a_compaction_ends_the_turn_aborted_with_no_step() {
     let mut sim = Sim::with_agents(Limits::default(), budgeted(2));
     sim.followup("A", "first question").unwrap();
     // Hold the next model request (the compaction) so the cancel lands while it runs.
-    let plan = turnstile_driver::scripted::ScriptedPlan {
+    let plan = turnstile_agent::scripted::ScriptedPlan {
         deltas: vec!["summary".into()],
         output: turnstile_driver::ModelOutput::text("summary"),
         delay: std::time::Duration::from_millis(50),

@@ -147,7 +147,7 @@ fn cancel_after_reasoning_and_text_keeps_both_prefixes() {
 fn usage_is_recorded_on_a_tool_calling_reply_and_each_step_has_its_own() {
     let mut sim = Sim::new();
     // Step 1: the scripted reply calls echo; step 2 (after the result) is scripted too. Give both usage.
-    let first = turnstile_driver::scripted::plan(&turnstile_driver::ModelRequest {
+    let first = turnstile_agent::scripted::plan(&turnstile_driver::ModelRequest {
         op: 0,
         session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
         turn: 1,

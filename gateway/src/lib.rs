@@ -9,15 +9,15 @@
 //!
 //! Modules: [`convert`] (request validation), [`status`] (error → gRPC code),
 //! [`read`] (projection reads), [`merge`], [`feed`] and [`watch`] (the resumable Watch stream over one
-//! shared feed per watched session), [`service`] (the
-//! RPCs), [`cluster_router`] (routing to shard owners over the internal API, with retries while shards move),
-//! [`auth`] (bearer tokens → tenant; every call is confined to its tenant), [`quota`] (per-tenant request
-//! rate and open Watch streams, checked in the service methods) and [`tls`] (rustls configs
-//! from PEM files, for the public API and the internal hop). [`console`] serves the web console and the
-//! same service over gRPC-Web for it, on the ops HTTP listener.
+//! shared feed per watched session), [`service`] (the [`Gateway`] and what its RPCs share; the RPCs
+//! themselves are in `rpc`), [`auth`] (bearer tokens → tenant; every call is
+//! confined to its tenant), [`quota`] (per-tenant request rate and open Watch streams, checked in the service
+//! methods) and [`tools`] (client tool executors on `ServeTools` streams). [`console`] serves the web console
+//! and the same service over gRPC-Web for it, on the ops HTTP listener. In a cluster the router is
+//! `turnstile_cluster::ClusterRouter` (the internal hop, shared with the workers); TLS configs come from
+//! `turnstile_ops::tls`.
 
 pub mod auth;
-pub mod cluster_router;
 pub mod console;
 pub mod convert;
 pub mod feed;
@@ -27,15 +27,14 @@ mod ops;
 pub mod quota;
 pub mod read;
 pub mod resume;
+mod rpc;
 pub mod service;
 pub mod status;
-pub mod tls;
 pub mod tools;
 pub mod watch;
 
 use std::future::Future;
 
-pub use cluster_router::{ClusterRouter, ClusterRouterConfig};
 pub use quota::{QuotaConfig, Quotas};
 pub use service::{Gateway, GatewayConfig};
 use tokio::net::TcpListener;
@@ -58,7 +57,7 @@ pub async fn serve(
     serve_with(gateway, listener, None, shutdown).await
 }
 
-/// [`serve`], over TLS when `tls` is set ([`tls::server_config`]).
+/// [`serve`], over TLS when `tls` is set (`turnstile_ops::tls::server_config`).
 pub async fn serve_with(
     gateway: Gateway,
     listener: TcpListener,

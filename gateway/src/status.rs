@@ -15,7 +15,11 @@ pub fn from_command(err: CommandError) -> Status {
 /// corruption an operator must look at.
 pub fn from_journal(err: JournalError) -> Status {
     let code = match &err {
-        JournalError::Unavailable(_) | JournalError::Conflict { .. } => Code::Unavailable,
+        JournalError::Unavailable(_)
+        | JournalError::OutOfSpace(_)
+        | JournalError::Conflict { .. }
+        | JournalError::FirstRefused { .. }
+        | JournalError::Fenced { .. } => Code::Unavailable,
         JournalError::InvalidBatch { .. } | JournalError::Corrupt { .. } | JournalError::Storage(_) => Code::Internal,
     };
     let message = match code {

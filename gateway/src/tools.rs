@@ -416,9 +416,64 @@ impl ToolHub {
         });
     }
 
-    /// Sends `task` down one of this gateway's executors of (`tenant`, `tool`) and waits up to `wait` for
-    /// its result.
-    pub async fn call(
+    /// Tells the executor running call `call_id` of `session` to stop; the call ends now with an error.
+    pub fn cancel(&self, tenant: &str, session: Option<&pb::SessionRef>, call_id: &str) {
+        cancel_in(&self.state, tenant, session, call_id);
+    }
+
+    /// The schema this gateway's executors registered for (`tenant`, `tool`).
+    pub fn spec_of(&self, tenant: &str, tool: &str) -> Option<pb::ClientToolSpec> {
+        self.lock().tools.get(&(tenant.to_owned(), tool.to_owned())).map(|s| s.spec.clone())
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A panic while holding the lock leaves maps that are still consistent enough to serve.
+    state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn cancel_in(state: &Mutex<State>, tenant: &str, session: Option<&pb::SessionRef>, call_id: &str) {
+    let mut state = lock(state);
+    for executor in state.executors.values_mut().filter(|e| e.tenant == tenant) {
+        let found = executor.pending.get(call_id).is_some_and(|p| session.is_none() || p.session.as_ref() == session);
+        if !found {
+            continue;
+        }
+        if let Some(pending) = executor.pending.remove(call_id) {
+            let task = pb::ToolTask {
+                task: Some(pb::tool_task::Task::Cancel(pb::ToolCancelTask { call_id: call_id.to_owned() })),
+            };
+            let _ = executor.tx.try_send(Ok(task));
+            let _ =
+                pending.reply.send(error_result(call_id, format!("call {call_id} of {} was cancelled", pending.tool)));
+        }
+        return;
+    }
+}
+
+fn conflict(tool: &str) -> Status {
+    Status::failed_precondition(format!(
+        "tool {tool:?} is already served for this tenant with a different input schema; register it with the same schema, or under another name"
+    ))
+}
+
+/// A failed call's result.
+pub fn error_result(call_id: &str, error: String) -> pb::ToolCallResult {
+    pb::ToolCallResult { call_id: call_id.to_owned(), output: String::new(), error: Some(error), context: Vec::new() }
+}
+
+/// How long to wait for a call whose deadline is `deadline_unix_ms` (0: none given).
+fn wait_for(deadline_unix_ms: u64) -> Duration {
+    let now = turnstile_ops::clock::now_ms();
+    let left = if deadline_unix_ms == 0 { 60_000 } else { deadline_unix_ms.saturating_sub(now) };
+    Duration::from_millis(left) + DEADLINE_GRACE
+}
+
+/// A call sent down one of this gateway's executors of (`tenant`, `tool`), waiting up to `wait` for its
+/// result: the bus of `turnstile dev`, and what the NATS subjects of a cluster deliver to.
+#[async_trait]
+impl ToolBus for ToolHub {
+    async fn call(
         &self,
         tenant: &str,
         tool: &str,
@@ -475,71 +530,6 @@ impl ToolHub {
                 Err(ToolBusError::Failed(format!("no result for call {call_id} of {tool} in time")))
             }
         }
-    }
-
-    /// Tells the executor running call `call_id` of `session` to stop; the call ends now with an error.
-    pub fn cancel(&self, tenant: &str, session: Option<&pb::SessionRef>, call_id: &str) {
-        cancel_in(&self.state, tenant, session, call_id);
-    }
-
-    /// The schema this gateway's executors registered for (`tenant`, `tool`).
-    pub fn spec_of(&self, tenant: &str, tool: &str) -> Option<pb::ClientToolSpec> {
-        self.lock().tools.get(&(tenant.to_owned(), tool.to_owned())).map(|s| s.spec.clone())
-    }
-}
-
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    // A panic while holding the lock leaves maps that are still consistent enough to serve.
-    state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn cancel_in(state: &Mutex<State>, tenant: &str, session: Option<&pb::SessionRef>, call_id: &str) {
-    let mut state = lock(state);
-    for executor in state.executors.values_mut().filter(|e| e.tenant == tenant) {
-        let found = executor.pending.get(call_id).is_some_and(|p| session.is_none() || p.session.as_ref() == session);
-        if !found {
-            continue;
-        }
-        if let Some(pending) = executor.pending.remove(call_id) {
-            let task = pb::ToolTask {
-                task: Some(pb::tool_task::Task::Cancel(pb::ToolCancelTask { call_id: call_id.to_owned() })),
-            };
-            let _ = executor.tx.try_send(Ok(task));
-            let _ =
-                pending.reply.send(error_result(call_id, format!("call {call_id} of {} was cancelled", pending.tool)));
-        }
-        return;
-    }
-}
-
-fn conflict(tool: &str) -> Status {
-    Status::failed_precondition(format!(
-        "tool {tool:?} is already served for this tenant with a different input schema; register it with the same schema, or under another name"
-    ))
-}
-
-/// A failed call's result.
-pub fn error_result(call_id: &str, error: String) -> pb::ToolCallResult {
-    pb::ToolCallResult { call_id: call_id.to_owned(), output: String::new(), error: Some(error), context: Vec::new() }
-}
-
-/// How long to wait for a call whose deadline is `deadline_unix_ms` (0: none given).
-fn wait_for(deadline_unix_ms: u64) -> Duration {
-    let now = turnstile_ops::clock::now_ms();
-    let left = if deadline_unix_ms == 0 { 60_000 } else { deadline_unix_ms.saturating_sub(now) };
-    Duration::from_millis(left) + DEADLINE_GRACE
-}
-
-#[async_trait]
-impl ToolBus for ToolHub {
-    async fn call(
-        &self,
-        tenant: &str,
-        tool: &str,
-        task: pb::ToolCallTask,
-        wait: Duration,
-    ) -> Result<pb::ToolCallResult, ToolBusError> {
-        ToolHub::call(self, tenant, tool, task, wait).await
     }
 
     async fn cancel(&self, tenant: &str, task: pb::ToolCallTask) {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use prost::Message;
 use tonic::Code;
 use tonic::transport::Channel;
+use turnstile_agent::AgentSetup;
 use turnstile_gateway::{Gateway, GatewayConfig, QuotaConfig};
 use turnstile_journal::SessionLog;
 use turnstile_journal::{EmbeddedLog, LocalBus};
@@ -34,7 +35,9 @@ async fn start_with_parts(config: GatewayConfig) -> (AgentClient<Channel>, Gatew
     let bus = Arc::new(LocalBus::new());
     // Room for the test's 5 MiB splice in the driver, so only the gateway's limit is under test.
     let limits = Limits { max_message_bytes: 4 << 20, max_pending_bytes: 8 << 20, ..Limits::default() };
-    let host = SessionHost::new(log.clone(), bus.clone(), WorkerConfig { limits, ..WorkerConfig::default() });
+    let host = SessionHost::builder(log.clone(), bus.clone(), AgentSetup::default().into())
+        .config(WorkerConfig { limits, ..WorkerConfig::default() })
+        .build();
     let gateway = Gateway::new(host, log.clone(), bus, config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

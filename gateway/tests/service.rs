@@ -8,12 +8,13 @@ use std::time::Duration;
 use futures::StreamExt;
 use tonic::Code;
 use tonic::transport::Channel;
+use turnstile_agent::AgentSetup;
 use turnstile_gateway::{Gateway, GatewayConfig};
 use turnstile_journal::{EmbeddedLog, LocalBus};
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::watch_item::Item;
-use turnstile_worker::{SessionHost, WorkerConfig};
+use turnstile_worker::SessionHost;
 
 /// Generous bound on waiting for something that should happen.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -21,7 +22,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 async fn start() -> AgentClient<Channel> {
     let log = Arc::new(EmbeddedLog::in_memory());
     let bus = Arc::new(LocalBus::new());
-    let host = SessionHost::new(log.clone(), bus.clone(), WorkerConfig::default());
+    let host = SessionHost::builder(log.clone(), bus.clone(), AgentSetup::default().into()).build();
     let gateway = Gateway::new(host, log, bus, GatewayConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

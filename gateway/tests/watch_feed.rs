@@ -32,8 +32,14 @@ struct BreakableLog {
 
 #[async_trait]
 impl SessionLog for BreakableLog {
-    async fn append(&self, session: &SessionRef, expected: u64, events: &[Envelope]) -> Result<u64, JournalError> {
-        self.inner.append(session, expected, events).await
+    async fn append(
+        &self,
+        session: &SessionRef,
+        expected: u64,
+        events: &[Envelope],
+        traceparent: Option<&str>,
+    ) -> Result<u64, JournalError> {
+        self.inner.append(session, expected, events, traceparent).await
     }
 
     async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError> {

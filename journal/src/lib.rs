@@ -1,19 +1,22 @@
-//! The durable model of Turnstile: what a session *is*, independent of who drives it.
+//! Session logs: where a session's durable events are kept, and the live events beside them.
 //!
-//! Everything above this crate is a projection of a session's log. Here live the values of SPEC §1
-//! ([`message`]), the durable and live events of §5 ([`event`]), the inbox and its splices (§3,
-//! [`inbox`]), the fold of a log into inbox, status and recovery facts ([`state`]), the conditional
-//! [`SessionLog`] trait with its backends ([`embedded`], [`jetstream`]), the [`LiveBus`], the protobuf mapping
-//! ([`codec`]) and the command seam between gateway and worker ([`command`]).
+//! Place in the architecture: `model` ← `proto` ← **`journal`** ← `worker`, `gateway`. A session *is* the fold
+//! of its log (`turnstile-model`); this crate stores that log and nothing about who drives it. Here live the
+//! conditional, append-only [`SessionLog`] trait and its [`JournalError`]s ([`log`]) with two backends —
+//! [`embedded`] (memory, or files under a data directory, for `turnstile dev`) and [`jetstream`] (NATS
+//! JetStream, the cluster's) — the best-effort [`LiveBus`] ([`bus`]) and [`snapshot`]s, so loading a session
+//! is a snapshot plus the log's tail. Events are stored in the protobuf encoding of `turnstile-proto`'s codec,
+//! the same bytes the gRPC `Watch` stream returns.
 //!
-//! Dependency direction: `proto ← journal ← worker, gateway ← cli`. Nothing here knows about drivers,
-//! gRPC services or routing.
+//! Nothing here knows about drivers, gRPC services or routing: the gateway reads these logs, the worker's
+//! runner is their single writer.
 
 pub mod bus;
 pub mod embedded;
 pub mod jetstream;
 pub mod log;
 pub mod snapshot;
+mod sync;
 
 pub use bus::{LiveBus, LiveStream};
 pub use embedded::{EmbeddedLog, LocalBus};

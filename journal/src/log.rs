@@ -19,6 +19,15 @@ pub enum JournalError {
     /// Another writer appended first: the session's last seq is not the one the writer expected.
     #[error("append to {session} expected last seq {expected} but the log is at {actual}: another writer owns it")]
     Conflict { session: SessionRef, expected: u64, actual: u64 },
+    /// [`SessionLog::append_first`] found events in the session's log: nothing was written, and the writer
+    /// loads the session instead (decision 0040).
+    #[error("session {session} already has events: its first append was not written")]
+    FirstRefused { session: SessionRef },
+    /// The writer's ownership of the session (at `epoch`) lapsed, so it appended nothing. Raised by the
+    /// writer's own check before the store is asked (a worker checks its shard lease before every append),
+    /// since a conditional append cannot tell a stale owner that nobody has overtaken yet.
+    #[error("session {session}: this writer's ownership at epoch {epoch} lapsed, so it wrote nothing")]
+    Fenced { session: SessionRef, epoch: u64 },
     /// The events handed to `append` are not contiguous from `expected_last_seq + 1` or name another session.
     #[error("append to {session} is malformed: {detail}")]
     InvalidBatch { session: SessionRef, detail: String },
@@ -26,6 +35,10 @@ pub enum JournalError {
     /// outcome is unknown (a reader must re-read the log).
     #[error("journal unavailable: {0}")]
     Unavailable(String),
+    /// The store refuses writes for lack of room (its storage limit, or an account's or a stream's byte
+    /// limit): nothing was written. Writes work again once space is freed.
+    #[error("the journal is out of space and refuses writes ({0})")]
+    OutOfSpace(String),
     /// A stored event could not be decoded or fails its checksum.
     #[error("session {session} has a corrupt event at seq {seq}: {detail}")]
     Corrupt { session: SessionRef, seq: u64, detail: String },
@@ -35,9 +48,16 @@ pub enum JournalError {
 }
 
 impl JournalError {
-    /// Worth retrying after the store comes back (the operation may have happened: re-read first).
+    /// Worth retrying after the store comes back or has room again (the operation may have happened:
+    /// re-read first).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
+        matches!(self, Self::Unavailable(_) | Self::OutOfSpace(_))
+    }
+
+    /// The append was refused because someone else writes the session now ([`JournalError::Conflict`],
+    /// [`JournalError::Fenced`]): the writer must stop serving it.
+    pub fn is_lost_ownership(&self) -> bool {
+        matches!(self, Self::Conflict { .. } | Self::Fenced { .. })
     }
 }
 
@@ -46,41 +66,31 @@ impl JournalError {
 pub trait SessionLog: Send + Sync + 'static {
     /// Appends `events` iff the session's last seq is `expected_last_seq` (0 for a new session): all of
     /// them or none. `events` must be non-empty, of this session, with seqs contiguous from
-    /// `expected_last_seq + 1`. Returns the new last seq.
+    /// `expected_last_seq + 1`. Returns the new last seq. `traceparent` is the W3C trace context of the
+    /// appending span, stored with the events where the backend keeps headers (JetStream); the others
+    /// ignore it.
     async fn append(
         &self,
         session: &SessionRef,
         expected_last_seq: u64,
         events: &[Envelope],
+        traceparent: Option<&str>,
     ) -> Result<u64, JournalError>;
 
-    /// [`SessionLog::append`] carrying the W3C `traceparent` of the appending span with each event, where
-    /// the backend stores headers (JetStream); the others ignore it.
-    async fn append_traced(
-        &self,
-        session: &SessionRef,
-        expected_last_seq: u64,
-        events: &[Envelope],
-        traceparent: Option<&str>,
-    ) -> Result<u64, JournalError> {
-        let _ = traceparent;
-        self.append(session, expected_last_seq, events).await
-    }
-
-    /// Appends `events` as the first events of the session's log iff it has none; `None` when it has some
-    /// (nothing was written). Unlike an append expecting 0 it reads nothing before or after the write:
-    /// a worker serving the first command of a session it never served tries this before loading it, so
-    /// a new session answers after one round trip (decision 0040).
+    /// Appends `events` as the first events of the session's log iff it has none, returning the new last
+    /// seq; [`JournalError::FirstRefused`] when it has some (nothing was written). Unlike an append expecting
+    /// 0 it reads nothing before or after the write: a worker serving the first command of a session it
+    /// never served tries this before loading it, so a new session answers after one round trip (decision
+    /// 0040).
     async fn append_first(
         &self,
         session: &SessionRef,
         events: &[Envelope],
         traceparent: Option<&str>,
-    ) -> Result<Option<u64>, JournalError> {
-        match self.append_traced(session, 0, events, traceparent).await {
-            Ok(last) => Ok(Some(last)),
-            Err(JournalError::Conflict { .. }) => Ok(None),
-            Err(e) => Err(e),
+    ) -> Result<u64, JournalError> {
+        match self.append(session, 0, events, traceparent).await {
+            Err(JournalError::Conflict { .. }) => Err(JournalError::FirstRefused { session: session.clone() }),
+            other => other,
         }
     }
 

@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::log::{JournalError, SessionLog};
+use crate::sync::lock;
 use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
 use turnstile_model::state::{AcceptedIndex, ProjectionError, SessionState};
@@ -160,11 +161,6 @@ impl MemorySnapshots {
     pub fn put_raw(&self, session: &SessionRef, bytes: Vec<u8>) {
         lock(&self.entries).insert(session.clone(), bytes);
     }
-}
-
-// Each critical section is one map operation: a poisoned lock still holds a consistent map.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[async_trait]

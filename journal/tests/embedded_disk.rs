@@ -26,9 +26,9 @@ async fn stored_bytes(log: &EmbeddedLog, s: &SessionRef) -> Vec<Vec<u8>> {
 /// Three appends of 2, 3 and 4 events: frames end at seqs 2, 5 and 9.
 async fn three_frames(dir: &Path, s: &SessionRef) {
     let log = EmbeddedLog::open(dir).unwrap();
-    log.append(s, 0, &batch(s, 1, 2, "w")).await.unwrap();
-    log.append(s, 2, &batch(s, 3, 3, "w")).await.unwrap();
-    log.append(s, 5, &batch(s, 6, 4, "w")).await.unwrap();
+    log.append(s, 0, &batch(s, 1, 2, "w"), None).await.unwrap();
+    log.append(s, 2, &batch(s, 3, 3, "w"), None).await.unwrap();
+    log.append(s, 5, &batch(s, 6, 4, "w"), None).await.unwrap();
 }
 
 /// Byte offsets where each frame of a file starts, read from the length headers.
@@ -55,7 +55,7 @@ async fn restart_keeps_every_session_and_event_byte_for_byte() {
         for (i, s) in sessions.iter().enumerate() {
             let mut last = 0;
             for n in 1..=(i as u64 + 2) {
-                last = log.append(s, last, &batch(s, last + 1, n, s.id.as_str())).await.unwrap();
+                last = log.append(s, last, &batch(s, last + 1, n, s.id.as_str()), None).await.unwrap();
             }
             before.push(stored_bytes(&log, s).await);
         }
@@ -72,8 +72,8 @@ async fn restart_keeps_every_session_and_event_byte_for_byte() {
     let s = &sessions[0];
     let last = log.last_seq(s).await.unwrap();
     assert_eq!(last, 3);
-    assert!(matches!(log.append(s, 1, &batch(s, 2, 1, "late")).await, Err(JournalError::Conflict { .. })));
-    assert_eq!(log.append(s, last, &batch(s, last + 1, 1, "again")).await.unwrap(), last + 1);
+    assert!(matches!(log.append(s, 1, &batch(s, 2, 1, "late"), None).await, Err(JournalError::Conflict { .. })));
+    assert_eq!(log.append(s, last, &batch(s, last + 1, 1, "again"), None).await.unwrap(), last + 1);
     drop(log);
     let log = EmbeddedLog::open(dir.path()).unwrap();
     assert_eq!(log.last_seq(s).await.unwrap(), last + 1);
@@ -112,7 +112,7 @@ async fn torn_last_frame_is_dropped_and_the_log_stays_appendable() {
         let log = EmbeddedLog::open(dir.path()).unwrap();
         assert_eq!(log.last_seq(&s).await.unwrap(), 5, "cut {cut}: the whole last append is gone");
         assert_eq!(fs::metadata(&path).unwrap().len(), last_frame, "cut {cut}: the torn bytes are truncated");
-        assert_eq!(log.append(&s, 5, &batch(&s, 6, 2, "after")).await.unwrap(), 7);
+        assert_eq!(log.append(&s, 5, &batch(&s, 6, 2, "after"), None).await.unwrap(), 7);
         drop(log);
         let log = EmbeddedLog::open(dir.path()).unwrap();
         let events = read_all(&log, &s, 1).await.unwrap();

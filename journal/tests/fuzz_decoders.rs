@@ -148,9 +148,9 @@ fn disk_seed(rt: &tokio::runtime::Runtime, s: &SessionRef) -> (Vec<u8>, Vec<Enve
         let dir = tempfile::tempdir().unwrap();
         rt.block_on(async {
             let log = EmbeddedLog::open(dir.path()).unwrap();
-            log.append(s, 0, &batch(s, 1, 2, "d")).await.unwrap();
-            log.append(s, 2, &batch(s, 3, 3, "d")).await.unwrap();
-            log.append(s, 5, &batch(s, 6, 4, "d")).await.unwrap();
+            log.append(s, 0, &batch(s, 1, 2, "d"), None).await.unwrap();
+            log.append(s, 2, &batch(s, 3, 3, "d"), None).await.unwrap();
+            log.append(s, 5, &batch(s, 6, 4, "d"), None).await.unwrap();
         });
         fs::read(log_file(dir.path(), s)).unwrap()
     });
@@ -206,7 +206,7 @@ proptest! {
 /// A log of 30 events with the snapshot of its first 20; the encoded snapshot.
 fn snapshot_seed(rt: &tokio::runtime::Runtime, log: &EmbeddedLog, s: &SessionRef) -> Vec<u8> {
     let events = batch(s, 1, 30, "n");
-    rt.block_on(log.append(s, 0, &events)).unwrap();
+    rt.block_on(log.append(s, 0, &events, None)).unwrap();
     let at_20 = SessionState::fold(s.clone(), DEFAULT_DEDUP_HORIZON, &events[..20]).unwrap();
     Snapshot::of(&at_20).encode()
 }

@@ -1,96 +1,48 @@
 //! `dev`: gateway and worker in one process, on the embedded journal (in memory or in a data directory) or
 //! on JetStream (`--nats URL`).
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
+use turnstile_agent::tools::ChildSessions;
 use turnstile_cluster::CommandRouter;
 use turnstile_gateway::{Gateway, ToolHub};
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, SessionLog};
 use turnstile_ops::Readiness;
 use turnstile_worker::SessionHost;
-use turnstile_worker::tools::ChildSessions;
 
-use crate::config::Loaded;
 use crate::journal::{NatsOptions, open_nats};
 use crate::ops::{OpsHttp, install_metrics, nats_ready};
 use crate::report::{Bound, bind, bound_with_http, client_url_for, report_bound};
-use crate::running::{Running, handle_methods};
-use crate::security::{AuthOptions, AuthWatch, ServerSecurity, ServerTls, auth_line};
+use crate::role::Serving;
+use crate::security::{AuthOptions, AuthWatch, ServerSecurity, auth_line};
 use crate::{NodeError, agents, gateway_config, replicas, worker_config};
 
-/// `--listen` when it is not given.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
-
-/// The URL clients reach a dev server or gateway on [`DEFAULT_LISTEN`] at: client commands' default `--addr`.
-pub const DEFAULT_URL: &str = "http://127.0.0.1:7400";
+/// `--listen` and the URL clients reach it at when it is not given: a gateway's, whose API `dev` serves.
+pub use crate::gateway::{DEFAULT_LISTEN, DEFAULT_URL};
 
 /// How a dev server is started.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// The public API's address (port 0 picks a free one).
-    pub listen: String,
-    /// `/metrics`, `/healthz`, `/readyz` (`None`: [`crate::ops::DEFAULT_HTTP`], skipped if busy).
-    pub http: Option<String>,
-    /// Where the bound addresses are written once every listener is bound.
-    pub ready_file: Option<PathBuf>,
+    /// The public API's listener, the ops endpoints, TLS and the configuration.
+    pub serving: Serving,
     /// Keep sessions on disk in this directory (default: in memory). Ignored with `nats`.
     pub data_dir: Option<PathBuf>,
     /// Keep sessions in JetStream instead of the embedded journal, laid out by the configuration's
     /// `cluster.partitions` and `cluster.replicas`.
     pub nats: Option<NatsOptions>,
     pub auth: AuthOptions,
-    /// Serve TLS.
-    pub tls: Option<ServerTls>,
-    /// The configuration, flags applied.
-    pub config: Loaded,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self {
-            listen: DEFAULT_LISTEN.to_owned(),
-            http: None,
-            ready_file: None,
-            data_dir: None,
-            nats: None,
-            auth: AuthOptions::default(),
-            tls: None,
-            config: Loaded::default(),
-        }
+        Self { serving: Serving::new(DEFAULT_LISTEN), data_dir: None, nats: None, auth: AuthOptions::default() }
     }
 }
 
-/// A running dev server.
-#[derive(Debug)]
-pub struct Handle {
-    grpc: SocketAddr,
-    http: Option<SocketAddr>,
-    url: String,
-    running: Running,
-}
-
-impl Handle {
-    /// The public API's bound address.
-    pub fn grpc_addr(&self) -> SocketAddr {
-        self.grpc
-    }
-
-    /// The ops HTTP endpoints' bound address, when they are served.
-    pub fn http_addr(&self) -> Option<SocketAddr> {
-        self.http
-    }
-
-    /// The URL clients use (`https://` with TLS; a wildcard bind as loopback).
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
-    handle_methods!();
-}
+/// A running dev server: a gateway's handle, since it serves the public API.
+pub type Handle = crate::gateway::Handle;
 
 /// The journal of `dev`: log, live bus, snapshots, how the banner names it, and what readiness follows.
 struct Journal {
@@ -117,12 +69,12 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
     };
     match (&opts.nats, &opts.data_dir) {
         (Some(nats), _) => {
-            let cluster = &opts.config.config.cluster;
-            let (partitions, replicas) = (cluster.partitions, replicas(&opts.config.config));
+            let cluster = &opts.serving.config.config.cluster;
+            let (partitions, replicas) = (cluster.partitions, replicas(&opts.serving.config.config));
             // `dev` keeps the journal's own shard count: the file's `cluster.shards` is for clusters.
             let shards = JetStreamConfig::new(nats.url.clone()).shards;
             let (log, bus, snapshots) =
-                open_nats(nats, partitions, replicas, shards, &opts.config.config.journal).await?;
+                open_nats(nats, partitions, replicas, shards, &opts.serving.config.config.journal).await?;
             let describe = format!(
                 "JetStream at {} ({} partition{}, {} replica{})",
                 nats.url,
@@ -171,10 +123,10 @@ fn banner(url: &str, journal: &str, config: &str, auth: &str) -> String {
 /// running, prints the banner and the bound addresses, and serves until stopped.
 pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     install_metrics();
-    let agents = agents(&opts.config).await?;
-    let security = ServerSecurity::load(&opts.auth, opts.tls.as_ref())?;
-    let (listener, local) = bind(&opts.listen).await?;
-    let auth = auth_line(&security.auth, local, &opts.listen)?;
+    let agents = agents(&opts.serving.config).await?;
+    let security = ServerSecurity::load(&opts.auth, opts.serving.tls.as_ref())?;
+    let (listener, local) = bind(&opts.serving.listen).await?;
+    let auth = auth_line(&security.auth, local, &opts.serving.listen)?;
     let auth_watch = AuthWatch::install(&security.auth)?;
     let journal = open_journal(&opts).await?;
     // Client tools: over NATS when the journal is there (other gateways' executors too), else straight to
@@ -194,16 +146,12 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
             hub
         }
     };
-    let config = &opts.config.config;
+    let config = &opts.serving.config.config;
     let registry = agents.tools.clone();
-    let host = SessionHost::with_agents(
-        journal.log.clone(),
-        journal.bus.clone(),
-        journal.snapshots.clone(),
-        None,
-        agents,
-        worker_config(config),
-    );
+    let host = SessionHost::builder(journal.log.clone(), journal.bus.clone(), agents.into())
+        .snapshots(journal.snapshots.clone())
+        .config(worker_config(config))
+        .build();
     // `spawn_agent` reaches its children through this same host (before resuming: a resumed turn may call it).
     registry.set_child_sessions(ChildSessions { router: host.clone(), log: journal.log.clone() });
     let resumed = host.resume_running().await.map_err(NodeError::Resume)?;
@@ -218,30 +166,17 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         .with_tools(tools);
     // The web console and its gRPC-Web calls share the ops listener (decision 0029).
     let console = turnstile_gateway::console::router(gateway.clone(), auth_enabled);
-    let http = OpsHttp::start_with(opts.http.as_deref(), journal.ready, console).await?;
+    let http = OpsHttp::start_with(opts.serving.http.as_deref(), journal.ready, console).await?;
 
     let url = client_url_for(local, security.tls.is_some());
-    print!("{}", banner(&url, &journal.describe, &opts.config.describe(), &auth));
+    print!("{}", banner(&url, &journal.describe, &opts.serving.config.describe(), &auth));
     println!("  http       {}", http.describe());
     println!("  console    {}", http.console());
-    let bound: Vec<Bound> = bound_with_http("grpc", local, &http);
-    report_bound(&bound, &[], opts.ready_file.as_deref())?;
+    let bound: Vec<Bound> = bound_with_http("grpc", local, http.addr());
+    report_bound(&bound, &[], opts.serving.ready_file.as_deref())?;
     tracing::info!(%local, tls = security.tls.is_some(), "serving turnstile.v1.Agent");
 
-    let stop = CancellationToken::new();
-    if let Some(watch) = auth_watch {
-        watch.spawn(stop.clone());
-    }
-    let serve = turnstile_gateway::serve_with(gateway, listener, security.tls, stop.clone().cancelled_owned());
-    let http_addr = http.addr();
-    let running = Running::spawn(stop, async move {
-        let served = serve.await;
-        http.stop();
-        served.map_err(NodeError::Serve)?;
-        tracing::info!("stopped");
-        Ok(())
-    });
-    Ok(Handle { grpc: local, http: http_addr, url, running })
+    Ok(crate::gateway::serve(gateway, listener, local, security.tls, auth_watch, http, url))
 }
 
 #[cfg(test)]
@@ -261,12 +196,12 @@ mod tests {
     async fn a_dev_server_starts_on_port_zero_reports_its_addresses_and_stops() {
         let dir = tempfile::tempdir().unwrap();
         let ready = dir.path().join("ready.json");
-        let opts = Options {
-            listen: "127.0.0.1:0".into(),
+        let serving = Serving {
             http: Some("127.0.0.1:0".into()),
             ready_file: Some(ready.clone()),
-            ..Options::default()
+            ..Serving::new("127.0.0.1:0")
         };
+        let opts = Options { serving, ..Options::default() };
         let node = start(opts).await.unwrap();
         assert_ne!(node.grpc_addr().port(), 0);
         let http = node.http_addr().unwrap();
@@ -280,7 +215,7 @@ mod tests {
     }
 
     /// One HTTP/1.1 request on a fresh connection; the whole answer (headers and body) as text.
-    async fn http_exchange(addr: SocketAddr, head: &str, body: &[u8]) -> String {
+    async fn http_exchange(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         s.write_all(head.as_bytes()).await.unwrap();
@@ -292,7 +227,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_console_and_its_grpc_web_api_are_served_on_the_http_port_to_loopback_names_only() {
-        let opts = Options { listen: "127.0.0.1:0".into(), http: Some("127.0.0.1:0".into()), ..Options::default() };
+        let serving = Serving { http: Some("127.0.0.1:0".into()), ..Serving::new("127.0.0.1:0") };
+        let opts = Options { serving, ..Options::default() };
         let node = start(opts).await.unwrap();
         let http = node.http_addr().unwrap();
         let page = http_exchange(http, "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", b"").await;

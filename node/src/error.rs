@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use turnstile_config::ConfigError;
 use turnstile_gateway::auth::AuthError;
-use turnstile_gateway::tls::TlsError;
 use turnstile_journal::JournalError;
+use turnstile_ops::tls::TlsError;
 
 /// Why a role (`dev`, `gateway`, `worker`) could not start, or stopped with an error.
 ///
@@ -25,7 +25,7 @@ pub enum NodeError {
     /// provider cannot be set up, a tool is not available, an MCP server does not start. The message names the file (when there is one),
     /// the agent or model and the variable, never a key's value.
     #[error("{}{cause}", file.as_ref().map(|f| format!("{}: ", f.display())).unwrap_or_default())]
-    Agents { file: Option<PathBuf>, cause: turnstile_worker::agents::AgentSetupError },
+    Agents { file: Option<PathBuf>, cause: turnstile_agent::AgentSetupError },
     /// `--listen` is taken by another process.
     #[error("{listen} is in use; pass --listen 127.0.0.1:0 or another port")]
     ListenInUse { listen: String },

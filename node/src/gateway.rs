@@ -1,61 +1,50 @@
 //! `gateway`: the public `turnstile.v1.Agent` service of a cluster. Stateless: commands go to the shard
-//! owners through a [`ClusterRouter`], reads fold the JetStream log (from snapshots) here.
+//! owners through a [`turnstile_cluster::ClusterRouter`], reads fold the JetStream log (from snapshots) here.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
-use turnstile_cluster::CommandRouter;
-use turnstile_cluster::kv::ClusterKv;
-use turnstile_gateway::cluster_router::GrpcTransport;
-use turnstile_gateway::{ClusterRouter, ClusterRouterConfig, Gateway, ToolHub};
+use tokio::net::TcpListener;
+use tonic::transport::ServerTlsConfig;
 
-use crate::config::Loaded;
-use crate::journal::{NatsOptions, open_nats};
+use tokio_util::sync::CancellationToken;
+use turnstile_gateway::{Gateway, ToolHub};
+
+use crate::journal::{NatsOptions, open_cluster_nats};
 use crate::ops::{OpsHttp, install_metrics, nats_ready};
 use crate::report::{bind, bound_with_http, client_url_for, report_bound};
+use crate::role::Serving;
 use crate::running::{Running, handle_methods};
-use crate::security::{AuthOptions, AuthWatch, ClusterTls, ServerSecurity, ServerTls, auth_line};
-use crate::{NodeError, gateway_config, replicas};
+use crate::security::{AuthOptions, AuthWatch, ServerSecurity, auth_line};
+use crate::tls::ClusterTls;
+use crate::{NodeError, cluster_router, gateway_config};
+
+/// `--listen` of a gateway (and of `dev`) when it is not given.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
+
+/// The URL clients reach a dev server or gateway on [`DEFAULT_LISTEN`] at: client commands' default `--addr`.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:7400";
 
 /// How a gateway is started.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// The public API's listener, the ops endpoints, TLS and the configuration.
+    pub serving: Serving,
     /// The cluster's NATS, laid out by the configuration's `[cluster]`.
     pub nats: NatsOptions,
-    /// The public API's address (port 0 picks a free one).
-    pub listen: String,
-    /// `/metrics`, `/healthz`, `/readyz` (`None`: [`crate::ops::DEFAULT_HTTP`], skipped if busy).
-    pub http: Option<String>,
-    /// Where the bound addresses are written once every listener is bound.
-    pub ready_file: Option<PathBuf>,
     pub auth: AuthOptions,
-    /// Serve TLS.
-    pub tls: Option<ServerTls>,
     /// Dial the workers over TLS; `None` dials them in clear text.
     pub cluster_tls: Option<ClusterTls>,
-    /// The configuration, flags applied.
-    pub config: Loaded,
 }
 
 impl Options {
     /// A gateway on the cluster at `nats` with every other option at its default.
     pub fn new(nats: NatsOptions) -> Self {
-        Self {
-            nats,
-            listen: crate::dev::DEFAULT_LISTEN.to_owned(),
-            http: None,
-            ready_file: None,
-            auth: AuthOptions::default(),
-            tls: None,
-            cluster_tls: None,
-            config: Loaded::default(),
-        }
+        Self { serving: Serving::new(DEFAULT_LISTEN), nats, auth: AuthOptions::default(), cluster_tls: None }
     }
 }
 
-/// A running gateway.
+/// A running server of the public API: a gateway, or `dev` (which runs one in-process).
 #[derive(Debug)]
 pub struct Handle {
     grpc: SocketAddr,
@@ -83,44 +72,47 @@ impl Handle {
     handle_methods!();
 }
 
-/// The router to every session's owner over the shard map in `client`'s KV, dialing the workers with
-/// `cluster_tls` when given: a gateway's, and a worker's for `spawn_agent`.
-pub(crate) async fn cluster_router(
-    client: &async_nats::Client,
-    url: &str,
-    config: &turnstile_config::Config,
-    cluster_tls: Option<tonic::transport::ClientTlsConfig>,
-) -> Result<Arc<dyn CommandRouter>, NodeError> {
-    let c = &config.cluster;
-    // The workers' heartbeat TTL: whoever creates the workers bucket first sets its max age.
-    let kv = ClusterKv::open(client, replicas(config), c.shards, c.worker_ttl())
-        .await
-        .map_err(|e| NodeError::membership(url, e))?;
-    let map = kv.watch_shards().await.map_err(|e| NodeError::membership(url, e))?;
-    let router_config = ClusterRouterConfig { deadline: c.route_deadline(), ..ClusterRouterConfig::default() };
-    Ok(match cluster_tls {
-        Some(tls) => {
-            let transport = Arc::new(GrpcTransport::with_tls(router_config.connect_timeout, tls));
-            Arc::new(ClusterRouter::with_transport(map, transport, router_config))
-        }
-        None => Arc::new(ClusterRouter::new(map, router_config)),
-    })
+/// Serves `gateway` on `listener` (bound at `local`, reached at `url`) with `tls` until stopped, watching
+/// the auth files when there are some and stopping the ops endpoints `http` after it: how `dev` and a
+/// gateway end their start.
+pub(crate) fn serve(
+    gateway: Gateway,
+    listener: TcpListener,
+    local: SocketAddr,
+    tls: Option<ServerTlsConfig>,
+    auth_watch: Option<AuthWatch>,
+    http: OpsHttp,
+    url: String,
+) -> Handle {
+    let stop = CancellationToken::new();
+    if let Some(watch) = auth_watch {
+        watch.spawn(stop.clone());
+    }
+    let serve = turnstile_gateway::serve_with(gateway, listener, tls, stop.clone().cancelled_owned());
+    let http_addr = http.addr();
+    let running = Running::spawn(stop, async move {
+        let served = serve.await;
+        http.stop();
+        served.map_err(NodeError::Serve)?;
+        tracing::info!("stopped");
+        Ok(())
+    });
+    Handle { grpc: local, http: http_addr, url, running }
 }
 
 /// Starts a gateway: loads the security files, binds, opens the journal and the shard map, prints the
 /// bound addresses, and serves until stopped.
 pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     install_metrics();
-    let security = ServerSecurity::load(&opts.auth, opts.tls.as_ref())?;
+    let security = ServerSecurity::load(&opts.auth, opts.serving.tls.as_ref())?;
     let cluster_tls = opts.cluster_tls.as_ref().map(ClusterTls::load).transpose()?;
-    let (listener, local) = bind(&opts.listen).await?;
-    let auth = auth_line(&security.auth, local, &opts.listen)?;
+    let (listener, local) = bind(&opts.serving.listen).await?;
+    let auth = auth_line(&security.auth, local, &opts.serving.listen)?;
     let auth_watch = AuthWatch::install(&security.auth)?;
-    let config = &opts.config.config;
+    let config = &opts.serving.config.config;
     let c = &config.cluster;
     let url = opts.nats.url.as_str();
-    let (log, bus, snapshots) =
-        open_nats(&opts.nats, c.partitions, replicas(config), c.shards, &config.journal).await?;
+    let (log, bus, snapshots) = open_cluster_nats(&opts.nats, config).await?;
     let client = log.client().clone();
     let router = cluster_router(&client, url, config, cluster_tls).await?;
     let tools =
@@ -134,29 +126,16 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     // The web console and its gRPC-Web calls share the ops listener (decision 0029).
     let console = turnstile_gateway::console::router(gateway.clone(), auth_enabled);
     let ready = Arc::new(nats_ready(client, url.to_owned()));
-    let http = OpsHttp::start_with(opts.http.as_deref(), ready, console).await?;
+    let http = OpsHttp::start_with(opts.serving.http.as_deref(), ready, console).await?;
     let client_url = client_url_for(local, security.tls.is_some());
     println!("turnstile gateway listening on {client_url}");
     println!("{auth}");
-    println!("config: {}", opts.config.describe());
+    println!("config: {}", opts.serving.config.describe());
     println!("http: {}", http.describe());
     println!("console: {}", http.console());
-    let bound = bound_with_http("grpc", local, &http);
-    report_bound(&bound, &[], opts.ready_file.as_deref())?;
+    let bound = bound_with_http("grpc", local, http.addr());
+    report_bound(&bound, &[], opts.serving.ready_file.as_deref())?;
     tracing::info!(%local, nats = %url, shards = c.shards, "serving turnstile.v1.Agent with cluster routing");
 
-    let stop = CancellationToken::new();
-    if let Some(watch) = auth_watch {
-        watch.spawn(stop.clone());
-    }
-    let serve = turnstile_gateway::serve_with(gateway, listener, security.tls, stop.clone().cancelled_owned());
-    let http_addr = http.addr();
-    let running = Running::spawn(stop, async move {
-        let served = serve.await;
-        http.stop();
-        served.map_err(NodeError::Serve)?;
-        tracing::info!("stopped");
-        Ok(())
-    });
-    Ok(Handle { grpc: local, http: http_addr, url: client_url, running })
+    Ok(serve(gateway, listener, local, security.tls, auth_watch, http, client_url))
 }

@@ -32,6 +32,16 @@ pub(crate) async fn open_nats(
     Ok((log, bus, snapshots))
 }
 
+/// [`open_nats`] laid out by the configuration's `[cluster]` (partitions, replicas, shards) and `[journal]`:
+/// the journal of a gateway or a worker.
+pub(crate) async fn open_cluster_nats(
+    nats: &NatsOptions,
+    config: &turnstile_config::Config,
+) -> Result<(JetStreamLog, NatsBus, KvSnapshots), NodeError> {
+    let c = &config.cluster;
+    open_nats(nats, c.partitions, crate::replicas(config), c.shards, &config.journal).await
+}
+
 /// `--nats URL` and the credentials and TLS of that connection (`--nats-creds`, `--nats-ca`,
 /// `--nats-tls-cert/--nats-tls-key`).
 #[derive(Clone, Debug, Default)]

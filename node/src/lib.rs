@@ -2,16 +2,19 @@
 //! [`gateway`] and [`worker`]. This is what the `turnstile` binary, the cross-process tests and the bench
 //! start.
 //!
-//! Its place in the architecture: `model` ← `driver` ← `worker`; `model` ← `journal` ←
-//! `worker`, `gateway` ← **`node`** ← `cli`. The node depends on the gateway, worker, journal, cluster, ops
-//! and config crates and puts them together: it loads the [`config`] (the file, then command-line flags over
-//! it), binds the listeners, opens the journal (embedded or JetStream), builds the session host or the
-//! cluster router, serves the public or internal gRPC API and the ops HTTP endpoints ([`ops`]), reports the
+//! Its place in the architecture (docs/ARCHITECTURE.md): `model` ← `driver` ← `worker` ← `agent`; `model` ←
+//! `journal` ← `worker`, `gateway`; `agent`, `gateway` ← **`node`** ← `cli`. The node depends on the gateway,
+//! worker, agent, journal, cluster, ops and config crates and puts them together: it loads the [`config`]
+//! (the file, then command-line flags over it), builds the configuration's agents, binds the listeners,
+//! opens the journal (embedded or JetStream), builds the session host (handing it the agents) or the cluster
+//! router, serves the public or internal gRPC API and the ops HTTP endpoints ([`ops`]), reports the
 //! bound addresses ([`report`]) and stops gracefully. Nothing depends back on it except the CLI, the tests
 //! and the bench; clap parsing, client commands and rendering stay in the CLI.
 //!
-//! Each role has an `Options` struct and an async `start` that returns once every listener is bound and the
-//! bound addresses are reported, with a handle that exposes those addresses and can be stopped
+//! Each role has an `Options` struct (what every role shares is its [`role::Serving`]: listener, ops HTTP,
+//! ready file, TLS, configuration) and an async `start` that returns once every listener is bound and the
+//! bound addresses are reported, with a handle (for `dev` and `gateway` the same [`gateway::Handle`]) that
+//! exposes those addresses and can be stopped
 //! (`shutdown`), awaited (`wait`) or run until a signal (`run_until(`[`signal::shutdown_signal`]`())`).
 //! Errors are [`NodeError`]s whose messages say what was wrong and how to fix it.
 
@@ -22,16 +25,21 @@ pub mod gateway;
 mod journal;
 pub mod ops;
 pub mod report;
+pub mod role;
 mod running;
 pub mod security;
 pub mod signal;
 pub mod telemetry;
+pub mod tls;
 pub mod worker;
 
 pub use error::NodeError;
 pub use journal::NatsOptions;
 pub use turnstile_config::Config;
 
+use std::sync::Arc;
+
+use turnstile_cluster::{ClusterKv, ClusterRouter, ClusterRouterConfig, CommandRouter};
 use turnstile_gateway::{GatewayConfig, QuotaConfig};
 use turnstile_worker::{Limits, WorkerConfig};
 
@@ -70,10 +78,29 @@ fn gateway_config(config: &Config) -> GatewayConfig {
 
 /// The agents, models and tools of the configuration, ready to run: the MCP servers the agents use are
 /// started first (API keys and header values read from the environment).
-async fn agents(loaded: &config::Loaded) -> Result<turnstile_worker::agents::AgentSetup, NodeError> {
-    turnstile_worker::agents::setup(&loaded.config)
+async fn agents(loaded: &config::Loaded) -> Result<turnstile_agent::AgentSetup, NodeError> {
+    turnstile_agent::setup::setup(&loaded.config)
         .await
         .map_err(|cause| NodeError::Agents { file: loaded.path.clone(), cause })
+}
+
+/// The router to every session's owner over the shard map in `client`'s KV, dialing the workers with
+/// `cluster_tls` when given: a gateway's, and a worker's for `spawn_agent`.
+async fn cluster_router(
+    client: &async_nats::Client,
+    url: &str,
+    config: &Config,
+    cluster_tls: Option<tonic::transport::ClientTlsConfig>,
+) -> Result<Arc<dyn CommandRouter>, NodeError> {
+    let c = &config.cluster;
+    // The workers' heartbeat TTL: whoever creates the workers bucket first sets its max age.
+    let kv = ClusterKv::open(client, replicas(config), c.shards, c.worker_ttl())
+        .await
+        .map_err(|e| NodeError::membership(url, e))?;
+    let router_config = ClusterRouterConfig { deadline: c.route_deadline(), ..ClusterRouterConfig::default() };
+    let router =
+        ClusterRouter::connect(&kv, router_config, cluster_tls).await.map_err(|e| NodeError::membership(url, e))?;
+    Ok(Arc::new(router))
 }
 
 /// Replicas as the journal counts them; the configuration bounds them to 1..=5.

@@ -9,7 +9,6 @@ use std::path::Path;
 use tokio::net::TcpListener;
 
 use crate::NodeError;
-use crate::ops::OpsHttp;
 
 /// One listener of this process: its name (`grpc`, `worker`, `http`) and the address it is bound to.
 pub type Bound = (&'static str, SocketAddr);
@@ -27,10 +26,10 @@ pub(crate) async fn bind(listen: &str) -> Result<(TcpListener, SocketAddr), Node
     Ok((listener, local))
 }
 
-/// `name` bound at `listener` and, when they are served, the ops HTTP endpoints.
-pub(crate) fn bound_with_http(name: &'static str, listener: SocketAddr, http: &OpsHttp) -> Vec<Bound> {
+/// `name` bound at `listener` and, when they are served, the ops HTTP endpoints at `http`.
+pub(crate) fn bound_with_http(name: &'static str, listener: SocketAddr, http: Option<SocketAddr>) -> Vec<Bound> {
     let mut bound = vec![(name, listener)];
-    bound.extend(http.addr().map(|addr| ("http", addr)));
+    bound.extend(http.map(|addr| ("http", addr)));
     bound
 }
 

@@ -1,7 +1,8 @@
-//! Who may call a server and how its connections are encrypted: the files named by the auth, TLS and
-//! NATS-credential options, and the one place that loads them into an [`Authenticator`] and rustls configs.
-//! Every file is read when a role starts, before anything listens, so a wrong path fails first. The auth
-//! files are read again on SIGHUP and when their bytes change ([`watch_auth`], decision 0035).
+//! Who may call a public server: the files named by the auth options, loaded into an [`Authenticator`]
+//! (with the server's TLS, [`crate::tls`], into a `ServerSecurity`). Every file is read when a role
+//! starts, before anything listens, so a wrong path fails first. The auth files are read again on SIGHUP and
+//! when their bytes change (`AuthWatch`, decision 0035). The NATS credentials are the journal's
+//! [`NatsSecurity`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{ClientTlsConfig, ServerTlsConfig};
+use tonic::transport::ServerTlsConfig;
 pub use turnstile_gateway::auth::JwtAlg;
 use turnstile_gateway::auth::{self, AuthSource, Authenticator, Reloadable};
-use turnstile_gateway::tls;
 pub use turnstile_journal::jetstream::NatsSecurity;
 
 use crate::NodeError;
+use crate::tls::ServerTls;
 
 /// `--auth-tokens FILE | --jwt-key FILE [--jwt-alg]`: who may call the public API. Neither: auth is off,
 /// which is allowed on loopback only.
@@ -126,44 +127,6 @@ pub(crate) fn auth_line(auth: &Authenticator, bound: SocketAddr, listen: &str) -
         Authenticator::Disabled => "auth: off (loopback only)".to_owned(),
         other => format!("auth: {}", other.describe()),
     })
-}
-
-/// `--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]`: serve TLS (and require client certificates).
-#[derive(Clone, Debug)]
-pub struct ServerTls {
-    /// PEM certificate chain, leaf first.
-    pub cert: PathBuf,
-    /// PEM private key of `cert`.
-    pub key: PathBuf,
-    /// Require client certificates signed by this PEM CA (mutual TLS).
-    pub client_ca: Option<PathBuf>,
-}
-
-impl ServerTls {
-    pub(crate) fn load(&self) -> Result<ServerTlsConfig, NodeError> {
-        tls::server_config(&self.cert, &self.key, self.client_ca.as_deref())
-            .map_err(|cause| NodeError::Tls { flag: "--tls-cert/--tls-key", cause })
-    }
-}
-
-/// `--cluster-tls-ca FILE [--cluster-tls-domain NAME] [--cluster-tls-cert/--cluster-tls-key]`: the
-/// gateway's hop to the workers.
-#[derive(Clone, Debug)]
-pub struct ClusterTls {
-    /// Dial workers over TLS, trusting this PEM CA.
-    pub ca: PathBuf,
-    /// Name to check in the workers' certificates (default: the host of each advertised address).
-    pub domain: Option<String>,
-    /// Client certificate and key, for workers that require one.
-    pub identity: Option<(PathBuf, PathBuf)>,
-}
-
-impl ClusterTls {
-    pub(crate) fn load(&self) -> Result<ClientTlsConfig, NodeError> {
-        let identity = self.identity.as_ref().map(|(cert, key)| (cert.as_path(), key.as_path()));
-        tls::client_config(&self.ca, self.domain.as_deref(), identity)
-            .map_err(|cause| NodeError::Tls { flag: "--cluster-tls-ca", cause })
-    }
 }
 
 /// The authenticator and TLS acceptor of a public server, loaded.

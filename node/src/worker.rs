@@ -4,23 +4,21 @@
 //! once instead of waiting for the leases to expire.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
+use turnstile_agent::tools::ChildSessions;
 use turnstile_worker::cluster::service::{self, WorkerService};
-use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker_with_agents};
-use turnstile_worker::tools::ChildSessions;
+use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker};
 
-use crate::config::Loaded;
-use crate::gateway::cluster_router;
-use crate::journal::{NatsOptions, open_nats};
+use crate::journal::{NatsOptions, open_cluster_nats};
 use crate::ops::{OpsHttp, install_metrics, worker_grace, worker_ready};
 use crate::report::{bind, bound_with_http, report_bound};
+use crate::role::Serving;
 use crate::running::{Running, handle_methods};
-use crate::security::{ClusterTls, ServerTls};
-use crate::{NodeError, agents, replicas, worker_config};
+use crate::tls::{ClusterTls, ServerTls};
+use crate::{NodeError, agents, cluster_router, replicas, worker_config};
 
 /// `--listen` of a worker when it is not given.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7500";
@@ -28,43 +26,25 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7500";
 /// How a worker is started.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// The internal API's listener, the ops endpoints, TLS (gateways then dial with their cluster TLS) and
+    /// the configuration (agents and models, `[cluster]` timings and layout, `[limits]`, `[journal]`).
+    pub serving: Serving,
     /// The cluster's NATS, laid out by the configuration's `[cluster]`.
     pub nats: NatsOptions,
-    /// The internal API's address (port 0 picks a free one).
-    pub listen: String,
     /// The address gateways dial (in the heartbeat and the shard leases); `None` is the bound address, so
     /// `127.0.0.1:0` advertises the port the kernel picked.
     pub advertise: Option<String>,
     /// Unique worker id, reported as the session owner; `None`: `worker-<advertised address>`.
     pub id: Option<String>,
-    /// `/metrics`, `/healthz`, `/readyz` (`None`: [`crate::ops::DEFAULT_HTTP`], skipped if busy).
-    pub http: Option<String>,
-    /// Where the bound addresses (and the id and advertised address) are written once bound.
-    pub ready_file: Option<PathBuf>,
-    /// Serve the internal API over TLS; gateways then dial with their cluster TLS.
-    pub tls: Option<ServerTls>,
     /// Dial other workers over TLS (for `spawn_agent`'s child sessions), as a gateway does; `None` dials
     /// them in clear text.
     pub cluster_tls: Option<ClusterTls>,
-    /// The configuration, flags applied: agents and models, `[cluster]` timings and layout, `[limits]`,
-    /// `[journal]`.
-    pub config: Loaded,
 }
 
 impl Options {
     /// A worker on the cluster at `nats` with every other option at its default.
     pub fn new(nats: NatsOptions) -> Self {
-        Self {
-            nats,
-            listen: DEFAULT_LISTEN.to_owned(),
-            advertise: None,
-            id: None,
-            http: None,
-            ready_file: None,
-            tls: None,
-            cluster_tls: None,
-            config: Loaded::default(),
-        }
+        Self { serving: Serving::new(DEFAULT_LISTEN), nats, advertise: None, id: None, cluster_tls: None }
     }
 }
 
@@ -107,19 +87,18 @@ impl Handle {
 pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     install_metrics();
     let started = Instant::now();
-    let agents = agents(&opts.config).await?;
-    let tls = opts.tls.as_ref().map(ServerTls::load).transpose()?;
+    let agents = agents(&opts.serving.config).await?;
+    let tls = opts.serving.tls.as_ref().map(ServerTls::load).transpose()?;
     let cluster_tls = opts.cluster_tls.as_ref().map(ClusterTls::load).transpose()?;
-    let (listener, local) = bind(&opts.listen).await?;
-    check_worker_exposure(opts.tls.as_ref(), local, &opts.listen)?;
+    let (listener, local) = bind(&opts.serving.listen).await?;
+    check_worker_exposure(opts.serving.tls.as_ref(), local, &opts.serving.listen)?;
     let advertise = opts.advertise.clone().unwrap_or_else(|| local.to_string());
     let id = opts.id.clone().unwrap_or_else(|| format!("worker-{advertise}"));
-    let config = &opts.config.config;
+    let config = &opts.serving.config.config;
     let c = &config.cluster;
     let url = opts.nats.url.as_str();
 
-    let (log, bus, snapshots) =
-        open_nats(&opts.nats, c.partitions, replicas(config), c.shards, &config.journal).await?;
+    let (log, bus, snapshots) = open_cluster_nats(&opts.nats, config).await?;
     let client = log.client().clone();
     let leases = LeaseConfig {
         shards: c.shards,
@@ -139,7 +118,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     // `spawn_agent` reaches its child sessions' owners as a gateway would, and reads their logs here.
     let router = cluster_router(&client, url, config, cluster_tls).await?;
     agents.tools.set_child_sessions(ChildSessions { router, log: log.clone() });
-    let worker = start_worker_with_agents(options, agents, &client, replicas(config), log, bus, snapshots)
+    let worker = start_worker(options, agents.into(), &client, replicas(config), log, bus, snapshots)
         .await
         .map_err(|e| NodeError::membership(url, e))?;
 
@@ -156,7 +135,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         stop_server.clone().cancelled_owned(),
     ));
     let ready = worker_ready(client, url.to_owned(), worker.leases(), started, grace);
-    let http = match OpsHttp::start(opts.http.as_deref(), Arc::new(ready)).await {
+    let http = match OpsHttp::start(opts.serving.http.as_deref(), Arc::new(ready)).await {
         Ok(http) => http,
         Err(e) => {
             leave(worker, drain, &stop_server).await;
@@ -164,12 +143,14 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         }
     };
     println!("turnstile worker {id} serving on {advertise}");
-    println!("config: {}", opts.config.describe());
+    println!("config: {}", opts.serving.config.describe());
     println!("http: {}", http.describe());
-    let bound = bound_with_http("worker", local, &http);
-    if let Err(e) =
-        report_bound(&bound, &[("id", id.clone()), ("advertise", advertise.clone())], opts.ready_file.as_deref())
-    {
+    let bound = bound_with_http("worker", local, http.addr());
+    if let Err(e) = report_bound(
+        &bound,
+        &[("id", id.clone()), ("advertise", advertise.clone())],
+        opts.serving.ready_file.as_deref(),
+    ) {
         // It may hold leases by now: leave the cluster so the shards move on at once.
         leave(worker, drain, &stop_server).await;
         http.stop();

@@ -1,7 +1,8 @@
 //! The operations surface every Turnstile server shares: Prometheus metrics ([`metrics`]), the HTTP
 //! endpoints `/metrics`, `/healthz` and `/readyz` ([`http`]), the gRPC server every role serves its
-//! services on, with health, reflection and one span per call ([`grpc`]), and W3C trace context across
-//! gRPC hops and NATS headers ([`trace`]).
+//! services on, with health, reflection and one span per call ([`grpc`]), W3C trace context across
+//! gRPC hops and NATS headers ([`trace`]), and the rustls configs of every TLS listener and dialer, read
+//! and checked from PEM files ([`tls`]).
 //!
 //! Instrumented code uses the `metrics` facade macros directly with the names in [`names`], so nothing is
 //! threaded through constructors; a process that never installs the exporter ([`install_metrics`])
@@ -11,6 +12,7 @@ pub mod clock;
 pub mod grpc;
 pub mod http;
 mod recorder;
+pub mod tls;
 pub mod trace;
 
 pub use http::{AlwaysReady, HttpError, Readiness, serve_http, serve_http_with};

@@ -498,7 +498,7 @@ async fn s27_owner_killed_between_claim_and_step_start_restores_the_claim() {
             e
         })
         .collect();
-    assert_eq!(log.append(&to, 0, &crashed).await.unwrap(), 5);
+    assert_eq!(log.append(&to, 0, &crashed, None).await.unwrap(), 5);
     let watch = target.watch().await.unwrap();
 
     // The worker that holds the shard now (it may have moved since the lease was read) is the one that

@@ -289,7 +289,7 @@ async fn s27_killed_between_claim_and_step_start_restores_the_claim_on_nats() {
             e
         })
         .collect();
-    assert_eq!(journal.append(&to, 0, &crashed).await.unwrap(), 5);
+    assert_eq!(journal.append(&to, 0, &crashed, None).await.unwrap(), 5);
 
     let mut sub = observe(&nats, &target).await;
     let server = DevServer::start_with(DevOptions::nats(nats.url())).await.unwrap();

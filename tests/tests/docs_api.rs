@@ -297,8 +297,8 @@ fn every_directive_in_the_table_is_one_the_scripted_model_reads() {
             .replace(":N", ":2")
             .replace(":TEXT", ":hello")
             .replace("NAME ARGS", "echo hi");
-        let (directives, _) = turnstile_driver::directive::parse(&sample);
-        assert_eq!(directives.len(), 1, "{directive} (as {sample}) is a directive the driver reads");
+        let (directives, _) = turnstile_agent::scripted::directive::parse(&sample);
+        assert_eq!(directives.len(), 1, "{directive} (as {sample}) is a directive the scripted model reads");
         seen += 1;
     }
     assert!(seen >= 10, "the directive table lists the directives ({seen})");

@@ -10,7 +10,7 @@
 //! - Markdown links `[text](path)` that are not URLs or anchors, relative to the document;
 //! - tokens like `dir/…/name.ext` or `dir/…/` whose first component `dir` is a top-level entry of the
 //!   checkout, relative to the checkout, the document's directory or its crate, or as the end of some
-//!   path in the checkout (a module path such as `model/http.rs` in a crate's own docs);
+//!   path in the checkout (a module path such as `llm/http.rs` in a crate's own docs);
 //! - bare `*.md` names, which must exist next to the document, in its crate or at the top: a bare file
 //!   name in a crate's comment that is none of these names nothing a reader can open.
 //!
@@ -177,7 +177,7 @@ fn every_path_a_document_names_exists() {
     files(&root, &mut documents);
     let mut everything = Vec::new();
     tree(&root, &root, &mut everything);
-    // `model/http.rs` in the worker's docs: the end of `worker/src/model/http.rs`.
+    // `llm/http.rs` in the agent crate's docs: the end of `agent/src/llm/http.rs`.
     let ends_a_path = |path: &str| {
         let path = path.trim_end_matches('/');
         path.contains('/') && everything.iter().any(|p| p.ends_with(&format!("/{path}")))

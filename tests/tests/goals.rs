@@ -249,7 +249,7 @@ async fn a_goal_owed_its_next_round_is_resumed_at_startup_on_nats() {
             e
         })
         .collect();
-    assert_eq!(journal.append(&to, 0, &crashed).await.unwrap(), cut as u64);
+    assert_eq!(journal.append(&to, 0, &crashed, None).await.unwrap(), cut as u64);
 
     let server = DevServer::start_with(DevOptions::nats(nats.url())).await.unwrap();
     let s = Session::with_ref(server.client(), target);

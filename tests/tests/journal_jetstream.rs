@@ -75,7 +75,7 @@ async fn writers_on_two_connections_never_fork() {
     let (a, b) = (Arc::new(connect(&server).await), Arc::new(connect(&server).await));
     for round in 0..10 {
         let s = session("race", &format!("r{round}"));
-        a.append(&s, 0, &batch(&s, 1, 2, "seed")).await.unwrap();
+        a.append(&s, 0, &batch(&s, 1, 2, "seed"), None).await.unwrap();
         // Both caches now say "last seq 2".
         assert_eq!(b.last_seq(&s).await.unwrap(), 2);
         let barrier = Arc::new(Barrier::new(2));
@@ -88,7 +88,7 @@ async fn writers_on_two_connections_never_fork() {
                 tokio::spawn(async move {
                     let events = batch(&s, 3, n, tag);
                     barrier.wait().await;
-                    (events.clone(), log.append(&s, 2, &events).await)
+                    (events.clone(), log.append(&s, 2, &events, None).await)
                 })
             })
             .collect();
@@ -117,11 +117,11 @@ async fn a_stale_batch_stores_nothing() {
     let server = server().await;
     let (a, b) = (connect(&server).await, connect(&server).await);
     let s = session("acme", "atomic");
-    a.append(&s, 0, &batch(&s, 1, 2, "a")).await.unwrap();
+    a.append(&s, 0, &batch(&s, 1, 2, "a"), None).await.unwrap();
     assert_eq!(b.last_seq(&s).await.unwrap(), 2);
-    a.append(&s, 2, &batch(&s, 3, 1, "a")).await.unwrap();
+    a.append(&s, 2, &batch(&s, 3, 1, "a"), None).await.unwrap();
     // b's cache still says 2, so it publishes with the stale stream sequence and the server refuses.
-    let err = b.append(&s, 2, &batch(&s, 3, 5, "b")).await.unwrap_err();
+    let err = b.append(&s, 2, &batch(&s, 3, 5, "b"), None).await.unwrap_err();
     assert_eq!(err, JournalError::Conflict { session: s.clone(), expected: 2, actual: 3 });
     let stored = read_all(&b, &s, 1).await.unwrap();
     assert_eq!(stored, batch(&s, 1, 3, "a"));
@@ -131,7 +131,7 @@ async fn a_stale_batch_stores_nothing() {
     let mut stream = jetstream::new(client).get_stream("TURNSTILE_EVENTS_0").await.unwrap();
     assert_eq!(stream.info().await.unwrap().state.messages, 2);
     // And b, now informed, appends after the winner.
-    assert_eq!(b.append(&s, 3, &batch(&s, 4, 2, "b")).await.unwrap(), 5);
+    assert_eq!(b.append(&s, 3, &batch(&s, 4, 2, "b"), None).await.unwrap(), 5);
 }
 
 /// The server behaviour the backend relies on, checked with plain async-nats against 2.15.1 (ADR-50 atomic
@@ -209,7 +209,7 @@ async fn tail_follows_another_writer_without_gaps() {
             let mut last = 0;
             while last < TOTAL {
                 let n = (last % 5 + 1).min(TOTAL - last);
-                last = writer.append(&s, last, &batch(&s, last + 1, n, "w")).await.unwrap();
+                last = writer.append(&s, last, &batch(&s, last + 1, n, "w"), None).await.unwrap();
             }
         })
     };
@@ -267,11 +267,11 @@ async fn a_restarted_server_keeps_the_log() {
     let mut server = server().await;
     let log = connect(&server).await;
     let s = session("acme", "durable");
-    log.append(&s, 0, &batch(&s, 1, 4, "w")).await.unwrap();
+    log.append(&s, 0, &batch(&s, 1, 4, "w"), None).await.unwrap();
     server.restart().await.expect("nats-server restarts");
     assert_eq!(until_available(|| log.last_seq(&s)).await, 4);
     let more = batch(&s, 5, 2, "w");
-    assert_eq!(until_available(|| log.append(&s, 4, &more)).await, 6);
+    assert_eq!(until_available(|| log.append(&s, 4, &more, None)).await, 6);
     let fresh = connect(&server).await;
     assert_eq!(read_all(&fresh, &s, 1).await.unwrap(), batch(&s, 1, 6, "w"));
     // A hard kill as well: what was acknowledged is there after the restart.
@@ -322,8 +322,8 @@ async fn an_append_group_is_stored_as_one_message_with_headers() {
     let log = connect(&server).await;
     let s = session("acme", "headers");
     let events = batch(&s, 1, 3, "w");
-    log.append_traced(&s, 0, &events, Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")).await.unwrap();
-    log.append(&s, 3, &batch(&s, 4, 1, "w")).await.unwrap();
+    log.append(&s, 0, &events, Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")).await.unwrap();
+    log.append(&s, 3, &batch(&s, 4, 1, "w"), None).await.unwrap();
     let client = async_nats::connect(server.url()).await.unwrap();
     let stream = jetstream::new(client).get_stream("TURNSTILE_EVENTS_0").await.unwrap();
     let subject = subjects::event_subject(0, &s);
@@ -371,8 +371,8 @@ async fn a_log_of_the_old_layout_reads_and_grows_in_the_new_one() {
             .unwrap();
     }
     assert_eq!(log.last_seq(&s).await.unwrap(), 3);
-    assert_eq!(log.append(&s, 3, &batch(&s, 4, 4, "w")).await.unwrap(), 7);
-    assert_eq!(log.append(&s, 7, &batch(&s, 8, 1, "w")).await.unwrap(), 8);
+    assert_eq!(log.append(&s, 3, &batch(&s, 4, 4, "w"), None).await.unwrap(), 7);
+    assert_eq!(log.append(&s, 7, &batch(&s, 8, 1, "w"), None).await.unwrap(), 8);
     let all = batch(&s, 1, 8, "w");
     for from in 1..=8 {
         assert_eq!(log.read(&s, from, 100).await.unwrap(), all[from as usize - 1..], "read from {from}");
@@ -403,8 +403,8 @@ async fn the_search_finds_every_seq_among_groups_of_other_sessions() {
     let (mut last_a, mut last_b) = (0, 0);
     for round in 0..40u64 {
         let n = round % 7 + 1;
-        last_a = log.append(&a, last_a, &batch(&a, last_a + 1, n, "a")).await.unwrap();
-        last_b = log.append(&b, last_b, &batch(&b, last_b + 1, 1 + round % 3, "b")).await.unwrap();
+        last_a = log.append(&a, last_a, &batch(&a, last_a + 1, n, "a"), None).await.unwrap();
+        last_b = log.append(&b, last_b, &batch(&b, last_b + 1, 1 + round % 3, "b"), None).await.unwrap();
     }
     let all = batch(&a, 1, last_a, "a");
     for from in 1..=last_a {
@@ -438,7 +438,7 @@ async fn an_oversized_group_is_one_atomic_batch_of_messages() {
         event
     };
     let events: Vec<_> = (1..=3).map(big).collect();
-    assert_eq!(log.append(&s, 0, &events).await.unwrap(), 3);
+    assert_eq!(log.append(&s, 0, &events, None).await.unwrap(), 3);
     assert_eq!(other.read(&s, 1, 10).await.unwrap(), events);
     let client = async_nats::connect(server.url()).await.unwrap();
     let mut stream = jetstream::new(client).get_stream("TURNSTILE_EVENTS_0").await.unwrap();
@@ -447,10 +447,10 @@ async fn an_oversized_group_is_one_atomic_batch_of_messages() {
     let commit = stream.get_last_raw_message_by_subject(&subjects::event_subject(0, &s)).await.unwrap();
     assert_eq!(commit.headers.get("Nats-Batch-Commit").map(|v| v.as_str().to_owned()).as_deref(), Some("1"));
     // `other` read the log, so its cache says 3; one more append by `log` makes that stale.
-    assert_eq!(log.append(&s, 3, &batch(&s, 4, 1, "w")).await.unwrap(), 4);
+    assert_eq!(log.append(&s, 3, &batch(&s, 4, 1, "w"), None).await.unwrap(), 4);
     let stale: Vec<_> = (4..=6).map(big).collect();
     assert_eq!(
-        other.append(&s, 3, &stale).await.unwrap_err(),
+        other.append(&s, 3, &stale, None).await.unwrap_err(),
         JournalError::Conflict { session: s.clone(), expected: 3, actual: 4 }
     );
     assert_eq!(stream.info().await.unwrap().state.messages, messages + 1, "the stale batch stored nothing");

@@ -14,7 +14,7 @@ use turnstile_model::SessionRef;
 use turnstile_tests::nats::NatsServer;
 use turnstile_worker::WorkerConfig;
 use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker};
-use turnstile_worker::host::Ownership;
+use turnstile_worker::ownership::Ownership;
 
 const SHARDS: u32 = 8;
 const WAIT: Duration = Duration::from_secs(20);
@@ -40,7 +40,8 @@ async fn worker(nats: &NatsServer, id: &str) -> WorkerHandle {
         leases: lease_config(),
         worker: WorkerConfig::default(),
     };
-    start_worker(options, &log.client().clone(), 1, log.clone(), bus, Arc::new(NoSnapshots)).await.unwrap()
+    let agents = turnstile_agent::AgentSetup::default().into();
+    start_worker(options, agents, &log.client().clone(), 1, log.clone(), bus, Arc::new(NoSnapshots)).await.unwrap()
 }
 
 async fn until(what: &str, mut done: impl FnMut() -> bool) {

@@ -74,11 +74,11 @@ async fn snapshots_record_the_stream_position_of_their_last_event() {
     let (s, noise) = (session("t", "p"), session("t", "q"));
     let events = batch(&s, 1, 30, "p");
     // Another session's events in between, so stream and event sequences differ.
-    log.append(&noise, 0, &batch(&noise, 1, 7, "n")).await.unwrap();
-    log.append(&s, 0, &events[..20]).await.unwrap();
+    log.append(&noise, 0, &batch(&noise, 1, 7, "n"), None).await.unwrap();
+    log.append(&s, 0, &events[..20], None).await.unwrap();
     let at_20 = turnstile_model::SessionState::fold(s.clone(), 10_000, &events[..20]).unwrap();
     store.save(&Snapshot::of(&at_20)).await.unwrap();
-    log.append(&s, 20, &events[20..]).await.unwrap();
+    log.append(&s, 20, &events[20..], None).await.unwrap();
 
     let position = store.load_for_reads(&s).await.unwrap().and_then(|snap| snap.position).expect("a recorded position");
     // One message per append (decision 0021): the noise at 1, events 1..=20 at 2, 21..=30 at 3.

@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tonic::transport::Channel;
+use turnstile_agent::AgentSetup;
 use turnstile_gateway::watch::{self, WatchSpec};
 use turnstile_gateway::{Gateway, GatewayConfig};
 use turnstile_journal::jetstream::subjects;
@@ -30,7 +31,7 @@ use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::watch_item::Item;
 use turnstile_tests::nats::NatsServer;
-use turnstile_worker::{SessionHost, WorkerConfig};
+use turnstile_worker::SessionHost;
 
 /// Generous bound on waiting for something that should happen.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -49,7 +50,7 @@ async fn start(config: GatewayConfig) -> Stack {
     let log = Arc::new(JetStreamLog::connect(JetStreamConfig::new(nats.url())).await.unwrap());
     let bus = Arc::new(NatsBus::new(log.client().clone()));
     let js = jetstream::new(log.client().clone());
-    let host = SessionHost::new(log.clone(), bus.clone(), WorkerConfig::default());
+    let host = SessionHost::builder(log.clone(), bus.clone(), AgentSetup::default().into()).build();
     let gateway = Gateway::new(host, log.clone(), bus.clone(), config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-pub use turnstile_driver::{AgentCatalog, Limits};
+pub use turnstile_driver::Limits;
 
 /// Configuration of a worker's session host.
 #[derive(Clone, Debug)]
@@ -12,8 +12,6 @@ pub struct WorkerConfig {
     /// The owner epoch stamped on every event (the embedded single process uses 1).
     pub epoch: u64,
     pub limits: Limits,
-    /// The agents sessions may run (names, system prompts, history budgets); default: `scripted` alone.
-    pub agents: AgentCatalog,
     /// `WhenIdle` timeout when the caller gives none.
     pub default_when_idle_timeout: Duration,
     /// A snapshot is written after this many new events (and when a session is unloaded).
@@ -35,7 +33,6 @@ impl Default for WorkerConfig {
             owner_id: "dev".to_owned(),
             epoch: 1,
             limits: Limits::default(),
-            agents: AgentCatalog::default(),
             default_when_idle_timeout: Duration::from_secs(30),
             snapshot_every: 100,
             passivate_after: Duration::from_secs(300),

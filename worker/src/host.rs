@@ -1,7 +1,7 @@
 //! The session host: one runner per loaded session, behind the gateway's [`CommandRouter`] seam.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,13 +11,15 @@ use turnstile_journal::snapshot::{LoadError, NoSnapshots, SnapshotStore, load_st
 use turnstile_journal::{JournalError, LiveBus, SessionLog};
 use turnstile_model::{CancelCause, Command, CommandError, CommandReply, SessionRef, Status};
 
-use crate::agents::AgentSetup;
+use crate::agent::Agents;
+use crate::command::{CommandMsg, Control, journal_error};
 use crate::config::WorkerConfig;
-use crate::hooks::{AgentHooks, PreStepHook};
-use crate::model::{Model, ScriptedModel};
-use crate::runner::{CommandMsg, Control, Home, Parked, Parking, Runner, RunnerDeps, Start, journal_to_command};
+use crate::deps::RunnerDeps;
+use crate::ownership::Ownership;
+use crate::park::{Home, Parked, Parking};
+use crate::runner::{Runner, Start};
 use crate::seen::SeenSessions;
-use crate::tools::ToolRegistry;
+use crate::sync::lock;
 
 /// Errors of the host itself (not of one command).
 #[derive(Debug, thiserror::Error)]
@@ -26,17 +28,6 @@ pub enum HostError {
     Journal(#[from] JournalError),
     #[error("session {session} cannot be folded: {detail}")]
     Projection { session: SessionRef, detail: String },
-}
-
-/// Which sessions this worker may serve, under which epoch: the shard leases in a cluster.
-pub trait Ownership: Send + Sync + 'static {
-    /// The epoch to serve `session` under, or the owner's address (when known) if this worker must not
-    /// take commands for it (not its shard, or the shard is being handed over).
-    fn accepting(&self, session: &SessionRef) -> Result<u64, Option<String>>;
-
-    /// Whether a runner started under `epoch` may still append to `session`'s log. False as soon as the
-    /// lease has lapsed by this worker's own clock, so a paused worker never writes after waking.
-    fn may_write(&self, session: &SessionRef, epoch: u64) -> bool;
 }
 
 /// A loaded session's runner.
@@ -79,7 +70,7 @@ impl Home for Runners {
         commands: &mut mpsc::Receiver<CommandMsg>,
         control: &mpsc::UnboundedReceiver<Control>,
     ) -> Result<(), Box<Parked>> {
-        let mut runners = self.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut runners = lock(self);
         let Some(slot) = runners.get_mut(session) else { return Err(parked) };
         // Under the lock no sender can be handed out; one handed out before finds the queue closed and
         // asks the host again, which resumes the parked driver.
@@ -109,100 +100,58 @@ pub struct SessionHost {
     deleting: Mutex<HashSet<SessionRef>>,
 }
 
-impl SessionHost {
-    /// A host with the scripted model, the built-in tools and the content guard.
-    pub fn new(log: Arc<dyn SessionLog>, bus: Arc<dyn LiveBus>, config: WorkerConfig) -> Arc<Self> {
-        Self::with_snapshots(log, bus, Arc::new(NoSnapshots), config)
+/// Puts a [`SessionHost`] together: [`SessionHost::builder`], then the optional parts, then
+/// [`SessionHostBuilder::build`].
+pub struct SessionHostBuilder {
+    deps: RunnerDeps,
+}
+
+impl SessionHostBuilder {
+    /// Loads and writes snapshots in `snapshots` (default: none, every load folds the whole log).
+    pub fn snapshots(mut self, snapshots: Arc<dyn SnapshotStore>) -> Self {
+        self.deps.snapshots = snapshots;
+        self
     }
 
-    /// Like [`SessionHost::new`], loading and writing snapshots in `snapshots`.
-    pub fn with_snapshots(
-        log: Arc<dyn SessionLog>,
-        bus: Arc<dyn LiveBus>,
-        snapshots: Arc<dyn SnapshotStore>,
-        config: WorkerConfig,
-    ) -> Arc<Self> {
-        let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(crate::hooks::ContentGuard)];
-        Self::with_parts(log, bus, snapshots, Arc::new(ScriptedModel), ToolRegistry::builtin(), hooks, config)
+    /// Takes commands only for the sessions `ownership` grants (the shard leases of a cluster worker).
+    /// Default: this host owns every session at `config.epoch`, as in `turnstile dev`.
+    pub fn ownership(mut self, ownership: Arc<dyn Ownership>) -> Self {
+        self.deps.ownership = Some(ownership);
+        self
     }
 
-    /// A cluster worker's host: commands are taken only for sessions `ownership` grants.
-    pub fn clustered(
-        log: Arc<dyn SessionLog>,
-        bus: Arc<dyn LiveBus>,
-        snapshots: Arc<dyn SnapshotStore>,
-        ownership: Arc<dyn Ownership>,
-        config: WorkerConfig,
-    ) -> Arc<Self> {
-        let hooks = AgentHooks::default();
-        let deps = RunnerDeps {
-            log,
-            bus,
-            model: Arc::new(ScriptedModel),
-            tools: ToolRegistry::builtin(),
-            hooks,
-            snapshots,
-            ownership: Some(ownership),
-            config,
-        };
-        Self::from_deps(deps)
+    /// Driver and host settings (default: [`WorkerConfig::default`]).
+    pub fn config(mut self, config: WorkerConfig) -> Self {
+        self.deps.config = config;
+        self
     }
 
-    /// A host running the agents of a configuration ([`crate::agents::from_config`]): their models and
-    /// tools, the content guard, and `agents.catalog` in place of `config.agents`. `ownership` is `None` in
-    /// `turnstile dev` (this process owns every session) and the shard leases in a cluster.
-    pub fn with_agents(
-        log: Arc<dyn SessionLog>,
-        bus: Arc<dyn LiveBus>,
-        snapshots: Arc<dyn SnapshotStore>,
-        ownership: Option<Arc<dyn Ownership>>,
-        agents: AgentSetup,
-        mut config: WorkerConfig,
-    ) -> Arc<Self> {
-        config.agents = agents.catalog;
-        let deps = RunnerDeps {
-            log,
-            bus,
-            model: agents.model,
-            tools: agents.tools,
-            hooks: agents.hooks,
-            snapshots,
-            ownership,
-            config,
-        };
-        Self::from_deps(deps)
-    }
-
-    pub fn with_parts(
-        log: Arc<dyn SessionLog>,
-        bus: Arc<dyn LiveBus>,
-        snapshots: Arc<dyn SnapshotStore>,
-        model: Arc<dyn Model>,
-        tools: ToolRegistry,
-        hooks: Vec<Arc<dyn PreStepHook>>,
-        config: WorkerConfig,
-    ) -> Arc<Self> {
-        Self::from_deps(RunnerDeps {
-            log,
-            bus,
-            model,
-            tools,
-            hooks: AgentHooks::uniform(hooks),
-            snapshots,
-            ownership: None,
-            config,
-        })
-    }
-
-    fn from_deps(deps: RunnerDeps) -> Arc<Self> {
-        Arc::new(Self {
-            deps: Arc::new(deps),
+    pub fn build(self) -> Arc<SessionHost> {
+        Arc::new(SessionHost {
+            deps: Arc::new(self.deps),
             runners: Arc::default(),
             next_runner: std::sync::atomic::AtomicU64::new(1),
             sweeping: std::sync::atomic::AtomicBool::new(false),
             seen: SeenSessions::default(),
             deleting: Mutex::default(),
         })
+    }
+}
+
+impl SessionHost {
+    /// A host over the journal's `log` and `bus`, running `agents` (`turnstile_agent::AgentSetup` makes
+    /// them from a configuration; its default is the scripted agent alone).
+    pub fn builder(log: Arc<dyn SessionLog>, bus: Arc<dyn LiveBus>, agents: Agents) -> SessionHostBuilder {
+        SessionHostBuilder {
+            deps: RunnerDeps {
+                log,
+                bus,
+                agents,
+                snapshots: Arc::new(NoSnapshots),
+                ownership: None,
+                config: WorkerConfig::default(),
+            },
+        }
     }
 
     /// The epoch to serve `session` under, or NOT-OWNER.
@@ -261,7 +210,7 @@ impl SessionHost {
     /// every one of them has unloaded.
     pub async fn drain_where(&self, which: impl Fn(&SessionRef) -> bool, timeout: Duration) {
         let handles: Vec<(mpsc::Sender<CommandMsg>, mpsc::UnboundedSender<Control>)> = {
-            let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut runners = lock(&self.runners);
             let chosen: Vec<SessionRef> = runners.keys().filter(|s| which(s)).cloned().collect();
             // A parked driver runs nothing and its state is in the log: it is only dropped.
             chosen
@@ -287,7 +236,7 @@ impl SessionHost {
 
     /// Stops the loaded sessions `which` selects at once, abandoning what they run (the lease is gone).
     pub fn stop_where(&self, which: impl Fn(&SessionRef) -> bool) {
-        let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut runners = lock(&self.runners);
         runners.retain(|session, slot| {
             if which(session) {
                 if let Slot::Running(handle) = slot {
@@ -310,7 +259,7 @@ impl SessionHost {
         epoch: u64,
         first: &mut Option<CommandMsg>,
     ) -> Result<mpsc::Sender<CommandMsg>, CommandError> {
-        let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut runners = lock(&self.runners);
         if lock(&self.deleting).contains(session) {
             return Err(being_deleted(session));
         }
@@ -321,7 +270,7 @@ impl SessionHost {
         }
         // A parked driver of this epoch is resumed as it is; anything else is replaced by a fresh load.
         let start = match runners.remove(session) {
-            Some(Slot::Parked(parked)) if parked.epoch() == epoch => Start::Resume(parked),
+            Some(Slot::Parked(parked)) if parked.epoch == epoch => Start::Resume(parked),
             Some(Slot::Running(old)) => {
                 let _ = old.control.send(Control::Stop);
                 Start::Load
@@ -352,7 +301,7 @@ impl SessionHost {
             // The runner ended (unloaded or parked): drop its entry unless it parked there or a newer runner
             // took the session's place. A command that finds no entry starts a new runner.
             if let Some(map) = map.upgrade() {
-                let mut runners = map.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut runners = lock(&map);
                 if runners.get(&session).and_then(Slot::running).is_some_and(|h| h.id == id) {
                     runners.remove(&session);
                 }
@@ -369,7 +318,7 @@ impl SessionHost {
     async fn delete(&self, session: &SessionRef) -> Result<CommandReply, CommandError> {
         self.epoch_for(session)?;
         let loaded = {
-            let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut runners = lock(&self.runners);
             if !lock(&self.deleting).insert(session.clone()) {
                 return Err(being_deleted(session));
             }
@@ -409,7 +358,7 @@ impl SessionHost {
                 }
             }
             {
-                let mut runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut runners = lock(&self.runners);
                 if runners.get(session).and_then(Slot::running).is_some_and(|h| h.commands.same_channel(&commands)) {
                     runners.remove(session);
                 }
@@ -417,8 +366,8 @@ impl SessionHost {
             let _ = control.send(Control::Dispose);
             commands.closed().await;
         }
-        let last = self.deps.log.delete(session).await.map_err(journal_to_command)?;
-        self.deps.snapshots.delete(session).await.map_err(journal_to_command)?;
+        let last = self.deps.log.delete(session).await.map_err(journal_error)?;
+        self.deps.snapshots.delete(session).await.map_err(journal_error)?;
         if last == 0 {
             return Err(CommandError::session_not_found(session));
         }
@@ -428,19 +377,19 @@ impl SessionHost {
 
     /// Commands waiting in `session`'s queue (0 when it is not loaded).
     pub fn queued_commands(&self, session: &SessionRef) -> usize {
-        let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        let runners = lock(&self.runners);
         runners.get(session).and_then(Slot::running).map_or(0, |h| h.commands.max_capacity() - h.commands.capacity())
     }
 
     /// Sessions in memory: with a live runner, or parked (idle, their driver alone).
     pub fn loaded_sessions(&self) -> usize {
-        let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        let runners = lock(&self.runners);
         runners.values().filter(|slot| slot.is_loaded()).count()
     }
 
     /// Loaded sessions whose runner task is running (the rest are parked).
     pub fn running_sessions(&self) -> usize {
-        let runners = self.runners.lock().unwrap_or_else(PoisonError::into_inner);
+        let runners = lock(&self.runners);
         runners.values().filter_map(Slot::running).filter(|h| !h.commands.is_closed()).count()
     }
 
@@ -459,7 +408,7 @@ impl SessionHost {
                 let Some(map) = map.upgrade() else { return };
                 let now = tokio::time::Instant::now();
                 let dropped: Vec<(SessionRef, Slot)> = {
-                    let mut runners = map.lock().unwrap_or_else(PoisonError::into_inner);
+                    let mut runners = lock(&map);
                     let due: Vec<SessionRef> = runners
                         .iter()
                         .filter(|(_, slot)| matches!(slot, Slot::Parked(p) if p.until <= now))
@@ -481,7 +430,7 @@ impl SessionHost {
 
     /// Sessions the host holds anything for, loaded or ending (a runner's entry goes when its task ends).
     pub fn held_sessions(&self) -> usize {
-        self.runners.lock().unwrap_or_else(PoisonError::into_inner).len()
+        lock(&self.runners).len()
     }
 }
 
@@ -501,13 +450,7 @@ impl CommandRouter for SessionHost {
             // A read for a joining Watch: a session with no live runner (unloaded, or parked idle) streams
             // nothing, and loading it to say so would cost a log read. Not-owner still routes it onwards.
             self.epoch_for(session)?;
-            let running = self
-                .runners
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(session)
-                .and_then(Slot::running)
-                .is_some();
+            let running = lock(&self.runners).get(session).and_then(Slot::running).is_some();
             if !running {
                 return Ok(CommandReply::Streaming(None));
             }
@@ -598,9 +541,4 @@ async fn ask(
 
 fn being_deleted(session: &SessionRef) -> CommandError {
     CommandError::Unavailable(format!("session {session} is being deleted; retry once DeleteSession has answered"))
-}
-
-// One set operation per critical section: a poisoned lock still holds a consistent set.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }

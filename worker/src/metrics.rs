@@ -4,7 +4,7 @@
 //! the events' own `time_ms`, so they measure what the log says happened, not when the runner got round
 //! to noticing.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
@@ -15,7 +15,8 @@ use turnstile_model::{Envelope, EventPayload, SessionRef, SpliceOutcome, Target,
 use turnstile_ops::GaugeGuard;
 use turnstile_ops::names;
 
-use crate::model::ModelIdentity;
+use crate::agent::ModelIdentity;
+use crate::sync::lock;
 
 /// Per session: when the open step started and when the first claim since the last step/start landed.
 #[derive(Debug, Default)]
@@ -37,7 +38,8 @@ impl SessionClock {
     pub(crate) fn appended(&self, batch: &[Envelope], took: Duration, result: &Result<u64, JournalError>) {
         let outcome = match result {
             Ok(_) => "ok",
-            Err(JournalError::Conflict { .. }) => "conflict",
+            // A refused first group counts as a conflict: the log was not where the writer expected it.
+            Err(e) if e.is_lost_ownership() || matches!(e, JournalError::FirstRefused { .. }) => "conflict",
             Err(_) => "error",
         };
         counter!(names::APPENDS, "outcome" => outcome).increment(1);
@@ -46,7 +48,7 @@ impl SessionClock {
             return;
         }
         counter!(names::APPENDED_EVENTS).increment(batch.len() as u64);
-        let mut marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut marks = lock(&self.marks);
         for event in batch {
             marks.observe(event);
         }
@@ -195,38 +197,4 @@ impl ModelCall {
 /// parked driver's).
 pub(crate) fn loaded() -> GaugeGuard {
     GaugeGuard::inc(gauge!(names::SESSIONS_LOADED))
-}
-
-/// One tool call being measured: counted and timed by kind, server, tool and outcome when it ends, and its
-/// outcome recorded on the current span (`tool.call`).
-pub(crate) struct ToolCall {
-    kind: &'static str,
-    server: String,
-    tool: String,
-    started: Instant,
-}
-
-impl ToolCall {
-    pub(crate) fn start(id: turnstile_config::ToolId<'_>) -> Self {
-        use turnstile_config::ToolId;
-        let (kind, server, tool) = match id {
-            ToolId::Builtin(b) => ("builtin", String::new(), b.as_str().to_owned()),
-            ToolId::Mcp { server, tool } => ("mcp", server.to_owned(), tool.to_owned()),
-            ToolId::Client(tool) => ("client", String::new(), tool.to_owned()),
-        };
-        Self { kind, server, tool, started: Instant::now() }
-    }
-
-    pub(crate) fn end(&mut self, outcome: &'static str) {
-        let took = self.started.elapsed();
-        let labels = [
-            ("kind", self.kind.to_owned()),
-            ("server", std::mem::take(&mut self.server)),
-            ("tool", std::mem::take(&mut self.tool)),
-            ("outcome", outcome.to_owned()),
-        ];
-        counter!(names::TOOL_CALLS, &labels).increment(1);
-        histogram!(names::TOOL_CALL_SECONDS, &labels).record(took.as_secs_f64());
-        Span::current().record("outcome", outcome);
-    }
 }

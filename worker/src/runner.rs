@@ -14,72 +14,20 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::mpsc;
 use tracing::Instrument as _;
-use turnstile_journal::snapshot::{LoadError, Snapshot, SnapshotStore, empty_state, load_state};
-use turnstile_journal::{JournalError, LiveBus, SessionLog};
-use turnstile_model::message::{ContentBlock, MessageId, MessageSource, UserMessage};
-use turnstile_model::{Command, CommandError, CommandReply, Envelope, SessionRef, SessionState};
+use turnstile_driver::{CommandId, Driver, Effect};
+use turnstile_journal::JournalError;
+use turnstile_journal::snapshot::{Snapshot, empty_state};
+use turnstile_model::{CommandError, Envelope, SessionRef};
 use turnstile_ops::clock::now_ms;
 
-use crate::config::WorkerConfig;
-use crate::hooks::{AgentHooks, run_waterfall};
-use crate::host::Ownership;
-use crate::metrics::ModelCall;
-use crate::model::chat::StreamDelta;
-use crate::model::{DeltaSink, Model, ModelError};
-use crate::spans::{TurnSpans, command_span, model_span};
-use crate::tools::ToolRegistry;
-use turnstile_driver::{
-    CommandId, Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepOutcome, PreStepRequest, ToolOutcome,
-    ToolRequest,
-};
-use turnstile_ops::GaugeGuard;
-
-/// Everything a runner needs besides its session.
-pub struct RunnerDeps {
-    pub log: Arc<dyn SessionLog>,
-    pub bus: Arc<dyn LiveBus>,
-    pub model: Arc<dyn Model>,
-    pub tools: ToolRegistry,
-    /// Each agent's pre-step waterfall, picked by the proposal's agent.
-    pub hooks: AgentHooks,
-    pub snapshots: Arc<dyn SnapshotStore>,
-    /// Shard ownership in a cluster; `None` in `turnstile dev`, which owns everything at its epoch.
-    pub ownership: Option<Arc<dyn Ownership>>,
-    pub config: WorkerConfig,
-}
-
-/// Tells a runner to hand its session over.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Control {
-    /// Finish the running step, claim nothing more, then unload.
-    Drain,
-    /// Unload now, abandoning whatever runs (the lease is gone or the drain timed out).
-    Stop,
-    /// Unload now for `DeleteSession`: write no last snapshot and wait for snapshot writes in flight, so
-    /// nothing of the session is stored after the runner is gone and the host removes it.
-    Dispose,
-}
-
-pub(crate) type ReplyTx = oneshot::Sender<Result<CommandReply, CommandError>>;
-
-/// A command for the runner, with where to send its reply.
-pub(crate) struct CommandMsg {
-    pub command: Command,
-    pub reply: ReplyTx,
-    /// The caller's W3C trace context: the command's span, its turns and their events join that trace.
-    pub traceparent: Option<String>,
-}
-
-/// Outcomes of the runner's own operations, fed back into the driver.
-enum OpMsg {
-    PreStep { op: OpId, outcome: PreStepOutcome },
-    ModelDelta { op: OpId, text: String, reasoning: bool },
-    ModelDone { op: OpId, outcome: ModelOutcome },
-    ToolDone { op: OpId, outcome: ToolOutcome },
-}
+use crate::command::{CommandMsg, Control, ReplyTx, journal_error};
+use crate::deps::RunnerDeps;
+use crate::load::load_until_available;
+use crate::operations::Operations;
+use crate::park::{Parked, Parking};
+use crate::spans::{TurnSpans, command_span};
 
 /// Why a batch of effects could not be completed.
 enum Stop {
@@ -87,117 +35,6 @@ enum Stop {
     Reload,
     /// Another writer owns the session: stop serving it.
     Lost,
-}
-
-/// Loads a session (snapshot + tail) into a driver and repairs it (its effects are still to perform).
-pub(crate) async fn load_driver(deps: &RunnerDeps, session: &SessionRef, epoch: u64) -> Result<Driver, CommandError> {
-    let state = load_state(deps.log.as_ref(), deps.snapshots.as_ref(), session, deps.config.limits.dedup_horizon)
-        .await
-        .map_err(|e| match e {
-            LoadError::Journal(e) => journal_to_command(e),
-            LoadError::Projection { .. } => CommandError::Internal(e.to_string()),
-        })?;
-    let mut driver =
-        Driver::new(state, deps.config.limits.clone(), deps.config.agents.clone(), epoch, deps.config.owner_id.clone());
-    driver.recover(now_ms());
-    Ok(driver)
-}
-
-/// A driver taking up a parked session's fold: no repair, since the driver it came from was quiescent.
-fn resume_driver(deps: &RunnerDeps, state: SessionState, epoch: u64) -> Driver {
-    Driver::new(state, deps.config.limits.clone(), deps.config.agents.clone(), epoch, deps.config.owner_id.clone())
-}
-
-/// First pause before loading a session again while the journal is unavailable; doubles up to the max.
-const RELOAD_BACKOFF: Duration = Duration::from_millis(100);
-const RELOAD_BACKOFF_MAX: Duration = Duration::from_secs(2);
-
-pub(crate) fn journal_to_command(e: JournalError) -> CommandError {
-    match e {
-        JournalError::Unavailable(m) if out_of_space(&m) => CommandError::Unavailable(format!(
-            "the journal is out of space and refuses writes ({m}); the server stored none of it: free space on the NATS \
-             servers (delete sessions, raise max_file_store or [journal] max_bytes) and retry with the same message id"
-        )),
-        JournalError::Unavailable(m) => {
-            CommandError::Unavailable(format!("the journal is unavailable ({m}); retry with the same message id"))
-        }
-        JournalError::Conflict { .. } => CommandError::Unavailable(format!("{e}; retry to reach the new owner")),
-        other => CommandError::Internal(other.to_string()),
-    }
-}
-
-/// Whether a store error says JetStream has no room: the server's storage limit (`max_file_store`,
-/// "insufficient resources", 10023), an account's or a stream's (`max_bytes` with discard new: "maximum
-/// bytes exceeded", "storage resources exceeded", 10047). The server reports them only as text.
-fn out_of_space(message: &str) -> bool {
-    let m = message.to_ascii_lowercase();
-    ["insufficient resources", "resources exceeded", "maximum bytes", "no space left"].iter().any(|s| m.contains(s))
-}
-
-/// Loads the session, retrying with backoff while the journal is unavailable and answering commands
-/// meanwhile with UNAVAILABLE, so service resumes by itself when the journal returns. `None` when the
-/// log cannot be folded (every waiting command gets that error) or the host went away.
-async fn load_until_available(
-    deps: &RunnerDeps,
-    session: &SessionRef,
-    epoch: u64,
-    commands: &mut mpsc::Receiver<CommandMsg>,
-) -> Option<Driver> {
-    let mut backoff = RELOAD_BACKOFF;
-    loop {
-        let error = match load_driver(deps, session, epoch).await {
-            Ok(driver) => return Some(driver),
-            Err(e @ CommandError::Unavailable(_)) => e,
-            Err(e) => {
-                tracing::error!(%session, error = %e, "cannot load session");
-                commands.close();
-                while let Some(msg) = commands.recv().await {
-                    let _ = msg.reply.send(Err(e.clone()));
-                }
-                return None;
-            }
-        };
-        tracing::warn!(%session, error = %error, retry_in = ?backoff, "cannot load session; retrying");
-        let pause = tokio::time::sleep(backoff);
-        tokio::pin!(pause);
-        loop {
-            tokio::select! {
-                () = &mut pause => break,
-                msg = commands.recv() => match msg {
-                    Some(msg) => { let _ = msg.reply.send(Err(error.clone())); }
-                    None => return None,
-                },
-            }
-        }
-        backoff = (backoff * 2).min(RELOAD_BACKOFF_MAX);
-    }
-}
-
-/// A loaded session whose runner ended because it was idle (decision 0037): its driver alone, with no
-/// task, channel, timer or span. The host keeps it until the next command resumes it or passivation
-/// drops it; both happen without reading or writing anything.
-pub(crate) struct Parked {
-    /// The quiescent driver's fold: a driver is rebuilt from it, without repair, when a command comes.
-    state: SessionState,
-    epoch: u64,
-    /// The seq of the last snapshot written (or loaded), so a resumed runner keeps the snapshot cadence.
-    snapshot_seq: u64,
-    /// When passivation may drop it.
-    pub(crate) until: tokio::time::Instant,
-    /// Counts it in `turnstile_sessions_loaded` while it is held.
-    _loaded: GaugeGuard,
-}
-
-impl Parked {
-    pub(crate) fn epoch(&self) -> u64 {
-        self.epoch
-    }
-}
-
-impl std::fmt::Debug for Parked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Parked").field("epoch", &self.epoch).field("last_seq", &self.state.last_seq).finish()
-    }
 }
 
 /// What a runner starts from.
@@ -209,21 +46,6 @@ pub(crate) enum Start {
     /// Serve this command of a session the host has not seen: written as a new session's first events
     /// before any read (decision 0040), else on the driver loaded after that.
     Fresh(CommandMsg),
-}
-
-/// Where a runner may park its driver when idle: the host's slot of its session, named by the runner's id.
-pub(crate) trait Home: Send + Sync + 'static {
-    /// Replaces runner `id`'s entry with `parked` when it is still the session's runner and `commands` and
-    /// `control` are empty, closing `commands` so the next command finds the parked driver. Gives `parked`
-    /// back when the runner must go on serving.
-    fn park(
-        &self,
-        session: &SessionRef,
-        id: u64,
-        parked: Box<Parked>,
-        commands: &mut mpsc::Receiver<CommandMsg>,
-        control: &mpsc::UnboundedReceiver<Control>,
-    ) -> Result<(), Box<Parked>>;
 }
 
 /// How [`Runner::serve`] ended.
@@ -243,14 +65,8 @@ pub(crate) struct Runner {
     driver: Driver,
     waiting: HashMap<CommandId, ReplyTx>,
     next_command: CommandId,
-    ops: HashMap<OpId, CancellationToken>,
-    op_tx: mpsc::UnboundedSender<OpMsg>,
-    op_rx: mpsc::UnboundedReceiver<OpMsg>,
-    /// Cancelled when the runner stops, so no operation outlives it.
-    stopped: CancellationToken,
-    /// Cancelled (then replaced) just before the operations' tokens when the runner lets them go without a
-    /// cancel of the turn (reload, shutdown): tools see it as `ToolContext::released`.
-    released: CancellationToken,
+    /// The pre-step, model and tool operations running as tasks.
+    ops: Operations,
     /// The seq of the last snapshot written (or loaded).
     snapshot_seq: u64,
     /// The owner epoch this runner writes under.
@@ -263,12 +79,6 @@ pub(crate) struct Runner {
     saves: tokio::task::JoinSet<()>,
     clock: crate::metrics::SessionClock,
     spans: TurnSpans,
-}
-
-/// What a runner needs to park: the host's map and its own id there.
-pub(crate) struct Parking {
-    pub home: std::sync::Weak<dyn Home>,
-    pub id: u64,
 }
 
 impl Runner {
@@ -291,9 +101,10 @@ impl Runner {
                 let snapshot_seq = driver.state().last_seq;
                 (driver, snapshot_seq, loaded)
             }
+            // No repair: the driver it came from was quiescent.
             Start::Resume(parked) => {
-                let Parked { state, snapshot_seq, _loaded, .. } = *parked;
-                (resume_driver(&deps, state, epoch), snapshot_seq, _loaded)
+                let Parked { state, snapshot_seq, loaded, .. } = *parked;
+                (deps.driver(state, epoch), snapshot_seq, loaded)
             }
             Start::Fresh(msg) => {
                 let loaded = crate::metrics::loaded();
@@ -305,7 +116,7 @@ impl Runner {
                     }
                 };
                 first = Some(msg);
-                (resume_driver(&deps, empty, epoch), 0, loaded)
+                (deps.driver(empty, epoch), 0, loaded)
             }
         };
         let mut runner = Runner::new(session, deps, driver, snapshot_seq, epoch, control);
@@ -332,7 +143,7 @@ impl Runner {
                     // Parking needs nothing of the runner but the driver: nothing runs or waits.
                     let Runner { session, deps, driver, snapshot_seq, epoch, control, .. } = runner;
                     let parked =
-                        Box::new(Parked { state: driver.into_state(), epoch, snapshot_seq, until, _loaded: guard });
+                        Box::new(Parked { state: driver.into_state(), epoch, snapshot_seq, until, loaded: guard });
                     match home.park(&session, parking.id, parked, &mut commands, &control) {
                         Ok(()) => {
                             tracing::debug!(%session, "parked idle session");
@@ -340,9 +151,9 @@ impl Runner {
                         }
                         // A command or control message came in meanwhile: serve it.
                         Err(parked) => {
-                            let Parked { state, _loaded, .. } = *parked;
-                            loaded = Some(_loaded);
-                            let driver = resume_driver(&deps, state, epoch);
+                            let Parked { state, loaded: guard, .. } = *parked;
+                            loaded = Some(guard);
+                            let driver = deps.driver(state, epoch);
                             runner = Runner::new(session, deps, driver, snapshot_seq, epoch, control);
                         }
                     }
@@ -359,18 +170,13 @@ impl Runner {
         epoch: u64,
         control: mpsc::UnboundedReceiver<Control>,
     ) -> Self {
-        let (op_tx, op_rx) = mpsc::unbounded_channel();
         Runner {
             session,
             deps,
             driver,
             waiting: HashMap::new(),
             next_command: 1,
-            ops: HashMap::new(),
-            op_tx,
-            op_rx,
-            stopped: CancellationToken::new(),
-            released: CancellationToken::new(),
+            ops: Operations::new(),
             snapshot_seq,
             epoch,
             control,
@@ -421,26 +227,7 @@ impl Runner {
                         return Served::Unload;
                     }
                 },
-                Some(msg) = self.op_rx.recv() => {
-                    let now = now_ms();
-                    match msg {
-                    OpMsg::PreStep { op, outcome } => {
-                        self.ops.remove(&op);
-                        self.driver.on_pre_step(op, outcome, now);
-                    }
-                    OpMsg::ModelDelta { op, text, reasoning } => {
-                        self.driver.on_model_delta(op, &text, reasoning, now);
-                    }
-                    OpMsg::ModelDone { op, outcome } => {
-                        self.ops.remove(&op);
-                        self.driver.on_model_done(op, outcome, now);
-                    }
-                    OpMsg::ToolDone { op, outcome } => {
-                        self.ops.remove(&op);
-                        self.driver.on_tool_done(op, outcome, now);
-                    }
-                    }
-                },
+                Some(outcome) = self.ops.next() => self.ops.deliver(outcome, &mut self.driver, now_ms()),
                 msg = commands.recv() => {
                     let Some(CommandMsg { command, reply, traceparent }) = msg else { return Served::Unload };
                     span = Some(command_span(&self.session, command.name(), traceparent.as_deref()));
@@ -476,24 +263,25 @@ impl Runner {
         let mut effects = self.driver.ready().into_iter();
         let written = match effects.next() {
             Some(Effect::Append(group)) => self.write(group.events(), true).instrument(span.clone()).await,
-            _ => Ok(None),
+            // Not a write: nothing happened, the command runs on the loaded session.
+            _ => Err(JournalError::FirstRefused { session: self.session.clone() }),
         };
         match written {
-            Ok(Some(_)) => {
+            Ok(_) => {
                 self.waiting.insert(id, reply);
                 return self.settle_after(effects.collect(), commands).instrument(span).await;
             }
-            Ok(None) => {}
-            // Only the lease check refuses that way here: another worker serves the session now.
-            Err(e @ JournalError::Conflict { .. }) => {
-                let _ = reply.send(Err(journal_to_command(e)));
+            Err(JournalError::FirstRefused { .. }) => {}
+            // The lease check: another worker serves the session now.
+            Err(e) if e.is_lost_ownership() => {
+                let _ = reply.send(Err(journal_error(e)));
                 return false;
             }
             // The journal is away (or the outcome unknown): answered now, as commands are while a session
             // cannot load; the client's retry with the same id finds the group if it landed (SPEC §1).
             Err(e) => {
                 tracing::warn!(session = %self.session, error = %e, "first append failed; loading the session");
-                let _ = reply.send(Err(journal_to_command(e)));
+                let _ = reply.send(Err(journal_error(e)));
                 return self.load_from_log(commands).await && self.settle(commands).await;
             }
         }
@@ -589,10 +377,10 @@ impl Runner {
         while let Some(effect) = rest.next() {
             match effect {
                 Effect::Append(group) => {
-                    if let Err(e) = self.append(group.events()).await {
+                    if let Err(e) = self.write(group.events(), false).await {
                         let remaining: Vec<Effect> = rest.collect();
-                        let lost = matches!(e, JournalError::Conflict { .. });
-                        let message = journal_to_command(e.clone()).to_string();
+                        let lost = e.is_lost_ownership();
+                        let message = journal_error(e.clone()).to_string();
                         tracing::warn!(session = %self.session, error = %e, "append failed");
                         self.fail_replies(&remaining, &message);
                         return Err(if lost { Stop::Lost } else { Stop::Reload });
@@ -608,14 +396,10 @@ impl Runner {
                         let _ = tx.send(result);
                     }
                 }
-                Effect::PreStep(request) => self.spawn_pre_step(request),
-                Effect::Model(request) => self.spawn_model(request),
-                Effect::Tool(request) => self.spawn_tool(request),
-                Effect::Abort { op } => {
-                    if let Some(token) = self.ops.get(&op) {
-                        token.cancel();
-                    }
-                }
+                Effect::PreStep(request) => self.ops.pre_step(&self.deps, &self.session, request, self.spans.active()),
+                Effect::Model(request) => self.ops.model(&self.deps, &self.session, request, &self.spans.active()),
+                Effect::Tool(request) => self.ops.tool(&self.deps, &self.session, request, &self.spans.active()),
+                Effect::Abort { op } => self.ops.abort(op),
                 Effect::Reload { reason } => {
                     // The driver already withdrew this input's effects and failed its replies.
                     tracing::error!(session = %self.session, error = %reason, "driver invariant broken; reloading");
@@ -626,24 +410,16 @@ impl Runner {
         Ok(())
     }
 
-    async fn append(&mut self, batch: &[Envelope]) -> Result<u64, JournalError> {
-        let expected = batch.first().map_or(0, |e| e.seq.saturating_sub(1));
-        match self.write(batch, false).await? {
-            Some(last) => Ok(last),
-            None => Err(JournalError::Conflict { session: self.session.clone(), expected, actual: expected }),
-        }
-    }
-
-    /// Appends `batch`; with `new_log` as the first events of the session's log ([`SessionLog::append_first`]:
-    /// `None` when the log has events and nothing was written).
-    async fn write(&mut self, batch: &[Envelope], new_log: bool) -> Result<Option<u64>, JournalError> {
-        let expected = batch.first().map_or(0, |e| e.seq.saturating_sub(1));
+    /// Appends `batch` after the driver's last durable event; with `new_log` as the first events of the
+    /// session's log ([`SessionLog::append_first`](turnstile_journal::SessionLog::append_first): refused
+    /// with [`JournalError::FirstRefused`] when the log has events). Returns the new last seq.
+    async fn write(&mut self, batch: &[Envelope], new_log: bool) -> Result<u64, JournalError> {
         // A worker whose lease lapsed (or was taken) must not write again under the old epoch, even
         // where the conditional append would still let it through (nobody else has written yet).
         if let Some(ownership) = &self.deps.ownership
             && !ownership.may_write(&self.session, self.epoch)
         {
-            return Err(JournalError::Conflict { session: self.session.clone(), expected, actual: expected });
+            return Err(JournalError::Fenced { session: self.session.clone(), epoch: self.epoch });
         }
         let started = std::time::Instant::now();
         let span = self.spans.begin_append(&self.session, batch);
@@ -652,16 +428,11 @@ impl Runner {
         let result = if new_log {
             log.append_first(&self.session, batch, traceparent.as_deref()).instrument(span).await
         } else {
-            log.append_traced(&self.session, expected, batch, traceparent.as_deref()).instrument(span).await.map(Some)
+            let expected = batch.first().map_or(0, |e| e.seq.saturating_sub(1));
+            log.append(&self.session, expected, batch, traceparent.as_deref()).instrument(span).await
         };
         self.spans.end_append(batch);
-        let counted = match &result {
-            Ok(Some(last)) => Ok(*last),
-            // A refused first group counts as a conflict: the log was not where the writer expected it.
-            Ok(None) => Err(JournalError::Conflict { session: self.session.clone(), expected, actual: expected }),
-            Err(e) => Err(e.clone()),
-        };
-        self.clock.appended(batch, started.elapsed(), &counted);
+        self.clock.appended(batch, started.elapsed(), &result);
         result
     }
 
@@ -679,14 +450,7 @@ impl Runner {
     /// Drops the driver and its operations and loads the session again from the log, waiting out a
     /// journal outage. False when the session cannot be served any more.
     async fn reload(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
-        std::mem::take(&mut self.released).cancel();
-        for (_, token) in self.ops.drain() {
-            token.cancel();
-        }
-        // Outcomes of the dropped operations must not reach the new driver.
-        let (op_tx, op_rx) = mpsc::unbounded_channel();
-        self.op_tx = op_tx;
-        self.op_rx = op_rx;
+        self.ops.release();
         // Callers waiting on the old driver (when_idle) learn that it is gone; they may ask again.
         for (_, tx) in self.waiting.drain() {
             let _ = tx.send(Err(CommandError::Unavailable(format!(
@@ -704,11 +468,7 @@ impl Runner {
     }
 
     fn shutdown(&mut self, commands: &mut mpsc::Receiver<CommandMsg>, message: &str) {
-        self.released.cancel();
-        self.stopped.cancel();
-        for (_, token) in self.ops.drain() {
-            token.cancel();
-        }
+        self.ops.stop();
         for (_, tx) in self.waiting.drain() {
             let _ = tx.send(Err(CommandError::Unavailable(message.to_owned())));
         }
@@ -716,120 +476,5 @@ impl Runner {
         while let Ok(msg) = commands.try_recv() {
             let _ = msg.reply.send(Err(CommandError::Unavailable(message.to_owned())));
         }
-    }
-
-    fn op_token(&mut self, op: OpId) -> CancellationToken {
-        let token = self.stopped.child_token();
-        self.ops.insert(op, token.clone());
-        token
-    }
-
-    fn spawn_pre_step(&mut self, request: PreStepRequest) {
-        let token = self.op_token(request.op);
-        let (tx, session) = (self.op_tx.clone(), self.session.clone());
-        let waterfall = self.deps.hooks.for_agent(&request.agent);
-        let task = async move {
-            let outcome = tokio::select! {
-                // Checked first: a hook that sees the abort returns an error, which must not be mistaken
-                // for a hook failure.
-                biased;
-                () = token.cancelled() => PreStepOutcome::Aborted,
-                r = run_waterfall(&waterfall, &session, &request, &token) => match r {
-                    Ok(decision) => PreStepOutcome::Decided(decision),
-                    Err(e) => PreStepOutcome::Failed { message: e.to_string() },
-                },
-            };
-            let _ = tx.send(OpMsg::PreStep { op: request.op, outcome });
-        };
-        // The hooks' spans (`pre_step.hook`) belong to the open turn.
-        tokio::spawn(task.instrument(self.spans.active()));
-    }
-
-    fn spawn_model(&mut self, request: ModelRequest) {
-        let token = self.op_token(request.op);
-        let (tx, deps, op) = (self.op_tx.clone(), self.deps.clone(), request.op);
-        let identity = deps.model.identity(&request.agent);
-        // The step's span is open: `step/start` was appended before the driver asked for the model.
-        let span = model_span(&self.spans.active(), &self.session, &request.agent, &identity);
-        let mut call = ModelCall::start(&self.session, &request.agent, identity, span.clone());
-        let task = async move {
-            let (delta_tx, mut delta_rx) = mpsc::channel::<StreamDelta>(64);
-            let forward = {
-                let tx = tx.clone();
-                let call = &mut call;
-                async move {
-                    while let Some(delta) = delta_rx.recv().await {
-                        call.streamed();
-                        let (text, reasoning) = match delta {
-                            StreamDelta::Text(text) => (text, false),
-                            StreamDelta::Reasoning(text) => (text, true),
-                        };
-                        let _ = tx.send(OpMsg::ModelDelta { op, text, reasoning });
-                    }
-                }
-            };
-            let step = deps.model.step(request, DeltaSink::new(delta_tx), token.clone());
-            // The forwarder ends when the model drops its sink, so every delta precedes the outcome.
-            let (result, ()) = tokio::join!(
-                async {
-                    tokio::select! {
-                        () = token.cancelled() => Err(ModelError::Aborted),
-                        r = step => r,
-                    }
-                },
-                forward
-            );
-            let outcome = match result {
-                Ok(output) => ModelOutcome::Finished(output),
-                Err(ModelError::Failed { message, code }) => ModelOutcome::Failed { message, code },
-                Err(ModelError::Aborted) => ModelOutcome::Aborted,
-            };
-            call.finish(&outcome);
-            let _ = tx.send(OpMsg::ModelDone { op, outcome });
-        };
-        tokio::spawn(task.instrument(span));
-    }
-
-    fn spawn_tool(&mut self, request: ToolRequest) {
-        let token = self.op_token(request.op);
-        let released = self.released.clone();
-        let (tx, deps, session) = (self.op_tx.clone(), self.deps.clone(), self.session.clone());
-        let span = tracing::info_span!(
-            parent: &self.spans.active(),
-            "tool.call",
-            %session,
-            agent = %request.agent,
-            tool = %request.call.name,
-            call_id = %request.call.call_id,
-            outcome = tracing::field::Empty,
-        );
-        tokio::spawn(
-            async move {
-                // A started call finishes even on abort: the tool sees the signal and may stop early.
-                let call = &request.call;
-                let r = deps
-                    .tools
-                    .run(&session, &call.call_id, &request.agent, &call.name, &call.arguments, &token, &released)
-                    .await;
-                // Context messages get ids derived from the call id (unique in the session like it).
-                let context = r
-                    .context
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, text)| UserMessage {
-                        id: MessageId(format!("{}.ctx{i}", call.call_id)),
-                        content: vec![ContentBlock::text(text)],
-                        source: MessageSource::Tool { call_id: call.call_id.clone() },
-                    })
-                    .collect();
-                let outcome = ToolOutcome {
-                    concludes_turn: r.concludes_turn,
-                    context,
-                    ..ToolOutcome::new(call.call_id.clone(), call.name.clone(), r.output, r.error)
-                };
-                let _ = tx.send(OpMsg::ToolDone { op: request.op, outcome });
-            }
-            .instrument(span),
-        );
     }
 }

@@ -10,7 +10,7 @@ use tracing::Span;
 use turnstile_model::{Envelope, EventPayload, SessionRef};
 use turnstile_ops::trace;
 
-use crate::model::ModelIdentity;
+use crate::agent::ModelIdentity;
 
 /// The span of one command in the runner, in the caller's trace when it sent a `traceparent`.
 pub(crate) fn command_span(session: &SessionRef, command: &'static str, traceparent: Option<&str>) -> Span {

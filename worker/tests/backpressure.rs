@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use log_support::TestLog;
+use turnstile_agent::AgentSetup;
 use turnstile_cluster::CommandRouter;
 use turnstile_journal::LocalBus;
 use turnstile_model::{Command, CommandError, CommandReply, SessionRef, Target, UserMessage};
@@ -24,7 +25,9 @@ fn queue(id: &str) -> Command {
 async fn a_full_command_queue_refuses_at_once_and_loses_nothing_it_queued() {
     let log = Arc::new(TestLog::gated());
     let config = WorkerConfig { command_queue: 2, ..WorkerConfig::default() };
-    let host = SessionHost::new(log.clone(), Arc::new(LocalBus::new()), config);
+    let host = SessionHost::builder(log.clone(), Arc::new(LocalBus::new()), AgentSetup::default().into())
+        .config(config)
+        .build();
     let session = SessionRef::new("acme", "busy").unwrap();
 
     // A is taken by the driver, which then waits in its append; B and C fill the queue behind it.

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use log_support::TestLog;
+use turnstile_agent::AgentSetup;
 use turnstile_cluster::CommandRouter;
 use turnstile_journal::snapshot::{MemorySnapshots, SnapshotStore};
 use turnstile_journal::{LocalBus, SessionLog};
@@ -40,7 +41,10 @@ fn fixture() -> Fixture {
     let snapshots = Arc::new(MemorySnapshots::default());
     // A snapshot after every event, so there is one to remove.
     let config = WorkerConfig { snapshot_every: 1, ..WorkerConfig::default() };
-    let host = SessionHost::with_snapshots(log.clone(), Arc::new(LocalBus::new()), snapshots.clone(), config);
+    let host = SessionHost::builder(log.clone(), Arc::new(LocalBus::new()), AgentSetup::default().into())
+        .snapshots(snapshots.clone())
+        .config(config)
+        .build();
     Fixture { log, snapshots, host, session: SessionRef::new("acme", "doomed").unwrap() }
 }
 

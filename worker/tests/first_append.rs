@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use log_support::TestLog;
+use turnstile_agent::AgentSetup;
 use turnstile_cluster::CommandRouter;
 use turnstile_journal::log::read_all;
 use turnstile_journal::snapshot::MemorySnapshots;
@@ -28,7 +29,9 @@ fn followup(id: &str, text: &str) -> Command {
 
 /// A host over `log` as a worker that just started would have it: nothing loaded.
 fn host(log: &Arc<TestLog>, snapshots: &Arc<MemorySnapshots>) -> Arc<SessionHost> {
-    SessionHost::with_snapshots(log.clone(), Arc::new(LocalBus::new()), snapshots.clone(), WorkerConfig::default())
+    SessionHost::builder(log.clone(), Arc::new(LocalBus::new()), AgentSetup::default().into())
+        .snapshots(snapshots.clone())
+        .build()
 }
 
 async fn idle(host: &SessionHost, session: &SessionRef) {
@@ -143,7 +146,10 @@ async fn a_session_this_host_served_before_is_loaded_first_after_passivation() {
         passivate_after: Duration::from_millis(100),
         ..WorkerConfig::default()
     };
-    let host = SessionHost::with_snapshots(log.clone(), Arc::new(LocalBus::new()), snapshots.clone(), config);
+    let host = SessionHost::builder(log.clone(), Arc::new(LocalBus::new()), AgentSetup::default().into())
+        .snapshots(snapshots.clone())
+        .config(config)
+        .build();
     let s = session("known");
     host.execute(&s, followup("m1", "hello"), None).await.unwrap();
     idle(&host, &s).await;

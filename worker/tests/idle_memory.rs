@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+use turnstile_agent::AgentSetup;
 use turnstile_cluster::CommandRouter;
 use turnstile_journal::snapshot::MemorySnapshots;
 use turnstile_journal::{EmbeddedLog, LocalBus};
@@ -50,7 +51,10 @@ async fn an_idle_session_holds_little_and_a_passivated_one_nothing() {
     let log = Arc::new(EmbeddedLog::in_memory());
     let snapshots = Arc::new(MemorySnapshots::default());
     let config = WorkerConfig { passivate_after: Duration::from_secs(60), ..WorkerConfig::default() };
-    let host = SessionHost::with_snapshots(log.clone(), Arc::new(LocalBus::new()), snapshots.clone(), config);
+    let host = SessionHost::builder(log.clone(), Arc::new(LocalBus::new()), AgentSetup::default().into())
+        .snapshots(snapshots.clone())
+        .config(config)
+        .build();
     // Warm up: the first session pays for lazily built statics and the runtime's timer wheel.
     for i in 0..10 {
         host.execute(&session(SESSIONS + i), queue(&format!("w{i}")), None).await.unwrap();

@@ -17,8 +17,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use turnstile_agent::scripted::{self, ScriptedPlan};
 use turnstile_driver::HookVerdict;
-use turnstile_driver::scripted::{self, ScriptedPlan};
 use turnstile_driver::{AgentCatalog, Limits};
 use turnstile_driver::{
     CommandId, Driver, Effect, ModelOutcome, ModelOutput, ModelRequest, OpId, PreStepDecision, PreStepOutcome,

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use async_trait::async_trait;
@@ -13,6 +13,7 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use crate::bus::{LiveBus, LiveStream};
 use crate::log::JournalError;
+use crate::sync::lock;
 use turnstile_model::event::LiveEvent;
 use turnstile_model::message::SessionRef;
 
@@ -37,12 +38,6 @@ impl LocalBus {
     pub fn subscribed_sessions(&self) -> usize {
         lock(&self.channels).len()
     }
-}
-
-// The map's critical sections are single inserts, lookups and removals: a poisoned lock holds a
-// consistent map.
-fn lock(channels: &Channels) -> std::sync::MutexGuard<'_, HashMap<SessionRef, broadcast::Sender<LiveEvent>>> {
-    channels.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[async_trait]

@@ -13,7 +13,7 @@ mod tail;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::Path;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use tokio::sync::{Mutex, OwnedMutexGuard, watch};
@@ -21,6 +21,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 pub use bus::{LIVE_CAPACITY, LocalBus};
 
 use crate::log::{EventStream, JournalError, SessionLog};
+use crate::sync;
 use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
 
@@ -68,14 +69,14 @@ impl EmbeddedLog {
     }
 
     fn find(&self, session: &SessionRef) -> Option<Arc<Slot>> {
-        read_lock(&self.sessions).get(session).cloned()
+        sync::read(&self.sessions).get(session).cloned()
     }
 
     fn find_or_create(&self, session: &SessionRef) -> Arc<Slot> {
         if let Some(slot) = self.find(session) {
             return slot;
         }
-        let mut sessions = write_lock(&self.sessions);
+        let mut sessions = sync::write(&self.sessions);
         let slot = sessions.entry(session.clone()).or_insert_with(|| {
             let writer = match &self.store {
                 Some(store) => Writer::Disk(store.session_file(session)),
@@ -94,12 +95,12 @@ impl Slot {
     }
 
     fn last_seq(&self) -> u64 {
-        read_lock(&self.events).len() as u64
+        sync::read(&self.events).len() as u64
     }
 
     /// Up to `limit` events from `from_seq` (seq 0 reads from 1).
     fn read(&self, from_seq: u64, limit: usize) -> Vec<Envelope> {
-        let events = read_lock(&self.events);
+        let events = sync::read(&self.events);
         let start = usize::try_from(from_seq.max(1) - 1).unwrap_or(usize::MAX).min(events.len());
         events[start..].iter().take(limit).cloned().collect()
     }
@@ -121,22 +122,22 @@ impl Slot {
             file.append(&disk::encode_frame(&events))?;
         }
         let last = expected + events.len() as u64;
-        write_lock(&self.events).extend(events);
+        sync::write(&self.events).extend(events);
         self.last.send_replace(last);
         Ok(last)
     }
 }
 
-/// Checks the batch shape and passes every event through the codec, so what is kept in memory is exactly
-/// what a restart (or another backend) reads back.
-
 #[async_trait]
 impl SessionLog for EmbeddedLog {
+    /// Checks the batch shape and passes every event through the codec, so what is kept in memory is exactly
+    /// what a restart (or another backend) reads back. No headers are kept: `traceparent` is dropped.
     async fn append(
         &self,
         session: &SessionRef,
         expected_last_seq: u64,
         events: &[Envelope],
+        _traceparent: Option<&str>,
     ) -> Result<u64, JournalError> {
         let events: Vec<Envelope> = crate::log::check_batch(session, expected_last_seq, events, usize::MAX)?
             .into_iter()
@@ -183,7 +184,7 @@ impl SessionLog for EmbeddedLog {
         after: Option<&SessionRef>,
         limit: usize,
     ) -> Result<Vec<SessionRef>, JournalError> {
-        let sessions = read_lock(&self.sessions);
+        let sessions = sync::read(&self.sessions);
         let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
         Ok(sessions
             .range((lower, Bound::Unbounded))
@@ -218,21 +219,11 @@ async fn delete_slot(log: &EmbeddedLog, session: &SessionRef) -> Result<u64, Jou
     }
     *writer = Writer::Deleted;
     {
-        let mut sessions = write_lock(&log.sessions);
+        let mut sessions = sync::write(&log.sessions);
         if sessions.get(session).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
             sessions.remove(session);
         }
     }
-    write_lock(&slot.events).clear();
+    sync::write(&slot.events).clear();
     Ok(last)
-}
-
-// The critical sections under these locks are plain pushes, clones and lookups that cannot leave the data
-// half-changed, so a panic elsewhere that poisoned a lock leaves consistent data behind.
-fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(PoisonError::into_inner)
 }

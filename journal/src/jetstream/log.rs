@@ -1,7 +1,10 @@
-//! [`JetStreamLog`]: the [`SessionLog`] on JetStream streams.
+//! [`JetStreamLog`]: a session log on JetStream streams, and the store operations its
+//! [`SessionLog`](crate::SessionLog) implementation (`session_log`), its tails (`tail`) and its deletes
+//! (`delete`) are made of: locating a session's subject, the last-event cache, publishing a group, reading
+//! through ordered consumers.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use async_nats::header::{
     NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL, NATS_BATCH_ID, NATS_BATCH_SEQUENCE, NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
@@ -11,12 +14,12 @@ use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::consumer::pull::OrderedConfig;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
-use async_trait::async_trait;
 use futures::StreamExt as _;
 
 use super::config::{JetStreamConfig, ensure_stream};
-use super::{group, subjects, tail};
-use crate::log::{EventStream, JournalError, SessionLog};
+use super::{group, subjects};
+use crate::log::JournalError;
+use crate::sync::lock;
 use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
 
@@ -37,19 +40,19 @@ pub(super) struct LastEvent {
 }
 
 /// A checked group: its events' encoded bodies and how they split into messages.
-struct Prepared {
+pub(super) struct Prepared {
     bodies: Vec<Vec<u8>>,
     runs: Vec<std::ops::Range<usize>>,
 }
 
 /// Why [`JetStreamLog::publish`] wrote nothing (or may have).
-enum Refusal {
+pub(super) enum Refusal {
     /// The subject's last message is not the expected one: nothing was written.
     WrongLastSequence,
     Failed(JournalError),
 }
 
-/// A [`SessionLog`] on JetStream: one stream per partition, one subject per session, one message per
+/// A [`SessionLog`](crate::SessionLog) on JetStream: one stream per partition, one subject per session, one message per
 /// append group. Cheap to share behind an `Arc`; every call goes to the server, only the last-seq cache is local.
 pub struct JetStreamLog {
     config: JetStreamConfig,
@@ -136,6 +139,11 @@ impl JetStreamLog {
         &self.client
     }
 
+    /// `streams()[p]` is partition p's stream.
+    pub(super) fn streams(&self) -> &[Stream] {
+        &self.streams
+    }
+
     fn partition(&self, session: &SessionRef) -> u32 {
         subjects::partition_of(subjects::shard_of(session, self.config.shards), self.config.partitions)
     }
@@ -148,11 +156,11 @@ impl JetStreamLog {
         (stream, subjects::event_subject(p, session))
     }
 
-    fn cached(&self, session: &SessionRef) -> Option<LastEvent> {
+    pub(super) fn cached(&self, session: &SessionRef) -> Option<LastEvent> {
         lock(&self.last.0).get(session).copied()
     }
 
-    fn remember(&self, session: &SessionRef, last: LastEvent) {
+    pub(super) fn remember(&self, session: &SessionRef, last: LastEvent) {
         let mut cache = lock(&self.last.0);
         if cache.len() >= CACHE_LIMIT && !cache.contains_key(session) {
             cache.clear();
@@ -193,7 +201,7 @@ impl JetStreamLog {
     }
 
     /// [`JetStreamLog::stream_seq_of`] given the session's last event.
-    async fn stream_seq_before(
+    pub(super) async fn stream_seq_before(
         &self,
         session: &SessionRef,
         seq: u64,
@@ -278,68 +286,9 @@ impl JetStreamLog {
         Ok((messages, release))
     }
 
-    /// [`SessionLog::append`] with a W3C `traceparent` carried on the group's headers (the hook for
-    /// tracing: the trait method passes none).
-    ///
-    /// The group is one message (decision 0021): one publish, one ack, one
-    /// `Nats-Expected-Last-Subject-Sequence` check. Only a group too large for one message (several
-    /// large events) is split into messages written as one atomic batch (decision 0004).
-    pub async fn append_traced(
-        &self,
-        session: &SessionRef,
-        expected_last_seq: u64,
-        events: &[Envelope],
-        traceparent: Option<&str>,
-    ) -> Result<u64, JournalError> {
-        let prepared = self.prepare(session, expected_last_seq, events)?;
-        let expected_stream_seq = match self.cached(session) {
-            Some(last) if last.seq == expected_last_seq => last.stream_seq,
-            _ => {
-                let last = self.fetch_last(session).await?;
-                let actual = last.map_or(0, |l| l.seq);
-                if actual != expected_last_seq {
-                    return Err(conflict(session, expected_last_seq, actual));
-                }
-                last.map_or(0, |l| l.stream_seq)
-            }
-        };
-        match self.publish(session, expected_last_seq, expected_stream_seq, events, prepared, traceparent).await {
-            Ok(last) => Ok(last),
-            Err(Refusal::WrongLastSequence) => {
-                let actual = self.fetch_last(session).await?.map_or(0, |l| l.seq);
-                Err(conflict(session, expected_last_seq, actual))
-            }
-            Err(Refusal::Failed(e)) => Err(e),
-        }
-    }
-
-    /// [`SessionLog::append_first`]: one publish expecting no message on the session's subject, whatever
-    /// the cache says, and no read after a refusal (the caller loads the session anyway).
-    pub async fn append_first_traced(
-        &self,
-        session: &SessionRef,
-        events: &[Envelope],
-        traceparent: Option<&str>,
-    ) -> Result<Option<u64>, JournalError> {
-        let prepared = self.prepare(session, 0, events)?;
-        // A publish made while disconnected waits in the client's buffer and may land after its ack timed
-        // out: the caller, told UNAVAILABLE, loads the session and may read it before that late first group
-        // lands. While the connection is down the first group is not published at all.
-        if self.client.connection_state() != async_nats::connection::State::Connected {
-            return Err(JournalError::Unavailable(format!(
-                "appending to {session}: the connection to NATS is down (nothing was written)"
-            )));
-        }
-        match self.publish(session, 0, 0, events, prepared, traceparent).await {
-            Ok(last) => Ok(Some(last)),
-            Err(Refusal::WrongLastSequence) => Ok(None),
-            Err(Refusal::Failed(e)) => Err(e),
-        }
-    }
-
     /// Checks a group ([`crate::log::check_batch`]) and splits it into messages that fit the server's
     /// `max_payload`: the encoded bodies of each message's events.
-    fn prepare(
+    pub(super) fn prepare(
         &self,
         session: &SessionRef,
         expected_last_seq: u64,
@@ -363,7 +312,7 @@ impl JetStreamLog {
 
     /// Publishes a prepared group after the message at `expected_stream_seq` of the session's subject (0:
     /// none) and remembers where the log ends now.
-    async fn publish(
+    pub(super) async fn publish(
         &self,
         session: &SessionRef,
         expected_last_seq: u64,
@@ -421,6 +370,10 @@ impl JetStreamLog {
                 Ok(last)
             }
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Err(Refusal::WrongLastSequence),
+            Err(e) if out_of_space(&e) => {
+                self.forget(session);
+                Err(Refusal::Failed(JournalError::OutOfSpace(format!("appending to {session}: {e}"))))
+            }
             Err(e) => {
                 // The outcome may be unknown (a lost ack): the next append must ask the server.
                 self.forget(session);
@@ -434,7 +387,7 @@ impl JetStreamLog {
 
     /// Up to `limit` events from stream sequence `start` on, ending at the log's end as the consumer
     /// reports it (`pending == 0`), never by waiting.
-    async fn read_from(
+    pub(super) async fn read_from(
         &self,
         session: &SessionRef,
         start: u64,
@@ -470,139 +423,6 @@ impl JetStreamLog {
     }
 }
 
-#[async_trait]
-impl SessionLog for JetStreamLog {
-    async fn append(
-        &self,
-        session: &SessionRef,
-        expected_last_seq: u64,
-        events: &[Envelope],
-    ) -> Result<u64, JournalError> {
-        JetStreamLog::append_traced(self, session, expected_last_seq, events, None).await
-    }
-
-    async fn append_traced(
-        &self,
-        session: &SessionRef,
-        expected_last_seq: u64,
-        events: &[Envelope],
-        traceparent: Option<&str>,
-    ) -> Result<u64, JournalError> {
-        JetStreamLog::append_traced(self, session, expected_last_seq, events, traceparent).await
-    }
-
-    async fn append_first(
-        &self,
-        session: &SessionRef,
-        events: &[Envelope],
-        traceparent: Option<&str>,
-    ) -> Result<Option<u64>, JournalError> {
-        JetStreamLog::append_first_traced(self, session, events, traceparent).await
-    }
-
-    async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let from_seq = from_seq.max(1);
-        let Some(start) = self.stream_seq_of(session, from_seq).await? else { return Ok(Vec::new()) };
-        self.read_from(session, start, from_seq, limit).await
-    }
-
-    /// One last-event get, then one ordered consumer from the recorded position (no search): a snapshot's
-    /// tail costs the same on a log of 100 events as on one of 100,000. Without a position the start is
-    /// found by [`JetStreamLog::stream_seq_of`]'s binary search (O(log n) gets).
-    async fn read_after(
-        &self,
-        session: &SessionRef,
-        after_seq: u64,
-        position: Option<u64>,
-    ) -> Result<Option<Vec<Envelope>>, JournalError> {
-        let Some(last) = self.fetch_last(session).await? else {
-            return Ok((after_seq == 0).then(Vec::new));
-        };
-        if last.seq < after_seq {
-            return Ok(None);
-        }
-        if last.seq == after_seq {
-            // The recorded event is the last one: it must still be where it was recorded.
-            return Ok(position.is_none_or(|p| p == last.stream_seq).then(Vec::new));
-        }
-        let start = match position {
-            // Event `after_seq` precedes the last one, so its message is below the last's; a position at
-            // or past it is not this log's. A recorded position is the message whose *last* event is
-            // `after_seq` (`Positions` only holds message ends), so event `after_seq + 1` opens the
-            // subject's next message: reading from p + 1 starts at it.
-            Some(p) if p < last.stream_seq => p + 1,
-            Some(_) => return Ok(None),
-            None if after_seq == 0 => 1,
-            None => match self.stream_seq_before(session, after_seq + 1, last).await? {
-                Some(start) => start,
-                None => return Ok(None),
-            },
-        };
-        // A message of the subject lies at or after `start` (the last one), so the read cannot wait.
-        let events = self.read_from(session, start, after_seq + 1, usize::MAX).await?;
-        // From a position that is not event `after_seq`'s (a log reset and written again), the first event
-        // read is not the next one: the caller folds from the start.
-        if events.first().is_none_or(|e| e.seq != after_seq + 1) {
-            return Ok(None);
-        }
-        Ok(Some(events))
-    }
-
-    async fn last_seq(&self, session: &SessionRef) -> Result<u64, JournalError> {
-        Ok(self.fetch_last(session).await?.map_or(0, |l| l.seq))
-    }
-
-    fn unloaded(&self, session: &SessionRef) {
-        self.forget(session);
-    }
-
-    async fn tail(&self, session: &SessionRef, after_seq: u64) -> Result<EventStream, JournalError> {
-        tail::follow(self, session, after_seq).await
-    }
-
-    async fn delete(&self, session: &SessionRef) -> Result<u64, JournalError> {
-        super::delete::purge_session(self, session).await
-    }
-
-    async fn list_sessions(
-        &self,
-        tenant: Option<&str>,
-        after: Option<&SessionRef>,
-        limit: usize,
-    ) -> Result<Vec<SessionRef>, JournalError> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        // Subjects with messages, from each partition's stream info: O(sessions) per call, which is fine for
-        // listing pages at current scale; a sessions index (KV) replaces it if it is not.
-        let mut sessions = Vec::new();
-        for (p, stream) in (0u32..).zip(&self.streams) {
-            let filter = tenant.map_or_else(|| subjects::stream_subjects(p), |t| subjects::tenant_filter(p, t));
-            let mut info = stream
-                .info_with_subjects(filter)
-                .await
-                .map_err(|e| unavailable(format!("listing the sessions of partition {p}"), e))?;
-            while let Some(entry) = info.next().await {
-                let (subject, _count) = entry.map_err(|e| unavailable(format!("listing partition {p}"), e))?;
-                match subjects::parse_event_subject(&subject) {
-                    Some(s) if tenant.is_none_or(|t| s.tenant == t) && after.is_none_or(|a| &s > a) => {
-                        sessions.push(s);
-                    }
-                    Some(_) => {}
-                    None => tracing::warn!(%subject, "ignoring a subject in an event stream that names no session"),
-                }
-            }
-        }
-        sessions.sort();
-        sessions.dedup();
-        sessions.truncate(limit);
-        Ok(sessions)
-    }
-}
-
 /// Decodes one stored message (a group, or one event of the old layout) and checks it against its
 /// headers and subject.
 pub(super) fn decode(session: &SessionRef, message: &jetstream::Message) -> Result<Vec<Envelope>, JournalError> {
@@ -611,19 +431,37 @@ pub(super) fn decode(session: &SessionRef, message: &jetstream::Message) -> Resu
     group::decode_message(session, message.message.headers.as_ref(), &message.message.payload, stream_seq)
 }
 
-fn conflict(session: &SessionRef, expected: u64, actual: u64) -> JournalError {
+pub(super) fn conflict(session: &SessionRef, expected: u64, actual: u64) -> JournalError {
     JournalError::Conflict { session: session.clone(), expected, actual }
+}
+
+/// Whether the server refused a publish for lack of room, by the JetStream error code it answered with:
+/// its storage limit (`max_file_store`: insufficient resources, 10023), an account's (10002) or a memory
+/// limit (10028), storage resources exceeded (10047), or a store failure (10077) whose description says the
+/// stream's `max_bytes` (with discard new) or the disk is full. Nothing was written.
+fn out_of_space(e: &jetstream::context::PublishError) -> bool {
+    use jetstream::ErrorCode;
+    let Some(error) = std::error::Error::source(e).and_then(|s| s.downcast_ref::<jetstream::Error>()) else {
+        return false;
+    };
+    match error.error_code() {
+        ErrorCode::INSUFFICIENT_RESOURCES
+        | ErrorCode::ACCOUNT_RESOURCES_EXCEEDED
+        | ErrorCode::MEMORY_RESOURCES_EXCEEDED
+        | ErrorCode::STORAGE_RESOURCES_EXCEEDED => true,
+        // The server words why the store failed only in the description.
+        ErrorCode::STREAM_STORE_FAILED => {
+            let why = error.to_string().to_ascii_lowercase();
+            why.contains("maximum bytes") || why.contains("no space left")
+        }
+        _ => false,
+    }
 }
 
 /// Every failure to reach the store or get an answer in time is retryable: FIELD-NOTES, leader loss shows
 /// up as "stream not found" (no responders) for a few seconds.
 pub(super) fn unavailable(what: String, e: impl std::fmt::Display) -> JournalError {
     JournalError::Unavailable(format!("{what}: {e}"))
-}
-
-// The cache's critical sections are single map operations: a poisoned lock holds a consistent map.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Deletes a reader's consumer when the reader is dropped. An ordered consumer nobody pulls from stays on

@@ -12,7 +12,15 @@
 //! Single writer (SPEC §6): every append carries `Nats-Expected-Last-Subject-Sequence` = the stream
 //! sequence of the message holding the session's last event. The writer keeps `session → (last seq, its
 //! stream seq)` from its own appends and reads; on a miss it asks the stream leader for the subject's last
-//! message. The server is the judge: a wrong-sequence answer becomes [`JournalError::Conflict`].
+//! message. The server is the judge: a wrong-sequence answer becomes [`JournalError::Conflict`] (on a
+//! first append, [`JournalError::FirstRefused`]), and a refusal for lack of room, told by the server's
+//! error code, [`JournalError::OutOfSpace`].
+//!
+//! Files: `log` holds [`JetStreamLog`] and its store operations (locating a session's subject, the last-event
+//! cache, publishing a group, reading through ordered consumers); `session_log` implements
+//! [`crate::SessionLog`] with them, `tail` and `delete` the trait's tail and delete; [`group`] is the
+//! message format, [`subjects`] the naming, `config` the streams' layout, `snapshots` the KV snapshot store,
+//! `bus` the live bus.
 //!
 //! Reads: the stream sequence of the message holding event `from_seq` is found by a binary search of
 //! `next-by-subject` gets (O(log n) small requests, from the leader so a read follows the writer's own
@@ -40,6 +48,7 @@ mod config;
 mod delete;
 pub mod group;
 mod log;
+mod session_log;
 mod snapshots;
 pub mod subjects;
 mod tail;

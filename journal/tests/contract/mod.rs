@@ -73,9 +73,9 @@ async fn seqs_until(stream: &mut EventStream, last: u64) -> Vec<u64> {
 pub async fn append_to_new_session_expects_zero(log: Arc<dyn SessionLog>) {
     let s = session("acme", "new");
     let events = batch(&s, 1, 3, "w");
-    assert_eq!(log.append(&s, 0, &events).await.unwrap(), 3);
+    assert_eq!(log.append(&s, 0, &events, None).await.unwrap(), 3);
     assert_eq!(log.read(&s, 1, 100).await.unwrap(), events);
-    assert_eq!(log.append(&s, 3, &batch(&s, 4, 1, "w")).await.unwrap(), 4);
+    assert_eq!(log.append(&s, 3, &batch(&s, 4, 1, "w"), None).await.unwrap(), 4);
     assert_eq!(read_all(&*log, &s, 1).await.unwrap().len(), 4);
 }
 
@@ -90,7 +90,7 @@ pub async fn racing_writers_exactly_one_wins(log: Arc<dyn SessionLog>) {
                 tokio::spawn(async move {
                     let events = batch(&s, 1, 2, tag);
                     barrier.wait().await;
-                    (tag, events.clone(), log.append(&s, 0, &events).await)
+                    (tag, events.clone(), log.append(&s, 0, &events, None).await)
                 })
             })
             .collect();
@@ -119,24 +119,26 @@ pub async fn racing_writers_exactly_one_wins(log: Arc<dyn SessionLog>) {
 pub async fn append_first_writes_only_an_empty_log(log: Arc<dyn SessionLog>) {
     let s = session("acme", "first");
     let first = batch(&s, 1, 2, "a");
-    assert_eq!(log.append_first(&s, &first, None).await.unwrap(), Some(2));
-    assert_eq!(log.append_first(&s, &batch(&s, 1, 3, "b"), None).await.unwrap(), None);
+    let refused = |session: &SessionRef| Err(JournalError::FirstRefused { session: session.clone() });
+    assert_eq!(log.append_first(&s, &first, None).await, Ok(2));
+    assert_eq!(log.append_first(&s, &batch(&s, 1, 3, "b"), None).await, refused(&s));
     assert_eq!(read_all(&*log, &s, 1).await.unwrap(), first);
     // This process saw the log empty, then another writer appended: still refused.
     let other = session("acme", "first-other");
     assert_eq!(log.last_seq(&other).await.unwrap(), 0);
     let writer_b = batch(&other, 1, 1, "b");
-    log.append(&other, 0, &writer_b).await.unwrap();
-    assert_eq!(log.append_first(&other, &batch(&other, 1, 1, "c"), None).await.unwrap(), None);
+    log.append(&other, 0, &writer_b, None).await.unwrap();
+    assert_eq!(log.append_first(&other, &batch(&other, 1, 1, "c"), None).await, refused(&other));
     assert_eq!(read_all(&*log, &other, 1).await.unwrap(), writer_b);
     // The log ends where the written group ends: the next append follows it.
-    assert_eq!(log.append(&s, 2, &batch(&s, 3, 1, "a")).await.unwrap(), 3);
+    assert_eq!(log.append(&s, 2, &batch(&s, 3, 1, "a"), None).await.unwrap(), 3);
     // Two first writers at once: exactly one wins.
     let raced = session("acme", "first-race");
     let (group_a, group_b) = (batch(&raced, 1, 1, "a"), batch(&raced, 1, 1, "b"));
     let (a, b) = tokio::join!(log.append_first(&raced, &group_a, None), log.append_first(&raced, &group_b, None));
-    let written = [a.unwrap(), b.unwrap()];
-    assert_eq!(written.iter().filter(|w| w.is_some()).count(), 1, "{written:?}");
+    let written = [a, b];
+    assert_eq!(written.iter().filter(|w| w.is_ok()).count(), 1, "{written:?}");
+    assert!(written.contains(&refused(&raced)), "{written:?}");
     assert_eq!(log.last_seq(&raced).await.unwrap(), 1);
     // A malformed group is refused as by `append`.
     assert!(matches!(
@@ -148,9 +150,9 @@ pub async fn append_first_writes_only_an_empty_log(log: Arc<dyn SessionLog>) {
 pub async fn stale_expected_seq_conflicts_and_changes_nothing(log: Arc<dyn SessionLog>) {
     let s = session("acme", "stale");
     let stored = batch(&s, 1, 3, "w");
-    log.append(&s, 0, &stored).await.unwrap();
+    log.append(&s, 0, &stored, None).await.unwrap();
     for expected in [0, 1, 2, 7] {
-        let err = log.append(&s, expected, &batch(&s, expected + 1, 1, "late")).await.unwrap_err();
+        let err = log.append(&s, expected, &batch(&s, expected + 1, 1, "late"), None).await.unwrap_err();
         assert_eq!(err, JournalError::Conflict { session: s.clone(), expected, actual: 3 });
     }
     assert_eq!(log.read(&s, 1, 100).await.unwrap(), stored);
@@ -172,7 +174,7 @@ pub async fn invalid_batches_are_refused(log: Arc<dyn SessionLog>) {
         ("only another session", 0, batch(&other, 1, 1, "w")),
     ];
     for (what, expected, events) in cases {
-        match log.append(&s, expected, &events).await {
+        match log.append(&s, expected, &events, None).await {
             Err(JournalError::InvalidBatch { session, .. }) => assert_eq!(session, s, "{what}"),
             other => panic!("{what}: expected InvalidBatch, got {other:?}"),
         }
@@ -181,18 +183,18 @@ pub async fn invalid_batches_are_refused(log: Arc<dyn SessionLog>) {
     assert_eq!(log.last_seq(&other).await.unwrap(), 0);
     assert!(log.list_sessions(Some("acme"), None, 10).await.unwrap().is_empty());
     // A valid batch after the refusals still starts at 1.
-    log.append(&s, 0, &batch(&s, 1, 1, "w")).await.unwrap();
+    log.append(&s, 0, &batch(&s, 1, 1, "w"), None).await.unwrap();
     let mut gap = batch(&s, 2, 3, "w");
     gap[2].seq = 5;
-    assert!(matches!(log.append(&s, 1, &gap).await, Err(JournalError::InvalidBatch { .. })));
+    assert!(matches!(log.append(&s, 1, &gap, None).await, Err(JournalError::InvalidBatch { .. })));
     assert_eq!(log.last_seq(&s).await.unwrap(), 1);
 }
 
 pub async fn ranged_reads(log: Arc<dyn SessionLog>) {
     let s = session("acme", "ranged");
     let all = batch(&s, 1, 10, "w");
-    log.append(&s, 0, &all[..4]).await.unwrap();
-    log.append(&s, 4, &all[4..]).await.unwrap();
+    log.append(&s, 0, &all[..4], None).await.unwrap();
+    log.append(&s, 4, &all[4..], None).await.unwrap();
     assert_eq!(log.read(&s, 1, 100).await.unwrap(), all);
     assert_eq!(log.read(&s, 0, 2).await.unwrap(), all[..2]);
     assert_eq!(log.read(&s, 4, 3).await.unwrap(), all[3..6]);
@@ -205,9 +207,9 @@ pub async fn ranged_reads(log: Arc<dyn SessionLog>) {
 pub async fn last_seq_follows_appends(log: Arc<dyn SessionLog>) {
     let s = session("acme", "last");
     assert_eq!(log.last_seq(&s).await.unwrap(), 0);
-    log.append(&s, 0, &batch(&s, 1, 1, "w")).await.unwrap();
+    log.append(&s, 0, &batch(&s, 1, 1, "w"), None).await.unwrap();
     assert_eq!(log.last_seq(&s).await.unwrap(), 1);
-    log.append(&s, 1, &batch(&s, 2, 5, "w")).await.unwrap();
+    log.append(&s, 1, &batch(&s, 2, 5, "w"), None).await.unwrap();
     assert_eq!(log.last_seq(&s).await.unwrap(), 6);
     assert_eq!(log.last_seq(&session("acme", "untouched")).await.unwrap(), 0);
 }
@@ -215,11 +217,11 @@ pub async fn last_seq_follows_appends(log: Arc<dyn SessionLog>) {
 pub async fn tail_from_zero_and_from_the_middle(log: Arc<dyn SessionLog>) {
     let s = session("acme", "tail");
     let all = batch(&s, 1, 11, "w");
-    log.append(&s, 0, &all[..5]).await.unwrap();
+    log.append(&s, 0, &all[..5], None).await.unwrap();
     let mut from_zero = log.tail(&s, 0).await.unwrap();
     let mut from_three = log.tail(&s, 3).await.unwrap();
-    log.append(&s, 5, &all[5..7]).await.unwrap();
-    log.append(&s, 7, &all[7..10]).await.unwrap();
+    log.append(&s, 5, &all[5..7], None).await.unwrap();
+    log.append(&s, 7, &all[7..10], None).await.unwrap();
     let mut seen = Vec::new();
     for _ in 0..10 {
         seen.push(next(&mut from_zero).await);
@@ -227,12 +229,12 @@ pub async fn tail_from_zero_and_from_the_middle(log: Arc<dyn SessionLog>) {
     assert_eq!(seen, all[..10]);
     assert_eq!(seqs_until(&mut from_three, 10).await, (4..=10).collect::<Vec<_>>());
     // Nothing repeats before the next append reaches either tail.
-    log.append(&s, 10, &all[10..]).await.unwrap();
+    log.append(&s, 10, &all[10..], None).await.unwrap();
     assert_eq!(next(&mut from_zero).await, all[10]);
     assert_eq!(next(&mut from_three).await.seq, 11);
     // A tail from the end sees only what comes next.
     let mut from_end = log.tail(&s, 11).await.unwrap();
-    log.append(&s, 11, &[event(&s, 12, "w")]).await.unwrap();
+    log.append(&s, 11, &[event(&s, 12, "w")], None).await.unwrap();
     assert_eq!(next(&mut from_end).await.seq, 12);
 }
 
@@ -240,7 +242,7 @@ pub async fn tail_of_a_session_without_events(log: Arc<dyn SessionLog>) {
     let s = session("acme", "tail-new");
     let mut tail = log.tail(&s, 0).await.unwrap();
     let first = batch(&s, 1, 2, "w");
-    log.append(&s, 0, &first).await.unwrap();
+    log.append(&s, 0, &first, None).await.unwrap();
     assert_eq!(next(&mut tail).await, first[0]);
     assert_eq!(next(&mut tail).await, first[1]);
 }
@@ -255,7 +257,7 @@ pub async fn tail_with_concurrent_appends(log: Arc<dyn SessionLog>) {
             let mut last = 0;
             while last < TOTAL {
                 let n = (last % 4 + 1).min(TOTAL - last);
-                last = log.append(&s, last, &batch(&s, last + 1, n, "w")).await.unwrap();
+                last = log.append(&s, last, &batch(&s, last + 1, n, "w"), None).await.unwrap();
                 tokio::task::yield_now().await;
             }
         })
@@ -291,12 +293,12 @@ pub async fn list_sessions_order_filter_and_cursor(log: Arc<dyn SessionLog>) {
     let names = [("beta", "s2"), ("alpha", "z"), ("beta", "s1"), ("alpha", "a"), ("gamma", "only"), ("alpha", "m")];
     for (tenant, id) in names {
         let s = session(tenant, id);
-        log.append(&s, 0, &batch(&s, 1, 1, "w")).await.unwrap();
+        log.append(&s, 0, &batch(&s, 1, 1, "w"), None).await.unwrap();
     }
     // A session that was only tailed, or refused, has no events and is not listed.
     let _tail = log.tail(&session("alpha", "b-tailed"), 0).await.unwrap();
     let refused = session("alpha", "c-refused");
-    assert!(log.append(&refused, 0, &[]).await.is_err());
+    assert!(log.append(&refused, 0, &[], None).await.is_err());
 
     let refs = |pairs: &[(&str, &str)]| pairs.iter().map(|(t, i)| session(t, i)).collect::<Vec<SessionRef>>();
     let everything =
@@ -329,9 +331,9 @@ pub async fn list_sessions_order_filter_and_cursor(log: Arc<dyn SessionLog>) {
 pub async fn delete_removes_the_log_and_frees_the_name(log: Arc<dyn SessionLog>) {
     let s = session("acme", "doomed");
     let kept = session("acme", "kept");
-    log.append(&s, 0, &batch(&s, 1, 3, "old")).await.unwrap();
-    log.append(&s, 3, &batch(&s, 4, 2, "old")).await.unwrap();
-    log.append(&kept, 0, &batch(&kept, 1, 2, "k")).await.unwrap();
+    log.append(&s, 0, &batch(&s, 1, 3, "old"), None).await.unwrap();
+    log.append(&s, 3, &batch(&s, 4, 2, "old"), None).await.unwrap();
+    log.append(&kept, 0, &batch(&kept, 1, 2, "k"), None).await.unwrap();
     let mut old_tail = log.tail(&s, 0).await.unwrap();
     assert_eq!(seqs_until(&mut old_tail, 5).await, vec![1, 2, 3, 4, 5]);
 
@@ -344,11 +346,14 @@ pub async fn delete_removes_the_log_and_frees_the_name(log: Arc<dyn SessionLog>)
     assert_eq!(log.delete(&s).await.unwrap(), 0);
     assert_eq!(log.delete(&session("acme", "never")).await.unwrap(), 0);
     // The writer of the old log is refused: its expected seq is gone.
-    assert!(matches!(log.append(&s, 5, &batch(&s, 6, 1, "old")).await, Err(JournalError::Conflict { actual: 0, .. })));
+    assert!(matches!(
+        log.append(&s, 5, &batch(&s, 6, 1, "old"), None).await,
+        Err(JournalError::Conflict { actual: 0, .. })
+    ));
 
     // The name is free: a new log starts at seq 1 and holds only its own events.
     let fresh = batch(&s, 1, 2, "new");
-    assert_eq!(log.append(&s, 0, &fresh).await.unwrap(), 2);
+    assert_eq!(log.append(&s, 0, &fresh, None).await.unwrap(), 2);
     assert_eq!(read_all(&*log, &s, 1).await.unwrap(), fresh);
     let mut new_tail = log.tail(&s, 0).await.unwrap();
     let first = next(&mut new_tail).await;

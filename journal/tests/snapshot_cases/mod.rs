@@ -16,10 +16,10 @@ async fn fold_all(log: &dyn SessionLog, session: &SessionRef) -> SessionState {
 /// Snapshot at seq 25 of 40 events: loading reads snapshot + tail and equals the full fold.
 pub async fn snapshot_plus_tail_equals_full_fold(log: &dyn SessionLog, store: &dyn SnapshotStore, session: SessionRef) {
     let events = batch(&session, 1, 40, "s");
-    log.append(&session, 0, &events[..25]).await.unwrap();
+    log.append(&session, 0, &events[..25], None).await.unwrap();
     let at_25 = SessionState::fold(session.clone(), DEFAULT_DEDUP_HORIZON, &events[..25]).unwrap();
     store.save(&Snapshot::of(&at_25)).await.unwrap();
-    log.append(&session, 25, &events[25..]).await.unwrap();
+    log.append(&session, 25, &events[25..], None).await.unwrap();
 
     let loaded = store.load(&session).await.unwrap().expect("snapshot stored");
     assert_eq!(loaded.seq(), 25);
@@ -37,7 +37,7 @@ pub async fn unusable_snapshots_are_ignored(
     session: SessionRef,
     other: SessionRef,
 ) {
-    log.append(&session, 0, &batch(&session, 1, 12, "u")).await.unwrap();
+    log.append(&session, 0, &batch(&session, 1, 12, "u"), None).await.unwrap();
     let full = fold_all(log, &session).await;
     let mut future = Snapshot::of(&full);
     future.version += 1;
@@ -58,7 +58,7 @@ pub async fn snapshot_ahead_of_the_log_is_ignored(
     let events = batch(&session, 1, 20, "a");
     let at_20 = SessionState::fold(session.clone(), DEFAULT_DEDUP_HORIZON, &events).unwrap();
     store.save(&Snapshot::of(&at_20)).await.unwrap();
-    log.append(&session, 0, &events[..8]).await.unwrap();
+    log.append(&session, 0, &events[..8], None).await.unwrap();
     let state = load_state(log, store, &session, DEFAULT_DEDUP_HORIZON).await.unwrap();
     assert_eq!(state.last_seq, 8);
     assert_eq!(state, fold_all(log, &session).await);
@@ -73,11 +73,11 @@ pub async fn reads_load_the_read_snapshot_plus_tail(
     session: SessionRef,
 ) {
     let events = batch(&session, 1, 40, "r");
-    log.append(&session, 0, &events[..25]).await.unwrap();
+    log.append(&session, 0, &events[..25], None).await.unwrap();
     let at_25 = SessionState::fold(session.clone(), DEFAULT_DEDUP_HORIZON, &events[..25]).unwrap();
     assert!(!at_25.accepted.is_empty() && at_25.transcript.entries().count() > 0, "the case needs both parts");
     store.save(&Snapshot::of(&at_25)).await.unwrap();
-    log.append(&session, 25, &events[25..]).await.unwrap();
+    log.append(&session, 25, &events[25..], None).await.unwrap();
 
     let stored = store.load_for_reads(&session).await.unwrap().expect("a snapshot for reads");
     assert_eq!(stored.seq(), 25);
@@ -101,7 +101,7 @@ pub async fn reads_load_the_read_snapshot_plus_tail(
         .save(&Snapshot::of(&SessionState::fold(other.clone(), DEFAULT_DEDUP_HORIZON, &ahead).unwrap()))
         .await
         .unwrap();
-    log.append(&other, 0, &ahead[..8]).await.unwrap();
+    log.append(&other, 0, &ahead[..8], None).await.unwrap();
     let read = load_for_reads(log, store, &other).await.unwrap();
     assert_eq!(read.state, reads_view(fold_all(log, &other).await));
     assert_eq!(read.tail.len(), 8, "folded from the start");

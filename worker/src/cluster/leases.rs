@@ -15,7 +15,7 @@
 //! when it wakes, and the conditional append refuses any writer whose view of the log is stale.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -28,7 +28,9 @@ use turnstile_ops::clock::now_ms;
 use turnstile_ops::names;
 
 use super::presence::Probe;
-use crate::host::{Ownership, SessionHost};
+use crate::host::SessionHost;
+use crate::ownership::Ownership;
+use crate::sync::lock;
 
 /// Lease acquisitions in flight at once (each is a read and a compare-and-set).
 const ACQUIRE_AT_ONCE: usize = 16;
@@ -109,11 +111,11 @@ impl Leases {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Held>> {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.held)
     }
 
     fn peers(&self) -> std::sync::MutexGuard<'_, Peers> {
-        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.peers)
     }
 
     /// Resolves when the presence watch found a peer dead (or at once if it did since the last call).
@@ -136,7 +138,7 @@ impl Leases {
     }
 
     /// Takes in what the presence watch learned about `peer`: [`Probe::Gone`] (confirmed, see
-    /// [`super::presence::watch_peers`]) makes it dead and wakes the lease loop; an answer makes it live
+    /// `watch_peers` in [`super`]) makes it dead and wakes the lease loop; an answer makes it live
     /// again; a timeout changes nothing.
     pub fn observe(&self, peer: &str, probe: Probe) {
         let newly_dead = {

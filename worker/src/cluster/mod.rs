@@ -1,8 +1,8 @@
 //! Cluster membership of a worker: shard leases, ownership checks, and the internal gRPC service.
 //!
-//! [`start_worker`] wires a [`SessionHost`] to [`leases::Leases`] (its [`crate::host::Ownership`]) and runs
-//! the lease loop; [`presence`] tells a dead peer (closed NATS connection) from a slow one; [`service`] exposes
-//! the host to gateways over `turnstile.cluster.v1`.
+//! [`start_worker`] wires a [`SessionHost`] to [`leases::Leases`] (its [`crate::ownership::Ownership`]) and runs
+//! the lease loop and the watch of the peers' presence; [`presence`] tells a dead peer (closed NATS
+//! connection) from a slow one; [`service`] exposes the host to gateways over `turnstile.cluster.v1`.
 
 pub mod leases;
 pub mod presence;
@@ -17,9 +17,10 @@ use turnstile_cluster::{ClusterKv, MembershipError};
 use turnstile_journal::snapshot::SnapshotStore;
 use turnstile_journal::{LiveBus, SessionLog};
 
-use crate::agents::AgentSetup;
+use crate::agent::Agents;
 use crate::config::WorkerConfig;
-use crate::host::{Ownership, SessionHost};
+use crate::host::SessionHost;
+use crate::ownership::Ownership;
 pub use leases::Leases;
 pub use turnstile_cluster::LeaseConfig;
 
@@ -54,41 +55,16 @@ impl std::fmt::Debug for WorkerHandle {
     }
 }
 
-/// Joins the cluster: opens the ownership buckets, starts the host and the lease loop.
+/// Joins the cluster: opens the ownership buckets, starts the host running `agents` over the journal's
+/// `log`, `bus` and `snapshots`, with the shard leases as its ownership, and the lease loop.
 pub async fn start_worker(
     options: WorkerOptions,
+    agents: Agents,
     client: &async_nats::Client,
     replicas: usize,
     log: Arc<dyn SessionLog>,
     bus: Arc<dyn LiveBus>,
     snapshots: Arc<dyn SnapshotStore>,
-) -> Result<WorkerHandle, MembershipError> {
-    join(options, client, replicas, |leases, config| SessionHost::clustered(log, bus, snapshots, leases, config)).await
-}
-
-/// [`start_worker`] running the agents of a configuration ([`crate::agents::from_config`]) instead of the
-/// scripted model alone; `agents.catalog` replaces `options.worker.agents`.
-pub async fn start_worker_with_agents(
-    options: WorkerOptions,
-    agents: AgentSetup,
-    client: &async_nats::Client,
-    replicas: usize,
-    log: Arc<dyn SessionLog>,
-    bus: Arc<dyn LiveBus>,
-    snapshots: Arc<dyn SnapshotStore>,
-) -> Result<WorkerHandle, MembershipError> {
-    join(options, client, replicas, |leases, config| {
-        let ownership: Arc<dyn Ownership> = leases;
-        SessionHost::with_agents(log, bus, snapshots, Some(ownership), agents, config)
-    })
-    .await
-}
-
-async fn join(
-    options: WorkerOptions,
-    client: &async_nats::Client,
-    replicas: usize,
-    host: impl FnOnce(Arc<Leases>, WorkerConfig) -> Arc<SessionHost>,
 ) -> Result<WorkerHandle, MembershipError> {
     let kv = ClusterKv::open(client, replicas, options.leases.shards, options.leases.worker_ttl).await?;
     let map = kv.watch_shards().await?;
@@ -98,9 +74,10 @@ async fn join(
     let leases = Leases::new(options.id.clone(), options.advertise_addr.clone(), kv, map, options.leases.clone());
     let mut config = options.worker;
     config.owner_id = options.id;
-    let host = host(leases.clone(), config);
+    let ownership: Arc<dyn Ownership> = leases.clone();
+    let host = SessionHost::builder(log, bus, agents).snapshots(snapshots).ownership(ownership).config(config).build();
     let stop = CancellationToken::new();
-    tokio::spawn(presence::watch_peers(client.clone(), leases.clone(), stop.clone()));
+    tokio::spawn(watch_peers(client.clone(), leases.clone(), stop.clone()));
     let task = tokio::spawn(lease_loop(leases.clone(), host.clone(), stop.clone()));
     Ok(WorkerHandle { host, leases, stop, task, present, presence })
 }
@@ -134,6 +111,38 @@ async fn lease_loop(leases: Arc<Leases>, host: Arc<SessionHost>, stop: Cancellat
                 break;
             }
             leases.rebalance_now(&host).await;
+        }
+    }
+}
+
+/// Probes the peers [`Leases::presence_targets`] names every `presence_every`, all at once, until `stop`.
+/// A peer found gone is asked once more a quarter interval later, and only a second "gone" reaches
+/// [`Leases::observe`] as [`presence::Probe::Gone`]: one missing subscriber may be interest still on its way between
+/// clustered servers, two a quarter interval apart are a closed connection.
+async fn watch_peers(client: async_nats::Client, leases: Arc<Leases>, stop: CancellationToken) {
+    let every = leases.config().presence_every.max(Duration::from_millis(10));
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let targets = leases.presence_targets();
+        let answers = futures::future::join_all(targets.into_iter().map(|id| {
+            let client = &client;
+            async move {
+                let mut answer = presence::probe(client, &id, every).await;
+                if answer == presence::Probe::Gone {
+                    tokio::time::sleep(every / 4).await;
+                    answer = presence::probe(client, &id, every).await;
+                }
+                (id, answer)
+            }
+        }))
+        .await;
+        for (id, answer) in answers {
+            leases.observe(&id, answer);
         }
     }
 }

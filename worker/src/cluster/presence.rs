@@ -6,7 +6,7 @@
 //!
 //! - an answer: the peer lives;
 //! - *no responders* (the server's own status: nobody subscribes to the subject any more): its connection
-//!   is gone. Twice in a row, a quarter of `presence_every` apart, and the peer counts as dead: [`Leases`] leaves it
+//!   is gone. Twice in a row, a quarter of `presence_every` apart, and the peer counts as dead: the leases leave it
 //!   out of the fair share and takes its shards by compare-and-set with the next epoch, without waiting
 //!   for the lease to run out;
 //! - no answer in time: unknown (a paused or overloaded peer still holds its subscription). Only the
@@ -16,7 +16,6 @@
 //! forked log: the taker writes under a higher epoch, the old owner's `may_write` sees that epoch in the
 //! shard map and its renewal's compare-and-set fails, and the conditional append refuses any stale writer.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::client::RequestErrorKind;
@@ -24,8 +23,6 @@ use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use turnstile_cluster::MembershipError;
-
-use super::leases::Leases;
 
 /// The presence subject of worker `id`: `turnstile.presence.<id as lowercase hex>`. Hex keeps any id
 /// (dots, colons of a `worker-<address>` default) one valid subject token.
@@ -94,38 +91,6 @@ pub async fn probe(client: &async_nats::Client, id: &str, timeout: Duration) -> 
         Ok(_) => Probe::Present,
         Err(e) if e.kind() == RequestErrorKind::NoResponders => Probe::Gone,
         Err(_) => Probe::Unknown,
-    }
-}
-
-/// Probes the peers [`Leases::presence_targets`] names every `presence_every`, all at once, until `stop`.
-/// A peer found gone is asked once more a quarter interval later, and only a second "gone" reaches
-/// [`Leases::observe`] as [`Probe::Gone`]: one missing subscriber may be interest still on its way between
-/// clustered servers, two a quarter interval apart are a closed connection.
-pub async fn watch_peers(client: async_nats::Client, leases: Arc<Leases>, stop: CancellationToken) {
-    let every = leases.config().presence_every.max(Duration::from_millis(10));
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            _ = ticks.tick() => {}
-        }
-        let targets = leases.presence_targets();
-        let answers = futures::future::join_all(targets.into_iter().map(|id| {
-            let client = &client;
-            async move {
-                let mut answer = probe(client, &id, every).await;
-                if answer == Probe::Gone {
-                    tokio::time::sleep(every / 4).await;
-                    answer = probe(client, &id, every).await;
-                }
-                (id, answer)
-            }
-        }))
-        .await;
-        for (id, answer) in answers {
-            leases.observe(&id, answer);
-        }
     }
 }
 

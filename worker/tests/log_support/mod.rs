@@ -54,13 +54,19 @@ impl TestLog {
 
 #[async_trait]
 impl SessionLog for TestLog {
-    async fn append(&self, session: &SessionRef, expected: u64, events: &[Envelope]) -> Result<u64, JournalError> {
+    async fn append(
+        &self,
+        session: &SessionRef,
+        expected: u64,
+        events: &[Envelope],
+        traceparent: Option<&str>,
+    ) -> Result<u64, JournalError> {
         if let Some(permits) = &self.permits {
             self.waiting.fetch_add(1, Ordering::SeqCst);
             permits.acquire().await.unwrap().forget();
             self.waiting.fetch_sub(1, Ordering::SeqCst);
         }
-        let last = self.inner.append(session, expected, events).await?;
+        let last = self.inner.append(session, expected, events, traceparent).await?;
         self.appended.lock().unwrap().extend_from_slice(events);
         Ok(last)
     }
@@ -68,15 +74,14 @@ impl SessionLog for TestLog {
         &self,
         session: &SessionRef,
         events: &[Envelope],
-        _traceparent: Option<&str>,
-    ) -> Result<Option<u64>, JournalError> {
-        let written = match self.append(session, 0, events).await {
-            Ok(last) => Some(last),
-            Err(JournalError::Conflict { .. }) => None,
-            Err(e) => return Err(e),
+        traceparent: Option<&str>,
+    ) -> Result<u64, JournalError> {
+        let written = match self.append(session, 0, events, traceparent).await {
+            Err(JournalError::Conflict { .. }) => Err(JournalError::FirstRefused { session: session.clone() }),
+            other => other,
         };
-        self.first_appends.lock().unwrap().push(written.is_some());
-        Ok(written)
+        self.first_appends.lock().unwrap().push(written.is_ok());
+        written
     }
     async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError> {
         self.inner.read(session, from_seq, limit).await

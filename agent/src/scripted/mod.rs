@@ -1,0 +1,69 @@
+//! The deterministic parts of the scripted model and the built-in content guard (docs/API.md "The scripted
+//! model"): directives in the text of the entered messages decide the reply, tool calls, failures and the
+//! guard's verdict.
+//!
+//! Both are pure ([`plan`], [`judge`]), so the driver's scenario tests use them directly (this crate is their
+//! dev-dependency) and every SPEC §7 scenario replays exactly. [`ScriptedModel`] streams a [`plan`] as the
+//! worker's [`Model`] (pacing it for `[[delay:MS]]`) and the `ContentGuard` hook ([`crate::hooks`]) answers
+//! with [`judge`].
+//!
+//! ```
+//! use turnstile_agent::scripted;
+//! use turnstile_driver::ModelRequest;
+//! use turnstile_model::{ContentBlock, MessageSource, UserMessage};
+//! let hello = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hello")], source: MessageSource::User };
+//! let request = ModelRequest {
+//!     op: 1, turn: 1, step: 1, agent: "scripted".into(), system: None, history: vec![],
+//!     session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
+//!     messages: vec![hello], tool_results: vec![], interrupted_prompt: vec![], goal: None,
+//!     summary: None, compaction: None,
+//! };
+//! assert_eq!(scripted::plan(&request).output.text, "echo: hello");
+//! ```
+
+pub mod directive;
+mod plan;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use turnstile_driver::{ModelOutput, ModelRequest};
+use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelIdentity};
+
+pub use plan::{CONTENT_GUARD, ScriptedPlan, judge, plan};
+
+/// The scripted model as a [`Model`].
+#[derive(Clone, Debug, Default)]
+pub struct ScriptedModel;
+
+#[async_trait]
+impl Model for ScriptedModel {
+    fn identity(&self, _agent: &str) -> ModelIdentity {
+        ModelIdentity::new("scripted", "scripted")
+    }
+
+    async fn step(
+        &self,
+        request: ModelRequest,
+        deltas: DeltaSink,
+        abort: CancellationToken,
+    ) -> Result<ModelOutput, ModelError> {
+        let plan = plan(&request);
+        if let Some(message) = plan.fail {
+            return Err(ModelError::Failed { message, code: "model_failed".into() });
+        }
+        let pause = plan.delay / (plan.deltas.len().max(1) as u32);
+        for (i, delta) in plan.deltas.into_iter().enumerate() {
+            if i > 0 && !pause.is_zero() {
+                tokio::select! {
+                    () = abort.cancelled() => return Err(ModelError::Aborted),
+                    () = tokio::time::sleep(pause) => {}
+                }
+            }
+            if abort.is_cancelled() {
+                return Err(ModelError::Aborted);
+            }
+            deltas.send(delta).await;
+        }
+        Ok(plan.output)
+    }
+}

@@ -1,0 +1,218 @@
+//! [`ToolRegistry`]: the tools of every agent of a worker, by name, and the worker's
+//! [`Tools`]: the one place a call is checked against its agent's list, bounded by its deadline, measured
+//! and traced.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use turnstile_cluster::ToolBus;
+use turnstile_config::{Config, ToolId};
+use turnstile_driver::ToolRequest;
+use turnstile_model::message::SessionRef;
+use turnstile_worker::agent::Tools;
+
+use super::builtin::{Clock, Echo, Sleep};
+use super::metrics::ToolCall;
+use super::{
+    ChildSessions, ChildSessionsSlot, ClientBusSlot, DEFAULT_DEADLINE, SPAWN_AGENT, SpawnAgent, TOOL_TIMEOUT, Tool,
+    ToolContext, ToolReturn, client,
+};
+use crate::llm::chat::ToolSpec;
+
+/// How long a tool may take to wind down (send its cancel) after its deadline passed, before the call
+/// ends anyway.
+const CANCEL_GRACE: Duration = Duration::from_millis(200);
+
+/// The tools a worker offers, by name.
+#[derive(Clone, Default)]
+pub struct ToolRegistry {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+    /// Which agent may call what, and each call's deadline; `None`: every tool, [`DEFAULT_DEADLINE`].
+    policy: Option<Arc<Config>>,
+    /// Reaches client tool executors once set (shared with the agents' models); empty: no client tools.
+    client: ClientBusSlot,
+    /// Reaches other sessions once set, for `spawn_agent`; empty: it answers that it cannot run here.
+    children: ChildSessionsSlot,
+}
+
+impl std::fmt::Debug for ToolRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.tools.keys()).finish()
+    }
+}
+
+impl ToolRegistry {
+    /// The built-ins `sleep`, `echo`, `clock` and `spawn_agent` (which runs once
+    /// [`ToolRegistry::set_child_sessions`] gave it a route to other sessions).
+    pub fn builtin() -> Self {
+        let mut r = Self::default();
+        r.register("sleep", Arc::new(Sleep));
+        r.register("echo", Arc::new(Echo));
+        r.register("clock", Arc::new(Clock::default()));
+        r.offer_agents(Vec::new());
+        r
+    }
+
+    /// `spawn_agent` offers these agents to the model (the configuration's).
+    pub fn offer_agents(&mut self, agents: Vec<String>) {
+        let tool = SpawnAgent::new(self.children.clone(), agents);
+        self.register(SPAWN_AGENT, Arc::new(tool));
+    }
+
+    /// `spawn_agent` reaches other sessions through `children` from now on; the first one set stays.
+    pub fn set_child_sessions(&self, children: ChildSessions) {
+        let _ = self.children.set(children);
+    }
+
+    /// Whether a tool named `name` is registered.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tools.contains_key(name)
+    }
+
+    /// The registered names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tools.keys().map(String::as_str)
+    }
+
+    /// What the model is told about tool `name`: its name, description and argument schema.
+    pub fn spec(&self, name: &str) -> Option<ToolSpec> {
+        self.tools.get(name).map(|tool| ToolSpec {
+            name: name.to_owned(),
+            description: tool.description().to_owned(),
+            input_schema: tool.input_schema(),
+        })
+    }
+
+    pub fn register(&mut self, name: impl Into<String>, tool: Arc<dyn Tool>) {
+        self.tools.insert(name.into(), tool);
+    }
+
+    /// Calls are allowed and bounded as `config` says: an agent calls only the tools it lists, within
+    /// [`Config::tool_deadline`].
+    pub fn with_policy(mut self, config: Arc<Config>) -> Self {
+        self.policy = Some(config);
+        self
+    }
+
+    /// Client tools are called over `bus`.
+    pub fn with_client_tools(self, bus: Arc<dyn ToolBus>) -> Self {
+        self.set_client_tools(bus);
+        self
+    }
+
+    /// Client tools are called over `bus` from now on, here and in every model sharing this registry's
+    /// slot ([`ToolRegistry::client_slot`]); the first bus set stays.
+    pub fn set_client_tools(&self, bus: Arc<dyn ToolBus>) {
+        let _ = self.client.set(bus);
+    }
+
+    /// The slot the client tool bus is set in.
+    pub fn client_slot(&self) -> ClientBusSlot {
+        self.client.clone()
+    }
+
+    /// Runs `name` for the default agent with no policy applied (tests, tools used on their own); an
+    /// unknown tool is a failed call that names the ones there are.
+    pub async fn call(&self, name: &str, arguments: &str, abort: &CancellationToken) -> ToolReturn {
+        match self.tools.get(name) {
+            Some(tool) => tool.call(&ToolContext::default(), arguments, abort).await,
+            None => ToolReturn::failed(self.unknown(name)),
+        }
+    }
+
+    fn unknown(&self, name: &str) -> String {
+        format!("unknown tool {name:?}; available: {}", self.tools.keys().cloned().collect::<Vec<_>>().join(", "))
+    }
+
+    /// Runs call `call_id` of tool `name` by `agent` in `session`: refused when the agent does not list
+    /// the tool (a model may name any tool), bounded by the agent's deadline for it (`tool_timeout`; the
+    /// tool sees `abort` fire and gets a short grace to send its cancel), counted and timed
+    /// (`turnstile_tool_calls_total`). `released` is [`ToolContext::released`].
+    #[allow(clippy::too_many_arguments)] // The call's identity, its arguments and its two signals.
+    pub async fn run(
+        &self,
+        session: &SessionRef,
+        call_id: &str,
+        agent: &str,
+        name: &str,
+        arguments: &str,
+        abort: &CancellationToken,
+        released: &CancellationToken,
+    ) -> ToolReturn {
+        let id = ToolId::from_call_name(name);
+        let mut measure = ToolCall::start(id);
+        let deadline = match &self.policy {
+            None => DEFAULT_DEADLINE,
+            Some(config) => match config.agents.get(agent) {
+                Some(profile) if profile.offers(id) => config.tool_deadline(profile, id),
+                Some(profile) => {
+                    let listed: Vec<String> = profile.tools.iter().map(ToString::to_string).collect();
+                    let listed = if listed.is_empty() { "none".to_owned() } else { listed.join(", ") };
+                    measure.end("unavailable");
+                    return ToolReturn::failed(format!(
+                        "tool {name} is not available to agent {agent} (its tools: {listed}); call one of those"
+                    ));
+                }
+                // An agent the configuration does not name (a catalog built apart): no list to check.
+                None => DEFAULT_DEADLINE,
+            },
+        };
+        let tool: Arc<dyn Tool> = match (self.tools.get(name), id, self.client.get()) {
+            (Some(tool), _, _) => tool.clone(),
+            (None, ToolId::Client(tool), Some(bus)) => Arc::new(client::ClientTool::new(tool, bus.clone())),
+            (None, _, _) => {
+                measure.end("unavailable");
+                return ToolReturn::failed(self.unknown(name));
+            }
+        };
+        let ctx = ToolContext {
+            session: session.clone(),
+            call_id: call_id.to_owned(),
+            agent: agent.to_owned(),
+            deadline,
+            released: released.clone(),
+        };
+        let stop = abort.child_token();
+        let call = tool.call(&ctx, arguments, &stop);
+        tokio::pin!(call);
+        let r = tokio::select! {
+            r = &mut call => r,
+            () = tokio::time::sleep(deadline) => {
+                stop.cancel();
+                // Let the tool send its cancel (MCP notification, client `cancel`); its own result is not
+                // the outcome.
+                let _ = tokio::time::timeout(CANCEL_GRACE, &mut call).await;
+                ToolReturn {
+                    output: format!("{name} gave no result within {} ms; the call was cancelled", deadline.as_millis()),
+                    ..ToolReturn::failed(TOOL_TIMEOUT)
+                }
+            }
+        };
+        let outcome = match r.error.as_deref() {
+            None => "ok",
+            Some(TOOL_TIMEOUT) => TOOL_TIMEOUT,
+            Some(e) if e.starts_with(client::NO_EXECUTOR) => "no_executor",
+            Some(_) if abort.is_cancelled() => "aborted",
+            Some(_) => "error",
+        };
+        measure.end(outcome);
+        r
+    }
+}
+
+#[async_trait]
+impl Tools for ToolRegistry {
+    async fn call(
+        &self,
+        session: &SessionRef,
+        request: &ToolRequest,
+        abort: &CancellationToken,
+        released: &CancellationToken,
+    ) -> ToolReturn {
+        let call = &request.call;
+        self.run(session, &call.call_id, &request.agent, &call.name, &call.arguments, abort, released).await
+    }
+}

@@ -1,0 +1,544 @@
+//! The command line: every command and flag of `turnstile` (clap derive); [`values`] parses the values the
+//! client commands take (`--source`, `--cause`, `--inject-mode`, `--target`).
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use turnstile_node::config::{Loaded, Overrides};
+
+use crate::client::Delivery;
+use crate::{DEFAULT_ADDR, security};
+
+/// How the servers report where they listen (docs/TESTING.md, docs/decisions/0007-bound-addresses.md).
+pub(crate) const BOUND_ADDRESSES_HELP: &str = "\
+Bound addresses: once every listener is bound, and before serving, the server prints one line per listener
+on stdout, `turnstile: listening NAME=ADDR`, with NAME `grpc` (the public API of dev and gateway), `worker`
+(the internal API of a worker) or `http` (/metrics, /healthz, /readyz; absent when not served) and ADDR the
+bound address (`127.0.0.1:40123`, `[::1]:40123`), so port 0 in --listen/--http is usable from scripts:
+  turnstile dev --listen 127.0.0.1:0 --http 127.0.0.1:0
+  turnstile: listening grpc=127.0.0.1:40123
+  turnstile: listening http=127.0.0.1:40124
+--ready-file PATH writes the same as one JSON object, replaced atomically:
+  {\"pid\":4242,\"grpc\":\"127.0.0.1:40123\",\"http\":\"127.0.0.1:40124\"}
+(a worker adds \"id\" and \"advertise\", the address in its heartbeat and shard leases).";
+
+#[derive(Parser, Debug)]
+#[command(name = "turnstile", version, about = "Turnstile: long-lived AI-agent sessions", propagate_version = true)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) global: Global,
+    #[command(subcommand)]
+    pub(crate) command: Cmd,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct Global {
+    /// Gateway URL of client commands.
+    #[arg(long, global = true, env = "TURNSTILE_ADDR", hide_env_values = true, default_value = DEFAULT_ADDR)]
+    pub(crate) addr: String,
+    /// Bearer token sent as `authorization: Bearer <token>`.
+    #[arg(long, global = true, env = "TURNSTILE_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
+    /// Tenant of the sessions named on the command line (default: the token's tenant with --token, else
+    /// `default`).
+    #[arg(long, global = true)]
+    pub(crate) tenant: Option<String>,
+    /// PEM CA that signed the gateway's certificate, for `https://` addresses.
+    #[arg(long, global = true, env = "TURNSTILE_CA", value_name = "FILE")]
+    pub(crate) ca: Option<PathBuf>,
+    /// Print each reply (each Watch item) as one line of JSON in the protobuf JSON mapping, as grpcurl and
+    /// protobuf libraries print the same message; deliveries add the MessageId they sent as `id`.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Cmd {
+    /// Run gateway + worker in one process on the embedded journal (or on JetStream with --nats).
+    #[command(after_help = BOUND_ADDRESSES_HELP)]
+    Dev(DevArgs),
+    /// Run a cluster gateway: the public API, routing commands to shard owners (JetStream at --nats).
+    #[command(after_help = BOUND_ADDRESSES_HELP)]
+    Gateway(GatewayArgs),
+    /// Run a cluster worker: takes shard leases and serves their sessions to gateways (JetStream at --nats).
+    #[command(after_help = BOUND_ADDRESSES_HELP)]
+    Worker(WorkerArgs),
+    /// Deliver a new turn that starts the agent if idle (next-turn, wakeup).
+    Followup(DeliverArgs),
+    /// Deliver a new turn that waits for a later waking delivery (next-turn, no wakeup).
+    Queue(DeliverArgs),
+    /// Deliver input for the running turn's next step; opens a turn when idle (next-step, wakeup).
+    Steer(SteerArgs),
+    /// Deliver model-visible context that never runs the model by itself (next-step, no wakeup).
+    Inject(DeliverArgs),
+    /// Cancel the active turn keeping the inbox, then run this message next.
+    Interrupt(DeliverArgs),
+    /// The delivery primitive with explicit routing.
+    Send(SendArgs),
+    /// Cancel the active turn and, unless --keep-inbox, clear the inbox.
+    Cancel(CancelArgs),
+    /// Replace a pending message (keeps its id unless --new-id).
+    Replace(ReplaceArgs),
+    /// Remove a pending message.
+    Remove(RemoveArgs),
+    /// Splice one pending list: delete N at START and insert one message per TEXT.
+    Splice(SpliceArgs),
+    /// Remove every pending message.
+    Clear(SessionArg),
+    /// Choose the session's agent (and inject mode) from the next turn on; only while idle.
+    Configure(ConfigureArgs),
+    /// Approve or deny a tool call awaiting approval (`watch` shows its call id).
+    Decide(DecideArgs),
+    /// Give the session a goal it works toward over several rounds, or pause, resume or clear it.
+    #[command(subcommand)]
+    Goal(GoalCmd),
+    /// Summarize the session's finished turns; later model requests carry the summary instead (idle only).
+    Compact(SessionArg),
+    /// Copy a session's transcript through turn --at-turn into a new session that goes on from there.
+    Fork(ForkArgs),
+    /// Inject another session's transcript (as text, source `session`) into this one as context.
+    Reference(ReferenceArgs),
+    /// Show the pending messages.
+    Inbox(ShowArgs),
+    /// Show a session's status, last seq and turn, epoch and owner.
+    Session(ShowArgs),
+    /// List sessions (of --tenant, or every tenant with --all-tenants).
+    List(ListArgs),
+    /// Wait until the session is idle with no latched wake.
+    WaitIdle(WaitIdleArgs),
+    /// Stream a session's events: history after --after, caught-up, then the live tail.
+    Watch(WatchArgs),
+    /// Delete a session: cancel a running turn (cause disposed), then remove its log, snapshots and
+    /// dedup state; the id may then be used again for a new session.
+    Delete(SessionArg),
+    /// Talk to a session from the terminal: each line is a followup (a steer while the agent runs), the
+    /// reply streams as it is written, Ctrl-C stops a running turn (keeping the inbox).
+    Chat(SessionArg),
+    /// Print a shell completion script: `source <(turnstile completions bash)`, or save it where your shell
+    /// loads completions (zsh: a `_turnstile` file on `$fpath`; fish: `~/.config/fish/completions/`).
+    Completions(CompletionsArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct CompletionsArgs {
+    /// bash, zsh, fish, elvish or powershell.
+    pub(crate) shell: clap_complete::Shell,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct DevArgs {
+    #[command(flatten)]
+    pub(crate) config: ConfigArg,
+    /// Address of the HTTP endpoints `/metrics`, `/healthz`, `/readyz` and the web console `/` (default
+    /// 127.0.0.1:9090; port 0 picks a free one, reported as `turnstile: listening http=ADDR`).
+    #[arg(long, env = "TURNSTILE_HTTP")]
+    pub(crate) http: Option<String>,
+    /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) ready_file: Option<PathBuf>,
+    /// Address to listen on (port 0 picks a free one, reported as `turnstile: listening grpc=ADDR`).
+    #[arg(long, env = "TURNSTILE_LISTEN", default_value = turnstile_node::dev::DEFAULT_LISTEN)]
+    pub(crate) listen: String,
+    /// Keep sessions on disk in DIR (default: in memory).
+    #[arg(long, env = "TURNSTILE_DATA_DIR", conflicts_with = "nats")]
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Keep sessions in NATS JetStream at URL (e.g. nats://127.0.0.1:4222) instead of the embedded journal.
+    #[arg(long, env = "TURNSTILE_NATS_URL", hide_env_values = true)]
+    pub(crate) nats: Option<String>,
+    /// JetStream event streams (partitions) to spread sessions over; part of the layout [default: the
+    /// configuration's cluster.partitions, 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), requires = "nats")]
+    pub(crate) partitions: Option<u32>,
+    /// Replicas of each JetStream event stream (1 for one server, 3 for a cluster) [default: the
+    /// configuration's cluster.replicas, 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=5), requires = "nats")]
+    pub(crate) replicas: Option<u32>,
+    /// Run a short scripted tour on session `demo` once the server is up.
+    #[arg(long)]
+    pub(crate) demo: bool,
+    #[command(flatten)]
+    pub(crate) auth: security::AuthArgs,
+    #[command(flatten)]
+    pub(crate) tls: security::ServerTlsArgs,
+    #[command(flatten)]
+    pub(crate) nats_security: security::NatsSecurityArgs,
+}
+
+/// `--config FILE` of the servers.
+#[derive(Args, Debug)]
+pub(crate) struct ConfigArg {
+    /// The configuration file (TOML; docs/CONFIGURATION.md): limits, cluster timings and layout, journal,
+    /// models, MCP servers and agents. Flags given on the command line win over its keys.
+    #[arg(long = "config", env = "TURNSTILE_CONFIG", value_name = "FILE")]
+    pub(crate) path: Option<PathBuf>,
+}
+
+impl ConfigArg {
+    /// The file (or the defaults) with `flags` over it.
+    pub(crate) fn load(&self, flags: &Overrides) -> Result<Loaded> {
+        let mut loaded = turnstile_node::config::load(self.path.as_deref())?;
+        flags.apply(&mut loaded.config)?;
+        Ok(loaded)
+    }
+}
+
+/// Where the cluster's journal lives and how it is laid out; every gateway and worker of a cluster must
+/// agree on it. The layout flags default to the configuration's `[cluster]` keys.
+#[derive(Args, Debug)]
+pub(crate) struct ClusterLayout {
+    /// NATS JetStream URL(s) of the cluster (comma-separated for several servers).
+    #[arg(long, env = "TURNSTILE_NATS_URL", hide_env_values = true)]
+    pub(crate) nats: String,
+    /// JetStream event streams (partitions) to spread sessions over; part of the layout [default: the
+    /// configuration's cluster.partitions, 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) partitions: Option<u32>,
+    /// Replicas of each stream and KV bucket (1 for one server, 3 for a cluster) [default: the
+    /// configuration's cluster.replicas, 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=5))]
+    pub(crate) replicas: Option<u32>,
+    /// Virtual shards sessions are hashed to; part of the layout (at least --partitions) [default: the
+    /// configuration's cluster.shards, 256].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) shards: Option<u32>,
+}
+
+impl ClusterLayout {
+    pub(crate) fn overrides(&self) -> Overrides {
+        Overrides { partitions: self.partitions, replicas: self.replicas, shards: self.shards, ..Overrides::default() }
+    }
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct GatewayArgs {
+    #[command(flatten)]
+    pub(crate) config: ConfigArg,
+    /// Address of the HTTP endpoints `/metrics`, `/healthz`, `/readyz` and the web console `/` (default
+    /// 127.0.0.1:9090; port 0 picks a free one, reported as `turnstile: listening http=ADDR`).
+    #[arg(long, env = "TURNSTILE_HTTP")]
+    pub(crate) http: Option<String>,
+    /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) ready_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) layout: ClusterLayout,
+    /// Address of the public API (port 0 picks a free one, reported as `turnstile: listening grpc=ADDR`).
+    #[arg(long, env = "TURNSTILE_LISTEN", default_value = turnstile_node::dev::DEFAULT_LISTEN)]
+    pub(crate) listen: String,
+    /// How long a command may wait for a shard owner (while shards move) before UNAVAILABLE [default: the
+    /// configuration's cluster.route_deadline_ms, 10000].
+    #[arg(long)]
+    pub(crate) route_deadline_ms: Option<u64>,
+    #[command(flatten)]
+    pub(crate) auth: security::AuthArgs,
+    #[command(flatten)]
+    pub(crate) tls: security::ServerTlsArgs,
+    #[command(flatten)]
+    pub(crate) cluster_tls: security::ClusterTlsArgs,
+    #[command(flatten)]
+    pub(crate) nats_security: security::NatsSecurityArgs,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct WorkerArgs {
+    #[command(flatten)]
+    pub(crate) config: ConfigArg,
+    /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090; port 0
+    /// picks a free one, reported as `turnstile: listening http=ADDR`).
+    #[arg(long, env = "TURNSTILE_HTTP")]
+    pub(crate) http: Option<String>,
+    /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) ready_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) layout: ClusterLayout,
+    /// Address of the internal worker API (port 0 picks a free one, reported as `turnstile: listening
+    /// worker=ADDR`).
+    #[arg(long, env = "TURNSTILE_LISTEN", default_value = turnstile_node::worker::DEFAULT_LISTEN)]
+    pub(crate) listen: String,
+    /// Address gateways dial to reach this worker, put in its heartbeat and shard leases (default: the
+    /// bound --listen address, with the port the kernel picked for port 0).
+    #[arg(long, env = "TURNSTILE_ADVERTISE")]
+    pub(crate) advertise: Option<String>,
+    /// Unique worker id, reported as the session owner (default: worker-<advertised address>).
+    #[arg(long, env = "TURNSTILE_WORKER_ID")]
+    pub(crate) id: Option<String>,
+    /// How long a shard lease lasts without renewal: the failover time after a crash [default: the
+    /// configuration's cluster.lease_ttl_ms, 1500].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(100..))]
+    pub(crate) lease_ttl_ms: Option<u64>,
+    /// How often leases are renewed and fair shares recomputed (well below --lease-ttl-ms) [default: the
+    /// configuration's cluster.renew_ms, 400].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(10..))]
+    pub(crate) renew_ms: Option<u64>,
+    /// How long running steps may take to finish when shards are handed over or at SIGTERM [default: the
+    /// configuration's cluster.drain_timeout_ms, 10000].
+    #[arg(long)]
+    pub(crate) drain_timeout_ms: Option<u64>,
+    #[command(flatten)]
+    pub(crate) tls: security::ServerTlsArgs,
+    // How this worker dials other workers for `spawn_agent`'s child sessions, as a gateway does.
+    #[command(flatten)]
+    pub(crate) cluster_tls: security::ClusterTlsArgs,
+    #[command(flatten)]
+    pub(crate) nats_security: security::NatsSecurityArgs,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct MessageArgs {
+    /// MessageId (default: a fresh UUID v4; reuse one to retry safely).
+    #[arg(long)]
+    pub(crate) id: Option<String>,
+    /// user | plugin[:NAME[:FORM]] | goal:ID:REV:ROUND | tool:CALL_ID | model:PROVIDER:MODEL
+    /// (default: the server's, `user`, or `plugin` for inject).
+    #[arg(long)]
+    pub(crate) source: Option<SourceArg>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct DeliverArgs {
+    pub(crate) session: String,
+    /// Message text; several words are joined by spaces.
+    #[arg(required = true, num_args = 1..)]
+    pub(crate) text: Vec<String>,
+    #[command(flatten)]
+    pub(crate) message: MessageArgs,
+}
+
+impl DeliverArgs {
+    /// The delivery these arguments describe: the words of the text joined by spaces.
+    pub(crate) fn into_delivery(self) -> Delivery {
+        let source = self.message.source.map(|s| s.0);
+        Delivery { session: self.session, text: self.text.join(" "), id: self.message.id, source }
+    }
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct SteerArgs {
+    #[command(flatten)]
+    pub(crate) delivery: DeliverArgs,
+    /// Refuse unless the session is running this turn.
+    #[arg(long)]
+    pub(crate) expected_turn: Option<u64>,
+    /// If the steer is still pending this many milliseconds after it was accepted, apply --on-deadline.
+    #[arg(long)]
+    pub(crate) deadline_ms: Option<u64>,
+    /// interrupt (cancel the turn and run the steer next, the default) | drop (remove the steer).
+    #[arg(long, requires = "deadline_ms")]
+    pub(crate) on_deadline: Option<OnDeadlineArg>,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum OnDeadlineArg {
+    Interrupt,
+    Drop,
+}
+
+impl From<OnDeadlineArg> for turnstile_model::OnDeadline {
+    fn from(arg: OnDeadlineArg) -> Self {
+        match arg {
+            OnDeadlineArg::Interrupt => Self::Interrupt,
+            OnDeadlineArg::Drop => Self::Drop,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct SendArgs {
+    #[command(flatten)]
+    pub(crate) delivery: DeliverArgs,
+    /// next-turn | next-step
+    #[arg(long)]
+    pub(crate) target: TargetArg,
+    /// Start the agent if it is idle.
+    #[arg(long)]
+    pub(crate) wakeup: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct CancelArgs {
+    pub(crate) session: String,
+    /// Keep pending messages (they park until the next waking delivery).
+    #[arg(long)]
+    pub(crate) keep_inbox: bool,
+    /// user | parent | hook:REASON | disposed
+    #[arg(long, default_value = "user")]
+    pub(crate) cause: CauseArg,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ReplaceArgs {
+    pub(crate) session: String,
+    /// The pending message to replace.
+    pub(crate) id: String,
+    #[arg(required = true, num_args = 1..)]
+    pub(crate) text: Vec<String>,
+    /// Id of the replacement (default: the same id).
+    #[arg(long)]
+    pub(crate) new_id: Option<String>,
+    #[arg(long)]
+    pub(crate) source: Option<SourceArg>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RemoveArgs {
+    pub(crate) session: String,
+    pub(crate) id: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct SpliceArgs {
+    pub(crate) session: String,
+    /// next-turn | next-step
+    #[arg(long)]
+    pub(crate) target: TargetArg,
+    #[arg(long)]
+    pub(crate) start: u32,
+    #[arg(long)]
+    pub(crate) delete: u32,
+    /// One inserted message per TEXT (quote texts with spaces); ids are minted.
+    pub(crate) text: Vec<String>,
+    #[arg(long)]
+    pub(crate) source: Option<SourceArg>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ConfigureArgs {
+    pub(crate) session: String,
+    /// One of the agents of the server's configuration (`scripted` without one).
+    #[arg(long)]
+    pub(crate) agent: String,
+    /// pending | out-of-turn: what an inject to an idle session does (SPEC §11).
+    #[arg(long, default_value = "pending")]
+    pub(crate) inject_mode: InjectModeArg,
+}
+
+#[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("verdict").required(true).args(["approve", "deny"]))]
+pub(crate) struct DecideArgs {
+    pub(crate) session: String,
+    /// The call id of the `tool/call` event marked AWAITING APPROVAL.
+    pub(crate) call_id: String,
+    /// Run the tool.
+    #[arg(long)]
+    pub(crate) approve: bool,
+    /// Do not run it: the model gets the error result `denied: REASON`.
+    #[arg(long)]
+    pub(crate) deny: bool,
+    /// Why (recorded in `tool/decision`; the model sees it on a denial).
+    #[arg(long, default_value = "")]
+    pub(crate) reason: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ReferenceArgs {
+    /// The session that gets the reference.
+    pub(crate) session: String,
+    /// The session whose transcript is referenced (same tenant).
+    pub(crate) from_session: String,
+    /// The last turn of FROM_SESSION to include (a finished turn); default all of it.
+    #[arg(long)]
+    pub(crate) upto_turn: Option<u64>,
+    /// The injected message's id (default: a new UUID).
+    #[arg(long)]
+    pub(crate) id: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ForkArgs {
+    /// The source session.
+    pub(crate) session: String,
+    /// The source's last turn to copy (a finished turn, from 1).
+    #[arg(long)]
+    pub(crate) at_turn: u64,
+    /// The new session's id (in the same tenant; it must have no events).
+    #[arg(long = "new")]
+    pub(crate) new_session: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum GoalCmd {
+    /// Start a goal (rounds begin once the session is idle with nothing pending); on a session whose goal
+    /// is active or paused, revise it (revision + 1, round 0).
+    Set(GoalSetArgs),
+    /// Let the running round finish and start no other.
+    Pause(GoalUpdateArgs),
+    /// Continue a paused goal from the round it stopped at.
+    Resume(GoalUpdateArgs),
+    /// End the goal; no further rounds.
+    Clear(GoalUpdateArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct GoalSetArgs {
+    pub(crate) session: String,
+    /// Continuation rounds the goal may run (1..=the server's limits.max_goal_rounds, default cap 100).
+    #[arg(long)]
+    pub(crate) max_rounds: u32,
+    /// What to work toward (words are joined with spaces).
+    #[arg(required = true)]
+    pub(crate) objective: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct GoalUpdateArgs {
+    pub(crate) session: String,
+    /// The goal's id (default: the session's current goal, read with GetSession).
+    #[arg(long)]
+    pub(crate) goal_id: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct SessionArg {
+    pub(crate) session: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ShowArgs {
+    pub(crate) session: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ListArgs {
+    /// Every tenant's sessions, not only --tenant's.
+    #[arg(long, conflicts_with = "parent")]
+    pub(crate) all_tenants: bool,
+    /// Only the child sessions that this session's `spawn_agent` calls created.
+    #[arg(long, value_name = "SESSION")]
+    pub(crate) parent: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct WaitIdleArgs {
+    pub(crate) session: String,
+    /// 0 means the server's default (30 s).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) timeout_ms: u64,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct WatchArgs {
+    pub(crate) session: String,
+    /// Only durable events with a seq above this (your last seen seq, to resume).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) after: u64,
+    /// Leave out live events.
+    #[arg(long)]
+    pub(crate) no_live: bool,
+    /// Exit once the session is idle with no latched wake: at caught-up when it is already idle, else at
+    /// the next durable `agent/status idle` that `WhenIdle` confirms.
+    #[arg(long)]
+    pub(crate) until_idle: bool,
+    /// How long to keep reopening a lost stream (a gateway restart, a dropped connection), in ms; a reply
+    /// that was streaming goes on from the byte it stopped at. 0: exit when the stream breaks.
+    #[arg(long, default_value_t = 30_000)]
+    pub(crate) reconnect_ms: u64,
+}
+
+mod values;
+
+pub(crate) use values::{CauseArg, InjectModeArg, SourceArg, TargetArg};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,177 @@
+//! A step's tool calls (SPEC §4, §9): run in model order, each waiting for approval when its agent's rules
+//! say so (`Decide`), its result and context messages recorded, the calls an abort left unstarted closed
+//! with an error result.
+
+use turnstile_model::{CommandError, CommandReply, EventPayload, MessageSource, Target, ToolCallSpec, UserMessage};
+
+use super::turn::{NOT_RUN_ABORTED, Phase, StepResult};
+use super::{Driver, Effect, GOAL_COMPLETE, OpId, ToolOutcome, ToolRequest};
+
+impl Driver {
+    /// Starts the next tool call in model order, or ends the step when none is left. After an abort the
+    /// calls not yet started get a synthetic `tool/call` + error `tool/result`.
+    pub(super) fn next_tool_call(&mut self) {
+        loop {
+            let Some(t) = self.turn.as_mut() else { return };
+            let (turn, step, aborting, concluded) = (t.turn, t.step, t.cancel.is_some(), t.concluded);
+            let needs_approval = |name: &str| self.agents.resolve(Some(&t.agent)).1.approval.requires(name);
+            let Phase::Tools { calls, next, awaiting, .. } = &mut t.phase else { return };
+            let Some(call) = calls.get(*next).cloned() else {
+                return self.end_step(if concluded { StepResult::Completed } else { StepResult::Continue });
+            };
+            if aborting {
+                *next += 1;
+                self.write(EventPayload::ToolCall { turn, step, call: call.clone(), awaiting_approval: false });
+                self.write(EventPayload::ToolResult {
+                    turn,
+                    step,
+                    call_id: call.call_id,
+                    output: String::new(),
+                    error: Some(NOT_RUN_ABORTED.into()),
+                });
+                continue;
+            }
+            if call.name == GOAL_COMPLETE {
+                // The goal system's own tool: the driver runs it, never the runner, and never asks for
+                // approval (it only records that the model considers the goal reached).
+                *next += 1;
+                self.goal_complete_call(turn, step, call);
+                continue;
+            }
+            if needs_approval(&call.name) {
+                // Durable before anyone can decide it; watchers see the call waiting.
+                *awaiting = Some(call.call_id.clone());
+                self.write(EventPayload::ToolCall { turn, step, call, awaiting_approval: true });
+                return;
+            }
+            self.run_tool_call(call);
+            return;
+        }
+    }
+
+    /// Writes `tool/call` (unless it was written awaiting approval) and asks the runner to run it.
+    fn run_tool_call(&mut self, call: ToolCallSpec) {
+        let Some(t) = self.turn.as_mut() else { return };
+        let (turn, step, agent) = (t.turn, t.step, t.agent.clone());
+        let Phase::Tools { running, awaiting, .. } = &mut t.phase else { return };
+        let approved = awaiting.take().is_some();
+        let op = self.next_op;
+        self.next_op += 1;
+        *running = Some(op);
+        if !approved {
+            self.write(EventPayload::ToolCall { turn, step, call: call.clone(), awaiting_approval: false });
+        }
+        self.effects.push_back(Effect::Tool(ToolRequest { op, agent, turn, step, call }));
+    }
+
+    /// `Decide` (SPEC §9): answers the call awaiting approval. Approved runs it; denied gives the
+    /// error result `denied: <reason>` and goes on with the next call.
+    pub(super) fn decide(
+        &mut self,
+        call_id: &str,
+        approve: bool,
+        reason: String,
+    ) -> Result<CommandReply, CommandError> {
+        let waiting = self.turn.as_ref().and_then(|t| match &t.phase {
+            Phase::Tools { calls, next, awaiting: Some(id), .. } if id == call_id && t.cancel.is_none() => {
+                calls.get(*next).cloned().map(|call| (t.turn, t.step, call))
+            }
+            _ => None,
+        });
+        let Some((turn, step, call)) = waiting else {
+            return Err(self.undecidable(call_id));
+        };
+        self.write(EventPayload::ToolDecision {
+            turn,
+            step,
+            call_id: call_id.to_owned(),
+            approved: approve,
+            reason: reason.clone(),
+        });
+        if approve {
+            self.run_tool_call(call);
+        } else {
+            let reason = if reason.trim().is_empty() { "no reason given".to_owned() } else { reason };
+            if let Some(Phase::Tools { next, awaiting, .. }) = self.turn.as_mut().map(|t| &mut t.phase) {
+                *next += 1;
+                *awaiting = None;
+            }
+            let outcome = ToolOutcome::new(call.call_id, call.name, String::new(), Some(format!("denied: {reason}")));
+            self.record_tool_result(turn, step, outcome);
+            self.next_tool_call();
+        }
+        Ok(CommandReply::Written { seq: self.state.last_seq })
+    }
+
+    /// Why `call_id` cannot be decided: a call of this session that is not waiting (already decided, or
+    /// never asked for approval) is a failed precondition; any other id is unknown.
+    fn undecidable(&self, call_id: &str) -> CommandError {
+        let session = &self.state.session;
+        let known = self.state.transcript.entries().any(|e| e.mentions_call(call_id))
+            || self.state.open_turn.as_ref().is_some_and(|o| o.step_calls.iter().any(|c| c.call_id == call_id));
+        if known {
+            CommandError::FailedPrecondition(format!(
+                "tool call {call_id} of session {session} is not awaiting approval: it was already decided, or it never needed approval"
+            ))
+        } else {
+            CommandError::NotFound(format!(
+                "session {session} has no tool call {call_id}; take the id from the `tool/call` event with awaiting_approval"
+            ))
+        }
+    }
+
+    pub(super) fn turn_tool_done(&mut self, op: OpId, outcome: ToolOutcome) {
+        let Some(t) = self.turn.as_mut() else { return };
+        let (turn, step) = (t.turn, t.step);
+        let Phase::Tools { next, running, .. } = &mut t.phase else { return };
+        if *running != Some(op) {
+            return;
+        }
+        *running = None;
+        *next += 1;
+        self.record_tool_result(turn, step, outcome);
+        self.next_tool_call();
+    }
+
+    /// `tool/result`, then the tool's context messages (one splice at the end of next-step, source
+    /// `tool{call_id}`), so the next proposal claims them.
+    pub(super) fn record_tool_result(&mut self, turn: u64, step: u32, mut outcome: ToolOutcome) {
+        let concludes = outcome.concludes_turn;
+        self.write(EventPayload::ToolResult {
+            turn,
+            step,
+            call_id: outcome.call_id.clone(),
+            output: outcome.output.clone(),
+            error: outcome.error.clone(),
+        });
+        let context: Vec<UserMessage> = std::mem::take(&mut outcome.context)
+            .into_iter()
+            .map(|mut m| {
+                m.source = MessageSource::Tool { call_id: outcome.call_id.clone() };
+                m
+            })
+            .filter(|m| self.accepted_as_context(m))
+            .collect();
+        if !context.is_empty() {
+            // Appended to next-step like an edit that removes nothing: one splice, then `inserted`s.
+            self.write_edit(Target::NextStep, self.state.inbox.next_step.len() as u32, 0, context);
+        }
+        if let Some(t) = self.turn.as_mut() {
+            t.tool_results.push(outcome);
+            // A tool that concludes the turn makes the step result `completed`; later calls still run.
+            t.concluded |= concludes;
+        }
+    }
+
+    /// A context message the tool returned can be inserted: well-formed, within the size limit and with
+    /// an id never used in this session. Anything else is dropped with a warning rather than failing the
+    /// turn: the result itself is already durable and the model sees it.
+    fn accepted_as_context(&self, message: &UserMessage) -> bool {
+        // The same checks a delivery gets: well-formed, within the size limit, an id never used.
+        let checked = self.check_message(message).and_then(|()| self.check_new_id(&message.id, &[]));
+        if let Err(problem) = &checked {
+            tracing::warn!(session = %self.state.session, id = %message.id, %problem, "dropped a tool context message");
+        }
+        checked.is_ok()
+    }
+}

@@ -1,0 +1,109 @@
+//! TLS for the public API, the internal gateway → worker hop and the CLI (rustls on ring, through tonic).
+//!
+//! The PEM files are read and checked here, before any listener or channel uses them, so a wrong path or
+//! a key that is not a key fails at start-up with the file's name instead of at the first handshake.
+
+use std::path::{Path, PathBuf};
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+
+/// A TLS file that cannot be used; the message names it.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    // The io error is in the message, not a `source`, so `{:#}` chains do not print it twice.
+    #[error("cannot read {}: {cause}", path.display())]
+    Read { path: PathBuf, cause: std::io::Error },
+    #[error("{} has no PEM certificate (`-----BEGIN CERTIFICATE-----`); {what}", path.display())]
+    NoCertificate { path: PathBuf, what: &'static str },
+    #[error("{} has no PEM private key (PKCS#8, PKCS#1 or SEC1): {detail}", path.display())]
+    NoKey { path: PathBuf, detail: String },
+    #[error("certificate {} and key {} cannot be used together: {detail}", cert.display(), key.display())]
+    Identity { cert: PathBuf, key: PathBuf, detail: String },
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|cause| TlsError::Read { path: path.to_owned(), cause })
+}
+
+/// The file's PEM bytes, checked to hold at least one certificate.
+fn certificates(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
+    let pem = read(path)?;
+    let count = CertificateDer::pem_slice_iter(&pem).filter(Result::is_ok).count();
+    if count == 0 {
+        return Err(TlsError::NoCertificate { path: path.to_owned(), what });
+    }
+    Ok(pem)
+}
+
+/// A server's TLS: `cert` (its chain, leaf first) and `key`; with `client_ca`, clients must present a
+/// certificate signed by that CA (mTLS).
+pub fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<ServerTlsConfig, TlsError> {
+    let cert_pem = certificates(cert, "--tls-cert needs the server's certificate chain, leaf first")?;
+    let key_pem = read(key)?;
+    PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|e| TlsError::NoKey { path: key.to_owned(), detail: e.to_string() })?;
+    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem));
+    if let Some(ca) = client_ca {
+        let ca_pem = certificates(ca, "--tls-client-ca needs the CA that signs client certificates")?;
+        config = config.client_ca_root(Certificate::from_pem(ca_pem));
+    }
+    // Building the acceptor is where rustls checks that the key fits the certificate; do it now.
+    tonic::transport::Server::builder().tls_config(config.clone()).map_err(|e| TlsError::Identity {
+        cert: cert.to_owned(),
+        key: key.to_owned(),
+        detail: error_chain(&e),
+    })?;
+    Ok(config)
+}
+
+/// A client's TLS: trust the CA in `ca`; `domain` overrides the name checked against the server's
+/// certificate (default: the host of the URL dialled). `identity` is the client's own (cert, key) for mTLS.
+pub fn client_config(
+    ca: &Path,
+    domain: Option<&str>,
+    identity: Option<(&Path, &Path)>,
+) -> Result<ClientTlsConfig, TlsError> {
+    let ca_pem = certificates(ca, "pass the CA certificate that signed the server's certificate")?;
+    let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem));
+    if let Some(domain) = domain {
+        config = config.domain_name(domain);
+    }
+    if let Some((cert, key)) = identity {
+        let cert_pem = certificates(cert, "the client certificate chain, leaf first")?;
+        let key_pem = read(key)?;
+        PrivateKeyDer::from_pem_slice(&key_pem)
+            .map_err(|e| TlsError::NoKey { path: key.to_owned(), detail: e.to_string() })?;
+        config = config.identity(Identity::from_pem(cert_pem, key_pem));
+    }
+    Ok(config)
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_and_empty_files_are_named() {
+        let dir = std::env::temp_dir().join(format!("turnstile-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let empty = dir.join("empty.pem");
+        std::fs::write(&empty, "not a pem\n").unwrap();
+        let err = server_config(&dir.join("nope.pem"), &empty, None).unwrap_err();
+        assert!(err.to_string().starts_with("cannot read ") && err.to_string().contains("nope.pem"), "{err}");
+        let err = client_config(&empty, None, None).unwrap_err();
+        assert!(err.to_string().contains("empty.pem has no PEM certificate"), "{err}");
+    }
+}

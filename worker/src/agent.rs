@@ -1,0 +1,177 @@
+//! The agent seam: what the runner calls to perform a driver's [`Effect::PreStep`], [`Effect::Model`] and
+//! [`Effect::Tool`], and what `turnstile-agent` implements (decision 0050).
+//!
+//! The driver says *what* to ask (a [`PreStepRequest`], a [`ModelRequest`], a [`ToolRequest`]) and takes
+//! the outcomes back as inputs; it cannot hold these traits itself, since answering them takes a task, a
+//! cancellation signal and a channel, and the driver has no runtime. So they live here, with the host that
+//! calls them: one [`PreStepHook`] (each agent's waterfall), one [`Model`] and one [`Tools`] serve every
+//! agent of a worker, bundled with the agents' catalog as [`Agents`]. The LLM providers, the scripted model,
+//! the tools (built-in, MCP, client, `spawn_agent`), the remote hooks and the configuration that picks them
+//! are the `turnstile-agent` crate's; `turnstile-node` hands its [`Agents`] to the host. So this crate
+//! carries no HTTP client and no MCP SDK.
+//!
+//! [`Effect::PreStep`]: turnstile_driver::Effect::PreStep
+//! [`Effect::Model`]: turnstile_driver::Effect::Model
+//! [`Effect::Tool`]: turnstile_driver::Effect::Tool
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use turnstile_driver::{AgentCatalog, ModelOutput, ModelRequest, PreStepRequest, ToolRequest};
+pub use turnstile_driver::{HookError, HookVerdict};
+use turnstile_model::{SessionRef, UserMessage};
+
+/// Why a model request did not finish.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    #[error("{message}")]
+    Failed { message: String, code: String },
+    /// The request saw the abort signal and stopped.
+    #[error("aborted")]
+    Aborted,
+}
+
+/// One streamed piece of a model's reply, delivered as soon as it arrives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamDelta {
+    /// Reply text; the text deltas of a reply concatenate to [`ModelOutput::text`].
+    Text(String),
+    /// Reasoning text (DeepSeek `reasoning_content`, Anthropic thinking); they concatenate to
+    /// [`ModelOutput::reasoning`].
+    Reasoning(String),
+}
+
+/// Where a model streams the pieces of its reply: text, and reasoning kept apart from it.
+#[derive(Clone, Debug)]
+pub struct DeltaSink(mpsc::Sender<StreamDelta>);
+
+impl DeltaSink {
+    pub fn new(tx: mpsc::Sender<StreamDelta>) -> Self {
+        Self(tx)
+    }
+
+    /// Streams one piece of the reply text. A closed sink (the step was abandoned) drops it silently.
+    pub async fn send(&self, text: String) {
+        self.send_delta(StreamDelta::Text(text)).await;
+    }
+
+    /// Streams one piece of reasoning.
+    pub async fn send_reasoning(&self, text: String) {
+        self.send_delta(StreamDelta::Reasoning(text)).await;
+    }
+
+    /// Streams one piece of either kind.
+    pub async fn send_delta(&self, delta: StreamDelta) {
+        let _ = self.0.send(delta).await;
+    }
+}
+
+/// Who answers a model request, for metrics and spans: the provider (`openai`, `anthropic`, `scripted`)
+/// and the model's name there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelIdentity {
+    pub provider: String,
+    pub model: String,
+}
+
+impl ModelIdentity {
+    pub fn new(provider: impl Into<String>, model: impl Into<String>) -> Self {
+        Self { provider: provider.into(), model: model.into() }
+    }
+}
+
+/// A streaming model: answers the driver's [`ModelRequest`]s.
+#[async_trait]
+pub trait Model: Send + Sync + 'static {
+    /// Who answers the requests of `agent` (the metrics' and spans' `provider` and `model`). Default:
+    /// `custom` for both.
+    fn identity(&self, agent: &str) -> ModelIdentity {
+        let _ = agent;
+        ModelIdentity::new("custom", "custom")
+    }
+
+    /// Answers one step. The text deltas sent to `deltas` must concatenate to the returned text, the
+    /// reasoning deltas to the returned reasoning. On `abort`, return [`ModelError::Aborted`] promptly.
+    async fn step(
+        &self,
+        request: ModelRequest,
+        deltas: DeltaSink,
+        abort: CancellationToken,
+    ) -> Result<ModelOutput, ModelError>;
+}
+
+/// What a tool call returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolReturn {
+    pub output: String,
+    /// Set when the call failed.
+    pub error: Option<String>,
+    /// The tool concluded the turn.
+    pub concludes_turn: bool,
+    /// Model-visible context messages to insert after the result (SPEC §9), as text.
+    pub context: Vec<String>,
+}
+
+impl ToolReturn {
+    pub fn ok(output: impl Into<String>) -> Self {
+        Self { output: output.into(), error: None, concludes_turn: false, context: Vec::new() }
+    }
+
+    pub fn failed(error: impl Into<String>) -> Self {
+        Self { output: String::new(), error: Some(error.into()), concludes_turn: false, context: Vec::new() }
+    }
+}
+
+/// The tools of every agent: runs the driver's [`ToolRequest`]s.
+#[async_trait]
+pub trait Tools: Send + Sync + 'static {
+    /// Runs `request`'s call in `session` for `request.agent`, bounded by whatever deadline the agent sets.
+    /// `abort` is signalled when the turn is cancelled: a started call finishes (it may stop early) and its
+    /// result is recorded. `released` is cancelled, before `abort`, when this worker lets the call go without
+    /// a cancel of the turn (a reload after a journal error, a shard handed over, a shutdown): its result
+    /// will not be recorded here and the next owner repairs the call (SPEC §6).
+    async fn call(
+        &self,
+        session: &SessionRef,
+        request: &ToolRequest,
+        abort: &CancellationToken,
+        released: &CancellationToken,
+    ) -> ToolReturn;
+}
+
+/// A pre-step hook (SPEC §4, §9): decides over a claimed batch. A waterfall of hooks is itself a hook, so
+/// the runner calls one per worker and it picks the agent's waterfall.
+#[async_trait]
+pub trait PreStepHook: Send + Sync + 'static {
+    fn name(&self) -> &str;
+
+    /// Decides over `batch` for the proposal `request` of `session`. On `abort`, return promptly.
+    async fn decide(
+        &self,
+        session: &SessionRef,
+        request: &PreStepRequest,
+        batch: Vec<UserMessage>,
+        abort: &CancellationToken,
+    ) -> Result<HookVerdict, HookError>;
+}
+
+/// What a worker's sessions run: the agents' catalog (for the driver) and what answers their steps.
+#[derive(Clone)]
+pub struct Agents {
+    /// Names, system prompts and history budgets of the agents, and the default one.
+    pub catalog: AgentCatalog,
+    /// Serves every agent's model requests.
+    pub model: Arc<dyn Model>,
+    /// Runs every agent's tool calls.
+    pub tools: Arc<dyn Tools>,
+    /// Decides every agent's proposals (each agent's waterfall).
+    pub hooks: Arc<dyn PreStepHook>,
+}
+
+impl std::fmt::Debug for Agents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agents").field("catalog", &self.catalog).finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,31 @@
+//! [`RunnerDeps`]: what every runner of a host shares.
+
+use std::sync::Arc;
+
+use turnstile_driver::Driver;
+use turnstile_journal::snapshot::SnapshotStore;
+use turnstile_journal::{LiveBus, SessionLog};
+use turnstile_model::SessionState;
+
+use crate::agent::Agents;
+use crate::config::WorkerConfig;
+use crate::ownership::Ownership;
+
+/// Everything a runner needs besides its session.
+pub(crate) struct RunnerDeps {
+    pub log: Arc<dyn SessionLog>,
+    pub bus: Arc<dyn LiveBus>,
+    /// The agents' catalog, and what answers their pre-step, model and tool effects.
+    pub agents: Agents,
+    pub snapshots: Arc<dyn SnapshotStore>,
+    /// Shard ownership in a cluster; `None` in `turnstile dev`, which owns everything at its epoch.
+    pub ownership: Option<Arc<dyn Ownership>>,
+    pub config: WorkerConfig,
+}
+
+impl RunnerDeps {
+    /// A driver for the fold `state` of a session, writing under `epoch`.
+    pub(crate) fn driver(&self, state: SessionState, epoch: u64) -> Driver {
+        Driver::new(state, self.config.limits.clone(), self.agents.catalog.clone(), epoch, self.config.owner_id.clone())
+    }
+}

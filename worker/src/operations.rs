@@ -1,0 +1,223 @@
+//! The operations a driver asks for that run as tasks — the pre-step waterfall, model requests, tool calls
+//! — performed through the [`crate::agent`] seam, and their outcomes on their way back as driver inputs.
+//!
+//! [`Operations`] owns every running task's cancellation and the channel their outcomes come back on, so
+//! the runner only starts them, aborts one when the driver says so, and hands what comes back to the driver
+//! ([`Operations::deliver`]). Letting them all go (a reload or a shutdown) cancels `released` first, so a
+//! tool learns that its result will not be recorded here before it sees the abort.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument as _, Span};
+use turnstile_driver::{
+    Driver, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, ToolOutcome, ToolRequest,
+};
+use turnstile_model::SessionRef;
+use turnstile_model::message::{ContentBlock, MessageId, MessageSource, UserMessage};
+
+use crate::agent::{DeltaSink, HookVerdict, ModelError, StreamDelta, ToolReturn};
+use crate::deps::RunnerDeps;
+use crate::metrics::ModelCall;
+use crate::spans::model_span;
+
+/// An outcome of a running operation, for the driver.
+pub(crate) enum Outcome {
+    PreStep { op: OpId, outcome: PreStepOutcome },
+    ModelDelta { op: OpId, text: String, reasoning: bool },
+    ModelDone { op: OpId, outcome: ModelOutcome },
+    ToolDone { op: OpId, outcome: ToolOutcome },
+}
+
+/// One runner's running operations.
+pub(crate) struct Operations {
+    running: HashMap<OpId, CancellationToken>,
+    tx: mpsc::UnboundedSender<Outcome>,
+    rx: mpsc::UnboundedReceiver<Outcome>,
+    /// Cancelled when the runner stops, so no operation outlives it.
+    stopped: CancellationToken,
+    /// Cancelled (then replaced) just before the operations' tokens when the runner lets them go without a
+    /// cancel of the turn (reload, shutdown): tools see it as their `released` signal.
+    released: CancellationToken,
+}
+
+impl Operations {
+    pub(crate) fn new() -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Self { running: HashMap::new(), tx, rx, stopped: CancellationToken::new(), released: CancellationToken::new() }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    /// The next outcome of a running operation (pending while none runs).
+    pub(crate) async fn next(&mut self) -> Option<Outcome> {
+        self.rx.recv().await
+    }
+
+    /// Hands `outcome` to `driver` as its input at `now_ms`; a final outcome ends its operation here.
+    pub(crate) fn deliver(&mut self, outcome: Outcome, driver: &mut Driver, now_ms: u64) {
+        match outcome {
+            Outcome::PreStep { op, outcome } => {
+                self.running.remove(&op);
+                driver.on_pre_step(op, outcome, now_ms);
+            }
+            Outcome::ModelDelta { op, text, reasoning } => driver.on_model_delta(op, &text, reasoning, now_ms),
+            Outcome::ModelDone { op, outcome } => {
+                self.running.remove(&op);
+                driver.on_model_done(op, outcome, now_ms);
+            }
+            Outcome::ToolDone { op, outcome } => {
+                self.running.remove(&op);
+                driver.on_tool_done(op, outcome, now_ms);
+            }
+        }
+    }
+
+    /// Signals operation `op` to abort (the driver's [`turnstile_driver::Effect::Abort`]).
+    pub(crate) fn abort(&self, op: OpId) {
+        if let Some(token) = self.running.get(&op) {
+            token.cancel();
+        }
+    }
+
+    /// Lets every operation go for a new driver (a reload): their outcomes no longer come back.
+    pub(crate) fn release(&mut self) {
+        std::mem::take(&mut self.released).cancel();
+        for (_, token) in self.running.drain() {
+            token.cancel();
+        }
+        // Outcomes of the dropped operations must not reach the new driver.
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.tx = tx;
+        self.rx = rx;
+    }
+
+    /// Lets every operation go for good: the runner is stopping.
+    pub(crate) fn stop(&mut self) {
+        self.released.cancel();
+        self.stopped.cancel();
+        for (_, token) in self.running.drain() {
+            token.cancel();
+        }
+    }
+
+    fn start(&mut self, op: OpId) -> CancellationToken {
+        let token = self.stopped.child_token();
+        self.running.insert(op, token.clone());
+        token
+    }
+
+    /// Runs the pre-step waterfall of `request` in `span` (the open turn's: the hooks' spans belong to it).
+    pub(crate) fn pre_step(&mut self, deps: &RunnerDeps, session: &SessionRef, request: PreStepRequest, span: Span) {
+        let token = self.start(request.op);
+        let (tx, session, hooks) = (self.tx.clone(), session.clone(), deps.agents.hooks.clone());
+        let task = async move {
+            let outcome = tokio::select! {
+                // Checked first: a hook that sees the abort returns an error, which must not be mistaken
+                // for a hook failure.
+                biased;
+                () = token.cancelled() => PreStepOutcome::Aborted,
+                r = hooks.decide(&session, &request, request.messages.clone(), &token) => match r {
+                    Ok(HookVerdict::Pass(batch)) => PreStepOutcome::Decided(PreStepDecision::Enter(batch)),
+                    Ok(HookVerdict::Reject { reason }) => PreStepOutcome::Decided(PreStepDecision::Reject { reason }),
+                    Err(e) => PreStepOutcome::Failed { message: e.to_string() },
+                },
+            };
+            let _ = tx.send(Outcome::PreStep { op: request.op, outcome });
+        };
+        tokio::spawn(task.instrument(span));
+    }
+
+    /// Runs the model request `request` in a `model.request` span under `parent` (the open step's: its
+    /// `step/start` was appended before the driver asked for the model), streaming its deltas back.
+    pub(crate) fn model(&mut self, deps: &Arc<RunnerDeps>, session: &SessionRef, request: ModelRequest, parent: &Span) {
+        let token = self.start(request.op);
+        let (tx, deps, op) = (self.tx.clone(), deps.clone(), request.op);
+        let identity = deps.agents.model.identity(&request.agent);
+        let span = model_span(parent, session, &request.agent, &identity);
+        let mut call = ModelCall::start(session, &request.agent, identity, span.clone());
+        let task = async move {
+            let (delta_tx, mut delta_rx) = mpsc::channel::<StreamDelta>(64);
+            let forward = {
+                let tx = tx.clone();
+                let call = &mut call;
+                async move {
+                    while let Some(delta) = delta_rx.recv().await {
+                        call.streamed();
+                        let (text, reasoning) = match delta {
+                            StreamDelta::Text(text) => (text, false),
+                            StreamDelta::Reasoning(text) => (text, true),
+                        };
+                        let _ = tx.send(Outcome::ModelDelta { op, text, reasoning });
+                    }
+                }
+            };
+            let step = deps.agents.model.step(request, DeltaSink::new(delta_tx), token.clone());
+            // The forwarder ends when the model drops its sink, so every delta precedes the outcome.
+            let (result, ()) = tokio::join!(
+                async {
+                    tokio::select! {
+                        () = token.cancelled() => Err(ModelError::Aborted),
+                        r = step => r,
+                    }
+                },
+                forward
+            );
+            let outcome = match result {
+                Ok(output) => ModelOutcome::Finished(output),
+                Err(ModelError::Failed { message, code }) => ModelOutcome::Failed { message, code },
+                Err(ModelError::Aborted) => ModelOutcome::Aborted,
+            };
+            call.finish(&outcome);
+            let _ = tx.send(Outcome::ModelDone { op, outcome });
+        };
+        tokio::spawn(task.instrument(span));
+    }
+
+    /// Runs the tool call `request` in a `tool.call` span under `parent`. A started call finishes even on
+    /// abort: the tool sees the signal and may stop early.
+    pub(crate) fn tool(&mut self, deps: &Arc<RunnerDeps>, session: &SessionRef, request: ToolRequest, parent: &Span) {
+        let token = self.start(request.op);
+        let released = self.released.clone();
+        let (tx, deps, session) = (self.tx.clone(), deps.clone(), session.clone());
+        let span = tracing::info_span!(
+            parent: parent,
+            "tool.call",
+            %session,
+            agent = %request.agent,
+            tool = %request.call.name,
+            call_id = %request.call.call_id,
+            outcome = tracing::field::Empty,
+        );
+        let task = async move {
+            let r = deps.agents.tools.call(&session, &request, &token, &released).await;
+            let _ = tx.send(Outcome::ToolDone { op: request.op, outcome: tool_outcome(&request, r) });
+        };
+        tokio::spawn(task.instrument(span));
+    }
+}
+
+/// What the driver is told of a finished call: its result, and its context messages with ids derived from
+/// the call id (unique in the session like it).
+fn tool_outcome(request: &ToolRequest, r: ToolReturn) -> ToolOutcome {
+    let call = &request.call;
+    let context = r
+        .context
+        .into_iter()
+        .enumerate()
+        .map(|(i, text)| UserMessage {
+            id: MessageId(format!("{}.ctx{i}", call.call_id)),
+            content: vec![ContentBlock::text(text)],
+            source: MessageSource::Tool { call_id: call.call_id.clone() },
+        })
+        .collect();
+    ToolOutcome {
+        concludes_turn: r.concludes_turn,
+        context,
+        ..ToolOutcome::new(call.call_id.clone(), call.name.clone(), r.output, r.error)
+    }
+}

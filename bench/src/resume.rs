@@ -23,6 +23,7 @@ use turnstile_proto::v1::session_event::Payload as Durable;
 use turnstile_proto::v1::watch_item::Item;
 
 use turnstile_proto::v1::agent_client::AgentClient;
+use turnstile_tests::watch::position;
 
 use crate::latency::text_message;
 use crate::servers;
@@ -58,19 +59,6 @@ fn delta(item: &pb::WatchItem) -> Option<&pb::AssistantDelta> {
         Some(Item::Live(pb::LiveEvent { payload: Some(Live::AssistantDelta(d)), .. })) => Some(d),
         _ => None,
     }
-}
-
-/// The last durable seq among `items` (`caught_up` included).
-fn position(items: &[pb::WatchItem]) -> u64 {
-    items
-        .iter()
-        .filter_map(|i| match &i.item {
-            Some(Item::Event(e)) => Some(e.seq),
-            Some(Item::CaughtUp(c)) => Some(c.seq),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0)
 }
 
 pub async fn run(url_a: &str, url_b: &str, run_id: &str, opts: &ResumeOpts) -> Result<ResumeReport> {

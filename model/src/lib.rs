@@ -41,7 +41,7 @@ pub use command::{
 };
 pub use event::{
     CancelCause, Compaction, Envelope, EventPayload, Fork, InjectMode, LiveEvent, LivePayload, OnDeadline, Splice,
-    SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
+    SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage, ModelRef,
 };
 pub use goal::{Goal, GoalAction, GoalChange, GoalState};
 pub use inbox::{Inbox, SpliceError};

@@ -219,6 +219,9 @@ impl ModelConfig {
         models: &std::collections::BTreeMap<String, ModelConfig>,
     ) -> Result<(), Invalid> {
         let key = path.key("fallback");
+        if self.provider == Provider::Scripted && !self.fallback.is_empty() {
+            return Err(key.invalid("the scripted model never fails over to another; remove the key"));
+        }
         for (i, name) in self.fallback.iter().enumerate() {
             if *name == self.name {
                 return Err(key.invalid(format!("names the model itself ({name:?}); list other models")));
@@ -227,6 +230,11 @@ impl ModelConfig {
                 return Err(key.invalid(format!(
                     "no model named {name:?} (known: {})",
                     crate::names::known(models.keys())
+                )));
+            }
+            if models.get(name).is_some_and(|m| m.provider == Provider::Scripted) {
+                return Err(key.invalid(format!(
+                    "{name:?} is a scripted model, which cannot stand in for an HTTP one; list openai or anthropic models"
                 )));
             }
             if self.fallback[..i].contains(name) {

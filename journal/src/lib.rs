@@ -17,8 +17,10 @@ pub mod jetstream;
 pub mod log;
 pub mod snapshot;
 mod sync;
+pub mod usage;
 
 pub use bus::{LiveBus, LiveStream};
 pub use embedded::{EmbeddedLog, LocalBus};
 pub use jetstream::{JetStreamConfig, JetStreamLog, NatsBus};
 pub use log::{EventStream, JournalError, SessionLog};
+pub use usage::{MemoryUsage, UsageLedger};

@@ -33,8 +33,10 @@ pub mod inbox;
 pub mod message;
 pub mod shard;
 pub mod state;
+pub mod time;
 pub mod tool_names;
 pub mod transcript;
+pub mod usage;
 
 pub use command::{
     Command, CommandError, CommandReply, DeadlineSpec, MAX_STEER_DEADLINE_MS, SessionSummary, Spawn, StreamingStep,

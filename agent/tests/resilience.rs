@@ -108,7 +108,9 @@ async fn after_503s_on_the_first_model_the_fallback_answers_and_the_message_name
             .unwrap_or_else(|| panic!("no {name} {labels:?} in\n{metrics}"))
             .to_owned()
     };
-    assert!(line("turnstile_model_fallbacks_total", &[r#"model="primary-model""#, "model_unavailable"]).ends_with(" 1"));
+    assert!(
+        line("turnstile_model_fallbacks_total", &[r#"model="primary-model""#, "model_unavailable"]).ends_with(" 1")
+    );
     let served = line("turnstile_model_requests_total", &[r#"model="backup-model""#, r#"outcome="ok""#]);
     assert!(served.contains(r#"tenant="acme""#) && served.ends_with(" 1"), "{served}");
     assert!(line("turnstile_model_tokens_total", &[r#"model="backup-model""#, r#"kind="input""#]).ends_with(" 20"));

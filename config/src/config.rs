@@ -370,9 +370,8 @@ impl Config {
     /// ```
     pub fn agents_using_model(&self, model: &str) -> Vec<&str> {
         // A model an agent's model falls back to is used by that agent too (SPEC §17).
-        let uses = |name: &str| {
-            name == model || self.models.get(name).is_some_and(|m| m.fallback.iter().any(|f| f == model))
-        };
+        let uses =
+            |name: &str| name == model || self.models.get(name).is_some_and(|m| m.fallback.iter().any(|f| f == model));
         self.agents
             .values()
             .filter(|a| uses(&a.model) || a.compaction_model.as_deref().is_some_and(uses))

@@ -227,10 +227,9 @@ impl ModelConfig {
                 return Err(key.invalid(format!("names the model itself ({name:?}); list other models")));
             }
             if !models.contains_key(name) {
-                return Err(key.invalid(format!(
-                    "no model named {name:?} (known: {})",
-                    crate::names::known(models.keys())
-                )));
+                return Err(
+                    key.invalid(format!("no model named {name:?} (known: {})", crate::names::known(models.keys())))
+                );
             }
             if models.get(name).is_some_and(|m| m.provider == Provider::Scripted) {
                 return Err(key.invalid(format!(

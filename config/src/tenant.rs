@@ -49,10 +49,20 @@ impl TenantConfig {
 
     pub(crate) fn check(&self, path: &KeyPath) -> Result<(), Invalid> {
         if let Some(budget) = self.token_budget {
-            positive(path, "token_budget", budget, "a budget of 0 would refuse every model request; remove the key for none")?;
+            positive(
+                path,
+                "token_budget",
+                budget,
+                "a budget of 0 would refuse every model request; remove the key for none",
+            )?;
         }
         if let Some(rate) = self.requests_per_s {
-            positive(path, "requests_per_s", u64::from(rate), "0 would refuse every request; remove the key for no limit")?;
+            positive(
+                path,
+                "requests_per_s",
+                u64::from(rate),
+                "0 would refuse every request; remove the key for no limit",
+            )?;
         }
         if let Some(burst) = self.request_burst {
             positive(path, "request_burst", u64::from(burst), "0 would refuse every request")?;
@@ -96,9 +106,13 @@ mod tests {
     #[test]
     fn fallback_names_other_known_models_once() {
         let base = "[models.a]\nmodel = \"m\"\n[models.b]\nmodel = \"n\"\n";
-        assert!(err(&format!("{base}[models.c]\nmodel = \"o\"\nfallback = [\"zz\"]\n"))
-            .contains("models.c.fallback: no model named \"zz\""));
-        assert!(err(&format!("{base}[models.c]\nmodel = \"o\"\nfallback = [\"c\"]\n")).contains("names the model itself"));
+        assert!(
+            err(&format!("{base}[models.c]\nmodel = \"o\"\nfallback = [\"zz\"]\n"))
+                .contains("models.c.fallback: no model named \"zz\"")
+        );
+        assert!(
+            err(&format!("{base}[models.c]\nmodel = \"o\"\nfallback = [\"c\"]\n")).contains("names the model itself")
+        );
         assert!(err(&format!("{base}[models.c]\nmodel = \"o\"\nfallback = [\"a\", \"a\"]\n")).contains("twice"));
         let config = Config::from_toml_str(&format!(
             "{base}[models.c]\nmodel = \"o\"\nfallback = [\"a\", \"b\"]\n[agents.x]\nmodel = \"c\"\n"
@@ -111,9 +125,12 @@ mod tests {
 
     #[test]
     fn prompt_cache_is_for_anthropic_models() {
-        assert!(err("[models.a]\nmodel = \"m\"\nprompt_cache = true\n").contains("models.a.prompt_cache: is for anthropic"));
+        assert!(
+            err("[models.a]\nmodel = \"m\"\nprompt_cache = true\n").contains("models.a.prompt_cache: is for anthropic")
+        );
         let config =
-            Config::from_toml_str("[models.a]\nprovider = \"anthropic\"\nmodel = \"m\"\nprompt_cache = true\n").unwrap();
+            Config::from_toml_str("[models.a]\nprovider = \"anthropic\"\nmodel = \"m\"\nprompt_cache = true\n")
+                .unwrap();
         assert!(config.models["a"].prompt_cache);
     }
 }

@@ -167,7 +167,10 @@ fn usage_is_recorded_on_a_tool_calling_reply_and_each_step_has_its_own() {
     sim.model_replies.push_back(first);
     sim.model_replies.push_back(reply(
         &[(false, "hi back")],
-        ModelOutput { usage: Some(Usage { input_tokens: 20, output_tokens: 2, ..Default::default() }), ..ModelOutput::text("hi back") },
+        ModelOutput {
+            usage: Some(Usage { input_tokens: 20, output_tokens: 2, ..Default::default() }),
+            ..ModelOutput::text("hi back")
+        },
         0,
     ));
     sent(sim.followup("A", "[[tool:echo hi]]"));

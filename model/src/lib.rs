@@ -42,8 +42,8 @@ pub use command::{
     Command, CommandError, CommandReply, DeadlineSpec, MAX_STEER_DEADLINE_MS, SessionSummary, Spawn, StreamingStep,
 };
 pub use event::{
-    CancelCause, Compaction, Envelope, EventPayload, Fork, InjectMode, LiveEvent, LivePayload, OnDeadline, Splice,
-    SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage, ModelRef,
+    CancelCause, Compaction, Envelope, EventPayload, Fork, InjectMode, LiveEvent, LivePayload, ModelRef, OnDeadline,
+    Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 pub use goal::{Goal, GoalAction, GoalChange, GoalState};
 pub use inbox::{Inbox, SpliceError};

@@ -28,4 +28,3 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
     let year = yoe + era * 400 + u64::from(month <= 2);
     (year, month, day)
 }
-

@@ -78,12 +78,7 @@ impl Budgets {
             return Ok(());
         }
         counter!(names::BUDGET_REFUSALS, "tenant" => tenant.to_owned()).increment(1);
-        Err(BudgetExhausted {
-            tenant: tenant.to_owned(),
-            used,
-            budget,
-            resets: rfc3339_utc(day_start_ms(today + 1)),
-        })
+        Err(BudgetExhausted { tenant: tenant.to_owned(), used, budget, resets: rfc3339_utc(day_start_ms(today + 1)) })
     }
 }
 

@@ -187,7 +187,9 @@ impl ModelCall {
                         ("cached", usage.cached_input_tokens),
                         ("cache_write", usage.cache_write_tokens),
                     ];
-                    for (kind, tokens) in kinds.into_iter().filter(|(kind, tokens)| *tokens > 0 || !kind.starts_with("cache")) {
+                    for (kind, tokens) in
+                        kinds.into_iter().filter(|(kind, tokens)| *tokens > 0 || !kind.starts_with("cache"))
+                    {
                         counter!(names::MODEL_TOKENS, "tenant" => tenant.clone(), "agent" => agent.clone(),
                             "provider" => provider.clone(), "model" => model.clone(), "kind" => kind)
                         .increment(tokens);

@@ -516,13 +516,7 @@ mod tests {
             _cancel: &CancellationToken,
         ) -> Result<ChatOutput, ProviderError> {
             self.0.lock().unwrap().push(request.tools.iter().map(|t| t.name.clone()).collect());
-            Ok(ChatOutput {
-                text: "ok".into(),
-                reasoning: None,
-                tool_calls: vec![],
-                finish: Finish::Stop,
-                usage: None,
-            })
+            Ok(ChatOutput { text: "ok".into(), reasoning: None, tool_calls: vec![], finish: Finish::Stop, usage: None })
         }
     }
 

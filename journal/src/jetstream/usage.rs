@@ -45,6 +45,9 @@ const RETRY_AFTER: Duration = Duration::from_millis(500);
 /// Compare-and-set attempts on one entry before the fold reads its partition again.
 const CAS_ATTEMPTS: usize = 50;
 
+/// What one message adds to its tenant: (UTC day, model key, usage) per `assistant/message`.
+type Counts = Vec<(u64, String, Usage)>;
+
 /// One tenant's entry: its usage and, per partition, the stream sequence of the last message counted.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct TenantEntry {
@@ -232,11 +235,8 @@ async fn fold_partition(js: &jetstream::Context, p: u32, usage: &KvUsage) -> Res
     let unavailable = |what: &str, e: &dyn std::fmt::Display| JournalError::Unavailable(format!("{what}: {e}"));
     let from = usage.checkpoint(p).await?;
     let stream = js.get_stream(stream_name(p)).await.map_err(|e| unavailable("opening the event stream", &e))?;
-    let deliver_policy = if from == 0 {
-        DeliverPolicy::All
-    } else {
-        DeliverPolicy::ByStartSequence { start_sequence: from + 1 }
-    };
+    let deliver_policy =
+        if from == 0 { DeliverPolicy::All } else { DeliverPolicy::ByStartSequence { start_sequence: from + 1 } };
     let consumer = stream
         .create_consumer(OrderedConfig { deliver_policy, ..Default::default() })
         .await
@@ -272,7 +272,7 @@ async fn fold_partition(js: &jetstream::Context, p: u32, usage: &KvUsage) -> Res
 
 /// The tenant and the usage counted from one stored message, when it holds an `assistant/message` with
 /// usage. A message that cannot be decoded counts nothing (the readers of that session report it).
-fn usage_of(message: &jetstream::Message) -> Option<(String, Vec<(u64, String, Usage)>)> {
+fn usage_of(message: &jetstream::Message) -> Option<(String, Counts)> {
     let headers = message.message.headers.as_ref();
     let types = headers?.get(HEADER_TYPE)?.as_str();
     if !types.split(group::TYPE_SEPARATOR).any(|t| t == "assistant/message") {
@@ -287,7 +287,6 @@ fn usage_of(message: &jetstream::Message) -> Option<(String, Vec<(u64, String, U
             return None;
         }
     };
-    let counts: Vec<(u64, String, Usage)> = events.iter().filter_map(counted).collect();
+    let counts: Counts = events.iter().filter_map(counted).collect();
     (!counts.is_empty()).then_some((session.tenant, counts))
 }
-

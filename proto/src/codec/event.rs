@@ -10,8 +10,8 @@ use super::message::{
     required_session_at, session_ref_at, target_at,
 };
 use turnstile_model::event::{
-    CancelCause, Compaction, DURABLE_TYPES, Envelope, EventPayload, Fork, InjectMode, OnDeadline, Splice,
-    SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage, ModelRef,
+    CancelCause, Compaction, DURABLE_TYPES, Envelope, EventPayload, Fork, InjectMode, ModelRef, OnDeadline, Splice,
+    SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 use turnstile_model::goal::{GoalChange, GoalState, MAX_GOAL_ID_LEN};
 use turnstile_model::transcript::TranscriptEntry;
@@ -235,19 +235,17 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             reasoning,
             usage,
             model,
-        } => {
-            Payload::AssistantMessage(pb::AssistantMessage {
-                turn: *turn,
-                step: *step,
-                text: text.clone(),
-                tool_calls: tool_calls.iter().map(encode_tool_call_spec).collect(),
-                interrupted: *interrupted,
-                max_tokens: *max_tokens,
-                reasoning: reasoning.clone(),
-                usage: usage.as_ref().map(encode_usage),
-                model: model.as_ref().map(|m| pb::ModelRef { provider: m.provider.clone(), model: m.model.clone() }),
-            })
-        }
+        } => Payload::AssistantMessage(pb::AssistantMessage {
+            turn: *turn,
+            step: *step,
+            text: text.clone(),
+            tool_calls: tool_calls.iter().map(encode_tool_call_spec).collect(),
+            interrupted: *interrupted,
+            max_tokens: *max_tokens,
+            reasoning: reasoning.clone(),
+            usage: usage.as_ref().map(encode_usage),
+            model: model.as_ref().map(|m| pb::ModelRef { provider: m.provider.clone(), model: m.model.clone() }),
+        }),
         EventPayload::ToolCall { turn, step, call, awaiting_approval } => Payload::ToolCall(pb::ToolCall {
             turn: *turn,
             step: *step,

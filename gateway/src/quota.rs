@@ -17,6 +17,7 @@
 //! must not stop every client.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -189,6 +190,12 @@ impl WatchEntry {
     fn others(&self, me: &str, now_ms: u64) -> usize {
         self.gateways.iter().filter(|(id, g)| id.as_str() != me && g.expires_ms > now_ms).map(|(_, g)| g.count).sum()
     }
+
+    /// Sets gateway `me`'s count, alive for [`WATCH_COUNT_TTL`] from `now_ms`.
+    fn set(&mut self, me: &str, count: usize, now_ms: u64) {
+        let expires_ms = now_ms + WATCH_COUNT_TTL.as_millis() as u64;
+        self.gateways.insert(me.to_owned(), GatewayWatches { count, expires_ms });
+    }
 }
 
 impl Quotas {
@@ -321,32 +328,21 @@ impl Quotas {
     /// last slot. `Some(open)` when all `limit` are taken; a store that cannot be reached admits.
     async fn take_shared_slot(&self, shared: &Shared, tenant: &str, limit: usize) -> Option<usize> {
         let _serial = shared.watch_writes.lock().await;
-        let key = watch_key(tenant);
-        for _ in 0..CAS_ATTEMPTS {
-            let (mut entry, revision) = match shared.store.entry(key.as_str()).await {
-                Ok(Some(e)) => (serde_json::from_slice::<WatchEntry>(&e.value).unwrap_or_default(), e.revision),
-                Ok(None) => (WatchEntry::default(), 0),
-                Err(e) => {
-                    tracing::warn!(%tenant, error = %e, "Watch limit not checked: the shared counts could not be read");
-                    break;
+        let taken = shared
+            .change_watches(tenant, |entry, now| {
+                let mine = self.open_watches(tenant);
+                let open = entry.others(&shared.gateway, now) + mine;
+                if open >= limit {
+                    return ControlFlow::Break(Some(open));
                 }
-            };
-            let now = now_ms();
-            let mine = self.open_watches(tenant);
-            let open = entry.others(&shared.gateway, now) + mine;
-            if open >= limit {
-                return Some(open);
-            }
-            entry.gateways.retain(|_, g| g.expires_ms > now);
-            let expires_ms = now + WATCH_COUNT_TTL.as_millis() as u64;
-            entry.gateways.insert(shared.gateway.clone(), GatewayWatches { count: mine + 1, expires_ms });
-            let Ok(value) = serde_json::to_vec(&entry) else { break };
-            if cas(&shared.store, &key, value.into(), revision).await {
-                *lock(&self.inner.watches).entry(tenant.to_owned()).or_default() += 1;
-                return None;
-            }
+                entry.set(&shared.gateway, mine + 1, now);
+                ControlFlow::Continue(None)
+            })
+            .await;
+        if let Some(Some(open)) = taken {
+            return Some(open);
         }
-        // Unchecked: counted here, and written at the next renewal.
+        // Taken, or unchecked (the store could not be used): counted here, written at the next renewal.
         *lock(&self.inner.watches).entry(tenant.to_owned()).or_default() += 1;
         None
     }
@@ -356,33 +352,21 @@ impl Quotas {
     async fn write_watch_count(&self, tenant: &str, count: Option<usize>) {
         let Some(shared) = &self.inner.shared else { return };
         let _serial = shared.watch_writes.lock().await;
-        let key = watch_key(tenant);
-        for _ in 0..CAS_ATTEMPTS {
-            let count = count.unwrap_or_else(|| self.open_watches(tenant));
-            let (mut entry, revision) = match shared.store.entry(key.as_str()).await {
-                Ok(Some(e)) => (serde_json::from_slice::<WatchEntry>(&e.value).unwrap_or_default(), e.revision),
-                Ok(None) => (WatchEntry::default(), 0),
-                Err(e) => {
-                    tracing::warn!(%tenant, error = %e, "the shared Watch count could not be written");
-                    return;
+        let written = shared
+            .change_watches(tenant, |entry, now| {
+                let count = count.unwrap_or_else(|| self.open_watches(tenant));
+                if count == 0 && entry.gateways.remove(&shared.gateway).is_none() {
+                    return ControlFlow::Break(());
                 }
-            };
-            let now = now_ms();
-            entry.gateways.retain(|_, g| g.expires_ms > now);
-            if count == 0 {
-                if entry.gateways.remove(&shared.gateway).is_none() && revision != 0 {
-                    return;
+                if count > 0 {
+                    entry.set(&shared.gateway, count, now);
                 }
-            } else {
-                let expires_ms = now + WATCH_COUNT_TTL.as_millis() as u64;
-                entry.gateways.insert(shared.gateway.clone(), GatewayWatches { count, expires_ms });
-            }
-            let Ok(value) = serde_json::to_vec(&entry) else { return };
-            if cas(&shared.store, &key, value.into(), revision).await {
-                return;
-            }
+                ControlFlow::Continue(())
+            })
+            .await;
+        if written.is_none() {
+            tracing::warn!(%tenant, "the shared Watch count was not written; it is at the next renewal");
         }
-        tracing::warn!(%tenant, "the shared Watch count kept changing; it is written at the next renewal");
     }
 
     /// Watch streams `tenant` holds open on this gateway.
@@ -392,6 +376,38 @@ impl Quotas {
 }
 
 impl Shared {
+    /// Reads `tenant`'s Watch entry (expired counts dropped), lets `change` edit it — `Continue(v)`: write
+    /// it and answer `v`; `Break(v)`: answer `v` without writing — and writes it by compare-and-set, again
+    /// while another gateway writes first. `None` when the store cannot be used.
+    async fn change_watches<T>(
+        &self,
+        tenant: &str,
+        mut change: impl FnMut(&mut WatchEntry, u64) -> ControlFlow<T, T>,
+    ) -> Option<T> {
+        let key = watch_key(tenant);
+        for _ in 0..CAS_ATTEMPTS {
+            let (mut entry, revision) = match self.store.entry(key.as_str()).await {
+                Ok(Some(e)) => (serde_json::from_slice::<WatchEntry>(&e.value).unwrap_or_default(), e.revision),
+                Ok(None) => (WatchEntry::default(), 0),
+                Err(e) => {
+                    tracing::warn!(%tenant, error = %e, "the shared Watch counts could not be read");
+                    return None;
+                }
+            };
+            let now = now_ms();
+            entry.gateways.retain(|_, g| g.expires_ms > now);
+            let answer = match change(&mut entry, now) {
+                ControlFlow::Break(answer) => return Some(answer),
+                ControlFlow::Continue(answer) => answer,
+            };
+            let value = serde_json::to_vec(&entry).ok()?;
+            if cas(&self.store, &key, value.into(), revision).await {
+                return Some(answer);
+            }
+        }
+        None
+    }
+
     /// `None`: the shared state could not be used (the call is admitted unchecked).
     async fn admit(&self, tenant: &str, rate: &Rate) -> Option<Result<(), u64>> {
         let key = rate_key(tenant);

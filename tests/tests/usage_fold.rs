@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use turnstile_journal::jetstream::{KvUsage, USAGE_BUCKET, UsageFold};
+use turnstile_journal::jetstream::{KvUsage, USAGE_BUCKET, UsageFold, subjects};
 use turnstile_journal::{JetStreamConfig, JetStreamLog, SessionLog, UsageLedger};
 use turnstile_model::usage::day_of;
 use turnstile_model::{Envelope, EventPayload, ModelRef, SessionRef, Status, Usage};
@@ -83,27 +83,53 @@ async fn each_message_is_counted_once_by_several_folds_and_after_a_replay_from_t
     assert_eq!(used(&ledger, "a", day, 189).await, 189);
     assert_eq!(used(&ledger, "b", day, 189).await, 189);
 
-    // A fold that reads everything again (its checkpoints gone) counts nothing twice.
-    drop(first);
+    // A fold that reads everything again (the checkpoints gone) counts nothing twice: once its checkpoints
+    // reach the streams' ends, it has read every message again.
+    drop((first, second));
     let store = jetstream::new(client.clone()).get_key_value(USAGE_BUCKET).await.unwrap();
     for p in 0..2 {
         // `fold.<p>`: the checkpoint of partition p (the module docs of `jetstream::usage`).
         store.purge(format!("fold.{p}")).await.unwrap();
     }
     let replay = UsageFold::start(&client, 2, ledger.clone());
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    caught_up(&client, &store).await;
     assert_eq!(ledger.tenant_usage("a", day).await.unwrap().used_on(day), 189);
+    assert_eq!(ledger.tenant_usage("b", day).await.unwrap().used_on(day), 189);
 
-    // New messages are counted once, with three folds running.
+    // New messages are counted once, with two folds running.
+    let another = UsageFold::start(&client, 2, ledger.clone());
     last[0] = answer(&log, &sessions[0], last[0], 1000, now).await;
     assert_eq!(used(&ledger, "a", day, 1190).await, 1190);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    caught_up(&client, &store).await;
     let book = ledger.tenant_usage("a", day).await.unwrap();
     assert_eq!(book.used_on(day), 1190);
-    assert_eq!(
-        book.per_model_since(day)["openai/m"],
-        Usage { input_tokens: 1180, output_tokens: 10, ..Usage::default() }
-    );
+    assert_eq!(book.per_model_since(day)["openai/m"], Usage { input_tokens: 1180, output_tokens: 10, ..Usage::default() });
     assert_eq!(ledger.tenant_usage("b", day).await.unwrap().used_on(day), 189);
-    drop((second, replay));
+    drop((replay, another));
+}
+
+/// Waits (up to 15 s) until the checkpoint of both partitions is their stream's last message: a fold has
+/// read everything.
+async fn caught_up(client: &async_nats::Client, store: &jetstream::kv::Store) {
+    let js = jetstream::new(client.clone());
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut done = true;
+        for p in 0..2 {
+            let mut stream = js.get_stream(subjects::stream_name(p)).await.unwrap();
+            let last = stream.info().await.unwrap().state.last_sequence;
+            let at: u64 = store
+                .get(format!("fold.{p}"))
+                .await
+                .unwrap()
+                .and_then(|v| std::str::from_utf8(&v).ok().and_then(|v| v.parse().ok()))
+                .unwrap_or(0);
+            done &= at >= last;
+        }
+        if done {
+            return;
+        }
+        assert!(Instant::now() < until, "the folds never read the streams to their ends");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

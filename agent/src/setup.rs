@@ -232,6 +232,23 @@ pub fn from_config_with_mcp(
             (!agents.is_empty()).then(|| Ok((name.as_str(), built_model(name, model, &agents, &env)?)))
         })
         .collect::<Result<BTreeMap<&str, BuiltModel>, AgentSetupError>>()?;
+    // Each HTTP model's fallback providers, in order (SPEC §17). The config crate checked that every name is
+    // another HTTP model, and `agents_using_model` counts a fallback as used, so each one is built.
+    let fallbacks: HashMap<&str, Vec<Arc<dyn ChatProvider>>> = models
+        .keys()
+        .map(|name| {
+            let chain = config.models[*name]
+                .fallback
+                .iter()
+                .filter_map(|f| match models.get(f.as_str()) {
+                    Some(BuiltModel::Chat(provider)) => Some(provider.clone()),
+                    _ => None,
+                })
+                .collect();
+            (*name, chain)
+        })
+        .collect();
+    let fallback_of = |model: &str| fallbacks.get(model).cloned().unwrap_or_default();
     let mut profiles = Vec::new();
     let mut routes: HashMap<String, Arc<dyn Model>> = HashMap::new();
     let mut compaction_routes: HashMap<String, Arc<dyn Model>> = HashMap::new();
@@ -322,10 +339,15 @@ pub fn from_config_with_mcp(
                 context_budget_tokens: agent.context_budget_tokens,
             },
         ));
-        routes.insert(name.clone(), model.for_agent(specs, client_tools, tools.client_slot()));
-        if let Some(compaction) = agent.compaction_model.as_deref().and_then(|m| models.get(m)) {
+        let fallback = fallback_of(&agent.model);
+        routes.insert(name.clone(), model.for_agent(specs, client_tools, tools.client_slot(), fallback));
+        if let Some((compaction_name, compaction)) =
+            agent.compaction_model.as_deref().and_then(|m| models.get(m).map(|built| (m, built)))
+        {
             // Summaries need no tools: the compaction request offers none.
-            compaction_routes.insert(name.clone(), compaction.for_agent(Vec::new(), Vec::new(), tools.client_slot()));
+            let fallback = fallback_of(compaction_name);
+            compaction_routes
+                .insert(name.clone(), compaction.for_agent(Vec::new(), Vec::new(), tools.client_slot(), fallback));
         }
         waterfalls.insert(name.clone(), waterfall(name, agent)?);
     }
@@ -360,12 +382,21 @@ enum BuiltModel {
 }
 
 impl BuiltModel {
-    fn for_agent(&self, tools: Vec<ToolSpec>, client_tools: Vec<String>, bus: ClientBusSlot) -> Arc<dyn Model> {
+    fn for_agent(
+        &self,
+        tools: Vec<ToolSpec>,
+        client_tools: Vec<String>,
+        bus: ClientBusSlot,
+        fallback: Vec<Arc<dyn ChatProvider>>,
+    ) -> Arc<dyn Model> {
         match self {
             Self::Scripted(model) => model.clone(),
-            Self::Chat(provider) => {
-                Arc::new(ChatModel::new(provider.clone()).with_tools(tools).with_client_tools(client_tools, bus))
-            }
+            Self::Chat(provider) => Arc::new(
+                ChatModel::new(provider.clone())
+                    .with_fallback(fallback)
+                    .with_tools(tools)
+                    .with_client_tools(client_tools, bus),
+            ),
         }
     }
 }
@@ -397,6 +428,7 @@ fn built_model(
     endpoint.first_byte_timeout = model.first_byte_timeout();
     endpoint.idle_timeout = model.idle_timeout();
     endpoint.retries = model.retries;
+    endpoint.prompt_cache = model.prompt_cache;
     let provider =
         chat_model::connect(endpoint).map_err(|source| AgentSetupError::Endpoint { model: name.to_owned(), source })?;
     Ok(BuiltModel::Chat(provider))

@@ -51,7 +51,7 @@ async fn text_split_inside_utf8_characters_with_usage() {
     assert_eq!(out.text, "Grüße aus 東京");
     assert_eq!(deltas, vec![StreamDelta::Text("Grüße ".into()), StreamDelta::Text("aus 東京".into())]);
     assert_eq!(out.finish, Finish::Stop);
-    assert_eq!(out.usage, Some(Usage { input_tokens: 25, output_tokens: 9 }));
+    assert_eq!(out.usage, Some(Usage { input_tokens: 25, output_tokens: 9, ..Default::default() }));
     assert_eq!(out.reasoning, None);
 }
 
@@ -120,7 +120,7 @@ async fn thinking_then_text_then_two_tool_uses_with_input_json_deltas() {
             ChatToolCall { id: "toolu_2".into(), name: "clock".into(), arguments_json: "{}".into() },
         ]
     );
-    assert_eq!(out.usage, Some(Usage { input_tokens: 40, output_tokens: 60 }));
+    assert_eq!(out.usage, Some(Usage { input_tokens: 40, output_tokens: 60, ..Default::default() }));
 }
 
 #[tokio::test]
@@ -227,11 +227,8 @@ async fn cancel_mid_stream_aborts_and_closes_the_connection() {
     assert!(server.chunks_sent() < 200);
 }
 
-#[tokio::test]
-async fn the_request_alternates_roles_pairs_tool_results_and_carries_the_headers() {
-    let server = FakeServer::anthropic(vec![Reply::events(&text_reply(&["ok"], "end_turn"))]).await;
-    let mut endpoint = server.endpoint(ProviderKind::Anthropic);
-    endpoint.api_key = Some(ApiKey::new("sk-ant-test"));
+/// A request with every kind of message, whose first five messages repeat the session's history.
+fn conversation() -> (ChatRequest, serde_json::Value) {
     let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
     let request = ChatRequest {
         system: Some("You are terse.".into()),
@@ -269,7 +266,17 @@ async fn the_request_alternates_roles_pairs_tool_results_and_carries_the_headers
             input_schema: schema.clone(),
         }],
         max_tokens: None,
+        history_len: 5,
     };
+    (request, schema)
+}
+
+#[tokio::test]
+async fn the_request_alternates_roles_pairs_tool_results_and_carries_the_headers() {
+    let server = FakeServer::anthropic(vec![Reply::events(&text_reply(&["ok"], "end_turn"))]).await;
+    let mut endpoint = server.endpoint(ProviderKind::Anthropic);
+    endpoint.api_key = Some(ApiKey::new("sk-ant-test"));
+    let (request, schema) = conversation();
     let (result, _) = run(endpoint, &request).await;
     assert_eq!(result.unwrap().text, "ok");
 
@@ -343,4 +350,61 @@ async fn tool_results_lead_their_user_message_and_limits_pass_through() {
             ]},
         ])
     );
+}
+
+#[tokio::test]
+async fn prompt_cache_marks_the_system_prompt_the_tools_and_the_end_of_the_history_and_counts_cached_tokens() {
+    // SPEC §17: what the next request of the session repeats is marked; the usage reports cache reads
+    // and writes (both are part of the input).
+    let start = anthropic_event(json!({
+        "type": "message_start",
+        "message": {
+            "id": "msg_test", "type": "message", "role": "assistant", "model": "test-model", "content": [],
+            "usage": {"input_tokens": 12, "cache_read_input_tokens": 2000, "cache_creation_input_tokens": 300,
+                      "output_tokens": 1},
+        },
+    }));
+    let mut events = text_reply(&["ok"], "end_turn");
+    events[0] = start;
+    let server = FakeServer::anthropic(vec![Reply::events(&events)]).await;
+    let mut endpoint = server.endpoint(ProviderKind::Anthropic);
+    endpoint.prompt_cache = true;
+    let (request, schema) = conversation();
+    let (result, _) = run(endpoint, &request).await;
+    let out = result.unwrap();
+    assert_eq!(
+        out.usage,
+        Some(Usage { input_tokens: 2312, output_tokens: 9, cached_input_tokens: 2000, cache_write_tokens: 300 })
+    );
+
+    let body = &server.requests()[0].body;
+    let ephemeral = json!({"type": "ephemeral"});
+    assert_eq!(body["system"], json!([{"type": "text", "text": "You are terse.", "cache_control": ephemeral}]));
+    assert_eq!(
+        body["tools"],
+        json!([{"name": "weather", "description": "Weather by city", "input_schema": schema, "cache_control": ephemeral}])
+    );
+    // The history is the first five messages: its last block is toolu_2's result, marked; nothing after it.
+    let marked: Vec<(usize, usize)> = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .flat_map(|(m, message)| {
+            let blocks = message["content"].as_array().unwrap().clone();
+            blocks.into_iter().enumerate().filter(|(_, b)| b.get("cache_control").is_some()).map(move |(b, _)| (m, b))
+        })
+        .collect();
+    assert_eq!(marked, [(2, 1)]);
+    assert_eq!(body["messages"][2]["content"][1]["tool_use_id"], "toolu_2");
+    assert_eq!(body["messages"][2]["content"][1]["cache_control"], ephemeral);
+}
+
+#[tokio::test]
+async fn without_prompt_cache_nothing_is_marked() {
+    let server = FakeServer::anthropic(vec![Reply::events(&text_reply(&["ok"], "end_turn"))]).await;
+    let (request, _) = conversation();
+    let (result, _) = run(server.endpoint(ProviderKind::Anthropic), &request).await;
+    result.unwrap();
+    assert!(!server.requests()[0].body.to_string().contains("cache_control"));
 }

@@ -6,7 +6,9 @@ mod provider_support;
 
 use std::time::{Duration, Instant};
 
-use provider_support::{FakeServer, OPENAI_DONE, Reply, SlammingServer, Step, openai_chunk, openai_usage, recorder};
+use provider_support::{
+    FakeServer, OPENAI_DONE, Reply, SlammingServer, Step, openai_chunk, openai_usage, openai_usage_cached, recorder,
+};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -65,9 +67,22 @@ async fn text_split_inside_utf8_characters_arrives_whole() {
     assert_eq!(out.text, "héllo 👍 wörld");
     assert_eq!(texts(&deltas), out.text);
     assert_eq!(out.finish, Finish::Stop);
-    assert_eq!(out.usage, Some(Usage { input_tokens: 12, output_tokens: 5 }));
+    assert_eq!(out.usage, Some(Usage { input_tokens: 12, output_tokens: 5, ..Default::default() }));
     assert_eq!(out.reasoning, None);
     assert!(server.chunks_sent() >= 5, "the body did travel in pieces");
+}
+
+#[tokio::test]
+async fn cached_prompt_tokens_are_reported_apart_within_the_input() {
+    let server = FakeServer::openai(vec![Reply::events(&[
+        openai_chunk(json!({"role": "assistant", "content": "hi"}), Some("stop")),
+        openai_usage_cached(1500, 4, 1280),
+        OPENAI_DONE.to_owned(),
+    ])])
+    .await;
+    let (result, _) = run(server.endpoint(ProviderKind::OpenAi), &hello()).await;
+    let usage = result.unwrap().usage.unwrap();
+    assert_eq!(usage, Usage { input_tokens: 1500, output_tokens: 4, cached_input_tokens: 1280, cache_write_tokens: 0 });
 }
 
 #[tokio::test]
@@ -447,6 +462,7 @@ async fn the_request_carries_system_history_tools_and_the_key() {
             input_schema: schema.clone(),
         }],
         max_tokens: Some(77),
+        history_len: 0,
     };
     let (result, _) = run(endpoint, &request).await;
     assert_eq!(result.unwrap().text, "done");

@@ -110,7 +110,7 @@ async fn openai_reasoning_content_and_usage_land_in_the_durable_assistant_messag
         EventPayload::AssistantMessage { text, reasoning, usage, interrupted: false, .. } => {
             assert_eq!(text, "Hello there!");
             assert_eq!(reasoning.as_deref(), Some("The user greets me."));
-            assert_eq!(*usage, Some(Usage { input_tokens: 42, output_tokens: 17 }));
+            assert_eq!(*usage, Some(Usage { input_tokens: 42, output_tokens: 17, ..Default::default() }));
         }
         other => panic!("{other:?}"),
     }
@@ -144,7 +144,7 @@ async fn anthropic_thinking_and_usage_land_in_the_durable_assistant_message() {
         EventPayload::AssistantMessage { text, reasoning, usage, .. } => {
             assert_eq!(text, "Yes.");
             assert_eq!(reasoning.as_deref(), Some("Short answer."));
-            assert_eq!(*usage, Some(Usage { input_tokens: 30, output_tokens: 6 }));
+            assert_eq!(*usage, Some(Usage { input_tokens: 30, output_tokens: 6, ..Default::default() }));
         }
         other => panic!("{other:?}"),
     }

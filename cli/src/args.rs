@@ -112,6 +112,9 @@ pub(crate) enum Cmd {
     /// Delete a session: cancel a running turn (cause disposed), then remove its log, snapshots and
     /// dedup state; the id may then be used again for a new session.
     Delete(SessionArg),
+    /// Show the tenant's (--tenant, or the token's) model token usage per model, counted cluster-wide,
+    /// with its daily token budget.
+    Usage(UsageArgs),
     /// Talk to a session from the terminal: each line is a followup (a steer while the agent runs), the
     /// reply streams as it is written, Ctrl-C stops a running turn (keeping the inbox).
     Chat(SessionArg),
@@ -507,6 +510,13 @@ pub(crate) struct ListArgs {
     /// Only the child sessions that this session's `spawn_agent` calls created.
     #[arg(long, value_name = "SESSION")]
     pub(crate) parent: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct UsageArgs {
+    /// Count the last N UTC days, today included; 0 counts every day kept (400).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) days: u64,
 }
 
 #[derive(Args, Debug)]

@@ -173,6 +173,44 @@ pub async fn list(client: &mut Client, all_tenants: bool, parent: String) -> Res
     }
 }
 
+/// `usage`: the tenant's tokens per model over the last `days` UTC days (0: all kept) and its budget.
+pub async fn usage(client: &mut Client, days: u64) -> Result<()> {
+    let since_unix_ms = match days {
+        0 => 0,
+        n => {
+            let today = turnstile_model::usage::day_of(turnstile_ops::clock::now_ms());
+            turnstile_model::usage::day_start_ms(today.saturating_sub(n - 1)).max(1)
+        }
+    };
+    let request = pb::GetUsageRequest { tenant: client.tenant.clone(), since_unix_ms };
+    let reply = client.api.get_usage(request).await?.into_inner();
+    client.print(&reply, &[], usage_text)
+}
+
+fn usage_text(u: &pb::TenantUsage) -> String {
+    use turnstile_model::time::rfc3339_utc;
+    let budget = if u.budget == 0 { "no token budget".to_owned() } else { format!("token budget {}", u.budget) };
+    let mut out = format!(
+        "tenant {}: {} tokens used today (UTC), {budget}, resets {}\nsince {}:\n",
+        u.tenant,
+        u.used_today,
+        rfc3339_utc(u.resets_unix_ms),
+        rfc3339_utc(u.since_unix_ms)
+    );
+    out.push_str(&format!("{:<40} {:>12} {:>12} {:>12} {:>12}", "model", "input", "output", "cached", "cache-write"));
+    if u.models.is_empty() {
+        out.push_str("\n(no usage)");
+    }
+    for m in &u.models {
+        let name = if m.provider.is_empty() { m.model.clone() } else { format!("{}/{}", m.provider, m.model) };
+        out.push_str(&format!(
+            "\n{name:<40} {:>12} {:>12} {:>12} {:>12}",
+            m.input_tokens, m.output_tokens, m.cached_input_tokens, m.cache_write_tokens
+        ));
+    }
+    out
+}
+
 pub async fn inbox(client: &mut Client, id: &str) -> Result<()> {
     let snapshot = client.api.get_inbox(pb::GetInboxRequest { session: Some(client.session(id)) }).await?.into_inner();
     if client.json {

@@ -175,6 +175,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Session(a) => client::show_session(c, &a.session).await,
         Cmd::List(a) => client::list(c, a.all_tenants, a.parent.unwrap_or_default()).await,
         Cmd::WaitIdle(a) => client::wait_idle(c, &a.session, a.timeout_ms).await,
+        Cmd::Usage(a) => client::usage(c, a.days).await,
         Cmd::Chat(a) => chat::run(c, &a.session).await,
         Cmd::Watch(a) => {
             let opts = WatchOpts {

@@ -357,6 +357,7 @@ mod tests {
                 max_tokens: false,
                 reasoning: None,
                 usage: None,
+                model: None,
             },
         ));
         out += &r.event(&ev(8, EventPayload::StepEnd { turn: 1, step: 1 }));
@@ -450,7 +451,8 @@ mod tests {
             interrupted: false,
             max_tokens: false,
             reasoning: Some("The user wants the time.".into()),
-            usage: Some(turnstile_model::Usage { input_tokens: 120, output_tokens: 9 }),
+            usage: Some(turnstile_model::Usage { input_tokens: 120, output_tokens: 9, ..Default::default() }),
+            model: None,
         }
     }
 

@@ -13,6 +13,7 @@ use crate::mcp::McpServerConfig;
 use crate::model::ModelConfig;
 use crate::names::{NAME_RULE, is_name, known};
 use crate::path::{self, Invalid, KeyPath, positive};
+use crate::tenant::{TENANT_RULE, TenantConfig, is_tenant};
 use crate::tools::{ToolId, is_server_name};
 
 /// The name of the built-in agent and of the built-in model it runs on.
@@ -55,6 +56,8 @@ pub struct Config {
     pub mcp: BTreeMap<String, McpServerConfig>,
     /// Agent profiles by name; always has `scripted`.
     pub agents: BTreeMap<String, AgentConfig>,
+    /// Per-tenant token budgets and quotas by tenant name (SPEC §17).
+    pub tenants: BTreeMap<String, TenantConfig>,
 }
 
 /// `[limits]`: what one delivery may carry (SPEC §2).
@@ -270,6 +273,7 @@ impl Default for Config {
             models: BTreeMap::from([(SCRIPTED.to_owned(), ModelConfig::scripted())]),
             mcp: BTreeMap::new(),
             agents: BTreeMap::from([(SCRIPTED.to_owned(), AgentConfig::scripted())]),
+            tenants: BTreeMap::new(),
         }
     }
 }
@@ -323,6 +327,9 @@ impl Config {
         for (name, agent) in &mut self.agents {
             agent.name.clone_from(name);
         }
+        for (name, tenant) in &mut self.tenants {
+            tenant.name.clone_from(name);
+        }
     }
 
     /// Checks the whole configuration (after flags changed it, say); the first problem is returned.
@@ -362,9 +369,12 @@ impl Config {
     /// assert!(config.agents_using_model("claude").is_empty());
     /// ```
     pub fn agents_using_model(&self, model: &str) -> Vec<&str> {
+        // A model an agent's model falls back to is used by that agent too (SPEC §17).
+        let uses =
+            |name: &str| name == model || self.models.get(name).is_some_and(|m| m.fallback.iter().any(|f| f == model));
         self.agents
             .values()
-            .filter(|a| a.model == model || a.compaction_model.as_deref() == Some(model))
+            .filter(|a| uses(&a.model) || a.compaction_model.as_deref().is_some_and(uses))
             .map(|a| a.name.as_str())
             .collect()
     }
@@ -408,6 +418,7 @@ impl Config {
             let path = root.key("models").key(name);
             check_name(&path, name, &model.name, is_name(name), NAME_RULE)?;
             model.check(&path)?;
+            model.check_fallback(&path, &self.models)?;
         }
         for (name, server) in &self.mcp {
             let path = root.key("mcp").key(name);
@@ -419,6 +430,11 @@ impl Config {
             let path = root.key("agents").key(name);
             check_name(&path, name, &agent.name, is_name(name), NAME_RULE)?;
             agent.check(&path, self)?;
+        }
+        for (name, tenant) in &self.tenants {
+            let path = root.key("tenants").key(name);
+            check_name(&path, name, &tenant.name, is_tenant(name), TENANT_RULE)?;
+            tenant.check(&path)?;
         }
         Ok(())
     }

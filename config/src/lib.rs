@@ -46,6 +46,7 @@ mod model;
 mod names;
 mod path;
 mod secret;
+mod tenant;
 mod tools;
 mod url;
 
@@ -59,5 +60,6 @@ pub use mcp::{McpServerConfig, McpTransport};
 pub use model::{ModelConfig, Provider};
 pub use names::ValueError;
 pub use secret::Secret;
+pub use tenant::TenantConfig;
 pub use tools::{Builtin, Glob, MAX_MODEL_TOOL_NAME, ToolId, ToolPattern, ToolRef, is_model_tool_name};
 pub use url::HttpUrl;

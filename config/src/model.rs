@@ -74,6 +74,12 @@ pub struct ModelConfig {
     pub idle_timeout_ms: u64,
     /// Retries of a request that failed before its first byte (connection failure, 429, 5xx). Default 3.
     pub retries: u32,
+    /// Models tried in order when a request to this one fails `model_unavailable`, `model_rate_limited` or
+    /// `model_timeout` before its first byte, after its own retries (SPEC §17). Default none.
+    pub fallback: Vec<String>,
+    /// Mark the system prompt, the tools and the end of the history with Anthropic `cache_control`
+    /// (ephemeral), so a long history is read from the prompt cache. Anthropic models only. Default false.
+    pub prompt_cache: bool,
 }
 
 impl Default for ModelConfig {
@@ -89,6 +95,8 @@ impl Default for ModelConfig {
             first_byte_timeout_ms: STREAM_TIMEOUT_DEFAULT_MS,
             idle_timeout_ms: STREAM_TIMEOUT_DEFAULT_MS,
             retries: 3,
+            fallback: Vec::new(),
+            prompt_cache: false,
         }
     }
 }
@@ -119,6 +127,10 @@ struct ModelTable {
     idle_timeout_ms: Option<u64>,
     #[serde(default)]
     retries: Option<u32>,
+    #[serde(default)]
+    fallback: Vec<String>,
+    #[serde(default)]
+    prompt_cache: bool,
 }
 
 impl From<ModelTable> for ModelConfig {
@@ -137,6 +149,8 @@ impl From<ModelTable> for ModelConfig {
             first_byte_timeout_ms: table.first_byte_timeout_ms.unwrap_or(stream_default),
             idle_timeout_ms: table.idle_timeout_ms.unwrap_or(stream_default),
             retries: table.retries.unwrap_or(defaults.retries),
+            fallback: table.fallback,
+            prompt_cache: table.prompt_cache,
         }
     }
 }
@@ -198,8 +212,46 @@ impl ModelConfig {
         from_env(&key, variable, &format!("the API key of model {:?}", self.name), env).map(Some)
     }
 
+    /// `fallback` names other models, each once, none of them itself.
+    pub(crate) fn check_fallback(
+        &self,
+        path: &KeyPath,
+        models: &std::collections::BTreeMap<String, ModelConfig>,
+    ) -> Result<(), Invalid> {
+        let key = path.key("fallback");
+        if self.provider == Provider::Scripted && !self.fallback.is_empty() {
+            return Err(key.invalid("the scripted model never fails over to another; remove the key"));
+        }
+        for (i, name) in self.fallback.iter().enumerate() {
+            if *name == self.name {
+                return Err(key.invalid(format!("names the model itself ({name:?}); list other models")));
+            }
+            if !models.contains_key(name) {
+                return Err(
+                    key.invalid(format!("no model named {name:?} (known: {})", crate::names::known(models.keys())))
+                );
+            }
+            if models.get(name).is_some_and(|m| m.provider == Provider::Scripted) {
+                return Err(key.invalid(format!(
+                    "{name:?} is a scripted model, which cannot stand in for an HTTP one; list openai or anthropic models"
+                )));
+            }
+            if self.fallback[..i].contains(name) {
+                return Err(key.invalid(format!("lists {name:?} twice; each model is tried once")));
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn check(&self, path: &KeyPath) -> Result<(), Invalid> {
         let scripted = self.provider == Provider::Scripted;
+        if self.prompt_cache && self.provider != Provider::Anthropic {
+            return Err(path.key("prompt_cache").invalid(format!(
+                "is for anthropic models (this one is {}): OpenAI-compatible servers cache prompts by themselves; \
+                 remove the key",
+                self.provider
+            )));
+        }
         if scripted && self.base_url.is_some() {
             return Err(path.key("base_url").invalid("the scripted provider has no endpoint; remove base_url"));
         }

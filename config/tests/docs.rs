@@ -68,12 +68,13 @@ fn every_key_has_a_row() {
         "[mcp.s]\nzz_unknown = 1",
         "[agents.a]\nzz_unknown = 1",
         "[agents.a]\nhooks = [{ url = \"http://x\", zz_unknown = 1 }]",
+        "[tenants.t]\nzz_unknown = 1",
     ];
     for table in tables {
         for key in allowed_keys(table) {
             let row = format!("| `{key}` |");
             let heading = format!("## `[{key}]`");
-            let named = ["models", "mcp", "agents"].contains(&key.as_str());
+            let named = ["models", "mcp", "agents", "tenants"].contains(&key.as_str());
             assert!(doc.contains(&row) || doc.contains(&heading) || named, "{table:?}: no row for {key}");
         }
     }

@@ -22,7 +22,7 @@ fn unknown_provider() {
 fn unknown_top_level_key() {
     assert_eq!(
         err("colour = \"blue\"\n"),
-        "line 1, column 1: colour: unknown key (allowed: default_agent, limits, cluster, journal, tools, models, mcp, agents)"
+        "line 1, column 1: colour: unknown key (allowed: default_agent, limits, cluster, journal, tools, models, mcp, agents, tenants)"
     );
 }
 
@@ -49,7 +49,7 @@ fn unknown_keys_in_every_other_table() {
     assert_eq!(
         err("[models.local]\nmodel = \"m\"\napi_key = \"sk-secret\"\n"),
         "line 3, column 1: models.local.api_key: unknown key (allowed: provider, base_url, model, api_key_env, max_tokens, \
-         timeout_ms, first_byte_timeout_ms, idle_timeout_ms, retries)"
+         timeout_ms, first_byte_timeout_ms, idle_timeout_ms, retries, fallback, prompt_cache)"
     );
     assert_eq!(
         err("[mcp.files]\ncommand = \"x\"\nargv = []\n"),

@@ -33,6 +33,8 @@ fn the_api_example_parses_to_what_it_says() {
             first_byte_timeout_ms: 30_000,
             idle_timeout_ms: 30_000,
             retries: 3,
+            fallback: vec![],
+            prompt_cache: false,
         }
     );
     assert_eq!(config.models["scripted"], ModelConfig::scripted());

@@ -10,6 +10,8 @@ import { SessionStatus } from "../gen/turnstile/v1/events_pb";
 
 let leave: (() => void) | undefined;
 
+const DAY_MS = 86_400_000;
+
 function header() {
   const token = h("input", { id: "token", type: "password", placeholder: "bearer token", autocomplete: "off", value: settings.token }) as HTMLInputElement;
   const tenant = h("input", { id: "tenant", placeholder: "tenant (auth off)", value: settings.tenant }) as HTMLInputElement;
@@ -41,6 +43,7 @@ function sessionsPage(root: HTMLElement): () => void {
         h("span", { class: "spacer" }),
         h("form", { class: "row", onsubmit: (ev: Event) => { ev.preventDefault(); window.location.hash = `#/s/${encodeURIComponent(input.value)}`; } },
           input, h("button", { id: "open", type: "submit" }, "open"))),
+      h("div", { id: "tenant-usage", class: "muted" }),
       h("div", { id: "list-error", class: "error" }),
       h("table", { id: "sessions" },
         h("thead", {}, h("tr", {}, ["session", "status", "last activity", "agent", "goal", "turns"].map((c) => h("th", {}, c)))),
@@ -79,8 +82,21 @@ function sessionsPage(root: HTMLElement): () => void {
       byId("list-error").textContent = `ListSessions failed: ${describe(e)}`;
     }
   };
+  const usage = async () => {
+    const el = byId("tenant-usage");
+    try {
+      // Today (UTC): what the tenant's daily token budget is checked against (SPEC §17).
+      const u = await api.getUsage({ tenant: settings.tenant, sinceUnixMs: BigInt(Math.floor(Date.now() / DAY_MS) * DAY_MS) });
+      const budget = u.budget > 0n ? ` of its daily budget of ${u.budget}` : "";
+      const models = u.models.map((m) => `${m.provider}/${m.model} ${m.inputTokens} in / ${m.outputTokens} out${m.cachedInputTokens > 0n ? ` (${m.cachedInputTokens} cached)` : ""}`);
+      el.textContent = `tenant ${u.tenant}: ${u.usedToday} tokens today (UTC)${budget}, resets ${new Date(Number(u.resetsUnixMs)).toISOString()}${models.length ? ` · ${models.join(" · ")}` : ""}`;
+    } catch (e) {
+      el.textContent = `usage: ${describe(e)}`;
+    }
+  };
   const tick = async () => {
     while (!stopped) {
+      await usage();
       await load();
       await new Promise((r) => setTimeout(r, 3000));
     }

@@ -27,6 +27,7 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
         h("span", { id: "agent", class: "muted" }),
         h("span", { id: "parent", class: "muted" }),
         h("span", { id: "seq", class: "muted" }),
+        h("span", { id: "tokens", class: "muted", title: "model tokens of this session (input / output, cached input)" }),
       ),
       h("div", { class: "cols" },
         h("div", { class: "main" },
@@ -133,6 +134,10 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
         ? ["child of ", h("a", { href: `#/s/${encodeURIComponent(view.parent)}` }, view.parent)]
         : null);
       renderGoal();
+      const t = view.tokens;
+      byId("tokens").textContent = t.input + t.output > 0n
+        ? `tokens ${t.input} in / ${t.output} out${t.cached > 0n ? ` (${t.cached} cached)` : ""}`
+        : "";
     }
     byId("seq").textContent = `seq ${view.lastSeq}`;
     if (d.inbox) {
@@ -188,7 +193,8 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
             h("pre", { class: "text" }, text),
             s.interrupted ? h("span", { class: "badge" }, "interrupted") : null,
             s.maxTokens ? h("span", { class: "badge" }, "max tokens") : null,
-            s.usage ? h("span", { class: "muted usage" }, `${s.usage.input} in / ${s.usage.output} out tokens`) : null)
+            s.usage ? h("span", { class: "muted usage" }, `${s.usage.input} in / ${s.usage.output} out tokens${s.usage.cached > 0n ? ` (${s.usage.cached} cached)` : ""}`) : null,
+            s.model ? h("span", { class: "muted model" }, s.model) : null)
         : null;
     return h("li", { class: `step${s.ended ? "" : " open"}`, "data-step": s.key },
       h("div", { class: "step-head muted" }, `step ${s.key}`),

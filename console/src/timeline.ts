@@ -47,7 +47,9 @@ export interface Step {
   reasoning?: string;
   interrupted: boolean;
   maxTokens: boolean;
-  usage?: { input: bigint; output: bigint };
+  usage?: { input: bigint; output: bigint; cached: bigint };
+  /// The model that answered (SPEC §17: a fallback's when the agent's model failed before its first byte).
+  model?: string;
   tools: Map<string, Tool>;
   ended: boolean;
   reasoningOpen: boolean;
@@ -78,6 +80,8 @@ export class SessionView {
   order: Array<{ turn: bigint } | { note: Note }> = [];
   goal?: GoalShown;
   agent?: string;
+  /// The session's model tokens: the sum of the usage its `assistant/message`s record (SPEC §17).
+  tokens = { input: 0n, output: 0n, cached: 0n };
   /// The parent session of a `spawn_agent` child (SPEC §13), from its `session/configured`.
   parent?: string;
   /// The step whose deltas came last, until its output is durable: what a reopened Watch resumes.
@@ -195,7 +199,16 @@ export class SessionView {
         s.reasoning = p.value.reasoning;
         s.interrupted = p.value.interrupted;
         s.maxTokens = p.value.maxTokens;
-        if (p.value.usage) s.usage = { input: p.value.usage.inputTokens, output: p.value.usage.outputTokens };
+        const u = p.value.usage;
+        if (u) {
+          s.usage = { input: u.inputTokens, output: u.outputTokens, cached: u.cachedInputTokens };
+          // Every durable message is applied once (the Watch resumes after the last seq), so the sums hold.
+          this.tokens.input += u.inputTokens;
+          this.tokens.output += u.outputTokens;
+          this.tokens.cached += u.cachedInputTokens;
+          this.dirty.header = true;
+        }
+        if (p.value.model) s.model = `${p.value.model.provider}/${p.value.model.model}`;
         this.dirty.turns.add(s.turn);
         break;
       }

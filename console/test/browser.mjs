@@ -48,12 +48,15 @@ async function main() {
   const turnEnd = (turn, text) => page.locator(`.turn[data-turn="${turn}"] .turn-end`, { hasText: text }).waitFor();
 
   // 1. A followup whose reply streams slowly: the deltas arrive before the durable message.
-  await send("followup", "[[delay:1500]] hello from the browser");
+  await send("followup", "[[delay:1500]] [[usage:12,3]] hello from the browser");
   const reply = page.locator('.step[data-step="1.1"] .assistant:not(.streaming)');
   await reply.waitFor();
   await turnEnd(1, "completed");
   const replyText = await reply.locator(".text").innerText();
   const deltas = Number(await reply.getAttribute("data-deltas"));
+  // The step's usage and the session's tokens (SPEC §17).
+  await reply.locator(".usage", { hasText: "12 in / 3 out tokens" }).waitFor();
+  await page.locator("#tokens", { hasText: "tokens 12 in / 3 out" }).waitFor();
   log(`turn 1 reply after ${deltas} deltas: ${JSON.stringify(replyText)}`);
 
   // 2. The inbox: queue waits in next-turn; replace keeps the id with new text; remove discards.
@@ -101,6 +104,9 @@ async function main() {
   await page.locator("#approvals li.empty").waitFor();
   await page.locator("#inbox-next-turn li.empty").waitFor();
   await page.locator("#status", { hasText: "idle" }).waitFor();
+  // The tenant's tokens today, on the sessions page.
+  await page.click('.session-head a[href="#/"]');
+  await page.locator("#tenant-usage", { hasText: "15 tokens today (UTC)" }).waitFor();
   if (pageErrors.length) throw new Error(`the page reported errors: ${pageErrors.join("; ")}`);
   console.log(JSON.stringify({ replyText, deltas, queuedId, removedId, callId }));
 }

@@ -1,8 +1,8 @@
 //! What the driver asks its runner to do, and what the runner reports back.
 
 use turnstile_model::{
-    CommandError, CommandReply, Envelope, EventPayload, LiveEvent, SessionRef, ToolCallSpec, TranscriptEntry, Usage,
-    UserMessage,
+    CommandError, CommandReply, Envelope, EventPayload, LiveEvent, ModelRef, SessionRef, ToolCallSpec, TranscriptEntry,
+    Usage, UserMessage,
 };
 
 /// Names one command for the runner, which pairs it with the caller waiting for the reply.
@@ -229,7 +229,7 @@ pub struct ActiveGoal {
 /// use turnstile_model::Usage;
 ///
 /// let output = ModelOutput {
-///     usage: Some(Usage { input_tokens: 120, output_tokens: 8 }),
+///     usage: Some(Usage { input_tokens: 120, output_tokens: 8, ..Usage::default() }),
 ///     ..ModelOutput::text("It is noon.")
 /// };
 /// assert_eq!(output.reasoning, None);
@@ -246,6 +246,9 @@ pub struct ModelOutput {
     pub reasoning: Option<String>,
     /// The token usage the provider reported, if it did.
     pub usage: Option<Usage>,
+    /// The model that answered (SPEC §17: a fallback when the agent's model failed before its first
+    /// byte); `None` when the model does not say.
+    pub model: Option<ModelRef>,
 }
 
 impl ModelOutput {
@@ -254,6 +257,11 @@ impl ModelOutput {
         Self { text: text.into(), ..Self::default() }
     }
 }
+
+/// The `turn/end` error code of a step whose model request was not sent because the session's tenant used
+/// its daily `token_budget` (SPEC §17). The runner answers the model effect with it; the driver ends the
+/// turn with the runner's message as it is (it names the budget and when it resets).
+pub const TENANT_BUDGET_EXHAUSTED: &str = "tenant_budget_exhausted";
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum ModelOutcome {

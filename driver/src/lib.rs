@@ -51,8 +51,8 @@ use turnstile_model::{
 pub use agents::{AgentCatalog, AgentProfile, ApprovalRules, CatalogError};
 pub use effect::{
     ActiveGoal, AppendGroup, CommandId, CompactionTask, Effect, GOAL_COMPLETE, HookError, HookVerdict, ModelOutcome,
-    ModelOutput, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, SUMMARY_PREFIX, ToolOutcome,
-    ToolRequest, compaction_instruction,
+    ModelOutput, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, SUMMARY_PREFIX,
+    TENANT_BUDGET_EXHAUSTED, ToolOutcome, ToolRequest, compaction_instruction,
 };
 pub use limits::{DEFAULT_MAX_PENDING_BYTES, Limits};
 use turn::ActiveTurn;

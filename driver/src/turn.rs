@@ -6,7 +6,8 @@ use turnstile_model::{
 };
 
 use super::{
-    Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, ToolOutcome,
+    Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest,
+    TENANT_BUDGET_EXHAUSTED, ToolOutcome,
 };
 
 /// The error result of a call that never started because its turn was aborted (§4).
@@ -317,6 +318,7 @@ impl Driver {
                     max_tokens: false,
                     reasoning: (!delivered_reasoning.is_empty()).then_some(delivered_reasoning),
                     usage: None,
+                    model: None,
                 });
             }
             self.write(EventPayload::StepEnd { turn, step });
@@ -336,6 +338,7 @@ impl Driver {
                     max_tokens,
                     reasoning: output.reasoning,
                     usage: output.usage,
+                    model: output.model,
                 });
                 if max_tokens {
                     if let Some(t) = self.turn.as_mut() {
@@ -353,7 +356,10 @@ impl Driver {
             }
             ModelOutcome::Failed { message, code } => {
                 self.write(EventPayload::StepEnd { turn, step });
-                self.fail_turn(step, format!("model request failed: {message}"), code);
+                // A request refused for the tenant's budget was never sent: its message says so itself.
+                let message =
+                    if code == TENANT_BUDGET_EXHAUSTED { message } else { format!("model request failed: {message}") };
+                self.fail_turn(step, message, code);
             }
             ModelOutcome::Aborted => {
                 self.write(EventPayload::StepEnd { turn, step });

@@ -38,7 +38,7 @@ fn reasoning_and_usage_land_on_the_assistant_message_and_deltas_stay_apart() {
         &[(true, "The user "), (false, "It is "), (true, "wants the time."), (false, "noon.")],
         ModelOutput {
             reasoning: Some("The user wants the time.".into()),
-            usage: Some(Usage { input_tokens: 120, output_tokens: 9 }),
+            usage: Some(Usage { input_tokens: 120, output_tokens: 9, ..Default::default() }),
             ..ModelOutput::text("It is noon.")
         },
         0,
@@ -99,7 +99,7 @@ fn cancel_mid_reasoning_keeps_the_delivered_reasoning_without_usage() {
         &[(true, "Let me "), (true, "think "), (true, "hard."), (false, "Done.")],
         ModelOutput {
             reasoning: Some("Let me think hard.".into()),
-            usage: Some(Usage { input_tokens: 5, output_tokens: 5 }),
+            usage: Some(Usage { input_tokens: 5, output_tokens: 5, ..Default::default() }),
             ..ModelOutput::text("Done.")
         },
         1000,
@@ -163,11 +163,14 @@ fn usage_is_recorded_on_a_tool_calling_reply_and_each_step_has_its_own() {
         compaction: None,
     });
     let mut first = ModelReply::scripted(first);
-    first.output.usage = Some(Usage { input_tokens: 10, output_tokens: 3 });
+    first.output.usage = Some(Usage { input_tokens: 10, output_tokens: 3, ..Default::default() });
     sim.model_replies.push_back(first);
     sim.model_replies.push_back(reply(
         &[(false, "hi back")],
-        ModelOutput { usage: Some(Usage { input_tokens: 20, output_tokens: 2 }), ..ModelOutput::text("hi back") },
+        ModelOutput {
+            usage: Some(Usage { input_tokens: 20, output_tokens: 2, ..Default::default() }),
+            ..ModelOutput::text("hi back")
+        },
         0,
     ));
     sent(sim.followup("A", "[[tool:echo hi]]"));
@@ -182,8 +185,8 @@ fn usage_is_recorded_on_a_tool_calling_reply_and_each_step_has_its_own() {
     assert_eq!(
         usages,
         [
-            (1, Some(Usage { input_tokens: 10, output_tokens: 3 })),
-            (2, Some(Usage { input_tokens: 20, output_tokens: 2 }))
+            (1, Some(Usage { input_tokens: 10, output_tokens: 3, ..Default::default() })),
+            (2, Some(Usage { input_tokens: 20, output_tokens: 2, ..Default::default() }))
         ]
     );
 }

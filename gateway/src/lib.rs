@@ -12,7 +12,7 @@
 //! shared feed per watched session), [`service`] (the [`Gateway`] and what its RPCs share; the RPCs
 //! themselves are in `rpc`), [`auth`] (bearer tokens → tenant; every call is
 //! confined to its tenant), [`quota`] (per-tenant request rate and open Watch streams, checked in the service
-//! methods) and [`tools`] (client tool executors on `ServeTools` streams). [`console`] serves the web console
+//! methods, counted across a cluster's gateways in NATS KV), `usage` (`GetUsage`, SPEC §17) and [`tools`] (client tool executors on `ServeTools` streams). [`console`] serves the web console
 //! and the same service over gRPC-Web for it, on the ops HTTP listener. In a cluster the router is
 //! `turnstile_cluster::ClusterRouter` (the internal hop, shared with the workers); TLS configs come from
 //! `turnstile_ops::tls`.
@@ -31,16 +31,18 @@ mod rpc;
 pub mod service;
 pub mod status;
 pub mod tools;
+mod usage;
 pub mod watch;
 
 use std::future::Future;
 
-pub use quota::{QuotaConfig, Quotas};
+pub use quota::{QuotaConfig, Quotas, TenantQuota};
 pub use service::{Gateway, GatewayConfig};
 use tokio::net::TcpListener;
 use tonic::transport::ServerTlsConfig;
 pub use tools::ToolHub;
 use turnstile_proto::v1::agent_server::AgentServer;
+pub use usage::TokenBudgets;
 
 /// The gRPC server stopped for a reason other than `shutdown`.
 #[derive(Debug, thiserror::Error)]

@@ -22,7 +22,7 @@ use crate::{convert, read, status};
 #[tonic::async_trait]
 impl Agent for Gateway {
     async fn send(&self, request: Request<pb::SendRequest>) -> Result<Response<pb::SendReply>, Status> {
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let session = self.session(req.session)?;
         let target = convert::target("target", req.target).map_err(status::from_convert)?;
         let message =
@@ -35,15 +35,15 @@ impl Agent for Gateway {
     }
 
     async fn followup(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
-        self.preset(self.open(request)?, Target::NextTurn, true, &MessageSource::User).await
+        self.preset(self.open(request).await?, Target::NextTurn, true, &MessageSource::User).await
     }
 
     async fn queue(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
-        self.preset(self.open(request)?, Target::NextTurn, false, &MessageSource::User).await
+        self.preset(self.open(request).await?, Target::NextTurn, false, &MessageSource::User).await
     }
 
     async fn steer(&self, request: Request<pb::SteerRequest>) -> Result<Response<pb::SendReply>, Status> {
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let session = self.session(req.session)?;
         let message =
             convert::user_message("message", req.message, &MessageSource::User).map_err(status::from_convert)?;
@@ -59,16 +59,16 @@ impl Agent for Gateway {
     }
 
     async fn inject(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
-        self.preset(self.open(request)?, Target::NextStep, false, &convert::inject_default_source()).await
+        self.preset(self.open(request).await?, Target::NextStep, false, &convert::inject_default_source()).await
     }
 
     async fn interrupt(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
-        let (session, message) = self.delivery(self.open(request)?, &MessageSource::User)?;
+        let (session, message) = self.delivery(self.open(request).await?, &MessageSource::User)?;
         self.deliver(session, Command::Interrupt { message }).await
     }
 
     async fn cancel(&self, request: Request<pb::CancelRequest>) -> Result<Response<pb::CancelReply>, Status> {
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let session = self.session(req.session)?;
         let command = Command::Cancel { cause: convert::cancel_cause(req.cause), keep_inbox: req.keep_inbox };
         let seq = self.written(session, command).await?;
@@ -76,7 +76,7 @@ impl Agent for Gateway {
     }
 
     async fn replace(&self, request: Request<pb::ReplaceRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let session = self.session(req.session)?;
         let id = convert::message_id("id", req.id).map_err(status::from_convert)?;
         let message =
@@ -86,7 +86,7 @@ impl Agent for Gateway {
     }
 
     async fn remove(&self, request: Request<pb::RemoveRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let session = self.session(req.session)?;
         let id = convert::message_id("id", req.id).map_err(status::from_convert)?;
         let seq = self.written(session, Command::Remove { id }).await?;
@@ -94,7 +94,7 @@ impl Agent for Gateway {
     }
 
     async fn splice(&self, request: Request<pb::SpliceRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let session = self.session(req.session)?;
         let target = convert::target("target", req.target).map_err(status::from_convert)?;
         let inserted = req
@@ -110,19 +110,19 @@ impl Agent for Gateway {
     }
 
     async fn clear(&self, request: Request<pb::ClearRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let session = self.session(self.open(request)?.session)?;
+        let session = self.session(self.open(request).await?.session)?;
         let seq = self.written(session, Command::Clear).await?;
         Ok(Response::new(pb::EditReply { seq }))
     }
 
     async fn get_inbox(&self, request: Request<pb::GetInboxRequest>) -> Result<Response<pb::InboxSnapshot>, Status> {
-        let session = self.session(self.open(request)?.session)?;
+        let session = self.session(self.open(request).await?.session)?;
         let state = read::existing(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
         Ok(Response::new(codec::encode_inbox(&state.inbox, state.last_seq)))
     }
 
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Result<Response<pb::SessionInfo>, Status> {
-        let session = self.session(self.open(request)?.session)?;
+        let session = self.session(self.open(request).await?.session)?;
         let state = read::existing(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
         Ok(Response::new(self.info(&state).await))
     }
@@ -131,7 +131,7 @@ impl Agent for Gateway {
         &self,
         request: Request<pb::ConfigureSessionRequest>,
     ) -> Result<Response<pb::SessionInfo>, Status> {
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let session = self.session(req.session)?;
         if req.agent.is_empty() {
             return Err(Status::invalid_argument("agent: is empty; name one of the configured agents"));
@@ -144,7 +144,7 @@ impl Agent for Gateway {
     }
 
     async fn decide(&self, request: Request<pb::DecideRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let session = self.session(req.session)?;
         if req.call_id.is_empty() {
             return Err(Status::invalid_argument(
@@ -157,7 +157,7 @@ impl Agent for Gateway {
     }
 
     async fn set_goal(&self, request: Request<pb::SetGoalRequest>) -> Result<Response<pb::GoalInfo>, Status> {
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let session = self.session(req.session)?;
         // The driver checks the objective and the round budget (it knows the limits) and writes nothing
         // when it refuses. A revision keeps the goal's own id, so the minted one may go unused.
@@ -168,7 +168,7 @@ impl Agent for Gateway {
     }
 
     async fn update_goal(&self, request: Request<pb::UpdateGoalRequest>) -> Result<Response<pb::GoalInfo>, Status> {
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let session = self.session(req.session)?;
         if req.goal_id.is_empty() {
             return Err(Status::invalid_argument(
@@ -186,15 +186,20 @@ impl Agent for Gateway {
         &self,
         request: Request<pb::DeleteSessionRequest>,
     ) -> Result<Response<pb::EditReply>, Status> {
-        let session = self.session(self.open(request)?.session)?;
+        let session = self.session(self.open(request).await?.session)?;
         let seq = self.written(session, Command::Delete).await?;
         Ok(Response::new(pb::EditReply { seq }))
+    }
+
+    /// SPEC §17: the tenant's token usage per model and its daily budget (`usage.rs`).
+    async fn get_usage(&self, request: Request<pb::GetUsageRequest>) -> Result<Response<pb::TenantUsage>, Status> {
+        Gateway::get_usage(self, request).await
     }
 
     type ServeToolsStream = ReceiverStream<Result<pb::ToolTask, Status>>;
 
     async fn compact(&self, request: Request<pb::CompactRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let session = self.session(self.open(request)?.session)?;
+        let session = self.session(self.open(request).await?.session)?;
         let seq = self.written(session, Command::Compact).await?;
         Ok(Response::new(pb::EditReply { seq }))
     }
@@ -203,7 +208,7 @@ impl Agent for Gateway {
         &self,
         request: Request<pb::ForkSessionRequest>,
     ) -> Result<Response<pb::SessionInfo>, Status> {
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let source = self.session(req.session)?;
         if req.at_turn == 0 {
             return Err(Status::invalid_argument("at_turn: is 0; turns are numbered from 1"));
@@ -220,7 +225,7 @@ impl Agent for Gateway {
         request: Request<pb::ReferenceSessionRequest>,
     ) -> Result<Response<pb::SendReply>, Status> {
         let caller = self.auth.authenticate(request.metadata())?;
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let session = self.session(req.session)?;
         // `from_session` is confined like `session`: another tenant's session is NOT_FOUND.
         let mut raw_from = req.from_session.ok_or_else(|| {
@@ -277,7 +282,7 @@ impl Agent for Gateway {
                 }
             },
         };
-        self.quotas.admit(&tenant)?;
+        self.quotas.admit(&tenant).await?;
         let stream = self.tools.serve(tenant, request.into_inner()).await?;
         Ok(Response::new(stream))
     }
@@ -285,7 +290,7 @@ impl Agent for Gateway {
     type WatchStream = ReceiverStream<Result<pb::WatchItem, Status>>;
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let resume = req.resume.map(|r| StepPosition {
             turn: r.turn,
             step: r.step,
@@ -294,7 +299,7 @@ impl Agent for Gateway {
         });
         let spec = WatchSpec { session: self.session(req.session)?, after_seq: req.after_seq, live: req.live, resume };
         // The slot is held by the stream's task, which ends when the client goes away.
-        let permit = self.quotas.open_watch(&spec.session.tenant)?;
+        let permit = self.quotas.open_watch(&spec.session.tenant).await?;
         let (tx, rx) = mpsc::channel(self.config.watch_buffer.max(1));
         let run = watch::run(
             self.log.clone(),
@@ -313,7 +318,7 @@ impl Agent for Gateway {
     }
 
     async fn when_idle(&self, request: Request<pb::WhenIdleRequest>) -> Result<Response<pb::SessionInfo>, Status> {
-        let req = self.open(request)?;
+        let req = self.open(request).await?;
         let session = self.session(req.session)?;
         let timeout = match req.timeout_ms {
             0 => self.config.when_idle_timeout,
@@ -350,7 +355,7 @@ impl Agent for Gateway {
             }
             req.tenant.clone_from(own);
         }
-        self.quotas.admit(if req.tenant.is_empty() { &self.config.default_tenant } else { &req.tenant })?;
+        self.quotas.admit(if req.tenant.is_empty() { &self.config.default_tenant } else { &req.tenant }).await?;
         let page_size = match req.page_size as usize {
             0 => DEFAULT_PAGE,
             n if n > MAX_PAGE => {

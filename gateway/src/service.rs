@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use turnstile_cluster::CommandRouter;
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
-use turnstile_journal::{LiveBus, SessionLog};
+use turnstile_journal::{LiveBus, SessionLog, UsageLedger};
 use turnstile_model::message::{MessageSource, SessionRef, Target, UserMessage};
 use turnstile_model::{Command, CommandReply, SessionState, SessionSummary};
 use turnstile_proto::codec;
@@ -20,6 +20,7 @@ use crate::auth::{Authenticator, Caller};
 use crate::feed::SessionFeeds;
 use crate::quota::{QuotaConfig, Quotas};
 use crate::tools::ToolHub;
+use crate::usage::TokenBudgets;
 use crate::watch;
 use crate::{convert, read, status};
 
@@ -43,6 +44,8 @@ pub struct GatewayConfig {
     pub max_request_bytes: usize,
     /// Per-tenant request rate and open Watch streams (decision 0033); all off by default.
     pub quotas: QuotaConfig,
+    /// Tenants' daily token budgets (`[tenants.NAME] token_budget`), which `GetUsage` reports.
+    pub token_budgets: TokenBudgets,
 }
 
 impl Default for GatewayConfig {
@@ -55,6 +58,7 @@ impl Default for GatewayConfig {
             default_agent: "scripted".into(),
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             quotas: QuotaConfig::default(),
+            token_budgets: TokenBudgets::new(),
         }
     }
 }
@@ -83,6 +87,8 @@ pub struct Gateway {
     pub(crate) quotas: Quotas,
     /// One shared log reader and live subscription per watched session, for all its Watch streams here.
     pub(crate) feeds: SessionFeeds,
+    /// Where `GetUsage` reads tenants' token usage (SPEC §17); `None`: it is UNIMPLEMENTED here.
+    pub(crate) usage: Option<Arc<dyn UsageLedger>>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -110,8 +116,9 @@ impl Gateway {
             router,
             log,
             snapshots: Arc::new(NoSnapshots),
-            quotas: Quotas::new(config.quotas),
+            quotas: Quotas::new(config.quotas.clone()),
             config,
+            usage: None,
             auth: Arc::new(Authenticator::Disabled),
             shutdown: CancellationToken::new(),
             tools: ToolHub::new(),
@@ -127,6 +134,19 @@ impl Gateway {
     /// Every call must carry a bearer token that `auth` resolves to a tenant, and is confined to it.
     pub fn with_auth(mut self, auth: Authenticator) -> Self {
         self.auth = Arc::new(auth);
+        self
+    }
+
+    /// `GetUsage` reads tenants' token usage from `ledger` (the journal's, SPEC §17).
+    pub fn with_usage(mut self, ledger: Arc<dyn UsageLedger>) -> Self {
+        self.usage = Some(ledger);
+        self
+    }
+
+    /// Counts the quotas with `quotas` (e.g. [`Quotas::shared`] across a cluster's gateways) instead of
+    /// in this process.
+    pub fn with_quotas(mut self, quotas: Quotas) -> Self {
+        self.quotas = quotas;
         self
     }
 
@@ -160,7 +180,7 @@ impl Gateway {
     /// request's session to the caller's tenant. An empty `session.tenant` becomes the caller's; another
     /// tenant's session is NOT_FOUND with the very message of a session that does not exist, so a caller
     /// learns nothing about other tenants.
-    pub(crate) fn open<T: NamesSession>(&self, request: Request<T>) -> Result<T, Status> {
+    pub(crate) async fn open<T: NamesSession>(&self, request: Request<T>) -> Result<T, Status> {
         let caller = self.auth.authenticate(request.metadata())?;
         let mut req = request.into_inner();
         if let (Caller::Tenant(tenant), Some(raw)) = (&caller, req.session_mut()) {
@@ -177,7 +197,7 @@ impl Gateway {
             (Caller::Anonymous, Some(raw)) if !raw.tenant.is_empty() => raw.tenant.clone(),
             (Caller::Anonymous, _) => self.config.default_tenant.clone(),
         };
-        self.quotas.admit(&tenant)?;
+        self.quotas.admit(&tenant).await?;
         Ok(req)
     }
 

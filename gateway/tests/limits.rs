@@ -128,7 +128,7 @@ fn assert_exhausted(err: &tonic::Status, key: &str) -> u64 {
 #[tokio::test]
 async fn a_tenant_over_its_request_rate_is_refused_with_a_retry_hint_and_nothing_is_written() {
     // One request a minute after a burst of two: the third comes long before a minute has passed.
-    let quotas = QuotaConfig { requests_per_minute: 1, request_burst: 2, max_watches: 0 };
+    let quotas = QuotaConfig { requests_per_minute: 1, request_burst: 2, ..QuotaConfig::default() };
     let (mut api, _gateway, log) = start_with_parts(GatewayConfig { quotas, ..GatewayConfig::default() }).await;
     assert_eq!(api.queue(queue("t1", "q1")).await.unwrap().into_inner().seq, 1);
     assert_eq!(api.queue(queue("t1", "q2")).await.unwrap().into_inner().seq, 2);

@@ -4,8 +4,8 @@
 //! of its log (`turnstile-model`); this crate stores that log and nothing about who drives it. Here live the
 //! conditional, append-only [`SessionLog`] trait and its [`JournalError`]s ([`log`]) with two backends —
 //! [`embedded`] (memory, or files under a data directory, for `turnstile dev`) and [`jetstream`] (NATS
-//! JetStream, the cluster's) — the best-effort [`LiveBus`] ([`bus`]) and [`snapshot`]s, so loading a session
-//! is a snapshot plus the log's tail. Events are stored in the protobuf encoding of `turnstile-proto`'s codec,
+//! JetStream, the cluster's) — the best-effort [`LiveBus`] ([`bus`]), [`snapshot`]s, so loading a session
+//! is a snapshot plus the log's tail, and tenants' token [`usage`] counted from the logs (SPEC §17). Events are stored in the protobuf encoding of `turnstile-proto`'s codec,
 //! the same bytes the gRPC `Watch` stream returns.
 //!
 //! Nothing here knows about drivers, gRPC services or routing: the gateway reads these logs, the worker's
@@ -17,8 +17,10 @@ pub mod jetstream;
 pub mod log;
 pub mod snapshot;
 mod sync;
+pub mod usage;
 
 pub use bus::{LiveBus, LiveStream};
 pub use embedded::{EmbeddedLog, LocalBus};
 pub use jetstream::{JetStreamConfig, JetStreamLog, NatsBus};
 pub use log::{EventStream, JournalError, SessionLog};
+pub use usage::{MemoryUsage, UsageLedger};

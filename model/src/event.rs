@@ -149,13 +149,43 @@ pub struct ToolCallSpec {
     pub arguments: String,
 }
 
-/// The token usage a model provider reported for one request (SPEC §8), recorded on `assistant/message`.
+/// The token usage a model provider reported for one request (SPEC §8, §17), recorded on
+/// `assistant/message`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Usage {
     /// Prompt tokens (Anthropic: input plus cache reads and writes).
     pub input_tokens: u64,
     /// Tokens the model generated (reasoning included, where the provider counts it there).
     pub output_tokens: u64,
+    /// Of `input_tokens`, those read from the provider's prompt cache (Anthropic
+    /// `cache_read_input_tokens`, OpenAI `prompt_tokens_details.cached_tokens`).
+    #[serde(default)]
+    pub cached_input_tokens: u64,
+    /// Of `input_tokens`, those written to the prompt cache (Anthropic `cache_creation_input_tokens`).
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+}
+
+impl Usage {
+    /// Input and output tokens: what a tenant's `token_budget` counts (SPEC §17).
+    pub fn total(&self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
+    }
+}
+
+/// The model that answered a request (SPEC §17): with fallbacks, not always the agent's first model.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ModelRef {
+    /// `openai`, `anthropic`, `scripted`.
+    pub provider: String,
+    /// The model's name at the provider.
+    pub model: String,
+}
+
+impl ModelRef {
+    pub fn new(provider: impl Into<String>, model: impl Into<String>) -> Self {
+        Self { provider: provider.into(), model: model.into() }
+    }
 }
 
 /// What an `inject` to an idle session does (SPEC §11). Stored by `session/configured`; an inject to a
@@ -225,6 +255,10 @@ pub enum EventPayload {
         /// The provider's token usage, when it reported one (never for an interrupted reply).
         #[serde(default)]
         usage: Option<Usage>,
+        /// The model that answered (SPEC §17), when the runner knows it; absent on messages written
+        /// before fallbacks existed and on interrupted replies.
+        #[serde(default)]
+        model: Option<ModelRef>,
     },
     ToolCall {
         turn: u64,
@@ -448,6 +482,7 @@ mod tests {
                 max_tokens: false,
                 reasoning: None,
                 usage: None,
+                model: None,
             }
         );
         let old_delta = r#"{"AssistantDelta":{"turn":1,"step":1,"text":"h"}}"#;
@@ -468,7 +503,8 @@ mod tests {
             interrupted: false,
             max_tokens: false,
             reasoning: Some("check the clock".into()),
-            usage: Some(Usage { input_tokens: 7, output_tokens: 3 }),
+            usage: Some(Usage { input_tokens: 7, output_tokens: 3, cached_input_tokens: 2, cache_write_tokens: 1 }),
+            model: Some(ModelRef::new("anthropic", "claude")),
         };
         let json = serde_json::to_string(&payload).unwrap();
         assert_eq!(serde_json::from_str::<EventPayload>(&json).unwrap(), payload);

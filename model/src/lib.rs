@@ -33,15 +33,17 @@ pub mod inbox;
 pub mod message;
 pub mod shard;
 pub mod state;
+pub mod time;
 pub mod tool_names;
 pub mod transcript;
+pub mod usage;
 
 pub use command::{
     Command, CommandError, CommandReply, DeadlineSpec, MAX_STEER_DEADLINE_MS, SessionSummary, Spawn, StreamingStep,
 };
 pub use event::{
-    CancelCause, Compaction, Envelope, EventPayload, Fork, InjectMode, LiveEvent, LivePayload, OnDeadline, Splice,
-    SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
+    CancelCause, Compaction, Envelope, EventPayload, Fork, InjectMode, LiveEvent, LivePayload, ModelRef, OnDeadline,
+    Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 pub use goal::{Goal, GoalAction, GoalChange, GoalState};
 pub use inbox::{Inbox, SpliceError};

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use turnstile_agent::tools::ChildSessions;
 use turnstile_cluster::CommandRouter;
 use turnstile_gateway::{Gateway, ToolHub};
+use turnstile_journal::jetstream::{KvUsage, UsageFold};
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
-use turnstile_journal::{EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, SessionLog};
+use turnstile_journal::{EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, SessionLog, UsageLedger};
 use turnstile_ops::Readiness;
 use turnstile_worker::SessionHost;
 
@@ -17,7 +18,7 @@ use crate::ops::{OpsHttp, install_metrics, nats_ready};
 use crate::report::{Bound, bind, bound_with_http, client_url_for, report_bound};
 use crate::role::Serving;
 use crate::security::{AuthOptions, AuthWatch, ServerSecurity, auth_line};
-use crate::{NodeError, agents, gateway_config, replicas, worker_config};
+use crate::{NodeError, agents, budgets, gateway_config, replicas, worker_config};
 
 /// `--listen` and the URL clients reach it at when it is not given: a gateway's, whose API `dev` serves.
 pub use crate::gateway::{DEFAULT_LISTEN, DEFAULT_URL};
@@ -53,6 +54,11 @@ struct Journal {
     ready: Arc<dyn Readiness>,
     /// The NATS connection of a JetStream journal.
     nats: Option<async_nats::Client>,
+    /// Where tenants' token usage is read (SPEC §17): counted by the embedded log as it appends, or folded
+    /// from the event streams into KV.
+    usage: Arc<dyn UsageLedger>,
+    /// The fold of a JetStream journal's streams, running as long as the server.
+    fold: Option<UsageFold>,
 }
 
 async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
@@ -60,6 +66,8 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
     // embedded journal is ready once open; on NATS, readiness follows the connection.
     let always: Arc<dyn Readiness> = Arc::new(turnstile_ops::AlwaysReady);
     let embedded = |log: EmbeddedLog, describe: String| Journal {
+        usage: log.usage(),
+        fold: None,
         log: Arc::new(log),
         bus: Arc::new(LocalBus::new()),
         snapshots: Arc::new(NoSnapshots),
@@ -85,6 +93,8 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
             );
             let client = log.client().clone();
             let ready = Arc::new(nats_ready(client.clone(), nats.url.clone()));
+            let usage = KvUsage::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
+            let fold = UsageFold::start(&client, partitions, usage.clone());
             Ok(Journal {
                 log: Arc::new(log),
                 bus: Arc::new(bus),
@@ -92,6 +102,8 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
                 describe,
                 ready,
                 nats: Some(client),
+                usage: Arc::new(usage),
+                fold: Some(fold),
             })
         }
         (None, Some(dir)) => {
@@ -148,10 +160,13 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     };
     let config = &opts.serving.config.config;
     let registry = agents.tools.clone();
-    let host = SessionHost::builder(journal.log.clone(), journal.bus.clone(), agents.into())
+    let mut host = SessionHost::builder(journal.log.clone(), journal.bus.clone(), agents.into())
         .snapshots(journal.snapshots.clone())
-        .config(worker_config(config))
-        .build();
+        .config(worker_config(config));
+    if let Some(budgets) = budgets(config, journal.usage.clone()) {
+        host = host.budgets(budgets);
+    }
+    let host = host.build();
     // `spawn_agent` reaches its children through this same host (before resuming: a resumed turn may call it).
     registry.set_child_sessions(ChildSessions { router: host.clone(), log: journal.log.clone() });
     let resumed = host.resume_running().await.map_err(NodeError::Resume)?;
@@ -163,7 +178,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let gateway = Gateway::new(router, journal.log, journal.bus, gateway_config(config))
         .with_snapshots(journal.snapshots)
         .with_auth(security.auth)
-        .with_tools(tools);
+        .with_tools(tools)
+        .with_usage(journal.usage);
     // The web console and its gRPC-Web calls share the ops listener (decision 0029).
     let console = turnstile_gateway::console::router(gateway.clone(), auth_enabled);
     let http = OpsHttp::start_with(opts.serving.http.as_deref(), journal.ready, console).await?;
@@ -176,7 +192,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     report_bound(&bound, &[], opts.serving.ready_file.as_deref())?;
     tracing::info!(%local, tls = security.tls.is_some(), "serving turnstile.v1.Agent");
 
-    Ok(crate::gateway::serve(gateway, listener, local, security.tls, auth_watch, http, url))
+    Ok(crate::gateway::serve(gateway, listener, local, security.tls, auth_watch, http, url, journal.fold))
 }
 
 #[cfg(test)]

@@ -72,6 +72,9 @@ pub enum NodeError {
     /// The gateway could not subscribe to client tool cancels.
     #[error("cannot serve client tools over NATS at {url}: {cause}")]
     ToolHub { url: String, cause: async_nats::SubscribeError },
+    /// The gateway could not open the quota counts it shares with the other gateways.
+    #[error("cannot share the tenants' quotas over NATS at {url}: {cause}")]
+    Quotas { url: String, cause: String },
     /// The embedded journal in `--data-dir` cannot be opened.
     #[error("cannot open the journal in {}; check --data-dir: {cause}", dir.display())]
     DataDir { dir: PathBuf, cause: JournalError },

@@ -17,7 +17,9 @@ use crate::role::Serving;
 use crate::running::{Running, handle_methods};
 use crate::security::{AuthOptions, AuthWatch, ServerSecurity, auth_line};
 use crate::tls::ClusterTls;
-use crate::{NodeError, cluster_router, gateway_config};
+use crate::{NodeError, cluster_router, gateway_config, replicas};
+use turnstile_gateway::Quotas;
+use turnstile_journal::jetstream::{KvUsage, UsageFold};
 
 /// `--listen` of a gateway (and of `dev`) when it is not given.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
@@ -74,7 +76,8 @@ impl Handle {
 
 /// Serves `gateway` on `listener` (bound at `local`, reached at `url`) with `tls` until stopped, watching
 /// the auth files when there are some and stopping the ops endpoints `http` after it: how `dev` and a
-/// gateway end their start.
+/// gateway end their start. `fold` (dev's usage fold on JetStream) runs as long as the server.
+#[allow(clippy::too_many_arguments)] // the parts of one start, each built by its caller
 pub(crate) fn serve(
     gateway: Gateway,
     listener: TcpListener,
@@ -83,6 +86,7 @@ pub(crate) fn serve(
     auth_watch: Option<AuthWatch>,
     http: OpsHttp,
     url: String,
+    fold: Option<UsageFold>,
 ) -> Handle {
     let stop = CancellationToken::new();
     if let Some(watch) = auth_watch {
@@ -91,6 +95,7 @@ pub(crate) fn serve(
     let serve = turnstile_gateway::serve_with(gateway, listener, tls, stop.clone().cancelled_owned());
     let http_addr = http.addr();
     let running = Running::spawn(stop, async move {
+        let _fold = fold;
         let served = serve.await;
         http.stop();
         served.map_err(NodeError::Serve)?;
@@ -118,10 +123,18 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let tools =
         ToolHub::with_nats(client.clone()).await.map_err(|cause| NodeError::ToolHub { url: url.to_owned(), cause })?;
     let auth_enabled = security.auth.is_enabled();
-    let gateway = Gateway::new(router, Arc::new(log), Arc::new(bus), gateway_config(config))
+    // SPEC §17: usage as the workers fold it, and quotas counted across every gateway of the cluster.
+    let usage = KvUsage::open(&client, replicas(config)).await.map_err(|e| NodeError::nats(url, e))?;
+    let gateway_config = gateway_config(config);
+    let quotas = Quotas::shared(gateway_config.quotas.clone(), &client, replicas(config))
+        .await
+        .map_err(|cause| NodeError::Quotas { url: url.to_owned(), cause })?;
+    let gateway = Gateway::new(router, Arc::new(log), Arc::new(bus), gateway_config)
         .with_snapshots(Arc::new(snapshots))
         .with_auth(security.auth)
-        .with_tools(tools);
+        .with_tools(tools)
+        .with_usage(Arc::new(usage))
+        .with_quotas(quotas);
 
     // The web console and its gRPC-Web calls share the ops listener (decision 0029).
     let console = turnstile_gateway::console::router(gateway.clone(), auth_enabled);
@@ -137,5 +150,5 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     report_bound(&bound, &[], opts.serving.ready_file.as_deref())?;
     tracing::info!(%local, nats = %url, shards = c.shards, "serving turnstile.v1.Agent with cluster routing");
 
-    Ok(serve(gateway, listener, local, security.tls, auth_watch, http, client_url))
+    Ok(serve(gateway, listener, local, security.tls, auth_watch, http, client_url, None))
 }

@@ -40,7 +40,9 @@ pub use turnstile_config::Config;
 use std::sync::Arc;
 
 use turnstile_cluster::{ClusterKv, ClusterRouter, ClusterRouterConfig, CommandRouter};
-use turnstile_gateway::{GatewayConfig, QuotaConfig};
+use turnstile_gateway::{GatewayConfig, QuotaConfig, TenantQuota, TokenBudgets};
+use turnstile_journal::UsageLedger;
+use turnstile_worker::budget::Budgets;
 use turnstile_worker::{Limits, WorkerConfig};
 
 /// The driver settings of the configuration: `[limits]`, `[journal]` (agents are set by the role).
@@ -71,9 +73,34 @@ fn gateway_config(config: &Config) -> GatewayConfig {
             requests_per_minute: config.limits.tenant_requests_per_minute,
             request_burst: config.limits.tenant_request_burst,
             max_watches: config.limits.tenant_max_watches,
+            tenants: config
+                .tenants
+                .iter()
+                .map(|(name, t)| {
+                    let quota = TenantQuota {
+                        requests_per_s: t.requests_per_s,
+                        request_burst: t.request_burst,
+                        watch_limit: t.watch_limit,
+                    };
+                    (name.clone(), quota)
+                })
+                .collect(),
         },
+        token_budgets: token_budgets(config),
         ..GatewayConfig::default()
     }
+}
+
+/// The `[tenants.NAME] token_budget`s of the configuration, by tenant (SPEC §17).
+fn token_budgets(config: &Config) -> TokenBudgets {
+    config.tenants.iter().filter_map(|(name, t)| Some((name.clone(), t.token_budget?))).collect()
+}
+
+/// The budgets a worker checks before each model request, against the usage `ledger` reads; `None`
+/// when no tenant has one.
+fn budgets(config: &Config, ledger: Arc<dyn UsageLedger>) -> Option<Budgets> {
+    let budgets = token_budgets(config);
+    (!budgets.is_empty()).then(|| Budgets::new(budgets, ledger))
 }
 
 /// The agents, models and tools of the configuration, ready to run: the MCP servers the agents use are
@@ -155,6 +182,9 @@ mod tests {
         assert_eq!(worker_config(&config).limits.max_pending_bytes, 100);
         let gateway = gateway_config(&config);
         assert_eq!(gateway.max_request_bytes, 100 + turnstile_config::REQUEST_ENVELOPE_BYTES);
-        assert_eq!(gateway.quotas, QuotaConfig { requests_per_minute: 600, request_burst: 50, max_watches: 4 });
+        assert_eq!(
+            gateway.quotas,
+            QuotaConfig { requests_per_minute: 600, request_burst: 50, max_watches: 4, ..QuotaConfig::default() }
+        );
     }
 }

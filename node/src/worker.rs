@@ -18,7 +18,8 @@ use crate::report::{bind, bound_with_http, report_bound};
 use crate::role::Serving;
 use crate::running::{Running, handle_methods};
 use crate::tls::{ClusterTls, ServerTls};
-use crate::{NodeError, agents, cluster_router, replicas, worker_config};
+use crate::{NodeError, agents, budgets, cluster_router, replicas, worker_config};
+use turnstile_journal::jetstream::{KvUsage, UsageFold};
 
 /// `--listen` of a worker when it is not given.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7500";
@@ -110,8 +111,17 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     };
     let drain = leases.drain_timeout;
     let grace = worker_grace(leases.renew_every, leases.ttl, drain);
-    let options =
-        WorkerOptions { id: id.clone(), advertise_addr: advertise.clone(), leases, worker: worker_config(config) };
+    // SPEC §17: every worker folds the event streams into the usage bucket (idempotently: several folds
+    // count each message once) and checks the tenants' budgets against it.
+    let usage = KvUsage::open(&client, replicas(config)).await.map_err(|e| NodeError::nats(url, e))?;
+    let fold = UsageFold::start(&client, c.partitions, usage.clone());
+    let options = WorkerOptions {
+        id: id.clone(),
+        advertise_addr: advertise.clone(),
+        leases,
+        worker: worker_config(config),
+        budgets: budgets(config, Arc::new(usage)),
+    };
     let (log, bus, snapshots) = (Arc::new(log), Arc::new(bus), Arc::new(snapshots));
     // Client tools are NATS requests to the gateways holding their executors.
     agents.tools.set_client_tools(Arc::new(turnstile_cluster::NatsToolBus::new(client.clone())));
@@ -164,6 +174,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let task_id = id.clone();
     let running = Running::spawn(stop, async move {
         let id = task_id;
+        // The fold counts for as long as the worker runs.
+        let _fold = fold;
         tokio::select! {
             () = stopped.cancelled() => {}
             served = &mut server => {

@@ -60,8 +60,15 @@ pub mod names {
     /// the error code (`model_unavailable`, `model_rate_limited`, `model_timeout`, `model_refused`,
     /// `model_stream_broken`, `model_failed`).
     pub const MODEL_REQUESTS: &str = "turnstile_model_requests_total";
-    /// Counter `{tenant, agent, provider, model, kind}`: tokens the providers reported (`input`, `output`).
+    /// Counter `{tenant, agent, provider, model, kind}`: tokens the providers reported (`input`, `output`,
+    /// `cached`: input read from the prompt cache, `cache_write`: input written to it), under the model that
+    /// answered (a fallback's, SPEC §17).
     pub const MODEL_TOKENS: &str = "turnstile_model_tokens_total";
+    /// Counter `{provider, model, code}`: requests that failed before their first byte on `model` and went on
+    /// to the next model of its `fallback` list (SPEC §17).
+    pub const MODEL_FALLBACKS: &str = "turnstile_model_fallbacks_total";
+    /// Counter `{tenant}`: model requests not sent because the tenant had used its daily `token_budget`.
+    pub const BUDGET_REFUSALS: &str = "turnstile_tenant_budget_refusals_total";
     /// Counter `{tenant, agent, provider, model, code}`: failed model requests by error code (aborts are
     /// not errors).
     pub const MODEL_ERRORS: &str = "turnstile_model_errors_total";

@@ -63,6 +63,8 @@ fn describe() {
     describe_counter!(names::MODEL_TOKENS, "Tokens providers reported, by tenant, agent, provider, model and kind.");
     describe_counter!(names::MODEL_ERRORS, "Failed model requests, by tenant, agent, provider, model and code.");
     describe_counter!(names::MODEL_RETRIES, "Model request retries before the first byte, by reason.");
+    describe_counter!(names::MODEL_FALLBACKS, "Model requests that went on to the next fallback model, by code.");
+    describe_counter!(names::BUDGET_REFUSALS, "Model requests not sent for the tenant's daily token budget.");
     describe_histogram!(
         names::MODEL_FIRST_TOKEN_SECONDS,
         Unit::Seconds,

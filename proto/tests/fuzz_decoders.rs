@@ -75,6 +75,7 @@ fn seeds() -> Vec<Vec<u8>> {
             max_tokens: true,
             reasoning: None,
             usage: None,
+            model: None,
         },
         EventPayload::StepEnd { turn: 3, step: 1 },
         EventPayload::TurnEnd { turn: 3, reason: TurnEndReason::Completed },

@@ -120,7 +120,7 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
     assert_eq!(
         texts,
         [
-            "[[delay:1500]] hello from the browser",
+            "[[delay:1500]] [[usage:12,3]] hello from the browser",
             "queued, then replaced",
             "after the queue",
             "[[tool:sleep 60000]] a long one",

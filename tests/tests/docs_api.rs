@@ -294,6 +294,7 @@ fn every_directive_in_the_table_is_one_the_scripted_model_reads() {
         // The table writes arguments as placeholders; put a sample value in so the parser can read it.
         let sample = directive
             .replace(":MS", ":500")
+            .replace(":IN,OUT", ":12,3")
             .replace(":N", ":2")
             .replace(":TEXT", ":hello")
             .replace("NAME ARGS", "echo hi");

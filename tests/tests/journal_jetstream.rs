@@ -434,6 +434,7 @@ async fn an_oversized_group_is_one_atomic_batch_of_messages() {
             max_tokens: false,
             reasoning: None,
             usage: None,
+            model: None,
         };
         event
     };

@@ -39,6 +39,7 @@ async fn worker(nats: &NatsServer, id: &str) -> WorkerHandle {
         advertise_addr: format!("127.0.0.1:1{id}"),
         leases: lease_config(),
         worker: WorkerConfig::default(),
+        budgets: None,
     };
     let agents = turnstile_agent::AgentSetup::default().into();
     start_worker(options, agents, &log.client().clone(), 1, log.clone(), bus, Arc::new(NoSnapshots)).await.unwrap()

@@ -8,6 +8,7 @@ use turnstile_journal::{LiveBus, SessionLog};
 use turnstile_model::SessionState;
 
 use crate::agent::Agents;
+use crate::budget::Budgets;
 use crate::config::WorkerConfig;
 use crate::ownership::Ownership;
 
@@ -21,6 +22,8 @@ pub(crate) struct RunnerDeps {
     /// Shard ownership in a cluster; `None` in `turnstile dev`, which owns everything at its epoch.
     pub ownership: Option<Arc<dyn Ownership>>,
     pub config: WorkerConfig,
+    /// Tenants' daily token budgets, checked before each model request (SPEC §17); `None`: no budgets.
+    pub budgets: Option<Budgets>,
 }
 
 impl RunnerDeps {

@@ -12,6 +12,7 @@ use turnstile_journal::{JournalError, LiveBus, SessionLog};
 use turnstile_model::{CancelCause, Command, CommandError, CommandReply, SessionRef, Status};
 
 use crate::agent::Agents;
+use crate::budget::Budgets;
 use crate::command::{CommandMsg, Control, journal_error};
 use crate::config::WorkerConfig;
 use crate::deps::RunnerDeps;
@@ -120,6 +121,12 @@ impl SessionHostBuilder {
         self
     }
 
+    /// Checks `budgets` before each model request (SPEC §17; default: no budgets).
+    pub fn budgets(mut self, budgets: Budgets) -> Self {
+        self.deps.budgets = (!budgets.is_empty()).then_some(budgets);
+        self
+    }
+
     /// Driver and host settings (default: [`WorkerConfig::default`]).
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.deps.config = config;
@@ -150,6 +157,7 @@ impl SessionHost {
                 snapshots: Arc::new(NoSnapshots),
                 ownership: None,
                 config: WorkerConfig::default(),
+                budgets: None,
             },
         }
     }

@@ -11,6 +11,7 @@
 //! node hands in as [`Agents`]: this crate knows no provider, tool or hook by name.
 
 pub mod agent;
+pub mod budget;
 pub mod cluster;
 mod command;
 pub mod config;

@@ -11,7 +11,7 @@ use metrics::{counter, gauge, histogram};
 use tracing::Span;
 use turnstile_driver::ModelOutcome;
 use turnstile_journal::JournalError;
-use turnstile_model::{Envelope, EventPayload, SessionRef, SpliceOutcome, Target, TurnEndReason};
+use turnstile_model::{Envelope, EventPayload, ModelRef, SessionRef, SpliceOutcome, Target, TurnEndReason};
 use turnstile_ops::GaugeGuard;
 use turnstile_ops::names;
 
@@ -136,6 +136,11 @@ impl ModelCall {
         }
     }
 
+    /// The request was answered by `model` (a fallback's, SPEC §17): its metrics are counted under it.
+    pub(crate) fn answered_by(&mut self, model: &ModelRef) {
+        self.identity = ModelIdentity::new(model.provider.clone(), model.model.clone());
+    }
+
     /// A piece of text or reasoning arrived.
     pub(crate) fn streamed(&mut self) {
         self.first_piece.get_or_insert_with(Instant::now);
@@ -176,7 +181,15 @@ impl ModelCall {
                 if let Some(usage) = output.usage {
                     self.span.record("input_tokens", usage.input_tokens);
                     self.span.record("output_tokens", usage.output_tokens);
-                    for (kind, tokens) in [("input", usage.input_tokens), ("output", usage.output_tokens)] {
+                    let kinds = [
+                        ("input", usage.input_tokens),
+                        ("output", usage.output_tokens),
+                        ("cached", usage.cached_input_tokens),
+                        ("cache_write", usage.cache_write_tokens),
+                    ];
+                    for (kind, tokens) in
+                        kinds.into_iter().filter(|(kind, tokens)| *tokens > 0 || !kind.starts_with("cache"))
+                    {
                         counter!(names::MODEL_TOKENS, "tenant" => tenant.clone(), "agent" => agent.clone(),
                             "provider" => provider.clone(), "model" => model.clone(), "kind" => kind)
                         .increment(tokens);

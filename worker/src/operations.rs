@@ -15,8 +15,8 @@ use tracing::{Instrument as _, Span};
 use turnstile_driver::{
     Driver, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, ToolOutcome, ToolRequest,
 };
-use turnstile_model::SessionRef;
 use turnstile_model::message::{ContentBlock, MessageId, MessageSource, UserMessage};
+use turnstile_model::{ModelRef, SessionRef};
 
 use crate::agent::{DeltaSink, HookVerdict, ModelError, StreamDelta, ToolReturn};
 use crate::deps::RunnerDeps;
@@ -156,7 +156,18 @@ impl Operations {
                     }
                 }
             };
-            let step = deps.agents.model.step(request, DeltaSink::new(delta_tx), token.clone());
+            let tenant = request.session.tenant.clone();
+            let agent = request.agent.clone();
+            let step = async {
+                // SPEC §17: a tenant over its daily budget does not reach the model. Checked here, where the
+                // runner performs the effect, since the driver has no IO.
+                if let Some(budgets) = &deps.budgets
+                    && let Err(refused) = budgets.admit(&tenant, turnstile_ops::clock::now_ms()).await
+                {
+                    return Err(ModelError::Failed { message: refused.to_string(), code: refused.code().to_owned() });
+                }
+                deps.agents.model.step(request, DeltaSink::new(delta_tx), token.clone()).await
+            };
             // The forwarder ends when the model drops its sink, so every delta precedes the outcome.
             let (result, ()) = tokio::join!(
                 async {
@@ -168,7 +179,16 @@ impl Operations {
                 forward
             );
             let outcome = match result {
-                Ok(output) => ModelOutcome::Finished(output),
+                Ok(mut output) => {
+                    // The answer names its model; a model that does not (the scripted one, custom ones) is
+                    // the agent's own (SPEC §17).
+                    let answered = output.model.get_or_insert_with(|| {
+                        let id = deps.agents.model.identity(&agent);
+                        ModelRef::new(id.provider, id.model)
+                    });
+                    call.answered_by(answered);
+                    ModelOutcome::Finished(output)
+                }
                 Err(ModelError::Failed { message, code }) => ModelOutcome::Failed { message, code },
                 Err(ModelError::Aborted) => ModelOutcome::Aborted,
             };

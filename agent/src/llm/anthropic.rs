@@ -8,9 +8,13 @@
 //! truncated call, is sent as `{}`); images as base64 `image` blocks; `tools` as `{name, description,
 //! input_schema}`; `max_tokens` is required: the request's, else the endpoint's, else
 //! [`DEFAULT_ANTHROPIC_MAX_TOKENS`]. Thinking is not sent back (it would need its signature); empty text
-//! blocks and messages left empty are dropped (the API refuses them).
+//! blocks and messages left empty are dropped (the API refuses them). With the endpoint's `prompt_cache`
+//! (SPEC §17) the system prompt goes as one text block, and it, the last tool and the last block of the
+//! history prefix ([`ChatRequest::history_len`]) carry `cache_control: {type: "ephemeral"}`: three of the
+//! four breakpoints the API allows.
 //!
-//! Stream: `message_start` (input tokens), `content_block_start` (`text`, `thinking`, `tool_use` with id
+//! Stream: `message_start` (input tokens; `cache_read_input_tokens` and `cache_creation_input_tokens`
+//! count in the input and are reported apart as cached and cache-write tokens), `content_block_start` (`text`, `thinking`, `tool_use` with id
 //! and name), `content_block_delta` (`text_delta`, `thinking_delta`, `input_json_delta` pieces of the
 //! tool input), `content_block_stop`, `message_delta` (`stop_reason`, output tokens), `message_stop` ends
 //! it; `ping` is ignored, `error` breaks the stream with its message. `stop_reason` `max_tokens` →
@@ -73,8 +77,9 @@ impl ChatApi for Anthropic {
     }
 
     fn body(endpoint: &ModelEndpoint, request: &ChatRequest) -> Value {
+        let cache = endpoint.prompt_cache;
         let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
-        for message in &request.messages {
+        for (i, message) in request.messages.iter().enumerate() {
             let (role, blocks) = match message {
                 ChatMessage::User { content } => ("user", content.iter().filter_map(user_block).collect()),
                 ChatMessage::Assistant { text, reasoning: _, tool_calls } => {
@@ -98,12 +103,18 @@ impl ChatApi for Anthropic {
                     ("user", vec![block])
                 }
             };
-            if blocks.is_empty() {
-                continue;
+            if !blocks.is_empty() {
+                match turns.last_mut() {
+                    Some((last, merged)) if *last == role => merged.extend(blocks),
+                    _ => turns.push((role, blocks)),
+                }
             }
-            match turns.last_mut() {
-                Some((last, merged)) if *last == role => merged.extend(blocks),
-                _ => turns.push((role, blocks)),
+            if cache && i + 1 == request.history_len {
+                // The end of the history prefix: the next request of the session repeats everything up to
+                // here. The mark travels with its block through the tool-result sort below.
+                if let Some(block) = turns.last_mut().and_then(|(_, blocks)| blocks.last_mut()) {
+                    block["cache_control"] = ephemeral();
+                }
             }
         }
         let messages: Vec<Value> = turns
@@ -121,17 +132,31 @@ impl ChatApi for Anthropic {
             "messages": messages,
         });
         if let Some(system) = request.system.as_deref().filter(|s| !s.is_empty()) {
-            body["system"] = system.into();
+            body["system"] = if cache {
+                json!([{"type": "text", "text": system, "cache_control": ephemeral()}])
+            } else {
+                system.into()
+            };
         }
         if !request.tools.is_empty() {
-            body["tools"] = request
+            let mut tools: Vec<Value> = request
                 .tools
                 .iter()
                 .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
                 .collect();
+            if cache && let Some(last) = tools.last_mut() {
+                // A mark on the last tool caches all of them (the prefix up to it).
+                last["cache_control"] = ephemeral();
+            }
+            body["tools"] = tools.into();
         }
         body
     }
+}
+
+/// Anthropic's `cache_control` of a prompt-cache breakpoint (SPEC §17: `prompt_cache = true`).
+fn ephemeral() -> Value {
+    json!({"type": "ephemeral"})
 }
 
 /// A user content block; `None` for empty text (the API refuses empty text blocks).
@@ -271,6 +296,19 @@ pub struct Decoder {
     stop_reason: Option<String>,
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
+    cache_read_tokens: Option<u64>,
+    cache_write_tokens: Option<u64>,
+}
+
+impl Decoder {
+    /// Takes what `usage` reports; a field it leaves out keeps its earlier value (`message_delta` repeats
+    /// only some of `message_start`'s).
+    fn usage(&mut self, usage: &WireUsage) {
+        self.input_tokens = usage.input().or(self.input_tokens);
+        self.output_tokens = usage.output_tokens.or(self.output_tokens);
+        self.cache_read_tokens = usage.cache_read_input_tokens.or(self.cache_read_tokens);
+        self.cache_write_tokens = usage.cache_creation_input_tokens.or(self.cache_write_tokens);
+    }
 }
 
 impl SseDecoder for Decoder {
@@ -282,11 +320,7 @@ impl SseDecoder for Decoder {
         let wire: WireEvent =
             serde_json::from_str(data).map_err(|e| format!("malformed {} event ({e}): {data}", event.event))?;
         match wire {
-            WireEvent::MessageStart { message } => {
-                let usage = message.usage.unwrap_or_default();
-                self.input_tokens = usage.input().or(self.input_tokens);
-                self.output_tokens = usage.output_tokens.or(self.output_tokens);
-            }
+            WireEvent::MessageStart { message } => self.usage(&message.usage.unwrap_or_default()),
             WireEvent::ContentBlockStart { index, content_block } => {
                 let block = match content_block {
                     BlockStart::Text { text } => {
@@ -320,8 +354,7 @@ impl SseDecoder for Decoder {
                     self.stop_reason = Some(reason);
                 }
                 if let Some(usage) = usage {
-                    self.input_tokens = usage.input().or(self.input_tokens);
-                    self.output_tokens = usage.output_tokens.or(self.output_tokens);
+                    self.usage(&usage);
                 }
             }
             WireEvent::MessageStop => return Ok(Flow::Done),
@@ -376,6 +409,8 @@ impl SseDecoder for Decoder {
         let usage = (self.input_tokens.is_some() || self.output_tokens.is_some()).then(|| Usage {
             input_tokens: self.input_tokens.unwrap_or(0),
             output_tokens: self.output_tokens.unwrap_or(0),
+            cached_input_tokens: self.cache_read_tokens.unwrap_or(0),
+            cache_write_tokens: self.cache_write_tokens.unwrap_or(0),
         });
         Ok(ChatOutput {
             text: std::mem::take(&mut self.delivered.text),
@@ -410,7 +445,8 @@ mod tests {
         assert_eq!(feed(&mut d, r#"{"type":"message_stop"}"#), Ok(Flow::Done));
         let out = d.finish().unwrap();
         assert_eq!(out.finish, Finish::Other("refusal".into()));
-        assert_eq!(out.usage, Some(Usage { input_tokens: 13, output_tokens: 7 }));
+        let cached = Usage { input_tokens: 13, output_tokens: 7, cached_input_tokens: 10, cache_write_tokens: 0 };
+        assert_eq!(out.usage, Some(cached));
         assert!(out.tool_calls.is_empty());
     }
 

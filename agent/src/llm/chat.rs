@@ -27,6 +27,7 @@
 //!         input_schema: serde_json::json!({"type": "object", "properties": {}}),
 //!     }],
 //!     max_tokens: Some(256),
+//!     history_len: 3,
 //! };
 //! assert_eq!(request.messages.len(), 3);
 //! ```
@@ -49,6 +50,9 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     pub tools: Vec<ToolSpec>,
     pub max_tokens: Option<u32>,
+    /// How many of the first `messages` repeat the session's history (the summary, the logged turns): the
+    /// prefix the next request of the session starts with too, which a prompt cache can hold (SPEC §17).
+    pub history_len: usize,
 }
 
 /// One message of the history.
@@ -161,13 +165,9 @@ pub enum Finish {
     Other(String),
 }
 
-/// Token usage as the provider reported it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// Prompt tokens (Anthropic: input plus cache reads and writes).
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-}
+/// Token usage as the provider reported it: the model's own type, so it lands on `assistant/message`
+/// unchanged (cache reads and writes included, SPEC §17).
+pub use turnstile_model::Usage;
 
 /// A finished reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -243,6 +243,22 @@ impl ProviderError {
             Self::Refused { .. } => "model_refused",
             Self::StreamBroken { .. } => "model_stream_broken",
             Self::Aborted { .. } => "aborted",
+        }
+    }
+
+    /// The request failed before its first byte for a cause another model may not share: unavailable or
+    /// rate limited after the retries, no first byte in time, or the whole request's time spent before
+    /// anything was streamed. Such a request goes on to the model's `fallback` (SPEC §17); a refusal, a
+    /// broken stream or an abort never does.
+    pub fn falls_back(&self) -> bool {
+        match self {
+            Self::Unavailable { .. } | Self::RateLimited { .. } => true,
+            Self::Timeout { kind: TimeoutKind::FirstByte, .. } => true,
+            Self::Timeout { kind: TimeoutKind::Request, partial, .. } => partial == &Partial::default(),
+            Self::Timeout { kind: TimeoutKind::Idle, .. }
+            | Self::Refused { .. }
+            | Self::StreamBroken { .. }
+            | Self::Aborted { .. } => false,
         }
     }
 

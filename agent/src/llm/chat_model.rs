@@ -26,11 +26,14 @@ use std::collections::HashSet;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use turnstile_model::{ContentBlock, MessageId, ToolCallSpec, TranscriptEntry, Usage, UserMessage};
+use metrics::counter;
+use turnstile_model::{ContentBlock, MessageId, ModelRef, ToolCallSpec, TranscriptEntry, UserMessage};
+use turnstile_ops::names::MODEL_FALLBACKS;
 
 use super::anthropic::AnthropicProvider;
 use super::chat::{
-    ChatContent, ChatMessage, ChatProvider, ChatRequest, ChatToolCall, Finish, ProviderError, StreamDelta, ToolSpec,
+    ChatContent, ChatMessage, ChatOutput, ChatProvider, ChatRequest, ChatToolCall, Finish, ProviderError, StreamDelta,
+    ToolSpec,
 };
 use super::endpoint::{EndpointError, ModelEndpoint, ProviderKind};
 use super::openai::OpenAiProvider;
@@ -47,10 +50,14 @@ pub fn connect(endpoint: ModelEndpoint) -> Result<Arc<dyn ChatProvider>, Endpoin
     })
 }
 
-/// A [`ChatProvider`] as a [`Model`], with the agent's system prompt and tools.
+/// A [`ChatProvider`] as a [`Model`], with the agent's system prompt and tools, and the providers its
+/// model falls back to (SPEC §17).
 #[derive(Clone)]
 pub struct ChatModel {
     provider: Arc<dyn ChatProvider>,
+    /// Tried in order when a request fails before its first byte for a cause another model may not share
+    /// ([`ProviderError::falls_back`]).
+    fallback: Vec<Arc<dyn ChatProvider>>,
     system: Option<String>,
     tools: Vec<ToolSpec>,
     /// Client tools the agent lists, offered with the schema their executors registered for the
@@ -64,6 +71,7 @@ impl std::fmt::Debug for ChatModel {
         f.debug_struct("ChatModel")
             .field("provider", &self.provider.provider())
             .field("model", &self.provider.model())
+            .field("fallback", &self.fallback.iter().map(|p| p.model().to_owned()).collect::<Vec<_>>())
             .field("tools", &self.tools.len())
             .finish()
     }
@@ -73,11 +81,19 @@ impl ChatModel {
     pub fn new(provider: Arc<dyn ChatProvider>) -> Self {
         Self {
             provider,
+            fallback: Vec::new(),
             system: None,
             tools: Vec::new(),
             client_tools: Vec::new(),
             client_bus: ClientBusSlot::default(),
         }
+    }
+
+    /// Sends a request that fails before its first byte ([`ProviderError::falls_back`]) to these
+    /// providers in order, each with its own retries and timeouts (config `fallback`, SPEC §17).
+    pub fn with_fallback(mut self, fallback: Vec<Arc<dyn ChatProvider>>) -> Self {
+        self.fallback = fallback;
+        self
     }
 
     pub fn with_system(mut self, system: impl Into<String>) -> Self {
@@ -159,6 +175,7 @@ impl ChatModel {
             }
         }
         close_calls(&mut messages, &mut unanswered);
+        let history_len = messages.len();
         let lines: Vec<String> = request
             .tool_results
             .iter()
@@ -173,7 +190,7 @@ impl ChatModel {
         if let Some(task) = &request.compaction {
             // A compaction request asks for the summary and offers no tools.
             messages.push(ChatMessage::user_text(compaction_instruction(task)));
-            return ChatRequest { system: None, messages, tools: Vec::new(), max_tokens: None };
+            return ChatRequest { system: None, messages, tools: Vec::new(), max_tokens: None, history_len };
         }
         let mut tools = self.tools.clone();
         tools.extend(request.goal.as_ref().map(crate::tools::goal_complete_spec));
@@ -182,6 +199,40 @@ impl ChatModel {
             messages,
             tools,
             max_tokens: None,
+            history_len,
+        }
+    }
+
+    /// Streams `chat` on the model, then on its fallbacks while a request fails before its first byte for
+    /// a cause another model may not share. The answer names the model that gave it.
+    async fn stream(
+        &self,
+        chat: &ChatRequest,
+        sink: &mut (dyn FnMut(StreamDelta) + Send),
+        abort: &CancellationToken,
+    ) -> Result<(ChatOutput, ModelRef), ProviderError> {
+        let chain: Vec<Arc<dyn ChatProvider>> =
+            std::iter::once(self.provider.clone()).chain(self.fallback.iter().cloned()).collect();
+        let mut tried = 0;
+        loop {
+            let provider = &chain[tried];
+            tried += 1;
+            match provider.stream(chat, sink, abort).await {
+                Ok(output) => return Ok((output, ModelRef::new(provider.provider(), provider.model()))),
+                Err(error) if error.falls_back() && !abort.is_cancelled() && tried < chain.len() => {
+                    tracing::warn!(
+                        from = provider.model(),
+                        to = chain[tried].model(),
+                        code = error.code(),
+                        %error,
+                        "model request failed before its first byte; trying the next model of the fallback list"
+                    );
+                    counter!(MODEL_FALLBACKS, "provider" => provider.provider(), "model" => provider.model().to_owned(),
+                        "code" => error.code())
+                    .increment(1);
+                }
+                Err(error) => return Err(error),
+            }
         }
     }
 }
@@ -252,7 +303,7 @@ impl Model for ChatModel {
             let mut sink = move |delta: StreamDelta| {
                 let _ = tx.send(delta);
             };
-            self.provider.stream(&chat, &mut sink, &abort).await
+            self.stream(&chat, &mut sink, &abort).await
             // `sink` and its sender drop here, which ends the forwarding below.
         };
         let forward = async {
@@ -262,7 +313,7 @@ impl Model for ChatModel {
         };
         let (result, ()) = tokio::join!(run, forward);
         match result {
-            Ok(output) => Ok(ModelOutput {
+            Ok((output, model)) => Ok(ModelOutput {
                 text: output.text,
                 tool_calls: output
                     .tool_calls
@@ -271,7 +322,8 @@ impl Model for ChatModel {
                     .collect(),
                 max_tokens: output.finish == Finish::Length,
                 reasoning: output.reasoning,
-                usage: output.usage.map(|u| Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens }),
+                usage: output.usage,
+                model: Some(model),
             }),
             Err(ProviderError::Aborted { .. }) => Err(ModelError::Aborted),
             Err(error) => Err(ModelError::Failed { message: error.to_string(), code: error.code().to_owned() }),
@@ -462,15 +514,9 @@ mod tests {
             request: &ChatRequest,
             _sink: &mut (dyn FnMut(StreamDelta) + Send),
             _cancel: &CancellationToken,
-        ) -> Result<crate::llm::chat::ChatOutput, ProviderError> {
+        ) -> Result<ChatOutput, ProviderError> {
             self.0.lock().unwrap().push(request.tools.iter().map(|t| t.name.clone()).collect());
-            Ok(crate::llm::chat::ChatOutput {
-                text: "ok".into(),
-                reasoning: None,
-                tool_calls: vec![],
-                finish: Finish::Stop,
-                usage: None,
-            })
+            Ok(ChatOutput { text: "ok".into(), reasoning: None, tool_calls: vec![], finish: Finish::Stop, usage: None })
         }
     }
 

@@ -111,6 +111,9 @@ pub struct ModelEndpoint {
     /// Retries after the first attempt (`retries`).
     pub retries: u32,
     pub backoff: Backoff,
+    /// Anthropic only: mark the system prompt, the tools and the end of the history with `cache_control`
+    /// (`prompt_cache`, SPEC §17).
+    pub prompt_cache: bool,
 }
 
 /// `max_tokens` sent to Anthropic when neither the request nor the endpoint names one.
@@ -131,6 +134,7 @@ impl ModelEndpoint {
             idle_timeout: Duration::from_secs(60),
             retries: 3,
             backoff: Backoff::default(),
+            prompt_cache: false,
         }
     }
 }

@@ -194,6 +194,15 @@ struct WireUsage {
     prompt_tokens: u64,
     #[serde(default)]
     completion_tokens: u64,
+    /// OpenAI's prompt caching: `cached_tokens` of the prompt were read from the cache.
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptTokensDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
 }
 
 #[derive(Default)]
@@ -274,7 +283,12 @@ impl SseDecoder for Decoder {
             return Err(format!("the provider reported an error mid-stream: {message}"));
         }
         if let Some(usage) = chunk.usage {
-            self.usage = Some(Usage { input_tokens: usage.prompt_tokens, output_tokens: usage.completion_tokens });
+            self.usage = Some(Usage {
+                input_tokens: usage.prompt_tokens,
+                output_tokens: usage.completion_tokens,
+                cached_input_tokens: usage.prompt_tokens_details.and_then(|d| d.cached_tokens).unwrap_or(0),
+                cache_write_tokens: 0,
+            });
         }
         // One completion is asked for (no `n`): only choice 0 counts.
         for choice in chunk.choices.unwrap_or_default().into_iter().filter(|c| c.index.unwrap_or(0) == 0) {

@@ -22,6 +22,9 @@ pub enum Directive {
     /// `[[complete-goal-at:N]]` in a goal's objective: the scripted model calls `goal_complete` in the step
     /// that enters round N's continuation (docs/API.md "The scripted model").
     CompleteGoalAt { round: u64 },
+    /// `[[usage:IN,OUT]]`: the step reports a token usage of IN input and OUT output tokens (SPEC §17),
+    /// so usage counting and budgets can be tested without a real model.
+    Usage { input: u64, output: u64 },
     /// `[[compact-fail]]` anywhere in the turns being summarized: the scripted compaction request fails
     /// (SPEC §13), so tests can pin that a failed compaction changes nothing.
     CompactFail,
@@ -92,6 +95,10 @@ fn parse_one(inner: &str) -> Option<Directive> {
         ("rewrite", Some(text)) => Directive::Rewrite { text: text.to_owned() },
         ("hook-fail", None) => Directive::HookFail,
         ("compact-fail", None) => Directive::CompactFail,
+        ("usage", Some(counts)) => {
+            let (input, output) = counts.split_once(',')?;
+            Directive::Usage { input: input.trim().parse().ok()?, output: output.trim().parse().ok()? }
+        }
         ("complete-goal-at", Some(n)) => Directive::CompleteGoalAt { round: n.parse().ok().filter(|n| *n > 0)? },
         _ => return None,
     })
@@ -109,6 +116,13 @@ mod tests {
             vec![Directive::Delay { ms: 500 }, Directive::Tool { name: "echo".into(), arguments: "hi there".into() }]
         );
         assert_eq!(text, "go");
+    }
+
+    #[test]
+    fn usage_takes_two_counts_and_anything_else_stays_text() {
+        assert_eq!(parse("[[usage:120, 7]] hi"), (vec![Directive::Usage { input: 120, output: 7 }], "hi".into()));
+        assert_eq!(parse("[[usage:120]]").0, vec![]);
+        assert_eq!(parse("[[usage:a,7]]").0, vec![]);
     }
 
     #[test]

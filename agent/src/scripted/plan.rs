@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use turnstile_model::{ContentBlock, MessageSource, ToolCallSpec, TranscriptEntry, UserMessage};
+use turnstile_model::{ContentBlock, MessageSource, ToolCallSpec, TranscriptEntry, Usage, UserMessage};
 
 use turnstile_driver::{CompactionTask, GOAL_COMPLETE, HookError, HookVerdict, ModelOutput, ModelRequest};
 
@@ -72,6 +72,7 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
     let mut tool_calls = Vec::new();
     let mut max_tokens = false;
     let mut fail = None;
+    let mut usage = None;
     for d in directives {
         match d {
             Directive::Tool { name, arguments } => tool_calls.push(ToolCallSpec {
@@ -82,6 +83,9 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
             Directive::Delay { ms } => delay += Duration::from_millis(ms),
             Directive::MaxTokens => max_tokens = true,
             Directive::Fail => fail = Some("the scripted model was told to fail ([[fail]])".to_owned()),
+            Directive::Usage { input, output } => {
+                usage = Some(Usage { input_tokens: input, output_tokens: output, ..Usage::default() })
+            }
             Directive::CompleteGoalAt { round } => tool_calls.push(ToolCallSpec {
                 call_id: format!("call-{}-{}-{}", request.turn, request.step, tool_calls.len() + 1),
                 name: GOAL_COMPLETE.to_owned(),
@@ -96,7 +100,7 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
     let chunks = if delay.is_zero() { FAST_CHUNKS } else { SLOW_CHUNKS };
     ScriptedPlan {
         deltas: split(&text, chunks),
-        output: ModelOutput { text, tool_calls, max_tokens, reasoning: None, usage: None },
+        output: ModelOutput { text, tool_calls, max_tokens, reasoning: None, usage, model: None },
         delay,
         fail,
     }

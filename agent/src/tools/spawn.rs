@@ -355,6 +355,7 @@ mod tests {
             max_tokens: false,
             reasoning: None,
             usage: None,
+            model: None,
         }
     }
 

@@ -308,6 +308,28 @@ pub fn openai_usage(prompt: u64, completion: u64) -> String {
     format!("data: {chunk}\n\n")
 }
 
+/// The final usage chunk with `cached` of the prompt's tokens read from OpenAI's prompt cache.
+pub fn openai_usage_cached(prompt: u64, completion: u64, cached: u64) -> String {
+    let chunk = json!({
+        "id": "chatcmpl-test",
+        "object": "chat.completion.chunk",
+        "choices": [],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                  "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0}},
+    });
+    format!("data: {chunk}\n\n")
+}
+
+/// A whole text reply of `text` reporting `input` and `output` tokens.
+pub fn openai_text_reply(text: &str, input: u64, output: u64) -> Reply {
+    Reply::events(&[
+        openai_chunk(json!({"role": "assistant", "content": text}), None),
+        openai_chunk(json!({}), Some("stop")),
+        openai_usage(input, output),
+        OPENAI_DONE.to_owned(),
+    ])
+}
+
 pub const OPENAI_DONE: &str = "data: [DONE]\n\n";
 
 // Anthropic events.

@@ -213,6 +213,13 @@ class Scenarios(DevCase):
             self.assertEqual([m.id for m in inbox.next_step], ["ref-1"])
             self.assertEqual(inbox.next_step[0].source.WhichOneof("kind"), "session")
             self.assertIn("one", text_of(inbox.next_step[0]), "the reference carries turn 1's transcript")
+            # The scripted model reports usage only when told: the tenant's tokens are what [[usage]] said.
+            await c.followup(other, "[[usage:7,2]] metered")
+            await c.when_idle(other)
+            usage = await c.get_usage()
+            scripted = [m for m in usage.models if m.provider == "scripted"]
+            self.assertEqual([m.input_tokens for m in scripted], [7], "GetUsage counts the durable usage")
+            self.assertGreaterEqual(usage.used_today, 9)
             last = (await c.get_session(s)).last_seq
             deleted = await c.delete_session(s)
             self.assertEqual(deleted.seq, last, "a delete answers the last seq the log had")

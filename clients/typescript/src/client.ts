@@ -13,6 +13,7 @@ import {
   type ListSessionsReply,
   type SendReply,
   type SessionInfo,
+  type TenantUsage,
 } from "./gen/turnstile/v1/agent_pb.js";
 import {
   type CancelCauseSchema,
@@ -478,6 +479,17 @@ export class ClientBase implements ClientCore {
       pageSize: options.pageSize ?? 0,
     };
     return this.#unary("ListSessions", true, options, (a, o) => a.listSessions(request, o));
+  }
+
+  /**
+   * The tenant's model tokens per model from the UTC day of `sinceUnixMs` on (0 or unset: every day kept),
+   * counted cluster-wide from the durable `assistant/message`s, with its daily token budget, the tokens
+   * used today and when that count resets (SPEC §17). `tenant` defaults to the client's (a token's tenant
+   * with auth on).
+   */
+  getUsage(options: CallOptions & { tenant?: string; sinceUnixMs?: Uint64 } = {}): Promise<TenantUsage> {
+    const request = { tenant: options.tenant ?? this.tenant, sinceUnixMs: u64(options.sinceUnixMs) };
+    return this.#unary("GetUsage", true, options, (a, o) => a.getUsage(request, o));
   }
 
   /** Every session of the tenant (or every child of `parent`), page after page. */

@@ -208,7 +208,7 @@ test("setGoal and updateGoal: pause, resume, clear", async () => {
   assert.ok(running.turn !== undefined);
 });
 
-test("compact, forkSession, referenceSession and deleteSession", async () => {
+test("compact, forkSession, referenceSession, getUsage and deleteSession", async () => {
   const [s, fork, other] = [newId(), newId(), newId()];
   for (const text of ["one", "two"]) {
     await client.followup(s, text);
@@ -227,6 +227,12 @@ test("compact, forkSession, referenceSession and deleteSession", async () => {
   assert.deepEqual(inbox.nextStep.map((m) => m.id), ["ref-1"]);
   assert.equal(inbox.nextStep[0]?.source?.kind.case, "session");
   assert.match(textOf(inbox.nextStep[0]), /one/, "the reference carries turn 1's transcript");
+  // The scripted model reports no usage unless told: the tenant's tokens are what `[[usage]]` said.
+  await client.followup(other, "[[usage:7,2]] metered");
+  await client.whenIdle(other);
+  const usage = await client.getUsage();
+  assert.equal(usage.models.find((m) => m.provider === "scripted")?.inputTokens, 7n, "GetUsage counts the durable usage");
+  assert.ok(usage.usedToday >= 9n && usage.resetsUnixMs > 0n);
   const last = (await client.getSession(s)).lastSeq;
   const deleted = await client.deleteSession(s);
   assert.equal(deleted.seq, last, "a delete answers the last seq the log had");
@@ -331,5 +337,5 @@ test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
     [],
     "RPCs no test called",
   );
-  assert.equal(all.length, 25);
+  assert.equal(all.length, 26);
 });

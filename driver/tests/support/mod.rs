@@ -951,7 +951,17 @@ pub fn render_durable(e: &Envelope) -> String {
         EventPayload::StepStart { turn, step } => format!("D step/start {turn}.{step}"),
         EventPayload::StepEnd { turn, step } => format!("D step/end {turn}.{step}"),
         EventPayload::UserMessage { message, turn, step } => format!("D user/message {} {turn}.{step}", message.id),
-        EventPayload::AssistantMessage { turn, step, text, tool_calls, interrupted, max_tokens, reasoning, usage } => {
+        EventPayload::AssistantMessage {
+            turn,
+            step,
+            text,
+            tool_calls,
+            interrupted,
+            max_tokens,
+            reasoning,
+            usage,
+            model: _,
+        } => {
             let mut out = format!("D assistant/message {turn}.{step} {text:?}");
             if let Some(reasoning) = reasoning {
                 out.push_str(&format!(" reasoning:{reasoning:?}"));

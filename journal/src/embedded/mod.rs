@@ -22,6 +22,7 @@ pub use bus::{LIVE_CAPACITY, LocalBus};
 
 use crate::log::{EventStream, JournalError, SessionLog};
 use crate::sync;
+use crate::usage::MemoryUsage;
 use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
 
@@ -29,6 +30,8 @@ use turnstile_model::message::SessionRef;
 pub struct EmbeddedLog {
     sessions: RwLock<BTreeMap<SessionRef, Arc<Slot>>>,
     store: Option<disk::Store>,
+    /// Token usage of the events appended (and, with a data dir, found at open): SPEC §17.
+    usage: Arc<MemoryUsage>,
 }
 
 impl std::fmt::Debug for EmbeddedLog {
@@ -56,16 +59,26 @@ enum Writer {
 impl EmbeddedLog {
     /// A log that lives only as long as this value.
     pub fn in_memory() -> Self {
-        Self { sessions: RwLock::default(), store: None }
+        Self { sessions: RwLock::default(), store: None, usage: Arc::default() }
     }
 
     /// A log kept under `data_dir` (created if missing). Every session found there is loaded; a torn last
     /// frame is dropped, any other damage is [`JournalError::Corrupt`].
     pub fn open(data_dir: impl AsRef<Path>) -> Result<Self, JournalError> {
         let (store, recovered) = disk::Store::open(data_dir.as_ref())?;
+        let usage = Arc::new(MemoryUsage::default());
+        for r in &recovered {
+            usage.count(&r.events);
+        }
         let sessions =
             recovered.into_iter().map(|r| (r.session, Arc::new(Slot::new(r.events, Writer::Disk(r.file))))).collect();
-        Ok(Self { sessions: RwLock::new(sessions), store: Some(store) })
+        Ok(Self { sessions: RwLock::new(sessions), store: Some(store), usage })
+    }
+
+    /// The token usage of the sessions this log holds or held since it opened (a deleted session's usage
+    /// stays counted until the process restarts).
+    pub fn usage(&self) -> Arc<MemoryUsage> {
+        self.usage.clone()
     }
 
     fn find(&self, session: &SessionRef) -> Option<Arc<Slot>> {
@@ -151,13 +164,21 @@ impl SessionLog for EmbeddedLog {
                 break (slot, writer);
             }
         };
-        if self.store.is_none() {
-            return slot.commit(writer, session, expected_last_seq, events);
-        }
-        let session = session.clone();
-        tokio::task::spawn_blocking(move || slot.commit(writer, &session, expected_last_seq, events))
-            .await
-            .map_err(|e| JournalError::Unavailable(format!("the append task did not finish ({e}); re-read the log")))?
+        // Counted once the append is settled, from what was stored: a refused append counts nothing.
+        let counted: Vec<Envelope> =
+            events.iter().filter(|e| turnstile_model::usage::counted(e).is_some()).cloned().collect();
+        let last = if self.store.is_none() {
+            slot.commit(writer, session, expected_last_seq, events)?
+        } else {
+            let session = session.clone();
+            tokio::task::spawn_blocking(move || slot.commit(writer, &session, expected_last_seq, events))
+                .await
+                .map_err(|e| {
+                    JournalError::Unavailable(format!("the append task did not finish ({e}); re-read the log"))
+                })??
+        };
+        self.usage.count(&counted);
+        Ok(last)
     }
 
     async fn read(&self, session: &SessionRef, from_seq: u64, limit: usize) -> Result<Vec<Envelope>, JournalError> {

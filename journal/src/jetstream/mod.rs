@@ -20,7 +20,7 @@
 //! cache, publishing a group, reading through ordered consumers); `session_log` implements
 //! [`crate::SessionLog`] with them, `tail` and `delete` the trait's tail and delete; [`group`] is the
 //! message format, [`subjects`] the naming, `config` the streams' layout, `snapshots` the KV snapshot store,
-//! `bus` the live bus.
+//! `bus` the live bus, `usage` the token usage folded from the streams into KV (SPEC §17).
 //!
 //! Reads: the stream sequence of the message holding event `from_seq` is found by a binary search of
 //! `next-by-subject` gets (O(log n) small requests, from the leader so a read follows the writer's own
@@ -52,6 +52,7 @@ mod session_log;
 mod snapshots;
 pub mod subjects;
 mod tail;
+mod usage;
 
 use std::time::Duration;
 
@@ -59,6 +60,7 @@ pub use bus::{NatsBus, barrier};
 pub use config::{JetStreamConfig, NatsSecurity, Retention};
 pub use log::{JetStreamLog, MAX_BATCH, Positions};
 pub use snapshots::{KvSnapshots, SNAPSHOT_BUCKET};
+pub use usage::{KvUsage, USAGE_BUCKET, UsageFold};
 
 use crate::log::JournalError;
 

@@ -53,6 +53,7 @@ pub fn payload(seq: u64, tag: &str) -> EventPayload {
             max_tokens: false,
             reasoning: None,
             usage: None,
+            model: None,
         },
         8 => EventPayload::StepEnd { turn, step: 1 },
         9 => EventPayload::TurnEnd { turn, reason: TurnEndReason::Completed },

@@ -10,7 +10,7 @@ use super::message::{
     required_session_at, session_ref_at, target_at,
 };
 use turnstile_model::event::{
-    CancelCause, Compaction, DURABLE_TYPES, Envelope, EventPayload, Fork, InjectMode, OnDeadline, Splice,
+    CancelCause, Compaction, DURABLE_TYPES, Envelope, EventPayload, Fork, InjectMode, ModelRef, OnDeadline, Splice,
     SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 use turnstile_model::goal::{GoalChange, GoalState, MAX_GOAL_ID_LEN};
@@ -225,18 +225,27 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             turn: *turn,
             step: *step,
         }),
-        EventPayload::AssistantMessage { turn, step, text, tool_calls, interrupted, max_tokens, reasoning, usage } => {
-            Payload::AssistantMessage(pb::AssistantMessage {
-                turn: *turn,
-                step: *step,
-                text: text.clone(),
-                tool_calls: tool_calls.iter().map(encode_tool_call_spec).collect(),
-                interrupted: *interrupted,
-                max_tokens: *max_tokens,
-                reasoning: reasoning.clone(),
-                usage: usage.map(|u| pb::Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens }),
-            })
-        }
+        EventPayload::AssistantMessage {
+            turn,
+            step,
+            text,
+            tool_calls,
+            interrupted,
+            max_tokens,
+            reasoning,
+            usage,
+            model,
+        } => Payload::AssistantMessage(pb::AssistantMessage {
+            turn: *turn,
+            step: *step,
+            text: text.clone(),
+            tool_calls: tool_calls.iter().map(encode_tool_call_spec).collect(),
+            interrupted: *interrupted,
+            max_tokens: *max_tokens,
+            reasoning: reasoning.clone(),
+            usage: usage.as_ref().map(encode_usage),
+            model: model.as_ref().map(|m| pb::ModelRef { provider: m.provider.clone(), model: m.model.clone() }),
+        }),
         EventPayload::ToolCall { turn, step, call, awaiting_approval } => Payload::ToolCall(pb::ToolCall {
             turn: *turn,
             step: *step,
@@ -330,7 +339,8 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             interrupted: a.interrupted,
             max_tokens: a.max_tokens,
             reasoning: a.reasoning,
-            usage: a.usage.map(|u| Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens }),
+            usage: a.usage.map(decode_usage),
+            model: a.model.map(|m| ModelRef { provider: m.provider, model: m.model }),
         },
         Payload::ToolCall(c) => EventPayload::ToolCall {
             turn: c.turn,
@@ -426,6 +436,26 @@ fn compaction_at(c: pb::ContextCompacted, path: &str) -> Result<Compaction, Code
         summary: c.summary,
         summarized_turns: c.summarized_turns,
     })
+}
+
+/// A model request's token usage on the wire.
+pub fn encode_usage(u: &Usage) -> pb::Usage {
+    pb::Usage {
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        cached_input_tokens: u.cached_input_tokens,
+        cache_write_tokens: u.cache_write_tokens,
+    }
+}
+
+/// [`encode_usage`]'s inverse; fields a writer before SPEC §17 did not set read as 0.
+pub fn decode_usage(u: pb::Usage) -> Usage {
+    Usage {
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        cached_input_tokens: u.cached_input_tokens,
+        cache_write_tokens: u.cache_write_tokens,
+    }
 }
 
 fn encode_transcript_entry(entry: &TranscriptEntry) -> pb::TranscriptEntry {

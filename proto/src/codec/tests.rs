@@ -86,6 +86,7 @@ fn payloads() -> Vec<EventPayload> {
             max_tokens: true,
             reasoning: None,
             usage: None,
+            model: None,
         },
         EventPayload::AssistantMessage {
             turn: 4,
@@ -95,7 +96,8 @@ fn payloads() -> Vec<EventPayload> {
             interrupted: false,
             max_tokens: false,
             reasoning: Some("The clock said 12:00.".into()),
-            usage: Some(Usage { input_tokens: 1234, output_tokens: 56 }),
+            usage: Some(Usage { input_tokens: 1234, output_tokens: 56, ..Default::default() }),
+            model: None,
         },
         EventPayload::AssistantMessage {
             turn: 4,
@@ -106,6 +108,7 @@ fn payloads() -> Vec<EventPayload> {
             max_tokens: true,
             reasoning: Some(String::new()),
             usage: Some(Usage::default()),
+            model: None,
         },
         EventPayload::ToolCall { turn: 4, step: 1, call: call.clone(), awaiting_approval: false },
         EventPayload::ToolCall { turn: 4, step: 1, call, awaiting_approval: true },

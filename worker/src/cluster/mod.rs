@@ -18,6 +18,7 @@ use turnstile_journal::snapshot::SnapshotStore;
 use turnstile_journal::{LiveBus, SessionLog};
 
 use crate::agent::Agents;
+use crate::budget::Budgets;
 use crate::config::WorkerConfig;
 use crate::host::SessionHost;
 use crate::ownership::Ownership;
@@ -34,6 +35,8 @@ pub struct WorkerOptions {
     pub leases: LeaseConfig,
     /// Driver settings; `owner_id` is replaced by `id`, `epoch` by each shard's lease epoch.
     pub worker: WorkerConfig,
+    /// Tenants' daily token budgets, checked before each model request (SPEC §17); `None`: none.
+    pub budgets: Option<Budgets>,
 }
 
 /// A running worker: its host, its lease loop and its presence.
@@ -75,7 +78,11 @@ pub async fn start_worker(
     let mut config = options.worker;
     config.owner_id = options.id;
     let ownership: Arc<dyn Ownership> = leases.clone();
-    let host = SessionHost::builder(log, bus, agents).snapshots(snapshots).ownership(ownership).config(config).build();
+    let mut host = SessionHost::builder(log, bus, agents).snapshots(snapshots).ownership(ownership).config(config);
+    if let Some(budgets) = options.budgets {
+        host = host.budgets(budgets);
+    }
+    let host = host.build();
     let stop = CancellationToken::new();
     tokio::spawn(watch_peers(client.clone(), leases.clone(), stop.clone()));
     let task = tokio::spawn(lease_loop(leases.clone(), host.clone(), stop.clone()));

@@ -452,6 +452,13 @@ class AsyncClient:
         )
         return await self._unary("ListSessions", request, retry=True)
 
+    async def get_usage(self, *, tenant: str | None = None, since_unix_ms: int = 0) -> api.TenantUsage:
+        """The tenant's model tokens per model from the UTC day of ``since_unix_ms`` on (0: every day kept),
+        counted cluster-wide from the durable ``assistant/message`` usages, with its daily token budget, the
+        tokens used today and when that count resets (SPEC §17)."""
+        request = api.GetUsageRequest(tenant=self.tenant if tenant is None else tenant, since_unix_ms=since_unix_ms)
+        return await self._unary("GetUsage", request, retry=True)
+
     async def sessions(self, *, tenant: str | None = None, parent: str = "") -> AsyncIterator[api.SessionInfo]:
         """Every session of the tenant (or every child of ``parent``), page after page."""
         token = ""

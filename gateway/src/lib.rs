@@ -28,6 +28,7 @@ pub mod quota;
 pub mod read;
 pub mod resume;
 mod rpc;
+mod schedules;
 pub mod service;
 pub mod status;
 pub mod tools;

@@ -334,6 +334,58 @@ impl Agent for Gateway {
         Ok(Response::new(codec::encode_session_info(&session, &summary)))
     }
 
+    async fn create_schedule(
+        &self,
+        request: Request<pb::CreateScheduleRequest>,
+    ) -> Result<Response<pb::Schedule>, Status> {
+        let req = self.open(request)?;
+        Ok(Response::new(Gateway::create_schedule(self, req).await?))
+    }
+
+    async fn delete_schedule(
+        &self,
+        request: Request<pb::DeleteScheduleRequest>,
+    ) -> Result<Response<pb::Schedule>, Status> {
+        let req = self.open(request)?;
+        Ok(Response::new(Gateway::delete_schedule(self, req).await?))
+    }
+
+    async fn list_schedules(
+        &self,
+        request: Request<pb::ListSchedulesRequest>,
+    ) -> Result<Response<pb::ListSchedulesReply>, Status> {
+        let caller = self.auth.authenticate(request.metadata())?;
+        let tenant = match &caller {
+            Caller::Tenant(own) => own.clone(),
+            Caller::Anonymous => String::new(),
+        };
+        let has_session = request.get_ref().session.is_some();
+        let req = if has_session { self.open(request)? } else { request.into_inner() };
+        let session = req.session.map(|s| self.session(Some(s))).transpose()?;
+        let tenant = match (tenant.is_empty(), req.tenant.is_empty()) {
+            (false, false) if req.tenant != tenant => {
+                return Err(Status::permission_denied(format!(
+                    "your credentials are for tenant {tenant:?}; ListSchedules lists only your tenant's schedules: \
+                     leave tenant empty"
+                )));
+            }
+            (false, _) => tenant,
+            (true, false) => req.tenant,
+            (true, true) => self.config.default_tenant.clone(),
+        };
+        if session.is_none() {
+            self.quotas.admit(&tenant)?;
+            SessionRef::new(tenant.clone(), "x").map_err(|e| Status::invalid_argument(format!("tenant: {e}")))?;
+        }
+        let reply = Gateway::list_schedules(self, session, tenant, &req.page_token, req.page_size).await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn set_labels(&self, request: Request<pb::SetLabelsRequest>) -> Result<Response<pb::SessionInfo>, Status> {
+        let req = self.open(request)?;
+        Ok(Response::new(Gateway::set_labels(self, req).await?))
+    }
+
     async fn list_sessions(
         &self,
         request: Request<pb::ListSessionsRequest>,

@@ -363,6 +363,9 @@ names_session!(
 // Session lifecycle (SPEC §12).
 names_session!(pb::DeleteSessionRequest);
 
+// Schedules and labels (SPEC §15, §16).
+names_session!(pb::CreateScheduleRequest, pb::DeleteScheduleRequest, pb::ListSchedulesRequest, pb::SetLabelsRequest);
+
 pub(crate) fn unexpected(what: &str, reply: &CommandReply) -> Status {
     Status::internal(format!("the driver answered {what} with {reply:?}; this is a bug, please report it"))
 }

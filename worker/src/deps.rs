@@ -21,6 +21,8 @@ pub(crate) struct RunnerDeps {
     /// Shard ownership in a cluster; `None` in `turnstile dev`, which owns everything at its epoch.
     pub ownership: Option<Arc<dyn Ownership>>,
     pub config: WorkerConfig,
+    /// When the unloaded sessions with a schedule must be loaded again (SPEC §15).
+    pub wakes: Arc<crate::wakes::Wakes>,
 }
 
 impl RunnerDeps {

@@ -93,6 +93,10 @@ pub struct SessionHost {
     next_runner: std::sync::atomic::AtomicU64,
     /// Set once the passivation sweep of parked drivers runs.
     sweeping: std::sync::atomic::AtomicBool,
+    /// Set once the waker of unloaded sessions with a schedule runs ([`SessionHost::start_waker`]).
+    waking: std::sync::atomic::AtomicBool,
+    /// This host, for its waker task (which must not keep it alive).
+    me: std::sync::Weak<SessionHost>,
     /// Sessions this host started a runner for, approximately: their first command loads them first.
     seen: SeenSessions,
     /// Sessions a `DeleteSession` is removing: no runner starts for them and their commands are refused
@@ -127,11 +131,13 @@ impl SessionHostBuilder {
     }
 
     pub fn build(self) -> Arc<SessionHost> {
-        Arc::new(SessionHost {
+        Arc::new_cyclic(|me| SessionHost {
             deps: Arc::new(self.deps),
             runners: Arc::default(),
             next_runner: std::sync::atomic::AtomicU64::new(1),
             sweeping: std::sync::atomic::AtomicBool::new(false),
+            waking: std::sync::atomic::AtomicBool::new(false),
+            me: me.clone(),
             seen: SeenSessions::default(),
             deleting: Mutex::default(),
         })
@@ -150,6 +156,7 @@ impl SessionHost {
                 snapshots: Arc::new(NoSnapshots),
                 ownership: None,
                 config: WorkerConfig::default(),
+                wakes: Arc::default(),
             },
         }
     }
@@ -190,6 +197,11 @@ impl SessionHost {
                                 HostError::Projection { session: session.clone(), detail: e.to_string() }
                             }
                         })?;
+                // A schedule's next firing (SPEC §15) loads the session then; one already due, now.
+                if state.schedules.next_fire().is_some() {
+                    self.deps.wakes.set(&session, state.next_timer());
+                    self.start_waker();
+                }
                 // An active goal may be owed its next round (the owner died between a round's `status idle`
                 // and the continuation) or a pause; the driver's recovery decides which, if any.
                 let goal_active = state.goals.active().is_some();
@@ -284,6 +296,7 @@ impl SessionHost {
         };
         self.seen.insert(session);
         self.start_sweep();
+        self.start_waker();
         let (tx, rx) = mpsc::channel(self.deps.config.command_queue.max(1));
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let id = self.next_runner.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -333,6 +346,8 @@ impl SessionHost {
             }
         };
         let result = self.remove_session(session, loaded).await;
+        // Its schedules went with its log.
+        self.deps.wakes.set(session, None);
         lock(&self.deleting).remove(session);
         result
     }
@@ -426,6 +441,42 @@ impl SessionHost {
                 drop(dropped);
             }
         });
+    }
+
+    /// Starts, once, the task that loads unloaded sessions when their next schedule firing is due
+    /// ([`crate::wakes::Wakes`]): it starts (or resumes) the session's runner, whose driver's timer then
+    /// fires. A session this worker no longer owns is skipped: its new owner scanned it when it took the
+    /// shard. The task ends with the host.
+    fn start_waker(&self) {
+        use std::sync::atomic::Ordering;
+        if self.waking.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let (me, wakes) = (self.me.clone(), self.deps.wakes.clone());
+        tokio::spawn(async move {
+            loop {
+                let now = turnstile_ops::clock::now_ms();
+                // Bounded, so a host dropped meanwhile ends the task soon.
+                let wait = wakes.next().map_or(30_000, |at| at.saturating_sub(now)).min(30_000);
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(wait)) => {}
+                    () = wakes.changed() => {}
+                }
+                let Some(host) = me.upgrade() else { return };
+                for session in wakes.take_due(turnstile_ops::clock::now_ms()) {
+                    let Ok(epoch) = host.epoch_for(&session) else { continue };
+                    match host.runner(&session, epoch, &mut None) {
+                        Ok(_) => tracing::debug!(%session, "woke a session for its schedule"),
+                        Err(e) => tracing::warn!(%session, error = %e, "could not wake a session for its schedule"),
+                    }
+                }
+            }
+        });
+    }
+
+    /// Unloaded sessions waiting for a schedule's firing.
+    pub fn waiting_sessions(&self) -> usize {
+        self.deps.wakes.len()
     }
 
     /// Sessions the host holds anything for, loaded or ending (a runner's entry goes when its task ends).

@@ -25,6 +25,7 @@ mod runner;
 mod seen;
 mod spans;
 mod sync;
+mod wakes;
 
 pub use agent::Agents;
 pub use config::{Limits, WorkerConfig};

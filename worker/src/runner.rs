@@ -130,7 +130,10 @@ impl Runner {
         let mut loaded = Some(loaded);
         loop {
             match runner.serve(&mut commands).await {
-                Served::Unload => return runner.end(&mut commands, true).await,
+                Served::Unload => {
+                    runner.deps.wakes.set(&runner.session, runner.driver.next_timer());
+                    return runner.end(&mut commands, true).await;
+                }
                 Served::Lost => return runner.end(&mut commands, false).await,
                 Served::Park => {
                     // Snapshot writes in flight finish first: dropping the runner would abort them.
@@ -142,6 +145,8 @@ impl Runner {
                     let until = tokio::time::Instant::now() + config.passivate_after.saturating_sub(config.park_after);
                     // Parking needs nothing of the runner but the driver: nothing runs or waits.
                     let Runner { session, deps, driver, snapshot_seq, epoch, control, .. } = runner;
+                    // Parked or passivated, the session is woken by the host for its next firing.
+                    deps.wakes.set(&session, driver.next_timer());
                     let parked =
                         Box::new(Parked { state: driver.into_state(), epoch, snapshot_seq, until, loaded: guard });
                     match home.park(&session, parking.id, parked, &mut commands, &control) {
@@ -323,11 +328,12 @@ impl Runner {
 
     /// Nothing runs, nothing waits: the session may be unloaded.
     fn is_unloadable(&self) -> bool {
-        // A pending steer deadline must fire on time, so its session stays loaded.
+        // A pending steer deadline must fire on time, so its session stays loaded; a schedule's next firing
+        // is left to the host, which wakes the session then (`Wakes`).
         self.driver.is_quiescent()
             && self.waiting.is_empty()
             && self.ops.is_empty()
-            && self.driver.next_timer().is_none()
+            && self.driver.next_steer_deadline().is_none()
     }
 
     /// Writes a snapshot every `snapshot_every` events (or always when `final_`), in the background so

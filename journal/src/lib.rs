@@ -13,6 +13,7 @@
 
 pub mod bus;
 pub mod embedded;
+pub mod index;
 pub mod jetstream;
 pub mod log;
 pub mod snapshot;
@@ -20,5 +21,6 @@ mod sync;
 
 pub use bus::{LiveBus, LiveStream};
 pub use embedded::{EmbeddedLog, LocalBus};
+pub use index::{IndexEntry, MemoryIndex, SessionIndex};
 pub use jetstream::{JetStreamConfig, JetStreamLog, NatsBus};
 pub use log::{EventStream, JournalError, SessionLog};

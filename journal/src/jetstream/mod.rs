@@ -47,6 +47,7 @@ mod bus;
 mod config;
 mod delete;
 pub mod group;
+mod index;
 mod log;
 mod session_log;
 mod snapshots;
@@ -57,6 +58,7 @@ use std::time::Duration;
 
 pub use bus::{NatsBus, barrier};
 pub use config::{JetStreamConfig, NatsSecurity, Retention};
+pub use index::{INDEX_BUCKET, KvIndex};
 pub use log::{JetStreamLog, MAX_BATCH, Positions};
 pub use snapshots::{KvSnapshots, SNAPSHOT_BUCKET};
 

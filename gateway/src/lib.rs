@@ -29,6 +29,7 @@ pub mod read;
 pub mod resume;
 mod rpc;
 mod schedules;
+mod search;
 pub mod service;
 pub mod status;
 pub mod tools;

@@ -15,7 +15,7 @@ use turnstile_proto::v1::agent_server::Agent;
 
 use crate::auth::Caller;
 use crate::resume::StepPosition;
-use crate::service::{DEFAULT_PAGE, Gateway, MAX_PAGE, page_token, parse_page_token, unexpected};
+use crate::service::{DEFAULT_PAGE, Gateway, MAX_PAGE, parse_page_token, unexpected};
 use crate::watch::{self, WatchSpec};
 use crate::{convert, read, status};
 
@@ -412,36 +412,25 @@ impl Agent for Gateway {
             }
             n => n,
         };
-        let tenant = (!req.tenant.is_empty()).then_some(req.tenant);
+        let tenant = (!req.tenant.is_empty()).then(|| req.tenant.clone());
         if let Some(t) = &tenant {
             // Reuse the session-name rule for the tenant half.
             SessionRef::new(t.clone(), "x").map_err(|e| Status::invalid_argument(format!("tenant: {e}")))?;
         }
-        let after = parse_page_token(&req.page_token)?;
+        let mut query = crate::search::query_of(&req)?;
         if !req.parent.is_empty() {
             // A parent is in one tenant: the caller's, the one named, or the default one.
-            let tenant = tenant.unwrap_or_else(|| self.config.default_tenant.clone());
+            let tenant = tenant.clone().unwrap_or_else(|| self.config.default_tenant.clone());
             let parent =
                 SessionRef::new(tenant, req.parent).map_err(|e| Status::invalid_argument(format!("parent: {e}")))?;
-            return self.list_children(&parent, after, page_size).await.map(Response::new);
+            if query.order == turnstile_journal::index::Order::Id {
+                // Children's ids share their parent's prefix: the log lists them without any index.
+                let after = parse_page_token(&req.page_token)?;
+                return self.list_children(&parent, after, page_size, &query).await.map(Response::new);
+            }
+            query.parent = Some(parent);
         }
-        // One extra tells whether another page exists without an empty last page.
-        let mut refs = self
-            .log
-            .list_sessions(tenant.as_deref(), after.as_ref(), page_size + 1)
-            .await
-            .map_err(status::from_journal)?;
-        let more = refs.len() > page_size;
-        refs.truncate(page_size);
-        let mut sessions = Vec::with_capacity(refs.len());
-        for session in &refs {
-            let state = read::project(self.log.as_ref(), self.snapshots.as_ref(), session).await?;
-            sessions.push(self.info(&state).await);
-        }
-        let next_page_token = match refs.last() {
-            Some(last) if more => page_token(last),
-            _ => String::new(),
-        };
-        Ok(Response::new(pb::ListSessionsReply { sessions, next_page_token }))
+        query.tenant = tenant;
+        self.search(query, &req.page_token, page_size).await.map(Response::new)
     }
 }

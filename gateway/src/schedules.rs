@@ -80,8 +80,7 @@ impl Gateway {
         let mut after = parse_page_token(token)?;
         let mut schedules = Vec::new();
         loop {
-            let refs =
-                self.log.list_sessions(Some(&tenant), after.as_ref(), page_size).await.map_err(status::from_journal)?;
+            let refs = self.scheduled_sessions(&tenant, after.as_ref(), page_size).await?;
             let Some(last) = refs.last().cloned() else {
                 return Ok(pb::ListSchedulesReply { schedules, next_page_token: String::new() });
             };
@@ -93,6 +92,29 @@ impl Gateway {
                 }
             }
             after = Some(last);
+        }
+    }
+
+    /// Sessions of `tenant` after `after` in id order that have schedules: from the index, or every session
+    /// (filtered when folded) without one.
+    async fn scheduled_sessions(
+        &self,
+        tenant: &str,
+        after: Option<&SessionRef>,
+        limit: usize,
+    ) -> Result<Vec<SessionRef>, Status> {
+        match &self.index {
+            Some(index) => {
+                let query = turnstile_journal::index::Query {
+                    tenant: Some(tenant.to_owned()),
+                    with_schedules: true,
+                    after: after.cloned().map(turnstile_journal::index::Cursor::Id),
+                    limit,
+                    ..Default::default()
+                };
+                Ok(index.query(&query).into_iter().map(|e| e.session).collect())
+            }
+            None => self.log.list_sessions(Some(tenant), after, limit).await.map_err(status::from_journal),
         }
     }
 

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use turnstile_agent::tools::ChildSessions;
 use turnstile_cluster::CommandRouter;
 use turnstile_gateway::{Gateway, ToolHub};
+use turnstile_journal::jetstream::KvIndex;
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
-use turnstile_journal::{EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, SessionLog};
+use turnstile_journal::{EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, MemoryIndex, SessionIndex, SessionLog};
 use turnstile_ops::Readiness;
 use turnstile_worker::SessionHost;
 
@@ -53,6 +54,8 @@ struct Journal {
     ready: Arc<dyn Readiness>,
     /// The NATS connection of a JetStream journal.
     nats: Option<async_nats::Client>,
+    /// The session index (SPEC §16): in memory with the embedded journal, a KV bucket on NATS.
+    index: Arc<dyn SessionIndex>,
 }
 
 async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
@@ -66,6 +69,7 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
         describe,
         ready: always.clone(),
         nats: None,
+        index: Arc::new(MemoryIndex::default()),
     };
     match (&opts.nats, &opts.data_dir) {
         (Some(nats), _) => {
@@ -85,6 +89,7 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
             );
             let client = log.client().clone();
             let ready = Arc::new(nats_ready(client.clone(), nats.url.clone()));
+            let index = KvIndex::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
             Ok(Journal {
                 log: Arc::new(log),
                 bus: Arc::new(bus),
@@ -92,6 +97,7 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
                 describe,
                 ready,
                 nats: Some(client),
+                index: Arc::new(index),
             })
         }
         (None, Some(dir)) => {
@@ -150,6 +156,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let registry = agents.tools.clone();
     let host = SessionHost::builder(journal.log.clone(), journal.bus.clone(), agents.into())
         .snapshots(journal.snapshots.clone())
+        .index(journal.index.clone())
         .config(worker_config(config))
         .build();
     // `spawn_agent` reaches its children through this same host (before resuming: a resumed turn may call it).
@@ -162,6 +169,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let auth_enabled = security.auth.is_enabled();
     let gateway = Gateway::new(router, journal.log, journal.bus, gateway_config(config))
         .with_snapshots(journal.snapshots)
+        .with_index(journal.index)
         .with_auth(security.auth)
         .with_tools(tools);
     // The web console and its gRPC-Web calls share the ops listener (decision 0029).

@@ -118,8 +118,12 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let tools =
         ToolHub::with_nats(client.clone()).await.map_err(|cause| NodeError::ToolHub { url: url.to_owned(), cause })?;
     let auth_enabled = security.auth.is_enabled();
+    let index = turnstile_journal::jetstream::KvIndex::open(&client, crate::replicas(config))
+        .await
+        .map_err(|e| NodeError::nats(url, e))?;
     let gateway = Gateway::new(router, Arc::new(log), Arc::new(bus), gateway_config(config))
         .with_snapshots(Arc::new(snapshots))
+        .with_index(Arc::new(index))
         .with_auth(security.auth)
         .with_tools(tools);
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use turnstile_driver::Driver;
 use turnstile_journal::snapshot::SnapshotStore;
-use turnstile_journal::{LiveBus, SessionLog};
+use turnstile_journal::{IndexEntry, LiveBus, SessionIndex, SessionLog};
 use turnstile_model::SessionState;
 
 use crate::agent::Agents;
@@ -23,9 +23,17 @@ pub(crate) struct RunnerDeps {
     pub config: WorkerConfig,
     /// When the unloaded sessions with a schedule must be loaded again (SPEC §15).
     pub wakes: Arc<crate::wakes::Wakes>,
+    /// The session index `ListSessions` reads (SPEC §16): each runner submits its session's entry.
+    pub index: Arc<dyn SessionIndex>,
 }
 
 impl RunnerDeps {
+    /// The index entry of the fold `state`, with the agent resolved as readers report it.
+    pub(crate) fn index_entry(&self, state: &SessionState) -> IndexEntry {
+        let agent = self.agents.catalog.resolve(state.agent.as_deref()).0.to_owned();
+        IndexEntry::of(state, turnstile_model::SessionSummary::of(state, String::new(), agent))
+    }
+
     /// A driver for the fold `state` of a session, writing under `epoch`.
     pub(crate) fn driver(&self, state: SessionState, epoch: u64) -> Driver {
         Driver::new(state, self.config.limits.clone(), self.agents.catalog.clone(), epoch, self.config.owner_id.clone())

@@ -124,6 +124,12 @@ impl SessionHostBuilder {
         self
     }
 
+    /// Keeps the session index in `index` (default: an index of its own in memory).
+    pub fn index(mut self, index: Arc<dyn turnstile_journal::SessionIndex>) -> Self {
+        self.deps.index = index;
+        self
+    }
+
     /// Driver and host settings (default: [`WorkerConfig::default`]).
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.deps.config = config;
@@ -157,6 +163,7 @@ impl SessionHost {
                 ownership: None,
                 config: WorkerConfig::default(),
                 wakes: Arc::default(),
+                index: Arc::new(turnstile_journal::MemoryIndex::default()),
             },
         }
     }
@@ -181,6 +188,11 @@ impl SessionHost {
     /// and this worker may serve.
     pub async fn resume_where(&self, wanted: impl Fn(&SessionRef) -> bool) -> Result<usize, HostError> {
         let log = self.deps.log.as_ref();
+        // The index mirror first catches up with its bucket, so only what differs is written again.
+        let loading = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !self.deps.index.is_loaded() && tokio::time::Instant::now() < loading {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let mut after: Option<SessionRef> = None;
         let mut resumed = 0;
         loop {
@@ -197,6 +209,12 @@ impl SessionHost {
                                 HostError::Projection { session: session.clone(), detail: e.to_string() }
                             }
                         })?;
+                // The index follows the log (decision 0069): an entry a crash left behind the log, or one never
+                // written (a session older than the index), is put right here.
+                let entry = self.deps.index_entry(&state);
+                if state.exists() && self.deps.index.get(&session).as_ref() != Some(&entry) {
+                    self.deps.index.submit(entry);
+                }
                 // A schedule's next firing (SPEC §15) loads the session then; one already due, now.
                 if state.schedules.next_fire().is_some() {
                     self.deps.wakes.set(&session, state.next_timer());
@@ -346,8 +364,9 @@ impl SessionHost {
             }
         };
         let result = self.remove_session(session, loaded).await;
-        // Its schedules went with its log.
+        // Its schedules and its index entry went with its log.
         self.deps.wakes.set(session, None);
+        self.deps.index.remove(session);
         lock(&self.deleting).remove(session);
         result
     }

@@ -79,6 +79,8 @@ pub(crate) struct Runner {
     saves: tokio::task::JoinSet<()>,
     clock: crate::metrics::SessionClock,
     spans: TurnSpans,
+    /// The index entry last submitted for this session (SPEC §16).
+    indexed: Option<turnstile_journal::IndexEntry>,
 }
 
 impl Runner {
@@ -127,6 +129,8 @@ impl Runner {
         if !served {
             return runner.end(&mut commands, false).await;
         }
+        // A load may have repaired the session (SPEC §6): the index gets what the log now says.
+        runner.index(false);
         let mut loaded = Some(loaded);
         loop {
             match runner.serve(&mut commands).await {
@@ -136,6 +140,7 @@ impl Runner {
                 }
                 Served::Lost => return runner.end(&mut commands, false).await,
                 Served::Park => {
+                    runner.index(true);
                     // Snapshot writes in flight finish first: dropping the runner would abort them.
                     while runner.saves.join_next().await.is_some() {}
                     let (Some(home), Some(guard)) = (parking.home.upgrade(), loaded.take()) else {
@@ -190,6 +195,7 @@ impl Runner {
             saves: tokio::task::JoinSet::new(),
             clock: crate::metrics::SessionClock::default(),
             spans: TurnSpans::default(),
+            indexed: None,
         }
     }
 
@@ -197,6 +203,7 @@ impl Runner {
     /// being deleted, then every waiting caller is answered.
     async fn end(mut self, commands: &mut mpsc::Receiver<CommandMsg>, clean: bool) {
         if clean && !self.disposed {
+            self.index(true);
             // Keep a snapshot so the next load reads only what follows it. After a failed append the state
             // may hold events the log does not, so nothing is written then.
             self.snapshot(true).await;
@@ -247,6 +254,7 @@ impl Runner {
                 return Served::Lost;
             }
             self.snapshot(false).await;
+            self.index(false);
             if self.draining && self.driver.is_parked() {
                 return Served::Unload;
             }
@@ -334,6 +342,27 @@ impl Runner {
             && self.waiting.is_empty()
             && self.ops.is_empty()
             && self.driver.next_steer_deadline().is_none()
+    }
+
+    /// Submits the session's index entry when a query could see it differently: anything but its last
+    /// activity changed, or that moved by a second or more; with `final_`, any change (the runner stops).
+    fn index(&mut self, final_: bool) {
+        let state = self.driver.state();
+        if !state.exists() {
+            return;
+        }
+        let entry = self.deps.index_entry(state);
+        let due = match &self.indexed {
+            None => true,
+            Some(last) if final_ => *last != entry,
+            Some(last) => {
+                !last.same_but_activity(&entry) || entry.summary.last_time_ms >= last.summary.last_time_ms + 1_000
+            }
+        };
+        if due {
+            self.deps.index.submit(entry.clone());
+            self.indexed = Some(entry);
+        }
     }
 
     /// Writes a snapshot every `snapshot_every` events (or always when `final_`), in the background so

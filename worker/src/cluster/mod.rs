@@ -75,7 +75,16 @@ pub async fn start_worker(
     let mut config = options.worker;
     config.owner_id = options.id;
     let ownership: Arc<dyn Ownership> = leases.clone();
-    let host = SessionHost::builder(log, bus, agents).snapshots(snapshots).ownership(ownership).config(config).build();
+    // The session index (SPEC §16) in the KV bucket every gateway mirrors.
+    let index = turnstile_journal::jetstream::KvIndex::open(client, replicas)
+        .await
+        .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
+    let host = SessionHost::builder(log, bus, agents)
+        .snapshots(snapshots)
+        .ownership(ownership)
+        .config(config)
+        .index(Arc::new(index))
+        .build();
     let stop = CancellationToken::new();
     tokio::spawn(watch_peers(client.clone(), leases.clone(), stop.clone()));
     let task = tokio::spawn(lease_loop(leases.clone(), host.clone(), stop.clone()));

@@ -49,7 +49,7 @@ mod secret;
 mod tools;
 mod url;
 
-pub use agent::{AgentConfig, HookConfig, OnFailure};
+pub use agent::{AgentConfig, HookConfig, OnFailure, WebhookConfig};
 pub use config::{
     CONFIG_ENV, ClusterConfig, Config, JournalConfig, Limits, MIN_DEDUP_HORIZON, REQUEST_ENVELOPE_BYTES, SCRIPTED,
     ToolDefaults,

@@ -18,9 +18,11 @@ pub mod jetstream;
 pub mod log;
 pub mod snapshot;
 mod sync;
+pub mod webhook;
 
 pub use bus::{LiveBus, LiveStream};
 pub use embedded::{EmbeddedLog, LocalBus};
 pub use index::{IndexEntry, MemoryIndex, SessionIndex};
 pub use jetstream::{JetStreamConfig, JetStreamLog, NatsBus};
 pub use log::{EventStream, JournalError, SessionLog};
+pub use webhook::{MemoryPositions, WebhookPositions};

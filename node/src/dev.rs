@@ -7,9 +7,12 @@ use std::sync::Arc;
 use turnstile_agent::tools::ChildSessions;
 use turnstile_cluster::CommandRouter;
 use turnstile_gateway::{Gateway, ToolHub};
-use turnstile_journal::jetstream::KvIndex;
+use turnstile_journal::jetstream::{KvIndex, KvWebhookPositions};
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
-use turnstile_journal::{EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, MemoryIndex, SessionIndex, SessionLog};
+use turnstile_journal::{
+    EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, MemoryIndex, MemoryPositions, SessionIndex, SessionLog,
+    WebhookPositions,
+};
 use turnstile_ops::Readiness;
 use turnstile_worker::SessionHost;
 
@@ -56,6 +59,8 @@ struct Journal {
     nats: Option<async_nats::Client>,
     /// The session index (SPEC §16): in memory with the embedded journal, a KV bucket on NATS.
     index: Arc<dyn SessionIndex>,
+    /// Webhook positions (SPEC §15): in memory with the embedded journal, a KV bucket on NATS.
+    webhook_positions: Arc<dyn WebhookPositions>,
 }
 
 async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
@@ -70,6 +75,7 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
         ready: always.clone(),
         nats: None,
         index: Arc::new(MemoryIndex::default()),
+        webhook_positions: Arc::new(MemoryPositions::default()),
     };
     match (&opts.nats, &opts.data_dir) {
         (Some(nats), _) => {
@@ -90,6 +96,8 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
             let client = log.client().clone();
             let ready = Arc::new(nats_ready(client.clone(), nats.url.clone()));
             let index = KvIndex::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
+            let positions =
+                KvWebhookPositions::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
             Ok(Journal {
                 log: Arc::new(log),
                 bus: Arc::new(bus),
@@ -98,6 +106,7 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
                 ready,
                 nats: Some(client),
                 index: Arc::new(index),
+                webhook_positions: Arc::new(positions),
             })
         }
         (None, Some(dir)) => {
@@ -157,6 +166,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let host = SessionHost::builder(journal.log.clone(), journal.bus.clone(), agents.into())
         .snapshots(journal.snapshots.clone())
         .index(journal.index.clone())
+        .webhook_positions(journal.webhook_positions.clone())
         .config(worker_config(config))
         .build();
     // `spawn_agent` reaches its children through this same host (before resuming: a resumed turn may call it).

@@ -130,13 +130,27 @@ impl SessionHostBuilder {
         self
     }
 
+    /// Keeps webhook positions in `positions` (default: in memory).
+    pub fn webhook_positions(mut self, positions: Arc<dyn turnstile_journal::WebhookPositions>) -> Self {
+        self.deps.webhook_positions = positions;
+        self
+    }
+
     /// Driver and host settings (default: [`WorkerConfig::default`]).
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.deps.config = config;
         self
     }
 
-    pub fn build(self) -> Arc<SessionHost> {
+    pub fn build(mut self) -> Arc<SessionHost> {
+        let d = &self.deps;
+        let webhooks = crate::webhooks::Webhooks::new(
+            d.agents.webhooks.clone(),
+            d.webhook_positions.clone(),
+            d.log.clone(),
+            d.ownership.clone(),
+        );
+        self.deps.webhooks = Some(Arc::new(webhooks));
         Arc::new_cyclic(|me| SessionHost {
             deps: Arc::new(self.deps),
             runners: Arc::default(),
@@ -164,6 +178,8 @@ impl SessionHost {
                 config: WorkerConfig::default(),
                 wakes: Arc::default(),
                 index: Arc::new(turnstile_journal::MemoryIndex::default()),
+                webhook_positions: Arc::new(turnstile_journal::MemoryPositions::default()),
+                webhooks: None,
             },
         }
     }
@@ -215,6 +231,9 @@ impl SessionHost {
                 if state.exists() && self.deps.index.get(&session).as_ref() != Some(&entry) {
                     self.deps.index.submit(entry);
                 }
+                // Webhooks go on from their saved positions (SPEC §15): what the old owner had not
+                // delivered is delivered now.
+                self.deps.notify_webhooks(&state, epoch);
                 // A schedule's next firing (SPEC §15) loads the session then; one already due, now.
                 if state.schedules.next_fire().is_some() {
                     self.deps.wakes.set(&session, state.next_timer());
@@ -364,8 +383,11 @@ impl SessionHost {
             }
         };
         let result = self.remove_session(session, loaded).await;
-        // Its schedules and its index entry went with its log.
+        // Its schedules, its index entry and its webhook positions went with its log.
         self.deps.wakes.set(session, None);
+        if let (Some(webhooks), Some(entry)) = (&self.deps.webhooks, self.deps.index.get(session)) {
+            webhooks.forget(session, &entry.summary.agent).await;
+        }
         self.deps.index.remove(session);
         lock(&self.deleting).remove(session);
         result

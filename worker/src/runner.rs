@@ -131,6 +131,7 @@ impl Runner {
         }
         // A load may have repaired the session (SPEC §6): the index gets what the log now says.
         runner.index(false);
+        runner.deps.notify_webhooks(runner.driver.state(), runner.epoch);
         let mut loaded = Some(loaded);
         loop {
             match runner.serve(&mut commands).await {
@@ -255,6 +256,7 @@ impl Runner {
             }
             self.snapshot(false).await;
             self.index(false);
+            self.deps.notify_webhooks(self.driver.state(), self.epoch);
             if self.draining && self.driver.is_parked() {
                 return Served::Unload;
             }

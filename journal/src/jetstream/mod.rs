@@ -53,6 +53,7 @@ mod session_log;
 mod snapshots;
 pub mod subjects;
 mod tail;
+mod webhook;
 
 use std::time::Duration;
 
@@ -61,6 +62,7 @@ pub use config::{JetStreamConfig, NatsSecurity, Retention};
 pub use index::{INDEX_BUCKET, KvIndex};
 pub use log::{JetStreamLog, MAX_BATCH, Positions};
 pub use snapshots::{KvSnapshots, SNAPSHOT_BUCKET};
+pub use webhook::{KvWebhookPositions, WEBHOOK_BUCKET};
 
 use crate::log::JournalError;
 

@@ -79,11 +79,16 @@ pub async fn start_worker(
     let index = turnstile_journal::jetstream::KvIndex::open(client, replicas)
         .await
         .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
+    // Webhook positions (SPEC §15), so a new owner goes on where this one stopped.
+    let positions = turnstile_journal::jetstream::KvWebhookPositions::open(client, replicas)
+        .await
+        .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
     let host = SessionHost::builder(log, bus, agents)
         .snapshots(snapshots)
         .ownership(ownership)
         .config(config)
         .index(Arc::new(index))
+        .webhook_positions(Arc::new(positions))
         .build();
     let stop = CancellationToken::new();
     tokio::spawn(watch_peers(client.clone(), leases.clone(), stop.clone()));

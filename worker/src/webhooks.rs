@@ -71,6 +71,9 @@ const PAGE: usize = 256;
 /// A caught-up task waits this long for news before it ends (a later write starts another).
 const IDLE_END: Duration = Duration::from_secs(30);
 
+/// The running delivery tasks, by (session, webhook id), with the last seq each was told of.
+type Tasks = Mutex<HashMap<(SessionRef, String), watch::Sender<u64>>>;
+
 /// The delivery tasks of one host.
 pub(crate) struct Webhooks {
     sender: Arc<dyn WebhookSender>,
@@ -78,7 +81,7 @@ pub(crate) struct Webhooks {
     log: Arc<dyn SessionLog>,
     ownership: Option<Arc<dyn Ownership>>,
     /// The last seq each running task was told of, by (session, webhook id).
-    tasks: Arc<Mutex<HashMap<(SessionRef, String), watch::Sender<u64>>>>,
+    tasks: Arc<Tasks>,
 }
 
 impl Webhooks {

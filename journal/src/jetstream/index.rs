@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::kv;
 use futures::StreamExt as _;
 use tokio::sync::mpsc;
 use turnstile_model::message::SessionRef;
@@ -47,21 +47,8 @@ impl KvIndex {
     /// Opens (or creates: file storage, `replicas`, history 1) the bucket and starts the mirror's watch and
     /// the writer. Queries see the whole index once [`SessionIndex::is_loaded`].
     pub async fn open(client: &async_nats::Client, replicas: usize) -> Result<Self, JournalError> {
-        let js = jetstream::new(client.clone());
-        let store = match js.get_key_value(INDEX_BUCKET).await {
-            Ok(store) => store,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: INDEX_BUCKET.to_owned(),
-                    description: "Turnstile session index (status, agent, parent, labels, last activity)".to_owned(),
-                    history: 1,
-                    storage: jetstream::stream::StorageType::File,
-                    num_replicas: replicas.max(1),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| JournalError::Unavailable(format!("cannot create KV bucket {INDEX_BUCKET}: {e}")))?,
-        };
+        let description = "Turnstile session index (status, agent, parent, labels, last activity)";
+        let store = super::open_bucket(client, INDEX_BUCKET, description, replicas).await?;
         let mirror = Arc::new(MemoryIndex::default());
         let loaded = Arc::new(AtomicBool::new(false));
         let empty = store.status().await.map_err(unavailable)?.values() == 0;

@@ -1,7 +1,7 @@
 //! Webhook positions in the JetStream KV bucket `turnstile_webhooks` (one key per session and webhook:
 //! `<tenant>.<id>.<hook>`, the seq as decimal text).
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::kv;
 use async_trait::async_trait;
 use turnstile_model::SessionRef;
 
@@ -25,21 +25,8 @@ impl std::fmt::Debug for KvWebhookPositions {
 impl KvWebhookPositions {
     /// Opens (or creates: file storage, `replicas`, history 1) the bucket.
     pub async fn open(client: &async_nats::Client, replicas: usize) -> Result<Self, JournalError> {
-        let js = jetstream::new(client.clone());
-        let store = match js.get_key_value(WEBHOOK_BUCKET).await {
-            Ok(store) => store,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: WEBHOOK_BUCKET.to_owned(),
-                    description: "Turnstile webhook positions (last seq dealt with per session and webhook)".to_owned(),
-                    history: 1,
-                    storage: jetstream::stream::StorageType::File,
-                    num_replicas: replicas.max(1),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| JournalError::Unavailable(format!("cannot create KV bucket {WEBHOOK_BUCKET}: {e}")))?,
-        };
+        let description = "Turnstile webhook positions (last seq dealt with per session and webhook)";
+        let store = super::open_bucket(client, WEBHOOK_BUCKET, description, replicas).await?;
         Ok(Self { store })
     }
 }

@@ -284,6 +284,8 @@ impl Runner {
         match written {
             Ok(_) => {
                 self.waiting.insert(id, reply);
+                // A new session is in the index before its creator hears back.
+                self.index(false);
                 return self.settle_after(effects.collect(), commands).instrument(span).await;
             }
             Err(JournalError::FirstRefused { .. }) => {}
@@ -411,9 +413,12 @@ impl Runner {
 
     async fn perform(&mut self, effects: Vec<Effect>) -> Result<(), Stop> {
         let mut rest = effects.into_iter();
+        // Set once a group is durable: the index hears of it before any caller does (read your writes).
+        let mut unindexed = false;
         while let Some(effect) = rest.next() {
             match effect {
                 Effect::Append(group) => {
+                    unindexed = true;
                     if let Err(e) = self.write(group.events(), false).await {
                         let remaining: Vec<Effect> = rest.collect();
                         let lost = e.is_lost_ownership();
@@ -429,6 +434,9 @@ impl Runner {
                     }
                 }
                 Effect::Reply { id, result } => {
+                    if std::mem::take(&mut unindexed) {
+                        self.index(false);
+                    }
                     if let Some(tx) = self.waiting.remove(&id) {
                         let _ = tx.send(result);
                     }

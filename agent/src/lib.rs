@@ -15,6 +15,7 @@
 //! - [`tools`]: the [`tools::Tool`] trait, the built-ins (`sleep`, `echo`, `clock`, `spawn_agent`), MCP
 //!   servers' tools, client tools, and the [`tools::ToolRegistry`] that checks, bounds and measures calls.
 //! - [`hooks`]: the per-agent pre-step waterfall: the content guard, the step budget, remote hooks.
+//! - [`webhooks`]: the agents' webhooks over HTTP, signed (SPEC §15).
 //! - [`setup`]: a configuration's agents made runnable ([`AgentSetup`]); [`router`] picks each step's
 //!   model by its agent.
 
@@ -24,6 +25,7 @@ pub mod router;
 pub mod scripted;
 pub mod setup;
 pub mod tools;
+pub mod webhooks;
 
 pub use router::AgentRouter;
 pub use setup::{AgentSetup, AgentSetupError};

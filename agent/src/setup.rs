@@ -51,6 +51,8 @@ pub struct AgentSetup {
     pub tools: ToolRegistry,
     /// Each agent's pre-step waterfall: content guard, step budget, remote hooks (crate::hooks).
     pub hooks: AgentHooks,
+    /// The agents' webhooks (SPEC §15): [`crate::webhooks::HttpWebhooks`] when any agent has one.
+    pub webhooks: Arc<dyn turnstile_worker::webhooks::WebhookSender>,
 }
 
 impl Default for AgentSetup {
@@ -62,6 +64,7 @@ impl Default for AgentSetup {
             model: Arc::new(ScriptedModel),
             tools: ToolRegistry::builtin(),
             hooks: AgentHooks::default(),
+            webhooks: Arc::new(turnstile_worker::webhooks::NoWebhooks),
         }
     }
 }
@@ -73,6 +76,7 @@ impl From<AgentSetup> for Agents {
             model: setup.model,
             tools: Arc::new(setup.tools),
             hooks: Arc::new(setup.hooks),
+            webhooks: setup.webhooks,
         }
     }
 }
@@ -129,6 +133,9 @@ pub enum AgentSetupError {
     /// The agents do not form a catalog (the default agent is missing).
     #[error(transparent)]
     Catalog(#[from] CatalogError),
+    /// A webhook's secret cannot be read, or there is no HTTP client.
+    #[error(transparent)]
+    Webhook(#[from] crate::webhooks::WebhookSetupError),
 }
 
 /// `agent "a" runs on` / `agents "a", "b" run on`: who needs a model, for [`AgentSetupError::ApiKey`].
@@ -358,7 +365,10 @@ pub fn from_config_with_mcp(
     let model = Arc::new(AgentRouter::new(routes, catalog.default_agent()).with_compaction(compaction_routes));
     let tools = tools.with_policy(Arc::new(config.clone()));
     let hooks = AgentHooks::new(waterfalls, catalog.default_agent());
-    Ok(AgentSetup { catalog, model, tools, hooks })
+    let webhooks = crate::webhooks::HttpWebhooks::from_config(config, &env)?;
+    let webhooks: Arc<dyn turnstile_worker::webhooks::WebhookSender> =
+        if webhooks.is_empty() { Arc::new(turnstile_worker::webhooks::NoWebhooks) } else { Arc::new(webhooks) };
+    Ok(AgentSetup { catalog, model, tools, hooks, webhooks })
 }
 
 /// `agent`'s pre-step waterfall: the content guard, its step budget, then its remote hooks in config order.

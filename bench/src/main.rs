@@ -36,6 +36,7 @@ mod model;
 mod raw;
 mod reads;
 mod resume;
+mod search;
 mod servers;
 mod stats;
 mod steer;
@@ -180,6 +181,8 @@ enum Mode {
     /// The throughput phase on a real cluster (nats-servers with R3 streams, worker and gateway processes)
     /// and the CPU each process spends per 1,000 followups, beside a raw R3 publish-ack.
     Cluster(cluster::ClusterArgs),
+    /// `ListSessions` with a label selector over 100,000 sessions of one tenant on `dev --nats` (SPEC §16).
+    Search(search::SearchArgs),
 }
 
 #[derive(Debug, Serialize)]
@@ -398,6 +401,7 @@ async fn main() -> Result<()> {
         Some(Mode::Reads(reads_args)) => return reads::run(reads_args).await,
         Some(Mode::Failover(failover_args)) => return failover::run(failover_args).await,
         Some(Mode::Cluster(cluster_args)) => return cluster::run(cluster_args).await,
+        Some(Mode::Search(search_args)) => return search::run(search_args).await,
         None => {}
     }
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();

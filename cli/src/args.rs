@@ -103,8 +103,15 @@ pub(crate) enum Cmd {
     Inbox(ShowArgs),
     /// Show a session's status, last seq and turn, epoch and owner.
     Session(ShowArgs),
-    /// List sessions (of --tenant, or every tenant with --all-tenants).
+    /// List sessions (of --tenant, or every tenant with --all-tenants), filtered by status, agent, parent
+    /// and labels, by id or newest activity first.
+    #[command(visible_alias = "sessions")]
     List(ListArgs),
+    /// Deliver a message on a schedule: once (--at) or by a cron pattern (--cron) in a time zone.
+    #[command(subcommand)]
+    Schedule(ScheduleCmd),
+    /// Set (KEY=VALUE) and remove (-KEY) a session's labels.
+    Label(LabelArgs),
     /// Wait until the session is idle with no latched wake.
     WaitIdle(WaitIdleArgs),
     /// Stream a session's events: history after --after, caught-up, then the live tail.
@@ -510,6 +517,75 @@ pub(crate) struct ListArgs {
     /// Only the child sessions that this session's `spawn_agent` calls created.
     #[arg(long, value_name = "SESSION")]
     pub(crate) parent: Option<String>,
+    /// Only sessions with this status: idle or running.
+    #[arg(long)]
+    pub(crate) status: Option<String>,
+    /// Only sessions running this agent.
+    #[arg(long)]
+    pub(crate) agent: Option<String>,
+    /// A label selector: k=v, k!=v, k, !k joined by commas.
+    #[arg(long, value_name = "SELECTOR")]
+    pub(crate) label: Option<String>,
+    /// Newest last activity first (default: by id).
+    #[arg(long)]
+    pub(crate) recent: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum ScheduleCmd {
+    /// Create a schedule on SESSION (the same id with the same content is a retry).
+    Create(ScheduleCreateArgs),
+    /// List the schedules of SESSION, or of every session of --tenant when SESSION is left out.
+    List(ScheduleListArgs),
+    /// Delete a schedule.
+    Delete(ScheduleDeleteArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ScheduleCreateArgs {
+    pub(crate) session: String,
+    /// The schedule's id: 1-100 characters of A-Z a-z 0-9 - _.
+    pub(crate) schedule_id: String,
+    /// Once at this time: Unix milliseconds, or +DURATION from now (+90s, +5m, +2h).
+    #[arg(long, conflicts_with = "cron", required_unless_present = "cron")]
+    pub(crate) at: Option<String>,
+    /// A 5-field cron pattern: "minute hour day-of-month month day-of-week" (e.g. "0 9 * * MON-FRI").
+    #[arg(long)]
+    pub(crate) cron: Option<String>,
+    /// The IANA time zone of --cron (default UTC).
+    #[arg(long, requires = "cron")]
+    pub(crate) time_zone: Option<String>,
+    /// followup (default), queue, steer or inject.
+    #[arg(long, default_value = "followup")]
+    pub(crate) preset: String,
+    /// No firing after this Unix time in ms.
+    #[arg(long)]
+    pub(crate) not_after: Option<u64>,
+    /// How late a missed firing may still be delivered when a new owner catches up (default 60000 ms).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) catchup_ms: u64,
+    /// The message each firing delivers (words are joined with spaces).
+    #[arg(required = true)]
+    pub(crate) text: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ScheduleListArgs {
+    pub(crate) session: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ScheduleDeleteArgs {
+    pub(crate) session: String,
+    pub(crate) schedule_id: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct LabelArgs {
+    pub(crate) session: String,
+    /// KEY=VALUE sets a label, -KEY removes one.
+    #[arg(required = true, allow_hyphen_values = true)]
+    pub(crate) changes: Vec<String>,
 }
 
 #[derive(Args, Debug)]

@@ -127,7 +127,7 @@ fn status_name(raw: i32) -> &'static str {
     codec::decode_status(raw).map(Status::as_str).unwrap_or("unknown")
 }
 
-fn info_line(info: &pb::SessionInfo) -> String {
+pub(crate) fn info_line(info: &pb::SessionInfo) -> String {
     let s = info.session.clone().unwrap_or_default();
     let goal = match &info.goal {
         Some(goal) => format!(" {}", goal_line(goal)),
@@ -137,8 +137,15 @@ fn info_line(info: &pb::SessionInfo) -> String {
         Some(p) => format!(" parent={}/{}", p.tenant, p.id),
         None => String::new(),
     };
+    let labels = if info.labels.is_empty() {
+        String::new()
+    } else {
+        let mut pairs: Vec<String> = info.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        pairs.sort();
+        format!(" labels={}", pairs.join(","))
+    };
     format!(
-        "{}/{} status={} last_seq={} last_turn={} epoch={} owner={} agent={} inject_mode={}{parent}{goal}",
+        "{}/{} status={} last_seq={} last_turn={} epoch={} owner={} agent={} inject_mode={}{parent}{labels}{goal}",
         s.tenant,
         s.id,
         status_name(info.status),
@@ -156,12 +163,30 @@ pub async fn show_session(client: &mut Client, id: &str) -> Result<()> {
     client.print(&info, &[], info_line)
 }
 
-/// `parent` empty lists every session; else only that session's children.
-pub async fn list(client: &mut Client, all_tenants: bool, parent: String) -> Result<()> {
+/// `list`/`sessions`: every page of the sessions the filters select.
+pub async fn list(client: &mut Client, args: crate::args::ListArgs) -> Result<()> {
+    let status = match args.status.as_deref() {
+        None => pb::SessionStatus::Unspecified,
+        Some("idle") => pb::SessionStatus::Idle,
+        Some("running") => pb::SessionStatus::Running,
+        Some(other) => anyhow::bail!("--status {other:?} is not a status; use idle or running"),
+    };
+    let order_by = if args.recent { pb::SessionOrder::LastActivity } else { pb::SessionOrder::Id };
     let mut page_token = String::new();
     loop {
-        let tenant = if all_tenants { String::new() } else { client.tenant.clone() };
-        let request = pb::ListSessionsRequest { page_token, page_size: 0, tenant, parent: parent.clone() };
+        let tenant = if args.all_tenants { String::new() } else { client.tenant.clone() };
+        let request = pb::ListSessionsRequest {
+            page_token,
+            page_size: 0,
+            tenant,
+            parent: args.parent.clone().unwrap_or_default(),
+            status: status.into(),
+            agent: args.agent.clone().unwrap_or_default(),
+            label_selector: args.label.clone().unwrap_or_default(),
+            updated_after_unix_ms: None,
+            updated_before_unix_ms: None,
+            order_by: order_by.into(),
+        };
         let reply = client.api.list_sessions(request).await?.into_inner();
         for info in &reply.sessions {
             client.print(info, &[], info_line)?;

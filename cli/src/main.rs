@@ -8,6 +8,7 @@ mod client;
 mod demo;
 mod json;
 mod render;
+mod schedules;
 mod security;
 mod watch;
 
@@ -20,7 +21,7 @@ use turnstile_node::config::Overrides;
 use turnstile_node::role::Serving;
 use turnstile_node::signal::shutdown_signal;
 
-use crate::args::{Cli, Cmd, DeliverArgs, DevArgs, GatewayArgs, GoalCmd, WorkerArgs};
+use crate::args::{Cli, Cmd, DeliverArgs, DevArgs, GatewayArgs, GoalCmd, ScheduleCmd, WorkerArgs};
 use crate::client::{Client, Preset};
 use crate::watch::WatchOpts;
 
@@ -173,7 +174,11 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Goal(GoalCmd::Clear(a)) => client::update_goal(c, &a.session, a.goal_id, GoalAction::Clear).await,
         Cmd::Inbox(a) => client::inbox(c, &a.session).await,
         Cmd::Session(a) => client::show_session(c, &a.session).await,
-        Cmd::List(a) => client::list(c, a.all_tenants, a.parent.unwrap_or_default()).await,
+        Cmd::List(a) => client::list(c, a).await,
+        Cmd::Schedule(ScheduleCmd::Create(a)) => schedules::create(c, a).await,
+        Cmd::Schedule(ScheduleCmd::List(a)) => schedules::list(c, a.session.as_deref()).await,
+        Cmd::Schedule(ScheduleCmd::Delete(a)) => schedules::delete(c, &a.session, &a.schedule_id).await,
+        Cmd::Label(a) => schedules::label(c, &a.session, &a.changes).await,
         Cmd::WaitIdle(a) => client::wait_idle(c, &a.session, a.timeout_ms).await,
         Cmd::Usage(a) => client::usage(c, a.days).await,
         Cmd::Chat(a) => chat::run(c, &a.session).await,

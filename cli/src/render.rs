@@ -67,6 +67,25 @@ fn source_suffix(source: &MessageSource) -> String {
         MessageSource::Tool { call_id } => format!(" <tool:{call_id}>"),
         MessageSource::Model { provider, model } => format!(" <model:{provider}:{model}>"),
         MessageSource::Session { tenant, session, upto_seq } => format!(" <session:{tenant}/{session}@{upto_seq}>"),
+        MessageSource::Schedule { schedule_id, fire_unix_ms } => format!(" <schedule:{schedule_id}@{fire_unix_ms}>"),
+    }
+}
+
+fn schedule_line(change: &turnstile_model::ScheduleChange) -> String {
+    use turnstile_model::{ScheduleChange, Timing};
+    match change {
+        ScheduleChange::Created(spec) => {
+            let timing = match &spec.timing {
+                Timing::At { at_ms } => format!("at {at_ms}"),
+                Timing::Cron { expr, time_zone } => format!("cron {expr:?} {time_zone}"),
+            };
+            format!("schedule/changed created {} {} {timing}", spec.schedule_id, spec.preset)
+        }
+        ScheduleChange::Deleted { schedule_id } => format!("schedule/changed deleted {schedule_id}"),
+        ScheduleChange::Fired { schedule_id, fire_ms } => format!("schedule/changed fired {schedule_id}@{fire_ms}"),
+        ScheduleChange::Skipped { schedule_id, upto_fire_ms, count } => {
+            format!("schedule/changed skipped {schedule_id} {count} firing(s) through {upto_fire_ms}")
+        }
     }
 }
 
@@ -121,6 +140,15 @@ impl Renderer {
         let (depth, text) = match &e.payload {
             EventPayload::InboxSpliced(s) => (ambient, splice_line(s)),
             EventPayload::Status(s) => (ambient, format!("status {s}")),
+            EventPayload::ScheduleChanged(change) => (ambient, schedule_line(change)),
+            EventPayload::SessionLabeled(l) => {
+                let set: Vec<String> = l.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let mut line = format!("session/labeled {}", set.join(","));
+                if !l.removed.is_empty() {
+                    line.push_str(&format!(" removed {}", l.removed.join(",")));
+                }
+                (ambient, line)
+            }
             EventPayload::TurnStart { turn } => {
                 self.in_turn = true;
                 self.in_step = false;

@@ -18,6 +18,7 @@ use turnstile_proto::v1 as pb;
 
 use turnstile_model::command::{Command, CommandError, CommandReply, DeadlineSpec, Spawn, StreamingStep};
 use turnstile_model::message::{MessageId, SessionRef};
+use turnstile_model::schedule::Schedule;
 use turnstile_proto::codec::error::{CodecError, join};
 use turnstile_proto::codec::event::{
     decode_cancel_cause, encode_cancel_cause, encode_inject_mode, encode_on_deadline, inject_mode_at, on_deadline_at,
@@ -26,6 +27,7 @@ use turnstile_proto::codec::message::{
     encode_session_ref, encode_target, encode_user_message, messages_at, required_message_at, required_session_at,
     target_at,
 };
+use turnstile_proto::codec::schedule::{encode_labeled, encode_schedule_spec, labeled_at, schedule_spec_at};
 use turnstile_proto::codec::session::{encode_goal_action, encode_session_info, goal_action_at, session_info_at};
 
 /// Metadata key of a failed `Execute`: the [`CommandError`] kind ([`CommandError::kind`]).
@@ -36,8 +38,8 @@ pub const OWNER_KEY: &str = "turnstile-owner";
 pub const SESSION_KEY: &str = "turnstile-session";
 
 const COMMANDS: &str = "set one of send, interrupt, cancel, replace, remove, splice, clear, when_idle, configure, decide, \
-     set_goal, update_goal, compact, fork, spawn, delete or streaming_step";
-const REPLIES: &str = "set one of sent, written_seq, idle or streaming";
+     set_goal, update_goal, compact, fork, spawn, delete, streaming_step, create_schedule, delete_schedule or set_labels";
+const REPLIES: &str = "set one of sent, written_seq, idle, streaming or schedule";
 
 /// The request that asks `session`'s owner to run `command`; `timeout` bounds `WhenIdle`.
 pub fn encode_execute_request(
@@ -121,6 +123,15 @@ pub fn encode_command(command: &Command) -> PbCommand {
         }),
         Command::Delete => PbCommand::Delete(cpb::DeleteCommand {}),
         Command::StreamingStep => PbCommand::StreamingStep(cpb::StreamingStepCommand {}),
+        Command::CreateSchedule(spec) => {
+            PbCommand::CreateSchedule(cpb::CreateScheduleCommand { spec: Some(encode_schedule_spec(spec)) })
+        }
+        Command::DeleteSchedule { schedule_id } => {
+            PbCommand::DeleteSchedule(cpb::DeleteScheduleCommand { schedule_id: schedule_id.clone() })
+        }
+        Command::SetLabels(change) => {
+            PbCommand::SetLabels(cpb::SetLabelsCommand { change: Some(encode_labeled(change)) })
+        }
     }
 }
 
@@ -178,6 +189,15 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
         }
         PbCommand::Delete(_) => Command::Delete,
         PbCommand::StreamingStep(_) => Command::StreamingStep,
+        PbCommand::CreateSchedule(c) => {
+            let spec = c.spec.ok_or_else(|| CodecError::missing("create_schedule.spec", "set the schedule"))?;
+            Command::CreateSchedule(Box::new(schedule_spec_at(spec, "create_schedule.spec")?))
+        }
+        PbCommand::DeleteSchedule(d) => Command::DeleteSchedule { schedule_id: d.schedule_id },
+        PbCommand::SetLabels(s) => {
+            let change = s.change.ok_or_else(|| CodecError::missing("set_labels.change", "set the labels"))?;
+            Command::SetLabels(labeled_at(change, "set_labels.change")?)
+        }
         PbCommand::Configure(c) => {
             if c.agent.is_empty() {
                 return Err(CodecError::invalid("configure.agent", "is empty; name one of the configured agents"));
@@ -234,6 +254,13 @@ pub fn encode_command_reply(session: &SessionRef, reply: &CommandReply) -> cpb::
                 reasoning: s.reasoning.clone(),
             }),
         }),
+        CommandReply::Schedule { seq, schedule } => Reply::Schedule(cpb::ScheduleReply {
+            seq: *seq,
+            spec: Some(encode_schedule_spec(&schedule.spec)),
+            next_fire_unix_ms: schedule.next_fire_ms,
+            fired: schedule.fired,
+            missed: schedule.missed,
+        }),
     };
     cpb::ExecuteReply { reply: Some(reply) }
 }
@@ -253,6 +280,18 @@ pub fn decode_command_reply(reply: cpb::ExecuteReply) -> Result<CommandReply, Co
                 reasoning: s.reasoning,
             })
         }))),
+        Some(Reply::Schedule(s)) => {
+            let spec = s.spec.ok_or_else(|| CodecError::missing("schedule.spec", "set the schedule"))?;
+            Ok(CommandReply::Schedule {
+                seq: s.seq,
+                schedule: Box::new(Schedule {
+                    spec: schedule_spec_at(spec, "schedule.spec")?,
+                    next_fire_ms: s.next_fire_unix_ms,
+                    fired: s.fired,
+                    missed: s.missed,
+                }),
+            })
+        }
         None => Err(CodecError::missing("reply", REPLIES)),
     }
 }
@@ -378,6 +417,12 @@ mod tests {
         all.push(Command::Clear);
         all.push(Command::Delete);
         all.push(Command::StreamingStep);
+        all.push(Command::CreateSchedule(Box::new(schedule_spec())));
+        all.push(Command::DeleteSchedule { schedule_id: "daily".into() });
+        all.push(Command::SetLabels(turnstile_model::Labeled {
+            set: [("team".to_string(), "blue".to_string())].into(),
+            removed: vec!["old".into()],
+        }));
         all.push(Command::WhenIdle);
         all.push(Command::Compact);
         all.push(Command::Spawn(Box::new(Spawn {
@@ -408,6 +453,17 @@ mod tests {
         all
     }
 
+    fn schedule_spec() -> turnstile_model::ScheduleSpec {
+        turnstile_model::ScheduleSpec {
+            schedule_id: "daily".into(),
+            preset: turnstile_model::Preset::Steer,
+            content: vec![turnstile_model::ContentBlock::text("summarize my inbox")],
+            timing: turnstile_model::Timing::Cron { expr: "0 9 * * MON-FRI".into(), time_zone: "Europe/Paris".into() },
+            not_after_ms: Some(2_000_000_000_000),
+            catchup_ms: 60_000,
+        }
+    }
+
     #[test]
     fn every_command_round_trips_with_its_timeout() {
         for command in commands() {
@@ -429,6 +485,15 @@ mod tests {
             CommandReply::Written { seq: 0 },
             CommandReply::Written { seq: 12 },
             CommandReply::Streaming(None),
+            CommandReply::Schedule {
+                seq: 7,
+                schedule: Box::new(Schedule {
+                    spec: schedule_spec(),
+                    next_fire_ms: Some(1_700_000_060_000),
+                    fired: 3,
+                    missed: 1,
+                }),
+            },
             CommandReply::Streaming(Some(Box::new(StreamingStep {
                 turn: 3,
                 step: 2,
@@ -447,6 +512,7 @@ mod tests {
                 goal: None,
                 last_time_ms: 1_700_000_000_000,
                 parent: Some(SessionRef { tenant: "acme".into(), id: "planner".into() }),
+                labels: Default::default(),
             })),
             CommandReply::Idle(Box::new(SessionSummary {
                 status: Status::Running,
@@ -468,6 +534,7 @@ mod tests {
                 }),
                 last_time_ms: 0,
                 parent: None,
+                labels: [("team".to_string(), "blue".to_string())].into(),
             })),
         ];
         for reply in replies {

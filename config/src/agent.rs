@@ -48,6 +48,47 @@ impl HookConfig {
     }
 }
 
+/// A webhook of an agent profile (SPEC §15): the session's owner POSTs each durable event of `events` to
+/// `url`, signed with the secret in the environment variable `secret_env`, retried until `max_age_ms`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Where to POST (http or https).
+    pub url: HttpUrl,
+    /// The durable types delivered (SPEC §5 names: `turn/end`, `tool/call`, `goal/change`, …). Default
+    /// `["turn/end"]`.
+    #[serde(default = "WebhookConfig::default_events")]
+    pub events: Vec<String>,
+    /// The environment variable holding the HMAC-SHA256 key of `Turnstile-Signature`. Default: unsigned.
+    #[serde(default)]
+    pub secret_env: Option<String>,
+    /// How long an event is retried before it is given up on (counted and logged), in ms. Default 24 h.
+    #[serde(default = "WebhookConfig::default_max_age_ms")]
+    pub max_age_ms: u64,
+}
+
+impl WebhookConfig {
+    fn default_events() -> Vec<String> {
+        vec!["turn/end".to_owned()]
+    }
+
+    fn default_max_age_ms() -> u64 {
+        24 * 3600 * 1000
+    }
+
+    /// The signing key, from `secret_env` read through `env`; `None` when no variable is named.
+    pub fn resolve_secret(
+        &self,
+        key: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<crate::Secret>, crate::ConfigError> {
+        match &self.secret_env {
+            None => Ok(None),
+            Some(variable) => crate::secret::from_env(key, variable, "the webhook's signing secret", env).map(Some),
+        }
+    }
+}
+
 /// An agent profile (`[agents.NAME]`).
 ///
 /// ```
@@ -90,6 +131,8 @@ pub struct AgentConfig {
     pub context_budget_tokens: Option<u64>,
     /// The model that writes compaction summaries (a `[models.NAME]`). Default the agent's model.
     pub compaction_model: Option<String>,
+    /// Where the owner POSTs the sessions' durable events (SPEC §15). Default none.
+    pub webhooks: Vec<WebhookConfig>,
 }
 
 impl Default for AgentConfig {
@@ -106,6 +149,7 @@ impl Default for AgentConfig {
             max_steps_per_turn: None,
             context_budget_tokens: None,
             compaction_model: None,
+            webhooks: Vec::new(),
         }
     }
 }
@@ -189,6 +233,23 @@ impl AgentConfig {
                 hook.deadline_ms,
                 "a deadline of 0 would fail every step",
             )?;
+        }
+        for (i, hook) in self.webhooks.iter().enumerate() {
+            let key = path.key("webhooks").index(i);
+            if hook.events.is_empty() {
+                return Err(key
+                    .key("events")
+                    .invalid("is empty; list the durable types to deliver, e.g. [\"turn/end\"]"));
+            }
+            for (j, event) in hook.events.iter().enumerate() {
+                if !turnstile_model::event::DURABLE_TYPES.contains(&event.as_str()) {
+                    return Err(key.key("events").index(j).invalid(format!(
+                        "{event:?} is not a durable event type (known: {})",
+                        turnstile_model::event::DURABLE_TYPES.join(", ")
+                    )));
+                }
+            }
+            positive(&key, "max_age_ms", hook.max_age_ms, "0 would give up every delivery at once")?;
         }
         if let Some(ms) = self.tool_deadline_ms {
             positive(path, "tool_deadline_ms", ms, "a deadline of 0 would fail every call")?;

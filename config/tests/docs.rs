@@ -69,6 +69,7 @@ fn every_key_has_a_row() {
         "[agents.a]\nzz_unknown = 1",
         "[agents.a]\nhooks = [{ url = \"http://x\", zz_unknown = 1 }]",
         "[tenants.t]\nzz_unknown = 1",
+        "[agents.a]\nwebhooks = [{ url = \"http://x\", zz_unknown = 1 }]",
     ];
     for table in tables {
         for key in allowed_keys(table) {

@@ -76,6 +76,7 @@ fn the_api_example_parses_to_what_it_says() {
             max_steps_per_turn: None,
             context_budget_tokens: None,
             compaction_model: None,
+            webhooks: vec![],
         }
     );
     assert_eq!(config.agents["scripted"], AgentConfig::scripted());

@@ -5,7 +5,7 @@
 import { api, describe, settings } from "./api";
 import { byId, fill, h } from "./dom";
 import { sessionPage } from "./session";
-import type { SessionInfo } from "../gen/turnstile/v1/agent_pb";
+import { SessionOrder, type SessionInfo } from "../gen/turnstile/v1/agent_pb";
 import { SessionStatus } from "../gen/turnstile/v1/events_pb";
 
 let leave: (() => void) | undefined;
@@ -34,8 +34,22 @@ function when(ms: bigint): string {
   return `${d.toLocaleString()} (${rel})`;
 }
 
+/// The list's filters (SPEC §16), kept while the page is open.
+const filters = { status: "", agent: "", labels: "" };
+
 function sessionsPage(root: HTMLElement): () => void {
   const input = h("input", { id: "open-id", placeholder: "session id", pattern: "[A-Za-z0-9_\\-]{1,128}", required: true }) as HTMLInputElement;
+  const status = h("select", { id: "filter-status", title: "status" },
+    ["", "idle", "running"].map((s) => h("option", { value: s, selected: filters.status === s }, s || "any status"))) as HTMLSelectElement;
+  const agent = h("input", { id: "filter-agent", placeholder: "agent", value: filters.agent }) as HTMLInputElement;
+  const labels = h("input", { id: "filter-labels", placeholder: "labels: team=blue,!archived", value: filters.labels }) as HTMLInputElement;
+  const filterForm = h("form", { id: "filters", class: "row", onsubmit: (ev: Event) => {
+    ev.preventDefault();
+    filters.status = status.value;
+    filters.agent = agent.value.trim();
+    filters.labels = labels.value.trim();
+    void load();
+  } }, status, agent, labels, h("button", { id: "apply-filters", type: "submit" }, "filter"));
   fill(root,
     h("section", { id: "sessions-page" },
       h("div", { class: "row" },
@@ -44,9 +58,10 @@ function sessionsPage(root: HTMLElement): () => void {
         h("form", { class: "row", onsubmit: (ev: Event) => { ev.preventDefault(); window.location.hash = `#/s/${encodeURIComponent(input.value)}`; } },
           input, h("button", { id: "open", type: "submit" }, "open"))),
       h("div", { id: "tenant-usage", class: "muted" }),
+      filterForm,
       h("div", { id: "list-error", class: "error" }),
       h("table", { id: "sessions" },
-        h("thead", {}, h("tr", {}, ["session", "status", "last activity", "agent", "goal", "turns"].map((c) => h("th", {}, c)))),
+        h("thead", {}, h("tr", {}, ["session", "status", "last activity", "agent", "labels", "goal", "turns"].map((c) => h("th", {}, c)))),
         h("tbody", {}))));
   let stopped = false;
   const load = async () => {
@@ -54,16 +69,25 @@ function sessionsPage(root: HTMLElement): () => void {
       const all: SessionInfo[] = [];
       let pageToken = "";
       do {
-        const reply = await api.listSessions({ pageToken, pageSize: 500, tenant: settings.tenant });
+        const reply = await api.listSessions({
+          pageToken,
+          pageSize: 500,
+          tenant: settings.tenant,
+          status: filters.status === "running" ? SessionStatus.RUNNING : filters.status === "idle" ? SessionStatus.IDLE : SessionStatus.UNSPECIFIED,
+          agent: filters.agent,
+          labelSelector: filters.labels,
+          orderBy: SessionOrder.LAST_ACTIVITY,
+        });
         all.push(...reply.sessions);
         pageToken = reply.nextPageToken;
       } while (pageToken && all.length < 5000);
-      all.sort((a, b) => Number(b.lastEventUnixMs - a.lastEventUnixMs));
       byId("list-error").textContent = "";
       const body = root.querySelector("#sessions tbody");
       if (!body) return;
       fill(body, all.length === 0
-        ? h("tr", {}, h("td", { colspan: 6, class: "muted" }, "no sessions yet: open one by its id and send a followup"))
+        ? h("tr", {}, h("td", { colspan: 7, class: "muted" }, filters.status || filters.agent || filters.labels
+            ? "no session matches these filters"
+            : "no sessions yet: open one by its id and send a followup"))
         : all.map((s) => {
             const id = s.session?.id ?? "";
             const running = s.status === SessionStatus.RUNNING;
@@ -75,6 +99,7 @@ function sessionsPage(root: HTMLElement): () => void {
               h("td", {}, h("span", { class: `status ${running ? "running" : "idle"}` }, running ? "running" : "idle")),
               h("td", {}, when(s.lastEventUnixMs)),
               h("td", {}, s.agent),
+              h("td", { class: "labels" }, Object.entries(s.labels).map(([k, v]) => `${k}=${v}`).sort().join(", ")),
               h("td", {}, s.goal ? `${s.goal.state}: ${s.goal.objective}` : ""),
               h("td", {}, String(s.lastTurn)));
           }));

@@ -57,6 +57,10 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
           h("ul", { id: "inbox-next-step", class: "list inbox" }),
           h("h3", {}, "Goal"),
           h("div", { id: "goal" }),
+          h("h3", {}, "Schedules"),
+          h("ul", { id: "schedules", class: "list" }),
+          h("h3", {}, "Labels"),
+          h("div", { id: "labels", class: "muted" }),
         ),
       ),
     ),
@@ -103,12 +107,33 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
     try {
       const info = await api.getSession({ session: sessionRef(id) });
       view.agent = info.agent;
+      const labels = Object.entries(info.labels).map(([k, v]) => `${k}=${v}`).sort();
+      byId("labels").textContent = labels.length ? labels.join(", ") : "none";
       if (info.parent) view.parent = info.parent.id;
       if (info.goal) view.goal = info.goal;
       view.dirty.header = true;
       schedule();
     } catch {
       // NOT_FOUND until the first write: the header says "new session" from the Watch's caught_up.
+    }
+  }
+
+  // The session's schedules with their next firing (SPEC §15), read again whenever one changes.
+  async function refreshSchedules() {
+    try {
+      const reply = await api.listSchedules({ session: sessionRef(id) });
+      const when = (ms: bigint | undefined) => (ms === undefined ? "none" : new Date(Number(ms)).toLocaleString());
+      fill(byId("schedules"), reply.schedules.length === 0
+        ? h("li", { class: "empty muted" }, "none")
+        : reply.schedules.map((s) => h("li", { "data-schedule": s.scheduleId },
+            h("div", {}, h("code", {}, s.scheduleId), " ", s.cron ? `cron "${s.cron}" ${s.timeZone}` : "once"),
+            h("div", { class: "next" }, `next: ${when(s.nextFireUnixMs)}`),
+            h("div", { class: "muted" }, `fired ${s.fired}, missed ${s.missed}`),
+            h("button", { type: "button", class: "remove danger", onclick: () =>
+              void call("delete schedule", async () => (await api.deleteSchedule({ session: sessionRef(id), scheduleId: s.scheduleId })).scheduleId) }, "delete"))));
+    } catch {
+      // NOT_FOUND until the session's first write.
+      fill(byId("schedules"), h("li", { class: "empty muted" }, "none"));
     }
   }
 
@@ -153,7 +178,8 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
     if (d.order) {
       fill(timeline, view.order.map((o) => ("turn" in o ? turnEl(o.turn) : h("li", { class: "note" }, h("span", { class: "muted" }, `#${o.note.seq}`), " ", o.note.text))));
     }
-    view.dirty = { header: false, inbox: false, turns: new Set(), order: false, approvals: false };
+    if (d.schedules) void refreshSchedules();
+    view.dirty = { header: false, inbox: false, turns: new Set(), order: false, approvals: false, schedules: false };
   }
 
   function turnEl(n: bigint): HTMLElement {

@@ -87,7 +87,7 @@ export class SessionView {
   /// The step whose deltas came last, until its output is durable: what a reopened Watch resumes.
   private streaming?: Step;
   /// Which parts changed since the last render.
-  dirty = { header: true, inbox: true, turns: new Set<bigint>(), order: true, approvals: true };
+  dirty = { header: true, inbox: true, turns: new Set<bigint>(), order: true, approvals: true, schedules: true };
 
   apply(item: WatchItem) {
     const it = item.item;
@@ -249,6 +249,23 @@ export class SessionView {
         this.note(e.seq, `configured: agent ${p.value.agent}${p.value.parent ? ` (child of ${p.value.parent.id})` : ""}`);
         this.dirty.header = true;
         break;
+      case "scheduleChanged": {
+        const c = p.value.change;
+        const what =
+          c.case === "created" ? `schedule ${c.value.scheduleId} created` :
+          c.case === "deleted" ? `schedule ${c.value} deleted` :
+          c.case === "fired" ? `schedule ${c.value.scheduleId} fired (${new Date(Number(c.value.fireUnixMs)).toLocaleString()})` :
+          c.case === "skipped" ? `schedule ${c.value.scheduleId}: ${c.value.count} firing(s) skipped` : "schedule changed";
+        this.note(e.seq, what);
+        this.dirty.schedules = true;
+        break;
+      }
+      case "sessionLabeled": {
+        const set = Object.entries(p.value.set).map(([k, v]) => `${k}=${v}`);
+        this.note(e.seq, `labels ${[...set, ...p.value.removed.map((k) => `-${k}`)].join(", ")}`);
+        this.dirty.header = true;
+        break;
+      }
       default:
         // A type this console does not know (from a newer server): shown, never dropped silently.
         this.note(e.seq, `${e.type}`);

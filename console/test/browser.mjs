@@ -33,8 +33,20 @@ async function main() {
   await page.click("#save-settings");
   // The tenant's sessions (the token names the tenant): the one that exists, idle, with its agent.
   const row = page.locator(`#sessions tr[data-session="${listed}"]`);
-  await row.filter({ hasText: "idle" }).filter({ hasText: "careful" }).waitFor();
+  await row.filter({ hasText: "idle" }).filter({ hasText: "careful" }).filter({ hasText: "team=blue" }).waitFor();
   if (pageErrors.length) throw new Error(`the sessions page failed: ${pageErrors.join("; ")}`);
+  // The list's filters (SPEC §16): a selector the listed session does not match empties the list.
+  await page.fill("#filter-labels", "team=red");
+  await page.click("#apply-filters");
+  await page.locator("#sessions td", { hasText: "no session matches these filters" }).waitFor();
+  await page.fill("#filter-labels", "team=blue");
+  await page.click("#apply-filters");
+  await row.waitFor();
+  // Its page shows its schedule and the next firing (SPEC §15).
+  await row.locator("a").first().click();
+  await page.locator('#schedules li[data-schedule="daily"] .next', { hasText: "next:" }).waitFor();
+  await page.locator("#labels", { hasText: "team=blue" }).waitFor();
+  await page.goto(url);
   await page.fill("#open-id", session);
   await page.click("#open");
   await page.locator("#status", { hasText: "new session" }).waitFor();

@@ -48,6 +48,9 @@ impl Driver {
                 "DeleteSession reached the session driver; the session host performs it".into(),
             )),
             Command::StreamingStep => Ok(CommandReply::Streaming(self.streaming_step().map(Box::new))),
+            Command::CreateSchedule(spec) => self.create_schedule(*spec),
+            Command::DeleteSchedule { schedule_id } => self.delete_schedule(&schedule_id),
+            Command::SetLabels(change) => self.set_labels(change),
             Command::WhenIdle => {
                 if self.is_quiescent() {
                     Ok(CommandReply::Idle(Box::new(self.summary())))

@@ -10,13 +10,26 @@ use turnstile_model::{CancelCause, EventPayload, LivePayload, MessageId, OnDeadl
 use super::Driver;
 
 impl Driver {
-    /// The earliest pending steer deadline (unix ms), if any: when the runner must call [`Driver::on_timer`].
+    /// The earliest pending steer deadline or schedule firing (unix ms), if any: when the runner must call
+    /// [`Driver::on_timer`].
     pub fn next_timer(&self) -> Option<u64> {
+        self.state.next_timer()
+    }
+
+    /// The earliest pending steer deadline alone: a session with one stays loaded, while one with only
+    /// schedules may be unloaded and woken by its host when a firing is due.
+    pub fn next_steer_deadline(&self) -> Option<u64> {
         self.state.steer_deadlines.values().map(|d| d.at_ms).min()
     }
 
-    /// Time passed: every steer still pending at its deadline gets its `on_deadline`, earliest first.
+    /// Time passed: every steer still pending at its deadline gets its `on_deadline`, earliest first; then
+    /// every schedule firing due is delivered (or skipped, beyond its catch-up window; SPEC §15).
     pub fn on_timer(&mut self, now_ms: u64) {
+        self.steer_deadlines_due(now_ms);
+        self.fire_schedules(now_ms);
+    }
+
+    fn steer_deadlines_due(&mut self, now_ms: u64) {
         self.now_ms = now_ms;
         let mut due: Vec<(u64, MessageId, OnDeadline)> = self
             .state

@@ -38,6 +38,7 @@ pub mod effect;
 mod goals;
 mod limits;
 mod recovery;
+mod schedules;
 mod tool_calls;
 mod turn;
 

@@ -28,6 +28,8 @@ pub mod quota;
 pub mod read;
 pub mod resume;
 mod rpc;
+mod schedules;
+mod search;
 pub mod service;
 pub mod status;
 pub mod tools;

@@ -15,7 +15,7 @@ use turnstile_proto::v1::agent_server::Agent;
 
 use crate::auth::Caller;
 use crate::resume::StepPosition;
-use crate::service::{DEFAULT_PAGE, Gateway, MAX_PAGE, page_token, parse_page_token, unexpected};
+use crate::service::{DEFAULT_PAGE, Gateway, MAX_PAGE, parse_page_token, unexpected};
 use crate::watch::{self, WatchSpec};
 use crate::{convert, read, status};
 
@@ -339,6 +339,58 @@ impl Agent for Gateway {
         Ok(Response::new(codec::encode_session_info(&session, &summary)))
     }
 
+    async fn create_schedule(
+        &self,
+        request: Request<pb::CreateScheduleRequest>,
+    ) -> Result<Response<pb::Schedule>, Status> {
+        let req = self.open(request).await?;
+        Ok(Response::new(Gateway::create_schedule(self, req).await?))
+    }
+
+    async fn delete_schedule(
+        &self,
+        request: Request<pb::DeleteScheduleRequest>,
+    ) -> Result<Response<pb::Schedule>, Status> {
+        let req = self.open(request).await?;
+        Ok(Response::new(Gateway::delete_schedule(self, req).await?))
+    }
+
+    async fn list_schedules(
+        &self,
+        request: Request<pb::ListSchedulesRequest>,
+    ) -> Result<Response<pb::ListSchedulesReply>, Status> {
+        let caller = self.auth.authenticate(request.metadata())?;
+        let tenant = match &caller {
+            Caller::Tenant(own) => own.clone(),
+            Caller::Anonymous => String::new(),
+        };
+        let has_session = request.get_ref().session.is_some();
+        let req = if has_session { self.open(request).await? } else { request.into_inner() };
+        let session = req.session.map(|s| self.session(Some(s))).transpose()?;
+        let tenant = match (tenant.is_empty(), req.tenant.is_empty()) {
+            (false, false) if req.tenant != tenant => {
+                return Err(Status::permission_denied(format!(
+                    "your credentials are for tenant {tenant:?}; ListSchedules lists only your tenant's schedules: \
+                     leave tenant empty"
+                )));
+            }
+            (false, _) => tenant,
+            (true, false) => req.tenant,
+            (true, true) => self.config.default_tenant.clone(),
+        };
+        if session.is_none() {
+            self.quotas.admit(&tenant).await?;
+            SessionRef::new(tenant.clone(), "x").map_err(|e| Status::invalid_argument(format!("tenant: {e}")))?;
+        }
+        let reply = Gateway::list_schedules(self, session, tenant, &req.page_token, req.page_size).await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn set_labels(&self, request: Request<pb::SetLabelsRequest>) -> Result<Response<pb::SessionInfo>, Status> {
+        let req = self.open(request).await?;
+        Ok(Response::new(Gateway::set_labels(self, req).await?))
+    }
+
     async fn list_sessions(
         &self,
         request: Request<pb::ListSessionsRequest>,
@@ -365,36 +417,25 @@ impl Agent for Gateway {
             }
             n => n,
         };
-        let tenant = (!req.tenant.is_empty()).then_some(req.tenant);
+        let tenant = (!req.tenant.is_empty()).then(|| req.tenant.clone());
         if let Some(t) = &tenant {
             // Reuse the session-name rule for the tenant half.
             SessionRef::new(t.clone(), "x").map_err(|e| Status::invalid_argument(format!("tenant: {e}")))?;
         }
-        let after = parse_page_token(&req.page_token)?;
+        let mut query = crate::search::query_of(&req)?;
         if !req.parent.is_empty() {
             // A parent is in one tenant: the caller's, the one named, or the default one.
-            let tenant = tenant.unwrap_or_else(|| self.config.default_tenant.clone());
+            let tenant = tenant.clone().unwrap_or_else(|| self.config.default_tenant.clone());
             let parent =
                 SessionRef::new(tenant, req.parent).map_err(|e| Status::invalid_argument(format!("parent: {e}")))?;
-            return self.list_children(&parent, after, page_size).await.map(Response::new);
+            if query.order == turnstile_journal::index::Order::Id {
+                // Children's ids share their parent's prefix: the log lists them without any index.
+                let after = parse_page_token(&req.page_token)?;
+                return self.list_children(&parent, after, page_size, &query).await.map(Response::new);
+            }
+            query.parent = Some(parent);
         }
-        // One extra tells whether another page exists without an empty last page.
-        let mut refs = self
-            .log
-            .list_sessions(tenant.as_deref(), after.as_ref(), page_size + 1)
-            .await
-            .map_err(status::from_journal)?;
-        let more = refs.len() > page_size;
-        refs.truncate(page_size);
-        let mut sessions = Vec::with_capacity(refs.len());
-        for session in &refs {
-            let state = read::project(self.log.as_ref(), self.snapshots.as_ref(), session).await?;
-            sessions.push(self.info(&state).await);
-        }
-        let next_page_token = match refs.last() {
-            Some(last) if more => page_token(last),
-            _ => String::new(),
-        };
-        Ok(Response::new(pb::ListSessionsReply { sessions, next_page_token }))
+        query.tenant = tenant;
+        self.search(query, &req.page_token, page_size).await.map(Response::new)
     }
 }

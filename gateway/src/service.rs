@@ -85,6 +85,8 @@ pub struct Gateway {
     pub(crate) tools: ToolHub,
     /// Per-tenant request rate and Watch slots, checked in every method (so gRPC-Web is covered too).
     pub(crate) quotas: Quotas,
+    /// The session index `ListSessions` and `ListSchedules` read (SPEC §16); without one they read logs.
+    pub(crate) index: Option<Arc<dyn turnstile_journal::SessionIndex>>,
     /// One shared log reader and live subscription per watched session, for all its Watch streams here.
     pub(crate) feeds: SessionFeeds,
     /// Where `GetUsage` reads tenants' token usage (SPEC §17); `None`: it is UNIMPLEMENTED here.
@@ -122,7 +124,14 @@ impl Gateway {
             auth: Arc::new(Authenticator::Disabled),
             shutdown: CancellationToken::new(),
             tools: ToolHub::new(),
+            index: None,
         }
+    }
+
+    /// `ListSessions` filters and orders from `index` (the one its node's workers write).
+    pub fn with_index(mut self, index: Arc<dyn turnstile_journal::SessionIndex>) -> Self {
+        self.index = Some(index);
+        self
     }
 
     /// Client tool executors register in `hub` (one reachable over NATS in a cluster).
@@ -276,6 +285,7 @@ impl Gateway {
         parent: &SessionRef,
         after: Option<SessionRef>,
         page_size: usize,
+        query: &turnstile_journal::index::Query,
     ) -> Result<pb::ListSessionsReply, Status> {
         let prefix = format!("{}-", turnstile_model::child::id_prefix(parent));
         let start = SessionRef { tenant: parent.tenant.clone(), id: prefix.clone() };
@@ -294,7 +304,9 @@ impl Gateway {
                     break 'pages;
                 }
                 let state = read::project(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
-                if state.parent.as_ref() == Some(parent) {
+                let agent = state.agent.clone().unwrap_or_else(|| self.config.default_agent.clone());
+                let entry = turnstile_journal::IndexEntry::of(&state, SessionSummary::of(&state, String::new(), agent));
+                if state.parent.as_ref() == Some(parent) && query.matches(&entry) {
                     children.push(state);
                 }
             }
@@ -382,6 +394,9 @@ names_session!(
 
 // Session lifecycle (SPEC §12).
 names_session!(pb::DeleteSessionRequest);
+
+// Schedules and labels (SPEC §15, §16).
+names_session!(pb::CreateScheduleRequest, pb::DeleteScheduleRequest, pb::ListSchedulesRequest, pb::SetLabelsRequest);
 
 pub(crate) fn unexpected(what: &str, reply: &CommandReply) -> Status {
     Status::internal(format!("the driver answered {what} with {reply:?}; this is a bug, please report it"))

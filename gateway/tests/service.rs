@@ -191,6 +191,7 @@ async fn list_sessions_pages_by_last_name() {
                 page_size: 2,
                 tenant: String::new(),
                 parent: String::new(),
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -209,6 +210,7 @@ async fn list_sessions_pages_by_last_name() {
             page_size: 1001,
             tenant: String::new(),
             parent: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -219,6 +221,7 @@ async fn list_sessions_pages_by_last_name() {
             page_size: 0,
             tenant: "acme".into(),
             parent: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -13,14 +13,18 @@
 
 pub mod bus;
 pub mod embedded;
+pub mod index;
 pub mod jetstream;
 pub mod log;
 pub mod snapshot;
 mod sync;
 pub mod usage;
+pub mod webhook;
 
 pub use bus::{LiveBus, LiveStream};
 pub use embedded::{EmbeddedLog, LocalBus};
+pub use index::{IndexEntry, MemoryIndex, SessionIndex};
 pub use jetstream::{JetStreamConfig, JetStreamLog, NatsBus};
 pub use log::{EventStream, JournalError, SessionLog};
 pub use usage::{MemoryUsage, UsageLedger};
+pub use webhook::{MemoryPositions, WebhookPositions};

@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::{CancelCause, Fork, InjectMode, OnDeadline, Status};
 use crate::goal::{GoalAction, GoalChange};
+use crate::labels::{Labeled, Labels};
 use crate::message::{MessageId, SessionRef, Target, UserMessage};
+use crate::schedule::{Schedule, ScheduleSpec};
 
 /// A client command for one session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,6 +89,15 @@ pub enum Command {
     /// Writes nothing; the host answers it without loading a session that is not in memory (nothing of
     /// it can be streaming).
     StreamingStep,
+    /// `CreateSchedule` (SPEC §15): durable `schedule/changed {created}`; the same id with the same spec
+    /// answers the schedule as it is, with another spec ALREADY_EXISTS.
+    CreateSchedule(Box<ScheduleSpec>),
+    /// `DeleteSchedule` (SPEC §15); NOT_FOUND when the session has no such schedule.
+    DeleteSchedule {
+        schedule_id: String,
+    },
+    /// `SetLabels` (SPEC §16): durable `session/labeled`; a change that changes nothing writes nothing.
+    SetLabels(Labeled),
 }
 
 /// A steer's `deadline_ms` and `on_deadline`, as the client gave them.
@@ -123,6 +134,9 @@ impl Command {
             Self::Spawn(_) => "spawn",
             Self::Delete => "delete",
             Self::StreamingStep => "streaming_step",
+            Self::CreateSchedule(_) => "create_schedule",
+            Self::DeleteSchedule { .. } => "delete_schedule",
+            Self::SetLabels(_) => "set_labels",
         }
     }
 }
@@ -156,6 +170,9 @@ pub struct SessionSummary {
     pub last_time_ms: u64,
     /// The parent of a child session (SPEC §13).
     pub parent: Option<SessionRef>,
+    /// The session's labels (SPEC §16).
+    #[serde(default)]
+    pub labels: Labels,
 }
 
 impl SessionSummary {
@@ -173,6 +190,7 @@ impl SessionSummary {
             goal: state.goals.current.as_ref().map(crate::goal::Goal::current),
             last_time_ms: state.last_time_ms,
             parent: state.parent.clone(),
+            labels: state.labels.clone(),
         }
     }
 }
@@ -202,6 +220,9 @@ pub enum CommandReply {
     Idle(Box<SessionSummary>),
     /// [`Command::StreamingStep`]: the step streaming now, if any.
     Streaming(Option<Box<StreamingStep>>),
+    /// [`Command::CreateSchedule`] and [`Command::DeleteSchedule`]: the schedule after (before, for a
+    /// delete) the command, and the seq of the session's last event.
+    Schedule { seq: u64, schedule: Box<Schedule> },
 }
 
 /// Why a command failed. Each maps to one gRPC code; messages say what was wrong and what to do.

@@ -5,7 +5,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::goal::GoalChange;
+use crate::labels::Labeled;
 use crate::message::{SessionRef, Target, UserMessage};
+use crate::schedule::ScheduleChange;
 use crate::transcript::TranscriptEntry;
 
 /// Driver status. `Running` covers everything from the waking delivery through every drained turn.
@@ -301,6 +303,10 @@ pub enum EventPayload {
     /// `session/forked` (SPEC §13): the first event of a fork, with the source's transcript through the
     /// end of `at_turn` copied, so the fork never reads the source again.
     SessionForked(Fork),
+    /// `schedule/changed` (SPEC §15): a schedule created, fired, skipped or deleted.
+    ScheduleChanged(ScheduleChange),
+    /// `session/labeled` (SPEC §16): labels set and removed.
+    SessionLabeled(Labeled),
     /// An event of a type this build does not know, marked ignorable by its writer. Readers skip it;
     /// an unknown type that is not ignorable is refused by the codec instead.
     Ignorable {
@@ -327,13 +333,15 @@ impl EventPayload {
             Self::SessionConfigured { .. } => "session/configured",
             Self::ContextCompacted(_) => "context/compacted",
             Self::SessionForked(_) => "session/forked",
+            Self::ScheduleChanged(_) => "schedule/changed",
+            Self::SessionLabeled(_) => "session/labeled",
             Self::Ignorable { .. } => "ignorable",
         }
     }
 }
 
 /// Every durable type, in SPEC §5 order.
-pub const DURABLE_TYPES: [&str; 15] = [
+pub const DURABLE_TYPES: [&str; 17] = [
     "agent/inbox/spliced",
     "agent/status",
     "turn/start",
@@ -349,6 +357,8 @@ pub const DURABLE_TYPES: [&str; 15] = [
     "tool/decision",
     "context/compacted",
     "session/forked",
+    "schedule/changed",
+    "session/labeled",
 ];
 
 /// `context/compacted` (SPEC §13, decision 0023).

@@ -14,6 +14,8 @@
 //! - [`transcript`]: the bounded conversation history a model request is built from (§8).
 //! - [`command`]: client commands, their replies and typed errors (the gateway → driver seam).
 //! - [`child`]: the names a `spawn_agent` call gives its child session (§13).
+//! - [`schedule`]: scheduled deliveries and their fold (§15).
+//! - [`labels`]: session labels and label selectors (§16).
 //! - [`shard`]: the stable session → virtual shard hash.
 //!
 //! ```
@@ -30,7 +32,9 @@ pub mod command;
 pub mod event;
 pub mod goal;
 pub mod inbox;
+pub mod labels;
 pub mod message;
+pub mod schedule;
 pub mod shard;
 pub mod state;
 pub mod time;
@@ -47,6 +51,8 @@ pub use event::{
 };
 pub use goal::{Goal, GoalAction, GoalChange, GoalState};
 pub use inbox::{Inbox, SpliceError};
+pub use labels::{Labeled, Labels, Selector};
 pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
+pub use schedule::{Preset, Schedule, ScheduleChange, ScheduleSpec, Timing};
 pub use state::{ProjectionError, SessionState};
 pub use transcript::{Transcript, TranscriptEntry};

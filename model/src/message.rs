@@ -124,6 +124,12 @@ pub enum MessageSource {
         session: String,
         upto_seq: u64,
     },
+    /// A firing of schedule `schedule_id` (SPEC §15) at `fire_unix_ms`; its MessageId is
+    /// `<schedule_id>@<fire_unix_ms>`.
+    Schedule {
+        schedule_id: String,
+        fire_unix_ms: u64,
+    },
 }
 
 impl MessageSource {
@@ -136,6 +142,7 @@ impl MessageSource {
             Self::Tool { .. } => "tool",
             Self::Model { .. } => "model",
             Self::Session { .. } => "session",
+            Self::Schedule { .. } => "schedule",
         }
     }
 
@@ -157,6 +164,9 @@ impl MessageSource {
             }
             Self::Session { session, .. } if session.is_empty() => {
                 Err(ValueError::EmptyField { field: "source.session.session" })
+            }
+            Self::Schedule { schedule_id, .. } if schedule_id.is_empty() => {
+                Err(ValueError::EmptyField { field: "source.schedule.schedule_id" })
             }
             _ => Ok(()),
         }

@@ -15,7 +15,9 @@ use crate::event::{
 };
 use crate::goal::{GoalFold, GoalFoldError};
 use crate::inbox::{Inbox, SpliceError};
+use crate::labels::Labels;
 use crate::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
+use crate::schedule::Schedules;
 use crate::transcript::{Transcript, TranscriptEntry};
 
 /// How many accepted MessageIds the idempotence index remembers at least (SPEC §2).
@@ -70,6 +72,11 @@ impl Fingerprint {
                 field(&mut h, tenant.as_bytes());
                 field(&mut h, session.as_bytes());
                 h.update(upto_seq.to_le_bytes());
+            }
+            MessageSource::Schedule { schedule_id, fire_unix_ms } => {
+                h.update([16]);
+                field(&mut h, schedule_id.as_bytes());
+                h.update(fire_unix_ms.to_le_bytes());
             }
             MessageSource::Model { provider, model } => {
                 h.update([14]);
@@ -309,6 +316,12 @@ pub struct SessionState {
     /// the snapshot's shape, so snapshots written before it still load (no version bump).
     #[serde(default)]
     pub parent: Option<SessionRef>,
+    /// The session's schedules (SPEC §15), from its `schedule/changed` events.
+    #[serde(default)]
+    pub schedules: Schedules,
+    /// The session's labels (SPEC §16), from its `session/labeled` events.
+    #[serde(default)]
+    pub labels: Labels,
 }
 
 impl SessionState {
@@ -332,6 +345,18 @@ impl SessionState {
             compaction: None,
             forked_from: None,
             parent: None,
+            schedules: Schedules::default(),
+            labels: Labels::new(),
+        }
+    }
+
+    /// The earliest time the session's owner must act on its own (SPEC §11 steer deadlines, §15
+    /// schedules), in Unix ms.
+    pub fn next_timer(&self) -> Option<u64> {
+        let deadline = self.steer_deadlines.values().map(|d| d.at_ms).min();
+        match (deadline, self.schedules.next_fire()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
@@ -581,6 +606,11 @@ impl SessionState {
                 }
                 self.forked_from = Some((fork.from.clone(), fork.at_turn));
             }
+            EventPayload::ScheduleChanged(change) => {
+                self.schedules.check(change).map_err(|e| structure(e.to_string()))?;
+                self.schedules.apply(change, event.time_ms);
+            }
+            EventPayload::SessionLabeled(change) => change.apply_to(&mut self.labels),
             EventPayload::Ignorable { .. } => {}
         }
         self.last_seq = seq;

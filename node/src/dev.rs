@@ -7,9 +7,12 @@ use std::sync::Arc;
 use turnstile_agent::tools::ChildSessions;
 use turnstile_cluster::CommandRouter;
 use turnstile_gateway::{Gateway, ToolHub};
-use turnstile_journal::jetstream::{KvUsage, UsageFold};
+use turnstile_journal::jetstream::{KvIndex, KvUsage, KvWebhookPositions, UsageFold};
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
-use turnstile_journal::{EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, SessionLog, UsageLedger};
+use turnstile_journal::{
+    EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, MemoryIndex, MemoryPositions, SessionIndex, SessionLog,
+    UsageLedger, WebhookPositions,
+};
 use turnstile_ops::Readiness;
 use turnstile_worker::SessionHost;
 
@@ -59,6 +62,10 @@ struct Journal {
     usage: Arc<dyn UsageLedger>,
     /// The fold of a JetStream journal's streams, running as long as the server.
     fold: Option<UsageFold>,
+    /// The session index (SPEC §16): in memory with the embedded journal, a KV bucket on NATS.
+    index: Arc<dyn SessionIndex>,
+    /// Webhook positions (SPEC §15): in memory with the embedded journal, a KV bucket on NATS.
+    webhook_positions: Arc<dyn WebhookPositions>,
 }
 
 async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
@@ -74,6 +81,8 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
         describe,
         ready: always.clone(),
         nats: None,
+        index: Arc::new(MemoryIndex::default()),
+        webhook_positions: Arc::new(MemoryPositions::default()),
     };
     match (&opts.nats, &opts.data_dir) {
         (Some(nats), _) => {
@@ -95,6 +104,9 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
             let ready = Arc::new(nats_ready(client.clone(), nats.url.clone()));
             let usage = KvUsage::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
             let fold = UsageFold::start(&client, partitions, usage.clone());
+            let index = KvIndex::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
+            let positions =
+                KvWebhookPositions::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
             Ok(Journal {
                 log: Arc::new(log),
                 bus: Arc::new(bus),
@@ -104,6 +116,8 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
                 nats: Some(client),
                 usage: Arc::new(usage),
                 fold: Some(fold),
+                index: Arc::new(index),
+                webhook_positions: Arc::new(positions),
             })
         }
         (None, Some(dir)) => {
@@ -162,6 +176,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let registry = agents.tools.clone();
     let mut host = SessionHost::builder(journal.log.clone(), journal.bus.clone(), agents.into())
         .snapshots(journal.snapshots.clone())
+        .index(journal.index.clone())
+        .webhook_positions(journal.webhook_positions.clone())
         .config(worker_config(config));
     if let Some(budgets) = budgets(config, journal.usage.clone()) {
         host = host.budgets(budgets);
@@ -177,6 +193,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let auth_enabled = security.auth.is_enabled();
     let gateway = Gateway::new(router, journal.log, journal.bus, gateway_config(config))
         .with_snapshots(journal.snapshots)
+        .with_index(journal.index)
         .with_auth(security.auth)
         .with_tools(tools)
         .with_usage(journal.usage);

@@ -129,8 +129,12 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let quotas = Quotas::shared(gateway_config.quotas.clone(), &client, replicas(config))
         .await
         .map_err(|cause| NodeError::Quotas { url: url.to_owned(), cause })?;
+    let index = turnstile_journal::jetstream::KvIndex::open(&client, crate::replicas(config))
+        .await
+        .map_err(|e| NodeError::nats(url, e))?;
     let gateway = Gateway::new(router, Arc::new(log), Arc::new(bus), gateway_config)
         .with_snapshots(Arc::new(snapshots))
+        .with_index(Arc::new(index))
         .with_auth(security.auth)
         .with_tools(tools)
         .with_usage(Arc::new(usage))

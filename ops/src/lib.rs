@@ -96,6 +96,10 @@ pub mod names {
     pub const PRE_STEP_HOOK_CALLS: &str = "turnstile_pre_step_hook_calls_total";
     /// Histogram `{hook, outcome}`: seconds one remote pre-step hook call took, as the worker waited for it.
     pub const PRE_STEP_HOOK_SECONDS: &str = "turnstile_pre_step_hook_duration_seconds";
+    /// Counter `{outcome}`: webhook POSTs (SPEC §15), `delivered` (2xx) or `failed` (retried).
+    pub const WEBHOOK_DELIVERIES: &str = "turnstile_webhook_deliveries_total";
+    /// Counter: events a webhook gave up on after `max_age_ms` of failed POSTs.
+    pub const WEBHOOK_GIVEN_UP: &str = "turnstile_webhook_given_up_total";
 }
 
 /// Increments a gauge now and decrements it when dropped, so a gauge of "things open" stays right however

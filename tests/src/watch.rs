@@ -414,6 +414,8 @@ pub fn durable_type(payload: &Durable) -> &'static str {
         Durable::ToolDecision(_) => "tool/decision",
         Durable::ContextCompacted(_) => "context/compacted",
         Durable::SessionForked(_) => "session/forked",
+        Durable::ScheduleChanged(_) => "schedule/changed",
+        Durable::SessionLabeled(_) => "session/labeled",
     }
 }
 
@@ -586,6 +588,23 @@ fn durable_line(e: &SessionEvent) -> String {
         }
         Durable::ContextCompacted(c) => format!("context/compacted {} {:?}", c.upto_turn, c.summary),
         Durable::SessionForked(f) => format!("session/forked {} {}", f.at_turn, f.transcript.len()),
+        Durable::ScheduleChanged(c) => {
+            use turnstile_proto::v1::schedule_changed::Change;
+            match &c.change {
+                Some(Change::Created(s)) => format!("schedule/changed created {}", s.schedule_id),
+                Some(Change::Deleted(id)) => format!("schedule/changed deleted {id}"),
+                Some(Change::Fired(f)) => format!("schedule/changed fired {} {}", f.schedule_id, f.fire_unix_ms),
+                Some(Change::Skipped(s)) => {
+                    format!("schedule/changed skipped {} {} x{}", s.schedule_id, s.upto_fire_unix_ms, s.count)
+                }
+                None => "schedule/changed ?".into(),
+            }
+        }
+        Durable::SessionLabeled(l) => {
+            let mut set: Vec<String> = l.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            set.sort();
+            format!("session/labeled {} -{}", set.join(","), l.removed.join(","))
+        }
         Durable::ToolResult(r) => match &r.error {
             Some(err) => format!("tool/result {}.{} error {:?}", r.turn, r.step, err),
             None => format!("tool/result {}.{} {:?}", r.turn, r.step, r.output),

@@ -115,8 +115,13 @@ async fn a_tenant_cannot_read_write_list_or_watch_another_tenants_sessions() {
     assert!(inbox.next_turn.is_empty() && inbox.next_step.is_empty(), "{inbox:?}");
 
     // List: only A's sessions, whatever the filter; another tenant's filter is refused.
-    let req =
-        ListSessionsRequest { page_token: String::new(), page_size: 0, tenant: String::new(), parent: String::new() };
+    let req = ListSessionsRequest {
+        page_token: String::new(),
+        page_size: 0,
+        tenant: String::new(),
+        parent: String::new(),
+        ..Default::default()
+    };
     let list = client.list_sessions(authed(req, Some(TOKEN_A))).await.unwrap().into_inner();
     let names: Vec<_> = list.sessions.iter().map(|s| s.session.clone().unwrap()).collect();
     assert!(names.iter().all(|s| s.tenant == "tenant-a"), "{names:?}");
@@ -126,6 +131,7 @@ async fn a_tenant_cannot_read_write_list_or_watch_another_tenants_sessions() {
         page_size: 0,
         tenant: "tenant-b".into(),
         parent: String::new(),
+        ..Default::default()
     };
     assert_eq!(client.list_sessions(authed(req, Some(TOKEN_A))).await.unwrap_err().code(), Code::PermissionDenied);
 
@@ -166,6 +172,7 @@ async fn missing_or_unknown_tokens_are_unauthenticated() {
             page_size: 0,
             tenant: String::new(),
             parent: String::new(),
+            ..Default::default()
         };
         assert_eq!(client.list_sessions(authed(req, token)).await.unwrap_err().code(), Code::Unauthenticated);
     }
@@ -356,8 +363,13 @@ fn replace(path: &Path, contents: &[u8]) {
 
 /// The code of a ListSessions call with `token` (`Code::Ok` when accepted).
 async fn call(client: &mut AgentClient<Channel>, token: &str) -> Code {
-    let request =
-        ListSessionsRequest { page_token: String::new(), page_size: 1, tenant: String::new(), parent: String::new() };
+    let request = ListSessionsRequest {
+        page_token: String::new(),
+        page_size: 1,
+        tenant: String::new(),
+        parent: String::new(),
+        ..Default::default()
+    };
     match client.list_sessions(authed(request, Some(token))).await {
         Ok(_) => Code::Ok,
         Err(status) => status.code(),

@@ -17,7 +17,10 @@ use turnstile_tests::v1::cancel_cause::Cause;
 use turnstile_tests::v1::session_event::Payload;
 use turnstile_tests::v1::turn_end_reason::Reason;
 use turnstile_tests::v1::watch_item::Item;
-use turnstile_tests::v1::{DeliverRequest, SessionEvent, SessionRef, SpliceOutcome, WatchRequest, WhenIdleRequest};
+use turnstile_tests::v1::{
+    CreateScheduleRequest, DeliverRequest, SchedulePreset, SessionEvent, SessionRef, SetLabelsRequest, SpliceOutcome,
+    WatchRequest, WhenIdleRequest, create_schedule_request,
+};
 use turnstile_tests::{DevOptions, DevServer, text_of, user_msg};
 
 const TOKEN: &str = "console-test-token-0123456789";
@@ -85,6 +88,20 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
     let req = DeliverRequest { session: named(&listed), message: Some(user_msg("listed-1", "hello")) };
     client.followup(authed(req)).await.unwrap();
     client.when_idle(authed(WhenIdleRequest { session: named(&listed), timeout_ms: 20_000 })).await.unwrap();
+    // A label the list filters by, and a schedule the session's page shows with its next firing.
+    let labels = [("team".to_owned(), "blue".to_owned())].into();
+    client.set_labels(authed(SetLabelsRequest { session: named(&listed), labels, remove_keys: vec![] })).await.unwrap();
+    let daily = CreateScheduleRequest {
+        session: named(&listed),
+        schedule_id: "daily".into(),
+        preset: SchedulePreset::Followup.into(),
+        message: Some(user_msg("", "report")),
+        timing: Some(create_schedule_request::Timing::Cron("0 9 * * *".into())),
+        time_zone: "Europe/Paris".into(),
+        not_after_unix_ms: None,
+        catchup_ms: 0,
+    };
+    client.create_schedule(authed(daily)).await.unwrap();
 
     let browser = Chromium::start().await.unwrap();
     let shots = turnstile_tests::binary::target_dir().join("console");

@@ -103,7 +103,10 @@ async fn each_message_is_counted_once_by_several_folds_and_after_a_replay_from_t
     caught_up(&client, &store).await;
     let book = ledger.tenant_usage("a", day).await.unwrap();
     assert_eq!(book.used_on(day), 1190);
-    assert_eq!(book.per_model_since(day)["openai/m"], Usage { input_tokens: 1180, output_tokens: 10, ..Usage::default() });
+    assert_eq!(
+        book.per_model_since(day)["openai/m"],
+        Usage { input_tokens: 1180, output_tokens: 10, ..Usage::default() }
+    );
     assert_eq!(ledger.tenant_usage("b", day).await.unwrap().used_on(day), 189);
     drop((replay, another));
 }

@@ -168,6 +168,8 @@ pub struct Agents {
     pub tools: Arc<dyn Tools>,
     /// Decides every agent's proposals (each agent's waterfall).
     pub hooks: Arc<dyn PreStepHook>,
+    /// Sends every agent's webhooks (SPEC §15).
+    pub webhooks: Arc<dyn crate::webhooks::WebhookSender>,
 }
 
 impl std::fmt::Debug for Agents {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use turnstile_driver::Driver;
 use turnstile_journal::snapshot::SnapshotStore;
-use turnstile_journal::{LiveBus, SessionLog};
+use turnstile_journal::{IndexEntry, LiveBus, SessionIndex, SessionLog};
 use turnstile_model::SessionState;
 
 use crate::agent::Agents;
@@ -24,9 +24,38 @@ pub(crate) struct RunnerDeps {
     pub config: WorkerConfig,
     /// Tenants' daily token budgets, checked before each model request (SPEC §17); `None`: no budgets.
     pub budgets: Option<Budgets>,
+    /// When the unloaded sessions with a schedule must be loaded again (SPEC §15).
+    pub wakes: Arc<crate::wakes::Wakes>,
+    /// The session index `ListSessions` reads (SPEC §16): each runner submits its session's entry.
+    pub index: Arc<dyn SessionIndex>,
+    /// Where each webhook stands in each session (SPEC §15); the delivery tasks are built from it at
+    /// [`crate::SessionHostBuilder::build`].
+    pub webhook_positions: Arc<dyn turnstile_journal::WebhookPositions>,
+    /// The webhook delivery tasks (set by the builder).
+    pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
 }
 
 impl RunnerDeps {
+    /// The agent `state` runs (the configured one, else the default).
+    pub(crate) fn agent_of<'a>(&'a self, state: &'a SessionState) -> &'a str {
+        self.agents.catalog.resolve(state.agent.as_deref()).0
+    }
+
+    /// Tells the session's webhooks (if its agent has any) that its log goes through `state.last_seq`.
+    pub(crate) fn notify_webhooks(&self, state: &SessionState, epoch: u64) {
+        if let Some(webhooks) = &self.webhooks
+            && state.exists()
+        {
+            webhooks.notify(&state.session, self.agent_of(state), epoch, state.last_seq);
+        }
+    }
+
+    /// The index entry of the fold `state`, with the agent resolved as readers report it.
+    pub(crate) fn index_entry(&self, state: &SessionState) -> IndexEntry {
+        let agent = self.agents.catalog.resolve(state.agent.as_deref()).0.to_owned();
+        IndexEntry::of(state, turnstile_model::SessionSummary::of(state, String::new(), agent))
+    }
+
     /// A driver for the fold `state` of a session, writing under `epoch`.
     pub(crate) fn driver(&self, state: SessionState, epoch: u64) -> Driver {
         Driver::new(state, self.config.limits.clone(), self.agents.catalog.clone(), epoch, self.config.owner_id.clone())

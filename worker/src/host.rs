@@ -94,6 +94,10 @@ pub struct SessionHost {
     next_runner: std::sync::atomic::AtomicU64,
     /// Set once the passivation sweep of parked drivers runs.
     sweeping: std::sync::atomic::AtomicBool,
+    /// Set once the waker of unloaded sessions with a schedule runs ([`SessionHost::start_waker`]).
+    waking: std::sync::atomic::AtomicBool,
+    /// This host, for its waker task (which must not keep it alive).
+    me: std::sync::Weak<SessionHost>,
     /// Sessions this host started a runner for, approximately: their first command loads them first.
     seen: SeenSessions,
     /// Sessions a `DeleteSession` is removing: no runner starts for them and their commands are refused
@@ -127,18 +131,40 @@ impl SessionHostBuilder {
         self
     }
 
+    /// Keeps the session index in `index` (default: an index of its own in memory).
+    pub fn index(mut self, index: Arc<dyn turnstile_journal::SessionIndex>) -> Self {
+        self.deps.index = index;
+        self
+    }
+
+    /// Keeps webhook positions in `positions` (default: in memory).
+    pub fn webhook_positions(mut self, positions: Arc<dyn turnstile_journal::WebhookPositions>) -> Self {
+        self.deps.webhook_positions = positions;
+        self
+    }
+
     /// Driver and host settings (default: [`WorkerConfig::default`]).
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.deps.config = config;
         self
     }
 
-    pub fn build(self) -> Arc<SessionHost> {
-        Arc::new(SessionHost {
+    pub fn build(mut self) -> Arc<SessionHost> {
+        let d = &self.deps;
+        let webhooks = crate::webhooks::Webhooks::new(
+            d.agents.webhooks.clone(),
+            d.webhook_positions.clone(),
+            d.log.clone(),
+            d.ownership.clone(),
+        );
+        self.deps.webhooks = Some(Arc::new(webhooks));
+        Arc::new_cyclic(|me| SessionHost {
             deps: Arc::new(self.deps),
             runners: Arc::default(),
             next_runner: std::sync::atomic::AtomicU64::new(1),
             sweeping: std::sync::atomic::AtomicBool::new(false),
+            waking: std::sync::atomic::AtomicBool::new(false),
+            me: me.clone(),
             seen: SeenSessions::default(),
             deleting: Mutex::default(),
         })
@@ -158,6 +184,10 @@ impl SessionHost {
                 ownership: None,
                 config: WorkerConfig::default(),
                 budgets: None,
+                wakes: Arc::default(),
+                index: Arc::new(turnstile_journal::MemoryIndex::default()),
+                webhook_positions: Arc::new(turnstile_journal::MemoryPositions::default()),
+                webhooks: None,
             },
         }
     }
@@ -182,6 +212,11 @@ impl SessionHost {
     /// and this worker may serve.
     pub async fn resume_where(&self, wanted: impl Fn(&SessionRef) -> bool) -> Result<usize, HostError> {
         let log = self.deps.log.as_ref();
+        // The index mirror first catches up with its bucket, so only what differs is written again.
+        let loading = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !self.deps.index.is_loaded() && tokio::time::Instant::now() < loading {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let mut after: Option<SessionRef> = None;
         let mut resumed = 0;
         loop {
@@ -198,6 +233,20 @@ impl SessionHost {
                                 HostError::Projection { session: session.clone(), detail: e.to_string() }
                             }
                         })?;
+                // The index follows the log (decision 0069): an entry a crash left behind the log, or one never
+                // written (a session older than the index), is put right here.
+                let entry = self.deps.index_entry(&state);
+                if state.exists() && self.deps.index.get(&session).as_ref() != Some(&entry) {
+                    self.deps.index.submit(entry);
+                }
+                // Webhooks go on from their saved positions (SPEC §15): what the old owner had not
+                // delivered is delivered now.
+                self.deps.notify_webhooks(&state, epoch);
+                // A schedule's next firing (SPEC §15) loads the session then; one already due, now.
+                if state.schedules.next_fire().is_some() {
+                    self.deps.wakes.set(&session, state.next_timer());
+                    self.start_waker();
+                }
                 // An active goal may be owed its next round (the owner died between a round's `status idle`
                 // and the continuation) or a pause; the driver's recovery decides which, if any.
                 let goal_active = state.goals.active().is_some();
@@ -292,6 +341,7 @@ impl SessionHost {
         };
         self.seen.insert(session);
         self.start_sweep();
+        self.start_waker();
         let (tx, rx) = mpsc::channel(self.deps.config.command_queue.max(1));
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let id = self.next_runner.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -341,6 +391,12 @@ impl SessionHost {
             }
         };
         let result = self.remove_session(session, loaded).await;
+        // Its schedules, its index entry and its webhook positions went with its log.
+        self.deps.wakes.set(session, None);
+        if let (Some(webhooks), Some(entry)) = (&self.deps.webhooks, self.deps.index.get(session)) {
+            webhooks.forget(session, &entry.summary.agent).await;
+        }
+        self.deps.index.remove(session);
         lock(&self.deleting).remove(session);
         result
     }
@@ -434,6 +490,42 @@ impl SessionHost {
                 drop(dropped);
             }
         });
+    }
+
+    /// Starts, once, the task that loads unloaded sessions when their next schedule firing is due
+    /// ([`crate::wakes::Wakes`]): it starts (or resumes) the session's runner, whose driver's timer then
+    /// fires. A session this worker no longer owns is skipped: its new owner scanned it when it took the
+    /// shard. The task ends with the host.
+    fn start_waker(&self) {
+        use std::sync::atomic::Ordering;
+        if self.waking.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let (me, wakes) = (self.me.clone(), self.deps.wakes.clone());
+        tokio::spawn(async move {
+            loop {
+                let now = turnstile_ops::clock::now_ms();
+                // Bounded, so a host dropped meanwhile ends the task soon.
+                let wait = wakes.next().map_or(30_000, |at| at.saturating_sub(now)).min(30_000);
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(wait)) => {}
+                    () = wakes.changed() => {}
+                }
+                let Some(host) = me.upgrade() else { return };
+                for session in wakes.take_due(turnstile_ops::clock::now_ms()) {
+                    let Ok(epoch) = host.epoch_for(&session) else { continue };
+                    match host.runner(&session, epoch, &mut None) {
+                        Ok(_) => tracing::debug!(%session, "woke a session for its schedule"),
+                        Err(e) => tracing::warn!(%session, error = %e, "could not wake a session for its schedule"),
+                    }
+                }
+            }
+        });
+    }
+
+    /// Unloaded sessions waiting for a schedule's firing.
+    pub fn waiting_sessions(&self) -> usize {
+        self.deps.wakes.len()
     }
 
     /// Sessions the host holds anything for, loaded or ending (a runner's entry goes when its task ends).

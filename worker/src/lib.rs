@@ -26,6 +26,8 @@ mod runner;
 mod seen;
 mod spans;
 mod sync;
+mod wakes;
+pub mod webhooks;
 
 pub use agent::Agents;
 pub use config::{Limits, WorkerConfig};

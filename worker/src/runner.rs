@@ -79,6 +79,8 @@ pub(crate) struct Runner {
     saves: tokio::task::JoinSet<()>,
     clock: crate::metrics::SessionClock,
     spans: TurnSpans,
+    /// The index entry last submitted for this session (SPEC §16).
+    indexed: Option<turnstile_journal::IndexEntry>,
 }
 
 impl Runner {
@@ -127,12 +129,19 @@ impl Runner {
         if !served {
             return runner.end(&mut commands, false).await;
         }
+        // A load may have repaired the session (SPEC §6): the index gets what the log now says.
+        runner.index(false);
+        runner.deps.notify_webhooks(runner.driver.state(), runner.epoch);
         let mut loaded = Some(loaded);
         loop {
             match runner.serve(&mut commands).await {
-                Served::Unload => return runner.end(&mut commands, true).await,
+                Served::Unload => {
+                    runner.deps.wakes.set(&runner.session, runner.driver.next_timer());
+                    return runner.end(&mut commands, true).await;
+                }
                 Served::Lost => return runner.end(&mut commands, false).await,
                 Served::Park => {
+                    runner.index(true);
                     // Snapshot writes in flight finish first: dropping the runner would abort them.
                     while runner.saves.join_next().await.is_some() {}
                     let (Some(home), Some(guard)) = (parking.home.upgrade(), loaded.take()) else {
@@ -142,6 +151,8 @@ impl Runner {
                     let until = tokio::time::Instant::now() + config.passivate_after.saturating_sub(config.park_after);
                     // Parking needs nothing of the runner but the driver: nothing runs or waits.
                     let Runner { session, deps, driver, snapshot_seq, epoch, control, .. } = runner;
+                    // Parked or passivated, the session is woken by the host for its next firing.
+                    deps.wakes.set(&session, driver.next_timer());
                     let parked =
                         Box::new(Parked { state: driver.into_state(), epoch, snapshot_seq, until, loaded: guard });
                     match home.park(&session, parking.id, parked, &mut commands, &control) {
@@ -185,6 +196,7 @@ impl Runner {
             saves: tokio::task::JoinSet::new(),
             clock: crate::metrics::SessionClock::default(),
             spans: TurnSpans::default(),
+            indexed: None,
         }
     }
 
@@ -192,6 +204,7 @@ impl Runner {
     /// being deleted, then every waiting caller is answered.
     async fn end(mut self, commands: &mut mpsc::Receiver<CommandMsg>, clean: bool) {
         if clean && !self.disposed {
+            self.index(true);
             // Keep a snapshot so the next load reads only what follows it. After a failed append the state
             // may hold events the log does not, so nothing is written then.
             self.snapshot(true).await;
@@ -242,6 +255,8 @@ impl Runner {
                 return Served::Lost;
             }
             self.snapshot(false).await;
+            self.index(false);
+            self.deps.notify_webhooks(self.driver.state(), self.epoch);
             if self.draining && self.driver.is_parked() {
                 return Served::Unload;
             }
@@ -269,6 +284,8 @@ impl Runner {
         match written {
             Ok(_) => {
                 self.waiting.insert(id, reply);
+                // A new session is in the index before its creator hears back.
+                self.index(false);
                 return self.settle_after(effects.collect(), commands).instrument(span).await;
             }
             Err(JournalError::FirstRefused { .. }) => {}
@@ -323,11 +340,33 @@ impl Runner {
 
     /// Nothing runs, nothing waits: the session may be unloaded.
     fn is_unloadable(&self) -> bool {
-        // A pending steer deadline must fire on time, so its session stays loaded.
+        // A pending steer deadline must fire on time, so its session stays loaded; a schedule's next firing
+        // is left to the host, which wakes the session then (`Wakes`).
         self.driver.is_quiescent()
             && self.waiting.is_empty()
             && self.ops.is_empty()
-            && self.driver.next_timer().is_none()
+            && self.driver.next_steer_deadline().is_none()
+    }
+
+    /// Submits the session's index entry when a query could see it differently: anything but its last
+    /// activity changed, or that moved by a second or more; with `final_`, any change (the runner stops).
+    fn index(&mut self, final_: bool) {
+        let state = self.driver.state();
+        if !state.exists() {
+            return;
+        }
+        let entry = self.deps.index_entry(state);
+        let due = match &self.indexed {
+            None => true,
+            Some(last) if final_ => *last != entry,
+            Some(last) => {
+                !last.same_but_activity(&entry) || entry.summary.last_time_ms >= last.summary.last_time_ms + 1_000
+            }
+        };
+        if due {
+            self.deps.index.submit(entry.clone());
+            self.indexed = Some(entry);
+        }
     }
 
     /// Writes a snapshot every `snapshot_every` events (or always when `final_`), in the background so
@@ -374,9 +413,12 @@ impl Runner {
 
     async fn perform(&mut self, effects: Vec<Effect>) -> Result<(), Stop> {
         let mut rest = effects.into_iter();
+        // Set once a group is durable: the index hears of it before any caller does (read your writes).
+        let mut unindexed = false;
         while let Some(effect) = rest.next() {
             match effect {
                 Effect::Append(group) => {
+                    unindexed = true;
                     if let Err(e) = self.write(group.events(), false).await {
                         let remaining: Vec<Effect> = rest.collect();
                         let lost = e.is_lost_ownership();
@@ -392,6 +434,9 @@ impl Runner {
                     }
                 }
                 Effect::Reply { id, result } => {
+                    if std::mem::take(&mut unindexed) {
+                        self.index(false);
+                    }
                     if let Some(tx) = self.waiting.remove(&id) {
                         let _ = tx.send(result);
                     }

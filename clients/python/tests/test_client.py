@@ -5,9 +5,11 @@ client, and tools served from decorated functions."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
+import time
 import sys
 import unittest
 from pathlib import Path
@@ -228,6 +230,35 @@ class Scenarios(DevCase):
             self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
             self.assertEqual((await replay(c, fork))[0].WhichOneof("payload"), "session_forked",
                              "the fork outlives its deleted source")
+
+    async def test_schedules_and_labels(self):
+        async with AsyncClient(self.dev.address) as c:
+            s = new_id()
+            at = int(time.time() * 1000) + 1500
+            created = await c.create_schedule(s, "once", "wake up", at_unix_ms=at)
+            self.assertEqual(created.next_fire_unix_ms, at)
+            await c.create_schedule(s, "daily", "report", cron="0 9 * * MON-FRI", time_zone="Europe/Paris")
+            listed = await c.list_schedules(s)
+            self.assertEqual(sorted(x.schedule_id for x in listed.schedules), ["daily", "once"])
+            with self.assertRaises(TurnstileError) as e:
+                await c.create_schedule(s, "bad", "x", cron="0 25 * * *")
+            self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn("field 2 (hour)", e.exception.details)
+            deleted = await c.delete_schedule(s, "daily")
+            self.assertEqual(deleted.schedule_id, "daily")
+            for _ in range(100):
+                ids = [m for m, _ in entered(await replay(c, s))]
+                if ids:
+                    break
+                await asyncio.sleep(0.1)
+            self.assertEqual(ids, [f"once@{at}"], "the one-shot fired once with its firing's id")
+            self.assertEqual(len((await c.list_schedules(s)).schedules), 0)
+            info = await c.set_labels(s, {"team": "blue"})
+            self.assertEqual(dict(info.labels), {"team": "blue"})
+            page = await c.list_sessions(label_selector="team=blue")
+            self.assertIn(s, [x.session.id for x in page.sessions])
+            info = await c.set_labels(s, remove=["team"])
+            self.assertEqual(dict(info.labels), {})
 
     async def test_steer_interrupt_and_cancel_a_running_turn(self):
         async with AsyncClient(self.dev.address) as c:

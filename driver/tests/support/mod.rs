@@ -27,7 +27,8 @@ use turnstile_driver::{
 use turnstile_model::state::SessionState;
 use turnstile_model::{
     CancelCause, Command, CommandError, CommandReply, DeadlineSpec, Envelope, EventPayload, GoalAction, Inbox,
-    LiveEvent, LivePayload, MessageId, OnDeadline, SessionRef, SpliceOutcome, Target, TurnEndReason, UserMessage,
+    LiveEvent, LivePayload, MessageId, OnDeadline, ScheduleChange, SessionRef, SpliceOutcome, Target, TurnEndReason,
+    UserMessage,
 };
 
 pub type Reply = Result<CommandReply, CommandError>;
@@ -1019,6 +1020,20 @@ pub fn render_durable(e: &Envelope) -> String {
         EventPayload::SessionForked(f) => {
             format!("D session/forked {} {} {} {}", f.from, f.at_turn, f.at_seq, f.transcript.len())
         }
+        EventPayload::ScheduleChanged(change) => match change {
+            ScheduleChange::Created(spec) => format!("D schedule/changed created {}", spec.schedule_id),
+            ScheduleChange::Deleted { schedule_id } => format!("D schedule/changed deleted {schedule_id}"),
+            ScheduleChange::Fired { schedule_id, fire_ms } => {
+                format!("D schedule/changed fired {schedule_id}@{fire_ms}")
+            }
+            ScheduleChange::Skipped { schedule_id, upto_fire_ms, count } => {
+                format!("D schedule/changed skipped {schedule_id} x{count} to {upto_fire_ms}")
+            }
+        },
+        EventPayload::SessionLabeled(l) => {
+            let set: Vec<String> = l.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("D session/labeled {} -{}", set.join(","), l.removed.join(","))
+        }
         EventPayload::Ignorable { event_type } => format!("D ignorable {event_type}"),
     }
 }
@@ -1047,6 +1062,10 @@ pub fn render_reply(id: CommandId, result: &Reply) -> String {
         Ok(CommandReply::Idle(s)) => format!("R {id} idle {} {}", s.last_seq, s.status),
         Ok(CommandReply::Streaming(None)) => format!("R {id} streaming none"),
         Ok(CommandReply::Streaming(Some(s))) => format!("R {id} streaming {}.{} {:?}", s.turn, s.step, s.text),
+        Ok(CommandReply::Schedule { seq, schedule }) => format!(
+            "R {id} schedule {} {seq} next {:?} fired {} missed {}",
+            schedule.spec.schedule_id, schedule.next_fire_ms, schedule.fired, schedule.missed
+        ),
         Err(e) => format!("R {id} err {}", error_kind(e)),
     }
 }

@@ -47,20 +47,49 @@ mod bus;
 mod config;
 mod delete;
 pub mod group;
+mod index;
 mod log;
 mod session_log;
 mod snapshots;
 pub mod subjects;
 mod tail;
 mod usage;
+mod webhook;
 
 use std::time::Duration;
 
 pub use bus::{NatsBus, barrier};
 pub use config::{JetStreamConfig, NatsSecurity, Retention};
+pub use index::{INDEX_BUCKET, KvIndex};
+
+/// Opens KV bucket `bucket`, creating it (file storage, `replicas`, history 1, `description`) when it does
+/// not exist: the index and webhook buckets, which any node may be the first to need.
+pub(crate) async fn open_bucket(
+    client: &async_nats::Client,
+    bucket: &str,
+    description: &str,
+    replicas: usize,
+) -> Result<async_nats::jetstream::kv::Store, crate::log::JournalError> {
+    use async_nats::jetstream::{self, kv};
+    let js = jetstream::new(client.clone());
+    if let Ok(store) = js.get_key_value(bucket).await {
+        return Ok(store);
+    }
+    js.create_key_value(kv::Config {
+        bucket: bucket.to_owned(),
+        description: description.to_owned(),
+        history: 1,
+        storage: jetstream::stream::StorageType::File,
+        num_replicas: replicas.max(1),
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| crate::log::JournalError::Unavailable(format!("cannot create KV bucket {bucket}: {e}")))
+}
 pub use log::{JetStreamLog, MAX_BATCH, Positions};
 pub use snapshots::{KvSnapshots, SNAPSHOT_BUCKET};
 pub use usage::{KvUsage, USAGE_BUCKET, UsageFold};
+pub use webhook::{KvWebhookPositions, WEBHOOK_BUCKET};
 
 use crate::log::JournalError;
 

@@ -289,6 +289,8 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
         }
         EventPayload::ContextCompacted(c) => Payload::ContextCompacted(encode_compaction(c)),
         EventPayload::SessionForked(f) => Payload::SessionForked(encode_fork(f)),
+        EventPayload::ScheduleChanged(c) => Payload::ScheduleChanged(super::schedule::encode_schedule_change(c)),
+        EventPayload::SessionLabeled(l) => Payload::SessionLabeled(super::schedule::encode_labeled(l)),
         // An event this build does not understand has no payload it could write.
         EventPayload::Ignorable { .. } => return None,
     })
@@ -312,6 +314,8 @@ fn payload_type(payload: &Payload) -> &'static str {
         Payload::ToolDecision(_) => "tool/decision",
         Payload::ContextCompacted(_) => "context/compacted",
         Payload::SessionForked(_) => "session/forked",
+        Payload::ScheduleChanged(_) => "schedule/changed",
+        Payload::SessionLabeled(_) => "session/labeled",
     }
 }
 
@@ -378,6 +382,10 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
         }
         Payload::ContextCompacted(c) => EventPayload::ContextCompacted(compaction_at(c, "context_compacted")?),
         Payload::SessionForked(f) => EventPayload::SessionForked(fork_at(f, "session_forked")?),
+        Payload::ScheduleChanged(c) => {
+            EventPayload::ScheduleChanged(super::schedule::schedule_change_at(c, "schedule_changed")?)
+        }
+        Payload::SessionLabeled(l) => EventPayload::SessionLabeled(super::schedule::labeled_at(l, "session_labeled")?),
     })
 }
 

@@ -7,7 +7,7 @@ use super::error::{CodecError, index, join};
 use turnstile_model::inbox::Inbox;
 use turnstile_model::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
 
-const SOURCE_KINDS: &str = "set one of user, plugin, goal, tool, model or session";
+const SOURCE_KINDS: &str = "set one of user, plugin, goal, tool, model, session or schedule";
 const TARGETS: &str = "use TARGET_NEXT_TURN or TARGET_NEXT_STEP";
 
 pub fn encode_session_ref(session: &SessionRef) -> pb::SessionRef {
@@ -43,7 +43,7 @@ pub fn decode_content_block(block: pb::ContentBlock) -> Result<ContentBlock, Cod
     content_block_at(block, "content")
 }
 
-fn content_block_at(block: pb::ContentBlock, path: &str) -> Result<ContentBlock, CodecError> {
+pub(crate) fn content_block_at(block: pb::ContentBlock, path: &str) -> Result<ContentBlock, CodecError> {
     match block.block {
         Some(Block::Text(t)) => Ok(ContentBlock::Text { text: t.text }),
         Some(Block::Data(d)) => Ok(ContentBlock::Data { mime: d.mime, bytes: d.bytes }),
@@ -67,6 +67,9 @@ pub fn encode_message_source(source: &MessageSource) -> pb::MessageSource {
         MessageSource::Session { tenant, session, upto_seq } => {
             Kind::Session(pb::SessionSource { tenant: tenant.clone(), session: session.clone(), upto_seq: *upto_seq })
         }
+        MessageSource::Schedule { schedule_id, fire_unix_ms } => {
+            Kind::Schedule(pb::ScheduleSource { schedule_id: schedule_id.clone(), fire_unix_ms: *fire_unix_ms })
+        }
     };
     pb::MessageSource { kind: Some(kind) }
 }
@@ -88,6 +91,7 @@ fn message_source_at(source: pb::MessageSource, parent: &str) -> Result<MessageS
         Some(Kind::Tool(t)) => MessageSource::Tool { call_id: t.call_id },
         Some(Kind::Model(m)) => MessageSource::Model { provider: m.provider, model: m.model },
         Some(Kind::Session(s)) => MessageSource::Session { tenant: s.tenant, session: s.session, upto_seq: s.upto_seq },
+        Some(Kind::Schedule(s)) => MessageSource::Schedule { schedule_id: s.schedule_id, fire_unix_ms: s.fire_unix_ms },
         None => return Err(CodecError::invalid(path, format!("source has no kind; {SOURCE_KINDS}"))),
     };
     validate_source(&source, parent)?;

@@ -6,13 +6,14 @@
 //! here: the driver checks it against its configured limit.
 //!
 //! Submodules: [`message`] (values of SPEC §1), [`event`] (durable events), [`live`] (live events),
-//! [`session`] (what reads report of a session and its goal).
+//! [`session`] (what reads report of a session and its goal), [`schedule`] (schedules and labels).
 //! The internal gateway → worker hop's commands and replies are `turnstile_cluster::codec`.
 
 pub mod error;
 pub mod event;
 pub mod live;
 pub mod message;
+pub mod schedule;
 pub mod session;
 
 #[cfg(test)]

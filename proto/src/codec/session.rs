@@ -65,6 +65,7 @@ pub fn encode_session_info(session: &SessionRef, summary: &SessionSummary) -> pb
         goal: summary.goal.as_ref().map(encode_goal_info),
         last_event_unix_ms: summary.last_time_ms,
         parent: summary.parent.as_ref().map(encode_session_ref),
+        labels: summary.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
     }
 }
 
@@ -82,6 +83,7 @@ pub fn session_info_at(info: pb::SessionInfo, path: &str) -> Result<SessionSumma
         goal: info.goal.map(|g| goal_info_at(g, &join(path, "goal"))).transpose()?,
         last_time_ms: info.last_event_unix_ms,
         parent: info.parent.map(|p| session_ref_at(p, &join(path, "parent"))).transpose()?,
+        labels: info.labels.into_iter().collect(),
     })
 }
 

@@ -78,7 +78,20 @@ pub async fn start_worker(
     let mut config = options.worker;
     config.owner_id = options.id;
     let ownership: Arc<dyn Ownership> = leases.clone();
-    let mut host = SessionHost::builder(log, bus, agents).snapshots(snapshots).ownership(ownership).config(config);
+    // The session index (SPEC §16) in the KV bucket every gateway mirrors.
+    let index = turnstile_journal::jetstream::KvIndex::open(client, replicas)
+        .await
+        .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
+    // Webhook positions (SPEC §15), so a new owner goes on where this one stopped.
+    let positions = turnstile_journal::jetstream::KvWebhookPositions::open(client, replicas)
+        .await
+        .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
+    let mut host = SessionHost::builder(log, bus, agents)
+        .snapshots(snapshots)
+        .ownership(ownership)
+        .config(config)
+        .index(Arc::new(index))
+        .webhook_positions(Arc::new(positions));
     if let Some(budgets) = options.budgets {
         host = host.budgets(budgets);
     }

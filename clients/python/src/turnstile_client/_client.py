@@ -441,15 +441,36 @@ class AsyncClient:
         return await self._unary("WhenIdle", request, retry=True)
 
     async def list_sessions(
-        self, *, page_token: str = "", page_size: int = 0, tenant: str | None = None, parent: str = ""
+        self,
+        *,
+        page_token: str = "",
+        page_size: int = 0,
+        tenant: str | None = None,
+        parent: str = "",
+        status: int = ev.SESSION_STATUS_UNSPECIFIED,
+        agent: str = "",
+        label_selector: str = "",
+        updated_after_unix_ms: int | None = None,
+        updated_before_unix_ms: int | None = None,
+        order_by: int = api.SESSION_ORDER_UNSPECIFIED,
     ) -> api.ListSessionsReply:
-        """One page of the tenant's sessions; with ``parent``, only that session's children (``spawn_agent``)."""
+        """One page of the tenant's sessions; with ``parent``, only that session's children (``spawn_agent``).
+        Filters (SPEC §16): ``status``, ``agent``, ``label_selector`` (``k=v,k!=v,k,!k``) and the last
+        activity; ``order_by=SESSION_ORDER_LAST_ACTIVITY`` lists the newest first."""
         request = api.ListSessionsRequest(
             page_token=page_token,
             page_size=page_size,
             tenant=self.tenant if tenant is None else tenant,
             parent=parent,
+            status=status,
+            agent=agent,
+            label_selector=label_selector,
+            order_by=order_by,
         )
+        if updated_after_unix_ms is not None:
+            request.updated_after_unix_ms = updated_after_unix_ms
+        if updated_before_unix_ms is not None:
+            request.updated_before_unix_ms = updated_before_unix_ms
         return await self._unary("ListSessions", request, retry=True)
 
     async def get_usage(self, *, tenant: str | None = None, since_unix_ms: int = 0) -> api.TenantUsage:
@@ -458,6 +479,65 @@ class AsyncClient:
         tokens used today and when that count resets (SPEC §17)."""
         request = api.GetUsageRequest(tenant=self.tenant if tenant is None else tenant, since_unix_ms=since_unix_ms)
         return await self._unary("GetUsage", request, retry=True)
+
+    # --- schedules (SPEC §15) and labels (§16) -----------------------------------------------------------
+
+    async def create_schedule(
+        self,
+        session: SessionLike,
+        schedule_id: str,
+        message: MessageLike,
+        *,
+        at_unix_ms: int | None = None,
+        cron: str | None = None,
+        time_zone: str = "",
+        preset: int = ev.SCHEDULE_PRESET_FOLLOWUP,
+        not_after_unix_ms: int | None = None,
+        catchup_ms: int = 0,
+    ) -> api.Schedule:
+        """Stores a schedule: once at ``at_unix_ms``, or by the 5-field ``cron`` pattern in ``time_zone``
+        (default UTC). Each firing delivers ``message`` with ``preset`` and MessageId
+        ``<schedule_id>@<fire_unix_ms>``. Retried on UNAVAILABLE: the same schedule again is not a new one."""
+        if (at_unix_ms is None) == (cron is None):
+            raise ValueError("give exactly one of at_unix_ms and cron")
+        body = self.message(message, id="")
+        request = api.CreateScheduleRequest(
+            session=self.ref(session),
+            schedule_id=schedule_id,
+            preset=preset,
+            message=ev.UserMessage(content=body.content),
+            time_zone=time_zone,
+            catchup_ms=catchup_ms,
+        )
+        if at_unix_ms is not None:
+            request.at_unix_ms = at_unix_ms
+        else:
+            request.cron = cron
+        if not_after_unix_ms is not None:
+            request.not_after_unix_ms = not_after_unix_ms
+        return await self._unary("CreateSchedule", request, retry=True)
+
+    async def list_schedules(
+        self, session: SessionLike | None = None, *, page_token: str = "", page_size: int = 0
+    ) -> api.ListSchedulesReply:
+        """The schedules of ``session``, or one page of those of every session of the tenant."""
+        request = api.ListSchedulesRequest(page_token=page_token, page_size=page_size, tenant=self.tenant)
+        if session is not None:
+            request.session.CopyFrom(self.ref(session))
+        return await self._unary("ListSchedules", request, retry=True)
+
+    async def delete_schedule(self, session: SessionLike, schedule_id: str) -> api.Schedule:
+        """Deletes a schedule; NOT_FOUND when the session has none by that id (a one-shot that fired is gone).
+        Not retried: a repeat of a delete that landed answers NOT_FOUND."""
+        request = api.DeleteScheduleRequest(session=self.ref(session), schedule_id=schedule_id)
+        return await self._unary("DeleteSchedule", request, retry=False)
+
+    async def set_labels(
+        self, session: SessionLike, labels: dict[str, str] | None = None, *, remove: Sequence[str] = ()
+    ) -> api.SessionInfo:
+        """Sets ``labels`` and removes the keys in ``remove`` (durable ``session/labeled``)."""
+        request = api.SetLabelsRequest(session=self.ref(session), labels=labels or {}, remove_keys=list(remove))
+        return await self._unary("SetLabels", request, retry=True)
 
     async def sessions(self, *, tenant: str | None = None, parent: str = "") -> AsyncIterator[api.SessionInfo]:
         """Every session of the tenant (or every child of ``parent``), page after page."""

@@ -1,0 +1,175 @@
+//! Webhooks over HTTP (SPEC §15): the worker's [`WebhookSender`] seam, from the agents' `webhooks` tables.
+//!
+//! Each POST carries one durable event as `turnstile.v1.WebhookDelivery {session, event}` in the protobuf
+//! JSON mapping, `Turnstile-Delivery: <tenant>/<session>/<seq>` and, when the webhook names a secret,
+//! `Turnstile-Signature: sha256=<hex HMAC-SHA256 of the body>`. A 2xx answer delivers it; anything else
+//! (another status, no answer within [`POST_TIMEOUT`], no connection) is a failure the worker retries.
+//!
+//! ```
+//! use turnstile_agent::webhooks::signature;
+//! assert_eq!(
+//!     signature(b"key", b"The quick brown fox jumps over the lazy dog"),
+//!     "sha256=f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8"
+//! );
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hmac::{Hmac, Mac};
+use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
+use sha2::{Digest, Sha256};
+use turnstile_config::{Config, Secret, WebhookConfig};
+use turnstile_model::Envelope;
+use turnstile_proto::v1 as pb;
+use turnstile_worker::webhooks::{SendError, WebhookSender, WebhookTarget};
+
+/// How long one POST may take before it counts as unanswered.
+pub const POST_TIMEOUT: Duration = Duration::from_secs(10);
+
+static POOL: LazyLock<Result<DescriptorPool, String>> =
+    LazyLock::new(|| DescriptorPool::decode(turnstile_proto::FILE_DESCRIPTOR_SET).map_err(|e| e.to_string()));
+
+/// `sha256=` and the hex HMAC-SHA256 of `body` under `key`: the `Turnstile-Signature` header.
+pub fn signature(key: &[u8], body: &[u8]) -> String {
+    // HMAC takes a key of any length (RFC 2104), so `new_from_slice` cannot fail here.
+    let mut mac = match <Hmac<Sha256> as Mac>::new_from_slice(key) {
+        Ok(mac) => mac,
+        Err(_) => return String::new(),
+    };
+    mac.update(body);
+    format!("sha256={}", hex(&mac.finalize().into_bytes()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// The id of a webhook's position: the first 16 hex digits of SHA-256 over its URL and event types, so
+/// editing either starts a new position rather than reusing another webhook's.
+fn hook_id(config: &WebhookConfig) -> String {
+    let mut h = Sha256::new();
+    h.update(config.url.as_str().as_bytes());
+    h.update([0]);
+    h.update(config.events.join(",").as_bytes());
+    hex(&h.finalize()[..8])
+}
+
+/// Why the webhooks of a configuration cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookSetupError {
+    #[error("agent {agent:?} webhooks[{index}]: {source}")]
+    Secret {
+        agent: String,
+        index: usize,
+        #[source]
+        source: Box<turnstile_config::ConfigError>,
+    },
+    #[error("webhooks: no HTTP client: {0}")]
+    Client(String),
+}
+
+/// [`WebhookSender`] over reqwest.
+pub struct HttpWebhooks {
+    by_agent: HashMap<String, Vec<Arc<WebhookTarget>>>,
+    secrets: HashMap<String, Secret>,
+    client: reqwest::Client,
+}
+
+impl std::fmt::Debug for HttpWebhooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpWebhooks").field("by_agent", &self.by_agent).finish_non_exhaustive()
+    }
+}
+
+impl HttpWebhooks {
+    /// The webhooks of `config`'s agents, with their secrets read through `env`.
+    pub fn from_config(config: &Config, env: impl Fn(&str) -> Option<String>) -> Result<Self, WebhookSetupError> {
+        let mut by_agent: HashMap<String, Vec<Arc<WebhookTarget>>> = HashMap::new();
+        let mut secrets = HashMap::new();
+        for (agent, profile) in &config.agents {
+            for (index, hook) in profile.webhooks.iter().enumerate() {
+                let key = format!("agents.{agent}.webhooks[{index}].secret_env");
+                let secret = hook.resolve_secret(&key, &env).map_err(|e| WebhookSetupError::Secret {
+                    agent: agent.clone(),
+                    index,
+                    source: Box::new(e),
+                })?;
+                let id = hook_id(hook);
+                if let Some(secret) = secret {
+                    secrets.insert(id.clone(), secret);
+                }
+                by_agent.entry(agent.clone()).or_default().push(Arc::new(WebhookTarget {
+                    id,
+                    url: hook.url.as_str().to_owned(),
+                    events: hook.events.clone(),
+                    max_age: Duration::from_millis(hook.max_age_ms),
+                }));
+            }
+        }
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(POST_TIMEOUT)
+            .build()
+            .map_err(|e| WebhookSetupError::Client(e.to_string()))?;
+        Ok(Self { by_agent, secrets, client })
+    }
+
+    /// Whether any agent has a webhook.
+    pub fn is_empty(&self) -> bool {
+        self.by_agent.is_empty()
+    }
+}
+
+/// The POST body of `event`: `WebhookDelivery` in the protobuf JSON mapping.
+pub fn body(event: &Envelope) -> Result<Vec<u8>, SendError> {
+    use prost::Message as _;
+    let delivery = pb::WebhookDelivery {
+        session: Some(turnstile_proto::codec::encode_session_ref(&event.session)),
+        event: Some(turnstile_proto::codec::event::encode_session_event(event)),
+    };
+    let pool = POOL.as_ref().map_err(|e| SendError(format!("protobuf descriptors do not decode: {e}")))?;
+    let descriptor = pool
+        .get_message_by_name("turnstile.v1.WebhookDelivery")
+        .ok_or_else(|| SendError("no descriptor for turnstile.v1.WebhookDelivery".into()))?;
+    let dynamic = DynamicMessage::decode(descriptor, delivery.encode_to_vec().as_slice())
+        .map_err(|e| SendError(format!("re-decoding the delivery: {e}")))?;
+    let mut out = Vec::new();
+    let mut serializer = serde_json::Serializer::new(&mut out);
+    dynamic
+        .serialize_with_options(&mut serializer, &SerializeOptions::new())
+        .map_err(|e| SendError(format!("the delivery as JSON: {e}")))?;
+    Ok(out)
+}
+
+#[async_trait]
+impl WebhookSender for HttpWebhooks {
+    fn webhooks(&self, agent: &str) -> Vec<Arc<WebhookTarget>> {
+        self.by_agent.get(agent).cloned().unwrap_or_default()
+    }
+
+    async fn send(&self, hook: &WebhookTarget, event: &Envelope) -> Result<(), SendError> {
+        let body = body(event)?;
+        let delivery = format!("{}/{}/{}", event.session.tenant, event.session.id, event.seq);
+        let mut request = self
+            .client
+            .post(&hook.url)
+            .header("content-type", "application/json")
+            .header("turnstile-delivery", delivery);
+        if let Some(secret) = self.secrets.get(&hook.id) {
+            request = request.header("turnstile-signature", signature(secret.expose().as_bytes(), &body));
+        }
+        let response = request.body(body).send().await.map_err(|e| SendError(format!("POST {}: {e}", hook.url)))?;
+        let status = response.status();
+        if status.is_success() { Ok(()) } else { Err(SendError(format!("POST {} answered {status}", hook.url))) }
+    }
+}

@@ -1,0 +1,277 @@
+//! Webhooks on a real cluster (SPEC §15, issue 30): a receiver on loopback that answers 500 to its first 3
+//! calls and is down (it takes each request and closes the connection without an answer) while the
+//! session's owner is killed with SIGKILL mid-run still gets every `turn/end` of a 20-turn run, in seq order
+//! (repeats allowed, none missing), each with a valid `Turnstile-Signature` and `Turnstile-Delivery`.
+// Test code: a failed unwrap is a failed test, with the error in the panic message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use turnstile_proto::v1::session_event::Payload;
+use turnstile_tests::config::{config_args, config_file};
+use turnstile_tests::{Cluster, ClusterOptions, Session, user_msg};
+
+const SECRET: &str = "webhook-test-secret";
+
+/// One POST the receiver took.
+#[derive(Clone, Debug)]
+struct Received {
+    delivery: String,
+    signature: String,
+    body: Vec<u8>,
+    /// What it answered.
+    answered: u16,
+}
+
+/// How the receiver answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Ok,
+    /// Takes the request and closes the connection without an answer.
+    Down,
+}
+
+#[derive(Default)]
+struct State {
+    received: Vec<Received>,
+    calls: usize,
+    down: bool,
+}
+
+/// A minimal HTTP/1.1 receiver on loopback (one request per connection, `Connection: close`).
+#[derive(Clone)]
+struct Receiver {
+    state: Arc<Mutex<State>>,
+    url: String,
+}
+
+impl Receiver {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let state = Arc::new(Mutex::new(State::default()));
+        let shared = state.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let state = shared.clone();
+                tokio::spawn(async move {
+                    let Some((headers, body)) = read_request(&mut socket).await else { return };
+                    let header = |name: &str| {
+                        headers
+                            .lines()
+                            .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case(name)))
+                            .map(|(_, v)| v.trim().to_owned())
+                            .unwrap_or_default()
+                    };
+                    let answer = {
+                        let mut s = state.lock().unwrap();
+                        s.calls += 1;
+                        let answer = if s.down {
+                            None
+                        } else if s.calls <= 3 {
+                            Some(500)
+                        } else {
+                            Some(200)
+                        };
+                        let received = Received {
+                            delivery: header("turnstile-delivery"),
+                            signature: header("turnstile-signature"),
+                            body,
+                            answered: answer.unwrap_or(0),
+                        };
+                        s.received.push(received);
+                        answer
+                    };
+                    if let Some(code) = answer {
+                        let reason = if code == 200 { "OK" } else { "Internal Server Error" };
+                        let response =
+                            format!("HTTP/1.1 {code} {reason}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                        let _ = socket.write_all(response.as_bytes()).await;
+                    }
+                    let _ = socket.shutdown().await;
+                });
+            }
+        });
+        Self { state, url }
+    }
+
+    fn set(&self, mode: Mode) {
+        self.state.lock().unwrap().down = mode == Mode::Down;
+    }
+
+    fn received(&self) -> Vec<Received> {
+        self.state.lock().unwrap().received.clone()
+    }
+}
+
+/// Reads one request: the head up to the blank line, then `content-length` bytes of body.
+async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<(String, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        let n = socket.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-length")))
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        let n = socket.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Some((head, buf[head_end..head_end + length].to_vec()))
+}
+
+fn valid_signature(body: &[u8], signature: &str) -> bool {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(SECRET.as_bytes()).unwrap();
+    mac.update(body);
+    let hex: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    signature == format!("sha256={hex}")
+}
+
+/// The durable log, retried while the session moves.
+async fn log_of(s: &Session) -> Vec<turnstile_proto::v1::SessionEvent> {
+    for _ in 0..100 {
+        if let Ok((events, _)) = s.replay(0).await {
+            return events;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the log could not be read");
+}
+
+/// Issue 30's webhook "done when", on a cluster (one at a time with the other cluster tests).
+mod cluster {
+    use super::*;
+
+    #[tokio::test]
+    async fn every_turn_end_of_a_20_turn_run_reaches_a_failing_receiver_across_a_kill_9() {
+        let receiver = Receiver::start().await;
+        let config = format!(
+            "default_agent = \"hooked\"\n\n[agents.hooked]\ntools = [\"sleep\", \"echo\"]\n\
+             webhooks = [{{ url = \"{}\", events = [\"turn/end\"], secret_env = \"HOOK_SECRET\", max_age_ms = 600000 }}]\n",
+            receiver.url
+        );
+        let (_dir, path) = config_file(&config);
+        let mut opts = ClusterOptions::new(2, 1);
+        opts.worker_args = config_args(&path);
+        opts.worker_args.extend(["--lease-ttl-ms", "1000", "--renew-ms", "250"].map(String::from));
+        opts.gateway_args = config_args(&path);
+        opts.worker_env = vec![("HOOK_SECRET".into(), SECRET.into())];
+        let mut cluster = Cluster::start_with(opts).await.unwrap();
+        cluster.wait_balanced().await.unwrap();
+        let s = cluster.session(0);
+        // Twenty turns queued at once: each runs about 300 ms.
+        for i in 1..=20 {
+            let message = user_msg(&format!("m{i}"), &format!("[[delay:300]] turn {i}"));
+            let mut tries = 0;
+            while let Err(e) = s.followup(message.clone()).await {
+                tries += 1;
+                assert!(tries < 50, "followup {i} failed: {e:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        // A few turns in, the receiver goes down and the owner is killed; the receiver comes back 3 s later.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let ended = log_of(&s).await.iter().filter(|e| matches!(e.payload, Some(Payload::TurnEnd(_)))).count();
+            if ended >= 6 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the run did not get going");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let owner = s.info().await.unwrap().owner;
+        let victim = cluster.worker_index(&owner).unwrap_or_else(|| panic!("no worker {owner:?}"));
+        receiver.set(Mode::Down);
+        cluster.kill9_worker(victim);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        receiver.set(Mode::Ok);
+
+        // Every turn/end of the log, whatever its number (the kill cuts a turn: `interrupted`, then the run
+        // resumes), delivered at least once, in seq order.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        let (expected, delivered) = loop {
+            let events = log_of(&s).await;
+            let ends: Vec<u64> =
+                events.iter().filter(|e| matches!(e.payload, Some(Payload::TurnEnd(_)))).map(|e| e.seq).collect();
+            let run_over = events
+                .iter()
+                .rev()
+                .find_map(|e| match &e.payload {
+                    Some(Payload::TurnEnd(t)) => Some(t.turn),
+                    _ => None,
+                })
+                .is_some_and(|_| {
+                    events.iter().filter(|e| matches!(e.payload, Some(Payload::UserMessage(_)))).count() >= 20
+                })
+                && matches!(events.last().and_then(|e| e.payload.as_ref()), Some(Payload::Status(_)));
+            let r = s.reference();
+            let prefix = format!("{}/{}/", r.tenant, r.id);
+            let delivered: Vec<u64> = receiver
+                .received()
+                .iter()
+                .filter(|x| x.answered == 200)
+                .filter_map(|x| x.delivery.strip_prefix(&prefix)?.parse().ok())
+                .collect();
+            let mut unique = delivered.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            if run_over && unique == ends {
+                break (ends, delivered);
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "turn/ends {ends:?} (run over: {run_over}), delivered {delivered:?}\n{}",
+                cluster.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        assert!(expected.len() >= 20, "20 turns ended: {expected:?}");
+        // In order: a repeat may come back (a delivery the killed owner made but had not recorded), but a
+        // new seq never comes before an earlier one.
+        let mut seen = Vec::new();
+        for seq in &delivered {
+            if !seen.contains(seq) {
+                assert!(seen.last().is_none_or(|last| last < seq), "out of order: {delivered:?}");
+                seen.push(*seq);
+            }
+        }
+        let received = receiver.received();
+        let new_owner = s.info().await.unwrap().owner;
+        assert_ne!(new_owner, owner, "another worker owns the session after the kill");
+        eprintln!(
+            "{} turn/ends delivered through {} POSTs ({} answered 500, {} found the receiver down); owner {owner} → {new_owner}",
+            expected.len(),
+            received.len(),
+            received.iter().filter(|x| x.answered == 500).count(),
+            received.iter().filter(|x| x.answered == 0).count(),
+        );
+        assert!(received.iter().take(3).all(|x| x.answered == 500), "the first three calls were refused");
+        assert!(received.iter().any(|x| x.answered == 0), "some calls found the receiver down");
+        for x in &received {
+            assert!(valid_signature(&x.body, &x.signature), "bad signature on {}: {}", x.delivery, x.signature);
+            let body: serde_json::Value = serde_json::from_slice(&x.body).unwrap();
+            let seq = x.delivery.rsplit('/').next().unwrap();
+            assert_eq!(body["event"]["seq"].as_str(), Some(seq), "the body is the delivery's event: {body}");
+            assert_eq!(body["event"]["type"].as_str(), Some("turn/end"), "{body}");
+        }
+    }
+}

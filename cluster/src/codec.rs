@@ -34,6 +34,16 @@ pub const ERROR_KEY: &str = "turnstile-error";
 pub const OWNER_KEY: &str = "turnstile-owner";
 /// Metadata key of a not-owner answer: the session, `tenant/id`.
 pub const SESSION_KEY: &str = "turnstile-session";
+/// Metadata key of every `Execute` request and reply: the internal API version of its sender
+/// ([`API_VERSION`]). Absent: a build from before versions were numbered, which speaks version 1. A
+/// request with no command this build knows, from a caller of a newer version, is [`unknown_command`]
+/// rather than a malformed request.
+pub const API_KEY: &str = "turnstile-api";
+/// The internal API version this build speaks (SPEC §18, decision 0072). It grows when a command or reply
+/// is added: a worker asked for a command it cannot decode by a caller of a newer version answers
+/// UNAVAILABLE ([`unknown_command`]), so the router retries until the session's owner is upgraded instead
+/// of failing the client during a rolling upgrade. 2: `import`.
+pub const API_VERSION: u32 = 2;
 
 const COMMANDS: &str = "set one of send, interrupt, cancel, replace, remove, splice, clear, when_idle, configure, decide, \
      set_goal, update_goal, compact, fork, spawn, delete or streaming_step";
@@ -61,6 +71,20 @@ pub fn decode_execute_request(
     let command = request.command.ok_or_else(|| CodecError::missing("command", COMMANDS))?;
     let command = decode_command(command)?;
     Ok((session, command, request.timeout_ms.map(Duration::from_millis)))
+}
+
+/// What a worker answers a caller of internal API version `theirs` (newer than this build's) whose command
+/// it does not know: UNAVAILABLE, so the caller's router retries while the owner is being upgraded.
+pub fn unknown_command(theirs: u32) -> CommandError {
+    CommandError::Unavailable(format!(
+        "this worker speaks internal API version {API_VERSION} and does not know a command of version \
+         {theirs}: it is being upgraded; retry once it runs the new version"
+    ))
+}
+
+/// The [`API_KEY`] value of a request or reply; `None` when absent or not a number.
+pub fn api_version(value: Option<&str>) -> Option<u32> {
+    value?.parse().ok()
 }
 
 /// One [`Command`] as the request's `command` oneof.

@@ -72,6 +72,10 @@ pub const HEADER_SEQ: &str = "Turnstile-Seq";
 pub const HEADER_LAST_SEQ: &str = "Turnstile-Last-Seq";
 /// The writer's owner epoch.
 pub const HEADER_EPOCH: &str = "Turnstile-Epoch";
+/// The message format ([`group::GROUP_FORMAT`]): on every message written since formats were numbered
+/// (SPEC §18, decision 0072); a message without it is format 1 when it has `Turnstile-Last-Seq`, else the
+/// single-event layout before decision 0021.
+pub const HEADER_FORMAT: &str = "Turnstile-Format";
 /// W3C trace context of the append.
 pub const HEADER_TRACEPARENT: &str = "traceparent";
 

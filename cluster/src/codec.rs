@@ -46,7 +46,7 @@ pub const API_KEY: &str = "turnstile-api";
 pub const API_VERSION: u32 = 2;
 
 const COMMANDS: &str = "set one of send, interrupt, cancel, replace, remove, splice, clear, when_idle, configure, decide, \
-     set_goal, update_goal, compact, fork, spawn, delete or streaming_step";
+     set_goal, update_goal, compact, fork, spawn, delete, streaming_step or import";
 const REPLIES: &str = "set one of sent, written_seq, idle or streaming";
 
 /// The request that asks `session`'s owner to run `command`; `timeout` bounds `WhenIdle`.
@@ -145,6 +145,10 @@ pub fn encode_command(command: &Command) -> PbCommand {
         }),
         Command::Delete => PbCommand::Delete(cpb::DeleteCommand {}),
         Command::StreamingStep => PbCommand::StreamingStep(cpb::StreamingStepCommand {}),
+        Command::Import { events, complete } => PbCommand::Import(cpb::ImportCommand {
+            events: events.iter().map(turnstile_proto::codec::encode_session_event).collect(),
+            complete: *complete,
+        }),
     }
 }
 
@@ -202,6 +206,18 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
         }
         PbCommand::Delete(_) => Command::Delete,
         PbCommand::StreamingStep(_) => Command::StreamingStep,
+        PbCommand::Import(i) => Command::Import {
+            events: i
+                .events
+                .into_iter()
+                .enumerate()
+                .map(|(n, e)| {
+                    turnstile_proto::codec::decode_session_event(e)
+                        .map_err(|e| under(&format!("import.events[{n}]"), e))
+                })
+                .collect::<Result<_, _>>()?,
+            complete: i.complete,
+        },
         PbCommand::Configure(c) => {
             if c.agent.is_empty() {
                 return Err(CodecError::invalid("configure.agent", "is empty; name one of the configured agents"));
@@ -402,6 +418,14 @@ mod tests {
         all.push(Command::Clear);
         all.push(Command::Delete);
         all.push(Command::StreamingStep);
+        let imported = turnstile_model::Envelope {
+            session: SessionRef { tenant: "acme".into(), id: "moved".into() },
+            seq: 1,
+            time_ms: 7,
+            epoch: 4,
+            payload: turnstile_model::EventPayload::TurnStart { turn: 1 },
+        };
+        all.push(Command::Import { events: vec![imported], complete: true });
         all.push(Command::WhenIdle);
         all.push(Command::Compact);
         all.push(Command::Spawn(Box::new(Spawn {

@@ -48,6 +48,10 @@ impl Driver {
                 "DeleteSession reached the session driver; the session host performs it".into(),
             )),
             Command::StreamingStep => Ok(CommandReply::Streaming(self.streaming_step().map(Box::new))),
+            // Likewise an import: the host appends the imported groups with no driver loaded.
+            Command::Import { .. } => Err(CommandError::Internal(
+                "ImportSessions reached the session driver; the session host performs it".into(),
+            )),
             Command::WhenIdle => {
                 if self.is_quiescent() {
                     Ok(CommandReply::Idle(Box::new(self.summary())))

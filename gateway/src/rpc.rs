@@ -392,4 +392,21 @@ impl Agent for Gateway {
         };
         Ok(Response::new(pb::ListSessionsReply { sessions, next_page_token }))
     }
+
+    // SPEC §18: export and import (`export.rs`).
+    type ExportSessionsStream = ReceiverStream<Result<pb::ExportItem, Status>>;
+
+    async fn export_sessions(
+        &self,
+        request: Request<pb::ExportSessionsRequest>,
+    ) -> Result<Response<Self::ExportSessionsStream>, Status> {
+        self.export(request).map(Response::new)
+    }
+
+    async fn import_sessions(
+        &self,
+        request: Request<tonic::Streaming<pb::ExportItem>>,
+    ) -> Result<Response<pb::ImportReply>, Status> {
+        self.import(request).await.map(Response::new)
+    }
 }

@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{CancelCause, Fork, InjectMode, OnDeadline, Status};
+use crate::event::{CancelCause, Envelope, Fork, InjectMode, OnDeadline, Status};
 use crate::goal::{GoalAction, GoalChange};
 use crate::message::{MessageId, SessionRef, Target, UserMessage};
 
@@ -87,6 +87,13 @@ pub enum Command {
     /// Writes nothing; the host answers it without loading a session that is not in memory (nothing of
     /// it can be streaming).
     StreamingStep,
+    /// `ImportSessions` (SPEC §18): one group of an imported log, appended as it is (seqs, times, epochs
+    /// and MessageIds kept); the group from seq 1 only to a session without events. The session host
+    /// performs it around the driver, which never sees it; `complete` marks the log's last group.
+    Import {
+        events: Vec<Envelope>,
+        complete: bool,
+    },
 }
 
 /// A steer's `deadline_ms` and `on_deadline`, as the client gave them.
@@ -123,6 +130,7 @@ impl Command {
             Self::Spawn(_) => "spawn",
             Self::Delete => "delete",
             Self::StreamingStep => "streaming_step",
+            Self::Import { .. } => "import",
         }
     }
 }

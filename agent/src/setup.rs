@@ -228,7 +228,11 @@ pub fn from_config_with_mcp(
     mcp: &McpServers,
 ) -> Result<AgentSetup, AgentSetupError> {
     let mut tools = ToolRegistry::builtin();
-    tools.offer_agents(config.agents.keys().cloned().collect());
+    let spawn = crate::tools::SpawnLimits {
+        max_depth: config.limits.max_spawn_depth,
+        max_children: config.limits.max_children,
+    };
+    tools.offer_agents(config.agents.keys().cloned().collect(), spawn);
     let mut mcp_tools: BTreeMap<String, (Arc<McpServer>, McpToolDef, Duration)> = BTreeMap::new();
     // Only the models some agent runs on are set up, so a model no agent uses needs no key (decision 0045).
     let models = config

@@ -76,6 +76,8 @@ pub fn splice_event(session: &pb::SessionRef, message: pb::UserMessage) -> pb::S
         epoch: 1,
         r#type: "agent/inbox/spliced".into(),
         ignorable: false,
+        // As the journal writes it (SPEC §18 event format 1).
+        format: 1,
         payload: Some(Payload::InboxSpliced(pb::InboxSpliced {
             target: pb::Target::NextTurn.into(),
             start: 0,

@@ -24,7 +24,8 @@
 //! session (see [`reads`]); `turnstile-bench failover` how long a session is without an owner after a
 //! kill -9 or SIGSTOP of it (see [`failover`]); `turnstile-bench cluster` the throughput phase on a real
 //! cluster (3 nats-servers with R3 streams, 3 workers, 2 gateways) and the CPU each process spends per
-//! 1,000 followups (see [`cluster`]).
+//! 1,000 followups (see [`cluster`]); `turnstile-bench sync` what nats-server's `sync_interval: always`
+//! costs in followup latency and followups/s (see [`sync`]).
 
 mod cluster;
 mod failover;
@@ -40,6 +41,7 @@ mod search;
 mod servers;
 mod stats;
 mod steer;
+mod sync;
 mod throughput;
 mod tools;
 
@@ -183,6 +185,9 @@ enum Mode {
     Cluster(cluster::ClusterArgs),
     /// `ListSessions` with a label selector over 100,000 sessions of one tenant on `dev --nats` (SPEC §16).
     Search(search::SearchArgs),
+    /// What nats-server's `sync_interval: always` (an fsync before every acknowledgement) costs against
+    /// its default (every 2 minutes): followup latency and followups/s, alternating rounds.
+    Sync(sync::SyncArgs),
 }
 
 #[derive(Debug, Serialize)]
@@ -402,6 +407,7 @@ async fn main() -> Result<()> {
         Some(Mode::Failover(failover_args)) => return failover::run(failover_args).await,
         Some(Mode::Cluster(cluster_args)) => return cluster::run(cluster_args).await,
         Some(Mode::Search(search_args)) => return search::run(search_args).await,
+        Some(Mode::Sync(sync_args)) => return sync::run(sync_args).await,
         None => {}
     }
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();

@@ -141,6 +141,8 @@ async fn an_idle_followup_on_jetstream_looks_as_documented() {
         assert_eq!(header(&m, "Turnstile-Seq"), Some(first.seq.to_string()));
         assert_eq!(header(&m, "Turnstile-Last-Seq"), Some(last.seq.to_string()));
         assert_eq!(header(&m, "Turnstile-Epoch"), Some(last.epoch.to_string()));
+        assert_eq!(header(&m, "Turnstile-Format"), Some("1".to_owned()), "the message format (SPEC §18)");
+        assert!(group.events.iter().all(|e| e.format == 1), "the event format (SPEC §18)");
         let types: Vec<&str> = group.events.iter().map(|e| e.r#type.as_str()).collect();
         assert_eq!(header(&m, "Turnstile-Type"), Some(types.join(",")));
         // The previous message's stream sequence: the single-writer check of each append.

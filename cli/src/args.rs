@@ -122,6 +122,12 @@ pub(crate) enum Cmd {
     /// Show the tenant's (--tenant, or the token's) model token usage per model, counted cluster-wide,
     /// with its daily token budget.
     Usage(UsageArgs),
+    /// Export sessions of --tenant (all of them, or the ones named) with their whole logs, to --out or
+    /// stdout; an administrator's token when auth is on (SPEC §18).
+    Export(ExportArgs),
+    /// Import an export (from FILE or stdin) into this cluster, keeping every seq, time and MessageId;
+    /// an administrator's token when auth is on (SPEC §18).
+    Import(ImportArgs),
     /// Talk to a session from the terminal: each line is a followup (a steer while the agent runs), the
     /// reply streams as it is written, Ctrl-C stops a running turn (keeping the inbox).
     Chat(SessionArg),
@@ -502,6 +508,21 @@ pub(crate) struct GoalUpdateArgs {
 #[derive(Args, Debug)]
 pub(crate) struct SessionArg {
     pub(crate) session: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ExportArgs {
+    /// Sessions of --tenant to export; none: every session of it.
+    pub(crate) sessions: Vec<String>,
+    /// Write the export here (written as FILE.partial, renamed when complete); `-` or absent: stdout.
+    #[arg(long, short, value_name = "FILE")]
+    pub(crate) out: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ImportArgs {
+    /// The export to read; `-` or absent: stdin.
+    pub(crate) file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

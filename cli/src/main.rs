@@ -6,6 +6,7 @@ mod args;
 mod chat;
 mod client;
 mod demo;
+mod export;
 mod json;
 mod render;
 mod schedules;
@@ -193,6 +194,8 @@ async fn run(cli: Cli) -> Result<()> {
             watch::watch(c, &a.session, &opts, &mut out, |_| {}).await
         }
         Cmd::Delete(a) => client::delete(c, &a.session).await,
+        Cmd::Export(a) => export::export(c, &a.sessions, a.out.as_deref()).await,
+        Cmd::Import(a) => export::import(c, a.file.as_deref()).await,
     }
 }
 

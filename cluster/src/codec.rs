@@ -36,9 +36,19 @@ pub const ERROR_KEY: &str = "turnstile-error";
 pub const OWNER_KEY: &str = "turnstile-owner";
 /// Metadata key of a not-owner answer: the session, `tenant/id`.
 pub const SESSION_KEY: &str = "turnstile-session";
+/// Metadata key of every `Execute` request and reply: the internal API version of its sender
+/// ([`API_VERSION`]). Absent: a build from before versions were numbered, which speaks version 1. A
+/// request with no command this build knows, from a caller of a newer version, is [`unknown_command`]
+/// rather than a malformed request.
+pub const API_KEY: &str = "turnstile-api";
+/// The internal API version this build speaks (SPEC §18, decision 0072). It grows when a command or reply
+/// is added: a worker asked for a command it cannot decode by a caller of a newer version answers
+/// UNAVAILABLE ([`unknown_command`]), so the router retries until the session's owner is upgraded instead
+/// of failing the client during a rolling upgrade. 2: `import`.
+pub const API_VERSION: u32 = 2;
 
 const COMMANDS: &str = "set one of send, interrupt, cancel, replace, remove, splice, clear, when_idle, configure, decide, \
-     set_goal, update_goal, compact, fork, spawn, delete, streaming_step, create_schedule, delete_schedule or set_labels";
+     set_goal, update_goal, compact, fork, spawn, delete, streaming_step, create_schedule, delete_schedule, set_labels or import";
 const REPLIES: &str = "set one of sent, written_seq, idle, streaming or schedule";
 
 /// The request that asks `session`'s owner to run `command`; `timeout` bounds `WhenIdle`.
@@ -63,6 +73,20 @@ pub fn decode_execute_request(
     let command = request.command.ok_or_else(|| CodecError::missing("command", COMMANDS))?;
     let command = decode_command(command)?;
     Ok((session, command, request.timeout_ms.map(Duration::from_millis)))
+}
+
+/// What a worker answers a caller of internal API version `theirs` (newer than this build's) whose command
+/// it does not know: UNAVAILABLE, so the caller's router retries while the owner is being upgraded.
+pub fn unknown_command(theirs: u32) -> CommandError {
+    CommandError::Unavailable(format!(
+        "this worker speaks internal API version {API_VERSION} and does not know a command of version \
+         {theirs}: it is being upgraded; retry once it runs the new version"
+    ))
+}
+
+/// The [`API_KEY`] value of a request or reply; `None` when absent or not a number.
+pub fn api_version(value: Option<&str>) -> Option<u32> {
+    value?.parse().ok()
 }
 
 /// One [`Command`] as the request's `command` oneof.
@@ -132,6 +156,10 @@ pub fn encode_command(command: &Command) -> PbCommand {
         Command::SetLabels(change) => {
             PbCommand::SetLabels(cpb::SetLabelsCommand { change: Some(encode_labeled(change)) })
         }
+        Command::Import { events, complete } => PbCommand::Import(cpb::ImportCommand {
+            events: events.iter().map(turnstile_proto::codec::encode_session_event).collect(),
+            complete: *complete,
+        }),
     }
 }
 
@@ -198,6 +226,18 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
             let change = s.change.ok_or_else(|| CodecError::missing("set_labels.change", "set the labels"))?;
             Command::SetLabels(labeled_at(change, "set_labels.change")?)
         }
+        PbCommand::Import(i) => Command::Import {
+            events: i
+                .events
+                .into_iter()
+                .enumerate()
+                .map(|(n, e)| {
+                    turnstile_proto::codec::decode_session_event(e)
+                        .map_err(|e| under(&format!("import.events[{n}]"), e))
+                })
+                .collect::<Result<_, _>>()?,
+            complete: i.complete,
+        },
         PbCommand::Configure(c) => {
             if c.agent.is_empty() {
                 return Err(CodecError::invalid("configure.agent", "is empty; name one of the configured agents"));
@@ -423,6 +463,14 @@ mod tests {
             set: [("team".to_string(), "blue".to_string())].into(),
             removed: vec!["old".into()],
         }));
+        let imported = turnstile_model::Envelope {
+            session: SessionRef { tenant: "acme".into(), id: "moved".into() },
+            seq: 1,
+            time_ms: 7,
+            epoch: 4,
+            payload: turnstile_model::EventPayload::TurnStart { turn: 1 },
+        };
+        all.push(Command::Import { events: vec![imported], complete: true });
         all.push(Command::WhenIdle);
         all.push(Command::Compact);
         all.push(Command::Spawn(Box::new(Spawn {

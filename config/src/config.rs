@@ -85,6 +85,12 @@ pub struct Limits {
     /// Watch streams one tenant may hold open on one gateway; one more is resource-exhausted. 0: no limit.
     /// Default 0.
     pub tenant_max_watches: usize,
+    /// Levels a `spawn_agent` child may sit below its root session (SPEC §13); a call that would go deeper
+    /// is refused (`spawn_depth_exceeded`). Default 3.
+    pub max_spawn_depth: u32,
+    /// Child sessions one session's `spawn_agent` calls may create; one more is refused
+    /// (`spawn_children_exceeded`). Default 16.
+    pub max_children: u32,
 }
 
 impl Default for Limits {
@@ -99,6 +105,8 @@ impl Default for Limits {
             tenant_requests_per_minute: 0,
             tenant_request_burst: 0,
             tenant_max_watches: 0,
+            max_spawn_depth: 3,
+            max_children: 16,
         }
     }
 }
@@ -445,6 +453,18 @@ impl Config {
         positive(&limits, "max_pending", self.limits.max_pending as u64, "0 would refuse every delivery")?;
         positive(&limits, "when_idle_timeout_ms", self.limits.when_idle_timeout_ms, "0 would time out every WhenIdle")?;
         positive(&limits, "max_goal_rounds", u64::from(self.limits.max_goal_rounds), "0 would refuse every goal")?;
+        positive(
+            &limits,
+            "max_spawn_depth",
+            u64::from(self.limits.max_spawn_depth),
+            "0 would refuse every spawn_agent call; leave spawn_agent out of the agents' tools instead",
+        )?;
+        positive(
+            &limits,
+            "max_children",
+            u64::from(self.limits.max_children),
+            "0 would refuse every spawn_agent call; leave spawn_agent out of the agents' tools instead",
+        )?;
         positive(
             &limits,
             "max_queued_commands",

@@ -37,6 +37,7 @@ fn the_defaults_are_todays_hard_coded_values() {
     assert_eq!((c.limits.max_message_bytes, c.limits.max_pending), (1024 * 1024, 1000));
     assert_eq!(c.limits.when_idle_timeout(), Duration::from_secs(30));
     assert_eq!(c.limits.max_goal_rounds, 100);
+    assert_eq!((c.limits.max_spawn_depth, c.limits.max_children), (3, 16));
     assert_eq!((c.journal.snapshot_every, c.journal.dedup_horizon), (100, 10_000));
     assert_eq!(c.journal.passivate_after(), Duration::from_secs(300));
     assert_eq!((c.cluster.shards, c.cluster.partitions, c.cluster.replicas), (256, 1, 1));

@@ -39,7 +39,7 @@ fn unknown_agent_key() {
 fn unknown_keys_in_every_other_table() {
     assert_eq!(
         err("[limits]\nmax_bytes = 1\n"),
-        "line 2, column 1: limits.max_bytes: unknown key (allowed: max_message_bytes, max_pending, when_idle_timeout_ms, max_goal_rounds, max_queued_commands, max_pending_bytes, tenant_requests_per_minute, tenant_request_burst, tenant_max_watches)"
+        "line 2, column 1: limits.max_bytes: unknown key (allowed: max_message_bytes, max_pending, when_idle_timeout_ms, max_goal_rounds, max_queued_commands, max_pending_bytes, tenant_requests_per_minute, tenant_request_burst, tenant_max_watches, max_spawn_depth, max_children)"
     );
     assert_eq!(
         err("[cluster]\nlease_ms = 1\n"),
@@ -252,6 +252,11 @@ fn numbers_out_of_range() {
     assert_eq!(
         err("[limits]\nmax_goal_rounds = 0\n"),
         "line 2, column 19: limits.max_goal_rounds: must be at least 1 (0 would refuse every goal)"
+    );
+    assert_eq!(
+        err("[limits]\nmax_spawn_depth = 0\n"),
+        "line 2, column 19: limits.max_spawn_depth: must be at least 1 (0 would refuse every spawn_agent call; leave \
+         spawn_agent out of the agents' tools instead)"
     );
     assert_eq!(
         err("[limits]\nmax_message_bytes = 100\nmax_pending_bytes = 99\n"),

@@ -51,6 +51,8 @@ const KEYS: &[&str] = &[
     "max_pending",
     "when_idle_timeout_ms",
     "max_goal_rounds",
+    "max_spawn_depth",
+    "max_children",
     "shards",
     "partitions",
     "replicas",

@@ -51,6 +51,10 @@ impl Driver {
             Command::CreateSchedule(spec) => self.create_schedule(*spec),
             Command::DeleteSchedule { schedule_id } => self.delete_schedule(&schedule_id),
             Command::SetLabels(change) => self.set_labels(change),
+            // Likewise an import: the host appends the imported groups with no driver loaded.
+            Command::Import { .. } => Err(CommandError::Internal(
+                "ImportSessions reached the session driver; the session host performs it".into(),
+            )),
             Command::WhenIdle => {
                 if self.is_quiescent() {
                     Ok(CommandReply::Idle(Box::new(self.summary())))

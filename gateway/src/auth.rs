@@ -151,6 +151,32 @@ impl Authenticator {
     }
 }
 
+impl Authenticator {
+    /// For the calls only an administrator may make (`ExportSessions`, `ImportSessions`, SPEC §18): the
+    /// caller when auth is off or its token is an administrator's (a `TOKEN TENANT admin` line, a JWT with
+    /// `"admin": true`); PERMISSION_DENIED for any other valid token; UNAUTHENTICATED as
+    /// [`Authenticator::authenticate`].
+    pub fn authorize_admin(&self, metadata: &MetadataMap, call: &str) -> Result<Caller, Status> {
+        let admin = match self {
+            Self::Disabled => return Ok(Caller::Anonymous),
+            Self::Reloadable(live) => return live.current().authorize_admin(metadata, call),
+            Self::TokenFile(file) => {
+                let token = bearer(metadata)?;
+                file.lookup(token).is_some() && file.is_admin(token)
+            }
+            Self::Jwt(jwt) => jwt.claims(bearer(metadata)?)?.admin,
+        };
+        let caller = self.authenticate(metadata)?;
+        if !admin {
+            return Err(Status::permission_denied(format!(
+                "{call} needs an administrator's token: a `TOKEN TENANT admin` line of --auth-tokens, or a JWT with \
+                 \"admin\": true"
+            )));
+        }
+        Ok(caller)
+    }
+}
+
 /// The token of `authorization: Bearer <token>`.
 fn bearer(metadata: &MetadataMap) -> Result<&str, Status> {
     let missing = || {
@@ -177,9 +203,11 @@ fn read(path: &Path) -> Result<Vec<u8>, AuthError> {
     std::fs::read(path).map_err(|cause| AuthError::Read { path: path.to_owned(), cause })
 }
 
-/// `TOKEN TENANT` lines, kept as digests.
+/// `TOKEN TENANT [admin]` lines, kept as digests.
 pub struct TokenFile {
     entries: Vec<([u8; 32], String)>,
+    /// The digests of the tokens marked `admin` (SPEC §18: export and import).
+    admins: Vec<[u8; 32]>,
 }
 
 impl fmt::Debug for TokenFile {
@@ -206,6 +234,7 @@ impl TokenFile {
 
     fn parse(path: &Path, text: &str) -> Result<Self, AuthError> {
         let mut entries: Vec<([u8; 32], String)> = Vec::new();
+        let mut admins = Vec::new();
         for (i, raw) in text.lines().enumerate() {
             let line = raw.split_once('#').map_or(raw, |(before, _)| before).trim();
             if line.is_empty() {
@@ -213,8 +242,15 @@ impl TokenFile {
             }
             let bad = |detail: String| AuthError::TokenLine { path: path.to_owned(), line: i + 1, detail };
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let [token, tenant] = fields.as_slice() else {
-                return Err(bad(format!("expected `TOKEN TENANT`, got {} fields", fields.len())));
+            let (token, tenant, admin) = match fields.as_slice() {
+                [token, tenant] => (token, tenant, false),
+                [token, tenant, "admin"] => (token, tenant, true),
+                [_, _, other] => {
+                    return Err(bad(format!(
+                        "the third field may only be `admin` (an administrator's token), got {other:?}"
+                    )));
+                }
+                _ => return Err(bad(format!("expected `TOKEN TENANT`, got {} fields", fields.len()))),
             };
             valid_tenant(tenant).map_err(|e| bad(format!("tenant {tenant:?} is not valid: {e}")))?;
             let d = digest(token);
@@ -223,12 +259,15 @@ impl TokenFile {
                     "this token is already listed on an earlier line; each token maps to one tenant".into()
                 ));
             }
+            if admin {
+                admins.push(d);
+            }
             entries.push((d, (*tenant).to_owned()));
         }
         if entries.is_empty() {
             return Err(AuthError::NoTokens { path: path.to_owned() });
         }
-        Ok(Self { entries })
+        Ok(Self { entries, admins })
     }
 
     /// The tenant of `token`. Every entry is compared, whatever matches, so the time does not depend on
@@ -242,6 +281,12 @@ impl TokenFile {
             }
         }
         found
+    }
+
+    /// Whether `token` is marked `admin`, compared like [`TokenFile::lookup`].
+    fn is_admin(&self, token: &str) -> bool {
+        let d = digest(token);
+        self.admins.iter().fold(false, |found, admin| found | bool::from(admin.ct_eq(&d)))
     }
 }
 
@@ -262,6 +307,9 @@ impl fmt::Debug for JwtAuth {
 #[derive(Deserialize)]
 struct Claims {
     tenant: String,
+    /// An administrator's token (SPEC §18: export and import); absent is false.
+    #[serde(default)]
+    admin: bool,
 }
 
 impl JwtAuth {
@@ -330,6 +378,11 @@ impl JwtAuth {
 
     /// The tenant claim of a valid token.
     fn verify(&self, token: &str) -> Result<String, Status> {
+        self.claims(token).map(|c| c.tenant)
+    }
+
+    /// The claims of a valid token, its tenant checked.
+    fn claims(&self, token: &str) -> Result<Claims, Status> {
         use jsonwebtoken::errors::ErrorKind;
         let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(|e| {
             let why = match e.kind() {
@@ -350,10 +403,9 @@ impl JwtAuth {
             };
             Status::unauthenticated(format!("the bearer JWT is not valid: {why}"))
         })?;
-        let tenant = data.claims.tenant;
-        valid_tenant(&tenant)
+        valid_tenant(&data.claims.tenant)
             .map_err(|e| Status::unauthenticated(format!("the bearer JWT's tenant claim is not valid: {e}")))?;
-        Ok(tenant)
+        Ok(data.claims)
     }
 }
 

@@ -12,7 +12,9 @@
 //! shared feed per watched session), [`service`] (the [`Gateway`] and what its RPCs share; the RPCs
 //! themselves are in `rpc`), [`auth`] (bearer tokens → tenant; every call is
 //! confined to its tenant), [`quota`] (per-tenant request rate and open Watch streams, checked in the service
-//! methods, counted across a cluster's gateways in NATS KV), `usage` (`GetUsage`, SPEC §17) and [`tools`] (client tool executors on `ServeTools` streams). [`console`] serves the web console
+//! methods, counted across a cluster's gateways in NATS KV), `usage` (`GetUsage`, SPEC §17), [`tools`]
+//! (client tool executors on `ServeTools` streams) and [`export`] (`ExportSessions` and `ImportSessions`,
+//! SPEC §18). [`console`] serves the web console
 //! and the same service over gRPC-Web for it, on the ops HTTP listener. In a cluster the router is
 //! `turnstile_cluster::ClusterRouter` (the internal hop, shared with the workers); TLS configs come from
 //! `turnstile_ops::tls`.
@@ -20,6 +22,7 @@
 pub mod auth;
 pub mod console;
 pub mod convert;
+pub mod export;
 pub mod feed;
 mod history;
 pub mod merge;

@@ -438,4 +438,21 @@ impl Agent for Gateway {
         query.tenant = tenant;
         self.search(query, &req.page_token, page_size).await.map(Response::new)
     }
+
+    // SPEC §18: export and import (`export.rs`).
+    type ExportSessionsStream = ReceiverStream<Result<pb::ExportItem, Status>>;
+
+    async fn export_sessions(
+        &self,
+        request: Request<pb::ExportSessionsRequest>,
+    ) -> Result<Response<Self::ExportSessionsStream>, Status> {
+        self.export(request).await.map(Response::new)
+    }
+
+    async fn import_sessions(
+        &self,
+        request: Request<tonic::Streaming<pb::ExportItem>>,
+    ) -> Result<Response<pb::ImportReply>, Status> {
+        self.import(request).await.map(Response::new)
+    }
 }

@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{CancelCause, Fork, InjectMode, OnDeadline, Status};
+use crate::event::{CancelCause, Envelope, Fork, InjectMode, OnDeadline, Status};
 use crate::goal::{GoalAction, GoalChange};
 use crate::labels::{Labeled, Labels};
 use crate::message::{MessageId, SessionRef, Target, UserMessage};
@@ -98,6 +98,13 @@ pub enum Command {
     },
     /// `SetLabels` (SPEC §16): durable `session/labeled`; a change that changes nothing writes nothing.
     SetLabels(Labeled),
+    /// `ImportSessions` (SPEC §18): one group of an imported log, appended as it is (seqs, times, epochs
+    /// and MessageIds kept); the group from seq 1 only to a session without events. The session host
+    /// performs it around the driver, which never sees it; `complete` marks the log's last group.
+    Import {
+        events: Vec<Envelope>,
+        complete: bool,
+    },
 }
 
 /// A steer's `deadline_ms` and `on_deadline`, as the client gave them.
@@ -137,6 +144,7 @@ impl Command {
             Self::CreateSchedule(_) => "create_schedule",
             Self::DeleteSchedule { .. } => "delete_schedule",
             Self::SetLabels(_) => "set_labels",
+            Self::Import { .. } => "import",
         }
     }
 }

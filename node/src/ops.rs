@@ -100,21 +100,81 @@ impl OpsHttp {
     }
 }
 
-/// Ready while the NATS client is connected.
-pub(crate) fn nats_ready(client: async_nats::Client, url: String) -> impl Fn() -> Result<(), String> + Send + Sync {
-    move || nats_state(&client, &url)
+/// How often the NATS server is asked whether it still answers ([`NatsHealth`]).
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long one probe waits for its answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Not ready once the server has not answered a probe for this long: a few probes, so one slow answer (a
+/// busy server, a leader election) does not take the process out of its Service.
+const PROBE_STALE: Duration = Duration::from_secs(5);
+
+/// Whether this process reaches NATS: its client is connected *and* the server it is connected to answers.
+/// A connection can look open while its server hangs or is cut off by a partition: the client notices
+/// only when its pings go unanswered (the journal pings every 5 s and gives up after three), so a core
+/// NATS round trip to an inbox of this client is made every second and readiness fails once none has come
+/// back for [`PROBE_STALE`]. With every address of `--nats` dead the process is not ready, and ready again
+/// once one answers (decision 0076).
+#[derive(Clone)]
+pub(crate) struct NatsHealth {
+    client: async_nats::Client,
+    url: String,
+    /// When the server last answered a probe (the start counts as an answer).
+    answered: Arc<std::sync::Mutex<Instant>>,
 }
 
-fn nats_state(client: &async_nats::Client, url: &str) -> Result<(), String> {
-    match client.connection_state() {
-        State::Connected => Ok(()),
-        State::Disconnected => Err(format!("NATS at {url} is disconnected")),
-        State::Pending => Err(format!("NATS at {url} is pending (connecting)")),
+impl NatsHealth {
+    /// Starts the probe; it ends when the client is dropped.
+    pub(crate) fn start(client: async_nats::Client, url: String) -> Self {
+        let health = Self { client, url, answered: Arc::new(std::sync::Mutex::new(Instant::now())) };
+        let (client, answered) = (health.client.clone(), Arc::downgrade(&health.answered));
+        tokio::spawn(async move {
+            use futures::StreamExt as _;
+            let inbox = client.new_inbox();
+            let Ok(mut echoes) = client.subscribe(inbox.clone()).await else { return };
+            let mut probe: u64 = 0;
+            loop {
+                tokio::time::sleep(PROBE_EVERY).await;
+                let Some(answered) = answered.upgrade() else { return };
+                probe += 1;
+                if client.publish(inbox.clone(), probe.to_string().into()).await.is_err() {
+                    continue;
+                }
+                let deadline = tokio::time::Instant::now() + PROBE_TIMEOUT;
+                // Earlier probes may come back late: wait for this one.
+                while let Ok(Some(echo)) = tokio::time::timeout_at(deadline, echoes.next()).await {
+                    if echo.payload.as_ref() == probe.to_string().as_bytes() {
+                        *answered.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+                        break;
+                    }
+                }
+            }
+        });
+        health
+    }
+
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let url = &self.url;
+        match self.client.connection_state() {
+            State::Connected => {}
+            State::Disconnected => return Err(format!("NATS at {url} is disconnected")),
+            State::Pending => return Err(format!("NATS at {url} is pending (connecting)")),
+        }
+        let silent = self.answered.lock().unwrap_or_else(std::sync::PoisonError::into_inner).elapsed();
+        if silent >= PROBE_STALE {
+            return Err(format!("NATS at {url} has not answered for {} s", silent.as_secs()));
+        }
+        Ok(())
     }
 }
 
-/// A worker is ready while NATS is connected and it holds a shard lease, or is still starting: within
-/// `grace` of `started` (see [`worker_grace`]).
+/// Ready while NATS answers ([`NatsHealth`]).
+pub(crate) fn nats_ready(client: async_nats::Client, url: String) -> impl Fn() -> Result<(), String> + Send + Sync {
+    let health = NatsHealth::start(client, url);
+    move || health.check()
+}
+
+/// A worker is ready while NATS answers and it holds a shard lease, or is still starting: within `grace`
+/// of `started` (see [`worker_grace`]).
 pub(crate) fn worker_ready(
     client: async_nats::Client,
     url: String,
@@ -122,8 +182,9 @@ pub(crate) fn worker_ready(
     started: Instant,
     grace: Duration,
 ) -> impl Fn() -> Result<(), String> + Send + Sync {
+    let health = NatsHealth::start(client, url);
     move || {
-        nats_state(&client, &url)?;
+        health.check()?;
         if leases.held_shards().is_empty() && started.elapsed() >= grace {
             return Err(format!("holds no shard lease {} s after start", started.elapsed().as_secs()));
         }

@@ -2,10 +2,14 @@
 //! 2 gateways and 3 nats-servers (R3 streams) under a client workload, recording a history of every call, and
 //! a checker that proves the campaign's properties from that history and the sessions' logs.
 //!
-//! - Faults, one at a time, each undone before the next: kill -9, SIGSTOP/SIGCONT and SIGTERM (+ restart) of
-//!   a worker or a gateway; kill -9 and restart of a nats-server; a partition between one worker and NATS
-//!   (that worker runs in a network namespace the test creates, [`crate::netns`]; the partition sets its NATS
-//!   link down while the gateways still reach it).
+//! - Faults, each undone before the next: kill -9, SIGSTOP/SIGCONT and SIGTERM (+ restart) of a worker or a
+//!   gateway; kill -9 and restart of a nats-server, of the one leading the shard-lease KV bucket's stream
+//!   in particular; two faults at once (a nats-server and a worker killed together, restarted in the other
+//!   order); a partition between one worker and NATS (that worker runs in a network namespace the test
+//!   creates, [`crate::netns`]; the partition sets its NATS link down while the gateways still reach it).
+//! - Or, instead of faults, a rolling upgrade ([`Upgrade`], SPEC §18): every process starts on an older
+//!   build, then the workers and the gateways are replaced one by one (SIGTERM, restart on the new build)
+//!   while the workload runs, so two builds serve the cluster between the steps.
 //! - Workload: every delivery preset (send to either list with and without wakeup, followup, queue, steer,
 //!   inject, interrupt), cancels with and without `keep_inbox`, replace, remove, clear and reads, through
 //!   either gateway. Every call carries a deadline; a delivery that fails in a way that may have been
@@ -68,12 +72,22 @@ pub struct CampaignConfig {
     pub clients: usize,
     /// Where `history.jsonl`, `faults.jsonl` and `report.txt` go.
     pub out_dir: PathBuf,
+    /// Run a rolling upgrade instead of the fault schedule.
+    pub upgrade: Option<Upgrade>,
+}
+
+/// A rolling upgrade (SPEC §18): the cluster starts on `from` and every process is replaced by one of
+/// `TURNSTILE_BIN` (the build under test), workers first, one at a time.
+#[derive(Clone, Debug)]
+pub struct Upgrade {
+    /// The older build's `turnstile` binary.
+    pub from: PathBuf,
 }
 
 impl CampaignConfig {
     pub fn new(seed: u64, duration: Duration) -> Self {
         let out_dir = std::env::temp_dir().join(format!("turnstile-fault-campaign-{seed}-{}", std::process::id()));
-        Self { seed, duration, sessions: 8, clients: 4, out_dir }
+        Self { seed, duration, sessions: 8, clients: 4, out_dir, upgrade: None }
     }
 }
 
@@ -447,7 +461,7 @@ async fn client_task(shared: Arc<Shared>, client: usize, seed: u64, sessions: Ve
 }
 
 /// The fault kinds, in the order the report lists them.
-const KINDS: [&str; 8] = [
+const KINDS: [&str; 10] = [
     "worker kill -9",
     "worker SIGSTOP/SIGCONT",
     "worker SIGTERM",
@@ -455,8 +469,13 @@ const KINDS: [&str; 8] = [
     "gateway SIGSTOP/SIGCONT",
     "gateway SIGTERM",
     "nats kill -9 + restart",
+    "nats KV leader kill -9 + restart",
+    "overlap: nats + worker kill -9",
     "partition worker/NATS",
 ];
+
+/// The stream of the shard-lease KV bucket (`turnstile_shards`).
+const LEASE_STREAM: &str = "KV_turnstile_shards";
 
 /// Runs the schedule until `duration` has passed: one fault at a time, held for a random while, undone,
 /// then a random pause.
@@ -522,6 +541,29 @@ async fn schedule(
                 cluster.restart_nats(target).await?;
                 cluster.nats_cluster().wait_meta_leader().await?;
             }
+            "nats KV leader kill -9 + restart" => {
+                // The leader of the lease bucket's stream: every lease renewal goes through it.
+                let nats = cluster.nats_cluster();
+                let leader = nats.stream_leader(LEASE_STREAM).await;
+                target = leader.and_then(|name| nats.index_of(&name)).unwrap_or_else(|| rng.usize(..nats.len()));
+                cluster.kill9_nats(target);
+                tokio::time::sleep(ms(&mut rng, 1000, 5000)).await;
+                cluster.restart_nats(target).await?;
+                cluster.nats_cluster().wait_meta_leader().await?;
+            }
+            "overlap: nats + worker kill -9" => {
+                // Two faults at once: a worker's sessions move while the streams elect new leaders.
+                target = rng.usize(..cluster.workers());
+                let node = rng.usize(..cluster.nats_cluster().len());
+                cluster.kill9_nats(node);
+                tokio::time::sleep(ms(&mut rng, 0, 1000)).await;
+                cluster.kill9_worker(target);
+                tokio::time::sleep(ms(&mut rng, 500, 3000)).await;
+                cluster.restart_worker(target).await?;
+                tokio::time::sleep(ms(&mut rng, 0, 2000)).await;
+                cluster.restart_nats(node).await?;
+                cluster.nats_cluster().wait_meta_leader().await?;
+            }
             _ => {
                 let Some((w, ns)) = cluster.isolated_worker() else { continue };
                 target = w;
@@ -533,6 +575,42 @@ async fn schedule(
         let record = FaultRecord { kind, target, start_ms, end_ms: shared.ms() };
         eprintln!("campaign: {:>6} ms  {kind} of #{target} ({} ms)", start_ms, record.end_ms - start_ms);
         faults.push(record);
+    }
+    Ok(faults)
+}
+
+/// The rolling upgrade instead of faults: some load on the old build, then each worker and each gateway in
+/// turn stopped (SIGTERM: a worker drains and hands its shards over, as in a Kubernetes rolling update) and
+/// started again on `new`, with load between the steps, then load on the new build alone.
+async fn upgrade_schedule(
+    cluster: &mut Cluster,
+    shared: &Shared,
+    duration: Duration,
+    new: PathBuf,
+) -> Result<Vec<FaultRecord>, HarnessError> {
+    let steps = (cluster.workers() + cluster.gateways() + 1) as u32;
+    let pause = duration / steps;
+    let mut faults = Vec::new();
+    tokio::time::sleep(pause).await;
+    cluster.set_bin(new);
+    for target in 0..cluster.workers() {
+        let start_ms = shared.ms();
+        cluster.sigterm_worker(target, Duration::from_secs(15)).await;
+        cluster.restart_worker(target).await?;
+        faults.push(FaultRecord { kind: "upgrade worker", target, start_ms, end_ms: shared.ms() });
+        eprintln!("campaign: {start_ms:>6} ms  worker #{target} runs the new build");
+        tokio::time::sleep(pause).await;
+    }
+    for target in 0..cluster.gateways() {
+        let start_ms = shared.ms();
+        cluster.sigterm_gateway(target, Duration::from_secs(15)).await;
+        cluster.restart_gateway(target).await?;
+        if let Ok(mut g) = shared.gateways.write() {
+            g[target] = cluster.gateway_channel(target);
+        }
+        faults.push(FaultRecord { kind: "upgrade gateway", target, start_ms, end_ms: shared.ms() });
+        eprintln!("campaign: {start_ms:>6} ms  gateway #{target} runs the new build");
+        tokio::time::sleep(pause / 2).await;
     }
     Ok(faults)
 }
@@ -904,6 +982,8 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
     );
     let mut report = Report { seed: config.seed, out_dir: config.out_dir.clone(), ..Default::default() };
     let netns = match NetNs::create() {
+        // A rolling upgrade injects no partition.
+        _ if config.upgrade.is_some() => None,
         Ok(ns) => Some(Arc::new(ns)),
         Err(e) => {
             let why = format!("no network namespace could be made ({e}); partitions need root or CAP_NET_ADMIN");
@@ -930,6 +1010,7 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
     opts.worker_args.extend(pki.worker_args());
     opts.gateway_args.extend(pki.gateway_args());
     opts.isolated_worker = netns.clone().map(|ns| (2, ns));
+    opts.bin = config.upgrade.as_ref().map(|u| u.from.clone());
     let mut cluster = Cluster::start_with(opts).await?;
     let gateways: Gateways = Arc::new(RwLock::new((0..2).map(|g| cluster.gateway_channel(g)).collect()));
     let shared = Arc::new(Shared {
@@ -952,7 +1033,15 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
         let seed = config.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(client as u64);
         tasks.push(tokio::spawn(client_task(shared.clone(), client, seed, mine)));
     }
-    let faults = schedule(&mut cluster, &shared, config.seed, config.duration, netns.is_some()).await;
+    let faults = match &config.upgrade {
+        Some(_) => {
+            let new = tokio::task::spawn_blocking(crate::binary::turnstile_bin)
+                .await
+                .map_err(|e| HarnessError::Build(format!("build task failed: {e}")))??;
+            upgrade_schedule(&mut cluster, &shared, config.duration, new).await
+        }
+        None => schedule(&mut cluster, &shared, config.seed, config.duration, netns.is_some()).await,
+    };
     shared.stop.store(true, Ordering::Relaxed);
     for t in tasks {
         let _ = t.await;

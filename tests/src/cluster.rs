@@ -48,6 +48,9 @@ pub struct ClusterOptions {
     /// dials NATS over the namespace's own link, which [`NetNs::partition`] cuts); the nats-servers then
     /// listen on the namespace link's host end instead of loopback. Needs `nats_nodes` > 1.
     pub isolated_worker: Option<(usize, Arc<NetNs>)>,
+    /// The `turnstile` binary every process starts with (default: the harness's, `TURNSTILE_BIN`); see
+    /// [`Cluster::set_bin`] for a rolling upgrade.
+    pub bin: Option<PathBuf>,
 }
 
 impl ClusterOptions {
@@ -61,6 +64,7 @@ impl ClusterOptions {
             gateway_env: Vec::new(),
             nats_nodes: 1,
             isolated_worker: None,
+            bin: None,
         }
     }
 }
@@ -133,9 +137,12 @@ impl Cluster {
     }
 
     pub async fn start_with(opts: ClusterOptions) -> Result<Self, HarnessError> {
-        let bin = tokio::task::spawn_blocking(turnstile_bin)
-            .await
-            .map_err(|e| HarnessError::Build(format!("build task failed: {e}")))??;
+        let bin = match &opts.bin {
+            Some(bin) => bin.clone(),
+            None => tokio::task::spawn_blocking(turnstile_bin)
+                .await
+                .map_err(|e| HarnessError::Build(format!("build task failed: {e}")))??,
+        };
         let nats = match &opts.isolated_worker {
             Some((_, ns)) => NatsCluster::start_on(opts.nats_nodes.max(2), ns.nats_host()).await?,
             None => NatsCluster::start(opts.nats_nodes.max(1)).await?,
@@ -376,6 +383,21 @@ impl Cluster {
     /// A client of gateway `g`.
     pub fn client(&self, g: usize) -> AgentClient<Channel> {
         AgentClient::new(self.gateways[g].1.clone())
+    }
+
+    /// Processes started or restarted from now on run `bin` (a rolling upgrade: restart them one by one).
+    pub fn set_bin(&mut self, bin: PathBuf) {
+        self.bin = bin;
+    }
+
+    /// The ops HTTP listener (`/metrics`, `/healthz`, `/readyz`) of gateway `g`.
+    pub fn gateway_http(&self, g: usize) -> Option<SocketAddr> {
+        self.gateways[g].0.http
+    }
+
+    /// The ops HTTP listener of worker `i`.
+    pub fn worker_http(&self, i: usize) -> Option<SocketAddr> {
+        self.workers[i].http
     }
 
     /// `http://127.0.0.1:PORT` of gateway `g`, as the CLI's `--addr` takes it.

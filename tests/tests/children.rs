@@ -132,10 +132,49 @@ async fn cancelling_the_parent_cancels_the_child_with_cause_parent(backend: Back
     );
 }
 
+/// Children that may not spawn (depth 1), and at most two per session.
+const LIMITED: &str = "default_agent = \"planner\"\n\n\
+    [limits]\nmax_spawn_depth = 1\nmax_children = 2\n\n\
+    [agents.planner]\ntools = [\"spawn_agent\"]\n\n\
+    [agents.researcher]\ntools = [\"spawn_agent\", \"echo\"]\n";
+
+async fn spawning_past_the_configured_depth_or_children_is_refused_with_its_code(backend: Backend) {
+    let (_dir, path) = config_file(LIMITED);
+    let server = start(backend, &path).await;
+    let parent = server.session();
+    // The child may not spawn a grandchild: its call's result is the typed error, and nothing is created.
+    parent
+        .followup(user_msg("P1", "[[tool:spawn_agent researcher [[tool:spawn_agent researcher deeper]] dig]] go"))
+        .await
+        .unwrap();
+    parent.when_idle().await.unwrap();
+    let child = Session::with_ref(server.client(), child_of(&parent, "call-1-1-1"));
+    let (output, error) = tool_result(&child, "call-1-1-1").await;
+    let error = error.expect("the grandchild is refused");
+    assert_eq!(output, "");
+    assert!(error.starts_with("spawn_depth_exceeded: session "), "{error}");
+    assert!(error.contains("limits.max_spawn_depth (1)"), "{error}");
+    let grandchild = Session::with_ref(server.client(), child_of(&child, "call-1-1-1"));
+    assert_eq!(grandchild.info().await.unwrap_err().code(), Code::NotFound, "nothing was created");
+    // The parent has one child; a second is allowed, a third refused.
+    parent
+        .followup(user_msg("P2", "[[tool:spawn_agent researcher two]] [[tool:spawn_agent researcher three]] more"))
+        .await
+        .unwrap();
+    parent.when_idle().await.unwrap();
+    assert_eq!(tool_result(&parent, "call-2-1-1").await.1, None, "the second child");
+    let (_, error) = tool_result(&parent, "call-2-1-2").await;
+    let error = error.expect("the third child is refused");
+    assert!(error.starts_with("spawn_children_exceeded: session "), "{error}");
+    assert!(error.contains("already has 2 child sessions"), "{error}");
+    assert_eq!(children_listed(&parent).await.len(), 2);
+}
+
 turnstile_tests::backend_tests!(
     a_child_runs_its_agent_and_its_answer_is_the_parents_result,
     spawning_an_unknown_agent_is_an_error_result_and_creates_nothing,
     cancelling_the_parent_cancels_the_child_with_cause_parent,
+    spawning_past_the_configured_depth_or_children_is_refused_with_its_code,
 );
 
 /// In the `cluster` test group (docs/TESTING.md): three workers and two gateways.

@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 use turnstile_cluster::CommandRouter;
 use turnstile_journal::snapshot::{LoadError, NoSnapshots, SnapshotStore, load_state};
 use turnstile_journal::{JournalError, LiveBus, SessionLog};
-use turnstile_model::{CancelCause, Command, CommandError, CommandReply, SessionRef, Status};
+use turnstile_model::{CancelCause, Command, CommandError, CommandReply, Envelope, SessionRef, Status};
 
 use crate::agent::Agents;
 use crate::budget::Budgets;
@@ -103,7 +103,15 @@ pub struct SessionHost {
     /// Sessions a `DeleteSession` is removing: no runner starts for them and their commands are refused
     /// until it answers. Locked only while `runners` is held, so the two never disagree.
     deleting: Mutex<HashSet<SessionRef>>,
+    /// Sessions an `ImportSessions` is writing (SPEC §18), with when its last group came: no runner starts
+    /// for them until their last group, or until [`IMPORT_STALE`] passes without one (the importer went
+    /// away). Locked only while `runners` is held, like `deleting`.
+    importing: Mutex<HashMap<SessionRef, tokio::time::Instant>>,
 }
+
+/// How long an import may pause between two groups of one session before the session is let go (it then
+/// takes commands as any session whose log ends there, repaired like one after a crash).
+const IMPORT_STALE: Duration = Duration::from_secs(60);
 
 /// Puts a [`SessionHost`] together: [`SessionHost::builder`], then the optional parts, then
 /// [`SessionHostBuilder::build`].
@@ -167,6 +175,7 @@ impl SessionHostBuilder {
             me: me.clone(),
             seen: SeenSessions::default(),
             deleting: Mutex::default(),
+            importing: Mutex::default(),
         })
     }
 }
@@ -224,42 +233,52 @@ impl SessionHost {
             let Some(last) = page.last().cloned() else { break };
             for session in page.into_iter().filter(|s| wanted(s)) {
                 let Ok(epoch) = self.epoch_for(&session) else { continue };
-                let state =
-                    load_state(log, self.deps.snapshots.as_ref(), &session, self.deps.config.limits.dedup_horizon)
-                        .await
-                        .map_err(|e| match e {
-                            LoadError::Journal(e) => HostError::Journal(e),
-                            LoadError::Projection { .. } => {
-                                HostError::Projection { session: session.clone(), detail: e.to_string() }
-                            }
-                        })?;
-                // The index follows the log (decision 0069): an entry a crash left behind the log, or one never
-                // written (a session older than the index), is put right here.
-                let entry = self.deps.index_entry(&state);
-                if state.exists() && self.deps.index.get(&session).as_ref() != Some(&entry) {
-                    self.deps.index.submit(entry);
-                }
-                // Webhooks go on from their saved positions (SPEC §15): what the old owner had not
-                // delivered is delivered now.
-                self.deps.notify_webhooks(&state, epoch);
-                // A schedule's next firing (SPEC §15) loads the session then; one already due, now.
-                if state.schedules.next_fire().is_some() {
-                    self.deps.wakes.set(&session, state.next_timer());
-                    self.start_waker();
-                }
-                // An active goal may be owed its next round (the owner died between a round's `status idle`
-                // and the continuation) or a pause; the driver's recovery decides which, if any.
-                let goal_active = state.goals.active().is_some();
-                let was_running = state.status == Status::Running || state.wake_since_idle || state.open_turn.is_some();
-                // A session being deleted is not resumed (`runner` refuses it).
-                if (was_running || goal_active) && self.runner(&session, epoch, &mut None).is_ok() {
-                    tracing::info!(%session, epoch, goal_active, "resuming a session that was running");
+                if self.take_over(&session, epoch).await? {
                     resumed += 1;
                 }
             }
             after = Some(last);
         }
         Ok(resumed)
+    }
+
+    /// Takes `session` over from its log: puts its index entry right, lets its webhooks go on and arms its
+    /// schedules, then starts its runner if the log says it was running or its goal is active, so it is
+    /// repaired and resumed (SPEC §6, §10, §15, §16). Whether the runner started.
+    async fn take_over(&self, session: &SessionRef, epoch: u64) -> Result<bool, HostError> {
+        let log = self.deps.log.as_ref();
+        let state = load_state(log, self.deps.snapshots.as_ref(), session, self.deps.config.limits.dedup_horizon)
+            .await
+            .map_err(|e| match e {
+                LoadError::Journal(e) => HostError::Journal(e),
+                LoadError::Projection { .. } => {
+                    HostError::Projection { session: session.clone(), detail: e.to_string() }
+                }
+            })?;
+        // The index follows the log (decision 0069): an entry a crash left behind the log, or one never
+        // written (a session older than the index), is put right here.
+        let entry = self.deps.index_entry(&state);
+        if state.exists() && self.deps.index.get(session).as_ref() != Some(&entry) {
+            self.deps.index.submit(entry);
+        }
+        // Webhooks go on from their saved positions (SPEC §15): what the old owner had not
+        // delivered is delivered now.
+        self.deps.notify_webhooks(&state, epoch);
+        // A schedule's next firing (SPEC §15) loads the session then; one already due, now.
+        if state.schedules.next_fire().is_some() {
+            self.deps.wakes.set(session, state.next_timer());
+            self.start_waker();
+        }
+        // An active goal may be owed its next round (the owner died between a round's `status idle` and the
+        // continuation) or a pause; the driver's recovery decides which, if any.
+        let goal_active = state.goals.active().is_some();
+        let was_running = state.status == Status::Running || state.wake_since_idle || state.open_turn.is_some();
+        // A session being deleted or imported is not resumed (`runner` refuses it).
+        if (was_running || goal_active) && self.runner(session, epoch, &mut None).is_ok() {
+            tracing::info!(%session, epoch, goal_active, "resuming a session that was running");
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// Hands over the loaded sessions `which` selects: each finishes its running step and stops claiming;
@@ -319,6 +338,9 @@ impl SessionHost {
         let mut runners = lock(&self.runners);
         if lock(&self.deleting).contains(session) {
             return Err(being_deleted(session));
+        }
+        if self.being_imported(session) {
+            return Err(being_imported(session));
         }
         if let Some(handle) =
             runners.get(session).and_then(Slot::running).filter(|h| !h.commands.is_closed() && h.epoch == epoch)
@@ -439,6 +461,108 @@ impl SessionHost {
         Ok(CommandReply::Written { seq: last })
     }
 
+    /// Whether an import holds `session` (an import whose importer went away lets go after
+    /// [`IMPORT_STALE`]). Called with `runners` held.
+    fn being_imported(&self, session: &SessionRef) -> bool {
+        let mut importing = lock(&self.importing);
+        match importing.get(session) {
+            Some(since) if since.elapsed() < IMPORT_STALE => true,
+            Some(_) => {
+                tracing::warn!(%session, "an import stopped between two groups; the session takes commands again");
+                importing.remove(session);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// `ImportSessions` (SPEC §18): appends one group of an imported log as it is. The group from seq 1 goes
+    /// only to a session without events (ALREADY_EXISTS otherwise); a later one must follow the log's end.
+    /// From its first group to its `complete` one the session takes no other command; then, if it was
+    /// running or has an active goal, it is loaded and resumes (its open turn repaired as after a crash).
+    async fn import(
+        &self,
+        session: &SessionRef,
+        events: Vec<Envelope>,
+        complete: bool,
+    ) -> Result<CommandReply, CommandError> {
+        let epoch = self.epoch_for(session)?;
+        let (Some(first), Some(last)) = (events.first(), events.last()) else {
+            return Err(CommandError::InvalidArgument(format!("an import group of {session} has no events")));
+        };
+        let expected = first.seq.saturating_sub(1);
+        let last_seq = last.seq;
+        let log_end = self.deps.log.last_seq(session).await.map_err(journal_error)?;
+        if expected == 0 && log_end > 0 {
+            return Err(CommandError::AlreadyExists(format!(
+                "session {session} already has {log_end} events here; delete it (DeleteSession) or leave it out of the import"
+            )));
+        }
+        if log_end != expected {
+            return Err(CommandError::FailedPrecondition(format!(
+                "the import of session {session} continues after seq {expected} but its log here ends at {log_end}: the \
+                 import was interrupted; delete the session and import it again"
+            )));
+        }
+        {
+            let mut runners = lock(&self.runners);
+            if lock(&self.deleting).contains(session) {
+                return Err(being_deleted(session));
+            }
+            lock(&self.importing).insert(session.clone(), tokio::time::Instant::now());
+            // A driver loaded here holds a log that is about to grow under it (an empty session's, or one
+            // loaded from a part of the import): drop it; the next command loads the whole log.
+            if let Some(Slot::Running(old)) = runners.remove(session) {
+                let _ = old.control.send(Control::Stop);
+            }
+        }
+        let written = self.append_imported(session, epoch, expected, &events).await;
+        if written.is_err() || complete {
+            lock(&self.importing).remove(session);
+        }
+        written?;
+        self.seen.insert(session);
+        if complete {
+            tracing::info!(%session, last_seq, "session imported");
+            if let Err(e) = self.take_over(session, epoch).await {
+                tracing::warn!(%session, error = %e, "an imported session that was running did not resume; its next command loads it");
+            }
+        }
+        Ok(CommandReply::Written { seq: last_seq })
+    }
+
+    async fn append_imported(
+        &self,
+        session: &SessionRef,
+        epoch: u64,
+        expected: u64,
+        events: &[Envelope],
+    ) -> Result<u64, CommandError> {
+        // As a runner does before each append: a worker whose lease lapsed must not write.
+        if let Some(ownership) = &self.deps.ownership
+            && !ownership.may_write(session, epoch)
+        {
+            return Err(journal_error(JournalError::Fenced { session: session.clone(), epoch }));
+        }
+        let log = &self.deps.log;
+        let traceparent = turnstile_ops::trace::current_traceparent();
+        let result = if expected == 0 {
+            log.append_first(session, events, traceparent.as_deref()).await
+        } else {
+            log.append(session, expected, events, traceparent.as_deref()).await
+        };
+        result.map_err(|e| match e {
+            JournalError::FirstRefused { .. } => CommandError::AlreadyExists(format!(
+                "session {session} got its first events while it was being imported; delete it or leave it out of the import"
+            )),
+            JournalError::Conflict { .. } => CommandError::FailedPrecondition(format!(
+                "session {session} was written by someone else while it was being imported ({e}); delete it and import it again"
+            )),
+            JournalError::InvalidBatch { .. } | JournalError::Corrupt { .. } => CommandError::InvalidArgument(e.to_string()),
+            other => journal_error(other),
+        })
+    }
+
     /// Commands waiting in `session`'s queue (0 when it is not loaded).
     pub fn queued_commands(&self, session: &SessionRef) -> usize {
         let runners = lock(&self.runners);
@@ -546,6 +670,9 @@ impl CommandRouter for SessionHost {
         if matches!(command, Command::Delete) {
             return self.delete(session).await;
         }
+        if let Command::Import { events, complete } = command {
+            return self.import(session, events, complete).await;
+        }
         if matches!(command, Command::StreamingStep) {
             // A read for a joining Watch: a session with no live runner (unloaded, or parked idle) streams
             // nothing, and loading it to say so would cost a log read. Not-owner still routes it onwards.
@@ -637,6 +764,10 @@ async fn ask(
         || CommandError::Unavailable(format!("session {session} stopped while being deleted; delete it again"));
     commands.send(CommandMsg { command, reply, traceparent }).await.map_err(|_| stopped())?;
     answer.await.unwrap_or_else(|_| Err(stopped()))
+}
+
+fn being_imported(session: &SessionRef) -> CommandError {
+    CommandError::Unavailable(format!("session {session} is being imported; retry once ImportSessions has answered"))
 }
 
 fn being_deleted(session: &SessionRef) -> CommandError {

@@ -24,7 +24,7 @@ pub mod spawn;
 pub use builtin::{Clock, Echo, Sleep, goal_complete_spec, rfc3339_utc};
 pub use client::ClientBusSlot;
 pub use registry::ToolRegistry;
-pub use spawn::{ChildSessions, ChildSessionsSlot, SPAWN_AGENT, SpawnAgent};
+pub use spawn::{ChildSessions, ChildSessionsSlot, SPAWN_AGENT, SpawnAgent, SpawnLimits, SpawnRefused};
 
 /// The error of a call that passed its deadline (SPEC §9).
 pub const TOOL_TIMEOUT: &str = "tool_timeout";

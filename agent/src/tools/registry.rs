@@ -17,8 +17,8 @@ use turnstile_worker::agent::Tools;
 use super::builtin::{Clock, Echo, Sleep};
 use super::metrics::ToolCall;
 use super::{
-    ChildSessions, ChildSessionsSlot, ClientBusSlot, DEFAULT_DEADLINE, SPAWN_AGENT, SpawnAgent, TOOL_TIMEOUT, Tool,
-    ToolContext, ToolReturn, client,
+    ChildSessions, ChildSessionsSlot, ClientBusSlot, DEFAULT_DEADLINE, SPAWN_AGENT, SpawnAgent, SpawnLimits,
+    TOOL_TIMEOUT, Tool, ToolContext, ToolReturn, client,
 };
 use crate::llm::chat::ToolSpec;
 
@@ -52,13 +52,13 @@ impl ToolRegistry {
         r.register("sleep", Arc::new(Sleep));
         r.register("echo", Arc::new(Echo));
         r.register("clock", Arc::new(Clock::default()));
-        r.offer_agents(Vec::new());
+        r.offer_agents(Vec::new(), SpawnLimits::default());
         r
     }
 
-    /// `spawn_agent` offers these agents to the model (the configuration's).
-    pub fn offer_agents(&mut self, agents: Vec<String>) {
-        let tool = SpawnAgent::new(self.children.clone(), agents);
+    /// `spawn_agent` offers these agents to the model (the configuration's), within `limits`.
+    pub fn offer_agents(&mut self, agents: Vec<String>, limits: SpawnLimits) {
+        let tool = SpawnAgent::new(self.children.clone(), agents, limits);
         self.register(SPAWN_AGENT, Arc::new(tool));
     }
 

@@ -6,6 +6,11 @@
 //! in `turnstile dev`, the cluster router on a worker) and reads the child's log from the journal, so the
 //! child's owner may be any worker and may change while the parent waits: every step is a retry-safe
 //! command (the prompt's MessageId is derived from the call) and the outcome is read from the log.
+//!
+//! Limits (decision 0076): a child may sit at most [`SpawnLimits::max_depth`] levels below its root session
+//! and a session may create at most [`SpawnLimits::max_children`] children (config `limits.max_spawn_depth`,
+//! `limits.max_children`), so an agent that spawns agents that spawn cannot fill a cluster. A call over
+//! either is refused before anything is written, with a [`SpawnRefused`] whose text starts with its code.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -34,6 +39,40 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// How long the cancel of a child whose parent stopped waiting may take; it runs on after the call ended.
 const CANCEL_BOUND: Duration = Duration::from_secs(30);
 
+/// How far `spawn_agent` may go (config `limits.max_spawn_depth` and `limits.max_children`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpawnLimits {
+    /// Levels a child may sit below its root session (a session nobody spawned): 1 lets roots spawn
+    /// children that cannot spawn.
+    pub max_depth: u32,
+    /// Children one session may create.
+    pub max_children: u32,
+}
+
+impl Default for SpawnLimits {
+    fn default() -> Self {
+        Self { max_depth: 3, max_children: 16 }
+    }
+}
+
+/// Why a `spawn_agent` call was refused before it created anything. The text starts with a stable code
+/// (`spawn_depth_exceeded`, `spawn_children_exceeded`) a model or a client can match.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpawnRefused {
+    #[error(
+        "spawn_depth_exceeded: session {session} is {depth} levels below its root session, and a child of it \
+         would be deeper than limits.max_spawn_depth ({limit}); do this task in this session"
+    )]
+    TooDeep { session: SessionRef, depth: u32, limit: u32 },
+    #[error(
+        "spawn_children_exceeded: session {session} already has {children} child sessions, limits.max_children \
+         ({limit}); give the task to one of them (a followup to it) or do it in this session"
+    )]
+    TooManyChildren { session: SessionRef, children: u32, limit: u32 },
+    #[error("spawn_agent could not check its limits for session {session}: {detail}; try again")]
+    Unchecked { session: SessionRef, detail: String },
+}
+
 /// What the tool needs from the node it runs on: a route to any session's owner and the journal.
 #[derive(Clone)]
 pub struct ChildSessions {
@@ -48,11 +87,12 @@ pub type ChildSessionsSlot = Arc<OnceLock<ChildSessions>>;
 pub struct SpawnAgent {
     children: ChildSessionsSlot,
     agents: Vec<String>,
+    limits: SpawnLimits,
 }
 
 impl SpawnAgent {
-    pub fn new(children: ChildSessionsSlot, agents: Vec<String>) -> Self {
-        Self { children, agents }
+    pub fn new(children: ChildSessionsSlot, agents: Vec<String>, limits: SpawnLimits) -> Self {
+        Self { children, agents, limits }
     }
 }
 
@@ -88,6 +128,9 @@ impl Tool for SpawnAgent {
             return ToolReturn::failed("spawn_agent cannot run on this node: it has no route to other sessions");
         };
         let child = child::session_of(&ctx.session, &ctx.call_id);
+        if let Err(refused) = check_limits(children.log.as_ref(), &ctx.session, &child, self.limits).await {
+            return ToolReturn::failed(refused.to_string());
+        }
         let prompt = UserMessage {
             id: child::prompt_id(&ctx.call_id),
             content: vec![ContentBlock::text(prompt)],
@@ -116,6 +159,58 @@ impl Tool for SpawnAgent {
             }
         }
     }
+}
+
+/// The parent a session's first event names (a child's `session/configured`), if any.
+async fn parent_of(log: &dyn SessionLog, session: &SessionRef) -> Result<Option<SessionRef>, SpawnRefused> {
+    let first = log
+        .read(session, 1, 1)
+        .await
+        .map_err(|e| SpawnRefused::Unchecked { session: session.clone(), detail: e.to_string() })?;
+    Ok(first.into_iter().find_map(|e| match e.payload {
+        EventPayload::SessionConfigured { parent, .. } => parent,
+        _ => None,
+    }))
+}
+
+/// Refuses a call of `parent` that would create `child` past `limits`: `parent`'s ancestors are read up to
+/// the depth limit (one event each), and its children (the sessions named with its prefix) up to the
+/// children limit. A retry of a call whose child exists is not refused for the children limit. The calls of
+/// one session run one at a time, so the count cannot race with the session's own calls.
+async fn check_limits(
+    log: &dyn SessionLog,
+    parent: &SessionRef,
+    child: &SessionRef,
+    limits: SpawnLimits,
+) -> Result<(), SpawnRefused> {
+    let unchecked =
+        |e: turnstile_journal::JournalError| SpawnRefused::Unchecked { session: parent.clone(), detail: e.to_string() };
+    let mut depth = 0;
+    let mut at = parent.clone();
+    while let Some(up) = parent_of(log, &at).await? {
+        depth += 1;
+        if depth >= limits.max_depth {
+            return Err(SpawnRefused::TooDeep { session: parent.clone(), depth, limit: limits.max_depth });
+        }
+        at = up;
+    }
+    let prefix = format!("{}-", child::id_prefix(parent));
+    let start = SessionRef { tenant: parent.tenant.clone(), id: prefix.clone() };
+    let want = limits.max_children as usize + 1;
+    let named = log.list_sessions(Some(&parent.tenant), Some(&start), want).await.map_err(unchecked)?;
+    let mut children = 0;
+    for session in named.iter().take_while(|s| s.tenant == parent.tenant && s.id.starts_with(&prefix)) {
+        if session == child {
+            return Ok(());
+        }
+        if parent_of(log, session).await?.as_ref() == Some(parent) {
+            children += 1;
+        }
+    }
+    if children >= limits.max_children {
+        return Err(SpawnRefused::TooManyChildren { session: parent.clone(), children, limit: limits.max_children });
+    }
+    Ok(())
 }
 
 /// `{"agent": A, "prompt": P}` from a model, or `AGENT PROMPT` from a scripted `[[tool:spawn_agent …]]`.
@@ -275,7 +370,7 @@ mod tests {
         let slot = ChildSessionsSlot::default();
         let _ = slot
             .set(ChildSessions { router: router.clone(), log: Arc::new(turnstile_journal::EmbeddedLog::in_memory()) });
-        let tool = SpawnAgent::new(slot, vec![]);
+        let tool = SpawnAgent::new(slot, vec![], SpawnLimits::default());
         let ctx = ToolContext { call_id: "call-1-1-1".into(), ..ToolContext::default() };
         let abort = CancellationToken::new();
         let call = tool.call(&ctx, "researcher dig", &abort);
@@ -310,6 +405,52 @@ mod tests {
         .await;
         assert!(r.error.unwrap().contains("the child keeps running"));
         assert!(!routed.contains(&cancel), "{routed:?}");
+    }
+
+    /// A log holding `(session, parent)` first events.
+    async fn family(sessions: &[(&str, Option<&str>)]) -> turnstile_journal::EmbeddedLog {
+        let log = turnstile_journal::EmbeddedLog::in_memory();
+        for (id, parent) in sessions {
+            let session = SessionRef::new("t", *id).unwrap();
+            let payload = EventPayload::SessionConfigured {
+                agent: "a".into(),
+                inject_mode: turnstile_model::InjectMode::Pending,
+                parent: parent.map(|p| SessionRef::new("t", p).unwrap()),
+            };
+            let event = turnstile_model::Envelope { session: session.clone(), seq: 1, time_ms: 1, epoch: 1, payload };
+            log.append(&session, 0, &[event], None).await.unwrap();
+        }
+        log
+    }
+
+    #[tokio::test]
+    async fn spawning_past_the_depth_or_the_children_limit_is_refused_with_its_code() {
+        let r = |id: &str| SessionRef::new("t", id).unwrap();
+        let log = family(&[
+            ("root", None),
+            ("root-c1", Some("root")),
+            ("root-c1-c1", Some("root-c1")),
+            ("root-c2", Some("root")),
+            ("root-notes", None),
+        ])
+        .await;
+        let limits = SpawnLimits { max_depth: 2, max_children: 2 };
+        let check = |parent: &str, child: &str| {
+            let (log, parent, child) = (&log, r(parent), r(child));
+            async move { check_limits(log, &parent, &child, limits).await }
+        };
+        // Depth: root's children are at 1, theirs at 2; a child of a depth-2 session would be at 3.
+        assert_eq!(check("root-c1", "root-c1-c9").await, Ok(()));
+        let deep = check("root-c1-c1", "root-c1-c1-c1").await.unwrap_err();
+        assert_eq!(deep, SpawnRefused::TooDeep { session: r("root-c1-c1"), depth: 2, limit: 2 });
+        assert!(deep.to_string().starts_with("spawn_depth_exceeded: session t/root-c1-c1 is 2 levels"), "{deep}");
+        // Children: root has two (root-notes shares the prefix but is no child); a third is refused, a retry
+        // of an existing child's call is not.
+        let wide = check("root", "root-c3").await.unwrap_err();
+        assert_eq!(wide, SpawnRefused::TooManyChildren { session: r("root"), children: 2, limit: 2 });
+        assert!(wide.to_string().starts_with("spawn_children_exceeded: "), "{wide}");
+        assert_eq!(check("root", "root-c2").await, Ok(()));
+        assert_eq!(check("root-c1", "root-c1-c2").await, Ok(()), "one child of its own so far");
     }
 
     #[test]

@@ -79,6 +79,8 @@ impl WorkerTransport for GrpcTransport {
         let mut client = WorkerClient::new(self.channel(addr)?);
         let mut request = tonic::Request::new(request);
         request.set_timeout(timeout);
+        // The worker learns which internal API version asks (SPEC §18, rolling upgrades).
+        request.metadata_mut().insert(crate::codec::API_KEY, MetadataValue::from(crate::codec::API_VERSION));
         // The worker's spans join this request's trace (the current span is the routing attempt's).
         if let Some(tp) = current_traceparent().and_then(|tp| MetadataValue::try_from(tp).ok()) {
             request.metadata_mut().insert(TRACEPARENT, tp);

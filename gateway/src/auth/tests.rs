@@ -27,6 +27,21 @@ fn token_file_maps_tokens_to_tenants_and_skips_comments() {
 }
 
 #[test]
+fn only_admin_tokens_may_export_and_import() {
+    let auth = Authenticator::TokenFile(tokens("root-token acme admin\nalpha-token acme\n").unwrap());
+    let admin = auth.authorize_admin(&with_auth("Bearer root-token"), "ExportSessions").unwrap();
+    assert_eq!(admin, Caller::Tenant("acme".into()), "an admin's own calls stay in its tenant");
+    let err = auth.authorize_admin(&with_auth("Bearer alpha-token"), "ExportSessions").unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    assert!(err.message().starts_with("ExportSessions needs an administrator's token"), "{}", err.message());
+    let err = auth.authorize_admin(&with_auth("Bearer nobody"), "ImportSessions").unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    assert_eq!(Authenticator::Disabled.authorize_admin(&MetadataMap::new(), "x").unwrap(), Caller::Anonymous);
+    let err = tokens("a acme root\n").unwrap_err();
+    assert!(err.to_string().contains("the third field may only be `admin`"), "{err}");
+}
+
+#[test]
 fn bad_token_files_name_the_line() {
     let err = tokens("a acme\nb\n").unwrap_err();
     assert_eq!(err.to_string(), "tokens.txt:2: expected `TOKEN TENANT`, got 1 fields");
@@ -131,4 +146,25 @@ fn unsigned_jwts_are_refused() {
     let token = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJ0ZW5hbnQiOiJhY21lIiwiZXhwIjo5OTk5OTk5OTk5OX0.";
     let err = auth.authenticate(&with_auth(&format!("Bearer {token}"))).unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
+}
+
+#[test]
+fn a_jwt_with_the_admin_claim_may_export() {
+    let dir = std::env::temp_dir().join(format!("turnstile-auth-admin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("hs.key");
+    let secret = "0123456789abcdef0123456789abcdef";
+    std::fs::write(&path, format!("{secret}\n")).unwrap();
+    let auth = Authenticator::Jwt(Box::new(JwtAuth::load(&path, JwtAlg::Hs256).unwrap()));
+    let sign = |claims: serde_json::Value| {
+        let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes());
+        jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap()
+    };
+    let admin = sign(serde_json::json!({"tenant": "acme", "exp": 99_999_999_999_u64, "admin": true}));
+    let plain = sign(serde_json::json!({"tenant": "acme", "exp": 99_999_999_999_u64}));
+    let ok = auth.authorize_admin(&with_auth(&format!("Bearer {admin}")), "ImportSessions").unwrap();
+    assert_eq!(ok, Caller::Tenant("acme".into()));
+    let err = auth.authorize_admin(&with_auth(&format!("Bearer {plain}")), "ImportSessions").unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

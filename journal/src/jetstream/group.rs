@@ -5,8 +5,13 @@
 //! Body: protobuf `turnstile.v1.SessionEventGroup { repeated SessionEvent events = 1 }`, built by framing
 //! each event's already-encoded bytes as field 1 (the same bytes prost would write for the message).
 //! Headers: `Turnstile-Seq` and `Turnstile-Last-Seq` (the first and last seq it holds), `Turnstile-Type`
-//! (the types in order, comma-separated), `Turnstile-Epoch` and, when given, `traceparent`. A message
-//! without `Turnstile-Last-Seq` is of the old layout: its body is one bare `SessionEvent`.
+//! (the types in order, comma-separated), `Turnstile-Epoch`, `Turnstile-Format` ([`GROUP_FORMAT`]) and,
+//! when given, `traceparent`. A message without `Turnstile-Last-Seq` is of the old layout: its body is one
+//! bare `SessionEvent`.
+//!
+//! Versions (SPEC §18, decision 0072): the message layout is numbered by `Turnstile-Format`, each event by
+//! its own `SessionEvent.format`. A reader refuses a message format newer than it knows, which no field
+//! default can make safe; so a new layout ships in two releases: the first reads it, the next writes it.
 
 use std::ops::Range;
 
@@ -14,7 +19,7 @@ use async_nats::HeaderMap;
 use prost::Message as _;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 
-use super::{HEADER_EPOCH, HEADER_LAST_SEQ, HEADER_SEQ, HEADER_TRACEPARENT, HEADER_TYPE};
+use super::{HEADER_EPOCH, HEADER_FORMAT, HEADER_LAST_SEQ, HEADER_SEQ, HEADER_TRACEPARENT, HEADER_TYPE};
 use crate::log::JournalError;
 use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
@@ -22,6 +27,11 @@ use turnstile_proto::{codec, v1 as pb};
 
 /// Separates the event types in a group's `Turnstile-Type` header.
 pub const TYPE_SEPARATOR: char = ',';
+
+/// The message format this build writes (`Turnstile-Format`) and the newest it reads: 1 is a
+/// `SessionEventGroup` body with the headers above (decision 0021). The single-event layout before it
+/// has no number (and no `Turnstile-Last-Seq`).
+pub const GROUP_FORMAT: u32 = 1;
 
 /// Bytes of a message's headers besides the type list (seqs, epoch, traceparent, expected sequence and,
 /// for an oversized group, the batch headers), with room to spare.
@@ -57,6 +67,7 @@ pub fn group_headers(events: &[Envelope], traceparent: Option<&str>) -> HeaderMa
     headers.insert(HEADER_SEQ, first.seq.to_string().as_str());
     headers.insert(HEADER_LAST_SEQ, last.seq.to_string().as_str());
     headers.insert(HEADER_EPOCH, last.epoch.to_string().as_str());
+    headers.insert(HEADER_FORMAT, GROUP_FORMAT.to_string().as_str());
     if let Some(tp) = traceparent.filter(|tp| !tp.is_empty()) {
         headers.insert(HEADER_TRACEPARENT, tp);
     }
@@ -121,6 +132,23 @@ pub fn decode_message(
 ) -> Result<Vec<Envelope>, JournalError> {
     let (first, last) = header_range(session, headers, stream_seq)?;
     let corrupt = |detail: String| JournalError::Corrupt { session: session.clone(), seq: first, detail };
+    if let Some(format) = headers.and_then(|h| h.get(HEADER_FORMAT)) {
+        match format.as_str().parse::<u32>() {
+            Ok(n) if n <= GROUP_FORMAT => {}
+            Ok(n) => {
+                return Err(corrupt(format!(
+                    "stream message {stream_seq} is in message format {n}, newer than this build reads \
+                     ({GROUP_FORMAT}): a newer Turnstile wrote it; upgrade this process"
+                )));
+            }
+            Err(_) => {
+                return Err(corrupt(format!(
+                    "stream message {stream_seq} has an invalid {HEADER_FORMAT} header {:?}",
+                    format.as_str()
+                )));
+            }
+        }
+    }
     let grouped = headers.is_some_and(|h| h.get(HEADER_LAST_SEQ).is_some());
     let events = if grouped {
         let group = pb::SessionEventGroup::decode(body).map_err(|e| corrupt(format!("SessionEventGroup: {e}")))?;
@@ -192,6 +220,26 @@ mod tests {
         headers.insert(HEADER_SEQ, "1");
         let body = codec::encode_event(&events[0]);
         assert_eq!(decode_message(&events[0].session, Some(&headers), &body, 1).unwrap(), events);
+    }
+
+    #[test]
+    fn a_newer_message_format_is_refused_naming_the_upgrade() {
+        let events = events(1);
+        let body = encode_group([codec::encode_event(&events[0]).as_slice()]);
+        let mut headers = group_headers(&events, None);
+        assert_eq!(headers.get(HEADER_FORMAT).unwrap().as_str(), GROUP_FORMAT.to_string());
+        headers.insert(HEADER_FORMAT, (GROUP_FORMAT + 1).to_string().as_str());
+        let err = decode_message(&events[0].session, Some(&headers), &body, 4).unwrap_err();
+        assert!(err.to_string().contains("upgrade this process"), "{err}");
+        headers.insert(HEADER_FORMAT, "x");
+        assert!(decode_message(&events[0].session, Some(&headers), &body, 4).is_err());
+        // Written before the header existed: format 1 all the same.
+        let mut old = HeaderMap::new();
+        for name in [HEADER_SEQ, HEADER_LAST_SEQ] {
+            old.insert(name, "1");
+        }
+        old.insert(HEADER_TYPE, "agent/status");
+        assert_eq!(decode_message(&events[0].session, Some(&old), &body, 4).unwrap(), events);
     }
 
     #[test]

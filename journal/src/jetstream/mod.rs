@@ -103,6 +103,10 @@ pub const HEADER_SEQ: &str = "Turnstile-Seq";
 pub const HEADER_LAST_SEQ: &str = "Turnstile-Last-Seq";
 /// The writer's owner epoch.
 pub const HEADER_EPOCH: &str = "Turnstile-Epoch";
+/// The message format ([`group::GROUP_FORMAT`]): on every message written since formats were numbered
+/// (SPEC §18, decision 0072); a message without it is format 1 when it has `Turnstile-Last-Seq`, else the
+/// single-event layout before decision 0021.
+pub const HEADER_FORMAT: &str = "Turnstile-Format";
 /// W3C trace context of the append.
 pub const HEADER_TRACEPARENT: &str = "traceparent";
 
@@ -125,14 +129,21 @@ fn server_addrs(urls: &str) -> Result<Vec<async_nats::ServerAddr>, JournalError>
     Ok(servers)
 }
 
+/// How often the client pings its server. async-nats gives a connection up after three unanswered pings
+/// and reconnects (to another server of the list when it has one): with its default of 60 s a hung server,
+/// or one cut off by a partition, kept a process on a dead connection for three minutes (decision 0076).
+const PING_INTERVAL: Duration = Duration::from_secs(5);
+
 /// Connects once, bounded: an unreachable server is an error naming the URL, not an endless retry. Once
 /// connected, the client reconnects on its own (calls in between fail as [`JournalError::Unavailable`]).
 /// `config.security` adds a credentials file and TLS (a CA or client certificate makes TLS required, so a
 /// server that offers none is refused instead of silently spoken to in clear text).
 async fn connect(config: &JetStreamConfig) -> Result<async_nats::Client, JournalError> {
     let (url, timeout) = (config.url.as_str(), config.connect_timeout);
-    let mut options =
-        async_nats::ConnectOptions::new().connection_timeout(timeout).request_timeout(Some(config.request_timeout));
+    let mut options = async_nats::ConnectOptions::new()
+        .connection_timeout(timeout)
+        .request_timeout(Some(config.request_timeout))
+        .ping_interval(PING_INTERVAL);
     let security = &config.security;
     if let Some(creds) = &security.creds {
         options = options.credentials_file(creds).await.map_err(|e| {

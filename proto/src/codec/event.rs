@@ -522,6 +522,13 @@ fn transcript_entry_at(entry: pb::TranscriptEntry, path: &str) -> Result<Transcr
     })
 }
 
+/// The event format this build writes in `SessionEvent.format` (SPEC §18, decision 0072). 0 is every event
+/// written before formats were numbered; their bytes mean what format 1's do, so both decode alike. A
+/// change to what stored bytes *mean* (not a new field, which older readers skip and newer ones default)
+/// takes the next number, and [`decode_session_event`] keeps decoding each older one by its own rules:
+/// the corpus in `tests/corpus/` holds logs of every format, and its test folds them all.
+pub const EVENT_FORMAT: u32 = 1;
+
 /// The protobuf form of a durable event. `type` is the payload's durable type; an
 /// [`EventPayload::Ignorable`] keeps the type it was read with, is marked ignorable and has no payload.
 pub fn encode_session_event(event: &Envelope) -> pb::SessionEvent {
@@ -536,13 +543,17 @@ pub fn encode_session_event(event: &Envelope) -> pb::SessionEvent {
         epoch: event.epoch,
         r#type: ty,
         ignorable,
+        format: EVENT_FORMAT,
         payload: encode_payload(&event.payload),
     }
 }
 
 /// Decodes and validates a durable event. An unknown `type`, or a missing payload, is refused unless the
 /// event is marked ignorable, in which case it becomes [`EventPayload::Ignorable`]. A `type` that names a
-/// different variant than the payload is always refused.
+/// different variant than the payload is always refused. Every `format` decodes: those up to
+/// [`EVENT_FORMAT`] by their rules (0 and 1 share them), a newer one (a newer writer in the same cluster,
+/// during a rolling upgrade) by the protobuf rules, its unknown fields skipped. The decoded event is
+/// format-free: encoding it again writes [`EVENT_FORMAT`].
 pub fn decode_session_event(event: pb::SessionEvent) -> Result<Envelope, CodecError> {
     let session = required_session_at(event.session, "session")?;
     if event.seq == 0 {

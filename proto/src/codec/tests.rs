@@ -261,6 +261,7 @@ fn events_written_before_reasoning_and_usage_decode_without_them() {
         epoch: 1,
         r#type: "assistant/message".into(),
         ignorable: false,
+        format: 0,
         payload: Some(pb::session_event::Payload::AssistantMessage(old)),
     };
     let back = decode_event(&event.encode_to_vec()).unwrap();
@@ -630,9 +631,29 @@ fn a_goal_change_that_breaks_the_goal_rules_names_its_field() {
             epoch: 1,
             r#type: "goal/change".into(),
             ignorable: false,
+            format: EVENT_FORMAT,
             payload: Some(pb::session_event::Payload::GoalChange(change)),
         };
         let err = decode_event(&event.encode_to_vec()).unwrap_err();
         assert!(err.to_string().contains(path), "{path}: {err}");
+    }
+}
+
+#[test]
+fn every_event_format_decodes_and_encoding_writes_this_builds() {
+    // SPEC §18: 0 (before formats were numbered) and this build's decode alike; a newer writer's event
+    // (a rolling upgrade) decodes by the protobuf rules, its unknown fields skipped.
+    let event =
+        Envelope { session: session(), seq: 3, time_ms: 9, epoch: 2, payload: EventPayload::TurnStart { turn: 1 } };
+    let mut pb_event = encode_session_event(&event);
+    assert_eq!(pb_event.format, EVENT_FORMAT);
+    for format in [0, EVENT_FORMAT, EVENT_FORMAT + 1] {
+        pb_event.format = format;
+        let mut bytes = pb_event.encode_to_vec();
+        // A field this build does not know (a newer writer's), length-delimited field 99.
+        prost::encoding::encode_key(99, prost::encoding::WireType::LengthDelimited, &mut bytes);
+        prost::encoding::encode_varint(3, &mut bytes);
+        bytes.extend_from_slice(b"new");
+        assert_eq!(decode_event(&bytes).unwrap(), event, "format {format}");
     }
 }

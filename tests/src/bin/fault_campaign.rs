@@ -2,14 +2,17 @@
 //!
 //! ```text
 //! TURNSTILE_BIN=target/debug/turnstile fault_campaign [--seed N] [--duration 30m|3600s|90] [--sessions N] [--clients N] [--out DIR]
+//!     [--upgrade-from OLD_TURNSTILE_BIN]
 //! ```
 //!
 //! Runs [`turnstile_tests::campaign::run`] (the same function as the CI test, longer), prints the report
-//! and exits 1 when the checker found a violation, 2 when the harness failed.
+//! and exits 1 when the checker found a violation, 2 when the harness failed. `--upgrade-from` runs a
+//! rolling upgrade from that binary to `TURNSTILE_BIN` instead of the fault schedule (SPEC §18;
+//! `scripts/rolling-upgrade` builds the previous commit's binary and runs it).
 
 use std::time::Duration;
 
-use turnstile_tests::campaign::{CampaignConfig, run};
+use turnstile_tests::campaign::{CampaignConfig, Upgrade, run};
 
 fn parse_duration(s: &str) -> Option<Duration> {
     let (number, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, "s"), |i| s.split_at(i));
@@ -24,7 +27,8 @@ fn parse_duration(s: &str) -> Option<Duration> {
 
 fn usage(why: &str) -> ! {
     eprintln!(
-        "{why}\nusage: fault_campaign [--seed N] [--duration 30m|3600s|1h] [--sessions N] [--clients N] [--out DIR]"
+        "{why}\nusage: fault_campaign [--seed N] [--duration 30m|3600s|1h] [--sessions N] [--clients N] [--out DIR] \
+         [--upgrade-from OLD_TURNSTILE_BIN]"
     );
     std::process::exit(2)
 }
@@ -45,6 +49,7 @@ fn main() {
             "--sessions" => config.sessions = value().parse().unwrap_or_else(|_| usage("--sessions takes a number")),
             "--clients" => config.clients = value().parse().unwrap_or_else(|_| usage("--clients takes a number")),
             "--out" => config.out_dir = value().into(),
+            "--upgrade-from" => config.upgrade = Some(Upgrade { from: value().into() }),
             "-h" | "--help" => usage("the fault campaign"),
             other => usage(&format!("unknown argument {other}")),
         }

@@ -12,9 +12,12 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 use turnstile_cluster::CommandRouter;
-use turnstile_cluster::codec::{decode_execute_request, encode_command_reply};
+use turnstile_cluster::codec::{
+    API_KEY, API_VERSION, api_version, decode_execute_request, encode_command_reply, unknown_command,
+};
 use turnstile_cluster::status::command_status;
 use turnstile_model::CommandError;
 use turnstile_proto::cluster::v1 as cpb;
@@ -60,17 +63,32 @@ impl WorkerService {
 #[tonic::async_trait]
 impl Worker for WorkerService {
     async fn execute(&self, request: Request<cpb::ExecuteRequest>) -> Result<Response<cpb::ExecuteReply>, Status> {
-        let (session, command, timeout) = decode_execute_request(request.into_inner())
-            .map_err(|e| command_status(&CommandError::InvalidArgument(e.to_string())))?;
+        let caller_api = api_version(request.metadata().get(API_KEY).and_then(|v| v.to_str().ok()));
+        let request = request.into_inner();
+        if let Some(theirs) = caller_api.filter(|v| *v > API_VERSION && request.command.is_none()) {
+            return Err(versioned(command_status(&unknown_command(theirs))));
+        }
+        let (session, command, timeout) = decode_execute_request(request)
+            .map_err(|e| versioned(command_status(&CommandError::InvalidArgument(e.to_string()))))?;
         let name = command.name();
         match self.router.execute(&session, command, timeout).await {
-            Ok(reply) => Ok(Response::new(encode_command_reply(&session, &reply))),
+            Ok(reply) => {
+                let mut response = Response::new(encode_command_reply(&session, &reply));
+                response.metadata_mut().insert(API_KEY, MetadataValue::from(API_VERSION));
+                Ok(response)
+            }
             Err(err) => {
                 tracing::debug!(%session, command = name, error = %err, "command refused");
-                Err(command_status(&err))
+                Err(versioned(command_status(&err)))
             }
         }
     }
+}
+
+/// `status` with this worker's internal API version in its metadata (SPEC §18).
+fn versioned(mut status: Status) -> Status {
+    status.metadata_mut().insert(API_KEY, MetadataValue::from(API_VERSION));
+    status
 }
 
 /// Serves `service` on an already bound listener (port 0 in tests) until `shutdown` resolves; in-flight
@@ -210,6 +228,29 @@ mod tests {
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(status.message().starts_with("session"), "{}", status.message());
         assert!(matches!(rebuild(&status), Some(CommandError::InvalidArgument(_))));
+    }
+
+    #[tokio::test]
+    async fn a_command_unknown_here_from_a_newer_caller_is_retryable() {
+        // SPEC §18: during a rolling upgrade a newer gateway may send a command this worker cannot decode.
+        let mut c = client(None).await;
+        let session = SessionRef::new("acme", "s1").unwrap();
+        let unknown = cpb::ExecuteRequest {
+            session: Some(turnstile_proto::codec::encode_session_ref(&session)),
+            ..Default::default()
+        };
+        let mut newer = tonic::Request::new(unknown.clone());
+        newer.metadata_mut().insert(API_KEY, MetadataValue::from(API_VERSION + 1));
+        let status = c.execute(newer).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(status.message().contains("being upgraded"), "{}", status.message());
+        assert_eq!(api_version(status.metadata().get(API_KEY).and_then(|v| v.to_str().ok())), Some(API_VERSION));
+        // The same request from a caller of this version (or one that says none) is malformed.
+        let status = c.execute(unknown).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        // Every reply names this worker's version.
+        let reply = c.execute(encode_execute_request(&session, &Command::Clear, None)).await.unwrap();
+        assert_eq!(api_version(reply.metadata().get(API_KEY).and_then(|v| v.to_str().ok())), Some(API_VERSION));
     }
 
     #[tokio::test]

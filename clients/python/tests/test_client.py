@@ -218,8 +218,14 @@ class Scenarios(DevCase):
             # The scripted model reports usage only when told: the tenant's tokens are what [[usage]] said.
             await c.followup(other, "[[usage:7,2]] metered")
             await c.when_idle(other)
-            usage = await c.get_usage()
-            scripted = [m for m in usage.models if m.provider == "scripted"]
+            # On NATS the workers fold the streams into usage after the append (SPEC §17): it may lag a moment.
+            deadline = asyncio.get_running_loop().time() + 20
+            while True:
+                usage = await c.get_usage()
+                scripted = [m for m in usage.models if m.provider == "scripted"]
+                if scripted or asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.05)
             self.assertEqual([m.input_tokens for m in scripted], [7], "GetUsage counts the durable usage")
             self.assertGreaterEqual(usage.used_today, 9)
             last = (await c.get_session(s)).last_seq

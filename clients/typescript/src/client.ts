@@ -3,26 +3,35 @@
 
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { type Client, createClient, type Interceptor, type Transport } from "@connectrpc/connect";
+import { Code } from "@connectrpc/connect";
 import {
   Agent,
   type CancelReply,
   type EditReply,
+  type ExportItem,
+  type ExportItemSchema,
   type GoalAction,
   type GoalInfo,
+  type ImportReply,
   type InboxSnapshot,
+  type ListSchedulesReply,
   type ListSessionsReply,
+  type Schedule,
   type SendReply,
   type SessionInfo,
+  type SessionOrder,
   type TenantUsage,
 } from "./gen/turnstile/v1/agent_pb.js";
 import {
   type CancelCauseSchema,
   type InjectMode,
   type OnDeadline,
+  SchedulePreset,
   type SessionRef,
+  type SessionStatus,
   Target,
 } from "./gen/turnstile/v1/events_pb.js";
-import { toTurnstileError } from "./errors.js";
+import { TurnstileError, toTurnstileError } from "./errors.js";
 import {
   type MessageLike,
   type SessionLike,
@@ -113,16 +122,81 @@ export interface SpliceEdit {
   inserted?: MessageLike[];
 }
 
-/** The filters and page of `listSessions`. */
+/**
+ * The filters, order and page of `listSessions` (SPEC §16). Filters combine: a session is listed when it
+ * passes every one given. They are served from the session index, which follows each log (it may lag by a
+ * write, never lead).
+ */
 export interface ListOptions extends CallOptions {
   /** Only this tenant's sessions (default: the client's; with auth, the token's). */
   tenant?: string;
   /** Only the `spawn_agent` children of this session id. */
   parent?: string;
+  /** Only sessions with this status (default `SessionStatus.UNSPECIFIED`: any). */
+  status?: SessionStatus;
+  /** Only sessions running this agent. */
+  agent?: string;
+  /**
+   * Only sessions whose labels match: `k=v`, `k!=v`, `k` (has `k`), `!k` (has no `k`), joined by commas,
+   * every requirement must hold (a session without `k` matches `k!=v`). E.g. `"team=blue,!archived"`.
+   */
+  labelSelector?: string;
+  /** Only sessions whose last activity (their last durable event) is after this Unix time in ms. */
+  updatedAfterUnixMs?: Uint64;
+  /** Only sessions whose last activity is before this Unix time in ms. */
+  updatedBeforeUnixMs?: Uint64;
+  /** `SessionOrder.ID` (the default, by tenant and id) or `SessionOrder.LAST_ACTIVITY` (newest first). */
+  orderBy?: SessionOrder;
   pageToken?: string;
   /** 0 (default) means 100; at most 1000. */
   pageSize?: number;
 }
+
+/** When and how a schedule delivers (`createSchedule`, SPEC §15): exactly one of `atUnixMs` and `cron`. */
+export interface ScheduleOptions extends CallOptions {
+  /** Once, at this Unix time in ms (in the future); the schedule is gone after it fired. */
+  atUnixMs?: Uint64;
+  /**
+   * A 5-field cron pattern, `minute hour day-of-month month day-of-week` (lists, ranges, steps, month and
+   * weekday names), e.g. `"0 9 * * mon-fri"`.
+   */
+  cron?: string;
+  /** The IANA time zone `cron` is evaluated in (default UTC), e.g. `"Europe/Berlin"`. */
+  timeZone?: string;
+  /** How each firing delivers: `SchedulePreset.FOLLOWUP` (the default), `QUEUE`, `STEER` or `INJECT`. */
+  preset?: SchedulePreset;
+  /** No firing after this Unix time in ms; the schedule is gone after its last firing. */
+  notAfterUnixMs?: Uint64;
+  /**
+   * How late a firing missed while no worker owned the session may still be delivered (default 0: the
+   * server's 60 000 ms); a later one is skipped and counted in `missed`.
+   */
+  catchupMs?: Uint64;
+}
+
+/** The page and scope of `listSchedules`. */
+export interface ListSchedulesOptions extends CallOptions {
+  /** Without a session: the tenant whose schedules to list (default: the client's; with auth, the token's). */
+  tenant?: string;
+  pageToken?: string;
+  /** 0 (default) means 100; at most 1000. */
+  pageSize?: number;
+}
+
+/** The options of `setLabels`. */
+export interface LabelOptions extends CallOptions {
+  /** Label keys to remove (a key the session does not have is ignored). */
+  remove?: readonly string[];
+}
+
+/** What `exportSessions` exports. */
+export interface ExportOptions extends CallOptions {
+  /** The tenant to export (default: the client's; with auth, the token's). */
+  tenant?: string;
+}
+
+/** An `ExportItem`, as `exportSessions` yields it or as a plain object (read from a file, say). */
+export type ExportItemLike = MessageInitShape<typeof ExportItemSchema>;
 
 /** The current connection as callers of the generated code see it. */
 export interface Rpc {
@@ -158,6 +232,11 @@ function normalise(address: string): string {
 }
 
 const u64 = (n: Uint64 | undefined): bigint | undefined => (n === undefined ? undefined : BigInt(n));
+
+/** `items` as an async iterable (what a client stream sends). */
+async function* asAsync<T>(items: AsyncIterable<T> | Iterable<T>): AsyncGenerator<T, void, undefined> {
+  yield* items;
+}
 
 /**
  * A client of one Turnstile deployment (a gateway or `turnstile dev`).
@@ -475,6 +554,12 @@ export class ClientBase implements ClientCore {
     const request = {
       tenant: options.tenant ?? this.tenant,
       parent: options.parent ?? "",
+      status: options.status,
+      agent: options.agent ?? "",
+      labelSelector: options.labelSelector ?? "",
+      updatedAfterUnixMs: u64(options.updatedAfterUnixMs),
+      updatedBeforeUnixMs: u64(options.updatedBeforeUnixMs),
+      orderBy: options.orderBy,
       pageToken: options.pageToken ?? "",
       pageSize: options.pageSize ?? 0,
     };
@@ -492,7 +577,21 @@ export class ClientBase implements ClientCore {
     return this.#unary("GetUsage", true, options, (a, o) => a.getUsage(request, o));
   }
 
-  /** Every session of the tenant (or every child of `parent`), page after page. */
+  /**
+   * The schedules of `session`, or, without one, a page of those of every session of the tenant (SPEC §15).
+   * A one-shot schedule that fired, or one past its `notAfterUnixMs`, is no longer listed.
+   */
+  listSchedules(session?: SessionLike, options: ListSchedulesOptions = {}): Promise<ListSchedulesReply> {
+    const request = {
+      session: session === undefined ? undefined : this.ref(session),
+      tenant: options.tenant ?? this.tenant,
+      pageToken: options.pageToken ?? "",
+      pageSize: options.pageSize ?? 0,
+    };
+    return this.#unary("ListSchedules", true, options, (a, o) => a.listSchedules(request, o));
+  }
+
+  /** Every session of the tenant (or every child of `parent`) that passes the filters, page after page. */
   async *sessions(options: Omit<ListOptions, "pageToken"> = {}): AsyncGenerator<SessionInfo, void, undefined> {
     let pageToken = "";
     do {
@@ -500,6 +599,124 @@ export class ClientBase implements ClientCore {
       yield* page.sessions;
       pageToken = page.nextPageToken;
     } while (pageToken !== "");
+  }
+
+  // --- schedules (SPEC §15) and labels (§16) ----------------------------------------------------------
+
+  /**
+   * Stores schedule `scheduleId` on the session (durable `schedule/changed`; a session without events is
+   * created): once at `atUnixMs`, or by the 5-field `cron` pattern in `timeZone` (default UTC). Each firing
+   * delivers `message`'s content with `preset` (default followup), MessageId `<scheduleId>@<fireUnixMs>`
+   * and source `schedule {scheduleId, fireUnixMs}`; the message's own id and source are not used.
+   * Retried on UNAVAILABLE: the same schedule again answers it as it is, while the same id with other
+   * content is ALREADY_EXISTS. A bad cron pattern (naming the field and what it allows), an unknown time
+   * zone or an `atUnixMs` in the past is INVALID_ARGUMENT.
+   *
+   * ```ts
+   * await client.createSchedule("s1", "daily-report", "write the report", { cron: "0 9 * * *", timeZone: "Europe/Berlin" });
+   * ```
+   */
+  createSchedule(session: SessionLike, scheduleId: string, message: MessageLike, options: ScheduleOptions): Promise<Schedule> {
+    if ((options.atUnixMs === undefined) === (options.cron === undefined)) {
+      return Promise.reject(new TypeError("createSchedule: give exactly one of atUnixMs and cron"));
+    }
+    const timing =
+      options.cron !== undefined
+        ? { case: "cron" as const, value: options.cron }
+        : { case: "atUnixMs" as const, value: BigInt(options.atUnixMs!) };
+    const request = {
+      session: this.ref(session),
+      scheduleId,
+      preset: options.preset ?? SchedulePreset.FOLLOWUP,
+      message: { content: toUserMessage(message, { id: "" }).content },
+      timing,
+      timeZone: options.timeZone ?? "",
+      notAfterUnixMs: u64(options.notAfterUnixMs),
+      catchupMs: u64(options.catchupMs),
+    };
+    return this.#unary("CreateSchedule", true, options, (a, o) => a.createSchedule(request, o));
+  }
+
+  /**
+   * Deletes the session's schedule `scheduleId` (durable `schedule/changed`) and answers it as it was.
+   * NOT_FOUND when the session has none by that id (a one-shot that fired is gone). Not retried: a repeat
+   * of a delete that landed answers NOT_FOUND.
+   */
+  deleteSchedule(session: SessionLike, scheduleId: string, options: CallOptions = {}): Promise<Schedule> {
+    const request = { session: this.ref(session), scheduleId };
+    return this.#unary("DeleteSchedule", false, options, (a, o) => a.deleteSchedule(request, o));
+  }
+
+  /**
+   * Sets `labels` on the session and removes the keys in `remove` (durable `session/labeled`, only what
+   * changes); answers the session with its labels. Keys are `[a-z0-9_.-/]{1,63}`, values at most 256
+   * bytes, at most 32 labels per session (INVALID_ARGUMENT otherwise). Retried: setting the same labels
+   * again changes nothing. Find sessions by label with `listSessions({ labelSelector })`.
+   */
+  setLabels(session: SessionLike, labels: Record<string, string> = {}, options: LabelOptions = {}): Promise<SessionInfo> {
+    const request = { session: this.ref(session), labels, removeKeys: [...(options.remove ?? [])] };
+    return this.#unary("SetLabels", true, options, (a, o) => a.setLabels(request, o));
+  }
+
+  // --- export and import (SPEC §18; admin only with auth) -------------------------------------------------
+
+  /**
+   * The whole logs of `sessions` of the tenant (every session it has when empty) as `ExportItem`s: a
+   * `header {format, tenant}`, then per session its events from seq 1 in order as `events` groups, closed
+   * by `end {session, lastSeq}`. Schedules and labels are events, so they come along. Feed the items to
+   * {@link ClientBase.importSessions} of another deployment, or keep them (`sizeDelimitedEncode(ExportItemSchema,
+   * item)` of `@bufbuild/protobuf/wire` for each is `turnstile export`'s file).
+   *
+   * Opening the stream is retried on UNAVAILABLE until its first item; a stream that breaks later fails
+   * (an import of the part received is refused as cut short: export again). NOT_FOUND for a listed
+   * session without events, PERMISSION_DENIED for a token that is not an administrator's.
+   */
+  async *exportSessions(sessions: readonly string[] = [], options: ExportOptions = {}): AsyncGenerator<ExportItem, void, undefined> {
+    const signal = options.signal;
+    const request = { tenant: options.tenant ?? this.tenant, sessions: [...sessions] };
+    const retries = new Retries(this.retryPolicy, () => this.reconnect());
+    for (;;) {
+      let received = false;
+      let error;
+      try {
+        const { agent } = await this.rpc();
+        for await (const item of agent.exportSessions(request, { signal, headers: this.headers() })) {
+          received = true;
+          yield item;
+        }
+        return;
+      } catch (e) {
+        error = toTurnstileError("ExportSessions", e, signal);
+      }
+      if (received) throw error;
+      try {
+        await retries.after(error, signal);
+      } catch (e) {
+        throw toTurnstileError("ExportSessions", e, signal);
+      }
+    }
+  }
+
+  /**
+   * Writes an export (the items of {@link ClientBase.exportSessions}, as an array or an async iterable, so
+   * `b.importSessions(a.exportSessions())` copies a tenant from `a` to `b`) into this deployment, keeping
+   * every seq, time, epoch and MessageId: a watch from 0 of an imported session shows the same events, and
+   * a retry of an old delivery is recognised. Answers the sessions and events written. ALREADY_EXISTS for
+   * a session that has events here (the sessions before it stay imported); INVALID_ARGUMENT for a stream
+   * that is not a whole export. Not retried: the items are consumed, and a repeat answers ALREADY_EXISTS.
+   * Needs a client stream: from Node, not over gRPC-Web (UNIMPLEMENTED in a browser).
+   */
+  importSessions(items: AsyncIterable<ExportItemLike> | Iterable<ExportItemLike>, options: CallOptions = {}): Promise<ImportReply> {
+    return this.#unary("ImportSessions", false, options, async (a, o) => {
+      if (!(await this.rpc()).bidiStreams) {
+        throw new TurnstileError(
+          "ImportSessions",
+          Code.Unimplemented,
+          "importing needs a client stream, which gRPC-Web cannot carry; import from Node",
+        );
+      }
+      return a.importSessions(asAsync(items), o);
+    });
   }
 
   // --- streams --------------------------------------------------------------------------------------------

@@ -9,8 +9,10 @@ import { TurnstileError } from "./errors.js";
  *
  * Safe are the deliveries (`send`, `followup`, `queue`, `steer`, `inject`, `interrupt`,
  * `referenceSession`: a retry carries the same MessageId, which the session recognises and answers with
- * the original acceptance, SPEC §2) and the reads. Cancels, edits, decisions and goal changes are never
- * retried: a repeat after a lost reply could act twice. `watch()` and `serveTools()` use the same policy
+ * the original acceptance, SPEC §2), `createSchedule` and `setLabels` (the same again changes nothing),
+ * the reads, and opening `exportSessions` (until its first item). Cancels, edits, decisions, goal changes,
+ * forks, deletes (of sessions and schedules) and imports are never retried: a repeat after a lost reply
+ * could act twice, or answers NOT_FOUND or ALREADY_EXISTS. `watch()` and `serveTools()` use the same policy
  * to reconnect.
  */
 export interface RetryPolicy {

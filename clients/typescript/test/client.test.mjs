@@ -5,11 +5,15 @@
 
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
+import { toBinary } from "@bufbuild/protobuf";
 import {
   Agent,
   Code,
   GoalAction,
   InjectMode,
+  SchedulePreset,
+  SessionEventSchema,
+  SessionOrder,
   SessionStatus,
   Target,
   ToolOutput,
@@ -27,6 +31,7 @@ import {
   refusingAddress,
   replay,
   replies,
+  startDev,
   untilIdleAfter,
 } from "./harness.mjs";
 
@@ -41,6 +46,26 @@ const record = (next) => (req) => {
 const address = env("TURNSTILE_ADDR");
 const client = new TurnstileClient({ address, interceptors: [record] });
 after(() => client.close());
+
+/**
+ * The first truthy value of `probe()`, asked every 100 ms; a failure naming `what` after the harness's bound.
+ * @template T
+ * @param {() => Promise<T>} probe
+ * @param {string} what
+ * @returns {Promise<NonNullable<T>>}
+ */
+async function eventually(probe, what) {
+  return bounded(
+    (async () => {
+      for (;;) {
+        const value = await probe();
+        if (value) return /** @type {NonNullable<T>} */ (value);
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    })(),
+    what,
+  );
+}
 
 /**
  * The error `promise` rejects with, which must be a TurnstileError.
@@ -297,6 +322,175 @@ test("client tools called by the agent: results, context, errors, the call's con
   await server.done;
 });
 
+test("setLabels and listSessions' filters; createSchedule, listSchedules, deleteSchedule; a one-shot schedule fires", async () => {
+  const [s, other] = [newId(), newId()];
+  const run = newId("run");
+  for (const id of [s, other]) {
+    await client.followup(id, "labelled");
+    await client.whenIdle(id);
+  }
+  const started = Date.now();
+  let info = await client.setLabels(s, { run, team: "blue", tier: "gold" });
+  assert.deepEqual({ ...info.labels }, { run, team: "blue", tier: "gold" });
+  await client.setLabels(other, { run, team: "red" });
+  info = await client.setLabels(s, { x: "1" }, { remove: ["tier", "not-there"] });
+  assert.deepEqual({ ...info.labels }, { run, team: "blue", x: "1" }, "set and removed");
+  assert.deepEqual({ ...(await client.getSession(s)).labels }, { ...info.labels });
+  const badLabel = await failure(client.setLabels(s, { "Not A Key": "v" }));
+  assert.equal(badLabel.code, Code.InvalidArgument);
+  /** @param {import("../dist/index.js").ListOptions} filters */
+  const ids = async (filters) => {
+    const listed = [];
+    for await (const i of client.sessions(filters)) listed.push(i.session?.id);
+    return listed;
+  };
+  // The index follows the log (it may lag by a write): wait until it has the last labels.
+  await eventually(async () => (await ids({ labelSelector: `run=${run},x=1` })).length === 1, "the index to have the labels");
+  assert.deepEqual(await ids({ labelSelector: `run=${run},team=blue` }), [s], "only the match");
+  assert.deepEqual(await ids({ labelSelector: `run=${run},team!=blue` }), [other]);
+  assert.deepEqual(await ids({ labelSelector: `run=${run},!x` }), [other]);
+  assert.deepEqual((await ids({ labelSelector: `run=${run},tier` })), [], "a removed label matches nothing");
+  const both = await ids({
+    labelSelector: `run=${run}`,
+    status: SessionStatus.IDLE,
+    agent: "helper",
+    updatedAfterUnixMs: started - 60_000,
+    orderBy: SessionOrder.LAST_ACTIVITY,
+  });
+  assert.deepEqual(both, [s, other], "newest activity first: `s` was labelled last");
+  assert.deepEqual(await ids({ labelSelector: `run=${run}`, agent: "careful" }), []);
+  assert.deepEqual(await ids({ labelSelector: `run=${run}`, updatedBeforeUnixMs: started - 60_000 }), []);
+
+  // Schedules: a one-shot 1.5 s ahead and a cron one.
+  const at = Date.now() + 1_500;
+  const once = await client.createSchedule(s, "once", "scheduled hello", { atUnixMs: at });
+  assert.equal(once.scheduleId, "once");
+  assert.equal(once.atUnixMs, BigInt(at));
+  assert.equal(once.nextFireUnixMs, BigInt(at));
+  assert.equal(once.preset, SchedulePreset.FOLLOWUP);
+  const hourly = await client.createSchedule(s, "hourly", "tick", { cron: "0 * * * *", timeZone: "Europe/Berlin", preset: SchedulePreset.QUEUE });
+  assert.equal(hourly.cron, "0 * * * *");
+  assert.equal(hourly.timeZone, "Europe/Berlin");
+  assert.ok((hourly.nextFireUnixMs ?? 0n) > BigInt(Date.now()), "the next firing is ahead");
+  assert.equal(textOf(hourly.message), "tick");
+  const again = await client.createSchedule(s, "hourly", "tick", { cron: "0 * * * *", timeZone: "Europe/Berlin", preset: SchedulePreset.QUEUE });
+  assert.equal(again.nextFireUnixMs, hourly.nextFireUnixMs, "the same schedule again is answered as it is");
+  const clash = await failure(client.createSchedule(s, "hourly", "other text", { cron: "0 * * * *" }));
+  assert.equal(clash.code, Code.AlreadyExists);
+  const badCron = await failure(client.createSchedule(s, "bad", "x", { cron: "61 * * * *" }));
+  assert.equal(badCron.code, Code.InvalidArgument);
+  assert.equal(badCron.method, "CreateSchedule");
+  assert.match(badCron.details, /minute/, "the message names the field");
+  await assert.rejects(client.createSchedule(s, "neither", "x", {}), TypeError);
+  const listed = await client.listSchedules(s);
+  assert.deepEqual(listed.schedules.map((x) => x.scheduleId).sort(), ["hourly", "once"]);
+  const tenantWide = [];
+  for (let page = await client.listSchedules(undefined, { pageSize: 1000 }); ; ) {
+    tenantWide.push(...page.schedules.filter((x) => x.session?.id === s).map((x) => x.scheduleId));
+    if (page.nextPageToken === "") break;
+    page = await client.listSchedules(undefined, { pageSize: 1000, pageToken: page.nextPageToken });
+  }
+  assert.deepEqual(tenantWide.sort(), ["hourly", "once"], "without a session: every session of the tenant");
+  const deleted = await client.deleteSchedule(s, "hourly");
+  assert.equal(deleted.scheduleId, "hourly");
+  const twice = await failure(client.deleteSchedule(s, "hourly"));
+  assert.equal(twice.code, Code.NotFound, "a second delete answers NOT_FOUND");
+  assert.deepEqual((await client.listSchedules(s)).schedules.map((x) => x.scheduleId), ["once"]);
+
+  // The one-shot fires: its followup shows in the log, with the firing's MessageId and source.
+  const stream = client.watch(s);
+  /** @type {import("../dist/index.js").UserMessage | undefined} */
+  let fired;
+  await bounded(
+    (async () => {
+      for await (const item of stream) {
+        if (item.item.case !== "event" || item.item.value.payload.case !== "userMessage") continue;
+        const m = item.item.value.payload.value.message;
+        if (m?.id.startsWith("once@")) {
+          fired = m;
+          return;
+        }
+      }
+    })(),
+    "the one-shot schedule's followup",
+  );
+  await stream.close();
+  assert.equal(fired?.id, `once@${at}`);
+  assert.equal(textOf(fired), "scheduled hello");
+  assert.equal(fired?.source?.kind.case, "schedule");
+  assert.ok(Date.now() >= at, "not before its time");
+  await client.whenIdle(s);
+  assert.deepEqual(replies(await replay(client, s)).at(-1), "echo: scheduled hello", "the followup ran a turn");
+  await eventually(async () => (await client.listSchedules(s)).schedules.length === 0, "the fired one-shot to be gone");
+  assert.equal((await failure(client.deleteSchedule(s, "once"))).code, Code.NotFound);
+});
+
+test("exportSessions and importSessions into a second turnstile dev: the same events, then ALREADY_EXISTS", async () => {
+  const [s, piped] = [newId(), newId()];
+  for (const id of [s, piped]) {
+    await client.followup(id, `exported ${id}`);
+    await client.whenIdle(id);
+  }
+  await client.setLabels(s, { exported: "yes" });
+  const source = await client.getSession(s);
+  /** @type {import("../dist/index.js").ExportItem[]} */
+  const items = [];
+  for await (const item of client.exportSessions([s])) items.push(item);
+  assert.equal(items[0]?.item.case, "header");
+  assert.equal(items[0]?.item.case === "header" && items[0].item.value.format, 1);
+  assert.equal(items[0]?.item.case === "header" && items[0].item.value.tenant, "default");
+  const end = items.at(-1);
+  assert.equal(end?.item.case, "end");
+  assert.equal(end?.item.case === "end" && end.item.value.session?.id, s);
+  assert.equal(end?.item.case === "end" && end.item.value.lastSeq, source.lastSeq);
+  const middle = items.slice(1, -1);
+  assert.ok(middle.length > 0 && middle.every((i) => i.item.case === "events"), "events groups between header and end");
+  const exported = middle.flatMap((i) => (i.item.case === "events" ? i.item.value.events : []));
+  assertContiguous(exported);
+  assert.equal(exported.at(-1)?.seq, source.lastSeq);
+  const missing = await failure((async () => {
+    for await (const _ of client.exportSessions([newId()])) {
+      // Nothing: the first item is refused.
+    }
+  })());
+  assert.equal(missing.code, Code.NotFound, "a listed session without events");
+  assert.equal(missing.method, "ExportSessions");
+
+  const second = await startDev();
+  const there = new TurnstileClient({ address: second.address, interceptors: [record] });
+  try {
+    assert.equal((await failure(there.getSession(s))).code, Code.NotFound, "the second server does not have it");
+    const imported = await there.importSessions(items);
+    assert.equal(imported.sessions, 1n);
+    assert.equal(imported.events, source.lastSeq);
+    const before = await replay(client, s);
+    const after = await replay(there, s);
+    const shape = (/** @type {import("../dist/index.js").SessionEvent[]} */ events) => events.map((e) => [e.seq, e.payload.case]);
+    assert.deepEqual(shape(after), shape(before), "the same events (seq, type) from 0");
+    assert.deepEqual(
+      after.map((e) => Buffer.from(toBinary(SessionEventSchema, e)).toString("base64")),
+      before.map((e) => Buffer.from(toBinary(SessionEventSchema, e)).toString("base64")),
+      "the same bytes",
+    );
+    assert.deepEqual({ ...(await there.getSession(s)).labels }, { exported: "yes" }, "labels are events: they came along");
+    const again = await failure(there.importSessions(items));
+    assert.equal(again.code, Code.AlreadyExists, "importing again");
+    assert.equal(again.method, "ImportSessions");
+    // An export's iterator piped straight into an import.
+    const piping = await there.importSessions(client.exportSessions([piped]));
+    assert.equal(piping.sessions, 1n);
+    assert.deepEqual(shape(await replay(there, piped)), shape(await replay(client, piped)));
+    // An imported session takes new work: its next turn follows the imported ones.
+    const next = await there.followup(piped, "after the import");
+    assert.ok(next.seq > piping.events);
+    await there.whenIdle(piped);
+    assert.deepEqual(replies(await replay(there, piped)).at(-1), "echo: after the import");
+  } finally {
+    there.close();
+    await second.close();
+  }
+});
+
 test("an address function is asked again after UNAVAILABLE and the delivery goes through", async () => {
   const dead = await refusingAddress();
   let asked = 0;
@@ -337,5 +531,5 @@ test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
     [],
     "RPCs no test called",
   );
-  assert.equal(all.length, 26);
+  assert.equal(all.length, 32);
 });

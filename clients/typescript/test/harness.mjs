@@ -6,8 +6,13 @@
 // naming what it waited for: a wait that expires is a failure, never a timing assertion.
 
 import assert from "node:assert/strict";
-import net from "node:net";
+import { spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from "node:fs";
+import net from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, isAbsolute, join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { SessionStatus } from "../dist/index.js";
 
 export const WAIT_MS = 30_000;
@@ -213,4 +218,82 @@ export async function control(command) {
   const [status, ...rest] = String(answer).split(" ");
   if (status !== "ok") throw new Error(`control ${command}: ${answer}`);
   return rest.join(" ");
+}
+
+/** The repository's root (this file is clients/typescript/test/harness.mjs). */
+const workspaceRoot = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
+
+/**
+ * The `turnstile` binary: TURNSTILE_BIN (which the Rust side honours too), else the one the Rust side
+ * builds, `$CARGO_TARGET_DIR/debug/turnstile` (default `target/` of the repository).
+ */
+export function turnstileBin() {
+  const bin = process.env.TURNSTILE_BIN;
+  if (bin) return bin;
+  const target = process.env.CARGO_TARGET_DIR;
+  const dir = target ? (isAbsolute(target) ? target : join(workspaceRoot, target)) : join(workspaceRoot, "target");
+  const built = join(dir, "debug", "turnstile");
+  if (!existsSync(built)) throw new Error(`no turnstile binary at ${built}: set TURNSTILE_BIN or run cargo build -p turnstile`);
+  return built;
+}
+
+/**
+ * A `turnstile dev` of this suite's own (in memory, loopback ports it picks), for tests that need a second
+ * server next to the one the Rust side started (an import into a cluster that does not have the sessions).
+ * It runs under a shell that stops it when this process's end of its stdin closes, so it never outlives
+ * the suite, even one killed with SIGKILL. `close()` stops it.
+ */
+export async function startDev() {
+  const scratch = mkdtempSync(join(tmpdir(), "turnstile-ts-dev-"));
+  const ready = join(scratch, "ready.json");
+  const logPath = join(scratch, "turnstile-dev.log");
+  const log = openSync(logPath, "w");
+  const args = ["dev", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--ready-file", ready];
+  // `read` returns at EOF: when close() ends stdin or this process dies.
+  const script = 'bin="$1"; shift; "$bin" "$@" </dev/null & pid=$!; read _ || true; kill $pid 2>/dev/null; wait $pid';
+  const child = spawn("sh", ["-c", script, "sh", turnstileBin(), ...args], {
+    stdio: ["pipe", log, log],
+    env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? "info", NO_COLOR: "1" },
+  });
+  closeSync(log);
+  const exited = new Promise((resolve) => child.on("exit", (code, signal) => resolve(code ?? signal)));
+  const tail = () => readFileSync(logPath, "utf8").split("\n").slice(-40).join("\n");
+  const close = async () => {
+    child.stdin?.end();
+    await bounded(exited, "the second turnstile dev to stop");
+    rmSync(scratch, { recursive: true, force: true });
+  };
+  try {
+    /** @type {{grpc: string, http: string}} */
+    const bound = await bounded(
+      (async () => {
+        for (;;) {
+          if (child.exitCode !== null) throw new Error(`turnstile dev exited (${child.exitCode}):\n${tail()}`);
+          try {
+            const json = JSON.parse(readFileSync(ready, "utf8"));
+            if (json.grpc && json.http) return json;
+          } catch {
+            // Not written yet.
+          }
+          await new Promise((r) => setTimeout(r, 50));
+        }
+      })(),
+      "the second turnstile dev's --ready-file",
+    );
+    await bounded(
+      (async () => {
+        for (;;) {
+          const ok = await fetch(`http://${bound.http}/readyz`).then((r) => r.ok, () => false);
+          if (ok) return;
+          await new Promise((r) => setTimeout(r, 50));
+        }
+      })(),
+      "the second turnstile dev's /readyz",
+    );
+    return { address: bound.grpc, httpAddress: bound.http, close, log: tail };
+  } catch (e) {
+    const logged = tail();
+    await close().catch(() => {});
+    throw new Error(`${e instanceof Error ? e.message : e}; its log:\n${logged}`, { cause: e });
+  }
 }

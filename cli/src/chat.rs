@@ -25,14 +25,70 @@ struct View {
     seq: u64,
     /// A reply line is open (deltas printed, no newline yet).
     mid_line: bool,
+    /// The step whose reply is being printed (turn, step), and how many bytes of its text are out.
+    step: Option<(u64, u32)>,
+    printed: usize,
+    /// A delta of this step went missing (the live subscription started after it): the rest of the text
+    /// waits for the step's durable `assistant/message`.
+    gap: bool,
+    /// Where the reply goes instead of stdout (the unit tests read it).
+    captured: Option<String>,
 }
 
 impl View {
+    /// Writes reply text to stdout (or to `captured`) at once, without a newline.
+    fn out(&mut self, text: &str) {
+        match &mut self.captured {
+            Some(captured) => captured.push_str(text),
+            None => {
+                print!("{text}");
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+            }
+        }
+    }
+
     fn end_line(&mut self) {
         if self.mid_line {
-            println!();
+            self.out("\n");
             self.mid_line = false;
         }
+    }
+
+    /// Prints what `delta` adds to its step's text. Live deltas are best-effort (one can be missed when it
+    /// streamed before the subscription began); their byte offsets say where each belongs.
+    fn delta(&mut self, delta: &pb::AssistantDelta) {
+        let key = (delta.turn, delta.step);
+        if self.step != Some(key) {
+            self.step = Some(key);
+            self.printed = 0;
+            self.gap = false;
+        }
+        let start = usize::try_from(delta.offset).unwrap_or(usize::MAX);
+        let end = start.saturating_add(delta.text.len());
+        if self.gap || end <= self.printed {
+            return;
+        }
+        match self.printed.checked_sub(start).and_then(|skip| delta.text.get(skip..)) {
+            Some(new) => {
+                let new = new.to_owned();
+                self.out(&new);
+                self.printed = end;
+                self.mid_line = true;
+            }
+            None => self.gap = true,
+        }
+    }
+
+    /// Prints what the live deltas did not of `message`'s text, then ends the line: the durable message is
+    /// the whole reply, so the chat shows it even when it saw none of the step's deltas.
+    fn message(&mut self, message: &pb::AssistantMessage) {
+        let printed = if self.step == Some((message.turn, message.step)) { self.printed } else { 0 };
+        if let Some(rest) = message.text.get(printed..).filter(|rest| !rest.is_empty()) {
+            self.out(rest);
+            self.mid_line = true;
+        }
+        self.step = None;
+        self.end_line();
     }
 
     fn item(&mut self, item: pb::WatchItem) {
@@ -42,11 +98,7 @@ impl View {
                 self.running = c.status == pb::SessionStatus::Running as i32;
             }
             Some(Item::Live(l)) => match l.payload {
-                Some(Live::AssistantDelta(d)) if !d.reasoning => {
-                    print!("{}", d.text);
-                    self.mid_line = true;
-                    let _ = std::io::Write::flush(&mut std::io::stdout());
-                }
+                Some(Live::AssistantDelta(d)) if !d.reasoning => self.delta(&d),
                 Some(Live::Status(s)) => self.running = s.status == pb::SessionStatus::Running as i32,
                 Some(Live::Error(e)) => {
                     self.end_line();
@@ -57,7 +109,7 @@ impl View {
             Some(Item::Event(e)) => {
                 self.seq = self.seq.max(e.seq);
                 match e.payload {
-                    Some(Durable::AssistantMessage(_)) => self.end_line(),
+                    Some(Durable::AssistantMessage(m)) => self.message(&m),
                     Some(Durable::ToolCall(call)) => {
                         self.end_line();
                         let waits = if call.awaiting_approval { " (awaiting approval: turnstile decide)" } else { "" };
@@ -197,5 +249,52 @@ pub async fn run(client: &mut Client, id: &str) -> Result<()> {
                 eprintln!("[interrupted at seq {}; the inbox is kept, type the next message]", reply.seq);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delta(text: &str, offset: u64) -> pb::WatchItem {
+        let d = pb::AssistantDelta { turn: 1, step: 1, text: text.into(), reasoning: false, offset };
+        pb::WatchItem {
+            item: Some(Item::Live(pb::LiveEvent { payload: Some(Live::AssistantDelta(d)), ..Default::default() })),
+        }
+    }
+
+    fn message(text: &str) -> pb::WatchItem {
+        let m = pb::AssistantMessage { turn: 1, step: 1, text: text.into(), ..Default::default() };
+        let event = pb::SessionEvent { seq: 7, payload: Some(Durable::AssistantMessage(m)), ..Default::default() };
+        pb::WatchItem { item: Some(Item::Event(event)) }
+    }
+
+    fn shown(items: Vec<pb::WatchItem>) -> String {
+        let mut view = View { captured: Some(String::new()), ..View::default() };
+        for item in items {
+            view.item(item);
+        }
+        view.captured.unwrap()
+    }
+
+    #[test]
+    fn every_delta_seen_prints_the_reply_once() {
+        assert_eq!(shown(vec![delta("echo: ", 0), delta("hello", 6), message("echo: hello")]), "echo: hello\n");
+    }
+
+    #[test]
+    fn a_reply_whose_deltas_streamed_before_the_subscription_comes_from_its_message() {
+        assert_eq!(shown(vec![message("echo: hello")]), "echo: hello\n");
+    }
+
+    #[test]
+    fn a_missed_delta_leaves_the_rest_to_the_message_and_repeats_nothing() {
+        // The first delta went missing: nothing is printed out of place, the message completes the line.
+        assert_eq!(shown(vec![delta("hello", 6), message("echo: hello")]), "echo: hello\n");
+        // A repeated delta prints nothing twice.
+        assert_eq!(
+            shown(vec![delta("echo: ", 0), delta("echo: ", 0), delta("hello", 6), message("echo: hello")]),
+            "echo: hello\n"
+        );
     }
 }

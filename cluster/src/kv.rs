@@ -120,13 +120,17 @@ impl std::fmt::Debug for ClusterKv {
 }
 
 async fn bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, MembershipError> {
-    match js.get_key_value(&config.bucket).await {
-        Ok(store) => Ok(store),
-        Err(_) => {
-            let name = config.bucket.clone();
-            js.create_key_value(config).await.map_err(|e| unavailable(&format!("cannot create KV bucket {name}"), e))
+    let name = config.bucket.clone();
+    turnstile_journal::jetstream::while_starting(&format!("KV bucket {name}"), || async {
+        match js.get_key_value(&config.bucket).await {
+            Ok(store) => Ok(store),
+            Err(_) => js
+                .create_key_value(config.clone())
+                .await
+                .map_err(|e| unavailable(&format!("cannot create KV bucket {name}"), e)),
         }
-    }
+    })
+    .await
 }
 
 /// How long the shard watch may see no change before it is re-established (see `watch_shards`). Leases
@@ -234,8 +238,13 @@ impl ClusterKv {
 
     /// A shard map kept current by a KV watch (with the bucket's history first) in a background task.
     /// The task ends when every receiver is dropped; a broken watch is re-established.
+    /// Opening the first watch is retried while the bucket's stream may be electing a leader
+    /// ([`turnstile_journal::jetstream::while_starting`]).
     pub async fn watch_shards(&self) -> Result<watch::Receiver<ShardMap>, MembershipError> {
-        let first = self.shards_kv.watch_with_history(">").await.map_err(|e| unavailable("shard watch", e))?;
+        let first = turnstile_journal::jetstream::while_starting("the shard watch", || async {
+            self.shards_kv.watch_with_history(">").await.map_err(|e| unavailable("shard watch", e))
+        })
+        .await?;
         let (tx, rx) = watch::channel(ShardMap { shards: self.shards, ..ShardMap::default() });
         let store = self.shards_kv.clone();
         tokio::spawn(async move {

@@ -21,7 +21,7 @@ use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::kv;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tonic::Status;
@@ -207,20 +207,14 @@ impl Quotas {
     /// Quotas counted across every gateway on the NATS at `client` (the bucket [`QUOTA_BUCKET`], created
     /// with `replicas` if missing). Starts the task that keeps this gateway's Watch counts alive.
     pub async fn shared(config: QuotaConfig, client: &async_nats::Client, replicas: usize) -> Result<Self, String> {
-        let js = jetstream::new(client.clone());
-        let store = match js.get_key_value(QUOTA_BUCKET).await {
-            Ok(store) => store,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: QUOTA_BUCKET.to_owned(),
-                    description: "Turnstile per-tenant request rate and Watch counts, shared by the gateways".into(),
-                    history: 1,
-                    num_replicas: replicas.max(1),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| format!("cannot create KV bucket {QUOTA_BUCKET}: {e}"))?,
-        };
+        let store = turnstile_journal::jetstream::open_bucket(
+            client,
+            QUOTA_BUCKET,
+            "Turnstile per-tenant request rate and Watch counts, shared by the gateways",
+            replicas,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         let gateway = format!("gw-{}", uuid::Uuid::new_v4().simple());
         let quotas = Self::build(config, Some(Shared { store, gateway, watch_writes: tokio::sync::Mutex::new(()) }));
         let weak = Arc::downgrade(&quotas.inner);

@@ -62,9 +62,37 @@ pub use bus::{NatsBus, barrier};
 pub use config::{JetStreamConfig, NatsSecurity, Retention};
 pub use index::{INDEX_BUCKET, KvIndex};
 
+/// How long a starting node keeps trying to open its buckets and the shard watch before it gives up: longer
+/// than a JetStream leader election after a kill (a few seconds), short enough that a NATS that cannot
+/// serve them is reported while someone still watches the start.
+pub const STARTING: Duration = Duration::from_secs(30);
+
+/// Runs `attempt` until it succeeds or [`STARTING`] has passed, pausing 250 ms doubling to 2 s between
+/// tries: a node that starts while a bucket's stream elects a leader (its leader was killed, or NATS is
+/// restarting) is answered "timed out" for a few seconds and must wait that out rather than exit (the
+/// fault campaign's KV leader kill found it). A NATS without JetStream still fails the start, after
+/// [`STARTING`].
+pub async fn while_starting<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    what: &str,
+    mut attempt: impl FnMut() -> F,
+) -> Result<T, E> {
+    let started = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(250);
+    loop {
+        match attempt().await {
+            Err(e) if started.elapsed() + pause < STARTING => {
+                tracing::warn!(error = %e, retry_ms = pause.as_millis() as u64, "cannot open {what} yet; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Opens KV bucket `bucket`, creating it (file storage, `replicas`, history 1, `description`) when it does
 /// not exist: the index and webhook buckets, which any node may be the first to need.
-pub(crate) async fn open_bucket(
+pub async fn open_bucket(
     client: &async_nats::Client,
     bucket: &str,
     description: &str,
@@ -72,19 +100,22 @@ pub(crate) async fn open_bucket(
 ) -> Result<async_nats::jetstream::kv::Store, crate::log::JournalError> {
     use async_nats::jetstream::{self, kv};
     let js = jetstream::new(client.clone());
-    if let Ok(store) = js.get_key_value(bucket).await {
-        return Ok(store);
-    }
-    js.create_key_value(kv::Config {
-        bucket: bucket.to_owned(),
-        description: description.to_owned(),
-        history: 1,
-        storage: jetstream::stream::StorageType::File,
-        num_replicas: replicas.max(1),
-        ..Default::default()
+    while_starting(&format!("KV bucket {bucket}"), || async {
+        if let Ok(store) = js.get_key_value(bucket).await {
+            return Ok(store);
+        }
+        js.create_key_value(kv::Config {
+            bucket: bucket.to_owned(),
+            description: description.to_owned(),
+            history: 1,
+            storage: jetstream::stream::StorageType::File,
+            num_replicas: replicas.max(1),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| crate::log::JournalError::Unavailable(format!("cannot create KV bucket {bucket}: {e}")))
     })
     .await
-    .map_err(|e| crate::log::JournalError::Unavailable(format!("cannot create KV bucket {bucket}: {e}")))
 }
 pub use log::{JetStreamLog, MAX_BATCH, Positions};
 pub use snapshots::{KvSnapshots, SNAPSHOT_BUCKET};

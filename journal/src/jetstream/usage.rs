@@ -78,21 +78,13 @@ impl std::fmt::Debug for KvUsage {
 impl KvUsage {
     /// Opens the bucket, creating it (file storage, `replicas`, history 1) if it does not exist.
     pub async fn open(client: &async_nats::Client, replicas: usize) -> Result<Self, JournalError> {
-        let js = jetstream::new(client.clone());
-        let store = match js.get_key_value(USAGE_BUCKET).await {
-            Ok(store) => store,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: USAGE_BUCKET.to_owned(),
-                    description: "Turnstile token usage per tenant, folded from the event streams".to_owned(),
-                    history: 1,
-                    storage: jetstream::stream::StorageType::File,
-                    num_replicas: replicas.max(1),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| JournalError::Unavailable(format!("cannot create KV bucket {USAGE_BUCKET}: {e}")))?,
-        };
+        let store = super::open_bucket(
+            client,
+            USAGE_BUCKET,
+            "Turnstile token usage per tenant, folded from the event streams",
+            replicas,
+        )
+        .await?;
         Ok(Self { store })
     }
 

@@ -51,12 +51,16 @@ impl KvIndex {
         let store = super::open_bucket(client, INDEX_BUCKET, description, replicas).await?;
         let mirror = Arc::new(MemoryIndex::default());
         let loaded = Arc::new(AtomicBool::new(false));
-        let empty = store.status().await.map_err(unavailable)?.values() == 0;
+        // Like the bucket, the status and the watch wait out a leader election of its stream.
+        let (empty, watch) = super::while_starting("the session index watch", || async {
+            let empty = store.status().await.map_err(unavailable)?.values() == 0;
+            Ok::<_, JournalError>((empty, store.watch_with_history(">").await.map_err(unavailable)?))
+        })
+        .await?;
         if empty {
             loaded.store(true, Ordering::Relaxed);
         }
-        let watch = store.watch_with_history(">").await.map_err(unavailable)?;
-        tokio::spawn(mirror_task(watch, mirror.clone(), loaded.clone()));
+        tokio::spawn(mirror_task(store.clone(), watch, mirror.clone(), loaded.clone()));
         let (writes, queue) = mpsc::unbounded_channel();
         tokio::spawn(writer_task(store, queue));
         Ok(Self { mirror, writes, loaded })
@@ -67,9 +71,26 @@ fn unavailable(e: impl std::fmt::Display) -> JournalError {
     JournalError::Unavailable(format!("session index: {e}"))
 }
 
-/// Applies the bucket's entries (its history first, then each change) to `mirror`, for as long as the
-/// watch lasts; a broken watch is reopened by the next process start (the mirror then lags: logged).
-async fn mirror_task(mut watch: kv::Watch, mirror: Arc<MemoryIndex>, loaded: Arc<AtomicBool>) {
+/// Applies the bucket's entries (its history first, then each change) to `mirror`. A watch that ends (its
+/// stream's leader moved, NATS restarted) is opened again with the history: applying an entry twice changes
+/// nothing, since the mirror keeps each session's entry with the highest `last_seq`.
+async fn mirror_task(store: kv::Store, first: kv::Watch, mirror: Arc<MemoryIndex>, loaded: Arc<AtomicBool>) {
+    let mut watch = first;
+    loop {
+        follow(&mut watch, &mirror, &loaded).await;
+        tracing::warn!("session index watch ended; reopening it");
+        watch = loop {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            match store.watch_with_history(">").await {
+                Ok(watch) => break watch,
+                Err(e) => tracing::warn!(error = %e, "cannot reopen the session index watch yet; the mirror may lag"),
+            }
+        };
+    }
+}
+
+/// Applies `watch`'s entries to `mirror` until the watch ends.
+async fn follow(watch: &mut kv::Watch, mirror: &MemoryIndex, loaded: &AtomicBool) {
     while let Some(entry) = watch.next().await {
         let entry = match entry {
             Ok(entry) => entry,
@@ -95,7 +116,6 @@ async fn mirror_task(mut watch: kv::Watch, mirror: Arc<MemoryIndex>, loaded: Arc
             }
         }
     }
-    tracing::warn!("session index watch ended; the index mirror no longer follows the bucket");
 }
 
 /// Puts the queued entries: everything queued is taken at once (the latest per session), written

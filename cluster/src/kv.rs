@@ -119,18 +119,10 @@ impl std::fmt::Debug for ClusterKv {
     }
 }
 
-async fn bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, MembershipError> {
-    let name = config.bucket.clone();
-    turnstile_journal::jetstream::while_starting(&format!("KV bucket {name}"), || async {
-        match js.get_key_value(&config.bucket).await {
-            Ok(store) => Ok(store),
-            Err(_) => js
-                .create_key_value(config.clone())
-                .await
-                .map_err(|e| unavailable(&format!("cannot create KV bucket {name}"), e)),
-        }
-    })
-    .await
+async fn bucket(client: &async_nats::Client, config: kv::Config) -> Result<kv::Store, MembershipError> {
+    turnstile_journal::jetstream::open_bucket_with(client, config)
+        .await
+        .map_err(|e| MembershipError::Unavailable(e.to_string()))
 }
 
 /// How long the shard watch may see no change before it is re-established (see `watch_shards`). Leases
@@ -146,9 +138,8 @@ impl ClusterKv {
         shards: u32,
         worker_ttl: Duration,
     ) -> Result<Self, MembershipError> {
-        let js = jetstream::new(client.clone());
         let shards_kv = bucket(
-            &js,
+            client,
             kv::Config {
                 bucket: SHARDS_BUCKET.to_owned(),
                 description: "Turnstile shard leases: owner, address, epoch, expiry".to_owned(),
@@ -160,7 +151,7 @@ impl ClusterKv {
         )
         .await?;
         let workers_kv = bucket(
-            &js,
+            client,
             kv::Config {
                 bucket: WORKERS_BUCKET.to_owned(),
                 description: "Turnstile worker heartbeats".to_owned(),

@@ -98,22 +98,36 @@ pub async fn open_bucket(
     description: &str,
     replicas: usize,
 ) -> Result<async_nats::jetstream::kv::Store, crate::log::JournalError> {
-    use async_nats::jetstream::{self, kv};
-    let js = jetstream::new(client.clone());
+    open_bucket_with(
+        client,
+        async_nats::jetstream::kv::Config {
+            bucket: bucket.to_owned(),
+            description: description.to_owned(),
+            history: 1,
+            storage: async_nats::jetstream::stream::StorageType::File,
+            num_replicas: replicas.max(1),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// Opens the KV bucket `config` names, creating it with `config` when it does not exist; waits out a leader
+/// election of its stream ([`while_starting`]). The one get-or-create of every bucket of the journal, the
+/// gateways' quotas and the cluster's ownership buckets.
+pub async fn open_bucket_with(
+    client: &async_nats::Client,
+    config: async_nats::jetstream::kv::Config,
+) -> Result<async_nats::jetstream::kv::Store, crate::log::JournalError> {
+    let js = async_nats::jetstream::new(client.clone());
+    let bucket = config.bucket.as_str();
     while_starting(&format!("KV bucket {bucket}"), || async {
         if let Ok(store) = js.get_key_value(bucket).await {
             return Ok(store);
         }
-        js.create_key_value(kv::Config {
-            bucket: bucket.to_owned(),
-            description: description.to_owned(),
-            history: 1,
-            storage: jetstream::stream::StorageType::File,
-            num_replicas: replicas.max(1),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| crate::log::JournalError::Unavailable(format!("cannot create KV bucket {bucket}: {e}")))
+        js.create_key_value(config.clone())
+            .await
+            .map_err(|e| crate::log::JournalError::Unavailable(format!("cannot create KV bucket {bucket}: {e}")))
     })
     .await
 }

@@ -30,35 +30,23 @@ impl KvSnapshots {
     /// Opens the bucket, creating it (file storage, `replicas`, history 1) if it does not exist. An
     /// existing bucket with other replicas is refused rather than silently changed.
     pub async fn open(client: &async_nats::Client, replicas: usize) -> Result<Self, JournalError> {
-        let js = jetstream::new(client.clone());
-        let (store, existed) = super::while_starting(&format!("KV bucket {SNAPSHOT_BUCKET}"), || async {
-            if let Ok(store) = js.get_key_value(SNAPSHOT_BUCKET).await {
-                return Ok((store, true));
-            }
-            let config = kv::Config {
-                bucket: SNAPSHOT_BUCKET.to_owned(),
-                description: "Turnstile session snapshots (projection + driver state at a seq)".to_owned(),
-                history: 1,
-                storage: jetstream::stream::StorageType::File,
-                num_replicas: replicas.max(1),
-                ..Default::default()
-            };
-            let store = js
-                .create_key_value(config)
-                .await
-                .map_err(|e| JournalError::Unavailable(format!("cannot create KV bucket {SNAPSHOT_BUCKET}: {e}")))?;
-            Ok::<_, JournalError>((store, false))
-        })
-        .await?;
-        if existed {
-            let status = store.status().await.map_err(unavailable)?;
-            let have = status.info.config.num_replicas.max(1);
-            if have != replicas.max(1) {
-                return Err(JournalError::Storage(format!(
-                    "KV bucket {SNAPSHOT_BUCKET} has {have} replicas but {replicas} are configured; \
-                     change the configuration or recreate the bucket (snapshots can be rebuilt from the log)"
-                )));
-            }
+        let config = kv::Config {
+            bucket: SNAPSHOT_BUCKET.to_owned(),
+            description: "Turnstile session snapshots (projection + driver state at a seq)".to_owned(),
+            history: 1,
+            storage: jetstream::stream::StorageType::File,
+            num_replicas: replicas.max(1),
+            ..Default::default()
+        };
+        let store = super::open_bucket_with(client, config).await?;
+        // A bucket this call created has the configured replicas; one that existed may not.
+        let status = store.status().await.map_err(unavailable)?;
+        let have = status.info.config.num_replicas.max(1);
+        if have != replicas.max(1) {
+            return Err(JournalError::Storage(format!(
+                "KV bucket {SNAPSHOT_BUCKET} has {have} replicas but {replicas} are configured; \
+                 change the configuration or recreate the bucket (snapshots can be rebuilt from the log)"
+            )));
         }
         Ok(Self { store, positions: None })
     }

@@ -28,7 +28,9 @@ use turnstile_proto::codec::message::{
     target_at,
 };
 use turnstile_proto::codec::schedule::{encode_labeled, encode_schedule_spec, labeled_at, schedule_spec_at};
-use turnstile_proto::codec::session::{encode_goal_action, encode_session_info, goal_action_at, session_info_at};
+use turnstile_proto::codec::session::{
+    encode_goal_action, encode_goal_info, encode_session_info, goal_action_at, goal_info_at, session_info_at,
+};
 
 /// Metadata key of a failed `Execute`: the [`CommandError`] kind ([`CommandError::kind`]).
 pub const ERROR_KEY: &str = "turnstile-error";
@@ -44,12 +46,22 @@ pub const API_KEY: &str = "turnstile-api";
 /// The internal API version this build speaks (SPEC §18, decision 0072). It grows when a command or reply
 /// is added: a worker asked for a command it cannot decode by a caller of a newer version answers
 /// UNAVAILABLE ([`unknown_command`]), so the router retries until the session's owner is upgraded instead
-/// of failing the client during a rolling upgrade. 2: `import`.
-pub const API_VERSION: u32 = 2;
+/// of failing the client during a rolling upgrade. 2: `import`. 3: the `goal` reply.
+pub const API_VERSION: u32 = 3;
+
+/// `reply` as a caller speaking internal API `caller` (`None`: a build from before versions, 1) can
+/// decode it: a reply added after the caller's version becomes the one that caller expects (a goal
+/// command's `goal` becomes `written_seq`, and that caller folds the log for the goal, as it always did).
+pub fn reply_for_caller(reply: CommandReply, caller: Option<u32>) -> CommandReply {
+    match reply {
+        CommandReply::Goal { seq, .. } if caller.unwrap_or(1) < 3 => CommandReply::Written { seq },
+        reply => reply,
+    }
+}
 
 const COMMANDS: &str = "set one of send, interrupt, cancel, replace, remove, splice, clear, when_idle, configure, decide, \
      set_goal, update_goal, compact, fork, spawn, delete, streaming_step, create_schedule, delete_schedule, set_labels or import";
-const REPLIES: &str = "set one of sent, written_seq, idle, streaming or schedule";
+const REPLIES: &str = "set one of sent, written_seq, idle, streaming, schedule or goal";
 
 /// The request that asks `session`'s owner to run `command`; `timeout` bounds `WhenIdle`.
 pub fn encode_execute_request(
@@ -301,6 +313,9 @@ pub fn encode_command_reply(session: &SessionRef, reply: &CommandReply) -> cpb::
             fired: schedule.fired,
             missed: schedule.missed,
         }),
+        CommandReply::Goal { seq, goal } => {
+            Reply::Goal(cpb::GoalReply { seq: *seq, goal: Some(encode_goal_info(goal)) })
+        }
     };
     cpb::ExecuteReply { reply: Some(reply) }
 }
@@ -331,6 +346,10 @@ pub fn decode_command_reply(reply: cpb::ExecuteReply) -> Result<CommandReply, Co
                     missed: s.missed,
                 }),
             })
+        }
+        Some(Reply::Goal(g)) => {
+            let goal = g.goal.ok_or_else(|| CodecError::missing("goal.goal", "set the goal"))?;
+            Ok(CommandReply::Goal { seq: g.seq, goal: Box::new(goal_info_at(goal, "goal.goal")?) })
         }
         None => Err(CodecError::missing("reply", REPLIES)),
     }
@@ -526,6 +545,27 @@ mod tests {
     }
 
     #[test]
+    fn a_goal_reply_goes_to_a_caller_of_api_2_or_older_as_the_seq_it_knows() {
+        let change = turnstile_model::goal::GoalChange {
+            goal_id: "g1".into(),
+            revision: 1,
+            state: turnstile_model::goal::GoalState::Active,
+            objective: "ship it".into(),
+            max_rounds: 3,
+            round: 0,
+            summary: None,
+            reason: None,
+        };
+        let reply = CommandReply::Goal { seq: 4, goal: Box::new(change) };
+        for old in [None, Some(1), Some(2)] {
+            assert_eq!(reply_for_caller(reply.clone(), old), CommandReply::Written { seq: 4 }, "caller {old:?}");
+        }
+        assert_eq!(reply_for_caller(reply.clone(), Some(API_VERSION)), reply);
+        let sent = CommandReply::Sent { seq: 2, turn: Some(1) };
+        assert_eq!(reply_for_caller(sent.clone(), None), sent, "replies every version knows pass unchanged");
+    }
+
+    #[test]
     fn every_reply_round_trips() {
         let replies = [
             CommandReply::Sent { seq: 3, turn: Some(1) },
@@ -540,6 +580,19 @@ mod tests {
                     next_fire_ms: Some(1_700_000_060_000),
                     fired: 3,
                     missed: 1,
+                }),
+            },
+            CommandReply::Goal {
+                seq: 11,
+                goal: Box::new(turnstile_model::goal::GoalChange {
+                    goal_id: "g1".into(),
+                    revision: 2,
+                    state: turnstile_model::goal::GoalState::Paused,
+                    objective: "ship it".into(),
+                    max_rounds: 5,
+                    round: 1,
+                    summary: None,
+                    reason: Some("paused by UpdateGoal".into()),
                 }),
             },
             CommandReply::Streaming(Some(Box::new(StreamingStep {

@@ -55,7 +55,7 @@ impl Driver {
             Some(g) if !g.state.is_terminal() => {
                 if g.state == GoalState::Active && g.objective == objective && g.max_rounds == max_rounds {
                     // The same goal again (a retry): nothing changes, so nothing is written.
-                    return Ok(CommandReply::Written { seq: self.state.last_seq });
+                    return Ok(self.goal_reply());
                 }
                 // A revision keeps the goal's id: the id the caller minted names nothing new.
                 (g.goal_id.clone(), g.revision + 1)
@@ -79,10 +79,10 @@ impl Driver {
             summary: None,
             reason: None,
         };
-        let seq = self.write(EventPayload::GoalChange(change));
+        self.write(EventPayload::GoalChange(change));
         // Set on an idle session with nothing pending: the first round starts right away.
         self.goal_continue();
-        Ok(CommandReply::Written { seq })
+        Ok(self.goal_reply())
     }
 
     /// `UpdateGoal`: pause, resume or clear. A change to the state the goal already has writes nothing.
@@ -104,7 +104,7 @@ impl Driver {
             (GoalAction::Pause, GoalState::Paused)
             | (GoalAction::Resume, GoalState::Active)
             | (GoalAction::Clear, GoalState::Cleared) => {
-                return Ok(CommandReply::Written { seq: self.state.last_seq });
+                return Ok(self.goal_reply());
             }
             (GoalAction::Pause, GoalState::Active) => {
                 goal.change(GoalState::Paused, None, Some("paused by UpdateGoal".into()))
@@ -118,9 +118,20 @@ impl Driver {
                 )));
             }
         };
-        let seq = self.write(EventPayload::GoalChange(change));
+        self.write(EventPayload::GoalChange(change));
         self.goal_continue();
-        Ok(CommandReply::Written { seq })
+        Ok(self.goal_reply())
+    }
+
+    /// The reply to a goal command: the goal as the command left it (after any round it started).
+    fn goal_reply(&self) -> CommandReply {
+        let seq = self.state.last_seq;
+        match self.state.goals.current.as_ref() {
+            Some(goal) => CommandReply::Goal { seq, goal: Box::new(goal.current()) },
+            // Unreachable: both commands either refuse or leave a goal in the fold; a plain seq keeps
+            // the reply honest if that ever changes.
+            None => CommandReply::Written { seq },
+        }
     }
 
     /// Right after `turn/end`: a turn that ended blocked, error or aborted pauses an active goal.

@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::{Sim, refused, sent, written};
+use support::{Sim, goal, refused, sent, written};
 use turnstile_driver::{Limits, PreStepDecision, PreStepOutcome, PreStepRequest};
 use turnstile_model::{CancelCause, EventPayload, GoalAction, GoalState, MessageSource};
 
@@ -71,7 +71,13 @@ fn admitted_rounds(sim: &Sim) -> Vec<(u64, u64)> {
 fn a_goal_set_on_an_idle_session_runs_rounds_until_goal_complete() {
     let mut sim = Sim::new();
     let objective = "ship it [[complete-goal-at:3]]";
-    assert_eq!(written(sim.set_goal("g1", objective, 5)), 1);
+    // The reply is the goal as the command left it: revision 1, active, no round admitted yet.
+    let (seq, set) = goal(sim.set_goal("g1", objective, 5));
+    assert_eq!(
+        (set.goal_id.as_str(), set.revision, set.state, set.round, set.max_rounds),
+        ("g1", 1, GoalState::Active, 0, 5)
+    );
+    assert!(seq >= 1, "the reply names the goal/change at seq 1 or a later event of the same command: {seq}");
     let step3 = "echo: Continue working toward the goal (round 3 of 5): ship it";
     let expected = [
         vec!["D goal/change g1.1 active 0/5".to_string()],
@@ -116,7 +122,7 @@ fn a_goal_set_on_an_idle_session_runs_rounds_until_goal_complete() {
 #[test]
 fn reaching_max_rounds_without_goal_complete_is_budget_limited() {
     let mut sim = Sim::new();
-    written(sim.set_goal("g1", "ship it", 2));
+    goal(sim.set_goal("g1", "ship it", 2));
     let expected = [
         vec!["D goal/change g1.1 active 0/2".to_string()],
         round(1, "goal-g1-1-1", 1, 2, "ship it"),
@@ -137,7 +143,7 @@ fn a_followup_sent_during_round_two_runs_before_round_three() {
     let mut sim = Sim::new();
     // `[[delay]]` holds each continuation's model reply until the test streams it.
     let objective = "work [[delay:50]]";
-    written(sim.set_goal("g1", objective, 3));
+    goal(sim.set_goal("g1", objective, 3));
     sim.finish_model();
     let text = |r: u64| format!("Continue working toward the goal (round {r} of 3): work");
     let expected = [
@@ -191,7 +197,7 @@ fn reject_round_two_once(req: &PreStepRequest) -> PreStepOutcome {
 fn a_rejected_continuation_pauses_the_goal_without_advancing_the_round() {
     let mut sim = Sim::new();
     sim.decide = reject_round_two_once;
-    written(sim.set_goal("g1", "ship it", 3));
+    goal(sim.set_goal("g1", "ship it", 3));
     let expected = [
         vec!["D goal/change g1.1 active 0/3".to_string()],
         round(1, "goal-g1-1-1", 1, 3, "ship it"),
@@ -206,7 +212,7 @@ fn a_rejected_continuation_pauses_the_goal_without_advancing_the_round() {
     sim.expect(&strs(&expected));
     assert_eq!(goal_state(&sim), (GoalState::Paused, 1, 1));
     // Resume delivers round 2 again; its MessageId is new because an accepted id is never reused.
-    written(sim.update_goal("g1", GoalAction::Resume));
+    goal(sim.update_goal("g1", GoalAction::Resume));
     let expected = [
         vec!["D goal/change g1.1 active 1/3".to_string()],
         round(3, "goal-g1-1-2.2", 2, 3, "ship it"),
@@ -224,7 +230,7 @@ fn a_dropped_continuation_parks_without_advancing_the_round() {
     let mut sim = Sim::new();
     // `[[drop]]` in the objective: the content guard drops every continuation, so the first batch is
     // empty and the turn ends completed with no step; the driver parks rather than deliver again.
-    written(sim.set_goal("g1", "[[drop]] ship it", 3));
+    goal(sim.set_goal("g1", "[[drop]] ship it", 3));
     let expected = [
         vec!["D goal/change g1.1 active 0/3".to_string()],
         opens(1, "goal-g1-1-1"),
@@ -252,7 +258,7 @@ fn a_dropped_continuation_parks_without_advancing_the_round() {
 #[test]
 fn cancel_pauses_the_goal_and_resume_continues_from_the_same_round() {
     let mut sim = Sim::new();
-    written(sim.set_goal("g1", "work [[delay:50]]", 3));
+    goal(sim.set_goal("g1", "work [[delay:50]]", 3));
     sim.finish_model();
     sim.take();
     // Round 2 is admitted and its model reply is streaming when the user cancels.
@@ -268,7 +274,7 @@ fn cancel_pauses_the_goal_and_resume_continues_from_the_same_round() {
     let id = sim.when_idle();
     assert!(sim.reply(id).is_some(), "a paused goal leaves the session quiescent");
     // Resume keeps R = 2: the next continuation is round 3.
-    written(sim.update_goal("g1", GoalAction::Resume));
+    goal(sim.update_goal("g1", GoalAction::Resume));
     let expected = [
         vec!["D goal/change g1.1 active 2/3".to_string()],
         opens(3, "goal-g1-1-3"),
@@ -290,7 +296,7 @@ fn cancel_pauses_the_goal_and_resume_continues_from_the_same_round() {
 fn a_continuation_cancelled_before_it_was_admitted_is_delivered_again_on_resume() {
     let mut sim = Sim::new();
     sim.hold_presteps = true;
-    written(sim.set_goal("g1", "ship it", 3));
+    goal(sim.set_goal("g1", "ship it", 3));
     sim.take();
     // Round 1 is claimed, its pre-step decision pending.
     written(sim.cancel(CancelCause::User, false));
@@ -301,7 +307,7 @@ fn a_continuation_cancelled_before_it_was_admitted_is_delivered_again_on_resume(
         "L status idle",
     ]);
     sim.hold_presteps = false;
-    written(sim.update_goal("g1", GoalAction::Resume));
+    goal(sim.update_goal("g1", GoalAction::Resume));
     let expected = [
         vec!["D goal/change g1.1 active 0/3".to_string()],
         round(2, "goal-g1-1-1.2", 1, 3, "ship it"),
@@ -316,12 +322,13 @@ fn a_continuation_cancelled_before_it_was_admitted_is_delivered_again_on_resume(
 #[test]
 fn pause_lets_the_running_round_finish_and_starts_no_other() {
     let mut sim = Sim::new();
-    written(sim.set_goal("g1", "work [[delay:50]]", 3));
+    goal(sim.set_goal("g1", "work [[delay:50]]", 3));
     sim.take();
-    written(sim.update_goal("g1", GoalAction::Pause));
+    goal(sim.update_goal("g1", GoalAction::Pause));
     sim.expect(&["D goal/change g1.1 paused 1/3 reason:\"paused by UpdateGoal\""]);
     // A second pause changes nothing and writes nothing.
-    assert_eq!(written(sim.update_goal("g1", GoalAction::Pause)), sim.log.len() as u64);
+    let (seq, again) = goal(sim.update_goal("g1", GoalAction::Pause));
+    assert_eq!((seq, again.state), (sim.log.len() as u64, GoalState::Paused));
     sim.finish_model();
     let text = "Continue working toward the goal (round 1 of 3): work";
     sim.expect(&[
@@ -332,7 +339,7 @@ fn pause_lets_the_running_round_finish_and_starts_no_other() {
         "L status idle",
     ]);
     // A cleared goal is gone for good: a later turn runs no round and is not offered goal_complete.
-    written(sim.update_goal("g1", GoalAction::Clear));
+    goal(sim.update_goal("g1", GoalAction::Clear));
     sim.expect(&["D goal/change g1.1 cleared 1/3 reason:\"cleared by UpdateGoal\""]);
     sent(sim.followup("A", "hi"));
     sim.expect(&strs(&[opens(2, "A"), echo_step(2, "A", "hi"), idle()].concat()));
@@ -372,10 +379,10 @@ fn goal_complete_without_an_active_goal_is_an_error_result() {
 #[test]
 fn a_revision_during_a_round_starts_its_own_rounds_after_it() {
     let mut sim = Sim::new();
-    written(sim.set_goal("g1", "work [[delay:50]]", 3));
+    goal(sim.set_goal("g1", "work [[delay:50]]", 3));
     sim.take();
     // The caller minted another id; a revision keeps the goal's own.
-    written(sim.set_goal("g2", "new aim", 2));
+    goal(sim.set_goal("g2", "new aim", 2));
     sim.expect(&["D goal/change g1.2 active 0/2"]);
     sim.finish_model();
     let text = "Continue working toward the goal (round 1 of 3): work";
@@ -397,16 +404,16 @@ fn a_revision_during_a_round_starts_its_own_rounds_after_it() {
     assert_eq!(goal_state(&sim), (GoalState::BudgetLimited, 2, 2));
     // The same SetGoal again while active is a retry: nothing is written.
     let mut sim = Sim::new();
-    written(sim.set_goal("g1", "work [[delay:50]]", 3));
+    goal(sim.set_goal("g1", "work [[delay:50]]", 3));
     let before = sim.log.len();
-    written(sim.set_goal("g9", "work [[delay:50]]", 3));
+    goal(sim.set_goal("g9", "work [[delay:50]]", 3));
     assert_eq!(sim.log.len(), before);
 }
 
 #[test]
 fn a_new_owner_goes_on_with_the_next_round_after_a_cut_before_it() {
     let mut sim = Sim::new();
-    written(sim.set_goal("g1", "ship it [[complete-goal-at:3]]", 5));
+    goal(sim.set_goal("g1", "ship it [[complete-goal-at:3]]", 5));
     // Cut right after round 1's `status idle`, before round 2 was delivered.
     let cut = sim
         .log
@@ -424,7 +431,7 @@ fn a_new_owner_goes_on_with_the_next_round_after_a_cut_before_it() {
 #[test]
 fn a_new_owner_at_any_cut_runs_every_round_once() {
     let mut sim = Sim::new();
-    written(sim.set_goal("g1", "ship it [[complete-goal-at:3]]", 5));
+    goal(sim.set_goal("g1", "ship it [[complete-goal-at:3]]", 5));
     let whole = sim.log.clone();
     for &cut in &sim.batch_ends {
         let mut next = Sim::recover(whole[..cut].to_vec(), Limits::default(), 2, 1_000);
@@ -446,7 +453,7 @@ fn a_new_owner_at_any_cut_runs_every_round_once() {
 fn a_new_owner_writes_the_pause_a_cut_lost() {
     let mut sim = Sim::new();
     sim.decide = reject_round_two_once;
-    written(sim.set_goal("g1", "ship it", 3));
+    goal(sim.set_goal("g1", "ship it", 3));
     let cut = sim
         .log
         .iter()
@@ -480,7 +487,7 @@ fn bad_goal_input_is_refused_with_nothing_written() {
         assert_eq!(refused(reply).0, kind);
     }
     assert!(sim.log.is_empty());
-    written(sim.set_goal("g1", "ship it", 1));
+    goal(sim.set_goal("g1", "ship it", 1));
     sim.take();
     assert_eq!(goal_state(&sim), (GoalState::BudgetLimited, 1, 1));
     let before = sim.log.len();
@@ -493,7 +500,7 @@ fn bad_goal_input_is_refused_with_nothing_written() {
     assert_eq!(refused(sim.set_goal("g1", "again", 2)).0, "already-exists");
     assert_eq!(sim.log.len(), before);
     // A new id starts a new goal at revision 1.
-    written(sim.set_goal("g2", "again", 1));
+    goal(sim.set_goal("g2", "again", 1));
     assert_eq!(goal_state(&sim), (GoalState::BudgetLimited, 1, 1));
     assert_eq!(sim.driver.state().goals.current.as_ref().map(|g| g.goal_id.as_str()), Some("g2"));
 }

@@ -684,7 +684,7 @@ fn run(case: Case) {
                     max_rounds: u32::from(max_rounds),
                 });
                 if let Some(reply) = answered(reply, sim.faults.len() > faults) {
-                    assert!(matches!(reply, Ok(CommandReply::Written { .. })), "set goal: {reply:?}");
+                    assert!(matches!(reply, Ok(CommandReply::Goal { .. })), "set goal: {reply:?}");
                 }
             }
             Action::UpdateGoal { action } => {
@@ -692,7 +692,7 @@ fn run(case: Case) {
                 let goal_id = sim.driver.state().goals.current.as_ref().map_or("g0".to_owned(), |g| g.goal_id.clone());
                 let reply = sim.try_command(Command::UpdateGoal { goal_id, action });
                 match answered(reply, sim.faults.len() > faults) {
-                    None | Some(Ok(CommandReply::Written { .. })) => {}
+                    None | Some(Ok(CommandReply::Goal { .. })) => {}
                     Some(Err(e)) => assert!(["not-found", "failed-precondition"].contains(&error_kind(&e)), "{e}"),
                     Some(Ok(other)) => panic!("update goal: {other:?}"),
                 }

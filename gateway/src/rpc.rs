@@ -163,8 +163,7 @@ impl Agent for Gateway {
         // when it refuses. A revision keeps the goal's own id, so the minted one may go unused.
         let goal_id = uuid::Uuid::new_v4().to_string();
         let command = Command::SetGoal { goal_id, objective: req.objective, max_rounds: req.max_rounds };
-        let seq = self.written(session.clone(), command).await?;
-        self.goal_after(&session, seq).await
+        self.goal_command(&session, command).await
     }
 
     async fn update_goal(&self, request: Request<pb::UpdateGoalRequest>) -> Result<Response<pb::GoalInfo>, Status> {
@@ -176,8 +175,7 @@ impl Agent for Gateway {
             ));
         }
         let action = codec::goal_action_at(req.action, "action").map_err(status::from_convert)?;
-        let seq = self.written(session.clone(), Command::UpdateGoal { goal_id: req.goal_id, action }).await?;
-        self.goal_after(&session, seq).await
+        self.goal_command(&session, Command::UpdateGoal { goal_id: req.goal_id, action }).await
     }
 
     /// SPEC §12: the owner cancels a running turn (cause `disposed`) and removes the log, snapshots and

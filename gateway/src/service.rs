@@ -343,8 +343,20 @@ impl Gateway {
         Ok(state)
     }
 
-    /// The session's goal after a goal command answered with `seq`.
-    pub(crate) async fn goal_after(&self, session: &SessionRef, seq: u64) -> Result<Response<pb::GoalInfo>, Status> {
+    /// Runs a goal command and answers with the goal as the command left it. The owner builds that
+    /// reply; a worker of a version before it answers with a seq only, and then the log is folded (which
+    /// may show a later round, as it did before).
+    pub(crate) async fn goal_command(
+        &self,
+        session: &SessionRef,
+        command: Command,
+    ) -> Result<Response<pb::GoalInfo>, Status> {
+        let name = command.name();
+        let seq = match self.execute(session, command, None).await? {
+            CommandReply::Goal { goal, .. } => return Ok(Response::new(codec::encode_goal_info(&goal))),
+            CommandReply::Written { seq } => seq,
+            other => return Err(unexpected(name, &other)),
+        };
         let state = self.state_after(session, seq, "read the goal with GetSession").await?;
         let goal = state.goals.current.as_ref().ok_or_else(|| {
             Status::internal(format!(

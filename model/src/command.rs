@@ -231,6 +231,10 @@ pub enum CommandReply {
     /// [`Command::CreateSchedule`] and [`Command::DeleteSchedule`]: the schedule after (before, for a
     /// delete) the command, and the seq of the session's last event.
     Schedule { seq: u64, schedule: Box<Schedule> },
+    /// [`Command::SetGoal`] and [`Command::UpdateGoal`]: the goal as the command left it, and the seq of
+    /// the session's last event then. The reply is built by the single writer, so it never shows a later
+    /// round or state that the session reached before a reader could fold the log.
+    Goal { seq: u64, goal: Box<crate::goal::GoalChange> },
 }
 
 /// Why a command failed. Each maps to one gRPC code; messages say what was wrong and what to do.

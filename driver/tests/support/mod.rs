@@ -594,7 +594,12 @@ impl Sim {
         assert!(!self.replies.contains_key(&id), "command {id} replied twice");
         // A reply names only what is durable: the driver never answers ahead of its append group.
         let named = match &result {
-            Ok(CommandReply::Sent { seq, .. } | CommandReply::Written { seq }) => *seq,
+            Ok(
+                CommandReply::Sent { seq, .. }
+                | CommandReply::Written { seq }
+                | CommandReply::Goal { seq, .. }
+                | CommandReply::Schedule { seq, .. },
+            ) => *seq,
             Ok(CommandReply::Idle(summary)) => summary.last_seq,
             _ => 0,
         };
@@ -1066,6 +1071,10 @@ pub fn render_reply(id: CommandId, result: &Reply) -> String {
             "R {id} schedule {} {seq} next {:?} fired {} missed {}",
             schedule.spec.schedule_id, schedule.next_fire_ms, schedule.fired, schedule.missed
         ),
+        Ok(CommandReply::Goal { seq, goal }) => format!(
+            "R {id} goal {seq} {}.{} {} {}/{}",
+            goal.goal_id, goal.revision, goal.state, goal.round, goal.max_rounds
+        ),
         Err(e) => format!("R {id} err {}", error_kind(e)),
     }
 }
@@ -1106,6 +1115,15 @@ pub fn written(reply: Reply) -> u64 {
     match reply {
         Ok(CommandReply::Written { seq }) => seq,
         other => panic!("expected an edit/cancel reply, got {other:?}"),
+    }
+}
+
+/// `Goal { seq, goal }` (SetGoal and UpdateGoal), or a panic naming the error.
+#[track_caller]
+pub fn goal(reply: Reply) -> (u64, turnstile_model::goal::GoalChange) {
+    match reply {
+        Ok(CommandReply::Goal { seq, goal }) => (seq, *goal),
+        other => panic!("expected a goal reply, got {other:?}"),
     }
 }
 

@@ -16,7 +16,7 @@ use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 use turnstile_cluster::CommandRouter;
 use turnstile_cluster::codec::{
-    API_KEY, API_VERSION, api_version, decode_execute_request, encode_command_reply, unknown_command,
+    API_KEY, API_VERSION, api_version, decode_execute_request, encode_command_reply, reply_for_caller, unknown_command,
 };
 use turnstile_cluster::status::command_status;
 use turnstile_model::CommandError;
@@ -73,6 +73,7 @@ impl Worker for WorkerService {
         let name = command.name();
         match self.router.execute(&session, command, timeout).await {
             Ok(reply) => {
+                let reply = reply_for_caller(reply, caller_api);
                 let mut response = Response::new(encode_command_reply(&session, &reply));
                 response.metadata_mut().insert(API_KEY, MetadataValue::from(API_VERSION));
                 Ok(response)

@@ -30,6 +30,7 @@
 mod cluster;
 mod failover;
 mod fanout;
+mod goals;
 mod hooks;
 mod idle;
 mod latency;
@@ -280,6 +281,8 @@ struct Summary {
 struct Report {
     #[serde(flatten)]
     summary: Summary,
+    /// Each goal of the round beside this run's figure (`goals.rs`).
+    goals: Vec<goals::Goal>,
     machine: Machine,
     latency: Option<LatencyReport>,
     throughput: Option<ThroughputReport>,
@@ -303,6 +306,26 @@ struct Report {
 }
 
 impl Summary {
+    /// The figures the round's goals are made of; `failover` and `reads` are the child phases' JSON.
+    fn goal_figures(&self, failover: Option<&serde_json::Value>, reads: Option<&serde_json::Value>) -> goals::Figures {
+        goals::Figures {
+            followup_p50_ms: self.followup_p50_ms,
+            grpc_floor_p50_ms: self.grpc_floor_p50_ms,
+            raw_publish_ack_p50_ms: self.raw_publish_ack_p50_ms,
+            followups_per_s: self.followups_per_s,
+            cluster_to_single_node_followups: self.cluster_to_single_node_followups,
+            cluster_cpu_s_per_1k: self.cluster_cpu_s_per_1k_followups.as_ref().and_then(|c| c["total"].as_f64()),
+            single_node_cpu_s_per_1k: self.cpu_s_per_1k_followups.as_ref().and_then(|c| c.get("total").copied()),
+            watch_from_0_100k_ms: reads.and_then(|r| r["watch_caught_up_100k_from_0_ms"].as_f64()),
+            fanout_delta_p99_ms: self.watch_fanout_delta_p99_ms,
+            steer_to_message_p99_ms: self.steer_to_message_p99_ms,
+            failover_kill9_p99_ms: failover.and_then(|f| f["failover_kill9_p99_ms"].as_f64()),
+            idle_session_bytes: self.idle_session_bytes,
+            model_ttft_added_ms: self.model_ttft_added_ms,
+            model_rate_to_direct: self.model_rate_to_direct,
+        }
+    }
+
     fn of(phases: &Phases) -> Self {
         let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b.filter(|b| *b > 0.0)?);
         let followup_p50_ms = phases.latency.as_ref().map(|l| l.followup.p50_ms);
@@ -486,8 +509,10 @@ async fn main() -> Result<()> {
             phases.model_skipped = Some(why.to_owned());
         }
     }
+    let summary = Summary::of(&phases);
     let report = Report {
-        summary: Summary::of(&phases),
+        goals: goals::of(&summary.goal_figures(phases.failover.as_ref(), phases.reads.as_ref())),
+        summary,
         machine,
         latency: phases.latency,
         throughput: phases.throughput,
@@ -910,5 +935,6 @@ fn markdown(report: &Report, args: &Args) -> String {
             f(ratio_of(cpu["total"].as_f64(), single))
         );
     }
+    out.push_str(&goals::markdown(&report.goals));
     out
 }

@@ -297,7 +297,8 @@ async fn read_log(log: &dyn SessionLog, session: &SessionRef, join: &mut Join, u
     if join.position() >= upto {
         return Ok(());
     }
-    let mut events = log.tail(session, join.position()).await.map_err(status::from_journal)?;
+    // Stored events go out as stored (`tail_as_sent`): a long history is not decoded and encoded again.
+    let mut events = log.tail_as_sent(session, join.position()).await.map_err(status::from_journal)?;
     while join.position() < upto {
         let e = match events.next().await {
             Some(Ok(e)) => e,
@@ -311,7 +312,7 @@ async fn read_log(log: &dyn SessionLog, session: &SessionRef, join: &mut Join, u
             }
         };
         match join.durable(e.seq) {
-            Step::Send => send(tx, event_item(&e)).await?,
+            Step::Send => send(tx, pb::WatchItem { item: Some(pb::watch_item::Item::Event(e)) }).await?,
             Step::Pass | Step::Skip => {}
             // The reader checks that its seqs are contiguous, so this is a log that changed under it.
             Step::Gap => {

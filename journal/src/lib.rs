@@ -25,6 +25,6 @@ pub use bus::{LiveBus, LiveStream};
 pub use embedded::{EmbeddedLog, LocalBus};
 pub use index::{IndexEntry, MemoryIndex, SessionIndex};
 pub use jetstream::{JetStreamConfig, JetStreamLog, NatsBus};
-pub use log::{EventStream, JournalError, SessionLog};
+pub use log::{EventStream, JournalError, SentEventStream, SessionLog};
 pub use usage::{MemoryUsage, UsageLedger};
 pub use webhook::{MemoryPositions, WebhookPositions};

@@ -13,6 +13,9 @@ use turnstile_model::message::SessionRef;
 /// A stream of durable events in seq order.
 pub type EventStream = BoxStream<'static, Result<Envelope, JournalError>>;
 
+/// A stream of durable events in seq order, in the form readers send them on (`codec::stored_as_sent`).
+pub type SentEventStream = BoxStream<'static, Result<turnstile_proto::v1::SessionEvent, JournalError>>;
+
 /// Errors of a session log or live bus.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum JournalError {
@@ -120,6 +123,15 @@ pub trait SessionLog: Send + Sync + 'static {
     /// Every event with `seq > after_seq`, then each new one as it is appended: no gap, no duplicate.
     /// The stream ends only on error or when the log is dropped.
     async fn tail(&self, session: &SessionRef, after_seq: u64) -> Result<EventStream, JournalError>;
+
+    /// [`SessionLog::tail`] in the form readers send events on: what `encode_session_event` makes of each
+    /// event. A Watch's history is streamed from it. A log that stores that form (JetStream) passes it on
+    /// without decoding each event into domain values and encoding it again; this default encodes.
+    async fn tail_as_sent(&self, session: &SessionRef, after_seq: u64) -> Result<SentEventStream, JournalError> {
+        use futures::StreamExt as _;
+        let events = self.tail(session, after_seq).await?;
+        Ok(events.map(|e| e.map(|e| turnstile_proto::codec::encode_session_event(&e))).boxed())
+    }
 
     /// Removes every event of `session` (SPEC §12 `DeleteSession`) and returns the seq its log had (0: it
     /// had none, nothing was removed). Afterwards the session has no events: reads are empty, `last_seq`

@@ -130,6 +130,44 @@ pub fn decode_message(
     body: &[u8],
     stream_seq: u64,
 ) -> Result<Vec<Envelope>, JournalError> {
+    let stored = decode_stored(session, headers, body, stream_seq)?;
+    let corrupt = |seq: u64, detail: String| JournalError::Corrupt { session: session.clone(), seq, detail };
+    stored
+        .into_iter()
+        .map(|e| {
+            let seq = e.seq;
+            codec::decode_session_event(e).map_err(|err| corrupt(seq, err.to_string()))
+        })
+        .collect()
+}
+
+/// [`decode_message`] in the form readers send events on (`codec::stored_as_sent`): a Watch's history
+/// streams stored events without decoding them into domain values and encoding them again.
+pub fn decode_message_as_sent(
+    session: &SessionRef,
+    headers: Option<&HeaderMap>,
+    body: &[u8],
+    stream_seq: u64,
+) -> Result<Vec<pb::SessionEvent>, JournalError> {
+    let stored = decode_stored(session, headers, body, stream_seq)?;
+    let corrupt = |seq: u64, detail: String| JournalError::Corrupt { session: session.clone(), seq, detail };
+    stored
+        .into_iter()
+        .map(|e| {
+            let seq = e.seq;
+            codec::stored_as_sent(e).map_err(|err| corrupt(seq, err.to_string()))
+        })
+        .collect()
+}
+
+/// The protobuf events of one stored message, checked against its headers and subject (one session,
+/// the seqs the headers name, contiguous) but not decoded further.
+fn decode_stored(
+    session: &SessionRef,
+    headers: Option<&HeaderMap>,
+    body: &[u8],
+    stream_seq: u64,
+) -> Result<Vec<pb::SessionEvent>, JournalError> {
     let (first, last) = header_range(session, headers, stream_seq)?;
     let corrupt = |detail: String| JournalError::Corrupt { session: session.clone(), seq: first, detail };
     if let Some(format) = headers.and_then(|h| h.get(HEADER_FORMAT)) {
@@ -151,14 +189,11 @@ pub fn decode_message(
     }
     let grouped = headers.is_some_and(|h| h.get(HEADER_LAST_SEQ).is_some());
     let events = if grouped {
-        let group = pb::SessionEventGroup::decode(body).map_err(|e| corrupt(format!("SessionEventGroup: {e}")))?;
-        group
-            .events
-            .into_iter()
-            .map(|e| codec::decode_session_event(e).map_err(|e| corrupt(e.to_string())))
-            .collect::<Result<Vec<_>, _>>()?
+        pb::SessionEventGroup::decode(body).map_err(|e| corrupt(format!("SessionEventGroup: {e}")))?.events
     } else {
-        vec![codec::decode_event(body).map_err(|e| corrupt(e.to_string()))?]
+        vec![pb::SessionEvent::decode(body).map_err(|e| {
+            corrupt(codec::CodecError::Malformed { what: "SessionEvent", detail: e.to_string() }.to_string())
+        })?]
     };
     // `last >= first` (header_range), but `last - first + 1` overflows for a message claiming every seq.
     if (last - first).checked_add(1) != Some(events.len() as u64) {
@@ -169,8 +204,10 @@ pub fn decode_message(
     }
     // An inclusive range: `first..` would overflow past a last seq of u64::MAX.
     for (event, want) in events.iter().zip(first..=last) {
-        if event.session != *session {
-            return Err(corrupt(format!("the stored event names session {}", event.session)));
+        let names_session = event.session.as_ref().is_some_and(|s| s.tenant == session.tenant && s.id == session.id);
+        if !names_session {
+            let named = event.session.as_ref().map_or_else(|| "none".to_owned(), |s| format!("{}/{}", s.tenant, s.id));
+            return Err(corrupt(format!("the stored event names session {named}")));
         }
         if event.seq != want {
             return Err(corrupt(format!(

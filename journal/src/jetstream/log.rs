@@ -423,6 +423,15 @@ impl JetStreamLog {
     }
 }
 
+/// [`decode`] in the form readers send events on.
+pub(super) fn decode_as_sent(
+    session: &SessionRef,
+    message: &jetstream::Message,
+) -> Result<Vec<turnstile_proto::v1::SessionEvent>, JournalError> {
+    let stream_seq = message.info().map_or(0, |i| i.stream_sequence);
+    group::decode_message_as_sent(session, message.message.headers.as_ref(), &message.message.payload, stream_seq)
+}
+
 /// Decodes one stored message (a group, or one event of the old layout) and checks it against its
 /// headers and subject.
 pub(super) fn decode(session: &SessionRef, message: &jetstream::Message) -> Result<Vec<Envelope>, JournalError> {

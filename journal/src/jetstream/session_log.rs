@@ -7,7 +7,7 @@ use turnstile_model::message::SessionRef;
 
 use super::log::{JetStreamLog, Refusal, conflict, unavailable};
 use super::subjects;
-use crate::log::{EventStream, JournalError, SessionLog};
+use crate::log::{EventStream, JournalError, SentEventStream, SessionLog};
 
 #[async_trait]
 impl SessionLog for JetStreamLog {
@@ -128,6 +128,10 @@ impl SessionLog for JetStreamLog {
 
     async fn tail(&self, session: &SessionRef, after_seq: u64) -> Result<EventStream, JournalError> {
         super::tail::follow(self, session, after_seq).await
+    }
+
+    async fn tail_as_sent(&self, session: &SessionRef, after_seq: u64) -> Result<SentEventStream, JournalError> {
+        super::tail::follow_as_sent(self, session, after_seq).await
     }
 
     async fn delete(&self, session: &SessionRef) -> Result<u64, JournalError> {

@@ -34,6 +34,7 @@ macro_rules! contract_suite {
             last_seq_follows_appends,
             tail_from_zero_and_from_the_middle,
             tail_of_a_session_without_events,
+            tail_as_sent_is_the_tail_encoded,
             tail_with_concurrent_appends,
             list_sessions_order_filter_and_cursor,
             delete_removes_the_log_and_frees_the_name,
@@ -236,6 +237,24 @@ pub async fn tail_from_zero_and_from_the_middle(log: Arc<dyn SessionLog>) {
     let mut from_end = log.tail(&s, 11).await.unwrap();
     log.append(&s, 11, &[event(&s, 12, "w")], None).await.unwrap();
     assert_eq!(next(&mut from_end).await.seq, 12);
+}
+
+/// A Watch's history (`tail_as_sent`) is exactly the tail, encoded: whether a backend passes stored
+/// events on as they are or encodes decoded ones, a reader cannot tell.
+pub async fn tail_as_sent_is_the_tail_encoded(log: Arc<dyn SessionLog>) {
+    let s = session("acme", "tail-as-sent");
+    let all = batch(&s, 1, 9, "w");
+    log.append(&s, 0, &all[..4], None).await.unwrap();
+    log.append(&s, 4, &all[4..5], None).await.unwrap();
+    let mut sent = log.tail_as_sent(&s, 2).await.unwrap();
+    log.append(&s, 5, &all[5..], None).await.unwrap();
+    for want in &all[2..] {
+        let got = match tokio::time::timeout(WAIT, sent.next()).await {
+            Ok(Some(Ok(event))) => event,
+            other => panic!("tail_as_sent gave {other:?} where seq {} was due", want.seq),
+        };
+        assert_eq!(got, turnstile_proto::codec::encode_session_event(want));
+    }
 }
 
 pub async fn tail_of_a_session_without_events(log: Arc<dyn SessionLog>) {

@@ -30,6 +30,24 @@ impl CodecError {
         Self::Value { path: path.into(), value }
     }
 
+    /// The error of a value decoded at a path relative to `parent` (or at `parent` itself, for an empty
+    /// path), as seen from the root: decoders of nested values build their paths only when they fail,
+    /// since a path built up front costs an allocation for every value decoded (the read path's profile).
+    #[must_use]
+    pub fn under(self, parent: &str) -> Self {
+        let rebase = |path: String| match (parent.is_empty(), path.is_empty()) {
+            (true, _) => path,
+            (false, true) => parent.to_owned(),
+            (false, false) if path.starts_with('[') => format!("{parent}{path}"),
+            (false, false) => format!("{parent}.{path}"),
+        };
+        match self {
+            Self::Invalid { path, detail } => Self::Invalid { path: rebase(path), detail },
+            Self::Value { path, value } => Self::Value { path: rebase(path), value },
+            malformed @ Self::Malformed { .. } => malformed,
+        }
+    }
+
     /// The field path the error is about, when it is about one field.
     pub fn path(&self) -> Option<&str> {
         match self {

@@ -184,19 +184,22 @@ pub fn decode_splice(splice: pb::InboxSpliced) -> Result<Splice, CodecError> {
 }
 
 fn splice_at(splice: pb::InboxSpliced, path: &str) -> Result<Splice, CodecError> {
+    // Field paths relative to the splice, rebased onto `path` only on an error: splices are the most
+    // common event, and a path built up front is an allocation per field per event read.
+    let under = |e: CodecError| e.under(path);
     Ok(Splice {
-        target: target_at(splice.target, &join(path, "target"))?,
+        target: target_at(splice.target, "target").map_err(under)?,
         start: splice.start,
         removed_count: splice.removed_count,
-        inserted: messages_at(splice.inserted, &join(path, "inserted"))?,
-        outcome: outcome_at(splice.outcome, &join(path, "outcome"))?,
+        inserted: messages_at(splice.inserted, "inserted").map_err(under)?,
+        outcome: outcome_at(splice.outcome, "outcome").map_err(under)?,
         wake: splice.wake,
-        requested_target: optional_target_at(splice.requested_target, &join(path, "requested_target"))?,
+        requested_target: optional_target_at(splice.requested_target, "requested_target").map_err(under)?,
         deadline: match splice.deadline {
             None => None,
             Some(d) => Some(SteerDeadline {
                 at_ms: d.at_unix_ms,
-                on_deadline: on_deadline_at(d.on_deadline, &join(path, "deadline.on_deadline"), None)?,
+                on_deadline: on_deadline_at(d.on_deadline, "deadline.on_deadline", None).map_err(under)?,
             }),
         },
     })
@@ -502,7 +505,7 @@ fn transcript_entry_at(entry: pb::TranscriptEntry, path: &str) -> Result<Transcr
         Entry::User(u) => TranscriptEntry::User {
             turn: u.turn,
             step: u.step,
-            message: required_message_at(u.message, &join(path, "user.message"))?,
+            message: required_message_at(u.message, "user.message").map_err(|e| e.under(path))?,
         },
         Entry::Assistant(a) => TranscriptEntry::Assistant {
             turn: a.turn,
@@ -590,6 +593,22 @@ pub fn decode_session_event(event: pb::SessionEvent) -> Result<Envelope, CodecEr
         }
     };
     Ok(Envelope { session, seq: event.seq, time_ms: event.time_unix_ms, epoch: event.epoch, payload })
+}
+
+/// A stored event in the form readers send it on (a Watch's history): exactly what
+/// `encode_session_event(&decode_session_event(event)?)` makes of it, without the round trip when that is
+/// the event itself. An event of [`EVENT_FORMAT`] whose `type` this build knows and whose payload is that
+/// type's was encoded by this codec from a decoded event, so it goes out as it is; anything else (an older
+/// or newer format, an ignorable or unknown type) takes the round trip, whose rules it needs. Values are
+/// not checked again on the first path: the journal checked them before it stored the event (the append's
+/// decode check), and the fold checks them on every read that folds.
+pub fn stored_as_sent(event: pb::SessionEvent) -> Result<pb::SessionEvent, CodecError> {
+    let as_stored = event.format == EVENT_FORMAT
+        && !event.ignorable
+        && event.seq != 0
+        && event.session.is_some()
+        && event.payload.as_ref().is_some_and(|p| payload_type(p) == event.r#type);
+    if as_stored { Ok(event) } else { Ok(encode_session_event(&decode_session_event(event)?)) }
 }
 
 /// The bytes the journal stores for a durable event (prost encoding of `SessionEvent`).

@@ -81,7 +81,6 @@ pub fn decode_message_source(source: pb::MessageSource) -> Result<MessageSource,
 
 /// `parent` is the path of the value that holds the `source` field.
 fn message_source_at(source: pb::MessageSource, parent: &str) -> Result<MessageSource, CodecError> {
-    let path = join(parent, "source");
     let source = match source.kind {
         Some(Kind::User(_)) => MessageSource::User,
         Some(Kind::Plugin(p)) => {
@@ -92,7 +91,9 @@ fn message_source_at(source: pb::MessageSource, parent: &str) -> Result<MessageS
         Some(Kind::Model(m)) => MessageSource::Model { provider: m.provider, model: m.model },
         Some(Kind::Session(s)) => MessageSource::Session { tenant: s.tenant, session: s.session, upto_seq: s.upto_seq },
         Some(Kind::Schedule(s)) => MessageSource::Schedule { schedule_id: s.schedule_id, fire_unix_ms: s.fire_unix_ms },
-        None => return Err(CodecError::invalid(path, format!("source has no kind; {SOURCE_KINDS}"))),
+        None => {
+            return Err(CodecError::invalid(join(parent, "source"), format!("source has no kind; {SOURCE_KINDS}")));
+        }
     };
     validate_source(&source, parent)?;
     Ok(source)
@@ -138,12 +139,12 @@ pub fn user_message_at(
 ) -> Result<UserMessage, CodecError> {
     let id = MessageId(message.id);
     id.validate().map_err(|e| CodecError::value(join(path, "id"), e))?;
-    let content_path = join(path, "content");
+    // Paths are built only for an error: this runs for every message of every event read.
     let content = message
         .content
         .into_iter()
         .enumerate()
-        .map(|(i, block)| content_block_at(block, &index(&content_path, i)))
+        .map(|(i, block)| content_block_at(block, "").map_err(|e| e.under(&index(&join(path, "content"), i))))
         .collect::<Result<Vec<_>, _>>()?;
     let source = match (message.source, default) {
         (Some(source), _) => message_source_at(source, path)?,
@@ -162,7 +163,11 @@ pub fn required_message_at(message: Option<pb::UserMessage>, path: &str) -> Resu
 }
 
 pub fn messages_at(messages: Vec<pb::UserMessage>, path: &str) -> Result<Vec<UserMessage>, CodecError> {
-    messages.into_iter().enumerate().map(|(i, m)| user_message_at(m, &index(path, i), None)).collect()
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| user_message_at(m, "", None).map_err(|e| e.under(&index(path, i))))
+        .collect()
 }
 
 pub fn encode_target(target: Target) -> pb::Target {

@@ -657,3 +657,59 @@ fn every_event_format_decodes_and_encoding_writes_this_builds() {
         assert_eq!(decode_event(&bytes).unwrap(), event, "format {format}");
     }
 }
+
+#[test]
+fn a_nested_error_names_its_whole_path() {
+    // Nested decoders build their paths only when they fail (`CodecError::under`): the path must still be
+    // the whole one, from the event's payload down to the field.
+    let splice = |inserted: Vec<pb::UserMessage>, target: i32| pb::InboxSpliced {
+        target,
+        inserted,
+        outcome: pb::SpliceOutcome::None as i32,
+        ..Default::default()
+    };
+    let mut bad_block = pb_message();
+    bad_block.content[1].block = None;
+    let e = event::decode_splice(splice(vec![pb_message(), bad_block], pb::Target::NextTurn as i32)).unwrap_err();
+    assert_eq!(e.path(), Some("inbox_spliced.inserted[1].content[1]"));
+    let mut bad_id = pb_message();
+    bad_id.id = String::new();
+    let e = event::decode_splice(splice(vec![bad_id], pb::Target::NextTurn as i32)).unwrap_err();
+    assert_eq!(e.path(), Some("inbox_spliced.inserted[0].id"));
+    let mut no_source = pb_message();
+    no_source.source = None;
+    let e = event::decode_splice(splice(vec![no_source], pb::Target::NextTurn as i32)).unwrap_err();
+    assert_eq!(e.path(), Some("inbox_spliced.inserted[0].source"));
+    let e = event::decode_splice(splice(vec![], 99)).unwrap_err();
+    assert_eq!(e.path(), Some("inbox_spliced.target"));
+    assert_eq!(CodecError::invalid("", "x").under("a.b").path(), Some("a.b"), "an empty path is the parent itself");
+    assert_eq!(CodecError::invalid("[2]", "x").under("a").path(), Some("a[2]"));
+    assert_eq!(CodecError::invalid("c", "x").under("").path(), Some("c"));
+}
+
+#[test]
+fn a_stored_event_is_sent_as_the_round_trip_would_send_it() {
+    let round_trip = |e: pb::SessionEvent| encode_session_event(&decode_session_event(e).unwrap());
+    for (i, payload) in payloads().into_iter().enumerate() {
+        let stored = encode_session_event(&envelope(i as u64 + 1, payload));
+        assert_eq!(stored_as_sent(stored.clone()).unwrap(), round_trip(stored.clone()), "{:?}", stored.r#type);
+        // Format 0 (written before formats were numbered) takes the round trip and goes out as format 1.
+        let old = pb::SessionEvent { format: 0, ..stored.clone() };
+        assert_eq!(stored_as_sent(old).unwrap(), stored);
+    }
+    // An ignorable event of a type this build does not know goes out as the decoder makes it (no payload).
+    let unknown = pb::SessionEvent {
+        r#type: "agent/from-the-future".into(),
+        ignorable: true,
+        ..encode_session_event(&envelope(7, EventPayload::Status(Status::Idle)))
+    };
+    let sent = stored_as_sent(unknown.clone()).unwrap();
+    assert_eq!(sent, round_trip(unknown));
+    assert!(sent.payload.is_none() && sent.ignorable);
+    // A type that names another payload is refused on either path.
+    let mismatched = pb::SessionEvent {
+        r#type: "agent/turn/start".into(),
+        ..encode_session_event(&envelope(8, EventPayload::Status(Status::Idle)))
+    };
+    assert_eq!(stored_as_sent(mismatched).unwrap_err().path(), Some("type"));
+}

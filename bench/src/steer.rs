@@ -121,15 +121,25 @@ async fn round(
 ) -> Result<Round> {
     let request = pb::WatchRequest { session: Some(session.clone()), after_seq: 0, live: false, resume: None };
     let mut stream = watcher.watch(request).await.context("opening the Watch")?.into_inner();
-    let (tx, mut rx) = mpsc::unbounded_channel::<Seen>();
-    // The reader stamps each durable event as it arrives; it ends with the stream or when `rx` is dropped.
+    let (tx, mut rx) = mpsc::unbounded_channel::<Result<Seen, String>>();
+    // The reader stamps each durable event as it arrives; it ends with the stream (passing on how it
+    // ended) or when `rx` is dropped.
     let reader = tokio::spawn(async move {
-        while let Ok(Some(item)) = stream.message().await {
-            if let Some(Item::Event(event)) = item.item
-                && tx.send(Seen { at: Instant::now(), event }).is_err()
-            {
-                break;
-            }
+        loop {
+            let ended = match stream.message().await {
+                Ok(Some(item)) => {
+                    if let Some(Item::Event(event)) = item.item
+                        && tx.send(Ok(Seen { at: Instant::now(), event })).is_err()
+                    {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(None) => "the server ended it".to_owned(),
+                Err(status) => format!("{:?}: {}", status.code(), status.message()),
+            };
+            let _ = tx.send(Err(ended));
+            return;
         }
     });
     let _abort = AbortOnDrop(reader);
@@ -169,16 +179,17 @@ async fn round(
     Ok(Round { ack, boundary: result.at, message, call: ack - sent, landed: landed && ack < result.at, between })
 }
 
-async fn next(rx: &mut mpsc::UnboundedReceiver<Seen>) -> Result<Seen> {
+async fn next(rx: &mut mpsc::UnboundedReceiver<Result<Seen, String>>) -> Result<Seen> {
     match tokio::time::timeout(WAIT, rx.recv()).await {
-        Ok(Some(seen)) => Ok(seen),
+        Ok(Some(Ok(seen))) => Ok(seen),
+        Ok(Some(Err(ended))) => bail!("the Watch stream ended: {ended}"),
         Ok(None) => bail!("the Watch stream ended"),
         Err(_) => bail!("nothing within {WAIT:?}"),
     }
 }
 
 async fn next_matching(
-    rx: &mut mpsc::UnboundedReceiver<Seen>,
+    rx: &mut mpsc::UnboundedReceiver<Result<Seen, String>>,
     wanted: impl Fn(&pb::SessionEvent) -> bool,
 ) -> Result<Seen> {
     loop {

@@ -148,6 +148,27 @@ impl StepStream {
         action
     }
 
+    /// The step's durable `assistant/message` (its whole `text` and `reasoning`) is about to be sent: the
+    /// bytes of it this watcher has not sent yet as deltas, if the watcher streams that step; and the step
+    /// is closed. On a cluster a live delta travels another path (a core NATS subject) than the durable
+    /// events (the stream), so the step's last deltas can reach the gateway after its message; SPEC §14
+    /// still owes a streaming client every byte, in order, before the message.
+    pub fn complete(&mut self, turn: u64, step: u32, text: &str, reasoning: &str) -> Vec<Delta> {
+        let mut out = Vec::new();
+        if let Some(position) = self.position.as_mut().filter(|p| p.of(turn, step)) {
+            for (is_reasoning, whole) in [(true, reasoning), (false, text)] {
+                let next = position.next(is_reasoning);
+                let from = usize::try_from(*next).unwrap_or(usize::MAX);
+                if let Some(rest) = whole.get(from..).filter(|r| !r.is_empty()) {
+                    out.push(Delta { turn, step, reasoning: is_reasoning, offset: *next, text: rest.to_owned() });
+                    *next = whole.len() as u64;
+                }
+            }
+        }
+        self.close(turn, step);
+        out
+    }
+
     /// The owner no longer streams step `turn`.`step` (it ended): drop its deltas from now on.
     pub fn close(&mut self, turn: u64, step: u32) {
         self.closed = Some((turn, step));
@@ -216,6 +237,28 @@ mod tests {
         assert_eq!(s.delta(3, 1, true, 0, 2), DeltaAction::Send, "reasoning has its own offsets");
         assert_eq!(s.delta(3, 1, false, 4, 2), DeltaAction::Gap, "bytes 2..4 are missing");
         assert_eq!(s.delta(3, 2, false, 0, 1), DeltaAction::Send, "a new step starts at 0");
+    }
+
+    #[test]
+    fn the_message_of_a_streaming_step_brings_the_bytes_its_late_deltas_did_not() {
+        let mut s = StepStream::new(Some(StepPosition { turn: 2, step: 1, text: 6, reasoning: 0 }));
+        assert_eq!(s.delta(2, 1, false, 6, 5), DeltaAction::Send);
+        // The message arrives before the step's last delta (another path on a cluster).
+        assert_eq!(s.complete(2, 1, "echo: hello world", ""), vec![delta(11, " world")]);
+        assert_eq!(s.delta(2, 1, false, 11, 6), DeltaAction::Drop, "the late delta is not sent twice");
+        // A watcher with all of it gets nothing more; one that never streamed the step gets the message only.
+        let mut s = StepStream::new(None);
+        assert_eq!(s.delta(2, 1, false, 0, 5), DeltaAction::Send);
+        assert!(s.complete(2, 1, "hello", "").is_empty());
+        let mut s = StepStream::new(None);
+        assert!(s.complete(2, 1, "hello", "thoughts").is_empty());
+        assert_eq!(s.delta(2, 2, false, 0, 1), DeltaAction::Send, "the next step streams as usual");
+        // Reasoning is completed in its own offsets, before the text.
+        let mut s = StepStream::new(Some(StepPosition { turn: 2, step: 1, text: 1, reasoning: 2 }));
+        assert_eq!(
+            s.complete(2, 1, "ab", "hmm"),
+            vec![Delta { turn: 2, step: 1, reasoning: true, offset: 2, text: "m".into() }, delta(1, "b")]
+        );
     }
 
     #[test]

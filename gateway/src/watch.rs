@@ -171,6 +171,13 @@ async fn stream(
                         step = join.durable(*seq);
                     }
                     if step == Step::Send {
+                        if spec.live
+                            && let Some(m) = as_assistant_message(item)
+                        {
+                            let rest =
+                                step_stream.complete(m.turn, m.step, &m.text, m.reasoning.as_deref().unwrap_or(""));
+                            send_deltas(tx, session, seq - 1, rest).await?;
+                        }
                         send(tx, item.clone()).await?;
                     }
                     if spec.live {
@@ -233,6 +240,17 @@ async fn send_deltas(tx: &Tx, session: &SessionRef, after_seq: u64, deltas: Vec<
         send(tx, pb::WatchItem { item: Some(pb::watch_item::Item::Live(event)) }).await?;
     }
     Ok(())
+}
+
+/// The feed's durable item as an `assistant/message`, if it is one.
+fn as_assistant_message(item: &pb::WatchItem) -> Option<&pb::AssistantMessage> {
+    match &item.item {
+        Some(pb::watch_item::Item::Event(pb::SessionEvent {
+            payload: Some(pb::session_event::Payload::AssistantMessage(m)),
+            ..
+        })) => Some(m),
+        _ => None,
+    }
 }
 
 /// The feed's live item as an assistant delta, if it is one.

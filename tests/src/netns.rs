@@ -1,9 +1,10 @@
-//! A network namespace that the test creates itself, to cut one worker off from NATS (issue 14, the fault
-//! campaign's partitions).
+//! Network namespaces that the test creates itself, to cut one worker off from NATS, or one NATS node
+//! together with its worker off from the rest of the cluster (issues 14 and 29, the fault campaign's
+//! partitions).
 //!
-//! Layout (every address is inside one /29 of 10.250.0.0/16 that exists only between this namespace and the
-//! host, so no packet of a test ever leaves the machine; an `unreachable` route for the /29 makes sure of it
-//! even while the links are being torn down):
+//! Layout of one namespace (every address is inside one /29 of 10.250.0.0/16 that exists only between this
+//! namespace and the host, so no packet of a test ever leaves the machine; an `unreachable` route for the
+//! /29 makes sure of it even while the links are being torn down):
 //!
 //! ```text
 //!   host namespace                                   namespace `tsfc-<pid>-<n>`
@@ -16,6 +17,22 @@
 //! worker over the "rpc" pair, which is what a worker that lost only its NATS link looks like. Healing sets
 //! the link up again. (This kernel has neither the `netem` qdisc nor tc classifiers, and iptables is not
 //! installed; a link down needs neither.)
+//!
+//! **A NATS node with its worker** (the campaign's "partition nats node + worker"): a second namespace of
+//! the same layout runs one nats-server of the JetStream cluster next to one worker. That server listens
+//! (client, monitoring and route ports) on the namespace end of its "nats" pair (`.2`,
+//! [`NetNs::nats_ns_addr`]); the other servers listen on the host end of the *first* namespace's "nats"
+//! pair, which this namespace reaches through a host route ([`NetNs::route_to`]: `<that .1>/32 via <own
+//! .1>`; the host delivers it locally, no forwarding involved). So every route link between the inner
+//! server and the others, every client link of the other workers and the gateways to it, and the inner
+//! worker's links to the other servers cross this namespace's "nats" pair, and setting its namespace end
+//! down cuts all of them at once, while the inner worker still reaches its own server: an address on a
+//! link that is down stays a local address of the namespace (measured on this kernel: a TCP connect to it
+//! from inside succeeds with the link down). The gateways still reach the inner worker over its "rpc" pair,
+//! so it keeps being asked to write; the inner server, one of three, has no JetStream quorum, so the
+//! worker's writes fail instead of being acknowledged into a minority, its leases expire, and the other
+//! workers, on the two servers that elect new leaders, take its shards. Healing sets the link up; the
+//! inner server routes to the others again (its configured routes are retried for ever) and catches up.
 //!
 //! Names are unique per process and per namespace (`tsfc-<pid>-<n>`, links `tf<pid>x<n>..`); stale ones of a
 //! process that no longer runs (a killed test run) are removed by [`NetNs::create`]. [`Drop`] removes the
@@ -174,6 +191,20 @@ impl NetNs {
     /// from the namespace).
     pub fn nats_host(&self) -> Ipv4Addr {
         self.host(1)
+    }
+
+    /// The namespace end of the "nats" pair: where a nats-server inside the namespace listens (reachable from
+    /// the host, and from inside even while the link is down).
+    pub fn nats_ns_addr(&self) -> Ipv4Addr {
+        self.host(2)
+    }
+
+    /// Routes `addr` (a host address, e.g. another namespace's [`NetNs::nats_host`]) from inside this
+    /// namespace over its own "nats" pair, so the link cut of [`NetNs::partition`] cuts that path too. The
+    /// route goes with the namespace.
+    pub fn route_to(&self, addr: Ipv4Addr) -> Result<(), HarnessError> {
+        let via = self.nats_host().to_string();
+        ip(&["-n", &self.name, "route", "add", &format!("{addr}/32"), "via", &via]).map(drop)
     }
 
     /// The namespace-side address the worker inside listens on (reached from the host over the "rpc" pair).

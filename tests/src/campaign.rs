@@ -65,7 +65,7 @@ const GRACE: Duration = Duration::from_secs(4);
 const RETRY_BUDGET: Duration = Duration::from_secs(30);
 /// How long a cut of a NATS node with its worker waits for the other workers to own every shard (the
 /// harness's usual bound for "the event that creates the condition").
-const TAKEOVER_BOUND: Duration = Duration::from_secs(30);
+const TAKEOVER_BOUND: Duration = Duration::from_secs(90);
 /// The nats-server (n3) and the worker (w2) that share the second namespace.
 const INNER_NODE: usize = 2;
 const INNER_WORKER: usize = 1;
@@ -516,6 +516,7 @@ async fn schedule(
     duration: Duration,
     partitions: bool,
     only: Option<&str>,
+    sessions: &[SessionRef],
 ) -> Result<Vec<FaultRecord>, HarnessError> {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_fa17);
     let mut faults = Vec::new();
@@ -523,7 +524,10 @@ async fn schedule(
         KINDS.iter().copied().filter(|k| partitions || !k.starts_with("partition")).collect();
     let kinds: Vec<&'static str> = kinds.into_iter().filter(|k| only.is_none_or(|o| k.contains(o))).collect();
     if kinds.is_empty() {
-        return Err(HarnessError::io("choosing faults", std::io::Error::other(format!("no fault kind matches {only:?}"))));
+        return Err(HarnessError::io(
+            "choosing faults",
+            std::io::Error::other(format!("no fault kind matches {only:?}")),
+        ));
     }
     let ms = |rng: &mut fastrand::Rng, lo: u64, hi: u64| Duration::from_millis(rng.u64(lo..hi));
     while shared.started.elapsed() < duration {
@@ -603,18 +607,34 @@ async fn schedule(
             "partition nats node + worker" => {
                 let Some(inner) = cluster.isolated_node().cloned() else { continue };
                 target = inner.worker;
+                let inner_id = cluster.worker_id(inner.worker);
+                // The sessions the inner worker owns as the gateways see it (the shard map of the lease
+                // bucket): after the cut each must show another owner.
+                let mut moving = Vec::new();
+                for s in sessions {
+                    if owner_via(shared, 0, s).await.is_some_and(|o| o == inner_id) {
+                        moving.push(s.clone());
+                    }
+                }
                 inner.ns.partition()?;
                 let cut = Instant::now();
-                // Hold the cut until the other workers own every shard: the inner worker's leases expire
-                // (its server has no quorum, so it cannot renew) and the two servers outside elect leaders
-                // for whatever the inner one led. Bounded; a cut that never sees the takeover is a violation.
+                // Hold the cut until the other workers took over: the inner worker's leases expire (its
+                // server has no quorum, so it cannot renew) and the two servers outside elect leaders for
+                // whatever the inner one led. Every session it owned has another owner, and the other
+                // workers' gauges add up to every shard (the gauges alone can be stale: a worker whose
+                // leases lapsed reports them until its next round). Bounded; a cut that never sees the
+                // takeover is a violation.
                 let others: Vec<usize> = (0..cluster.workers()).filter(|w| *w != inner.worker).collect();
                 loop {
                     let mut owned = 0;
                     for w in &others {
                         owned += cluster.shards_owned_by(*w).await.unwrap_or(0);
                     }
-                    if owned == u64::from(SHARDS) {
+                    let mut moved = true;
+                    for s in &moving {
+                        moved &= owned_by_another(shared, s, &inner_id).await;
+                    }
+                    if owned == u64::from(SHARDS) && moved {
                         takeover_ms = Some(cut.elapsed().as_millis() as u64);
                         break;
                     }
@@ -640,13 +660,34 @@ async fn schedule(
         let record = FaultRecord { kind, target, start_ms, end_ms: shared.ms(), takeover_ms, inner_owned_at_heal };
         let takeover = match (kind.starts_with("partition nats"), takeover_ms) {
             (false, _) => String::new(),
-            (true, Some(t)) => format!("; others owned every shard after {t} ms, the cut-off worker {inner_owned_at_heal:?} at heal"),
+            (true, Some(t)) => {
+                format!("; others owned every shard after {t} ms, the cut-off worker {inner_owned_at_heal:?} at heal")
+            }
             (true, None) => format!("; the shards were NOT taken over within {} s", TAKEOVER_BOUND.as_secs()),
         };
         eprintln!("campaign: {:>6} ms  {kind} of #{target} ({} ms){takeover}", start_ms, record.end_ms - start_ms);
         faults.push(record);
     }
     Ok(faults)
+}
+
+/// The owner of `session` as gateway `g` reports it (`GetSession.owner`, from its shard map; empty while
+/// the shard's lease is expired), `None` when it does not answer.
+async fn owner_via(shared: &Shared, g: usize, session: &SessionRef) -> Option<String> {
+    let channel = shared.gateways.read().ok()?.get(g)?.clone();
+    let request = req(GetSessionRequest { session: Some(session.clone()) });
+    AgentClient::new(channel).get_session(request).await.ok().map(|r| r.into_inner().owner)
+}
+
+/// Whether some gateway names an owner of `session` other than `not` (a gateway whose NATS link crossed
+/// the cut keeps its old map until its client gives that link up; the other shows the takeover).
+async fn owned_by_another(shared: &Shared, session: &SessionRef, not: &str) -> bool {
+    for g in 0..2 {
+        if owner_via(shared, g, session).await.is_some_and(|o| !o.is_empty() && o != not) {
+            return true;
+        }
+    }
+    false
 }
 
 /// The rolling upgrade instead of faults: some load on the old build, then each worker and each gateway in
@@ -1120,8 +1161,7 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
     opts.worker_args.extend(pki.worker_args());
     opts.gateway_args.extend(pki.gateway_args());
     opts.isolated_worker = netns.clone().map(|ns| (2, ns));
-    opts.isolated_node =
-        node_ns.map(|ns| crate::cluster::IsolatedNode { node: INNER_NODE, worker: INNER_WORKER, ns });
+    opts.isolated_node = node_ns.map(|ns| crate::cluster::IsolatedNode { node: INNER_NODE, worker: INNER_WORKER, ns });
     opts.bin = config.upgrade.as_ref().map(|u| u.from.clone());
     let mut cluster = Cluster::start_with(opts).await?;
     let gateways: Gateways = Arc::new(RwLock::new((0..2).map(|g| cluster.gateway_channel(g)).collect()));
@@ -1154,7 +1194,7 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
         }
         None => {
             let only = config.only.as_deref();
-            schedule(&mut cluster, &shared, config.seed, config.duration, netns.is_some(), only).await
+            schedule(&mut cluster, &shared, config.seed, config.duration, netns.is_some(), only, &sessions).await
         }
     };
     shared.stop.store(true, Ordering::Relaxed);
@@ -1211,6 +1251,11 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
     }
     if !report.violations.is_empty() {
         eprintln!("campaign: cluster logs at the end:\n{}", cluster.logs());
+    }
+    // Every process's whole log, for a failure (or a figure) to be studied after the cluster is gone.
+    let logs = config.out_dir.join("logs");
+    if let Err(e) = cluster.save_logs(&logs) {
+        eprintln!("campaign: could not save the logs to {}: {e}", logs.display());
     }
     drop(cluster);
     Ok(report)

@@ -263,9 +263,12 @@ impl Cluster {
 
     fn spawn_worker(&self, i: usize, extra: Vec<String>) -> Result<Starting, HarnessError> {
         let id = worker_id(i);
-        let netns = self.isolated.as_ref().filter(|(w, _)| *w == i).map(|(_, ns)| ns.as_ref()).or_else(|| {
-            self.isolated_node.as_ref().filter(|n| n.worker == i).map(|n| n.ns.as_ref())
-        });
+        let netns = self
+            .isolated
+            .as_ref()
+            .filter(|(w, _)| *w == i)
+            .map(|(_, ns)| ns.as_ref())
+            .or_else(|| self.isolated_node.as_ref().filter(|n| n.worker == i).map(|n| n.ns.as_ref()));
         let name = match netns {
             Some(ns) => format!("turnstile worker {id} (in netns {})", ns.name()),
             None => format!("turnstile worker {id}"),
@@ -535,6 +538,26 @@ impl Cluster {
             .chain(nats)
             .filter_map(|(role, name, pid)| Some(ClusterProcess { role, name, pid: pid? }))
             .collect()
+    }
+
+    /// Copies every process's whole log (workers, gateways, nats-servers) into `dir`, for a failure to be
+    /// studied after the cluster (and its scratch dir) is gone.
+    pub fn save_logs(&self, dir: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        for entry in std::fs::read_dir(self.scratch.path())? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "log")
+                && let Some(name) = path.file_name()
+            {
+                std::fs::copy(&path, dir.join(name))?;
+            }
+        }
+        for i in 0..self.nats.len() {
+            let node = self.nats.node(i);
+            let name = node.name().map_or_else(|| format!("n{}", i + 1), str::to_owned);
+            std::fs::copy(node.log_file(), dir.join(format!("nats-{name}.log")))?;
+        }
+        Ok(())
     }
 
     /// The log tails of every process, for failure messages.

@@ -126,6 +126,27 @@ impl NatsServer {
         Ok(server)
     }
 
+    /// Resizes the filesystem of [`NatsServer::start_on_small_disk`] to `bytes` while the server runs (a
+    /// remount inside the server's mount namespace, `nsenter -t PID -m`): the disk an operator enlarged or
+    /// cleaned up.
+    pub fn resize_disk(&self, bytes: u64) -> Result<(), HarnessError> {
+        let pid =
+            self.pid().ok_or_else(|| HarnessError::io("resizing the store", std::io::Error::other("not running")))?;
+        let out = Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "-m", "mount", "-o", &format!("remount,size={bytes}")])
+            .arg(self.store_dir())
+            .output()
+            .map_err(|e| HarnessError::io("running nsenter(1)", e))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(HarnessError::io(
+                "remounting the store",
+                std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
+            ))
+        }
+    }
+
     /// Not started yet: the addresses are placeholders until [`Self::wait_bound`] reads the real ones.
     fn new(peer: Option<Peer>) -> Result<Self, HarnessError> {
         let scratch = tempfile::Builder::new()
@@ -164,6 +185,11 @@ impl NatsServer {
     /// The JetStream store dir (kept across restarts).
     pub fn store_dir(&self) -> PathBuf {
         self.scratch.path().join("jetstream")
+    }
+
+    /// The server's log file (kept across restarts, appended to).
+    pub fn log_file(&self) -> PathBuf {
+        self.log_path()
     }
 
     fn log_path(&self) -> PathBuf {
@@ -465,11 +491,7 @@ impl NatsCluster {
     /// With `inner = Some((i, ns))` member `i` (not the first, which seeds the cluster) runs inside the
     /// namespace `ns` and listens on its [`NetNs::nats_ns_addr`]; `ns` must route to `host`
     /// ([`NetNs::route_to`]). See `crate::netns` for the partition this makes possible.
-    pub async fn start_on(
-        n: usize,
-        host: Ipv4Addr,
-        inner: Option<(usize, Arc<NetNs>)>,
-    ) -> Result<Self, HarnessError> {
+    pub async fn start_on(n: usize, host: Ipv4Addr, inner: Option<(usize, Arc<NetNs>)>) -> Result<Self, HarnessError> {
         let cluster = format!("turnstile-test-{}", uuid::Uuid::new_v4().simple());
         let mut nodes: Vec<NatsServer> = Vec::with_capacity(n);
         let mut routes = Vec::with_capacity(n);

@@ -33,6 +33,7 @@
 //! worker's writes fail instead of being acknowledged into a minority, its leases expire, and the other
 //! workers, on the two servers that elect new leaders, take its shards. Healing sets the link up; the
 //! inner server routes to the others again (its configured routes are retried for ever) and catches up.
+//! (The kernel drops the host route with the link; [`NetNs::heal`] adds it again.)
 //!
 //! Names are unique per process and per namespace (`tsfc-<pid>-<n>`, links `tf<pid>x<n>..`); stale ones of a
 //! process that no longer runs (a killed test run) are removed by [`NetNs::create`]. [`Drop`] removes the
@@ -40,6 +41,7 @@
 
 use std::net::Ipv4Addr;
 use std::process::Command;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::HarnessError;
@@ -62,6 +64,9 @@ pub struct NetNs {
     rpc_host_dev: String,
     /// `10.250.B.0/29`.
     block: Ipv4Addr,
+    /// Host addresses routed over the "nats" pair ([`NetNs::route_to`]); the kernel drops such a route when
+    /// the link goes down, so [`NetNs::heal`] adds them again.
+    routes: Mutex<Vec<Ipv4Addr>>,
 }
 
 fn ip(args: &[&str]) -> Result<String, HarnessError> {
@@ -111,6 +116,7 @@ impl NetNs {
             nats_ns_dev: dev("n1"),
             rpc_host_dev: dev("r0"),
             block,
+            routes: Mutex::new(Vec::new()),
         };
         let rpc_ns_dev = dev("r1");
         // From here on, Drop cleans up whatever was made.
@@ -203,8 +209,14 @@ impl NetNs {
     /// namespace over its own "nats" pair, so the link cut of [`NetNs::partition`] cuts that path too. The
     /// route goes with the namespace.
     pub fn route_to(&self, addr: Ipv4Addr) -> Result<(), HarnessError> {
+        self.add_route(addr)?;
+        self.routes.lock().map_err(|_| poisoned())?.push(addr);
+        Ok(())
+    }
+
+    fn add_route(&self, addr: Ipv4Addr) -> Result<(), HarnessError> {
         let via = self.nats_host().to_string();
-        ip(&["-n", &self.name, "route", "add", &format!("{addr}/32"), "via", &via]).map(drop)
+        ip(&["-n", &self.name, "route", "replace", &format!("{addr}/32"), "via", &via]).map(drop)
     }
 
     /// The namespace-side address the worker inside listens on (reached from the host over the "rpc" pair).
@@ -225,10 +237,20 @@ impl NetNs {
         ip(&["-n", &self.name, "link", "set", &self.nats_ns_dev, "down"]).map(drop)
     }
 
-    /// Undoes [`NetNs::partition`].
+    /// Undoes [`NetNs::partition`]: the link up, and the routes of [`NetNs::route_to`] again (the kernel
+    /// removed them with the link; without them the namespace would stay cut off from those addresses).
     pub fn heal(&self) -> Result<(), HarnessError> {
-        ip(&["-n", &self.name, "link", "set", &self.nats_ns_dev, "up"]).map(drop)
+        ip(&["-n", &self.name, "link", "set", &self.nats_ns_dev, "up"])?;
+        let routes = self.routes.lock().map_err(|_| poisoned())?.clone();
+        for addr in routes {
+            self.add_route(addr)?;
+        }
+        Ok(())
     }
+}
+
+fn poisoned() -> HarnessError {
+    HarnessError::io("the namespace's route list", std::io::Error::other("poisoned by a panic"))
 }
 
 impl Drop for NetNs {

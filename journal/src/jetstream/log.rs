@@ -397,7 +397,17 @@ impl JetStreamLog {
         let (mut messages, _release) = self.consumer(session, start).await?;
         let mut out = Vec::new();
         while out.len() < limit {
-            let Some(message) = messages.next().await else { break };
+            // Bounded: the reader stops at the log's end (`pending == 0`), so waiting here means a message the
+            // consumer reported is not coming (its server cut off or restarted under it). Without the bound
+            // a worker's load hung for good after a partition (the fault campaign: a session whose owner
+            // never answered again); with it the read fails, and the caller retries with a new consumer.
+            let next = tokio::time::timeout(self.config.request_timeout, messages.next()).await.map_err(|_| {
+                unavailable(
+                    format!("reading {session}"),
+                    format!("no message within {} ms; read it again", self.config.request_timeout.as_millis()),
+                )
+            })?;
+            let Some(message) = next else { break };
             let message = message.map_err(|e| unavailable(format!("reading {session}"), e))?;
             let pending = message.info().map(|i| i.pending).unwrap_or(0);
             for event in decode(session, &message)? {

@@ -468,32 +468,22 @@ fn out_of_space(e: &jetstream::context::PublishError) -> bool {
     }
 }
 
-/// The JetStream API error in `e`'s source chain, if the server answered with one.
-fn api_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a jetstream::Error> {
-    let mut at: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(error) = at {
-        if let Some(api) = error.downcast_ref::<jetstream::Error>() {
-            return Some(api);
-        }
-        at = error.source();
-    }
-    None
-}
-
-/// Whether the server failed an operation because its disk is full (the filesystem refused a write,
-/// ENOSPC). Unlike its storage limit (10023), which it checks before writing, this is a write that failed:
-/// nats-server 2.15 words it only in the description (e.g. a purge answered 10051 "write …: no space left
-/// on device").
-pub(super) fn disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
-    api_error(e).is_some_and(|api| api.to_string().to_ascii_lowercase().contains("no space left on device"))
+/// Whether the server's answer says its disk is full (the filesystem refused a write, ENOSPC). Unlike its
+/// storage limit (10023), which it checks before writing, this is a write that failed: nats-server 2.15
+/// words it only in the description (e.g. a purge answered 10051 "write …: no space left on device").
+pub(super) fn disk_full(api: &jetstream::Error) -> bool {
+    api.to_string().to_ascii_lowercase().contains("no space left on device")
 }
 
 /// What a reader is told when its consumer could not be made (decision 0078). The server's consumer limit
 /// (10026) gets a message of its own: readers end by deleting their consumer ([`Release`]), and one the
 /// delete missed expires 30 s after its last use, so the refusal passes by itself; it is not a full disk
 /// (ordered consumers are kept in memory, so a full store does not refuse them).
-fn reader_refused(session: &SessionRef, e: jetstream::stream::ConsumerError) -> JournalError {
-    if api_error(&e).is_some_and(|api| api.error_code() == jetstream::ErrorCode::MAXIMUM_CONSUMERS_LIMIT) {
+pub(super) fn reader_refused(session: &SessionRef, e: jetstream::stream::ConsumerError) -> JournalError {
+    // async-nats keeps the server's answer in the error's kind, not as its source.
+    if matches!(e.kind(), jetstream::stream::ConsumerErrorKind::JetStream(api)
+        if api.error_code() == jetstream::ErrorCode::MAXIMUM_CONSUMERS_LIMIT)
+    {
         return JournalError::Unavailable(format!(
             "opening a reader on {session}: the NATS server refuses new readers because its consumer limit is \
              reached ({e}); readers give theirs back when they end and leftovers expire within 30 s, so retry \

@@ -129,6 +129,9 @@ cluster {
   name: turnstile-local
   listen: 127.0.0.1:${NATS_ROUTE[$i]}
   routes: [${routes//,/, }]
+  # A route into a partition is given up after 2 unanswered pings 5 s apart (decision 0079).
+  ping_interval: "5s"
+  ping_max: 2
 }
 CONF
     start "nats-server n$n" "$RUN/nats-$n.pid" "$RUN/nats-$n.log" "$nats" -c "$RUN/nats-$n.conf"

@@ -6,7 +6,10 @@
 //!   gateway; kill -9 and restart of a nats-server, of the one leading the shard-lease KV bucket's stream
 //!   in particular; two faults at once (a nats-server and a worker killed together, restarted in the other
 //!   order); a partition between one worker and NATS (that worker runs in a network namespace the test
-//!   creates, [`crate::netns`]; the partition sets its NATS link down while the gateways still reach it).
+//!   creates, [`crate::netns`]; the partition sets its NATS link down while the gateways still reach it);
+//!   a partition of one NATS node together with its worker from the rest (both run in a second
+//!   namespace; the cut leaves the node without JetStream quorum, so the worker's writes must fail, and
+//!   the fault holds until the other workers own every shard).
 //! - Or, instead of faults, a rolling upgrade ([`Upgrade`], SPEC §18): every process starts on an older
 //!   build, then the workers and the gateways are replaced one by one (SIGTERM, restart on the new build)
 //!   while the workload runs, so two builds serve the cluster between the steps.
@@ -60,6 +63,16 @@ const CALL_DEADLINE: Duration = Duration::from_secs(8);
 const GRACE: Duration = Duration::from_secs(4);
 /// How long one delivery is retried (same id) while its answers are "maybe".
 const RETRY_BUDGET: Duration = Duration::from_secs(30);
+/// How long a cut of a NATS node with its worker waits for the other workers to own every shard (the
+/// harness's usual bound for "the event that creates the condition").
+const TAKEOVER_BOUND: Duration = Duration::from_secs(90);
+/// The fault kind that cuts a NATS node together with its worker off from the rest.
+pub const NODE_CUT: &str = "partition nats node + worker";
+/// The least time left in the schedule for a cut of a NATS node with its worker to start.
+const NODE_CUT_ROOM: Duration = Duration::from_secs(30);
+/// The nats-server (n3) and the worker (w2) that share the second namespace.
+const INNER_NODE: usize = 2;
+const INNER_WORKER: usize = 1;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -74,6 +87,8 @@ pub struct CampaignConfig {
     pub out_dir: PathBuf,
     /// Run a rolling upgrade instead of the fault schedule.
     pub upgrade: Option<Upgrade>,
+    /// Only the fault kinds whose name contains this (e.g. `partition nats`), to study one kind.
+    pub only: Option<String>,
 }
 
 /// A rolling upgrade (SPEC §18): the cluster starts on `from` and every process is replaced by one of
@@ -87,7 +102,7 @@ pub struct Upgrade {
 impl CampaignConfig {
     pub fn new(seed: u64, duration: Duration) -> Self {
         let out_dir = std::env::temp_dir().join(format!("turnstile-fault-campaign-{seed}-{}", std::process::id()));
-        Self { seed, duration, sessions: 8, clients: 4, out_dir, upgrade: None }
+        Self { seed, duration, sessions: 8, clients: 4, out_dir, upgrade: None, only: None }
     }
 }
 
@@ -156,6 +171,11 @@ pub struct FaultRecord {
     pub target: usize,
     pub start_ms: u64,
     pub end_ms: u64,
+    /// For a cut of a NATS node with its worker: ms from the cut until the other workers owned every
+    /// shard (`None`: not within [`TAKEOVER_BOUND`], a violation), and the shards the cut-off worker
+    /// still reported owning when the cut healed.
+    pub takeover_ms: Option<u64>,
+    pub inner_owned_at_heal: Option<u64>,
 }
 
 /// What a campaign did and found.
@@ -177,6 +197,8 @@ pub struct Report {
     pub events: usize,
     pub turns: usize,
     pub violations: Vec<String>,
+    /// For each cut of a NATS node with its worker that saw it: ms until the other workers owned every shard.
+    pub takeovers_ms: Vec<u64>,
     pub elapsed: Duration,
     pub out_dir: PathBuf,
 }
@@ -208,6 +230,17 @@ impl std::fmt::Display for Report {
             self.events,
             self.turns
         )?;
+        if !self.takeovers_ms.is_empty() {
+            let mut t = self.takeovers_ms.clone();
+            t.sort_unstable();
+            writeln!(
+                f,
+                "nats node + worker cuts: the other workers owned every shard after {} ms (min), {} ms (median), {} ms (max)",
+                t[0],
+                t[t.len() / 2],
+                t[t.len() - 1]
+            )?;
+        }
         writeln!(f, "violations: {}", self.violations.len())?;
         for v in &self.violations {
             writeln!(f, "  - {v}")?;
@@ -461,7 +494,7 @@ async fn client_task(shared: Arc<Shared>, client: usize, seed: u64, sessions: Ve
 }
 
 /// The fault kinds, in the order the report lists them.
-const KINDS: [&str; 10] = [
+const KINDS: [&str; 11] = [
     "worker kill -9",
     "worker SIGSTOP/SIGCONT",
     "worker SIGTERM",
@@ -472,6 +505,7 @@ const KINDS: [&str; 10] = [
     "nats KV leader kill -9 + restart",
     "overlap: nats + worker kill -9",
     "partition worker/NATS",
+    "partition nats node + worker",
 ];
 
 /// The stream of the shard-lease KV bucket (`turnstile_shards`).
@@ -485,17 +519,43 @@ async fn schedule(
     seed: u64,
     duration: Duration,
     partitions: bool,
+    only: Option<&str>,
+    sessions: &[SessionRef],
 ) -> Result<Vec<FaultRecord>, HarnessError> {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_fa17);
     let mut faults = Vec::new();
     let kinds: Vec<&'static str> =
         KINDS.iter().copied().filter(|k| partitions || !k.starts_with("partition")).collect();
+    let kinds: Vec<&'static str> = kinds.into_iter().filter(|k| only.is_none_or(|o| k.contains(o))).collect();
+    if kinds.is_empty() {
+        return Err(HarnessError::io(
+            "choosing faults",
+            std::io::Error::other(format!("no fault kind matches {only:?}")),
+        ));
+    }
     let ms = |rng: &mut fastrand::Rng, lo: u64, hi: u64| Duration::from_millis(rng.u64(lo..hi));
     while shared.started.elapsed() < duration {
         tokio::time::sleep(ms(&mut rng, 500, 2500)).await;
-        let kind = kinds[rng.usize(..kinds.len())];
+        let mut kind = kinds[rng.usize(..kinds.len())];
+        // Every run that can cuts a NATS node with its worker at least once: a short (CI) run draws about
+        // 20 faults of 11 kinds and would miss it one time in six.
+        let left = duration.saturating_sub(shared.started.elapsed());
+        if kinds.contains(&NODE_CUT)
+            && !faults.iter().any(|f: &FaultRecord| f.kind == NODE_CUT)
+            && left < 2 * NODE_CUT_ROOM
+            && left >= NODE_CUT_ROOM
+        {
+            kind = NODE_CUT;
+        }
+        // A cut of a NATS node with its worker lasts until the takeover (5–17 s measured): started near the
+        // end it would stretch the run past its duration, so then another kind runs instead.
+        if kind == NODE_CUT && left < NODE_CUT_ROOM && kinds.len() > 1 {
+            let others: Vec<&'static str> = kinds.iter().copied().filter(|k| *k != kind).collect();
+            kind = others[rng.usize(..others.len())];
+        }
         let start_ms = shared.ms();
         let target;
+        let (mut takeover_ms, mut inner_owned_at_heal, mut moved_sessions) = (None, None, 0);
         match kind {
             "worker kill -9" => {
                 target = rng.usize(..cluster.workers());
@@ -564,6 +624,52 @@ async fn schedule(
                 cluster.restart_nats(node).await?;
                 cluster.nats_cluster().wait_meta_leader().await?;
             }
+            NODE_CUT => {
+                let Some(inner) = cluster.isolated_node().cloned() else { continue };
+                target = inner.worker;
+                let inner_id = cluster.worker_id(inner.worker);
+                // The sessions the inner worker owns as the gateways see it (the shard map of the lease
+                // bucket): after the cut each must show another owner.
+                let mut moving = Vec::new();
+                for s in sessions {
+                    if owner_via(shared, 0, s).await.is_some_and(|o| o == inner_id) {
+                        moving.push(s.clone());
+                    }
+                }
+                moved_sessions = moving.len();
+                inner.ns.partition()?;
+                let cut = Instant::now();
+                // Hold the cut until the other workers took over: the inner worker's leases expire (its
+                // server has no quorum, so it cannot renew) and the two servers outside elect leaders for
+                // whatever the inner one led. Every session it owned has another owner, and the other
+                // workers' gauges add up to every shard (the gauges alone can be stale: a worker whose
+                // leases lapsed reports them until its next round). Bounded; a cut that never sees the
+                // takeover is a violation.
+                let others: Vec<usize> = (0..cluster.workers()).filter(|w| *w != inner.worker).collect();
+                loop {
+                    let mut owned = 0;
+                    for w in &others {
+                        owned += cluster.shards_owned_by(*w).await.unwrap_or(0);
+                    }
+                    let mut moved = true;
+                    for s in &moving {
+                        moved &= owned_by_another(shared, s, &inner_id).await;
+                    }
+                    if owned == u64::from(SHARDS) && moved {
+                        takeover_ms = Some(cut.elapsed().as_millis() as u64);
+                        break;
+                    }
+                    if cut.elapsed() >= TAKEOVER_BOUND {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                tokio::time::sleep(ms(&mut rng, 500, 3000)).await;
+                inner_owned_at_heal = cluster.shards_owned_by(inner.worker).await;
+                inner.ns.heal()?;
+                // The inner server routes to the others again and follows the meta leader before the next fault.
+                cluster.nats_cluster().wait_meta_leader().await?;
+            }
             _ => {
                 let Some((w, ns)) = cluster.isolated_worker() else { continue };
                 target = w;
@@ -572,11 +678,39 @@ async fn schedule(
                 ns.heal()?;
             }
         }
-        let record = FaultRecord { kind, target, start_ms, end_ms: shared.ms() };
-        eprintln!("campaign: {:>6} ms  {kind} of #{target} ({} ms)", start_ms, record.end_ms - start_ms);
+        let record = FaultRecord { kind, target, start_ms, end_ms: shared.ms(), takeover_ms, inner_owned_at_heal };
+        let takeover = match (kind.starts_with("partition nats"), takeover_ms) {
+            (false, _) => String::new(),
+            (true, Some(t)) => {
+                format!(
+                    "; others owned every shard after {t} ms ({moved_sessions} sessions moved), the cut-off worker {inner_owned_at_heal:?} at heal"
+                )
+            }
+            (true, None) => format!("; the shards were NOT taken over within {} s", TAKEOVER_BOUND.as_secs()),
+        };
+        eprintln!("campaign: {:>6} ms  {kind} of #{target} ({} ms){takeover}", start_ms, record.end_ms - start_ms);
         faults.push(record);
     }
     Ok(faults)
+}
+
+/// The owner of `session` as gateway `g` reports it (`GetSession.owner`, from its shard map; empty while
+/// the shard's lease is expired), `None` when it does not answer.
+async fn owner_via(shared: &Shared, g: usize, session: &SessionRef) -> Option<String> {
+    let channel = shared.gateways.read().ok()?.get(g)?.clone();
+    let request = req(GetSessionRequest { session: Some(session.clone()) });
+    AgentClient::new(channel).get_session(request).await.ok().map(|r| r.into_inner().owner)
+}
+
+/// Whether some gateway names an owner of `session` other than `not` (a gateway whose NATS link crossed
+/// the cut keeps its old map until its client gives that link up; the other shows the takeover).
+async fn owned_by_another(shared: &Shared, session: &SessionRef, not: &str) -> bool {
+    for g in 0..2 {
+        if owner_via(shared, g, session).await.is_some_and(|o| !o.is_empty() && o != not) {
+            return true;
+        }
+    }
+    false
 }
 
 /// The rolling upgrade instead of faults: some load on the old build, then each worker and each gateway in
@@ -597,7 +731,14 @@ async fn upgrade_schedule(
         let start_ms = shared.ms();
         cluster.sigterm_worker(target, Duration::from_secs(15)).await;
         cluster.restart_worker(target).await?;
-        faults.push(FaultRecord { kind: "upgrade worker", target, start_ms, end_ms: shared.ms() });
+        faults.push(FaultRecord {
+            kind: "upgrade worker",
+            target,
+            start_ms,
+            end_ms: shared.ms(),
+            takeover_ms: None,
+            inner_owned_at_heal: None,
+        });
         eprintln!("campaign: {start_ms:>6} ms  worker #{target} runs the new build");
         tokio::time::sleep(pause).await;
     }
@@ -608,7 +749,14 @@ async fn upgrade_schedule(
         if let Ok(mut g) = shared.gateways.write() {
             g[target] = cluster.gateway_channel(target);
         }
-        faults.push(FaultRecord { kind: "upgrade gateway", target, start_ms, end_ms: shared.ms() });
+        faults.push(FaultRecord {
+            kind: "upgrade gateway",
+            target,
+            start_ms,
+            end_ms: shared.ms(),
+            takeover_ms: None,
+            inner_owned_at_heal: None,
+        });
         eprintln!("campaign: {start_ms:>6} ms  gateway #{target} runs the new build");
         tokio::time::sleep(pause / 2).await;
     }
@@ -728,6 +876,15 @@ fn is_delivery(kind: &str) -> bool {
 pub fn check(history: &[CallRecord], faults: &[FaultRecord], views: &[SessionView]) -> (Counts, Vec<String>) {
     let mut counts = Counts::default();
     let mut violations = Vec::new();
+    // A cut of a NATS node with its worker ends with the other workers owning every shard.
+    for f in faults.iter().filter(|f| f.kind == NODE_CUT && f.takeover_ms.is_none()) {
+        violations.push(format!(
+            "the shards of worker #{} were not taken over within {} s of its cut with its NATS node at {} ms",
+            f.target,
+            TAKEOVER_BOUND.as_secs(),
+            f.start_ms
+        ));
+    }
     // No call outlived deadline + grace, unless its gateway was stopped while it ran.
     for call in history.iter().filter(|c| c.outcome == Outcome::Hung) {
         let excused = faults.iter().any(|f| {
@@ -961,7 +1118,10 @@ fn write_history(dir: &std::path::Path, history: &[CallRecord], faults: &[FaultR
         writeln!(
             out,
             "{}",
-            serde_json::json!({"kind": f.kind, "target": f.target, "start_ms": f.start_ms, "end_ms": f.end_ms})
+            serde_json::json!({
+                "kind": f.kind, "target": f.target, "start_ms": f.start_ms, "end_ms": f.end_ms,
+                "takeover_ms": f.takeover_ms, "inner_owned_at_heal": f.inner_owned_at_heal,
+            })
         )?;
     }
     out.flush()
@@ -992,6 +1152,20 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
             None
         }
     };
+    // The second namespace: a NATS node with its worker. It reaches the other servers through the first
+    // namespace's host address (they listen there), so it exists only beside the first.
+    let node_ns = match &netns {
+        Some(first) => match NetNs::create().and_then(|ns| ns.route_to(first.nats_host()).map(|()| ns)) {
+            Ok(ns) => Some(Arc::new(ns)),
+            Err(e) => {
+                let why = format!("no second network namespace could be made ({e}); node partitions skipped");
+                eprintln!("\n!!!!! campaign: PARTITIONS SKIPPED: {why}\n");
+                report.partitions_skipped = Some(why);
+                None
+            }
+        },
+        None => None,
+    };
     let shards = SHARDS.to_string();
     let mut opts = ClusterOptions::new(3, 2);
     opts.nats_nodes = 3;
@@ -1005,11 +1179,12 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
         .tempdir()
         .map_err(|e| HarnessError::io("creating the PKI dir", e))?;
     let mut hosts = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
-    hosts.extend(netns.as_ref().map(|ns| ns.worker_host().to_string()));
+    hosts.extend(netns.iter().chain(&node_ns).map(|ns| ns.worker_host().to_string()));
     let pki = ClusterPki::create(pki_dir.path(), &hosts)?;
     opts.worker_args.extend(pki.worker_args());
     opts.gateway_args.extend(pki.gateway_args());
     opts.isolated_worker = netns.clone().map(|ns| (2, ns));
+    opts.isolated_node = node_ns.map(|ns| crate::cluster::IsolatedNode { node: INNER_NODE, worker: INNER_WORKER, ns });
     opts.bin = config.upgrade.as_ref().map(|u| u.from.clone());
     let mut cluster = Cluster::start_with(opts).await?;
     let gateways: Gateways = Arc::new(RwLock::new((0..2).map(|g| cluster.gateway_channel(g)).collect()));
@@ -1040,7 +1215,10 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
                 .map_err(|e| HarnessError::Build(format!("build task failed: {e}")))??;
             upgrade_schedule(&mut cluster, &shared, config.duration, new).await
         }
-        None => schedule(&mut cluster, &shared, config.seed, config.duration, netns.is_some()).await,
+        None => {
+            let only = config.only.as_deref();
+            schedule(&mut cluster, &shared, config.seed, config.duration, netns.is_some(), only, &sessions).await
+        }
     };
     shared.stop.store(true, Ordering::Relaxed);
     for t in tasks {
@@ -1062,6 +1240,7 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
     let (counts, violations) = check(&history, &faults, &views);
     for f in &faults {
         *report.faults.entry(f.kind).or_default() += 1;
+        report.takeovers_ms.extend(f.takeover_ms);
     }
     for c in &history {
         *report.calls.entry(c.kind).or_default() += 1;
@@ -1095,6 +1274,11 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
     }
     if !report.violations.is_empty() {
         eprintln!("campaign: cluster logs at the end:\n{}", cluster.logs());
+    }
+    // Every process's whole log, for a failure (or a figure) to be studied after the cluster is gone.
+    let logs = config.out_dir.join("logs");
+    if let Err(e) = cluster.save_logs(&logs) {
+        eprintln!("campaign: could not save the logs to {}: {e}", logs.display());
     }
     drop(cluster);
     Ok(report)
@@ -1257,5 +1441,19 @@ mod tests {
         hung.outcome = Outcome::Hung;
         let (_, v) = check(&[acked("a"), hung], &[], &[view(one_turn("a"))]);
         assert!(v.iter().any(|v| v.contains("hung past its deadline")), "{v:?}");
+        // A cut of a NATS node with its worker whose shards nobody took over.
+        let cut = super::FaultRecord {
+            kind: "partition nats node + worker",
+            target: 1,
+            start_ms: 10,
+            end_ms: 40_000,
+            takeover_ms: None,
+            inner_owned_at_heal: Some(11),
+        };
+        let (_, v) = check(&[acked("a")], std::slice::from_ref(&cut), &[view(one_turn("a"))]);
+        assert!(v.iter().any(|v| v.contains("were not taken over")), "{v:?}");
+        let taken = super::FaultRecord { takeover_ms: Some(2_500), ..cut };
+        let (_, v) = check(&[acked("a")], &[taken], &[view(one_turn("a"))]);
+        assert_eq!(v, Vec::<String>::new());
     }
 }

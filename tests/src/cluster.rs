@@ -48,6 +48,11 @@ pub struct ClusterOptions {
     /// dials NATS over the namespace's own link, which [`NetNs::partition`] cuts); the nats-servers then
     /// listen on the namespace link's host end instead of loopback. Needs `nats_nodes` > 1.
     pub isolated_worker: Option<(usize, Arc<NetNs>)>,
+    /// nats-server `.node` and worker `.worker` run together inside the namespace `.ns` (see
+    /// `crate::netns`): the worker reaches that server locally, everything else crosses the namespace's
+    /// "nats" link, which [`NetNs::partition`] cuts. Needs `isolated_worker` (the other servers listen on
+    /// its namespace's host end, which `.ns` must route to) and `nats_nodes` > 1.
+    pub isolated_node: Option<IsolatedNode>,
     /// The `turnstile` binary every process starts with (default: the harness's, `TURNSTILE_BIN`); see
     /// [`Cluster::set_bin`] for a rolling upgrade.
     pub bin: Option<PathBuf>,
@@ -64,9 +69,20 @@ impl ClusterOptions {
             gateway_env: Vec::new(),
             nats_nodes: 1,
             isolated_worker: None,
+            isolated_node: None,
             bin: None,
         }
     }
+}
+
+/// A nats-server and a worker that share a network namespace ([`ClusterOptions::isolated_node`]).
+#[derive(Clone, Debug)]
+pub struct IsolatedNode {
+    /// The nats-server's index (0-based; not 0, which seeds the cluster).
+    pub node: usize,
+    /// The worker's index.
+    pub worker: usize,
+    pub ns: Arc<NetNs>,
 }
 
 /// One server process of the cluster.
@@ -127,6 +143,7 @@ pub struct Cluster {
     nats: NatsCluster,
     // The namespace of an isolated worker, if any; last, so it goes after every process that used it.
     isolated: Option<(usize, Arc<NetNs>)>,
+    isolated_node: Option<IsolatedNode>,
 }
 
 impl Cluster {
@@ -144,7 +161,10 @@ impl Cluster {
                 .map_err(|e| HarnessError::Build(format!("build task failed: {e}")))??,
         };
         let nats = match &opts.isolated_worker {
-            Some((_, ns)) => NatsCluster::start_on(opts.nats_nodes.max(2), ns.nats_host()).await?,
+            Some((_, ns)) => {
+                let inner = opts.isolated_node.as_ref().map(|n| (n.node, n.ns.clone()));
+                NatsCluster::start_on(opts.nats_nodes.max(2), ns.nats_host(), inner).await?
+            }
             None => NatsCluster::start(opts.nats_nodes.max(1)).await?,
         };
         let scratch = tempfile::Builder::new()
@@ -153,8 +173,19 @@ impl Cluster {
             .map_err(|e| HarnessError::io("creating a scratch dir", e))?;
         let (worker_env, gateway_env) = (opts.worker_env.clone(), opts.gateway_env.clone());
         let isolated = opts.isolated_worker.clone();
-        let mut cluster =
-            Self { bin, workers: Vec::new(), gateways: Vec::new(), worker_env, gateway_env, scratch, nats, isolated };
+        // Without the first namespace the servers listen on loopback, which no namespace reaches.
+        let isolated_node = opts.isolated_node.clone().filter(|_| isolated.is_some());
+        let mut cluster = Self {
+            bin,
+            workers: Vec::new(),
+            gateways: Vec::new(),
+            worker_env,
+            gateway_env,
+            scratch,
+            nats,
+            isolated,
+            isolated_node,
+        };
         // Every process first, so they start side by side; then what each reports.
         let workers = (0..opts.workers)
             .map(|i| cluster.spawn_worker(i, opts.worker_args.clone()))
@@ -232,7 +263,12 @@ impl Cluster {
 
     fn spawn_worker(&self, i: usize, extra: Vec<String>) -> Result<Starting, HarnessError> {
         let id = worker_id(i);
-        let netns = self.isolated.as_ref().filter(|(w, _)| *w == i).map(|(_, ns)| ns.as_ref());
+        let netns = self
+            .isolated
+            .as_ref()
+            .filter(|(w, _)| *w == i)
+            .map(|(_, ns)| ns.as_ref())
+            .or_else(|| self.isolated_node.as_ref().filter(|n| n.worker == i).map(|n| n.ns.as_ref()));
         let name = match netns {
             Some(ns) => format!("turnstile worker {id} (in netns {})", ns.name()),
             None => format!("turnstile worker {id}"),
@@ -337,6 +373,16 @@ impl Cluster {
     /// The namespace of the isolated worker and its index, when the cluster has one.
     pub fn isolated_worker(&self) -> Option<(usize, &NetNs)> {
         self.isolated.as_ref().map(|(w, ns)| (*w, ns.as_ref()))
+    }
+
+    /// The nats-server and worker that share a namespace, when the cluster has them.
+    pub fn isolated_node(&self) -> Option<&IsolatedNode> {
+        self.isolated_node.as_ref()
+    }
+
+    /// Worker `i`'s `turnstile_shards_owned` gauge, `None` while it cannot be read.
+    pub async fn shards_owned_by(&self, i: usize) -> Option<u64> {
+        shards_owned(self.workers[i].http?).await
     }
 
     /// The channel to gateway `g` (new after [`Cluster::restart_gateway`]).
@@ -492,6 +538,26 @@ impl Cluster {
             .chain(nats)
             .filter_map(|(role, name, pid)| Some(ClusterProcess { role, name, pid: pid? }))
             .collect()
+    }
+
+    /// Copies every process's whole log (workers, gateways, nats-servers) into `dir`, for a failure to be
+    /// studied after the cluster (and its scratch dir) is gone.
+    pub fn save_logs(&self, dir: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        for entry in std::fs::read_dir(self.scratch.path())? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "log")
+                && let Some(name) = path.file_name()
+            {
+                std::fs::copy(&path, dir.join(name))?;
+            }
+        }
+        for i in 0..self.nats.len() {
+            let node = self.nats.node(i);
+            let name = node.name().map_or_else(|| format!("n{}", i + 1), str::to_owned);
+            std::fs::copy(node.log_file(), dir.join(format!("nats-{name}.log")))?;
+        }
+        Ok(())
     }
 
     /// The log tails of every process, for failure messages.

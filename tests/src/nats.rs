@@ -13,6 +13,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
@@ -20,6 +21,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::HarnessError;
 use crate::binary::workspace_root;
+use crate::netns::NetNs;
 use crate::ports::read_nats_ports;
 use crate::process::ChildProcess;
 
@@ -52,6 +54,11 @@ pub struct NatsServer {
     host: Ipv4Addr,
     /// A restart binds the client port the last process held (see [`NatsServer::restart`]).
     keep_client_port: bool,
+    /// The network namespace the server runs in, with a worker beside it ([`NatsCluster::start_on`]); it
+    /// then listens on the namespace end of the namespace's "nats" link (`host`).
+    netns: Option<Arc<NetNs>>,
+    /// The size of the filesystem of its own the store dir is on ([`NatsServer::start_on_small_disk`]).
+    small_disk: Option<u64>,
 }
 
 /// How one server of a [`NatsCluster`] joins the others.
@@ -105,6 +112,41 @@ impl NatsServer {
         Ok(server)
     }
 
+    /// [`NatsServer::start_with_config`] whose store dir is a filesystem of `bytes` bytes of its own: a tmpfs
+    /// mounted in a mount namespace made for the server alone (`unshare --mount --propagation private`, so
+    /// the mount is invisible to every other process and goes when the server exits). Without
+    /// `max_file_store` in `extra`, nats-server takes 75% of that filesystem's free space as its JetStream
+    /// storage limit; with a larger one it writes until the filesystem itself refuses (ENOSPC). Needs root
+    /// (or CAP_SYS_ADMIN) and `unshare(1)`; a restart mounts an empty filesystem again.
+    pub async fn start_on_small_disk(bytes: u64, extra: &str) -> Result<Self, HarnessError> {
+        let mut server = Self::new(None)?;
+        server.extra_config = extra.to_owned();
+        server.small_disk = Some(bytes);
+        server.launch(None).await?;
+        Ok(server)
+    }
+
+    /// Resizes the filesystem of [`NatsServer::start_on_small_disk`] to `bytes` while the server runs (a
+    /// remount inside the server's mount namespace, `nsenter -t PID -m`): the disk an operator enlarged or
+    /// cleaned up.
+    pub fn resize_disk(&self, bytes: u64) -> Result<(), HarnessError> {
+        let pid =
+            self.pid().ok_or_else(|| HarnessError::io("resizing the store", std::io::Error::other("not running")))?;
+        let out = Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "-m", "mount", "-o", &format!("remount,size={bytes}")])
+            .arg(self.store_dir())
+            .output()
+            .map_err(|e| HarnessError::io("running nsenter(1)", e))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(HarnessError::io(
+                "remounting the store",
+                std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
+            ))
+        }
+    }
+
     /// Not started yet: the addresses are placeholders until [`Self::wait_bound`] reads the real ones.
     fn new(peer: Option<Peer>) -> Result<Self, HarnessError> {
         let scratch = tempfile::Builder::new()
@@ -122,6 +164,8 @@ impl NatsServer {
             extra_config: String::new(),
             host: Ipv4Addr::LOCALHOST,
             keep_client_port: false,
+            netns: None,
+            small_disk: None,
         })
     }
 
@@ -141,6 +185,11 @@ impl NatsServer {
     /// The JetStream store dir (kept across restarts).
     pub fn store_dir(&self) -> PathBuf {
         self.scratch.path().join("jetstream")
+    }
+
+    /// The server's log file (kept across restarts, appended to).
+    pub fn log_file(&self) -> PathBuf {
+        self.log_path()
     }
 
     fn log_path(&self) -> PathBuf {
@@ -183,6 +232,9 @@ impl NatsServer {
         // another process have taken the port meanwhile, the restart fails (the server exits with "address
         // already in use", the log tail says so). A cluster member needs no such thing: its clients have
         // every member's URL and learn the new one from the cluster.
+        //
+        // For a member inside a test's network namespace the kept port is on the namespace's own address,
+        // which nothing outside the namespace can bind: no collision with the host is possible there.
         let client_port = if self.peer.is_none() || self.keep_client_port { Some(self.client.port()) } else { None };
         self.launch(client_port).await
     }
@@ -209,16 +261,25 @@ impl NatsServer {
             // but on a route port of its own choosing: the others learn it from the harness (a restarted
             // member dials them) and from gossip. JetStream refuses to start clustered without a configured
             // route, so the first member gets one to port 0, where nothing can ever listen: it waits there
-            // until the others route to it.
+            // until the others route to it. The route listener binds the server's host: loopback, or for a
+            // cluster that a namespaced worker or server must reach, a namespace link's address (see
+            // `crate::netns`); its port is the server's choice, read back from the ports file, and a
+            // restarted member dials the others, which learn its new port from that route.
+            //
+            // Route pings every 5 s, a route stale after 2 unanswered (as the production overlay's
+            // nats.conf, decision 0079): with nats-server's defaults a route into a partition stayed "up"
+            // for up to 90 s (the campaign measured 16–86 s), and requests the other members routed over it
+            // (to the cut-off member's replicas and subscriptions) were lost until then.
             let routes: Vec<String> = if peer.routes.is_empty() {
                 vec!["nats-route://127.0.0.1:0".to_owned()]
             } else {
                 peer.routes.iter().map(|r| format!("nats-route://{r}")).collect()
             };
             config.push_str(&format!(
-                "server_name: {}\ncluster {{\n  name: {}\n  listen: 127.0.0.1:-1\n  routes: [{}]\n}}\n",
+                "server_name: {}\ncluster {{\n  name: {}\n  listen: {}:-1\n  routes: [{}]\n  ping_interval: \"5s\"\n  ping_max: 2\n}}\n",
                 peer.name,
                 peer.cluster,
+                self.host,
                 routes.join(", ")
             ));
         }
@@ -230,7 +291,23 @@ impl NatsServer {
         let _ = std::fs::remove_dir_all(&ports_dir);
         std::fs::create_dir_all(&ports_dir).map_err(|e| HarnessError::io("creating the ports file dir", e))?;
         let client_port = client_port.map_or_else(|| "-1".to_owned(), |p| p.to_string());
-        let mut command = Command::new(&self.bin);
+        // `ip netns exec` execs the server in place, so the pid (which names the ports file) is the server's.
+        let mut command = match (&self.netns, self.small_disk) {
+            (Some(ns), _) => ns.command(&self.bin),
+            (None, Some(bytes)) => {
+                let store = self.store_dir();
+                std::fs::create_dir_all(&store).map_err(|e| HarnessError::io("creating the store dir", e))?;
+                // unshare and sh both exec in place, so the pid (which names the ports file) is the server's.
+                let mut command = Command::new("unshare");
+                command
+                    .args(["--mount", "--propagation", "private", "sh", "-c"])
+                    .arg(format!("mount -t tmpfs -o size={bytes} turnstile-test-store \"$0\" && exec \"$@\""))
+                    .arg(&store)
+                    .arg(&self.bin);
+                command
+            }
+            (None, None) => Command::new(&self.bin),
+        };
         command
             .arg("-c")
             .arg(self.config_path())
@@ -404,7 +481,7 @@ impl NatsCluster {
         if n <= 1 {
             return Ok(Self { nodes: vec![NatsServer::start().await?] });
         }
-        Self::start_on(n, Ipv4Addr::LOCALHOST).await
+        Self::start_on(n, Ipv4Addr::LOCALHOST, None).await
     }
 
     /// [`NatsCluster::start`] of `n` > 1 members whose client and monitoring ports listen on `host` (the
@@ -415,7 +492,11 @@ impl NatsCluster {
     /// addresses: a long fault schedule restarts every member in turn, and a client that never restarted
     /// would otherwise be left with only dead URLs (async-nats reconnects to the URLs it was given and those
     /// the server it was connected to listed; members that came back since are in neither).
-    pub async fn start_on(n: usize, host: Ipv4Addr) -> Result<Self, HarnessError> {
+    ///
+    /// With `inner = Some((i, ns))` member `i` (not the first, which seeds the cluster) runs inside the
+    /// namespace `ns` and listens on its [`NetNs::nats_ns_addr`]; `ns` must route to `host`
+    /// ([`NetNs::route_to`]). See `crate::netns` for the partition this makes possible.
+    pub async fn start_on(n: usize, host: Ipv4Addr, inner: Option<(usize, Arc<NetNs>)>) -> Result<Self, HarnessError> {
         let cluster = format!("turnstile-test-{}", uuid::Uuid::new_v4().simple());
         let mut nodes: Vec<NatsServer> = Vec::with_capacity(n);
         let mut routes = Vec::with_capacity(n);
@@ -425,6 +506,10 @@ impl NatsCluster {
             let mut node = NatsServer::new(Some(peer))?;
             node.host = host;
             node.keep_client_port = true;
+            if let Some((_, ns)) = inner.as_ref().filter(|(j, _)| *j == i && i > 0) {
+                node.host = ns.nats_ns_addr();
+                node.netns = Some(ns.clone());
+            }
             // Not healthy yet: a member reports healthy only once JetStream has found its peers.
             node.spawn_process(None)?;
             node.wait_bound().await?;

@@ -1,9 +1,10 @@
-//! A network namespace that the test creates itself, to cut one worker off from NATS (issue 14, the fault
-//! campaign's partitions).
+//! Network namespaces that the test creates itself, to cut one worker off from NATS, or one NATS node
+//! together with its worker off from the rest of the cluster (issues 14 and 29, the fault campaign's
+//! partitions).
 //!
-//! Layout (every address is inside one /29 of 10.250.0.0/16 that exists only between this namespace and the
-//! host, so no packet of a test ever leaves the machine; an `unreachable` route for the /29 makes sure of it
-//! even while the links are being torn down):
+//! Layout of one namespace (every address is inside one /29 of 10.250.0.0/16 that exists only between this
+//! namespace and the host, so no packet of a test ever leaves the machine; an `unreachable` route for the
+//! /29 makes sure of it even while the links are being torn down):
 //!
 //! ```text
 //!   host namespace                                   namespace `tsfc-<pid>-<n>`
@@ -17,12 +18,30 @@
 //! the link up again. (This kernel has neither the `netem` qdisc nor tc classifiers, and iptables is not
 //! installed; a link down needs neither.)
 //!
+//! **A NATS node with its worker** (the campaign's "partition nats node + worker"): a second namespace of
+//! the same layout runs one nats-server of the JetStream cluster next to one worker. That server listens
+//! (client, monitoring and route ports) on the namespace end of its "nats" pair (`.2`,
+//! [`NetNs::nats_ns_addr`]); the other servers listen on the host end of the *first* namespace's "nats"
+//! pair, which this namespace reaches through a host route ([`NetNs::route_to`]: `<that .1>/32 via <own
+//! .1>`; the host delivers it locally, no forwarding involved). So every route link between the inner
+//! server and the others, every client link of the other workers and the gateways to it, and the inner
+//! worker's links to the other servers cross this namespace's "nats" pair, and setting its namespace end
+//! down cuts all of them at once, while the inner worker still reaches its own server: an address on a
+//! link that is down stays a local address of the namespace (measured on this kernel: a TCP connect to it
+//! from inside succeeds with the link down). The gateways still reach the inner worker over its "rpc" pair,
+//! so it keeps being asked to write; the inner server, one of three, has no JetStream quorum, so the
+//! worker's writes fail instead of being acknowledged into a minority, its leases expire, and the other
+//! workers, on the two servers that elect new leaders, take its shards. Healing sets the link up; the
+//! inner server routes to the others again (its configured routes are retried for ever) and catches up.
+//! (The kernel drops the host route with the link; [`NetNs::heal`] adds it again.)
+//!
 //! Names are unique per process and per namespace (`tsfc-<pid>-<n>`, links `tf<pid>x<n>..`); stale ones of a
 //! process that no longer runs (a killed test run) are removed by [`NetNs::create`]. [`Drop`] removes the
 //! namespace, the host ends of the links and the route.
 
 use std::net::Ipv4Addr;
 use std::process::Command;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::HarnessError;
@@ -45,6 +64,9 @@ pub struct NetNs {
     rpc_host_dev: String,
     /// `10.250.B.0/29`.
     block: Ipv4Addr,
+    /// Host addresses routed over the "nats" pair ([`NetNs::route_to`]); the kernel drops such a route when
+    /// the link goes down, so [`NetNs::heal`] adds them again.
+    routes: Mutex<Vec<Ipv4Addr>>,
 }
 
 fn ip(args: &[&str]) -> Result<String, HarnessError> {
@@ -94,6 +116,7 @@ impl NetNs {
             nats_ns_dev: dev("n1"),
             rpc_host_dev: dev("r0"),
             block,
+            routes: Mutex::new(Vec::new()),
         };
         let rpc_ns_dev = dev("r1");
         // From here on, Drop cleans up whatever was made.
@@ -176,6 +199,26 @@ impl NetNs {
         self.host(1)
     }
 
+    /// The namespace end of the "nats" pair: where a nats-server inside the namespace listens (reachable from
+    /// the host, and from inside even while the link is down).
+    pub fn nats_ns_addr(&self) -> Ipv4Addr {
+        self.host(2)
+    }
+
+    /// Routes `addr` (a host address, e.g. another namespace's [`NetNs::nats_host`]) from inside this
+    /// namespace over its own "nats" pair, so the link cut of [`NetNs::partition`] cuts that path too. The
+    /// route goes with the namespace.
+    pub fn route_to(&self, addr: Ipv4Addr) -> Result<(), HarnessError> {
+        self.add_route(addr)?;
+        self.routes.lock().map_err(|_| poisoned())?.push(addr);
+        Ok(())
+    }
+
+    fn add_route(&self, addr: Ipv4Addr) -> Result<(), HarnessError> {
+        let via = self.nats_host().to_string();
+        ip(&["-n", &self.name, "route", "replace", &format!("{addr}/32"), "via", &via]).map(drop)
+    }
+
     /// The namespace-side address the worker inside listens on (reached from the host over the "rpc" pair).
     pub fn worker_host(&self) -> Ipv4Addr {
         self.host(6)
@@ -194,10 +237,20 @@ impl NetNs {
         ip(&["-n", &self.name, "link", "set", &self.nats_ns_dev, "down"]).map(drop)
     }
 
-    /// Undoes [`NetNs::partition`].
+    /// Undoes [`NetNs::partition`]: the link up, and the routes of [`NetNs::route_to`] again (the kernel
+    /// removed them with the link; without them the namespace would stay cut off from those addresses).
     pub fn heal(&self) -> Result<(), HarnessError> {
-        ip(&["-n", &self.name, "link", "set", &self.nats_ns_dev, "up"]).map(drop)
+        ip(&["-n", &self.name, "link", "set", &self.nats_ns_dev, "up"])?;
+        let routes = self.routes.lock().map_err(|_| poisoned())?.clone();
+        for addr in routes {
+            self.add_route(addr)?;
+        }
+        Ok(())
     }
+}
+
+fn poisoned() -> HarnessError {
+    HarnessError::io("the namespace's route list", std::io::Error::other("poisoned by a panic"))
 }
 
 impl Drop for NetNs {

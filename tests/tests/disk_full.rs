@@ -101,3 +101,89 @@ async fn a_full_journal_refuses_writes_keeps_what_it_acknowledged_and_resumes_af
         assert_eq!(info.status, SessionStatus::Idle as i32);
     }
 }
+
+/// The number of consumers on the server (`/jsz` `consumers`), `None` while it does not answer.
+async fn consumers(nats: &NatsServer) -> Option<u64> {
+    let body = nats.monitor_get("/jsz").await?;
+    let at = body.find("\"consumers\":")?;
+    body[at + "\"consumers\":".len()..].trim_start().split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// Issue 29 (decision 0078): the same on a real filesystem of 4 MiB (a tmpfs in the server's own mount
+/// namespace) instead of a `max_file_store` limit. nats-server sizes its storage limit from that
+/// filesystem (75% of its free space at start), so writes are refused by the same limit check (10023) as
+/// with `max_file_store`. While the store is full, every read of every session (`GetSession`, a replay
+/// through `Watch`, a live `Watch` opened and dropped) answers OK: readers are ordered consumers kept in
+/// memory, which a full store does not refuse, and each is deleted when its reader ends, so reads in a loop
+/// do not pile consumers up towards the server's limit (10026). After deletes free room, the refused
+/// followup is accepted and every session goes idle, with no restart.
+#[tokio::test]
+async fn a_full_filesystem_keeps_reads_answering_and_recovers_without_restarts() {
+    let nats = NatsServer::start_on_small_disk(4 * 1024 * 1024, "").await.unwrap();
+    let mut server = DevServer::start_with(DevOptions::nats(nats.url())).await.unwrap();
+    server.own_nats(nats);
+    let nats = server.nats().expect("the server owns its nats-server");
+    let text = "x".repeat(TEXT_BYTES);
+
+    let mut accepted: Vec<(Session, String)> = Vec::new();
+    let mut refused = None;
+    for i in 0..64 {
+        let session = server.session();
+        let id = format!("m-{i}");
+        match session.followup(user_msg(&id, &text)).await {
+            Ok(_) => {
+                let _ = session.when_idle().await;
+                accepted.push((session, id));
+            }
+            Err(status) => {
+                refused = Some((session, id, status));
+                break;
+            }
+        }
+    }
+    let (stuck, stuck_id, status) = refused.expect("a 4 MiB filesystem filled up");
+    println!("accepted {} followups, then {:?}: {}", accepted.len(), status.code(), status.message());
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("the journal is out of space"), "{}", status.message());
+
+    // Reads while full, many times over: each answers, and consumers do not pile up.
+    let before = consumers(nats).await;
+    let mut most = 0;
+    let mut errors = Vec::new();
+    for round in 0..5 {
+        for (session, id) in &accepted {
+            match session.info().await {
+                Ok(info) => assert!(info.last_seq > 0, "{id}: {info:?}"),
+                Err(s) => errors.push(format!("round {round} GetSession {id}: {:?} {}", s.code(), s.message())),
+            }
+            match session.replay(0).await {
+                Ok((events, _)) => assert!(format!("{events:?}").contains(&format!("id: \"{id}\"")), "{id}"),
+                Err(e) => errors.push(format!("round {round} replay {id}: {e}")),
+            }
+            match session.watch().await {
+                Ok(watch) => drop(watch),
+                Err(e) => errors.push(format!("round {round} watch {id}: {e}")),
+            }
+            most = most.max(consumers(nats).await.unwrap_or(0));
+        }
+    }
+    println!("reads while full: {} errors; consumers before {before:?}, at most {most}", errors.len());
+    assert_eq!(errors, Vec::<String>::new());
+
+    let mut kept = Vec::new();
+    for (session, id) in accepted {
+        if session.info().await.unwrap().status == SessionStatus::Idle as i32 {
+            session.delete().await.unwrap();
+        } else {
+            kept.push((session, id));
+        }
+    }
+    let reply = stuck.followup(user_msg(&stuck_id, &text)).await.unwrap();
+    assert_eq!(reply.turn, Some(1));
+    for (session, _) in kept.iter().chain(std::iter::once(&(stuck, stuck_id))) {
+        let info = when_idle_while_unavailable(session).await;
+        assert_eq!(info.status, SessionStatus::Idle as i32);
+        let events = replay_while_unavailable(session).await;
+        assert!(!events.is_empty());
+    }
+}

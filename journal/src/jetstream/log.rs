@@ -280,7 +280,7 @@ impl JetStreamLog {
                 ..Default::default()
             })
             .await
-            .map_err(|e| unavailable(format!("opening a reader on {session}"), e))?;
+            .map_err(|e| reader_refused(session, e))?;
         let release = Release { stream: Some(stream.clone()), name };
         let messages = consumer.messages().await.map_err(|e| unavailable(format!("reading {session}"), e))?;
         Ok((messages, release))
@@ -397,7 +397,17 @@ impl JetStreamLog {
         let (mut messages, _release) = self.consumer(session, start).await?;
         let mut out = Vec::new();
         while out.len() < limit {
-            let Some(message) = messages.next().await else { break };
+            // Bounded: the reader stops at the log's end (`pending == 0`), so waiting here means a message the
+            // consumer reported is not coming (its server cut off or restarted under it). Without the bound
+            // a worker's load hung for good after a partition (the fault campaign: a session whose owner
+            // never answered again); with it the read fails, and the caller retries with a new consumer.
+            let next = tokio::time::timeout(self.config.request_timeout, messages.next()).await.map_err(|_| {
+                unavailable(
+                    format!("reading {session}"),
+                    format!("no message within {} ms; read it again", self.config.request_timeout.as_millis()),
+                )
+            })?;
+            let Some(message) = next else { break };
             let message = message.map_err(|e| unavailable(format!("reading {session}"), e))?;
             let pending = message.info().map(|i| i.pending).unwrap_or(0);
             for event in decode(session, &message)? {
@@ -465,6 +475,32 @@ fn out_of_space(e: &jetstream::context::PublishError) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether the server's answer says its disk is full (the filesystem refused a write, ENOSPC). Unlike its
+/// storage limit (10023), which it checks before writing, this is a write that failed: nats-server 2.15
+/// words it only in the description (e.g. a purge answered 10051 "write …: no space left on device").
+pub(super) fn disk_full(api: &jetstream::Error) -> bool {
+    api.to_string().to_ascii_lowercase().contains("no space left on device")
+}
+
+/// What a reader is told when its consumer could not be made (decision 0078). The server's consumer limit
+/// (10026) gets a message of its own: readers end by deleting their consumer ([`Release`]), and one the
+/// delete missed expires 30 s after its last use, so the refusal passes by itself; it is not a full disk
+/// (ordered consumers are kept in memory, so a full store does not refuse them).
+pub(super) fn reader_refused(session: &SessionRef, e: jetstream::stream::ConsumerError) -> JournalError {
+    // async-nats keeps the server's answer in the error's kind, not as its source.
+    if matches!(e.kind(), jetstream::stream::ConsumerErrorKind::JetStream(api)
+        if api.error_code() == jetstream::ErrorCode::MAXIMUM_CONSUMERS_LIMIT)
+    {
+        return JournalError::Unavailable(format!(
+            "opening a reader on {session}: the NATS server refuses new readers because its consumer limit is \
+             reached ({e}); readers give theirs back when they end and leftovers expire within 30 s, so retry \
+             shortly; if it lasts, fewer concurrent reads or Watch streams, or a higher consumer limit on the \
+             stream, are needed"
+        ));
+    }
+    unavailable(format!("opening a reader on {session}"), e)
 }
 
 /// Every failure to reach the store or get an answer in time is retryable: FIELD-NOTES, leader loss shows

@@ -2,13 +2,14 @@
 //!
 //! ```text
 //! TURNSTILE_BIN=target/debug/turnstile fault_campaign [--seed N] [--duration 30m|3600s|90] [--sessions N] [--clients N] [--out DIR]
-//!     [--upgrade-from OLD_TURNSTILE_BIN]
+//!     [--upgrade-from OLD_TURNSTILE_BIN] [--only KIND]
 //! ```
 //!
 //! Runs [`turnstile_tests::campaign::run`] (the same function as the CI test, longer), prints the report
 //! and exits 1 when the checker found a violation, 2 when the harness failed. `--upgrade-from` runs a
 //! rolling upgrade from that binary to `TURNSTILE_BIN` instead of the fault schedule (SPEC §18;
-//! `scripts/rolling-upgrade` builds the previous commit's binary and runs it).
+//! `scripts/rolling-upgrade` builds the previous commit's binary and runs it). `--only` keeps the fault kinds
+//! whose name contains KIND (e.g. `--only "partition nats"`), to study one kind.
 
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ fn parse_duration(s: &str) -> Option<Duration> {
 fn usage(why: &str) -> ! {
     eprintln!(
         "{why}\nusage: fault_campaign [--seed N] [--duration 30m|3600s|1h] [--sessions N] [--clients N] [--out DIR] \
-         [--upgrade-from OLD_TURNSTILE_BIN]"
+         [--upgrade-from OLD_TURNSTILE_BIN] [--only KIND]"
     );
     std::process::exit(2)
 }
@@ -50,6 +51,7 @@ fn main() {
             "--clients" => config.clients = value().parse().unwrap_or_else(|_| usage("--clients takes a number")),
             "--out" => config.out_dir = value().into(),
             "--upgrade-from" => config.upgrade = Some(Upgrade { from: value().into() }),
+            "--only" => config.only = Some(value()),
             "-h" | "--help" => usage("the fault campaign"),
             other => usage(&format!("unknown argument {other}")),
         }

@@ -224,7 +224,12 @@ impl Session {
 
     /// `WhenIdle` with the harness's default bound.
     pub async fn when_idle(&self) -> Result<SessionInfo, Status> {
-        let timeout_ms = u64::try_from(DEFAULT_WAIT.as_millis()).unwrap_or(u64::MAX);
+        self.when_idle_within(DEFAULT_WAIT).await
+    }
+
+    /// `WhenIdle` with the server's wait bounded by `wait` (DEADLINE_EXCEEDED after it).
+    pub async fn when_idle_within(&self, wait: std::time::Duration) -> Result<SessionInfo, Status> {
+        let timeout_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         let req = WhenIdleRequest { session: self.some_ref(), timeout_ms };
         self.client().when_idle(req).await.map(tonic::Response::into_inner)
     }

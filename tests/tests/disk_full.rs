@@ -61,8 +61,9 @@ async fn a_full_journal_refuses_writes_keeps_what_it_acknowledged_and_resumes_af
         let id = format!("m-{i}");
         match session.followup(user_msg(&id, &text)).await {
             Ok(_) => {
-                // The turn's own appends may hit the limit; then the session stays running until room.
-                let _ = session.when_idle().await;
+                // The turn's own appends may hit the limit; then the session stays running until room
+                // (a turn that has room ends in milliseconds: waiting longer only slows the test).
+                let _ = session.when_idle_within(std::time::Duration::from_secs(3)).await;
                 accepted.push((session, id));
             }
             Err(status) => {
@@ -132,7 +133,8 @@ async fn a_full_filesystem_keeps_reads_answering_and_recovers_without_restarts()
         let id = format!("m-{i}");
         match session.followup(user_msg(&id, &text)).await {
             Ok(_) => {
-                let _ = session.when_idle().await;
+                // As above: a turn that hit the limit midway stays running until room.
+                let _ = session.when_idle_within(std::time::Duration::from_secs(3)).await;
                 accepted.push((session, id));
             }
             Err(status) => {

@@ -46,6 +46,48 @@ async fn when_idle_while_unavailable(session: &Session) -> turnstile_tests::v1::
     }
 }
 
+/// Fills the journal: one session per followup of `text`, each waited on, until a write is refused. The
+/// accepted sessions with their message ids, and the refused one with its status.
+async fn fill(server: &DevServer, text: &str) -> (Vec<(Session, String)>, Option<(Session, String, tonic::Status)>) {
+    let mut accepted = Vec::new();
+    for i in 0..64 {
+        let session = server.session();
+        let id = format!("m-{i}");
+        match session.followup(user_msg(&id, text)).await {
+            Ok(_) => {
+                // The turn's own appends may hit the limit; then the session stays running until room
+                // (a turn that has room ends in milliseconds: waiting longer only slows the test).
+                let _ = session.when_idle_within(std::time::Duration::from_secs(3)).await;
+                accepted.push((session, id));
+            }
+            Err(status) => return (accepted, Some((session, id, status))),
+        }
+    }
+    (accepted, None)
+}
+
+/// Room comes back by deleting the sessions that finished; the refused followup (`stuck`), retried, is
+/// accepted; every session left, including any whose turn hit the limit midway, finishes by itself. The
+/// sessions left, each idle.
+async fn recover(accepted: Vec<(Session, String)>, stuck: Session, stuck_id: &str, text: &str) -> Vec<Session> {
+    let mut kept = Vec::new();
+    for (session, _) in accepted {
+        if session.info().await.unwrap().status == SessionStatus::Idle as i32 {
+            session.delete().await.unwrap();
+        } else {
+            kept.push(session);
+        }
+    }
+    let reply = stuck.followup(user_msg(stuck_id, text)).await.unwrap();
+    assert_eq!(reply.turn, Some(1));
+    kept.push(stuck);
+    for session in &kept {
+        let info = when_idle_while_unavailable(session).await;
+        assert_eq!(info.status, SessionStatus::Idle as i32);
+    }
+    kept
+}
+
 #[tokio::test]
 async fn a_full_journal_refuses_writes_keeps_what_it_acknowledged_and_resumes_after_deletes() {
     let nats = NatsServer::start_with_config("jetstream { max_file_store: 2MB }\n").await.unwrap();
@@ -53,25 +95,7 @@ async fn a_full_journal_refuses_writes_keeps_what_it_acknowledged_and_resumes_af
     server.own_nats(nats);
     let text = "x".repeat(TEXT_BYTES);
 
-    // Fill: one session per followup, each waited on, until a write is refused.
-    let mut accepted: Vec<(Session, String)> = Vec::new();
-    let mut refused = None;
-    for i in 0..64 {
-        let session = server.session();
-        let id = format!("m-{i}");
-        match session.followup(user_msg(&id, &text)).await {
-            Ok(_) => {
-                // The turn's own appends may hit the limit; then the session stays running until room
-                // (a turn that has room ends in milliseconds: waiting longer only slows the test).
-                let _ = session.when_idle_within(std::time::Duration::from_secs(3)).await;
-                accepted.push((session, id));
-            }
-            Err(status) => {
-                refused = Some((session, id, status));
-                break;
-            }
-        }
-    }
+    let (accepted, refused) = fill(&server, &text).await;
     let (stuck, stuck_id, status) = refused.expect("a 2 MB store filled up");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(status.message().contains("the journal is out of space"), "{}", status.message());
@@ -85,22 +109,7 @@ async fn a_full_journal_refuses_writes_keeps_what_it_acknowledged_and_resumes_af
         assert!(format!("{events:?}").contains(&format!("id: \"{id}\"")), "{id} is in its log");
     }
 
-    // Room comes back by deleting the sessions that finished; the refused followup, retried, is accepted.
-    let mut kept = Vec::new();
-    for (session, id) in accepted {
-        if session.info().await.unwrap().status == SessionStatus::Idle as i32 {
-            session.delete().await.unwrap();
-        } else {
-            kept.push((session, id));
-        }
-    }
-    let reply = stuck.followup(user_msg(&stuck_id, &text)).await.unwrap();
-    assert_eq!(reply.turn, Some(1));
-    // Every session left, including any whose turn hit the limit midway, finishes by itself.
-    for (session, _) in kept.iter().chain(std::iter::once(&(stuck, stuck_id))) {
-        let info = when_idle_while_unavailable(session).await;
-        assert_eq!(info.status, SessionStatus::Idle as i32);
-    }
+    recover(accepted, stuck, &stuck_id, &text).await;
 }
 
 /// The number of consumers on the server (`/jsz` `consumers`), `None` while it does not answer.
@@ -126,23 +135,7 @@ async fn a_full_filesystem_keeps_reads_answering_and_recovers_without_restarts()
     let nats = server.nats().expect("the server owns its nats-server");
     let text = "x".repeat(TEXT_BYTES);
 
-    let mut accepted: Vec<(Session, String)> = Vec::new();
-    let mut refused = None;
-    for i in 0..64 {
-        let session = server.session();
-        let id = format!("m-{i}");
-        match session.followup(user_msg(&id, &text)).await {
-            Ok(_) => {
-                // As above: a turn that hit the limit midway stays running until room.
-                let _ = session.when_idle_within(std::time::Duration::from_secs(3)).await;
-                accepted.push((session, id));
-            }
-            Err(status) => {
-                refused = Some((session, id, status));
-                break;
-            }
-        }
-    }
+    let (accepted, refused) = fill(&server, &text).await;
     let (stuck, stuck_id, status) = refused.expect("a 4 MiB filesystem filled up");
     println!("accepted {} followups, then {:?}: {}", accepted.len(), status.code(), status.message());
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
@@ -172,20 +165,8 @@ async fn a_full_filesystem_keeps_reads_answering_and_recovers_without_restarts()
     println!("reads while full: {} errors; consumers before {before:?}, at most {most}", errors.len());
     assert_eq!(errors, Vec::<String>::new());
 
-    let mut kept = Vec::new();
-    for (session, id) in accepted {
-        if session.info().await.unwrap().status == SessionStatus::Idle as i32 {
-            session.delete().await.unwrap();
-        } else {
-            kept.push((session, id));
-        }
-    }
-    let reply = stuck.followup(user_msg(&stuck_id, &text)).await.unwrap();
-    assert_eq!(reply.turn, Some(1));
-    for (session, _) in kept.iter().chain(std::iter::once(&(stuck, stuck_id))) {
-        let info = when_idle_while_unavailable(session).await;
-        assert_eq!(info.status, SessionStatus::Idle as i32);
-        let events = replay_while_unavailable(session).await;
+    for session in recover(accepted, stuck, &stuck_id, &text).await {
+        let events = replay_while_unavailable(&session).await;
         assert!(!events.is_empty());
     }
 }

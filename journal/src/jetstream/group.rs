@@ -130,15 +130,7 @@ pub fn decode_message(
     body: &[u8],
     stream_seq: u64,
 ) -> Result<Vec<Envelope>, JournalError> {
-    let stored = decode_stored(session, headers, body, stream_seq)?;
-    let corrupt = |seq: u64, detail: String| JournalError::Corrupt { session: session.clone(), seq, detail };
-    stored
-        .into_iter()
-        .map(|e| {
-            let seq = e.seq;
-            codec::decode_session_event(e).map_err(|err| corrupt(seq, err.to_string()))
-        })
-        .collect()
+    decode_each(session, headers, body, stream_seq, codec::decode_session_event)
 }
 
 /// [`decode_message`] in the form readers send events on (`codec::stored_as_sent`): a Watch's history
@@ -149,13 +141,22 @@ pub fn decode_message_as_sent(
     body: &[u8],
     stream_seq: u64,
 ) -> Result<Vec<pb::SessionEvent>, JournalError> {
-    let stored = decode_stored(session, headers, body, stream_seq)?;
-    let corrupt = |seq: u64, detail: String| JournalError::Corrupt { session: session.clone(), seq, detail };
-    stored
+    decode_each(session, headers, body, stream_seq, codec::stored_as_sent)
+}
+
+/// The checked events of one stored message, each through `decode`; its error names the event's seq.
+fn decode_each<T>(
+    session: &SessionRef,
+    headers: Option<&HeaderMap>,
+    body: &[u8],
+    stream_seq: u64,
+    decode: fn(pb::SessionEvent) -> Result<T, codec::CodecError>,
+) -> Result<Vec<T>, JournalError> {
+    decode_stored(session, headers, body, stream_seq)?
         .into_iter()
         .map(|e| {
             let seq = e.seq;
-            codec::stored_as_sent(e).map_err(|err| corrupt(seq, err.to_string()))
+            decode(e).map_err(|err| JournalError::Corrupt { session: session.clone(), seq, detail: err.to_string() })
         })
         .collect()
 }

@@ -62,6 +62,11 @@ pub struct FailoverReport {
     pub failover_sigstop_p50_ms: f64,
     pub kill9_samples_ms: Vec<u64>,
     pub sigstop_samples_ms: Vec<u64>,
+    /// The first stage of each kill -9 round: the signal → the gateway reports another owner for the
+    /// session (`GetSession.owner`, polled every 5 ms beside the followups): detection, lease acquisition
+    /// and its propagation. The rest of the round (`kill9_samples_ms` − this) is the new owner's load of
+    /// the session and the followup's way to it.
+    pub kill9_owner_visible_samples_ms: Vec<u64>,
 }
 
 /// How a round takes the owner away.
@@ -86,21 +91,29 @@ pub async fn run(args: FailoverArgs) -> Result<()> {
     let version = nats_version(&cluster).await;
 
     let mut kill9 = Vec::new();
+    let mut kill9_owner = Vec::new();
     let mut sigstop = Vec::new();
     let rounds =
         std::iter::repeat_n(Fault::Kill9, args.kills).chain(std::iter::repeat_n(Fault::Sigstop, args.sigstops));
     for (i, fault) in rounds.enumerate() {
         let took = round(&mut cluster, fault).await.with_context(|| format!("round {i} ({fault:?})"));
-        let took = match took {
+        let (took, owner_visible) = match took {
             Ok(took) => took,
             Err(e) => {
                 eprintln!("{}", cluster.logs());
                 return Err(e);
             }
         };
-        eprintln!("round {i} ({fault:?}): next followup accepted after {} ms", took.as_millis());
+        eprintln!(
+            "round {i} ({fault:?}): next followup accepted after {} ms (new owner visible after {:?} ms)",
+            took.as_millis(),
+            owner_visible.map(|d| d.as_millis())
+        );
         match fault {
-            Fault::Kill9 => kill9.push(took),
+            Fault::Kill9 => {
+                kill9.push(took);
+                kill9_owner.extend(owner_visible);
+            }
             Fault::Sigstop => sigstop.push(took),
         }
     }
@@ -121,6 +134,7 @@ pub async fn run(args: FailoverArgs) -> Result<()> {
         failover_sigstop_p50_ms: s.p50_ms,
         kill9_samples_ms: ms(&kill9),
         sigstop_samples_ms: ms(&sigstop),
+        kill9_owner_visible_samples_ms: ms(&kill9_owner),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -130,9 +144,10 @@ pub async fn run(args: FailoverArgs) -> Result<()> {
     Ok(())
 }
 
-/// One round: a session mid-tool, its owner signalled, the time to the next accepted followup; then the
-/// cluster is made whole again and left to settle.
-async fn round(cluster: &mut Cluster, fault: Fault) -> Result<Duration> {
+/// One round: a session mid-tool, its owner signalled, the time to the next accepted followup (and to
+/// the gateway reporting another owner, when it did before the round ended); then the cluster is made
+/// whole again and left to settle.
+async fn round(cluster: &mut Cluster, fault: Fault) -> Result<(Duration, Option<Duration>)> {
     let s = cluster.session(0);
     let watch = s.watch().await?;
     s.followup(user_msg("A", "[[tool:sleep 500]] go")).await?;
@@ -145,6 +160,24 @@ async fn round(cluster: &mut Cluster, fault: Fault) -> Result<Duration> {
         Fault::Sigstop => cluster.sigstop_worker(victim),
     }
     let signalled = Instant::now();
+    // Beside the followups: when the gateway first names another owner.
+    let poller = {
+        let (s, owner) = (s.clone(), owner.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(info) = s.info().await
+                    && !info.owner.is_empty()
+                    && info.owner != owner
+                {
+                    return Some(signalled.elapsed());
+                }
+                if signalled.elapsed() >= ROUND_WAIT {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
     let took = loop {
         match s.followup(user_msg("B", "bee")).await {
             Ok(_) => break signalled.elapsed(),
@@ -156,9 +189,10 @@ async fn round(cluster: &mut Cluster, fault: Fault) -> Result<Duration> {
         Fault::Kill9 => cluster.restart_worker(victim).await?,
         Fault::Sigstop => cluster.sigcont_worker(victim),
     }
+    let owner_visible = poller.await.ok().flatten();
     settle(&s, &watch).await?;
     cluster.wait_balanced().await?;
-    Ok(took)
+    Ok((took, owner_visible))
 }
 
 /// Waits (bounded) until the session is idle with B entered: the resumed turn and B's are done, so the

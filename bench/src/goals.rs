@@ -6,6 +6,8 @@
 
 use serde::Serialize;
 
+use crate::ratio_of;
+
 /// One goal: the figure this run measured, what it must be, and whether it is.
 #[derive(Debug, Serialize)]
 pub struct Goal {
@@ -49,10 +51,6 @@ pub struct Figures {
     pub model_rate_to_direct: Option<f64>,
 }
 
-fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    Some(a? / b.filter(|b| *b > 0.0)?)
-}
-
 /// Every goal of the round, in the order.
 pub fn of(f: &Figures) -> Vec<Goal> {
     let floor = f.grpc_floor_p50_ms.zip(f.raw_publish_ack_p50_ms).map(|(g, r)| g + r);
@@ -60,7 +58,7 @@ pub fn of(f: &Figures) -> Vec<Goal> {
         Goal::at_most(
             "idle followup p50 / (gRPC floor p50 + raw publish-ack p50)",
             "followup_p50_ms / (grpc_floor_p50_ms + raw_publish_ack_p50_ms)",
-            ratio(f.followup_p50_ms, floor),
+            ratio_of(f.followup_p50_ms, floor),
             1.25,
         ),
         Goal::at_least("followups/s, 32 clients, 1,000 sessions", "followups_per_s", f.followups_per_s, 3_000.0),
@@ -73,7 +71,7 @@ pub fn of(f: &Figures) -> Vec<Goal> {
         Goal::at_most(
             "cluster CPU-s per 1,000 followups / single node",
             "cluster_cpu_s_per_1k_followups.total / cpu_s_per_1k_followups.total",
-            ratio(f.cluster_cpu_s_per_1k, f.single_node_cpu_s_per_1k),
+            ratio_of(f.cluster_cpu_s_per_1k, f.single_node_cpu_s_per_1k),
             1.3,
         ),
         Goal::at_most(

@@ -327,7 +327,6 @@ impl Summary {
     }
 
     fn of(phases: &Phases) -> Self {
-        let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b.filter(|b| *b > 0.0)?);
         let followup_p50_ms = phases.latency.as_ref().map(|l| l.followup.p50_ms);
         let raw_publish_ack_p50_ms = phases.latency.as_ref().map(|l| l.raw.p50_ms);
         let followup_warm_p50_ms = phases.latency.as_ref().map(|l| l.followup_warm.p50_ms);
@@ -340,15 +339,15 @@ impl Summary {
         Self {
             followup_p50_ms,
             raw_publish_ack_p50_ms,
-            followup_to_raw_p50: ratio(followup_p50_ms, raw_publish_ack_p50_ms),
+            followup_to_raw_p50: ratio_of(followup_p50_ms, raw_publish_ack_p50_ms),
             followup_warm_p50_ms,
-            followup_warm_to_raw_p50: ratio(followup_warm_p50_ms, raw_publish_ack_p50_ms),
+            followup_warm_to_raw_p50: ratio_of(followup_warm_p50_ms, raw_publish_ack_p50_ms),
             driver_roundtrip_p50_ms: phases.latency.as_ref().map(|l| l.driver_roundtrip.p50_ms),
             grpc_floor_p50_ms: phases.latency.as_ref().map(|l| l.grpc_floor.p50_ms),
             followups_per_s,
             raw_async_publish_per_s,
             events_per_s,
-            events_to_raw_async: ratio(events_per_s, raw_async_publish_per_s),
+            events_to_raw_async: ratio_of(events_per_s, raw_async_publish_per_s),
             idle_session_bytes: phases.idle.as_ref().map(|i| i.bytes_per_session),
             idle_passivated_session_bytes: phases.idle.as_ref().and_then(|i| i.passivated_bytes_per_session),
             idle_second_batch_session_bytes: phases.idle.as_ref().and_then(|i| i.second_batch_bytes_per_session),
@@ -374,9 +373,9 @@ impl Summary {
                 .map(|(through, direct)| through - direct),
             model_deltas_per_s_p50: model_f64("turnstile", "deltas_per_s"),
             model_direct_deltas_per_s_p50: model_f64("direct", "deltas_per_s"),
-            model_rate_to_direct: ratio(model_f64("turnstile", "deltas_per_s"), model_f64("direct", "deltas_per_s")),
+            model_rate_to_direct: ratio_of(model_f64("turnstile", "deltas_per_s"), model_f64("direct", "deltas_per_s")),
             cluster_followups_per_s,
-            cluster_to_single_node_followups: ratio(cluster_followups_per_s, followups_per_s),
+            cluster_to_single_node_followups: ratio_of(cluster_followups_per_s, followups_per_s),
             cluster_followup_p50_ms: cluster_f64("cluster_followup_p50_ms"),
             cluster_followup_p99_ms: cluster_f64("cluster_followup_p99_ms"),
             cluster_cpu_s_per_1k_followups: phases
@@ -677,6 +676,7 @@ async fn child_phase(bin: &std::path::Path, mode_args: &[&str]) -> Result<serde_
     serde_json::from_slice(&output.stdout).with_context(|| format!("the JSON of `turnstile-bench {}`", mode_args[0]))
 }
 
+/// `a / b`, when both were measured and `b` is positive.
 fn ratio_of(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     Some(a? / b.filter(|b| *b > 0.0)?)
 }

@@ -154,17 +154,15 @@ impl StepStream {
     /// events (the stream), so the step's last deltas can reach the gateway after its message; SPEC §14
     /// still owes a streaming client every byte, in order, before the message.
     pub fn complete(&mut self, turn: u64, step: u32, text: &str, reasoning: &str) -> Vec<Delta> {
-        let mut out = Vec::new();
-        if let Some(position) = self.position.as_mut().filter(|p| p.of(turn, step)) {
-            for (is_reasoning, whole) in [(true, reasoning), (false, text)] {
-                let next = position.next(is_reasoning);
-                let from = usize::try_from(*next).unwrap_or(usize::MAX);
-                if let Some(rest) = whole.get(from..).filter(|r| !r.is_empty()) {
-                    out.push(Delta { turn, step, reasoning: is_reasoning, offset: *next, text: rest.to_owned() });
-                    *next = whole.len() as u64;
-                }
-            }
-        }
+        // The whole step as the owner would report it: `release` sends what the watcher lacks of it.
+        let streams_it = self.position.is_some_and(|p| p.of(turn, step));
+        let out = if streams_it {
+            let whole =
+                StreamingStep { turn, step, after_seq: 0, text: text.to_owned(), reasoning: reasoning.to_owned() };
+            self.release(whole)
+        } else {
+            Vec::new()
+        };
         self.close(turn, step);
         out
     }

@@ -348,6 +348,7 @@ pub fn from_config_with_mcp(
                 history_turns: agent.history_turns,
                 approval,
                 context_budget_tokens: agent.context_budget_tokens,
+                tenants: agent.tenant_scope(),
             },
         ));
         let fallback = fallback_of(&agent.model);

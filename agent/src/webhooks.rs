@@ -110,6 +110,7 @@ impl HttpWebhooks {
                     url: hook.url.as_str().to_owned(),
                     events: hook.events.clone(),
                     max_age: Duration::from_millis(hook.max_age_ms),
+                    tenants: hook.tenant_scope(profile),
                 }));
             }
         }

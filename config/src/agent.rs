@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use serde::Deserialize;
+use turnstile_model::{Tenant, TenantScope};
 
 use crate::names::keyword_enum;
 use crate::path::{Invalid, KeyPath, positive};
@@ -65,6 +66,10 @@ pub struct WebhookConfig {
     /// How long an event is retried before it is given up on (counted and logged), in ms. Default 24 h.
     #[serde(default = "WebhookConfig::default_max_age_ms")]
     pub max_age_ms: u64,
+    /// The tenants whose sessions' events this webhook receives, each one the agent serves (decision
+    /// 0091). Default: every tenant the agent serves.
+    #[serde(default)]
+    pub tenants: Option<Vec<Tenant>>,
 }
 
 impl WebhookConfig {
@@ -74,6 +79,11 @@ impl WebhookConfig {
 
     fn default_max_age_ms() -> u64 {
         24 * 3600 * 1000
+    }
+
+    /// The tenants whose events this webhook of `agent` receives: its own `tenants` within the agent's.
+    pub fn tenant_scope(&self, agent: &AgentConfig) -> TenantScope {
+        agent.tenant_scope().intersect(&scope_of(self.tenants.as_deref()))
     }
 
     /// The signing key, from `secret_env` read through `env`; `None` when no variable is named.
@@ -87,6 +97,11 @@ impl WebhookConfig {
             Some(variable) => crate::secret::from_env(key, variable, "the webhook's signing secret", env).map(Some),
         }
     }
+}
+
+/// `tenants = [...]` as a scope: absent is every tenant.
+fn scope_of(tenants: Option<&[Tenant]>) -> TenantScope {
+    tenants.map_or(TenantScope::All, |t| TenantScope::only(t.iter().cloned()))
 }
 
 /// An agent profile (`[agents.NAME]`).
@@ -133,6 +148,10 @@ pub struct AgentConfig {
     pub compaction_model: Option<String>,
     /// Where the owner POSTs the sessions' durable events (SPEC §15). Default none.
     pub webhooks: Vec<WebhookConfig>,
+    /// The tenants whose sessions may run this agent (decision 0091): another tenant's `ConfigureSession`
+    /// (or `spawn_agent`) naming it is refused as for an agent that does not exist, and its webhooks never
+    /// see another tenant's events. Default (absent): every tenant.
+    pub tenants: Option<Vec<Tenant>>,
 }
 
 impl Default for AgentConfig {
@@ -150,6 +169,7 @@ impl Default for AgentConfig {
             context_budget_tokens: None,
             compaction_model: None,
             webhooks: Vec::new(),
+            tenants: None,
         }
     }
 }
@@ -166,6 +186,11 @@ impl AgentConfig {
             ],
             ..Self::default()
         }
+    }
+
+    /// The tenants whose sessions may run this agent.
+    pub fn tenant_scope(&self) -> TenantScope {
+        scope_of(self.tenants.as_deref())
     }
 
     /// Whether the agent may call `tool`.
@@ -234,8 +259,33 @@ impl AgentConfig {
                 "a deadline of 0 would fail every step",
             )?;
         }
+        if self.tenants.as_ref().is_some_and(Vec::is_empty) {
+            return Err(path
+                .key("tenants")
+                .invalid("is empty, so no tenant could run this agent; list its tenants, or remove the key for all"));
+        }
+        let serves = self.tenant_scope();
         for (i, hook) in self.webhooks.iter().enumerate() {
             let key = path.key("webhooks").index(i);
+            match &hook.tenants {
+                Some(tenants) if tenants.is_empty() => {
+                    return Err(key.key("tenants").invalid(
+                        "is empty, so this webhook would receive nothing; list its tenants, or remove the key for \
+                         every tenant of the agent",
+                    ));
+                }
+                Some(tenants) => {
+                    if let Some((j, tenant)) = tenants.iter().enumerate().find(|(_, t)| !serves.allows(t.as_str())) {
+                        return Err(key.key("tenants").index(j).invalid(format!(
+                            "tenant {:?} cannot run this agent (its tenants: {}); a webhook only receives \
+                             events of the agent's tenants",
+                            tenant.as_str(),
+                            self.tenants.iter().flatten().map(Tenant::as_str).collect::<Vec<_>>().join(", ")
+                        )));
+                    }
+                }
+                None => {}
+            }
             if hook.events.is_empty() {
                 return Err(key
                     .key("events")
@@ -266,5 +316,44 @@ impl AgentConfig {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use turnstile_model::TenantScope;
+
+    use crate::Config;
+
+    fn err(text: &str) -> String {
+        Config::from_toml_str(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn agents_and_their_webhooks_can_be_confined_to_tenants() {
+        let config = Config::from_toml_str(
+            "[agents.shared]\nwebhooks = [{ url = \"http://127.0.0.1:1/h\", tenants = [\"a\"] }]\n\
+             [agents.only-b]\ntenants = [\"b\"]\n",
+        )
+        .unwrap();
+        let shared = &config.agents["shared"];
+        assert_eq!(shared.tenant_scope(), TenantScope::All, "no list: every tenant, as before");
+        let hook = shared.webhooks[0].tenant_scope(shared);
+        assert!(hook.allows("a") && !hook.allows("b"));
+        let only_b = config.agents["only-b"].tenant_scope();
+        assert!(only_b.allows("b") && !only_b.allows("a"));
+    }
+
+    #[test]
+    fn bad_tenant_lists_name_the_key() {
+        assert!(err("[agents.x]\ntenants = []\n").contains("agents.x.tenants: is empty"));
+        assert!(err("[agents.x]\ntenants = [\"a b\"]\n").contains("has the character ' '"));
+        let e =
+            err("[agents.x]\ntenants = [\"a\"]\nwebhooks = [{ url = \"http://127.0.0.1:1/h\", tenants = [\"b\"] }]\n");
+        assert!(e.contains("agents.x.webhooks[0].tenants[0]: tenant \"b\" cannot run this agent"), "{e}");
+        let e = err("default_agent = \"x\"\n[agents.x]\ntenants = [\"a\"]\n");
+        assert!(e.contains("agents.x.tenants: \"x\" is the default_agent"), "{e}");
     }
 }

@@ -421,6 +421,14 @@ impl Config {
                 known(self.agents.keys())
             )));
         }
+        if self.agents.get(&self.default_agent).is_some_and(|a| a.tenants.is_some()) {
+            // Every tenant's sessions run the default agent until ConfigureSession names another.
+            return Err(root.key("agents").key(&self.default_agent).key("tenants").invalid(format!(
+                "{:?} is the default_agent, which every tenant's sessions run until ConfigureSession names \
+                 another; remove tenants from it, or make another agent the default",
+                self.default_agent
+            )));
+        }
         self.check_sections(&root)?;
         for (name, model) in &self.models {
             let path = root.key("models").key(name);

@@ -4,9 +4,6 @@ use serde::Deserialize;
 
 use crate::path::{Invalid, KeyPath, positive};
 
-/// Longest tenant name (the same rule as a session's tenant: `[A-Za-z0-9_-]{1,128}`).
-const MAX_TENANT: usize = 128;
-
 /// One tenant's budget and quotas (`[tenants.NAME]`). Every key is optional: a tenant without a table, or
 /// a key left out, gets the `[limits]` quota (`tenant_requests_per_minute`, `tenant_request_burst`,
 /// `tenant_max_watches`) and no token budget.
@@ -77,9 +74,9 @@ impl TenantConfig {
     }
 }
 
-/// A tenant as sessions name it: 1 to 128 of `[A-Za-z0-9_-]`.
+/// A tenant as sessions name it: the model's one rule ([`turnstile_model::Tenant`]).
 pub(crate) fn is_tenant(s: &str) -> bool {
-    (1..=MAX_TENANT).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    turnstile_model::Tenant::validate(s).is_ok()
 }
 
 /// The rule [`is_tenant`] checks, for messages.

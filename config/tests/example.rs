@@ -77,6 +77,7 @@ fn the_api_example_parses_to_what_it_says() {
             context_budget_tokens: None,
             compaction_model: None,
             webhooks: vec![],
+            tenants: None,
         }
     );
     assert_eq!(config.agents["scripted"], AgentConfig::scripted());

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use turnstile_model::TenantScope;
 use turnstile_model::transcript::DEFAULT_TRANSCRIPT_TURNS;
 
 /// The built-in agent of a process without a configuration file.
@@ -24,6 +25,8 @@ pub struct AgentProfile {
     /// Estimated request size (UTF-8 bytes / 4) above which a step first compacts the oldest whole
     /// turns (SPEC §13); `None` never compacts by itself.
     pub context_budget_tokens: Option<u64>,
+    /// The tenants whose sessions may run this agent (decision 0091); to any other tenant it does not exist.
+    pub tenants: TenantScope,
 }
 
 impl Default for AgentProfile {
@@ -33,6 +36,7 @@ impl Default for AgentProfile {
             history_turns: DEFAULT_TRANSCRIPT_TURNS,
             approval: ApprovalRules::default(),
             context_budget_tokens: None,
+            tenants: TenantScope::All,
         }
     }
 }
@@ -142,9 +146,20 @@ impl AgentCatalog {
         self.agents.get(name)
     }
 
+    /// The agent `name` as `tenant`'s sessions see it: `None` when it does not exist or does not serve
+    /// `tenant` (the two are one answer, so a tenant learns nothing of agents confined to others).
+    pub fn get_for(&self, name: &str, tenant: &str) -> Option<&AgentProfile> {
+        self.agents.get(name).filter(|a| a.tenants.allows(tenant))
+    }
+
     /// The agent names, sorted (for messages that list them).
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.agents.keys().map(String::as_str)
+    }
+
+    /// The names of the agents `tenant`'s sessions may run, sorted.
+    pub fn names_for<'a>(&'a self, tenant: &'a str) -> impl Iterator<Item = &'a str> {
+        self.agents.iter().filter(move |(_, a)| a.tenants.allows(tenant)).map(|(name, _)| name.as_str())
     }
 
     /// The largest history budget: how many turns the transcript must keep before the newest.
@@ -152,11 +167,12 @@ impl AgentCatalog {
         self.agents.values().map(|a| a.history_turns).max().unwrap_or(DEFAULT_TRANSCRIPT_TURNS)
     }
 
-    /// The agent a session runs: the configured one when this catalog knows it, else the default (a
-    /// configuration that dropped an agent must not strand its sessions).
-    pub fn resolve<'a>(&'a self, configured: Option<&'a str>) -> (&'a str, &'a AgentProfile) {
+    /// The agent a session of `tenant` runs: the configured one when this catalog knows it and it serves
+    /// `tenant`, else the default (a configuration that dropped an agent, or confined it to other tenants,
+    /// must not strand its sessions, nor run another tenant's agent for them).
+    pub fn resolve<'a>(&'a self, configured: Option<&'a str>, tenant: &str) -> (&'a str, &'a AgentProfile) {
         if let Some(name) = configured
-            && let Some(profile) = self.agents.get(name)
+            && let Some(profile) = self.get_for(name, tenant)
         {
             return (name, profile);
         }
@@ -174,4 +190,36 @@ static FALLBACK: AgentProfile = AgentProfile {
     history_turns: DEFAULT_TRANSCRIPT_TURNS,
     approval: ApprovalRules(None),
     context_budget_tokens: None,
+    tenants: TenantScope::All,
 };
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use turnstile_model::{Tenant, TenantScope};
+
+    use super::*;
+
+    /// Decision 0091: to another tenant an agent confined to `a` does not exist: not found, not listed, and a
+    /// session of that tenant recorded as running it (an import, an older configuration) runs the default.
+    #[test]
+    fn an_agent_confined_to_a_tenant_does_not_exist_for_the_others() {
+        let only_a = AgentProfile {
+            tenants: TenantScope::only([Tenant::new("a").unwrap()]),
+            history_turns: 7,
+            ..AgentProfile::default()
+        };
+        let catalog = AgentCatalog::new(
+            SCRIPTED,
+            [(SCRIPTED.to_owned(), AgentProfile::default()), ("only-a".to_owned(), only_a)],
+        )
+        .unwrap();
+        assert!(catalog.get_for("only-a", "a").is_some());
+        assert!(catalog.get_for("only-a", "b").is_none());
+        assert_eq!(catalog.names_for("a").collect::<Vec<_>>(), ["only-a", SCRIPTED]);
+        assert_eq!(catalog.names_for("b").collect::<Vec<_>>(), [SCRIPTED]);
+        assert_eq!(catalog.resolve(Some("only-a"), "a").0, "only-a");
+        assert_eq!(catalog.resolve(Some("only-a"), "b").0, SCRIPTED);
+    }
+}

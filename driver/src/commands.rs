@@ -294,10 +294,12 @@ impl Driver {
         Ok(CommandReply::Written { seq: self.state.last_seq })
     }
 
-    /// An agent the configuration names.
+    /// An agent the configuration names for this session's tenant. One confined to other tenants answers
+    /// exactly as one that does not exist, listing only this tenant's (decision 0091).
     fn check_agent(&self, agent: &str) -> Result<(), CommandError> {
-        if self.agents.get(agent).is_none() {
-            let known: Vec<&str> = self.agents.names().collect();
+        let tenant = self.state.session.tenant.as_str();
+        if self.agents.get_for(agent, tenant).is_none() {
+            let known: Vec<&str> = self.agents.names_for(tenant).collect();
             return Err(CommandError::InvalidArgument(format!(
                 "agent {agent:?} is not configured; known agents: {}",
                 known.join(", ")

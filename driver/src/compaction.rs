@@ -103,7 +103,7 @@ impl Driver {
             return false;
         }
         let (turn, step, agent) = (t.turn, t.step + 1, t.agent.clone());
-        let profile = self.agents.resolve(Some(&agent)).1;
+        let profile = self.agents.resolve(Some(&agent), &self.state.session.tenant).1;
         let Some(budget) = profile.context_budget_tokens else { return false };
         let history = self.state.transcript.history(turn, step, profile.history_turns);
         let summary = self.state.compaction.as_ref().map(|c| c.summary.as_str());
@@ -141,7 +141,7 @@ impl Driver {
         let Some(task) = self.compaction_task(u64::MAX) else {
             return Some(Ok(CommandReply::Written { seq: self.state.last_seq }));
         };
-        let agent = self.agents.resolve(self.state.agent.as_deref()).0.to_owned();
+        let agent = self.agents.resolve(self.state.agent.as_deref(), &self.state.session.tenant).0.to_owned();
         let request = self.compaction_request(&agent, self.state.last_turn, 0, task);
         self.idle_compaction = Some(IdleCompaction { op: request.op, reply: id, task });
         self.effects.push_back(Effect::Model(request));

@@ -202,7 +202,7 @@ impl Driver {
     }
 
     pub fn summary(&self) -> SessionSummary {
-        let agent = self.agents.resolve(self.state.agent.as_deref()).0.to_owned();
+        let agent = self.agents.resolve(self.state.agent.as_deref(), &self.state.session.tenant).0.to_owned();
         // The driver's own epoch: the log's last event may predate this ownership.
         SessionSummary { epoch: self.epoch, ..SessionSummary::of(&self.state, self.owner.clone(), agent) }
     }

@@ -89,7 +89,7 @@ impl Driver {
             Some(next) => (open.step_calls.clone(), next),
             None => (vec![waiting.clone()], 0),
         };
-        let agent = self.agents.resolve(self.state.agent.as_deref()).0.to_owned();
+        let agent = self.agents.resolve(self.state.agent.as_deref(), &self.state.session.tenant).0.to_owned();
         self.turn = Some(ActiveTurn {
             turn: open.turn,
             proposal: 1,

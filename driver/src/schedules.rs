@@ -10,7 +10,7 @@
 //! `catchup_ms` late or later is skipped and counted (`schedule/changed {skipped}`) instead.
 
 use turnstile_model::labels::check_change;
-use turnstile_model::schedule::{MAX_COUNTED_MISSES, MAX_SCHEDULES_PER_SESSION, Timing};
+use turnstile_model::schedule::{MAX_AT_AHEAD_MS, MAX_COUNTED_MISSES, MAX_SCHEDULES_PER_SESSION, Timing};
 use turnstile_model::{CommandError, CommandReply, EventPayload, Labeled, Schedule, ScheduleChange, ScheduleSpec};
 
 use super::Driver;
@@ -39,6 +39,15 @@ impl Driver {
                 "at_unix_ms {at_ms} is {} ms in the past (the server's time is {}); give a time in the future",
                 self.now_ms - at_ms,
                 self.now_ms
+            )));
+        }
+        if let Timing::At { at_ms } = spec.timing
+            && at_ms - self.now_ms > MAX_AT_AHEAD_MS
+        {
+            return Err(CommandError::InvalidArgument(format!(
+                "at_unix_ms {at_ms} is more than 10 years ahead (the server's time is {}); give a time before {}",
+                self.now_ms,
+                self.now_ms.saturating_add(MAX_AT_AHEAD_MS)
             )));
         }
         if spec.first_fire(self.now_ms).is_none() {

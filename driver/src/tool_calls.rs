@@ -14,7 +14,8 @@ impl Driver {
         loop {
             let Some(t) = self.turn.as_mut() else { return };
             let (turn, step, aborting, concluded) = (t.turn, t.step, t.cancel.is_some(), t.concluded);
-            let needs_approval = |name: &str| self.agents.resolve(Some(&t.agent)).1.approval.requires(name);
+            let needs_approval =
+                |name: &str| self.agents.resolve(Some(&t.agent), &self.state.session.tenant).1.approval.requires(name);
             let Phase::Tools { calls, next, awaiting, .. } = &mut t.phase else { return };
             let Some(call) = calls.get(*next).cloned() else {
                 return self.end_step(if concluded { StepResult::Completed } else { StepResult::Continue });

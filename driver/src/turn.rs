@@ -100,7 +100,7 @@ impl Driver {
             return;
         }
         let turn = self.state.last_turn + 1;
-        let agent = self.agents.resolve(self.state.agent.as_deref()).0.to_owned();
+        let agent = self.agents.resolve(self.state.agent.as_deref(), &self.state.session.tenant).0.to_owned();
         self.write(EventPayload::TurnStart { turn });
         self.turn = Some(ActiveTurn {
             turn,
@@ -224,7 +224,7 @@ impl Driver {
         let (turn, step) = (t.turn, t.step);
         let tool_results = std::mem::take(&mut t.tool_results);
         let interrupted_prompt = std::mem::take(&mut t.interrupted_prompt);
-        let (agent, profile) = self.agents.resolve(Some(&t.agent));
+        let (agent, profile) = self.agents.resolve(Some(&t.agent), &self.state.session.tenant);
         let (agent, system, history_turns) = (agent.to_owned(), profile.system.clone(), profile.history_turns);
         // Read before this step's messages are written: the history is what came before the step.
         let history = self.state.transcript.history(turn, step, history_turns);

@@ -1,11 +1,13 @@
-//! Who is calling: the bearer token of each call resolves to exactly one tenant, and every RPC of that
-//! call is confined to it (`service::Gateway::open`).
+//! Who is calling: the bearer token of each call resolves to exactly one tenant and a [`Role`]; what the
+//! call may then touch is decided in one place, `scope.rs` (every RPC passes through `Gateway::open`).
 //!
 //! Three ways to run:
-//! - [`Authenticator::TokenFile`]: a file of `TOKEN TENANT` lines (`#` starts a comment), for small setups.
+//! - [`Authenticator::TokenFile`]: a file of `TOKEN TENANT [admin|cluster_admin]` lines (`#` starts a
+//!   comment), for small setups.
 //!   Tokens are kept only as SHA-256 digests and every digest is compared in constant time, so neither the
 //!   memory of the process nor the timing of a refusal tells anything about a valid token.
-//! - [`Authenticator::Jwt`]: a signed JWT whose `tenant` claim names the tenant; `exp` is required. HS256
+//! - [`Authenticator::Jwt`]: a signed JWT whose `tenant` claim names the tenant (`admin` or `cluster_admin`
+//!   claims, `true`, give it a role); `exp` is required and `nbf` honoured, both within [`JWT_LEEWAY_S`]. HS256
 //!   with a shared secret file, or RS256/ES256 with a public key PEM. Only the configured algorithm is
 //!   accepted, so `alg: none` or a switch from RS256 to HS256 (the public key used as a secret) is refused.
 //! - [`Authenticator::Disabled`]: no credentials; allowed only on a loopback listener ([`check_exposure`]).
@@ -27,7 +29,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
-use turnstile_model::message::SessionRef;
+use turnstile_model::Tenant;
 
 /// An auth configuration that cannot be used; the message names the file and what to fix.
 #[derive(Debug, thiserror::Error)]
@@ -80,23 +82,76 @@ impl JwtAlg {
     }
 }
 
+/// Seconds by which a JWT's `exp` may have passed, or its `nbf` not yet come, and it is still accepted:
+/// the issuer's clock and this gateway's may disagree a little.
+pub const JWT_LEEWAY_S: u64 = 30;
+
 /// RFC 7518 §3.2: an HS256 key must be at least as long as the hash output.
 const MIN_HS256_SECRET: usize = 32;
+
+/// What a valid token may do besides acting on its tenant's sessions (docs/OPERATIONS.md "Admin roles",
+/// decision 0092).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// Its tenant's sessions, schedules, labels, usage and client tools.
+    #[default]
+    Member,
+    /// Also export and import (SPEC §18), of its own tenant only: a `TOKEN TENANT admin` line, a JWT with
+    /// `"admin": true`.
+    Admin,
+    /// Any call, in any tenant it names (its own when it names none): a `TOKEN TENANT cluster_admin` line,
+    /// a JWT with `"cluster_admin": true`. For the operators of the cluster, never for a tenant.
+    ClusterAdmin,
+}
+
+impl Role {
+    /// The name written in a token file's third field and in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Member => "member",
+            Self::Admin => "admin",
+            Self::ClusterAdmin => "cluster_admin",
+        }
+    }
+}
 
 /// Who the caller of one RPC is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Caller {
-    /// Auth is off: the request's own tenant (or the default tenant) is used.
+    /// Auth is off: the request's own tenant (or the default tenant) is used, and every call is allowed.
     Anonymous,
-    /// Auth is on: everything the call touches belongs to this tenant.
-    Tenant(String),
+    /// Auth is on: a token of `tenant` with `role`.
+    Tenant { tenant: Tenant, role: Role },
 }
 
 impl Caller {
-    pub fn tenant(&self) -> Option<&str> {
+    /// A member's token of `tenant`.
+    pub fn member(tenant: Tenant) -> Self {
+        Self::Tenant { tenant, role: Role::Member }
+    }
+
+    /// The tenant of the token, if there is one.
+    pub fn tenant(&self) -> Option<&Tenant> {
         match self {
             Self::Anonymous => None,
-            Self::Tenant(t) => Some(t),
+            Self::Tenant { tenant, .. } => Some(tenant),
+        }
+    }
+
+    /// The tenant every call of this caller is confined to: its token's, unless it is a cluster admin (or
+    /// auth is off), which may name any tenant.
+    pub fn confined_to(&self) -> Option<&Tenant> {
+        match self {
+            Self::Tenant { tenant, role: Role::Member | Role::Admin } => Some(tenant),
+            Self::Anonymous | Self::Tenant { role: Role::ClusterAdmin, .. } => None,
+        }
+    }
+
+    /// Whether the caller holds `role` (or one above it); auth off holds every role.
+    pub fn holds(&self, role: Role) -> bool {
+        match self {
+            Self::Anonymous => true,
+            Self::Tenant { role: own, .. } => *own >= role,
         }
     }
 }
@@ -135,45 +190,25 @@ impl Authenticator {
         }
     }
 
-    /// The caller of a request with this metadata; UNAUTHENTICATED when auth is on and the token is
-    /// missing or not valid.
+    /// The caller of a request with this metadata, with its tenant and role; UNAUTHENTICATED when auth is
+    /// on and the token is missing or not valid. What the caller may then touch is the gateway's one
+    /// scoping rule (`scope.rs`).
     pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
-        let tenant = match self {
-            Self::Disabled => return Ok(Caller::Anonymous),
-            Self::TokenFile(file) => file.lookup(bearer(metadata)?).map(str::to_owned).ok_or_else(|| {
-                Status::unauthenticated("the bearer token is not valid; check --token (TURNSTILE_TOKEN)")
-            })?,
-            Self::Jwt(jwt) => jwt.verify(bearer(metadata)?)?,
-            // The material in force when the call arrives decides it; a reload swaps it for later calls.
-            Self::Reloadable(live) => return live.current().authenticate(metadata),
-        };
-        Ok(Caller::Tenant(tenant))
-    }
-}
-
-impl Authenticator {
-    /// For the calls only an administrator may make (`ExportSessions`, `ImportSessions`, SPEC §18): the
-    /// caller when auth is off or its token is an administrator's (a `TOKEN TENANT admin` line, a JWT with
-    /// `"admin": true`); PERMISSION_DENIED for any other valid token; UNAUTHENTICATED as
-    /// [`Authenticator::authenticate`].
-    pub fn authorize_admin(&self, metadata: &MetadataMap, call: &str) -> Result<Caller, Status> {
-        let admin = match self {
-            Self::Disabled => return Ok(Caller::Anonymous),
-            Self::Reloadable(live) => return live.current().authorize_admin(metadata, call),
+        match self {
+            Self::Disabled => Ok(Caller::Anonymous),
             Self::TokenFile(file) => {
-                let token = bearer(metadata)?;
-                file.lookup(token).is_some() && file.is_admin(token)
+                let (tenant, role) = file.lookup(bearer(metadata)?).ok_or_else(|| {
+                    Status::unauthenticated("the bearer token is not valid; check --token (TURNSTILE_TOKEN)")
+                })?;
+                Ok(Caller::Tenant { tenant: tenant.clone(), role })
             }
-            Self::Jwt(jwt) => jwt.claims(bearer(metadata)?)?.admin,
-        };
-        let caller = self.authenticate(metadata)?;
-        if !admin {
-            return Err(Status::permission_denied(format!(
-                "{call} needs an administrator's token: a `TOKEN TENANT admin` line of --auth-tokens, or a JWT with \
-                 \"admin\": true"
-            )));
+            Self::Jwt(jwt) => {
+                let (tenant, role) = jwt.claims(bearer(metadata)?)?;
+                Ok(Caller::Tenant { tenant, role })
+            }
+            // The material in force when the call arrives decides it; a reload swaps it for later calls.
+            Self::Reloadable(live) => live.current().authenticate(metadata),
         }
-        Ok(caller)
     }
 }
 
@@ -194,20 +229,26 @@ fn bearer(metadata: &MetadataMap) -> Result<&str, Status> {
     Ok(token.trim())
 }
 
-/// A tenant name must be usable as the tenant half of a session name.
-fn valid_tenant(tenant: &str) -> Result<(), String> {
-    SessionRef::new(tenant, "x").map(|_| ()).map_err(|e| e.to_string())
-}
-
 fn read(path: &Path) -> Result<Vec<u8>, AuthError> {
     std::fs::read(path).map_err(|cause| AuthError::Read { path: path.to_owned(), cause })
 }
 
-/// `TOKEN TENANT [admin]` lines, kept as digests.
+/// [`read`] for a server: the file is read on tokio's blocking pool, never on a thread that serves calls
+/// (a slow or hung filesystem would otherwise stall every RPC on that thread).
+async fn read_async(path: &Path) -> Result<Vec<u8>, AuthError> {
+    tokio::fs::read(path).await.map_err(|cause| AuthError::Read { path: path.to_owned(), cause })
+}
+
+/// `TOKEN TENANT [ROLE]` lines, kept as digests.
 pub struct TokenFile {
-    entries: Vec<([u8; 32], String)>,
-    /// The digests of the tokens marked `admin` (SPEC §18: export and import).
-    admins: Vec<[u8; 32]>,
+    entries: Vec<Entry>,
+}
+
+/// One token line: the digest of the token, its tenant and role.
+struct Entry {
+    digest: [u8; 32],
+    tenant: Tenant,
+    role: Role,
 }
 
 impl fmt::Debug for TokenFile {
@@ -233,8 +274,7 @@ impl TokenFile {
     }
 
     fn parse(path: &Path, text: &str) -> Result<Self, AuthError> {
-        let mut entries: Vec<([u8; 32], String)> = Vec::new();
-        let mut admins = Vec::new();
+        let mut entries: Vec<Entry> = Vec::new();
         for (i, raw) in text.lines().enumerate() {
             let line = raw.split_once('#').map_or(raw, |(before, _)| before).trim();
             if line.is_empty() {
@@ -242,51 +282,44 @@ impl TokenFile {
             }
             let bad = |detail: String| AuthError::TokenLine { path: path.to_owned(), line: i + 1, detail };
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let (token, tenant, admin) = match fields.as_slice() {
-                [token, tenant] => (token, tenant, false),
-                [token, tenant, "admin"] => (token, tenant, true),
+            let (token, tenant, role) = match fields.as_slice() {
+                [token, tenant] => (token, tenant, Role::Member),
+                [token, tenant, "admin"] => (token, tenant, Role::Admin),
+                [token, tenant, "cluster_admin"] => (token, tenant, Role::ClusterAdmin),
                 [_, _, other] => {
                     return Err(bad(format!(
-                        "the third field may only be `admin` (an administrator's token), got {other:?}"
+                        "the third field may only be `admin` (export and import of its own tenant) or \
+                         `cluster_admin` (any call in any tenant), got {other:?}"
                     )));
                 }
-                _ => return Err(bad(format!("expected `TOKEN TENANT`, got {} fields", fields.len()))),
+                _ => return Err(bad(format!("expected `TOKEN TENANT [ROLE]`, got {} fields", fields.len()))),
             };
-            valid_tenant(tenant).map_err(|e| bad(format!("tenant {tenant:?} is not valid: {e}")))?;
+            let tenant = Tenant::new(*tenant).map_err(|e| bad(format!("tenant {tenant:?} is not valid: {e}")))?;
             let d = digest(token);
-            if entries.iter().any(|(other, _)| bool::from(other.ct_eq(&d))) {
+            if entries.iter().any(|other| bool::from(other.digest.ct_eq(&d))) {
                 return Err(bad(
                     "this token is already listed on an earlier line; each token maps to one tenant".into()
                 ));
             }
-            if admin {
-                admins.push(d);
-            }
-            entries.push((d, (*tenant).to_owned()));
+            entries.push(Entry { digest: d, tenant, role });
         }
         if entries.is_empty() {
             return Err(AuthError::NoTokens { path: path.to_owned() });
         }
-        Ok(Self { entries, admins })
+        Ok(Self { entries })
     }
 
-    /// The tenant of `token`. Every entry is compared, whatever matches, so the time does not depend on
-    /// where (or whether) the token is listed.
-    fn lookup(&self, token: &str) -> Option<&str> {
+    /// The tenant and role of `token`. Every entry is compared, whatever matches, so the time does not
+    /// depend on where (or whether) the token is listed.
+    fn lookup(&self, token: &str) -> Option<(&Tenant, Role)> {
         let d = digest(token);
         let mut found = None;
-        for (entry, tenant) in &self.entries {
-            if bool::from(entry.ct_eq(&d)) {
-                found = Some(tenant.as_str());
+        for entry in &self.entries {
+            if bool::from(entry.digest.ct_eq(&d)) {
+                found = Some((&entry.tenant, entry.role));
             }
         }
         found
-    }
-
-    /// Whether `token` is marked `admin`, compared like [`TokenFile::lookup`].
-    fn is_admin(&self, token: &str) -> bool {
-        let d = digest(token);
-        self.admins.iter().fold(false, |found, admin| found | bool::from(admin.ct_eq(&d)))
     }
 }
 
@@ -307,9 +340,22 @@ impl fmt::Debug for JwtAuth {
 #[derive(Deserialize)]
 struct Claims {
     tenant: String,
-    /// An administrator's token (SPEC §18: export and import); absent is false.
+    /// A tenant administrator's token ([`Role::Admin`]); absent is false.
     #[serde(default)]
     admin: bool,
+    /// A cluster administrator's token ([`Role::ClusterAdmin`]); absent is false.
+    #[serde(default)]
+    cluster_admin: bool,
+}
+
+impl Claims {
+    fn role(&self) -> Role {
+        match (self.cluster_admin, self.admin) {
+            (true, _) => Role::ClusterAdmin,
+            (false, true) => Role::Admin,
+            (false, false) => Role::Member,
+        }
+    }
 }
 
 impl JwtAuth {
@@ -344,6 +390,9 @@ impl JwtAuth {
         let mut validation = Validation::new(alg.algorithm());
         validation.set_required_spec_claims(&["exp"]);
         validation.validate_exp = true;
+        // `nbf`, when present, is honoured like `exp`, with the same allowance for clocks that disagree.
+        validation.validate_nbf = true;
+        validation.leeway = JWT_LEEWAY_S;
         // Without a configured audience, tokens are scoped by their key and tenant claim only.
         validation.validate_aud = false;
         Ok(Self { key, validation, key_digest })
@@ -376,17 +425,16 @@ impl JwtAuth {
         values.map(|set| set.iter().cloned().collect::<Vec<_>>().join(", ")).unwrap_or_default()
     }
 
-    /// The tenant claim of a valid token.
-    fn verify(&self, token: &str) -> Result<String, Status> {
-        self.claims(token).map(|c| c.tenant)
-    }
-
-    /// The claims of a valid token, its tenant checked.
-    fn claims(&self, token: &str) -> Result<Claims, Status> {
+    /// The tenant and role of a valid token.
+    fn claims(&self, token: &str) -> Result<(Tenant, Role), Status> {
         use jsonwebtoken::errors::ErrorKind;
         let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(|e| {
             let why = match e.kind() {
                 ErrorKind::ExpiredSignature => "it has expired; get a new one".to_owned(),
+                ErrorKind::ImmatureSignature => format!(
+                    "it is not valid yet: its `nbf` is more than {JWT_LEEWAY_S} s in the future (check the clocks of \
+                     the issuer and of this gateway)"
+                ),
                 ErrorKind::MissingRequiredClaim(c) => format!("it has no `{c}` claim"),
                 ErrorKind::InvalidAlgorithm => "it is not signed with the configured algorithm".to_owned(),
                 ErrorKind::InvalidSignature => "its signature does not match the configured key".to_owned(),
@@ -403,9 +451,10 @@ impl JwtAuth {
             };
             Status::unauthenticated(format!("the bearer JWT is not valid: {why}"))
         })?;
-        valid_tenant(&data.claims.tenant)
+        let role = data.claims.role();
+        let tenant = Tenant::new(data.claims.tenant)
             .map_err(|e| Status::unauthenticated(format!("the bearer JWT's tenant claim is not valid: {e}")))?;
-        Ok(data.claims)
+        Ok((tenant, role))
     }
 }
 
@@ -426,9 +475,9 @@ impl AuthSource {
         }
     }
 
-    /// Reads and checks the material.
-    pub fn load(&self) -> Result<Authenticator, AuthError> {
-        self.parse(read(self.path())?)
+    /// Reads (off the runtime's threads) and checks the material.
+    pub async fn load(&self) -> Result<Authenticator, AuthError> {
+        self.parse(read_async(self.path()).await?)
     }
 
     fn parse(&self, bytes: Vec<u8>) -> Result<Authenticator, AuthError> {
@@ -472,8 +521,8 @@ impl fmt::Display for ReloadSummary {
 
 impl Reloadable {
     /// Loads `source` for the first time; an error here stops the server from starting.
-    pub fn load(source: AuthSource) -> Result<Self, AuthError> {
-        let bytes = read(source.path())?;
+    pub async fn load(source: AuthSource) -> Result<Self, AuthError> {
+        let bytes = read_async(source.path()).await?;
         let seen = Ok(Sha256::digest(&bytes).into());
         let current = source.parse(bytes)?;
         Ok(Self { source, current: RwLock::new(Arc::new(current)), seen: Mutex::new(Some(seen)) })
@@ -492,9 +541,9 @@ impl Reloadable {
     /// Reads the file again and swaps the material in when it is valid. `force` (SIGHUP) reloads even when
     /// the bytes are those of the last attempt; otherwise (a poll) unchanged bytes answer `None`. An error
     /// leaves the material in force and names the file and what is wrong with it.
-    pub fn reload(&self, force: bool) -> Option<Result<ReloadSummary, AuthError>> {
+    pub async fn reload(&self, force: bool) -> Option<Result<ReloadSummary, AuthError>> {
         let path = self.source.path();
-        let bytes = std::fs::read(path);
+        let bytes = tokio::fs::read(path).await;
         let now: Seen = match &bytes {
             Ok(b) => Ok(Sha256::digest(b).into()),
             Err(e) => Err(e.to_string()),
@@ -520,10 +569,10 @@ impl Reloadable {
 fn summarize(old: &Authenticator, new: &Authenticator) -> ReloadSummary {
     ReloadSummary(match (old, new) {
         (Authenticator::TokenFile(old), Authenticator::TokenFile(new)) => {
-            let listed = |file: &TokenFile, d: &[u8; 32]| file.entries.iter().any(|(e, _)| e == d);
-            let added = new.entries.iter().filter(|(d, _)| !listed(old, d)).count();
-            let removed = old.entries.iter().filter(|(d, _)| !listed(new, d)).count();
-            let mut tenants: Vec<&str> = new.entries.iter().map(|(_, t)| t.as_str()).collect();
+            let listed = |file: &TokenFile, d: &[u8; 32]| file.entries.iter().any(|e| e.digest == *d);
+            let added = new.entries.iter().filter(|e| !listed(old, &e.digest)).count();
+            let removed = old.entries.iter().filter(|e| !listed(new, &e.digest)).count();
+            let mut tenants: Vec<&str> = new.entries.iter().map(|e| e.tenant.as_str()).collect();
             tenants.sort_unstable();
             tenants.dedup();
             let count = |n: usize, noun: &str| if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") };

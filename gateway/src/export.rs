@@ -42,14 +42,9 @@ impl Gateway {
         &self,
         request: Request<pb::ExportSessionsRequest>,
     ) -> Result<ReceiverStream<Result<pb::ExportItem, Status>>, Status> {
-        let caller = self.auth.authorize_admin(request.metadata(), "ExportSessions")?;
-        let req = request.into_inner();
-        let tenant = match (req.tenant.is_empty(), caller.tenant()) {
-            (false, _) => req.tenant,
-            (true, Some(own)) => own.to_owned(),
-            (true, None) => self.config.default_tenant.clone(),
-        };
-        SessionRef::new(tenant.clone(), "x").map_err(|e| Status::invalid_argument(format!("tenant: {e}")))?;
+        // An admin's own tenant; any tenant for a cluster admin (`scope.rs`).
+        let (scope, req) = self.open(request).await?;
+        let tenant = scope.tenant.into_string();
         let sessions = req
             .sessions
             .into_iter()
@@ -58,7 +53,6 @@ impl Gateway {
                     .map_err(|e| Status::invalid_argument(format!("sessions: {id:?} is not a session id: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        self.quotas.admit(&tenant).await?;
         let (tx, rx) = mpsc::channel(4);
         let log = self.log.clone();
         tokio::spawn(async move {
@@ -71,9 +65,9 @@ impl Gateway {
 
     /// `ImportSessions`: writes each session's groups through its owner, in order; answers the counts.
     pub(crate) async fn import(&self, request: Request<Streaming<pb::ExportItem>>) -> Result<pb::ImportReply, Status> {
-        self.auth.authorize_admin(request.metadata(), "ImportSessions")?;
+        let caller = self.caller(request.metadata(), <pb::ExportHeader as crate::scope::Scoped>::ROLE)?;
         let mut stream = request.into_inner();
-        let header = match stream.message().await?.and_then(|i| i.item) {
+        let mut header = match stream.message().await?.and_then(|i| i.item) {
             Some(Item::Header(h)) => h,
             _ => return Err(Status::invalid_argument("not an export: its first item must be the header")),
         };
@@ -84,9 +78,14 @@ impl Gateway {
                 header.format
             )));
         }
-        self.quotas.admit(&header.tenant).await?;
-        let mut import =
-            Import { gateway: self, tenant: header.tenant, pending: None, reply: pb::ImportReply::default() };
+        // Into an admin's own tenant only; any tenant for a cluster admin (`scope.rs`).
+        let scope = self.confine(caller, &mut header).await?;
+        let mut import = Import {
+            gateway: self,
+            tenant: scope.tenant.into_string(),
+            pending: None,
+            reply: pb::ImportReply::default(),
+        };
         while let Some(item) = stream.message().await? {
             match item.item {
                 Some(Item::Events(group)) => import.group(group).await?,

@@ -10,8 +10,8 @@
 //! Modules: [`convert`] (request validation), [`status`] (error → gRPC code),
 //! [`read`] (projection reads), [`merge`], [`feed`] and [`watch`] (the resumable Watch stream over one
 //! shared feed per watched session), [`service`] (the [`Gateway`] and what its RPCs share; the RPCs
-//! themselves are in `rpc`), [`auth`] (bearer tokens → tenant; every call is
-//! confined to its tenant), [`quota`] (per-tenant request rate and open Watch streams, checked in the service
+//! themselves are in `rpc`), [`auth`] (bearer tokens → tenant and role), `scope` (the one tenancy rule
+//! every RPC passes through: authenticate, resolve the call's tenant, confine the request to it), [`quota`] (per-tenant request rate and open Watch streams, checked in the service
 //! methods, counted across a cluster's gateways in NATS KV), `usage` (`GetUsage`, SPEC §17), [`tools`]
 //! (client tool executors on `ServeTools` streams) and [`export`] (`ExportSessions` and `ImportSessions`,
 //! SPEC §18). [`console`] serves the web console
@@ -32,6 +32,7 @@ pub mod read;
 pub mod resume;
 mod rpc;
 mod schedules;
+mod scope;
 mod search;
 pub mod service;
 pub mod status;
@@ -42,12 +43,12 @@ pub mod watch;
 use std::future::Future;
 
 pub use quota::{QuotaConfig, Quotas, TenantQuota};
+pub use service::TokenBudgets;
 pub use service::{Gateway, GatewayConfig};
 use tokio::net::TcpListener;
 use tonic::transport::ServerTlsConfig;
 pub use tools::ToolHub;
 use turnstile_proto::v1::agent_server::AgentServer;
-pub use usage::TokenBudgets;
 
 /// The gRPC server stopped for a reason other than `shutdown`.
 #[derive(Debug, thiserror::Error)]

@@ -13,8 +13,9 @@ use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_server::Agent;
 
-use crate::auth::Caller;
+use crate::auth::{Caller, Role};
 use crate::resume::StepPosition;
+use crate::scope::ToolsTenant;
 use crate::service::{DEFAULT_PAGE, Gateway, MAX_PAGE, parse_page_token, unexpected};
 use crate::watch::{self, WatchSpec};
 use crate::{convert, read, status};
@@ -22,7 +23,7 @@ use crate::{convert, read, status};
 #[tonic::async_trait]
 impl Agent for Gateway {
     async fn send(&self, request: Request<pb::SendRequest>) -> Result<Response<pb::SendReply>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
         let target = convert::target("target", req.target).map_err(status::from_convert)?;
         let message =
@@ -35,15 +36,15 @@ impl Agent for Gateway {
     }
 
     async fn followup(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
-        self.preset(self.open(request).await?, Target::NextTurn, true, &MessageSource::User).await
+        self.preset(self.open(request).await?.1, Target::NextTurn, true, &MessageSource::User).await
     }
 
     async fn queue(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
-        self.preset(self.open(request).await?, Target::NextTurn, false, &MessageSource::User).await
+        self.preset(self.open(request).await?.1, Target::NextTurn, false, &MessageSource::User).await
     }
 
     async fn steer(&self, request: Request<pb::SteerRequest>) -> Result<Response<pb::SendReply>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
         let message =
             convert::user_message("message", req.message, &MessageSource::User).map_err(status::from_convert)?;
@@ -59,16 +60,16 @@ impl Agent for Gateway {
     }
 
     async fn inject(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
-        self.preset(self.open(request).await?, Target::NextStep, false, &convert::inject_default_source()).await
+        self.preset(self.open(request).await?.1, Target::NextStep, false, &convert::inject_default_source()).await
     }
 
     async fn interrupt(&self, request: Request<pb::DeliverRequest>) -> Result<Response<pb::SendReply>, Status> {
-        let (session, message) = self.delivery(self.open(request).await?, &MessageSource::User)?;
+        let (session, message) = self.delivery(self.open(request).await?.1, &MessageSource::User)?;
         self.deliver(session, Command::Interrupt { message }).await
     }
 
     async fn cancel(&self, request: Request<pb::CancelRequest>) -> Result<Response<pb::CancelReply>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
         let command = Command::Cancel { cause: convert::cancel_cause(req.cause), keep_inbox: req.keep_inbox };
         let seq = self.written(session, command).await?;
@@ -76,7 +77,7 @@ impl Agent for Gateway {
     }
 
     async fn replace(&self, request: Request<pb::ReplaceRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
         let id = convert::message_id("id", req.id).map_err(status::from_convert)?;
         let message =
@@ -86,7 +87,7 @@ impl Agent for Gateway {
     }
 
     async fn remove(&self, request: Request<pb::RemoveRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
         let id = convert::message_id("id", req.id).map_err(status::from_convert)?;
         let seq = self.written(session, Command::Remove { id }).await?;
@@ -94,7 +95,7 @@ impl Agent for Gateway {
     }
 
     async fn splice(&self, request: Request<pb::SpliceRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
         let target = convert::target("target", req.target).map_err(status::from_convert)?;
         let inserted = req
@@ -110,19 +111,19 @@ impl Agent for Gateway {
     }
 
     async fn clear(&self, request: Request<pb::ClearRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let session = self.session(self.open(request).await?.session)?;
+        let session = self.session(self.open(request).await?.1.session)?;
         let seq = self.written(session, Command::Clear).await?;
         Ok(Response::new(pb::EditReply { seq }))
     }
 
     async fn get_inbox(&self, request: Request<pb::GetInboxRequest>) -> Result<Response<pb::InboxSnapshot>, Status> {
-        let session = self.session(self.open(request).await?.session)?;
+        let session = self.session(self.open(request).await?.1.session)?;
         let state = read::existing(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
         Ok(Response::new(codec::encode_inbox(&state.inbox, state.last_seq)))
     }
 
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Result<Response<pb::SessionInfo>, Status> {
-        let session = self.session(self.open(request).await?.session)?;
+        let session = self.session(self.open(request).await?.1.session)?;
         let state = read::existing(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
         Ok(Response::new(self.info(&state).await))
     }
@@ -131,7 +132,7 @@ impl Agent for Gateway {
         &self,
         request: Request<pb::ConfigureSessionRequest>,
     ) -> Result<Response<pb::SessionInfo>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
         if req.agent.is_empty() {
             return Err(Status::invalid_argument("agent: is empty; name one of the configured agents"));
@@ -144,7 +145,7 @@ impl Agent for Gateway {
     }
 
     async fn decide(&self, request: Request<pb::DecideRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
         if req.call_id.is_empty() {
             return Err(Status::invalid_argument(
@@ -157,7 +158,7 @@ impl Agent for Gateway {
     }
 
     async fn set_goal(&self, request: Request<pb::SetGoalRequest>) -> Result<Response<pb::GoalInfo>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
         // The driver checks the objective and the round budget (it knows the limits) and writes nothing
         // when it refuses. A revision keeps the goal's own id, so the minted one may go unused.
@@ -167,7 +168,7 @@ impl Agent for Gateway {
     }
 
     async fn update_goal(&self, request: Request<pb::UpdateGoalRequest>) -> Result<Response<pb::GoalInfo>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
         if req.goal_id.is_empty() {
             return Err(Status::invalid_argument(
@@ -184,20 +185,31 @@ impl Agent for Gateway {
         &self,
         request: Request<pb::DeleteSessionRequest>,
     ) -> Result<Response<pb::EditReply>, Status> {
-        let session = self.session(self.open(request).await?.session)?;
+        let session = self.session(self.open(request).await?.1.session)?;
         let seq = self.written(session, Command::Delete).await?;
         Ok(Response::new(pb::EditReply { seq }))
     }
 
     /// SPEC §17: the tenant's token usage per model and its daily budget (`usage.rs`).
     async fn get_usage(&self, request: Request<pb::GetUsageRequest>) -> Result<Response<pb::TenantUsage>, Status> {
-        Gateway::get_usage(self, request).await
+        let (scope, req) = self.open(request).await?;
+        let Some(ledger) = &self.usage else {
+            return Err(Status::unimplemented(
+                "this gateway was started without a usage ledger, so it cannot report usage; ask a gateway of the \
+                 cluster (turnstile gateway, turnstile dev)",
+            ));
+        };
+        let budget = self.config.token_budgets.get(scope.tenant.as_str()).copied().unwrap_or(0);
+        let now = turnstile_ops::clock::now_ms();
+        crate::usage::tenant_usage(ledger.as_ref(), &scope.tenant, req.since_unix_ms, budget, now)
+            .await
+            .map(Response::new)
     }
 
     type ServeToolsStream = ReceiverStream<Result<pb::ToolTask, Status>>;
 
     async fn compact(&self, request: Request<pb::CompactRequest>) -> Result<Response<pb::EditReply>, Status> {
-        let session = self.session(self.open(request).await?.session)?;
+        let session = self.session(self.open(request).await?.1.session)?;
         let seq = self.written(session, Command::Compact).await?;
         Ok(Response::new(pb::EditReply { seq }))
     }
@@ -206,7 +218,7 @@ impl Agent for Gateway {
         &self,
         request: Request<pb::ForkSessionRequest>,
     ) -> Result<Response<pb::SessionInfo>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         let source = self.session(req.session)?;
         if req.at_turn == 0 {
             return Err(Status::invalid_argument("at_turn: is 0; turns are numbered from 1"));
@@ -222,22 +234,13 @@ impl Agent for Gateway {
         &self,
         request: Request<pb::ReferenceSessionRequest>,
     ) -> Result<Response<pb::SendReply>, Status> {
-        let caller = self.auth.authenticate(request.metadata())?;
-        let req = self.open(request).await?;
+        // `from_session` is confined like `session` (`scope.rs`): another tenant's session is NOT_FOUND.
+        let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
-        // `from_session` is confined like `session`: another tenant's session is NOT_FOUND.
-        let mut raw_from = req.from_session.ok_or_else(|| {
+        let from = req.from_session.ok_or_else(|| {
             Status::invalid_argument("from_session: is missing; name the session whose transcript to reference")
         })?;
-        if raw_from.tenant.is_empty() {
-            raw_from.tenant.clone_from(&session.tenant);
-        }
-        let from = self.session(Some(raw_from))?;
-        if let Caller::Tenant(tenant) = &caller
-            && from.tenant != *tenant
-        {
-            return Err(read::not_found(&from));
-        }
+        let from = self.session(Some(from))?;
         if req.upto_turn == Some(0) {
             return Err(Status::invalid_argument("upto_turn: is 0; turns are numbered from 1 (leave it out for all)"));
         }
@@ -262,25 +265,20 @@ impl Agent for Gateway {
         &self,
         request: Request<tonic::Streaming<pb::ToolWorkerMessage>>,
     ) -> Result<Response<Self::ServeToolsStream>, Status> {
-        // Tools are the caller's tenant's. Without auth there is no caller tenant, and the stream names no
-        // session: the `turnstile-tenant` header names it, as `session.tenant` does in other calls.
-        let tenant = match self.auth.authenticate(request.metadata())? {
-            Caller::Tenant(tenant) => tenant,
-            Caller::Anonymous => match request.metadata().get(crate::tools::TENANT_HEADER) {
-                None => self.config.default_tenant.clone(),
-                Some(value) => {
-                    let tenant = value.to_str().unwrap_or_default().to_owned();
-                    SessionRef::new(tenant.clone(), "x").map_err(|e| {
-                        Status::invalid_argument(format!(
-                            "header {}: {e}; name a tenant of letters, digits, '-' and '_'",
-                            crate::tools::TENANT_HEADER
-                        ))
-                    })?;
-                    tenant
-                }
-            },
+        // Tools are the call's tenant's. The stream names no session: the `turnstile-tenant` header names
+        // the tenant (needed only without auth), as `session.tenant` does in other calls.
+        let caller = self.caller(request.metadata(), Role::Member)?;
+        let named = match request.metadata().get(crate::tools::TENANT_HEADER) {
+            None => String::new(),
+            Some(value) => value.to_str().map(str::to_owned).map_err(|_| {
+                Status::invalid_argument(format!(
+                    "header {}: is not ASCII; name a tenant of letters, digits, '-' and '_'",
+                    crate::tools::TENANT_HEADER
+                ))
+            })?,
         };
-        self.quotas.admit(&tenant).await?;
+        let scope = self.confine(caller, &mut ToolsTenant(named)).await?;
+        let tenant = scope.tenant.into_string();
         let stream = self.tools.serve(tenant, request.into_inner()).await?;
         Ok(Response::new(stream))
     }
@@ -288,7 +286,7 @@ impl Agent for Gateway {
     type WatchStream = ReceiverStream<Result<pb::WatchItem, Status>>;
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         let resume = req.resume.map(|r| StepPosition {
             turn: r.turn,
             step: r.step,
@@ -316,7 +314,7 @@ impl Agent for Gateway {
     }
 
     async fn when_idle(&self, request: Request<pb::WhenIdleRequest>) -> Result<Response<pb::SessionInfo>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
         let timeout = match req.timeout_ms {
             0 => self.config.when_idle_timeout,
@@ -341,7 +339,7 @@ impl Agent for Gateway {
         &self,
         request: Request<pb::CreateScheduleRequest>,
     ) -> Result<Response<pb::Schedule>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         Ok(Response::new(Gateway::create_schedule(self, req).await?))
     }
 
@@ -349,7 +347,7 @@ impl Agent for Gateway {
         &self,
         request: Request<pb::DeleteScheduleRequest>,
     ) -> Result<Response<pb::Schedule>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         Ok(Response::new(Gateway::delete_schedule(self, req).await?))
     }
 
@@ -357,35 +355,15 @@ impl Agent for Gateway {
         &self,
         request: Request<pb::ListSchedulesRequest>,
     ) -> Result<Response<pb::ListSchedulesReply>, Status> {
-        let caller = self.auth.authenticate(request.metadata())?;
-        let tenant = match &caller {
-            Caller::Tenant(own) => own.clone(),
-            Caller::Anonymous => String::new(),
-        };
-        let has_session = request.get_ref().session.is_some();
-        let req = if has_session { self.open(request).await? } else { request.into_inner() };
+        let (scope, req) = self.open(request).await?;
         let session = req.session.map(|s| self.session(Some(s))).transpose()?;
-        let tenant = match (tenant.is_empty(), req.tenant.is_empty()) {
-            (false, false) if req.tenant != tenant => {
-                return Err(Status::permission_denied(format!(
-                    "your credentials are for tenant {tenant:?}; ListSchedules lists only your tenant's schedules: \
-                     leave tenant empty"
-                )));
-            }
-            (false, _) => tenant,
-            (true, false) => req.tenant,
-            (true, true) => self.config.default_tenant.clone(),
-        };
-        if session.is_none() {
-            self.quotas.admit(&tenant).await?;
-            SessionRef::new(tenant.clone(), "x").map_err(|e| Status::invalid_argument(format!("tenant: {e}")))?;
-        }
+        let tenant = scope.tenant.into_string();
         let reply = Gateway::list_schedules(self, session, tenant, &req.page_token, req.page_size).await?;
         Ok(Response::new(reply))
     }
 
     async fn set_labels(&self, request: Request<pb::SetLabelsRequest>) -> Result<Response<pb::SessionInfo>, Status> {
-        let req = self.open(request).await?;
+        let (_, req) = self.open(request).await?;
         Ok(Response::new(Gateway::set_labels(self, req).await?))
     }
 
@@ -393,19 +371,7 @@ impl Agent for Gateway {
         &self,
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsReply>, Status> {
-        let caller = self.auth.authenticate(request.metadata())?;
-        let mut req = request.into_inner();
-        if let Caller::Tenant(own) = &caller {
-            // Confined to the caller's tenant: naming another one is refused without saying whether it exists.
-            if !req.tenant.is_empty() && req.tenant != *own {
-                return Err(Status::permission_denied(format!(
-                    "your credentials are for tenant {own:?}; ListSessions lists only your tenant's sessions: \
-                     leave tenant empty"
-                )));
-            }
-            req.tenant.clone_from(own);
-        }
-        self.quotas.admit(if req.tenant.is_empty() { &self.config.default_tenant } else { &req.tenant }).await?;
+        let (scope, req) = self.open(request).await?;
         let page_size = match req.page_size as usize {
             0 => DEFAULT_PAGE,
             n if n > MAX_PAGE => {
@@ -415,17 +381,16 @@ impl Agent for Gateway {
             }
             n => n,
         };
-        let tenant = (!req.tenant.is_empty()).then(|| req.tenant.clone());
-        if let Some(t) = &tenant {
-            // Reuse the session-name rule for the tenant half.
-            SessionRef::new(t.clone(), "x").map_err(|e| Status::invalid_argument(format!("tenant: {e}")))?;
-        }
+        // Without auth, naming no tenant lists every tenant's sessions; otherwise the call's tenant.
+        let tenant = match (&scope.caller, req.tenant.is_empty()) {
+            (Caller::Anonymous, true) => None,
+            _ => Some(scope.tenant.as_str().to_owned()),
+        };
         let mut query = crate::search::query_of(&req)?;
         if !req.parent.is_empty() {
-            // A parent is in one tenant: the caller's, the one named, or the default one.
-            let tenant = tenant.clone().unwrap_or_else(|| self.config.default_tenant.clone());
-            let parent =
-                SessionRef::new(tenant, req.parent).map_err(|e| Status::invalid_argument(format!("parent: {e}")))?;
+            // A parent is in one tenant: the call's (the caller's, the one named, or the default one).
+            let parent = SessionRef::in_tenant(&scope.tenant, req.parent)
+                .map_err(|e| Status::invalid_argument(format!("parent: {e}")))?;
             if query.order == turnstile_journal::index::Order::Id {
                 // Children's ids share their parent's prefix: the log lists them without any index.
                 let after = parse_page_token(&req.page_token)?;

@@ -1,12 +1,12 @@
 //! The [`Gateway`] behind the `turnstile.v1.Agent` service: its configuration and parts, and what its RPCs
-//! (the `rpc` module) share: the tenancy check, routing a command to the owning driver, reading the state
-//! a command left.
+//! (the `rpc` module) share: routing a command to the owning driver, reading the state a command left.
+//! The tenancy check every RPC passes through is `scope.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status};
+use tonic::{Response, Status};
 use turnstile_cluster::CommandRouter;
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{LiveBus, SessionLog, UsageLedger};
@@ -16,11 +16,10 @@ use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_server::AgentServer;
 
-use crate::auth::{Authenticator, Caller};
+use crate::auth::Authenticator;
 use crate::feed::SessionFeeds;
 use crate::quota::{QuotaConfig, Quotas};
 use crate::tools::ToolHub;
-use crate::usage::TokenBudgets;
 use crate::watch;
 use crate::{convert, read, status};
 
@@ -63,6 +62,9 @@ impl Default for GatewayConfig {
     }
 }
 
+/// The `[tenants.NAME] token_budget`s of a configuration, by tenant.
+pub type TokenBudgets = std::collections::BTreeMap<String, u64>;
+
 /// `max_request_bytes` of the default configuration: 4 MiB of pending content plus 1 MiB of envelope.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 5 * 1024 * 1024;
 
@@ -77,7 +79,7 @@ pub struct Gateway {
     pub(crate) log: Arc<dyn SessionLog>,
     pub(crate) snapshots: Arc<dyn SnapshotStore>,
     pub(crate) config: GatewayConfig,
-    /// Resolves each call's tenant ([`Gateway::open`]); disabled unless [`Gateway::with_auth`].
+    /// Resolves each call's caller (`scope.rs`); disabled unless [`Gateway::with_auth`].
     pub(crate) auth: Arc<Authenticator>,
     /// Ends every Watch stream at shutdown; the server's graceful drain would otherwise wait for them forever.
     pub(crate) shutdown: CancellationToken,
@@ -183,31 +185,6 @@ impl Gateway {
     /// Cancelling it ends every open Watch stream (with UNAVAILABLE, so clients reconnect elsewhere).
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
-    }
-
-    /// The one tenancy check, before anything else of a call: authenticates the caller and confines the
-    /// request's session to the caller's tenant. An empty `session.tenant` becomes the caller's; another
-    /// tenant's session is NOT_FOUND with the very message of a session that does not exist, so a caller
-    /// learns nothing about other tenants.
-    pub(crate) async fn open<T: NamesSession>(&self, request: Request<T>) -> Result<T, Status> {
-        let caller = self.auth.authenticate(request.metadata())?;
-        let mut req = request.into_inner();
-        if let (Caller::Tenant(tenant), Some(raw)) = (&caller, req.session_mut()) {
-            if raw.tenant.is_empty() {
-                raw.tenant.clone_from(tenant);
-            } else if raw.tenant != *tenant {
-                // Malformed names are still INVALID_ARGUMENT, as for the caller's own tenant.
-                let named = self.session(Some(raw.clone()))?;
-                return Err(read::not_found(&named));
-            }
-        }
-        let tenant = match (&caller, req.session_mut()) {
-            (Caller::Tenant(tenant), _) => tenant.clone(),
-            (Caller::Anonymous, Some(raw)) if !raw.tenant.is_empty() => raw.tenant.clone(),
-            (Caller::Anonymous, _) => self.config.default_tenant.clone(),
-        };
-        self.quotas.admit(&tenant).await?;
-        Ok(req)
     }
 
     pub(crate) fn session(&self, raw: Option<pb::SessionRef>) -> Result<SessionRef, Status> {
@@ -366,49 +343,6 @@ impl Gateway {
         Ok(Response::new(codec::encode_goal_info(&goal.current())))
     }
 }
-
-/// Requests that name one session, so [`Gateway::open`] can confine it.
-pub(crate) trait NamesSession {
-    fn session_mut(&mut self) -> Option<&mut pb::SessionRef>;
-}
-
-macro_rules! names_session {
-    ($($t:ty),+ $(,)?) => {
-        $(impl NamesSession for $t {
-            fn session_mut(&mut self) -> Option<&mut pb::SessionRef> {
-                self.session.as_mut()
-            }
-        })+
-    };
-}
-
-names_session!(
-    pb::SendRequest,
-    pb::DeliverRequest,
-    pb::SteerRequest,
-    pb::CancelRequest,
-    pb::ReplaceRequest,
-    pb::RemoveRequest,
-    pb::SpliceRequest,
-    pb::ClearRequest,
-    pb::GetInboxRequest,
-    pb::GetSessionRequest,
-    pb::ConfigureSessionRequest,
-    pb::DecideRequest,
-    pb::SetGoalRequest,
-    pb::UpdateGoalRequest,
-    pb::WatchRequest,
-    pb::WhenIdleRequest,
-    pb::CompactRequest,
-    pb::ForkSessionRequest,
-    pb::ReferenceSessionRequest,
-);
-
-// Session lifecycle (SPEC §12).
-names_session!(pb::DeleteSessionRequest);
-
-// Schedules and labels (SPEC §15, §16).
-names_session!(pb::CreateScheduleRequest, pb::DeleteScheduleRequest, pb::ListSchedulesRequest, pb::SetLabelsRequest);
 
 pub(crate) fn unexpected(what: &str, reply: &CommandReply) -> Status {
     Status::internal(format!("the driver answered {what} with {reply:?}; this is a bug, please report it"))

@@ -58,7 +58,7 @@ fn metadata(value: &[u8]) -> Option<MetadataMap> {
 fn check(auth: &Authenticator, value: &[u8]) -> Option<String> {
     let metadata = metadata(value)?;
     match auth.authenticate(&metadata) {
-        Ok(Caller::Tenant(tenant)) => Some(tenant),
+        Ok(Caller::Tenant { tenant, .. }) => Some(tenant.into_string()),
         Ok(Caller::Anonymous) => panic!("auth is on, yet {value:?} was let in anonymously"),
         Err(status) => {
             assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");

@@ -55,14 +55,33 @@ pub fn validate_key(key: &str) -> Result<(), LabelError> {
     Ok(())
 }
 
-/// Checks a `SetLabels` change against the labels a session has: keys, value sizes, the count after it,
-/// and that no key is both set and removed.
+/// The characters a selector reads as its own syntax (`k=v,k!=v`): a value holding one could be stored but
+/// no selector could name it.
+pub const SELECTOR_SYNTAX: [char; 2] = [',', '='];
+
+/// A value of `key`: at most [`MAX_VALUE_BYTES`], none of [`SELECTOR_SYNTAX`], no whitespace at either
+/// end (a selector trims it). The one rule for a value, applied where labels are set and where a
+/// selector names one, so that every value stored can be selected and every value selected can be stored.
+pub fn validate_value(key: &str, value: &str) -> Result<(), LabelError> {
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(LabelError::ValueLength { key: key.to_owned(), len: value.len() });
+    }
+    let detail = if let Some(c) = value.chars().find(|c| SELECTOR_SYNTAX.contains(c)) {
+        format!("holds {c:?}")
+    } else if value.trim() != value {
+        "starts or ends with whitespace".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(LabelError::ValueChar { key: key.to_owned(), value: value.to_owned(), detail })
+}
+
+/// Checks a `SetLabels` change against the labels a session has: keys, values, the count after it, and
+/// that no key is both set and removed.
 pub fn check_change(current: &Labels, change: &Labeled) -> Result<(), LabelError> {
     for (key, value) in &change.set {
         validate_key(key)?;
-        if value.len() > MAX_VALUE_BYTES {
-            return Err(LabelError::ValueLength { key: key.clone(), len: value.len() });
-        }
+        validate_value(key, value)?;
     }
     for key in &change.removed {
         validate_key(key)?;
@@ -132,10 +151,8 @@ impl Selector {
                 Requirement::Exists(k) | Requirement::Absent(k) => (k, None),
             };
             validate_key(key).map_err(|e| bad(&e.to_string()))?;
-            if let Some(v) = value
-                && v.len() > MAX_VALUE_BYTES
-            {
-                return Err(bad(&format!("the value is over {MAX_VALUE_BYTES} bytes")));
+            if let Some(v) = value {
+                validate_value(key, v).map_err(|e| bad(&e.to_string()))?;
             }
             requirements.push(requirement);
         }
@@ -156,6 +173,11 @@ pub enum LabelError {
     KeyChar { key: String, c: char },
     #[error("label {key:?} has a value of {len} bytes; values are at most {MAX_VALUE_BYTES} bytes")]
     ValueLength { key: String, len: usize },
+    #[error(
+        "label {key:?} has the value {value:?}, which {detail}; a value may hold any character but ',' and '=' and \
+         may not start or end with whitespace, so that a label selector (k=v, k!=v) can name it"
+    )]
+    ValueChar { key: String, value: String, detail: String },
     #[error("label {key:?} is both set and removed; do one or the other")]
     SetAndRemoved { key: String },
     #[error("the session would have {count} labels; at most {MAX_LABELS} are allowed: remove some with remove_keys")]
@@ -200,5 +222,26 @@ mod tests {
         let long = Labeled { set: BTreeMap::from([("a".into(), "x".repeat(257))]), removed: vec![] };
         assert!(matches!(check_change(&Labels::new(), &long), Err(LabelError::ValueLength { .. })));
         assert!(validate_key("app.kubernetes.io/name").is_ok());
+    }
+
+    #[test]
+    fn values_a_selector_cannot_name_are_refused_and_every_stored_value_can_be_selected() {
+        for bad in ["a,b", "a=b", "x!=y", " lead", "trail ", "\tx"] {
+            let change = Labeled { set: BTreeMap::from([("k".into(), bad.into())]), removed: vec![] };
+            let err = check_change(&Labels::new(), &change).unwrap_err();
+            assert!(matches!(err, LabelError::ValueChar { .. }), "{bad:?}: {err}");
+            assert!(err.to_string().contains("any character but ',' and '='"), "{err}");
+        }
+        for good in ["", "prod", "a b", "ünï", "!x", "x!", "a.b/c-d_e", "émoji 🚀"] {
+            let labels = Labels::from([("k".to_string(), good.to_string())]);
+            let change = Labeled { set: labels.clone(), removed: vec![] };
+            assert!(check_change(&Labels::new(), &change).is_ok(), "{good:?}");
+            let selector = Selector::parse(&format!("k={good}")).unwrap();
+            assert!(selector.matches(&labels), "k={good} selects it");
+            assert!(!Selector::parse(&format!("k!={good}")).unwrap().matches(&labels), "k!={good}");
+        }
+        // The selector refuses what could not be stored, with the same rule.
+        let e = Selector::parse("k=a=b").unwrap_err().to_string();
+        assert!(e.contains("holds '='"), "{e}");
     }
 }

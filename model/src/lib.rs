@@ -16,6 +16,7 @@
 //! - [`child`]: the names a `spawn_agent` call gives its child session (§13).
 //! - [`schedule`]: scheduled deliveries and their fold (§15).
 //! - [`labels`]: session labels and label selectors (§16).
+//! - [`tenant`]: valid tenant names and the sets of tenants an agent or webhook serves.
 //! - [`shard`]: the stable session → virtual shard hash.
 //!
 //! ```
@@ -37,6 +38,7 @@ pub mod message;
 pub mod schedule;
 pub mod shard;
 pub mod state;
+pub mod tenant;
 pub mod time;
 pub mod tool_names;
 pub mod transcript;
@@ -55,4 +57,5 @@ pub use labels::{Labeled, Labels, Selector};
 pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
 pub use schedule::{Preset, Schedule, ScheduleChange, ScheduleSpec, Timing};
 pub use state::{ProjectionError, SessionState};
+pub use tenant::{Tenant, TenantScope};
 pub use transcript::{Transcript, TranscriptEntry};

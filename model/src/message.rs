@@ -22,8 +22,15 @@ impl SessionRef {
         Ok(r)
     }
 
+    /// A session of `tenant` (already valid): only `id` is checked.
+    pub fn in_tenant(tenant: &crate::tenant::Tenant, id: impl Into<String>) -> Result<Self, ValueError> {
+        let id = id.into();
+        validate_name("session id", &id)?;
+        Ok(Self { tenant: tenant.as_str().to_owned(), id })
+    }
+
     pub fn validate(&self) -> Result<(), ValueError> {
-        validate_name("tenant", &self.tenant)?;
+        crate::tenant::Tenant::validate(&self.tenant)?;
         validate_name("session id", &self.id)
     }
 }
@@ -34,7 +41,7 @@ impl fmt::Display for SessionRef {
     }
 }
 
-fn validate_name(what: &'static str, value: &str) -> Result<(), ValueError> {
+pub(crate) fn validate_name(what: &'static str, value: &str) -> Result<(), ValueError> {
     if value.is_empty() || value.len() > MAX_ID_LEN {
         return Err(ValueError::NameLength { what, len: value.len() });
     }

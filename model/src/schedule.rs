@@ -37,6 +37,10 @@ pub const MAX_CATCHUP_MS: u64 = 7 * 24 * 3600 * 1000;
 /// The most schedules one session holds.
 pub const MAX_SCHEDULES_PER_SESSION: usize = 64;
 
+/// Furthest ahead a one-shot `at_unix_ms` may be: ten years (of 365.25 days). A time beyond any plausible
+/// use is a mistake (a unit error, a `u64::MAX` sentinel) that would otherwise sit in the log forever.
+pub const MAX_AT_AHEAD_MS: u64 = 36_525 * 24 * 3600 * 100;
+
 /// Missed firings counted one by one before the rest is skipped in one jump (a schedule whose session was
 /// unowned for a long time); `missed` then counts at least this many.
 pub const MAX_COUNTED_MISSES: u64 = 10_000;

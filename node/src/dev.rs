@@ -150,7 +150,7 @@ fn banner(url: &str, journal: &str, config: &str, auth: &str) -> String {
 pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     install_metrics();
     let agents = agents(&opts.serving.config).await?;
-    let security = ServerSecurity::load(&opts.auth, opts.serving.tls.as_ref())?;
+    let security = ServerSecurity::load(&opts.auth, opts.serving.tls.as_ref()).await?;
     let (listener, local) = bind(&opts.serving.listen).await?;
     let auth = auth_line(&security.auth, local, &opts.serving.listen)?;
     let auth_watch = AuthWatch::install(&security.auth)?;

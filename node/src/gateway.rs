@@ -109,7 +109,7 @@ pub(crate) fn serve(
 /// bound addresses, and serves until stopped.
 pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     install_metrics();
-    let security = ServerSecurity::load(&opts.auth, opts.serving.tls.as_ref())?;
+    let security = ServerSecurity::load(&opts.auth, opts.serving.tls.as_ref()).await?;
     let cluster_tls = opts.cluster_tls.as_ref().map(ClusterTls::load).transpose()?;
     let (listener, local) = bind(&opts.serving.listen).await?;
     let auth = auth_line(&security.auth, local, &opts.serving.listen)?;

@@ -42,7 +42,7 @@ impl AuthOptions {
         self.auth_tokens.is_some() || self.jwt_key.is_some()
     }
 
-    pub(crate) fn load(&self) -> Result<Authenticator, NodeError> {
+    pub(crate) async fn load(&self) -> Result<Authenticator, NodeError> {
         let (flag, source) = match (&self.auth_tokens, &self.jwt_key) {
             (Some(file), _) => ("--auth-tokens", AuthSource::TokenFile(file.clone())),
             (None, Some(key)) => (
@@ -56,7 +56,7 @@ impl AuthOptions {
             ),
             (None, None) => return Ok(Authenticator::Disabled),
         };
-        let live = Reloadable::load(source).map_err(|cause| NodeError::Auth { flag, cause })?;
+        let live = Reloadable::load(source).await.map_err(|cause| NodeError::Auth { flag, cause })?;
         Ok(Authenticator::Reloadable(Arc::new(live)))
     }
 }
@@ -106,7 +106,7 @@ impl AuthWatch {
                     _ = poll.tick() => false,
                 };
                 let path = live.source().path().display().to_string();
-                match live.reload(force) {
+                match live.reload(force).await {
                     None => {}
                     Some(Ok(summary)) => tracing::info!(file = %path, sighup = force, "auth reloaded: {summary}"),
                     Some(Err(e)) => tracing::error!(
@@ -136,8 +136,8 @@ pub(crate) struct ServerSecurity {
 }
 
 impl ServerSecurity {
-    pub(crate) fn load(auth: &AuthOptions, tls: Option<&ServerTls>) -> Result<Self, NodeError> {
-        Ok(Self { auth: auth.load()?, tls: tls.map(ServerTls::load).transpose()? })
+    pub(crate) async fn load(auth: &AuthOptions, tls: Option<&ServerTls>) -> Result<Self, NodeError> {
+        Ok(Self { auth: auth.load().await?, tls: tls.map(ServerTls::load).transpose()? })
     }
 }
 
@@ -145,11 +145,11 @@ impl ServerSecurity {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_missing_token_file_names_the_flag_and_the_file() {
+    #[tokio::test]
+    async fn a_missing_token_file_names_the_flag_and_the_file() {
         let auth = AuthOptions { auth_tokens: Some("/nonexistent/tokens".into()), ..AuthOptions::default() };
         assert!(auth.is_enabled());
-        let err = auth.load().err().unwrap().to_string();
+        let err = auth.load().await.err().unwrap().to_string();
         assert!(err.starts_with("--auth-tokens: cannot read /nonexistent/tokens: "), "{err}");
     }
 

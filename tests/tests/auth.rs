@@ -497,3 +497,119 @@ async fn a_rotated_jwt_key_admits_the_new_keys_tokens_and_refuses_the_old_ones()
     assert!(!line.contains("the-new-hs256"), "a reload must not log the secret: {line}");
     server.stop().await;
 }
+
+#[derive(serde::Serialize)]
+struct TimedClaims<'a> {
+    tenant: &'a str,
+    exp: u64,
+    nbf: u64,
+}
+
+/// Issue 37 item 6: a JWT whose `nbf` is in the future (beyond the 30 s leeway) is refused, UNAUTHENTICATED;
+/// the same token valid from a minute ago is accepted.
+#[tokio::test]
+async fn a_jwt_not_valid_yet_is_unauthenticated() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = b"an-hs256-secret-of-at-least-32-bytes!";
+    let key = dir.path().join("jwt.key");
+    std::fs::write(&key, secret).unwrap();
+    let server =
+        start_with_args(vec!["--jwt-key".into(), key.display().to_string(), "--jwt-alg".into(), "HS256".into()]).await;
+    let mut client = server.client();
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let sign_nbf = |nbf: u64| {
+        let claims = TimedClaims { tenant: "jwt-tenant", exp: now + 3600, nbf };
+        let key = jsonwebtoken::EncodingKey::from_secret(secret);
+        jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256), &claims, &key).unwrap()
+    };
+    let early = sign_nbf(now + 600);
+    let err = followup(&mut client, &early, name("", "s1"), "too early").await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    assert!(err.message().contains("`nbf`"), "{}", err.message());
+    let ready = sign_nbf(now - 60);
+    followup(&mut client, &ready, name("", "s1"), "on time").await.unwrap();
+}
+
+const TENANT_ADMIN: &str = "admin-of-tenant-a-0123456789";
+const CLUSTER_ADMIN: &str = "cluster-admin-0123456789";
+
+fn role_tokens(dir: &Path) -> String {
+    let path = dir.join("roles.txt");
+    std::fs::write(
+        &path,
+        format!(
+            "{TOKEN_A} tenant-a\n{TOKEN_B} tenant-b\n{TENANT_ADMIN} tenant-a admin\n{CLUSTER_ADMIN} ops cluster_admin\n"
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+/// Every item of an `ExportSessions` call, or its refusal.
+async fn export(
+    client: &mut AgentClient<Channel>,
+    token: &str,
+    tenant: &str,
+) -> Result<Vec<turnstile_tests::v1::ExportItem>, Status> {
+    let req = turnstile_tests::v1::ExportSessionsRequest { tenant: tenant.into(), sessions: vec![] };
+    let mut stream = client.export_sessions(authed(req, Some(token))).await?.into_inner();
+    let mut items = Vec::new();
+    while let Some(item) = stream.message().await? {
+        items.push(item);
+    }
+    Ok(items)
+}
+
+async fn import(
+    client: &mut AgentClient<Channel>,
+    token: &str,
+    items: Vec<turnstile_tests::v1::ExportItem>,
+) -> Result<turnstile_tests::v1::ImportReply, Status> {
+    client.import_sessions(authed(tokio_stream::iter(items), Some(token))).await.map(tonic::Response::into_inner)
+}
+
+/// Issue 37 item 4: an `admin` token administers its own tenant only (another tenant's export or import is
+/// PERMISSION_DENIED); a `cluster_admin` token exports and imports any tenant.
+#[tokio::test]
+async fn a_tenant_admin_stays_in_its_tenant_and_a_cluster_admin_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = role_tokens(dir.path());
+    let server = start_with_args(vec!["--auth-tokens".into(), tokens.clone()]).await;
+    let mut client = server.client();
+    followup(&mut client, TOKEN_B, name("", "b-secret"), "b's words").await.unwrap();
+    let b_seq = last_seq_when_idle(&mut client, TOKEN_B, "b-secret").await;
+    followup(&mut client, TOKEN_A, name("", "a-own"), "a's words").await.unwrap();
+    last_seq_when_idle(&mut client, TOKEN_A, "a-own").await;
+
+    // The tenant admin: its own tenant (named or not) exports; another tenant's is refused.
+    let own = export(&mut client, TENANT_ADMIN, "").await.unwrap();
+    assert_eq!(own.len(), 3, "header, one group, end: {own:?}");
+    let err = export(&mut client, TENANT_ADMIN, "tenant-b").await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    // A member is refused export, even of its own tenant.
+    assert_eq!(export(&mut client, TOKEN_B, "").await.unwrap_err().code(), Code::PermissionDenied);
+
+    // The cluster admin exports tenant-b.
+    let b_export = export(&mut client, CLUSTER_ADMIN, "tenant-b").await.unwrap();
+    let events: usize = b_export
+        .iter()
+        .filter_map(|i| match &i.item {
+            Some(turnstile_tests::v1::export_item::Item::Events(g)) => Some(g.events.len()),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(events as u64, b_seq, "tenant-b's whole session");
+
+    // Into a fresh server with the same tokens: the tenant admin cannot import tenant-b's sessions, the
+    // cluster admin can, and tenant-b then reads them.
+    let target = start_with_args(vec!["--auth-tokens".into(), tokens]).await;
+    let mut fresh = target.client();
+    let err = import(&mut fresh, TENANT_ADMIN, b_export.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let missing = fresh.get_session(authed(GetSessionRequest { session: name("", "b-secret") }, Some(TOKEN_B))).await;
+    assert_eq!(missing.unwrap_err().code(), Code::NotFound, "the refused import wrote nothing");
+    let reply = import(&mut fresh, CLUSTER_ADMIN, b_export).await.unwrap();
+    assert_eq!((reply.sessions, reply.events), (1, b_seq));
+    let info = fresh.get_session(authed(GetSessionRequest { session: name("", "b-secret") }, Some(TOKEN_B))).await;
+    assert_eq!(info.unwrap().into_inner().last_seq, b_seq);
+}

@@ -120,6 +120,22 @@ async fn bad_labels_and_selectors_are_answered_precisely(backend: Backend) {
     let long = "v".repeat(300);
     let err = client.set_labels(set(&[("team", &long)])).await.unwrap_err();
     assert!(err.message().contains("300 bytes"), "{}", err.message());
+    // Issue 37 item 6: values no selector could name are refused, saying which characters are allowed;
+    // nothing is written.
+    for value in ["a,b", "x!=y", "k=v", " padded", "padded "] {
+        let err = client.set_labels(set(&[("team", value)])).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{value:?}: {err:?}");
+        assert!(err.message().contains("any character but ',' and '='"), "{}", err.message());
+    }
+    assert_eq!(s.info().await.unwrap_err().code(), Code::NotFound, "no refused label was written");
+    // A value with spaces inside, '!' and non-ASCII is stored and selected.
+    client.set_labels(set(&[("team", "blue & green!")])).await.unwrap();
+    let req = ListSessionsRequest {
+        tenant: s.reference().tenant,
+        label_selector: "team=blue & green!".into(),
+        ..Default::default()
+    };
+    eventually(&server, req, &[s.reference().id.as_str()]).await;
     let bad = ListSessionsRequest { label_selector: "team=blue,,x".into(), ..Default::default() };
     let err = client.list_sessions(bad).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);

@@ -103,6 +103,11 @@ async fn bad_schedules_are_answered_precisely() {
         (cron("0 9 * *", "UTC"), "use 5: minute hour day-of-month month day-of-week"),
         (cron("0 9 * * *", "Europe/Atlantis"), "not an IANA time zone"),
         (request(&s, "past", Timing::AtUnixMs(now_ms() - 60_000), "", 0), "in the past"),
+        // Issue 37 item 6: bounded ahead too (ten years), naming the field.
+        (
+            request(&s, "never", Timing::AtUnixMs(u64::MAX), "", 0),
+            "at_unix_ms 18446744073709551615 is more than 10 years",
+        ),
         (request(&s, "bad@id", Timing::AtUnixMs(now_ms() + 60_000), "", 0), "schedule_id"),
     ];
     for (req, expected) in cases {

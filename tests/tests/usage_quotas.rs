@@ -13,7 +13,7 @@ use tonic::Code;
 use turnstile_proto::v1::session_event::Payload;
 use turnstile_proto::v1::turn_end_reason::Reason;
 use turnstile_proto::v1::{GetUsageRequest, SessionEvent, SessionRef, TenantUsage, WatchRequest};
-use turnstile_tests::{Cluster, ClusterOptions, Session, user_msg};
+use turnstile_tests::{Cluster, ClusterOptions, DevServer, Session, user_msg};
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|a| (*a).to_owned()).collect()
@@ -230,4 +230,20 @@ async fn a_tenants_request_rate_and_watch_limit_hold_across_two_gateways_togethe
             Err(status) => panic!("the slot of the dropped stream never freed: {status:?}"),
         }
     };
+}
+
+/// Issue 37 item 6: a `since` in the future is INVALID_ARGUMENT naming the field (no usage can be counted
+/// there), on `turnstile dev`; a past one answers.
+#[tokio::test]
+async fn a_usage_since_in_the_future_is_invalid_argument() {
+    let server = DevServer::start().await.unwrap();
+    let mut client = server.client();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    for since in [now + 3_600_000, u64::MAX] {
+        let err = client.get_usage(GetUsageRequest { tenant: String::new(), since_unix_ms: since }).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert!(err.message().starts_with("since_unix_ms: "), "{}", err.message());
+    }
+    client.get_usage(GetUsageRequest { tenant: String::new(), since_unix_ms: now - 60_000 }).await.unwrap();
+    server.stop().await;
 }

@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use turnstile_proto::v1::session_event::Payload;
 use turnstile_tests::config::{config_args, config_file};
-use turnstile_tests::{Cluster, ClusterOptions, Session, user_msg};
+use turnstile_tests::{Cluster, ClusterOptions, DevOptions, DevServer, Session, user_msg};
 
 const SECRET: &str = "webhook-test-secret";
 
@@ -41,6 +41,8 @@ struct State {
     received: Vec<Received>,
     calls: usize,
     down: bool,
+    /// Calls answered 500 before the first 200.
+    fail_first: usize,
 }
 
 /// A minimal HTTP/1.1 receiver on loopback (one request per connection, `Connection: close`).
@@ -51,10 +53,15 @@ struct Receiver {
 }
 
 impl Receiver {
+    /// A receiver that refuses its first 3 calls (500).
     async fn start() -> Self {
+        Self::refusing_first(3).await
+    }
+
+    async fn refusing_first(fail_first: usize) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        let state = Arc::new(Mutex::new(State::default()));
+        let state = Arc::new(Mutex::new(State { fail_first, ..State::default() }));
         let shared = state.clone();
         tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {
@@ -73,7 +80,7 @@ impl Receiver {
                         s.calls += 1;
                         let answer = if s.down {
                             None
-                        } else if s.calls <= 3 {
+                        } else if s.calls <= s.fail_first {
                             Some(500)
                         } else {
                             Some(200)
@@ -155,6 +162,115 @@ async fn log_of(s: &Session) -> Vec<turnstile_proto::v1::SessionEvent> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     panic!("the log could not be read");
+}
+
+/// Tenancy of webhooks (issue 37 item 4, decision 0091) on `turnstile dev` with two tenants' tokens.
+mod tenancy {
+    use tonic::transport::Channel;
+    use tonic::{Code, Request, Status};
+    use turnstile_proto::v1::agent_client::AgentClient;
+    use turnstile_proto::v1::{
+        ConfigureSessionRequest, DeliverRequest, InjectMode, SessionInfo, SessionRef, WhenIdleRequest,
+    };
+
+    use super::*;
+
+    const TOKEN_A: &str = "webhook-tenant-a-0123456789";
+    const TOKEN_B: &str = "webhook-tenant-b-0123456789";
+
+    fn authed<T>(message: T, token: &str) -> Request<T> {
+        let mut request = Request::new(message);
+        request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+        request
+    }
+
+    fn own(id: &str) -> Option<SessionRef> {
+        Some(SessionRef { tenant: String::new(), id: id.into() })
+    }
+
+    async fn configure(
+        client: &mut AgentClient<Channel>,
+        token: &str,
+        id: &str,
+        agent: &str,
+    ) -> Result<SessionInfo, Status> {
+        let req =
+            ConfigureSessionRequest { session: own(id), agent: agent.into(), inject_mode: InjectMode::Pending as i32 };
+        client.configure_session(authed(req, token)).await.map(tonic::Response::into_inner)
+    }
+
+    async fn run_turn(client: &mut AgentClient<Channel>, token: &str, id: &str, text: &str) {
+        let message = user_msg(&uuid::Uuid::new_v4().to_string(), text);
+        client.followup(authed(DeliverRequest { session: own(id), message: Some(message) }, token)).await.unwrap();
+        let idle = WhenIdleRequest { session: own(id), timeout_ms: 20_000 };
+        client.when_idle(authed(idle, token)).await.unwrap();
+    }
+
+    /// The deliveries `receiver` answered 200 whose `Turnstile-Delivery` starts with `prefix`.
+    fn delivered(receiver: &Receiver, prefix: &str) -> usize {
+        receiver.received().iter().filter(|x| x.answered == 200 && x.delivery.starts_with(prefix)).count()
+    }
+
+    async fn until_delivered(receiver: &Receiver, prefix: &str, count: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while delivered(receiver, prefix) < count {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{count} deliveries of {prefix}: {:?}",
+                receiver.received()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Tenant B cannot run an agent confined to tenant A (it answers as an agent that does not exist, so B
+    /// learns nothing of it), and a webhook of a shared agent set up for tenant A only never receives B's
+    /// events: B's turns reach the webhook meant for every tenant, A's reach A's, B's never reach A's.
+    #[tokio::test]
+    async fn a_tenants_events_never_reach_another_tenants_webhook() {
+        let for_a = Receiver::refusing_first(0).await;
+        let for_all = Receiver::refusing_first(0).await;
+        let config = format!(
+            "[agents.only-a]\ntenants = [\"tenant-a\"]\n\n[agents.shared]\nwebhooks = [\n  \
+             {{ url = \"{}\", events = [\"turn/end\"], tenants = [\"tenant-a\"] }},\n  \
+             {{ url = \"{}\", events = [\"turn/end\"] }},\n]\n",
+            for_a.url, for_all.url
+        );
+        let (dir, path) = config_file(&config);
+        let tokens = dir.path().join("tokens.txt");
+        std::fs::write(&tokens, format!("{TOKEN_A} tenant-a\n{TOKEN_B} tenant-b\n")).unwrap();
+        let mut args = config_args(&path);
+        args.extend(["--auth-tokens".to_owned(), tokens.display().to_string()]);
+        let server = DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::default() }).await.unwrap();
+        let mut client = server.client();
+
+        // The confined agent: refused to B exactly as an unknown agent is, allowed to A.
+        let confined = configure(&mut client, TOKEN_B, "b1", "only-a").await.unwrap_err();
+        let unknown = configure(&mut client, TOKEN_B, "b1", "no-such-agent").await.unwrap_err();
+        assert_eq!(confined.code(), Code::InvalidArgument, "{confined:?}");
+        assert_eq!(confined.message(), unknown.message().replace("no-such-agent", "only-a"), "no existence leak");
+        assert!(!unknown.message().contains("only-a"), "B's list of agents leaves A's out: {}", unknown.message());
+        assert_eq!(configure(&mut client, TOKEN_A, "a0", "only-a").await.unwrap().agent, "only-a");
+
+        // B's turns on the shared agent reach the webhook for every tenant…
+        configure(&mut client, TOKEN_B, "b1", "shared").await.unwrap();
+        for i in 0..3 {
+            run_turn(&mut client, TOKEN_B, "b1", &format!("b's secret {i}")).await;
+        }
+        until_delivered(&for_all, "tenant-b/b1/", 3).await;
+        // …and A's reach A's webhook, after B's were all delivered.
+        configure(&mut client, TOKEN_A, "a1", "shared").await.unwrap();
+        run_turn(&mut client, TOKEN_A, "a1", "a's words").await;
+        until_delivered(&for_a, "tenant-a/a1/", 1).await;
+        until_delivered(&for_all, "tenant-a/a1/", 1).await;
+        let leaked: Vec<String> =
+            for_a.received().iter().map(|x| x.delivery.clone()).filter(|d| !d.starts_with("tenant-a/")).collect();
+        assert!(leaked.is_empty(), "tenant A's webhook received another tenant's events: {leaked:?}");
+        assert!(
+            for_a.received().iter().all(|x| !String::from_utf8_lossy(&x.body).contains("b's secret")),
+            "no text of B's"
+        );
+    }
 }
 
 /// Issue 30's webhook "done when", on a cluster (one at a time with the other cluster tests).

@@ -38,7 +38,7 @@ pub(crate) struct RunnerDeps {
 impl RunnerDeps {
     /// The agent `state` runs (the configured one, else the default).
     pub(crate) fn agent_of<'a>(&'a self, state: &'a SessionState) -> &'a str {
-        self.agents.catalog.resolve(state.agent.as_deref()).0
+        self.agents.catalog.resolve(state.agent.as_deref(), &state.session.tenant).0
     }
 
     /// Tells the session's webhooks (if its agent has any) that its log goes through `state.last_seq`.
@@ -52,7 +52,7 @@ impl RunnerDeps {
 
     /// The index entry of the fold `state`, with the agent resolved as readers report it.
     pub(crate) fn index_entry(&self, state: &SessionState) -> IndexEntry {
-        let agent = self.agents.catalog.resolve(state.agent.as_deref()).0.to_owned();
+        let agent = self.agents.catalog.resolve(state.agent.as_deref(), &state.session.tenant).0.to_owned();
         IndexEntry::of(state, turnstile_model::SessionSummary::of(state, String::new(), agent))
     }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 use turnstile_journal::{SessionLog, WebhookPositions};
-use turnstile_model::{Envelope, SessionRef};
+use turnstile_model::{Envelope, SessionRef, TenantScope};
 
 use crate::ownership::Ownership;
 use crate::sync::lock;
@@ -32,6 +32,9 @@ pub struct WebhookTarget {
     pub events: Vec<String>,
     /// How long an event is retried before it is given up on.
     pub max_age: Duration,
+    /// The tenants whose sessions' events it receives (decision 0091): never another's, whatever agent
+    /// such a session names.
+    pub tenants: TenantScope,
 }
 
 /// Why one POST did not deliver.
@@ -95,9 +98,14 @@ impl Webhooks {
     }
 
     /// `session` (running `agent`, written under `epoch`) has events through `last_seq`: each of the agent's
-    /// webhooks delivers what it has not dealt with yet. Cheap when the agent has none.
+    /// webhooks that serves the session's tenant delivers what it has not dealt with yet. Cheap when the
+    /// agent has none. This is the one place a delivery starts, so the tenant check here is the one that
+    /// keeps a tenant's events from another tenant's receiver.
     pub(crate) fn notify(&self, session: &SessionRef, agent: &str, epoch: u64, last_seq: u64) {
         for hook in self.sender.webhooks(agent) {
+            if !hook.tenants.allows(&session.tenant) {
+                continue;
+            }
             let key = (session.clone(), hook.id.clone());
             let mut tasks = lock(&self.tasks);
             if let Some(tx) = tasks.get(&key)
@@ -265,4 +273,65 @@ impl Delivery {
 /// `pause` scaled by a random factor in [0.5, 1.5): retries of many sessions do not line up.
 fn jitter(pause: Duration) -> Duration {
     pause.mul_f64(0.5 + fastrand::f64())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use turnstile_journal::embedded::EmbeddedLog;
+    use turnstile_journal::webhook::MemoryPositions;
+    use turnstile_model::Tenant;
+
+    use super::*;
+
+    /// Two webhooks of one agent: one for tenant `a` only, one for every tenant. Nothing is ever sent.
+    struct TwoHooks(Vec<Arc<WebhookTarget>>);
+
+    #[async_trait]
+    impl WebhookSender for TwoHooks {
+        fn webhooks(&self, _agent: &str) -> Vec<Arc<WebhookTarget>> {
+            self.0.clone()
+        }
+
+        async fn send(&self, _hook: &WebhookTarget, _event: &Envelope) -> Result<(), SendError> {
+            Err(SendError("not in this test".into()))
+        }
+    }
+
+    fn hook(id: &str, tenants: TenantScope) -> Arc<WebhookTarget> {
+        Arc::new(WebhookTarget {
+            id: id.into(),
+            url: format!("http://127.0.0.1:9/{id}"),
+            events: vec!["turn/end".into()],
+            max_age: Duration::from_secs(1),
+            tenants,
+        })
+    }
+
+    /// Decision 0091: a webhook confined to tenant `a` gets no delivery task for a session of `b` (so no
+    /// POST can ever carry `b`'s events there); the one for every tenant gets one.
+    #[tokio::test]
+    async fn a_session_starts_deliveries_only_to_the_webhooks_of_its_tenant() {
+        let only_a = hook("only-a", TenantScope::only([Tenant::new("a").unwrap()]));
+        let every = hook("every", TenantScope::All);
+        let webhooks = Webhooks::new(
+            Arc::new(TwoHooks(vec![only_a, every])),
+            Arc::new(MemoryPositions::default()),
+            Arc::new(EmbeddedLog::in_memory()),
+            None,
+        );
+        let started = |session: &SessionRef| -> Vec<String> {
+            let mut ids: Vec<String> =
+                lock(&webhooks.tasks).keys().filter(|(s, _)| s == session).map(|(_, id)| id.clone()).collect();
+            ids.sort();
+            ids
+        };
+        let b = SessionRef::new("b", "s").unwrap();
+        webhooks.notify(&b, "shared", 1, 3);
+        assert_eq!(started(&b), ["every"]);
+        let a = SessionRef::new("a", "s").unwrap();
+        webhooks.notify(&a, "shared", 1, 3);
+        assert_eq!(started(&a), ["every", "only-a"]);
+    }
 }

@@ -441,7 +441,7 @@ async fn a_token_removed_from_the_file_is_refused_after_sighup_and_a_bad_rewrite
     replace(&file, format!("{TOKEN_A} tenant-a\n{TOKEN_B}\n").as_bytes());
     server.hangup().unwrap();
     let line = until_logged(&server, "auth reload failed", failed).await;
-    assert!(line.contains(&format!("{}:2: expected `TOKEN TENANT`, got 1 fields", file.display())), "{line}");
+    assert!(line.contains(&format!("{}:2: expected `TOKEN TENANT [ROLE]`, got 1 fields", file.display())), "{line}");
     assert!(!line.contains(TOKEN_B), "a failed reload must not log tokens: {line}");
     assert_eq!(call(&mut client, TOKEN_B).await, Code::Ok, "a bad rewrite keeps the tokens in force");
     assert_eq!(call(&mut client, TOKEN_A).await, Code::Unauthenticated, "nor does it bring back a revoked one");

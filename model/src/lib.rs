@@ -17,6 +17,7 @@
 //! - [`schedule`]: scheduled deliveries and their fold (§15).
 //! - [`labels`]: session labels and label selectors (§16).
 //! - [`shard`]: the stable session → virtual shard hash.
+//! - [`sync`]: poison-tolerant locking, shared by every crate that keeps maps under a mutex.
 //!
 //! ```
 //! use turnstile_model::{ContentBlock, MessageSource, SessionRef, SessionState, UserMessage};
@@ -37,6 +38,7 @@ pub mod message;
 pub mod schedule;
 pub mod shard;
 pub mod state;
+pub mod sync;
 pub mod time;
 pub mod tool_names;
 pub mod transcript;

@@ -9,6 +9,7 @@
 //! - [`message`]: SPEC §1 values (sessions, MessageIds, user messages, sources, targets).
 //! - [`event`]: the durable and live events of §5 and their envelope.
 //! - [`goal`]: the typed `goal/change` event and the goal fold (§10).
+//! - [`turn`]: how a turn ends and the tool calls its steps make (used by events, transcript and goals).
 //! - [`inbox`]: the two pending lists and the normalized splice of §3.
 //! - [`state`]: [`SessionState`], the fold of a log into inbox, status and recovery facts (§3, §6).
 //! - [`transcript`]: the bounded conversation history a model request is built from (§8).
@@ -42,6 +43,7 @@ pub mod sync;
 pub mod time;
 pub mod tool_names;
 pub mod transcript;
+pub mod turn;
 pub mod usage;
 
 pub use command::{

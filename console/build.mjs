@@ -3,8 +3,10 @@
 // network; `node build.mjs --check` (run by .ci/run) rebuilds into a temporary directory and fails if the
 // committed files differ. Every tool is pinned in package-lock.json; the same inputs give the same bytes.
 //
-//   1. buf generate: the TypeScript client of turnstile.v1 from ../proto (protoc-gen-es) into gen/
-//   2. tsc --noEmit: type-check src/ and gen/
+//   1. the TypeScript client (../clients/typescript/build.mjs, a no-op when its dist/ is up to date): the
+//      console calls the API through its browser entry, `@turnstile/client/browser` (tsconfig.json's
+//      `paths` maps it to ../clients/typescript/dist/browser: its .d.ts for tsc, its .js for esbuild)
+//   2. tsc --noEmit: type-check src/
 //   3. esbuild: one minified ES2022 bundle, no source map, no banner with dates or paths
 
 import { execFileSync } from "node:child_process";
@@ -26,7 +28,7 @@ const run = (cmd, args) => {
   }
 };
 
-run(bin("buf"), ["generate"]);
+run(process.execPath, [join(here, "..", "clients", "typescript", "build.mjs")]);
 run(bin("tsc"), ["--noEmit", "-p", "tsconfig.json"]);
 
 const out = check ? mkdtempSync(join(tmpdir(), "turnstile-console-")) : join(here, "dist");

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -27,6 +28,53 @@ fn config(deadline_ms: u64) -> Config {
         everything_bin()
     ))
     .unwrap()
+}
+
+/// [`config`], with the server started through bash, which copies every line the client writes to the
+/// server's stdin (its JSON-RPC messages) into `wire` and then becomes the server (`exec`, so the server's
+/// pid is the one the supervisor knows).
+fn recorded_config(deadline_ms: u64, wire: &Path) -> Config {
+    let script = r#"exec "$1" stdio < <(tee -a "$0")"#;
+    Config::from_toml_str(&format!(
+        "[mcp.everything]\ncommand = \"bash\"\nargs = [\"-c\", {script:?}, {:?}, {:?}]\n\
+         [agents.a]\ntools = [\"echo\", \"mcp:everything/*\"]\ntool_deadline_ms = {deadline_ms}\n",
+        wire.display().to_string(),
+        everything_bin()
+    ))
+    .unwrap()
+}
+
+/// The JSON-RPC messages the client has written to the server so far.
+fn written(wire: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(wire).unwrap_or_default();
+    text.lines().filter_map(|line| serde_json::from_str(line).ok()).collect()
+}
+
+/// Waits (bounded) until the client has written a message that `wanted` picks, and returns it.
+async fn wait_written(wire: &Path, what: &str, wanted: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let found = async {
+        loop {
+            if let Some(message) = written(wire).into_iter().find(|m| wanted(m)) {
+                return message;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), found)
+        .await
+        .unwrap_or_else(|_| panic!("the client never wrote {what}"))
+}
+
+/// The `tools/call` request of `tool` (by its server-side name), once the client has written it.
+async fn call_request(wire: &Path, tool: &str) -> serde_json::Value {
+    wait_written(wire, "the tools/call request", |m| m["method"] == "tools/call" && m["params"]["name"] == tool).await
+}
+
+/// A fresh file in a directory removed at the end of the test.
+fn wire_file() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let wire = dir.path().join("to-server.jsonl");
+    (dir, wire)
 }
 
 async fn start(config: &Config) -> (McpServers, AgentSetup) {
@@ -78,25 +126,31 @@ async fn a_call_past_its_deadline_is_a_tool_timeout_and_the_server_still_answers
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_abort_mid_call_returns_promptly() {
-    let (_mcp, setup) = start(&config(60_000)).await;
+async fn an_abort_mid_call_returns_promptly_and_cancels_the_request_at_the_server() {
+    let (_dir, wire) = wire_file();
+    let (_mcp, setup) = start(&recorded_config(60_000, &wire)).await;
     let abort = CancellationToken::new();
     let tools = setup.tools.clone();
     let token = abort.clone();
     let running = tokio::spawn(async move { tools.call(SLOW, r#"{"duration": 30, "steps": 30}"#, &token).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Mid-call: the server has the request.
+    let request = call_request(&wire, "trigger-long-running-operation").await;
     let aborted_at = Instant::now();
     abort.cancel();
     let r = tokio::time::timeout(Duration::from_secs(5), running).await.expect("the abort ends the call").unwrap();
     println!("abort to result: {} µs", aborted_at.elapsed().as_micros());
     assert!(r.error.as_deref().is_some_and(|e| e.starts_with("aborted after")), "{r:?}");
+    // The abort reached the server as a cancellation of that very request.
+    let cancelled = wait_written(&wire, "notifications/cancelled", |m| m["method"] == "notifications/cancelled").await;
+    assert_eq!(cancelled["params"]["requestId"], request["id"], "{cancelled}");
     let r = call(&setup, "everything__echo", r#"{"message": "after the abort"}"#).await;
     assert_eq!(r.output, "Echo: after the abort");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_mid_call_gives_an_error_and_is_restarted() {
-    let (mcp, setup) = start(&config(60_000)).await;
+    let (_dir, wire) = wire_file();
+    let (mcp, setup) = start(&recorded_config(60_000, &wire)).await;
     let server = mcp.get("everything").unwrap().clone();
     let pid = server.pid().expect("a stdio server has a pid");
     let tools = setup.tools.clone();
@@ -104,7 +158,8 @@ async fn a_server_killed_mid_call_gives_an_error_and_is_restarted() {
         tokio::spawn(
             async move { tools.call(SLOW, r#"{"duration": 30, "steps": 30}"#, &CancellationToken::new()).await },
         );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Mid-call: the server has the request.
+    call_request(&wire, "trigger-long-running-operation").await;
     let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
     assert!(killed.success());
     let r = tokio::time::timeout(Duration::from_secs(5), running).await.expect("a dead server ends the call").unwrap();

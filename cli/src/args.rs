@@ -5,10 +5,14 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use turnstile_node::config::{Loaded, Overrides};
+use turnstile_node::config::Overrides;
+use turnstile_node::role::Serving;
+use turnstile_node::tls::ServerTls;
 
-use crate::client::Delivery;
-use crate::{DEFAULT_ADDR, security};
+use crate::security;
+
+/// The address client commands use by default: a `turnstile dev` or gateway on its default `--listen`.
+pub(crate) const DEFAULT_ADDR: &str = turnstile_node::dev::DEFAULT_URL;
 
 /// How the servers report where they listen (docs/TESTING.md, docs/decisions/0007-bound-addresses.md).
 pub(crate) const BOUND_ADDRESSES_HELP: &str = "\
@@ -100,9 +104,9 @@ pub(crate) enum Cmd {
     /// Inject another session's transcript (as text, source `session`) into this one as context.
     Reference(ReferenceArgs),
     /// Show the pending messages.
-    Inbox(ShowArgs),
+    Inbox(SessionArg),
     /// Show a session's status, last seq and turn, epoch and owner.
-    Session(ShowArgs),
+    Session(SessionArg),
     /// List sessions (of --tenant, or every tenant with --all-tenants), filtered by status, agent, parent
     /// and labels, by id or newest activity first.
     #[command(visible_alias = "sessions")]
@@ -145,14 +149,7 @@ pub(crate) struct CompletionsArgs {
 #[derive(Args, Debug)]
 pub(crate) struct DevArgs {
     #[command(flatten)]
-    pub(crate) config: ConfigArg,
-    /// Address of the HTTP endpoints `/metrics`, `/healthz`, `/readyz` and the web console `/` (default
-    /// 127.0.0.1:9090; port 0 picks a free one, reported as `turnstile: listening http=ADDR`).
-    #[arg(long, env = "TURNSTILE_HTTP")]
-    pub(crate) http: Option<String>,
-    /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).
-    #[arg(long, value_name = "FILE")]
-    pub(crate) ready_file: Option<PathBuf>,
+    pub(crate) serve: ServeArgs,
     /// Address to listen on (port 0 picks a free one, reported as `turnstile: listening grpc=ADDR`).
     #[arg(long, env = "TURNSTILE_LISTEN", default_value = turnstile_node::dev::DEFAULT_LISTEN)]
     pub(crate) listen: String,
@@ -181,21 +178,35 @@ pub(crate) struct DevArgs {
     pub(crate) nats_security: security::NatsSecurityArgs,
 }
 
-/// `--config FILE` of the servers.
+/// What every server role (`dev`, `gateway`, `worker`) takes first: its configuration file, its HTTP
+/// endpoints and where it reports the addresses it bound. The worker words `--http` for its own endpoints.
 #[derive(Args, Debug)]
-pub(crate) struct ConfigArg {
+pub(crate) struct ServeArgs {
     /// The configuration file (TOML; docs/CONFIGURATION.md): limits, cluster timings and layout, journal,
     /// models, MCP servers and agents. Flags given on the command line win over its keys.
     #[arg(long = "config", env = "TURNSTILE_CONFIG", value_name = "FILE")]
-    pub(crate) path: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
+    /// Address of the HTTP endpoints `/metrics`, `/healthz`, `/readyz` and the web console `/` (default
+    /// 127.0.0.1:9090; port 0 picks a free one, reported as `turnstile: listening http=ADDR`).
+    #[arg(long, env = "TURNSTILE_HTTP")]
+    pub(crate) http: Option<String>,
+    /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) ready_file: Option<PathBuf>,
 }
 
-impl ConfigArg {
-    /// The file (or the defaults) with `flags` over it.
-    pub(crate) fn load(&self, flags: &Overrides) -> Result<Loaded> {
-        let mut loaded = turnstile_node::config::load(self.path.as_deref())?;
+impl ServeArgs {
+    /// The configuration file (or the defaults) with `flags` over it.
+    pub(crate) fn load(&self, flags: &Overrides) -> Result<turnstile_node::config::Loaded> {
+        let mut loaded = turnstile_node::config::load(self.config.as_deref())?;
         flags.apply(&mut loaded.config)?;
         Ok(loaded)
+    }
+
+    /// How the role listens: these flags, its `--listen` and TLS, and the configuration with `flags` over it.
+    pub(crate) fn serving(self, listen: String, tls: Option<ServerTls>, flags: &Overrides) -> Result<Serving> {
+        let config = self.load(flags)?;
+        Ok(Serving { listen, http: self.http, ready_file: self.ready_file, tls, config })
     }
 }
 
@@ -229,14 +240,7 @@ impl ClusterLayout {
 #[derive(Args, Debug)]
 pub(crate) struct GatewayArgs {
     #[command(flatten)]
-    pub(crate) config: ConfigArg,
-    /// Address of the HTTP endpoints `/metrics`, `/healthz`, `/readyz` and the web console `/` (default
-    /// 127.0.0.1:9090; port 0 picks a free one, reported as `turnstile: listening http=ADDR`).
-    #[arg(long, env = "TURNSTILE_HTTP")]
-    pub(crate) http: Option<String>,
-    /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).
-    #[arg(long, value_name = "FILE")]
-    pub(crate) ready_file: Option<PathBuf>,
+    pub(crate) serve: ServeArgs,
     #[command(flatten)]
     pub(crate) layout: ClusterLayout,
     /// Address of the public API (port 0 picks a free one, reported as `turnstile: listening grpc=ADDR`).
@@ -249,24 +253,18 @@ pub(crate) struct GatewayArgs {
     #[command(flatten)]
     pub(crate) auth: security::AuthArgs,
     #[command(flatten)]
-    pub(crate) tls: security::ServerTlsArgs,
-    #[command(flatten)]
-    pub(crate) cluster_tls: security::ClusterTlsArgs,
-    #[command(flatten)]
-    pub(crate) nats_security: security::NatsSecurityArgs,
+    pub(crate) security: security::MemberSecurityArgs,
 }
 
+/// A worker serves no console: its `--http` help says so.
+const WORKER_HTTP_HELP: &str = "Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default \
+127.0.0.1:9090; port 0 picks a free one, reported as `turnstile: listening http=ADDR`)";
+
 #[derive(Args, Debug)]
+#[command(mut_arg("http", |http| http.help(WORKER_HTTP_HELP)))]
 pub(crate) struct WorkerArgs {
     #[command(flatten)]
-    pub(crate) config: ConfigArg,
-    /// Address of the HTTP endpoints `/metrics`, `/healthz` and `/readyz` (default 127.0.0.1:9090; port 0
-    /// picks a free one, reported as `turnstile: listening http=ADDR`).
-    #[arg(long, env = "TURNSTILE_HTTP")]
-    pub(crate) http: Option<String>,
-    /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).
-    #[arg(long, value_name = "FILE")]
-    pub(crate) ready_file: Option<PathBuf>,
+    pub(crate) serve: ServeArgs,
     #[command(flatten)]
     pub(crate) layout: ClusterLayout,
     /// Address of the internal worker API (port 0 picks a free one, reported as `turnstile: listening
@@ -292,13 +290,22 @@ pub(crate) struct WorkerArgs {
     /// configuration's cluster.drain_timeout_ms, 10000].
     #[arg(long)]
     pub(crate) drain_timeout_ms: Option<u64>,
+    // Its `cluster_tls` is how this worker dials other workers for `spawn_agent`'s child sessions, as a
+    // gateway does.
     #[command(flatten)]
-    pub(crate) tls: security::ServerTlsArgs,
-    // How this worker dials other workers for `spawn_agent`'s child sessions, as a gateway does.
-    #[command(flatten)]
-    pub(crate) cluster_tls: security::ClusterTlsArgs,
-    #[command(flatten)]
-    pub(crate) nats_security: security::NatsSecurityArgs,
+    pub(crate) security: security::MemberSecurityArgs,
+}
+
+impl WorkerArgs {
+    /// The layout and lease timing flags, over the configuration's `[cluster]` keys.
+    pub(crate) fn overrides(&self) -> Overrides {
+        Overrides {
+            lease_ttl_ms: self.lease_ttl_ms,
+            renew_ms: self.renew_ms,
+            drain_timeout_ms: self.drain_timeout_ms,
+            ..self.layout.overrides()
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -320,14 +327,6 @@ pub(crate) struct DeliverArgs {
     pub(crate) text: Vec<String>,
     #[command(flatten)]
     pub(crate) message: MessageArgs,
-}
-
-impl DeliverArgs {
-    /// The delivery these arguments describe: the words of the text joined by spaces.
-    pub(crate) fn into_delivery(self) -> Delivery {
-        let source = self.message.source.map(|s| s.0);
-        Delivery { session: self.session, text: self.text.join(" "), id: self.message.id, source }
-    }
 }
 
 #[derive(Args, Debug)]
@@ -523,11 +522,6 @@ pub(crate) struct ExportArgs {
 pub(crate) struct ImportArgs {
     /// The export to read; `-` or absent: stdin.
     pub(crate) file: Option<PathBuf>,
-}
-
-#[derive(Args, Debug)]
-pub(crate) struct ShowArgs {
-    pub(crate) session: String,
 }
 
 #[derive(Args, Debug)]

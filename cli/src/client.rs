@@ -11,6 +11,7 @@ use turnstile_proto::codec;
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_client::AgentClient;
 
+use crate::args::{DeliverArgs, ListArgs};
 use crate::render;
 
 /// Sends `authorization: Bearer <token>` on every call when a token is set.
@@ -164,7 +165,7 @@ pub async fn show_session(client: &mut Client, id: &str) -> Result<()> {
 }
 
 /// `list`/`sessions`: every page of the sessions the filters select.
-pub async fn list(client: &mut Client, args: crate::args::ListArgs) -> Result<()> {
+pub async fn list(client: &mut Client, args: ListArgs) -> Result<()> {
     let status = match args.status.as_deref() {
         None => pb::SessionStatus::Unspecified,
         Some("idle") => pb::SessionStatus::Idle,
@@ -274,6 +275,14 @@ pub struct Delivery {
     pub text: String,
     pub id: Option<String>,
     pub source: Option<MessageSource>,
+}
+
+impl From<DeliverArgs> for Delivery {
+    /// The delivery the command line describes: the words of the text joined by spaces.
+    fn from(args: DeliverArgs) -> Self {
+        let source = args.message.source.map(|s| s.0);
+        Self { session: args.session, text: args.text.join(" "), id: args.message.id, source }
+    }
 }
 
 /// Which delivery RPC to call.

@@ -19,15 +19,11 @@ use anyhow::Result;
 use clap::Parser;
 use turnstile_model::GoalAction;
 use turnstile_node::config::Overrides;
-use turnstile_node::role::Serving;
 use turnstile_node::signal::shutdown_signal;
 
 use crate::args::{Cli, Cmd, DeliverArgs, DevArgs, GatewayArgs, GoalCmd, ScheduleCmd, WorkerArgs};
-use crate::client::{Client, Preset};
+use crate::client::{Client, Delivery, Preset};
 use crate::watch::WatchOpts;
-
-/// The address client commands use by default: a `turnstile dev` or gateway on its default `--listen`.
-pub const DEFAULT_ADDR: &str = turnstile_node::dev::DEFAULT_URL;
 
 /// The process's role in the default OTLP service name (`turnstile-<role>`).
 fn role(cmd: &Cmd) -> &'static str {
@@ -41,19 +37,8 @@ fn role(cmd: &Cmd) -> &'static str {
 
 async fn deliver(client: &mut Client, preset: Preset, d: DeliverArgs) -> Result<()> {
     client::check_session(&client.tenant, &d.session)?;
-    let (id, reply) = client::deliver(client, preset, &d.into_delivery()).await?;
+    let (id, reply) = client::deliver(client, preset, &Delivery::from(d)).await?;
     client.print(&reply, &[("id", id.as_str().into())], |reply| client::accepted_line(&id, reply))
-}
-
-/// How a server role listens, from its flags (each role documents them in its own words).
-fn serving(
-    listen: String,
-    http: Option<String>,
-    ready_file: Option<std::path::PathBuf>,
-    tls: Option<turnstile_node::tls::ServerTls>,
-    config: turnstile_node::config::Loaded,
-) -> Serving {
-    Serving { listen, http, ready_file, tls, config }
 }
 
 /// `turnstile dev`: the node's dev role, the demo beside it, until Ctrl-C or SIGTERM.
@@ -62,7 +47,7 @@ async fn run_dev(a: DevArgs) -> Result<()> {
         anyhow::bail!("--demo talks to the server without a token or TLS; drop --demo or the auth/TLS flags");
     }
     let flags = Overrides { partitions: a.partitions, replicas: a.replicas, ..Overrides::default() };
-    let serving = serving(a.listen, a.http, a.ready_file, a.tls.options(), a.config.load(&flags)?);
+    let serving = a.serve.serving(a.listen, a.tls.options(), &flags)?;
     let options = turnstile_node::dev::Options {
         serving,
         data_dir: a.data_dir,
@@ -93,12 +78,13 @@ fn completions(shell: clap_complete::Shell) -> Result<()> {
 /// `turnstile gateway`, until Ctrl-C or SIGTERM.
 async fn run_gateway(a: GatewayArgs) -> Result<()> {
     let flags = Overrides { route_deadline_ms: a.route_deadline_ms, ..a.layout.overrides() };
-    let serving = serving(a.listen, a.http, a.ready_file, a.tls.options(), a.config.load(&flags)?);
+    let security = a.security;
+    let serving = a.serve.serving(a.listen, security.tls.options(), &flags)?;
     let options = turnstile_node::gateway::Options {
         serving,
-        nats: a.nats_security.nats(a.layout.nats),
+        nats: security.nats_security.nats(a.layout.nats),
         auth: a.auth.options(),
-        cluster_tls: a.cluster_tls.options(),
+        cluster_tls: security.cluster_tls.options(),
     };
     let node = turnstile_node::gateway::start(options).await?;
     Ok(node.run_until(shutdown_signal()).await?)
@@ -106,19 +92,15 @@ async fn run_gateway(a: GatewayArgs) -> Result<()> {
 
 /// `turnstile worker`, until Ctrl-C or SIGTERM (which drains it and releases its leases).
 async fn run_worker(a: WorkerArgs) -> Result<()> {
-    let flags = Overrides {
-        lease_ttl_ms: a.lease_ttl_ms,
-        renew_ms: a.renew_ms,
-        drain_timeout_ms: a.drain_timeout_ms,
-        ..a.layout.overrides()
-    };
-    let serving = serving(a.listen, a.http, a.ready_file, a.tls.options(), a.config.load(&flags)?);
+    let flags = a.overrides();
+    let security = a.security;
+    let serving = a.serve.serving(a.listen, security.tls.options(), &flags)?;
     let options = turnstile_node::worker::Options {
         serving,
-        nats: a.nats_security.nats(a.layout.nats),
+        nats: security.nats_security.nats(a.layout.nats),
         advertise: a.advertise,
         id: a.id,
-        cluster_tls: a.cluster_tls.options(),
+        cluster_tls: security.cluster_tls.options(),
     };
     let node = turnstile_node::worker::start(options).await?;
     Ok(node.run_until(shutdown_signal()).await?)

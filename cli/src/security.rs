@@ -91,6 +91,18 @@ impl ClusterTlsArgs {
     }
 }
 
+/// The TLS of a cluster member (`gateway`, `worker`): what it serves with, how it dials workers, and how it
+/// reaches NATS.
+#[derive(Args, Clone, Debug, Default)]
+pub struct MemberSecurityArgs {
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
+    #[command(flatten)]
+    pub cluster_tls: ClusterTlsArgs,
+    #[command(flatten)]
+    pub nats_security: NatsSecurityArgs,
+}
+
 /// `--nats-creds FILE --nats-ca FILE [--nats-tls-cert FILE --nats-tls-key FILE]`.
 #[derive(Args, Clone, Debug, Default)]
 pub struct NatsSecurityArgs {

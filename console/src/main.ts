@@ -2,11 +2,10 @@
 // session.ts). The bearer token and, with auth off, the tenant are kept in this browser's localStorage
 // and sent with every call, exactly as `turnstile --token` does.
 
-import { api, describe, settings } from "./api";
+import { client, describe, settings } from "./api";
 import { byId, fill, h } from "./dom";
 import { sessionPage } from "./session";
-import { SessionOrder, type SessionInfo } from "../gen/turnstile/v1/agent_pb";
-import { SessionStatus } from "../gen/turnstile/v1/events_pb";
+import { SessionOrder, type SessionInfo, SessionStatus } from "@turnstile/client/browser";
 
 let leave: (() => void) | undefined;
 
@@ -69,7 +68,7 @@ function sessionsPage(root: HTMLElement): () => void {
       const all: SessionInfo[] = [];
       let pageToken = "";
       do {
-        const reply = await api.listSessions({
+        const reply = await client.listSessions({
           pageToken,
           pageSize: 500,
           tenant: settings.tenant,
@@ -111,7 +110,7 @@ function sessionsPage(root: HTMLElement): () => void {
     const el = byId("tenant-usage");
     try {
       // Today (UTC): what the tenant's daily token budget is checked against (SPEC §17).
-      const u = await api.getUsage({ tenant: settings.tenant, sinceUnixMs: BigInt(Math.floor(Date.now() / DAY_MS) * DAY_MS) });
+      const u = await client.getUsage({ tenant: settings.tenant, sinceUnixMs: BigInt(Math.floor(Date.now() / DAY_MS) * DAY_MS) });
       const budget = u.budget > 0n ? ` of its daily budget of ${u.budget}` : "";
       const models = u.models.map((m) => `${m.provider}/${m.model} ${m.inputTokens} in / ${m.outputTokens} out${m.cachedInputTokens > 0n ? ` (${m.cachedInputTokens} cached)` : ""}`);
       el.textContent = `tenant ${u.tenant}: ${u.usedToday} tokens today (UTC)${budget}, resets ${new Date(Number(u.resetsUnixMs)).toISOString()}${models.length ? ` · ${models.join(" · ")}` : ""}`;

@@ -3,11 +3,13 @@
 // approve and deny, the goal, and forms for every delivery preset and cancel. Everything it does is one
 // call of the public API (api.ts); everything it shows comes from one resumable Watch (timeline.ts).
 
-import { api, describe, messageId, retrying, sessionRef, sourceOf, textMessage, textOf } from "./api";
+import { client, describe, sessionRef, settings, sourceOf, textOf } from "./api";
 import { byId, fill, h, type Child } from "./dom";
 import { SessionView, type Step, type Tool, type Turn } from "./timeline";
-import { GoalAction } from "../gen/turnstile/v1/agent_pb";
-import { SessionStatus, type UserMessage } from "../gen/turnstile/v1/events_pb";
+import { GoalAction, SessionStatus, textMessage, type UserMessage } from "@turnstile/client/browser";
+
+/// What the console sends is typed by a person: source `user`, whatever the preset's default.
+const USER = { kind: { case: "user", value: {} } } as const;
 
 const PRESETS = ["followup", "queue", "steer", "inject", "interrupt"] as const;
 type Preset = (typeof PRESETS)[number];
@@ -85,11 +87,9 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
     const preset = byId<HTMLSelectElement>("preset").value as Preset;
     const text = box.value;
     if (!text.trim()) return result("write a message first", true);
-    const message = textMessage(messageId(), text);
-    const req = { session: sessionRef(id), message };
     result(`${preset}: sending`);
     await call(preset, async () => {
-      const reply = await retrying(() => api[preset](req));
+      const reply = await client[preset](sessionRef(id), text, { source: USER });
       box.value = "";
       return `accepted at seq ${reply.seq}${reply.turn !== undefined ? `, turn ${reply.turn}` : ""}`;
     });
@@ -98,14 +98,14 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
   async function cancel() {
     const keepInbox = byId<HTMLInputElement>("keep-inbox").checked;
     await call("cancel", async () => {
-      const reply = await api.cancel({ session: sessionRef(id), cause: { cause: { case: "user", value: {} } }, keepInbox });
+      const reply = await client.cancel(sessionRef(id), { cause: { cause: { case: "user", value: {} } }, keepInbox });
       return `seq ${reply.seq}`;
     });
   }
 
   async function refreshInfo() {
     try {
-      const info = await api.getSession({ session: sessionRef(id) });
+      const info = await client.getSession(sessionRef(id));
       view.agent = info.agent;
       const labels = Object.entries(info.labels).map(([k, v]) => `${k}=${v}`).sort();
       byId("labels").textContent = labels.length ? labels.join(", ") : "none";
@@ -121,7 +121,8 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
   // The session's schedules with their next firing (SPEC §15), read again whenever one changes.
   async function refreshSchedules() {
     try {
-      const reply = await api.listSchedules({ session: sessionRef(id) });
+      // The tenant of the settings, as in every call ("" with auth: the token's), never the client's default.
+      const reply = await client.listSchedules(sessionRef(id), { tenant: settings.tenant });
       const when = (ms: bigint | undefined) => (ms === undefined ? "none" : new Date(Number(ms)).toLocaleString());
       fill(byId("schedules"), reply.schedules.length === 0
         ? h("li", { class: "empty muted" }, "none")
@@ -130,7 +131,7 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
             h("div", { class: "next" }, `next: ${when(s.nextFireUnixMs)}`),
             h("div", { class: "muted" }, `fired ${s.fired}, missed ${s.missed}`),
             h("button", { type: "button", class: "remove danger", onclick: () =>
-              void call("delete schedule", async () => (await api.deleteSchedule({ session: sessionRef(id), scheduleId: s.scheduleId })).scheduleId) }, "delete"))));
+              void call("delete schedule", async () => (await client.deleteSchedule(sessionRef(id), s.scheduleId)).scheduleId) }, "delete"))));
     } catch {
       // NOT_FOUND until the session's first write.
       fill(byId("schedules"), h("li", { class: "empty muted" }, "none"));
@@ -255,7 +256,7 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
           h("span", { class: "muted" }, sourceOf(m)),
           h("span", { class: "spacer" }),
           h("button", { type: "button", class: "edit", onclick: edit }, "replace"),
-          h("button", { type: "button", class: "remove danger", onclick: () => void call("remove", async () => `seq ${(await api.remove({ session: sessionRef(id), id: m.id })).seq}`) }, "remove")));
+          h("button", { type: "button", class: "remove danger", onclick: () => void call("remove", async () => `seq ${(await client.remove(sessionRef(id), m.id)).seq}`) }, "remove")));
     const edit = () => {
       const input = h("textarea", { class: "replacement", rows: 2, value: textOf(m) }) as HTMLTextAreaElement;
       fill(li, input,
@@ -263,7 +264,7 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
           h("span", { class: "spacer" }),
           h("button", { type: "button", class: "save", onclick: () =>
             // Rewriting content keeps the message's id (SPEC §1), as `turnstile replace` does.
-            void call("replace", async () => `seq ${(await api.replace({ session: sessionRef(id), id: m.id, message: textMessage(m.id, input.value) })).seq}`) }, "save"),
+            void call("replace", async () => `seq ${(await client.replace(sessionRef(id), m.id, textMessage(input.value, { id: m.id, source: USER }))).seq}`) }, "save"),
           h("button", { type: "button", onclick: show }, "keep")));
       input.focus();
     };
@@ -276,7 +277,7 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
     fill(byId("approvals"), pending.length === 0 ? h("li", { class: "empty muted" }, "none pending") : pending.map(({ tool }) => {
       const reason = h("input", { class: "reason", placeholder: "reason (optional)" }) as HTMLInputElement;
       const decide = (approve: boolean) =>
-        void call(approve ? "approve" : "deny", async () => `seq ${(await api.decide({ session: sessionRef(id), callId: tool.callId, approve, reason: reason.value })).seq}`);
+        void call(approve ? "approve" : "deny", async () => `seq ${(await client.decide(sessionRef(id), tool.callId, approve, { reason: reason.value })).seq}`);
       return h("li", { "data-call": tool.callId },
         h("code", {}, `${tool.name}(${tool.args})`),
         reason,
@@ -289,7 +290,7 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
   function renderGoal() {
     const g = view.goal;
     const update = (action: GoalAction, label: string) =>
-      h("button", { type: "button", onclick: () => void call(label, async () => (await api.updateGoal({ session: sessionRef(id), goalId: g?.goalId ?? "", action })).state) }, label);
+      h("button", { type: "button", onclick: () => void call(label, async () => (await client.updateGoal(sessionRef(id), g?.goalId ?? "", action)).state) }, label);
     const objective = h("input", { id: "goal-objective", placeholder: "objective" }) as HTMLInputElement;
     const rounds = h("input", { id: "goal-rounds", type: "number", min: 1, value: 5, title: "max rounds" }) as HTMLInputElement;
     fill(byId("goal"),
@@ -306,7 +307,7 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
         : h("div", { class: "muted" }, "no goal"),
       h("form", { class: "row", onsubmit: (ev: Event) => {
         ev.preventDefault();
-        void call("set goal", async () => (await api.setGoal({ session: sessionRef(id), objective: objective.value, maxRounds: Number(rounds.value) })).state);
+        void call("set goal", async () => (await client.setGoal(sessionRef(id), objective.value, Number(rounds.value))).state);
       } }, objective, rounds, h("button", { type: "submit" }, "set goal")));
   }
 
@@ -316,8 +317,9 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
       try {
         // From the last seq seen and the streaming reply's bytes shown: a reconnect misses nothing and
         // repeats nothing (SPEC §14).
-        const request = { session: sessionRef(id), afterSeq: view.lastSeq, live: true, resume: view.resume() };
-        for await (const item of api.watch(request, { signal: stop.signal })) {
+        // The client reopens a broken stream by itself while its retry policy allows; past that, this loop does.
+        const from = { afterSeq: view.lastSeq, streaming: view.resume() };
+        for await (const item of client.watch(sessionRef(id), { from, signal: stop.signal })) {
           const before = view.status;
           view.apply(item);
           if (view.status !== before || item.item.case === "caughtUp") void refreshInfo();

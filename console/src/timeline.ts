@@ -7,8 +7,7 @@
 // gets the output so far right after `caught_up`, a repeated byte is shown once, and a reopened Watch asks
 // for the bytes after those shown (`resume`).
 
-import type { WatchItem } from "../gen/turnstile/v1/agent_pb";
-import { SessionStatus, Target, type SessionEvent, type TurnEndReason, type UserMessage } from "../gen/turnstile/v1/events_pb";
+import { SessionStatus, Target, type SessionEvent, type TurnEndReason, type UserMessage, type WatchItem } from "@turnstile/client/browser";
 
 /// A goal as `goal/change` and `GetSession` both carry it.
 export interface GoalShown {

@@ -51,7 +51,7 @@ impl Driver {
                 self.limits.max_message_bytes
             )));
         }
-        let (goal_id, revision) = match self.state.goals.current.as_ref() {
+        let (goal_id, revision) = match self.state.goals.current.as_ref().map(|g| &g.info) {
             Some(g) if !g.state.is_terminal() => {
                 if g.state == GoalState::Active && g.objective == objective && g.max_rounds == max_rounds {
                     // The same goal again (a retry): nothing changes, so nothing is written.
@@ -92,15 +92,15 @@ impl Driver {
             None => {
                 return Err(CommandError::NotFound(format!("session {session} has no goal; set one with SetGoal")));
             }
-            Some(g) if g.goal_id != goal_id => {
+            Some(g) if g.info.goal_id != goal_id => {
                 return Err(CommandError::NotFound(format!(
                     "goal {goal_id} is not the goal of session {session} (its goal is {}); take the id from GetSession",
-                    g.goal_id
+                    g.info.goal_id
                 )));
             }
             Some(g) => g.clone(),
         };
-        let change = match (action, goal.state) {
+        let change = match (action, goal.info.state) {
             (GoalAction::Pause, GoalState::Paused)
             | (GoalAction::Resume, GoalState::Active)
             | (GoalAction::Clear, GoalState::Cleared) => {
@@ -155,15 +155,15 @@ impl Driver {
         }
         let Some(goal) = self.state.goals.active().cloned() else { return };
         if goal.budget_spent() {
-            let why = format!("{} rounds admitted without goal_complete", goal.max_rounds);
+            let why = format!("{} rounds admitted without goal_complete", goal.info.max_rounds);
             self.write(EventPayload::GoalChange(goal.change(GoalState::BudgetLimited, None, Some(why))));
             return;
         }
-        let round = goal.round + 1;
+        let round = goal.info.round + 1;
         let message = UserMessage {
             id: self.continuation_id(&goal, round),
             content: vec![ContentBlock::text(goal.continuation_text(round))],
-            source: MessageSource::Goal { goal_id: goal.goal_id.clone(), revision: goal.revision, round },
+            source: MessageSource::Goal { goal_id: goal.info.goal_id.clone(), revision: goal.info.revision, round },
         };
         if let Err(e) = self.deliver(message, Target::NextTurn, true, None, None, Position::Tail) {
             // SetGoal checked the goal id and the size; nothing else can refuse an idle, empty session.
@@ -201,7 +201,7 @@ impl Driver {
     /// or dropped) gets `.2`, `.3`, … because an accepted MessageId is never reused. Derived from the fold
     /// alone, so every owner mints the same id.
     fn continuation_id(&self, goal: &Goal, round: u64) -> MessageId {
-        let base = format!("goal-{}-{}-{round}", goal.goal_id, goal.revision);
+        let base = format!("goal-{}-{}-{round}", goal.info.goal_id, goal.info.revision);
         let used = |id: &MessageId| self.state.accepted.get(id).is_some() || self.state.inbox.contains(id);
         let first = MessageId(base.clone());
         if !used(&first) {
@@ -212,7 +212,7 @@ impl Driver {
 
     /// The active goal as a model request describes it (the runner offers `goal_complete` then).
     pub(super) fn active_goal(&self) -> Option<ActiveGoal> {
-        self.state.goals.active().map(|g| ActiveGoal {
+        self.state.goals.active().map(|Goal { info: g, .. }| ActiveGoal {
             goal_id: g.goal_id.clone(),
             revision: g.revision,
             objective: g.objective.clone(),
@@ -228,7 +228,7 @@ impl Driver {
         self.write(EventPayload::ToolCall { turn, step, call: call.clone(), awaiting_approval: false });
         let goal = self.state.goals.active().cloned();
         let mut outcome = match &goal {
-            Some(g) => ToolOutcome::new(&call.call_id, &call.name, format!("goal {} completed", g.goal_id), None),
+            Some(g) => ToolOutcome::new(&call.call_id, &call.name, format!("goal {} completed", g.info.goal_id), None),
             None => ToolOutcome::new(
                 &call.call_id,
                 &call.name,

@@ -52,7 +52,7 @@ fn strs(v: &[String]) -> Vec<&str> {
 }
 
 fn goal_state(sim: &Sim) -> (GoalState, u64, u64) {
-    let g = sim.driver.state().goals.current.as_ref().expect("the session has a goal");
+    let g = &sim.driver.state().goals.current.as_ref().expect("the session has a goal").info;
     (g.state, g.revision, g.round)
 }
 
@@ -502,5 +502,5 @@ fn bad_goal_input_is_refused_with_nothing_written() {
     // A new id starts a new goal at revision 1.
     goal(sim.set_goal("g2", "again", 1));
     assert_eq!(goal_state(&sim), (GoalState::BudgetLimited, 1, 1));
-    assert_eq!(sim.driver.state().goals.current.as_ref().map(|g| g.goal_id.as_str()), Some("g2"));
+    assert_eq!(sim.driver.state().goals.current.as_ref().map(|g| g.info.goal_id.as_str()), Some("g2"));
 }

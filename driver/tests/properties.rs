@@ -689,7 +689,8 @@ fn run(case: Case) {
             }
             Action::UpdateGoal { action } => {
                 let action = [GoalAction::Pause, GoalAction::Resume, GoalAction::Clear][usize::from(action)];
-                let goal_id = sim.driver.state().goals.current.as_ref().map_or("g0".to_owned(), |g| g.goal_id.clone());
+                let goal_id =
+                    sim.driver.state().goals.current.as_ref().map_or("g0".to_owned(), |g| g.info.goal_id.clone());
                 let reply = sim.try_command(Command::UpdateGoal { goal_id, action });
                 match answered(reply, sim.faults.len() > faults) {
                     None | Some(Ok(CommandReply::Goal { .. })) => {}
@@ -848,7 +849,7 @@ fn check_always(sim: &Sim, tracker: &Tracker) {
 /// The goal's round is the number of its revision's continuations admitted, each round admitted once and
 /// in order, never more than the budget.
 fn check_goal(sim: &Sim) {
-    let Some(goal) = sim.driver.state().goals.current.as_ref() else { return };
+    let Some(goal) = sim.driver.state().goals.current.as_ref().map(|g| &g.info) else { return };
     let rounds: Vec<u64> = sim
         .user_messages()
         .into_iter()

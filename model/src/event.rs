@@ -9,6 +9,8 @@ use crate::labels::Labeled;
 use crate::message::{SessionRef, Target, UserMessage};
 use crate::schedule::ScheduleChange;
 use crate::transcript::TranscriptEntry;
+// In `turn`, below the events, so that the transcript and the goal fold need not import this module.
+pub use crate::turn::{CancelCause, ToolCallSpec, TurnEndReason};
 
 /// Driver status. `Running` covers everything from the waking delivery through every drained turn.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -30,62 +32,6 @@ impl Status {
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// Why a turn is cancelled. The first cause wins.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum CancelCause {
-    User,
-    Parent,
-    Hook {
-        reason: String,
-    },
-    Disposed,
-    /// A steer's deadline passed while it was pending, with `on_deadline = interrupt` (SPEC §11).
-    SteerDeadline,
-}
-
-impl fmt::Display for CancelCause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::User => f.write_str("user"),
-            Self::Parent => f.write_str("parent"),
-            Self::Hook { reason } => write!(f, "hook({reason})"),
-            Self::Disposed => f.write_str("disposed"),
-            Self::SteerDeadline => f.write_str("steer-deadline"),
-        }
-    }
-}
-
-/// How a turn ended (SPEC §4 step 3).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum TurnEndReason {
-    Completed,
-    /// A pre-step decision rejected the batch; the reason names the hook and says why, when it did.
-    Blocked {
-        reason: Option<String>,
-    },
-    MaxTokens,
-    Aborted(CancelCause),
-    Error {
-        message: String,
-        code: String,
-    },
-    Interrupted,
-}
-
-impl fmt::Display for TurnEndReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Completed => f.write_str("completed"),
-            Self::Blocked { reason: None } => f.write_str("blocked"),
-            Self::Blocked { reason: Some(reason) } => write!(f, "blocked{{{reason}}}"),
-            Self::MaxTokens => f.write_str("max-tokens"),
-            Self::Aborted(cause) => write!(f, "aborted{{{cause}}}"),
-            Self::Error { message, code } => write!(f, "error{{{code}: {message}}}"),
-            Self::Interrupted => f.write_str("interrupted"),
-        }
     }
 }
 
@@ -141,14 +87,6 @@ impl fmt::Display for OnDeadline {
             Self::Drop => "drop",
         })
     }
-}
-
-/// A tool call as the model produced it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ToolCallSpec {
-    pub call_id: String,
-    pub name: String,
-    pub arguments: String,
 }
 
 /// The token usage a model provider reported for one request (SPEC §8, §17), recorded on

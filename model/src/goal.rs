@@ -9,8 +9,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::TurnEndReason;
 use crate::message::MessageSource;
+use crate::turn::TurnEndReason;
 
 /// The longest goal id accepted, in bytes. Shorter than a MessageId so the continuation id
 /// `goal-<goal_id>-<revision>-<round>` always fits the MessageId limit.
@@ -104,18 +104,13 @@ impl fmt::Display for GoalAction {
     }
 }
 
-/// The session's current goal, as folded from the log.
+/// The session's current goal, as folded from the log: its last `goal/change` and where it was written.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Goal {
-    pub goal_id: String,
-    pub revision: u64,
-    pub state: GoalState,
-    pub objective: String,
-    pub max_rounds: u32,
-    /// R: continuations of this revision that became `user/message`.
-    pub round: u64,
-    pub summary: Option<String>,
-    pub reason: Option<String>,
+    /// The goal as its last `goal/change` left it, except `round` (R), which counts every continuation of
+    /// this revision that became `user/message` since. Flattened: a snapshot keeps the fields at the top.
+    #[serde(flatten)]
+    pub info: GoalChange,
     /// The seq of the last `goal/change`: tells a new owner whether the goal changed after the last turn.
     pub changed_seq: u64,
 }
@@ -123,31 +118,22 @@ pub struct Goal {
 impl Goal {
     /// Every admitted round of the budget is used.
     pub fn budget_spent(&self) -> bool {
-        self.round >= u64::from(self.max_rounds)
+        self.info.round >= u64::from(self.info.max_rounds)
     }
 
     /// The text of the continuation for round `round` (SPEC §10).
     pub fn continuation_text(&self, round: u64) -> String {
-        continuation_text(round, self.max_rounds, &self.objective)
+        continuation_text(round, self.info.max_rounds, &self.info.objective)
     }
 
     /// The goal as it stands, in the shape of a `goal/change` (what `GoalInfo` reports).
     pub fn current(&self) -> GoalChange {
-        self.change(self.state, self.summary.clone(), self.reason.clone())
+        self.info.clone()
     }
 
     /// The `goal/change` that moves this goal to `state`, keeping everything else.
     pub fn change(&self, state: GoalState, summary: Option<String>, reason: Option<String>) -> GoalChange {
-        GoalChange {
-            goal_id: self.goal_id.clone(),
-            revision: self.revision,
-            state,
-            objective: self.objective.clone(),
-            max_rounds: self.max_rounds,
-            round: self.round,
-            summary,
-            reason,
-        }
+        GoalChange { state, summary, reason, ..self.info.clone() }
     }
 }
 
@@ -199,13 +185,13 @@ pub enum GoalFoldError {
 impl GoalFold {
     /// The goal, if it is active.
     pub fn active(&self) -> Option<&Goal> {
-        self.current.as_ref().filter(|g| g.state == GoalState::Active)
+        self.current.as_ref().filter(|g| g.info.state == GoalState::Active)
     }
 
     /// Checks that `change` can follow without changing anything.
     pub fn check(&self, change: &GoalChange) -> Result<(), GoalFoldError> {
         match &self.current {
-            Some(g) if g.goal_id == change.goal_id => {
+            Some(Goal { info: g, .. }) if g.goal_id == change.goal_id => {
                 if change.revision != g.revision && change.revision != g.revision + 1 {
                     return Err(GoalFoldError::Revision {
                         goal_id: g.goal_id.clone(),
@@ -224,24 +210,14 @@ impl GoalFold {
 
     /// Applies a checked `goal/change` written at `seq`.
     pub fn apply_change(&mut self, seq: u64, change: &GoalChange) {
-        self.current = Some(Goal {
-            goal_id: change.goal_id.clone(),
-            revision: change.revision,
-            state: change.state,
-            objective: change.objective.clone(),
-            max_rounds: change.max_rounds,
-            round: change.round,
-            summary: change.summary.clone(),
-            reason: change.reason.clone(),
-            changed_seq: seq,
-        });
+        self.current = Some(Goal { info: change.clone(), changed_seq: seq });
     }
 
     /// A `user/message` was admitted: a continuation of the current revision advances R. One of an older
     /// revision (claimed before a revise) does not count for the new one.
     pub fn on_user_message(&mut self, source: &MessageSource) {
         if let MessageSource::Goal { goal_id, revision, .. } = source
-            && let Some(goal) = self.current.as_mut()
+            && let Some(Goal { info: goal, .. }) = self.current.as_mut()
             && goal.goal_id == *goal_id
             && goal.revision == *revision
         {
@@ -283,10 +259,10 @@ mod tests {
         fold.on_user_message(&source("g", 1, 1));
         fold.on_user_message(&MessageSource::User);
         fold.on_user_message(&source("other", 1, 1));
-        assert_eq!(fold.active().map(|g| g.round), Some(1));
+        assert_eq!(fold.active().map(|g| g.info.round), Some(1));
         fold.apply_change(9, &set("g", 2));
         fold.on_user_message(&source("g", 1, 2));
-        assert_eq!(fold.active().map(|g| (g.revision, g.round, g.changed_seq)), Some((2, 0, 9)));
+        assert_eq!(fold.active().map(|g| (g.info.revision, g.info.round, g.changed_seq)), Some((2, 0, 9)));
     }
 
     #[test]
@@ -297,6 +273,15 @@ mod tests {
         assert!(matches!(fold.check(&set("g", 3)), Err(GoalFoldError::Revision { .. })));
         assert_eq!(fold.check(&set("g", 2)), Ok(()));
         assert_eq!(fold.check(&set("h", 1)), Ok(()));
+    }
+
+    #[test]
+    fn a_folded_goal_serializes_with_the_fields_of_its_change_at_the_top() {
+        // The shape of snapshots and of the corpus states written before `Goal` embedded its change.
+        let json = r#"{"goal_id":"g","revision":1,"state":"Active","objective":"ship it","max_rounds":3,"round":2,"summary":null,"reason":null,"changed_seq":7}"#;
+        let goal: Goal = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(goal, Goal { info: GoalChange { round: 2, ..set("g", 1) }, changed_seq: 7 });
+        assert_eq!(serde_json::to_string(&goal).unwrap_or_else(|e| panic!("{e}")), json);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! - [`message`]: SPEC §1 values (sessions, MessageIds, user messages, sources, targets).
 //! - [`event`]: the durable and live events of §5 and their envelope.
 //! - [`goal`]: the typed `goal/change` event and the goal fold (§10).
+//! - [`turn`]: how a turn ends and the tool calls its steps make (used by events, transcript and goals).
 //! - [`inbox`]: the two pending lists and the normalized splice of §3.
 //! - [`state`]: [`SessionState`], the fold of a log into inbox, status and recovery facts (§3, §6).
 //! - [`transcript`]: the bounded conversation history a model request is built from (§8).
@@ -18,6 +19,7 @@
 //! - [`labels`]: session labels and label selectors (§16).
 //! - [`tenant`]: valid tenant names and the sets of tenants an agent or webhook serves.
 //! - [`shard`]: the stable session → virtual shard hash.
+//! - [`sync`]: poison-tolerant locking, shared by every crate that keeps maps under a mutex.
 //!
 //! ```
 //! use turnstile_model::{ContentBlock, MessageSource, SessionRef, SessionState, UserMessage};
@@ -38,10 +40,12 @@ pub mod message;
 pub mod schedule;
 pub mod shard;
 pub mod state;
+pub mod sync;
 pub mod tenant;
 pub mod time;
 pub mod tool_names;
 pub mod transcript;
+pub mod turn;
 pub mod usage;
 
 pub use command::{

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::ToolCallSpec;
 use crate::message::UserMessage;
+use crate::turn::ToolCallSpec;
 
 /// Turns kept before the newest one when nothing else is configured (the agents' default `history_turns`).
 pub const DEFAULT_TRANSCRIPT_TURNS: u32 = 100;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use async_nats::connection::State;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use turnstile_model::sync::lock;
 use turnstile_ops::Readiness;
 use turnstile_worker::cluster::Leases;
 
@@ -143,7 +144,7 @@ impl NatsHealth {
                 // Earlier probes may come back late: wait for this one.
                 while let Ok(Some(echo)) = tokio::time::timeout_at(deadline, echoes.next()).await {
                     if echo.payload.as_ref() == probe.to_string().as_bytes() {
-                        *answered.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+                        *lock(&answered) = Instant::now();
                         break;
                     }
                 }
@@ -159,7 +160,7 @@ impl NatsHealth {
             State::Disconnected => return Err(format!("NATS at {url} is disconnected")),
             State::Pending => return Err(format!("NATS at {url} is pending (connecting)")),
         }
-        let silent = self.answered.lock().unwrap_or_else(std::sync::PoisonError::into_inner).elapsed();
+        let silent = lock(&self.answered).elapsed();
         if silent >= PROBE_STALE {
             return Err(format!("NATS at {url} has not answered for {} s", silent.as_secs()));
         }

@@ -2,7 +2,7 @@
 //! in the test process, answering as the test says ([`Behaviour`]) and recording every request it got.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -15,6 +15,7 @@ use turnstile_proto::v1::UserMessage;
 
 use crate::HarnessError;
 use crate::msg::{source_msg, text_of};
+use crate::sync::lock;
 
 /// How the hook answers.
 #[derive(Clone, Debug)]
@@ -53,8 +54,8 @@ struct Service(Arc<State>);
 impl PreStepHook for Service {
     async fn decide(&self, request: Request<PreStepRequest>) -> Result<Response<PreStepDecision>, Status> {
         let request = request.into_inner();
-        self.0.requests.lock().unwrap_or_else(PoisonError::into_inner).push(request.clone());
-        let behaviour = self.0.behaviour.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        lock(&self.0.requests).push(request.clone());
+        let behaviour = lock(&self.0.behaviour).clone();
         let enter = |messages: Vec<UserMessage>| Decision::Enter(Enter { messages });
         let decision = match behaviour {
             Behaviour::Pass => enter(request.messages),
@@ -129,12 +130,12 @@ impl HookServer {
 
     /// Answers the next requests with `behaviour`.
     pub fn set(&self, behaviour: Behaviour) {
-        *self.state.behaviour.lock().unwrap_or_else(PoisonError::into_inner) = behaviour;
+        *lock(&self.state.behaviour) = behaviour;
     }
 
     /// Every request received so far, in order.
     pub fn requests(&self) -> Vec<PreStepRequest> {
-        self.state.requests.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        lock(&self.state.requests).clone()
     }
 
     /// The texts of each request's batch, in order.

@@ -47,6 +47,7 @@ pub mod process;
 pub mod proxy;
 pub mod served;
 pub mod session;
+mod sync;
 pub mod tool_executor;
 pub mod watch;
 

@@ -22,7 +22,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -33,6 +33,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use crate::HarnessError;
 use crate::process::ChildProcess;
+use crate::sync::lock;
 
 const INSTALL_HINT: &str = "run scripts/setup-test-deps (it builds llama.cpp's server and installs the \
      SmolLM2 model) and `source .ci/test-env.sh` (it sets LLAMA_SERVER_BIN and SMOLLM2_GGUF)";
@@ -517,10 +518,6 @@ pub struct RecordingProxy {
     /// Per accepted connection, in accept order: every byte the client sent.
     connections: Arc<Mutex<Vec<Upload>>>,
     task: JoinHandle<()>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl RecordingProxy {

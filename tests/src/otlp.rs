@@ -4,7 +4,7 @@
 //! `OTEL_EXPORTER_OTLP_ENDPOINT=<`[`OtlpCollector::endpoint`]`>`.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
@@ -16,6 +16,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 
 use crate::HarnessError;
+use crate::sync::lock;
 
 /// One received span, ids in lowercase hex as in a `traceparent`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,7 +71,7 @@ impl TraceService for Receiver {
                 });
             }
         }
-        self.spans.lock().unwrap_or_else(PoisonError::into_inner).extend(received);
+        lock(&self.spans).extend(received);
         Ok(Response::new(ExportTraceServiceResponse { partial_success: None }))
     }
 }
@@ -109,7 +110,7 @@ impl OtlpCollector {
 
     /// Every span received so far.
     pub fn spans(&self) -> Vec<CollectedSpan> {
-        self.spans.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        lock(&self.spans).clone()
     }
 
     /// Waits up to `timeout` until the spans received satisfy `done`; returns them.

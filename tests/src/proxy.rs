@@ -2,12 +2,13 @@
 //! client of the gateway sees one, on demand.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{AbortHandle, JoinHandle};
 
 use crate::HarnessError;
+use crate::sync::lock;
 
 /// Forwards every connection on a loopback port it bound itself to `upstream`, byte for byte.
 /// [`CutProxy::cut`] closes every open connection; new ones are forwarded as before. Dropping it stops it.
@@ -28,7 +29,7 @@ impl CutProxy {
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let forwarding = tokio::spawn(forward(client, upstream));
-                let mut open = connections.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut open = lock(&connections);
                 open.retain(|h| !h.is_finished());
                 open.push(forwarding.abort_handle());
             }
@@ -47,7 +48,7 @@ impl CutProxy {
 
     /// Closes every connection open now (both sides see it closed); returns how many there were.
     pub fn cut(&self) -> usize {
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut open = lock(&self.open);
         let n = open.iter().filter(|h| !h.is_finished()).count();
         for h in open.drain(..) {
             h.abort();

@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
-use tonic::Status;
 use tonic::transport::Channel;
+use tonic::{Code, Status};
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::cancel_cause::Cause;
 use turnstile_proto::v1::watch_item::Item;
@@ -265,5 +266,26 @@ impl Session {
                 recorded: String::new(),
             })??;
         Ok((events, seq))
+    }
+
+    /// [`Session::replay`], asked again while the server answers UNAVAILABLE (a shard or a stream leader
+    /// moving, a NATS node away, a full store refusing a new reader for a moment), for at most `within`.
+    /// Any other error, or the last UNAVAILABLE, is returned: a real read error is not taken for slowness.
+    pub async fn replay_while_unavailable(
+        &self,
+        after_seq: u64,
+        within: Duration,
+    ) -> Result<(Vec<SessionEvent>, u64), HarnessError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match self.replay(after_seq).await {
+                Err(HarnessError::Status(s))
+                    if s.code() == Code::Unavailable && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                read => return read,
+            }
+        }
     }
 }

@@ -12,7 +12,7 @@
 //! promises that a live event comes *after* that durable event (the driver appends batches, e.g. splice +
 //! status + turn/start, before it publishes), which [`check_stream`] enforces.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -29,6 +29,7 @@ use turnstile_proto::v1::{
 };
 
 use crate::session::Session;
+use crate::sync::lock;
 use crate::{DEFAULT_WAIT, HarnessError};
 
 #[derive(Debug, Default)]
@@ -45,11 +46,6 @@ pub struct WatchRecorder {
     task: JoinHandle<()>,
     after_seq: u64,
     live: bool,
-}
-
-fn lock(state: &Mutex<Recorded>) -> MutexGuard<'_, Recorded> {
-    // A panic while holding the lock cannot leave a Vec of records half-updated in a way that matters.
-    state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl WatchRecorder {

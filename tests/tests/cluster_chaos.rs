@@ -107,19 +107,13 @@ fn items(events: Vec<SessionEvent>) -> Vec<WatchItem> {
     events.into_iter().map(|e| WatchItem { item: Some(Item::Event(e)) }).collect()
 }
 
-/// The durable log from a fresh replay, checked (contiguous seqs, epochs and times never decreasing).
+/// The durable log from a fresh replay (asked again only while UNAVAILABLE: a shard or stream leader
+/// moving), checked (contiguous seqs, epochs and times never decreasing).
 async fn checked_log(s: &Session) -> Vec<SessionEvent> {
-    let deadline = tokio::time::Instant::now() + DEFAULT_WAIT;
-    let events = loop {
-        match s.replay(0).await {
-            Ok((events, _)) => break events,
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                eprintln!("replay failed, retrying: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("replay failed: {e}"),
-        }
-    };
+    let (events, _) = s
+        .replay_while_unavailable(0, DEFAULT_WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("replay of {:?} failed: {e}", s.reference()));
     check_stream(&items(events.clone()), 0).unwrap_or_else(|e| panic!("{e}"));
     events
 }

@@ -335,6 +335,29 @@ async fn awaiting_call(s: &Session) -> String {
     .expect("a tool call awaiting approval")
 }
 
+/// Waits until the pending steer `id` was dropped by its deadline: a canceled splice of next-step after
+/// the splice that inserted it.
+async fn dropped(s: &Session, id: &str) {
+    tokio::time::timeout(DEFAULT_WAIT, async {
+        loop {
+            let (events, _) = s.replay(0).await.unwrap();
+            let splices = events.iter().filter_map(|e| match &e.payload {
+                Some(pb::session_event::Payload::InboxSpliced(splice)) => Some(splice),
+                _ => None,
+            });
+            let mut after_insert = splices.skip_while(|splice| !splice.inserted.iter().any(|m| m.id == id)).skip(1);
+            if after_insert.any(|splice| {
+                splice.outcome == pb::SpliceOutcome::Canceled as i32 && splice.target == pb::Target::NextStep as i32
+            }) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("steer {id} was never dropped by its deadline"));
+}
+
 /// Runs the recording scenario: every durable type, most payload variants, a child session, a fork.
 async fn scenario(server: &DevServer, nats: &NatsServer) -> Vec<(SessionRef, Vec<u8>, Vec<u8>)> {
     // basics: deliveries of each preset and source, edits, interrupt, cancel, every way a turn ends.
@@ -353,7 +376,7 @@ async fn scenario(server: &DevServer, nats: &NatsServer) -> Vec<(SessionRef, Vec
     basics.followup(user_msg("c", "[[delay:2000]] slow")).await.unwrap();
     basics.steer(user_msg("s", "steer in"), None).await.unwrap();
     basics.steer_with_deadline(user_msg("d", "drop me"), Some(50), pb::OnDeadline::Drop as i32).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    dropped(&basics, "d").await;
     basics.interrupt(user_msg("int", "stop that")).await.unwrap();
     basics.when_idle().await.unwrap();
     for (id, text) in [("mt", "[[max-tokens]] long"), ("f", "[[fail]] broken"), ("r", "[[reject]] refused")] {

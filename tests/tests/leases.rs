@@ -53,6 +53,25 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until the lease of `shard` has been written `rounds` more times by its holder: each lease round
+/// renews every lease its worker holds before it rebalances, so `rounds` renewals prove that at least
+/// `rounds - 1` whole rounds (every decision to take or hand back a shard included) ran since the call.
+async fn lease_rounds(kv: &ClusterKv, shard: u32, rounds: u64) {
+    // A revision is the bucket's sequence number, not a count: count the changes.
+    let revision = |entry: Option<turnstile_cluster::kv::LeaseEntry>| entry.map_or(0, |e| e.revision);
+    let mut last = revision(kv.lease(shard).await.unwrap());
+    let mut renewals = 0;
+    let start = Instant::now();
+    while renewals < rounds {
+        assert!(start.elapsed() < WAIT, "timed out waiting for {rounds} renewals of shard {shard}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = revision(kv.lease(shard).await.unwrap());
+        if now != last {
+            (last, renewals) = (now, renewals + 1);
+        }
+    }
+}
+
 /// A session of each shard, found by search (the hash is fixed, so this is deterministic).
 fn session_in(shard: u32) -> SessionRef {
     (0..)
@@ -173,8 +192,9 @@ async fn a_worker_without_presence_keeps_its_lease_until_it_expires() {
     let w = worker(&nats, "3").await;
     let leases = w.leases();
     until("the free shards are taken", || leases.held_shards().len() >= (SHARDS as usize) / 2).await;
-    // Pacing, not a speed assertion: many probe rounds (every 50 ms) and lease rounds (every 150 ms) pass.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Several of the worker's lease rounds pass, each of which would have taken shard 0 if it could.
+    let held = leases.held_shards()[0];
+    lease_rounds(&kv, held, 6).await;
     assert!(!leases.held_shards().contains(&0), "{:?}", leases.held_shards());
     assert!(leases.dead_peers().is_empty());
     assert_eq!(kv.lease(0).await.unwrap().unwrap().lease.owner, "old-build");
@@ -230,9 +250,10 @@ async fn a_worker_whose_shard_is_taken_under_a_newer_epoch_stops_writing_and_let
     until("A stops writing shard 3", || !la.may_write(&s, epoch)).await;
     until("A drops shard 3", || !la.held_shards().contains(&3)).await;
     assert_eq!(la.accepting(&s), Err(Some("127.0.0.1:9".into())), "A points at the taker");
-    // Pacing: several of A's rounds (150 ms); it must not have fought for the shard back.
+    // Several of A's rounds pass; it must not have fought for the shard back.
     kv.heartbeat(&turnstile_cluster::kv::WorkerInfo { heartbeat_ms: now_ms(), ..taker_info.clone() }).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let held = la.held_shards()[0];
+    lease_rounds(&kv, held, 4).await;
     assert!(!la.held_shards().contains(&3));
     assert_eq!(kv.lease(3).await.unwrap().unwrap().lease.owner, "taker");
     taker.abort();

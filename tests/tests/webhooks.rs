@@ -153,15 +153,12 @@ fn valid_signature(body: &[u8], signature: &str) -> bool {
     signature == format!("sha256={hex}")
 }
 
-/// The durable log, retried while the session moves.
+/// The durable log, asked again only while UNAVAILABLE (the session moving after the kill).
 async fn log_of(s: &Session) -> Vec<turnstile_proto::v1::SessionEvent> {
-    for _ in 0..100 {
-        if let Ok((events, _)) = s.replay(0).await {
-            return events;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    match s.replay_while_unavailable(0, Duration::from_secs(20)).await {
+        Ok((events, _)) => events,
+        Err(e) => panic!("the log of {:?} could not be read: {e}", s.reference()),
     }
-    panic!("the log could not be read");
 }
 
 /// Tenancy of webhooks (issue 37 item 4, decision 0091) on `turnstile dev` with two tenants' tokens.

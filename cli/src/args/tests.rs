@@ -13,7 +13,7 @@ fn the_cli_definition_is_consistent() {
 fn dev_takes_nats_with_its_layout() {
     let cli = Cli::try_parse_from(["turnstile", "dev"]).unwrap();
     let Cmd::Dev(a) = cli.command else { panic!("not dev") };
-    assert_eq!((a.nats, a.partitions, a.replicas, a.config.path), (None, None, None, None));
+    assert_eq!((a.nats, a.partitions, a.replicas, a.serve.config), (None, None, None, None));
     let cli =
         Cli::try_parse_from(["turnstile", "dev", "--nats", "nats://h:4222", "--partitions", "4", "--replicas", "3"])
             .unwrap();
@@ -69,8 +69,8 @@ fn worker_takes_its_identity_and_lease_timing() {
     let Cmd::Worker(a) = cli.command else { panic!("not worker") };
     assert_eq!((a.id.as_deref(), a.advertise.as_deref()), (Some("w1"), Some("10.0.0.5:7501")));
     assert_eq!((a.lease_ttl_ms, a.renew_ms, a.drain_timeout_ms, a.layout.shards), (Some(3000), Some(500), None, None));
-    let flags = Overrides { lease_ttl_ms: a.lease_ttl_ms, renew_ms: a.renew_ms, ..a.layout.overrides() };
-    let loaded = a.config.load(&flags).unwrap();
+    let flags = a.overrides();
+    let loaded = a.serve.load(&flags).unwrap();
     assert_eq!((loaded.config.cluster.lease_ttl_ms, loaded.config.cluster.renew_ms), (3000, 500));
 }
 
@@ -83,9 +83,9 @@ fn the_servers_take_a_configuration_file() {
         }
         let cli = Cli::try_parse_from(args).unwrap();
         let path = match cli.command {
-            Cmd::Dev(a) => a.config.path,
-            Cmd::Gateway(a) => a.config.path,
-            Cmd::Worker(a) => a.config.path,
+            Cmd::Dev(a) => a.serve.config,
+            Cmd::Gateway(a) => a.serve.config,
+            Cmd::Worker(a) => a.serve.config,
             _ => panic!("not a server"),
         };
         assert_eq!(path.as_deref(), Some(std::path::Path::new("t.toml")), "{role}");
@@ -107,8 +107,8 @@ fn the_renewal_flags_are_checked_against_each_other() {
     ])
     .unwrap();
     let Cmd::Worker(a) = cli.command else { panic!("not worker") };
-    let flags = Overrides { lease_ttl_ms: a.lease_ttl_ms, renew_ms: a.renew_ms, ..a.layout.overrides() };
-    let err = a.config.load(&flags).unwrap_err();
+    let flags = a.overrides();
+    let err = a.serve.load(&flags).unwrap_err();
     assert_eq!(
         crate::error_line(&err),
         "error: --renew-ms 500 must be below --lease-ttl-ms 400, or leases lapse between renewals; try a third of it"
@@ -136,7 +136,7 @@ fn delivery_words_are_joined_and_options_parse() {
     assert_eq!(cli.global.tenant.as_deref(), Some("acme"));
     let Cmd::Steer(s) = cli.command else { panic!("not steer") };
     assert_eq!(s.expected_turn, Some(3));
-    let d = s.delivery.into_delivery();
+    let d = crate::client::Delivery::from(s.delivery);
     assert_eq!(d.text, "hello there");
     assert_eq!(d.id.as_deref(), Some("m1"));
     assert!(Cli::try_parse_from(["turnstile", "send", "s1", "x", "--target", "sideways"]).is_err());

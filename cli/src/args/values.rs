@@ -67,11 +67,7 @@ impl FromStr for InjectModeArg {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "pending" => Ok(Self(InjectMode::Pending)),
-            "out-of-turn" => Ok(Self(InjectMode::OutOfTurn)),
-            _ => Err(format!("inject mode {s:?} is not valid; use pending or out-of-turn")),
-        }
+        one_of("inject mode", s, &[("pending", InjectMode::Pending), ("out-of-turn", InjectMode::OutOfTurn)]).map(Self)
     }
 }
 
@@ -83,12 +79,18 @@ impl FromStr for TargetArg {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "next-turn" => Ok(Self(Target::NextTurn)),
-            "next-step" => Ok(Self(Target::NextStep)),
-            _ => Err(format!("target {s:?} is not valid; use next-turn or next-step")),
-        }
+        one_of("target", s, &[("next-turn", Target::NextTurn), ("next-step", Target::NextStep)]).map(Self)
     }
+}
+
+/// The value `s` names among `choices`, or an error naming `what` and every choice.
+fn one_of<T: Copy>(what: &str, s: &str, choices: &[(&str, T)]) -> Result<T, String> {
+    choices.iter().find(|(name, _)| *name == s).map(|(_, value)| *value).ok_or_else(|| {
+        let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+        let (last, rest) = names.split_last().map_or(("", &[][..]), |(last, rest)| (*last, rest));
+        let listed = if rest.is_empty() { last.to_owned() } else { format!("{} or {last}", rest.join(", ")) };
+        format!("{what} {s:?} is not valid; use {listed}")
+    })
 }
 
 #[cfg(test)]
@@ -125,6 +127,14 @@ mod tests {
         assert_eq!("parent".parse::<CauseArg>().unwrap().0, CancelCause::Parent);
         assert!("boss".parse::<CauseArg>().is_err());
         assert_eq!("next-step".parse::<TargetArg>().unwrap().0, Target::NextStep);
-        assert!("next".parse::<TargetArg>().unwrap_err().contains("next-turn or next-step"));
+        assert_eq!(
+            "next".parse::<TargetArg>().unwrap_err(),
+            r#"target "next" is not valid; use next-turn or next-step"#
+        );
+        assert_eq!("out-of-turn".parse::<InjectModeArg>().unwrap().0, InjectMode::OutOfTurn);
+        assert_eq!(
+            "later".parse::<InjectModeArg>().unwrap_err(),
+            r#"inject mode "later" is not valid; use pending or out-of-turn"#
+        );
     }
 }

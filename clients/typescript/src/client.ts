@@ -41,6 +41,7 @@ import {
   type Uint64,
   newMessageId,
 } from "./messages.js";
+import type { CallOptions, ClientCore, Rpc } from "./core.js";
 import { DEFAULT_RETRY, NO_RETRY, Retries, type RetryPolicy } from "./retry.js";
 import { type Tools, ToolServer, type ToolServerOptions } from "./tools.js";
 import { WatchStream, type WatchOptions } from "./watch.js";
@@ -81,11 +82,6 @@ export interface ClientOptions {
   interceptors?: Interceptor[];
   /** How to dial; the entry point's default (HTTP/2 in Node, gRPC-Web in browsers). */
   connector?: Connector;
-}
-
-/** What every method accepts: an AbortSignal that cancels the call and its retries. */
-export interface CallOptions {
-  signal?: AbortSignal;
 }
 
 /** The options of a delivery. */
@@ -197,26 +193,6 @@ export interface ExportOptions extends CallOptions {
 
 /** An `ExportItem`, as `exportSessions` yields it or as a plain object (read from a file, say). */
 export type ExportItemLike = MessageInitShape<typeof ExportItemSchema>;
-
-/** The current connection as callers of the generated code see it. */
-export interface Rpc {
-  /** The generated Connect client of `turnstile.v1.Agent` on this connection. */
-  readonly agent: Client<typeof Agent>;
-  /** Whether the connection carries bidirectional streams (ServeTools). */
-  readonly bidiStreams: boolean;
-}
-
-/**
- * The parts of a client that its streams (`watch`, `serveTools`) use.
- * @internal
- */
-export interface ClientCore {
-  readonly tenant: string;
-  readonly retryPolicy: RetryPolicy;
-  rpc(): Promise<Rpc>;
-  reconnect(): Promise<void>;
-  headers(forTools?: boolean): Headers;
-}
 
 /** The header naming an executor's tenant when the server runs without auth (ServeTools names no session). */
 const TENANT_HEADER = "turnstile-tenant";

@@ -6,7 +6,6 @@ export * from "./gen/turnstile/v1/events_pb.js";
 export { Code, ConnectError, type Interceptor, type Transport } from "@connectrpc/connect";
 export {
   type Address,
-  type CallOptions,
   ClientBase,
   type ClientOptions,
   type Connection,
@@ -17,12 +16,12 @@ export {
   type LabelOptions,
   type ListOptions,
   type ListSchedulesOptions,
-  type Rpc,
   type ScheduleOptions,
   type SendOptions,
   type SpliceEdit,
   type SteerOptions,
 } from "./client.js";
+export type { CallOptions, Rpc } from "./core.js";
 export { codeName, TurnstileError } from "./errors.js";
 export {
   type MessageLike,

@@ -13,7 +13,7 @@ import type {
   ToolWorkerMessageSchema,
 } from "./gen/turnstile/v1/agent_pb.js";
 import { type SessionRef, SessionRefSchema } from "./gen/turnstile/v1/events_pb.js";
-import type { ClientCore } from "./client.js";
+import type { ClientCore } from "./core.js";
 import { TurnstileError, toTurnstileError } from "./errors.js";
 import { Retries } from "./retry.js";
 

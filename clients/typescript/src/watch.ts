@@ -5,7 +5,7 @@
 import { Code } from "@connectrpc/connect";
 import type { WatchItem } from "./gen/turnstile/v1/agent_pb.js";
 import type { SessionRef } from "./gen/turnstile/v1/events_pb.js";
-import type { CallOptions, ClientCore } from "./client.js";
+import type { CallOptions, ClientCore } from "./core.js";
 import { TurnstileError, toTurnstileError } from "./errors.js";
 import type { Uint64 } from "./messages.js";
 import { NO_RETRY, Retries } from "./retry.js";

@@ -7,15 +7,9 @@ The protobuf modules are generated from the repository's protos when the package
 (``protogen.py``); they are re-exported as ``turnstile_client.pb`` (messages of ``agent.proto`` and
 ``events.proto``)."""
 
-from ._client import (
-    Address,
-    AsyncClient,
-    RetryPolicy,
-    TurnstileError,
-    text_message,
-    text_of,
-)
+from ._client import Address, AsyncClient, text_message, text_of
 from ._proto.turnstile.v1 import agent_pb2, agent_pb2_grpc, events_pb2
+from ._retry import RetryPolicy, TurnstileError
 from ._sync import Client
 from ._tools import ToolContext, ToolOutput, Tools, ToolServer
 

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import random
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -16,6 +12,8 @@ import grpc.aio
 from ._proto.turnstile.v1 import agent_pb2 as api
 from ._proto.turnstile.v1 import agent_pb2_grpc
 from ._proto.turnstile.v1 import events_pb2 as ev
+from ._retry import NO_RETRY, RetryPolicy, TurnstileError, _Retries
+from ._tools import ToolServer, Tools
 
 #: Where a server is: ``"host:port"`` or ``"http://host:port"``, or a function returning one, asked again
 #: after every UNAVAILABLE (a gateway that came back elsewhere, say).
@@ -31,63 +29,6 @@ RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reco
 
 #: The header naming the tenant of a tool executor when the server runs without auth.
 TENANT_HEADER = "turnstile-tenant"
-
-
-class TurnstileError(Exception):
-    """A call the server (or the transport) refused: ``code`` is the gRPC status code, ``details`` the
-    server's message, which says what was wrong and what to do."""
-
-    def __init__(self, method: str, code: grpc.StatusCode, details: str):
-        super().__init__(f"{method}: {code.name}: {details}")
-        self.method = method
-        self.code = code
-        self.details = details
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How calls that are safe to repeat are retried on UNAVAILABLE.
-
-    Safe are the deliveries (``send``, ``followup``, ``queue``, ``steer``, ``inject``, ``interrupt``: the
-    retry carries the same MessageId, which the session recognises and answers with the original
-    acceptance, SPEC §2) and the reads. Edits, cancels, decisions and goal changes are not retried: a
-    repeat after a lost reply could act twice. Backoff is exponential with jitter, until ``deadline``
-    seconds have passed since the first attempt.
-    """
-
-    deadline: float = 30.0
-    initial_backoff: float = 0.05
-    max_backoff: float = 1.0
-
-    def backoff(self, attempt: int) -> float:
-        return min(self.max_backoff, self.initial_backoff * (2**attempt)) * (0.5 + random.random() / 2)
-
-
-NO_RETRY = RetryPolicy(deadline=0.0)
-
-
-class _Retries:
-    """The attempts after UNAVAILABLE of one call or stream: backoff by `policy`, the deadline counted from
-    the first failure since the last success (`succeeded`)."""
-
-    def __init__(self, client: AsyncClient, policy: RetryPolicy, method: str):
-        self.client, self.policy, self.method = client, policy, method
-        self.attempt = 0
-        self.failing_since: float | None = None
-
-    def succeeded(self) -> None:
-        self.attempt, self.failing_since = 0, None
-
-    async def after_unavailable(self, details: str) -> None:
-        """Waits out the backoff and re-resolves the address, or raises UNAVAILABLE past the deadline."""
-        if self.failing_since is None:
-            self.failing_since = time.monotonic()
-        pause = self.policy.backoff(self.attempt)
-        if time.monotonic() + pause - self.failing_since > self.policy.deadline:
-            raise TurnstileError(self.method, grpc.StatusCode.UNAVAILABLE, details)
-        self.attempt += 1
-        await asyncio.sleep(pause)
-        await self.client._reconnect()
 
 
 def _normalise(address: str) -> str:
@@ -244,7 +185,7 @@ class AsyncClient:
             self._connect()
 
     async def _unary(self, method: str, request: Any, *, retry: bool, timeout: float | None = None) -> Any:
-        retries = _Retries(self, self.retry if retry else NO_RETRY, method)
+        retries = _Retries(self._reconnect, self.retry if retry else NO_RETRY, method)
         while True:
             try:
                 return await getattr(self.stub, method)(request, metadata=self._metadata, timeout=timeout)
@@ -570,7 +511,7 @@ class AsyncClient:
         ref = self.ref(session)
         last_seq = after_seq
         streaming = _StreamingStep()
-        retries = _Retries(self, self.retry if resume else NO_RETRY, "Watch")
+        retries = _Retries(self._reconnect, self.retry if resume else NO_RETRY, "Watch")
         while True:
             request = api.WatchRequest(session=ref, after_seq=last_seq, live=live, resume=streaming.resume())
             call = self.stub.Watch(request, metadata=self._metadata)
@@ -594,12 +535,10 @@ class AsyncClient:
                 call.cancel()
             await retries.after_unavailable(details)
 
-    def serve_tools(self, tools: Any) -> Any:
+    def serve_tools(self, tools: Tools) -> ToolServer:
         """A :class:`~turnstile_client.ToolServer` serving ``tools`` (a :class:`~turnstile_client.Tools`)
         through this client: ``await client.serve_tools(tools).run()`` serves until cancelled;
         ``async with client.serve_tools(tools):`` serves inside the block, registered on entry."""
-        from ._tools import ToolServer
-
         return ToolServer(self, tools)
 
     def _tool_metadata(self) -> tuple[tuple[str, str], ...]:

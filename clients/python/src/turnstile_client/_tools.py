@@ -14,12 +14,13 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, Protocol, get_type_hints
 
 import grpc
 import grpc.aio
 
-from ._client import AsyncClient, TurnstileError, _Retries
+from ._proto.turnstile.v1 import agent_pb2_grpc
+from ._retry import RetryPolicy, TurnstileError, _Retries
 from ._proto.turnstile.v1 import agent_pb2 as api
 from ._proto.turnstile.v1 import events_pb2 as ev
 
@@ -151,6 +152,19 @@ def _schema_of(f: Callable[..., Any]) -> tuple[dict[str, Any], str | None]:
     return {"type": "object", "properties": properties, "required": required}, context_param
 
 
+class _ToolHost(Protocol):
+    """What a :class:`ToolServer` uses of its client (an :class:`~turnstile_client.AsyncClient`)."""
+
+    retry: RetryPolicy
+
+    @property
+    def stub(self) -> agent_pb2_grpc.AgentStub: ...
+
+    def _tool_metadata(self) -> tuple[tuple[str, str], ...]: ...
+
+    async def _reconnect(self) -> None: ...
+
+
 class ToolServer:
     """Serves a :class:`Tools` over ``ServeTools`` for one client, re-registering after UNAVAILABLE (the
     calls in flight on a lost stream fail on the server's side: ``executor ... disconnected``).
@@ -160,7 +174,7 @@ class ToolServer:
     registration (a name taken with another schema, say) raises :class:`TurnstileError`.
     """
 
-    def __init__(self, client: AsyncClient, tools: Tools):
+    def __init__(self, client: _ToolHost, tools: Tools):
         self.client = client
         self.tools = tools
         self.registered: list[str] = []
@@ -185,7 +199,7 @@ class ToolServer:
                 pass
 
     async def run(self) -> None:
-        retries = _Retries(self.client, self.client.retry, "ServeTools")
+        retries = _Retries(self.client._reconnect, self.client.retry, "ServeTools")
         while True:
             try:
                 await self._serve_once()

@@ -52,13 +52,37 @@ const ACQUIRE_AT_ONCE: usize = 16;
 /// fence this worker's writes as they do for a taken lease of a dead peer.
 pub const STORE_GRACE: Duration = Duration::from_secs(10);
 
-/// Since when the lease store has been failing this worker, or answering it again (decision 0094).
+/// Since when a bucket has been failing this worker, or answering it again (decision 0094).
 #[derive(Debug)]
 struct StoreHealth {
-    /// The first failure (no answer, no leader) since the store last answered; `None` while it answers.
+    /// The first failure (no answer, no leader) since the bucket last answered; `None` while it answers.
     failing_since: Option<Instant>,
     /// When it answered again after the last failure (or when the worker started).
     answering_since: Instant,
+}
+
+impl StoreHealth {
+    fn new() -> Self {
+        Self { failing_since: None, answering_since: Instant::now() }
+    }
+
+    /// Records an answer (a refusal too) or a failure; true when an outage ended.
+    fn record(&mut self, answered: bool) -> bool {
+        if answered {
+            if self.failing_since.take().is_some() {
+                self.answering_since = Instant::now();
+                return true;
+            }
+        } else if self.failing_since.is_none() {
+            self.failing_since = Some(Instant::now());
+        }
+        false
+    }
+
+    /// Answering for at least `for_at_least`.
+    fn settled(&self, for_at_least: Duration) -> bool {
+        self.failing_since.is_none() && self.answering_since.elapsed() >= for_at_least
+    }
 }
 
 /// A lease this worker holds.
@@ -97,7 +121,10 @@ pub struct Leases {
     peers: Mutex<Peers>,
     /// Wakes the lease loop before its next round (a peer was found dead).
     wake: Notify,
+    /// The shard-lease bucket's answers to this worker.
     store: Mutex<StoreHealth>,
+    /// The heartbeat bucket's (`turnstile_workers`): who counts as live comes from it.
+    workers_store: Mutex<StoreHealth>,
 }
 
 impl std::fmt::Debug for Leases {
@@ -123,7 +150,8 @@ impl Leases {
             map,
             peers: Mutex::new(Peers::default()),
             wake: Notify::new(),
-            store: Mutex::new(StoreHealth { failing_since: None, answering_since: Instant::now() }),
+            store: Mutex::new(StoreHealth::new()),
+            workers_store: Mutex::new(StoreHealth::new()),
         })
     }
 
@@ -170,22 +198,23 @@ impl Leases {
 
     /// Records what the lease store answered: any answer (a refusal too) ends an outage.
     fn store_answered(&self, answered: bool) {
-        let mut store = lock(&self.store);
-        if answered {
-            if store.failing_since.take().is_some() {
-                store.answering_since = Instant::now();
-                tracing::info!("the lease store answers again");
-            }
-        } else if store.failing_since.is_none() {
-            store.failing_since = Some(Instant::now());
+        if lock(&self.store).record(answered) {
+            tracing::info!("the lease store answers again");
         }
     }
 
-    /// Whether the lease store has answered this worker for at least a TTL: only then is a peer's expired
-    /// lease evidence that the peer stopped renewing (an outage expires every lease alike).
+    /// Records what the heartbeat bucket answered.
+    fn workers_store_answered(&self, answered: bool) {
+        if lock(&self.workers_store).record(answered) {
+            tracing::info!("the heartbeat store answers again");
+        }
+    }
+
+    /// Whether both buckets have answered this worker for at least a TTL: only then is a peer's expired
+    /// lease, or its missing heartbeat, evidence that the peer stopped (an outage of either, or a leader
+    /// election of its stream, lets every lease expire or every heartbeat age out alike).
     fn store_settled(&self) -> bool {
-        let store = lock(&self.store);
-        store.failing_since.is_none() && store.answering_since.elapsed() >= self.config.ttl
+        lock(&self.store).settled(self.config.ttl) && lock(&self.workers_store).settled(self.config.ttl)
     }
 
     /// Until when `h` may be used: its local deadline, or [`STORE_GRACE`] past it while the store does not
@@ -304,7 +333,9 @@ impl Leases {
             heartbeat_ms: now_ms(),
             presence: true,
         };
-        match tokio::time::timeout(self.store_timeout(), self.kv.heartbeat(&info)).await {
+        let beat = tokio::time::timeout(self.store_timeout(), self.kv.heartbeat(&info)).await;
+        self.workers_store_answered(matches!(beat, Ok(Ok(()))));
+        match beat {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "heartbeat failed"),
             Err(_) => tracing::warn!(timeout_ms = self.store_timeout().as_millis() as u64, "heartbeat not answered"),
@@ -326,6 +357,7 @@ impl Leases {
         let listed = tokio::time::timeout(self.config.ttl, self.kv.live_workers(now_ms(), self.config.worker_ttl))
             .await
             .unwrap_or_else(|_| Err(turnstile_cluster::MembershipError::Unavailable("no answer in time".into())));
+        self.workers_store_answered(listed.is_ok());
         match listed {
             Ok(live) => {
                 self.track_peers(&live);

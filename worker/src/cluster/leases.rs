@@ -353,8 +353,9 @@ impl Leases {
     /// Recomputes the fair share and acquires or hands back shards towards it, without renewing: what the
     /// lease loop does between rounds when a peer died or a peer's lease ran out.
     pub async fn rebalance_now(self: &Arc<Self>, host: &Arc<SessionHost>) {
-        // A listing is several requests: bounded by the TTL rather than one call's bound.
-        let listed = tokio::time::timeout(self.config.ttl, self.kv.live_workers(now_ms(), self.config.worker_ttl))
+        // Bounded like one call: a listing that waits on a consumer lost with a dying node would hold up
+        // the next renewal past the leases (a round that takes longer than the TTL lets them expire).
+        let listed = tokio::time::timeout(self.store_timeout(), self.kv.live_workers(now_ms(), self.config.worker_ttl))
             .await
             .unwrap_or_else(|_| Err(turnstile_cluster::MembershipError::Unavailable("no answer in time".into())));
         self.workers_store_answered(listed.is_ok());

@@ -32,6 +32,7 @@ mod failover;
 mod fanout;
 mod goals;
 mod hooks;
+mod hostile;
 mod idle;
 mod latency;
 mod model;
@@ -192,6 +193,8 @@ enum Mode {
     Sync(sync::SyncArgs),
     /// One nats-server of three killed under load: the max and p99 followup wait (issue 37 item 8).
     NatsLoss(nats_loss::NatsLossArgs),
+    /// Another tenant's followup latency beside a hostile tenant, against quiet rounds (issue 37).
+    Hostile(hostile::HostileArgs),
 }
 
 #[derive(Debug, Serialize)]
@@ -434,6 +437,7 @@ async fn main() -> Result<()> {
         Some(Mode::Search(search_args)) => return search::run(search_args).await,
         Some(Mode::Sync(sync_args)) => return sync::run(sync_args).await,
         Some(Mode::NatsLoss(args)) => return nats_loss::run(args).await,
+        Some(Mode::Hostile(args)) => return hostile::run(args).await,
         None => {}
     }
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();

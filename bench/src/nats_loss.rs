@@ -377,7 +377,7 @@ async fn worker_counters(cluster: &Cluster) -> BTreeMap<&'static str, u64> {
     out
 }
 
-fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()

@@ -298,14 +298,14 @@ fn args(list: &[&str]) -> Vec<String> {
 }
 
 /// The clients' view of the gateways: a restarted gateway has a new port, so its channel is replaced here.
-type Gateways = Arc<RwLock<Vec<Channel>>>;
+pub type Gateways = Arc<RwLock<Vec<Channel>>>;
 
 /// Shared by the client tasks and the fault schedule.
 struct Shared {
     gateways: Gateways,
     history: Mutex<Vec<CallRecord>>,
     started: Instant,
-    stop: AtomicBool,
+    stop: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -1269,7 +1269,7 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
         gateways,
         history: Mutex::new(Vec::new()),
         started: Instant::now(),
-        stop: AtomicBool::new(false),
+        stop: Arc::new(AtomicBool::new(false)),
     });
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let sessions: Vec<SessionRef> = (0..config.sessions)
@@ -1285,9 +1285,11 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
         let seed = config.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(client as u64);
         tasks.push(tokio::spawn(client_task(shared.clone(), client, seed, mine)));
     }
-    let hostile_task = config
-        .hostile
-        .map(|_| tokio::spawn(hostile::run(shared.clone(), config.seed, config.duration, run_id[..8].to_owned())));
+    let hostile_task = config.hostile.map(|_| {
+        let target =
+            hostile::Target { gateways: shared.gateways.clone(), stop: shared.stop.clone(), started: shared.started };
+        tokio::spawn(hostile::run(target, config.seed, config.duration, run_id[..8].to_owned()))
+    });
     let faults = match &config.upgrade {
         Some(_) => {
             let new = tokio::task::spawn_blocking(crate::binary::turnstile_bin)

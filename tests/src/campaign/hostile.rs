@@ -23,7 +23,7 @@
 //! order no longer matters there.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tonic::Code;
@@ -38,7 +38,8 @@ use turnstile_proto::v1::{
     SessionEventGroup, SessionRef, TextBlock, TurnEnd, TurnEndReason, UserMessage, WatchItem, WatchRequest,
 };
 
-use super::{Gateways, req};
+pub use super::Gateways;
+use super::req;
 use crate::user_msg;
 
 /// The hostile tenant.
@@ -151,9 +152,24 @@ fn channel(gateways: &Gateways, g: usize) -> Option<Channel> {
     gateways.read().ok().and_then(|g2| g2.get(g % g2.len().max(1)).cloned())
 }
 
-/// Runs the hostile tenant until `shared.stop`: opens the stuck watchers, then spreads the oversized
+/// Where the hostile load runs: the gateways (a restarted one's channel is replaced there), when to stop,
+/// and the clock its records are timed on.
+#[derive(Clone)]
+pub struct Target {
+    pub gateways: Gateways,
+    pub stop: Arc<AtomicBool>,
+    pub started: Instant,
+}
+
+impl Target {
+    fn ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+}
+
+/// Runs the hostile tenant until `target.stop`: opens the stuck watchers, then spreads the oversized
 /// followups and the imports over `duration` between busy followups to the watched session.
-pub(super) async fn run(shared: Arc<super::Shared>, seed: u64, duration: Duration, run_id: String) -> Hostile {
+pub async fn run(shared: Target, seed: u64, duration: Duration, run_id: String) -> Hostile {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x4057_11e5);
     let busy = SessionRef { tenant: TENANT.into(), id: format!("busy-{run_id}") };
     let mut records = Vec::new();

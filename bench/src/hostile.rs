@@ -82,8 +82,8 @@ pub async fn run(args: HostileArgs) -> Result<()> {
         let hostile_round = i % 2 == 1;
         let stop = Arc::new(AtomicBool::new(false));
         let hostile_task = hostile_round.then(|| {
-            let gateways = Arc::new(RwLock::new((0..2).map(|g| cluster.gateway_channel(g)).collect()));
-            let target = hostile::Target { gateways, stop: stop.clone(), started: Instant::now() };
+            let gateway_urls = Arc::new(RwLock::new((0..2).map(|g| cluster.gateway_url(g)).collect()));
+            let target = hostile::Target { gateway_urls, stop: stop.clone(), started: Instant::now() };
             tokio::spawn(hostile::run(target, i as u64, round, format!("{run_id}-{i}")))
         });
         let (samples, failed) = load(&cluster, &args, &format!("{run_id}-{i}"), round).await?;

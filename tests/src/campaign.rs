@@ -303,6 +303,8 @@ pub type Gateways = Arc<RwLock<Vec<Channel>>>;
 /// Shared by the client tasks and the fault schedule.
 struct Shared {
     gateways: Gateways,
+    /// The gateways' URLs, replaced with the channels: the hostile tenant dials its own connections.
+    gateway_urls: Arc<RwLock<Vec<String>>>,
     history: Mutex<Vec<CallRecord>>,
     started: Instant,
     stop: Arc<AtomicBool>,
@@ -627,6 +629,9 @@ async fn schedule(
                 if let Ok(mut g) = shared.gateways.write() {
                     g[target] = cluster.gateway_channel(target);
                 }
+                if let Ok(mut u) = shared.gateway_urls.write() {
+                    u[target] = cluster.gateway_url(target);
+                }
             }
             "gateway SIGSTOP/SIGCONT" => {
                 target = rng.usize(..cluster.gateways());
@@ -788,6 +793,9 @@ async fn upgrade_schedule(
         cluster.restart_gateway(target).await?;
         if let Ok(mut g) = shared.gateways.write() {
             g[target] = cluster.gateway_channel(target);
+        }
+        if let Ok(mut u) = shared.gateway_urls.write() {
+            u[target] = cluster.gateway_url(target);
         }
         faults.push(FaultRecord {
             kind: "upgrade gateway",
@@ -1267,6 +1275,7 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
     let gateways: Gateways = Arc::new(RwLock::new((0..2).map(|g| cluster.gateway_channel(g)).collect()));
     let shared = Arc::new(Shared {
         gateways,
+        gateway_urls: Arc::new(RwLock::new((0..2).map(|g| cluster.gateway_url(g)).collect())),
         history: Mutex::new(Vec::new()),
         started: Instant::now(),
         stop: Arc::new(AtomicBool::new(false)),
@@ -1286,8 +1295,11 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
         tasks.push(tokio::spawn(client_task(shared.clone(), client, seed, mine)));
     }
     let hostile_task = config.hostile.map(|_| {
-        let target =
-            hostile::Target { gateways: shared.gateways.clone(), stop: shared.stop.clone(), started: shared.started };
+        let target = hostile::Target {
+            gateway_urls: shared.gateway_urls.clone(),
+            stop: shared.stop.clone(),
+            started: shared.started,
+        };
         tokio::spawn(hostile::run(target, config.seed, config.duration, run_id[..8].to_owned()))
     });
     let faults = match &config.upgrade {

@@ -38,7 +38,6 @@ use turnstile_proto::v1::{
     SessionEventGroup, SessionRef, TextBlock, TurnEnd, TurnEndReason, UserMessage, WatchItem, WatchRequest,
 };
 
-pub use super::Gateways;
 use super::req;
 use crate::user_msg;
 
@@ -148,15 +147,20 @@ pub struct Hostile {
     watchers: Vec<(u64, tonic::Streaming<WatchItem>)>,
 }
 
-fn channel(gateways: &Gateways, g: usize) -> Option<Channel> {
-    gateways.read().ok().and_then(|g2| g2.get(g % g2.len().max(1)).cloned())
+/// A new connection to gateway `g` (opened on first use).
+fn channel(target: &Target, g: usize) -> Option<Channel> {
+    let url = target.gateway_urls.read().ok().and_then(|u| u.get(g % u.len().max(1)).cloned())?;
+    let endpoint = tonic::transport::Endpoint::from_shared(url).ok()?.connect_timeout(Duration::from_secs(2));
+    Some(endpoint.connect_lazy())
 }
 
-/// Where the hostile load runs: the gateways (a restarted one's channel is replaced there), when to stop,
-/// and the clock its records are timed on.
+/// Where the hostile load runs: the gateways' URLs (a restarted one's is replaced there), when to stop,
+/// and the clock its records are timed on. The hostile tenant is another client: it dials connections of
+/// its own (a watcher that never reads holds its connection's HTTP/2 window, which on a shared connection
+/// would stall every other call on it, a stall of the test's making).
 #[derive(Clone)]
 pub struct Target {
-    pub gateways: Gateways,
+    pub gateway_urls: Arc<std::sync::RwLock<Vec<String>>>,
     pub stop: Arc<AtomicBool>,
     pub started: Instant,
 }
@@ -176,7 +180,7 @@ pub async fn run(shared: Target, seed: u64, duration: Duration, run_id: String) 
     let mut watchers = Vec::new();
     // The busy session must exist before it can be watched live.
     for g in 0..2 {
-        if let Some(c) = channel(&shared.gateways, g) {
+        if let Some(c) = channel(&shared, g) {
             let m = user_msg(&format!("busy-{run_id}-open-{g}"), "hello");
             let _ = AgentClient::new(c)
                 .followup(req(DeliverRequest { session: Some(busy.clone()), message: Some(m) }))
@@ -184,7 +188,7 @@ pub async fn run(shared: Target, seed: u64, duration: Duration, run_id: String) 
         }
     }
     for w in 0..STUCK_WATCHERS {
-        let Some(c) = channel(&shared.gateways, w) else { continue };
+        let Some(c) = channel(&shared, w) else { continue };
         let request = WatchRequest { session: Some(busy.clone()), after_seq: 0, live: true, resume: None };
         // No deadline: a live watch lasts; the stream is held and not read until the end.
         match AgentClient::new(c).watch(request).await {
@@ -215,7 +219,7 @@ pub async fn run(shared: Target, seed: u64, duration: Duration, run_id: String) 
     while !shared.stop.load(Ordering::Relaxed) {
         n += 1;
         let g = rng.usize(..2);
-        let Some(c) = channel(&shared.gateways, g) else { break };
+        let Some(c) = channel(&shared, g) else { break };
         let mut client = AgentClient::new(c);
         if let Some((_, kind)) = due.next_if(|(at, _)| started.elapsed() >= *at) {
             let id = format!("h-{run_id}-{n}");

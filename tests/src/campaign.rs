@@ -1340,7 +1340,13 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
     let history = shared.history.lock().map(|h| h.clone()).unwrap_or_default();
     let (counts, mut violations) = check(&history, &faults, &views);
     if let (Some(expect), Some(h)) = (config.hostile, &hostile_load) {
-        violations.extend(hostile::check(&h.records, expect));
+        // A gateway killed or stopped (SIGTERM) during the run ended its stuck watchers itself.
+        let restarted: Vec<usize> = faults
+            .iter()
+            .filter(|f| matches!(f.kind, "gateway kill -9" | "gateway SIGTERM"))
+            .map(|f| f.target)
+            .collect();
+        violations.extend(hostile::check(&h.records, expect, &restarted));
         report.hostile = h.records.clone();
         report.hostile_strict = Some(expect.strict);
     }

@@ -96,6 +96,8 @@ pub struct HostileRecord {
     pub at_ms: u64,
     /// For a stuck watcher: the items it had buffered for us when it was read at last.
     pub items: usize,
+    /// For a stuck watcher: the gateway it was opened on (a restart of that gateway also ends it).
+    pub gateway: Option<usize>,
 }
 
 /// A message with a 2 MiB mime type and no bytes.
@@ -144,7 +146,8 @@ pub fn unfoldable_import(session: &SessionRef) -> Vec<ExportItem> {
 /// What the hostile task hands back: its records and the stuck watchers, still unread.
 pub struct Hostile {
     pub records: Vec<HostileRecord>,
-    watchers: Vec<(u64, tonic::Streaming<WatchItem>)>,
+    /// Each stuck watcher's gateway and stream.
+    watchers: Vec<(usize, tonic::Streaming<WatchItem>)>,
 }
 
 /// A new connection to gateway `g` (opened on first use).
@@ -192,13 +195,14 @@ pub async fn run(shared: Target, seed: u64, duration: Duration, run_id: String) 
         let request = WatchRequest { session: Some(busy.clone()), after_seq: 0, live: true, resume: None };
         // No deadline: a live watch lasts; the stream is held and not read until the end.
         match AgentClient::new(c).watch(request).await {
-            Ok(stream) => watchers.push((shared.ms(), stream.into_inner())),
+            Ok(stream) => watchers.push((w % 2, stream.into_inner())),
             Err(status) => records.push(HostileRecord {
                 kind: "stuck watcher",
                 code: Some(status.code()),
                 message: status.message().to_owned(),
                 at_ms: shared.ms(),
                 items: 0,
+                gateway: Some(w % 2),
             }),
         }
     }
@@ -223,24 +227,38 @@ pub async fn run(shared: Target, seed: u64, duration: Duration, run_id: String) 
         let mut client = AgentClient::new(c);
         if let Some((_, kind)) = due.next_if(|(at, _)| started.elapsed() >= *at) {
             let id = format!("h-{run_id}-{n}");
-            let answer = match kind {
-                "unfoldable import" => {
-                    let s = SessionRef { tenant: TENANT.into(), id: format!("import-{run_id}-{n}") };
-                    let mut request = tonic::Request::new(futures::stream::iter(unfoldable_import(&s)));
-                    request.set_timeout(super::CALL_DEADLINE);
-                    client.import_sessions(request).await.map(|_| ())
-                }
-                _ => {
-                    let s = SessionRef { tenant: TENANT.into(), id: format!("big-{run_id}-{}", n % 3) };
-                    let m = if kind == "oversize mime" { oversize_mime(&id) } else { empty_blocks(&id) };
-                    client.followup(req(DeliverRequest { session: Some(s), message: Some(m) })).await.map(|_| ())
+            // Like any client, again on an answer that says nothing (a gateway or worker restarting under
+            // the call): what is recorded is the first definite answer.
+            let mut attempts = 0;
+            let answer = loop {
+                attempts += 1;
+                let Some(c) = channel(&shared, g + attempts) else { break Ok(()) };
+                let mut client = AgentClient::new(c);
+                let answer = match kind {
+                    "unfoldable import" => {
+                        let s = SessionRef { tenant: TENANT.into(), id: format!("import-{run_id}-{n}") };
+                        let mut request = tonic::Request::new(futures::stream::iter(unfoldable_import(&s)));
+                        request.set_timeout(super::CALL_DEADLINE);
+                        client.import_sessions(request).await.map(|_| ())
+                    }
+                    _ => {
+                        let s = SessionRef { tenant: TENANT.into(), id: format!("big-{run_id}-{}", n % 3) };
+                        let m = if kind == "oversize mime" { oversize_mime(&id) } else { empty_blocks(&id) };
+                        client.followup(req(DeliverRequest { session: Some(s), message: Some(m) })).await.map(|_| ())
+                    }
+                };
+                match answer {
+                    Err(s) if super::Outcome::Err(s.code(), String::new()).maybe() && attempts < 5 => {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                    other => break other,
                 }
             };
             let (code, message) = match answer {
                 Ok(()) => (None, String::new()),
                 Err(s) => (Some(s.code()), s.message().chars().take(300).collect()),
             };
-            records.push(HostileRecord { kind, code, message, at_ms: shared.ms(), items: 0 });
+            records.push(HostileRecord { kind, code, message, at_ms: shared.ms(), items: 0, gateway: None });
         } else {
             let m = user_msg(&format!("busy-{run_id}-{n}"), &"z".repeat(BUSY_TEXT));
             let _ = client.followup(req(DeliverRequest { session: Some(busy.clone()), message: Some(m) })).await;
@@ -254,7 +272,7 @@ impl Hostile {
     /// Reads each stuck watcher at last: whatever it buffered, until it ends with a status (cut) or has
     /// nothing more within `quiet`; one record each.
     pub async fn read_watchers(&mut self, started: Instant, quiet: Duration) {
-        for (opened_ms, mut stream) in std::mem::take(&mut self.watchers) {
+        for (gateway, mut stream) in std::mem::take(&mut self.watchers) {
             let mut items = 0;
             let code = loop {
                 match tokio::time::timeout(quiet, stream.message()).await {
@@ -266,20 +284,21 @@ impl Hostile {
                 }
             };
             let (code, message) = code.map_or((None, String::new()), |(c, m)| (Some(c), m));
-            let _ = opened_ms;
             self.records.push(HostileRecord {
                 kind: "stuck watcher",
                 code,
                 message,
                 at_ms: started.elapsed().as_millis() as u64,
                 items,
+                gateway: Some(gateway),
             });
         }
     }
 }
 
 /// The hostile answers against `expect`: violations only in strict mode. Every kind must have been tried.
-pub fn check(records: &[HostileRecord], expect: Expectations) -> Vec<String> {
+/// A stuck watcher on a gateway in `restarted` is not judged: the restart ended it, cut or not.
+pub fn check(records: &[HostileRecord], expect: Expectations, restarted: &[usize]) -> Vec<String> {
     let mut violations = Vec::new();
     if !expect.strict {
         return violations;
@@ -289,7 +308,8 @@ pub fn check(records: &[HostileRecord], expect: Expectations) -> Vec<String> {
             violations.push(format!("hostile: no {kind} was tried"));
         }
     }
-    for r in records {
+    let judged = records.iter().filter(|r| r.gateway.is_none_or(|g| !restarted.contains(&g)));
+    for r in judged {
         let allowed: &[Code] = match r.kind {
             "oversize mime" | "empty blocks" => &OVERSIZE_CODES,
             "stuck watcher" => &CUT_CODES,
@@ -322,7 +342,8 @@ mod tests {
     use super::*;
 
     fn record(kind: &'static str, code: Option<Code>) -> HostileRecord {
-        HostileRecord { kind, code, message: String::new(), at_ms: 0, items: 0 }
+        let gateway = (kind == "stuck watcher").then_some(0);
+        HostileRecord { kind, code, message: String::new(), at_ms: 0, items: 0, gateway }
     }
 
     #[test]
@@ -333,20 +354,23 @@ mod tests {
             record("stuck watcher", Some(Code::ResourceExhausted)),
             record("unfoldable import", Some(Code::InvalidArgument)),
         ];
-        assert_eq!(check(&refused, Expectations { strict: true }), Vec::<String>::new());
+        assert_eq!(check(&refused, Expectations { strict: true }, &[]), Vec::<String>::new());
         let mut accepted = refused.clone();
         accepted[0].code = None;
         accepted[2].code = None;
         accepted[3].code = Some(Code::Internal);
-        let v = check(&accepted, Expectations { strict: true });
+        let v = check(&accepted, Expectations { strict: true }, &[]);
         assert_eq!(v.len(), 3, "{v:?}");
         assert!(v.iter().any(|v| v.contains("oversize mime")), "{v:?}");
         assert!(v.iter().any(|v| v.contains("stuck watcher")), "{v:?}");
         assert!(v.iter().any(|v| v.contains("unfoldable import")), "{v:?}");
         // A kind never tried is a violation too; lenient mode records only.
-        let v = check(&refused[..3], Expectations { strict: true });
+        let v = check(&refused[..3], Expectations { strict: true }, &[]);
         assert!(v.iter().any(|v| v.contains("no unfoldable import was tried")), "{v:?}");
-        assert_eq!(check(&accepted, Expectations { strict: false }), Vec::<String>::new());
+        assert_eq!(check(&accepted, Expectations { strict: false }, &[]), Vec::<String>::new());
+        // A watcher whose gateway restarted is not judged.
+        let v = check(&accepted, Expectations { strict: true }, &[0]);
+        assert!(!v.iter().any(|v| v.contains("stuck watcher")), "{v:?}");
     }
 
     #[test]

@@ -32,9 +32,11 @@ mod failover;
 mod fanout;
 mod goals;
 mod hooks;
+mod hostile;
 mod idle;
 mod latency;
 mod model;
+mod nats_loss;
 mod raw;
 mod reads;
 mod resume;
@@ -189,6 +191,10 @@ enum Mode {
     /// What nats-server's `sync_interval: always` (an fsync before every acknowledgement) costs against
     /// its default (every 2 minutes): followup latency and followups/s, alternating rounds.
     Sync(sync::SyncArgs),
+    /// One nats-server of three killed under load: the max and p99 followup wait (issue 37 item 8).
+    NatsLoss(nats_loss::NatsLossArgs),
+    /// Another tenant's followup latency beside a hostile tenant, against quiet rounds (issue 37).
+    Hostile(hostile::HostileArgs),
 }
 
 #[derive(Debug, Serialize)]
@@ -430,6 +436,8 @@ async fn main() -> Result<()> {
         Some(Mode::Cluster(cluster_args)) => return cluster::run(cluster_args).await,
         Some(Mode::Search(search_args)) => return search::run(search_args).await,
         Some(Mode::Sync(sync_args)) => return sync::run(sync_args).await,
+        Some(Mode::NatsLoss(args)) => return nats_loss::run(args).await,
+        Some(Mode::Hostile(args)) => return hostile::run(args).await,
         None => {}
     }
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();

@@ -50,6 +50,8 @@ use turnstile_proto::v1::{
     SteerRequest, Target, UserMessage, WatchItem, WatchRequest, WhenIdleRequest,
 };
 
+pub mod hostile;
+
 use crate::netns::NetNs;
 use crate::pki::ClusterPki;
 use crate::watch::line_of;
@@ -70,6 +72,15 @@ const TAKEOVER_BOUND: Duration = Duration::from_secs(90);
 pub const NODE_CUT: &str = "partition nats node + worker";
 /// The least time left in the schedule for a cut of a NATS node with its worker to start.
 const NODE_CUT_ROOM: Duration = Duration::from_secs(30);
+/// The longest a delivery may wait, from its first attempt to its answer, when it started while a
+/// nats-server was killed (decision 0094). The bench (`turnstile-bench nats-loss`) carries the 2 s goal; this
+/// is what the campaign holds on shared CI machines: a kill -9 of the member leading a stream leaves it
+/// without a leader until nats-server's election (4–9 s, compiled in), the client pauses 100–400 ms between
+/// attempts, and a busy machine adds seconds. It catches what made one followup wait for the whole outage
+/// and more (shard leases given up and shuffled, a request lost with the node waited out for 5 s).
+pub const NATS_KILL_WAIT_BOUND: Duration = Duration::from_secs(15);
+/// The faults that kill a nats-server and nothing else.
+const NATS_KILLS: [&str; 2] = ["nats kill -9 + restart", "nats KV leader kill -9 + restart"];
 /// The nats-server (n3) and the worker (w2) that share the second namespace.
 const INNER_NODE: usize = 2;
 const INNER_WORKER: usize = 1;
@@ -89,6 +100,9 @@ pub struct CampaignConfig {
     pub upgrade: Option<Upgrade>,
     /// Only the fault kinds whose name contains this (e.g. `partition nats`), to study one kind.
     pub only: Option<String>,
+    /// Run the hostile tenant beside the workload ([`hostile`]), with these expectations of its answers;
+    /// `None`: no hostile tenant.
+    pub hostile: Option<hostile::Expectations>,
 }
 
 /// A rolling upgrade (SPEC §18): the cluster starts on `from` and every process is replaced by one of
@@ -102,7 +116,8 @@ pub struct Upgrade {
 impl CampaignConfig {
     pub fn new(seed: u64, duration: Duration) -> Self {
         let out_dir = std::env::temp_dir().join(format!("turnstile-fault-campaign-{seed}-{}", std::process::id()));
-        Self { seed, duration, sessions: 8, clients: 4, out_dir, upgrade: None, only: None }
+        let hostile = Some(hostile::Expectations::from_env());
+        Self { seed, duration, sessions: 8, clients: 4, out_dir, upgrade: None, only: None, hostile }
     }
 }
 
@@ -199,6 +214,11 @@ pub struct Report {
     pub violations: Vec<String>,
     /// For each cut of a NATS node with its worker that saw it: ms until the other workers owned every shard.
     pub takeovers_ms: Vec<u64>,
+    /// The waits (first attempt → answer, ms) of the deliveries that started during a nats-server kill.
+    pub nats_kill_waits_ms: Vec<u64>,
+    /// The hostile tenant's calls and how they were answered, and whether they were checked.
+    pub hostile: Vec<hostile::HostileRecord>,
+    pub hostile_strict: Option<bool>,
     pub elapsed: Duration,
     pub out_dir: PathBuf,
 }
@@ -241,6 +261,26 @@ impl std::fmt::Display for Report {
                 t[t.len() - 1]
             )?;
         }
+        if !self.nats_kill_waits_ms.is_empty() {
+            let mut w = self.nats_kill_waits_ms.clone();
+            w.sort_unstable();
+            writeln!(
+                f,
+                "deliveries started during nats-server kills: {}, waited {} ms (median), {} ms (max; bound {} ms)",
+                w.len(),
+                w[w.len() / 2],
+                w[w.len() - 1],
+                NATS_KILL_WAIT_BOUND.as_millis()
+            )?;
+        }
+        if let Some(strict) = self.hostile_strict {
+            writeln!(
+                f,
+                "hostile tenant ({}): {}",
+                if strict { "strict: each refused with its code" } else { "recorded, not checked" },
+                hostile::summary(&self.hostile)
+            )?;
+        }
         writeln!(f, "violations: {}", self.violations.len())?;
         for v in &self.violations {
             writeln!(f, "  - {v}")?;
@@ -258,14 +298,16 @@ fn args(list: &[&str]) -> Vec<String> {
 }
 
 /// The clients' view of the gateways: a restarted gateway has a new port, so its channel is replaced here.
-type Gateways = Arc<RwLock<Vec<Channel>>>;
+pub type Gateways = Arc<RwLock<Vec<Channel>>>;
 
 /// Shared by the client tasks and the fault schedule.
 struct Shared {
     gateways: Gateways,
+    /// The gateways' URLs, replaced with the channels: the hostile tenant dials its own connections.
+    gateway_urls: Arc<RwLock<Vec<String>>>,
     history: Mutex<Vec<CallRecord>>,
     started: Instant,
-    stop: AtomicBool,
+    stop: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -587,6 +629,9 @@ async fn schedule(
                 if let Ok(mut g) = shared.gateways.write() {
                     g[target] = cluster.gateway_channel(target);
                 }
+                if let Ok(mut u) = shared.gateway_urls.write() {
+                    u[target] = cluster.gateway_url(target);
+                }
             }
             "gateway SIGSTOP/SIGCONT" => {
                 target = rng.usize(..cluster.gateways());
@@ -749,6 +794,9 @@ async fn upgrade_schedule(
         if let Ok(mut g) = shared.gateways.write() {
             g[target] = cluster.gateway_channel(target);
         }
+        if let Ok(mut u) = shared.gateway_urls.write() {
+            u[target] = cluster.gateway_url(target);
+        }
         faults.push(FaultRecord {
             kind: "upgrade gateway",
             target,
@@ -884,6 +932,17 @@ pub fn check(history: &[CallRecord], faults: &[FaultRecord], views: &[SessionVie
             TAKEOVER_BOUND.as_secs(),
             f.start_ms
         ));
+    }
+    // No delivery that started during a nats-server kill waited longer than the bound for its answer.
+    for (f, wait, id) in nats_kill_waits(history, faults) {
+        if wait > NATS_KILL_WAIT_BOUND.as_millis() as u64 {
+            violations.push(format!(
+                "delivery {id} waited {wait} ms for its answer (bound {} ms), started during the {} at {} ms",
+                NATS_KILL_WAIT_BOUND.as_millis(),
+                f.kind,
+                f.start_ms
+            ));
+        }
     }
     // No call outlived deadline + grace, unless its gateway was stopped while it ran.
     for call in history.iter().filter(|c| c.outcome == Outcome::Hung) {
@@ -1096,6 +1155,32 @@ pub fn check(history: &[CallRecord], faults: &[FaultRecord], views: &[SessionVie
     (counts, violations)
 }
 
+/// Each delivery whose first attempt started while a nats-server was killed ([`NATS_KILLS`], from the kill
+/// to the restarted member's rejoining), with its wait: first attempt → its last answer (the accepted one,
+/// or the last "maybe" when its retries ran out). Deliveries that reach into another fault are left out:
+/// that fault has its own bounds.
+fn nats_kill_waits<'a>(history: &'a [CallRecord], faults: &'a [FaultRecord]) -> Vec<(&'a FaultRecord, u64, String)> {
+    let mut spans: BTreeMap<(usize, &str), (u64, u64)> = BTreeMap::new();
+    for c in history.iter().filter(|c| is_delivery(c.kind)) {
+        let Some(id) = c.id.as_deref() else { continue };
+        let span = spans.entry((c.client, id)).or_insert((c.start_ms, c.end_ms));
+        span.0 = span.0.min(c.start_ms);
+        span.1 = span.1.max(c.end_ms);
+    }
+    let mut out = Vec::new();
+    for ((_, id), (first, last)) in spans {
+        let Some(f) = faults.iter().find(|f| NATS_KILLS.contains(&f.kind) && (f.start_ms..=f.end_ms).contains(&first))
+        else {
+            continue;
+        };
+        let other = faults.iter().any(|o| !std::ptr::eq(o, f) && o.start_ms <= last && first <= o.end_ms);
+        if !other {
+            out.push((f, last - first, id.to_owned()));
+        }
+    }
+    out
+}
+
 fn write_history(dir: &std::path::Path, history: &[CallRecord], faults: &[FaultRecord]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut out = std::io::BufWriter::new(std::fs::File::create(dir.join("history.jsonl"))?);
@@ -1190,9 +1275,10 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
     let gateways: Gateways = Arc::new(RwLock::new((0..2).map(|g| cluster.gateway_channel(g)).collect()));
     let shared = Arc::new(Shared {
         gateways,
+        gateway_urls: Arc::new(RwLock::new((0..2).map(|g| cluster.gateway_url(g)).collect())),
         history: Mutex::new(Vec::new()),
         started: Instant::now(),
-        stop: AtomicBool::new(false),
+        stop: Arc::new(AtomicBool::new(false)),
     });
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let sessions: Vec<SessionRef> = (0..config.sessions)
@@ -1208,6 +1294,14 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
         let seed = config.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(client as u64);
         tasks.push(tokio::spawn(client_task(shared.clone(), client, seed, mine)));
     }
+    let hostile_task = config.hostile.map(|_| {
+        let target = hostile::Target {
+            gateway_urls: shared.gateway_urls.clone(),
+            stop: shared.stop.clone(),
+            started: shared.started,
+        };
+        tokio::spawn(hostile::run(target, config.seed, config.duration, run_id[..8].to_owned()))
+    });
     let faults = match &config.upgrade {
         Some(_) => {
             let new = tokio::task::spawn_blocking(crate::binary::turnstile_bin)
@@ -1224,6 +1318,13 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
     for t in tasks {
         let _ = t.await;
     }
+    let mut hostile_load = match hostile_task {
+        Some(t) => t.await.ok(),
+        None => None,
+    };
+    if let Some(h) = hostile_load.as_mut() {
+        h.read_watchers(shared.started, Duration::from_secs(2)).await;
+    }
     let faults = faults?;
     // Healed: every fault was undone by the schedule. Let the shards settle, then read.
     if let Err(e) = cluster.wait_balanced().await {
@@ -1237,7 +1338,19 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
         views.push(view(&channels, s.clone(), until).await);
     }
     let history = shared.history.lock().map(|h| h.clone()).unwrap_or_default();
-    let (counts, violations) = check(&history, &faults, &views);
+    let (counts, mut violations) = check(&history, &faults, &views);
+    if let (Some(expect), Some(h)) = (config.hostile, &hostile_load) {
+        // A gateway killed or stopped (SIGTERM) during the run ended its stuck watchers itself.
+        let restarted: Vec<usize> = faults
+            .iter()
+            .filter(|f| matches!(f.kind, "gateway kill -9" | "gateway SIGTERM"))
+            .map(|f| f.target)
+            .collect();
+        violations.extend(hostile::check(&h.records, expect, &restarted));
+        report.hostile = h.records.clone();
+        report.hostile_strict = Some(expect.strict);
+    }
+    report.nats_kill_waits_ms = nats_kill_waits(&history, &faults).into_iter().map(|(_, w, _)| w).collect();
     for f in &faults {
         *report.faults.entry(f.kind).or_default() += 1;
         report.takeovers_ms.extend(f.takeover_ms);

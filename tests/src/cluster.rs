@@ -364,6 +364,12 @@ impl Cluster {
         self.nats.kill(i);
     }
 
+    /// SIGTERM nats-server `i` and wait for it to exit: a clean stop, in which it hands the leaderships it
+    /// holds to the other members first (a kill -9 leaves them to an election).
+    pub async fn sigterm_nats(&mut self, i: usize) {
+        self.nats.node_mut(i).stop().await;
+    }
+
     /// Starts nats-server `i` again on its store dir (new ports; the others and the clients learn them
     /// from the cluster) and waits until it is healthy.
     pub async fn restart_nats(&mut self, i: usize) -> Result<(), HarnessError> {

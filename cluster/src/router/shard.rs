@@ -112,6 +112,17 @@ impl ClusterRouter {
         (shard, map.owner(shard, now_ms()).cloned())
     }
 
+    /// Where to send a command for `session`: the holder of its shard's lease, else the worker an expired
+    /// lease still names. While the lease bucket elects a leader (its node died) no lease is renewed and
+    /// every one expires in the map, yet their owners keep serving for a while (decision 0094); the worker
+    /// is the judge, and answers not-owner when it does not own the session.
+    fn route(&self, session: &SessionRef) -> (u32, Option<ShardLease>) {
+        let map = self.map.borrow();
+        let shard = shard_of(session, map.shards);
+        let lease = map.leases.get(&shard).map(|e| &e.lease).filter(|l| !l.owner.is_empty()).cloned();
+        (shard, lease)
+    }
+
     async fn attempt(
         &self,
         lease: &ShardLease,
@@ -194,7 +205,7 @@ impl CommandRouter for ClusterRouter {
         loop {
             // Mark the map as seen *before* reading it, so a change in between wakes the wait below.
             map.borrow_and_update();
-            let (shard, lease) = self.lookup(session);
+            let (shard, lease) = self.route(session);
             let tried_at = Instant::now();
             if let Some(lease) = lease {
                 attempts += 1;
@@ -451,6 +462,21 @@ mod tests {
         let router = ClusterRouter::with_transport(rx, transport.clone(), config(1000));
         assert_eq!(router.execute(&session(), followup(), None).await, Err(precondition));
         assert_eq!(transport.calls().len(), 1, "an application error is not retried");
+    }
+
+    #[tokio::test]
+    async fn the_owner_an_expired_lease_names_is_still_asked() {
+        // While the lease bucket elects a leader nobody renews, yet the owner still serves (decision 0094).
+        let mut map = map_with(Some(("w1", "a:1", 1)));
+        for entry in map.leases.values_mut() {
+            entry.lease.expires_at_ms = 1;
+        }
+        let (_tx, rx) = watch::channel(map);
+        let transport = Arc::new(FakeTransport::default());
+        transport.answer("a:1", sent(7));
+        let router = ClusterRouter::with_transport(rx, transport.clone(), config(1000));
+        assert_eq!(router.execute(&session(), followup(), None).await, Ok(CommandReply::Sent { seq: 7, turn: None }));
+        assert_eq!(transport.calls(), ["a:1"]);
     }
 
     #[tokio::test]

@@ -323,6 +323,8 @@ impl JetStreamLog {
     ) -> Result<u64, Refusal> {
         let (_, subject) = self.locate(session);
         let Prepared { bodies, runs } = prepared;
+        // The connection the group goes out on: if it is gone before the ack, so is the ack.
+        let connects = self.client.statistics().connects.load(std::sync::atomic::Ordering::Relaxed);
         let n = runs.len();
         // One id per batch; a uuid is 36 chars, within the server's 64.
         let batch_id = (n > 1).then(|| uuid::Uuid::new_v4().to_string());
@@ -353,7 +355,16 @@ impl JetStreamLog {
             }
         }
         let ack = match commit {
-            Some(Ok(ack)) => ack.await,
+            Some(Ok(ack)) => tokio::select! {
+                ack = ack => ack,
+                () = connection_lost(&self.client, connects) => {
+                    self.forget(session);
+                    return Err(Refusal::Failed(unavailable(
+                        format!("appending to {session} (re-read the log: it may have landed)"),
+                        "the connection to NATS was lost before the server acknowledged",
+                    )));
+                }
+            },
             Some(Err(e)) => Err(e),
             // check_batch refused empty groups, so there was at least one run and the loop ran its last.
             None => {
@@ -430,6 +441,22 @@ impl JetStreamLog {
             }
         }
         Ok(out)
+    }
+}
+
+/// Resolves once the client's connection is not the one it had when `connects` was read: it is down, or
+/// it came back (`connects` counts every connection made). A request in flight on a connection that broke
+/// gets no reply, so its caller would wait for the whole request timeout (5 s) after a NATS node died under
+/// it (decision 0094); polled, since async-nats only reports connection changes to a callback.
+pub(super) async fn connection_lost(client: &async_nats::Client, connects: u64) {
+    let stats = client.statistics();
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        if client.connection_state() != async_nats::connection::State::Connected
+            || stats.connects.load(std::sync::atomic::Ordering::Relaxed) != connects
+        {
+            return;
+        }
     }
 }
 

@@ -22,6 +22,13 @@ impl SessionLog for JetStreamLog {
         traceparent: Option<&str>,
     ) -> Result<u64, JournalError> {
         let prepared = self.prepare(session, expected_last_seq, events)?;
+        // As for a first append: a group published while disconnected would wait in the client's buffer and
+        // could land after its caller, told UNAVAILABLE, re-read the log.
+        if self.client().connection_state() != async_nats::connection::State::Connected {
+            return Err(JournalError::Unavailable(format!(
+                "appending to {session}: the connection to NATS is down (nothing was written)"
+            )));
+        }
         let expected_stream_seq = match self.cached(session) {
             Some(last) if last.seq == expected_last_seq => last.stream_seq,
             _ => {

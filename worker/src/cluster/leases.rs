@@ -10,6 +10,15 @@
 //! share and its leases are taken at once with the next epoch, without waiting for them to expire. The
 //! presence watch wakes the loop as soon as it knows.
 //!
+//! A NATS node that dies takes with it the requests in flight through it and, for a few seconds (its
+//! streams' leader elections, 4–9 s in nats-server), the lease bucket when it led it (decision 0094). So
+//! every call to the lease store is bounded well inside the lease ([`Leases::store_timeout`]); a renewal
+//! the store did not answer keeps the lease for up to [`STORE_GRACE`] more while the store stays away (no
+//! one can take a lease the store cannot write), instead of stopping every session of the worker; a
+//! renewal refused because our own unanswered write landed adopts it; and after an outage a worker judges
+//! no peer "lapsed" and takes no peer's expired lease until the store has answered it for a whole TTL,
+//! since an outage lets every lease expire alike.
+//!
 //! Safety does not rest on this loop being timely: [`Leases::may_write`] compares against a local deadline
 //! taken *before* each renewal request, so a worker that was paused past its lease refuses to write
 //! when it wakes, and the conditional append refuses any writer whose view of the log is stale.
@@ -34,6 +43,47 @@ use crate::sync::lock;
 
 /// Lease acquisitions in flight at once (each is a read and a compare-and-set).
 const ACQUIRE_AT_ONCE: usize = 16;
+
+/// How much longer than its TTL a held lease stays valid while the lease store does not answer its
+/// renewals (decision 0094): longer than a JetStream leader election of the bucket's stream after its
+/// leader's node died (nats-server waits 4–9 s before it elects), so a worker keeps serving through one.
+/// Nobody can take the lease meanwhile (every take is a compare-and-set through the same store), and
+/// should someone take it as the store comes back, the newer epoch in the map and the conditional append
+/// fence this worker's writes as they do for a taken lease of a dead peer.
+pub const STORE_GRACE: Duration = Duration::from_secs(10);
+
+/// Since when a bucket has been failing this worker, or answering it again (decision 0094).
+#[derive(Debug)]
+struct StoreHealth {
+    /// The first failure (no answer, no leader) since the bucket last answered; `None` while it answers.
+    failing_since: Option<Instant>,
+    /// When it answered again after the last failure (or when the worker started).
+    answering_since: Instant,
+}
+
+impl StoreHealth {
+    fn new() -> Self {
+        Self { failing_since: None, answering_since: Instant::now() }
+    }
+
+    /// Records an answer (a refusal too) or a failure; true when an outage ended.
+    fn record(&mut self, answered: bool) -> bool {
+        if answered {
+            if self.failing_since.take().is_some() {
+                self.answering_since = Instant::now();
+                return true;
+            }
+        } else if self.failing_since.is_none() {
+            self.failing_since = Some(Instant::now());
+        }
+        false
+    }
+
+    /// Answering for at least `for_at_least`.
+    fn settled(&self, for_at_least: Duration) -> bool {
+        self.failing_since.is_none() && self.answering_since.elapsed() >= for_at_least
+    }
+}
 
 /// A lease this worker holds.
 #[derive(Clone, Debug)]
@@ -71,6 +121,10 @@ pub struct Leases {
     peers: Mutex<Peers>,
     /// Wakes the lease loop before its next round (a peer was found dead).
     wake: Notify,
+    /// The shard-lease bucket's answers to this worker.
+    store: Mutex<StoreHealth>,
+    /// The heartbeat bucket's (`turnstile_workers`): who counts as live comes from it.
+    workers_store: Mutex<StoreHealth>,
 }
 
 impl std::fmt::Debug for Leases {
@@ -96,6 +150,8 @@ impl Leases {
             map,
             peers: Mutex::new(Peers::default()),
             wake: Notify::new(),
+            store: Mutex::new(StoreHealth::new()),
+            workers_store: Mutex::new(StoreHealth::new()),
         })
     }
 
@@ -116,6 +172,59 @@ impl Leases {
 
     fn peers(&self) -> std::sync::MutexGuard<'_, Peers> {
         lock(&self.peers)
+    }
+
+    /// The bound on one call to the lease store: a third of the TTL (at least 100 ms), so that a request
+    /// lost with a dying NATS node (the client waits for its reply until its own 5 s timeout) fails in time
+    /// for the next renewal instead of stalling the loop past every lease.
+    pub fn store_timeout(&self) -> Duration {
+        (self.config.ttl / 3).max(Duration::from_millis(100))
+    }
+
+    /// `call`, bounded by [`Leases::store_timeout`]; no answer in time is a store error.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, CasError>>,
+    ) -> Result<T, CasError> {
+        match tokio::time::timeout(self.store_timeout(), call).await {
+            Ok(result) => result,
+            Err(_) => Err(CasError::Store(turnstile_cluster::MembershipError::Unavailable(format!(
+                "{what}: no answer within {} ms",
+                self.store_timeout().as_millis()
+            )))),
+        }
+    }
+
+    /// Records what the lease store answered: any answer (a refusal too) ends an outage.
+    fn store_answered(&self, answered: bool) {
+        if lock(&self.store).record(answered) {
+            tracing::info!("the lease store answers again");
+        }
+    }
+
+    /// Records what the heartbeat bucket answered.
+    fn workers_store_answered(&self, answered: bool) {
+        if lock(&self.workers_store).record(answered) {
+            tracing::info!("the heartbeat store answers again");
+        }
+    }
+
+    /// Whether both buckets have answered this worker for at least a TTL: only then is a peer's expired
+    /// lease, or its missing heartbeat, evidence that the peer stopped (an outage of either, or a leader
+    /// election of its stream, lets every lease expire or every heartbeat age out alike).
+    fn store_settled(&self) -> bool {
+        lock(&self.store).settled(self.config.ttl) && lock(&self.workers_store).settled(self.config.ttl)
+    }
+
+    /// Until when `h` may be used: its local deadline, or [`STORE_GRACE`] past it while the store does not
+    /// answer, if the outage began while the lease was still valid (a worker paused past its lease gets
+    /// no grace when it wakes).
+    fn deadline(&self, h: &Held) -> Instant {
+        match lock(&self.store).failing_since {
+            Some(since) if since < h.valid_until => h.valid_until + STORE_GRACE,
+            _ => h.valid_until,
+        }
     }
 
     /// Resolves when the presence watch found a peer dead (or at once if it did since the last call).
@@ -177,6 +286,9 @@ impl Leases {
 
     /// Peers named as the owner of a lease that expired at `now_ms` (they stopped renewing).
     fn lapsed_owners(&self, now_ms: u64) -> HashSet<String> {
+        if !self.store_settled() {
+            return HashSet::new();
+        }
         let map = self.map.borrow();
         map.leases
             .values()
@@ -221,8 +333,12 @@ impl Leases {
             heartbeat_ms: now_ms(),
             presence: true,
         };
-        if let Err(e) = self.kv.heartbeat(&info).await {
-            tracing::warn!(error = %e, "heartbeat failed");
+        let beat = tokio::time::timeout(self.store_timeout(), self.kv.heartbeat(&info)).await;
+        self.workers_store_answered(matches!(beat, Ok(Ok(()))));
+        match beat {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "heartbeat failed"),
+            Err(_) => tracing::warn!(timeout_ms = self.store_timeout().as_millis() as u64, "heartbeat not answered"),
         }
     }
 
@@ -237,7 +353,13 @@ impl Leases {
     /// Recomputes the fair share and acquires or hands back shards towards it, without renewing: what the
     /// lease loop does between rounds when a peer died or a peer's lease ran out.
     pub async fn rebalance_now(self: &Arc<Self>, host: &Arc<SessionHost>) {
-        match self.kv.live_workers(now_ms(), self.config.worker_ttl).await {
+        // Bounded like one call: a listing that waits on a consumer lost with a dying node would hold up
+        // the next renewal past the leases (a round that takes longer than the TTL lets them expire).
+        let listed = tokio::time::timeout(self.store_timeout(), self.kv.live_workers(now_ms(), self.config.worker_ttl))
+            .await
+            .unwrap_or_else(|_| Err(turnstile_cluster::MembershipError::Unavailable("no answer in time".into())));
+        self.workers_store_answered(listed.is_ok());
+        match listed {
             Ok(live) => {
                 self.track_peers(&live);
                 // A dead peer's heartbeat outlives it by up to `worker_ttl`, and so does a paused one's; a
@@ -270,12 +392,20 @@ impl Leases {
                     epoch: h.epoch,
                     expires_at_ms: now_ms() + self.config.ttl.as_millis() as u64,
                 };
-                (shard, started, self.kv.put_lease(shard, &lease, Some(h.revision)).await)
+                let renewed = self.bounded("lease renewal", self.kv.put_lease(shard, &lease, Some(h.revision))).await;
+                let renewed = match renewed {
+                    Err(CasError::Lost { .. }) => self.adopt_own_write(shard, &h, &lease, started).await,
+                    other => other,
+                };
+                (shard, started, renewed)
             })
             .buffer_unordered(16)
             .collect::<Vec<_>>()
             .await;
         let mut lost = Vec::new();
+        if !renewals.is_empty() {
+            self.store_answered(renewals.iter().any(|(_, _, r)| !matches!(r, Err(CasError::Store(_)))));
+        }
         {
             let mut held = self.lock();
             for (shard, started, result) in renewals {
@@ -292,7 +422,7 @@ impl Leases {
                         held.remove(&shard);
                         lost.push(shard);
                     }
-                    // Keep the lease; it lapses by its local deadline if the store stays away.
+                    // Keep the lease; it lapses by its local deadline (and the grace) if the store stays away.
                     Err(CasError::Store(e)) => {
                         metrics::counter!(names::LEASE_RENEW_FAILURES, "reason" => "error").increment(1);
                         tracing::warn!(shard, error = %e, "lease renewal failed");
@@ -303,11 +433,32 @@ impl Leases {
         self.stop_shards(host, &lost);
     }
 
+    /// A renewal refused as "changed under us": when the entry still names this worker under the same
+    /// epoch, the change was our own earlier renewal that landed after its call gave up waiting (a request
+    /// lost with a dying NATS node); renew again on that revision instead of giving the shard up.
+    async fn adopt_own_write(
+        &self,
+        shard: u32,
+        h: &Held,
+        lease: &ShardLease,
+        started: Instant,
+    ) -> Result<u64, CasError> {
+        let lost = CasError::Lost { shard };
+        let current = self.bounded("lease read", async { self.kv.lease(shard).await.map_err(CasError::Store) }).await?;
+        match current {
+            Some(c) if c.lease.owner == self.id && c.lease.epoch == h.epoch && started.elapsed() < self.valid_for() => {
+                tracing::info!(shard, "lease renewal found our own earlier renewal in place; renewing on it");
+                self.bounded("lease renewal", self.kv.put_lease(shard, lease, Some(c.revision))).await
+            }
+            _ => Err(lost),
+        }
+    }
+
     fn drop_lapsed(&self, host: &Arc<SessionHost>) {
         let now = Instant::now();
         let lapsed: Vec<u32> = {
             let mut held = self.lock();
-            let lapsed: Vec<u32> = held.iter().filter(|(_, h)| h.valid_until <= now).map(|(s, _)| *s).collect();
+            let lapsed: Vec<u32> = held.iter().filter(|(_, h)| self.deadline(h) <= now).map(|(s, _)| *s).collect();
             for shard in &lapsed {
                 held.remove(shard);
             }
@@ -350,17 +501,25 @@ impl Leases {
         let offset = (fnv1a64(self.id.as_bytes()) % u64::from(v)) as u32;
         let wanted = wanted.min(self.config.max_acquire_per_tick);
         let dead = self.peers().dead.clone();
-        let takeable = |l: &ShardLease, now: u64| !l.is_held(now) || l.owner == self.id || dead.contains(&l.owner);
+        // Right after a store outage every lease looks expired: only free ones, our own and a dead peer's
+        // are taken then, until the store has answered for a TTL and the peers renewed theirs.
+        let settled = self.store_settled();
+        let takeable = |l: &ShardLease, now: u64| {
+            (!l.is_held(now) && (settled || l.owner.is_empty())) || l.owner == self.id || dead.contains(&l.owner)
+        };
         // Every takeable shard, not just `wanted` of them: survivors of a dead peer race for the same
         // shards, and one that loses a race goes on to the next instead of waiting for its next round.
         let candidates: Vec<u32> = {
             let map = self.map.borrow();
             let held = self.lock();
-            (0..v)
+            let mut candidates: Vec<u32> = (0..v)
                 .map(|i| (offset + i) % v)
                 .filter(|s| !held.contains_key(s))
                 .filter(|s| map.leases.get(s).is_none_or(|e| takeable(&e.lease, now)))
-                .collect()
+                .collect();
+            // Our own first (a lease we let lapse): taking a peer's instead would move two shards.
+            candidates.sort_by_key(|s| map.leases.get(s).is_none_or(|e| e.lease.owner != self.id));
+            candidates
         };
         // A few at a time, never more than still wanted (an acquisition beyond the share would be handed
         // back at once): a dead peer's shards are all taken within a few round trips.
@@ -414,13 +573,14 @@ impl Leases {
         takeable: &impl Fn(&ShardLease, u64) -> bool,
     ) -> Result<Option<(u32, bool)>, ()> {
         let started = Instant::now();
-        let current = match self.kv.lease(shard).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(shard, error = %e, "cannot read lease");
-                return Err(());
-            }
-        };
+        let current =
+            match self.bounded("lease read", async { self.kv.lease(shard).await.map_err(CasError::Store) }).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "cannot read lease");
+                    return Err(());
+                }
+            };
         if let Some(c) = &current
             && !takeable(&c.lease, now_ms())
         {
@@ -440,7 +600,10 @@ impl Leases {
             epoch,
             expires_at_ms: now_ms() + self.config.ttl.as_millis() as u64,
         };
-        match self.kv.put_lease(shard, &lease, current.map(|c| c.revision)).await {
+        let taken =
+            self.bounded("lease acquisition", self.kv.put_lease(shard, &lease, current.map(|c| c.revision))).await;
+        self.store_answered(!matches!(taken, Err(CasError::Store(_))));
+        match taken {
             Ok(revision) => {
                 let held = Held { epoch, revision, valid_until: started + self.valid_for(), releasing: false };
                 self.lock().insert(shard, held);
@@ -521,7 +684,8 @@ impl Leases {
 impl Ownership for Leases {
     fn accepting(&self, session: &SessionRef) -> Result<u64, Option<String>> {
         let shard = self.shard(session);
-        let epoch = self.lock().get(&shard).filter(|h| !h.releasing && h.valid_until > Instant::now()).map(|h| h.epoch);
+        let now = Instant::now();
+        let epoch = self.lock().get(&shard).filter(|h| !h.releasing && self.deadline(h) > now).map(|h| h.epoch);
         if let Some(epoch) = epoch
             && !self.superseded(shard, epoch)
         {
@@ -535,7 +699,8 @@ impl Ownership for Leases {
         let shard = self.shard(session);
         // A taker may act before this lease expires (a peer that saw our NATS connection drop): its newer
         // epoch in the map stops us before the next renewal would tell.
-        self.lock().get(&shard).is_some_and(|h| h.epoch == epoch && h.valid_until > Instant::now())
+        let now = Instant::now();
+        self.lock().get(&shard).is_some_and(|h| h.epoch == epoch && self.deadline(h) > now)
             && !self.superseded(shard, epoch)
     }
 }

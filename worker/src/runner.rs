@@ -71,7 +71,7 @@ pub(crate) struct Runner {
     snapshot_seq: u64,
     /// The owner epoch this runner writes under.
     epoch: u64,
-    control: mpsc::UnboundedReceiver<Control>,
+    control: mpsc::Receiver<Control>,
     draining: bool,
     /// Set by [`Control::Dispose`]: the session is being deleted.
     disposed: bool,
@@ -92,7 +92,7 @@ impl Runner {
         epoch: u64,
         start: Start,
         mut commands: mpsc::Receiver<CommandMsg>,
-        control: mpsc::UnboundedReceiver<Control>,
+        control: mpsc::Receiver<Control>,
         parking: Parking,
     ) {
         let mut first = None;
@@ -179,7 +179,7 @@ impl Runner {
         driver: Driver,
         snapshot_seq: u64,
         epoch: u64,
-        control: mpsc::UnboundedReceiver<Control>,
+        control: mpsc::Receiver<Control>,
     ) -> Self {
         Runner {
             session,

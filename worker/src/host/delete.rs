@@ -26,8 +26,8 @@ impl SessionHost {
             }
             match table.runners.get(session) {
                 Some(Slot::Running(h)) => Some((h.commands.clone(), h.control.clone())),
-                // An idle driver: nothing to cancel or wait for.
-                Some(Slot::Parked(_)) => {
+                // An idle driver, or a quarantined log: nothing to cancel or wait for.
+                Some(Slot::Parked(_) | Slot::Quarantined(_)) => {
                     table.runners.remove(session);
                     None
                 }

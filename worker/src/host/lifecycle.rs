@@ -11,6 +11,7 @@ use turnstile_model::{Command, CommandError, SessionRef};
 use super::SessionHost;
 use super::delete::being_deleted;
 use super::import::being_imported;
+use super::quarantine::Quarantine;
 use super::table::{CONTROL_QUEUE, RunnerHandle, Slot};
 use crate::command::{CommandMsg, Control};
 use crate::park::{Home, Parking};
@@ -25,12 +26,13 @@ impl SessionHost {
         let handles: Vec<RunnerHandle> = {
             let mut table = lock(&self.table);
             let chosen: Vec<SessionRef> = table.runners.keys().filter(|s| which(s)).cloned().collect();
-            // A parked driver runs nothing and its state is in the log: it is only dropped.
+            // A parked driver runs nothing and its state is in the log: it is only dropped, as a quarantine
+            // is (the next owner finds the same log).
             chosen
                 .into_iter()
                 .filter_map(|s| match table.runners.remove(&s)? {
                     Slot::Running(h) => Some(h),
-                    Slot::Parked(_) => None,
+                    Slot::Parked(_) | Slot::Quarantined(_) => None,
                 })
                 .collect()
         };
@@ -78,10 +80,10 @@ impl SessionHost {
         if table.being_imported(session) {
             return Err(being_imported(session));
         }
-        if let Some(handle) =
-            table.runners.get(session).and_then(Slot::running).filter(|h| !h.commands.is_closed() && h.epoch == epoch)
-        {
-            return Ok(handle.commands.clone());
+        match table.runners.get(session) {
+            Some(Slot::Quarantined(q)) => return Err(q.answer.clone()),
+            Some(Slot::Running(h)) if !h.commands.is_closed() && h.epoch == epoch => return Ok(h.commands.clone()),
+            _ => {}
         }
         // A parked driver of this epoch is resumed as it is; anything else is replaced by a fresh load.
         let start = match table.runners.remove(session) {
@@ -90,7 +92,8 @@ impl SessionHost {
                 old.order(Control::Stop);
                 Start::Load
             }
-            Some(Slot::Parked(_)) => Start::Load,
+            // (A quarantine was answered above.)
+            Some(Slot::Parked(_) | Slot::Quarantined(_)) => Start::Load,
             // A session this host never served is most likely new (decision 0040).
             None => match first.take_if(|msg| may_create(&msg.command) && !self.seen.may_contain(session)) {
                 Some(msg) => Start::Fresh(msg),
@@ -112,13 +115,21 @@ impl SessionHost {
         let run = Runner::run(session.clone(), self.deps.clone(), epoch, start, rx, control_rx, parking);
         let (table, session) = (Arc::downgrade(&self.table), session.clone());
         tokio::spawn(async move {
-            run.await;
+            let quarantined = run.await;
             // The runner ended (unloaded or parked): drop its entry unless it parked there or a newer runner
-            // took the session's place. A command that finds no entry starts a new runner.
+            // took the session's place. A command that finds no entry starts a new runner; one that finds a
+            // quarantine gets its answer.
             if let Some(table) = table.upgrade() {
                 let mut table = lock(&table);
                 if table.runners.get(&session).and_then(Slot::running).is_some_and(|h| h.id == id) {
-                    table.runners.remove(&session);
+                    match quarantined {
+                        Some(answer) => {
+                            table.runners.insert(session.clone(), Slot::Quarantined(Quarantine::new(&session, answer)));
+                        }
+                        None => {
+                            table.runners.remove(&session);
+                        }
+                    }
                 }
             }
         });

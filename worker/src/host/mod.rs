@@ -4,7 +4,8 @@
 //! starts, replaces, drains and stops runners; `takeover` loads sessions when this host takes them over
 //! (a start, a shard acquired) and resumes those that were running; `passivation` drops idle drivers;
 //! `waker` loads sessions whose schedule is due; `delete` and `import` are `DeleteSession` and
-//! `ImportSessions`, which the host performs around the driver. This file routes commands.
+//! `ImportSessions`, which the host performs around the driver; `quarantine` sets aside a session whose log
+//! cannot be folded. This file routes commands.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -26,6 +27,7 @@ mod delete;
 mod import;
 mod lifecycle;
 mod passivation;
+mod quarantine;
 mod table;
 mod takeover;
 mod waker;
@@ -38,8 +40,6 @@ use table::{Slot, Table};
 pub enum HostError {
     #[error(transparent)]
     Journal(#[from] JournalError),
-    #[error("session {session} cannot be folded: {detail}")]
-    Projection { session: SessionRef, detail: String },
 }
 
 /// Owns the drivers of the sessions this worker serves.

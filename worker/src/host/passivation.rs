@@ -1,5 +1,6 @@
 //! Passivation: a parked driver whose session stayed idle past `passivate_after` is dropped (its state is
-//! in the log; nothing is written), so an idle session costs nothing until its next command loads it.
+//! in the log; nothing is written), so an idle session costs nothing until its next command loads it. So is
+//! the fold an import holds once its importer has gone away.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -27,6 +28,7 @@ impl SessionHost {
                 let now = tokio::time::Instant::now();
                 let dropped: Vec<(SessionRef, Slot)> = {
                     let mut table = lock(&table);
+                    table.drop_stale_imports();
                     let due: Vec<SessionRef> = table
                         .runners
                         .iter()

@@ -14,6 +14,7 @@ use crate::park::{Home, Parked};
 use crate::sync::lock;
 
 use super::import::Importing;
+use super::quarantine::Quarantine;
 
 /// Control messages a runner's queue holds. A runner gets at most three in its life: the one who takes its
 /// handle out of the table sends `Stop`, or `Drain` then `Stop` (`drain_where`), and a `DeleteSession`
@@ -45,23 +46,29 @@ pub(super) fn order_now(control: &mpsc::Sender<Control>, order: Control) {
     }
 }
 
-/// What the host holds of a loaded session: a running runner, or the driver alone while it is idle.
+/// What the host holds of a session: a running runner, the driver alone while it is idle, or the answer
+/// of a session whose log cannot be folded.
 pub(super) enum Slot {
     Running(RunnerHandle),
     Parked(Box<Parked>),
+    Quarantined(Quarantine),
 }
 
 impl Slot {
     pub fn running(&self) -> Option<&RunnerHandle> {
         match self {
             Slot::Running(h) => Some(h),
-            Slot::Parked(_) => None,
+            Slot::Parked(_) | Slot::Quarantined(_) => None,
         }
     }
 
     /// A running runner that still takes commands, or a parked driver.
     pub fn is_loaded(&self) -> bool {
-        self.running().is_none_or(|h| !h.commands.is_closed())
+        match self {
+            Slot::Running(h) => !h.commands.is_closed(),
+            Slot::Parked(_) => true,
+            Slot::Quarantined(_) => false,
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use turnstile_journal::snapshot::{LoadError, load_state};
-use turnstile_model::{SessionRef, Status};
+use turnstile_model::{CommandError, SessionRef, Status};
 
 use super::{HostError, SessionHost};
 
@@ -54,17 +54,19 @@ impl SessionHost {
 
     /// Takes `session` over from its log: puts its index entry right, lets its webhooks go on and arms its
     /// schedules, then starts its runner if the log says it was running or its goal is active, so it is
-    /// repaired and resumed (SPEC §6, §10, §15, §16). Whether the runner started.
+    /// repaired and resumed (SPEC §6, §10, §15, §16). Whether the runner started. A log that cannot be
+    /// folded quarantines its session and the take-over goes on with the next (decision 0084).
     pub(super) async fn take_over(&self, session: &SessionRef, epoch: u64) -> Result<bool, HostError> {
         let log = self.deps.log.as_ref();
-        let state = load_state(log, self.deps.snapshots.as_ref(), session, self.deps.config.limits.dedup_horizon)
-            .await
-            .map_err(|e| match e {
-                LoadError::Journal(e) => HostError::Journal(e),
-                LoadError::Projection { .. } => {
-                    HostError::Projection { session: session.clone(), detail: e.to_string() }
-                }
-            })?;
+        let dedup_horizon = self.deps.config.limits.dedup_horizon;
+        let state = match load_state(log, self.deps.snapshots.as_ref(), session, dedup_horizon).await {
+            Ok(state) => state,
+            Err(LoadError::Journal(e)) => return Err(HostError::Journal(e)),
+            Err(LoadError::Projection { source, .. }) => {
+                self.quarantine(session, CommandError::quarantined(session, source));
+                return Ok(false);
+            }
+        };
         // The index follows the log (decision 0069): an entry a crash left behind the log, or one never
         // written (a session older than the index), is put right here.
         let entry = self.deps.index_entry(&state);

@@ -98,9 +98,11 @@ impl SessionHost {
                  import was interrupted; delete the session and import it again"
             )));
         }
-        check_bounds(session, &events, turnstile_ops::clock::now_ms())?;
-        let fold = self.fold_group(session, expected, &events).await;
-        let fold = match fold {
+        let checked = match check_bounds(session, &events, turnstile_ops::clock::now_ms()) {
+            Ok(()) => self.fold_group(session, expected, &events).await,
+            Err(e) => Err(e),
+        };
+        let fold = match checked {
             Ok(fold) => fold,
             Err(e) => {
                 // The import stops here; what it wrote before this group folds, and is the session's log.

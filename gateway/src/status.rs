@@ -29,9 +29,10 @@ pub fn from_journal(err: JournalError) -> Status {
     Status::new(code, message)
 }
 
-/// A log that cannot be folded: the message names the seq (from [`ProjectionError`]'s display).
+/// A log that cannot be folded: the session is quarantined, as its owner answers commands (decision 0084);
+/// the message names the seq (from [`ProjectionError`]'s display).
 pub fn from_projection(session: &turnstile_model::SessionRef, err: ProjectionError) -> Status {
-    Status::internal(format!("the log of session {session} cannot be projected: {err}"))
+    from_command(CommandError::quarantined(session, err))
 }
 
 /// A request that breaks the API's rules.

@@ -121,6 +121,11 @@ pub trait SessionIndex: Send + Sync + 'static {
     fn is_loaded(&self) -> bool {
         true
     }
+    /// [`SessionIndex::is_loaded`] as a watch, so a caller waits for it instead of polling (default: loaded
+    /// from the start). A sender that goes away means the view will not catch up further.
+    fn loaded(&self) -> tokio::sync::watch::Receiver<bool> {
+        tokio::sync::watch::channel(true).1
+    }
 }
 
 #[derive(Default)]

@@ -270,6 +270,15 @@ impl CommandError {
         Self::NotFound(format!("session {session} does not exist: it has no accepted writes yet"))
     }
 
+    /// The answer to every command and read of a session whose log cannot be folded (`why`, naming the
+    /// seq): it is quarantined until it is deleted (decision 0084). The same words wherever it is found.
+    pub fn quarantined(session: impl fmt::Display, why: impl fmt::Display) -> Self {
+        Self::FailedPrecondition(format!(
+            "session {session} is quarantined: its log cannot be folded ({why}); read its events with \
+             ExportSessions and remove it with DeleteSession (docs/OPERATIONS.md, Quarantined sessions)"
+        ))
+    }
+
     /// The kind of this error as a stable name (`invalid-argument`, `not-owner`, …): what the internal API
     /// carries beside the gRPC code, and what logs and tests compare.
     pub fn kind(&self) -> &'static str {

@@ -51,6 +51,8 @@ pub mod names {
     pub const WATCH_FEEDS_OPEN: &str = "turnstile_watch_feeds_open";
     /// Gauge: sessions with a live runner on this worker.
     pub const SESSIONS_LOADED: &str = "turnstile_sessions_loaded";
+    /// Gauge: sessions this worker holds quarantined (their log cannot be folded, decision 0084).
+    pub const SESSIONS_QUARANTINED: &str = "turnstile_sessions_quarantined";
     /// Gauge: shard leases this worker holds.
     pub const SHARDS_OWNED: &str = "turnstile_shards_owned";
     /// Counter `{reason}`: lease renewals that failed (`lost`: another worker holds it; `error`: the KV

@@ -57,6 +57,7 @@ fn describe() {
     describe_gauge!(names::WATCH_STREAMS_OPEN, "Watch streams open on this gateway.");
     describe_gauge!(names::WATCH_FEEDS_OPEN, "Shared Watch feeds (one per watched session) open on this gateway.");
     describe_gauge!(names::SESSIONS_LOADED, "Sessions with a live runner on this worker.");
+    describe_gauge!(names::SESSIONS_QUARANTINED, "Sessions quarantined on this worker: their log cannot be folded.");
     describe_gauge!(names::SHARDS_OWNED, "Shard leases held by this worker.");
     describe_counter!(names::LEASE_RENEW_FAILURES, "Failed lease renewals, by reason.");
     describe_counter!(names::MODEL_REQUESTS, "Model requests ended, by tenant, agent, provider, model and outcome.");

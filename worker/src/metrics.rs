@@ -211,3 +211,8 @@ impl ModelCall {
 pub(crate) fn loaded() -> GaugeGuard {
     GaugeGuard::inc(gauge!(names::SESSIONS_LOADED))
 }
+
+/// Counts a quarantined session in `turnstile_sessions_quarantined` while the host holds it so.
+pub(crate) fn quarantined() -> GaugeGuard {
+    GaugeGuard::inc(gauge!(names::SESSIONS_QUARANTINED))
+}

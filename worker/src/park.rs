@@ -38,7 +38,7 @@ pub(crate) trait Home: Send + Sync + 'static {
         id: u64,
         parked: Box<Parked>,
         commands: &mut mpsc::Receiver<CommandMsg>,
-        control: &mpsc::UnboundedReceiver<Control>,
+        control: &mpsc::Receiver<Control>,
     ) -> Result<(), Box<Parked>>;
 }
 

@@ -24,7 +24,7 @@ use turnstile_ops::clock::now_ms;
 
 use crate::command::{CommandMsg, Control, ReplyTx, journal_error};
 use crate::deps::RunnerDeps;
-use crate::load::load_until_available;
+use crate::load::{NotLoaded, load_until_available};
 use crate::operations::Operations;
 use crate::park::{Parked, Parking};
 use crate::spans::{TurnSpans, command_span};
@@ -71,7 +71,7 @@ pub(crate) struct Runner {
     snapshot_seq: u64,
     /// The owner epoch this runner writes under.
     epoch: u64,
-    control: mpsc::UnboundedReceiver<Control>,
+    control: mpsc::Receiver<Control>,
     draining: bool,
     /// Set by [`Control::Dispose`]: the session is being deleted.
     disposed: bool,
@@ -81,25 +81,32 @@ pub(crate) struct Runner {
     spans: TurnSpans,
     /// The index entry last submitted for this session (SPEC §16).
     indexed: Option<turnstile_journal::IndexEntry>,
+    /// Set when a load found that the log cannot be folded: the answer the host gives from then on.
+    quarantined: Option<CommandError>,
 }
 
 impl Runner {
     /// Loads the session (or resumes a parked driver) and serves `commands` until the host drops the
-    /// sender, ownership is lost, or the session parks.
+    /// sender, ownership is lost, or the session parks. Returns the quarantine answer when the log cannot
+    /// be folded (decision 0084).
     pub(crate) async fn run(
         session: SessionRef,
         deps: Arc<RunnerDeps>,
         epoch: u64,
         start: Start,
         mut commands: mpsc::Receiver<CommandMsg>,
-        control: mpsc::UnboundedReceiver<Control>,
+        control: mpsc::Receiver<Control>,
         parking: Parking,
-    ) {
+    ) -> Option<CommandError> {
         let mut first = None;
         let (driver, snapshot_seq, loaded) = match start {
             Start::Load => {
                 let loaded = crate::metrics::loaded();
-                let Some(driver) = load_until_available(&deps, &session, epoch, &mut commands).await else { return };
+                let driver = match load_until_available(&deps, &session, epoch, &mut commands).await {
+                    Ok(driver) => driver,
+                    Err(NotLoaded::Quarantined(answer)) => return Some(answer),
+                    Err(NotLoaded::Gone) => return None,
+                };
                 let snapshot_seq = driver.state().last_seq;
                 (driver, snapshot_seq, loaded)
             }
@@ -114,7 +121,7 @@ impl Runner {
                     Ok(state) => state,
                     Err(e) => {
                         let _ = msg.reply.send(Err(CommandError::Internal(e.to_string())));
-                        return;
+                        return None;
                     }
                 };
                 first = Some(msg);
@@ -158,7 +165,7 @@ impl Runner {
                     match home.park(&session, parking.id, parked, &mut commands, &control) {
                         Ok(()) => {
                             tracing::debug!(%session, "parked idle session");
-                            return;
+                            return None;
                         }
                         // A command or control message came in meanwhile: serve it.
                         Err(parked) => {
@@ -179,7 +186,7 @@ impl Runner {
         driver: Driver,
         snapshot_seq: u64,
         epoch: u64,
-        control: mpsc::UnboundedReceiver<Control>,
+        control: mpsc::Receiver<Control>,
     ) -> Self {
         Runner {
             session,
@@ -197,12 +204,13 @@ impl Runner {
             clock: crate::metrics::SessionClock::default(),
             spans: TurnSpans::default(),
             indexed: None,
+            quarantined: None,
         }
     }
 
     /// Unloads: a last snapshot when `clean` (the driver's state is exactly the log) and the session is not
     /// being deleted, then every waiting caller is answered.
-    async fn end(mut self, commands: &mut mpsc::Receiver<CommandMsg>, clean: bool) {
+    async fn end(mut self, commands: &mut mpsc::Receiver<CommandMsg>, clean: bool) -> Option<CommandError> {
         if clean && !self.disposed {
             self.index(true);
             // Keep a snapshot so the next load reads only what follows it. After a failed append the state
@@ -212,6 +220,7 @@ impl Runner {
         // Before the queue closes: the host takes a closed queue to mean nothing more is written.
         while self.saves.join_next().await.is_some() {}
         self.shutdown(commands, "the session's runner stopped; retry");
+        self.quarantined
     }
 
     /// How serving ended: see [`Served`].
@@ -303,10 +312,13 @@ impl Runner {
             }
         }
         if !self.load_from_log(commands).await {
-            let _ = reply.send(Err(CommandError::Unavailable(format!(
-                "session {} could not be loaded; retry with the same message id",
-                self.session
-            ))));
+            let answer = self.quarantined.clone().unwrap_or_else(|| {
+                CommandError::Unavailable(format!(
+                    "session {} could not be loaded; retry with the same message id",
+                    self.session
+                ))
+            });
+            let _ = reply.send(Err(answer));
             return false;
         }
         let id = self.next_command;
@@ -319,9 +331,7 @@ impl Runner {
     /// Replaces the empty driver of [`Runner::serve_first`] with the session loaded from its log, waiting
     /// out a journal outage. False when the session cannot be served.
     async fn load_from_log(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
-        let Some(driver) = load_until_available(&self.deps, &self.session, self.epoch, commands).await else {
-            return false;
-        };
+        let Some(driver) = self.load(commands).await else { return false };
         self.snapshot_seq = driver.state().last_seq;
         self.driver = driver;
         // The empty driver's turn span, if its group opened one, belongs to nothing that happened.
@@ -503,12 +513,24 @@ impl Runner {
                 self.session
             ))));
         }
-        match load_until_available(&self.deps, &self.session, self.epoch, commands).await {
+        match self.load(commands).await {
             Some(driver) => {
                 self.driver = driver;
                 true
             }
             None => false,
+        }
+    }
+
+    /// The session loaded from its log, or `None` (then a quarantine is kept for [`Runner::end`]).
+    async fn load(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> Option<Driver> {
+        match load_until_available(&self.deps, &self.session, self.epoch, commands).await {
+            Ok(driver) => Some(driver),
+            Err(NotLoaded::Quarantined(answer)) => {
+                self.quarantined = Some(answer);
+                None
+            }
+            Err(NotLoaded::Gone) => None,
         }
     }
 

@@ -10,11 +10,10 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_nats::jetstream::kv;
 use futures::StreamExt as _;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use turnstile_model::message::SessionRef;
 
 use crate::index::{IndexEntry, MemoryIndex, Query, SessionIndex};
@@ -34,7 +33,8 @@ fn key(session: &SessionRef) -> String {
 pub struct KvIndex {
     mirror: Arc<MemoryIndex>,
     writes: mpsc::UnboundedSender<(SessionRef, Option<IndexEntry>)>,
-    loaded: Arc<AtomicBool>,
+    /// Whether the mirror has caught up with the bucket's history (set once, by the mirror task).
+    loaded: watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for KvIndex {
@@ -50,7 +50,7 @@ impl KvIndex {
         let description = "Turnstile session index (status, agent, parent, labels, last activity)";
         let store = super::open_bucket(client, INDEX_BUCKET, description, replicas).await?;
         let mirror = Arc::new(MemoryIndex::default());
-        let loaded = Arc::new(AtomicBool::new(false));
+        let loaded = watch::Sender::new(false);
         // Like the bucket, the status and the watch wait out a leader election of its stream.
         let (empty, watch) = super::while_starting("the session index watch", || async {
             let empty = store.status().await.map_err(unavailable)?.values() == 0;
@@ -58,7 +58,7 @@ impl KvIndex {
         })
         .await?;
         if empty {
-            loaded.store(true, Ordering::Relaxed);
+            loaded.send_replace(true);
         }
         tokio::spawn(mirror_task(store.clone(), watch, mirror.clone(), loaded.clone()));
         let (writes, queue) = mpsc::unbounded_channel();
@@ -74,7 +74,7 @@ fn unavailable(e: impl std::fmt::Display) -> JournalError {
 /// Applies the bucket's entries (its history first, then each change) to `mirror`. A watch that ends (its
 /// stream's leader moved, NATS restarted) is opened again with the history: applying an entry twice changes
 /// nothing, since the mirror keeps each session's entry with the highest `last_seq`.
-async fn mirror_task(store: kv::Store, first: kv::Watch, mirror: Arc<MemoryIndex>, loaded: Arc<AtomicBool>) {
+async fn mirror_task(store: kv::Store, first: kv::Watch, mirror: Arc<MemoryIndex>, loaded: watch::Sender<bool>) {
     let mut watch = first;
     loop {
         follow(&mut watch, &mirror, &loaded).await;
@@ -90,7 +90,7 @@ async fn mirror_task(store: kv::Store, first: kv::Watch, mirror: Arc<MemoryIndex
 }
 
 /// Applies `watch`'s entries to `mirror` until the watch ends.
-async fn follow(watch: &mut kv::Watch, mirror: &MemoryIndex, loaded: &AtomicBool) {
+async fn follow(watch: &mut kv::Watch, mirror: &MemoryIndex, loaded: &watch::Sender<bool>) {
     while let Some(entry) = watch.next().await {
         let entry = match entry {
             Ok(entry) => entry,
@@ -99,8 +99,8 @@ async fn follow(watch: &mut kv::Watch, mirror: &MemoryIndex, loaded: &AtomicBool
                 continue;
             }
         };
-        if entry.delta == 0 || entry.seen_current {
-            loaded.store(true, Ordering::Relaxed);
+        if (entry.delta == 0 || entry.seen_current) && !*loaded.borrow() {
+            loaded.send_replace(true);
         }
         match entry.operation {
             kv::Operation::Put => match serde_json::from_slice::<IndexEntry>(&entry.value) {
@@ -166,6 +166,10 @@ impl SessionIndex for KvIndex {
     }
 
     fn is_loaded(&self) -> bool {
-        self.loaded.load(Ordering::Relaxed)
+        *self.loaded.borrow()
+    }
+
+    fn loaded(&self) -> watch::Receiver<bool> {
+        self.loaded.subscribe()
     }
 }

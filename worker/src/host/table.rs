@@ -1,0 +1,112 @@
+//! The host's table of sessions: every loaded runner or parked driver, and the sessions a `DeleteSession` or
+//! an `ImportSessions` holds, behind one lock. They live in one struct so the rule "no runner starts for a
+//! session being deleted or imported" is checked and changed under the same guard that starts runners: there
+//! is no second lock, so no lock order to keep or break.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use tokio::sync::mpsc;
+use turnstile_model::SessionRef;
+
+use crate::command::{CommandMsg, Control};
+use crate::park::{Home, Parked};
+use crate::sync::lock;
+
+use super::import::Importing;
+use super::quarantine::Quarantine;
+
+/// Control messages a runner's queue holds. A runner gets at most three in its life: the one who takes its
+/// handle out of the table sends `Stop`, or `Drain` then `Stop` (`drain_where`), and a `DeleteSession`
+/// holding a copy sends `Dispose` (deletes of a session run one at a time and wait for the runner to end).
+/// So a send never finds the queue full; the senders that may wait do (`send().await`), the ones under the
+/// table's lock cannot and report a full queue as the bug it would be.
+pub(super) const CONTROL_QUEUE: usize = 4;
+
+/// A loaded session's runner.
+pub(super) struct RunnerHandle {
+    pub commands: mpsc::Sender<CommandMsg>,
+    pub control: mpsc::Sender<Control>,
+    pub epoch: u64,
+    /// Names this runner among the session's successive ones (see [`Home::park`]).
+    pub id: u64,
+}
+
+impl RunnerHandle {
+    /// Tells the runner to hand its session over, without waiting (callers hold the table's lock).
+    pub fn order(&self, order: Control) {
+        order_now(&self.control, order);
+    }
+}
+
+/// Sends `order` on a runner's control queue without waiting. A runner that already ended needs none.
+pub(super) fn order_now(control: &mpsc::Sender<Control>, order: Control) {
+    if let Err(mpsc::error::TrySendError::Full(order)) = control.try_send(order) {
+        tracing::error!(?order, capacity = CONTROL_QUEUE, "a runner's control queue is full; the order is dropped");
+    }
+}
+
+/// What the host holds of a session: a running runner, the driver alone while it is idle, or the answer
+/// of a session whose log cannot be folded.
+pub(super) enum Slot {
+    Running(RunnerHandle),
+    Parked(Box<Parked>),
+    Quarantined(Quarantine),
+}
+
+impl Slot {
+    pub fn running(&self) -> Option<&RunnerHandle> {
+        match self {
+            Slot::Running(h) => Some(h),
+            Slot::Parked(_) | Slot::Quarantined(_) => None,
+        }
+    }
+
+    /// A running runner that still takes commands, or a parked driver.
+    pub fn is_loaded(&self) -> bool {
+        match self {
+            Slot::Running(h) => !h.commands.is_closed(),
+            Slot::Parked(_) => true,
+            Slot::Quarantined(_) => false,
+        }
+    }
+}
+
+/// Everything the host knows per session, guarded as one.
+#[derive(Default)]
+pub(super) struct Sessions {
+    /// Shared with each runner's task, which removes its own entry when it ends (passivation included), so
+    /// an unloaded session holds nothing here.
+    pub runners: HashMap<SessionRef, Slot>,
+    /// Sessions a `DeleteSession` is removing: no runner starts for them and their commands are refused
+    /// until it answers.
+    pub deleting: HashSet<SessionRef>,
+    /// Sessions an `ImportSessions` is writing (SPEC §18): no runner starts for them until their last group,
+    /// or until the import goes stale.
+    pub importing: HashMap<SessionRef, Importing>,
+}
+
+/// The table, shared by the host and its runners' tasks.
+pub(super) type Table = Mutex<Sessions>;
+
+impl Home for Table {
+    fn park(
+        &self,
+        session: &SessionRef,
+        id: u64,
+        parked: Box<Parked>,
+        commands: &mut mpsc::Receiver<CommandMsg>,
+        control: &mpsc::Receiver<Control>,
+    ) -> Result<(), Box<Parked>> {
+        let mut table = lock(self);
+        let Some(slot) = table.runners.get_mut(session) else { return Err(parked) };
+        // Under the lock no sender can be handed out; one handed out before finds the queue closed and
+        // asks the host again, which resumes the parked driver.
+        if slot.running().is_none_or(|h| h.id != id) || !commands.is_empty() || !control.is_empty() {
+            return Err(parked);
+        }
+        commands.close();
+        *slot = Slot::Parked(parked);
+        Ok(())
+    }
+}

@@ -17,6 +17,7 @@
 //! - [`schedule`]: scheduled deliveries and their fold (§15).
 //! - [`labels`]: session labels and label selectors (§16).
 //! - [`shard`]: the stable session → virtual shard hash.
+//! - [`size`]: what a delivery counts toward the size limits (§2).
 //!
 //! ```
 //! use turnstile_model::{ContentBlock, MessageSource, SessionRef, SessionState, UserMessage};
@@ -36,6 +37,7 @@ pub mod labels;
 pub mod message;
 pub mod schedule;
 pub mod shard;
+pub mod size;
 pub mod state;
 pub mod time;
 pub mod tool_names;
@@ -47,7 +49,7 @@ pub use command::{
 };
 pub use event::{
     CancelCause, Compaction, Envelope, EventPayload, Fork, InjectMode, LiveEvent, LivePayload, ModelRef, OnDeadline,
-    Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
+    Spent, Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 pub use goal::{Goal, GoalAction, GoalChange, GoalState};
 pub use inbox::{Inbox, SpliceError};

@@ -31,7 +31,9 @@ use tracing::field::Empty;
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::chat::{ChatOutput, ChatProvider, ChatRequest, Delivered, Partial, ProviderError, StreamDelta, TimeoutKind};
+use super::chat::{
+    ChatOutput, ChatProvider, ChatRequest, Delivered, DeltaSink, Partial, ProviderError, StreamDelta, TimeoutKind,
+};
 use super::endpoint::{EndpointError, ModelEndpoint};
 use super::retry::parse_retry_after;
 use turnstile_ops::names::MODEL_RETRIES;
@@ -112,7 +114,7 @@ impl<A: ChatApi> ChatProvider for HttpProvider<A> {
     async fn stream(
         &self,
         request: &ChatRequest,
-        sink: &mut (dyn FnMut(StreamDelta) + Send),
+        sink: &DeltaSink,
         cancel: &CancellationToken,
     ) -> Result<ChatOutput, ProviderError> {
         let body = serde_json::to_vec(&self.request_body(request))
@@ -162,7 +164,7 @@ impl HttpEngine {
         &self,
         body: Vec<u8>,
         decoder: &mut D,
-        sink: &mut (dyn FnMut(StreamDelta) + Send),
+        sink: &DeltaSink,
         cancel: &CancellationToken,
     ) -> Result<ChatOutput, ProviderError> {
         let provider = self.provider;
@@ -208,7 +210,7 @@ impl HttpEngine {
         body: &[u8],
         deadline: Instant,
         decoder: &mut D,
-        sink: &mut (dyn FnMut(StreamDelta) + Send),
+        sink: &DeltaSink,
         attempts: &mut u32,
     ) -> Result<ChatOutput, ProviderError> {
         let mut rng = fastrand::Rng::new();
@@ -371,7 +373,7 @@ pub(crate) async fn decode_stream<S, E, D>(
     bytes: S,
     idle: Duration,
     decoder: &mut D,
-    sink: &mut (dyn FnMut(StreamDelta) + Send),
+    sink: &DeltaSink,
 ) -> Result<ChatOutput, ProviderError>
 where
     S: Stream<Item = Result<Bytes, E>>,
@@ -397,10 +399,18 @@ where
                 return Err(broken(format!("the connection failed mid-stream: {}", describe(&e)), decoder));
             }
             Some(Err(e)) => return Err(broken(format!("malformed event stream: {e}"), decoder)),
-            Some(Ok(event)) => match decoder.event(&event, sink) {
-                Ok(flow) => flow,
-                Err(message) => return Err(broken(message, decoder)),
-            },
+            Some(Ok(event)) => {
+                let mut decoded = Vec::new();
+                let flow = decoder.event(&event, &mut |delta| decoded.push(delta));
+                // The next event is read only once the sink took these: backpressure reaches the socket.
+                for delta in decoded {
+                    sink.send_delta(delta).await;
+                }
+                match flow {
+                    Ok(flow) => flow,
+                    Err(message) => return Err(broken(message, decoder)),
+                }
+            }
         };
         if flow == Flow::Done {
             return decoder.finish().map_err(|message| broken(message, decoder));
@@ -517,15 +527,21 @@ mod tests {
         chunks: Vec<Chunk>,
         tail: impl Stream<Item = Chunk>,
     ) -> (Result<ChatOutput, ProviderError>, Vec<String>) {
-        let mut seen = Vec::new();
-        let mut sink = |d: StreamDelta| {
-            if let StreamDelta::Text(t) = d {
-                seen.push(t);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let collect = async move {
+            let mut seen = Vec::new();
+            while let Some(d) = rx.recv().await {
+                if let StreamDelta::Text(t) = d {
+                    seen.push(t);
+                }
             }
+            seen
         };
-        let bytes = futures::stream::iter(chunks).chain(tail);
-        let result = decode_stream(bytes, Duration::from_secs(5), &mut Echo::default(), &mut sink).await;
-        (result, seen)
+        let decode = async move {
+            let bytes = futures::stream::iter(chunks).chain(tail);
+            decode_stream(bytes, Duration::from_secs(5), &mut Echo::default(), &DeltaSink::new(tx)).await
+        };
+        tokio::join!(decode, collect)
     }
 
     #[tokio::test]

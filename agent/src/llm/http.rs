@@ -545,6 +545,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_consumer_that_takes_nothing_stops_the_reading_of_the_response() {
+        // 100 events all ready to read, a sink of one place that nobody empties: the decoder reads one
+        // event per delta taken, never ahead (with a queue in between it would read all 100 at once).
+        let read = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = read.clone();
+        let events = (0..100).map(|i| Ok::<_, std::io::Error>(Bytes::from(format!("data: d{i}\n\n"))));
+        let bytes = futures::stream::iter(events).inspect(move |_| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let sink = DeltaSink::new(tx);
+        let mut echo = Echo::default();
+        let decoding = decode_stream(bytes, Duration::from_secs(5), &mut echo, &sink);
+        tokio::pin!(decoding);
+        let reads = || read.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(futures::poll!(&mut decoding).is_pending(), "the decoder waits for the sink");
+        // One delta in the sink, the second waiting to be sent: two events read.
+        assert_eq!(reads(), 2);
+        for taken in 1..=3 {
+            assert_eq!(rx.recv().await, Some(StreamDelta::Text(format!("d{}", taken - 1))));
+            assert!(futures::poll!(&mut decoding).is_pending());
+            assert_eq!(reads(), 2 + taken, "one more event read per delta taken");
+        }
+    }
+
+    #[tokio::test]
     async fn characters_and_events_split_at_every_byte_arrive_whole() {
         let text = "héllo 👍 wörld";
         let raw = format!("data: {text}\n\ndata: END\n\n").into_bytes();

@@ -55,8 +55,10 @@ async fn followup(driver: &mut Driver, model: &ChatModel, id: &str, text: &str) 
                     let (tx, _rx) = mpsc::channel(64);
                     let outcome = match model.step(r, DeltaSink::new(tx), CancellationToken::new()).await {
                         Ok(output) => ModelOutcome::Finished(output),
-                        Err(ModelError::Failed { message, code }) => ModelOutcome::Failed { message, code },
-                        Err(ModelError::Aborted) => ModelOutcome::Aborted,
+                        Err(ModelError::Failed { message, code }) => {
+                            ModelOutcome::Failed { message, code, spent: None }
+                        }
+                        Err(ModelError::Aborted) => ModelOutcome::Aborted { spent: None },
                     };
                     driver.on_model_done(op, outcome, 1);
                 }

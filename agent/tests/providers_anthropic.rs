@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use provider_support::{
     FakeServer, Reply, Step, anthropic_block_stop, anthropic_event, anthropic_message_delta, anthropic_message_start,
-    anthropic_message_stop, anthropic_text_delta, anthropic_text_start, recorder,
+    anthropic_message_stop, anthropic_text_delta, anthropic_text_start, stream_recorded,
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use turnstile_agent::llm::anthropic::AnthropicProvider;
 use turnstile_agent::llm::chat::{
-    ChatContent, ChatMessage, ChatOutput, ChatProvider, ChatRequest, ChatToolCall, Finish, ProviderError, StreamDelta,
-    ToolSpec, Usage,
+    ChatContent, ChatMessage, ChatOutput, ChatRequest, ChatToolCall, Finish, ProviderError, StreamDelta, ToolSpec,
+    Usage,
 };
 use turnstile_agent::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
 
@@ -25,10 +25,7 @@ fn hello() -> ChatRequest {
 
 async fn run(endpoint: ModelEndpoint, request: &ChatRequest) -> (Result<ChatOutput, ProviderError>, Vec<StreamDelta>) {
     let provider = AnthropicProvider::new(endpoint).unwrap();
-    let (seen, mut sink) = recorder();
-    let result = provider.stream(request, &mut sink, &CancellationToken::new()).await;
-    let seen = seen.lock().unwrap().clone();
-    (result, seen)
+    stream_recorded(&provider, request, &CancellationToken::new(), |_| {}).await
 }
 
 /// A whole text reply: start, one text block with `pieces`, stop reason, stop.
@@ -218,8 +215,8 @@ async fn cancel_mid_stream_aborts_and_closes_the_connection() {
     let server = FakeServer::anthropic(vec![Reply::Stream(steps)]).await;
     let provider = AnthropicProvider::new(server.endpoint(ProviderKind::Anthropic)).unwrap();
     let cancel = CancellationToken::new();
-    let mut sink = |_: StreamDelta| cancel.cancel();
-    match provider.stream(&hello(), &mut sink, &cancel).await {
+    let (result, _) = stream_recorded(&provider, &hello(), &cancel, |_| cancel.cancel()).await;
+    match result {
         Err(ProviderError::Aborted { partial }) => assert_eq!(partial.text, "t0 "),
         other => panic!("{other:?}"),
     }

@@ -7,7 +7,8 @@ mod provider_support;
 use std::time::{Duration, Instant};
 
 use provider_support::{
-    FakeServer, OPENAI_DONE, Reply, SlammingServer, Step, openai_chunk, openai_usage, openai_usage_cached, recorder,
+    FakeServer, OPENAI_DONE, Reply, SlammingServer, Step, openai_chunk, openai_usage, openai_usage_cached,
+    stream_recorded,
 };
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -29,10 +30,7 @@ fn hello() -> ChatRequest {
 
 async fn run(endpoint: ModelEndpoint, request: &ChatRequest) -> (Result<ChatOutput, ProviderError>, Vec<StreamDelta>) {
     let provider = OpenAiProvider::new(endpoint).unwrap();
-    let (seen, mut sink) = recorder();
-    let result = provider.stream(request, &mut sink, &CancellationToken::new()).await;
-    let seen = seen.lock().unwrap().clone();
-    (result, seen)
+    stream_recorded(&provider, request, &CancellationToken::new(), |_| {}).await
 }
 
 fn texts(deltas: &[StreamDelta]) -> String {
@@ -40,7 +38,7 @@ fn texts(deltas: &[StreamDelta]) -> String {
         .iter()
         .filter_map(|d| match d {
             StreamDelta::Text(t) => Some(t.as_str()),
-            StreamDelta::Reasoning(_) => None,
+            StreamDelta::Reasoning(_) | StreamDelta::Usage(_) => None,
         })
         .collect()
 }
@@ -357,15 +355,15 @@ async fn cancel_mid_stream_aborts_at_once_and_closes_the_connection() {
     let provider = OpenAiProvider::new(server.endpoint(ProviderKind::OpenAi)).unwrap();
     let cancel = CancellationToken::new();
     let mut seen = String::new();
-    let mut sink = |delta: StreamDelta| {
+    let (result, _) = stream_recorded(&provider, &hello(), &cancel, |delta| {
         if let StreamDelta::Text(t) = delta {
-            seen.push_str(&t);
+            seen.push_str(t);
         }
         if seen.len() >= "w0 w1 ".len() {
             cancel.cancel();
         }
-    };
-    let result = provider.stream(&hello(), &mut sink, &cancel).await;
+    })
+    .await;
     match result {
         Err(ProviderError::Aborted { partial }) => {
             assert_eq!(partial.text, "w0 w1 ", "the text delivered before the cancel, nothing after");
@@ -383,7 +381,7 @@ async fn cancelled_before_the_start_sends_nothing() {
     let provider = OpenAiProvider::new(server.endpoint(ProviderKind::OpenAi)).unwrap();
     let cancel = CancellationToken::new();
     cancel.cancel();
-    let result = provider.stream(&hello(), &mut |_| {}, &cancel).await;
+    let result = provider.stream(&hello(), &DeltaSink::discard(), &cancel).await;
     assert_eq!(result.unwrap_err().code(), "aborted");
     assert!(server.requests().is_empty());
 }
@@ -534,7 +532,7 @@ async fn the_key_never_shows_in_debug_output_or_errors() {
     endpoint.api_key = Some(ApiKey::new("sk-very-secret"));
     let provider = OpenAiProvider::new(endpoint.clone()).unwrap();
     assert!(!format!("{endpoint:?} {provider:?}").contains("sk-very-secret"));
-    let error = provider.stream(&hello(), &mut |_| {}, &CancellationToken::new()).await.unwrap_err();
+    let error = provider.stream(&hello(), &DeltaSink::discard(), &CancellationToken::new()).await.unwrap_err();
     assert!(!format!("{error:?} {error}").contains("sk-very-secret"));
 }
 
@@ -641,7 +639,7 @@ async fn retries_are_counted_by_reason() {
     let mut endpoint = server.endpoint(ProviderKind::OpenAi);
     endpoint.model = "metrics-model".into();
     let provider = OpenAiProvider::new(endpoint).unwrap();
-    provider.stream(&hello(), &mut |_| {}, &CancellationToken::new()).await.unwrap();
+    provider.stream(&hello(), &DeltaSink::discard(), &CancellationToken::new()).await.unwrap();
 
     let text = turnstile_ops::render_metrics().unwrap();
     let line = text

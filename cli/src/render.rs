@@ -164,7 +164,7 @@ impl Renderer {
                 self.in_step = true;
                 (1, format!("step/start {turn}.{step}"))
             }
-            EventPayload::StepEnd { turn, step } => {
+            EventPayload::StepEnd { turn, step, .. } => {
                 self.in_step = false;
                 (1, format!("step/end {turn}.{step}"))
             }
@@ -388,7 +388,7 @@ mod tests {
                 model: None,
             },
         ));
-        out += &r.event(&ev(8, EventPayload::StepEnd { turn: 1, step: 1 }));
+        out += &r.event(&ev(8, EventPayload::StepEnd { turn: 1, step: 1, spent: None }));
         out += &r.event(&ev(9, EventPayload::TurnEnd { turn: 1, reason: TurnEndReason::Completed }));
         out += &r.event(&ev(10, EventPayload::Status(Status::Idle)));
         let expected = "\

@@ -50,7 +50,7 @@ impl Position {
     /// A durable event: a step that ended no longer streams.
     fn event(&mut self, payload: &EventPayload) {
         let ended = match payload {
-            EventPayload::AssistantMessage { turn, step, .. } | EventPayload::StepEnd { turn, step } => {
+            EventPayload::AssistantMessage { turn, step, .. } | EventPayload::StepEnd { turn, step, .. } => {
                 Some((*turn, *step))
             }
             EventPayload::TurnEnd { .. } => self.step.map(|r| (r.turn, r.step)),
@@ -241,10 +241,10 @@ mod tests {
         assert_eq!(p.step, Some(pb::StreamResume { turn: 1, step: 1, text_offset: 10, reasoning_offset: 3 }));
         p.event(&EventPayload::StepStart { turn: 1, step: 2 });
         assert!(p.step.is_some(), "another event leaves it");
-        p.event(&EventPayload::StepEnd { turn: 1, step: 1 });
+        p.event(&EventPayload::StepEnd { turn: 1, step: 1, spent: None });
         assert_eq!(p.step, None);
         p.delta(2, 1, false, 0, 2);
-        p.event(&EventPayload::StepEnd { turn: 1, step: 2 });
+        p.event(&EventPayload::StepEnd { turn: 1, step: 2, spent: None });
         assert!(p.step.is_some(), "the end of another step leaves it");
     }
 }

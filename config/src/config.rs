@@ -64,7 +64,8 @@ pub struct Config {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
-    /// Content bytes (text + data) of one message; larger ones are invalid-argument. Default 1 MiB.
+    /// The bytes one message counts (its id, source and every field of every block, plus 64 per block;
+    /// `turnstile_model::size`); larger ones are invalid-argument. Default 1 MiB.
     pub max_message_bytes: usize,
     /// Pending items across both lists of one session; more are resource-exhausted. Default 1,000.
     pub max_pending: usize,
@@ -74,8 +75,10 @@ pub struct Limits {
     pub max_goal_rounds: u32,
     /// Commands waiting for one session's driver; one more is resource-exhausted at once. Default 1,024.
     pub max_queued_commands: usize,
-    /// Content bytes (text + data) pending across both inbox lists of one session; a delivery that would
-    /// exceed it is resource-exhausted and writes nothing. At least `max_message_bytes`. Default 4 MiB.
+    /// The bytes pending across both inbox lists of one session count (as `max_message_bytes` counts
+    /// them); a delivery that would exceed it is resource-exhausted and writes nothing. At least
+    /// `max_message_bytes`. Default 4 MiB less 64 KiB, so a whole inbox read (`GetInbox`, a Watch's
+    /// `caught_up`) fits a client's default 4 MiB receive limit (decision 0085).
     pub max_pending_bytes: usize,
     /// Requests one tenant may make per minute on one gateway, sustained; more are resource-exhausted with
     /// a `retry-after-ms` hint. 0: no rate limit. Default 0.
@@ -101,7 +104,7 @@ impl Default for Limits {
             when_idle_timeout_ms: 30_000,
             max_goal_rounds: 100,
             max_queued_commands: 1024,
-            max_pending_bytes: 4 * 1024 * 1024,
+            max_pending_bytes: 4 * 1024 * 1024 - 64 * 1024,
             tenant_requests_per_minute: 0,
             tenant_request_burst: 0,
             tenant_max_watches: 0,
@@ -123,7 +126,7 @@ impl Limits {
     ///
     /// ```
     /// let limits = turnstile_config::Limits::default();
-    /// assert_eq!(limits.max_request_bytes(), 5 * 1024 * 1024);
+    /// assert_eq!(limits.max_request_bytes(), 5 * 1024 * 1024 - 64 * 1024);
     /// ```
     pub fn max_request_bytes(&self) -> usize {
         self.max_pending_bytes.max(self.max_message_bytes).saturating_add(REQUEST_ENVELOPE_BYTES)

@@ -2,6 +2,7 @@
 //!
 //! Every command is validated completely before its first write, so a refused command writes nothing.
 
+use turnstile_model::size;
 use turnstile_model::state::Fingerprint;
 use turnstile_model::{
     CancelCause, Command, CommandError, CommandReply, DeadlineSpec, EventPayload, Fork, InjectMode, LivePayload,
@@ -67,9 +68,30 @@ impl Driver {
         self.reply(id, result);
     }
 
-    /// A message must be well-formed and within the size limit.
+    /// A message must be well-formed, within the size limit, and storable as one event.
     pub(super) fn check_message(&self, message: &UserMessage) -> Result<(), CommandError> {
-        message.validate(self.limits.max_message_bytes).map_err(|e| CommandError::InvalidArgument(e.to_string()))
+        message.validate(self.limits.max_message_bytes).map_err(|e| CommandError::InvalidArgument(e.to_string()))?;
+        self.check_event_size(std::slice::from_ref(message))
+    }
+
+    /// Messages inserted by one splice travel in one event, which must fit the journal's largest event
+    /// ([`crate::Limits::max_event_bytes`]): refused before anything is written, since no retry could
+    /// store it (decision 0085).
+    fn check_event_size(&self, inserted: &[UserMessage]) -> Result<(), CommandError> {
+        let Some(max) = self.limits.max_event_bytes else { return Ok(()) };
+        let event = size::messages_bytes(inserted).saturating_add(size::EVENT_OVERHEAD_BYTES);
+        if event <= max {
+            return Ok(());
+        }
+        Err(CommandError::InvalidArgument(format!(
+            "the {} message(s) inserted into session {} count {} bytes, and with their event's {} bytes of envelope \
+             that is over the journal's largest event of {max} bytes (the NATS server's max_payload less its headers); \
+             send smaller messages or fewer at once, or raise max_payload in the nats-server configuration",
+            inserted.len(),
+            self.state.session,
+            event - size::EVENT_OVERHEAD_BYTES,
+            size::EVENT_OVERHEAD_BYTES,
+        )))
     }
 
     /// The pending-items and pending-bytes limits, for a change that adds `added` and removes the pending
@@ -85,14 +107,18 @@ impl Driver {
                 self.limits.max_pending
             )));
         }
-        let added_bytes: usize = added.iter().map(UserMessage::size).sum();
-        let pending_bytes = self.state.inbox.content_bytes();
+        self.check_event_size(added)?;
+        let added_bytes = size::messages_bytes(added);
+        let pending_bytes = self.state.inbox.counted_bytes();
         let after_bytes = (pending_bytes + added_bytes).saturating_sub(removed.bytes);
         if added_bytes > removed.bytes && after_bytes > self.limits.max_pending_bytes {
             return Err(CommandError::ResourceExhausted(format!(
-                "session {} has {pending_bytes} bytes of pending content; {added_bytes} more would make {after_bytes}, \
-                 above the limit of {} (config limits.max_pending_bytes); wait for turns to drain, or remove or clear pending messages",
-                self.state.session, self.limits.max_pending_bytes
+                "session {} has {pending_bytes} bytes pending; {added_bytes} more would make {after_bytes}, \
+                 above the limit of {} (config limits.max_pending_bytes; a message counts its id, source and every \
+                 field of every block, plus {} per block); wait for turns to drain, or remove or clear pending messages",
+                self.state.session,
+                self.limits.max_pending_bytes,
+                size::BLOCK_OVERHEAD_BYTES
             )));
         }
         Ok(())
@@ -427,7 +453,7 @@ impl Driver {
     }
 }
 
-/// Pending items a change removes: how many, and their content bytes.
+/// Pending items a change removes: how many, and the bytes they count.
 #[derive(Clone, Copy, Debug)]
 struct Room {
     items: usize,
@@ -438,6 +464,6 @@ impl Room {
     const NONE: Self = Self { items: 0, bytes: 0 };
 
     fn of(removed: &[UserMessage]) -> Self {
-        Self { items: removed.len(), bytes: removed.iter().map(UserMessage::size).sum() }
+        Self { items: removed.len(), bytes: size::messages_bytes(removed) }
     }
 }

@@ -185,7 +185,7 @@ impl Driver {
             ModelOutcome::Finished(output) if !output.text.trim().is_empty() => output.text.trim().to_owned(),
             ModelOutcome::Finished(_) => return Err("the model wrote an empty summary".into()),
             ModelOutcome::Failed { message, .. } => return Err(message.clone()),
-            ModelOutcome::Aborted => return Err("the request was aborted".into()),
+            ModelOutcome::Aborted { .. } => return Err("the request was aborted".into()),
         };
         if self.state.compaction.as_ref().is_some_and(|c| c.upto_turn >= task.upto_turn) {
             return Err(format!("turns through {} were compacted meanwhile", task.upto_turn));

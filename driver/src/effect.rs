@@ -1,8 +1,8 @@
 //! What the driver asks its runner to do, and what the runner reports back.
 
 use turnstile_model::{
-    CommandError, CommandReply, Envelope, EventPayload, LiveEvent, ModelRef, SessionRef, ToolCallSpec, TranscriptEntry,
-    Usage, UserMessage,
+    CommandError, CommandReply, ContentBlock, Envelope, EventPayload, LiveEvent, ModelRef, SessionRef, Spent,
+    ToolCallSpec, TranscriptEntry, Usage, UserMessage,
 };
 
 /// Names one command for the runner, which pairs it with the caller waiting for the reply.
@@ -189,6 +189,37 @@ pub struct ModelRequest {
     pub compaction: Option<CompactionTask>,
 }
 
+impl ModelRequest {
+    /// The bytes of text and data the request sends the model (system prompt, summary, history, this
+    /// step's messages and results): what [`Spent::estimate`] estimates a request's input from when the
+    /// provider never reported its usage.
+    pub fn prompt_bytes(&self) -> u64 {
+        fn message(m: &UserMessage) -> usize {
+            m.content
+                .iter()
+                .map(|b| match b {
+                    ContentBlock::Text { text } => text.len(),
+                    ContentBlock::Data { bytes, .. } => bytes.len(),
+                })
+                .sum()
+        }
+        let history = self.history.iter().map(|e| match e.as_ref() {
+            TranscriptEntry::User { message: m, .. } => message(m),
+            TranscriptEntry::Assistant { text, tool_calls, .. } => {
+                text.len() + tool_calls.iter().map(|c| c.name.len() + c.arguments.len()).sum::<usize>()
+            }
+            TranscriptEntry::ToolResult { output, error, .. } => output.len() + error.as_ref().map_or(0, String::len),
+        });
+        let results = self.tool_results.iter().map(|r| r.output.len() + r.error.as_ref().map_or(0, String::len));
+        let total: usize =
+            [self.system.as_ref(), self.summary.as_ref()].into_iter().flatten().map(String::len).sum::<usize>()
+                + history.sum::<usize>()
+                + self.messages.iter().chain(&self.interrupted_prompt).map(message).sum::<usize>()
+                + results.sum::<usize>();
+        total as u64
+    }
+}
+
 /// What a compaction request summarizes: turns `from_turn..=upto_turn`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CompactionTask {
@@ -263,11 +294,26 @@ impl ModelOutput {
 /// turn with the runner's message as it is (it names the budget and when it resets).
 pub const TENANT_BUDGET_EXHAUSTED: &str = "tenant_budget_exhausted";
 
+/// How a model request ended. A request that did not finish carries what it spent, as the runner saw it
+/// ([`Spent`]); the driver records that on the step's `step/end` (decision 0086).
 #[derive(Clone, Debug, PartialEq)]
 pub enum ModelOutcome {
     Finished(ModelOutput),
-    Failed { message: String, code: String },
-    Aborted,
+    Failed { message: String, code: String, spent: Option<Spent> },
+    Aborted { spent: Option<Spent> },
+}
+
+impl ModelOutcome {
+    /// What the request spent, for a step that will not record its reply: a finished reply's reported
+    /// usage (a cancel that lands as the reply finishes), else what the runner saw of an unfinished one.
+    pub fn spent(&self) -> Option<Spent> {
+        match self {
+            Self::Finished(output) => {
+                output.usage.map(|usage| Spent { usage, model: output.model.clone(), estimated: false })
+            }
+            Self::Failed { spent, .. } | Self::Aborted { spent } => spent.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -33,7 +33,7 @@ impl Driver {
                 });
             }
             if open.step_open {
-                self.write(EventPayload::StepEnd { turn, step });
+                self.write(EventPayload::StepEnd { turn, step, spent: None });
                 // The model must still answer what the interrupted step was asked; a step that only
                 // answered tool results was asked what the turn was asked.
                 resume.prompt = if open.open_step_messages.is_empty() {

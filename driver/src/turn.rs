@@ -307,7 +307,9 @@ impl Driver {
         let (turn, step) = (t.turn, t.step);
         if let Some(cause) = t.cancel.clone() {
             // Mid-stream abort: keep what was delivered (text, reasoning or both), close the step and the
-            // turn. The request never finished, so there is no usage to record.
+            // turn. What the request spent (even a reply that finished as the cancel landed) goes on the
+            // `step/end`, so a cancel just before the end is not free (decision 0086).
+            let spent = outcome.spent();
             if !delivered.is_empty() || !delivered_reasoning.is_empty() {
                 self.write(EventPayload::AssistantMessage {
                     turn,
@@ -321,7 +323,7 @@ impl Driver {
                     model: None,
                 });
             }
-            self.write(EventPayload::StepEnd { turn, step });
+            self.write(EventPayload::StepEnd { turn, step, spent });
             return self.end_turn(TurnEndReason::Aborted(cause));
         }
         match outcome {
@@ -354,15 +356,15 @@ impl Driver {
                     self.next_tool_call();
                 }
             }
-            ModelOutcome::Failed { message, code } => {
-                self.write(EventPayload::StepEnd { turn, step });
+            ModelOutcome::Failed { message, code, spent } => {
+                self.write(EventPayload::StepEnd { turn, step, spent });
                 // A request refused for the tenant's budget was never sent: its message says so itself.
                 let message =
                     if code == TENANT_BUDGET_EXHAUSTED { message } else { format!("model request failed: {message}") };
                 self.fail_turn(step, message, code);
             }
-            ModelOutcome::Aborted => {
-                self.write(EventPayload::StepEnd { turn, step });
+            ModelOutcome::Aborted { spent } => {
+                self.write(EventPayload::StepEnd { turn, step, spent });
                 self.fail_turn(step, "the model request was aborted".into(), "aborted".into());
             }
         }
@@ -374,7 +376,7 @@ impl Driver {
         let (turn, step) = (t.turn, t.step);
         t.last_step = Some(result);
         let cancel = t.cancel.clone();
-        self.write(EventPayload::StepEnd { turn, step });
+        self.write(EventPayload::StepEnd { turn, step, spent: None });
         if let Some(cause) = cancel {
             return self.end_turn(TurnEndReason::Aborted(cause));
         }

@@ -1310,7 +1310,8 @@ fn s26_resume_answers_the_interrupted_steps_prompt_not_the_whole_turn() {
 
 #[test]
 fn limits_oversized_content_is_invalid() {
-    let mut sim = Sim::with_limits(Limits { max_message_bytes: 16, ..Limits::default() });
+    // "big" counts its id (3), its blocks' fields (10; 9 + 7) and 64 per block: 157.
+    let mut sim = Sim::with_limits(Limits { max_message_bytes: 156, ..Limits::default() });
     let big = UserMessage {
         id: "big".into(),
         content: vec![
@@ -1321,25 +1322,80 @@ fn limits_oversized_content_is_invalid() {
     };
     let (kind, message) = refused(sim.send(big.clone(), Target::NextTurn, true, None));
     assert_eq!(kind, "invalid-argument");
-    assert!(message.contains("big") && message.contains("17") && message.contains("16"), "{message}");
+    assert!(
+        message.contains("big")
+            && message.contains("157")
+            && message.contains("156")
+            && message.contains("limits.max_message_bytes"),
+        "{message}"
+    );
     assert!(sim.log.is_empty());
     // At the limit it is accepted.
-    let fits = UserMessage { content: vec![ContentBlock::text("0123456789"), ContentBlock::text("abcdef")], ..big };
+    let fits =
+        UserMessage { content: vec![ContentBlock::text("0123456789"), ContentBlock::text("abcdefghijklmno")], ..big };
     assert_eq!(sent(sim.send(fits, Target::NextTurn, false, None)), (1, None));
     // Edits and interrupts check the size too.
-    let (kind, _) = refused(sim.replace("big", msg("r", "01234567890123456")));
+    let (kind, _) = refused(sim.replace("big", msg("r", &"x".repeat(92))));
     assert_eq!(kind, "invalid-argument");
-    let (kind, _) = refused(sim.interrupt("x", "01234567890123456"));
+    let (kind, _) = refused(sim.interrupt("x", &"x".repeat(92)));
     assert_eq!(kind, "invalid-argument");
+}
+
+#[test]
+fn limits_count_mime_types_and_empty_blocks() {
+    // A MIME type is a field like any other, and a block with nothing in it still counts 64 bytes: a
+    // message that carries its weight there is refused as one whose text is that large.
+    let mut sim = Sim::with_limits(Limits { max_message_bytes: 1000, max_pending_bytes: 1000, ..Limits::default() });
+    let mime_heavy = UserMessage {
+        id: "m1".into(),
+        content: vec![ContentBlock::Data { mime: "m".repeat(934), bytes: vec![1] }],
+        source: MessageSource::User,
+    };
+    let (kind, message) = refused(sim.send(mime_heavy, Target::NextTurn, false, None));
+    assert_eq!(kind, "invalid-argument");
+    assert!(message.contains("1001") && message.contains("limits.max_message_bytes"), "{message}");
+    let empties = |id: &str| UserMessage {
+        id: id.into(),
+        content: std::iter::once(ContentBlock::text("x")).chain(vec![ContentBlock::text(""); 6]).collect(),
+        source: MessageSource::User,
+    };
+    // 2 + 1 + 7 × 64 = 451: two fit the pending bytes, the third is refused.
+    sent(sim.send(empties("e1"), Target::NextTurn, false, None));
+    sent(sim.send(empties("e2"), Target::NextTurn, false, None));
+    let (kind, message) = refused(sim.send(empties("e3"), Target::NextTurn, false, None));
+    assert_eq!(kind, "resource-exhausted");
+    assert!(message.contains("limits.max_pending_bytes") && message.contains("902 bytes pending"), "{message}");
+    assert_eq!(sim.driver.state().inbox.counted_bytes(), 902);
+}
+
+#[test]
+fn limits_an_event_larger_than_the_journals_largest_is_invalid() {
+    // The journal stores events of at most 2,000 bytes (1,024 of them the event's envelope): each message
+    // below fits alone, a splice of two does not.
+    let mut sim = Sim::with_limits(Limits { max_event_bytes: Some(2_000), ..Limits::default() });
+    let (kind, message) = refused(sim.queue("big", &"x".repeat(1_000)));
+    assert_eq!(kind, "invalid-argument");
+    assert!(message.contains("max_payload") && message.contains("2000"), "{message}");
+    sent(sim.queue("a", &"x".repeat(480)));
+    let (kind, _) = refused(sim.command(Command::Splice {
+        target: Target::NextTurn,
+        start: 0,
+        delete_count: 0,
+        inserted: vec![msg("b", &"x".repeat(480)), msg("c", &"x".repeat(480))],
+    }));
+    assert_eq!(kind, "invalid-argument");
+    assert_eq!(sim.driver.state().inbox.len(), 1, "nothing of the refused splice was written");
 }
 
 #[test]
 fn limits_default_max_message_is_one_mib() {
     let mut sim = Sim::new();
-    let (kind, message) = refused(sim.followup("big", &"x".repeat(1024 * 1024 + 1)));
+    // "ok" counts its id, its text and 64 for its block.
+    let largest = 1024 * 1024 - 2 - 64;
+    let (kind, message) = refused(sim.followup("ok", &"x".repeat(largest + 1)));
     assert_eq!(kind, "invalid-argument");
     assert!(message.contains("1048577"), "{message}");
-    assert_eq!(sent(sim.queue("ok", &"x".repeat(1024 * 1024))), (1, None));
+    assert_eq!(sent(sim.queue("ok", &"x".repeat(largest))), (1, None));
 }
 
 #[test]
@@ -1407,18 +1463,19 @@ fn limits_pending_items_across_both_lists() {
 
 #[test]
 fn limits_pending_content_bytes_across_both_lists() {
-    // 10 bytes pending at most: "aaaa" (4) + "bbbb" (4) leaves room for 2 more.
-    let mut sim = Sim::with_limits(Limits { max_pending_bytes: 10, ..Limits::default() });
+    // Each message counts its id, its text and 64 for its block. 208 bytes pending at most: "aaaa" (70) +
+    // "bbbb" (70) leaves room for 68 more.
+    let mut sim = Sim::with_limits(Limits { max_pending_bytes: 208, ..Limits::default() });
     sent(sim.queue("Q1", "aaaa"));
     sent(sim.inject("I1", "bbbb"));
     sim.take();
     for reply in [
-        sim.queue("Q2", "ccc"),
-        sim.inject("I2", "ccc"),
-        sim.followup("F", "ccc"),
-        sim.steer("S", "ccc", None),
-        sim.interrupt("X", "ccc"),
-        sim.replace("Q1", msg("Q1b", "aaaaaaa")),
+        sim.queue("Q2", "cccc"),
+        sim.inject("I2", "cccc"),
+        sim.followup("F", "cccc"),
+        sim.steer("S", "cccc", None),
+        sim.interrupt("X", "cccc"),
+        sim.replace("Q1", msg("Q1b", &"a".repeat(75))),
         sim.command(Command::Splice {
             target: Target::NextTurn,
             start: 0,
@@ -1428,10 +1485,13 @@ fn limits_pending_content_bytes_across_both_lists() {
     ] {
         let (kind, message) = refused(reply);
         assert_eq!(kind, "resource-exhausted");
-        assert!(message.contains("limits.max_pending_bytes") && message.contains("above the limit of 10"), "{message}");
+        assert!(
+            message.contains("limits.max_pending_bytes") && message.contains("above the limit of 208"),
+            "{message}"
+        );
     }
     sim.expect_nothing();
-    assert_eq!(sim.driver.state().inbox.content_bytes(), 8, "a refused delivery adds nothing");
+    assert_eq!(sim.driver.state().inbox.counted_bytes(), 140, "a refused delivery adds nothing");
     assert_eq!(sim.driver.state().last_turn, 0, "a refused followup opens no turn");
     // Exactly at the limit is accepted; a splice that removes as much as it inserts too.
     sent(sim.queue("Q3", "cc"));
@@ -1441,12 +1501,12 @@ fn limits_pending_content_bytes_across_both_lists() {
         delete_count: 1,
         inserted: vec![msg("Z3", "zzzz")],
     }));
-    assert_eq!(sim.driver.state().inbox.content_bytes(), 10);
+    assert_eq!(sim.driver.state().inbox.counted_bytes(), 208);
     // The refused ids were never accepted: once room is made they are new messages.
     written(sim.remove("Z3"));
-    assert_eq!(sim.driver.state().inbox.content_bytes(), 6);
+    assert_eq!(sim.driver.state().inbox.counted_bytes(), 138);
     sent(sim.queue("Q2", "ccc"));
-    assert_eq!(sim.driver.state().inbox.content_bytes(), 9);
+    assert_eq!(sim.driver.state().inbox.counted_bytes(), 207);
 }
 
 // ----- handoff: cut after a tool step, and drain -------------------------------------------------

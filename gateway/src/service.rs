@@ -65,8 +65,9 @@ impl Default for GatewayConfig {
 /// The `[tenants.NAME] token_budget`s of a configuration, by tenant.
 pub type TokenBudgets = std::collections::BTreeMap<String, u64>;
 
-/// `max_request_bytes` of the default configuration: 4 MiB of pending content plus 1 MiB of envelope.
-pub const DEFAULT_MAX_REQUEST_BYTES: usize = 5 * 1024 * 1024;
+/// `max_request_bytes` of the default configuration: 4 MiB less 64 KiB of pending bytes plus 1 MiB of
+/// envelope (decisions 0033, 0085).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 5 * 1024 * 1024 - 64 * 1024;
 
 /// Default and largest `ListSessions` page.
 pub(crate) const DEFAULT_PAGE: usize = 100;

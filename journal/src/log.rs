@@ -144,6 +144,13 @@ pub trait SessionLog: Send + Sync + 'static {
     /// load asks the server again, as it does anyway.
     fn unloaded(&self, _session: &SessionRef) {}
 
+    /// The largest event this log can store, in the bytes `turnstile_model::size` counts, if it has such a
+    /// limit (JetStream: the NATS server's `max_payload` less the message headers). Writers refuse a
+    /// delivery whose event could not fit before writing anything (decision 0085). Default: no limit.
+    fn max_event_bytes(&self) -> Option<usize> {
+        None
+    }
+
     /// Sessions that have at least one event, ordered by (tenant, id), strictly after `after`, optionally of
     /// one tenant, at most `limit`.
     async fn list_sessions(

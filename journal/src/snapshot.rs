@@ -62,9 +62,20 @@ impl Snapshot {
         self.state.last_seq
     }
 
-    pub fn encode(&self) -> Vec<u8> {
-        // Serializing plain data with string keys cannot fail; an empty value would be ignored on load.
-        serde_json::to_vec(self).unwrap_or_default()
+    /// The stored form. Serializing this plain data should never fail; if it ever does, the error says so
+    /// and the caller writes no snapshot (a stored empty value would only be ignored on load, hiding the
+    /// fault).
+    pub fn encode(&self) -> Result<Vec<u8>, SnapshotEncodeError> {
+        serde_json::to_vec(self).map_err(|e| SnapshotEncodeError {
+            session: self.state.session.clone(),
+            seq: self.seq(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// The stored forms of the read snapshot and of the full one, both or neither.
+    pub fn encode_both(&self) -> Result<(Vec<u8>, Vec<u8>), SnapshotEncodeError> {
+        Ok((self.for_reads().encode()?, self.encode()?))
     }
 
     /// Decodes a stored full snapshot of `session`; `None` (with a warning) for anything unusable, a read
@@ -106,6 +117,21 @@ impl Snapshot {
                 None
             }
         }
+    }
+}
+
+/// A snapshot that could not be serialized: nothing of it is written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the snapshot of {session} at seq {seq} cannot be encoded, so none is written: {detail}")]
+pub struct SnapshotEncodeError {
+    pub session: SessionRef,
+    pub seq: u64,
+    pub detail: String,
+}
+
+impl From<SnapshotEncodeError> for JournalError {
+    fn from(e: SnapshotEncodeError) -> Self {
+        JournalError::Storage(e.to_string())
     }
 }
 
@@ -171,8 +197,9 @@ impl SnapshotStore for MemorySnapshots {
     }
 
     async fn save(&self, snapshot: &Snapshot) -> Result<(), JournalError> {
-        lock(&self.reads).insert(snapshot.state.session.clone(), snapshot.for_reads().encode());
-        self.put_raw(&snapshot.state.session, snapshot.encode());
+        let (reads, full) = snapshot.encode_both()?;
+        lock(&self.reads).insert(snapshot.state.session.clone(), reads);
+        self.put_raw(&snapshot.state.session, full);
         Ok(())
     }
 

@@ -208,7 +208,7 @@ fn snapshot_seed(rt: &tokio::runtime::Runtime, log: &EmbeddedLog, s: &SessionRef
     let events = batch(s, 1, 30, "n");
     rt.block_on(log.append(s, 0, &events, None)).unwrap();
     let at_20 = SessionState::fold(s.clone(), DEFAULT_DEDUP_HORIZON, &events[..20]).unwrap();
-    Snapshot::of(&at_20).encode()
+    Snapshot::of(&at_20).encode().unwrap()
 }
 
 /// Loads `s` with `bytes` as its stored snapshot: an unusable snapshot is ignored or refused, never a panic;

@@ -113,6 +113,45 @@ impl Usage {
     }
 }
 
+/// The tokens a model request that did not finish used (SPEC §17, decision 0086), recorded on its step's
+/// `step/end` and counted like an `assistant/message`'s usage: what the provider reported before the cut,
+/// else (or beyond it, for output it had not reported yet) an estimate from the prompt and what streamed.
+///
+/// ```
+/// use turnstile_model::{Spent, Usage};
+/// let spent = Spent::estimate(4_000, 10, None);
+/// assert_eq!(spent.usage, Usage { input_tokens: 1_000, output_tokens: 3, ..Usage::default() });
+/// assert!(spent.estimated);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Spent {
+    pub usage: Usage,
+    /// The model the request went to, when known.
+    pub model: Option<ModelRef>,
+    /// Some of `usage` is an estimate ([`Spent::estimate`]), not the provider's count.
+    pub estimated: bool,
+}
+
+/// Bytes per token of the estimate: the usual figure for English text with BPE tokenizers (OpenAI's "a
+/// token is about 4 characters").
+pub const ESTIMATE_BYTES_PER_TOKEN: u64 = 4;
+
+impl Spent {
+    /// What a request cut before its end spent: the provider's `reported` usage so far, with the output
+    /// raised to the estimate of `streamed_bytes` where the provider had not counted that far; without a
+    /// report, the input estimated from `prompt_bytes` too.
+    pub fn estimate(prompt_bytes: u64, streamed_bytes: u64, reported: Option<Usage>) -> Self {
+        let tokens = |bytes: u64| bytes.div_ceil(ESTIMATE_BYTES_PER_TOKEN);
+        let mut estimated = reported.is_none();
+        let mut usage = reported.unwrap_or(Usage { input_tokens: tokens(prompt_bytes), ..Usage::default() });
+        if tokens(streamed_bytes) > usage.output_tokens {
+            usage.output_tokens = tokens(streamed_bytes);
+            estimated = true;
+        }
+        Self { usage, model: None, estimated }
+    }
+}
+
 /// The model that answered a request (SPEC §17): with fallbacks, not always the agent's first model.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ModelRef {
@@ -174,6 +213,11 @@ pub enum EventPayload {
     StepEnd {
         turn: u64,
         step: u32,
+        /// What the step's model request spent when it did not finish (cancelled, failed, timed out):
+        /// `None` for a step whose reply finished (its usage is on its `assistant/message`) and for one
+        /// that spent nothing the runner could see (SPEC §17, decision 0086).
+        #[serde(default)]
+        spent: Option<Spent>,
     },
     UserMessage {
         message: UserMessage,

@@ -47,9 +47,10 @@ impl Inbox {
         self.next_turn.len() + self.next_step.len()
     }
 
-    /// Content bytes (text + data, [`UserMessage::size`]) of the pending items across both lists.
-    pub fn content_bytes(&self) -> usize {
-        self.next_turn.iter().chain(&self.next_step).map(UserMessage::size).sum()
+    /// The bytes the pending items across both lists count toward `limits.max_pending_bytes`
+    /// ([`crate::size::message_bytes`]).
+    pub fn counted_bytes(&self) -> usize {
+        crate::size::messages_bytes(&self.next_turn).saturating_add(crate::size::messages_bytes(&self.next_step))
     }
 
     pub fn is_empty(&self) -> bool {

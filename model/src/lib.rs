@@ -20,6 +20,7 @@
 //! - [`tenant`]: valid tenant names and the sets of tenants an agent or webhook serves.
 //! - [`shard`]: the stable session → virtual shard hash.
 //! - [`sync`]: poison-tolerant locking, shared by every crate that keeps maps under a mutex.
+//! - [`size`]: what a delivery counts toward the size limits (§2).
 //!
 //! ```
 //! use turnstile_model::{ContentBlock, MessageSource, SessionRef, SessionState, UserMessage};
@@ -39,6 +40,7 @@ pub mod labels;
 pub mod message;
 pub mod schedule;
 pub mod shard;
+pub mod size;
 pub mod state;
 pub mod sync;
 pub mod tenant;
@@ -53,7 +55,7 @@ pub use command::{
 };
 pub use event::{
     CancelCause, Compaction, Envelope, EventPayload, Fork, InjectMode, LiveEvent, LivePayload, ModelRef, OnDeadline,
-    Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
+    Spent, Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 pub use goal::{Goal, GoalAction, GoalChange, GoalState};
 pub use inbox::{Inbox, SpliceError};

@@ -91,14 +91,6 @@ impl ContentBlock {
     pub fn text(text: impl Into<String>) -> Self {
         Self::Text { text: text.into() }
     }
-
-    /// Bytes counted against the message size limit (text bytes + data bytes).
-    pub fn size(&self) -> usize {
-        match self {
-            Self::Text { text } => text.len(),
-            Self::Data { bytes, .. } => bytes.len(),
-        }
-    }
 }
 
 /// The plugin forms SPEC §1 names; an empty form is also allowed.
@@ -194,11 +186,6 @@ impl UserMessage {
         Self { id: MessageId(id.into()), content: vec![ContentBlock::text(text)], source: MessageSource::User }
     }
 
-    /// Text bytes plus data bytes of every block.
-    pub fn size(&self) -> usize {
-        self.content.iter().map(ContentBlock::size).sum()
-    }
-
     /// The text blocks joined by newlines (what the scripted model reads).
     pub fn text(&self) -> String {
         let texts: Vec<&str> = self
@@ -222,14 +209,15 @@ impl UserMessage {
         })
     }
 
-    /// Checks the id, the source, that there is content, and the size against `max_bytes`.
+    /// Checks the id, the source, that there is content, and the size ([`crate::size::message_bytes`])
+    /// against `max_bytes` (`limits.max_message_bytes`).
     pub fn validate(&self, max_bytes: usize) -> Result<(), ValueError> {
         self.id.validate()?;
         self.source.validate()?;
         if !self.has_content() {
             return Err(ValueError::NoContent { id: self.id.clone() });
         }
-        let size = self.size();
+        let size = crate::size::message_bytes(self);
         if size > max_bytes {
             return Err(ValueError::TooLarge { id: self.id.clone(), size, max: max_bytes });
         }
@@ -279,7 +267,9 @@ pub enum ValueError {
     #[error("{field} must not be empty")]
     EmptyField { field: &'static str },
     #[error(
-        "message {id} has {size} bytes of content, over the limit of {max}; split it or send the data by reference"
+        "message {id} counts {size} bytes (its id, source and every field of every block, plus {overhead} per \
+         block), over the limit of {max} (config limits.max_message_bytes); split it or send the data by reference",
+        overhead = crate::size::BLOCK_OVERHEAD_BYTES
     )]
     TooLarge { id: MessageId, size: usize, max: usize },
     #[error(

@@ -483,7 +483,7 @@ impl SessionState {
                 open.last_step_results.clear();
                 open.step_calls.clear();
             }
-            EventPayload::StepEnd { turn, step } => {
+            EventPayload::StepEnd { turn, step, .. } => {
                 let open = self.open_turn_mut(*turn).ok_or_else(|| structure("its turn is not open".into()))?;
                 if !open.step_open || *step != open.step || !open.open_calls.is_empty() {
                     return Err(structure(format!("step {step} of turn {turn} is not open or has open calls")));

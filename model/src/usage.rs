@@ -1,6 +1,7 @@
 //! Token usage counted per tenant, UTC day and model (SPEC §17): the pure part that both journals share.
 //!
-//! What is counted is exactly the usage recorded on durable `assistant/message` events ([`counted`]): a
+//! What is counted is exactly the usage recorded on durable `assistant/message` events, and on the
+//! `step/end` of a request that did not finish ([`counted`]): a
 //! step retried after a failover is counted once per message that was written, never per attempt. A
 //! [`UsageBook`] holds one tenant's counts by day (days since the Unix epoch, UTC, from the event's own
 //! `time_ms`, so every node that counts an event puts it on the same day) and by model (`provider/model`).
@@ -58,11 +59,15 @@ pub fn split_model_key(key: &str) -> (&str, &str) {
 }
 
 /// What `event` adds to its tenant's usage: the day, the model key and the usage of an `assistant/message`
-/// that recorded one; `None` for every other event.
+/// that recorded one, or of a `step/end` that recorded what an unfinished request spent (decision 0086);
+/// `None` for every other event. A step records its usage on one of the two, never both.
 pub fn counted(event: &Envelope) -> Option<(u64, String, Usage)> {
     match &event.payload {
         EventPayload::AssistantMessage { usage: Some(usage), model, .. } => {
             Some((day_of(event.time_ms), model_key(model.as_ref()), *usage))
+        }
+        EventPayload::StepEnd { spent: Some(spent), .. } => {
+            Some((day_of(event.time_ms), model_key(spent.model.as_ref()), spent.usage))
         }
         _ => None,
     }

@@ -54,6 +54,8 @@ fn worker_config(config: &Config) -> WorkerConfig {
             max_pending_bytes: config.limits.max_pending_bytes,
             dedup_horizon: config.journal.dedup_horizon,
             max_goal_rounds: config.limits.max_goal_rounds,
+            // The journal's own limit, read by the host from its log.
+            max_event_bytes: None,
         },
         default_when_idle_timeout: config.limits.when_idle_timeout(),
         snapshot_every: config.journal.snapshot_every,

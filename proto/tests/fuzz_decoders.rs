@@ -77,7 +77,7 @@ fn seeds() -> Vec<Vec<u8>> {
             usage: None,
             model: None,
         },
-        EventPayload::StepEnd { turn: 3, step: 1 },
+        EventPayload::StepEnd { turn: 3, step: 1, spent: None },
         EventPayload::TurnEnd { turn: 3, reason: TurnEndReason::Completed },
     ];
     payloads

@@ -212,6 +212,11 @@ impl DevServer {
         self.process.log_path()
     }
 
+    /// The process id, while it runs (e.g. to read its memory from `/proc/PID/status`).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
     /// The nats-server this server owns ([`Backend::Nats`]), if any.
     /// Keeps `nats` alive as long as this server (the server runs on it).
     pub fn own_nats(&mut self, nats: NatsServer) {

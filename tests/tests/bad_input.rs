@@ -46,7 +46,8 @@ async fn assert_never_written(s: &Session) {
 async fn oversized_content_is_invalid_argument(backend: Backend) {
     let server = backend.start_dev().await.unwrap();
     let (s, before) = written(&server).await;
-    let big = "x".repeat(1024 * 1024 + 1);
+    // "big" counts its id, its text and 64 bytes for its block: one byte over 1 MiB.
+    let big = "x".repeat(1024 * 1024 + 1 - 3 - 64);
     assert_refused(s.followup(user_msg("big", &big)).await, Code::InvalidArgument, &["1048577", "limit"]);
     assert_unchanged(&s, &before).await;
 
@@ -55,7 +56,7 @@ async fn oversized_content_is_invalid_argument(backend: Backend) {
     assert_never_written(&fresh).await;
 
     // Exactly at the limit is accepted: the bound is inclusive.
-    let at_limit = "x".repeat(1024 * 1024);
+    let at_limit = "x".repeat(1024 * 1024 - 3 - 64);
     assert_eq!(s.queue(user_msg("max", &at_limit)).await.unwrap().seq, 2);
 }
 

@@ -184,60 +184,65 @@ async fn the_environment_variable_names_the_file_like_the_flag() {
     by_env.assert_error(by_flag.error_line().trim_start_matches("error: "));
 
     // And a good file by the variable is applied.
-    let (_dir, path) = config_file("[limits]\nmax_message_bytes = 64\n");
+    let (_dir, path) = config_file("[limits]\nmax_message_bytes = 200\n");
     let env = vec![("TURNSTILE_CONFIG".to_owned(), path.to_str().unwrap().to_owned())];
     let server = DevServer::start_with(DevOptions { env, ..DevOptions::default() }).await.unwrap();
     let s = server.session();
-    let err = s.followup(user_msg("big", &"x".repeat(65))).await.unwrap_err();
+    let err = s.followup(user_msg("big", &"x".repeat(134))).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
 }
 
 #[tokio::test]
 async fn max_message_bytes_from_the_file_refuses_a_longer_followup() {
-    let (_dir, path) = config_file("[limits]\nmax_message_bytes = 64\n");
+    // A message counts its id, its text and 64 bytes for its block: "big" with 134 bytes of text is 201.
+    let (_dir, path) = config_file("[limits]\nmax_message_bytes = 200\n");
     let args = vec!["--config".to_owned(), path.to_str().unwrap().to_owned()];
     let server = DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::default() }).await.unwrap();
     let s = server.session();
-    let err = s.followup(user_msg("big", &"x".repeat(65))).await.unwrap_err();
+    let err = s.followup(user_msg("big", &"x".repeat(134))).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert_eq!(
         err.message(),
-        "message big has 65 bytes of content, over the limit of 64; split it or send the data by reference"
+        "message big counts 201 bytes (its id, source and every field of every block, plus 64 per block), over \
+         the limit of 200 (config limits.max_message_bytes); split it or send the data by reference"
     );
     assert!(s.info().await.is_err(), "nothing was written");
     // Exactly at the limit is accepted.
-    assert_eq!(s.followup(user_msg("max", &"x".repeat(64))).await.unwrap().seq, 1);
+    assert_eq!(s.followup(user_msg("max", &"x".repeat(133))).await.unwrap().seq, 1);
 
     // The CLI prints the usual error line and exits 1.
     let session = s.reference();
-    let text = "y".repeat(65);
+    let text = "y".repeat(200);
     let url = server.url();
     let refused =
         run_to_exit(&["--addr", &url, "--tenant", &session.tenant, "followup", &session.id, &text], &[]).await;
     assert_eq!(refused.code, Some(1), "{refused:?}");
     assert!(refused.error_line().starts_with("error: INVALID_ARGUMENT: message "), "{refused:?}");
     assert!(
-        refused
-            .error_line()
-            .ends_with("has 65 bytes of content, over the limit of 64; split it or send the data by reference"),
+        refused.error_line().ends_with(
+            "over the limit of 200 (config limits.max_message_bytes); split it or send the data by reference"
+        ),
         "{refused:?}"
     );
 }
 
 #[tokio::test]
 async fn max_pending_bytes_from_the_file_refuses_a_delivery_over_it_and_writes_nothing() {
-    let (_dir, path) = config_file("[limits]\nmax_message_bytes = 64\nmax_pending_bytes = 100\n");
+    // Each message counts its id, its text and 64 bytes for its block: 196 + 136 pending leaves 68.
+    let (_dir, path) = config_file("[limits]\nmax_message_bytes = 200\nmax_pending_bytes = 400\n");
     let args = vec!["--config".to_owned(), path.to_str().unwrap().to_owned()];
     let server = DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::default() }).await.unwrap();
     let s = server.session();
-    s.queue(user_msg("q1", &"a".repeat(64))).await.unwrap();
-    s.inject(user_msg("i1", &"b".repeat(30))).await.unwrap();
+    s.queue(user_msg("q1", &"a".repeat(130))).await.unwrap();
+    s.inject(user_msg("i1", &"b".repeat(70))).await.unwrap();
     let before = s.inbox().await.unwrap();
 
     let err = s.queue(user_msg("q2", &"c".repeat(7))).await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(
-        err.message().contains("94 bytes of pending content; 7 more would make 101, above the limit of 100 (config limits.max_pending_bytes)"),
+        err.message().contains(
+            "332 bytes pending; 73 more would make 405, above the limit of 400 (config limits.max_pending_bytes"
+        ),
         "{err:?}"
     );
     let err = s.splice(Target::NextStep, 0, 0, vec![user_msg("z1", "zz"), user_msg("z2", "zzzzz")]).await.unwrap_err();
@@ -245,9 +250,9 @@ async fn max_pending_bytes_from_the_file_refuses_a_delivery_over_it_and_writes_n
     assert_eq!(s.inbox().await.unwrap(), before, "the refused deliveries wrote nothing");
 
     // Exactly at the limit is accepted, and the refused id is a new message once room is made.
-    s.queue(user_msg("q3", &"c".repeat(6))).await.unwrap();
+    s.queue(user_msg("q3", "cc")).await.unwrap();
     s.remove("q3").await.unwrap();
-    s.queue(user_msg("q2", &"c".repeat(6))).await.unwrap();
+    s.queue(user_msg("q2", "cc")).await.unwrap();
     let inbox = s.inbox().await.unwrap();
     let ids: Vec<&str> = inbox.next_turn.iter().chain(&inbox.next_step).map(|m| m.id.as_str()).collect();
     assert_eq!(ids, ["q1", "q2", "i1"]);
@@ -256,11 +261,11 @@ async fn max_pending_bytes_from_the_file_refuses_a_delivery_over_it_and_writes_n
 #[tokio::test]
 async fn a_request_over_the_derived_size_limit_is_refused_before_it_is_decoded() {
     // max(max_pending_bytes, max_message_bytes) + 1 MiB of envelope (decision 0033).
-    let (_dir, path) = config_file("[limits]\nmax_message_bytes = 64\nmax_pending_bytes = 100\n");
+    let (_dir, path) = config_file("[limits]\nmax_message_bytes = 200\nmax_pending_bytes = 400\n");
     let args = vec!["--config".to_owned(), path.to_str().unwrap().to_owned()];
     let server = DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::default() }).await.unwrap();
     let s = server.session();
-    let limit = 100 + 1024 * 1024;
+    let limit = 400 + 1024 * 1024;
     let err = s.followup(user_msg("big", &"x".repeat(limit))).await.unwrap_err();
     assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
     assert!(err.message().contains(&format!("the limit is: {limit} bytes")), "{err:?}");

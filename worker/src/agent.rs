@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use turnstile_driver::{AgentCatalog, ModelOutput, ModelRequest, PreStepRequest, ToolRequest};
 pub use turnstile_driver::{HookError, HookVerdict};
-use turnstile_model::{SessionRef, UserMessage};
+use turnstile_model::{SessionRef, Usage, UserMessage};
 
 /// Why a model request did not finish.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -41,9 +41,15 @@ pub enum StreamDelta {
     /// Reasoning text (DeepSeek `reasoning_content`, Anthropic thinking); they concatenate to
     /// [`ModelOutput::reasoning`].
     Reasoning(String),
+    /// The token usage the provider has reported so far (Anthropic: the input at the start, the output at
+    /// the end; OpenAI: all of it in the last chunk). Not part of the reply: the runner keeps the latest,
+    /// so a request cut before it finishes is still counted (SPEC §17, decision 0086).
+    Usage(Usage),
 }
 
-/// Where a model streams the pieces of its reply: text, and reasoning kept apart from it.
+/// Where a model streams the pieces of its reply: text, and reasoning kept apart from it. Bounded: a
+/// send waits while the runner has not taken the earlier pieces, so a slow consumer slows the model's
+/// reading of its provider (the provider's own flow control does the rest).
 #[derive(Clone, Debug)]
 pub struct DeltaSink(mpsc::Sender<StreamDelta>);
 
@@ -65,6 +71,16 @@ impl DeltaSink {
     /// Streams one piece of either kind.
     pub async fn send_delta(&self, delta: StreamDelta) {
         let _ = self.0.send(delta).await;
+    }
+
+    /// Reports the provider's token usage so far ([`StreamDelta::Usage`]).
+    pub async fn report_usage(&self, usage: Usage) {
+        self.send_delta(StreamDelta::Usage(usage)).await;
+    }
+
+    /// A sink whose pieces go nowhere (a caller that only wants the returned output).
+    pub fn discard() -> Self {
+        Self(mpsc::channel(1).0)
     }
 }
 

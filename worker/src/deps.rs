@@ -56,8 +56,12 @@ impl RunnerDeps {
         IndexEntry::of(state, turnstile_model::SessionSummary::of(state, String::new(), agent))
     }
 
-    /// A driver for the fold `state` of a session, writing under `epoch`.
+    /// A driver for the fold `state` of a session, writing under `epoch`. Its largest event is the
+    /// journal's (read now: a reconnected NATS client may know another server's `max_payload`) unless the
+    /// configuration set one.
     pub(crate) fn driver(&self, state: SessionState, epoch: u64) -> Driver {
-        Driver::new(state, self.config.limits.clone(), self.agents.catalog.clone(), epoch, self.config.owner_id.clone())
+        let mut limits = self.config.limits.clone();
+        limits.max_event_bytes = limits.max_event_bytes.or_else(|| self.log.max_event_bytes());
+        Driver::new(state, limits, self.agents.catalog.clone(), epoch, self.config.owner_id.clone())
     }
 }

@@ -153,7 +153,7 @@ impl ModelCall {
         let (provider, model) = (self.identity.provider, self.identity.model);
         let label = match outcome {
             ModelOutcome::Finished(_) => "ok",
-            ModelOutcome::Aborted => "aborted",
+            ModelOutcome::Aborted { .. } => "aborted",
             ModelOutcome::Failed { code, .. } => code.as_str(),
         }
         .to_owned();
@@ -201,7 +201,7 @@ impl ModelCall {
                     "model" => model, "code" => code.clone())
                 .increment(1);
             }
-            ModelOutcome::Aborted => {}
+            ModelOutcome::Aborted { .. } => {}
         }
     }
 }

@@ -16,7 +16,7 @@ use turnstile_driver::{
     Driver, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, ToolOutcome, ToolRequest,
 };
 use turnstile_model::message::{ContentBlock, MessageId, MessageSource, UserMessage};
-use turnstile_model::{ModelRef, SessionRef};
+use turnstile_model::{ModelRef, SessionRef, Spent, Usage};
 
 use crate::agent::{DeltaSink, HookVerdict, ModelError, StreamDelta, ToolReturn};
 use crate::deps::RunnerDeps;
@@ -31,11 +31,19 @@ pub(crate) enum Outcome {
     ToolDone { op: OpId, outcome: ToolOutcome },
 }
 
+/// Outcomes waiting for the runner. Bounded, so a runner that falls behind (a slow append) holds back its
+/// operations' tasks: a model's deltas then wait in [`DELTA_QUEUE`], and the model's own sends wait in turn,
+/// down to the provider's stream (the model-output path is bounded end to end).
+const OUTCOME_QUEUE: usize = 256;
+
+/// A model's deltas not yet forwarded to the runner.
+const DELTA_QUEUE: usize = 64;
+
 /// One runner's running operations.
 pub(crate) struct Operations {
     running: HashMap<OpId, CancellationToken>,
-    tx: mpsc::UnboundedSender<Outcome>,
-    rx: mpsc::UnboundedReceiver<Outcome>,
+    tx: mpsc::Sender<Outcome>,
+    rx: mpsc::Receiver<Outcome>,
     /// Cancelled when the runner stops, so no operation outlives it.
     stopped: CancellationToken,
     /// Cancelled (then replaced) just before the operations' tokens when the runner lets them go without a
@@ -45,7 +53,7 @@ pub(crate) struct Operations {
 
 impl Operations {
     pub(crate) fn new() -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(OUTCOME_QUEUE);
         Self { running: HashMap::new(), tx, rx, stopped: CancellationToken::new(), released: CancellationToken::new() }
     }
 
@@ -90,8 +98,8 @@ impl Operations {
         for (_, token) in self.running.drain() {
             token.cancel();
         }
-        // Outcomes of the dropped operations must not reach the new driver.
-        let (tx, rx) = mpsc::unbounded_channel();
+        // Outcomes of the dropped operations must not reach the new driver (their sends now fail).
+        let (tx, rx) = mpsc::channel(OUTCOME_QUEUE);
         self.tx = tx;
         self.rx = rx;
     }
@@ -127,7 +135,7 @@ impl Operations {
                     Err(e) => PreStepOutcome::Failed { message: e.to_string() },
                 },
             };
-            let _ = tx.send(Outcome::PreStep { op: request.op, outcome });
+            let _ = tx.send(Outcome::PreStep { op: request.op, outcome }).await;
         };
         tokio::spawn(task.instrument(span));
     }
@@ -140,20 +148,30 @@ impl Operations {
         let identity = deps.agents.model.identity(&request.agent);
         let span = model_span(parent, session, &request.agent, &identity);
         let mut call = ModelCall::start(session, &request.agent, identity, span.clone());
+        let prompt_bytes = request.prompt_bytes();
         let task = async move {
-            let (delta_tx, mut delta_rx) = mpsc::channel::<StreamDelta>(64);
+            let (delta_tx, mut delta_rx) = mpsc::channel::<StreamDelta>(DELTA_QUEUE);
             let forward = {
                 let tx = tx.clone();
                 let call = &mut call;
                 async move {
+                    let mut seen = Seen::default();
                     while let Some(delta) = delta_rx.recv().await {
-                        call.streamed();
                         let (text, reasoning) = match delta {
                             StreamDelta::Text(text) => (text, false),
                             StreamDelta::Reasoning(text) => (text, true),
+                            StreamDelta::Usage(usage) => {
+                                seen.reported = Some(usage);
+                                continue;
+                            }
                         };
-                        let _ = tx.send(Outcome::ModelDelta { op, text, reasoning });
+                        call.streamed();
+                        seen.streamed_bytes += text.len() as u64;
+                        // Waits while the runner is behind, and the model's next send waits in turn. A
+                        // runner that let the operation go fails the send; draining goes on regardless.
+                        let _ = tx.send(Outcome::ModelDelta { op, text, reasoning }).await;
                     }
+                    seen
                 }
             };
             let tenant = request.session.tenant.clone();
@@ -169,7 +187,7 @@ impl Operations {
                 deps.agents.model.step(request, DeltaSink::new(delta_tx), token.clone()).await
             };
             // The forwarder ends when the model drops its sink, so every delta precedes the outcome.
-            let (result, ()) = tokio::join!(
+            let (result, seen) = tokio::join!(
                 async {
                     tokio::select! {
                         () = token.cancelled() => Err(ModelError::Aborted),
@@ -189,11 +207,13 @@ impl Operations {
                     call.answered_by(answered);
                     ModelOutcome::Finished(output)
                 }
-                Err(ModelError::Failed { message, code }) => ModelOutcome::Failed { message, code },
-                Err(ModelError::Aborted) => ModelOutcome::Aborted,
+                Err(ModelError::Failed { message, code }) => {
+                    ModelOutcome::Failed { message, code, spent: seen.spent(prompt_bytes, &deps, &agent) }
+                }
+                Err(ModelError::Aborted) => ModelOutcome::Aborted { spent: seen.spent(prompt_bytes, &deps, &agent) },
             };
             call.finish(&outcome);
-            let _ = tx.send(Outcome::ModelDone { op, outcome });
+            let _ = tx.send(Outcome::ModelDone { op, outcome }).await;
         };
         tokio::spawn(task.instrument(span));
     }
@@ -215,9 +235,34 @@ impl Operations {
         );
         let task = async move {
             let r = deps.agents.tools.call(&session, &request, &token, &released).await;
-            let _ = tx.send(Outcome::ToolDone { op: request.op, outcome: tool_outcome(&request, r) });
+            let _ = tx.send(Outcome::ToolDone { op: request.op, outcome: tool_outcome(&request, r) }).await;
         };
         tokio::spawn(task.instrument(span));
+    }
+}
+
+/// What the runner saw of a model request's stream: enough to count what a request cut before its end
+/// spent (decision 0086).
+#[derive(Default)]
+struct Seen {
+    /// Bytes of text and reasoning streamed.
+    streamed_bytes: u64,
+    /// The provider's latest [`StreamDelta::Usage`].
+    reported: Option<Usage>,
+}
+
+impl Seen {
+    /// What an unfinished request of `agent` with `prompt_bytes` of prompt spent: `None` when the provider
+    /// reported nothing and nothing streamed (it may never have received the request).
+    fn spent(&self, prompt_bytes: u64, deps: &RunnerDeps, agent: &str) -> Option<Spent> {
+        if self.reported.is_none() && self.streamed_bytes == 0 {
+            return None;
+        }
+        let id = deps.agents.model.identity(agent);
+        Some(Spent {
+            model: Some(ModelRef::new(id.provider, id.model)),
+            ..Spent::estimate(prompt_bytes, self.streamed_bytes, self.reported)
+        })
     }
 }
 

@@ -24,14 +24,14 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use tokio_util::sync::CancellationToken;
 //! use turnstile_agent::llm::anthropic::AnthropicProvider;
-//! use turnstile_agent::llm::chat::{ChatMessage, ChatProvider, ChatRequest};
+//! use turnstile_agent::llm::chat::{ChatMessage, ChatProvider, ChatRequest, DeltaSink};
 //! use turnstile_agent::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
 //!
 //! let mut endpoint = ModelEndpoint::new(ProviderKind::Anthropic, "claude-sonnet-4-5");
 //! endpoint.api_key = Some(ApiKey::new(std::env::var("ANTHROPIC_API_KEY")?));
 //! let model = AnthropicProvider::new(endpoint)?;
 //! let request = ChatRequest { messages: vec![ChatMessage::user_text("Hi!")], ..Default::default() };
-//! let reply = model.stream(&request, &mut |_| {}, &CancellationToken::new()).await?;
+//! let reply = model.stream(&request, &DeltaSink::discard(), &CancellationToken::new()).await?;
 //! println!("{}", reply.text);
 //! # Ok(()) }
 //! ```
@@ -303,11 +303,25 @@ pub struct Decoder {
 impl Decoder {
     /// Takes what `usage` reports; a field it leaves out keeps its earlier value (`message_delta` repeats
     /// only some of `message_start`'s).
-    fn usage(&mut self, usage: &WireUsage) {
+    /// Reports the usage so far to `sink` as well, so a stream cut before `message_stop` is still counted.
+    fn usage(&mut self, usage: &WireUsage, sink: &mut (dyn FnMut(StreamDelta) + Send)) {
         self.input_tokens = usage.input().or(self.input_tokens);
         self.output_tokens = usage.output_tokens.or(self.output_tokens);
         self.cache_read_tokens = usage.cache_read_input_tokens.or(self.cache_read_tokens);
         self.cache_write_tokens = usage.cache_creation_input_tokens.or(self.cache_write_tokens);
+        if let Some(usage) = self.reported() {
+            sink(StreamDelta::Usage(usage));
+        }
+    }
+
+    /// The usage reported so far, if the provider reported any.
+    fn reported(&self) -> Option<Usage> {
+        (self.input_tokens.is_some() || self.output_tokens.is_some()).then(|| Usage {
+            input_tokens: self.input_tokens.unwrap_or(0),
+            output_tokens: self.output_tokens.unwrap_or(0),
+            cached_input_tokens: self.cache_read_tokens.unwrap_or(0),
+            cache_write_tokens: self.cache_write_tokens.unwrap_or(0),
+        })
     }
 }
 
@@ -320,7 +334,7 @@ impl SseDecoder for Decoder {
         let wire: WireEvent =
             serde_json::from_str(data).map_err(|e| format!("malformed {} event ({e}): {data}", event.event))?;
         match wire {
-            WireEvent::MessageStart { message } => self.usage(&message.usage.unwrap_or_default()),
+            WireEvent::MessageStart { message } => self.usage(&message.usage.unwrap_or_default(), sink),
             WireEvent::ContentBlockStart { index, content_block } => {
                 let block = match content_block {
                     BlockStart::Text { text } => {
@@ -354,7 +368,7 @@ impl SseDecoder for Decoder {
                     self.stop_reason = Some(reason);
                 }
                 if let Some(usage) = usage {
-                    self.usage(&usage);
+                    self.usage(&usage, sink);
                 }
             }
             WireEvent::MessageStop => return Ok(Flow::Done),
@@ -406,12 +420,7 @@ impl SseDecoder for Decoder {
         if finish == Finish::Stop && !tool_calls.is_empty() {
             finish = Finish::ToolCalls;
         }
-        let usage = (self.input_tokens.is_some() || self.output_tokens.is_some()).then(|| Usage {
-            input_tokens: self.input_tokens.unwrap_or(0),
-            output_tokens: self.output_tokens.unwrap_or(0),
-            cached_input_tokens: self.cache_read_tokens.unwrap_or(0),
-            cache_write_tokens: self.cache_write_tokens.unwrap_or(0),
-        });
+        let usage = self.reported();
         Ok(ChatOutput {
             text: std::mem::take(&mut self.delivered.text),
             reasoning: self.delivered.take_reasoning(),

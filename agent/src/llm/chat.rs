@@ -40,7 +40,7 @@ use base64::Engine as _;
 use tokio_util::sync::CancellationToken;
 /// One streamed piece of the reply: the worker's, so a provider's pieces go to the runner unchanged. The
 /// text deltas of a reply concatenate to [`ChatOutput::text`], the reasoning ones to [`ChatOutput::reasoning`].
-pub use turnstile_worker::agent::StreamDelta;
+pub use turnstile_worker::agent::{DeltaSink, StreamDelta};
 
 /// One model request: system prompt, history in log order, tools, and an optional output limit (the
 /// endpoint's `max_tokens` applies when this is `None`).
@@ -275,7 +275,9 @@ impl ProviderError {
 
 /// A streaming chat model behind HTTP.
 ///
-/// `stream` sends `request`, calls `sink` with every delta as it arrives, and returns the whole reply.
+/// `stream` sends `request`, sends every delta to `sink` as it arrives (waiting while the sink is full, so
+/// a slow consumer slows the reading of the response), and returns the whole reply. The token usage the
+/// provider reports goes to the sink too, as soon as it is known ([`StreamDelta::Usage`]).
 /// Retries (connection failures, 429, 5xx before the first byte) happen inside; on `cancel` the request
 /// is dropped at once and [`ProviderError::Aborted`] returned with what was delivered so far.
 #[async_trait]
@@ -287,7 +289,7 @@ pub trait ChatProvider: Send + Sync + 'static {
     async fn stream(
         &self,
         request: &ChatRequest,
-        sink: &mut (dyn FnMut(StreamDelta) + Send),
+        sink: &DeltaSink,
         cancel: &CancellationToken,
     ) -> Result<ChatOutput, ProviderError>;
 }

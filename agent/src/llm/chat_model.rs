@@ -23,7 +23,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use std::collections::HashSet;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use metrics::counter;
@@ -32,8 +31,7 @@ use turnstile_ops::names::MODEL_FALLBACKS;
 
 use super::anthropic::AnthropicProvider;
 use super::chat::{
-    ChatContent, ChatMessage, ChatOutput, ChatProvider, ChatRequest, ChatToolCall, Finish, ProviderError, StreamDelta,
-    ToolSpec,
+    ChatContent, ChatMessage, ChatOutput, ChatProvider, ChatRequest, ChatToolCall, Finish, ProviderError, ToolSpec,
 };
 use super::endpoint::{EndpointError, ModelEndpoint, ProviderKind};
 use super::openai::OpenAiProvider;
@@ -208,7 +206,7 @@ impl ChatModel {
     async fn stream(
         &self,
         chat: &ChatRequest,
-        sink: &mut (dyn FnMut(StreamDelta) + Send),
+        sink: &DeltaSink,
         abort: &CancellationToken,
     ) -> Result<(ChatOutput, ModelRef), ProviderError> {
         let chain: Vec<Arc<dyn ChatProvider>> =
@@ -297,21 +295,8 @@ impl Model for ChatModel {
                 crate::tools::client::offered(bus.as_ref(), &request.session.tenant, &self.client_tools).await;
             chat.tools.extend(offered);
         }
-        // The provider's sink is synchronous; deltas go through a channel to the async delta sink.
-        let (tx, mut rx) = mpsc::unbounded_channel::<StreamDelta>();
-        let run = async move {
-            let mut sink = move |delta: StreamDelta| {
-                let _ = tx.send(delta);
-            };
-            self.stream(&chat, &mut sink, &abort).await
-            // `sink` and its sender drop here, which ends the forwarding below.
-        };
-        let forward = async {
-            while let Some(delta) = rx.recv().await {
-                deltas.send_delta(delta).await;
-            }
-        };
-        let (result, ()) = tokio::join!(run, forward);
+        // The provider sends straight to the runner's bounded sink: no queue of its own in between.
+        let result = self.stream(&chat, &deltas, &abort).await;
         match result {
             Ok((output, model)) => Ok(ModelOutput {
                 text: output.text,
@@ -512,7 +497,7 @@ mod tests {
         async fn stream(
             &self,
             request: &ChatRequest,
-            _sink: &mut (dyn FnMut(StreamDelta) + Send),
+            _sink: &DeltaSink,
             _cancel: &CancellationToken,
         ) -> Result<ChatOutput, ProviderError> {
             self.0.lock().unwrap().push(request.tools.iter().map(|t| t.name.clone()).collect());
@@ -563,7 +548,7 @@ mod tests {
         let run = |tenant: &str| {
             let mut r = request(vec![], vec![UserMessage::user_text("m1", "hi")]);
             r.session.tenant = tenant.into();
-            let (tx, _rx) = mpsc::channel(16);
+            let (tx, _rx) = tokio::sync::mpsc::channel(16);
             model.step(r, DeltaSink::new(tx), CancellationToken::new())
         };
         // No bus yet: only the static tools.

@@ -31,7 +31,9 @@ use tracing::field::Empty;
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::chat::{ChatOutput, ChatProvider, ChatRequest, Delivered, Partial, ProviderError, StreamDelta, TimeoutKind};
+use super::chat::{
+    ChatOutput, ChatProvider, ChatRequest, Delivered, DeltaSink, Partial, ProviderError, StreamDelta, TimeoutKind,
+};
 use super::endpoint::{EndpointError, ModelEndpoint};
 use super::retry::parse_retry_after;
 use turnstile_ops::names::MODEL_RETRIES;
@@ -112,7 +114,7 @@ impl<A: ChatApi> ChatProvider for HttpProvider<A> {
     async fn stream(
         &self,
         request: &ChatRequest,
-        sink: &mut (dyn FnMut(StreamDelta) + Send),
+        sink: &DeltaSink,
         cancel: &CancellationToken,
     ) -> Result<ChatOutput, ProviderError> {
         let body = serde_json::to_vec(&self.request_body(request))
@@ -162,7 +164,7 @@ impl HttpEngine {
         &self,
         body: Vec<u8>,
         decoder: &mut D,
-        sink: &mut (dyn FnMut(StreamDelta) + Send),
+        sink: &DeltaSink,
         cancel: &CancellationToken,
     ) -> Result<ChatOutput, ProviderError> {
         let provider = self.provider;
@@ -208,7 +210,7 @@ impl HttpEngine {
         body: &[u8],
         deadline: Instant,
         decoder: &mut D,
-        sink: &mut (dyn FnMut(StreamDelta) + Send),
+        sink: &DeltaSink,
         attempts: &mut u32,
     ) -> Result<ChatOutput, ProviderError> {
         let mut rng = fastrand::Rng::new();
@@ -371,7 +373,7 @@ pub(crate) async fn decode_stream<S, E, D>(
     bytes: S,
     idle: Duration,
     decoder: &mut D,
-    sink: &mut (dyn FnMut(StreamDelta) + Send),
+    sink: &DeltaSink,
 ) -> Result<ChatOutput, ProviderError>
 where
     S: Stream<Item = Result<Bytes, E>>,
@@ -397,10 +399,18 @@ where
                 return Err(broken(format!("the connection failed mid-stream: {}", describe(&e)), decoder));
             }
             Some(Err(e)) => return Err(broken(format!("malformed event stream: {e}"), decoder)),
-            Some(Ok(event)) => match decoder.event(&event, sink) {
-                Ok(flow) => flow,
-                Err(message) => return Err(broken(message, decoder)),
-            },
+            Some(Ok(event)) => {
+                let mut decoded = Vec::new();
+                let flow = decoder.event(&event, &mut |delta| decoded.push(delta));
+                // The next event is read only once the sink took these: backpressure reaches the socket.
+                for delta in decoded {
+                    sink.send_delta(delta).await;
+                }
+                match flow {
+                    Ok(flow) => flow,
+                    Err(message) => return Err(broken(message, decoder)),
+                }
+            }
         };
         if flow == Flow::Done {
             return decoder.finish().map_err(|message| broken(message, decoder));
@@ -517,15 +527,47 @@ mod tests {
         chunks: Vec<Chunk>,
         tail: impl Stream<Item = Chunk>,
     ) -> (Result<ChatOutput, ProviderError>, Vec<String>) {
-        let mut seen = Vec::new();
-        let mut sink = |d: StreamDelta| {
-            if let StreamDelta::Text(t) = d {
-                seen.push(t);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let collect = async move {
+            let mut seen = Vec::new();
+            while let Some(d) = rx.recv().await {
+                if let StreamDelta::Text(t) = d {
+                    seen.push(t);
+                }
             }
+            seen
         };
-        let bytes = futures::stream::iter(chunks).chain(tail);
-        let result = decode_stream(bytes, Duration::from_secs(5), &mut Echo::default(), &mut sink).await;
-        (result, seen)
+        let decode = async move {
+            let bytes = futures::stream::iter(chunks).chain(tail);
+            decode_stream(bytes, Duration::from_secs(5), &mut Echo::default(), &DeltaSink::new(tx)).await
+        };
+        tokio::join!(decode, collect)
+    }
+
+    #[tokio::test]
+    async fn a_consumer_that_takes_nothing_stops_the_reading_of_the_response() {
+        // 100 events all ready to read, a sink of one place that nobody empties: the decoder reads one
+        // event per delta taken, never ahead (with a queue in between it would read all 100 at once).
+        let read = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = read.clone();
+        let events = (0..100).map(|i| Ok::<_, std::io::Error>(Bytes::from(format!("data: d{i}\n\n"))));
+        let bytes = futures::stream::iter(events).inspect(move |_| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let sink = DeltaSink::new(tx);
+        let mut echo = Echo::default();
+        let decoding = decode_stream(bytes, Duration::from_secs(5), &mut echo, &sink);
+        tokio::pin!(decoding);
+        let reads = || read.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(futures::poll!(&mut decoding).is_pending(), "the decoder waits for the sink");
+        // One delta in the sink, the second waiting to be sent: two events read.
+        assert_eq!(reads(), 2);
+        for taken in 1..=3 {
+            assert_eq!(rx.recv().await, Some(StreamDelta::Text(format!("d{}", taken - 1))));
+            assert!(futures::poll!(&mut decoding).is_pending());
+            assert_eq!(reads(), 2 + taken, "one more event read per delta taken");
+        }
     }
 
     #[tokio::test]

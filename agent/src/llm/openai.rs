@@ -17,7 +17,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use tokio_util::sync::CancellationToken;
-//! use turnstile_agent::llm::chat::{ChatMessage, ChatProvider, ChatRequest, StreamDelta};
+//! use turnstile_agent::llm::chat::{ChatMessage, ChatProvider, ChatRequest, DeltaSink, StreamDelta};
 //! use turnstile_agent::llm::endpoint::{ModelEndpoint, ProviderKind};
 //! use turnstile_agent::llm::openai::OpenAiProvider;
 //!
@@ -25,8 +25,16 @@
 //! endpoint.base_url = "http://127.0.0.1:8080/v1".into();
 //! let model = OpenAiProvider::new(endpoint)?;
 //! let request = ChatRequest { messages: vec![ChatMessage::user_text("Hi!")], ..Default::default() };
-//! let mut sink = |delta: StreamDelta| if let StreamDelta::Text(t) = delta { print!("{t}") };
-//! let reply = model.stream(&request, &mut sink, &CancellationToken::new()).await?;
+//! let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+//! let print = async move {
+//!     while let Some(delta) = rx.recv().await {
+//!         if let StreamDelta::Text(t) = delta { print!("{t}") }
+//!     }
+//! };
+//! // The sink drops with the request, which ends the printing.
+//! let ask = async move { model.stream(&request, &DeltaSink::new(tx), &CancellationToken::new()).await };
+//! let (reply, ()) = tokio::join!(ask, print);
+//! let reply = reply?;
 //! println!("\n{:?} {:?}", reply.finish, reply.usage);
 //! # Ok(()) }
 //! ```
@@ -283,12 +291,14 @@ impl SseDecoder for Decoder {
             return Err(format!("the provider reported an error mid-stream: {message}"));
         }
         if let Some(usage) = chunk.usage {
-            self.usage = Some(Usage {
+            let usage = Usage {
                 input_tokens: usage.prompt_tokens,
                 output_tokens: usage.completion_tokens,
                 cached_input_tokens: usage.prompt_tokens_details.and_then(|d| d.cached_tokens).unwrap_or(0),
                 cache_write_tokens: 0,
-            });
+            };
+            self.usage = Some(usage);
+            sink(StreamDelta::Usage(usage));
         }
         // One completion is asked for (no `n`): only choice 0 counts.
         for choice in chunk.choices.unwrap_or_default().into_iter().filter(|c| c.index.unwrap_or(0) == 0) {

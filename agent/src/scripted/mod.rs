@@ -27,6 +27,7 @@ mod plan;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use turnstile_driver::{ModelOutput, ModelRequest};
+use turnstile_model::Usage;
 use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelIdentity};
 
 pub use plan::{CONTENT_GUARD, ScriptedPlan, judge, plan};
@@ -50,6 +51,11 @@ impl Model for ScriptedModel {
         let plan = plan(&request);
         if let Some(message) = plan.fail {
             return Err(ModelError::Failed { message, code: "model_failed".into() });
+        }
+        if let Some(usage) = plan.output.usage {
+            // Like Anthropic's `message_start`: the input is reported before any output streams, so a step
+            // cancelled mid-stream is counted (decision 0086).
+            deltas.report_usage(Usage { output_tokens: 0, ..usage }).await;
         }
         let pause = plan.delay / (plan.deltas.len().max(1) as u32);
         for (i, delta) in plan.deltas.into_iter().enumerate() {

@@ -14,7 +14,7 @@
 //! joined as the output.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -86,7 +86,7 @@ pub enum McpError {
 pub struct McpServer {
     name: String,
     status: watch::Receiver<Status>,
-    tools: Arc<RwLock<Vec<McpToolDef>>>,
+    tools: ToolList,
     _stop: DropGuard,
 }
 
@@ -102,7 +102,7 @@ impl McpServer {
     pub fn spawn(config: &McpServerConfig, env: impl Fn(&str) -> Option<String>) -> Result<Arc<Self>, McpError> {
         let headers = config.resolve_headers(env)?;
         let (status_tx, status) = watch::channel(Status::Starting);
-        let tools = Arc::new(RwLock::new(Vec::new()));
+        let tools = ToolList::default();
         let stop = CancellationToken::new();
         let supervisor = Supervisor {
             name: config.name.clone(),
@@ -161,7 +161,7 @@ impl McpServer {
 
     /// The tools the server listed last.
     pub fn tools(&self) -> Vec<McpToolDef> {
-        self.tools.read().map(|t| t.clone()).unwrap_or_default()
+        self.tools.get()
     }
 
     /// Calls `tool` with `arguments` (a JSON object, or empty for none), giving up at `deadline`
@@ -331,13 +331,33 @@ impl ClientHandler for Handler {
     }
 }
 
+/// The tools a server listed last, shared by its handle and its supervisor. A panic while the list was
+/// held cannot leave it half-written (it is only ever replaced whole), so a poisoned lock is recovered
+/// rather than read as "no tools", which would silently take every tool of the server away.
+#[derive(Clone, Default)]
+struct ToolList(Arc<RwLock<Vec<McpToolDef>>>);
+
+impl ToolList {
+    fn get(&self) -> Vec<McpToolDef> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    fn len(&self) -> usize {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Vec<McpToolDef>> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// Keeps one server connected.
 struct Supervisor {
     name: String,
     config: McpServerConfig,
     headers: Vec<(String, Secret)>,
     status: watch::Sender<Status>,
-    tools: Arc<RwLock<Vec<McpToolDef>>>,
+    tools: ToolList,
     stop: CancellationToken,
 }
 
@@ -363,7 +383,7 @@ impl Supervisor {
                     tracing::info!(
                         server = %self.name,
                         pid,
-                        tools = self.tools.read().map(|t| t.len()).unwrap_or_default(),
+                        tools = self.tools.len(),
                         start_ms = started.elapsed().as_millis() as u64,
                         "MCP server connected"
                     );
@@ -422,7 +442,7 @@ impl Supervisor {
     /// Replaces the listed tools, logging the names that came or went (models keep the tools they were
     /// built with).
     fn replace_tools(&self, listed: Vec<McpToolDef>) {
-        let Ok(mut tools) = self.tools.write() else { return };
+        let mut tools = self.tools.write();
         let names = |t: &[McpToolDef]| t.iter().map(|d| d.name.clone()).collect::<std::collections::BTreeSet<_>>();
         let (old, new) = (names(&tools), names(&listed));
         if !tools.is_empty() && old != new {
@@ -516,6 +536,23 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn a_tool_list_poisoned_by_a_panic_keeps_its_tools() {
+        let list = ToolList::default();
+        let def = McpToolDef { name: "echo".into(), description: String::new(), input_schema: serde_json::json!({}) };
+        *list.write() = vec![def.clone()];
+        let held = list.clone();
+        let panicked = std::thread::spawn(move || {
+            let _guard = held.write();
+            panic!("a panic while the list is held poisons its lock");
+        })
+        .join();
+        assert!(panicked.is_err() && list.0.is_poisoned());
+        assert_eq!((list.get(), list.len()), (vec![def.clone()], 1));
+        *list.write() = Vec::new();
+        assert_eq!(list.len(), 0, "the recovered lock is still written through");
+    }
 
     #[test]
     fn arguments_are_a_json_object_or_nothing() {

@@ -19,6 +19,8 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use turnstile_agent::llm::chat::{ChatOutput, ChatProvider, ChatRequest, DeltaSink, ProviderError, StreamDelta};
 use turnstile_agent::llm::endpoint::{ModelEndpoint, ProviderKind};
 use turnstile_agent::llm::retry::Backoff;
 
@@ -379,10 +381,27 @@ pub fn anthropic_message_stop() -> String {
     anthropic_event(json!({"type": "message_stop"}))
 }
 
-/// A sink that records every delta.
-pub fn recorder()
--> (Arc<Mutex<Vec<turnstile_worker::agent::StreamDelta>>>, impl FnMut(turnstile_worker::agent::StreamDelta) + Send) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let into = seen.clone();
-    (seen, move |delta| into.lock().unwrap().push(delta))
+/// Streams `request` on `provider` into a sink of one place (so the provider waits for every delta to be
+/// taken), calling `on_delta` with each text or reasoning delta as it is taken: the reply, and those
+/// deltas in order (the provider's usage reports are left out).
+pub async fn stream_recorded(
+    provider: &dyn ChatProvider,
+    request: &ChatRequest,
+    cancel: &CancellationToken,
+    mut on_delta: impl FnMut(&StreamDelta),
+) -> (Result<ChatOutput, ProviderError>, Vec<StreamDelta>) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    let take = async move {
+        let mut seen = Vec::new();
+        while let Some(delta) = rx.recv().await {
+            if !matches!(delta, StreamDelta::Usage(_)) {
+                on_delta(&delta);
+                seen.push(delta);
+            }
+        }
+        seen
+    };
+    // The sink drops with the request, which ends `take`.
+    let ask = async move { provider.stream(request, &DeltaSink::new(tx), cancel).await };
+    tokio::join!(ask, take)
 }

@@ -678,7 +678,7 @@ impl Sim {
                     None => {
                         let plan = scripted::plan(&req);
                         if let Some(message) = plan.fail {
-                            let failed = ModelOutcome::Failed { message, code: "model_failed".into() };
+                            let failed = ModelOutcome::Failed { message, code: "model_failed".into(), spent: None };
                             self.ready.push_back(Ready::ModelDone(req.op, failed));
                             return;
                         }
@@ -750,7 +750,7 @@ impl Sim {
             self.ready.push_back(Ready::PreStep(op, PreStepOutcome::Aborted));
         } else if let Some(i) = self.held_models.iter().position(|m| m.req.op == op) {
             self.held_models.remove(i);
-            self.ready.push_back(Ready::ModelDone(op, ModelOutcome::Aborted));
+            self.ready.push_back(Ready::ModelDone(op, ModelOutcome::Aborted { spent: None }));
         } else if let Some(i) = self.held_tools.iter().position(|t| t.req.op == op) {
             let t = self.held_tools.remove(i);
             let e = format!("aborted after {} of {} ms", self.now - t.started, t.ms);
@@ -955,7 +955,7 @@ pub fn render_durable(e: &Envelope) -> String {
         EventPayload::TurnStart { turn } => format!("D turn/start {turn}"),
         EventPayload::TurnEnd { turn, reason: r } => format!("D turn/end {turn} {}", reason(r)),
         EventPayload::StepStart { turn, step } => format!("D step/start {turn}.{step}"),
-        EventPayload::StepEnd { turn, step } => format!("D step/end {turn}.{step}"),
+        EventPayload::StepEnd { turn, step, .. } => format!("D step/end {turn}.{step}"),
         EventPayload::UserMessage { message, turn, step } => format!("D user/message {} {turn}.{step}", message.id),
         EventPayload::AssistantMessage {
             turn,

@@ -74,6 +74,15 @@ pub fn group_headers(events: &[Envelope], traceparent: Option<&str>) -> HeaderMa
     headers
 }
 
+/// The largest encoded event a message of at most `max_payload` bytes holds on its own: what is left
+/// after the headers and the event's framing and type name in them.
+pub fn max_event_body(max_payload: usize) -> usize {
+    max_payload.saturating_sub(FIXED_HEADER_ALLOWANCE + EVENT_FRAMING_ALLOWANCE)
+}
+
+/// Room for one event's key, length and `Turnstile-Type` entry beside its body (see [`event_cost`]).
+const EVENT_FRAMING_ALLOWANCE: usize = 64;
+
 /// Splits a group into the fewest runs of consecutive events whose messages fit `max_payload`: one run in
 /// all but the rarest case (several large events in one group). Errs with the size of an event that fits
 /// no message on its own.

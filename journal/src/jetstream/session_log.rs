@@ -133,6 +133,11 @@ impl SessionLog for JetStreamLog {
         self.forget(session);
     }
 
+    /// One event must fit one message on its own (a batch splits only between events).
+    fn max_event_bytes(&self) -> Option<usize> {
+        Some(super::group::max_event_body(self.client().server_info().max_payload))
+    }
+
     async fn tail(&self, session: &SessionRef, after_seq: u64) -> Result<EventStream, JournalError> {
         super::tail::follow(self, session, after_seq).await
     }

@@ -84,10 +84,11 @@ impl SnapshotStore for KvSnapshots {
         let session = &snapshot.state.session;
         let position = snapshot.position.or_else(|| self.positions.as_ref()?.stream_seq_of(session, snapshot.seq()));
         let snapshot = Snapshot { position, ..snapshot.clone() };
-        // Two puts, each a whole snapshot: if only one lands, each key still holds a fold that fits the
-        // log, at most one snapshot interval older than the other.
-        self.store.put(read_key(session), snapshot.for_reads().encode().into()).await.map_err(unavailable)?;
-        self.store.put(key(session), snapshot.encode().into()).await.map_err(unavailable)?;
+        // Both encoded before either is written. Two puts, each a whole snapshot: if only one lands, each
+        // key still holds a fold that fits the log, at most one snapshot interval older than the other.
+        let (reads, full) = snapshot.encode_both()?;
+        self.store.put(read_key(session), reads.into()).await.map_err(unavailable)?;
+        self.store.put(key(session), full.into()).await.map_err(unavailable)?;
         Ok(())
     }
 

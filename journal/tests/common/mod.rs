@@ -55,7 +55,7 @@ pub fn payload(seq: u64, tag: &str) -> EventPayload {
             usage: None,
             model: None,
         },
-        8 => EventPayload::StepEnd { turn, step: 1 },
+        8 => EventPayload::StepEnd { turn, step: 1, spent: None },
         9 => EventPayload::TurnEnd { turn, reason: TurnEndReason::Completed },
         _ => EventPayload::Status(Status::Idle),
     }

@@ -42,7 +42,7 @@ pub async fn unusable_snapshots_are_ignored(
     let mut future = Snapshot::of(&full);
     future.version += 1;
     let foreign = Snapshot::of(&SessionState::new(other, 10));
-    for bytes in [b"{not json".to_vec(), future.encode(), foreign.encode()] {
+    for bytes in [b"{not json".to_vec(), future.encode().unwrap(), foreign.encode().unwrap()] {
         put_raw(&session, bytes);
         assert_eq!(store.load(&session).await.unwrap(), None);
         assert_eq!(load_state(log, store, &session, DEFAULT_DEDUP_HORIZON).await.unwrap(), full);

@@ -10,8 +10,8 @@ use super::message::{
     required_session_at, session_ref_at, target_at,
 };
 use turnstile_model::event::{
-    CancelCause, Compaction, DURABLE_TYPES, Envelope, EventPayload, Fork, InjectMode, ModelRef, OnDeadline, Splice,
-    SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
+    CancelCause, Compaction, DURABLE_TYPES, Envelope, EventPayload, Fork, InjectMode, ModelRef, OnDeadline, Spent,
+    Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 use turnstile_model::goal::{GoalChange, GoalState, MAX_GOAL_ID_LEN};
 use turnstile_model::transcript::TranscriptEntry;
@@ -222,7 +222,13 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             Payload::TurnEnd(pb::TurnEnd { turn: *turn, reason: Some(encode_turn_end_reason(reason)) })
         }
         EventPayload::StepStart { turn, step } => Payload::StepStart(pb::StepStart { turn: *turn, step: *step }),
-        EventPayload::StepEnd { turn, step } => Payload::StepEnd(pb::StepEnd { turn: *turn, step: *step }),
+        EventPayload::StepEnd { turn, step, spent } => Payload::StepEnd(pb::StepEnd {
+            turn: *turn,
+            step: *step,
+            usage: spent.as_ref().map(|s| encode_usage(&s.usage)),
+            model: spent.as_ref().and_then(|s| s.model.as_ref()).map(encode_model_ref),
+            usage_estimated: spent.as_ref().is_some_and(|s| s.estimated),
+        }),
         EventPayload::UserMessage { message, turn, step } => Payload::UserMessage(pb::UserMessageEvent {
             message: Some(encode_user_message(message)),
             turn: *turn,
@@ -247,7 +253,7 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             max_tokens: *max_tokens,
             reasoning: reasoning.clone(),
             usage: usage.as_ref().map(encode_usage),
-            model: model.as_ref().map(|m| pb::ModelRef { provider: m.provider.clone(), model: m.model.clone() }),
+            model: model.as_ref().map(encode_model_ref),
         }),
         EventPayload::ToolCall { turn, step, call, awaiting_approval } => Payload::ToolCall(pb::ToolCall {
             turn: *turn,
@@ -332,7 +338,15 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             EventPayload::TurnEnd { turn: t.turn, reason: turn_end_reason_at(reason, "turn_end.reason")? }
         }
         Payload::StepStart(s) => EventPayload::StepStart { turn: s.turn, step: s.step },
-        Payload::StepEnd(s) => EventPayload::StepEnd { turn: s.turn, step: s.step },
+        Payload::StepEnd(s) => EventPayload::StepEnd {
+            turn: s.turn,
+            step: s.step,
+            spent: s.usage.map(|usage| Spent {
+                usage: decode_usage(usage),
+                model: s.model.map(decode_model_ref),
+                estimated: s.usage_estimated,
+            }),
+        },
         Payload::UserMessage(u) => EventPayload::UserMessage {
             message: required_message_at(u.message, "user_message.message")?,
             turn: u.turn,
@@ -347,7 +361,7 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             max_tokens: a.max_tokens,
             reasoning: a.reasoning,
             usage: a.usage.map(decode_usage),
-            model: a.model.map(|m| ModelRef { provider: m.provider, model: m.model }),
+            model: a.model.map(decode_model_ref),
         },
         Payload::ToolCall(c) => EventPayload::ToolCall {
             turn: c.turn,
@@ -447,6 +461,14 @@ fn compaction_at(c: pb::ContextCompacted, path: &str) -> Result<Compaction, Code
         summary: c.summary,
         summarized_turns: c.summarized_turns,
     })
+}
+
+fn encode_model_ref(m: &ModelRef) -> pb::ModelRef {
+    pb::ModelRef { provider: m.provider.clone(), model: m.model.clone() }
+}
+
+fn decode_model_ref(m: pb::ModelRef) -> ModelRef {
+    ModelRef { provider: m.provider, model: m.model }
 }
 
 /// A model request's token usage on the wire.

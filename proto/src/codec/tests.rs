@@ -76,7 +76,7 @@ fn payloads() -> Vec<EventPayload> {
         EventPayload::Status(Status::Running),
         EventPayload::TurnStart { turn: 4 },
         EventPayload::StepStart { turn: 4, step: 1 },
-        EventPayload::StepEnd { turn: 4, step: 1 },
+        EventPayload::StepEnd { turn: 4, step: 1, spent: None },
         EventPayload::AssistantMessage {
             turn: 4,
             step: 1,

@@ -49,3 +49,31 @@ async fn openai_sdk(backend: Backend) {
 }
 
 turnstile_tests::backend_tests!(openai_sdk);
+
+/// The status line's code of a plain HTTP/1.1 GET of `path`.
+async fn get_status(addr: std::net::SocketAddr, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    answer.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or_else(|| panic!("no status line: {answer}"))
+}
+
+/// `[protocols] openai = false` takes the OpenAI paths off the `--http` port and leaves the rest served.
+#[tokio::test]
+async fn the_openai_api_can_be_switched_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("turnstile.toml");
+    std::fs::write(&config, "[protocols]\nopenai = false\n").unwrap();
+    let options =
+        DevOptions { env: vec![("TURNSTILE_CONFIG".into(), config.display().to_string())], ..DevOptions::default() };
+    let off = turnstile_tests::DevServer::start_with(options).await.unwrap();
+    let on = turnstile_tests::DevServer::start().await.unwrap();
+    let (off, on) = (off.http_addr().unwrap(), on.http_addr().unwrap());
+    assert_eq!(get_status(on, "/v1/models").await, 200);
+    assert_eq!(get_status(off, "/v1/models").await, 404);
+    assert_eq!(get_status(off, "/healthz").await, 200);
+}

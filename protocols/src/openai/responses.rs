@@ -79,8 +79,10 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
         }
         None => api.configure(&session, model, pb::InjectMode::Unspecified as i32).await.map_err(|e| e.at("model"))?,
     };
-    if let Some(pairs) = metadata.filter(|p| !p.is_empty()) {
-        info = api.set_labels(&session, pairs, Vec::new()).await?;
+    // Only labels that change are written, so a retried create writes nothing.
+    let changed: Vec<_> = metadata.into_iter().flatten().filter(|(k, v)| info.labels.get(k) != Some(v)).collect();
+    if !changed.is_empty() {
+        info = api.set_labels(&session, changed, Vec::new()).await?;
     }
 
     // Every message but the last is context for the same first step; the last one asks for the turn.

@@ -1,7 +1,9 @@
-//! The OpenAI Responses and Conversations API (SPEC §19, docs/PROTOCOLS.md) through the official `openai`
-//! Python SDK, unmodified: `tests/protocols/test_openai_sdk.py` runs with the interpreter of `.ci/venv`
-//! (`TURNSTILE_TEST_PYTHON`, with `openai` at the pin of scripts/setup-test-deps) against a real
-//! `turnstile dev` this test starts with two tenants' tokens, on the embedded journal and on JetStream.
+//! The OpenAI Responses and Conversations API (SPEC §19, docs/PROTOCOLS.md) through the official SDKs,
+//! unmodified, against a real `turnstile dev` this test starts with two tenants' tokens, on the embedded
+//! journal and on JetStream: the `openai` Python SDK and the OpenAI Agents SDK
+//! (`tests/protocols/test_openai_sdk.py`, `test_openai_agents.py`, with the interpreter of `.ci/venv`,
+//! `TURNSTILE_TEST_PYTHON`), then the `openai` npm package (`tests/protocols/openai_sdk.mjs`, from
+//! `.ci/node`), all at the pins of scripts/setup-test-deps.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -26,7 +28,7 @@ async fn openai_sdk(backend: Backend) {
     let script = workspace_root().join("tests/protocols");
     let output = tokio::task::spawn_blocking(move || {
         Command::new(python)
-            .args(["-m", "unittest", "-v", "test_openai_sdk"])
+            .args(["-m", "unittest", "-v", "test_openai_sdk", "test_openai_agents"])
             .current_dir(script)
             .env("OPENAI_BASE_URL", format!("http://127.0.0.1:{}/v1", http.port()))
             .env("TOKEN_A", TOKEN_A)
@@ -46,6 +48,31 @@ async fn openai_sdk(backend: Backend) {
     );
     assert!(!text.contains("Ran 0 tests"), "no Python test ran:\n{text}");
     println!("{text}");
+
+    // The npm package, from .ci/node (OPENAI_NODE_MODULES overrides).
+    let modules = std::env::var("OPENAI_NODE_MODULES")
+        .unwrap_or_else(|_| workspace_root().join(".ci/node/node_modules").display().to_string());
+    let script = workspace_root().join("tests/protocols/openai_sdk.mjs");
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(script)
+            .env("OPENAI_NODE_MODULES", modules)
+            .env("OPENAI_BASE_URL", format!("http://127.0.0.1:{}/v1", http.port()))
+            .env("TOKEN_A", TOKEN_A)
+            .env("TOKEN_B", TOKEN_B)
+            .output()
+            .expect("node runs (scripts/setup-test-deps installs it)")
+    })
+    .await
+    .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "the openai npm checks failed ({}):\n{text}\n--- server log:\n{}",
+        output.status,
+        server.log_tail()
+    );
+    assert!(text.contains("all checks passed"), "{text}");
 }
 
 turnstile_tests::backend_tests!(openai_sdk);

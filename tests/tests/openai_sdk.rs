@@ -10,7 +10,7 @@
 use std::process::Command;
 
 use turnstile_tests::binary::workspace_root;
-use turnstile_tests::{Backend, DevOptions};
+use turnstile_tests::{Backend, Cluster, DevOptions};
 
 const TOKEN_A: &str = "openai-token-of-tenant-a-0123456789";
 const TOKEN_B: &str = "openai-token-of-tenant-b-9876543210";
@@ -103,4 +103,34 @@ async fn the_openai_api_can_be_switched_off() {
     assert_eq!(get_status(on, "/v1/models").await, 200);
     assert_eq!(get_status(off, "/v1/models").await, 404);
     assert_eq!(get_status(off, "/healthz").await, 200);
+}
+
+mod cluster {
+    use super::*;
+
+    /// A response streamed in part through one gateway resumes through another, and a conversation made
+    /// through one is used through the other (`tests/protocols/test_openai_cluster.py`).
+    #[tokio::test]
+    async fn openai_objects_are_answered_by_any_gateway() {
+        let python = std::env::var("TURNSTILE_TEST_PYTHON")
+            .expect("TURNSTILE_TEST_PYTHON is not set: run scripts/setup-test-deps, then `source .ci/test-env.sh`");
+        let cluster = Cluster::start(1, 2).await.unwrap();
+        let url = |g: usize| format!("http://127.0.0.1:{}/v1", cluster.gateway_http(g).unwrap().port());
+        let (url0, url1) = (url(0), url(1));
+        let output = tokio::task::spawn_blocking(move || {
+            Command::new(python)
+                .args(["-m", "unittest", "-v", "test_openai_cluster"])
+                .current_dir(workspace_root().join("tests/protocols"))
+                .env("OPENAI_BASE_URL_0", url0)
+                .env("OPENAI_BASE_URL_1", url1)
+                .env("PYTHONUNBUFFERED", "1")
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success(), "the cluster openai tests failed ({}):\n{text}", output.status);
+        assert!(!text.contains("Ran 0 tests"), "no Python test ran:\n{text}");
+    }
 }

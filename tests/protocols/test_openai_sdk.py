@@ -113,6 +113,39 @@ class Responses(unittest.TestCase):
         self.assertEqual(a.id, b.id)
         self.assertEqual(len(client().responses.input_items.list(a.id).data), 1)
 
+    def test_an_approval_ends_the_response_and_the_next_one_decides_it(self):
+        r = client().responses.create(model="guarded", input="[[tool:echo approved text]] go")
+        self.assertEqual(r.status, "completed")
+        request = r.output[-1]
+        self.assertEqual((request.type, request.name, request.server_label), ("mcp_approval_request", "echo", "turnstile"))
+        decided = client().responses.create(model="guarded", previous_response_id=r.id, input=[
+            {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}])
+        self.assertEqual(decided.status, "completed")
+        self.assertEqual([o.type for o in decided.output], ["mcp_call", "message"])
+        self.assertEqual((decided.output[0].name, decided.output[0].output), ("echo", "approved text"))
+        self.assertIn("approved text", decided.output_text)
+        # Deciding again is refused: the call is no longer waiting.
+        with self.assertRaises(openai.ConflictError):
+            client().responses.create(model="guarded", previous_response_id=r.id, input=[
+                {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}])
+
+    def test_a_denied_call_ends_with_its_error(self):
+        r = client().responses.create(model="guarded", input="[[tool:echo nope]] go", stream=True)
+        events = list(r)
+        request = events[-1].response.output[-1]
+        self.assertEqual(request.type, "mcp_approval_request")
+        denied = client().responses.create(model="guarded", previous_response_id=events[-1].response.id, input=[
+            {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": False,
+             "reason": "not today"}], stream=True)
+        events = list(denied)
+        self.assertEqual(events[-1].type, "response.completed")
+        numbers = [e.sequence_number for e in events]
+        self.assertEqual(numbers, sorted(set(numbers)))
+        call = events[-1].response.output[0]
+        self.assertEqual(call.type, "mcp_call")
+        self.assertEqual(call.status, "failed")
+        self.assertIn("not today", str(call.error))
+
     def test_delete_removes_the_response(self):
         r = client().responses.create(model=MODEL, input="bye")
         client().responses.delete(r.id)

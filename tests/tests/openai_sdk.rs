@@ -21,8 +21,15 @@ async fn openai_sdk(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens.txt");
     std::fs::write(&tokens, format!("{TOKEN_A} tenant-a\n{TOKEN_B} tenant-b\n")).unwrap();
-    let options =
-        DevOptions { extra_args: vec!["--auth-tokens".into(), tokens.display().to_string()], ..DevOptions::default() };
+    // `guarded`: the scripted model with the built-in `echo` behind an approval (SPEC §9).
+    let config = dir.path().join("turnstile.toml");
+    std::fs::write(&config, "[agents.guarded]\nmodel = \"scripted\"\ntools = [\"echo\"]\napproval = [\"echo\"]\n")
+        .unwrap();
+    let options = DevOptions {
+        extra_args: vec!["--auth-tokens".into(), tokens.display().to_string()],
+        env: vec![("TURNSTILE_CONFIG".into(), config.display().to_string())],
+        ..DevOptions::default()
+    };
     let server = backend.start_dev_with(options).await.unwrap();
     let http = server.http_addr().expect("the harness starts dev with --http");
     let script = workspace_root().join("tests/protocols");

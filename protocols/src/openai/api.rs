@@ -96,6 +96,13 @@ impl Api {
         Ok(reply.map_err(|s| ApiError::from(s).at("input"))?.into_inner())
     }
 
+    /// Decides a call awaiting approval (SPEC §9); answers the seq of the durable `tool/decision`.
+    pub async fn decide(&self, id: &str, call_id: &str, approve: bool, reason: &str) -> Result<u64, ApiError> {
+        let req =
+            pb::DecideRequest { session: session(id), call_id: call_id.to_owned(), approve, reason: reason.to_owned() };
+        Ok(self.gateway.decide(self.request(req)).await?.into_inner().seq)
+    }
+
     pub async fn cancel(&self, id: &str) -> Result<u64, ApiError> {
         let req = pb::CancelRequest { session: session(id), cause: None, keep_inbox: true };
         Ok(self.gateway.cancel(self.request(req)).await?.into_inner().seq)

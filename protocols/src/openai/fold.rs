@@ -17,7 +17,7 @@ use turnstile_proto::v1::live_event::Payload as Live;
 use turnstile_proto::v1::session_event::Payload;
 use turnstile_proto::v1::turn_end_reason::Reason;
 
-use super::ids::{ResponseId, item_id};
+use super::ids::{ResponseId, approval_id, item_id};
 use super::input::INSTRUCTIONS_FORM;
 
 /// Sequence numbers per durable event: room for the deltas of a 16 MiB reply, and seqs up to 2^29 stay
@@ -58,8 +58,27 @@ pub struct Input {
 /// One item of the response's `output`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Item {
-    Message { id: String, step: (u64, u32), text: String, done: bool, interrupted: bool },
-    Tool { id: String, call_id: String, name: String, arguments: String, output: Option<String>, error: Option<String> },
+    Message {
+        id: String,
+        step: (u64, u32),
+        text: String,
+        done: bool,
+        interrupted: bool,
+    },
+    Tool {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+        output: Option<String>,
+        error: Option<String>,
+    },
+    /// A call awaiting approval (SPEC §9), as OpenAI's `mcp_approval_request`.
+    Approval {
+        id: String,
+        name: String,
+        arguments: String,
+    },
 }
 
 /// A streaming event: its number and its JSON (which carries the number and the type).
@@ -247,6 +266,27 @@ impl ResponseFold {
                 }
             }
             Payload::AssistantMessage(a) if self.ours(a.turn) => self.on_assistant(seq, a, out),
+            // The call this response was asked to continue after (its id's seq) is an ordinary call here.
+            Payload::ToolCall(c)
+                if self.ours(c.turn) && c.awaiting_approval && !(self.id.after_approval && seq == self.id.seq) =>
+            {
+                // The turn waits for a person (SPEC §9): the response ends here with OpenAI's approval
+                // request; the next response's `mcp_approval_response` decides it and continues the turn.
+                let item = Item::Approval {
+                    id: approval_id(&self.id.session, c.turn, seq, &c.call_id),
+                    name: c.name.clone(),
+                    arguments: c.arguments.clone(),
+                };
+                let index = self.output.len();
+                let rendered = render_item(&item);
+                self.output.push(item);
+                let added = json!({"type": "response.output_item.added", "output_index": index, "item": rendered});
+                self.emit(out, seq * SPAN, added);
+                let done = json!({"type": "response.output_item.done", "output_index": index, "item": rendered});
+                self.emit(out, seq * SPAN + 1, done);
+                self.completed_ms = Some(event.time_unix_ms);
+                self.finish(Some(seq * SPAN + 2), Outcome::Completed, out);
+            }
             Payload::ToolCall(c) if self.ours(c.turn) => {
                 let item = Item::Tool {
                     id: item_id("mcp", &self.id.session, seq),
@@ -260,7 +300,8 @@ impl ResponseFold {
                 let body =
                     json!({"type": "response.output_item.added", "output_index": index, "item": render_item(&item)});
                 self.output.push(item);
-                self.emit(out, seq * SPAN, body);
+                // k = 2: after `response.created` and `in_progress` when the response starts at this call.
+                self.emit(out, seq * SPAN + 2, body);
             }
             Payload::ToolResult(r) if self.ours(r.turn) => {
                 let found = self.output.iter_mut().enumerate().find_map(|(index, item)| match item {
@@ -285,7 +326,7 @@ impl ResponseFold {
                     return;
                 }
                 self.completed_ms = Some(event.time_unix_ms);
-                self.finish(Some(seq), outcome_of(end.turn, reason), out);
+                self.finish(Some(seq * SPAN), outcome_of(end.turn, reason), out);
             }
             _ => {}
         }
@@ -387,7 +428,8 @@ impl ResponseFold {
         );
     }
 
-    fn finish(&mut self, seq: Option<u64>, outcome: Outcome, out: &mut Vec<Event>) {
+    /// Ends the response with `outcome`; the final event gets `number` (none: after anything else).
+    fn finish(&mut self, number: Option<u64>, outcome: Outcome, out: &mut Vec<Event>) {
         self.outcome = Some(outcome);
         self.open = None;
         let kind = match self.outcome {
@@ -398,7 +440,7 @@ impl ResponseFold {
         let response = self.snapshot();
         // Without a durable event of its own (a response removed before it ran), the end is numbered after
         // everything else the response could have produced.
-        let number = seq.map_or(u64::MAX >> 11, |s| s * SPAN);
+        let number = number.unwrap_or(u64::MAX >> 11);
         self.emit(out, number, json!({"type": kind, "response": response}));
     }
 
@@ -557,6 +599,13 @@ pub fn render_item(item: &Item) -> Value {
             "output": output,
             "error": error.as_ref().map(|e| json!({"type": "mcp_tool_execution_error", "content": e})),
             "status": match (output, error) { (None, _) => "calling", (_, Some(_)) => "failed", _ => "completed" },
+        }),
+        Item::Approval { id, name, arguments } => json!({
+            "id": id,
+            "type": "mcp_approval_request",
+            "server_label": "turnstile",
+            "name": name,
+            "arguments": arguments,
         }),
     }
 }

@@ -25,11 +25,18 @@ pub struct ResponseId {
     pub turn: u64,
     /// The response was created in a conversation (`conversation` was given, or the session is one).
     pub conversation: bool,
+    /// The response continues a turn after a decision on the call awaiting approval at `seq` (decision 0103).
+    pub after_approval: bool,
 }
 
 impl ResponseId {
     pub fn encode(&self) -> String {
-        let kind = if self.conversation { "c" } else { "r" };
+        let kind = match (self.conversation, self.after_approval) {
+            (false, false) => "r",
+            (true, false) => "c",
+            (false, true) => "ra",
+            (true, true) => "ca",
+        };
         let raw = format!("{}.{}.{}.{kind}", self.session, self.seq, self.turn);
         format!("resp_{}", URL_SAFE_NO_PAD.encode(raw))
     }
@@ -48,15 +55,17 @@ impl ResponseId {
         };
         let seq = seq.parse().ok().filter(|s| *s > 0).ok_or_else(missing)?;
         let turn = turn.parse().map_err(|_| missing())?;
-        let conversation = match kind {
-            "c" => true,
-            "r" => false,
+        let (conversation, after_approval) = match kind {
+            "r" => (false, false),
+            "c" => (true, false),
+            "ra" => (false, true),
+            "ca" => (true, true),
             _ => return Err(missing()),
         };
         if !is_session_id(session) {
             return Err(missing());
         }
-        Ok(Self { session: session.to_owned(), seq, turn, conversation })
+        Ok(Self { session: session.to_owned(), seq, turn, conversation, after_approval })
     }
 }
 
@@ -76,6 +85,39 @@ pub fn conversation_session(id: &str, param: &str) -> Result<String, ApiError> {
 /// An item id: `prefix` + base64url(`session.seq`).
 pub fn item_id(prefix: &str, session: &str, seq: u64) -> String {
     format!("{prefix}_{}", URL_SAFE_NO_PAD.encode(format!("{session}.{seq}")))
+}
+
+/// The id of an approval request: `mcpr_` + base64url(`session.turn.seq.call_id`), the call awaiting
+/// approval and the seq of its `tool/call`: all a decision and the response after it need.
+pub fn approval_id(session: &str, turn: u64, seq: u64, call_id: &str) -> String {
+    format!("mcpr_{}", URL_SAFE_NO_PAD.encode(format!("{session}.{turn}.{seq}.{call_id}")))
+}
+
+/// A call awaiting approval, as its request id names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApprovalCall {
+    pub session: String,
+    pub turn: u64,
+    pub seq: u64,
+    pub call_id: String,
+}
+
+/// The call an approval request id names; anything else is not one (404 naming `param`).
+pub fn approval_call(id: &str, param: &str) -> Result<ApprovalCall, ApiError> {
+    let missing = || ApiError::not_found(param, format!("No approval request found with id '{id}'."));
+    let raw = id.strip_prefix("mcpr_").ok_or_else(missing)?;
+    let raw = String::from_utf8(URL_SAFE_NO_PAD.decode(raw).map_err(|_| missing())?).map_err(|_| missing())?;
+    let mut parts = raw.splitn(4, '.');
+    let (Some(session), Some(turn), Some(seq), Some(call)) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(missing());
+    };
+    let turn = turn.parse().map_err(|_| missing())?;
+    let seq = seq.parse().ok().filter(|s| *s > 0).ok_or_else(missing)?;
+    if !is_session_id(session) || call.is_empty() {
+        return Err(missing());
+    }
+    Ok(ApprovalCall { session: session.to_owned(), turn, seq, call_id: call.to_owned() })
 }
 
 /// The seq an item id of `session` names, if it is one.
@@ -121,7 +163,7 @@ mod tests {
 
     #[test]
     fn response_ids_round_trip_and_anything_else_is_not_found() {
-        let id = ResponseId { session: "oai-1_x".into(), seq: 42, turn: 7, conversation: true };
+        let id = ResponseId { session: "oai-1_x".into(), seq: 42, turn: 7, conversation: true, after_approval: true };
         let text = id.encode();
         assert!(text.starts_with("resp_"), "{text}");
         assert_eq!(ResponseId::decode(&text, "response_id").unwrap(), id);
@@ -138,6 +180,14 @@ mod tests {
         assert_eq!(item_seq(&id, "s2"), None);
         assert_eq!(conversation_session(&conversation_id("conv-1"), "c").unwrap(), "conv-1");
         assert!(conversation_session("conv_bad.id", "c").is_err());
+    }
+
+    #[test]
+    fn approval_ids_name_the_session_turn_and_call() {
+        let id = approval_id("s-1", 3, 17, "call.with.dots");
+        let call = ApprovalCall { session: "s-1".into(), turn: 3, seq: 17, call_id: "call.with.dots".into() };
+        assert_eq!(approval_call(&id, "p").unwrap(), call);
+        assert!(approval_call("mcpr_x", "p").is_err());
     }
 
     #[test]

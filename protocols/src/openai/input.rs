@@ -110,6 +110,39 @@ pub fn metadata(body: &Map<String, Value>) -> Result<Option<Vec<(String, String)
     Ok(Some(pairs))
 }
 
+/// A decision on an approval request: an `mcp_approval_response` input item.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApprovalResponse {
+    pub request_id: String,
+    pub approve: bool,
+    pub reason: Option<String>,
+}
+
+/// The `mcp_approval_response` items of `input`, each checked; the other items are left to [`messages`].
+pub fn approvals(body: &Map<String, Value>) -> Result<Vec<ApprovalResponse>, ApiError> {
+    let Some(Value::Array(list)) = body.get("input") else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    for (i, item) in list.iter().enumerate() {
+        let Some(item) = item.as_object().filter(|o| o.get("type").and_then(Value::as_str) == Some(APPROVAL)) else {
+            continue;
+        };
+        let at = format!("input[{i}]");
+        let request_id = string(item, "approval_request_id")
+            .map_err(|e| e.at(&at))?
+            .ok_or_else(|| ApiError::invalid(format!("{at}.approval_request_id"), "approval_request_id is required"))?;
+        let approve = match item.get("approve") {
+            Some(Value::Bool(b)) => *b,
+            _ => return Err(ApiError::invalid(format!("{at}.approve"), "approve is required: true or false")),
+        };
+        let reason = string(item, "reason").map_err(|e| e.at(&at))?.map(str::to_owned);
+        out.push(ApprovalResponse { request_id: request_id.to_owned(), approve, reason });
+    }
+    Ok(out)
+}
+
+/// The input item type that answers an approval request.
+const APPROVAL: &str = "mcp_approval_response";
+
 /// `instructions` then `input`, as the messages to deliver in order. Only text is supported; anything
 /// else is a 400 naming the item and what is allowed.
 pub fn messages(body: &Map<String, Value>) -> Result<Vec<InputMessage>, ApiError> {
@@ -134,7 +167,11 @@ pub fn items(value: Option<&Value>, param: &str) -> Result<Vec<InputMessage>, Ap
             ));
         }
     };
-    list.iter().enumerate().map(|(i, item)| message(item, &format!("{param}[{i}]"))).collect()
+    list.iter()
+        .enumerate()
+        .filter(|(_, item)| item.get("type").and_then(Value::as_str) != Some(APPROVAL))
+        .map(|(i, item)| message(item, &format!("{param}[{i}]")))
+        .collect()
 }
 
 fn message(item: &Value, param: &str) -> Result<InputMessage, ApiError> {

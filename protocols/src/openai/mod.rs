@@ -1,4 +1,4 @@
-//! The OpenAI Responses and Conversations API (SPEC §19; docs/PROTOCOLS.md; decisions 0100–0102):
+//! The OpenAI Responses and Conversations API (SPEC §19; docs/PROTOCOLS.md; decisions 0100–0103):
 //! `/v1/models`, `/v1/responses`, `/v1/conversations`.
 //!
 //! A model is an agent profile, a conversation is a session, a response is a turn. Modules: [`api`] (the

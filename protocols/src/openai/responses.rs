@@ -52,7 +52,21 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
     refuse_tools(&body)?;
     let metadata = input::metadata(&body)?;
     let delivery = delivery(&body, metadata.as_deref())?;
+    let approvals = input::approvals(&body)?;
     let messages = input::messages(&body)?;
+    if !approvals.is_empty() {
+        if !messages.is_empty() {
+            return Err(ApiError::invalid(
+                "input",
+                "send mcp_approval_response items alone: they continue the waiting turn, which other input cannot \
+                 join; send the other input in the next request",
+            ));
+        }
+        let (_, conversation, previous) = target(&body, None)?;
+        let id = decide(&api, &approvals, previous.as_ref(), conversation).await?;
+        let meta = Meta { background, ..meta(&api, &id, "input").await? };
+        return answer(api, id, meta, stream, background).await;
+    }
     if !messages.iter().any(|m| m.role != Role::Instructions) {
         return Err(ApiError::invalid("input", "input is required: a string or a list of input items"));
     }
@@ -92,13 +106,50 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
         let how = if i == last { delivery } else { Delivery::Inject };
         reply = api.deliver(&session, message.to_pb(ids::message_id(key.as_deref(), i)), how).await?;
     }
-    let id = ResponseId { session, seq: reply.seq, turn: reply.turn.unwrap_or(0), conversation };
+    let id = ResponseId { session, seq: reply.seq, turn: reply.turn.unwrap_or(0), conversation, after_approval: false };
     let meta = Meta { model: model.to_owned(), metadata: labels(&info), background };
+    answer(api, id, meta, stream, background).await
+}
+
+/// A created response: its stream, its state now (background), or its state once it ended.
+async fn answer(api: Api, id: ResponseId, meta: Meta, stream: bool, background: bool) -> Answer {
     if stream {
         return Ok(stream_response(api, id, meta, None));
     }
     let fold = if background { read(&api, id, meta).await? } else { follow(&api, id, meta).await? };
     Ok(ok(fold.snapshot()))
+}
+
+/// Decides the calls the approval responses name; the response is the rest of their turn from the first
+/// one's call on (decision 0103). Every approval must be of one session, the one `previous_response_id` names if given.
+async fn decide(
+    api: &Api,
+    approvals: &[input::ApprovalResponse],
+    previous: Option<&ResponseId>,
+    conversation: bool,
+) -> Result<ResponseId, ApiError> {
+    let mut first: Option<ResponseId> = None;
+    for (i, approval) in approvals.iter().enumerate() {
+        let param = format!("input[{i}].approval_request_id");
+        let call = ids::approval_call(&approval.request_id, &param)?;
+        let named = first.as_ref().map(|f| f.session.as_str()).or(previous.map(|p| p.session.as_str()));
+        if named.is_some_and(|s| s != call.session) {
+            return Err(ApiError::invalid(
+                param,
+                "this approval request belongs to another response chain than the rest of the request",
+            ));
+        }
+        let reason = approval.reason.as_deref().unwrap_or_default();
+        api.decide(&call.session, &call.call_id, approval.approve, reason).await.map_err(|e| e.at(&param))?;
+        first.get_or_insert(ResponseId {
+            session: call.session,
+            seq: call.seq,
+            turn: call.turn,
+            conversation: conversation || previous.is_some_and(|p| p.conversation),
+            after_approval: true,
+        });
+    }
+    first.ok_or_else(|| ApiError::invalid("input", "no mcp_approval_response item"))
 }
 
 /// `tools` with anything in it: not yet (docs/PROTOCOLS.md); the agent's own tools run regardless.

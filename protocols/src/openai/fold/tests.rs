@@ -60,7 +60,7 @@ fn turn(text: &str) -> Vec<pb::WatchItem> {
 }
 
 fn id(turn: u64) -> ResponseId {
-    ResponseId { session: SESSION.into(), seq: 1, turn, conversation: false }
+    ResponseId { session: SESSION.into(), seq: 1, turn, conversation: false, after_approval: false }
 }
 
 fn run(items: &[pb::WatchItem], turn: u64, after: Option<u64>) -> (ResponseFold, Vec<Event>) {

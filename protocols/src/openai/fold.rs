@@ -320,9 +320,12 @@ impl ResponseFold {
             Payload::TurnEnd(end) if self.ours(end.turn) => {
                 let reason = end.reason.as_ref().and_then(|r| r.reason.as_ref());
                 if matches!(reason, Some(Reason::Interrupted(_))) {
-                    // The owner died mid-turn; the new owner's next turn answers the same input (SPEC §6).
+                    // The owner died mid-turn; the new owner's next turn answers the same input (SPEC §6). A
+                    // reply cut short has no durable message: its item ends incomplete here.
+                    if let Some(open) = self.open.take() {
+                        self.close_message(seq, open.index, None, true, out);
+                    }
                     self.turn = Some(end.turn + 1);
-                    self.open = None;
                     return;
                 }
                 self.completed_ms = Some(event.time_unix_ms);
@@ -347,18 +350,28 @@ impl ResponseFold {
         // Whatever the stream did not deliver comes as one delta, numbered as the live ones are.
         self.on_delta(step, 0, &a.text, out);
         let Some(open) = self.open.take().filter(|o| o.step == step) else { return };
-        if let Item::Message { text, done, interrupted, .. } = &mut self.output[open.index] {
-            text.clone_from(&a.text);
+        self.close_message(seq, open.index, Some(&a.text), a.interrupted, out);
+    }
+
+    /// Ends the message item at `index` with the done events at durable event `seq`: with `text` (the
+    /// durable message's), or with what was streamed when the step ended without one (a failover).
+    fn close_message(&mut self, seq: u64, index: usize, text: Option<&str>, interrupted: bool, out: &mut Vec<Event>) {
+        if let Item::Message { text: so_far, done, interrupted: cut, .. } = &mut self.output[index] {
+            if let Some(text) = text {
+                so_far.clear();
+                so_far.push_str(text);
+            }
             *done = true;
-            *interrupted = a.interrupted;
+            *cut = interrupted;
         }
-        let item = render_item(&self.output[open.index]);
-        let (index, id) = (open.index, item["id"].clone());
-        let part = json!({"type": "output_text", "text": a.text, "annotations": []});
+        let item = render_item(&self.output[index]);
+        let id = item["id"].clone();
+        let text = item["content"][0]["text"].clone();
+        let part = json!({"type": "output_text", "text": text, "annotations": []});
         self.emit(
             out,
             seq * SPAN,
-            json!({"type": "response.output_text.done", "item_id": id, "output_index": index, "content_index": 0, "text": a.text, "logprobs": []}),
+            json!({"type": "response.output_text.done", "item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}),
         );
         self.emit(
             out,

@@ -154,3 +154,35 @@ fn a_response_whose_delivery_is_not_in_the_log_is_missing() {
     fold.apply(&pb::WatchItem { item: Some(pb::watch_item::Item::CaughtUp(caught)) });
     assert!(fold.missing());
 }
+
+#[test]
+fn a_turn_interrupted_by_a_failover_ends_its_cut_reply_and_the_response_goes_on_in_the_next_turn() {
+    let reason = |r| Some(pb::TurnEndReason { reason: Some(r) });
+    let mut items = turn("hello");
+    // The owner dies after the first delta: the new owner repairs (step/end, turn/end interrupted) and
+    // turn 2 answers the same input.
+    items.truncate(7);
+    items.push(ev(7, Payload::StepEnd(pb::StepEnd { turn: 1, step: 1 })));
+    items.push(ev(8, Payload::TurnEnd(pb::TurnEnd { turn: 1, reason: reason(Reason::Interrupted(pb::Empty {})) })));
+    items.push(ev(9, Payload::TurnStart(pb::TurnStart { turn: 2 })));
+    items.push(ev(10, Payload::StepStart(pb::StepStart { turn: 2, step: 1 })));
+    items.push(ev(
+        11,
+        Payload::AssistantMessage(pb::AssistantMessage {
+            turn: 2,
+            step: 1,
+            text: "again".into(),
+            ..Default::default()
+        }),
+    ));
+    items.push(ev(12, Payload::TurnEnd(pb::TurnEnd { turn: 2, reason: reason(Reason::Completed(pb::Empty {})) })));
+    let (fold, events) = run(&items, 1, None);
+    assert!(events.windows(2).all(|w| w[0].number < w[1].number), "{events:?}");
+    let done = fold.snapshot();
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["output"][0]["status"], "incomplete");
+    assert_eq!(done["output"][0]["content"][0]["text"], "hel");
+    assert_eq!(done["output"][1]["content"][0]["text"], "again");
+    let item_done = events.iter().filter(|e| e.kind() == "response.output_item.done").count();
+    assert_eq!(item_done, 2);
+}

@@ -211,6 +211,15 @@ class Conversations(unittest.TestCase):
         with self.assertRaises(openai.NotFoundError):
             client().conversations.retrieve(conv.id)
 
+    def test_a_retried_create_with_an_idempotency_key_is_the_same_conversation(self):
+        key = {"Idempotency-Key": str(uuid.uuid4())}
+        a = client().conversations.create(items=[{"role": "user", "content": "x"}], metadata={"k": "v"},
+                                          extra_headers=key)
+        b = client().conversations.create(items=[{"role": "user", "content": "x"}], metadata={"k": "v"},
+                                          extra_headers=key)
+        self.assertEqual(a.id, b.id)
+        self.assertEqual([i.content[0].text for i in client().conversations.items.list(a.id).data], ["x"])
+
     def test_steer_delivers_into_the_running_turn(self):
         conv = client().conversations.create()
         first = client().responses.create(model=MODEL, input="[[tool:sleep 1500]] working", conversation=conv.id,

@@ -28,9 +28,14 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
     let items = input::items(body.get("items"), "items")?;
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
     let session = ids::new_session("conv", key);
-    let mut info = api.configure(&session, &shared.agents.default, pb::InjectMode::OutOfTurn as i32).await?;
-    if let Some(pairs) = metadata.filter(|p| !p.is_empty()) {
-        info = api.set_labels(&session, pairs, Vec::new()).await?;
+    // A retried create (same Idempotency-Key) finds its session and writes nothing it already has.
+    let mut info = match api.find_session(&session).await? {
+        Some(info) => info,
+        None => api.configure(&session, &shared.agents.default, pb::InjectMode::OutOfTurn as i32).await?,
+    };
+    let changed: Vec<_> = metadata.into_iter().flatten().filter(|(k, v)| info.labels.get(k) != Some(v)).collect();
+    if !changed.is_empty() {
+        info = api.set_labels(&session, changed, Vec::new()).await?;
     }
     add(&api, &session, &items, key).await?;
     Ok(ok(conversation(&api, &session, &info).await?))

@@ -3,6 +3,7 @@
 tokens (OPENAI_BASE_URL, TOKEN_A, TOKEN_B). The scripted agent answers `echo: <text>` and obeys its directives
 (`[[delay:MS]]` streams slowly, `[[fail]]` fails the model request)."""
 
+import base64
 import os
 import unittest
 import uuid
@@ -180,6 +181,14 @@ class Errors(unittest.TestCase):
         self.assertEqual(caught.exception.param, "input[0].role")
         with self.assertRaises(openai.NotFoundError):
             client().responses.retrieve("resp_notours")
+        # An id of the caller's own session past the end of its log names no response either, streamed or not.
+        real = client().responses.create(model=MODEL, input="exists")
+        session = base64.urlsafe_b64decode(real.id[5:] + "==").decode().split(".")[0]
+        forged = "resp_" + base64.urlsafe_b64encode(f"{session}.999.0.r".encode()).decode().rstrip("=")
+        with self.assertRaises(openai.NotFoundError):
+            client().responses.retrieve(forged)
+        with self.assertRaises(openai.NotFoundError):
+            client().responses.retrieve(forged, stream=True)
 
 
 class Conversations(unittest.TestCase):

@@ -159,7 +159,8 @@ impl ResponseFold {
         self.outcome.is_some()
     }
 
-    /// The log has no delivery at the response's seq (deleted, or never there).
+    /// The read caught up before the response's seq: the response is not there (deleted, never there, or
+    /// not yet visible to a lagging read).
     pub fn missing(&self) -> bool {
         self.missing
     }
@@ -236,6 +237,7 @@ impl ResponseFold {
         }
         let Some(payload) = &event.payload else { return };
         if seq == self.id.seq {
+            self.missing = false;
             self.created_ms = Some(event.time_unix_ms);
             self.message_id = match payload {
                 Payload::InboxSpliced(s) => s.inserted.last().map(|m| m.id.clone()),

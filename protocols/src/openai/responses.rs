@@ -222,7 +222,18 @@ pub(crate) fn labels(info: &pb::SessionInfo) -> Value {
 
 /// What the fold needs from the session; a session the caller cannot see is a response that does not exist.
 async fn meta(api: &Api, id: &ResponseId, param: &str) -> Result<Meta, ApiError> {
-    let info = api.find_session(&id.session).await?.ok_or_else(|| not_found(id, param))?;
+    let mut info = api.find_session(&id.session).await?.ok_or_else(|| not_found(id, param))?;
+    // A seq past the log's end is no response, unless the read lags behind a write the caller saw (a
+    // replica on JetStream): look again a few times before saying so.
+    let mut pause = Duration::from_millis(50);
+    while id.seq > info.last_seq {
+        if pause > SEQ_WAIT {
+            return Err(not_found(id, param));
+        }
+        tokio::time::sleep(pause).await;
+        pause *= 2;
+        info = api.find_session(&id.session).await?.ok_or_else(|| not_found(id, param))?;
+    }
     Ok(Meta { model: info.agent.clone(), metadata: labels(&info), background: false })
 }
 
@@ -230,33 +241,41 @@ fn not_found(id: &ResponseId, param: &str) -> ApiError {
     ApiError::not_found(param, format!("No response found with id '{}'.", id.encode()))
 }
 
-/// The response as the log has it now.
+/// The response as the log has it now. Callers have checked that the session's log reaches the response's
+/// seq; a read that catches up before it (a lagging replica on JetStream) waits for the tail to bring it,
+/// for at most [`LAG_WAIT`].
 async fn read(api: &Api, id: ResponseId, meta: Meta) -> Result<ResponseFold, ApiError> {
     let mut watch = api.watch(&id.session, id.seq - 1, false).await?;
     let mut fold = ResponseFold::new(id, meta, None);
+    let deadline = tokio::time::Instant::now() + LAG_WAIT;
     loop {
-        let item = api::next(&mut watch).await?;
+        let item = match tokio::time::timeout_at(deadline, api::next(&mut watch)).await {
+            Ok(item) => item?,
+            Err(_) => return Err(not_found(fold.id(), "response_id")),
+        };
         let caught_up = matches!(item.item, Some(pb::watch_item::Item::CaughtUp(_)));
         fold.apply(&item);
-        if fold.missing() {
-            return Err(not_found(fold.id(), "response_id"));
-        }
-        if caught_up || fold.finished() {
+        if (caught_up && !fold.missing()) || fold.finished() {
             return Ok(fold);
         }
     }
 }
+
+/// The last pause before a response id past the log's end is answered 404 (the pauses double from 50 ms:
+/// about 1.5 s in all).
+const SEQ_WAIT: Duration = Duration::from_millis(800);
+
+/// How long a read waits for a log that lags behind the seq a caller saw.
+const LAG_WAIT: Duration = Duration::from_secs(10);
 
 /// The response once its turn has ended.
 async fn follow(api: &Api, id: ResponseId, meta: Meta) -> Result<ResponseFold, ApiError> {
     let mut watch = api.watch(&id.session, id.seq - 1, true).await?;
     let mut fold = ResponseFold::new(id, meta, None);
     while !fold.finished() {
-        let item = api::next(&mut watch).await?;
-        fold.apply(&item);
-        if fold.missing() {
-            return Err(not_found(fold.id(), "response_id"));
-        }
+        // The response's delivery is durable (its caller saw its seq), so a stream that catches up before it
+        // lags and the tail brings it.
+        fold.apply(&api::next(&mut watch).await?);
     }
     Ok(fold)
 }
@@ -276,9 +295,6 @@ fn stream_response(api: Api, id: ResponseId, meta: Meta, starting_after: Option<
                     if tx.send(sse::frame(&event)).await.is_err() {
                         return Ok(());
                     }
-                }
-                if fold.missing() {
-                    return Err(not_found(fold.id(), "response_id"));
                 }
             }
             Ok::<_, ApiError>(())

@@ -13,6 +13,7 @@ use crate::mcp::McpServerConfig;
 use crate::model::ModelConfig;
 use crate::names::{NAME_RULE, is_name, known};
 use crate::path::{self, Invalid, KeyPath, positive};
+use crate::protocols::ProtocolsConfig;
 use crate::tenant::{TENANT_RULE, TenantConfig, is_tenant};
 use crate::tools::{ToolId, is_server_name};
 
@@ -58,6 +59,8 @@ pub struct Config {
     pub agents: BTreeMap<String, AgentConfig>,
     /// Per-tenant token budgets and quotas by tenant name (SPEC §17).
     pub tenants: BTreeMap<String, TenantConfig>,
+    /// The agent protocols served on the `--http` port (SPEC §19).
+    pub protocols: ProtocolsConfig,
 }
 
 /// `[limits]`: what one delivery may carry (SPEC §2).
@@ -285,6 +288,7 @@ impl Default for Config {
             mcp: BTreeMap::new(),
             agents: BTreeMap::from([(SCRIPTED.to_owned(), AgentConfig::scripted())]),
             tenants: BTreeMap::new(),
+            protocols: ProtocolsConfig::default(),
         }
     }
 }

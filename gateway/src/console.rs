@@ -74,7 +74,7 @@ async fn confine(State(auth_enabled): State<bool>, req: Request, next: Next) -> 
 }
 
 /// `localhost`, `*.localhost` or a loopback IP literal, with or without a port.
-fn is_loopback_host(host: &str) -> bool {
+pub fn is_loopback_host(host: &str) -> bool {
     let name = match host.strip_prefix('[') {
         Some(v6) => v6.split_once(']').map_or(v6, |(ip, _)| ip),
         None => host.rsplit_once(':').map_or(host, |(name, _)| name),

@@ -197,8 +197,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         .with_auth(security.auth)
         .with_tools(tools)
         .with_usage(journal.usage);
-    // The web console and its gRPC-Web calls share the ops listener (decision 0029).
-    let console = turnstile_gateway::console::router(gateway.clone(), auth_enabled);
+    // The web console, its gRPC-Web calls and the agent protocols share the ops listener (decision 0029).
+    let console = crate::http_routes(&gateway, config, auth_enabled);
     let http = OpsHttp::start_with(opts.serving.http.as_deref(), journal.ready, console).await?;
 
     let url = client_url_for(local, security.tls.is_some());

@@ -140,8 +140,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         .with_usage(Arc::new(usage))
         .with_quotas(quotas);
 
-    // The web console and its gRPC-Web calls share the ops listener (decision 0029).
-    let console = turnstile_gateway::console::router(gateway.clone(), auth_enabled);
+    // The web console, its gRPC-Web calls and the agent protocols share the ops listener (decision 0029).
+    let console = crate::http_routes(&gateway, config, auth_enabled);
     let ready = Arc::new(nats_ready(client, url.to_owned()));
     let http = OpsHttp::start_with(opts.serving.http.as_deref(), ready, console).await?;
     let client_url = client_url_for(local, security.tls.is_some());

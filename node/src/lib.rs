@@ -65,6 +65,19 @@ fn worker_config(config: &Config) -> WorkerConfig {
     }
 }
 
+/// What the ops HTTP listener serves beside the probes: the web console with its gRPC-Web API (decision
+/// 0029) and the agent protocols the configuration's `[protocols]` switches on (SPEC §19), all answered by
+/// `gateway`'s service code.
+fn http_routes(gateway: &turnstile_gateway::Gateway, config: &Config, auth_enabled: bool) -> axum::Router {
+    let console = turnstile_gateway::console::router(gateway.clone(), auth_enabled);
+    let openai = config.protocols.openai.then(|| turnstile_protocols::openai::Agents {
+        names: config.agents.keys().cloned().collect(),
+        default: config.default_agent.clone(),
+        auth_enabled,
+    });
+    console.merge(turnstile_protocols::router(gateway.clone(), turnstile_protocols::Protocols { openai }))
+}
+
 /// The gateway settings of the configuration: the `WhenIdle` default and the default agent.
 fn gateway_config(config: &Config) -> GatewayConfig {
     GatewayConfig {

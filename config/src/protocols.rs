@@ -1,0 +1,26 @@
+//! `[protocols]`: which agent protocols the gateway's `--http` port answers (SPEC §19).
+
+use serde::Deserialize;
+
+/// The protocol adapters served beside the console on the `--http` port; each can be switched off.
+///
+/// ```
+/// use turnstile_config::Config;
+///
+/// assert!(Config::default().protocols.openai);
+/// let config = Config::from_toml_str("[protocols]\nopenai = false\n").unwrap();
+/// assert!(!config.protocols.openai);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProtocolsConfig {
+    /// The OpenAI Responses and Conversations API (`/v1/models`, `/v1/responses`, `/v1/conversations`).
+    /// Default on.
+    pub openai: bool,
+}
+
+impl Default for ProtocolsConfig {
+    fn default() -> Self {
+        Self { openai: true }
+    }
+}

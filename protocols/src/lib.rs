@@ -1,0 +1,33 @@
+//! The agent protocols clients already speak (SPEC §19), served on the gateway's `--http` port.
+//!
+//! Place in the architecture: above `turnstile-gateway`, below `turnstile-node`. Each protocol is one
+//! module that translates only: a request becomes calls of the gateway's own `turnstile.v1.Agent` service
+//! methods, made in process with the caller's `authorization` metadata (so auth, tenancy, quotas, budgets and
+//! validation are the gRPC API's, one code path), and a session's Watch becomes the protocol's events. No
+//! adapter keeps state: every id it hands out encodes the session and log position that any gateway needs to
+//! answer it, and the tenant always comes from the caller's token.
+//!
+//! [`router`] assembles the protocols the configuration switches on ([`Protocols`]); `node` merges it into
+//! the ops HTTP router beside the console. Modules: [`openai`] (the Responses and Conversations API,
+//! docs/PROTOCOLS.md).
+
+pub mod openai;
+
+use axum::Router;
+use turnstile_gateway::Gateway;
+
+/// Which protocols to serve, and what they need to know of the configuration.
+#[derive(Clone, Debug, Default)]
+pub struct Protocols {
+    /// The OpenAI adapter (`[protocols] openai`); `None`: not served.
+    pub openai: Option<openai::Agents>,
+}
+
+/// The routes of every protocol switched on, answered by `gateway`'s service code.
+pub fn router(gateway: Gateway, protocols: Protocols) -> Router {
+    let mut router = Router::new();
+    if let Some(agents) = protocols.openai {
+        router = router.merge(openai::router(gateway, agents));
+    }
+    router
+}

@@ -1,0 +1,285 @@
+//! Request bodies: reading the JSON fields of a request with errors that name the field, and OpenAI's
+//! `input` (a string or items) and `instructions` as the messages they deliver.
+
+use serde_json::{Map, Value};
+use turnstile_proto::v1 as pb;
+
+use super::error::ApiError;
+
+/// The plugin name of messages whose source is this adapter.
+pub const PLUGIN: &str = "openai";
+/// The `form` of the message carrying a response's `instructions`.
+pub const INSTRUCTIONS_FORM: &str = "instructions";
+/// The `form` of `developer` and `system` input messages.
+pub const DEVELOPER_FORM: &str = "notice";
+
+/// Who an input message speaks for; it picks the message's source (SPEC §1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// `user`: a human prompt (`source user`).
+    User,
+    /// `developer` or `system` input: `source plugin{openai, notice}`.
+    Developer,
+    /// `assistant` input (history the client replays): `source model{openai, input}`.
+    Assistant,
+    /// The request's `instructions`: `source plugin{openai, instructions}`.
+    Instructions,
+}
+
+/// One message an OpenAI request delivers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputMessage {
+    pub role: Role,
+    pub text: String,
+}
+
+impl InputMessage {
+    /// The delivered message, with MessageId `id`.
+    pub fn to_pb(&self, id: String) -> pb::UserMessage {
+        use pb::message_source::Kind;
+        let kind = match self.role {
+            Role::User => Kind::User(pb::UserSource {}),
+            Role::Developer => Kind::Plugin(pb::PluginSource { plugin: PLUGIN.into(), form: DEVELOPER_FORM.into() }),
+            Role::Instructions => {
+                Kind::Plugin(pb::PluginSource { plugin: PLUGIN.into(), form: INSTRUCTIONS_FORM.into() })
+            }
+            Role::Assistant => Kind::Model(pb::ModelSource { provider: PLUGIN.into(), model: "input".into() }),
+        };
+        pb::UserMessage {
+            id,
+            content: vec![pb::ContentBlock {
+                block: Some(pb::content_block::Block::Text(pb::TextBlock { text: self.text.clone() })),
+            }],
+            source: Some(pb::MessageSource { kind: Some(kind) }),
+        }
+    }
+}
+
+/// A JSON request body: an object, or a 400 that says so.
+pub fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    if body.is_empty() {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::invalid("body", "the request body must be a JSON object")),
+        Err(e) => Err(ApiError::invalid("body", format!("the request body is not valid JSON: {e}"))),
+    }
+}
+
+/// An optional string field (`null` counts as absent).
+pub fn string<'a>(body: &'a Map<String, Value>, field: &str) -> Result<Option<&'a str>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(ApiError::invalid(field, format!("{field} must be a string, not {}", kind(other)))),
+    }
+}
+
+/// An optional boolean field, `false` when absent.
+pub fn flag(body: &Map<String, Value>, field: &str) -> Result<bool, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(ApiError::invalid(field, format!("{field} must be a boolean, not {}", kind(other)))),
+    }
+}
+
+/// `metadata`: at most 16 string pairs (OpenAI's rule), as the session labels they become.
+pub fn metadata(body: &Map<String, Value>) -> Result<Option<Vec<(String, String)>>, ApiError> {
+    let map = match body.get("metadata") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(map)) => map,
+        Some(other) => {
+            return Err(ApiError::invalid("metadata", format!("metadata must be an object, not {}", kind(other))));
+        }
+    };
+    if map.len() > 16 {
+        return Err(ApiError::invalid("metadata", format!("metadata has {} keys; at most 16 are allowed", map.len())));
+    }
+    let mut pairs = Vec::with_capacity(map.len());
+    for (key, value) in map {
+        let Value::String(value) = value else {
+            return Err(ApiError::invalid(
+                format!("metadata.{key}"),
+                format!("metadata values must be strings; {key} is {}", kind(value)),
+            ));
+        };
+        pairs.push((key.clone(), value.clone()));
+    }
+    Ok(Some(pairs))
+}
+
+/// A decision on an approval request: an `mcp_approval_response` input item.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApprovalResponse {
+    pub request_id: String,
+    pub approve: bool,
+    pub reason: Option<String>,
+}
+
+/// The `mcp_approval_response` items of `input`, each checked; the other items are left to [`messages`].
+pub fn approvals(body: &Map<String, Value>) -> Result<Vec<ApprovalResponse>, ApiError> {
+    let Some(Value::Array(list)) = body.get("input") else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    for (i, item) in list.iter().enumerate() {
+        let Some(item) = item.as_object().filter(|o| o.get("type").and_then(Value::as_str) == Some(APPROVAL)) else {
+            continue;
+        };
+        let at = format!("input[{i}]");
+        let request_id = string(item, "approval_request_id")
+            .map_err(|e| e.at(&at))?
+            .ok_or_else(|| ApiError::invalid(format!("{at}.approval_request_id"), "approval_request_id is required"))?;
+        let approve = match item.get("approve") {
+            Some(Value::Bool(b)) => *b,
+            _ => return Err(ApiError::invalid(format!("{at}.approve"), "approve is required: true or false")),
+        };
+        let reason = string(item, "reason").map_err(|e| e.at(&at))?.map(str::to_owned);
+        out.push(ApprovalResponse { request_id: request_id.to_owned(), approve, reason });
+    }
+    Ok(out)
+}
+
+/// The input item type that answers an approval request.
+const APPROVAL: &str = "mcp_approval_response";
+
+/// `instructions` then `input`, as the messages to deliver in order. Only text is supported; anything
+/// else is a 400 naming the item and what is allowed.
+pub fn messages(body: &Map<String, Value>) -> Result<Vec<InputMessage>, ApiError> {
+    let mut out = Vec::new();
+    if let Some(text) = string(body, "instructions")? {
+        out.push(InputMessage { role: Role::Instructions, text: text.to_owned() });
+    }
+    out.extend(items(body.get("input"), "input")?);
+    Ok(out)
+}
+
+/// Input items (`input` of a response, `items` of a conversation): a string, or a list of messages.
+pub fn items(value: Option<&Value>, param: &str) -> Result<Vec<InputMessage>, ApiError> {
+    let list = match value {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(text)) => return Ok(vec![InputMessage { role: Role::User, text: text.clone() }]),
+        Some(Value::Array(list)) => list,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                param,
+                format!("{param} must be a string or a list of input items, not {}", kind(other)),
+            ));
+        }
+    };
+    list.iter()
+        .enumerate()
+        .filter(|(_, item)| item.get("type").and_then(Value::as_str) != Some(APPROVAL))
+        .map(|(i, item)| message(item, &format!("{param}[{i}]")))
+        .collect()
+}
+
+fn message(item: &Value, param: &str) -> Result<InputMessage, ApiError> {
+    let Value::Object(item) = item else {
+        return Err(ApiError::invalid(param, format!("{param} must be an object")));
+    };
+    let kind_field = string(item, "type").map_err(|e| e.at(param))?.unwrap_or("message");
+    if kind_field != "message" {
+        return Err(ApiError::invalid(
+            format!("{param}.type"),
+            format!(
+                "input items of type {kind_field:?} are not supported yet; send messages (type \"message\" with a \
+                 role and text content); docs/PROTOCOLS.md lists what is supported"
+            ),
+        ));
+    }
+    let role = match string(item, "role").map_err(|e| e.at(param))? {
+        Some("user") => Role::User,
+        Some("developer" | "system") => Role::Developer,
+        Some("assistant") => Role::Assistant,
+        other => {
+            return Err(ApiError::invalid(
+                format!("{param}.role"),
+                format!("{param}.role is {other:?}; allowed: user, developer, system, assistant"),
+            ));
+        }
+    };
+    let content = format!("{param}.content");
+    let text = match item.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (j, part) in parts.iter().enumerate() {
+                let at = format!("{content}[{j}]");
+                let part_type = part.get("type").and_then(Value::as_str);
+                match (part_type, part.get("text")) {
+                    (Some("input_text" | "output_text" | "text"), Some(Value::String(t))) => texts.push(t.as_str()),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            at.clone(),
+                            format!(
+                                "{at} must be a text part ({{\"type\": \"input_text\", \"text\": ...}}); images and \
+                                 files are not supported yet"
+                            ),
+                        ));
+                    }
+                }
+            }
+            texts.join("\n")
+        }
+        _ => return Err(ApiError::invalid(content.clone(), format!("{content} must be a string or a list of parts"))),
+    };
+    Ok(InputMessage { role, text })
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn body(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn a_string_input_is_one_user_message_after_the_instructions() {
+        let got = messages(&body(json!({"input": "hi", "instructions": "be brief"}))).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                InputMessage { role: Role::Instructions, text: "be brief".into() },
+                InputMessage { role: Role::User, text: "hi".into() },
+            ]
+        );
+    }
+
+    #[test]
+    fn items_keep_their_roles_and_join_their_text_parts() {
+        let input = json!([
+            {"role": "developer", "content": "ctx"},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "earlier"}]},
+        ]);
+        let got = items(Some(&input), "input").unwrap();
+        assert_eq!(got.iter().map(|m| m.role).collect::<Vec<_>>(), [Role::Developer, Role::User, Role::Assistant]);
+        assert_eq!(got[1].text, "a\nb");
+    }
+
+    #[test]
+    fn unsupported_items_name_the_field() {
+        let err = items(Some(&json!([{"role": "user", "content": [{"type": "input_image"}]}])), "input").unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("input[0].content[0]"));
+        let err = items(Some(&json!([{"role": "robot", "content": "x"}])), "input").unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("input[0].role"));
+        let err = items(Some(&json!(7)), "input").unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("input"));
+        let err = metadata(&body(json!({"metadata": {"k": 1}}))).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("metadata.k"));
+    }
+}

@@ -1,0 +1,249 @@
+"""The OpenAI Responses and Conversations API of Turnstile (docs/PROTOCOLS.md) through the official, unmodified
+`openai` Python SDK, against a real `turnstile dev` that tests/tests/openai_sdk.rs starts with two tenants'
+tokens (OPENAI_BASE_URL, TOKEN_A, TOKEN_B). The scripted agent answers `echo: <text>` and obeys its directives
+(`[[delay:MS]]` streams slowly, `[[fail]]` fails the model request)."""
+
+import base64
+import os
+import unittest
+import uuid
+
+import openai
+from openai import OpenAI
+
+BASE_URL = os.environ["OPENAI_BASE_URL"]
+TOKEN_A = os.environ["TOKEN_A"]
+TOKEN_B = os.environ["TOKEN_B"]
+MODEL = "scripted"
+
+
+def client(token=TOKEN_A):
+    return OpenAI(base_url=BASE_URL, api_key=token, max_retries=0, timeout=60)
+
+
+class Responses(unittest.TestCase):
+    def test_models_lists_the_agent_profiles(self):
+        ids = [m.id for m in client().models.list()]
+        self.assertIn(MODEL, ids)
+        self.assertEqual(client().models.retrieve(MODEL).id, MODEL)
+
+    def test_create_answers_with_the_turns_reply_and_usage(self):
+        r = client().responses.create(model=MODEL, input="[[usage:12,5]] hello there", metadata={"team": "blue"})
+        self.assertEqual(r.status, "completed")
+        self.assertEqual(r.output_text, "echo: hello there")
+        self.assertEqual(r.model, MODEL)
+        self.assertEqual(r.metadata, {"team": "blue"})
+        self.assertEqual((r.usage.input_tokens, r.usage.output_tokens, r.usage.total_tokens), (12, 5, 17))
+        again = client().responses.retrieve(r.id)
+        self.assertEqual(again.output_text, "echo: hello there")
+        self.assertEqual([o.id for o in again.output], [o.id for o in r.output])
+        items = client().responses.input_items.list(r.id)
+        self.assertEqual([i.content[0].text for i in items.data], ["[[usage:12,5]] hello there"])
+
+    def test_previous_response_id_continues_the_same_session(self):
+        first = client().responses.create(model=MODEL, input="one")
+        second = client().responses.create(model=MODEL, input="two", previous_response_id=first.id,
+                                           instructions="be brief")
+        self.assertEqual(second.output_text, "echo: be brief\ntwo")
+        self.assertEqual(second.instructions, "be brief")
+        self.assertNotEqual(first.id, second.id)
+
+    def test_streaming_gives_the_documented_events_with_rising_sequence_numbers(self):
+        events = list(client().responses.create(model=MODEL, input="[[delay:300]] streamed", stream=True))
+        types = [e.type for e in events]
+        self.assertEqual(types[:2], ["response.created", "response.in_progress"])
+        for expected in ["response.output_item.added", "response.content_part.added", "response.output_text.delta",
+                         "response.output_text.done", "response.content_part.done", "response.output_item.done"]:
+            self.assertIn(expected, types)
+        self.assertEqual(types[-1], "response.completed")
+        numbers = [e.sequence_number for e in events]
+        self.assertEqual(numbers, sorted(set(numbers)))
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        self.assertEqual(text, events[-1].response.output_text)
+        self.assertEqual(text, "echo: streamed")
+
+    def test_the_sdk_stream_helper_accumulates_the_final_response(self):
+        with client().responses.stream(model=MODEL, input="helper") as stream:
+            for _ in stream:
+                pass
+            final = stream.get_final_response()
+        self.assertEqual(final.output_text, "echo: helper")
+
+    def test_a_background_response_resumes_from_any_sequence_number_with_nothing_missed_or_repeated(self):
+        r = client().responses.create(model=MODEL, input="[[delay:1500]] slow and steady", background=True)
+        self.assertIn(r.status, ("queued", "in_progress"))
+        self.assertTrue(r.background)
+        # Read part of the stream, drop it, resume after the last event seen: the concatenation is the
+        # whole stream exactly once.
+        first = []
+        with client().responses.retrieve(r.id, stream=True) as stream:
+            for event in stream:
+                first.append(event)
+                if event.type == "response.output_text.delta" and len(
+                        [e for e in first if e.type == "response.output_text.delta"]) == 2:
+                    break
+        rest = list(client().responses.retrieve(r.id, stream=True, starting_after=first[-1].sequence_number))
+        events = first + rest
+        numbers = [e.sequence_number for e in events]
+        self.assertEqual(numbers, sorted(set(numbers)), "no event twice, in order")
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        self.assertEqual(text, "echo: slow and steady")
+        self.assertEqual(events[-1].type, "response.completed")
+        # After the end, a stream from the start replays the same events from the log alone.
+        replay = list(client().responses.retrieve(r.id, stream=True))
+        self.assertEqual(replay[0].sequence_number, events[0].sequence_number)
+        self.assertEqual(replay[-1].sequence_number, events[-1].sequence_number)
+        self.assertEqual("".join(e.delta for e in replay if e.type == "response.output_text.delta"), text)
+        self.assertEqual(client().responses.retrieve(r.id).status, "completed")
+
+    def test_cancel_ends_a_background_response_cancelled(self):
+        r = client().responses.create(model=MODEL, input="[[tool:sleep 30000]] wait", background=True)
+        cancelled = client().responses.cancel(r.id)
+        self.assertEqual(cancelled.status, "cancelled")
+        self.assertEqual(client().responses.retrieve(r.id).status, "cancelled")
+
+    def test_a_failed_turn_is_a_failed_response(self):
+        r = client().responses.create(model=MODEL, input="[[fail]]")
+        self.assertEqual(r.status, "failed")
+        self.assertIsNotNone(r.error)
+
+    def test_an_idempotency_key_makes_a_retried_create_a_no_op(self):
+        key = str(uuid.uuid4())
+        a = client().responses.create(model=MODEL, input="once", extra_headers={"Idempotency-Key": key})
+        b = client().responses.create(model=MODEL, input="once", extra_headers={"Idempotency-Key": key})
+        self.assertEqual(a.id, b.id)
+        self.assertEqual(len(client().responses.input_items.list(a.id).data), 1)
+
+    def test_an_approval_ends_the_response_and_the_next_one_decides_it(self):
+        r = client().responses.create(model="guarded", input="[[tool:echo approved text]] go")
+        self.assertEqual(r.status, "completed")
+        request = r.output[-1]
+        self.assertEqual((request.type, request.name, request.server_label), ("mcp_approval_request", "echo", "turnstile"))
+        decided = client().responses.create(model="guarded", previous_response_id=r.id, input=[
+            {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}])
+        self.assertEqual(decided.status, "completed")
+        self.assertEqual([o.type for o in decided.output], ["mcp_call", "message"])
+        self.assertEqual((decided.output[0].name, decided.output[0].output), ("echo", "approved text"))
+        self.assertIn("approved text", decided.output_text)
+        # Deciding again is refused: the call is no longer waiting.
+        with self.assertRaises(openai.ConflictError):
+            client().responses.create(model="guarded", previous_response_id=r.id, input=[
+                {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}])
+
+    def test_a_denied_call_ends_with_its_error(self):
+        r = client().responses.create(model="guarded", input="[[tool:echo nope]] go", stream=True)
+        events = list(r)
+        request = events[-1].response.output[-1]
+        self.assertEqual(request.type, "mcp_approval_request")
+        denied = client().responses.create(model="guarded", previous_response_id=events[-1].response.id, input=[
+            {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": False,
+             "reason": "not today"}], stream=True)
+        events = list(denied)
+        self.assertEqual(events[-1].type, "response.completed")
+        numbers = [e.sequence_number for e in events]
+        self.assertEqual(numbers, sorted(set(numbers)))
+        call = events[-1].response.output[0]
+        self.assertEqual(call.type, "mcp_call")
+        self.assertEqual(call.status, "failed")
+        self.assertIn("not today", str(call.error))
+
+    def test_delete_removes_the_response(self):
+        r = client().responses.create(model=MODEL, input="bye")
+        client().responses.delete(r.id)
+        with self.assertRaises(openai.NotFoundError):
+            client().responses.retrieve(r.id)
+
+
+class Errors(unittest.TestCase):
+    def test_an_unknown_model_is_404_model_not_found(self):
+        with self.assertRaises(openai.NotFoundError) as caught:
+            client().responses.create(model="gpt-nonexistent", input="hi")
+        self.assertEqual(caught.exception.code, "model_not_found")
+        self.assertEqual(caught.exception.param, "model")
+        self.assertIn("scripted", caught.exception.message)
+
+    def test_a_bad_token_is_401(self):
+        with self.assertRaises(openai.AuthenticationError):
+            client("not-a-token").responses.create(model=MODEL, input="hi")
+        with self.assertRaises(openai.AuthenticationError):
+            client("not-a-token").models.list()
+
+    def test_another_tenants_response_is_404(self):
+        r = client(TOKEN_A).responses.create(model=MODEL, input="secret of a")
+        with self.assertRaises(openai.NotFoundError):
+            client(TOKEN_B).responses.retrieve(r.id)
+        with self.assertRaises(openai.NotFoundError):
+            client(TOKEN_B).responses.create(model=MODEL, input="x", previous_response_id=r.id)
+
+    def test_a_bad_field_is_400_naming_it(self):
+        with self.assertRaises(openai.BadRequestError) as caught:
+            client().responses.create(model=MODEL, input=[{"role": "robot", "content": "x"}])
+        self.assertEqual(caught.exception.param, "input[0].role")
+        with self.assertRaises(openai.NotFoundError):
+            client().responses.retrieve("resp_notours")
+        # An id of the caller's own session past the end of its log names no response either, streamed or not.
+        real = client().responses.create(model=MODEL, input="exists")
+        session = base64.urlsafe_b64decode(real.id[5:] + "==").decode().split(".")[0]
+        forged = "resp_" + base64.urlsafe_b64encode(f"{session}.999.0.r".encode()).decode().rstrip("=")
+        with self.assertRaises(openai.NotFoundError):
+            client().responses.retrieve(forged)
+        with self.assertRaises(openai.NotFoundError):
+            client().responses.retrieve(forged, stream=True)
+
+
+class Conversations(unittest.TestCase):
+    def test_a_conversation_holds_its_items_metadata_and_responses(self):
+        conv = client().conversations.create(items=[{"role": "user", "content": "remember 42"}],
+                                             metadata={"topic": "numbers"})
+        self.assertTrue(conv.id.startswith("conv_"))
+        self.assertEqual(conv.metadata, {"topic": "numbers"})
+        r = client().responses.create(model=MODEL, input="what number?", conversation=conv.id)
+        self.assertEqual(r.output_text, "echo: what number?")
+        self.assertEqual(r.conversation.id, conv.id)
+        items = client().conversations.items.list(conv.id, order="asc")
+        texts = [(i.role, i.content[0].text) for i in items.data]
+        self.assertEqual(texts, [("user", "remember 42"), ("user", "what number?"),
+                                 ("assistant", "echo: what number?")])
+        # The reply's item id is the same in the response and in the conversation.
+        self.assertEqual(items.data[-1].id, r.output[0].id)
+        added = client().conversations.items.create(conv.id, items=[{"role": "user", "content": "and 7"}])
+        self.assertEqual(added.data[0].content[0].text, "and 7")
+        self.assertEqual(client().conversations.items.retrieve(added.data[0].id, conversation_id=conv.id).id,
+                         added.data[0].id)
+        updated = client().conversations.update(conv.id, metadata={"topic": "letters"})
+        self.assertEqual(updated.metadata, {"topic": "letters"})
+        self.assertEqual(client().conversations.retrieve(conv.id).metadata, {"topic": "letters"})
+        with self.assertRaises(openai.NotFoundError):
+            client(TOKEN_B).conversations.retrieve(conv.id)
+        deleted = client().conversations.delete(conv.id)
+        self.assertTrue(deleted.deleted)
+        with self.assertRaises(openai.NotFoundError):
+            client().conversations.retrieve(conv.id)
+
+    def test_a_retried_create_with_an_idempotency_key_is_the_same_conversation(self):
+        key = {"Idempotency-Key": str(uuid.uuid4())}
+        a = client().conversations.create(items=[{"role": "user", "content": "x"}], metadata={"k": "v"},
+                                          extra_headers=key)
+        b = client().conversations.create(items=[{"role": "user", "content": "x"}], metadata={"k": "v"},
+                                          extra_headers=key)
+        self.assertEqual(a.id, b.id)
+        self.assertEqual([i.content[0].text for i in client().conversations.items.list(a.id).data], ["x"])
+
+    def test_steer_delivers_into_the_running_turn(self):
+        conv = client().conversations.create()
+        first = client().responses.create(model=MODEL, input="[[tool:sleep 1500]] working", conversation=conv.id,
+                                          background=True)
+        steered = client().responses.create(model=MODEL, input="also this", conversation=conv.id,
+                                            extra_body={"delivery": "steer"})
+        done = client().responses.retrieve(first.id)
+        self.assertEqual(done.status, "completed")
+        # The steer joined the running turn: its response is the rest of that turn, from the step it entered.
+        self.assertEqual(done.output_text, "echo: working" + "echo: also this")
+        self.assertEqual(steered.output_text, "echo: also this")
+        self.assertEqual(steered.output[-1].id, done.output[-1].id)
+        inputs = [i.content[0].text for i in client().responses.input_items.list(first.id, order="asc").data]
+        self.assertEqual(inputs, ["[[tool:sleep 1500]] working", "also this"])
+
+
+if __name__ == "__main__":
+    unittest.main()

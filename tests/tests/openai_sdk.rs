@@ -1,0 +1,143 @@
+//! The OpenAI Responses and Conversations API (SPEC §19, docs/PROTOCOLS.md) through the official SDKs,
+//! unmodified, against a real `turnstile dev` this test starts with two tenants' tokens, on the embedded
+//! journal and on JetStream: the `openai` Python SDK and the OpenAI Agents SDK
+//! (`tests/protocols/test_openai_sdk.py`, `test_openai_agents.py`, with the interpreter of `.ci/venv`,
+//! `TURNSTILE_TEST_PYTHON`), then the `openai` npm package (`tests/protocols/openai_sdk.mjs`, from
+//! `.ci/node`), all at the pins of scripts/setup-test-deps.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+use turnstile_tests::binary::workspace_root;
+use turnstile_tests::{Backend, Cluster, DevOptions};
+
+const TOKEN_A: &str = "openai-token-of-tenant-a-0123456789";
+const TOKEN_B: &str = "openai-token-of-tenant-b-9876543210";
+
+async fn openai_sdk(backend: Backend) {
+    let python = std::env::var("TURNSTILE_TEST_PYTHON")
+        .expect("TURNSTILE_TEST_PYTHON is not set: run scripts/setup-test-deps, then `source .ci/test-env.sh`");
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.txt");
+    std::fs::write(&tokens, format!("{TOKEN_A} tenant-a\n{TOKEN_B} tenant-b\n")).unwrap();
+    // `guarded`: the scripted model with the built-in `echo` behind an approval (SPEC §9).
+    let config = dir.path().join("turnstile.toml");
+    std::fs::write(&config, "[agents.guarded]\nmodel = \"scripted\"\ntools = [\"echo\"]\napproval = [\"echo\"]\n")
+        .unwrap();
+    let options = DevOptions {
+        extra_args: vec!["--auth-tokens".into(), tokens.display().to_string()],
+        env: vec![("TURNSTILE_CONFIG".into(), config.display().to_string())],
+        ..DevOptions::default()
+    };
+    let server = backend.start_dev_with(options).await.unwrap();
+    let http = server.http_addr().expect("the harness starts dev with --http");
+    let script = workspace_root().join("tests/protocols");
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(python)
+            .args(["-m", "unittest", "-v", "test_openai_sdk", "test_openai_agents"])
+            .current_dir(script)
+            .env("OPENAI_BASE_URL", format!("http://127.0.0.1:{}/v1", http.port()))
+            .env("TOKEN_A", TOKEN_A)
+            .env("TOKEN_B", TOKEN_B)
+            .env("PYTHONUNBUFFERED", "1")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "the openai SDK tests failed ({}):\n{text}\n--- server log:\n{}",
+        output.status,
+        server.log_tail()
+    );
+    assert!(!text.contains("Ran 0 tests"), "no Python test ran:\n{text}");
+    println!("{text}");
+
+    // The npm package, from .ci/node (OPENAI_NODE_MODULES overrides).
+    let modules = std::env::var("OPENAI_NODE_MODULES")
+        .unwrap_or_else(|_| workspace_root().join(".ci/node/node_modules").display().to_string());
+    let script = workspace_root().join("tests/protocols/openai_sdk.mjs");
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(script)
+            .env("OPENAI_NODE_MODULES", modules)
+            .env("OPENAI_BASE_URL", format!("http://127.0.0.1:{}/v1", http.port()))
+            .env("TOKEN_A", TOKEN_A)
+            .env("TOKEN_B", TOKEN_B)
+            .output()
+            .expect("node runs (scripts/setup-test-deps installs it)")
+    })
+    .await
+    .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "the openai npm checks failed ({}):\n{text}\n--- server log:\n{}",
+        output.status,
+        server.log_tail()
+    );
+    assert!(text.contains("all checks passed"), "{text}");
+}
+
+turnstile_tests::backend_tests!(openai_sdk);
+
+/// The status line's code of a plain HTTP/1.1 GET of `path`.
+async fn get_status(addr: std::net::SocketAddr, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    answer.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or_else(|| panic!("no status line: {answer}"))
+}
+
+/// `[protocols] openai = false` takes the OpenAI paths off the `--http` port and leaves the rest served.
+#[tokio::test]
+async fn the_openai_api_can_be_switched_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("turnstile.toml");
+    std::fs::write(&config, "[protocols]\nopenai = false\n").unwrap();
+    let options =
+        DevOptions { env: vec![("TURNSTILE_CONFIG".into(), config.display().to_string())], ..DevOptions::default() };
+    let off = turnstile_tests::DevServer::start_with(options).await.unwrap();
+    let on = turnstile_tests::DevServer::start().await.unwrap();
+    let (off, on) = (off.http_addr().unwrap(), on.http_addr().unwrap());
+    assert_eq!(get_status(on, "/v1/models").await, 200);
+    assert_eq!(get_status(off, "/v1/models").await, 404);
+    assert_eq!(get_status(off, "/healthz").await, 200);
+}
+
+mod cluster {
+    use super::*;
+
+    /// A response streamed in part through one gateway resumes through another, and a conversation made
+    /// through one is used through the other (`tests/protocols/test_openai_cluster.py`).
+    #[tokio::test]
+    async fn openai_objects_are_answered_by_any_gateway() {
+        let python = std::env::var("TURNSTILE_TEST_PYTHON")
+            .expect("TURNSTILE_TEST_PYTHON is not set: run scripts/setup-test-deps, then `source .ci/test-env.sh`");
+        let cluster = Cluster::start(1, 2).await.unwrap();
+        let url = |g: usize| format!("http://127.0.0.1:{}/v1", cluster.gateway_http(g).unwrap().port());
+        let (url0, url1) = (url(0), url(1));
+        let output = tokio::task::spawn_blocking(move || {
+            Command::new(python)
+                .args(["-m", "unittest", "-v", "test_openai_cluster"])
+                .current_dir(workspace_root().join("tests/protocols"))
+                .env("OPENAI_BASE_URL_0", url0)
+                .env("OPENAI_BASE_URL_1", url1)
+                .env("PYTHONUNBUFFERED", "1")
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success(), "the cluster openai tests failed ({}):\n{text}", output.status);
+        assert!(!text.contains("Ran 0 tests"), "no Python test ran:\n{text}");
+    }
+}

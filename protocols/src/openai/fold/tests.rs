@@ -54,7 +54,7 @@ fn turn(text: &str) -> Vec<pb::WatchItem> {
                 ..Default::default()
             }),
         ),
-        ev(8, Payload::StepEnd(pb::StepEnd { turn: 1, step: 1 })),
+        ev(8, Payload::StepEnd(pb::StepEnd { turn: 1, step: 1, ..Default::default() })),
         ev(9, Payload::TurnEnd(pb::TurnEnd { turn: 1, reason: reason(Reason::Completed(pb::Empty {})) })),
     ]
 }
@@ -162,7 +162,7 @@ fn a_turn_interrupted_by_a_failover_ends_its_cut_reply_and_the_response_goes_on_
     // The owner dies after the first delta: the new owner repairs (step/end, turn/end interrupted) and
     // turn 2 answers the same input.
     items.truncate(7);
-    items.push(ev(7, Payload::StepEnd(pb::StepEnd { turn: 1, step: 1 })));
+    items.push(ev(7, Payload::StepEnd(pb::StepEnd { turn: 1, step: 1, ..Default::default() })));
     items.push(ev(8, Payload::TurnEnd(pb::TurnEnd { turn: 1, reason: reason(Reason::Interrupted(pb::Empty {})) })));
     items.push(ev(9, Payload::TurnStart(pb::TurnStart { turn: 2 })));
     items.push(ev(10, Payload::StepStart(pb::StepStart { turn: 2, step: 1 })));

@@ -49,6 +49,13 @@ pub mod names {
     /// Gauge: shared Watch feeds open on this gateway (one per watched session: one log reader and one
     /// live subscription each, decision 0039).
     pub const WATCH_FEEDS_OPEN: &str = "turnstile_watch_feeds_open";
+    /// Gauge: bytes this gateway's Watch streams hold for their clients, each shared item counted once
+    /// (bounded by `limits.watch_buffer_total_bytes`, decision 0088).
+    pub const WATCH_BUFFERED_BYTES: &str = "turnstile_watch_buffered_bytes";
+    /// Counter `{reason}`: Watch streams cut because they fell behind (`behind`: past
+    /// `limits.watch_buffer_bytes`; `gateway_full`: holding bytes while the gateway was past
+    /// `limits.watch_buffer_total_bytes`); their clients resume with `after_seq`.
+    pub const WATCH_CUTS: &str = "turnstile_watch_cuts_total";
     /// Gauge: sessions with a live runner on this worker.
     pub const SESSIONS_LOADED: &str = "turnstile_sessions_loaded";
     /// Gauge: shard leases this worker holds.

@@ -88,9 +88,16 @@ pub struct Limits {
     pub tenant_requests_per_minute: u32,
     /// Requests one tenant may make at once after being idle; 0: `tenant_requests_per_minute`. Default 0.
     pub tenant_request_burst: u32,
-    /// Watch streams one tenant may hold open on one gateway; one more is resource-exhausted. 0: no limit.
-    /// Default 0.
+    /// Watch streams one tenant may hold open across every gateway of a cluster; one more is
+    /// resource-exhausted. 0: no limit. Default 2,000.
     pub tenant_max_watches: usize,
+    /// Bytes one Watch stream may hold for a client that does not keep up (the feed's items it has not
+    /// taken and its send queue); one that would hold more is cut with UNAVAILABLE naming the seq to
+    /// resume after (decision 0088). Default 4 MiB.
+    pub watch_buffer_bytes: usize,
+    /// Bytes all Watch streams of one gateway may hold together; past it, the streams holding any are cut
+    /// the same way. At least `watch_buffer_bytes`. Default 256 MiB.
+    pub watch_buffer_total_bytes: usize,
     /// Levels a `spawn_agent` child may sit below its root session (SPEC §13); a call that would go deeper
     /// is refused (`spawn_depth_exceeded`). Default 3.
     pub max_spawn_depth: u32,
@@ -110,7 +117,9 @@ impl Default for Limits {
             max_pending_bytes: 4 * 1024 * 1024 - 64 * 1024,
             tenant_requests_per_minute: 0,
             tenant_request_burst: 0,
-            tenant_max_watches: 0,
+            tenant_max_watches: 2000,
+            watch_buffer_bytes: 4 * 1024 * 1024,
+            watch_buffer_total_bytes: 256 * 1024 * 1024,
             max_spawn_depth: 3,
             max_children: 16,
         }
@@ -486,6 +495,19 @@ impl Config {
             self.limits.max_queued_commands as u64,
             "0 would refuse every command",
         )?;
+        positive(
+            &limits,
+            "watch_buffer_bytes",
+            self.limits.watch_buffer_bytes as u64,
+            "0 would cut every Watch stream whose client is one item behind",
+        )?;
+        if self.limits.watch_buffer_total_bytes < self.limits.watch_buffer_bytes {
+            return Err(limits.key("watch_buffer_total_bytes").invalid(format!(
+                "{} is below watch_buffer_bytes ({}): one stream could pass the gateway's total alone; raise it to \
+                 at least watch_buffer_bytes",
+                self.limits.watch_buffer_total_bytes, self.limits.watch_buffer_bytes
+            )));
+        }
         if self.limits.max_pending_bytes < self.limits.max_message_bytes {
             return Err(limits.key("max_pending_bytes").invalid(format!(
                 "{} is below max_message_bytes ({}): a message of the largest allowed size could never be pending; \

@@ -39,7 +39,7 @@ fn unknown_agent_key() {
 fn unknown_keys_in_every_other_table() {
     assert_eq!(
         err("[limits]\nmax_bytes = 1\n"),
-        "line 2, column 1: limits.max_bytes: unknown key (allowed: max_message_bytes, max_pending, when_idle_timeout_ms, max_goal_rounds, max_queued_commands, max_pending_bytes, tenant_requests_per_minute, tenant_request_burst, tenant_max_watches, max_spawn_depth, max_children)"
+        "line 2, column 1: limits.max_bytes: unknown key (allowed: max_message_bytes, max_pending, when_idle_timeout_ms, max_goal_rounds, max_queued_commands, max_pending_bytes, tenant_requests_per_minute, tenant_request_burst, tenant_max_watches, watch_buffer_bytes, watch_buffer_total_bytes, max_spawn_depth, max_children)"
     );
     assert_eq!(
         err("[cluster]\nlease_ms = 1\n"),
@@ -262,6 +262,16 @@ fn numbers_out_of_range() {
         err("[limits]\nmax_message_bytes = 100\nmax_pending_bytes = 99\n"),
         "line 3, column 21: limits.max_pending_bytes: 99 is below max_message_bytes (100): a message of the largest \
          allowed size could never be pending; raise it to at least max_message_bytes"
+    );
+    assert_eq!(
+        err("[limits]\nwatch_buffer_bytes = 1000\nwatch_buffer_total_bytes = 999\n"),
+        "line 3, column 28: limits.watch_buffer_total_bytes: 999 is below watch_buffer_bytes (1000): one stream could \
+         pass the gateway's total alone; raise it to at least watch_buffer_bytes"
+    );
+    assert_eq!(
+        err("[limits]\nwatch_buffer_bytes = 0\n"),
+        "line 2, column 22: limits.watch_buffer_bytes: must be at least 1 (0 would cut every Watch stream whose client \
+         is one item behind)"
     );
     assert_eq!(
         err("[limits]\nmax_pending = -1\n"),

@@ -26,6 +26,8 @@ const KEYS: &[(&str, &[&str])] = &[
             "tenant_requests_per_minute",
             "tenant_request_burst",
             "tenant_max_watches",
+            "watch_buffer_bytes",
+            "watch_buffer_total_bytes",
             "max_spawn_depth",
             "max_children",
         ],

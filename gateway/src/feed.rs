@@ -4,17 +4,18 @@
 //! A Watch used to open its own log reader (a JetStream consumer) and its own live subscription; a
 //! thousand watchers of one session were a thousand consumers, past the server's limit. Now the first
 //! watcher of a session starts a [`Feed`]: a task that owns the session's `log.tail(..)` and
-//! `bus.subscribe(..)`, merges them with the one [`TailMerge`], encodes each item once and broadcasts it.
-//! Each watcher reads its own history and caught-up as before, then follows the broadcast (see
-//! [`crate::watch`] for the join rule). The task ends, releasing its reader and subscription, when its
-//! last subscriber is dropped.
+//! `bus.subscribe(..)`, merges them with the one [`TailMerge`], encodes each item once and pushes the one
+//! shared item into every watcher's backlog ([`crate::watch_buffer`]: bounded in bytes; a watcher that
+//! falls behind is cut, decision 0088). Each watcher reads its own history and caught-up as before, then
+//! follows its backlog (see [`crate::watch`] for the join rule). The task ends, releasing its reader and
+//! subscription, when its last subscriber leaves.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::{FutureExt as _, StreamExt as _};
-use tokio::sync::{broadcast, watch};
+use prost::Message as _;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 use turnstile_journal::{LiveBus, LiveStream, SessionLog};
@@ -24,12 +25,9 @@ use turnstile_proto::v1 as pb;
 
 use crate::merge::{Merged, TailMerge};
 use crate::status;
+use crate::watch_buffer::{Held, WatchBuffers, Watcher};
 
-/// Items a feed keeps for its slowest subscriber by default; one further behind lags and catches up
-/// from the log ([`crate::watch`]).
-pub const DEFAULT_CAPACITY: usize = 1024;
-
-/// One broadcast item, encoded once for every subscriber.
+/// One item of a feed, encoded once for every subscriber.
 #[derive(Debug)]
 pub enum FeedItem {
     Durable {
@@ -42,6 +40,29 @@ pub enum FeedItem {
     },
     /// The feed stopped; nothing follows.
     End(FeedEnd),
+}
+
+impl FeedItem {
+    /// What a watcher sends of it (none for the end).
+    pub fn watch_item(&self) -> Option<&pb::WatchItem> {
+        match self {
+            Self::Durable { item, .. } | Self::Live { item, .. } => Some(item),
+            Self::End(_) => None,
+        }
+    }
+
+    /// The seq of a durable item.
+    pub fn durable_seq(&self) -> Option<u64> {
+        match self {
+            Self::Durable { seq, .. } => Some(*seq),
+            _ => None,
+        }
+    }
+
+    /// Its size as sent: what it counts for in a watcher's buffers.
+    pub fn encoded_len(&self) -> usize {
+        self.watch_item().map_or(0, |item| item.encoded_len())
+    }
 }
 
 /// Why a feed stopped.
@@ -85,20 +106,16 @@ pub struct SessionFeeds {
 struct Inner {
     log: Arc<dyn SessionLog>,
     bus: Arc<dyn LiveBus>,
-    capacity: usize,
+    buffers: WatchBuffers,
     feeds: Mutex<HashMap<SessionRef, Arc<Feed>>>,
 }
 
 /// One session's feed.
 struct Feed {
     session: SessionRef,
-    sender: broadcast::Sender<Arc<FeedItem>>,
-    /// The last durable seq broadcast: a subscriber that lagged reads the log up to it, after which the
-    /// broadcast has everything it still needs.
-    last_durable: AtomicU64,
-    /// Changed only under the map's lock, so the last subscriber leaving (which removes the feed) and a
-    /// new one joining it cannot interleave.
-    subscribers: AtomicUsize,
+    /// The backlogs the feed pushes into. Joined and left only under the map's lock, so the last
+    /// subscriber leaving (which removes the feed) and a new one joining it cannot interleave.
+    watchers: Mutex<Vec<Arc<Watcher>>>,
     /// Stops the task when the last subscriber leaves.
     stop: CancellationToken,
     state: watch::Sender<FeedState>,
@@ -106,14 +123,14 @@ struct Feed {
 
 impl std::fmt::Debug for SessionFeeds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionFeeds").field("capacity", &self.inner.capacity).field("open", &self.open()).finish()
+        f.debug_struct("SessionFeeds").field("buffers", &self.inner.buffers).field("open", &self.open()).finish()
     }
 }
 
 impl SessionFeeds {
-    /// Feeds over `log` and `bus`, each keeping `capacity` items for its slowest subscriber.
-    pub fn new(log: Arc<dyn SessionLog>, bus: Arc<dyn LiveBus>, capacity: usize) -> Self {
-        Self { inner: Arc::new(Inner { log, bus, capacity: capacity.max(1), feeds: Mutex::default() }) }
+    /// Feeds over `log` and `bus`, their items held in `buffers`.
+    pub fn new(log: Arc<dyn SessionLog>, bus: Arc<dyn LiveBus>, buffers: WatchBuffers) -> Self {
+        Self { inner: Arc::new(Inner { log, bus, buffers, feeds: Mutex::default() }) }
     }
 
     /// Feeds running now (one per session with watchers here).
@@ -121,27 +138,32 @@ impl SessionFeeds {
         self.inner.lock().len()
     }
 
-    /// Joins `session`'s feed, starting it if it is not running. Returns once the feed's live
-    /// subscription is registered and the log's end *now* is where its tail starts, so every durable event
-    /// after it and every live event published from now on will be broadcast to the returned subscription
-    /// (or the feed's end, if its tail cannot be opened).
-    pub async fn subscribe(&self, session: &SessionRef) -> Result<Subscription, Status> {
-        let (feed, receiver, created) = {
+    /// The buffers of this gateway's watchers.
+    pub fn buffers(&self) -> &WatchBuffers {
+        &self.inner.buffers
+    }
+
+    /// Joins `session`'s feed with `watcher`'s backlog, starting the feed if it is not running. Returns
+    /// once the feed's live subscription is registered and the log's end *now* is where its tail starts,
+    /// so every durable event after it and every live event published from now on will be pushed to the
+    /// watcher (or the feed's end, if its tail cannot be opened). The watcher stays until the returned
+    /// subscription is dropped.
+    pub(crate) async fn subscribe(&self, session: &SessionRef, watcher: &Arc<Watcher>) -> Result<Subscription, Status> {
+        let (feed, created) = {
             let mut feeds = self.inner.lock();
             let mut created = false;
             let feed = feeds
                 .entry(session.clone())
                 .or_insert_with(|| {
                     created = true;
-                    Feed::new(session.clone(), self.inner.capacity)
+                    Feed::new(session.clone())
                 })
                 .clone();
-            feed.subscribers.fetch_add(1, Ordering::SeqCst);
-            let receiver = feed.sender.subscribe();
-            (feed, receiver, created)
+            lock(&feed.watchers).push(watcher.clone());
+            (feed, created)
         };
         // From here the guard accounts for this subscriber, whatever happens next.
-        let subscription = Subscription { inner: self.inner.clone(), feed: feed.clone(), receiver };
+        let subscription = Subscription { inner: self.inner.clone(), feed: feed.clone(), watcher: watcher.clone() };
         if created {
             tokio::spawn(run(self.inner.clone(), feed.clone()));
         }
@@ -159,9 +181,8 @@ impl SessionFeeds {
 }
 
 impl Inner {
-    // Each critical section is one map operation plus a counter: a poisoned lock still holds a consistent map.
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionRef, Arc<Feed>>> {
-        self.feeds.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.feeds)
     }
 
     /// Takes `feed` out of the map if it is still the session's feed (a later one may have replaced it).
@@ -172,36 +193,37 @@ impl Inner {
     }
 }
 
+/// The feeds' locks guard a map or a list changed in one step each: a poisoned one is still consistent.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl Feed {
-    fn new(session: SessionRef, capacity: usize) -> Arc<Self> {
-        let (sender, _) = broadcast::channel(capacity);
+    fn new(session: SessionRef) -> Arc<Self> {
         let (state, _) = watch::channel(FeedState::Starting);
-        Arc::new(Self {
-            session,
-            sender,
-            last_durable: AtomicU64::new(0),
-            subscribers: AtomicUsize::new(0),
-            stop: CancellationToken::new(),
-            state,
-        })
+        Arc::new(Self { session, watchers: Mutex::default(), stop: CancellationToken::new(), state })
     }
 
-    fn publish(&self, merged: Merged) {
+    fn publish(&self, buffers: &WatchBuffers, merged: Merged) {
         let item = match merged {
-            Merged::Durable(e) => {
-                let seq = e.seq;
-                // Stored before the send: a subscriber that reads it after the send has the item in its
-                // receiver (or lagged past it, and then reads it from the log).
-                self.last_durable.store(seq, Ordering::SeqCst);
-                FeedItem::Durable { seq, item: event_item(&e) }
-            }
+            Merged::Durable(e) => FeedItem::Durable { seq: e.seq, item: event_item(&e) },
             Merged::Live(l) => FeedItem::Live {
                 after_seq: l.after_seq,
                 item: pb::WatchItem { item: Some(pb::watch_item::Item::Live(codec::encode_live_event(&l))) },
             },
         };
-        // An error only says nobody is subscribed right now (the last one is leaving).
-        let _ = self.sender.send(Arc::new(item));
+        let held = buffers.hold(item);
+        for watcher in lock(&self.watchers).iter() {
+            watcher.push(&held);
+        }
+    }
+
+    /// Every watcher's last item: why the feed stopped.
+    fn end(&self, buffers: &WatchBuffers, end: FeedEnd) {
+        let held: Arc<Held> = buffers.hold(FeedItem::End(end));
+        for watcher in lock(&self.watchers).iter() {
+            watcher.push_end(&held);
+        }
     }
 }
 
@@ -211,10 +233,10 @@ pub(crate) fn event_item(e: &turnstile_model::Envelope) -> pb::WatchItem {
 }
 
 /// One watcher's place in a feed. Dropping it leaves the feed; the last one out stops it.
-pub struct Subscription {
+pub(crate) struct Subscription {
     inner: Arc<Inner>,
     feed: Arc<Feed>,
-    receiver: broadcast::Receiver<Arc<FeedItem>>,
+    watcher: Arc<Watcher>,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -223,22 +245,12 @@ impl std::fmt::Debug for Subscription {
     }
 }
 
-impl Subscription {
-    /// The next item; `Lagged` when this subscriber fell more than the capacity behind and lost items.
-    pub async fn recv(&mut self) -> Result<Arc<FeedItem>, broadcast::error::RecvError> {
-        self.receiver.recv().await
-    }
-
-    /// The last durable seq the feed has broadcast.
-    pub fn last_durable(&self) -> u64 {
-        self.feed.last_durable.load(Ordering::SeqCst)
-    }
-}
-
 impl Drop for Subscription {
     fn drop(&mut self) {
         let mut feeds = self.inner.lock();
-        if self.feed.subscribers.fetch_sub(1, Ordering::SeqCst) == 1 {
+        let mut watchers = lock(&self.feed.watchers);
+        watchers.retain(|w| !Arc::ptr_eq(w, &self.watcher));
+        if watchers.is_empty() {
             Inner::remove(&mut feeds, &self.feed);
             self.feed.stop.cancel();
         }
@@ -255,10 +267,10 @@ async fn run(inner: Arc<Inner>, feed: Arc<Feed>) {
     };
     tracing::debug!(session = %feed.session, ?end, "watch feed ended");
     // Out of the map first: a watcher that joins after this starts a new feed, and one that joined before
-    // has its receiver already, so it gets the end item below.
+    // is in the list already, so it gets the end item below.
     Inner::remove(&mut inner.lock(), &feed);
     feed.state.send_replace(FeedState::Ended(end.clone()));
-    let _ = feed.sender.send(Arc::new(FeedItem::End(end)));
+    feed.end(&inner.buffers, end);
 }
 
 /// Opens the live subscription, then the tail at the log's end, then merges them.
@@ -273,7 +285,6 @@ async fn follow(inner: &Inner, feed: &Feed) -> FeedEnd {
         Ok(seq) => seq,
         Err(e) => return FeedEnd::failed(&status::from_journal(e)),
     };
-    feed.last_durable.store(start, Ordering::SeqCst);
     // Subscribers may read their folds now (each at or after `start`) while the tail opens: opening a
     // reader is the slowest step, and nothing is broadcast before it is open.
     feed.state.send_replace(FeedState::Running);
@@ -308,7 +319,7 @@ async fn follow(inner: &Inner, feed: &Feed) -> FeedEnd {
             },
         };
         for m in out {
-            feed.publish(m);
+            feed.publish(&inner.buffers, m);
         }
     }
 }

@@ -8,7 +8,7 @@
 //! the session's log itself, so any gateway can serve any session while shards move.
 //!
 //! Modules: [`convert`] (request validation), [`status`] (error → gRPC code),
-//! [`read`] (projection reads), [`merge`], [`feed`] and [`watch`] (the resumable Watch stream over one
+//! [`read`] (projection reads), [`merge`], [`feed`], [`watch_buffer`] and [`watch`] (the resumable Watch stream over one
 //! shared feed per watched session), [`service`] (the [`Gateway`] and what its RPCs share; the RPCs
 //! themselves are in `rpc`), [`auth`] (bearer tokens → tenant and role), `scope` (the one tenancy rule
 //! every RPC passes through: authenticate, resolve the call's tenant, confine the request to it), [`quota`] (per-tenant request rate and open Watch streams, checked in the service
@@ -39,6 +39,7 @@ pub mod status;
 pub mod tools;
 mod usage;
 pub mod watch;
+pub mod watch_buffer;
 
 use std::future::Future;
 

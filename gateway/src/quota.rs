@@ -15,6 +15,12 @@
 //! it keeps renewing, so the streams of a gateway that died stop counting within [`WATCH_COUNT_TTL`]. When
 //! the bucket cannot be reached, a call is admitted (and the failure logged): an outage of the quota store
 //! must not stop every client.
+//!
+//! No gateway-wide lock is held across a round trip to the bucket (decision 0089). Taking a Watch slot is
+//! serialized per tenant only (one tenant's opens never wait for another's): the slot is reserved in this
+//! gateway's count first, then written by compare-and-set and given back if the entry shows the tenant at
+//! its limit. Every other write of a count (a stream ending, the renewal) takes no lock at all: it reads
+//! the count inside its compare-and-set, so the last one to land is never stale.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::ControlFlow;
@@ -160,8 +166,32 @@ struct Shared {
     store: kv::Store,
     /// This gateway's key in the Watch entries.
     gateway: String,
-    /// Serializes this gateway's Watch count changes, so its own count is never written out of order.
-    watch_writes: tokio::sync::Mutex<()>,
+    /// Tenants taking a Watch slot now, one take at a time per tenant.
+    takes: TenantTurns,
+}
+
+/// Per-tenant turns: what runs in one tenant's turn runs after that tenant's earlier turns and never waits
+/// for another tenant's. A tenant leaves the map when its last turn ends.
+#[derive(Default)]
+struct TenantTurns {
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl TenantTurns {
+    async fn run<T>(&self, tenant: &str, work: impl std::future::Future<Output = T>) -> T {
+        let turn = lock(&self.turns).entry(tenant.to_owned()).or_default().clone();
+        let out = {
+            let _turn = turn.lock().await;
+            work.await
+        };
+        // Clones are made only under the map's lock, so a count of one there means nobody else has it.
+        let mut turns = lock(&self.turns);
+        drop(turn);
+        if turns.get(tenant).is_some_and(|t| Arc::strong_count(t) == 1) {
+            turns.remove(tenant);
+        }
+        out
+    }
 }
 
 impl std::fmt::Debug for Quotas {
@@ -216,7 +246,7 @@ impl Quotas {
         .await
         .map_err(|e| e.to_string())?;
         let gateway = format!("gw-{}", uuid::Uuid::new_v4().simple());
-        let quotas = Self::build(config, Some(Shared { store, gateway, watch_writes: tokio::sync::Mutex::new(()) }));
+        let quotas = Self::build(config, Some(Shared { store, gateway, takes: TenantTurns::default() }));
         let weak = Arc::downgrade(&quotas.inner);
         tokio::spawn(async move {
             let mut every = tokio::time::interval(WATCH_COUNT_TTL / 3);
@@ -225,7 +255,7 @@ impl Quotas {
                 let Some(inner) = weak.upgrade() else { return };
                 let tenants: Vec<String> = lock(&inner.watches).keys().cloned().collect();
                 for tenant in tenants {
-                    Quotas { inner: inner.clone() }.write_watch_count(&tenant, None).await;
+                    Quotas { inner: inner.clone() }.write_watch_count(&tenant).await;
                 }
             }
         });
@@ -291,7 +321,7 @@ impl Quotas {
             }
             (Some(_), None) => {
                 *lock(&self.inner.watches).entry(tenant.to_owned()).or_default() += 1;
-                self.write_watch_count(tenant, None).await;
+                self.write_watch_count(tenant).await;
             }
             (None, limit) => {
                 let mut watches = lock(&self.inner.watches);
@@ -317,38 +347,58 @@ impl Quotas {
         )
     }
 
-    /// Takes a slot in the shared entry: one compare-and-set that checks the other gateways' live counts
-    /// plus this one's against `limit` and writes this one's count + 1, so two gateways never both take the
-    /// last slot. `Some(open)` when all `limit` are taken; a store that cannot be reached admits.
+    /// Takes a slot in the shared entry, in `tenant`'s turn: reserves it in this gateway's count (so a
+    /// concurrent write of the count includes it), then one compare-and-set that checks the other gateways'
+    /// live counts plus this one's against `limit` and writes this one's count, so two gateways never both
+    /// take the last slot. `Some(open)` when all `limit` are taken (the reservation given back); a store
+    /// that cannot be reached admits.
     async fn take_shared_slot(&self, shared: &Shared, tenant: &str, limit: usize) -> Option<usize> {
-        let _serial = shared.watch_writes.lock().await;
+        shared.takes.run(tenant, self.take_in_turn(shared, tenant, limit)).await
+    }
+
+    async fn take_in_turn(&self, shared: &Shared, tenant: &str, limit: usize) -> Option<usize> {
+        *lock(&self.inner.watches).entry(tenant.to_owned()).or_default() += 1;
         let taken = shared
             .change_watches(tenant, |entry, now| {
                 let mine = self.open_watches(tenant);
                 let open = entry.others(&shared.gateway, now) + mine;
-                if open >= limit {
-                    return ControlFlow::Break(Some(open));
+                if open > limit {
+                    // Without this request's own reservation: what the tenant holds.
+                    return ControlFlow::Break(Some(open - 1));
                 }
-                entry.set(&shared.gateway, mine + 1, now);
+                entry.set(&shared.gateway, mine, now);
                 ControlFlow::Continue(None)
             })
             .await;
-        if let Some(Some(open)) = taken {
-            return Some(open);
+        match taken {
+            Some(Some(open)) => {
+                self.release_local(tenant);
+                Some(open)
+            }
+            // Taken, or unchecked (the store could not be used: counted here, written at the next renewal).
+            Some(None) | None => None,
         }
-        // Taken, or unchecked (the store could not be used): counted here, written at the next renewal.
-        *lock(&self.inner.watches).entry(tenant.to_owned()).or_default() += 1;
-        None
     }
 
-    /// Writes this gateway's Watch count of `tenant` (the local count, or `count`) into the shared entry,
-    /// renewing its expiry; a count of 0 takes this gateway out of the entry.
-    async fn write_watch_count(&self, tenant: &str, count: Option<usize>) {
+    /// Gives back one of `tenant`'s slots on this gateway.
+    fn release_local(&self, tenant: &str) {
+        let mut watches = lock(&self.inner.watches);
+        if let Some(open) = watches.get_mut(tenant) {
+            *open = open.saturating_sub(1);
+            if *open == 0 {
+                watches.remove(tenant);
+            }
+        }
+    }
+
+    /// Writes this gateway's Watch count of `tenant` into the shared entry, renewing its expiry; a count of 0
+    /// takes this gateway out of the entry. Concurrent writes need no lock: each reads the local count
+    /// inside its compare-and-set, so whichever lands last wrote a count read after every write before it.
+    async fn write_watch_count(&self, tenant: &str) {
         let Some(shared) = &self.inner.shared else { return };
-        let _serial = shared.watch_writes.lock().await;
         let written = shared
             .change_watches(tenant, |entry, now| {
-                let count = count.unwrap_or_else(|| self.open_watches(tenant));
+                let count = self.open_watches(tenant);
                 if count == 0 && entry.gateways.remove(&shared.gateway).is_none() {
                     return ControlFlow::Break(());
                 }
@@ -463,22 +513,12 @@ pub struct WatchPermit {
 
 impl Drop for WatchPermit {
     fn drop(&mut self) {
-        let left = {
-            let mut watches = lock(&self.quotas.inner.watches);
-            let left = watches.get_mut(&self.tenant).map_or(0, |open| {
-                *open = open.saturating_sub(1);
-                *open
-            });
-            if left == 0 {
-                watches.remove(&self.tenant);
-            }
-            left
-        };
+        self.quotas.release_local(&self.tenant);
         if self.quotas.is_shared()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let (quotas, tenant) = (self.quotas.clone(), std::mem::take(&mut self.tenant));
-            runtime.spawn(async move { quotas.write_watch_count(&tenant, (left == 0).then_some(0)).await });
+            runtime.spawn(async move { quotas.write_watch_count(&tenant).await });
         }
     }
 }
@@ -571,6 +611,29 @@ mod tests {
         drop(permit);
         assert_eq!(quotas.open_watches("t"), 0);
         let _again = quotas.open_watch("t").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_tenant_turn_waits_only_for_the_same_tenant() {
+        let turns = TenantTurns::default();
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        // Tenant a's turn is taken by work that waits (a round trip that does not come back).
+        let held = turns.run("a", async {
+            let _ = released.await;
+        });
+        tokio::pin!(held);
+        assert!(futures::poll!(held.as_mut()).is_pending());
+        // Another tenant's turn runs at once; a second turn of a waits for the first.
+        let other = turns.run("b", async { 7 });
+        tokio::pin!(other);
+        assert_eq!(futures::poll!(other.as_mut()), std::task::Poll::Ready(7), "b does not wait for a");
+        let second = turns.run("a", async { 8 });
+        tokio::pin!(second);
+        assert!(futures::poll!(second.as_mut()).is_pending(), "a's second turn waits for its first");
+        release.send(()).unwrap();
+        held.await;
+        assert_eq!(second.await, 8);
+        assert!(lock(&turns.turns).is_empty(), "tenants leave the map with their last turn");
     }
 
     #[tokio::test]

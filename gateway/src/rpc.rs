@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use turnstile_model::message::{MessageSource, SessionRef, Target};
@@ -18,6 +17,7 @@ use crate::resume::StepPosition;
 use crate::scope::ToolsTenant;
 use crate::service::{DEFAULT_PAGE, Gateway, MAX_PAGE, parse_page_token, unexpected};
 use crate::watch::{self, WatchSpec};
+use crate::watch_buffer::ItemStream;
 use crate::{convert, read, status};
 
 #[tonic::async_trait]
@@ -283,7 +283,7 @@ impl Agent for Gateway {
         Ok(Response::new(stream))
     }
 
-    type WatchStream = ReceiverStream<Result<pb::WatchItem, Status>>;
+    type WatchStream = ItemStream;
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let (_, req) = self.open(request).await?;
@@ -296,7 +296,7 @@ impl Agent for Gateway {
         let spec = WatchSpec { session: self.session(req.session)?, after_seq: req.after_seq, live: req.live, resume };
         // The slot is held by the stream's task, which ends when the client goes away.
         let permit = self.quotas.open_watch(&spec.session.tenant).await?;
-        let (tx, rx) = mpsc::channel(self.config.watch_buffer.max(1));
+        let (tx, items) = self.feeds.buffers().watcher(&spec.session, spec.after_seq);
         let run = watch::run(
             self.log.clone(),
             self.feeds.clone(),
@@ -310,7 +310,7 @@ impl Agent for Gateway {
             let _permit = permit;
             run.await;
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(items))
     }
 
     async fn when_idle(&self, request: Request<pb::WhenIdleRequest>) -> Result<Response<pb::SessionInfo>, Status> {

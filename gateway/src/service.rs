@@ -21,6 +21,7 @@ use crate::feed::SessionFeeds;
 use crate::quota::{QuotaConfig, Quotas};
 use crate::tools::ToolHub;
 use crate::watch;
+use crate::watch_buffer::{BufferLimits, WatchBuffers};
 use crate::{convert, read, status};
 
 /// Knobs of the gateway.
@@ -30,11 +31,10 @@ pub struct GatewayConfig {
     pub default_tenant: String,
     /// `WhenIdle` timeout when the request says 0.
     pub when_idle_timeout: Duration,
-    /// Items buffered per Watch stream before the tail waits for the client.
-    pub watch_buffer: usize,
-    /// Items a session's shared Watch feed keeps for its slowest watcher; one further behind reads what
-    /// it lost from the log (decision 0039).
-    pub watch_feed_capacity: usize,
+    /// Bytes one Watch stream and all of this gateway's may hold for their clients (config
+    /// `limits.watch_buffer_bytes`, `limits.watch_buffer_total_bytes`); a stream that falls further behind
+    /// is cut, resumable (decision 0088).
+    pub watch_buffers: BufferLimits,
     /// The agent a session runs until `ConfigureSession` names another (config `default_agent`); reads
     /// report it for sessions never configured.
     pub default_agent: String,
@@ -52,8 +52,7 @@ impl Default for GatewayConfig {
         Self {
             default_tenant: "default".into(),
             when_idle_timeout: Duration::from_secs(30),
-            watch_buffer: 256,
-            watch_feed_capacity: crate::feed::DEFAULT_CAPACITY,
+            watch_buffers: BufferLimits::default(),
             default_agent: "scripted".into(),
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             quotas: QuotaConfig::default(),
@@ -117,7 +116,7 @@ impl Gateway {
         config: GatewayConfig,
     ) -> Self {
         Self {
-            feeds: SessionFeeds::new(log.clone(), bus, config.watch_feed_capacity),
+            feeds: SessionFeeds::new(log.clone(), bus, WatchBuffers::new(config.watch_buffers)),
             router,
             log,
             snapshots: Arc::new(NoSnapshots),

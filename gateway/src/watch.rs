@@ -1,17 +1,16 @@
 //! The Watch stream: durable history after the client's seq, `caught_up`, then the session's shared
 //! feed ([`crate::feed`]): the merged live tail every watcher of the session on this gateway follows.
 //!
-//! Joining the feed *before* reading the log is what makes the tail gap-free: anything broadcast while
-//! the history is read waits in the subscription, and [`Join`] drops what the history already had. A
-//! watcher that falls further behind than the feed keeps reads the durable events it lost from the log
-//! and rejoins the broadcast where it is: it misses no durable event (live ones are best effort).
+//! Joining the feed *before* reading the log is what makes the tail gap-free: anything the feed pushes
+//! while the history is read waits in the watcher's backlog, and [`Join`] drops what the history already
+//! had. What waits for a watcher is bounded in bytes ([`crate::watch_buffer`], decision 0088): the history
+//! is read no faster than the client takes it, and a watcher whose backlog passes its limit is cut with
+//! UNAVAILABLE naming the seq to resume after, so it misses no durable event across the reconnect.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use turnstile_cluster::CommandRouter;
@@ -24,6 +23,7 @@ use turnstile_proto::v1 as pb;
 use crate::feed::{FeedItem, SessionFeeds, event_item};
 use crate::merge::{Join, Step};
 use crate::resume::{Delta, DeltaAction, StepPosition, StepStream};
+use crate::watch_buffer::{Outbound, resumable};
 
 use crate::{read, status};
 
@@ -63,11 +63,11 @@ impl Owners {
     }
 }
 
-type Tx = mpsc::Sender<Result<pb::WatchItem, Status>>;
+type Tx = Outbound;
 
 /// Why a stream stops before the client goes away.
 enum Stop {
-    /// The client went away: nothing to send.
+    /// The client went away, or the stream was cut: nothing to send.
     Gone,
     Failed(Status),
 }
@@ -78,31 +78,36 @@ impl From<Status> for Stop {
     }
 }
 
-async fn send(tx: &Tx, item: pb::WatchItem) -> Result<(), Stop> {
-    tx.send(Ok(item)).await.map_err(|_| Stop::Gone)
+async fn send(tx: &mut Tx, item: pb::WatchItem) -> Result<(), Stop> {
+    tx.send(item).await.map_err(|_| Stop::Gone)
 }
 
-/// Runs one Watch until the client goes away or the log fails. Errors are sent to the client as the
-/// stream's final status.
+/// Runs one Watch until the client goes away, the stream is cut or the log fails, sending through `tx`
+/// (from [`SessionFeeds::buffers`]). Errors are sent to the client as the stream's final status.
 pub async fn run(
     log: Arc<dyn SessionLog>,
     feeds: SessionFeeds,
     snapshots: Arc<dyn SnapshotStore>,
     owners: Owners,
     spec: WatchSpec,
-    tx: Tx,
+    mut tx: Tx,
     shutdown: CancellationToken,
 ) {
     let _open = turnstile_ops::GaugeGuard::inc(metrics::gauge!(turnstile_ops::names::WATCH_STREAMS_OPEN));
     let result = tokio::select! {
-        r = stream(log.as_ref(), &feeds, snapshots.as_ref(), &owners, &spec, &tx) => r,
-        () = shutdown.cancelled() => Err(Stop::Failed(Status::unavailable(
-            "the gateway is shutting down; reconnect with after_seq set to the last seq you received",
-        ))),
+        r = stream(log.as_ref(), &feeds, snapshots.as_ref(), &owners, &spec, &mut tx) => r,
+        () = shutdown.cancelled() => {
+            // At once, whatever is queued: a client that does not read must not hold the drain up.
+            tx.cut(|taken| resumable(
+                format!("the gateway is shutting down; reconnect with after_seq = {taken} (the last seq this stream sent)"),
+                taken,
+            ));
+            return;
+        }
     };
     if let Err(Stop::Failed(status)) = result {
         tracing::debug!(session = %spec.session, %status, "watch ended with an error");
-        let _ = tx.send(Err(status)).await;
+        tx.finish(status);
     }
 }
 
@@ -113,10 +118,11 @@ async fn stream(
     snapshots: &dyn SnapshotStore,
     owners: &Owners,
     spec: &WatchSpec,
-    tx: &Tx,
+    tx: &mut Tx,
 ) -> Result<(), Stop> {
     let session = &spec.session;
-    let mut feed = feeds.subscribe(session).await?;
+    // Held until the stream ends: the feed pushes into this watcher's backlog meanwhile.
+    let _feed = feeds.subscribe(session, tx.watcher()).await?;
     // The state at caught-up comes from the latest read snapshot plus the events after it. A client
     // resuming within those events gets them from that same read; one resuming further back gets its
     // history from a reader that starts at its seq (located by an O(log n) search, `SessionLog::tail`), so
@@ -155,75 +161,46 @@ async fn stream(
         }
     }
     loop {
-        let next = tokio::select! {
-            biased;
-            () = tx.closed() => return Err(Stop::Gone),
-            next = feed.recv() => next,
-        };
-        match next {
-            Ok(item) => match &*item {
-                FeedItem::Durable { seq, item } => {
-                    let mut step = join.durable(*seq);
-                    if step == Step::Gap {
-                        // The feed is ahead of this watcher (it started after this watcher's caught-up
-                        // was read from a log further along, say): the log has the events in between.
-                        read_log(log, session, &mut join, seq - 1, tx).await?;
-                        step = join.durable(*seq);
-                    }
-                    if step == Step::Send {
-                        if spec.live
-                            && let Some(m) = as_assistant_message(item)
-                        {
-                            let rest =
-                                step_stream.complete(m.turn, m.step, &m.text, m.reasoning.as_deref().unwrap_or(""));
-                            send_deltas(tx, session, seq - 1, rest).await?;
-                        }
-                        send(tx, item.clone()).await?;
-                    }
-                    if spec.live {
-                        send_deltas(tx, session, *seq, step_stream.advanced(join.position())).await?;
-                    }
+        let held = tx.recv().await.map_err(|_| Stop::Gone)?;
+        match &held.item {
+            FeedItem::Durable { seq, item } => {
+                let mut step = join.durable(*seq);
+                if step == Step::Gap {
+                    // The feed is ahead of this watcher (it started after this watcher's caught-up was
+                    // read from a log further along, say): the log has the events in between.
+                    read_log(log, session, &mut join, seq - 1, tx).await?;
+                    step = join.durable(*seq);
                 }
-                FeedItem::Live { after_seq, item } => {
-                    if spec.live && join.live(*after_seq) {
-                        match delta_action(&mut step_stream, item) {
-                            DeltaAction::Send => send(tx, item.clone()).await?,
-                            DeltaAction::Drop => {}
-                            DeltaAction::Trim(n) => send(tx, trimmed(item, n)).await?,
-                            DeltaAction::Gap => fill_gap(owners, session, &mut step_stream, &join, item, tx).await?,
-                        }
+                if step == Step::Send {
+                    if spec.live
+                        && let Some(m) = as_assistant_message(item)
+                    {
+                        let rest = step_stream.complete(m.turn, m.step, &m.text, m.reasoning.as_deref().unwrap_or(""));
+                        send_deltas(tx, session, seq - 1, rest).await?;
                     }
+                    tx.forward(held.clone()).await.map_err(|_| Stop::Gone)?;
                 }
-                FeedItem::End(end) => return Err(Stop::Failed(end.status(session, join.position()))),
-            },
-            Err(RecvError::Lagged(lost)) => {
-                // Every durable event the feed has broadcast is in the log: read the lost ones from there;
-                // those still in the subscription after them are skipped by the join.
-                let upto = feed.last_durable();
-                tracing::debug!(%session, lost, from = join.position(), upto, "a watcher lagged behind its feed");
-                read_log(log, session, &mut join, upto, tx).await?;
-                // The lost items may have held deltas: the owner's output fills them in (by offset).
-                if spec.live
-                    && let Some(output) = owners.streaming_step(session).await
-                {
-                    let deltas = step_stream.owner_output(output, join.position());
-                    send_deltas(tx, session, join.position(), deltas).await?;
+                if spec.live {
+                    send_deltas(tx, session, *seq, step_stream.advanced(join.position())).await?;
                 }
             }
-            // The feed sends its end item before it goes; a closed channel without one is a feed gone
-            // for another reason: the client resumes where it is.
-            Err(RecvError::Closed) => {
-                return Err(Stop::Failed(Status::unavailable(format!(
-                    "the watch feed of session {session} stopped; reconnect with after_seq = {}",
-                    join.position()
-                ))));
+            FeedItem::Live { after_seq, item } => {
+                if spec.live && join.live(*after_seq) {
+                    match delta_action(&mut step_stream, item) {
+                        DeltaAction::Send => tx.forward(held.clone()).await.map_err(|_| Stop::Gone)?,
+                        DeltaAction::Drop => {}
+                        DeltaAction::Trim(n) => send(tx, trimmed(item, n)).await?,
+                        DeltaAction::Gap => fill_gap(owners, session, &mut step_stream, &join, item, tx).await?,
+                    }
+                }
             }
+            FeedItem::End(end) => return Err(Stop::Failed(end.status(session, join.position()))),
         }
     }
 }
 
 /// Sends `deltas` of the owner's output as live events following durable `after_seq`.
-async fn send_deltas(tx: &Tx, session: &SessionRef, after_seq: u64, deltas: Vec<Delta>) -> Result<(), Stop> {
+async fn send_deltas(tx: &mut Tx, session: &SessionRef, after_seq: u64, deltas: Vec<Delta>) -> Result<(), Stop> {
     for d in deltas {
         let event = pb::LiveEvent {
             session: Some(codec::encode_session_ref(session)),
@@ -280,7 +257,7 @@ async fn fill_gap(
     step_stream: &mut StepStream,
     join: &Join,
     item: &pb::WatchItem,
-    tx: &Tx,
+    tx: &mut Tx,
 ) -> Result<(), Stop> {
     let Some(d) = as_delta(item) else { return Ok(()) };
     match owners.streaming_step(session).await {
@@ -311,7 +288,13 @@ fn trimmed(item: &pb::WatchItem, n: usize) -> pb::WatchItem {
 
 /// Sends the durable events after `join`'s position up to `upto` from a reader of the log of its own
 /// (a history, or what a lagging watcher lost); the reader is dropped (and its consumer deleted) after.
-async fn read_log(log: &dyn SessionLog, session: &SessionRef, join: &mut Join, upto: u64, tx: &Tx) -> Result<(), Stop> {
+async fn read_log(
+    log: &dyn SessionLog,
+    session: &SessionRef,
+    join: &mut Join,
+    upto: u64,
+    tx: &mut Tx,
+) -> Result<(), Stop> {
     if join.position() >= upto {
         return Ok(());
     }

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt as _;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 use turnstile_gateway::feed::SessionFeeds;
 use turnstile_gateway::watch::{self, WatchSpec};
+use turnstile_gateway::watch_buffer::{BufferLimits, ItemStream, WatchBuffers};
 use turnstile_journal::log::EventStream;
 use turnstile_journal::snapshot::NoSnapshots;
 use turnstile_journal::{EmbeddedLog, JournalError, LocalBus, SessionLog};
@@ -89,11 +90,11 @@ impl turnstile_cluster::CommandRouter for NoOwner {
     }
 }
 
-type Rx = mpsc::Receiver<Result<pb::WatchItem, Status>>;
+type Rx = ItemStream;
 
 fn open(log: &Arc<dyn SessionLog>, feeds: &SessionFeeds, stop: &CancellationToken) -> Rx {
-    let (tx, rx) = mpsc::channel(64);
     let session = SessionRef { tenant: "t".into(), id: "s".into() };
+    let (tx, rx) = feeds.buffers().watcher(&session, 0);
     let spec = WatchSpec { session, after_seq: 0, live: true, resume: None };
     let owners = watch::Owners(Arc::new(NoOwner));
     tokio::spawn(watch::run(log.clone(), feeds.clone(), Arc::new(NoSnapshots), owners, spec, tx, stop.clone()));
@@ -101,7 +102,7 @@ fn open(log: &Arc<dyn SessionLog>, feeds: &SessionFeeds, stop: &CancellationToke
 }
 
 async fn next(rx: &mut Rx) -> Option<Result<pb::WatchItem, Status>> {
-    tokio::time::timeout(PATIENCE, rx.recv()).await.expect("the watch stream answered in time")
+    tokio::time::timeout(PATIENCE, rx.next()).await.expect("the watch stream answered in time")
 }
 
 #[tokio::test]
@@ -109,7 +110,7 @@ async fn a_failing_tail_ends_every_watcher_of_the_feed_with_its_error() {
     let break_tails = Arc::new(Notify::new());
     let log: Arc<dyn SessionLog> =
         Arc::new(BreakableLog { inner: EmbeddedLog::in_memory(), break_tails: break_tails.clone() });
-    let feeds = SessionFeeds::new(log.clone(), Arc::new(LocalBus::new()), 16);
+    let feeds = SessionFeeds::new(log.clone(), Arc::new(LocalBus::new()), WatchBuffers::new(BufferLimits::default()));
     let stop = CancellationToken::new();
     let mut watchers = [open(&log, &feeds, &stop), open(&log, &feeds, &stop), open(&log, &feeds, &stop)];
     for rx in &mut watchers {

@@ -104,7 +104,10 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
             let ready = Arc::new(nats_ready(client.clone(), nats.url.clone()));
             let usage = KvUsage::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
             let fold = UsageFold::start(&client, partitions, usage.clone());
-            let index = KvIndex::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
+            let index = KvIndex::open(&client, replicas)
+                .await
+                .map_err(|e| NodeError::nats(&nats.url, e))?
+                .observe_pending(turnstile_ops::gauge_setter(turnstile_ops::names::INDEX_WRITES_PENDING));
             let positions =
                 KvWebhookPositions::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
             Ok(Journal {

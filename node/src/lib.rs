@@ -40,6 +40,7 @@ pub use turnstile_config::Config;
 use std::sync::Arc;
 
 use turnstile_cluster::{ClusterKv, ClusterRouter, ClusterRouterConfig, CommandRouter};
+use turnstile_gateway::watch_buffer::BufferLimits;
 use turnstile_gateway::{GatewayConfig, QuotaConfig, TenantQuota, TokenBudgets};
 use turnstile_journal::UsageLedger;
 use turnstile_worker::budget::Budgets;
@@ -102,6 +103,10 @@ fn gateway_config(config: &Config) -> GatewayConfig {
                 .collect(),
         },
         token_budgets: token_budgets(config),
+        watch_buffers: BufferLimits {
+            per_watcher: config.limits.watch_buffer_bytes,
+            total: config.limits.watch_buffer_total_bytes,
+        },
         ..GatewayConfig::default()
     }
 }
@@ -167,6 +172,7 @@ mod tests {
         let gateway = gateway_config(&config);
         let old = GatewayConfig::default();
         assert_eq!((gateway.when_idle_timeout, &gateway.default_agent), (old.when_idle_timeout, &old.default_agent));
+        assert_eq!(gateway.watch_buffers, old.watch_buffers);
         assert_eq!(replicas(&config), 1);
     }
 
@@ -191,7 +197,8 @@ mod tests {
     fn the_file_sets_pending_bytes_the_request_size_and_the_tenant_quotas() {
         let config = Config::from_toml_str(
             "[limits]\nmax_message_bytes = 64\nmax_pending_bytes = 100\ntenant_requests_per_minute = 600\n\
-             tenant_request_burst = 50\ntenant_max_watches = 4\n",
+             tenant_request_burst = 50\ntenant_max_watches = 4\nwatch_buffer_bytes = 1000\n\
+             watch_buffer_total_bytes = 5000\n",
         )
         .unwrap();
         assert_eq!(worker_config(&config).limits.max_pending_bytes, 100);
@@ -201,5 +208,6 @@ mod tests {
             gateway.quotas,
             QuotaConfig { requests_per_minute: 600, request_burst: 50, max_watches: 4, ..QuotaConfig::default() }
         );
+        assert_eq!(gateway.watch_buffers, BufferLimits { per_watcher: 1000, total: 5000 });
     }
 }

@@ -49,6 +49,16 @@ pub mod names {
     /// Gauge: shared Watch feeds open on this gateway (one per watched session: one log reader and one
     /// live subscription each, decision 0039).
     pub const WATCH_FEEDS_OPEN: &str = "turnstile_watch_feeds_open";
+    /// Gauge: bytes this gateway's Watch streams hold for their clients, each shared item counted once
+    /// (bounded by `limits.watch_buffer_total_bytes`, decision 0088).
+    pub const WATCH_BUFFERED_BYTES: &str = "turnstile_watch_buffered_bytes";
+    /// Counter `{reason}`: Watch streams cut because they fell behind (`behind`: past
+    /// `limits.watch_buffer_bytes`; `gateway_full`: holding bytes while the gateway was past
+    /// `limits.watch_buffer_total_bytes`); their clients resume with `after_seq`.
+    pub const WATCH_CUTS: &str = "turnstile_watch_cuts_total";
+    /// Gauge: session index writes waiting for the NATS KV bucket on this worker, at most one per session
+    /// (the latest; decision 0090). Grows while NATS is away, drains when it is back.
+    pub const INDEX_WRITES_PENDING: &str = "turnstile_index_writes_pending";
     /// Gauge: sessions with a live runner on this worker.
     pub const SESSIONS_LOADED: &str = "turnstile_sessions_loaded";
     /// Gauge: sessions this worker holds quarantined (their log cannot be folded, decision 0084).
@@ -120,6 +130,13 @@ impl Drop for GaugeGuard {
     fn drop(&mut self) {
         self.0.decrement(1.0);
     }
+}
+
+/// A function that sets the gauge `name` to the count it is given: how a crate without metrics of its own
+/// (the journal) reports a level, e.g. `KvIndex::observe_pending(gauge_setter(names::INDEX_WRITES_PENDING))`.
+pub fn gauge_setter(name: &'static str) -> impl Fn(usize) + Send + Sync + 'static {
+    let gauge = metrics::gauge!(name);
+    move |count| gauge.set(count as f64)
 }
 
 #[cfg(test)]

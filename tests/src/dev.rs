@@ -217,6 +217,21 @@ impl DevServer {
         self.process.pid()
     }
 
+    /// The server process's resident set now, in bytes (`None` once it is gone).
+    pub fn rss_bytes(&self) -> Option<u64> {
+        self.process.rss_bytes()
+    }
+
+    /// The value of the unlabelled series `name` on its `/metrics` now (`None` while it cannot be read or
+    /// has no such series).
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let (status, body) = crate::nats::http_get(self.http_addr?, "/metrics").await?;
+        if status != 200 {
+            return None;
+        }
+        body.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
     /// The nats-server this server owns ([`Backend::Nats`]), if any.
     /// Keeps `nats` alive as long as this server (the server runs on it).
     pub fn own_nats(&mut self, nats: NatsServer) {

@@ -48,6 +48,13 @@ impl ChildProcess {
         self.child.as_ref().map(Child::id)
     }
 
+    /// The process's resident set now (`VmRSS` of `/proc/PID/status`), in bytes; `None` once it is gone.
+    pub fn rss_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().strip_suffix("kB")?.trim();
+        kib.parse::<u64>().ok().map(|k| k * 1024)
+    }
+
     pub fn log_path(&self) -> &Path {
         &self.log_path
     }

@@ -240,6 +240,127 @@ fn is_caught_up(item: &WatchItem) -> bool {
     matches!(item.item, Some(Item::CaughtUp(_)))
 }
 
+/// The trailer a gateway puts on a Watch it cut: the last durable seq that stream sent (decision 0088).
+pub const RESUME_AFTER_SEQ: &str = "resume-after-seq";
+
+/// A client's `Watch` read in the foreground that resumes a stream the gateway cut (UNAVAILABLE) with
+/// `after_seq` as every client does, checking on the way that the cut's status names exactly the last
+/// durable seq received (in its message and its [`RESUME_AFTER_SEQ`] trailer).
+#[derive(Debug)]
+pub struct ResumingWatch {
+    client: AgentClient<Channel>,
+    session: SessionRef,
+    stream: tonic::Streaming<WatchItem>,
+    /// Streams the gateway cut so far.
+    pub cuts: usize,
+    /// Every item received, across the streams (each resumed stream brings its own `caught_up`).
+    pub items: Vec<WatchItem>,
+    /// The current stream was cut: the next read resumes.
+    cut: bool,
+}
+
+impl ResumingWatch {
+    /// Opens a live Watch of `session` after `after_seq`.
+    pub async fn open(
+        mut client: AgentClient<Channel>,
+        session: SessionRef,
+        after_seq: u64,
+    ) -> Result<Self, HarnessError> {
+        let request = WatchRequest { session: Some(session.clone()), after_seq, live: true, resume: None };
+        let stream = client.watch(request).await?.into_inner();
+        Ok(Self { client, session, stream, cuts: 0, items: Vec::new(), cut: false })
+    }
+
+    /// Goes on with a Watch `stream` of `session` that was opened with `client` and has brought `received`.
+    pub fn from_stream(
+        client: AgentClient<Channel>,
+        session: SessionRef,
+        stream: tonic::Streaming<WatchItem>,
+        received: Vec<WatchItem>,
+    ) -> Self {
+        Self { client, session, stream, cuts: 0, items: received, cut: false }
+    }
+
+    /// The last durable seq received.
+    pub fn position(&self) -> u64 {
+        position(&self.items)
+    }
+
+    /// Reads until the durable event `last` has arrived, resuming cut streams; bounded by
+    /// [`DEFAULT_WAIT`] without an item.
+    pub async fn until_seq(&mut self, last: u64) -> Result<(), HarnessError> {
+        while !self.items.iter().any(|i| matches!(&i.item, Some(Item::Event(e)) if e.seq == last)) {
+            let next =
+                tokio::time::timeout(DEFAULT_WAIT, self.next()).await.map_err(|_| HarnessError::WaitTimeout {
+                    what: format!("seq {last} on a resuming watch"),
+                    waited: DEFAULT_WAIT,
+                    recorded: lines_of(&self.items, false).join("\n"),
+                })?;
+            next?;
+        }
+        Ok(())
+    }
+
+    /// The next item (also kept in [`ResumingWatch::items`]), resuming a cut stream first.
+    pub async fn next(&mut self) -> Result<WatchItem, HarnessError> {
+        loop {
+            if self.cut {
+                let request = WatchRequest {
+                    session: Some(self.session.clone()),
+                    after_seq: self.position(),
+                    live: true,
+                    resume: None,
+                };
+                self.stream = self.client.watch(request).await?.into_inner();
+                self.cut = false;
+            }
+            match self.stream.message().await {
+                Ok(Some(item)) => {
+                    self.items.push(item.clone());
+                    return Ok(item);
+                }
+                Ok(None) => return Err(HarnessError::Inconsistent("the watch ended without a status".into())),
+                Err(status) if status.code() == Code::Unavailable => self.was_cut(&status)?,
+                Err(status) => return Err(status.into()),
+            }
+        }
+    }
+
+    /// Reads what the stream brings until the gateway cuts it (its status checked), without resuming.
+    pub async fn until_cut(&mut self) -> Result<(), HarnessError> {
+        let read = async {
+            loop {
+                match self.stream.message().await {
+                    Ok(Some(item)) => self.items.push(item),
+                    Ok(None) => return Err(HarnessError::Inconsistent("the watch ended without a status".into())),
+                    Err(status) if status.code() == Code::Unavailable => return self.was_cut(&status),
+                    Err(status) => return Err(status.into()),
+                }
+            }
+        };
+        tokio::time::timeout(DEFAULT_WAIT, read).await.map_err(|_| HarnessError::WaitTimeout {
+            what: "the gateway to cut a watch".into(),
+            waited: DEFAULT_WAIT,
+            recorded: String::new(),
+        })?
+    }
+
+    /// Checks that a cut's `status` names the last durable seq received; the next read resumes from it.
+    fn was_cut(&mut self, status: &tonic::Status) -> Result<(), HarnessError> {
+        let position = self.position();
+        let trailer = status.metadata().get(RESUME_AFTER_SEQ).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if trailer != Some(position) || !status.message().contains(&format!("after_seq = {position}")) {
+            return Err(HarnessError::Inconsistent(format!(
+                "a cut stream must name the last seq it sent ({position}); it said {trailer:?} (after {} cuts): {status:?}",
+                self.cuts
+            )));
+        }
+        self.cuts += 1;
+        self.cut = true;
+        Ok(())
+    }
+}
+
 /// The durable events among `items`.
 pub fn durable_events(items: &[WatchItem]) -> Vec<SessionEvent> {
     items

@@ -1,7 +1,7 @@
 //! Watch fan-out (decision 0039): the watchers of one session on a gateway share one log reader (a
 //! JetStream consumer) and one live subscription, whatever their number; each still gets the complete log
-//! in order, a watcher joining mid-turn has no gap and no duplicate, one that falls behind the shared feed
-//! catches up from the log, and the last one out releases the feed and its consumer.
+//! in order, a watcher joining mid-turn has no gap and no duplicate, one that falls behind is cut and
+//! resumes without loss (decision 0088), and the last one out releases the feed and its consumer.
 //!
 //! In process over a real nats-server (the harness's): the gateway, the worker host, the JetStream journal
 //! and the NATS bus; the server's consumer count is read with the JetStream API. No timed assertions:
@@ -17,20 +17,18 @@ use std::time::Duration;
 use async_nats::jetstream;
 use futures::StreamExt as _;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-use tonic::Status;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
 use turnstile_agent::AgentSetup;
-use turnstile_gateway::watch::{self, WatchSpec};
+use turnstile_gateway::watch_buffer::BufferLimits;
 use turnstile_gateway::{Gateway, GatewayConfig};
 use turnstile_journal::jetstream::subjects;
-use turnstile_journal::snapshot::NoSnapshots;
-use turnstile_journal::{JetStreamConfig, JetStreamLog, LiveBus, NatsBus, SessionLog};
-use turnstile_model::{LiveEvent, LivePayload, SessionRef};
+use turnstile_journal::{JetStreamConfig, JetStreamLog, NatsBus, SessionLog};
+use turnstile_model::SessionRef;
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::watch_item::Item;
 use turnstile_tests::nats::NatsServer;
+use turnstile_tests::watch::ResumingWatch;
 use turnstile_worker::SessionHost;
 
 /// Generous bound on waiting for something that should happen.
@@ -38,9 +36,9 @@ const PATIENCE: Duration = Duration::from_secs(30);
 
 struct Stack {
     api: AgentClient<Channel>,
+    url: String,
     gateway: Gateway,
     log: Arc<JetStreamLog>,
-    bus: Arc<NatsBus>,
     js: jetstream::Context,
     _nats: NatsServer,
 }
@@ -55,8 +53,9 @@ async fn start(config: GatewayConfig) -> Stack {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(turnstile_gateway::serve(gateway.clone(), listener, std::future::pending()));
-    let api = AgentClient::connect(format!("http://{addr}")).await.unwrap();
-    Stack { api, gateway, log, bus, js, _nats: nats }
+    let url = format!("http://{addr}");
+    let api = AgentClient::connect(url.clone()).await.unwrap();
+    Stack { api, url, gateway, log, js, _nats: nats }
 }
 
 impl Stack {
@@ -271,80 +270,68 @@ async fn a_watcher_joining_mid_turn_has_no_gap_and_no_duplicate() {
     stack.until_consumers(1).await;
 }
 
-/// A watcher whose client does not read falls behind a feed that keeps 4 items; once the client reads
-/// again it gets every durable event exactly once, in order: the ones the feed dropped for it come from
-/// the log.
+/// A watcher whose client does not read falls behind (decision 0088): once what waits for it passes
+/// `watch_buffer_bytes` it is cut with UNAVAILABLE naming the last seq it sent, what it held is released,
+/// and the client resuming from there gets every durable event exactly once, in order. A watcher of the
+/// same feed whose client reads goes on (resuming too, should it ever fall that far behind).
 #[tokio::test]
-async fn a_lagging_watcher_catches_up_from_the_log() {
-    let config = GatewayConfig { watch_feed_capacity: 4, ..GatewayConfig::default() };
-    let stack = start(config).await;
-    let log: Arc<dyn SessionLog> = stack.log.clone();
-    let spec = WatchSpec { session: session(), after_seq: 0, live: true, resume: None };
-    let stop = CancellationToken::new();
-    let open = |capacity: usize| {
-        let (tx, rx) = mpsc::channel::<Result<pb::WatchItem, Status>>(capacity);
-        let run = watch::run(
-            log.clone(),
-            stack.gateway.feeds().clone(),
-            Arc::new(NoSnapshots),
-            stack.gateway.owners(),
-            spec.clone(),
-            tx,
-            stop.clone(),
-        );
-        tokio::spawn(run);
-        rx
-    };
-    // The slow one holds one item in its channel and then waits on its client.
-    let mut slow = open(1);
-    let mut fast = open(100_000);
-    for rx in [&mut slow, &mut fast] {
-        let first = tokio::time::timeout(PATIENCE, rx.recv()).await.unwrap().unwrap().unwrap();
-        assert!(matches!(first.item, Some(Item::CaughtUp(pb::CaughtUp { seq: 0, .. }))));
+async fn a_watcher_that_falls_behind_is_cut_and_resumes_without_loss() {
+    let limits = BufferLimits { per_watcher: 16 * 1024, ..BufferLimits::default() };
+    let stack = start(GatewayConfig { watch_buffers: limits, ..GatewayConfig::default() }).await;
+    // A client whose connection takes 64 KiB before the gateway must hold the rest for it.
+    let narrow = Endpoint::from_shared(stack.url.clone())
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let mut slow = ResumingWatch::open(AgentClient::new(narrow), pb_session(), 0).await.unwrap();
+    let mut fast = ResumingWatch::open(stack.api.clone(), pb_session(), 0).await.unwrap();
+    for w in [&mut slow, &mut fast] {
+        let first = w.next().await.unwrap();
+        assert!(matches!(first.item, Some(Item::CaughtUp(pb::CaughtUp { seq: 0, .. }))), "{first:?}");
     }
+    let (items, mut fast_items) = mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        loop {
+            let next = fast.next().await;
+            let failed = next.is_err();
+            if items.send(next).is_err() || failed {
+                break;
+            }
+        }
+    });
 
-    for (id, text) in [("m1", "[[tool:echo one]] first"), ("m2", "[[tool:echo two]] second"), ("m3", "third")] {
-        stack.followup(id, text).await;
+    let text = "x".repeat(8 * 1024);
+    for i in 0..20 {
+        stack.followup(&format!("m{i}"), &format!("[[tool:echo {i}]] {text}")).await;
+        stack.idle().await;
     }
     let last = stack.idle().await;
-    // The fast watcher follows the same broadcast: once it has the last event, the feed has sent it all.
-    let mut fast_items = Vec::new();
-    tokio::time::timeout(PATIENCE, async {
-        while durable_seqs(&fast_items).last() != Some(&last) {
-            fast_items.push(fast.recv().await.unwrap().unwrap().item.unwrap());
-        }
-    })
-    .await
-    .expect("the fast watcher got the whole turn");
-    assert!(last > 4 + 2, "the feed sent more than it keeps plus what the slow watcher holds: {last}");
-    // Then only live events, more than the feed keeps: what the slow watcher still finds in the feed has
-    // no durable event, so only the lag itself can tell it what it lost.
-    for i in 0..8 {
-        // Errors, not deltas: a watcher deduplicates a step's deltas by offset (SPEC §14).
-        let payload = LivePayload::Error { turn: 3, step: 1, message: format!("late {i}") };
-        stack.bus.publish(&LiveEvent { session: session(), after_seq: last, payload }).await.unwrap();
-    }
-    // The fast watcher may lag on this burst too (it also reads a feed of 4) and lose some of it, but the
-    // feed keeps its newest items: once the last one reaches it, the burst has been broadcast.
-    let is_last_late = |item: &Item| matches!(item, Item::Live(pb::LiveEvent { payload: Some(pb::live_event::Payload::Error(e)), .. }) if e.message == "late 7");
-    tokio::time::timeout(PATIENCE, async {
-        while !is_last_late(&fast.recv().await.unwrap().unwrap().item.unwrap()) {}
-    })
-    .await
-    .expect("the fast watcher got the last late live event");
+    let log = stack.log_seqs().await;
 
-    let mut slow_items = Vec::new();
+    let mut fast_seen = Vec::new();
     tokio::time::timeout(PATIENCE, async {
-        while durable_seqs(&slow_items).last() != Some(&last) {
-            slow_items.push(slow.recv().await.unwrap().unwrap().item.unwrap());
+        while durable_seqs(&fast_seen).last() != Some(&last) {
+            fast_seen.push(fast_items.recv().await.unwrap().unwrap().item.unwrap());
         }
     })
     .await
-    .expect("the slow watcher caught up");
-    let log_seqs = stack.log_seqs().await;
-    assert_eq!(durable_seqs(&slow_items), log_seqs, "the lagging watcher lost nothing and repeated nothing");
-    assert_eq!(durable_seqs(&fast_items), log_seqs);
+    .expect("the reading watcher got the whole log");
+    reader.abort();
+    let fast_durable: Vec<u64> = durable_seqs(&fast_seen);
+    assert_eq!(fast_durable, log, "the reading watcher: every event once");
+
+    // Everything the gateway held for the slow one was released when it was cut.
+    assert!(
+        eventually(|| async { stack.gateway.feeds().buffers().held() == 0 }).await,
+        "the gateway still holds {} bytes",
+        stack.gateway.feeds().buffers().held()
+    );
+    slow.until_seq(last).await.unwrap();
+    assert!(slow.cuts >= 1, "the watcher that never read was not cut");
+    let slow_items: Vec<Item> = slow.items.iter().filter_map(|i| i.item.clone()).collect();
+    assert_eq!(durable_seqs(&slow_items), log, "the resumed watcher: every event once, none missing");
     check_live_order(&slow_items);
-    check_live_order(&fast_items);
-    stop.cancel();
 }

@@ -25,31 +25,82 @@ pub trait WorkerTransport: Send + Sync + 'static {
     ) -> Result<cpb::ExecuteReply, Status>;
 }
 
+/// Worker addresses a [`GrpcTransport`] keeps channels to by default; the least recently used one is closed
+/// to make room for a new address (decision 0090).
+pub const DEFAULT_MAX_CHANNELS: usize = 256;
+
 /// tonic channels to workers, one per advertised address, opened lazily and kept: a channel reconnects
-/// by itself, so a worker that restarts on the same address is reached again without a new entry.
+/// by itself, so a worker that restarts on the same address is reached again without a new entry. Workers
+/// that come back on new addresses (a rescheduled pod) leave old ones behind: at most `max_channels` are
+/// kept, the least recently used one dropped (closing its connection) when a new address needs room.
 #[derive(Debug)]
 pub struct GrpcTransport {
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Mutex<Channels>,
     connect_timeout: Duration,
     /// TLS to the workers (`--cluster-tls-ca`); the name checked is the advertised host unless the config
     /// sets a domain.
     tls: Option<ClientTlsConfig>,
 }
 
+/// The channels by address, each with when it was last used (a counter of uses).
+#[derive(Debug)]
+struct Channels {
+    by_addr: HashMap<String, (Channel, u64)>,
+    uses: u64,
+    max: usize,
+}
+
+impl Channels {
+    /// `addr`'s channel, marked used now.
+    fn get(&mut self, addr: &str) -> Option<Channel> {
+        self.uses += 1;
+        let uses = self.uses;
+        self.by_addr.get_mut(addr).map(|(channel, used)| {
+            *used = uses;
+            channel.clone()
+        })
+    }
+
+    /// Keeps `channel` for `addr`, dropping the least recently used ones past the bound.
+    fn insert(&mut self, addr: &str, channel: Channel) {
+        while self.by_addr.len() >= self.max {
+            // At most `max` entries, scanned only when a new address comes: cheap next to dialing it.
+            let Some(oldest) = self.by_addr.iter().min_by_key(|(_, (_, used))| *used).map(|(a, _)| a.clone()) else {
+                break;
+            };
+            self.by_addr.remove(&oldest);
+        }
+        self.uses += 1;
+        self.by_addr.insert(addr.to_owned(), (channel, self.uses));
+    }
+}
+
 impl GrpcTransport {
     pub fn new(connect_timeout: Duration) -> Self {
-        Self { channels: Mutex::new(HashMap::new()), connect_timeout, tls: None }
+        Self::with_max_channels(connect_timeout, DEFAULT_MAX_CHANNELS)
+    }
+
+    /// Keeps channels to at most `max` worker addresses (at least one).
+    pub fn with_max_channels(connect_timeout: Duration, max: usize) -> Self {
+        let channels = Channels { by_addr: HashMap::new(), uses: 0, max: max.max(1) };
+        Self { channels: Mutex::new(channels), connect_timeout, tls: None }
+    }
+
+    /// The worker addresses it keeps channels to now.
+    pub fn addresses(&self) -> Vec<String> {
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner).by_addr.keys().cloned().collect()
     }
 
     /// Dials workers over TLS with `tls` (see `turnstile_ops::tls::client_config`).
     pub fn with_tls(connect_timeout: Duration, tls: ClientTlsConfig) -> Self {
-        Self { tls: Some(tls), ..Self::new(connect_timeout) }
+        let plain = Self::new(connect_timeout);
+        Self { tls: Some(tls), channels: plain.channels, connect_timeout: plain.connect_timeout }
     }
 
     fn channel(&self, addr: &str) -> Result<Channel, Status> {
         let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(channel) = channels.get(addr) {
-            return Ok(channel.clone());
+            return Ok(channel);
         }
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         let url = if addr.contains("://") { addr.to_owned() } else { format!("{scheme}://{addr}") };
@@ -63,7 +114,7 @@ impl GrpcTransport {
                 .map_err(|e| Status::unavailable(format!("TLS to worker {addr:?} cannot be set up: {e}")))?;
         }
         let channel = endpoint.connect_lazy();
-        channels.insert(addr.to_owned(), channel.clone());
+        channels.insert(addr, channel.clone());
         Ok(channel)
     }
 }
@@ -86,5 +137,42 @@ impl WorkerTransport for GrpcTransport {
             request.metadata_mut().insert(TRACEPARENT, tp);
         }
         client.execute(request).await.map(tonic::Response::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn sorted(mut v: Vec<String>) -> Vec<String> {
+        v.sort();
+        v
+    }
+
+    #[tokio::test]
+    async fn channels_to_old_addresses_are_dropped_least_recently_used_first() {
+        let transport = GrpcTransport::with_max_channels(Duration::from_secs(1), 3);
+        for addr in ["10.0.0.1:7500", "10.0.0.2:7500", "10.0.0.3:7500"] {
+            transport.channel(addr).unwrap();
+        }
+        // The first worker is still in use; the second was rescheduled and came back on a new address.
+        transport.channel("10.0.0.1:7500").unwrap();
+        transport.channel("10.0.0.9:7500").unwrap();
+        assert_eq!(sorted(transport.addresses()), ["10.0.0.1:7500", "10.0.0.3:7500", "10.0.0.9:7500"]);
+        // However many addresses come and go, it keeps the bound.
+        for i in 0..100 {
+            transport.channel(&format!("10.1.0.{i}:7500")).unwrap();
+        }
+        assert_eq!(transport.addresses().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_known_address_keeps_its_channel() {
+        let transport = GrpcTransport::new(Duration::from_secs(1));
+        transport.channel("10.0.0.1:7500").unwrap();
+        transport.channel("10.0.0.1:7500").unwrap();
+        assert_eq!(transport.addresses(), ["10.0.0.1:7500"]);
     }
 }

@@ -13,7 +13,7 @@ use turnstile_proto::v1::agent_server::Agent;
 use super::error::ApiError;
 
 /// A Watch stream as the gateway serves it.
-pub type Watch = tokio_stream::wrappers::ReceiverStream<Result<pb::WatchItem, tonic::Status>>;
+pub type Watch = turnstile_gateway::watch_buffer::ItemStream;
 
 /// One HTTP caller's view of the gateway.
 #[derive(Clone)]

@@ -81,7 +81,8 @@ pub async fn start_worker(
     // The session index (SPEC §16) in the KV bucket every gateway mirrors.
     let index = turnstile_journal::jetstream::KvIndex::open(client, replicas)
         .await
-        .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
+        .map_err(|e| MembershipError::Unavailable(e.to_string()))?
+        .observe_pending(turnstile_ops::gauge_setter(turnstile_ops::names::INDEX_WRITES_PENDING));
     // Webhook positions (SPEC §15), so a new owner goes on where this one stopped.
     let positions = turnstile_journal::jetstream::KvWebhookPositions::open(client, replicas)
         .await

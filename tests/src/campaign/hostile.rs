@@ -60,17 +60,17 @@ pub const CUT_CODES: [Code; 4] = [Code::ResourceExhausted, Code::Aborted, Code::
 /// The code an unfoldable import is refused with.
 pub const IMPORT_CODE: Code = Code::InvalidArgument;
 
-/// What the hostile load's answers must be. Today's main accepts what issue 37 items 1–3 refuse; once
-/// those land, the lead sets `strict` (the `TURNSTILE_CAMPAIGN_HOSTILE_STRICT` variable, or
-/// [`STRICT_BY_DEFAULT`]) and every hostile call must be refused with its code.
+/// What the hostile load's answers must be: with `strict` (the default, [`STRICT_BY_DEFAULT`]) every
+/// hostile call must be refused with its code.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Expectations {
     pub strict: bool,
 }
 
-/// Flip to `true` once issue 37 items 1–3 (import validation, size accounting, bounded Watch buffers) are
-/// on main: then every campaign run checks the hostile answers, not only records them.
-pub const STRICT_BY_DEFAULT: bool = false;
+/// Every campaign run checks the hostile answers, not only records them: issue 37 items 1–3 (import
+/// validation, size accounting, bounded Watch buffers) are built. `TURNSTILE_CAMPAIGN_HOSTILE_STRICT=0`
+/// only records them (to see what an older build answers).
+pub const STRICT_BY_DEFAULT: bool = true;
 
 impl Expectations {
     /// [`STRICT_BY_DEFAULT`], overridden by `TURNSTILE_CAMPAIGN_HOSTILE_STRICT` (`1`/`0`).

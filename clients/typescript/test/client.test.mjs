@@ -252,11 +252,14 @@ test("compact, forkSession, referenceSession, getUsage and deleteSession", async
   assert.deepEqual(inbox.nextStep.map((m) => m.id), ["ref-1"]);
   assert.equal(inbox.nextStep[0]?.source?.kind.case, "session");
   assert.match(textOf(inbox.nextStep[0]), /one/, "the reference carries turn 1's transcript");
-  // The scripted model reports no usage unless told: the tenant's tokens are what `[[usage]]` said.
+  // The scripted model reports no usage unless told: the turn adds what `[[usage]]` said. (Earlier tests
+  // of this server cancelled steps, which count too (decision 0086), so the figure is read before and after.)
+  const scripted = (u) => u.models.find((m) => m.provider === "scripted")?.inputTokens ?? 0n;
+  const before = scripted(await client.getUsage());
   await client.followup(other, "[[usage:7,2]] metered");
   await client.whenIdle(other);
   const usage = await client.getUsage();
-  assert.equal(usage.models.find((m) => m.provider === "scripted")?.inputTokens, 7n, "GetUsage counts the durable usage");
+  assert.equal(scripted(usage) - before, 7n, "GetUsage counts the durable usage");
   assert.ok(usage.usedToday >= 9n && usage.resetsUnixMs > 0n);
   const last = (await client.getSession(s)).lastSeq;
   const deleted = await client.deleteSession(s);

@@ -16,11 +16,10 @@
 //! recorded; with [`Expectations::strict`] each must be refused with its typed code (a violation
 //! otherwise). The campaign's own properties (the normal tenant's) are checked the same either way.
 //!
-//! The tenant's name sorts after the campaign's (`zz-…`): on a build that still accepts an unfoldable
-//! import, a worker's takeover stops resuming the sessions that follow such a session in its listing
-//! (`resume_where` in worker/src/host.rs returns at the first that cannot be folded), which would stall
-//! the normal tenant for a reason this campaign does not study; strict mode refuses the import, so the
-//! order no longer matters there.
+//! The tenant's name sorts after the campaign's (`zz-…`): on a build from before quarantine (decision
+//! 0084) that still accepts an unfoldable import, a worker's takeover stopped resuming the sessions that
+//! followed such a session in its listing, which would stall the normal tenant for a reason this campaign
+//! does not study; strict mode refuses the import, so the order no longer matters there.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -153,6 +153,8 @@ scoped!(
     pb::CreateScheduleRequest,
     pb::DeleteScheduleRequest,
     pb::SetLabelsRequest,
+    // What an application reads (SPEC §21).
+    pb::GetTranscriptRequest,
 );
 
 impl Scoped for pb::ListSchedulesRequest {

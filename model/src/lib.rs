@@ -58,4 +58,4 @@ pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, Us
 pub use schedule::{Preset, Schedule, ScheduleChange, ScheduleSpec, Timing};
 pub use state::{ProjectionError, SessionState};
 pub use tenant::{Tenant, TenantScope};
-pub use transcript::{Transcript, TranscriptEntry};
+pub use transcript::{ItemKind, Transcript, TranscriptEntry, TranscriptItem, TranscriptReader};

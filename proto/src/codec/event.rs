@@ -14,7 +14,8 @@ use turnstile_model::event::{
     SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 use turnstile_model::goal::{GoalChange, GoalState, MAX_GOAL_ID_LEN};
-use turnstile_model::transcript::TranscriptEntry;
+use turnstile_model::schedule::Preset;
+use turnstile_model::transcript::{ItemKind, TranscriptEntry, TranscriptItem};
 
 const STATUSES: &str = "use SESSION_STATUS_IDLE or SESSION_STATUS_RUNNING";
 const CAUSES: &str = "set one of user, parent, hook or disposed";
@@ -466,6 +467,58 @@ pub fn decode_usage(u: pb::Usage) -> Usage {
         output_tokens: u.output_tokens,
         cached_input_tokens: u.cached_input_tokens,
         cache_write_tokens: u.cache_write_tokens,
+    }
+}
+
+/// A transcript item of `GetTranscript` (SPEC §21): its event's own message where it has one.
+pub fn encode_transcript_item(item: &TranscriptItem) -> pb::TranscriptItem {
+    use pb::transcript_item::Item;
+    let body = match &item.kind {
+        ItemKind::User { message, delivery } => Some(Item::User(pb::TranscriptUserMessage {
+            message: Some(encode_user_message(message)),
+            delivery: delivery.map_or(pb::DeliveryKind::Unspecified, encode_delivery).into(),
+        })),
+        ItemKind::Assistant(payload) => match encode_payload(payload) {
+            Some(Payload::AssistantMessage(m)) => Some(Item::Assistant(m)),
+            _ => None,
+        },
+        ItemKind::ToolCall { call, awaiting_approval } => Some(Item::ToolCall(pb::ToolCall {
+            turn: item.turn,
+            step: item.step,
+            call_id: call.call_id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+            awaiting_approval: *awaiting_approval,
+        })),
+        ItemKind::ToolDecision { call_id, approved, reason } => Some(Item::ToolDecision(pb::ToolDecision {
+            turn: item.turn,
+            step: item.step,
+            call_id: call_id.clone(),
+            approved: *approved,
+            reason: reason.clone(),
+        })),
+        ItemKind::ToolResult { call_id, name, output, error } => Some(Item::ToolResult(pb::TranscriptToolResult {
+            turn: item.turn,
+            step: item.step,
+            call_id: call_id.clone(),
+            name: name.clone(),
+            output: output.clone(),
+            error: error.clone(),
+        })),
+        ItemKind::TurnEnd { reason, usage } => Some(Item::TurnEnd(pb::TranscriptTurnEnd {
+            reason: Some(encode_turn_end_reason(reason)),
+            usage: Some(encode_usage(usage)),
+        })),
+    };
+    pb::TranscriptItem { seq: item.seq, time_unix_ms: item.time_ms, turn: item.turn, step: item.step, item: body }
+}
+
+fn encode_delivery(preset: Preset) -> pb::DeliveryKind {
+    match preset {
+        Preset::Followup => pb::DeliveryKind::Followup,
+        Preset::Queue => pb::DeliveryKind::Queue,
+        Preset::Steer => pb::DeliveryKind::Steer,
+        Preset::Inject => pb::DeliveryKind::Inject,
     }
 }
 

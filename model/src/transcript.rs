@@ -310,6 +310,7 @@ const MAX_REMEMBERED: usize = 10_000;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::SessionRef;
 
     fn user(turn: u64, step: u32, id: &str) -> TranscriptEntry {
         TranscriptEntry::User { turn, step, message: UserMessage::user_text(id, id) }
@@ -323,6 +324,60 @@ mod tests {
                 other => format!("{}.{}", other.turn(), other.step()),
             })
             .collect()
+    }
+
+    #[test]
+    fn the_reader_names_deliveries_calls_and_sums_a_turns_usage() {
+        use crate::event::{Splice, Usage};
+        let session = SessionRef::new("t", "s").unwrap_or_else(|e| panic!("{e}"));
+        let events = [
+            EventPayload::InboxSpliced(Splice {
+                target: Target::NextStep,
+                start: 0,
+                removed_count: 0,
+                inserted: vec![UserMessage::user_text("s1", "steer")],
+                outcome: SpliceOutcome::None,
+                wake: true,
+                requested_target: None,
+                deadline: None,
+            }),
+            EventPayload::TurnStart { turn: 1 },
+            EventPayload::UserMessage { message: UserMessage::user_text("s1", "steer"), turn: 1, step: 1 },
+            EventPayload::ToolCall {
+                turn: 1,
+                step: 1,
+                call: ToolCallSpec { call_id: "c".into(), name: "echo".into(), arguments: "{}".into() },
+                awaiting_approval: false,
+            },
+            EventPayload::ToolResult { turn: 1, step: 1, call_id: "c".into(), output: "ok".into(), error: None },
+            EventPayload::AssistantMessage {
+                turn: 1,
+                step: 2,
+                text: "done".into(),
+                tool_calls: vec![],
+                interrupted: false,
+                max_tokens: false,
+                reasoning: None,
+                usage: Some(Usage { input_tokens: 3, output_tokens: 2, ..Usage::default() }),
+                model: None,
+            },
+            EventPayload::TurnEnd { turn: 1, reason: TurnEndReason::Completed },
+        ];
+        let mut reader = TranscriptReader::new();
+        let items: Vec<TranscriptItem> = events
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, payload)| {
+                let seq = i as u64 + 1;
+                reader.read(&Envelope { session: session.clone(), seq, time_ms: seq, epoch: 1, payload })
+            })
+            .collect();
+        assert_eq!(items.iter().map(|i| i.seq).collect::<Vec<_>>(), vec![3, 4, 5, 6, 7]);
+        assert!(matches!(&items[0].kind, ItemKind::User { delivery: Some(Preset::Steer), .. }));
+        assert!(matches!(&items[2].kind, ItemKind::ToolResult { name, .. } if name == "echo"));
+        assert!(
+            matches!(&items[4].kind, ItemKind::TurnEnd { usage, .. } if usage.input_tokens == 3 && usage.output_tokens == 2)
+        );
     }
 
     #[test]

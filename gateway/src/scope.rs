@@ -167,6 +167,16 @@ impl Scoped for pb::ListSchedulesRequest {
     }
 }
 
+impl Scoped for pb::ListPendingApprovalsRequest {
+    fn sessions(&mut self) -> Vec<&mut pb::SessionRef> {
+        self.session.as_mut().into_iter().collect()
+    }
+
+    fn tenant(&mut self) -> Option<&mut String> {
+        Some(&mut self.tenant)
+    }
+}
+
 impl Scoped for pb::ListSessionsRequest {
     fn tenant(&mut self) -> Option<&mut String> {
         Some(&mut self.tenant)

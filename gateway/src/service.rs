@@ -72,6 +72,17 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 5 * 1024 * 1024;
 pub(crate) const DEFAULT_PAGE: usize = 100;
 pub(crate) const MAX_PAGE: usize = 1000;
 
+/// A request's `page_size`: 0 means [`DEFAULT_PAGE`]; more than [`MAX_PAGE`] is INVALID_ARGUMENT.
+pub(crate) fn page_size(raw: u32) -> Result<usize, Status> {
+    match raw as usize {
+        0 => Ok(DEFAULT_PAGE),
+        n if n > MAX_PAGE => Err(Status::invalid_argument(format!(
+            "page_size {n} is over the limit of {MAX_PAGE}; ask for at most {MAX_PAGE} (0 means {DEFAULT_PAGE})"
+        ))),
+        n => Ok(n),
+    }
+}
+
 /// The public gateway: one per process, cheap to clone.
 #[derive(Clone)]
 pub struct Gateway {

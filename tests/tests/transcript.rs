@@ -2,13 +2,16 @@
 //! user messages with their delivery and source, replies, tool calls, the approval decision, results and
 //! turn ends with their usage — each carrying the seq of the event it came from; pages of any size join
 //! into the whole; another tenant's session is NOT_FOUND like one that does not exist; `turnstile
-//! transcript` prints it (one JSON object per item with `--json`).
+//! transcript` prints it (one JSON object per item with `--json`). `ListPendingApprovals` lists the calls
+//! awaiting a decision, of a session and of the tenant's running sessions page after page.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use tonic::{Code, Request};
 use turnstile_proto::v1::session_event::Payload;
 use turnstile_proto::v1::transcript_item::Item;
-use turnstile_proto::v1::{DeliveryKind, GetTranscriptReply, GetTranscriptRequest, SessionRef, TranscriptItem};
+use turnstile_proto::v1::{
+    DeliveryKind, GetTranscriptReply, GetTranscriptRequest, ListPendingApprovalsRequest, SessionRef, TranscriptItem,
+};
 use turnstile_tests::config::{config_args, config_file};
 use turnstile_tests::msg::TEST_TENANT;
 use turnstile_tests::{DevOptions, DevServer, Session, user_msg};
@@ -211,4 +214,78 @@ async fn another_tenants_transcript_is_not_found_like_a_missing_session() {
     let err = read(named("tenant-b", "b-secret"), TOKEN_A).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
     assert_eq!(err.message(), missing.message().replace("nobody", "b-secret"), "no existence leak");
+}
+
+/// Every page of the tenant's pending approvals, following `next_page_token` with pages of one session.
+async fn tenant_approvals(server: &DevServer) -> Vec<turnstile_proto::v1::PendingApproval> {
+    let mut client = server.client();
+    let mut approvals = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let req =
+            ListPendingApprovalsRequest { tenant: TEST_TENANT.into(), page_token, page_size: 1, ..Default::default() };
+        let reply = client.list_pending_approvals(req).await.unwrap().into_inner();
+        approvals.extend(reply.approvals);
+        if reply.next_page_token.is_empty() {
+            return approvals;
+        }
+        page_token = reply.next_page_token;
+    }
+}
+
+#[tokio::test]
+async fn pending_approvals_list_every_waiting_call_of_a_session_and_of_the_tenant() {
+    let (_dir, path) = config_file(CAREFUL);
+    let server =
+        DevServer::start_with(DevOptions { extra_args: config_args(&path), ..DevOptions::default() }).await.unwrap();
+    let (one, two, idle) = (server.session(), server.session(), server.session());
+    for (s, arg) in [(&one, "one"), (&two, "two")] {
+        let watch = s.watch().await.unwrap();
+        s.followup(user_msg("A", &format!("[[tool:echo {arg}]] go"))).await.unwrap();
+        watch.wait_line(&format!("D tool/call 1.1 echo {arg} awaiting-approval")).await.unwrap();
+    }
+    idle.followup(user_msg("A", "nothing to approve here")).await.unwrap();
+    idle.when_idle().await.unwrap();
+
+    // One session: its waiting call, with the seq and time of its `tool/call`.
+    let of = |s: &Session| ListPendingApprovalsRequest { session: Some(s.reference()), ..Default::default() };
+    let mut client = server.client();
+    let listed = client.list_pending_approvals(of(&one)).await.unwrap().into_inner().approvals;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let approval = &listed[0];
+    let (events, _) = one.replay(0).await.unwrap();
+    let call = events.iter().find(|e| e.seq == approval.seq).unwrap();
+    let Some(Payload::ToolCall(c)) = &call.payload else { panic!("seq {} is not the tool/call", approval.seq) };
+    assert_eq!((c.call_id.as_str(), c.awaiting_approval), (approval.call_id.as_str(), true));
+    assert_eq!((approval.tool.as_str(), approval.arguments.as_str()), ("echo", "one"));
+    assert_eq!((approval.turn, approval.step, approval.since_unix_ms), (1, 1, call.time_unix_ms));
+    assert_eq!(approval.session, Some(one.reference()));
+    assert_eq!(approval.deadline_unix_ms, None, "no approval_timeout_ms: it waits for a person");
+
+    // The tenant: both waiting calls, page after page (the index may lag the sessions' status: wait for it).
+    let deadline = tokio::time::Instant::now() + turnstile_tests::DEFAULT_WAIT;
+    let mut tools: Vec<String>;
+    loop {
+        tools = tenant_approvals(&server).await.into_iter().map(|a| a.arguments).collect();
+        tools.sort_unstable();
+        if tools == ["one", "two"] || tokio::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(tools, ["one", "two"]);
+
+    // Decided, the call leaves the inbox.
+    one.decide(&approval.call_id, true, "ok").await.unwrap();
+    one.when_idle().await.unwrap();
+    let listed = client.list_pending_approvals(of(&one)).await.unwrap().into_inner().approvals;
+    assert!(listed.is_empty(), "{listed:?}");
+    let err = client
+        .list_pending_approvals(ListPendingApprovalsRequest {
+            session: Some(SessionRef { tenant: TEST_TENANT.into(), id: "nobody".into() }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
 }

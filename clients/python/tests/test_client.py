@@ -136,6 +136,9 @@ class Scenarios(DevCase):
             by_seq = {e.seq: e for e in events}
             self.assertEqual([by_seq[i.seq].WhichOneof("payload") for i in items],
                              ["user_message", "assistant_message", "turn_end"])
+            # Nothing waits for a decision in an idle session (the TypeScript suite lists a waiting call).
+            self.assertEqual(list((await c.list_pending_approvals(s)).approvals), [])
+            self.assertEqual(list((await c.list_pending_approvals(page_size=1000)).approvals), [])
             page = await c.get_transcript(s, after_seq=items[-1].seq)
             self.assertEqual((len(page.items), page.next_seq, page.last_seq), (0, 0, info.last_seq))
 

@@ -15,6 +15,7 @@ import {
   type GoalInfo,
   type ImportReply,
   type InboxSnapshot,
+  type ListPendingApprovalsReply,
   type ListSchedulesReply,
   type ListSessionsReply,
   type Schedule,
@@ -570,6 +571,23 @@ export class ClientBase implements ClientCore {
       if (page.nextSeq === 0n) return;
       afterSeq = page.nextSeq;
     }
+  }
+
+  /**
+   * The approvals inbox (SPEC §21): the tool calls awaiting a decision, of `options.session`, or of a page of
+   * the tenant's running sessions (`pageSize` sessions; follow `nextPageToken` until it is empty, a page may
+   * hold no call). Each names its session, turn, call, tool, arguments and since when it waits.
+   */
+  listPendingApprovals(
+    options: CallOptions & { session?: SessionLike; tenant?: string; pageToken?: string; pageSize?: number } = {},
+  ): Promise<ListPendingApprovalsReply> {
+    const request = {
+      session: options.session === undefined ? undefined : this.ref(options.session),
+      tenant: options.tenant ?? this.tenant,
+      pageToken: options.pageToken ?? "",
+      pageSize: options.pageSize ?? 0,
+    };
+    return this.#unary("ListPendingApprovals", true, options, (a, o) => a.listPendingApprovals(request, o));
   }
 
   /**

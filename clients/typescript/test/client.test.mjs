@@ -201,6 +201,8 @@ test("configureSession, a call awaiting approval and decide", async () => {
     }
   }
   assert.ok(callId, "a tool/call awaiting approval");
+  const waiting = await client.listPendingApprovals({ session: s });
+  assert.deepEqual(waiting.approvals.map((a) => [a.callId, a.tool, a.arguments]), [[callId, "echo", "approved text"]]);
   await client.decide(s, callId, true, { reason: "fine" });
   const twice = await failure(client.decide(s, callId, true));
   assert.equal(twice.code, Code.FailedPrecondition, "a decided call cannot be decided again");
@@ -547,5 +549,5 @@ test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
     [],
     "RPCs no test called",
   );
-  assert.equal(all.length, 33);
+  assert.equal(all.length, 34);
 });

@@ -457,6 +457,25 @@ class AsyncClient:
                 return
             after_seq = page.next_seq
 
+    async def list_pending_approvals(
+        self,
+        session: SessionLike | None = None,
+        *,
+        tenant: str | None = None,
+        page_token: str = "",
+        page_size: int = 0,
+    ) -> api.ListPendingApprovalsReply:
+        """The approvals inbox (SPEC §21): the tool calls awaiting a decision, of ``session``, or of a page of
+        the tenant's running sessions (``page_size`` sessions; follow ``next_page_token`` until it is empty,
+        a page may hold no call)."""
+        request = api.ListPendingApprovalsRequest(
+            session=None if session is None else self.ref(session),
+            tenant=self.tenant if tenant is None else tenant,
+            page_token=page_token,
+            page_size=page_size,
+        )
+        return await self._unary("ListPendingApprovals", request, retry=True)
+
     async def when_idle(self, session: SessionLike, *, timeout_ms: int = 0) -> api.SessionInfo:
         """Resolves when the session is idle with nothing latched; DEADLINE_EXCEEDED after ``timeout_ms``
         (0: the server's default, 30 s)."""

@@ -45,6 +45,9 @@ pub struct GatewayConfig {
     pub quotas: QuotaConfig,
     /// Tenants' daily token budgets (`[tenants.NAME] token_budget`), which `GetUsage` reports.
     pub token_budgets: TokenBudgets,
+    /// Agents' `approval_timeout_ms`, by agent: the deadline `ListPendingApprovals` reports (the workers'
+    /// drivers decide at it, from the same configuration).
+    pub approval_timeouts_ms: std::collections::BTreeMap<String, u64>,
 }
 
 impl Default for GatewayConfig {
@@ -58,6 +61,7 @@ impl Default for GatewayConfig {
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             quotas: QuotaConfig::default(),
             token_budgets: TokenBudgets::new(),
+            approval_timeouts_ms: std::collections::BTreeMap::new(),
         }
     }
 }

@@ -211,7 +211,7 @@ pub enum ItemKind {
     /// A `tool/call`, with its arguments.
     ToolCall { call: ToolCallSpec, awaiting_approval: bool },
     /// A `tool/decision` on a call awaiting approval.
-    ToolDecision { call_id: String, approved: bool, reason: String },
+    ToolDecision { call_id: String, approved: bool, reason: String, timed_out: bool },
     /// A `tool/result`, with the name of its call when the read saw the call.
     ToolResult { call_id: String, name: String, output: String, error: Option<String> },
     /// A `turn/end` with the usage of the turn's model requests the read saw.
@@ -274,11 +274,15 @@ impl TranscriptReader {
                 self.call_names.insert(call.call_id.clone(), call.name.clone());
                 item(*turn, *step, ItemKind::ToolCall { call: call.clone(), awaiting_approval: *awaiting_approval })
             }
-            EventPayload::ToolDecision { turn, step, call_id, approved, reason } => item(
-                *turn,
-                *step,
-                ItemKind::ToolDecision { call_id: call_id.clone(), approved: *approved, reason: reason.clone() },
-            ),
+            EventPayload::ToolDecision { turn, step, call_id, approved, reason, timed_out } => {
+                let kind = ItemKind::ToolDecision {
+                    call_id: call_id.clone(),
+                    approved: *approved,
+                    reason: reason.clone(),
+                    timed_out: *timed_out,
+                };
+                item(*turn, *step, kind)
+            }
             EventPayload::ToolResult { turn, step, call_id, output, error } => {
                 let name = self.call_names.remove(call_id).unwrap_or_default();
                 let kind = ItemKind::ToolResult {

@@ -87,6 +87,11 @@ fn gateway_config(config: &Config) -> GatewayConfig {
                 .collect(),
         },
         token_budgets: token_budgets(config),
+        approval_timeouts_ms: config
+            .agents
+            .iter()
+            .filter_map(|(name, a)| Some((name.clone(), a.approval_timeout_ms?)))
+            .collect(),
         ..GatewayConfig::default()
     }
 }

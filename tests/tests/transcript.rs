@@ -289,3 +289,44 @@ async fn pending_approvals_list_every_waiting_call_of_a_session_and_of_the_tenan
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
 }
+
+/// SPEC §21: an agent's `approval_timeout_ms` passes and the waiting call is decided by `on_timeout`
+/// (deny by default), durably, marked as decided by the timeout; the inbox showed its deadline first.
+#[tokio::test]
+async fn an_approval_timeout_denies_the_waiting_call_and_the_turn_goes_on() {
+    let config = "default_agent = \"hasty\"\n\n[agents.hasty]\ntools = [\"echo\"]\napproval = [\"echo\"]\n\
+                  approval_timeout_ms = 1500\n";
+    let (_dir, path) = config_file(config);
+    let server =
+        DevServer::start_with(DevOptions { extra_args: config_args(&path), ..DevOptions::default() }).await.unwrap();
+    let s = server.session();
+    let watch = s.watch().await.unwrap();
+    s.followup(user_msg("A", "[[tool:echo hi]] go")).await.unwrap();
+    watch.wait_line("D tool/call 1.1 echo hi awaiting-approval").await.unwrap();
+    let req = ListPendingApprovalsRequest { session: Some(s.reference()), ..Default::default() };
+    let listed = server.client().list_pending_approvals(req.clone()).await.unwrap().into_inner().approvals;
+    // Decided by now only if the machine stalled 1.5 s; then the inbox is empty, and the rest still holds.
+    if let Some(a) = listed.first() {
+        assert_eq!(a.deadline_unix_ms, Some(a.since_unix_ms + 1500));
+    }
+
+    let reason = "no decision within approval_timeout_ms (1500 ms)";
+    let lines = watch.settle(&s).await.unwrap();
+    assert!(
+        lines.iter().any(|l| l.starts_with("D tool/decision 1.1 ") && l.ends_with(&format!("denied {reason:?}"))),
+        "{lines:#?}"
+    );
+    assert!(lines.contains(&format!("D tool/result 1.1 error \"denied: {reason}\"")), "{lines:#?}");
+    assert!(lines.contains(&"D turn/end 1 completed".to_owned()), "{lines:#?}");
+    let (events, _) = s.replay(0).await.unwrap();
+    let decision = events
+        .iter()
+        .find_map(|e| match &e.payload {
+            Some(Payload::ToolDecision(d)) => Some(d.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(decision.timed_out && !decision.approved, "{decision:?}");
+    let listed = server.client().list_pending_approvals(req).await.unwrap().into_inner().approvals;
+    assert!(listed.is_empty(), "{listed:?}");
+}

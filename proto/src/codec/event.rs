@@ -258,13 +258,14 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             arguments: call.arguments.clone(),
             awaiting_approval: *awaiting_approval,
         }),
-        EventPayload::ToolDecision { turn, step, call_id, approved, reason } => {
+        EventPayload::ToolDecision { turn, step, call_id, approved, reason, timed_out } => {
             Payload::ToolDecision(pb::ToolDecision {
                 turn: *turn,
                 step: *step,
                 call_id: call_id.clone(),
                 approved: *approved,
                 reason: reason.clone(),
+                timed_out: *timed_out,
             })
         }
         EventPayload::ToolResult { turn, step, call_id, output, error } => Payload::ToolResult(pb::ToolResult {
@@ -362,6 +363,7 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             call_id: d.call_id,
             approved: d.approved,
             reason: d.reason,
+            timed_out: d.timed_out,
         },
         Payload::ToolResult(r) => EventPayload::ToolResult {
             turn: r.turn,
@@ -490,12 +492,13 @@ pub fn encode_transcript_item(item: &TranscriptItem) -> pb::TranscriptItem {
             arguments: call.arguments.clone(),
             awaiting_approval: *awaiting_approval,
         })),
-        ItemKind::ToolDecision { call_id, approved, reason } => Some(Item::ToolDecision(pb::ToolDecision {
+        ItemKind::ToolDecision { call_id, approved, reason, timed_out } => Some(Item::ToolDecision(pb::ToolDecision {
             turn: item.turn,
             step: item.step,
             call_id: call_id.clone(),
             approved: *approved,
             reason: reason.clone(),
+            timed_out: *timed_out,
         })),
         ItemKind::ToolResult { call_id, name, output, error } => Some(Item::ToolResult(pb::TranscriptToolResult {
             turn: item.turn,

@@ -33,7 +33,7 @@ fn pending(state: &SessionState, timeouts: &BTreeMap<String, u64>, default_agent
 }
 
 impl Gateway {
-    fn pending(&self, state: &SessionState) -> Option<pb::PendingApproval> {
+    pub(crate) fn pending(&self, state: &SessionState) -> Option<pb::PendingApproval> {
         pending(state, &self.config.approval_timeouts_ms, &self.config.default_agent)
     }
 

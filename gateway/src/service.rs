@@ -266,7 +266,9 @@ impl Gateway {
     pub(crate) async fn info(&self, state: &SessionState) -> pb::SessionInfo {
         let owner = self.router.owner(&state.session).await.unwrap_or_default();
         let agent = state.agent.clone().unwrap_or_else(|| self.config.default_agent.clone());
-        codec::encode_session_info(&state.session, &SessionSummary::of(state, owner, agent))
+        let mut info = codec::encode_session_info(&state.session, &SessionSummary::of(state, owner, agent));
+        info.awaiting_approval = self.pending(state);
+        info
     }
 
     /// `ListSessions {parent}`: the children of `parent` (SPEC §13) after `after`. Every child id starts with

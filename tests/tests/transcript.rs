@@ -261,6 +261,10 @@ async fn pending_approvals_list_every_waiting_call_of_a_session_and_of_the_tenan
     assert_eq!((approval.turn, approval.step, approval.since_unix_ms), (1, 1, call.time_unix_ms));
     assert_eq!(approval.session, Some(one.reference()));
     assert_eq!(approval.deadline_unix_ms, None, "no approval_timeout_ms: it waits for a person");
+    // GetSession says so too (the status stays RUNNING).
+    let info = one.info().await.unwrap();
+    assert_eq!(info.status, turnstile_proto::v1::SessionStatus::Running as i32);
+    assert_eq!(info.awaiting_approval.as_ref(), Some(approval));
 
     // The tenant: both waiting calls, page after page (the index may lag the sessions' status: wait for it).
     let deadline = tokio::time::Instant::now() + turnstile_tests::DEFAULT_WAIT;
@@ -280,6 +284,7 @@ async fn pending_approvals_list_every_waiting_call_of_a_session_and_of_the_tenan
     one.when_idle().await.unwrap();
     let listed = client.list_pending_approvals(of(&one)).await.unwrap().into_inner().approvals;
     assert!(listed.is_empty(), "{listed:?}");
+    assert_eq!(one.info().await.unwrap().awaiting_approval, None);
     let err = client
         .list_pending_approvals(ListPendingApprovalsRequest {
             session: Some(SessionRef { tenant: TEST_TENANT.into(), id: "nobody".into() }),

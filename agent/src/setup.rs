@@ -26,7 +26,7 @@ use std::time::Duration;
 use turnstile_config::{
     Config, ConfigError, MAX_MODEL_TOOL_NAME, ModelConfig, Provider, ToolId, ToolRef, is_model_tool_name,
 };
-use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, CatalogError};
+use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, ApprovalTimeout, CatalogError};
 use turnstile_worker::agent::{Agents, Model};
 
 use crate::hooks::remote::RemoteHookError;
@@ -349,6 +349,10 @@ pub fn from_config_with_mcp(
                 approval,
                 context_budget_tokens: agent.context_budget_tokens,
                 tenants: agent.tenant_scope(),
+                approval_timeout: agent.approval_timeout_ms.map(|after_ms| ApprovalTimeout {
+                    after_ms,
+                    approve: agent.on_timeout == turnstile_config::OnTimeout::Approve,
+                }),
             },
         ));
         let fallback = fallback_of(&agent.model);

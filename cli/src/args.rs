@@ -107,6 +107,9 @@ pub(crate) enum Cmd {
     Inbox(SessionArg),
     /// Show a session's status, last seq and turn, epoch and owner.
     Session(SessionArg),
+    /// Show a session's conversation, oldest first: user messages (how they were delivered), replies,
+    /// tool calls, decisions and results, and turn ends with their token usage, each with its seq.
+    Transcript(SessionArg),
     /// List sessions (of --tenant, or every tenant with --all-tenants), filtered by status, agent, parent
     /// and labels, by id or newest activity first.
     #[command(visible_alias = "sessions")]

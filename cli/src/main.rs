@@ -11,6 +11,7 @@ mod json;
 mod render;
 mod schedules;
 mod security;
+mod transcript;
 mod watch;
 
 use std::process::ExitCode;
@@ -157,6 +158,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Goal(GoalCmd::Clear(a)) => client::update_goal(c, &a.session, a.goal_id, GoalAction::Clear).await,
         Cmd::Inbox(a) => client::inbox(c, &a.session).await,
         Cmd::Session(a) => client::show_session(c, &a.session).await,
+        Cmd::Transcript(a) => transcript::transcript(c, &a.session).await,
         Cmd::List(a) => client::list(c, a).await,
         Cmd::Schedule(ScheduleCmd::Create(a)) => schedules::create(c, a).await,
         Cmd::Schedule(ScheduleCmd::List(a)) => schedules::list(c, a.session.as_deref()).await,

@@ -203,8 +203,13 @@ impl Renderer {
                 }
                 (2, line)
             }
-            EventPayload::ToolDecision { call_id, approved, reason, .. } => {
-                let verdict = if *approved { "approved" } else { "denied" };
+            EventPayload::ToolDecision { call_id, approved, reason, timed_out, .. } => {
+                let verdict = match (*approved, *timed_out) {
+                    (true, false) => "approved",
+                    (false, false) => "denied",
+                    (true, true) => "approved by its approval timeout",
+                    (false, true) => "denied by its approval timeout",
+                };
                 let reason = if reason.is_empty() { String::new() } else { format!(": {}", preview(reason)) };
                 (2, format!("tool/decision {call_id} {verdict}{reason}"))
             }

@@ -132,6 +132,11 @@ pub struct AgentConfig {
     pub tools: Vec<ToolRef>,
     /// Calls that wait for a `Decide` before they run. Default none.
     pub approval: Vec<ToolPattern>,
+    /// How long such a call waits for a decision, in ms from its `tool/call`; then it is decided by
+    /// `on_timeout` (SPEC §21). Default: it waits for a person for ever.
+    pub approval_timeout_ms: Option<u64>,
+    /// What a call that waited `approval_timeout_ms` gets: `"deny"` (the default) or `"approve"`.
+    pub on_timeout: OnTimeout,
     /// History sent with each request, in whole turns before the current one. Default 100.
     pub history_turns: u32,
     /// Remote pre-step hooks, in order, after the built-in content guard. Default none.
@@ -170,8 +175,19 @@ impl Default for AgentConfig {
             compaction_model: None,
             webhooks: Vec::new(),
             tenants: None,
+            approval_timeout_ms: None,
+            on_timeout: OnTimeout::Deny,
         }
     }
+}
+
+/// `on_timeout` of an agent: the decision a call gets when its `approval_timeout_ms` passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnTimeout {
+    #[default]
+    Deny,
+    Approve,
 }
 
 impl AgentConfig {
@@ -303,6 +319,9 @@ impl AgentConfig {
         }
         if let Some(ms) = self.tool_deadline_ms {
             positive(path, "tool_deadline_ms", ms, "a deadline of 0 would fail every call")?;
+        }
+        if let Some(ms) = self.approval_timeout_ms {
+            positive(path, "approval_timeout_ms", ms, "0 would decide every call before anyone could")?;
         }
         if let Some(n) = self.max_steps_per_turn {
             positive(path, "max_steps_per_turn", u64::from(n), "0 would end every turn before its first step")?;

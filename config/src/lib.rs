@@ -51,7 +51,7 @@ mod tenant;
 mod tools;
 mod url;
 
-pub use agent::{AgentConfig, HookConfig, OnFailure, WebhookConfig};
+pub use agent::{AgentConfig, HookConfig, OnFailure, OnTimeout, WebhookConfig};
 pub use config::{
     CONFIG_ENV, ClusterConfig, Config, JournalConfig, Limits, MIN_DEDUP_HORIZON, REQUEST_ENVELOPE_BYTES, SCRIPTED,
     ToolDefaults,

@@ -27,6 +27,16 @@ pub struct AgentProfile {
     pub context_budget_tokens: Option<u64>,
     /// The tenants whose sessions may run this agent (decision 0091); to any other tenant it does not exist.
     pub tenants: TenantScope,
+    /// How long a call waits for a decision before the driver decides it (SPEC §21); `None`: for ever.
+    pub approval_timeout: Option<ApprovalTimeout>,
+}
+
+/// An agent's approval deadline: `after_ms` after its `tool/call`, a waiting call is approved or denied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApprovalTimeout {
+    pub after_ms: u64,
+    /// The `on_timeout = "approve"` of the agent; denied otherwise.
+    pub approve: bool,
 }
 
 impl Default for AgentProfile {
@@ -37,6 +47,7 @@ impl Default for AgentProfile {
             approval: ApprovalRules::default(),
             context_budget_tokens: None,
             tenants: TenantScope::All,
+            approval_timeout: None,
         }
     }
 }
@@ -191,6 +202,7 @@ static FALLBACK: AgentProfile = AgentProfile {
     approval: ApprovalRules(None),
     context_budget_tokens: None,
     tenants: TenantScope::All,
+    approval_timeout: None,
 };
 
 #[cfg(test)]

@@ -8,25 +8,60 @@
 use turnstile_model::{CancelCause, EventPayload, LivePayload, MessageId, OnDeadline, Splice, SpliceOutcome, Target};
 
 use super::Driver;
+use super::agents::ApprovalTimeout;
+use super::turn::Phase;
 
 impl Driver {
     /// The earliest pending steer deadline or schedule firing (unix ms), if any: when the runner must call
     /// [`Driver::on_timer`].
     pub fn next_timer(&self) -> Option<u64> {
-        self.state.next_timer()
+        match (self.state.next_timer(), self.approval_deadline()) {
+            (Some(a), Some((b, ..))) => Some(a.min(b)),
+            (a, b) => a.or(b.map(|(at, ..)| at)),
+        }
     }
 
     /// The earliest pending steer deadline alone: a session with one stays loaded, while one with only
     /// schedules may be unloaded and woken by its host when a firing is due.
     pub fn next_steer_deadline(&self) -> Option<u64> {
-        self.state.steer_deadlines.values().map(|d| d.at_ms).min()
+        let steer = self.state.steer_deadlines.values().map(|d| d.at_ms).min();
+        // A call's approval deadline keeps the session loaded like a steer's.
+        match (steer, self.approval_deadline()) {
+            (Some(a), Some((b, ..))) => Some(a.min(b)),
+            (a, b) => a.or(b.map(|(at, ..)| at)),
+        }
+    }
+
+    /// When the call awaiting approval is decided without a person (SPEC §21): its `tool/call`'s time
+    /// (from the log, so a new owner sees the same deadline) plus its agent's `approval_timeout_ms`; with
+    /// the call's id and the agent's `on_timeout`.
+    fn approval_deadline(&self) -> Option<(u64, String, ApprovalTimeout)> {
+        let t = self.turn.as_ref()?;
+        let Phase::Tools { awaiting: Some(call_id), .. } = &t.phase else { return None };
+        let timeout = self.agents.resolve(Some(&t.agent), &self.state.session.tenant).1.approval_timeout?;
+        let (_, since_ms) = self.state.open_turn.as_ref()?.awaiting_since?;
+        Some((since_ms.saturating_add(timeout.after_ms), call_id.clone(), timeout))
     }
 
     /// Time passed: every steer still pending at its deadline gets its `on_deadline`, earliest first; then
     /// every schedule firing due is delivered (or skipped, beyond its catch-up window; SPEC §15).
     pub fn on_timer(&mut self, now_ms: u64) {
         self.steer_deadlines_due(now_ms);
+        self.approval_deadline_due(now_ms);
         self.fire_schedules(now_ms);
+    }
+
+    /// A call still awaiting approval at its deadline is decided by its agent's `on_timeout`, durably, as
+    /// a `Decide` would (`tool/decision {timed_out}`), and the turn goes on.
+    fn approval_deadline_due(&mut self, now_ms: u64) {
+        self.now_ms = now_ms;
+        let Some((at_ms, call_id, timeout)) = self.approval_deadline() else { return };
+        if at_ms > now_ms {
+            return;
+        }
+        let reason = format!("no decision within approval_timeout_ms ({} ms)", timeout.after_ms);
+        // Cannot fail: `approval_deadline` named the call the turn waits on.
+        let _ = self.holding_idle_waiters(|driver| driver.decide(&call_id, timeout.approve, reason, true));
     }
 
     fn steer_deadlines_due(&mut self, now_ms: u64) {

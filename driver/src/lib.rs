@@ -49,7 +49,7 @@ use turnstile_model::{
     SessionState, SessionSummary, Status,
 };
 
-pub use agents::{AgentCatalog, AgentProfile, ApprovalRules, CatalogError};
+pub use agents::{AgentCatalog, AgentProfile, ApprovalRules, ApprovalTimeout, CatalogError};
 pub use effect::{
     ActiveGoal, AppendGroup, CommandId, CompactionTask, Effect, GOAL_COMPLETE, HookError, HookVerdict, ModelOutcome,
     ModelOutput, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, SUMMARY_PREFIX,

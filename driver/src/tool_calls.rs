@@ -72,6 +72,7 @@ impl Driver {
         call_id: &str,
         approve: bool,
         reason: String,
+        timed_out: bool,
     ) -> Result<CommandReply, CommandError> {
         let waiting = self.turn.as_ref().and_then(|t| match &t.phase {
             Phase::Tools { calls, next, awaiting: Some(id), .. } if id == call_id && t.cancel.is_none() => {
@@ -88,6 +89,7 @@ impl Driver {
             call_id: call_id.to_owned(),
             approved: approve,
             reason: reason.clone(),
+            timed_out,
         });
         if approve {
             self.run_tool_call(call);

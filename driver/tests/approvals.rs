@@ -5,7 +5,7 @@
 mod support;
 
 use support::{Sim, refused, render_reply, sent, written};
-use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, Limits};
+use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, ApprovalTimeout, Limits};
 use turnstile_model::{CancelCause, Command, CommandReply, EventPayload, MessageSource, OnDeadline, Status};
 
 /// The scripted agent, with `echo` gated by approval.
@@ -295,4 +295,72 @@ fn context_with_a_reused_id_is_dropped_and_the_turn_goes_on() {
     let lines = sim.lines();
     assert!(!lines.iter().any(|l| l.starts_with("D spliced next-step")), "{lines:#?}");
     assert!(lines.contains(&"D turn/end 1 completed".to_owned()), "{lines:#?}");
+}
+
+/// The scripted agent, with `echo` gated by approval for at most `after_ms`, then decided by `approve`.
+fn gated_echo_for(after_ms: u64, approve: bool) -> AgentCatalog {
+    let profile = AgentProfile {
+        approval: ApprovalRules::new(|tool| tool == "echo"),
+        approval_timeout: Some(ApprovalTimeout { after_ms, approve }),
+        ..AgentProfile::default()
+    };
+    AgentCatalog::new("scripted", [("scripted".to_owned(), profile)]).unwrap()
+}
+
+/// SPEC §21: past its agent's `approval_timeout_ms` a waiting call is decided by `on_timeout`, durably, as
+/// a person's decision would be, marked `timed_out`; before it, nothing happens.
+#[test]
+fn a_call_waiting_past_its_approval_timeout_is_denied_by_it() {
+    let mut sim = Sim::with_agents(Limits::default(), gated_echo_for(2_000, false));
+    sent(sim.followup("A", "[[tool:echo hi]] go"));
+    sim.take();
+    let since = sim.log.last().unwrap().time_ms;
+    assert_eq!(sim.driver.next_timer(), Some(since + 2_000), "the deadline is the call's time plus the timeout");
+    sim.fire_timers(since + 1_999);
+    sim.expect_nothing();
+    sim.fire_timers(since + 2_000);
+    sim.expect(&[
+        "D tool/decision 1.1 call-1-1-1 denied timed-out no decision within approval_timeout_ms (2000 ms)",
+        "D tool/result 1.1 call-1-1-1 error",
+        "D step/end 1.1",
+        "D step/start 1.2",
+        "D assistant/message 1.2 \"tool results: echo failed: denied: no decision within approval_timeout_ms (2000 ms)\"",
+        "D step/end 1.2",
+        "D turn/end 1 completed",
+        "D status idle",
+        "L status idle",
+    ]);
+    assert!(sim.tool_requests.is_empty(), "a denied call never runs");
+    assert_eq!(sim.driver.next_timer(), None);
+    let (kind, _) = refused(decide(&mut sim, "call-1-1-1", true, "too late"));
+    assert_eq!(kind, "failed-precondition");
+}
+
+/// The deadline comes from the log: a new owner (after a kill -9) decides it once, at the same time,
+/// and `on_timeout = approve` runs the call.
+#[test]
+fn a_new_owner_keeps_the_approval_deadline_and_approves_on_it() {
+    let mut sim = Sim::with_agents(Limits::default(), gated_echo_for(5_000, true));
+    sent(sim.followup("A", "[[tool:echo hi]] go"));
+    sim.take();
+    let since = sim.log.last().unwrap().time_ms;
+    let log = sim.log.clone();
+    let mut next = Sim::recover_with_agents(log.clone(), Limits::default(), gated_echo_for(5_000, true), 2, since + 10);
+    next.expect_nothing();
+    assert_eq!(next.driver.next_timer(), Some(since + 5_000));
+    next.fire_timers(since + 60_000);
+    next.expect(&[
+        "D tool/decision 1.1 call-1-1-1 approved timed-out no decision within approval_timeout_ms (5000 ms)",
+        "D tool/result 1.1 call-1-1-1",
+        "D step/end 1.1",
+        "D step/start 1.2",
+        "D assistant/message 1.2 \"tool results: echo: hi\"",
+        "D step/end 1.2",
+        "D turn/end 1 completed",
+        "D status idle",
+        "L status idle",
+    ]);
+    assert_eq!(next.tool_requests.len(), 1, "approved by the timeout, the call ran once");
+    next.fire_timers(since + 120_000);
+    next.expect_nothing();
 }

@@ -13,12 +13,13 @@
 //! themselves are in `rpc`), [`auth`] (bearer tokens → tenant and role), `scope` (the one tenancy rule
 //! every RPC passes through: authenticate, resolve the call's tenant, confine the request to it), [`quota`] (per-tenant request rate and open Watch streams, checked in the service
 //! methods, counted across a cluster's gateways in NATS KV), `usage` (`GetUsage`, SPEC §17), [`tools`]
-//! (client tool executors on `ServeTools` streams) and [`export`] (`ExportSessions` and `ImportSessions`,
+//! (client tool executors on `ServeTools` streams), `transcript` and `approvals` (`GetTranscript`, `ListPendingApprovals`, SPEC §21) and [`export`] (`ExportSessions` and `ImportSessions`,
 //! SPEC §18). [`console`] serves the web console
 //! and the same service over gRPC-Web for it, on the ops HTTP listener. In a cluster the router is
 //! `turnstile_cluster::ClusterRouter` (the internal hop, shared with the workers); TLS configs come from
 //! `turnstile_ops::tls`.
 
+mod approvals;
 pub mod auth;
 pub mod console;
 pub mod convert;
@@ -37,6 +38,7 @@ mod search;
 pub mod service;
 pub mod status;
 pub mod tools;
+mod transcript;
 mod usage;
 pub mod watch;
 pub mod watch_buffer;

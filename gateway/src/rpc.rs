@@ -15,10 +15,10 @@ use turnstile_proto::v1::agent_server::Agent;
 use crate::auth::{Caller, Role};
 use crate::resume::StepPosition;
 use crate::scope::ToolsTenant;
-use crate::service::{DEFAULT_PAGE, Gateway, MAX_PAGE, parse_page_token, unexpected};
+use crate::service::{Gateway, page_size, parse_page_token, unexpected};
 use crate::watch::{self, WatchSpec};
 use crate::watch_buffer::ItemStream;
-use crate::{convert, read, status};
+use crate::{convert, read, status, transcript};
 
 #[tonic::async_trait]
 impl Agent for Gateway {
@@ -120,6 +120,32 @@ impl Agent for Gateway {
         let session = self.session(self.open(request).await?.1.session)?;
         let state = read::existing(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
         Ok(Response::new(codec::encode_inbox(&state.inbox, state.last_seq)))
+    }
+
+    /// SPEC §21: the conversation as items (`transcript.rs`).
+    async fn get_transcript(
+        &self,
+        request: Request<pb::GetTranscriptRequest>,
+    ) -> Result<Response<pb::GetTranscriptReply>, Status> {
+        let (_, req) = self.open(request).await?;
+        let session = self.session(req.session)?;
+        let page_size = page_size(req.page_size)?;
+        let reply = transcript::page(self.log.as_ref(), &session, req.after_seq, page_size).await?;
+        Ok(Response::new(reply))
+    }
+
+    /// SPEC §21: the approvals inbox (`approvals.rs`).
+    async fn list_pending_approvals(
+        &self,
+        request: Request<pb::ListPendingApprovalsRequest>,
+    ) -> Result<Response<pb::ListPendingApprovalsReply>, Status> {
+        let (scope, req) = self.open(request).await?;
+        let page_size = page_size(req.page_size)?;
+        let reply = match req.session {
+            Some(session) => self.pending_approvals_of(&self.session(Some(session))?).await?,
+            None => self.pending_approvals_in(&scope.tenant, &req.page_token, page_size).await?,
+        };
+        Ok(Response::new(reply))
     }
 
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Result<Response<pb::SessionInfo>, Status> {
@@ -372,15 +398,7 @@ impl Agent for Gateway {
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsReply>, Status> {
         let (scope, req) = self.open(request).await?;
-        let page_size = match req.page_size as usize {
-            0 => DEFAULT_PAGE,
-            n if n > MAX_PAGE => {
-                return Err(Status::invalid_argument(format!(
-                    "page_size {n} is over the limit of {MAX_PAGE}; ask for at most {MAX_PAGE} (0 means {DEFAULT_PAGE})"
-                )));
-            }
-            n => n,
-        };
+        let page_size = page_size(req.page_size)?;
         // Without auth, naming no tenant lists every tenant's sessions; otherwise the call's tenant.
         let tenant = match (&scope.caller, req.tenant.is_empty()) {
             (Caller::Anonymous, true) => None,

@@ -7,7 +7,7 @@ use turnstile_model::{Command, CommandReply, SessionRef};
 use turnstile_proto::codec::schedule::{encode_schedule, schedule_spec_at};
 use turnstile_proto::v1 as pb;
 
-use crate::service::{DEFAULT_PAGE, Gateway, MAX_PAGE, page_token, parse_page_token, unexpected};
+use crate::service::{Gateway, page_token, parse_page_token, unexpected};
 use crate::{read, status};
 
 impl Gateway {
@@ -68,15 +68,7 @@ impl Gateway {
             let schedules = state.schedules.iter().map(|s| encode_schedule(&session, s)).collect();
             return Ok(pb::ListSchedulesReply { schedules, next_page_token: String::new() });
         }
-        let page_size = match page_size as usize {
-            0 => DEFAULT_PAGE,
-            n if n > MAX_PAGE => {
-                return Err(Status::invalid_argument(format!(
-                    "page_size {n} is over the limit of {MAX_PAGE}; ask for at most {MAX_PAGE} (0 means {DEFAULT_PAGE})"
-                )));
-            }
-            n => n,
-        };
+        let page_size = crate::service::page_size(page_size)?;
         let mut after = parse_page_token(token)?;
         let mut schedules = Vec::new();
         loop {

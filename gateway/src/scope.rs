@@ -153,9 +153,21 @@ scoped!(
     pb::CreateScheduleRequest,
     pb::DeleteScheduleRequest,
     pb::SetLabelsRequest,
+    // What an application reads (SPEC §21).
+    pb::GetTranscriptRequest,
 );
 
 impl Scoped for pb::ListSchedulesRequest {
+    fn sessions(&mut self) -> Vec<&mut pb::SessionRef> {
+        self.session.as_mut().into_iter().collect()
+    }
+
+    fn tenant(&mut self) -> Option<&mut String> {
+        Some(&mut self.tenant)
+    }
+}
+
+impl Scoped for pb::ListPendingApprovalsRequest {
     fn sessions(&mut self) -> Vec<&mut pb::SessionRef> {
         self.session.as_mut().into_iter().collect()
     }

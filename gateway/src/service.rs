@@ -45,6 +45,9 @@ pub struct GatewayConfig {
     pub quotas: QuotaConfig,
     /// Tenants' daily token budgets (`[tenants.NAME] token_budget`), which `GetUsage` reports.
     pub token_budgets: TokenBudgets,
+    /// Agents' `approval_timeout_ms`, by agent: the deadline `ListPendingApprovals` reports (the workers'
+    /// drivers decide at it, from the same configuration).
+    pub approval_timeouts_ms: std::collections::BTreeMap<String, u64>,
 }
 
 impl Default for GatewayConfig {
@@ -57,6 +60,7 @@ impl Default for GatewayConfig {
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             quotas: QuotaConfig::default(),
             token_budgets: TokenBudgets::new(),
+            approval_timeouts_ms: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -71,6 +75,17 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 5 * 1024 * 1024 - 64 * 1024;
 /// Default and largest `ListSessions` page.
 pub(crate) const DEFAULT_PAGE: usize = 100;
 pub(crate) const MAX_PAGE: usize = 1000;
+
+/// A request's `page_size`: 0 means [`DEFAULT_PAGE`]; more than [`MAX_PAGE`] is INVALID_ARGUMENT.
+pub(crate) fn page_size(raw: u32) -> Result<usize, Status> {
+    match raw as usize {
+        0 => Ok(DEFAULT_PAGE),
+        n if n > MAX_PAGE => Err(Status::invalid_argument(format!(
+            "page_size {n} is over the limit of {MAX_PAGE}; ask for at most {MAX_PAGE} (0 means {DEFAULT_PAGE})"
+        ))),
+        n => Ok(n),
+    }
+}
 
 /// The public gateway: one per process, cheap to clone.
 #[derive(Clone)]
@@ -251,7 +266,9 @@ impl Gateway {
     pub(crate) async fn info(&self, state: &SessionState) -> pb::SessionInfo {
         let owner = self.router.owner(&state.session).await.unwrap_or_default();
         let agent = state.agent.clone().unwrap_or_else(|| self.config.default_agent.clone());
-        codec::encode_session_info(&state.session, &SessionSummary::of(state, owner, agent))
+        let mut info = codec::encode_session_info(&state.session, &SessionSummary::of(state, owner, agent));
+        info.awaiting_approval = self.pending(state);
+        info
     }
 
     /// `ListSessions {parent}`: the children of `parent` (SPEC §13) after `after`. Every child id starts with

@@ -259,6 +259,9 @@ pub enum EventPayload {
         call_id: String,
         approved: bool,
         reason: String,
+        /// Decided by the agent's `approval_timeout_ms` passing (SPEC §21), not by a person.
+        #[serde(default)]
+        timed_out: bool,
     },
     ToolResult {
         turn: u64,

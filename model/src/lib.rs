@@ -12,6 +12,7 @@
 //! - [`turn`]: how a turn ends and the tool calls its steps make (used by events, transcript and goals).
 //! - [`inbox`]: the two pending lists and the normalized splice of §3.
 //! - [`state`]: [`SessionState`], the fold of a log into inbox, status and recovery facts (§3, §6).
+//! - [`transcript_items`]: the conversation as items with their seqs, as `GetTranscript` answers it (§21).
 //! - [`transcript`]: the bounded conversation history a model request is built from (§8).
 //! - [`command`]: client commands, their replies and typed errors (the gateway → driver seam).
 //! - [`child`]: the names a `spawn_agent` call gives its child session (§13).
@@ -47,6 +48,7 @@ pub mod tenant;
 pub mod time;
 pub mod tool_names;
 pub mod transcript;
+pub mod transcript_items;
 pub mod turn;
 pub mod usage;
 
@@ -65,3 +67,4 @@ pub use schedule::{Preset, Schedule, ScheduleChange, ScheduleSpec, Timing};
 pub use state::{ProjectionError, SessionState};
 pub use tenant::{Tenant, TenantScope};
 pub use transcript::{Transcript, TranscriptEntry};
+pub use transcript_items::{ItemKind, TranscriptItem, TranscriptReader};

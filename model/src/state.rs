@@ -248,6 +248,9 @@ pub struct OpenTurn {
     /// The open call that waits for a `tool/decision` (SPEC §9).
     #[serde(default)]
     pub awaiting: Option<ToolCallSpec>,
+    /// The seq and time of the `tool/call` of [`OpenTurn::awaiting`]: since when it waits (SPEC §21).
+    #[serde(default)]
+    pub awaiting_since: Option<(u64, u64)>,
 }
 
 /// A `tool/result` with the name of its call.
@@ -530,6 +533,7 @@ impl SessionState {
                         return Err(structure(format!("call {} already awaits approval", waiting.call_id)));
                     }
                     open.awaiting = Some(call.clone());
+                    open.awaiting_since = Some((seq, event.time_ms));
                 }
                 open.open_calls.push(call.clone());
             }
@@ -539,6 +543,7 @@ impl SessionState {
                     return Err(structure(format!("call {call_id} does not await approval")));
                 }
                 open.awaiting = None;
+                open.awaiting_since = None;
             }
             EventPayload::ToolResult { turn, step, call_id, output, error } => {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
@@ -551,6 +556,7 @@ impl SessionState {
                 if open.awaiting.as_ref().is_some_and(|c| c.call_id == call.call_id) {
                     // Denied, or ended unstarted by an abort.
                     open.awaiting = None;
+                    open.awaiting_since = None;
                 }
                 open.last_step_results.push(ToolResultRecord {
                     call_id: call.call_id.clone(),

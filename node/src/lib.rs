@@ -107,6 +107,11 @@ fn gateway_config(config: &Config) -> GatewayConfig {
             per_watcher: config.limits.watch_buffer_bytes,
             total: config.limits.watch_buffer_total_bytes,
         },
+        approval_timeouts_ms: config
+            .agents
+            .iter()
+            .filter_map(|(name, a)| Some((name.clone(), a.approval_timeout_ms?)))
+            .collect(),
         ..GatewayConfig::default()
     }
 }

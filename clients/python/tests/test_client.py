@@ -128,6 +128,19 @@ class Scenarios(DevCase):
             self.assertEqual((await c.get_session(s)).last_turn, reply.turn)
             listed = [i.session.id async for i in c.sessions()]
             self.assertIn(s, listed)
+            # The transcript: the followup (delivered as one), the reply and the turn's end, with their seqs.
+            items = [i async for i in c.transcript(s, page_size=1)]
+            self.assertEqual([i.WhichOneof("item") for i in items], ["user", "assistant", "turn_end"])
+            self.assertEqual(items[0].user.delivery, pb.DELIVERY_KIND_FOLLOWUP)
+            self.assertEqual(items[1].assistant.text, "echo: hello")
+            by_seq = {e.seq: e for e in events}
+            self.assertEqual([by_seq[i.seq].WhichOneof("payload") for i in items],
+                             ["user_message", "assistant_message", "turn_end"])
+            # Nothing waits for a decision in an idle session (the TypeScript suite lists a waiting call).
+            self.assertEqual(list((await c.list_pending_approvals(s)).approvals), [])
+            self.assertEqual(list((await c.list_pending_approvals(page_size=1000)).approvals), [])
+            page = await c.get_transcript(s, after_seq=items[-1].seq)
+            self.assertEqual((len(page.items), page.next_seq, page.last_seq), (0, 0, info.last_seq))
 
     async def test_a_lost_reply_is_retried_with_the_same_id_and_answered_with_the_first_acceptance(self):
         lose = LoseFirstReply("Followup")
@@ -308,6 +321,7 @@ class Scenarios(DevCase):
             self.assertEqual(replies(seen), ["echo: sync hello"])
             self.assertEqual(c.when_idle(s).status, pb.SESSION_STATUS_IDLE)
             self.assertIn(s, [i.session.id for i in c.sessions()])
+            self.assertEqual([i.WhichOneof("item") for i in c.transcript(s)], ["user", "assistant", "turn_end"])
 
 
 class ToolScenarios(DevCase):

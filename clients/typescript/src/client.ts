@@ -11,9 +11,11 @@ import {
   type ExportItem,
   type ExportItemSchema,
   type GoalAction,
+  type GetTranscriptReply,
   type GoalInfo,
   type ImportReply,
   type InboxSnapshot,
+  type ListPendingApprovalsReply,
   type ListSchedulesReply,
   type ListSessionsReply,
   type Schedule,
@@ -21,6 +23,7 @@ import {
   type SessionInfo,
   type SessionOrder,
   type TenantUsage,
+  type TranscriptItem,
 } from "./gen/turnstile/v1/agent_pb.js";
 import {
   type CancelCauseSchema,
@@ -514,6 +517,53 @@ export class ClientBase implements ClientCore {
   /** The session's status, last seq and turn, owner, agent, goal and parent. NOT_FOUND without events. */
   getSession(session: SessionLike, options: CallOptions = {}): Promise<SessionInfo> {
     return this.#unary("GetSession", true, options, (a, o) => a.getSession({ session: this.ref(session) }, o));
+  }
+
+  /**
+   * One page of the session's transcript (SPEC §21): items with a seq above `afterSeq` (default 0), at most
+   * `pageSize` (0 or unset: 100; at most 1000). `nextSeq` is the next page's `afterSeq` (0 at the end);
+   * `lastSeq` is where a `watch` that follows the conversation starts. NOT_FOUND without events.
+   */
+  getTranscript(
+    session: SessionLike,
+    options: CallOptions & { afterSeq?: Uint64; pageSize?: number } = {},
+  ): Promise<GetTranscriptReply> {
+    const request = { session: this.ref(session), afterSeq: u64(options.afterSeq), pageSize: options.pageSize ?? 0 };
+    return this.#unary("GetTranscript", true, options, (a, o) => a.getTranscript(request, o));
+  }
+
+  /**
+   * The session's conversation, oldest first, page after page: user messages (with `delivery` and source),
+   * assistant messages, tool calls, decisions, results and turn ends with usage, each with its `seq`.
+   */
+  async *transcript(
+    session: SessionLike,
+    options: CallOptions & { afterSeq?: Uint64; pageSize?: number } = {},
+  ): AsyncGenerator<TranscriptItem, void, undefined> {
+    let afterSeq = u64(options.afterSeq);
+    for (;;) {
+      const page = await this.getTranscript(session, { ...options, afterSeq });
+      yield* page.items;
+      if (page.nextSeq === 0n) return;
+      afterSeq = page.nextSeq;
+    }
+  }
+
+  /**
+   * The approvals inbox (SPEC §21): the tool calls awaiting a decision, of `options.session`, or of a page of
+   * the tenant's running sessions (`pageSize` sessions; follow `nextPageToken` until it is empty, a page may
+   * hold no call). Each names its session, turn, call, tool, arguments and since when it waits.
+   */
+  listPendingApprovals(
+    options: CallOptions & { session?: SessionLike; tenant?: string; pageToken?: string; pageSize?: number } = {},
+  ): Promise<ListPendingApprovalsReply> {
+    const request = {
+      session: options.session === undefined ? undefined : this.ref(options.session),
+      tenant: options.tenant ?? this.tenant,
+      pageToken: options.pageToken ?? "",
+      pageSize: options.pageSize ?? 0,
+    };
+    return this.#unary("ListPendingApprovals", true, options, (a, o) => a.listPendingApprovals(request, o));
   }
 
   /**

@@ -201,6 +201,8 @@ test("configureSession, a call awaiting approval and decide", async () => {
     }
   }
   assert.ok(callId, "a tool/call awaiting approval");
+  const waiting = await client.listPendingApprovals({ session: s });
+  assert.deepEqual(waiting.approvals.map((a) => [a.callId, a.tool, a.arguments]), [[callId, "echo", "approved text"]]);
   await client.decide(s, callId, true, { reason: "fine" });
   const twice = await failure(client.decide(s, callId, true));
   assert.equal(twice.code, Code.FailedPrecondition, "a decided call cannot be decided again");
@@ -209,6 +211,22 @@ test("configureSession, a call awaiting approval and decide", async () => {
   const results = events.flatMap((e) => (e.payload.case === "toolResult" ? [e.payload.value.output] : []));
   assert.deepEqual(results, ["approved text"], "the approval ran the tool");
   assert.ok(reply.turn !== undefined);
+
+  // The transcript shows the same conversation, with the seq of each item's event, in pages of 2.
+  const items = [];
+  for await (const item of client.transcript(s, { pageSize: 2 })) items.push(item);
+  assert.deepEqual(
+    items.map((i) => i.item.case),
+    ["user", "assistant", "toolCall", "toolDecision", "toolResult", "assistant", "turnEnd"],
+  );
+  const decision = items[3]?.item;
+  assert.ok(decision?.case === "toolDecision" && decision.value.approved && decision.value.reason === "fine");
+  for (const item of items) {
+    assert.ok(events.some((e) => e.seq === item.seq && e.timeUnixMs === item.timeUnixMs), `an event at seq ${item.seq}`);
+  }
+  const page = await client.getTranscript(s, { afterSeq: items[5]?.seq });
+  assert.equal(page.items.length, 1);
+  assert.equal(page.nextSeq, 0n);
 });
 
 test("setGoal and updateGoal: pause, resume, clear", async () => {
@@ -534,5 +552,5 @@ test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
     [],
     "RPCs no test called",
   );
-  assert.equal(all.length, 32);
+  assert.equal(all.length, 34);
 });

@@ -993,10 +993,11 @@ pub fn render_durable(e: &Envelope) -> String {
         EventPayload::ToolCall { turn, step, call, awaiting_approval: true } => {
             format!("D tool/call {turn}.{step} {} awaiting-approval", call.name)
         }
-        EventPayload::ToolDecision { turn, step, call_id, approved, reason } => {
+        EventPayload::ToolDecision { turn, step, call_id, approved, reason, timed_out } => {
             format!(
-                "D tool/decision {turn}.{step} {call_id} {} {reason}",
-                if *approved { "approved" } else { "denied" }
+                "D tool/decision {turn}.{step} {call_id} {}{} {reason}",
+                if *approved { "approved" } else { "denied" },
+                if *timed_out { " timed-out" } else { "" }
             )
         }
         EventPayload::ToolResult { turn, step, call_id, error, .. } => {

@@ -14,7 +14,9 @@ use turnstile_model::event::{
     Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 use turnstile_model::goal::{GoalChange, GoalState, MAX_GOAL_ID_LEN};
+use turnstile_model::schedule::Preset;
 use turnstile_model::transcript::TranscriptEntry;
+use turnstile_model::transcript_items::{ItemKind, TranscriptItem};
 
 const STATUSES: &str = "use SESSION_STATUS_IDLE or SESSION_STATUS_RUNNING";
 const CAUSES: &str = "set one of user, parent, hook or disposed";
@@ -263,13 +265,14 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             arguments: call.arguments.clone(),
             awaiting_approval: *awaiting_approval,
         }),
-        EventPayload::ToolDecision { turn, step, call_id, approved, reason } => {
+        EventPayload::ToolDecision { turn, step, call_id, approved, reason, timed_out } => {
             Payload::ToolDecision(pb::ToolDecision {
                 turn: *turn,
                 step: *step,
                 call_id: call_id.clone(),
                 approved: *approved,
                 reason: reason.clone(),
+                timed_out: *timed_out,
             })
         }
         EventPayload::ToolResult { turn, step, call_id, output, error } => Payload::ToolResult(pb::ToolResult {
@@ -375,6 +378,7 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             call_id: d.call_id,
             approved: d.approved,
             reason: d.reason,
+            timed_out: d.timed_out,
         },
         Payload::ToolResult(r) => EventPayload::ToolResult {
             turn: r.turn,
@@ -488,6 +492,59 @@ pub fn decode_usage(u: pb::Usage) -> Usage {
         output_tokens: u.output_tokens,
         cached_input_tokens: u.cached_input_tokens,
         cache_write_tokens: u.cache_write_tokens,
+    }
+}
+
+/// A transcript item of `GetTranscript` (SPEC §21): its event's own message where it has one.
+pub fn encode_transcript_item(item: &TranscriptItem) -> pb::TranscriptItem {
+    use pb::transcript_item::Item;
+    let body = match &item.kind {
+        ItemKind::User { message, delivery } => Some(Item::User(pb::TranscriptUserMessage {
+            message: Some(encode_user_message(message)),
+            delivery: delivery.map_or(pb::DeliveryKind::Unspecified, encode_delivery).into(),
+        })),
+        ItemKind::Assistant(payload) => match encode_payload(payload) {
+            Some(Payload::AssistantMessage(m)) => Some(Item::Assistant(m)),
+            _ => None,
+        },
+        ItemKind::ToolCall { call, awaiting_approval } => Some(Item::ToolCall(pb::ToolCall {
+            turn: item.turn,
+            step: item.step,
+            call_id: call.call_id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+            awaiting_approval: *awaiting_approval,
+        })),
+        ItemKind::ToolDecision { call_id, approved, reason, timed_out } => Some(Item::ToolDecision(pb::ToolDecision {
+            turn: item.turn,
+            step: item.step,
+            call_id: call_id.clone(),
+            approved: *approved,
+            reason: reason.clone(),
+            timed_out: *timed_out,
+        })),
+        ItemKind::ToolResult { call_id, name, output, error } => Some(Item::ToolResult(pb::TranscriptToolResult {
+            turn: item.turn,
+            step: item.step,
+            call_id: call_id.clone(),
+            name: name.clone(),
+            output: output.clone(),
+            error: error.clone(),
+        })),
+        ItemKind::TurnEnd { reason, usage } => Some(Item::TurnEnd(pb::TranscriptTurnEnd {
+            reason: Some(encode_turn_end_reason(reason)),
+            usage: Some(encode_usage(usage)),
+        })),
+    };
+    pb::TranscriptItem { seq: item.seq, time_unix_ms: item.time_ms, turn: item.turn, step: item.step, item: body }
+}
+
+fn encode_delivery(preset: Preset) -> pb::DeliveryKind {
+    match preset {
+        Preset::Followup => pb::DeliveryKind::Followup,
+        Preset::Queue => pb::DeliveryKind::Queue,
+        Preset::Steer => pb::DeliveryKind::Steer,
+        Preset::Inject => pb::DeliveryKind::Inject,
     }
 }
 

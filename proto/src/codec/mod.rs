@@ -23,8 +23,8 @@ pub use error::CodecError;
 pub use event::{
     EVENT_FORMAT, decode_cancel_cause, decode_event, decode_session_event, decode_splice, decode_status,
     decode_turn_end_reason, decode_usage, encode_cancel_cause, encode_event, encode_inject_mode, encode_on_deadline,
-    encode_session_event, encode_splice, encode_status, encode_turn_end_reason, encode_usage, inject_mode_at,
-    on_deadline_at, stored_as_sent,
+    encode_session_event, encode_splice, encode_status, encode_transcript_item, encode_turn_end_reason, encode_usage,
+    inject_mode_at, on_deadline_at, stored_as_sent,
 };
 pub use live::{decode_live, decode_live_event, encode_live, encode_live_event};
 pub use message::{

@@ -375,6 +375,48 @@ class AsyncClient:
     async def get_session(self, session: SessionLike) -> api.SessionInfo:
         return await self._unary("GetSession", api.GetSessionRequest(session=self.ref(session)), retry=True)
 
+    async def get_transcript(
+        self, session: SessionLike, *, after_seq: int = 0, page_size: int = 0
+    ) -> api.GetTranscriptReply:
+        """One page of the session's transcript (SPEC §21): items with a seq above ``after_seq``, at most
+        ``page_size`` (0: 100; at most 1000). ``next_seq`` is the next page's ``after_seq`` (0 at the end);
+        ``last_seq`` is where a ``watch`` that follows the conversation starts. NOT_FOUND without events."""
+        request = api.GetTranscriptRequest(session=self.ref(session), after_seq=after_seq, page_size=page_size)
+        return await self._unary("GetTranscript", request, retry=True)
+
+    async def transcript(
+        self, session: SessionLike, *, after_seq: int = 0, page_size: int = 0
+    ) -> AsyncIterator[api.TranscriptItem]:
+        """The session's conversation, oldest first, page after page: user messages (with ``delivery`` and
+        source), assistant messages, tool calls, decisions, results and turn ends with usage, each with the
+        ``seq`` of its event."""
+        while True:
+            page = await self.get_transcript(session, after_seq=after_seq, page_size=page_size)
+            for item in page.items:
+                yield item
+            if page.next_seq == 0:
+                return
+            after_seq = page.next_seq
+
+    async def list_pending_approvals(
+        self,
+        session: SessionLike | None = None,
+        *,
+        tenant: str | None = None,
+        page_token: str = "",
+        page_size: int = 0,
+    ) -> api.ListPendingApprovalsReply:
+        """The approvals inbox (SPEC §21): the tool calls awaiting a decision, of ``session``, or of a page of
+        the tenant's running sessions (``page_size`` sessions; follow ``next_page_token`` until it is empty,
+        a page may hold no call)."""
+        request = api.ListPendingApprovalsRequest(
+            session=None if session is None else self.ref(session),
+            tenant=self.tenant if tenant is None else tenant,
+            page_token=page_token,
+            page_size=page_size,
+        )
+        return await self._unary("ListPendingApprovals", request, retry=True)
+
     async def when_idle(self, session: SessionLike, *, timeout_ms: int = 0) -> api.SessionInfo:
         """Resolves when the session is idle with nothing latched; DEADLINE_EXCEEDED after ``timeout_ms``
         (0: the server's default, 30 s)."""

@@ -16,7 +16,7 @@ from ._tools import Tools
 _CALLS = (
     "send followup queue steer inject interrupt cancel replace remove splice clear configure_session decide "
     "set_goal update_goal compact fork_session reference_session delete_session get_inbox get_session when_idle "
-    "list_sessions get_usage create_schedule list_schedules delete_schedule set_labels"
+    "list_sessions get_usage create_schedule list_schedules delete_schedule set_labels get_transcript list_pending_approvals"
 ).split()
 
 
@@ -75,6 +75,10 @@ class Client:
     @functools.wraps(AsyncClient.watch)
     def watch(self, session: Any, **kwargs: Any) -> Iterator[Any]:
         return self._iterate(self.aio.watch(session, **kwargs))
+
+    @functools.wraps(AsyncClient.transcript)
+    def transcript(self, session: Any, **kwargs: Any) -> Iterator[Any]:
+        return self._iterate(self.aio.transcript(session, **kwargs))
 
     @functools.wraps(AsyncClient.sessions)
     def sessions(self, **kwargs: Any) -> Iterator[Any]:

@@ -21,7 +21,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
@@ -535,7 +535,7 @@ impl Reloadable {
     /// The material in force.
     pub fn current(&self) -> Arc<Authenticator> {
         // A poisoned lock still holds a whole `Arc` (the writer only assigns one), so it is safe to use.
-        self.current.read().unwrap_or_else(PoisonError::into_inner).clone()
+        turnstile_model::sync::read(&self.current).clone()
     }
 
     /// Reads the file again and swaps the material in when it is valid. `force` (SIGHUP) reloads even when
@@ -549,7 +549,7 @@ impl Reloadable {
             Err(e) => Err(e.to_string()),
         };
         {
-            let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut seen = turnstile_model::sync::lock(&self.seen);
             if !force && seen.as_ref() == Some(&now) {
                 return None;
             }
@@ -560,7 +560,7 @@ impl Reloadable {
             .and_then(|bytes| self.source.parse(bytes));
         Some(loaded.map(|new| {
             let summary = summarize(&self.current(), &new);
-            *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(new);
+            *turnstile_model::sync::write(&self.current) = Arc::new(new);
             summary
         }))
     }

@@ -62,15 +62,23 @@ async fn confine(State(auth_enabled): State<bool>, req: Request, next: Next) -> 
     if auth_enabled {
         return next.run(req).await;
     }
-    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
-    let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok());
-    match (peer, host) {
-        (Some(peer), Some(host)) if peer.is_loopback() && is_loopback_host(host) => next.run(req).await,
-        _ => permission_denied(
+    if is_local_caller(&req) {
+        next.run(req).await
+    } else {
+        permission_denied(
             "auth is off, so the console's API answers only loopback callers that open it as localhost or a \
              loopback address; start the server with --auth-tokens or --jwt-key to serve it to others",
-        ),
+        )
     }
+}
+
+/// The rule for the `--http` port's APIs while auth is off (the console's, the agent protocols'): a caller
+/// on loopback that names a loopback host, so a page of another site whose name was rebound to 127.0.0.1
+/// cannot drive the API from a browser.
+pub fn is_local_caller(req: &Request) -> bool {
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok());
+    matches!((peer, host), (Some(peer), Some(host)) if peer.is_loopback() && is_loopback_host(host))
 }
 
 /// `localhost`, `*.localhost` or a loopback IP literal, with or without a port.

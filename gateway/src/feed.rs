@@ -11,7 +11,8 @@
 //! subscription, when its last subscriber leaves.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+use turnstile_model::sync::lock;
 
 use futures::{FutureExt as _, StreamExt as _};
 use prost::Message as _;
@@ -191,11 +192,6 @@ impl Inner {
             feeds.remove(&feed.session);
         }
     }
-}
-
-/// The feeds' locks guard a map or a list changed in one step each: a poisoned one is still consistent.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Feed {

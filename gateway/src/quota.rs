@@ -24,8 +24,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::ControlFlow;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use turnstile_model::sync::lock;
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
@@ -498,10 +499,6 @@ fn watch_key(tenant: &str) -> String {
 
 fn now_ms() -> u64 {
     now_us() / 1000
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// One open Watch stream of a tenant; dropping it frees the slot.

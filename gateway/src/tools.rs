@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+use turnstile_model::sync::lock;
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -425,11 +426,6 @@ impl ToolHub {
     pub fn spec_of(&self, tenant: &str, tool: &str) -> Option<pb::ClientToolSpec> {
         self.lock().tools.get(&(tenant.to_owned(), tool.to_owned())).map(|s| s.spec.clone())
     }
-}
-
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    // A panic while holding the lock leaves maps that are still consistent enough to serve.
-    state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn cancel_in(state: &Mutex<State>, tenant: &str, session: Option<&pb::SessionRef>, call_id: &str) {

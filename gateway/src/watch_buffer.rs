@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::Stream;
 use prost::Message as _;
@@ -272,7 +272,7 @@ pub(crate) struct Watcher {
 impl Watcher {
     // Every critical section leaves the state consistent, so a poisoned lock is still usable.
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        turnstile_model::sync::lock(&self.state)
     }
 
     /// The feed's item for this watcher: queued, or the watcher is cut when it would pass its limit (or

@@ -2,8 +2,10 @@
 //! API: [`GrpcTransport`] (tonic channels, optionally TLS) in production, a fake in tests.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
+
 use std::time::Duration;
+use turnstile_model::sync::lock;
 
 use async_trait::async_trait;
 use tonic::Status;
@@ -88,7 +90,7 @@ impl GrpcTransport {
 
     /// The worker addresses it keeps channels to now.
     pub fn addresses(&self) -> Vec<String> {
-        self.channels.lock().unwrap_or_else(PoisonError::into_inner).by_addr.keys().cloned().collect()
+        lock(&self.channels).by_addr.keys().cloned().collect()
     }
 
     /// Dials workers over TLS with `tls` (see `turnstile_ops::tls::client_config`).
@@ -98,7 +100,7 @@ impl GrpcTransport {
     }
 
     fn channel(&self, addr: &str) -> Result<Channel, Status> {
-        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut channels = lock(&self.channels);
         if let Some(channel) = channels.get(addr) {
             return Ok(channel);
         }

@@ -16,11 +16,10 @@ pub mod input;
 mod responses;
 pub mod sse;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
@@ -81,26 +80,19 @@ pub fn router(gateway: Gateway, agents: Agents) -> Router {
 
 /// With auth off, answers only loopback callers that name a loopback host (the console's rule).
 async fn confine(State(auth_enabled): State<bool>, req: Request, next: Next) -> Response {
-    if auth_enabled {
+    if auth_enabled || turnstile_gateway::console::is_local_caller(&req) {
         return next.run(req).await;
     }
-    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
-    let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok());
-    match (peer, host) {
-        (Some(peer), Some(host)) if peer.is_loopback() && turnstile_gateway::console::is_loopback_host(host) => {
-            next.run(req).await
-        }
-        _ => ApiError {
-            status: StatusCode::FORBIDDEN,
-            message: "auth is off, so the OpenAI API answers only loopback callers that use localhost or a loopback \
-                      address; start the server with --auth-tokens or --jwt-key to serve it to others"
-                .into(),
-            kind: "permission_error",
-            param: None,
-            code: Some("permission_denied".into()),
-        }
-        .into_response(),
+    ApiError {
+        status: StatusCode::FORBIDDEN,
+        message: "auth is off, so the OpenAI API answers only loopback callers that use localhost or a loopback \
+                  address; start the server with --auth-tokens or --jwt-key to serve it to others"
+            .into(),
+        kind: "permission_error",
+        param: None,
+        code: Some("permission_denied".into()),
     }
+    .into_response()
 }
 
 /// A 200 with a JSON body.

@@ -6,7 +6,7 @@
 //! awaiting a decision, of a session and of the tenant's running sessions page after page.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use tonic::{Code, Request};
+use tonic::Code;
 use turnstile_proto::v1::session_event::Payload;
 use turnstile_proto::v1::transcript_item::Item;
 use turnstile_proto::v1::{
@@ -14,6 +14,7 @@ use turnstile_proto::v1::{
 };
 use turnstile_tests::config::{config_args, config_file};
 use turnstile_tests::msg::TEST_TENANT;
+use turnstile_tests::tool_executor::with_token;
 use turnstile_tests::{DevOptions, DevServer, Session, user_msg};
 
 /// An agent whose `echo` calls wait for a human.
@@ -181,12 +182,6 @@ async fn the_transcript_shows_the_conversation_with_seqs_and_pages_join_into_it(
 const TOKEN_A: &str = "token-of-tenant-a-0123456789";
 const TOKEN_B: &str = "token-of-tenant-b-9876543210";
 
-fn authed<T>(message: T, token: &str) -> Request<T> {
-    let mut request = Request::new(message);
-    request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
-    request
-}
-
 #[tokio::test]
 async fn another_tenants_transcript_is_not_found_like_a_missing_session() {
     let dir = tempfile::tempdir().unwrap();
@@ -198,13 +193,13 @@ async fn another_tenants_transcript_is_not_found_like_a_missing_session() {
     let named = |tenant: &str, id: &str| Some(SessionRef { tenant: tenant.into(), id: id.into() });
     let req =
         turnstile_proto::v1::DeliverRequest { session: named("", "b-secret"), message: Some(user_msg("m", "hi")) };
-    client.followup(authed(req, TOKEN_B)).await.unwrap();
+    client.followup(with_token(req, Some(TOKEN_B))).await.unwrap();
 
     let read = |session, token| {
         let mut client = client.clone();
         async move {
             let req = GetTranscriptRequest { session, ..Default::default() };
-            client.get_transcript(authed(req, token)).await.map(|r| r.into_inner())
+            client.get_transcript(with_token(req, Some(token))).await.map(|r| r.into_inner())
         }
     };
     let own = read(named("", "b-secret"), TOKEN_B).await.unwrap();

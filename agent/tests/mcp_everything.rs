@@ -181,25 +181,16 @@ async fn a_server_killed_mid_call_gives_an_error_and_is_restarted() {
     assert_eq!((r.output.as_str(), r.error), ("Echo: after the restart", None));
 }
 
+/// A hundred calls over one stdio connection each get their own answer, in order (a reply matched to the
+/// wrong request would show here). The call latency is a figure of `turnstile-bench`, not of this test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn echo_call_latency() {
+async fn a_hundred_echo_calls_over_stdio_each_get_their_own_answer() {
     let (_mcp, setup) = start(&config(60_000)).await;
     let abort = CancellationToken::new();
-    for _ in 0..10 {
-        setup.tools.call("everything__echo", r#"{"message": "warm-up"}"#, &abort).await;
-    }
-    let mut micros = Vec::with_capacity(100);
     for i in 0..100 {
-        let started = Instant::now();
         let r = setup.tools.call("everything__echo", &format!(r#"{{"message": "n{i}"}}"#), &abort).await;
-        micros.push(started.elapsed().as_micros());
-        assert_eq!(r.output, format!("Echo: n{i}"));
+        assert_eq!((r.output.as_str(), r.error), (format!("Echo: n{i}").as_str(), None));
     }
-    micros.sort_unstable();
-    println!(
-        "everything__echo over stdio, 100 calls: p50 {} µs, p90 {} µs, max {} µs",
-        micros[49], micros[89], micros[99]
-    );
 }
 
 #[tokio::test]
@@ -220,9 +211,7 @@ async fn an_unlisted_tool_and_a_server_that_cannot_start_are_setup_errors() {
         "[mcp.ghost]\ncommand = \"/nonexistent/mcp-server\"\n[agents.a]\ntools = [\"mcp:ghost/*\"]\n",
     )
     .unwrap();
-    let started = Instant::now();
     let err = start_mcp_with_env(&config, |_| None).await.unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(10));
     let message = err.to_string();
     assert!(
         message.starts_with("MCP server \"ghost\" did not start: cannot run \"/nonexistent/mcp-server\""),

@@ -16,7 +16,7 @@ use turnstile_proto::v1::{
     UpdateGoalRequest, UserMessage, WatchRequest, WhenIdleRequest,
 };
 
-use crate::watch::WatchRecorder;
+use crate::watch::{IdleSeq, WatchRecorder};
 use crate::{DEFAULT_WAIT, HarnessError, new_session_ref};
 
 /// One session, reached through one server or, for a cluster, through several gateways in turn.
@@ -286,6 +286,16 @@ impl Session {
                 }
                 read => return read,
             }
+        }
+    }
+}
+
+impl IdleSeq for Session {
+    async fn idle_last_seq(&self) -> Result<u64, HarnessError> {
+        match self.when_idle().await {
+            Ok(_) => Ok(self.info().await?.last_seq),
+            Err(status) if status.code() == Code::NotFound => Ok(0),
+            Err(status) => Err(status.into()),
         }
     }
 }

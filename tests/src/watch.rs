@@ -28,7 +28,6 @@ use turnstile_proto::v1::{
     CancelCause, LiveEvent, SessionEvent, SessionRef, SessionStatus, SpliceOutcome, Target, WatchItem, WatchRequest,
 };
 
-use crate::session::Session;
 use crate::sync::lock;
 use crate::{DEFAULT_WAIT, HarnessError};
 
@@ -200,12 +199,8 @@ impl WatchRecorder {
     /// Waits until the session is idle (`WhenIdle`) and this stream has everything the log holds up to
     /// `GetSession.last_seq` plus the live events that follow the last durable one; checks the envelopes
     /// and the live/durable interleaving; returns the lines without deltas.
-    pub async fn settle(&self, session: &Session) -> Result<Vec<String>, HarnessError> {
-        let last_seq = match session.when_idle().await {
-            Ok(_) => session.info().await?.last_seq,
-            Err(status) if status.code() == Code::NotFound => 0,
-            Err(status) => return Err(status.into()),
-        };
+    pub async fn settle(&self, session: &impl IdleSeq) -> Result<Vec<String>, HarnessError> {
+        let last_seq = session.idle_last_seq().await?;
         let items = self
             .wait_for(&format!("durable seq {last_seq} and its live followers"), |items| {
                 settled(items, last_seq, self.live)
@@ -228,6 +223,13 @@ impl WatchRecorder {
         let _ = (&mut self.task).await;
         lock(&self.state).items.clone()
     }
+}
+
+/// What [`WatchRecorder::settle`] asks of the session it records (implemented by [`crate::Session`], which
+/// depends on this module, not the other way round).
+pub trait IdleSeq {
+    /// Waits until the session is idle and returns its last durable seq (0 if it does not exist).
+    fn idle_last_seq(&self) -> impl std::future::Future<Output = Result<u64, HarnessError>> + Send;
 }
 
 impl Drop for WatchRecorder {

@@ -12,7 +12,7 @@ use turnstile_model::{CommandError, CommandReply, Envelope, SessionRef, SessionS
 
 use super::SessionHost;
 use super::delete::being_deleted;
-use super::table::{Sessions, Slot};
+use super::table::{Importing, Sessions, Slot};
 use crate::command::{Control, journal_error};
 use crate::sync::lock;
 
@@ -28,15 +28,6 @@ const MAX_IMPORTED_EPOCH: u64 = (1 << 53) - 1;
 /// importing cluster differ a little, never by this much. A time beyond it would hold every later event of
 /// the session at that time (times never decrease) and sort the session first by activity for good.
 const IMPORT_CLOCK_SKEW: Duration = Duration::from_secs(300);
-
-/// A session an import holds.
-pub(super) struct Importing {
-    /// When its last group came.
-    since: Instant,
-    /// The fold of the groups written so far, while no group is being written; the next group is folded
-    /// onto it.
-    fold: Option<SessionState>,
-}
 
 impl Importing {
     /// Whether the import still holds `session`: its importer sent a group within [`IMPORT_STALE`].

@@ -4,19 +4,10 @@
 //! (`ExportSessions`) and `DeleteSession` removes it. It never stops a take-over or another session.
 
 use turnstile_model::{CommandError, SessionRef};
-use turnstile_ops::GaugeGuard;
 
 use super::SessionHost;
-use super::table::Slot;
+use super::table::{Quarantine, Slot};
 use crate::sync::lock;
-
-/// A quarantined session as the host holds it.
-pub(super) struct Quarantine {
-    /// What every command of the session is answered ([`CommandError::quarantined`]).
-    pub answer: CommandError,
-    /// Counts it in `turnstile_sessions_quarantined` while it is held.
-    _counted: GaugeGuard,
-}
 
 impl Quarantine {
     /// Reports `session` quarantined with `answer` (a log line and the gauge).

@@ -5,16 +5,15 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
+use tokio::time::Instant;
 
 use tokio::sync::mpsc;
-use turnstile_model::SessionRef;
+use turnstile_model::{CommandError, SessionRef, SessionState};
+use turnstile_ops::GaugeGuard;
 
 use crate::command::{CommandMsg, Control};
 use crate::park::{Home, Parked};
 use crate::sync::lock;
-
-use super::import::Importing;
-use super::quarantine::Quarantine;
 
 /// Control messages a runner's queue holds. A runner gets at most three in its life: the one who takes its
 /// handle out of the table sends `Stop`, or `Drain` then `Stop` (`drain_where`), and a `DeleteSession`
@@ -70,6 +69,23 @@ impl Slot {
             Slot::Quarantined(_) => false,
         }
     }
+}
+
+/// A quarantined session as the host holds it (`quarantine.rs` reports and answers it).
+pub(super) struct Quarantine {
+    /// What every command of the session is answered ([`CommandError::quarantined`]).
+    pub answer: CommandError,
+    /// Counts it in `turnstile_sessions_quarantined` while it is held.
+    pub _counted: GaugeGuard,
+}
+
+/// A session an import holds (`import.rs` writes it and lets go of it).
+pub(super) struct Importing {
+    /// When its last group came.
+    pub since: Instant,
+    /// The fold of the groups written so far, while no group is being written; the next group is folded
+    /// onto it.
+    pub fold: Option<SessionState>,
 }
 
 /// Everything the host knows per session, guarded as one.

@@ -271,8 +271,10 @@ async fn bad_registrations_are_refused_with_what_to_fix() {
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("built-in tool's name"), "{e:?}");
     let e = refused(vec![tool("srv__t", LOOKUP_SCHEMA)]).await;
+    assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("reserved for MCP"), "{e:?}");
     let e = refused(vec![tool("lookup", LOOKUP_SCHEMA), tool("lookup", LOOKUP_SCHEMA)]).await;
+    assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("listed twice"), "{e:?}");
 
     // The first message must be `register`.

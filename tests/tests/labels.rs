@@ -149,6 +149,7 @@ async fn bad_labels_and_selectors_are_answered_precisely(backend: Backend) {
         ..Default::default()
     };
     let err = client.list_sessions(bad).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("next_page_token"), "{}", err.message());
     server.stop().await;
 }

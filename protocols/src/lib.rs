@@ -11,7 +11,13 @@
 //! the ops HTTP router beside the console. Modules: [`openai`] (the Responses and Conversations API,
 //! docs/PROTOCOLS.md).
 
+pub mod api;
+pub mod ids;
+pub mod mcp;
 pub mod openai;
+pub mod profiles;
+pub mod sse;
+pub mod turn;
 
 use axum::Router;
 use turnstile_gateway::Gateway;
@@ -21,13 +27,20 @@ use turnstile_gateway::Gateway;
 pub struct Protocols {
     /// The OpenAI adapter (`[protocols] openai`); `None`: not served.
     pub openai: Option<openai::Agents>,
+    /// The MCP server (`[protocols] mcp`).
+    pub mcp: bool,
+    /// The agent profiles the MCP server and A2A offer, per tenant.
+    pub profiles: profiles::Profiles,
 }
 
 /// The routes of every protocol switched on, answered by `gateway`'s service code.
 pub fn router(gateway: Gateway, protocols: Protocols) -> Router {
     let mut router = Router::new();
     if let Some(agents) = protocols.openai {
-        router = router.merge(openai::router(gateway, agents));
+        router = router.merge(openai::router(gateway.clone(), agents));
+    }
+    if protocols.mcp {
+        router = router.merge(mcp::router(gateway.clone(), protocols.profiles.clone()));
     }
     router
 }

@@ -91,7 +91,8 @@ fn http_routes(gateway: &turnstile_gateway::Gateway, config: &Config, auth_enabl
             .collect(),
         auth_enabled,
     };
-    let protocols = turnstile_protocols::Protocols { openai, mcp: config.protocols.mcp, profiles };
+    let protocols =
+        turnstile_protocols::Protocols { openai, mcp: config.protocols.mcp, a2a: config.protocols.a2a, profiles };
     console.merge(turnstile_protocols::router(gateway.clone(), protocols))
 }
 

@@ -136,17 +136,17 @@ impl<E: ProtocolError> Api<E> {
         Ok(())
     }
 
-    /// One page of the caller's tenant's sessions (`selector` as ListSessions reads it).
+    /// One page of the caller's tenant's sessions that run `agent`.
     pub async fn list_sessions(
         &self,
-        selector: &str,
+        agent: &str,
         page_size: u32,
         page_token: &str,
     ) -> Result<pb::ListSessionsReply, E> {
         let req = pb::ListSessionsRequest {
             page_size,
             page_token: page_token.to_owned(),
-            label_selector: selector.to_owned(),
+            agent: agent.to_owned(),
             ..Default::default()
         };
         Ok(self.gateway.list_sessions(self.request(req)).await?.into_inner())

@@ -11,6 +11,8 @@
 //! the ops HTTP router beside the console. Modules: [`openai`] (the Responses and Conversations API,
 //! docs/PROTOCOLS.md).
 
+pub mod a2a;
+mod admit;
 pub mod api;
 pub mod ids;
 pub mod mcp;
@@ -29,6 +31,8 @@ pub struct Protocols {
     pub openai: Option<openai::Agents>,
     /// The MCP server (`[protocols] mcp`).
     pub mcp: bool,
+    /// A2A (`[protocols] a2a`).
+    pub a2a: bool,
     /// The agent profiles the MCP server and A2A offer, per tenant.
     pub profiles: profiles::Profiles,
 }
@@ -41,6 +45,9 @@ pub fn router(gateway: Gateway, protocols: Protocols) -> Router {
     }
     if protocols.mcp {
         router = router.merge(mcp::router(gateway.clone(), protocols.profiles.clone()));
+    }
+    if protocols.a2a {
+        router = router.merge(a2a::router(gateway.clone(), protocols.profiles.clone()));
     }
     router
 }

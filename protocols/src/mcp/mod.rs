@@ -12,10 +12,7 @@ mod tools;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::{Next, from_fn_with_state};
-use axum::response::{IntoResponse, Response};
+use axum::middleware::from_fn_with_state;
 use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ErrorData, Implementation, ListToolsResult, PaginatedRequestParams,
@@ -24,9 +21,9 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use serde_json::json;
 use turnstile_gateway::Gateway;
 
+use crate::admit::{Admission, CallerTenant, admit};
 use crate::api::{Api, ProtocolError};
 use crate::profiles::Profiles;
 
@@ -44,10 +41,6 @@ impl From<tonic::Status> for Fail {
 }
 
 impl ProtocolError for Fail {}
-
-/// The tenant the caller acts in, resolved once per HTTP request by [`admit`].
-#[derive(Clone, Debug)]
-pub(crate) struct CallerTenant(pub(crate) String);
 
 #[derive(Clone)]
 pub(crate) struct Server {
@@ -110,7 +103,7 @@ impl ServerHandler for Server {
 pub fn router(gateway: Gateway, profiles: Profiles) -> Router {
     let auth_enabled = profiles.auth_enabled;
     let server = Server { gateway: gateway.clone(), profiles: Arc::new(profiles) };
-    // Without auth only loopback callers naming a loopback host get here ([`admit`]), the DNS-rebinding
+    // Without auth only loopback callers naming a loopback host get here ([`admit`](crate::admit)), the DNS-rebinding
     // guard rmcp's host list would give; with auth the token is the guard, and the host any name.
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
@@ -119,46 +112,7 @@ pub fn router(gateway: Gateway, profiles: Profiles) -> Router {
         .with_cancellation_token(gateway.shutdown_token().child_token());
     let service =
         StreamableHttpService::new(move || Ok(server.clone()), Arc::new(NeverSessionManager::default()), config);
-    Router::new().route_service(PATH, service).layer(from_fn_with_state((gateway, auth_enabled), admit))
-}
-
-/// Admits an HTTP request to the MCP server: with auth off, only loopback callers that name a loopback host
-/// (the console's rule); then the caller's token, whose tenant the handlers read. Refusals are HTTP
-/// statuses, as the Streamable HTTP transport has them (401 with `WWW-Authenticate`, 403, 429).
-async fn admit(State((gateway, auth_enabled)): State<(Gateway, bool)>, mut req: Request, next: Next) -> Response {
-    if !auth_enabled && !turnstile_gateway::console::is_local_caller(&req) {
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "auth is off, so the MCP server answers only loopback callers that use localhost or a loopback address; \
-             start the server with --auth-tokens or --jwt-key to serve it to others",
-        );
-    }
-    let api: Api<Fail> = Api::new(&gateway, req.headers());
-    match api.tenant().await {
-        Ok(tenant) => {
-            req.extensions_mut().insert(CallerTenant(tenant));
-            next.run(req).await
-        }
-        Err(Fail(status)) => {
-            let code = match status.code() {
-                tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-                tonic::Code::PermissionDenied => StatusCode::FORBIDDEN,
-                tonic::Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-                tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-                _ => StatusCode::BAD_REQUEST,
-            };
-            refuse(code, status.message())
-        }
-    }
-}
-
-/// A JSON-RPC error body (no id: the request was not read) with an HTTP status.
-fn refuse(status: StatusCode, message: &str) -> Response {
-    let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": message}});
-    let mut res = (status, body.to_string()).into_response();
-    res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if status == StatusCode::UNAUTHORIZED {
-        res.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    }
-    res
+    Router::new()
+        .route_service(PATH, service)
+        .layer(from_fn_with_state(Admission::new(gateway, auth_enabled, "MCP server"), admit))
 }

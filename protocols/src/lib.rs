@@ -8,8 +8,11 @@
 //! answer it, and the tenant always comes from the caller's token.
 //!
 //! [`router`] assembles the protocols the configuration switches on ([`Protocols`]); `node` merges it into
-//! the ops HTTP router beside the console. Modules: [`openai`] (the Responses and Conversations API,
-//! docs/PROTOCOLS.md).
+//! the ops HTTP router beside the console. Protocols: [`openai`] (the Responses and Conversations API),
+//! [`mcp`] (each agent a tool), [`a2a`] (A2A v1.0), all in docs/PROTOCOLS.md. Shared by them: [`api`] (the
+//! gateway's service as a caller sees it), [`turn`] (a turn as the changes protocols stream, at positions
+//! that resume anywhere), [`ids`], [`sse`], [`profiles`] (the agents a tenant may run) and `admit` (the
+//! JSON-RPC protocols' door).
 
 pub mod a2a;
 mod admit;

@@ -1,10 +1,10 @@
 //! The MCP server (SPEC §19; docs/PROTOCOLS.md; decision 0127): `/mcp`, Streamable HTTP, served by
 //! `rmcp` statelessly (no MCP session: any gateway answers any request).
 //!
-//! Each agent profile the caller's tenant may run is a tool ([`tools`]); a call runs a turn in a new or
+//! Each agent profile the caller's tenant may run is a tool (`tools`); a call runs a turn in a new or
 //! named session and answers with its reply, progress notifications carry the reply's deltas, and closing
 //! the call's stream (the 2026-07-28 cancellation) cancels the turn. A call awaiting approval asks the
-//! client through an MRTR elicitation where the protocol has it ([`call`]).
+//! client through an MRTR elicitation where the protocol has it (`call`).
 
 mod call;
 mod tools;

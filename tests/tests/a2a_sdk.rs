@@ -96,3 +96,45 @@ async fn get_status(addr: std::net::SocketAddr, path: &str) -> u16 {
     let answer = String::from_utf8_lossy(&answer);
     answer.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or_else(|| panic!("no status line: {answer}"))
 }
+
+mod cluster {
+    use super::*;
+    use turnstile_tests::Cluster;
+
+    /// A subscriber that lost its gateway to a kill -9 resumes through the other with `Last-Event-ID` and
+    /// misses nothing (`tests/protocols/test_a2a_cluster.py`).
+    #[tokio::test]
+    async fn a_subscription_resumes_through_another_gateway_after_a_kill() {
+        let python = std::env::var("TURNSTILE_TEST_PYTHON")
+            .expect("TURNSTILE_TEST_PYTHON is not set: run scripts/setup-test-deps, then `source .ci/test-env.sh`");
+        let mut cluster = Cluster::start(1, 2).await.unwrap();
+        let base = |g: usize| format!("http://127.0.0.1:{}", cluster.gateway_http(g).unwrap().port());
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, killed) = (dir.path().join("ready"), dir.path().join("killed"));
+        let child = Command::new(python)
+            .args(["-W", "ignore::ResourceWarning", "-m", "unittest", "-v", "test_a2a_cluster"])
+            .current_dir(workspace_root().join("tests/protocols"))
+            .env("A2A_BASE_0", base(0))
+            .env("A2A_BASE_1", base(1))
+            .env("READY_FILE", &ready)
+            .env("KILLED_FILE", &killed)
+            .env("PYTHONUNBUFFERED", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let output = tokio::task::spawn_blocking(move || child.wait_with_output());
+        // The script writes READY once part of the reply came through gateway 0.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !ready.exists() && !output.is_finished() {
+            assert!(tokio::time::Instant::now() < deadline, "the script never got part of the reply");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        cluster.kill9_gateway(0);
+        std::fs::write(&killed, "").unwrap();
+        let output = output.await.unwrap().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success(), "the cluster a2a test failed ({}):\n{text}", output.status);
+        assert!(!text.contains("Ran 0 tests"), "no Python test ran:\n{text}");
+    }
+}

@@ -4,6 +4,7 @@ Python client, against a real `turnstile dev` that tests/tests/a2a_sdk.rs starts
 slowly, `[[tool:sleep MS]]` runs a slow tool), `guarded` asks before it runs `echo`, `only-b` serves tenant B."""
 
 import asyncio
+import base64
 import json
 import os
 import unittest
@@ -207,6 +208,11 @@ class A2a(unittest.TestCase):
         self.assertIn("contextId", str(refused.exception))
         with self.assertRaises(TaskNotFoundError):
             await c.get_task(GetTaskRequest(id="task-nonsense"))
+        # A well-formed id past the end of a real context's log: not found (after the wait for a lagging log).
+        [event] = await send(c, message("exists"))
+        forged = "task-" + base64.urlsafe_b64encode(f"{event.task.context_id}.999999".encode()).decode().rstrip("=")
+        with self.assertRaises(TaskNotFoundError):
+            await c.get_task(GetTaskRequest(id=forged))
         async with httpx.AsyncClient(headers={"Authorization": "Bearer wrong"}) as h:
             answer = await h.get(f"{BASE}/a2a/scripted/.well-known/agent-card.json")
         self.assertEqual(answer.status_code, 401)

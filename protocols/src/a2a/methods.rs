@@ -17,6 +17,8 @@ use crate::profiles::Profile;
 use crate::sse;
 use crate::turn::{SPAN, TurnFold};
 
+/// The last pause before a task past its log's end is not found (pauses double from 50 ms: about 1.5 s).
+const LAG_WAIT: Duration = Duration::from_millis(800);
 /// How long a cancel waits for the cancelled turn to end before answering with the task as it is.
 const CANCEL_WAIT: Duration = Duration::from_secs(30);
 /// `ListTasks` page sizes: A2A's default and largest.
@@ -223,17 +225,30 @@ async fn answer(call: &Call, task_id: &str, message: &Message) -> Result<(TaskId
     Ok((id.clone(), waiting.seq * SPAN + 2))
 }
 
-/// The task as the log has it now.
+/// The task as the log has it now. A read that catches up before the task's seq is looked at again a few
+/// times before the task is said not to exist: the log may lag behind a write the caller saw (a replica on
+/// JetStream), as the OpenAI adapter's reads allow for.
 async fn read(api: &Api<RpcError>, id: &TaskId) -> Result<TurnFold, RpcError> {
-    let mut watch = api.watch(&id.session, id.seq - 1, false).await.map_err(|e| not_found(e, id))?;
-    let mut fold = TurnFold::new(id.seq, 0);
+    let mut pause = Duration::from_millis(50);
     loop {
-        let item = next(&mut watch).await?;
-        let caught_up = matches!(item.item, Some(pb::watch_item::Item::CaughtUp(_)));
-        fold.apply(&item);
-        if caught_up {
-            return if fold.missing() { Err(RpcError::task_not_found(&id.encode())) } else { Ok(fold) };
+        let mut watch = api.watch(&id.session, id.seq - 1, false).await.map_err(|e| not_found(e, id))?;
+        let mut fold = TurnFold::new(id.seq, 0);
+        loop {
+            let item = next(&mut watch).await?;
+            let caught_up = matches!(item.item, Some(pb::watch_item::Item::CaughtUp(_)));
+            fold.apply(&item);
+            if caught_up {
+                break;
+            }
         }
+        if !fold.missing() {
+            return Ok(fold);
+        }
+        if pause > LAG_WAIT {
+            return Err(RpcError::task_not_found(&id.encode()));
+        }
+        tokio::time::sleep(pause).await;
+        pause *= 2;
     }
 }
 
@@ -245,7 +260,9 @@ fn not_found(error: RpcError, id: &TaskId) -> RpcError {
     }
 }
 
-/// The task once it stops (ends or waits for input) after position `after`.
+/// The task once it stops (ends or waits for input) after position `after`. Callers know the task exists
+/// (they delivered it, or [`read`] found it), so a stream that catches up before it lags and the tail
+/// brings it.
 async fn follow(api: &Api<RpcError>, id: &TaskId, after: u64) -> Result<TurnFold, RpcError> {
     let mut watch = api.watch(&id.session, id.seq - 1, true).await.map_err(|e| not_found(e, id))?;
     let mut fold = TurnFold::new(id.seq, after);
@@ -253,10 +270,7 @@ async fn follow(api: &Api<RpcError>, id: &TaskId, after: u64) -> Result<TurnFold
         let item = next(&mut watch).await?;
         let caught_up = matches!(item.item, Some(pb::watch_item::Item::CaughtUp(_)));
         let changed = !fold.apply(&item).is_empty();
-        if caught_up && fold.missing() {
-            return Err(RpcError::task_not_found(&id.encode()));
-        }
-        if (changed || caught_up) && task::stops(task::state(&fold)) {
+        if (changed || caught_up) && !fold.missing() && task::stops(task::state(&fold)) {
             return Ok(fold);
         }
     }
@@ -264,7 +278,8 @@ async fn follow(api: &Api<RpcError>, id: &TaskId, after: u64) -> Result<TurnFold
 
 /// The task's events as server-sent events, each a JSON-RPC result carrying a `StreamResponse`, with the
 /// event's position as its SSE `id`: with `snapshot`, the task as it is first, then its changes, until it
-/// stops; without, only the changes after position `after` (a resumed stream).
+/// stops; without, only the changes after position `after` (a resumed stream). Callers know the task
+/// exists, so a catch-up before it (a lagging log) waits for the tail.
 fn stream(call: Call, id: TaskId, after: u64, snapshot: bool) -> Response {
     let (tx, res) = sse::channel();
     tokio::spawn(async move {
@@ -273,18 +288,16 @@ fn stream(call: Call, id: TaskId, after: u64, snapshot: bool) -> Response {
             let mut watch = call.api.watch(&id.session, id.seq - 1, true).await.map_err(|e| not_found(e, &id))?;
             let mut fold = TurnFold::new(id.seq, if snapshot { 0 } else { after });
             let mut last = after;
-            let mut live = !snapshot;
+            let (mut live, mut caught_up) = (!snapshot, false);
             loop {
                 let item = next(&mut watch).await?;
-                let caught_up = matches!(item.item, Some(pb::watch_item::Item::CaughtUp(_)));
+                caught_up |= matches!(item.item, Some(pb::watch_item::Item::CaughtUp(_)));
                 let steps = fold.apply(&item);
-                if caught_up && fold.missing() {
-                    return Err(RpcError::task_not_found(&id.encode()));
-                }
                 if !live {
-                    // Until caught up, the snapshot gathers the changes; then it is sent at the last one's position.
+                    // Until caught up (and past the task's delivery, when the log lags), the snapshot gathers
+                    // the changes; then it is sent at the last one's position.
                     last = steps.iter().map(|s| s.position).fold(last, u64::max);
-                    if caught_up {
+                    if caught_up && !fold.missing() {
                         live = true;
                         let body = rpc::result(&rpc_id, json!({"task": task::task(&id, &fold, None, true)}));
                         if tx.send(sse::frame(Some(&last.to_string()), None, &body.to_string())).await.is_err() {
@@ -372,19 +385,17 @@ async fn subscribe(call: Call, params: &Map<String, Value>) -> Result<Answer, Rp
             RpcError::invalid(format!("Last-Event-ID {raw:?} is not an event id of this task's stream (a number)"))
         })?),
     };
-    if cursor.is_none() {
-        let fold = read(&call.api, &id).await?;
-        if fold.finished() {
-            return Err(RpcError::new(
-                code::UNSUPPORTED,
-                format!(
-                    "task {} is done ({}): there is nothing to subscribe to; GetTask reads it (or resubscribe with \
-                     Last-Event-ID to replay what a lost stream missed)",
-                    id.encode(),
-                    task::state(&fold)
-                ),
-            ));
-        }
+    let fold = read(&call.api, &id).await?;
+    if cursor.is_none() && fold.finished() {
+        return Err(RpcError::new(
+            code::UNSUPPORTED,
+            format!(
+                "task {} is done ({}): there is nothing to subscribe to; GetTask reads it (or resubscribe with \
+                 Last-Event-ID to replay what a lost stream missed)",
+                id.encode(),
+                task::state(&fold)
+            ),
+        ));
     }
     Ok(Answer::Stream(stream(call, id, cursor.unwrap_or(0), cursor.is_none())))
 }

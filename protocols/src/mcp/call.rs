@@ -18,7 +18,7 @@ use crate::api::{Api, Delivery};
 use crate::ids;
 use crate::turn::{Call, Change, Outcome, SPAN, TurnFold};
 
-/// The plugin name of messages whose source is this server (none: an MCP prompt is a user's).
+/// The prefix of the sessions a call without `session` opens.
 const SESSION_PREFIX: &str = "mcp";
 /// The prefix of the `requestState` that names a call awaiting approval.
 const STATE_PREFIX: &str = "mcpa_";

@@ -57,7 +57,7 @@ pub(crate) async fn call(
             }
         }
         let after = waiting.call_seq * SPAN + 2;
-        return follow(&api, &waiting.session, waiting.seq, after, progress, &context).await;
+        return follow(&api, &waiting.session, (waiting.seq, None), after, progress, &context).await;
     }
 
     let session = args.session.unwrap_or_else(|| ids::new_session(SESSION_PREFIX, None));
@@ -67,11 +67,15 @@ pub(crate) async fn call(
             Some(info) => drop(api.configure(&session, &profile.name, info.inject_mode).await?),
             None => drop(api.configure(&session, &profile.name, pb::InjectMode::Unspecified as i32).await?),
         }
-        api.deliver(&session, user_message(&args.message), Delivery::Followup).await
+        let message = user_message(&args.message);
+        let reply = api.deliver(&session, message.clone(), Delivery::Followup).await?;
+        Ok((reply, message.id))
     }
     .await;
     match started {
-        Ok(reply) => follow(&api, &session, reply.seq, 0, progress, &context).await,
+        Ok((reply, message)) => {
+            follow(&api, &session, (reply.seq, Some(message.as_str())), 0, progress, &context).await
+        }
         Err(Fail(status)) => Ok(failure(&session, &status).into()),
     }
 }
@@ -88,12 +92,13 @@ fn user_message(text: &str) -> pb::UserMessage {
     }
 }
 
-/// Follows the turn of the delivery at `seq` from position `after` to its end (or its wait for a decision),
-/// sending its deltas as progress; the call's cancellation cancels the turn.
+/// Follows the turn of the delivery at `seq` (whose MessageId is `message` when this call sent it) from
+/// position `after` to its end (or its wait for a decision), sending its deltas as progress; the call's
+/// cancellation cancels the turn.
 async fn follow(
     api: &Api<Fail>,
     session: &str,
-    seq: u64,
+    (seq, message): (u64, Option<&str>),
     after: u64,
     progress: Option<ProgressToken>,
     context: &RequestContext<RoleServer>,
@@ -105,7 +110,7 @@ async fn follow(
             let item = tokio::select! {
                 item = crate::api::next(&mut watch) => item?,
                 () = context.ct.cancelled() => {
-                    cancel(api, session, &fold).await?;
+                    cancel(api, session, &fold, message).await?;
                     return Ok(Err(ErrorData::new(
                         rmcp::model::ErrorCode::INVALID_REQUEST,
                         "the call was cancelled, and so was its turn",
@@ -137,12 +142,14 @@ async fn follow(
     }
 }
 
-/// Cancels the turn being followed, or removes its message when the turn has not started.
-async fn cancel(api: &Api<Fail>, session: &str, fold: &TurnFold) -> Result<(), Fail> {
+/// Cancels the turn being followed, or removes its message when the turn has not started (known by the
+/// MessageId this call sent even before the Watch brought its delivery, so another client's turn running
+/// in the session is not cancelled instead).
+async fn cancel(api: &Api<Fail>, session: &str, fold: &TurnFold, message: Option<&str>) -> Result<(), Fail> {
     if fold.finished() {
         return Ok(());
     }
-    if let (None, Some(message)) = (fold.turn(), fold.message_id())
+    if let (None, Some(message)) = (fold.turn(), fold.message_id().or(message))
         && api.remove(session, message).await?
     {
         return Ok(());

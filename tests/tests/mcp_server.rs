@@ -125,3 +125,39 @@ async fn post_status(addr: std::net::SocketAddr, path: &str) -> u16 {
     let answer = String::from_utf8_lossy(&answer);
     answer.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or_else(|| panic!("no status line: {answer}"))
 }
+
+mod cluster {
+    use super::*;
+    use turnstile_tests::{Cluster, ClusterOptions};
+
+    /// A session and an approval's elicitation round go on through the other gateway
+    /// (`tests/protocols/test_mcp_cluster.py`).
+    #[tokio::test]
+    async fn mcp_calls_are_answered_by_any_gateway() {
+        let python = std::env::var("TURNSTILE_TEST_PYTHON")
+            .expect("TURNSTILE_TEST_PYTHON is not set: run scripts/setup-test-deps, then `source .ci/test-env.sh`");
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("turnstile.toml");
+        std::fs::write(&config, CONFIG).unwrap();
+        let env = vec![("TURNSTILE_CONFIG".to_owned(), config.display().to_string())];
+        let options = ClusterOptions { worker_env: env.clone(), gateway_env: env, ..ClusterOptions::new(1, 2) };
+        let cluster = Cluster::start_with(options).await.unwrap();
+        let url = |g: usize| format!("http://127.0.0.1:{}/mcp", cluster.gateway_http(g).unwrap().port());
+        let (url0, url1) = (url(0), url(1));
+        let output = tokio::task::spawn_blocking(move || {
+            Command::new(python)
+                .args(["-W", "ignore::ResourceWarning", "-m", "unittest", "-v", "test_mcp_cluster"])
+                .current_dir(workspace_root().join("tests/protocols"))
+                .env("MCP_URL_0", url0)
+                .env("MCP_URL_1", url1)
+                .env("PYTHONUNBUFFERED", "1")
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success(), "the cluster mcp tests failed ({}):\n{text}", output.status);
+        assert!(!text.contains("Ran 0 tests"), "no Python test ran:\n{text}");
+    }
+}

@@ -138,6 +138,10 @@ pub(crate) enum Cmd {
     /// Talk to a session from the terminal: each line is a followup (a steer while the agent runs), the
     /// reply streams as it is written, Ctrl-C stops a running turn (keeping the inbox).
     Chat(SessionArg),
+    /// Be an editor's agent over the Agent Client Protocol (JSON-RPC on stdin and stdout; Zed and other ACP
+    /// editors spawn it): session/new, session/load (the whole history replayed), session/prompt,
+    /// session/cancel, and approvals as session/request_permission.
+    Acp(AcpArgs),
     /// Print a shell completion script: `source <(turnstile completions bash)`, or save it where your shell
     /// loads completions (zsh: a `_turnstile` file on `$fpath`; fish: `~/.config/fish/completions/`).
     Completions(CompletionsArgs),
@@ -510,6 +514,16 @@ pub(crate) struct GoalUpdateArgs {
 #[derive(Args, Debug)]
 pub(crate) struct SessionArg {
     pub(crate) session: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct AcpArgs {
+    /// The agent profile new sessions run (default: the server's default agent).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) agent: Option<String>,
+    /// Open this session on session/new instead of a new one.
+    #[arg(long, value_name = "ID")]
+    pub(crate) session: Option<String>,
 }
 
 #[derive(Args, Debug)]

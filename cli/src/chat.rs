@@ -142,7 +142,7 @@ impl View {
 }
 
 /// Lines of stdin, read on a thread of their own (tokio's stdin is a thread as well); `None` at the end.
-fn stdin_lines() -> mpsc::Receiver<std::io::Result<String>> {
+pub(crate) fn stdin_lines() -> mpsc::Receiver<std::io::Result<String>> {
     let (tx, rx) = mpsc::channel(16);
     std::thread::spawn(move || {
         for line in std::io::stdin().lines() {

@@ -2,6 +2,7 @@
 //! and `turnstile worker` are the two halves of a cluster; every other command is a client of the public
 //! gRPC API.
 
+mod acp;
 mod args;
 mod chat;
 mod client;
@@ -167,6 +168,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::WaitIdle(a) => client::wait_idle(c, &a.session, a.timeout_ms).await,
         Cmd::Usage(a) => client::usage(c, a.days).await,
         Cmd::Chat(a) => chat::run(c, &a.session).await,
+        Cmd::Acp(a) => acp::run(c, a.agent, a.session).await,
         Cmd::Watch(a) => {
             let opts = WatchOpts {
                 after: a.after,

@@ -124,6 +124,9 @@ pub struct AgentConfig {
     /// The table's name (`NAME` of `[agents.NAME]`); set by the parser, not written in the file.
     #[serde(skip)]
     pub name: String,
+    /// What the agent is for, in a sentence: the description the agent protocols show (an MCP tool's, an
+    /// A2A agent card's and skill's; SPEC §19). Default empty (they say which model it runs).
+    pub description: String,
     /// The model it runs on (a `[models.NAME]`). Default `scripted`.
     pub model: String,
     /// The system prompt. Default empty (none sent).
@@ -163,6 +166,7 @@ impl Default for AgentConfig {
     fn default() -> Self {
         Self {
             name: String::new(),
+            description: String::new(),
             model: crate::SCRIPTED.to_owned(),
             system: String::new(),
             tools: Vec::new(),

@@ -35,7 +35,7 @@
 //! assert_eq!(config.default_agent().unwrap().model, "local");
 //!
 //! let err = Config::from_toml_str("[agents.assistant]\nmodle = \"local\"\n").unwrap_err();
-//! assert!(err.to_string().starts_with("line 2, column 1: agents.assistant.modle: unknown key (allowed: model, "));
+//! assert!(err.to_string().starts_with("line 2, column 1: agents.assistant.modle: unknown key (allowed: description, model, "));
 //! ```
 
 mod agent;

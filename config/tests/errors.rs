@@ -30,7 +30,7 @@ fn unknown_top_level_key() {
 fn unknown_agent_key() {
     assert_eq!(
         err("[agents.assistant]\nmodle = \"local\"\n"),
-        "line 2, column 1: agents.assistant.modle: unknown key (allowed: model, system, tools, approval, approval_timeout_ms, on_timeout, history_turns, \
+        "line 2, column 1: agents.assistant.modle: unknown key (allowed: description, model, system, tools, approval, approval_timeout_ms, on_timeout, history_turns, \
          hooks, tool_deadline_ms, max_steps_per_turn, context_budget_tokens, compaction_model, webhooks, tenants)"
     );
 }

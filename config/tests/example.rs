@@ -58,6 +58,7 @@ fn the_api_example_parses_to_what_it_says() {
         *assistant,
         AgentConfig {
             name: "assistant".into(),
+            description: String::new(),
             model: "local".into(),
             system: "You are a helpful assistant.".into(),
             tools: vec![

@@ -54,6 +54,14 @@ impl Gateway {
         Ok((scope, req))
     }
 
+    /// The tenant a caller acts in when its request names nothing (the rule's steps 1, 2 and 4), for the
+    /// agent protocols (SPEC §19), which answer per tenant: which agents a tenant may run, its tasks.
+    pub async fn caller_tenant(&self, metadata: &tonic::metadata::MetadataMap) -> Result<String, Status> {
+        let caller = self.caller(metadata, Role::Member)?;
+        let scope = self.confine(caller, &mut NamesNothing).await?;
+        Ok(scope.tenant.into_string())
+    }
+
     /// Steps 1 of the rule alone, for a client stream whose tenant comes in its first message: the caller,
     /// UNAUTHENTICATED without valid credentials, PERMISSION_DENIED without `role`.
     pub(crate) fn caller(&self, metadata: &tonic::metadata::MetadataMap, role: Role) -> Result<Caller, Status> {
@@ -115,6 +123,11 @@ impl Gateway {
         Ok(Scope { caller, tenant })
     }
 }
+
+/// A request that names no session and no tenant: the caller's own tenant.
+struct NamesNothing;
+
+impl Scoped for NamesNothing {}
 
 /// Requests that name sessions in fields called `session` (and more, listed after `;`).
 macro_rules! scoped {

@@ -76,7 +76,24 @@ fn http_routes(gateway: &turnstile_gateway::Gateway, config: &Config, auth_enabl
         default: config.default_agent.clone(),
         auth_enabled,
     });
-    console.merge(turnstile_protocols::router(gateway.clone(), turnstile_protocols::Protocols { openai }))
+    let profiles = turnstile_protocols::profiles::Profiles {
+        list: config
+            .agents
+            .values()
+            .map(|agent| turnstile_protocols::profiles::Profile {
+                name: agent.name.clone(),
+                description: match agent.description.as_str() {
+                    "" => turnstile_protocols::profiles::default_description(&agent.name, &agent.model),
+                    own => own.to_owned(),
+                },
+                tenants: agent.tenant_scope(),
+            })
+            .collect(),
+        auth_enabled,
+    };
+    let protocols =
+        turnstile_protocols::Protocols { openai, mcp: config.protocols.mcp, a2a: config.protocols.a2a, profiles };
+    console.merge(turnstile_protocols::router(gateway.clone(), protocols))
 }
 
 /// The gateway settings of the configuration: the `WhenIdle` default and the default agent.

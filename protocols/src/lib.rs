@@ -8,10 +8,21 @@
 //! answer it, and the tenant always comes from the caller's token.
 //!
 //! [`router`] assembles the protocols the configuration switches on ([`Protocols`]); `node` merges it into
-//! the ops HTTP router beside the console. Modules: [`openai`] (the Responses and Conversations API,
-//! docs/PROTOCOLS.md).
+//! the ops HTTP router beside the console. Protocols: [`openai`] (the Responses and Conversations API),
+//! [`mcp`] (each agent a tool), [`a2a`] (A2A v1.0), all in docs/PROTOCOLS.md. Shared by them: [`api`] (the
+//! gateway's service as a caller sees it), [`turn`] (a turn as the changes protocols stream, at positions
+//! that resume anywhere), [`ids`], [`sse`], [`profiles`] (the agents a tenant may run) and `admit` (the
+//! JSON-RPC protocols' door).
 
+pub mod a2a;
+mod admit;
+pub mod api;
+pub mod ids;
+pub mod mcp;
 pub mod openai;
+pub mod profiles;
+pub mod sse;
+pub mod turn;
 
 use axum::Router;
 use turnstile_gateway::Gateway;
@@ -21,13 +32,25 @@ use turnstile_gateway::Gateway;
 pub struct Protocols {
     /// The OpenAI adapter (`[protocols] openai`); `None`: not served.
     pub openai: Option<openai::Agents>,
+    /// The MCP server (`[protocols] mcp`).
+    pub mcp: bool,
+    /// A2A (`[protocols] a2a`).
+    pub a2a: bool,
+    /// The agent profiles the MCP server and A2A offer, per tenant.
+    pub profiles: profiles::Profiles,
 }
 
 /// The routes of every protocol switched on, answered by `gateway`'s service code.
 pub fn router(gateway: Gateway, protocols: Protocols) -> Router {
     let mut router = Router::new();
     if let Some(agents) = protocols.openai {
-        router = router.merge(openai::router(gateway, agents));
+        router = router.merge(openai::router(gateway.clone(), agents));
+    }
+    if protocols.mcp {
+        router = router.merge(mcp::router(gateway.clone(), protocols.profiles.clone()));
+    }
+    if protocols.a2a {
+        router = router.merge(a2a::router(gateway.clone(), protocols.profiles.clone()));
     }
     router
 }

@@ -149,7 +149,8 @@ async fn an_agent_naming_a_missing_model_is_refused() {
 #[tokio::test]
 async fn an_unknown_key_is_refused_on_every_server() {
     let (_dir, path) = config_file("[agents.assistant]\nmodle = \"scripted\"\n");
-    let expected = format!("{}:2:1: agents.assistant.modle: unknown key (allowed: model, ", path.display());
+    let expected =
+        format!("{}:2:1: agents.assistant.modle: unknown key (allowed: description, model, ", path.display());
     let refused = dev_with_config(&path).await;
     assert_eq!(refused.code, Some(1), "{refused:?}");
     assert!(refused.error_line().starts_with(&format!("error: {expected}")), "{refused:?}");

@@ -581,18 +581,7 @@ fn role_of(message: &pb::UserMessage) -> Option<&'static str> {
     }
 }
 
-/// The text blocks of a message, joined (data blocks are not text).
-pub fn text_of(message: &pb::UserMessage) -> String {
-    message
-        .content
-        .iter()
-        .filter_map(|b| match &b.block {
-            Some(pb::content_block::Block::Text(t)) => Some(t.text.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+pub use crate::turn::text_of;
 
 /// An output item as OpenAI's clients read it: a message, or a tool the agent ran itself as an `mcp_call`
 /// of the server `turnstile`.

@@ -10,7 +10,6 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 
@@ -128,34 +127,7 @@ pub fn item_seq(id: &str, session: &str) -> Option<u64> {
     (s == session).then(|| seq.parse().ok()).flatten()
 }
 
-/// A session id minted for a new response chain or conversation: from the request's `Idempotency-Key` when
-/// it has one (so a retried create lands in the same session and its delivery is a retry), else random.
-pub fn new_session(prefix: &str, idempotency_key: Option<&str>) -> String {
-    match idempotency_key {
-        Some(key) => format!("{prefix}-{}", digest(key)),
-        None => format!("{prefix}-{}", uuid::Uuid::new_v4().simple()),
-    }
-}
-
-/// A MessageId for the `index`-th message of a request: the `Idempotency-Key` (with the index) when there is
-/// one, so a retry is recognised by the session (SPEC §2), else random.
-pub fn message_id(idempotency_key: Option<&str>, index: usize) -> String {
-    match idempotency_key {
-        Some(key) if key.len() <= 100 => format!("{key}#{index}"),
-        Some(key) => format!("idem-{}#{index}", digest(key)),
-        None => uuid::Uuid::new_v4().to_string(),
-    }
-}
-
-fn digest(key: &str) -> String {
-    let hash = Sha256::digest(key.as_bytes());
-    hash.iter().take(16).map(|b| format!("{b:02x}")).collect()
-}
-
-/// The session id rule of SPEC §1: `[A-Za-z0-9_-]{1,128}`.
-pub fn is_session_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
+pub use crate::ids::{is_session_id, message_id, new_session};
 
 #[cfg(test)]
 mod tests {

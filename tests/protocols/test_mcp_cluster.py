@@ -1,0 +1,44 @@
+"""The MCP server keeps nothing between requests (decision 0127): on a cluster of one worker and two gateways
+(tests/tests/mcp_server.rs; MCP_URL_0 and _1, auth off), a session started by a call through one gateway goes
+on through the other, and an approval's elicitation round asked through one is answered through the other
+(its `requestState` carries everything the retried call needs)."""
+
+import os
+import unittest
+
+import anyio
+from mcp import Client, types
+
+URLS = [os.environ["MCP_URL_0"], os.environ["MCP_URL_1"]]
+
+
+def run(test):
+    return lambda self: anyio.run(test, self)
+
+
+class AnyGateway(unittest.TestCase):
+    @run
+    async def test_a_session_goes_on_through_the_other_gateway(self):
+        async with Client(URLS[0]) as a, Client(URLS[1]) as b:
+            first = await a.call_tool("scripted", {"message": "one"})
+            session = first.structured_content["session"]
+            second = await b.call_tool("scripted", {"message": "two", "session": session})
+        self.assertEqual(second.structured_content["turn"], 2)
+        self.assertEqual(second.content[0].text, "echo: two")
+
+    @run
+    async def test_an_elicitation_round_is_answered_through_the_other_gateway(self):
+        async with Client(URLS[0]) as a, Client(URLS[1]) as b:
+            asked = await a.session.call_tool("guarded", {"message": "[[tool:echo across gateways]] go"},
+                                              allow_input_required=True)
+            self.assertIsInstance(asked, types.InputRequiredResult)
+            [key] = asked.input_requests
+            answer = {key: {"action": "accept", "content": {"approve": True}}}
+            done = await b.call_tool("guarded", {"message": "[[tool:echo across gateways]] go"},
+                                     input_responses=answer, request_state=asked.request_state)
+        self.assertEqual(done.structured_content["status"], "completed")
+        self.assertIn("tool results: echo: across gateways", done.content[0].text)
+
+
+if __name__ == "__main__":
+    unittest.main()

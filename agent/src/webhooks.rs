@@ -5,6 +5,11 @@
 //! `Turnstile-Signature: sha256=<hex HMAC-SHA256 of the body>`. A 2xx answer delivers it; anything else
 //! (another status, no answer within [`POST_TIMEOUT`], no connection) is a failure the worker retries.
 //!
+//! A webhook a tenant registered (SPEC §21) signs with its own key and is POSTed through a client whose
+//! resolver drops every internal address ([`turnstile_ops::egress`]) unless the configuration's
+//! `[webhooks] allow_private` allows them: the check at `CreateWebhook` cannot hold against a name that
+//! later resolves elsewhere.
+//!
 //! ```
 //! use turnstile_agent::webhooks::signature;
 //! assert_eq!(
@@ -80,6 +85,32 @@ pub struct HttpWebhooks {
     by_agent: HashMap<String, Vec<Arc<WebhookTarget>>>,
     secrets: HashMap<String, Secret>,
     client: reqwest::Client,
+    /// For registered webhooks: [`PublicOnly`] resolution unless internal targets are allowed.
+    registered_client: reqwest::Client,
+    allow_private: bool,
+}
+
+/// A resolver that keeps only public addresses ([`turnstile_ops::egress::is_internal`]); a name with
+/// none left does not resolve.
+#[derive(Debug)]
+struct PublicOnly;
+
+impl reqwest::dns::Resolve for PublicOnly {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let found = tokio::net::lookup_host((host.as_str(), 0)).await?;
+            let public: Vec<std::net::SocketAddr> =
+                found.filter(|a| !turnstile_ops::egress::is_internal(a.ip())).collect();
+            if public.is_empty() {
+                return Err(format!(
+                    "{host} resolves to no public address (registered webhooks may not reach internal ones)"
+                )
+                .into());
+            }
+            Ok(Box::new(public.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
 }
 
 impl std::fmt::Debug for HttpWebhooks {
@@ -111,18 +142,22 @@ impl HttpWebhooks {
                     events: hook.events.clone(),
                     max_age: Duration::from_millis(hook.max_age_ms),
                     tenants: hook.tenant_scope(profile),
+                    not_before_ms: 0,
+                    signing_key: None,
+                    registered: false,
                 }));
             }
         }
         if rustls::crypto::CryptoProvider::get_default().is_none() {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(POST_TIMEOUT)
+        let builder = || reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).timeout(POST_TIMEOUT);
+        let client = builder().build().map_err(|e| WebhookSetupError::Client(e.to_string()))?;
+        let allow_private = config.webhooks.allow_private;
+        let registered_client = if allow_private { builder() } else { builder().dns_resolver(Arc::new(PublicOnly)) }
             .build()
             .map_err(|e| WebhookSetupError::Client(e.to_string()))?;
-        Ok(Self { by_agent, secrets, client })
+        Ok(Self { by_agent, secrets, client, registered_client, allow_private })
     }
 
     /// Whether any agent has a webhook.
@@ -161,13 +196,21 @@ impl WebhookSender for HttpWebhooks {
     async fn send(&self, hook: &WebhookTarget, event: &Envelope) -> Result<(), SendError> {
         let body = body(event)?;
         let delivery = format!("{}/{}/{}", event.session.tenant, event.session.id, event.seq);
-        let mut request = self
-            .client
-            .post(&hook.url)
-            .header("content-type", "application/json")
-            .header("turnstile-delivery", delivery);
-        if let Some(secret) = self.secrets.get(&hook.id) {
-            request = request.header("turnstile-signature", signature(secret.expose().as_bytes(), &body));
+        let client = if hook.registered {
+            // An IP literal is not resolved, so the resolver cannot drop it: the same rule, here.
+            if !self.allow_private {
+                turnstile_ops::egress::check_literal(&hook.url).map_err(|e| SendError(e.to_string()))?;
+            }
+            &self.registered_client
+        } else {
+            &self.client
+        };
+        let mut request =
+            client.post(&hook.url).header("content-type", "application/json").header("turnstile-delivery", delivery);
+        let key =
+            hook.signing_key.as_ref().map(|k| k.expose()).or_else(|| self.secrets.get(&hook.id).map(Secret::expose));
+        if let Some(key) = key {
+            request = request.header("turnstile-signature", signature(key.as_bytes(), &body));
         }
         let response = request.body(body).send().await.map_err(|e| SendError(format!("POST {}: {e}", hook.url)))?;
         let status = response.status();

@@ -25,7 +25,8 @@ const INSTALL_HINT: &str = "run scripts/setup-test-deps (it runs `npm ci` in cli
                             cache with the package's dependencies)";
 
 /// The agents of the dev server the API suite runs against: the default `helper` with the built-in
-/// `echo` and the client tools the suite serves, and `careful`, whose `echo` waits for approval.
+/// `echo` and the client tools the suite serves, and `careful`, whose `echo` waits for approval; webhooks
+/// may target loopback.
 const AGENTS: &str = r#"default_agent = "helper"
 
 [agents.helper]
@@ -34,6 +35,10 @@ tools = ["echo", "client:lookup", "client:fails", "client:where", "client:wait"]
 [agents.careful]
 tools = ["echo"]
 approval = ["echo"]
+
+# The webhook test's receiver listens on loopback.
+[webhooks]
+allow_private = true
 "#;
 
 /// A `turnstile dev` running [`AGENTS`] (and the directory of its configuration file, to keep).
@@ -107,7 +112,7 @@ async fn typescript_client_calls_every_rpc_against_dev() {
         ("TURNSTILE_ADDR", dev.addr().to_string()),
         ("TURNSTILE_HTTP_ADDR", dev.http_addr().expect("the dev server's HTTP port").to_string()),
     ];
-    node_test(&["test/unit.test.mjs", "test/client.test.mjs", "test/web.test.mjs"], &env).await;
+    node_test(&["test/unit.test.mjs", "test/parity.test.mjs", "test/client.test.mjs", "test/web.test.mjs"], &env).await;
 }
 
 /// A delivery whose connection drops after the server applied it is retried with the same MessageId and

@@ -187,11 +187,17 @@ async fn control(cluster: &mut Cluster, command: &str) -> String {
     }
 }
 
-/// The README's example (the first ```js block under "## Example") and the output it shows (the
-/// ```text block after it).
-fn readme_example() -> (String, String) {
+/// The README's sections whose example runs here, with what each prints.
+const README_EXAMPLES: [&str; 2] = ["## Example", "## Run a turn, follow its events"];
+
+/// The README's example under `heading` (the first ```js block of that section) and the output it shows
+/// (the ```text block after it).
+fn readme_example(heading: &str) -> (String, String) {
     let readme = std::fs::read_to_string(package_dir().join("README.md")).unwrap();
-    let section = readme.split("\n## Example").nth(1).expect("README.md has an `## Example` section");
+    let section = readme
+        .split(&format!("\n{heading}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("README.md has no `{heading}` section"));
     let block = |fence: &str, from: &str| -> (String, usize) {
         let start =
             from.find(fence).unwrap_or_else(|| panic!("no {fence} block in the README's example")) + fence.len();
@@ -220,8 +226,8 @@ fn normalise(output: &str) -> String {
 }
 
 /// `npm pack` of the package installs into an empty directory without the network (`--offline`, from
-/// npm's cache, which scripts/setup-test-deps fills), and the README's example, run there against
-/// `turnstile dev`, prints exactly what the README shows (the minted session id aside).
+/// npm's cache, which scripts/setup-test-deps fills), and the README's examples, run there against
+/// `turnstile dev`, print exactly what the README shows (the minted session id aside).
 #[tokio::test]
 async fn typescript_package_installs_from_npm_pack_and_runs_the_readme_example() {
     build().await;
@@ -259,12 +265,18 @@ async fn typescript_package_installs_from_npm_pack_and_runs_the_readme_example()
         text(&installed)
     );
 
-    let (code, shown) = readme_example();
-    std::fs::write(app.join("quickstart.mjs"), &code).unwrap();
     let dev = DevServer::start().await.unwrap();
-    let ran = run("node", &["quickstart.mjs"], &app, &[("TURNSTILE_ADDR", dev.addr().to_string())]).await;
-    assert!(ran.status.success(), "the README's example failed:\n{}", text(&ran));
-    let printed = String::from_utf8_lossy(&ran.stdout);
-    assert_eq!(normalise(printed.trim_end()), normalise(shown.trim_end()), "the example printed:\n{printed}");
-    println!("{printed}");
+    for heading in README_EXAMPLES {
+        let (code, shown) = readme_example(heading);
+        std::fs::write(app.join("quickstart.mjs"), &code).unwrap();
+        let ran = run("node", &["quickstart.mjs"], &app, &[("TURNSTILE_ADDR", dev.addr().to_string())]).await;
+        assert!(ran.status.success(), "the README's example under {heading} failed:\n{}", text(&ran));
+        let printed = String::from_utf8_lossy(&ran.stdout);
+        assert_eq!(
+            normalise(printed.trim_end()),
+            normalise(shown.trim_end()),
+            "the example under {heading} printed:\n{printed}"
+        );
+        println!("{printed}");
+    }
 }

@@ -385,6 +385,16 @@ class ExampleTest(DevCase, unittest.TestCase):
         for block in blocks:
             compile(block, "clients/python/README.md", "exec")
 
+    def test_the_readme_s_run_and_events_example_prints_what_it_shows(self):
+        readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+        section = readme.split("\n## Run a turn, follow its events\n", 1)[1]
+        code = section.split("```python\n", 1)[1].split("```", 1)[0]
+        shown = section.split("```python\n", 1)[1].split("```", 1)[1].split("```\n", 1)[1].split("```", 1)[0]
+        env = dict(os.environ, TURNSTILE_ADDR=self.dev.address)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(), shown.strip())
+
     def test_the_quickstart_prints_the_streamed_reply(self):
         example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
         env = dict(os.environ, TURNSTILE_ADDR=self.dev.address)

@@ -165,6 +165,60 @@ async fn typescript_watch_resumes_across_a_gateway_kill_on_a_cluster() {
     assert_passed(&output, &files, &cluster.logs());
 }
 
+/// The chat app of `examples/chat.mjs`, installed from `npm pack` like the README's examples, against
+/// `turnstile dev` with [`AGENTS`] (issue 41): a first chat configures a new session with `careful`, gets
+/// its replies streamed and approves the call its second line makes from the approvals inbox; a second chat
+/// shows that history (read from the transcript) and denies a call; a third, with nothing to say, prints
+/// the history alone, which is exactly what the second printed.
+#[tokio::test]
+async fn typescript_chat_example_renders_history_streams_replies_and_answers_approvals() {
+    build().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let app = scratch.path();
+    // The package as an app's dependency: node_modules/@turnstile/client is this package, built.
+    let scope = app.join("node_modules/@turnstile");
+    std::fs::create_dir_all(&scope).unwrap();
+    std::os::unix::fs::symlink(package_dir(), scope.join("client")).unwrap();
+    std::fs::copy(package_dir().join("examples/chat.mjs"), app.join("chat.mjs")).unwrap();
+    let (_config, dev) = dev_with_agents().await;
+    let chat = |args: &'static [&'static str], input: &'static str| {
+        let addr = dev.addr().to_string();
+        let app = app.to_owned();
+        async move {
+            let mut command = tokio::process::Command::new("node");
+            command.arg("chat.mjs").args(args).current_dir(&app).env("TURNSTILE_ADDR", addr).kill_on_drop(true);
+            command.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+            command.stderr(std::process::Stdio::piped());
+            let mut child = command.spawn().unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(input.as_bytes()).await.unwrap();
+            drop(stdin);
+            let output = tokio::time::timeout(NODE_TIMEOUT, child.wait_with_output()).await.unwrap().unwrap();
+            assert!(output.status.success(), "chat.mjs {args:?} failed:\n{}", text(&output));
+            String::from_utf8(output.stdout).unwrap()
+        }
+    };
+    let first = chat(&["chat-1", "--agent", "careful"], "hello\n[[tool:echo from the inbox]]\n").await;
+    let second = chat(&["chat-1", "--deny"], "[[tool:echo no way]]\n").await;
+    let history = chat(&["chat-1"], "").await;
+    let first_lines: Vec<&str> = first.lines().collect();
+    assert_eq!(first_lines.first(), Some(&"(a new session)"), "{first}");
+    for line in
+        ["you: hello", "assistant: echo: hello", "[turn 1 completed]", "approval: echo(from the inbox) approved"]
+    {
+        assert!(first_lines.contains(&line), "{line:?} in:\n{first}");
+    }
+    for line in ["approval: echo(no way) denied", "  -> denied: denied in chat", "[turn 3 completed]"] {
+        assert!(second.lines().any(|l| l == line), "{line:?} in:\n{second}");
+    }
+    assert!(
+        second.starts_with(&first_lines[1..].join("\n")),
+        "the second chat begins with the first's history:\n{second}"
+    );
+    assert_eq!(history, second, "the history prints what the chats printed");
+    println!("{history}");
+}
+
 /// One command of the control port, answered `ok [VALUE]` or `error MESSAGE`.
 async fn control(cluster: &mut Cluster, command: &str) -> String {
     let (verb, g) = command.split_once(' ').unwrap_or((command, ""));

@@ -533,6 +533,32 @@ class AppScenarios(DevCase):
                 await c.delete_webhook(hook.id)
             self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
 
+    def test_the_chat_example_renders_history_streams_replies_and_answers_approvals(self):
+        """examples/chat.py: a first chat configures a new session with `careful`, streams its replies and
+        approves the call of its second line from the approvals inbox; a second shows that history (from
+        the transcript) and denies a call; a third, with nothing to say, prints exactly what the second did."""
+        example = Path(__file__).resolve().parent.parent / "examples" / "chat.py"
+        env = dict(os.environ, TURNSTILE_ADDR=self.dev.address)
+
+        def chat(*args: str, lines: str = "") -> str:
+            out = subprocess.run([sys.executable, str(example), "chat-1", *args], input=lines, env=env,
+                                 capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            return out.stdout
+
+        first = chat("--agent", "careful", lines="hello\n[[tool:echo from the inbox]]\n")
+        second = chat("--deny", lines="[[tool:echo no way]]\n")
+        history = chat()
+        first_lines = first.splitlines()
+        self.assertEqual(first_lines[0], "(a new session)")
+        for line in ("you: hello", "assistant: echo: hello", "[turn 1 completed]",
+                     "approval: echo(from the inbox) approved"):
+            self.assertIn(line, first_lines)
+        for line in ("approval: echo(no way) denied", "  -> denied: denied in chat", "[turn 3 completed]"):
+            self.assertIn(line, second.splitlines())
+        self.assertTrue(second.startswith("\n".join(first_lines[1:])), second)
+        self.assertEqual(history, second, "the history prints what the chats printed")
+
     async def test_sessions_filters_watch_from_a_position_and_export_import(self):
         async with AsyncClient(self.dev.address) as c:
             blue, red = new_id(), new_id()

@@ -166,6 +166,18 @@ impl HttpWebhooks {
     }
 }
 
+/// `error` and its causes, joined by `: ` (reqwest's own message names only the request).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// The POST body of `event`: `WebhookDelivery` in the protobuf JSON mapping.
 pub fn body(event: &Envelope) -> Result<Vec<u8>, SendError> {
     use prost::Message as _;
@@ -212,8 +224,58 @@ impl WebhookSender for HttpWebhooks {
         if let Some(key) = key {
             request = request.header("turnstile-signature", signature(key.as_bytes(), &body));
         }
-        let response = request.body(body).send().await.map_err(|e| SendError(format!("POST {}: {e}", hook.url)))?;
+        let response = request
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| SendError(format!("POST {}: {}", hook.url, with_causes(&e))))?;
         let status = response.status();
         if status.is_success() { Ok(()) } else { Err(SendError(format!("POST {} answered {status}", hook.url))) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use turnstile_journal::RegisteredWebhook;
+    use turnstile_model::{EventPayload, SessionRef, Tenant};
+
+    use super::*;
+
+    fn registered(url: &str) -> WebhookTarget {
+        let hook = RegisteredWebhook {
+            tenant: "t".into(),
+            id: "wh_0123456789abcdef".into(),
+            url: url.into(),
+            events: vec!["turn/start".into()],
+            label_selector: String::new(),
+            max_age_ms: 1000,
+            created_unix_ms: 0,
+            secret: "whsec_k".into(),
+        };
+        WebhookTarget::registered(&hook, Tenant::new("t").unwrap())
+    }
+
+    fn event() -> Envelope {
+        let session = SessionRef::new("t", "s").unwrap();
+        Envelope { session, seq: 1, time_ms: 1, epoch: 1, payload: EventPayload::TurnStart { turn: 1 } }
+    }
+
+    /// The egress rule holds at each POST, not only at `CreateWebhook`: a registered webhook whose name
+    /// resolves to loopback (as one rebound after its creation would), or whose URL is an internal IP, is
+    /// not reached unless the configuration allows internal targets. Nothing listens on port 9, so a POST
+    /// that went out would fail differently (connection refused).
+    #[tokio::test]
+    async fn a_registered_webhook_never_reaches_an_internal_address_unless_allowed() {
+        let strict = HttpWebhooks::from_config(&Config::default(), |_| None).unwrap();
+        for url in ["http://localhost:9/hook", "http://127.0.0.1:9/hook", "http://[::1]:9/hook"] {
+            let SendError(message) = strict.send(&registered(url), &event()).await.unwrap_err();
+            assert!(message.contains("internal") || message.contains("no public address"), "{url}: {message}");
+        }
+        let config = Config::from_toml_str("[webhooks]\nallow_private = true\n").unwrap();
+        let open = HttpWebhooks::from_config(&config, |_| None).unwrap();
+        let SendError(message) = open.send(&registered("http://127.0.0.1:9/hook"), &event()).await.unwrap_err();
+        assert!(!message.contains("internal") && !message.contains("no public address"), "{message}");
     }
 }

@@ -831,7 +831,13 @@ export class ClientBase implements ClientCore {
           ? await this.interrupt(session, msg, delivery)
           : await this.followup(session, msg, delivery);
     const bound = options.timeoutMs ? AbortSignal.timeout(options.timeoutMs) : undefined;
-    const signal = bound && options.signal ? AbortSignal.any([bound, options.signal]) : (bound ?? options.signal);
+    // Either signal ends the wait (by hand: AbortSignal.any needs Node 20.3).
+    const either = new AbortController();
+    for (const s of [bound, options.signal]) {
+      if (s?.aborted) either.abort(s.reason);
+      else s?.addEventListener("abort", () => either.abort(s.reason), { once: true });
+    }
+    const signal = either.signal;
     const events = new EventFolder();
     let turn: RunFolder | undefined;
     const stream = this.watch(session, { afterSeq: reply.seq - 1n, live: false, signal });

@@ -51,7 +51,8 @@ pub struct AgentSetup {
     pub tools: ToolRegistry,
     /// Each agent's pre-step waterfall: content guard, step budget, remote hooks (crate::hooks).
     pub hooks: AgentHooks,
-    /// The agents' webhooks (SPEC §15): [`crate::webhooks::HttpWebhooks`] when any agent has one.
+    /// The agents' webhooks (SPEC §15) and the ones tenants register (SPEC §21):
+    /// [`crate::webhooks::HttpWebhooks`].
     pub webhooks: Arc<dyn turnstile_worker::webhooks::WebhookSender>,
 }
 
@@ -375,8 +376,8 @@ pub fn from_config_with_mcp(
     let tools = tools.with_policy(Arc::new(config.clone()));
     let hooks = AgentHooks::new(waterfalls, catalog.default_agent());
     let webhooks = crate::webhooks::HttpWebhooks::from_config(config, &env)?;
-    let webhooks: Arc<dyn turnstile_worker::webhooks::WebhookSender> =
-        if webhooks.is_empty() { Arc::new(turnstile_worker::webhooks::NoWebhooks) } else { Arc::new(webhooks) };
+    // Always a sender: tenants may register webhooks at run time (SPEC §21) whatever the agents name.
+    let webhooks: Arc<dyn turnstile_worker::webhooks::WebhookSender> = Arc::new(webhooks);
     Ok(AgentSetup { catalog, model, tools, hooks, webhooks })
 }
 

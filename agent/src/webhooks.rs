@@ -5,6 +5,11 @@
 //! `Turnstile-Signature: sha256=<hex HMAC-SHA256 of the body>`. A 2xx answer delivers it; anything else
 //! (another status, no answer within [`POST_TIMEOUT`], no connection) is a failure the worker retries.
 //!
+//! A webhook a tenant registered (SPEC §21) signs with its own key and is POSTed through a client whose
+//! resolver drops every internal address ([`turnstile_ops::egress`]) unless the configuration's
+//! `[webhooks] allow_private` allows them: the check at `CreateWebhook` cannot hold against a name that
+//! later resolves elsewhere.
+//!
 //! ```
 //! use turnstile_agent::webhooks::signature;
 //! assert_eq!(
@@ -80,6 +85,32 @@ pub struct HttpWebhooks {
     by_agent: HashMap<String, Vec<Arc<WebhookTarget>>>,
     secrets: HashMap<String, Secret>,
     client: reqwest::Client,
+    /// For registered webhooks: [`PublicOnly`] resolution unless internal targets are allowed.
+    registered_client: reqwest::Client,
+    allow_private: bool,
+}
+
+/// A resolver that keeps only public addresses ([`turnstile_ops::egress::is_internal`]); a name with
+/// none left does not resolve.
+#[derive(Debug)]
+struct PublicOnly;
+
+impl reqwest::dns::Resolve for PublicOnly {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let found = tokio::net::lookup_host((host.as_str(), 0)).await?;
+            let public: Vec<std::net::SocketAddr> =
+                found.filter(|a| !turnstile_ops::egress::is_internal(a.ip())).collect();
+            if public.is_empty() {
+                return Err(format!(
+                    "{host} resolves to no public address (registered webhooks may not reach internal ones)"
+                )
+                .into());
+            }
+            Ok(Box::new(public.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
 }
 
 impl std::fmt::Debug for HttpWebhooks {
@@ -111,24 +142,40 @@ impl HttpWebhooks {
                     events: hook.events.clone(),
                     max_age: Duration::from_millis(hook.max_age_ms),
                     tenants: hook.tenant_scope(profile),
+                    not_before_ms: 0,
+                    signing_key: None,
+                    registered: false,
                 }));
             }
         }
         if rustls::crypto::CryptoProvider::get_default().is_none() {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(POST_TIMEOUT)
+        let builder = || reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).timeout(POST_TIMEOUT);
+        let client = builder().build().map_err(|e| WebhookSetupError::Client(e.to_string()))?;
+        let allow_private = config.webhooks.allow_private;
+        let registered_client = if allow_private { builder() } else { builder().dns_resolver(Arc::new(PublicOnly)) }
             .build()
             .map_err(|e| WebhookSetupError::Client(e.to_string()))?;
-        Ok(Self { by_agent, secrets, client })
+        Ok(Self { by_agent, secrets, client, registered_client, allow_private })
     }
 
     /// Whether any agent has a webhook.
     pub fn is_empty(&self) -> bool {
         self.by_agent.is_empty()
     }
+}
+
+/// `error` and its causes, joined by `: ` (reqwest's own message names only the request).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// The POST body of `event`: `WebhookDelivery` in the protobuf JSON mapping.
@@ -161,16 +208,74 @@ impl WebhookSender for HttpWebhooks {
     async fn send(&self, hook: &WebhookTarget, event: &Envelope) -> Result<(), SendError> {
         let body = body(event)?;
         let delivery = format!("{}/{}/{}", event.session.tenant, event.session.id, event.seq);
-        let mut request = self
-            .client
-            .post(&hook.url)
-            .header("content-type", "application/json")
-            .header("turnstile-delivery", delivery);
-        if let Some(secret) = self.secrets.get(&hook.id) {
-            request = request.header("turnstile-signature", signature(secret.expose().as_bytes(), &body));
+        let client = if hook.registered {
+            // An IP literal is not resolved, so the resolver cannot drop it: the same rule, here.
+            if !self.allow_private {
+                turnstile_ops::egress::check_literal(&hook.url).map_err(|e| SendError(e.to_string()))?;
+            }
+            &self.registered_client
+        } else {
+            &self.client
+        };
+        let mut request =
+            client.post(&hook.url).header("content-type", "application/json").header("turnstile-delivery", delivery);
+        let key =
+            hook.signing_key.as_ref().map(|k| k.expose()).or_else(|| self.secrets.get(&hook.id).map(Secret::expose));
+        if let Some(key) = key {
+            request = request.header("turnstile-signature", signature(key.as_bytes(), &body));
         }
-        let response = request.body(body).send().await.map_err(|e| SendError(format!("POST {}: {e}", hook.url)))?;
+        let response = request
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| SendError(format!("POST {}: {}", hook.url, with_causes(&e))))?;
         let status = response.status();
         if status.is_success() { Ok(()) } else { Err(SendError(format!("POST {} answered {status}", hook.url))) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use turnstile_journal::RegisteredWebhook;
+    use turnstile_model::{EventPayload, SessionRef, Tenant};
+
+    use super::*;
+
+    fn registered(url: &str) -> WebhookTarget {
+        let hook = RegisteredWebhook {
+            tenant: "t".into(),
+            id: "wh_0123456789abcdef".into(),
+            url: url.into(),
+            events: vec!["turn/start".into()],
+            label_selector: String::new(),
+            max_age_ms: 1000,
+            created_unix_ms: 0,
+            secret: "whsec_k".into(),
+        };
+        WebhookTarget::registered(&hook, Tenant::new("t").unwrap())
+    }
+
+    fn event() -> Envelope {
+        let session = SessionRef::new("t", "s").unwrap();
+        Envelope { session, seq: 1, time_ms: 1, epoch: 1, payload: EventPayload::TurnStart { turn: 1 } }
+    }
+
+    /// The egress rule holds at each POST, not only at `CreateWebhook`: a registered webhook whose name
+    /// resolves to loopback (as one rebound after its creation would), or whose URL is an internal IP, is
+    /// not reached unless the configuration allows internal targets. Nothing listens on port 9, so a POST
+    /// that went out would fail differently (connection refused).
+    #[tokio::test]
+    async fn a_registered_webhook_never_reaches_an_internal_address_unless_allowed() {
+        let strict = HttpWebhooks::from_config(&Config::default(), |_| None).unwrap();
+        for url in ["http://localhost:9/hook", "http://127.0.0.1:9/hook", "http://[::1]:9/hook"] {
+            let SendError(message) = strict.send(&registered(url), &event()).await.unwrap_err();
+            assert!(message.contains("internal") || message.contains("no public address"), "{url}: {message}");
+        }
+        let config = Config::from_toml_str("[webhooks]\nallow_private = true\n").unwrap();
+        let open = HttpWebhooks::from_config(&config, |_| None).unwrap();
+        let SendError(message) = open.send(&registered("http://127.0.0.1:9/hook"), &event()).await.unwrap_err();
+        assert!(!message.contains("internal") && !message.contains("no public address"), "{message}");
     }
 }

@@ -145,6 +145,39 @@ pub(crate) enum Cmd {
     /// Print a shell completion script: `source <(turnstile completions bash)`, or save it where your shell
     /// loads completions (zsh: a `_turnstile` file on `$fpath`; fish: `~/.config/fish/completions/`).
     Completions(CompletionsArgs),
+    /// Register, list and delete the tenant's webhooks: POSTs of its sessions' durable events (SPEC §21).
+    #[command(subcommand)]
+    Webhook(WebhookCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum WebhookCmd {
+    /// Register a webhook; prints its signing secret, which is shown this once.
+    Create(WebhookCreateArgs),
+    /// List the tenant's webhooks (without their secrets).
+    List,
+    /// Delete a webhook by id: no POST starts after it.
+    Delete(WebhookDeleteArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct WebhookCreateArgs {
+    /// Where to POST: an http:// or https:// URL (internal addresses only if the operator allows them).
+    pub(crate) url: String,
+    /// A durable event type to deliver; repeat for more (default turn/end).
+    #[arg(long = "event", value_name = "TYPE", default_value = "turn/end")]
+    pub(crate) events: Vec<String>,
+    /// Only sessions whose labels match (`k=v`, `k!=v`, `k`, `!k` joined by commas).
+    #[arg(long, value_name = "SELECTOR", default_value = "")]
+    pub(crate) label: String,
+    /// How long an event is retried before it is given up on (default 24 h).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) max_age_ms: u64,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct WebhookDeleteArgs {
+    pub(crate) id: String,
 }
 
 #[derive(Args, Debug)]

@@ -14,6 +14,7 @@ mod schedules;
 mod security;
 mod transcript;
 mod watch;
+mod webhooks;
 
 use std::process::ExitCode;
 
@@ -23,7 +24,7 @@ use turnstile_model::GoalAction;
 use turnstile_node::config::Overrides;
 use turnstile_node::signal::shutdown_signal;
 
-use crate::args::{Cli, Cmd, DeliverArgs, DevArgs, GatewayArgs, GoalCmd, ScheduleCmd, WorkerArgs};
+use crate::args::{Cli, Cmd, DeliverArgs, DevArgs, GatewayArgs, GoalCmd, ScheduleCmd, WebhookCmd, WorkerArgs};
 use crate::client::{Client, Delivery, Preset};
 use crate::watch::WatchOpts;
 
@@ -182,6 +183,9 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Delete(a) => client::delete(c, &a.session).await,
         Cmd::Export(a) => export::export(c, &a.sessions, a.out.as_deref()).await,
         Cmd::Import(a) => export::import(c, a.file.as_deref()).await,
+        Cmd::Webhook(WebhookCmd::Create(a)) => webhooks::create(c, a).await,
+        Cmd::Webhook(WebhookCmd::List) => webhooks::list(c).await,
+        Cmd::Webhook(WebhookCmd::Delete(a)) => webhooks::delete(c, &a.id).await,
     }
 }
 

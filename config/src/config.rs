@@ -61,6 +61,8 @@ pub struct Config {
     pub tenants: BTreeMap<String, TenantConfig>,
     /// The agent protocols served on the `--http` port (SPEC §19).
     pub protocols: ProtocolsConfig,
+    /// The rules for webhooks registered at run time (SPEC §21).
+    pub webhooks: crate::webhooks::WebhooksConfig,
 }
 
 /// `[limits]`: what one delivery may carry (SPEC §2).
@@ -298,6 +300,7 @@ impl Default for Config {
             agents: BTreeMap::from([(SCRIPTED.to_owned(), AgentConfig::scripted())]),
             tenants: BTreeMap::new(),
             protocols: ProtocolsConfig::default(),
+            webhooks: crate::webhooks::WebhooksConfig::default(),
         }
     }
 }

@@ -50,6 +50,7 @@ mod secret;
 mod tenant;
 mod tools;
 mod url;
+mod webhooks;
 
 pub use agent::{AgentConfig, HookConfig, OnFailure, OnTimeout, WebhookConfig};
 pub use config::{
@@ -65,3 +66,4 @@ pub use secret::Secret;
 pub use tenant::TenantConfig;
 pub use tools::{Builtin, Glob, MAX_MODEL_TOOL_NAME, ToolId, ToolPattern, ToolRef, is_model_tool_name};
 pub use url::HttpUrl;
+pub use webhooks::WebhooksConfig;

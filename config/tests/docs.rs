@@ -31,6 +31,7 @@ fn the_examples_parse_and_the_complete_one_lists_the_defaults() {
     assert_eq!(complete.journal, defaults.journal);
     assert_eq!(complete.tools, defaults.tools);
     assert_eq!(complete.protocols, defaults.protocols);
+    assert_eq!(complete.webhooks, defaults.webhooks);
     let gpt = &complete.models["gpt"];
     let model_defaults = turnstile_config::ModelConfig::default();
     assert_eq!(
@@ -71,6 +72,7 @@ fn every_key_has_a_row() {
         "[agents.a]\nhooks = [{ url = \"http://x\", zz_unknown = 1 }]",
         "[tenants.t]\nzz_unknown = 1",
         "[protocols]\nzz_unknown = 1",
+        "[webhooks]\nzz_unknown = 1",
         "[agents.a]\nwebhooks = [{ url = \"http://x\", zz_unknown = 1 }]",
     ];
     for table in tables {

@@ -22,7 +22,7 @@ fn unknown_provider() {
 fn unknown_top_level_key() {
     assert_eq!(
         err("colour = \"blue\"\n"),
-        "line 1, column 1: colour: unknown key (allowed: default_agent, limits, cluster, journal, tools, models, mcp, agents, tenants, protocols)"
+        "line 1, column 1: colour: unknown key (allowed: default_agent, limits, cluster, journal, tools, models, mcp, agents, tenants, protocols, webhooks)"
     );
 }
 

@@ -13,7 +13,7 @@
 //! themselves are in `rpc`), [`auth`] (bearer tokens → tenant and role), `scope` (the one tenancy rule
 //! every RPC passes through: authenticate, resolve the call's tenant, confine the request to it), [`quota`] (per-tenant request rate and open Watch streams, checked in the service
 //! methods, counted across a cluster's gateways in NATS KV), `usage` (`GetUsage`, SPEC §17), [`tools`]
-//! (client tool executors on `ServeTools` streams), `transcript` and `approvals` (`GetTranscript`, `ListPendingApprovals`, SPEC §21) and [`export`] (`ExportSessions` and `ImportSessions`,
+//! (client tool executors on `ServeTools` streams), `transcript`, `approvals` and `webhooks` (`GetTranscript`, `ListPendingApprovals`, the webhook RPCs, SPEC §21) and [`export`] (`ExportSessions` and `ImportSessions`,
 //! SPEC §18). [`console`] serves the web console
 //! and the same service over gRPC-Web for it, on the ops HTTP listener. In a cluster the router is
 //! `turnstile_cluster::ClusterRouter` (the internal hop, shared with the workers); TLS configs come from
@@ -42,6 +42,7 @@ mod transcript;
 mod usage;
 pub mod watch;
 pub mod watch_buffer;
+mod webhooks;
 
 use std::future::Future;
 

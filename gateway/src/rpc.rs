@@ -420,6 +420,31 @@ impl Agent for Gateway {
         self.search(query, &req.page_token, page_size).await.map(Response::new)
     }
 
+    /// SPEC §21: webhooks registered at run time (`webhooks.rs`).
+    async fn create_webhook(
+        &self,
+        request: Request<pb::CreateWebhookRequest>,
+    ) -> Result<Response<pb::Webhook>, Status> {
+        let (scope, req) = self.open(request).await?;
+        Gateway::create_webhook(self, &scope.tenant, req).await.map(Response::new)
+    }
+
+    async fn list_webhooks(
+        &self,
+        request: Request<pb::ListWebhooksRequest>,
+    ) -> Result<Response<pb::ListWebhooksReply>, Status> {
+        let (scope, _) = self.open(request).await?;
+        Gateway::list_webhooks(self, &scope.tenant).map(Response::new)
+    }
+
+    async fn delete_webhook(
+        &self,
+        request: Request<pb::DeleteWebhookRequest>,
+    ) -> Result<Response<pb::Webhook>, Status> {
+        let (scope, req) = self.open(request).await?;
+        Gateway::delete_webhook(self, &scope.tenant, &req.id).await.map(Response::new)
+    }
+
     // SPEC §18: export and import (`export.rs`).
     type ExportSessionsStream = ReceiverStream<Result<pb::ExportItem, Status>>;
 

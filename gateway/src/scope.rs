@@ -190,6 +190,25 @@ impl Scoped for pb::ListPendingApprovalsRequest {
     }
 }
 
+// Webhooks registered at run time (SPEC §21): a tenant's own.
+impl Scoped for pb::CreateWebhookRequest {
+    fn tenant(&mut self) -> Option<&mut String> {
+        Some(&mut self.tenant)
+    }
+}
+
+impl Scoped for pb::ListWebhooksRequest {
+    fn tenant(&mut self) -> Option<&mut String> {
+        Some(&mut self.tenant)
+    }
+}
+
+impl Scoped for pb::DeleteWebhookRequest {
+    fn tenant(&mut self) -> Option<&mut String> {
+        Some(&mut self.tenant)
+    }
+}
+
 impl Scoped for pb::ListSessionsRequest {
     fn tenant(&mut self) -> Option<&mut String> {
         Some(&mut self.tenant)

@@ -48,6 +48,8 @@ pub struct GatewayConfig {
     /// Agents' `approval_timeout_ms`, by agent: the deadline `ListPendingApprovals` reports (the workers'
     /// drivers decide at it, from the same configuration).
     pub approval_timeouts_ms: std::collections::BTreeMap<String, u64>,
+    /// Whether `CreateWebhook` accepts internal targets (config `[webhooks] allow_private`, SPEC §21).
+    pub allow_private_webhooks: bool,
 }
 
 impl Default for GatewayConfig {
@@ -61,6 +63,7 @@ impl Default for GatewayConfig {
             quotas: QuotaConfig::default(),
             token_budgets: TokenBudgets::new(),
             approval_timeouts_ms: std::collections::BTreeMap::new(),
+            allow_private_webhooks: false,
         }
     }
 }
@@ -108,6 +111,8 @@ pub struct Gateway {
     pub(crate) feeds: SessionFeeds,
     /// Where `GetUsage` reads tenants' token usage (SPEC §17); `None`: it is UNIMPLEMENTED here.
     pub(crate) usage: Option<Arc<dyn UsageLedger>>,
+    /// Where the webhooks tenants register are kept (SPEC §21); `None`: the webhook RPCs are UNIMPLEMENTED.
+    pub(crate) webhooks: Option<Arc<dyn turnstile_journal::WebhookRegistry>>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -142,6 +147,7 @@ impl Gateway {
             shutdown: CancellationToken::new(),
             tools: ToolHub::new(),
             index: None,
+            webhooks: None,
         }
     }
 
@@ -166,6 +172,12 @@ impl Gateway {
     /// `GetUsage` reads tenants' token usage from `ledger` (the journal's, SPEC §17).
     pub fn with_usage(mut self, ledger: Arc<dyn UsageLedger>) -> Self {
         self.usage = Some(ledger);
+        self
+    }
+
+    /// Keeps the webhooks tenants register in `registry` (SPEC §21).
+    pub fn with_webhooks(mut self, registry: Arc<dyn turnstile_journal::WebhookRegistry>) -> Self {
+        self.webhooks = Some(registry);
         self
     }
 

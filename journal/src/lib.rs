@@ -5,7 +5,8 @@
 //! conditional, append-only [`SessionLog`] trait and its [`JournalError`]s ([`log`]) with two backends —
 //! [`embedded`] (memory, or files under a data directory, for `turnstile dev`) and [`jetstream`] (NATS
 //! JetStream, the cluster's) — the best-effort [`LiveBus`] ([`bus`]), [`snapshot`]s, so loading a session
-//! is a snapshot plus the log's tail, and tenants' token [`usage`] counted from the logs (SPEC §17). Events are stored in the protobuf encoding of `turnstile-proto`'s codec,
+//! is a snapshot plus the log's tail, and tenants' token [`usage`] counted from the logs (SPEC §17), webhook positions ([`webhook`]) and the webhooks tenants
+//! register ([`webhook_registry`], SPEC §21). Events are stored in the protobuf encoding of `turnstile-proto`'s codec,
 //! the same bytes the gRPC `Watch` stream returns.
 //!
 //! Nothing here knows about drivers, gRPC services or routing: the gateway reads these logs, the worker's
@@ -20,6 +21,7 @@ pub mod snapshot;
 mod sync;
 pub mod usage;
 pub mod webhook;
+pub mod webhook_registry;
 
 pub use bus::{LiveBus, LiveStream};
 pub use embedded::{EmbeddedLog, LocalBus};
@@ -28,3 +30,4 @@ pub use jetstream::{JetStreamConfig, JetStreamLog, NatsBus};
 pub use log::{EventStream, JournalError, SentEventStream, SessionLog};
 pub use usage::{MemoryUsage, UsageLedger};
 pub use webhook::{MemoryPositions, WebhookPositions};
+pub use webhook_registry::{MemoryWebhooks, RegisteredWebhook, WebhookRegistry};

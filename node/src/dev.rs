@@ -7,11 +7,11 @@ use std::sync::Arc;
 use turnstile_agent::tools::ChildSessions;
 use turnstile_cluster::CommandRouter;
 use turnstile_gateway::{Gateway, ToolHub};
-use turnstile_journal::jetstream::{KvIndex, KvUsage, KvWebhookPositions, UsageFold};
+use turnstile_journal::jetstream::{KvIndex, KvUsage, KvWebhookPositions, KvWebhookRegistry, UsageFold};
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{
-    EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, MemoryIndex, MemoryPositions, SessionIndex, SessionLog,
-    UsageLedger, WebhookPositions,
+    EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, MemoryIndex, MemoryPositions, MemoryWebhooks, SessionIndex,
+    SessionLog, UsageLedger, WebhookPositions, WebhookRegistry,
 };
 use turnstile_ops::Readiness;
 use turnstile_worker::SessionHost;
@@ -66,13 +66,16 @@ struct Journal {
     index: Arc<dyn SessionIndex>,
     /// Webhook positions (SPEC §15): in memory with the embedded journal, a KV bucket on NATS.
     webhook_positions: Arc<dyn WebhookPositions>,
+    /// The webhooks tenants register (SPEC §21): in memory (or `webhooks.json` in the data directory) with
+    /// the embedded journal, a KV bucket on NATS.
+    webhooks: Arc<dyn WebhookRegistry>,
 }
 
 async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
     // The embedded journal reads from memory, so it keeps no snapshots; JetStream keeps them in KV. The
     // embedded journal is ready once open; on NATS, readiness follows the connection.
     let always: Arc<dyn Readiness> = Arc::new(turnstile_ops::AlwaysReady);
-    let embedded = |log: EmbeddedLog, describe: String| Journal {
+    let embedded = |log: EmbeddedLog, describe: String, webhooks: MemoryWebhooks| Journal {
         usage: log.usage(),
         fold: None,
         log: Arc::new(log),
@@ -83,6 +86,7 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
         nats: None,
         index: Arc::new(MemoryIndex::default()),
         webhook_positions: Arc::new(MemoryPositions::default()),
+        webhooks: Arc::new(webhooks),
     };
     match (&opts.nats, &opts.data_dir) {
         (Some(nats), _) => {
@@ -110,6 +114,8 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
                 .observe_pending(turnstile_ops::gauge_setter(turnstile_ops::names::INDEX_WRITES_PENDING));
             let positions =
                 KvWebhookPositions::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
+            let webhooks =
+                KvWebhookRegistry::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
             Ok(Journal {
                 log: Arc::new(log),
                 bus: Arc::new(bus),
@@ -121,15 +127,18 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
                 fold: Some(fold),
                 index: Arc::new(index),
                 webhook_positions: Arc::new(positions),
+                webhooks: Arc::new(webhooks),
             })
         }
         (None, Some(dir)) => {
             let log = EmbeddedLog::open(dir).map_err(|cause| NodeError::DataDir { dir: dir.clone(), cause })?;
-            Ok(embedded(log, format!("embedded, on disk in {}", dir.display())))
+            let webhooks = MemoryWebhooks::open(dir).map_err(|cause| NodeError::DataDir { dir: dir.clone(), cause })?;
+            Ok(embedded(log, format!("embedded, on disk in {}", dir.display()), webhooks))
         }
         (None, None) => Ok(embedded(
             EmbeddedLog::in_memory(),
             "embedded, in memory (lost on exit; pass --data-dir DIR to keep sessions)".to_owned(),
+            MemoryWebhooks::default(),
         )),
     }
 }
@@ -181,6 +190,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         .snapshots(journal.snapshots.clone())
         .index(journal.index.clone())
         .webhook_positions(journal.webhook_positions.clone())
+        .webhook_registry(journal.webhooks.clone())
         .config(worker_config(config));
     if let Some(budgets) = budgets(config, journal.usage.clone()) {
         host = host.budgets(budgets);
@@ -199,7 +209,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         .with_index(journal.index)
         .with_auth(security.auth)
         .with_tools(tools)
-        .with_usage(journal.usage);
+        .with_usage(journal.usage)
+        .with_webhooks(journal.webhooks);
     // The web console, its gRPC-Web calls and the agent protocols share the ops listener (decision 0029).
     let console = crate::http_routes(&gateway, config, auth_enabled);
     let http = OpsHttp::start_with(opts.serving.http.as_deref(), journal.ready, console).await?;

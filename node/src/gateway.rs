@@ -132,9 +132,13 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let index = turnstile_journal::jetstream::KvIndex::open(&client, crate::replicas(config))
         .await
         .map_err(|e| NodeError::nats(url, e))?;
+    let webhooks = turnstile_journal::jetstream::KvWebhookRegistry::open(&client, crate::replicas(config))
+        .await
+        .map_err(|e| NodeError::nats(url, e))?;
     let gateway = Gateway::new(router, Arc::new(log), Arc::new(bus), gateway_config)
         .with_snapshots(Arc::new(snapshots))
         .with_index(Arc::new(index))
+        .with_webhooks(Arc::new(webhooks))
         .with_auth(security.auth)
         .with_tools(tools)
         .with_usage(Arc::new(usage))

@@ -129,6 +129,7 @@ fn gateway_config(config: &Config) -> GatewayConfig {
             .iter()
             .filter_map(|(name, a)| Some((name.clone(), a.approval_timeout_ms?)))
             .collect(),
+        allow_private_webhooks: config.webhooks.allow_private,
         ..GatewayConfig::default()
     }
 }

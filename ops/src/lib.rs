@@ -2,13 +2,14 @@
 //! endpoints `/metrics`, `/healthz` and `/readyz` ([`http`]), the gRPC server every role serves its
 //! services on, with health, reflection and one span per call ([`grpc`]), W3C trace context across
 //! gRPC hops and NATS headers ([`trace`]), and the rustls configs of every TLS listener and dialer, read
-//! and checked from PEM files ([`tls`]).
+//! and checked from PEM files ([`tls`]), and where a tenant's URL may point ([`egress`]).
 //!
 //! Instrumented code uses the `metrics` facade macros directly with the names in [`names`], so nothing is
 //! threaded through constructors; a process that never installs the exporter ([`install_metrics`])
 //! records nothing and pays almost nothing. docs/OPERATIONS.md lists every metric.
 
 pub mod clock;
+pub mod egress;
 pub mod grpc;
 pub mod http;
 mod recorder;

@@ -72,6 +72,13 @@ async fn python_watch_resumes_a_streaming_reply_across_a_dropped_connection() {
     run_module("test_stream_resume").await;
 }
 
+/// Parity with the TypeScript client (issue 41): every RPC has a method, every public method of the
+/// TypeScript `ClientBase` has a Python twin (its twin, `parity.test.mjs`, checks the other way).
+#[tokio::test]
+async fn python_client_has_every_rpc_and_every_method_of_the_typescript_client() {
+    run_module("test_parity").await;
+}
+
 /// grpcio-reflection's v1alpha client lists `turnstile.v1.Agent`.
 #[tokio::test]
 async fn python_grpcio_reflection_v1alpha_lists_the_agent() {

@@ -25,7 +25,8 @@ const INSTALL_HINT: &str = "run scripts/setup-test-deps (it runs `npm ci` in cli
                             cache with the package's dependencies)";
 
 /// The agents of the dev server the API suite runs against: the default `helper` with the built-in
-/// `echo` and the client tools the suite serves, and `careful`, whose `echo` waits for approval.
+/// `echo` and the client tools the suite serves, and `careful`, whose `echo` waits for approval; webhooks
+/// may target loopback.
 const AGENTS: &str = r#"default_agent = "helper"
 
 [agents.helper]
@@ -34,6 +35,10 @@ tools = ["echo", "client:lookup", "client:fails", "client:where", "client:wait"]
 [agents.careful]
 tools = ["echo"]
 approval = ["echo"]
+
+# The webhook test's receiver listens on loopback.
+[webhooks]
+allow_private = true
 "#;
 
 /// A `turnstile dev` running [`AGENTS`] (and the directory of its configuration file, to keep).
@@ -107,7 +112,7 @@ async fn typescript_client_calls_every_rpc_against_dev() {
         ("TURNSTILE_ADDR", dev.addr().to_string()),
         ("TURNSTILE_HTTP_ADDR", dev.http_addr().expect("the dev server's HTTP port").to_string()),
     ];
-    node_test(&["test/unit.test.mjs", "test/client.test.mjs", "test/web.test.mjs"], &env).await;
+    node_test(&["test/unit.test.mjs", "test/parity.test.mjs", "test/client.test.mjs", "test/web.test.mjs"], &env).await;
 }
 
 /// A delivery whose connection drops after the server applied it is retried with the same MessageId and
@@ -160,6 +165,60 @@ async fn typescript_watch_resumes_across_a_gateway_kill_on_a_cluster() {
     assert_passed(&output, &files, &cluster.logs());
 }
 
+/// The chat app of `examples/chat.mjs`, installed from `npm pack` like the README's examples, against
+/// `turnstile dev` with [`AGENTS`] (issue 41): a first chat configures a new session with `careful`, gets
+/// its replies streamed and approves the call its second line makes from the approvals inbox; a second chat
+/// shows that history (read from the transcript) and denies a call; a third, with nothing to say, prints
+/// the history alone, which is exactly what the second printed.
+#[tokio::test]
+async fn typescript_chat_example_renders_history_streams_replies_and_answers_approvals() {
+    build().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let app = scratch.path();
+    // The package as an app's dependency: node_modules/@turnstile/client is this package, built.
+    let scope = app.join("node_modules/@turnstile");
+    std::fs::create_dir_all(&scope).unwrap();
+    std::os::unix::fs::symlink(package_dir(), scope.join("client")).unwrap();
+    std::fs::copy(package_dir().join("examples/chat.mjs"), app.join("chat.mjs")).unwrap();
+    let (_config, dev) = dev_with_agents().await;
+    let chat = |args: &'static [&'static str], input: &'static str| {
+        let addr = dev.addr().to_string();
+        let app = app.to_owned();
+        async move {
+            let mut command = tokio::process::Command::new("node");
+            command.arg("chat.mjs").args(args).current_dir(&app).env("TURNSTILE_ADDR", addr).kill_on_drop(true);
+            command.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+            command.stderr(std::process::Stdio::piped());
+            let mut child = command.spawn().unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(input.as_bytes()).await.unwrap();
+            drop(stdin);
+            let output = tokio::time::timeout(NODE_TIMEOUT, child.wait_with_output()).await.unwrap().unwrap();
+            assert!(output.status.success(), "chat.mjs {args:?} failed:\n{}", text(&output));
+            String::from_utf8(output.stdout).unwrap()
+        }
+    };
+    let first = chat(&["chat-1", "--agent", "careful"], "hello\n[[tool:echo from the inbox]]\n").await;
+    let second = chat(&["chat-1", "--deny"], "[[tool:echo no way]]\n").await;
+    let history = chat(&["chat-1"], "").await;
+    let first_lines: Vec<&str> = first.lines().collect();
+    assert_eq!(first_lines.first(), Some(&"(a new session)"), "{first}");
+    for line in
+        ["you: hello", "assistant: echo: hello", "[turn 1 completed]", "approval: echo(from the inbox) approved"]
+    {
+        assert!(first_lines.contains(&line), "{line:?} in:\n{first}");
+    }
+    for line in ["approval: echo(no way) denied", "  -> denied: denied in chat", "[turn 3 completed]"] {
+        assert!(second.lines().any(|l| l == line), "{line:?} in:\n{second}");
+    }
+    assert!(
+        second.starts_with(&first_lines[1..].join("\n")),
+        "the second chat begins with the first's history:\n{second}"
+    );
+    assert_eq!(history, second, "the history prints what the chats printed");
+    println!("{history}");
+}
+
 /// One command of the control port, answered `ok [VALUE]` or `error MESSAGE`.
 async fn control(cluster: &mut Cluster, command: &str) -> String {
     let (verb, g) = command.split_once(' ').unwrap_or((command, ""));
@@ -182,11 +241,17 @@ async fn control(cluster: &mut Cluster, command: &str) -> String {
     }
 }
 
-/// The README's example (the first ```js block under "## Example") and the output it shows (the
-/// ```text block after it).
-fn readme_example() -> (String, String) {
+/// The README's sections whose example runs here, with what each prints.
+const README_EXAMPLES: [&str; 2] = ["## Example", "## Run a turn, follow its events"];
+
+/// The README's example under `heading` (the first ```js block of that section) and the output it shows
+/// (the ```text block after it).
+fn readme_example(heading: &str) -> (String, String) {
     let readme = std::fs::read_to_string(package_dir().join("README.md")).unwrap();
-    let section = readme.split("\n## Example").nth(1).expect("README.md has an `## Example` section");
+    let section = readme
+        .split(&format!("\n{heading}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("README.md has no `{heading}` section"));
     let block = |fence: &str, from: &str| -> (String, usize) {
         let start =
             from.find(fence).unwrap_or_else(|| panic!("no {fence} block in the README's example")) + fence.len();
@@ -215,8 +280,8 @@ fn normalise(output: &str) -> String {
 }
 
 /// `npm pack` of the package installs into an empty directory without the network (`--offline`, from
-/// npm's cache, which scripts/setup-test-deps fills), and the README's example, run there against
-/// `turnstile dev`, prints exactly what the README shows (the minted session id aside).
+/// npm's cache, which scripts/setup-test-deps fills), and the README's examples, run there against
+/// `turnstile dev`, print exactly what the README shows (the minted session id aside).
 #[tokio::test]
 async fn typescript_package_installs_from_npm_pack_and_runs_the_readme_example() {
     build().await;
@@ -254,12 +319,18 @@ async fn typescript_package_installs_from_npm_pack_and_runs_the_readme_example()
         text(&installed)
     );
 
-    let (code, shown) = readme_example();
-    std::fs::write(app.join("quickstart.mjs"), &code).unwrap();
     let dev = DevServer::start().await.unwrap();
-    let ran = run("node", &["quickstart.mjs"], &app, &[("TURNSTILE_ADDR", dev.addr().to_string())]).await;
-    assert!(ran.status.success(), "the README's example failed:\n{}", text(&ran));
-    let printed = String::from_utf8_lossy(&ran.stdout);
-    assert_eq!(normalise(printed.trim_end()), normalise(shown.trim_end()), "the example printed:\n{printed}");
-    println!("{printed}");
+    for heading in README_EXAMPLES {
+        let (code, shown) = readme_example(heading);
+        std::fs::write(app.join("quickstart.mjs"), &code).unwrap();
+        let ran = run("node", &["quickstart.mjs"], &app, &[("TURNSTILE_ADDR", dev.addr().to_string())]).await;
+        assert!(ran.status.success(), "the README's example under {heading} failed:\n{}", text(&ran));
+        let printed = String::from_utf8_lossy(&ran.stdout);
+        assert_eq!(
+            normalise(printed.trim_end()),
+            normalise(shown.trim_end()),
+            "the example under {heading} printed:\n{printed}"
+        );
+        println!("{printed}");
+    }
 }

@@ -2,6 +2,8 @@
 //! calls and is down (it takes each request and closes the connection without an answer) while the
 //! session's owner is killed with SIGKILL mid-run still gets every `turn/end` of a 20-turn run, in seq order
 //! (repeats allowed, none missing), each with a valid `Turnstile-Signature` and `Turnstile-Delivery`.
+//! Webhooks registered at run time (SPEC §21, issue 41): one tenant's never receives another's events, on
+//! `turnstile dev` and on a cluster.
 // Test code: a failed unwrap is a failed test, with the error in the panic message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -147,7 +149,11 @@ async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<(String, Vec
 }
 
 fn valid_signature(body: &[u8], signature: &str) -> bool {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(SECRET.as_bytes()).unwrap();
+    signed_with(SECRET, body, signature)
+}
+
+fn signed_with(key: &str, body: &[u8], signature: &str) -> bool {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key.as_bytes()).unwrap();
     mac.update(body);
     let hex: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
     signature == format!("sha256={hex}")
@@ -172,16 +178,16 @@ mod tenancy {
 
     use super::*;
 
-    const TOKEN_A: &str = "webhook-tenant-a-0123456789";
-    const TOKEN_B: &str = "webhook-tenant-b-0123456789";
+    pub(super) const TOKEN_A: &str = "webhook-tenant-a-0123456789";
+    pub(super) const TOKEN_B: &str = "webhook-tenant-b-0123456789";
 
-    fn authed<T>(message: T, token: &str) -> Request<T> {
+    pub(super) fn authed<T>(message: T, token: &str) -> Request<T> {
         let mut request = Request::new(message);
         request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
         request
     }
 
-    fn own(id: &str) -> Option<SessionRef> {
+    pub(super) fn own(id: &str) -> Option<SessionRef> {
         Some(SessionRef { tenant: String::new(), id: id.into() })
     }
 
@@ -196,7 +202,7 @@ mod tenancy {
         client.configure_session(authed(req, token)).await.map(tonic::Response::into_inner)
     }
 
-    async fn run_turn(client: &mut AgentClient<Channel>, token: &str, id: &str, text: &str) {
+    pub(super) async fn run_turn(client: &mut AgentClient<Channel>, token: &str, id: &str, text: &str) {
         let message = user_msg(&uuid::Uuid::new_v4().to_string(), text);
         client.followup(authed(DeliverRequest { session: own(id), message: Some(message) }, token)).await.unwrap();
         let idle = WhenIdleRequest { session: own(id), timeout_ms: 20_000 };
@@ -204,11 +210,11 @@ mod tenancy {
     }
 
     /// The deliveries `receiver` answered 200 whose `Turnstile-Delivery` starts with `prefix`.
-    fn delivered(receiver: &Receiver, prefix: &str) -> usize {
+    pub(super) fn delivered(receiver: &Receiver, prefix: &str) -> usize {
         receiver.received().iter().filter(|x| x.answered == 200 && x.delivery.starts_with(prefix)).count()
     }
 
-    async fn until_delivered(receiver: &Receiver, prefix: &str, count: usize) {
+    pub(super) async fn until_delivered(receiver: &Receiver, prefix: &str, count: usize) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while delivered(receiver, prefix) < count {
             assert!(
@@ -385,6 +391,216 @@ mod cluster {
             let seq = x.delivery.rsplit('/').next().unwrap();
             assert_eq!(body["event"]["seq"].as_str(), Some(seq), "the body is the delivery's event: {body}");
             assert_eq!(body["event"]["type"].as_str(), Some("turn/end"), "{body}");
+        }
+    }
+}
+
+/// Webhooks registered at run time (SPEC §21) on `turnstile dev` with two tenants' tokens.
+mod registered {
+    use tonic::Code;
+    use turnstile_proto::v1::agent_client::AgentClient;
+    use turnstile_proto::v1::{
+        CreateWebhookRequest, DeleteWebhookRequest, ListWebhooksRequest, SetLabelsRequest, Webhook,
+    };
+
+    use super::tenancy::{TOKEN_A, TOKEN_B, authed, delivered, own, run_turn, until_delivered};
+    use super::*;
+
+    /// `turnstile dev` with tenants `tenant-a` and `tenant-b`, and `[webhooks] allow_private` as given
+    /// (the receivers of these tests listen on loopback).
+    async fn dev(allow_private: bool) -> (DevServer, tempfile::TempDir) {
+        let (dir, path) = config_file(&format!("[webhooks]\nallow_private = {allow_private}\n"));
+        let tokens = dir.path().join("tokens.txt");
+        std::fs::write(&tokens, format!("{TOKEN_A} tenant-a\n{TOKEN_B} tenant-b\n")).unwrap();
+        let mut args = config_args(&path);
+        args.extend(["--auth-tokens".to_owned(), tokens.display().to_string()]);
+        let server = DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::default() }).await.unwrap();
+        (server, dir)
+    }
+
+    async fn create(
+        client: &mut AgentClient<tonic::transport::Channel>,
+        token: &str,
+        url: &str,
+        label_selector: &str,
+    ) -> Result<Webhook, tonic::Status> {
+        let req = CreateWebhookRequest {
+            url: url.into(),
+            events: vec!["turn/end".into()],
+            label_selector: label_selector.into(),
+            ..Default::default()
+        };
+        client.create_webhook(authed(req, token)).await.map(tonic::Response::into_inner)
+    }
+
+    async fn list(client: &mut AgentClient<tonic::transport::Channel>, token: &str) -> Vec<Webhook> {
+        client.list_webhooks(authed(ListWebhooksRequest::default(), token)).await.unwrap().into_inner().webhooks
+    }
+
+    /// Each tenant registers a webhook; both run turns. Each receiver gets its own tenant's `turn/end`s,
+    /// signed with the secret `CreateWebhook` returned (and that only `CreateWebhook` shows), never the
+    /// other tenant's. A tenant cannot list or delete the other's; a label selector narrows the sessions;
+    /// a new webhook does not replay older events; a deleted one gets no further POST.
+    #[tokio::test]
+    async fn a_tenants_registered_webhook_receives_only_its_own_tenants_events() {
+        let (server, _dir) = dev(true).await;
+        let mut client = server.client();
+        let (for_a, for_b, for_blue) =
+            (Receiver::refusing_first(0).await, Receiver::refusing_first(0).await, Receiver::refusing_first(0).await);
+        let hook_a = create(&mut client, TOKEN_A, &for_a.url, "").await.unwrap();
+        let hook_b = create(&mut client, TOKEN_B, &for_b.url, "").await.unwrap();
+        let blue = create(&mut client, TOKEN_A, &for_blue.url, "team=blue").await.unwrap();
+        assert!(hook_a.secret.starts_with("whsec_") && hook_a.secret != hook_b.secret, "{hook_a:?}");
+        assert_eq!((hook_a.tenant.as_str(), hook_b.tenant.as_str()), ("tenant-a", "tenant-b"));
+
+        // Listing shows the caller's own webhooks, without secrets.
+        let listed = list(&mut client, TOKEN_A).await;
+        assert_eq!(listed.iter().map(|w| w.id.as_str()).collect::<Vec<_>>(), [hook_a.id.as_str(), blue.id.as_str()]);
+        assert!(listed.iter().all(|w| w.secret.is_empty()), "the secret is shown only once: {listed:?}");
+        assert_eq!(list(&mut client, TOKEN_B).await.len(), 1);
+        // B cannot delete A's (it is not found, as one that does not exist), nor name A's tenant.
+        let req = DeleteWebhookRequest { id: hook_a.id.clone(), ..Default::default() };
+        let err = client.delete_webhook(authed(req, TOKEN_B)).await.unwrap_err();
+        assert_eq!(err.code(), Code::NotFound, "{err:?}");
+        let req = ListWebhooksRequest { tenant: "tenant-a".into() };
+        assert_eq!(client.list_webhooks(authed(req, TOKEN_B)).await.unwrap_err().code(), Code::PermissionDenied);
+
+        // Turns in both tenants; A's blue session also reaches the selector's receiver.
+        let labels = SetLabelsRequest {
+            session: own("a-blue"),
+            labels: [("team".to_owned(), "blue".to_owned())].into(),
+            ..Default::default()
+        };
+        client.set_labels(authed(labels, TOKEN_A)).await.unwrap();
+        for i in 0..2 {
+            run_turn(&mut client, TOKEN_B, "b1", &format!("b's secret {i}")).await;
+            run_turn(&mut client, TOKEN_A, "a1", &format!("a's words {i}")).await;
+        }
+        run_turn(&mut client, TOKEN_A, "a-blue", "blue words").await;
+        until_delivered(&for_b, "tenant-b/b1/", 2).await;
+        until_delivered(&for_a, "tenant-a/a1/", 2).await;
+        until_delivered(&for_a, "tenant-a/a-blue/", 1).await;
+        until_delivered(&for_blue, "tenant-a/a-blue/", 1).await;
+        let foreign = |r: &Receiver, own: &str| -> Vec<String> {
+            r.received().iter().map(|x| x.delivery.clone()).filter(|d| !d.starts_with(own)).collect()
+        };
+        assert_eq!(foreign(&for_a, "tenant-a/"), Vec::<String>::new(), "A's webhook got another tenant's events");
+        assert_eq!(foreign(&for_b, "tenant-b/"), Vec::<String>::new(), "B's webhook got another tenant's events");
+        assert_eq!(foreign(&for_blue, "tenant-a/a-blue/"), Vec::<String>::new(), "the selector let in others");
+        for (receiver, hook) in [(&for_a, &hook_a), (&for_b, &hook_b), (&for_blue, &blue)] {
+            for x in receiver.received() {
+                assert!(signed_with(&hook.secret, &x.body, &x.signature), "{} not signed with its key", x.delivery);
+                let body: serde_json::Value = serde_json::from_slice(&x.body).unwrap();
+                assert_eq!(body["event"]["type"].as_str(), Some("turn/end"), "{body}");
+            }
+        }
+        assert!(for_a.received().iter().all(|x| !String::from_utf8_lossy(&x.body).contains("b's secret")));
+
+        // A webhook created now starts from now: a1's next turn is its first delivery.
+        let late_receiver = Receiver::refusing_first(0).await;
+        let late = create(&mut client, TOKEN_A, &late_receiver.url, "").await.unwrap();
+        // A deleted webhook gets nothing more: a1's next turn reaches the others, never it.
+        let req = DeleteWebhookRequest { id: hook_a.id.clone(), ..Default::default() };
+        assert_eq!(client.delete_webhook(authed(req, TOKEN_A)).await.unwrap().into_inner().id, hook_a.id);
+        let before = delivered(&for_a, "tenant-a/a1/");
+        run_turn(&mut client, TOKEN_A, "a1", "after the delete").await;
+        until_delivered(&late_receiver, "tenant-a/a1/", 1).await;
+        let firsts: Vec<String> = late_receiver.received().iter().map(|x| x.delivery.clone()).collect();
+        assert_eq!(firsts.len(), 1, "the new webhook got only the turn after its creation: {firsts:?}");
+        assert!(!late.secret.is_empty());
+        assert_eq!(delivered(&for_a, "tenant-a/a1/"), before, "the deleted webhook got a POST");
+        assert_eq!(list(&mut client, TOKEN_A).await.len(), 2, "blue and the late one remain");
+    }
+
+    /// Without `[webhooks] allow_private`, loopback, private and metadata targets are refused with
+    /// INVALID_ARGUMENT naming `url`; bad event types and selectors name their fields.
+    #[tokio::test]
+    async fn internal_targets_and_bad_fields_are_refused_naming_the_field() {
+        let (server, _dir) = dev(false).await;
+        let mut client = server.client();
+        for url in [
+            "http://127.0.0.1:9/hook",
+            "http://localhost:8080/hook",
+            "http://10.0.0.8/hook",
+            "http://169.254.169.254/latest/meta-data",
+            "http://[::1]/hook",
+            "http://[fd00:ec2::254]/",
+        ] {
+            let err = create(&mut client, TOKEN_A, url, "").await.unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{url}: {err:?}");
+            assert!(err.message().starts_with("url: "), "{url}: {}", err.message());
+        }
+        let err = create(&mut client, TOKEN_A, "ftp://example.com/x", "").await.unwrap_err();
+        assert_eq!((err.code(), err.message().starts_with("url: ")), (Code::InvalidArgument, true), "{err:?}");
+        let req = CreateWebhookRequest {
+            url: "https://93.184.215.14/hook".into(),
+            events: vec!["turn/ended".into()],
+            ..Default::default()
+        };
+        let err = client.create_webhook(authed(req, TOKEN_A)).await.unwrap_err();
+        assert_eq!((err.code(), err.message().starts_with("events: ")), (Code::InvalidArgument, true), "{err:?}");
+        let err = create(&mut client, TOKEN_A, "https://93.184.215.14/hook", "Team=x").await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert!(err.message().starts_with("label_selector"), "{}", err.message());
+        assert!(list(&mut client, TOKEN_A).await.is_empty(), "nothing refused was stored");
+        // A public target is accepted (nothing is sent until a session of the tenant writes).
+        let ok = create(&mut client, TOKEN_A, "https://93.184.215.14/hook", "").await.unwrap();
+        assert_eq!(list(&mut client, TOKEN_A).await.iter().map(|w| w.id.clone()).collect::<Vec<_>>(), [ok.id]);
+    }
+}
+
+/// Registered webhooks on a cluster: created through one gateway (kept in the KV bucket), delivered by the
+/// worker that owns the session, still there when a gateway restarts.
+mod registered_cluster {
+    use turnstile_proto::v1::{CreateWebhookRequest, ListWebhooksRequest};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_webhook_created_at_one_gateway_is_delivered_by_the_owner_and_listed_by_another() {
+        let receiver = Receiver::refusing_first(0).await;
+        let (_dir, path) = config_file("[webhooks]\nallow_private = true\n");
+        let mut opts = ClusterOptions::new(1, 2);
+        opts.worker_args = config_args(&path);
+        opts.gateway_args = config_args(&path);
+        let cluster = Cluster::start_with(opts).await.unwrap();
+        cluster.wait_balanced().await.unwrap();
+        let s = cluster.session(0);
+        let tenant = s.reference().tenant.clone();
+        let req = CreateWebhookRequest {
+            tenant: tenant.clone(),
+            url: receiver.url.clone(),
+            events: vec!["turn/end".into()],
+            ..Default::default()
+        };
+        let hook = cluster.client(0).create_webhook(req).await.unwrap().into_inner();
+        // The other gateway lists it once its mirror has it (a KV watch away).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let req = ListWebhooksRequest { tenant: tenant.clone() };
+            let listed = cluster.client(1).list_webhooks(req).await.unwrap().into_inner().webhooks;
+            if listed.iter().any(|w| w.id == hook.id && w.secret.is_empty()) {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "gateway 1 never listed {}: {listed:?}", hook.id);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        s.followup(user_msg("m1", "hello hooks")).await.unwrap();
+        let r = s.reference();
+        let prefix = format!("{}/{}/", r.tenant, r.id);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !receiver.received().iter().any(|x| x.delivery.starts_with(&prefix)) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no delivery: {:?}\n{}",
+                receiver.received(),
+                cluster.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for x in receiver.received() {
+            assert!(x.delivery.starts_with(&prefix), "{}", x.delivery);
+            assert!(signed_with(&hook.secret, &x.body, &x.signature), "signed with the registered key");
         }
     }
 }

@@ -31,6 +31,8 @@ pub(crate) struct RunnerDeps {
     /// Where each webhook stands in each session (SPEC §15); the delivery tasks are built from it at
     /// [`crate::SessionHostBuilder::build`].
     pub webhook_positions: Arc<dyn turnstile_journal::WebhookPositions>,
+    /// The webhooks tenants registered at run time (SPEC §21; default: none, in memory).
+    pub webhook_registry: Arc<dyn turnstile_journal::WebhookRegistry>,
     /// The webhook delivery tasks (set by the builder).
     pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
 }
@@ -41,12 +43,13 @@ impl RunnerDeps {
         self.agents.catalog.resolve(state.agent.as_deref(), &state.session.tenant).0
     }
 
-    /// Tells the session's webhooks (if its agent has any) that its log goes through `state.last_seq`.
+    /// Tells the session's webhooks (its agent's and its tenant's, if any) that its log goes through
+    /// `state.last_seq`.
     pub(crate) fn notify_webhooks(&self, state: &SessionState, epoch: u64) {
         if let Some(webhooks) = &self.webhooks
             && state.exists()
         {
-            webhooks.notify(&state.session, self.agent_of(state), epoch, state.last_seq);
+            webhooks.notify(state, self.agent_of(state), epoch);
         }
     }
 

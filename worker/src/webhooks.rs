@@ -9,6 +9,11 @@
 //! each event it dealt with. The task ends once it has caught up and nothing new came for a while, or when
 //! this worker no longer owns the session (its new owner's task goes on from the saved position; an event
 //! both may send is a duplicate the receiver drops by `Turnstile-Delivery`).
+//!
+//! Two kinds of webhook feed it: an agent's, from the configuration (through the sender), and a tenant's,
+//! registered at run time (`CreateWebhook`, SPEC §21) and read from the [`WebhookRegistry`]'s mirror. A
+//! registered one serves only its tenant's sessions whose labels match its selector when they write,
+//! delivers only events written after its creation, and stops once it is deleted.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,8 +21,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
-use turnstile_journal::{SessionLog, WebhookPositions};
-use turnstile_model::{Envelope, SessionRef, TenantScope};
+use turnstile_journal::{MemoryWebhooks, RegisteredWebhook, SessionLog, WebhookPositions, WebhookRegistry};
+use turnstile_model::{Envelope, Selector, SessionRef, SessionState, Tenant, TenantScope};
 
 use crate::ownership::Ownership;
 use crate::sync::lock;
@@ -35,6 +40,48 @@ pub struct WebhookTarget {
     /// The tenants whose sessions' events it receives (decision 0091): never another's, whatever agent
     /// such a session names.
     pub tenants: TenantScope,
+    /// Events written before this time (Unix ms) are not delivered: 0 for an agent's webhook, the creation
+    /// time of a registered one.
+    pub not_before_ms: u64,
+    /// The `Turnstile-Signature` key of a registered webhook (an agent's comes from the sender's
+    /// configuration).
+    pub signing_key: Option<SigningKey>,
+    /// Registered at run time by a tenant (SPEC §21): its URL is held to the egress rule on every POST, and
+    /// its deliveries stop once it is deleted.
+    pub registered: bool,
+}
+
+impl WebhookTarget {
+    /// The target of webhook `hook` a tenant registered.
+    pub fn registered(hook: &RegisteredWebhook, tenant: Tenant) -> Self {
+        Self {
+            id: hook.id.clone(),
+            url: hook.url.clone(),
+            events: hook.events.clone(),
+            max_age: Duration::from_millis(hook.max_age_ms),
+            tenants: TenantScope::only([tenant]),
+            not_before_ms: hook.created_unix_ms,
+            signing_key: Some(SigningKey(hook.secret.as_str().into())),
+            registered: true,
+        }
+    }
+}
+
+/// A webhook's signing key: `Debug` never prints it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SigningKey(Arc<str>);
+
+impl SigningKey {
+    /// The key, for the one place that signs.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigningKey(<redacted>)")
+    }
 }
 
 /// Why one POST did not deliver.
@@ -80,6 +127,8 @@ type Tasks = Mutex<HashMap<(SessionRef, String), watch::Sender<u64>>>;
 /// The delivery tasks of one host.
 pub(crate) struct Webhooks {
     sender: Arc<dyn WebhookSender>,
+    /// The webhooks tenants registered (SPEC §21).
+    registry: Arc<dyn WebhookRegistry>,
     positions: Arc<dyn WebhookPositions>,
     log: Arc<dyn SessionLog>,
     ownership: Option<Arc<dyn Ownership>>,
@@ -94,58 +143,103 @@ impl Webhooks {
         log: Arc<dyn SessionLog>,
         ownership: Option<Arc<dyn Ownership>>,
     ) -> Self {
-        Self { sender, positions, log, ownership, tasks: Arc::default() }
+        let registry = Arc::new(MemoryWebhooks::default());
+        Self { sender, registry, positions, log, ownership, tasks: Arc::default() }
     }
 
-    /// `session` (running `agent`, written under `epoch`) has events through `last_seq`: each of the agent's
-    /// webhooks that serves the session's tenant delivers what it has not dealt with yet. Cheap when the
-    /// agent has none. This is the one place a delivery starts, so the tenant check here is the one that
-    /// keeps a tenant's events from another tenant's receiver.
-    pub(crate) fn notify(&self, session: &SessionRef, agent: &str, epoch: u64, last_seq: u64) {
+    /// Also delivers the webhooks tenants registered in `registry`.
+    pub(crate) fn with_registry(mut self, registry: Arc<dyn WebhookRegistry>) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    /// The session of `state` (running `agent`, written under `epoch`) has events through its last seq:
+    /// each of the agent's webhooks that serves the session's tenant, and each webhook its tenant
+    /// registered whose selector matches its labels, delivers what it has not dealt with yet. Cheap when
+    /// there are none. This is the one place a delivery starts, so the tenant checks here are the ones that
+    /// keep a tenant's events from another tenant's receiver.
+    pub(crate) fn notify(&self, state: &SessionState, agent: &str, epoch: u64) {
+        let session = &state.session;
         for hook in self.sender.webhooks(agent) {
-            if !hook.tenants.allows(&session.tenant) {
+            if hook.tenants.allows(&session.tenant) {
+                self.start_or_tell(session, epoch, state.last_seq, &hook.id.clone(), || hook);
+            }
+        }
+        for hook in self.registry.of_tenant(&session.tenant) {
+            if hook.tenant != session.tenant.as_str() || !selects(&hook, state) {
                 continue;
             }
-            let key = (session.clone(), hook.id.clone());
-            let mut tasks = lock(&self.tasks);
-            if let Some(tx) = tasks.get(&key)
-                && tx.send(last_seq).is_ok()
-            {
-                continue;
-            }
-            let (tx, rx) = watch::channel(last_seq);
-            tasks.insert(key.clone(), tx);
-            let task = Delivery {
-                session: session.clone(),
-                hook,
-                epoch,
-                sender: self.sender.clone(),
-                positions: self.positions.clone(),
-                log: self.log.clone(),
-                ownership: self.ownership.clone(),
-            };
-            let registry = Arc::downgrade(&self.tasks);
-            tokio::spawn(async move {
-                task.run(rx).await;
-                if let Some(tasks) = registry.upgrade() {
-                    let mut tasks = lock(&tasks);
-                    // Only this task's entry: a newer one may have replaced it.
-                    if tasks.get(&key).is_some_and(|tx| tx.is_closed()) {
-                        tasks.remove(&key);
-                    }
-                }
+            let Ok(tenant) = Tenant::new(hook.tenant.clone()) else { continue };
+            self.start_or_tell(session, epoch, state.last_seq, &hook.id, || {
+                Arc::new(WebhookTarget::registered(&hook, tenant))
             });
         }
     }
 
+    /// Tells the running task of (`session`, webhook `id`) that the log goes through `last_seq`, or starts
+    /// one for the webhook `target` makes.
+    fn start_or_tell(
+        &self,
+        session: &SessionRef,
+        epoch: u64,
+        last_seq: u64,
+        id: &str,
+        target: impl FnOnce() -> Arc<WebhookTarget>,
+    ) {
+        let key = (session.clone(), id.to_owned());
+        let mut tasks = lock(&self.tasks);
+        if let Some(tx) = tasks.get(&key)
+            && tx.send(last_seq).is_ok()
+        {
+            return;
+        }
+        let (tx, rx) = watch::channel(last_seq);
+        tasks.insert(key.clone(), tx);
+        let task = Delivery {
+            session: session.clone(),
+            hook: target(),
+            epoch,
+            sender: self.sender.clone(),
+            registry: self.registry.clone(),
+            positions: self.positions.clone(),
+            log: self.log.clone(),
+            ownership: self.ownership.clone(),
+        };
+        let running = Arc::downgrade(&self.tasks);
+        tokio::spawn(async move {
+            task.run(rx).await;
+            if let Some(tasks) = running.upgrade() {
+                let mut tasks = lock(&tasks);
+                // Only this task's entry: a newer one may have replaced it.
+                if tasks.get(&key).is_some_and(|tx| tx.is_closed()) {
+                    tasks.remove(&key);
+                }
+            }
+        });
+    }
+
     /// A deleted session's positions go with it.
     pub(crate) async fn forget(&self, session: &SessionRef, agent: &str) {
-        let hooks: Vec<String> = self.sender.webhooks(agent).iter().map(|h| h.id.clone()).collect();
+        let configured = self.sender.webhooks(agent).into_iter().map(|h| h.id.clone());
+        let registered = self.registry.of_tenant(&session.tenant).into_iter().map(|h| h.id.clone());
+        let hooks: Vec<String> = configured.chain(registered).collect();
         if hooks.is_empty() {
             return;
         }
         if let Err(e) = self.positions.delete(session, &hooks).await {
             tracing::warn!(%session, error = %e, "webhook positions of a deleted session not removed");
+        }
+    }
+}
+
+/// Whether the labels of `state` match the selector of the registered `hook` (checked when it was created;
+/// one that no longer parses serves nothing).
+fn selects(hook: &RegisteredWebhook, state: &SessionState) -> bool {
+    match Selector::parse(&hook.label_selector) {
+        Ok(selector) => selector.matches(&state.labels),
+        Err(e) => {
+            tracing::warn!(webhook = %hook.id, error = %e, "registered webhook's label_selector does not parse; skipped");
+            false
         }
     }
 }
@@ -156,14 +250,19 @@ struct Delivery {
     hook: Arc<WebhookTarget>,
     epoch: u64,
     sender: Arc<dyn WebhookSender>,
+    registry: Arc<dyn WebhookRegistry>,
     positions: Arc<dyn WebhookPositions>,
     log: Arc<dyn SessionLog>,
     ownership: Option<Arc<dyn Ownership>>,
 }
 
 impl Delivery {
-    fn owned(&self) -> bool {
+    /// Whether this worker still owns the session and the webhook still exists (a deleted registered
+    /// webhook gets no further POST).
+    fn active(&self) -> bool {
         self.ownership.as_ref().is_none_or(|o| o.may_write(&self.session, self.epoch))
+            && (!self.hook.registered
+                || self.registry.of_tenant(&self.session.tenant).iter().any(|h| h.id == self.hook.id))
     }
 
     async fn run(self, mut latest: watch::Receiver<u64>) {
@@ -173,7 +272,7 @@ impl Delivery {
             return;
         };
         loop {
-            if !self.owned() {
+            if !self.active() {
                 return;
             }
             let target = *latest.borrow_and_update();
@@ -193,7 +292,8 @@ impl Delivery {
                 return;
             }
             for event in &page {
-                if self.hook.events.iter().any(|t| t == event.event_type()) {
+                if event.time_ms >= self.hook.not_before_ms && self.hook.events.iter().any(|t| t == event.event_type())
+                {
                     if !self.deliver(event).await {
                         return;
                     }
@@ -220,7 +320,7 @@ impl Delivery {
         let mut backoff = FIRST_BACKOFF;
         let mut attempt = 0u32;
         loop {
-            if !self.owned() {
+            if !self.active() {
                 return false;
             }
             attempt += 1;
@@ -259,7 +359,7 @@ impl Delivery {
                 Ok(value) => return Some(value),
                 Err(e) => {
                     tracing::warn!(session = %self.session, error = %e, "webhook delivery could not {what}; retrying");
-                    if !self.owned() {
+                    if !self.active() {
                         return None;
                     }
                     tokio::time::sleep(jitter(backoff)).await;
@@ -281,7 +381,6 @@ mod tests {
 
     use turnstile_journal::embedded::EmbeddedLog;
     use turnstile_journal::webhook::MemoryPositions;
-    use turnstile_model::Tenant;
 
     use super::*;
 
@@ -306,6 +405,9 @@ mod tests {
             events: vec!["turn/end".into()],
             max_age: Duration::from_secs(1),
             tenants,
+            not_before_ms: 0,
+            signing_key: None,
+            registered: false,
         })
     }
 
@@ -328,10 +430,63 @@ mod tests {
             ids
         };
         let b = SessionRef::new("b", "s").unwrap();
-        webhooks.notify(&b, "shared", 1, 3);
+        webhooks.notify(&state(&b, &[]), "shared", 1);
         assert_eq!(started(&b), ["every"]);
         let a = SessionRef::new("a", "s").unwrap();
-        webhooks.notify(&a, "shared", 1, 3);
+        webhooks.notify(&state(&a, &[]), "shared", 1);
         assert_eq!(started(&a), ["every", "only-a"]);
+    }
+
+    /// The fold of a session with events through seq 3 and `labels`.
+    fn state(session: &SessionRef, labels: &[(&str, &str)]) -> SessionState {
+        let mut state = SessionState::new(session.clone(), 16);
+        state.last_seq = 3;
+        state.labels = labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        state
+    }
+
+    fn registered(tenant: &str, id: &str, label_selector: &str) -> RegisteredWebhook {
+        RegisteredWebhook {
+            tenant: tenant.into(),
+            id: id.into(),
+            url: format!("http://127.0.0.1:9/{id}"),
+            events: vec!["turn/end".into()],
+            label_selector: label_selector.into(),
+            max_age_ms: 1000,
+            created_unix_ms: 0,
+            secret: "k".into(),
+        }
+    }
+
+    /// SPEC §21: a webhook a tenant registered serves only that tenant's sessions whose labels match its
+    /// selector; another tenant's session of the same agent starts no delivery to it.
+    #[tokio::test]
+    async fn a_registered_webhook_starts_deliveries_only_for_its_tenants_matching_sessions() {
+        let registry = Arc::new(MemoryWebhooks::default());
+        registry.insert(registered("a", "wh_all", ""));
+        registry.insert(registered("a", "wh_blue", "team=blue"));
+        registry.insert(registered("b", "wh_b", ""));
+        let webhooks = Webhooks::new(
+            Arc::new(TwoHooks(Vec::new())),
+            Arc::new(MemoryPositions::default()),
+            Arc::new(EmbeddedLog::in_memory()),
+            None,
+        )
+        .with_registry(registry);
+        let started = |session: &SessionRef| -> Vec<String> {
+            let mut ids: Vec<String> =
+                lock(&webhooks.tasks).keys().filter(|(s, _)| s == session).map(|(_, id)| id.clone()).collect();
+            ids.sort();
+            ids
+        };
+        let red = SessionRef::new("a", "red").unwrap();
+        webhooks.notify(&state(&red, &[("team", "red")]), "scripted", 1);
+        assert_eq!(started(&red), ["wh_all"]);
+        let blue = SessionRef::new("a", "blue").unwrap();
+        webhooks.notify(&state(&blue, &[("team", "blue")]), "scripted", 1);
+        assert_eq!(started(&blue), ["wh_all", "wh_blue"]);
+        let other = SessionRef::new("b", "blue").unwrap();
+        webhooks.notify(&state(&other, &[("team", "blue")]), "scripted", 1);
+        assert_eq!(started(&other), ["wh_b"], "tenant b's session reaches only b's webhook");
     }
 }

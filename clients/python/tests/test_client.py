@@ -6,7 +6,11 @@ client, and tools served from decorated functions."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import http.server
 import os
+import threading
 import socket
 import subprocess
 import time
@@ -381,6 +385,16 @@ class ExampleTest(DevCase, unittest.TestCase):
         for block in blocks:
             compile(block, "clients/python/README.md", "exec")
 
+    def test_the_readme_s_run_and_events_example_prints_what_it_shows(self):
+        readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+        section = readme.split("\n## Run a turn, follow its events\n", 1)[1]
+        code = section.split("```python\n", 1)[1].split("```", 1)[0]
+        shown = section.split("```python\n", 1)[1].split("```", 1)[1].split("```\n", 1)[1].split("```", 1)[0]
+        env = dict(os.environ, TURNSTILE_ADDR=self.dev.address)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(), shown.strip())
+
     def test_the_quickstart_prints_the_streamed_reply(self):
         example = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
         env = dict(os.environ, TURNSTILE_ADDR=self.dev.address)
@@ -392,6 +406,190 @@ class ExampleTest(DevCase, unittest.TestCase):
         self.assertEqual(lines[1], "echo: hello there")
         self.assertEqual(lines[2], "turn 1 ended: completed")
         self.assertRegex(lines[3], r"^session quickstart-\w+: SESSION_STATUS_IDLE, last seq \d+$")
+
+
+APP_CONFIG = """default_agent = "helper"
+
+[agents.helper]
+tools = ["echo"]
+
+[agents.careful]
+tools = ["echo"]
+approval = ["echo"]
+
+# The webhook test's receiver listens on loopback.
+[webhooks]
+allow_private = true
+"""
+
+
+class Receiver:
+    """A webhook receiver on loopback: records each POST's headers and body, answers 200."""
+
+    def __init__(self) -> None:
+        received = self.received = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                received.append((self.headers, body))  # case-insensitive lookups
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+class AppScenarios(DevCase):
+    """What an application reaches for (issue 41): run(), typed events, turn_of, webhooks, the filters of
+    sessions(), watch(from_=...), export and import."""
+
+    CONFIG = APP_CONFIG
+
+    async def test_run_answers_the_reply_tool_calls_and_usage_of_its_turn(self):
+        async with AsyncClient(self.dev.address) as c:
+            s = new_id()
+            plain = await bounded(c.run(s, "hello run", timeout=20), "run")
+            self.assertEqual((plain.turn, plain.text, plain.reason, plain.tool_calls), (1, "echo: hello run", "completed", []))
+            end = [i for i in (await c.get_transcript(s)).items if i.WhichOneof("item") == "turn_end"][0]
+            self.assertEqual((plain.usage.input_tokens, plain.usage.output_tokens),
+                             (end.turn_end.usage.input_tokens, end.turn_end.usage.output_tokens))
+            tools = await bounded(c.run(s, "[[tool:echo from a tool]]", timeout=20), "run with a tool")
+            self.assertEqual(tools.turn, 2)
+            self.assertEqual([(t.name, t.arguments, t.output, t.awaited_approval) for t in tools.tool_calls],
+                             [("echo", "from a tool", "from a tool", False)])
+            self.assertEqual(len(tools.messages), 2)
+            with self.assertRaises(TurnstileError) as e:
+                await c.run(new_id(), "[[delay:5000]] slow", timeout=0.2)
+            self.assertEqual(e.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED)
+        with Client(self.dev.address) as blocking:
+            self.assertEqual(blocking.run(new_id(), "sync run", timeout=20).text, "echo: sync run")
+
+    async def test_typed_events_an_approval_from_the_stream_and_the_turn_of_a_steer(self):
+        async with AsyncClient(self.dev.address) as c:
+            s = new_id()
+            await c.configure_session(s, "careful")
+            stream = c.events(s)
+            seen = [await bounded(anext(stream), "caught_up")]
+            self.assertEqual(seen[0].type, "caught_up")
+            reply = await c.followup(s, "[[tool:echo typed]]")
+            async for e in stream:
+                seen.append(e)
+                if e.type == "approval":
+                    await c.decide(s, e.call_id, True)
+                if e.type == "turn_done":
+                    break
+            await stream.aclose()
+            types = [e.type for e in seen]
+            for t in ("user", "turn_started", "message", "approval", "tool_decided", "tool_done", "turn_done"):
+                self.assertIn(t, types)
+            self.assertEqual([e.output for e in seen if e.type == "tool_done"], ["typed"])
+            deltas = "".join(e.text for e in seen if e.type == "text_delta")
+            self.assertEqual(deltas, "".join(e.text for e in seen if e.type == "message"))
+            self.assertEqual((seen[-1].turn, seen[-1].reason), (reply.turn, "completed"))
+            # A steer into a running turn gets no turn in its reply; turn_of tells where it ran.
+            r = new_id()
+            first = await c.followup(r, "[[delay:1500]] long")
+            steer_id = "steer-" + new_id()
+            steer = await c.steer(r, "in the same turn", id=steer_id)
+            self.assertFalse(steer.HasField("turn"))
+            self.assertEqual(await bounded(c.turn_of(r, steer_id, after_seq=steer.seq), "turn_of"), first.turn)
+
+    async def test_webhooks_are_created_listed_signed_and_deleted(self):
+        receiver = Receiver()
+        self.addCleanup(receiver.close)
+        async with AsyncClient(self.dev.address) as c:
+            s = new_id()
+            await c.set_labels(s, {"hooked": "yes"})
+            hook = await c.create_webhook(receiver.url, label_selector="hooked=yes")
+            self.assertRegex(hook.id, r"^wh_[0-9a-f]{16}$")
+            self.assertTrue(hook.secret.startswith("whsec_"))
+            listed = (await c.list_webhooks()).webhooks
+            self.assertEqual([(w.id, w.secret) for w in listed], [(hook.id, "")])
+            with self.assertRaises(TurnstileError) as e:
+                await c.create_webhook("ftp://example.com/x")
+            self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertTrue(e.exception.details.startswith("url: "), e.exception.details)
+            await c.run(s, "hello hook", timeout=20)
+            for _ in range(200):
+                posts = [(h, b) for h, b in receiver.received if f"/{s}/" in h.get("Turnstile-Delivery", "")]
+                if posts:
+                    break
+                await asyncio.sleep(0.05)
+            self.assertTrue(posts, "a POST of the session's turn/end")
+            headers, body = posts[0]
+            expected = "sha256=" + hmac.new(hook.secret.encode(), body, hashlib.sha256).hexdigest()
+            self.assertEqual(headers["Turnstile-Signature"], expected)
+            self.assertEqual((await c.delete_webhook(hook.id)).id, hook.id)
+            with self.assertRaises(TurnstileError) as e:
+                await c.delete_webhook(hook.id)
+            self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
+
+    def test_the_chat_example_renders_history_streams_replies_and_answers_approvals(self):
+        """examples/chat.py: a first chat configures a new session with `careful`, streams its replies and
+        approves the call of its second line from the approvals inbox; a second shows that history (from
+        the transcript) and denies a call; a third, with nothing to say, prints exactly what the second did."""
+        example = Path(__file__).resolve().parent.parent / "examples" / "chat.py"
+        env = dict(os.environ, TURNSTILE_ADDR=self.dev.address)
+
+        def chat(*args: str, lines: str = "") -> str:
+            out = subprocess.run([sys.executable, str(example), "chat-1", *args], input=lines, env=env,
+                                 capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            return out.stdout
+
+        first = chat("--agent", "careful", lines="hello\n[[tool:echo from the inbox]]\n")
+        second = chat("--deny", lines="[[tool:echo no way]]\n")
+        history = chat()
+        first_lines = first.splitlines()
+        self.assertEqual(first_lines[0], "(a new session)")
+        for line in ("you: hello", "assistant: echo: hello", "[turn 1 completed]",
+                     "approval: echo(from the inbox) approved"):
+            self.assertIn(line, first_lines)
+        for line in ("approval: echo(no way) denied", "  -> denied: denied in chat", "[turn 3 completed]"):
+            self.assertIn(line, second.splitlines())
+        self.assertTrue(second.startswith("\n".join(first_lines[1:])), second)
+        self.assertEqual(history, second, "the history prints what the chats printed")
+
+    async def test_sessions_filters_watch_from_a_position_and_export_import(self):
+        async with AsyncClient(self.dev.address) as c:
+            blue, red = new_id(), new_id()
+            await c.set_labels(blue, {"team": "blue"})
+            await c.set_labels(red, {"team": "red"})
+            found = [i.session.id async for i in c.sessions(label_selector="team=blue")]
+            self.assertIn(blue, found)
+            self.assertNotIn(red, found)
+            with self.assertRaises(TypeError):
+                [i async for i in c.sessions(page_token="x")]
+            await c.run(blue, "first", timeout=20)
+            stream = c.watch(blue, live=False)
+            async for item in stream:
+                if item.WhichOneof("item") == "caught_up":
+                    break
+            position = stream.position
+            await stream.aclose()
+            self.assertEqual(position.after_seq, (await c.get_session(blue)).last_seq)
+            await c.run(blue, "second", timeout=20)
+            later = c.watch(blue, from_=position, live=False)
+            first = await bounded(anext(later), "the first event after the position")
+            await later.aclose()
+            self.assertEqual(first.event.seq, position.after_seq + 1, "from_ goes on after the saved seq")
+            items = [i async for i in c.export_sessions([blue])]
+            self.assertEqual(items[0].WhichOneof("item"), "header")
+            other = DevServer()
+            self.addCleanup(other.close)
+            async with AsyncClient(other.address) as d:
+                imported = await d.import_sessions(items)
+                self.assertEqual(imported.sessions, 1)
+                self.assertEqual(replies(await replay(d, blue)), replies(await replay(c, blue)))
 
 
 SUBJECTS_MD = Path(__file__).resolve().parents[3] / "docs" / "SUBJECTS.md"
@@ -471,6 +669,10 @@ class EmbeddedTest(Scenarios, unittest.IsolatedAsyncioTestCase):
 
 class NatsTest(Scenarios, unittest.IsolatedAsyncioTestCase):
     BACKEND = "nats"
+
+
+class EmbeddedAppTest(AppScenarios, unittest.IsolatedAsyncioTestCase):
+    BACKEND = "embedded"
 
 
 class EmbeddedToolsTest(ToolScenarios, unittest.IsolatedAsyncioTestCase):

@@ -18,12 +18,14 @@ import {
   type ListPendingApprovalsReply,
   type ListSchedulesReply,
   type ListSessionsReply,
+  type ListWebhooksReply,
   type Schedule,
   type SendReply,
   type SessionInfo,
   type SessionOrder,
   type TenantUsage,
   type TranscriptItem,
+  type Webhook,
 } from "./gen/turnstile/v1/agent_pb.js";
 import {
   type CancelCauseSchema,
@@ -48,6 +50,7 @@ import type { CallOptions, ClientCore, Rpc } from "./core.js";
 import { DEFAULT_RETRY, NO_RETRY, Retries, type RetryPolicy } from "./retry.js";
 import { type Tools, ToolServer, type ToolServerOptions } from "./tools.js";
 import { WatchStream, type WatchOptions } from "./watch.js";
+import { EventFolder, RunFolder, type RunResult, type TurnEvent } from "./events.js";
 
 /**
  * Where the server is: `"host:port"`, `"http://host:port"`, `"https://host:port"` (TLS), or a function
@@ -191,6 +194,29 @@ export interface LabelOptions extends CallOptions {
 /** What `exportSessions` exports. */
 export interface ExportOptions extends CallOptions {
   /** The tenant to export (default: the client's; with auth, the token's). */
+  tenant?: string;
+}
+
+/** How `run()` delivers its message and how long it waits. */
+export interface RunOptions extends DeliveryOptions {
+  /**
+   * `"followup"` (default: a new turn, or the next one if a turn runs), `"steer"` (the running turn's next
+   * step; a turn of its own when idle) or `"interrupt"` (cancels the running turn; the message heads the next).
+   */
+  preset?: "followup" | "steer" | "interrupt";
+  /** Rejects with DEADLINE_EXCEEDED when the turn has not ended this many ms after the call (0: no bound). */
+  timeoutMs?: number;
+}
+
+/** What `createWebhook` registers (SPEC §21). */
+export interface WebhookOptions extends CallOptions {
+  /** The durable event types delivered (default `["turn/end"]`). */
+  events?: readonly string[];
+  /** Only sessions whose labels match (`listSessions`' syntax); default every session of the tenant. */
+  labelSelector?: string;
+  /** How long an event is retried before it is given up on (0 or unset: 24 h; at most a week). */
+  maxAgeMs?: Uint64;
+  /** The tenant (default: the client's; with auth, the token's). */
   tenant?: string;
 }
 
@@ -743,6 +769,138 @@ export class ClientBase implements ClientCore {
       }
       return a.importSessions(asAsync(items), o);
     });
+  }
+
+  // --- webhooks (SPEC §21) ---------------------------------------------------------------------------------
+
+  /**
+   * Registers a webhook for the tenant: the owner of each of its sessions whose labels match POSTs their
+   * durable events of `events` types written from now on to `url`, signed (`Turnstile-Signature: sha256=`
+   * the hex HMAC-SHA256 of the body, keyed by the reply's `secret`, which is shown only here), retried and
+   * in seq order per session. A URL resolving to a loopback, private, link-local or metadata address is
+   * INVALID_ARGUMENT unless the server allows it (`[webhooks] allow_private`). Not retried: a repeat would
+   * register a second webhook.
+   */
+  createWebhook(url: string, options: WebhookOptions = {}): Promise<Webhook> {
+    const request = {
+      tenant: options.tenant ?? this.tenant,
+      url,
+      events: [...(options.events ?? ["turn/end"])],
+      labelSelector: options.labelSelector ?? "",
+      maxAgeMs: u64(options.maxAgeMs),
+    };
+    return this.#unary("CreateWebhook", false, options, (a, o) => a.createWebhook(request, o));
+  }
+
+  /** The tenant's webhooks, oldest first, without their secrets. */
+  listWebhooks(options: CallOptions & { tenant?: string } = {}): Promise<ListWebhooksReply> {
+    const request = { tenant: options.tenant ?? this.tenant };
+    return this.#unary("ListWebhooks", true, options, (a, o) => a.listWebhooks(request, o));
+  }
+
+  /** Deletes webhook `id`: no POST starts after it. NOT_FOUND for an id the tenant does not have. */
+  deleteWebhook(id: string, options: CallOptions & { tenant?: string } = {}): Promise<Webhook> {
+    const request = { tenant: options.tenant ?? this.tenant, id };
+    return this.#unary("DeleteWebhook", false, options, (a, o) => a.deleteWebhook(request, o));
+  }
+
+  // --- high-level helpers ---------------------------------------------------------------------------------
+
+  /**
+   * Sends `message` (a followup unless `preset` says otherwise), waits for the turn it runs in to end and
+   * answers what that turn produced: its number, the reply (`text`, the turn's last model message), every
+   * model message, the tool calls with their decisions and results, the tokens and how it ended.
+   *
+   * ```ts
+   * const { text, usage } = await client.run("s1", "What is the capital of France?");
+   * ```
+   *
+   * The delivery is retried like `followup` (same MessageId), then the session's durable events are read
+   * from the delivery on (a steer's result holds what came after it entered the running turn). A turn
+   * that ends `error`, `blocked` or otherwise still resolves: check `reason`. `timeoutMs` or `signal`
+   * bound the wait; a message removed from the inbox before it ran never resolves without them.
+   */
+  async run(session: SessionLike, message: MessageLike, options: RunOptions = {}): Promise<RunResult> {
+    const msg = toUserMessage(message, options);
+    const preset = options.preset ?? "followup";
+    const delivery = { ...options, id: msg.id };
+    const reply =
+      preset === "steer"
+        ? await this.steer(session, msg, delivery)
+        : preset === "interrupt"
+          ? await this.interrupt(session, msg, delivery)
+          : await this.followup(session, msg, delivery);
+    const bound = options.timeoutMs ? AbortSignal.timeout(options.timeoutMs) : undefined;
+    // Either signal ends the wait (by hand: AbortSignal.any needs Node 20.3).
+    const either = new AbortController();
+    for (const s of [bound, options.signal]) {
+      if (s?.aborted) either.abort(s.reason);
+      else s?.addEventListener("abort", () => either.abort(s.reason), { once: true });
+    }
+    const signal = either.signal;
+    const events = new EventFolder();
+    let turn: RunFolder | undefined;
+    const stream = this.watch(session, { afterSeq: reply.seq - 1n, live: false, signal });
+    try {
+      for await (const item of stream) {
+        for (const event of events.fold(item)) {
+          if (!turn && event.type === "user" && event.id === msg.id && event.turn > 0n) turn = new RunFolder(event.turn);
+          turn?.add(event);
+          if (turn?.result) return turn.result;
+        }
+      }
+    } finally {
+      await stream.close();
+    }
+    if (bound?.aborted) {
+      throw new TurnstileError("Run", Code.DeadlineExceeded, `the turn did not end within timeoutMs (${options.timeoutMs} ms)`);
+    }
+    throw new TurnstileError("Run", Code.Canceled, "run was cancelled by its signal");
+  }
+
+  /**
+   * The turn the delivered message `messageId` runs in, once it has entered one (0: it entered history
+   * between turns, an idle inject). A reply's `turn` says it at once for a delivery that opened a turn; a
+   * steer into a running turn, an interrupt or a queued followup learn it here, as soon as it is known:
+   * `reply.turn ?? await client.turnOf(s, id, { afterSeq: reply.seq })`.
+   */
+  async turnOf(session: SessionLike, messageId: string, options: CallOptions & { afterSeq?: Uint64 } = {}): Promise<bigint> {
+    const afterSeq = u64(options.afterSeq) ?? 0n;
+    const stream = this.watch(session, { afterSeq: afterSeq > 0n ? afterSeq - 1n : 0n, live: false, signal: options.signal });
+    const events = new EventFolder();
+    try {
+      for await (const item of stream) {
+        for (const event of events.fold(item)) {
+          if (event.type === "user" && event.id === messageId) return event.turn;
+        }
+      }
+    } finally {
+      await stream.close();
+    }
+    throw new TurnstileError("TurnOf", Code.Canceled, "turnOf was cancelled by its signal");
+  }
+
+  /**
+   * The session's typed events ({@link TurnEvent}: `user`, `text_delta`, `message`, `tool_started`,
+   * `approval`, `tool_decided`, `tool_done`, `turn_started`, `turn_done`, `caught_up`), read from `watch()`
+   * with the same options (and its resumption). Leaving the `for await` loop closes the stream.
+   *
+   * ```ts
+   * for await (const e of client.events("s1", { afterSeq: transcript.lastSeq })) {
+   *   if (e.type === "text_delta") process.stdout.write(e.text);
+   *   else if (e.type === "approval") await client.decide("s1", e.callId, true);
+   *   else if (e.type === "turn_done") break;
+   * }
+   * ```
+   */
+  async *events(session: SessionLike, options: WatchOptions = {}): AsyncGenerator<TurnEvent, void, undefined> {
+    const stream = this.watch(session, options);
+    const folder = new EventFolder();
+    try {
+      for await (const item of stream) yield* folder.fold(item);
+    } finally {
+      await stream.close();
+    }
   }
 
   // --- streams --------------------------------------------------------------------------------------------

@@ -16,11 +16,31 @@ export {
   type LabelOptions,
   type ListOptions,
   type ListSchedulesOptions,
+  type RunOptions,
   type ScheduleOptions,
   type SendOptions,
   type SpliceEdit,
   type SteerOptions,
+  type WebhookOptions,
 } from "./client.js";
+export {
+  type ApprovalEvent,
+  type CaughtUpEvent,
+  EventFolder,
+  type MessageEvent,
+  type RunResult,
+  type RunToolCall,
+  type TextDeltaEvent,
+  type TokenUsage,
+  type ToolDecidedEvent,
+  type ToolDoneEvent,
+  type ToolStartedEvent,
+  toJson,
+  type TurnDoneEvent,
+  type TurnEvent,
+  type TurnStartedEvent,
+  type UserEvent,
+} from "./events.js";
 export type { CallOptions, Rpc } from "./core.js";
 export { codeName, TurnstileError } from "./errors.js";
 export {

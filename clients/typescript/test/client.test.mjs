@@ -4,6 +4,8 @@
 // called here, and the last test checks that: a new RPC fails it until a test calls it.
 
 import assert from "node:assert/strict";
+import { createHmac } from "node:crypto";
+import { createServer } from "node:http";
 import { after, test } from "node:test";
 import { toBinary } from "@bufbuild/protobuf";
 import {
@@ -20,6 +22,7 @@ import {
   TurnstileClient,
   TurnstileError,
   textOf,
+  toJson,
 } from "../dist/index.js";
 import {
   assertContiguous,
@@ -545,6 +548,117 @@ test("a command is not retried: UNAVAILABLE at once when nothing listens", async
   }
 });
 
+test("run: the reply, tool calls and usage of the turn the message ran in; JSON-safe with toJson", async () => {
+  const s = newId();
+  const plain = await bounded(client.run(s, "hello run", { timeoutMs: 20_000 }), "run");
+  assert.equal(plain.turn, 1n);
+  assert.equal(plain.text, "echo: hello run");
+  assert.equal(plain.reason, "completed");
+  assert.deepEqual(plain.toolCalls, []);
+  const page = await client.getTranscript(s);
+  const end = page.items.find((i) => i.item.case === "turnEnd")?.item;
+  assert.ok(end?.case === "turnEnd");
+  assert.deepEqual(
+    [plain.usage.inputTokens, plain.usage.outputTokens],
+    [end.value.usage?.inputTokens ?? 0n, end.value.usage?.outputTokens ?? 0n],
+    "the usage the transcript sums for the turn",
+  );
+  const tools = await bounded(client.run(s, "[[tool:echo from a tool]]", { timeoutMs: 20_000 }), "run with a tool");
+  assert.equal(tools.turn, 2n);
+  assert.deepEqual(
+    tools.toolCalls.map((c) => [c.name, c.arguments, c.output, c.awaitedApproval]),
+    [["echo", "from a tool", "from a tool", false]],
+  );
+  assert.equal(tools.messages.length, 2, "one model message calling the tool, one after its result");
+  assert.ok(tools.text.includes("from a tool"), tools.text);
+  // JSON.stringify throws on a bigint; toJson writes them as strings, as the protobuf JSON mapping does.
+  assert.throws(() => JSON.stringify(tools), TypeError);
+  const json = JSON.parse(JSON.stringify(toJson(tools)));
+  assert.equal(json.turn, "2");
+  assert.equal(json.usage.outputTokens, String(tools.usage.outputTokens));
+  const ended = await failure(client.run(newId(), "[[delay:5000]] slow", { timeoutMs: 200 }));
+  assert.equal(ended.code, Code.DeadlineExceeded, "a turn that outlasts timeoutMs");
+});
+
+test("events: typed text deltas, an approval decided from the stream, tool done and turn done; turnOf a steer", async () => {
+  const s = newId();
+  await client.configureSession(s, "careful");
+  const stream = client.events(s);
+  // The generator opens the Watch on its first next(): the configuration is history, then caught_up.
+  const opened = await bounded(stream.next(), "caught_up");
+  assert.ok(!opened.done);
+  /** @type {import("../dist/index.js").TurnEvent[]} */
+  const seen = [opened.value];
+  const reply = await client.followup(s, "[[tool:echo typed]]");
+  for await (const e of stream) {
+    seen.push(e);
+    if (e.type === "approval") await client.decide(s, e.callId, true);
+    if (e.type === "turn_done") break;
+  }
+  const types = /** @type {string[]} */ (seen.map((e) => e.type));
+  assert.equal(types[0], "caught_up");
+  for (const t of ["user", "turn_started", "message", "approval", "tool_decided", "tool_done", "turn_done"]) {
+    assert.ok(types.includes(t), `a ${t} event in ${types}`);
+  }
+  const done = seen.find((e) => e.type === "tool_done");
+  assert.equal(done?.type === "tool_done" && done.output, "typed");
+  const deltas = seen.filter((e) => e.type === "text_delta").map((e) => e.type === "text_delta" && e.text);
+  const messages = seen.filter((e) => e.type === "message").map((e) => e.type === "message" && e.text);
+  assert.equal(deltas.join(""), messages.join(""), "the deltas concatenate to the messages");
+  const last = seen.at(-1);
+  assert.ok(last?.type === "turn_done" && last.turn === reply.turn && last.reason === "completed");
+  assert.ok(JSON.stringify(toJson(seen)).includes('"type":"turn_done"'));
+
+  // A steer into a running turn gets no turn in its reply; turnOf tells where it ran.
+  const r = newId();
+  const first = await client.followup(r, "[[delay:1500]] long");
+  const id = `steer-${newId()}`;
+  const steer = await client.steer(r, "in the same turn", { id });
+  assert.equal(steer.turn, undefined, "the reply names no turn for a steer into a running turn");
+  assert.equal(await bounded(client.turnOf(r, id, { afterSeq: steer.seq }), "turnOf"), first.turn);
+});
+
+test("createWebhook, listWebhooks, deleteWebhook: a signed POST of the tenant's turn/end to a local receiver", async () => {
+  /** @type {{ body: string, signature: string, delivery: string }[]} */
+  const received = [];
+  const server = createServer((req, res) => {
+    let body = "";
+    req.on("data", (c) => (body += c));
+    req.on("end", () => {
+      received.push({
+        body,
+        signature: String(req.headers["turnstile-signature"]),
+        delivery: String(req.headers["turnstile-delivery"]),
+      });
+      res.end();
+    });
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", () => r(undefined)));
+  try {
+    const { port } = /** @type {import("node:net").AddressInfo} */ (server.address());
+    const s = newId();
+    await client.setLabels(s, { hooked: "yes" });
+    const hook = await client.createWebhook(`http://127.0.0.1:${port}/hook`, { labelSelector: "hooked=yes" });
+    assert.match(hook.id, /^wh_[0-9a-f]{16}$/);
+    assert.match(hook.secret, /^whsec_/);
+    const listed = await client.listWebhooks();
+    assert.ok(listed.webhooks.some((w) => w.id === hook.id && w.secret === ""), "listed without its secret");
+    const bad = await failure(client.createWebhook("ftp://example.com/x"));
+    assert.equal(bad.code, Code.InvalidArgument);
+    assert.ok(bad.details.startsWith("url: "), bad.details);
+    await client.run(s, "hello hook", { timeoutMs: 20_000 });
+    const post = await eventually(async () => received.find((x) => x.delivery.includes(`/${s}/`)), "a POST");
+    const expected = `sha256=${createHmac("sha256", hook.secret).update(post.body).digest("hex")}`;
+    assert.equal(post.signature, expected, "signed with the secret createWebhook returned");
+    assert.equal(JSON.parse(post.body).event.type, "turn/end");
+    const deleted = await client.deleteWebhook(hook.id);
+    assert.equal(deleted.id, hook.id);
+    assert.equal((await failure(client.deleteWebhook(hook.id))).code, Code.NotFound);
+  } finally {
+    server.close();
+  }
+});
+
 test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
   const all = Agent.methods.map((m) => m.name);
   assert.deepEqual(
@@ -552,5 +666,5 @@ test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
     [],
     "RPCs no test called",
   );
-  assert.equal(all.length, 34);
+  assert.equal(all.length, 37);
 });

@@ -55,6 +55,7 @@ pub mod subjects;
 mod tail;
 mod usage;
 mod webhook;
+mod webhook_registry;
 
 use std::time::Duration;
 
@@ -135,6 +136,7 @@ pub use log::{JetStreamLog, MAX_BATCH, Positions};
 pub use snapshots::{KvSnapshots, SNAPSHOT_BUCKET};
 pub use usage::{KvUsage, USAGE_BUCKET, UsageFold};
 pub use webhook::{KvWebhookPositions, WEBHOOK_BUCKET};
+pub use webhook_registry::{KvWebhookRegistry, WEBHOOK_REGISTRY_BUCKET};
 
 use crate::log::JournalError;
 

@@ -87,12 +87,17 @@ pub async fn start_worker(
     let positions = turnstile_journal::jetstream::KvWebhookPositions::open(client, replicas)
         .await
         .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
+    // The webhooks tenants registered (SPEC §21), mirrored from their bucket.
+    let registry = turnstile_journal::jetstream::KvWebhookRegistry::open(client, replicas)
+        .await
+        .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
     let mut host = SessionHost::builder(log, bus, agents)
         .snapshots(snapshots)
         .ownership(ownership)
         .config(config)
         .index(Arc::new(index))
-        .webhook_positions(Arc::new(positions));
+        .webhook_positions(Arc::new(positions))
+        .webhook_registry(Arc::new(registry));
     if let Some(budgets) = options.budgets {
         host = host.budgets(budgets);
     }

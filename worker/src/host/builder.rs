@@ -52,6 +52,12 @@ impl SessionHostBuilder {
         self
     }
 
+    /// Delivers the webhooks tenants register in `registry` (SPEC §21; default: an empty one in memory).
+    pub fn webhook_registry(mut self, registry: Arc<dyn turnstile_journal::WebhookRegistry>) -> Self {
+        self.deps.webhook_registry = registry;
+        self
+    }
+
     /// Driver and host settings (default: [`WorkerConfig::default`]).
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.deps.config = config;
@@ -65,7 +71,8 @@ impl SessionHostBuilder {
             d.webhook_positions.clone(),
             d.log.clone(),
             d.ownership.clone(),
-        );
+        )
+        .with_registry(d.webhook_registry.clone());
         self.deps.webhooks = Some(Arc::new(webhooks));
         Arc::new_cyclic(|me| SessionHost {
             deps: Arc::new(self.deps),
@@ -95,6 +102,7 @@ impl SessionHost {
                 wakes: Arc::default(),
                 index: Arc::new(turnstile_journal::MemoryIndex::default()),
                 webhook_positions: Arc::new(turnstile_journal::MemoryPositions::default()),
+                webhook_registry: Arc::new(turnstile_journal::MemoryWebhooks::default()),
                 webhooks: None,
             },
         }

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -12,6 +14,7 @@ import grpc.aio
 from ._proto.turnstile.v1 import agent_pb2 as api
 from ._proto.turnstile.v1 import agent_pb2_grpc
 from ._proto.turnstile.v1 import events_pb2 as ev
+from ._events import EventFolder, RunFolder, RunResult, TurnEvent, text_of
 from ._retry import NO_RETRY, RetryPolicy, TurnstileError, _Retries
 from ._tools import ToolServer, Tools
 
@@ -48,9 +51,15 @@ def text_message(text: str, *, id: str | None = None, source: ev.MessageSource |
     return message
 
 
-def text_of(message: ev.UserMessage) -> str:
-    """The message's text blocks, joined by newlines."""
-    return "\n".join(b.text.text for b in message.content if b.WhichOneof("block") == "text")
+@dataclass(frozen=True)
+class WatchPosition:
+    """Where a watch stands: what it would ask the server for if it reopened now (``WatchStream.position``);
+    pass it as ``watch(from_=...)`` to go on from there (after a restart of the program, say)."""
+
+    #: The last durable seq received.
+    after_seq: int
+    #: The step whose output was streaming and the byte offsets received (``WatchRequest.resume``).
+    streaming: api.StreamResume | None = None
 
 
 class _StreamingStep:
@@ -90,6 +99,35 @@ class _StreamingStep:
             return None
         turn, step = self.at
         return api.StreamResume(turn=turn, step=step, text_offset=self.text, reasoning_offset=self.reasoning)
+
+    @classmethod
+    def of(cls, resume: api.StreamResume | None) -> _StreamingStep:
+        step = cls()
+        if resume is not None:
+            step.at, step.text, step.reasoning = (resume.turn, resume.step), resume.text_offset, resume.reasoning_offset
+        return step
+
+
+class WatchStream:
+    """A session's Watch as an async iterator of ``WatchItem``s (``AsyncClient.watch``), with the
+    ``position`` it would reopen from. ``aclose()`` (or leaving ``async for`` by ``break``) ends it."""
+
+    def __init__(self, items: AsyncIterator[api.WatchItem], state: dict[str, Any]):
+        self._items = items
+        self._state = state
+
+    @property
+    def position(self) -> WatchPosition:
+        return WatchPosition(self._state["after_seq"], self._state["streaming"].resume())
+
+    def __aiter__(self) -> WatchStream:
+        return self
+
+    async def __anext__(self) -> api.WatchItem:
+        return await self._items.__anext__()
+
+    async def aclose(self) -> None:
+        await self._items.aclose()  # type: ignore[attr-defined]
 
 
 class AsyncClient:
@@ -522,22 +560,182 @@ class AsyncClient:
         request = api.SetLabelsRequest(session=self.ref(session), labels=labels or {}, remove_keys=list(remove))
         return await self._unary("SetLabels", request, retry=True)
 
-    async def sessions(self, *, tenant: str | None = None, parent: str = "") -> AsyncIterator[api.SessionInfo]:
-        """Every session of the tenant (or every child of ``parent``), page after page."""
+    async def sessions(self, **filters: Any) -> AsyncIterator[api.SessionInfo]:
+        """Every session of the tenant (or every child of ``parent``) that passes the filters, page after
+        page: the keyword arguments of :meth:`list_sessions` but ``page_token`` (``label_selector``,
+        ``status``, ``agent``, ``updated_after_unix_ms``, ``order_by``, ...)."""
+        if "page_token" in filters:
+            raise TypeError("sessions() pages by itself; use list_sessions(page_token=...) for one page")
         token = ""
         while True:
-            page = await self.list_sessions(page_token=token, tenant=tenant, parent=parent)
+            page = await self.list_sessions(page_token=token, **filters)
             for info in page.sessions:
                 yield info
             token = page.next_page_token
             if not token:
                 return
 
+    # --- webhooks (SPEC §21) ---------------------------------------------------------------------------
+
+    async def create_webhook(
+        self,
+        url: str,
+        *,
+        events: Sequence[str] = ("turn/end",),
+        label_selector: str = "",
+        max_age_ms: int = 0,
+        tenant: str | None = None,
+    ) -> api.Webhook:
+        """Registers a webhook for the tenant: the owner of each of its sessions whose labels match POSTs
+        their durable events of ``events`` types written from now on to ``url``, signed with the reply's
+        ``secret`` (shown only here). INVALID_ARGUMENT for an internal address unless the server allows it.
+        Not retried: a repeat would register a second webhook."""
+        request = api.CreateWebhookRequest(
+            tenant=self.tenant if tenant is None else tenant,
+            url=url,
+            events=list(events),
+            label_selector=label_selector,
+            max_age_ms=max_age_ms,
+        )
+        return await self._unary("CreateWebhook", request, retry=False)
+
+    async def list_webhooks(self, *, tenant: str | None = None) -> api.ListWebhooksReply:
+        """The tenant's webhooks, oldest first, without their secrets."""
+        request = api.ListWebhooksRequest(tenant=self.tenant if tenant is None else tenant)
+        return await self._unary("ListWebhooks", request, retry=True)
+
+    async def delete_webhook(self, id: str, *, tenant: str | None = None) -> api.Webhook:
+        """Deletes webhook ``id``: no POST starts after it. NOT_FOUND for an id the tenant does not have."""
+        request = api.DeleteWebhookRequest(tenant=self.tenant if tenant is None else tenant, id=id)
+        return await self._unary("DeleteWebhook", request, retry=False)
+
+    # --- export and import (SPEC §18; admin only with auth) -----------------------------------------------
+
+    async def export_sessions(
+        self, sessions: Sequence[str] = (), *, tenant: str | None = None
+    ) -> AsyncIterator[api.ExportItem]:
+        """The whole logs of ``sessions`` of the tenant (all of them when empty) as ``ExportItem``s. Opening
+        the stream is retried on UNAVAILABLE until its first item; a stream that breaks later raises."""
+        request = api.ExportSessionsRequest(tenant=self.tenant if tenant is None else tenant, sessions=list(sessions))
+        retries = _Retries(self._reconnect, self.retry, "ExportSessions")
+        while True:
+            received = False
+            call = self.stub.ExportSessions(request, metadata=self._metadata)
+            try:
+                async for item in call:
+                    received = True
+                    yield item
+                return
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or received:
+                    raise TurnstileError("ExportSessions", e.code(), e.details() or "") from e
+                details = e.details() or ""
+            finally:
+                call.cancel()
+            await retries.after_unavailable(details)
+
+    async def import_sessions(
+        self, items: AsyncIterable[api.ExportItem] | Iterable[api.ExportItem]
+    ) -> api.ImportReply:
+        """Writes an export (``export_sessions``' items) into this deployment keeping every seq, time and
+        MessageId. Not retried: the items are consumed."""
+
+        async def stream() -> AsyncIterator[api.ExportItem]:
+            if isinstance(items, AsyncIterable):
+                async for item in items:
+                    yield item
+            else:
+                for item in items:
+                    yield item
+
+        try:
+            return await self.stub.ImportSessions(stream(), metadata=self._metadata)
+        except grpc.aio.AioRpcError as e:
+            raise TurnstileError("ImportSessions", e.code(), e.details() or "") from e
+
+    # --- high-level helpers -------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        session: SessionLike,
+        message: MessageLike,
+        *,
+        preset: str = "followup",
+        timeout: float | None = None,
+        id: str | None = None,
+        source: ev.MessageSource | None = None,
+    ) -> RunResult:
+        """Sends ``message`` (``preset``: ``"followup"``, ``"steer"`` or ``"interrupt"``), waits for the turn
+        it runs in to end (at most ``timeout`` seconds: then DEADLINE_EXCEEDED) and answers what that turn
+        produced: its number, the reply ``text`` (the turn's last model message), every model message, the
+        tool calls with their decisions and results, the tokens and how it ended (``reason``)."""
+        msg = self.message(message, id=id, source=source)
+        delivered = {"followup": self.followup, "steer": self.steer, "interrupt": self.interrupt}.get(preset)
+        if delivered is None:
+            raise ValueError(f"preset {preset!r}: use 'followup', 'steer' or 'interrupt'")
+        reply = await delivered(session, msg)
+
+        async def ended() -> RunResult:
+            folder, turn = EventFolder(), None
+            stream = self.watch(session, after_seq=reply.seq - 1, live=False)
+            try:
+                async for item in stream:
+                    for event in folder.fold(item):
+                        if turn is None and event.type == "user" and event.id == msg.id and event.turn > 0:
+                            turn = RunFolder(event.turn)
+                        if turn is not None:
+                            turn.add(event)
+                            if turn.result is not None:
+                                return turn.result
+            finally:
+                await stream.aclose()
+            raise AssertionError("a Watch never ends by itself")
+
+        try:
+            return await asyncio.wait_for(ended(), timeout)
+        except asyncio.TimeoutError as e:
+            raise TurnstileError("Run", grpc.StatusCode.DEADLINE_EXCEEDED, f"the turn did not end within {timeout} s") from e
+
+    async def turn_of(self, session: SessionLike, message_id: str, *, after_seq: int = 0) -> int:
+        """The turn the delivered message ``message_id`` runs in, once it has entered one (0: it entered
+        history between turns). ``reply.turn`` says it at once for a delivery that opened a turn; a steer
+        into a running turn, an interrupt or a queued followup learn it here:
+        ``reply.turn if reply.HasField("turn") else await c.turn_of(s, id, after_seq=reply.seq)``."""
+        folder = EventFolder()
+        stream = self.watch(session, after_seq=max(after_seq - 1, 0), live=False)
+        try:
+            async for item in stream:
+                for event in folder.fold(item):
+                    if event.type == "user" and event.id == message_id:
+                        return event.turn
+        finally:
+            await stream.aclose()
+        raise AssertionError("a Watch never ends by itself")
+
+    async def events(self, session: SessionLike, **watch: Any) -> AsyncIterator[TurnEvent]:
+        """The session's typed events (``user``, ``text_delta``, ``message``, ``tool_started``,
+        ``approval``, ``tool_decided``, ``tool_done``, ``turn_started``, ``turn_done``, ``caught_up``; see
+        ``turnstile_client.events``), read from :meth:`watch` with the same keyword arguments."""
+        folder = EventFolder()
+        stream = self.watch(session, **watch)
+        try:
+            async for item in stream:
+                for event in folder.fold(item):
+                    yield event
+        finally:
+            await stream.aclose()
+
     # --- streams ----------------------------------------------------------------------------------------
 
-    async def watch(
-        self, session: SessionLike, *, after_seq: int = 0, live: bool = True, resume: bool = True
-    ) -> AsyncIterator[api.WatchItem]:
+    def watch(
+        self,
+        session: SessionLike,
+        *,
+        after_seq: int = 0,
+        live: bool = True,
+        resume: bool = True,
+        from_: WatchPosition | None = None,
+    ) -> WatchStream:
         """The session's ``WatchItem``s: durable ``event``s after ``after_seq``, ``caught_up``, then the
         live tail (``live`` events and new ``event``s).
 
@@ -549,21 +747,32 @@ class AsyncClient:
         contiguous offsets (if the step ended meanwhile, its durable ``assistant/message`` follows instead).
         Other live events of the gap are not replayed: they are not stored (SPEC §5). Retries follow
         ``retry``; with ``resume=False`` a disconnect raises.
+
+        The stream's ``position`` is where it would reopen; ``from_`` starts where another stream stood (its
+        ``position``, saved across a restart, say): after its seq, with the rest of its streaming step only.
         """
-        ref = self.ref(session)
-        last_seq = after_seq
-        streaming = _StreamingStep()
+        state: dict[str, Any] = {
+            "after_seq": from_.after_seq if from_ is not None else after_seq,
+            "streaming": _StreamingStep.of(from_.streaming if from_ is not None else None),
+        }
+        return WatchStream(self._watch(self.ref(session), live, resume, state), state)
+
+    async def _watch(
+        self, ref: ev.SessionRef, live: bool, resume: bool, state: dict[str, Any]
+    ) -> AsyncIterator[api.WatchItem]:
+        """The loop behind :meth:`watch`; ``state`` holds its position."""
+        streaming: _StreamingStep = state["streaming"]
         retries = _Retries(self._reconnect, self.retry if resume else NO_RETRY, "Watch")
         while True:
-            request = api.WatchRequest(session=ref, after_seq=last_seq, live=live, resume=streaming.resume())
+            request = api.WatchRequest(session=ref, after_seq=state["after_seq"], live=live, resume=streaming.resume())
             call = self.stub.Watch(request, metadata=self._metadata)
             try:
                 async for item in call:
                     kind = item.WhichOneof("item")
                     if kind == "event":
-                        last_seq = max(last_seq, item.event.seq)
+                        state["after_seq"] = max(state["after_seq"], item.event.seq)
                     elif kind == "caught_up":
-                        last_seq = max(last_seq, item.caught_up.seq)
+                        state["after_seq"] = max(state["after_seq"], item.caught_up.seq)
                     streaming.advance(item)
                     retries.succeeded()
                     yield item

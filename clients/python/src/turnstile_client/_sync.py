@@ -16,7 +16,8 @@ from ._tools import Tools
 _CALLS = (
     "send followup queue steer inject interrupt cancel replace remove splice clear configure_session decide "
     "set_goal update_goal compact fork_session reference_session delete_session get_inbox get_session when_idle "
-    "list_sessions get_usage create_schedule list_schedules delete_schedule set_labels get_transcript list_pending_approvals"
+    "list_sessions get_usage create_schedule list_schedules delete_schedule set_labels get_transcript list_pending_approvals "
+    "create_webhook list_webhooks delete_webhook import_sessions run turn_of"
 ).split()
 
 
@@ -83,6 +84,14 @@ class Client:
     @functools.wraps(AsyncClient.sessions)
     def sessions(self, **kwargs: Any) -> Iterator[Any]:
         return self._iterate(self.aio.sessions(**kwargs))
+
+    @functools.wraps(AsyncClient.events)
+    def events(self, session: Any, **kwargs: Any) -> Iterator[Any]:
+        return self._iterate(self.aio.events(session, **kwargs))
+
+    @functools.wraps(AsyncClient.export_sessions)
+    def export_sessions(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        return self._iterate(self.aio.export_sessions(*args, **kwargs))
 
     def serve_tools(self, tools: Tools) -> None:
         """Serves ``tools`` until the process ends (or raises when the stream cannot be had again)."""

@@ -28,7 +28,7 @@ bound address (`127.0.0.1:40123`, `[::1]:40123`), so port 0 in --listen/--http i
 (a worker adds \"id\" and \"advertise\", the address in its heartbeat and shard leases).";
 
 #[derive(Parser, Debug)]
-#[command(name = "turnstile", version, about = "Turnstile: long-lived AI-agent sessions", propagate_version = true)]
+#[command(name = "turnstile", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TURNSTILE_COMMIT"), ")"), about = "Turnstile: long-lived AI-agent sessions", propagate_version = true)]
 pub(crate) struct Cli {
     #[command(flatten)]
     pub(crate) global: Global,

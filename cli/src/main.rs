@@ -221,6 +221,10 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    turnstile_ops::set_build_info(turnstile_ops::BuildInfo {
+        version: env!("CARGO_PKG_VERSION"),
+        commit: env!("TURNSTILE_COMMIT"),
+    });
     let cli = Cli::parse();
     let telemetry = turnstile_node::telemetry::init(role(&cli.command));
     let result = run(cli).await;

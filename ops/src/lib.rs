@@ -6,22 +6,29 @@
 //!
 //! Instrumented code uses the `metrics` facade macros directly with the names in [`names`], so nothing is
 //! threaded through constructors; a process that never installs the exporter ([`install_metrics`])
-//! records nothing and pays almost nothing. docs/OPERATIONS.md lists every metric.
+//! records nothing and pays almost nothing. Each scrape also carries `turnstile_build_info` and the
+//! standard `process_*` series. docs/OPERATIONS.md lists every metric.
 
 pub mod clock;
 pub mod grpc;
 pub mod http;
+mod process;
 mod recorder;
 pub mod tls;
 pub mod trace;
 
 pub use http::{AlwaysReady, HttpError, Readiness, serve_http, serve_http_with};
+pub use process::{BuildInfo, build_info, set_build_info};
 pub use recorder::{MetricsError, install_metrics, render_metrics};
 
 /// Metric names. Counters end in `_total`, histograms in `_seconds` (base units); labels are low
 /// cardinality (command presets, outcomes, reasons), never session ids. The model counters carry the
 /// tenant (tokens are accounted per tenant); histograms never do.
 pub mod names {
+    /// Gauge `{version, commit}`, always 1: what the binary was built from ([`crate::BuildInfo`]). Rendered
+    /// beside the standard `process_*` series (CPU, resident memory, open descriptors, start time) at each
+    /// scrape, not through the `metrics` facade.
+    pub const BUILD_INFO: &str = "turnstile_build_info";
     /// Counter `{preset, outcome}`: commands the gateway routed, by `Command::name()` and `accepted` or
     /// the error kind (`invalid_argument`, `already_exists`, `failed_precondition`, `unavailable`, ...).
     pub const DELIVERIES: &str = "turnstile_deliveries_total";

@@ -29,7 +29,9 @@ pub fn render_metrics() -> Result<String, MetricsError> {
     let handle = install_metrics()?;
     // Drains histogram samples into their buckets; cheap, and a scrape is the moment it matters.
     handle.run_upkeep();
-    Ok(handle.render())
+    let mut text = handle.render();
+    crate::process::render(&mut text);
+    Ok(text)
 }
 
 fn build() -> Result<PrometheusHandle, MetricsError> {

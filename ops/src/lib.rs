@@ -207,4 +207,31 @@ mod dashboard {
         let missing: Vec<_> = exported.difference(&used).collect();
         assert!(missing.is_empty(), "exported metrics without a panel: {missing:?}");
     }
+
+    /// The alert rules (`deploy/k8s/components/alerts`) read only metrics the servers export, and every
+    /// alert has its runbook line in docs/OPERATIONS.md ("Alerts and runbooks": a table row naming it).
+    #[test]
+    fn the_alert_rules_query_exported_metrics_and_each_has_a_runbook_line() {
+        let rules = include_str!("../../deploy/k8s/components/alerts/prometheusrule.yaml");
+        let operations = include_str!("../../docs/OPERATIONS.md");
+        let exported = exported();
+        let mut alerts = Vec::new();
+        for line in rules.lines().map(str::trim) {
+            if let Some(name) = line.strip_prefix("- alert: ") {
+                alerts.push(name);
+            } else if let Some(expr) = line.strip_prefix("expr: ") {
+                for token in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                    if token.starts_with("turnstile_") {
+                        let base = token.strip_suffix("_bucket").unwrap_or(token);
+                        assert!(exported.contains(base), "an alert reads {token}, which no server exports");
+                    }
+                }
+            }
+        }
+        assert!(alerts.len() >= 10, "the alerts were not found: {alerts:?}");
+        let runbook = &operations[operations.find("## Alerts and runbooks").unwrap()..];
+        for alert in alerts {
+            assert!(runbook.contains(&format!("| `{alert}` |")), "{alert} has no runbook line in docs/OPERATIONS.md");
+        }
+    }
 }

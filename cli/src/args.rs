@@ -196,6 +196,10 @@ pub(crate) struct ServeArgs {
     /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).
     #[arg(long, value_name = "FILE")]
     pub(crate) ready_file: Option<PathBuf>,
+    /// Once serving, write this process's id to FILE (removed at exit): `kill -HUP "$(cat FILE)"` reloads
+    /// the auth file of this one server on a host that runs several.
+    #[arg(long, env = "TURNSTILE_PID_FILE", value_name = "FILE")]
+    pub(crate) pid_file: Option<PathBuf>,
 }
 
 impl ServeArgs {

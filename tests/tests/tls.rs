@@ -70,6 +70,23 @@ async fn a_followup_over_tls_works_for_clients_that_trust_the_ca_only() {
     let out = out.await.unwrap().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
+    // The CLI on plain http:// to the TLS port says the server speaks TLS and how to reach it (it said
+    // `INTERNAL: h2 protocol error` or `CANCELLED: operation was canceled`).
+    let bin = tokio::task::spawn_blocking(turnstile_tests::binary::turnstile_bin).await.unwrap().unwrap();
+    let addr = server.addr();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&bin).args(["--addr", &format!("http://{addr}"), "session", "cli-tls"]).output()
+    });
+    let out = out.await.unwrap().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "error: the server at {addr} speaks TLS, and --addr http://{addr} is plain http://: use --addr \
+             https://{addr} with --ca FILE (the CA that signed its certificate)\n"
+        )
+    );
+
     // A client that trusts another CA cannot complete the handshake.
     let other = make_ca("someone else's CA");
     let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(other.pem())).domain_name("localhost");

@@ -10,6 +10,7 @@
 //! standard `process_*` series. docs/OPERATIONS.md lists every metric.
 
 pub mod clock;
+mod expiry;
 pub mod grpc;
 pub mod http;
 mod process;
@@ -115,6 +116,9 @@ pub mod names {
     pub const PRE_STEP_HOOK_CALLS: &str = "turnstile_pre_step_hook_calls_total";
     /// Histogram `{hook, outcome}`: seconds one remote pre-step hook call took, as the worker waited for it.
     pub const PRE_STEP_HOOK_SECONDS: &str = "turnstile_pre_step_hook_duration_seconds";
+    /// Gauge `{file}`: when the first certificate of a TLS file this process read expires, in Unix
+    /// seconds (`--tls-cert`, `--tls-client-ca`, `--cluster-tls-ca`, `--cluster-tls-cert`; read at start).
+    pub const CERTIFICATE_EXPIRY: &str = "turnstile_certificate_expiry_timestamp_seconds";
     /// Counter `{outcome}`: webhook POSTs (SPEC §15), `delivered` (2xx) or `failed` (retried).
     pub const WEBHOOK_DELIVERIES: &str = "turnstile_webhook_deliveries_total";
     /// Counter: events a webhook gave up on after `max_age_ms` of failed POSTs.
@@ -199,7 +203,7 @@ mod dashboard {
             assert!(exported.contains(base), "the dashboard queries {s}, which no server exports");
             assert_eq!(
                 histogram,
-                base.ends_with("_seconds"),
+                base.ends_with("_seconds") && !base.ends_with("_timestamp_seconds"),
                 "{s}: only histograms (`_seconds`) have `_bucket` series"
             );
             used.insert(base);

@@ -330,9 +330,9 @@ down() {
 # (Turnstile: /metrics, /healthz, /readyz; nats-server: its monitoring port, /healthz, /varz, /jsz).
 status() {
   local f any=0
-  printf '%-10s %-8s %-8s %-24s %s\n' NAME STATE PID SERVES METRICS
   for f in "$RUN"/nats-*.pid "$RUN"/worker-*.pid "$RUN"/gateway-*.pid; do
     [[ -f "$f" ]] || continue
+    ((any)) || printf '%-10s %-8s %-8s %-24s %s\n' NAME STATE PID SERVES METRICS
     any=1
     local name state serves="-" metrics="-" ports
     name="$(basename "$f" .pid)"

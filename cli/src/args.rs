@@ -28,7 +28,7 @@ bound address (`127.0.0.1:40123`, `[::1]:40123`), so port 0 in --listen/--http i
 (a worker adds \"id\" and \"advertise\", the address in its heartbeat and shard leases).";
 
 #[derive(Parser, Debug)]
-#[command(name = "turnstile", version, about = "Turnstile: long-lived AI-agent sessions", propagate_version = true)]
+#[command(name = "turnstile", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TURNSTILE_COMMIT"), ")"), about = "Turnstile: long-lived AI-agent sessions", propagate_version = true)]
 pub(crate) struct Cli {
     #[command(flatten)]
     pub(crate) global: Global,
@@ -233,6 +233,10 @@ pub(crate) struct ServeArgs {
     /// Once every listener is bound, write the bound addresses to FILE as one JSON object (see below).
     #[arg(long, value_name = "FILE")]
     pub(crate) ready_file: Option<PathBuf>,
+    /// Once serving, write this process's id to FILE (removed at exit): `kill -HUP "$(cat FILE)"` reloads
+    /// the auth file of this one server on a host that runs several.
+    #[arg(long, env = "TURNSTILE_PID_FILE", value_name = "FILE")]
+    pub(crate) pid_file: Option<PathBuf>,
 }
 
 impl ServeArgs {

@@ -9,9 +9,11 @@ mod client;
 mod demo;
 mod export;
 mod json;
+mod pid_file;
 mod render;
 mod schedules;
 mod security;
+mod tls_hint;
 mod transcript;
 mod watch;
 mod webhooks;
@@ -19,7 +21,6 @@ mod webhooks;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::Parser;
 use turnstile_model::GoalAction;
 use turnstile_node::config::Overrides;
 use turnstile_node::signal::shutdown_signal;
@@ -50,6 +51,7 @@ async fn run_dev(a: DevArgs) -> Result<()> {
         anyhow::bail!("--demo talks to the server without a token or TLS; drop --demo or the auth/TLS flags");
     }
     let flags = Overrides { partitions: a.partitions, replicas: a.replicas, ..Overrides::default() };
+    let pid_file = a.serve.pid_file.clone();
     let serving = a.serve.serving(a.listen, a.tls.options(), &flags)?;
     let options = turnstile_node::dev::Options {
         serving,
@@ -58,6 +60,7 @@ async fn run_dev(a: DevArgs) -> Result<()> {
         auth: a.auth.options(),
     };
     let node = turnstile_node::dev::start(options).await?;
+    let _pid_file = pid_file.as_deref().map(pid_file::PidFile::write).transpose()?;
     if a.demo {
         let url = node.url().to_owned();
         tokio::spawn(async move {
@@ -82,6 +85,7 @@ fn completions(shell: clap_complete::Shell) -> Result<()> {
 async fn run_gateway(a: GatewayArgs) -> Result<()> {
     let flags = Overrides { route_deadline_ms: a.route_deadline_ms, ..a.layout.overrides() };
     let security = a.security;
+    let pid_file = a.serve.pid_file.clone();
     let serving = a.serve.serving(a.listen, security.tls.options(), &flags)?;
     let options = turnstile_node::gateway::Options {
         serving,
@@ -90,6 +94,7 @@ async fn run_gateway(a: GatewayArgs) -> Result<()> {
         cluster_tls: security.cluster_tls.options(),
     };
     let node = turnstile_node::gateway::start(options).await?;
+    let _pid_file = pid_file.as_deref().map(pid_file::PidFile::write).transpose()?;
     Ok(node.run_until(shutdown_signal()).await?)
 }
 
@@ -97,6 +102,7 @@ async fn run_gateway(a: GatewayArgs) -> Result<()> {
 async fn run_worker(a: WorkerArgs) -> Result<()> {
     let flags = a.overrides();
     let security = a.security;
+    let pid_file = a.serve.pid_file.clone();
     let serving = a.serve.serving(a.listen, security.tls.options(), &flags)?;
     let options = turnstile_node::worker::Options {
         serving,
@@ -106,6 +112,7 @@ async fn run_worker(a: WorkerArgs) -> Result<()> {
         cluster_tls: security.cluster_tls.options(),
     };
     let node = turnstile_node::worker::start(options).await?;
+    let _pid_file = pid_file.as_deref().map(pid_file::PidFile::write).transpose()?;
     Ok(node.run_until(shutdown_signal()).await?)
 }
 
@@ -120,9 +127,15 @@ async fn run(cli: Cli) -> Result<()> {
     };
     // With a token the server knows the tenant: an empty one in requests means "mine".
     let tenant = g.tenant.unwrap_or_else(|| if g.token.is_some() { String::new() } else { "default".to_owned() });
-    let mut c = Client::connect_with_ca(&g.addr, g.token.as_deref(), &tenant, g.ca.as_deref()).await?;
+    let connected = Client::connect_with_ca(&g.addr, g.token.as_deref(), &tenant, g.ca.as_deref()).await;
+    let mut c = tls_hint::explain(&g.addr, connected).await?;
     c.json = g.json;
-    let c = &mut c;
+    let result = client_command(&mut c, cmd).await;
+    tls_hint::explain(&g.addr, result).await
+}
+
+/// One client command over the connected client.
+async fn client_command(c: &mut Client, cmd: Cmd) -> Result<()> {
     match cmd {
         Cmd::Dev(_) | Cmd::Gateway(_) | Cmd::Worker(_) | Cmd::Completions(_) => Ok(()),
         Cmd::Followup(d) => deliver(c, Preset::Followup, d).await,
@@ -221,13 +234,43 @@ fn error_line(err: &anyhow::Error) -> String {
     }
 }
 
+/// The options of the client commands, global so they go before or after any command; the servers take
+/// and ignore them.
+const CLIENT_ONLY: [&str; 5] = ["addr", "token", "tenant", "ca", "json"];
+
+/// The command line definition, with [`CLIENT_ONLY`] hidden from the servers' help (`turnstile gateway
+/// --help` lists what a gateway uses).
+fn cli_command() -> clap::Command {
+    let mut command = <Cli as clap::CommandFactory>::command();
+    // A subcommand that has an argument of a global's id keeps its own when clap copies the globals down
+    // (at build time; changing the copies after that breaks clap's index of arguments).
+    let hidden: Vec<clap::Arg> = command
+        .get_arguments()
+        .filter(|a| CLIENT_ONLY.contains(&a.get_id().as_str()))
+        .map(|a| a.clone().global(false).hide(true))
+        .collect();
+    for server in ["dev", "gateway", "worker"] {
+        command = command.mut_subcommand(server, |s| s.args(hidden.iter().cloned()));
+    }
+    command
+}
+
+fn parse_cli() -> Cli {
+    let matches = cli_command().get_matches();
+    <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    turnstile_ops::set_build_info(turnstile_ops::BuildInfo {
+        version: env!("CARGO_PKG_VERSION"),
+        commit: env!("TURNSTILE_COMMIT"),
+    });
+    let cli = parse_cli();
     let telemetry = turnstile_node::telemetry::init(role(&cli.command));
     let result = run(cli).await;
     // Flush queued spans before the runtime goes away (short runs would lose them otherwise).
@@ -246,6 +289,48 @@ async fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_servers_help_leaves_out_the_client_options_and_the_clients_keep_them() {
+        let mut command = cli_command();
+        command.build();
+        for server in ["dev", "gateway", "worker"] {
+            let help = command.find_subcommand_mut(server).unwrap().render_long_help().to_string();
+            assert!(help.contains("--listen"), "{server}: {help}");
+            for option in ["--addr", "--token", "--tenant", "--ca ", "--json"] {
+                assert!(!help.contains(option), "turnstile {server} --help lists {option}:\n{help}");
+            }
+        }
+        let help = command.find_subcommand_mut("followup").unwrap().render_long_help().to_string();
+        assert!(help.contains("--addr") && help.contains("--token"), "{help}");
+        // Still accepted anywhere, as before.
+        assert!(cli_command().try_get_matches_from(["turnstile", "gateway", "--json", "--nats", "nats://x"]).is_ok());
+    }
+
+    /// Container deployments set files by environment variable (a patch changes one by name); every file
+    /// option of the servers has one (`--ready-file` is for scripts and tests only).
+    #[test]
+    fn every_file_option_of_the_servers_has_an_environment_variable() {
+        let command = cli_command();
+        for server in ["dev", "gateway", "worker"] {
+            let sub = command.find_subcommand(server).unwrap();
+            for arg in sub.get_arguments().filter(|a| !a.is_hide_set() && a.get_id() != "ready_file") {
+                let takes_file = arg.get_value_names().is_some_and(|names| names.iter().any(|n| n == "FILE"));
+                if takes_file {
+                    assert!(
+                        arg.get_env().is_some(),
+                        "turnstile {server} --{} has no environment variable",
+                        arg.get_id()
+                    );
+                }
+            }
+        }
+        let gateway = command.find_subcommand("gateway").unwrap();
+        let env =
+            |id: &str| gateway.get_arguments().find(|a| a.get_id() == id).and_then(|a| a.get_env()).unwrap().to_owned();
+        assert_eq!(env("cluster_tls_cert"), "TURNSTILE_CLUSTER_TLS_CERT");
+        assert_eq!(env("cluster_tls_key"), "TURNSTILE_CLUSTER_TLS_KEY");
+    }
 
     #[test]
     fn statuses_print_their_canonical_code_and_message() {

@@ -74,10 +74,10 @@ pub struct ClusterTlsArgs {
     #[arg(long, env = "TURNSTILE_CLUSTER_TLS_DOMAIN", value_name = "NAME", requires = "cluster_tls_ca")]
     pub cluster_tls_domain: Option<String>,
     /// Client certificate for workers that require one (--tls-client-ca on the worker).
-    #[arg(long, value_name = "FILE", requires_all = ["cluster_tls_ca", "cluster_tls_key"])]
+    #[arg(long, env = "TURNSTILE_CLUSTER_TLS_CERT", value_name = "FILE", requires_all = ["cluster_tls_ca", "cluster_tls_key"])]
     pub cluster_tls_cert: Option<PathBuf>,
     /// Private key of --cluster-tls-cert.
-    #[arg(long, value_name = "FILE", requires = "cluster_tls_cert")]
+    #[arg(long, env = "TURNSTILE_CLUSTER_TLS_KEY", value_name = "FILE", requires = "cluster_tls_cert")]
     pub cluster_tls_key: Option<PathBuf>,
 }
 

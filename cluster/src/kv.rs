@@ -17,6 +17,7 @@ use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
+use turnstile_journal::jetstream::wrong_last_sequence;
 
 pub const SHARDS_BUCKET: &str = "turnstile_shards";
 pub const WORKERS_BUCKET: &str = "turnstile_workers";
@@ -181,13 +182,16 @@ impl ClusterKv {
         let value = serde_json::to_vec(lease).map_err(|e| MembershipError::Storage(e.to_string()))?;
         let key = shard.to_string();
         let lost = CasError::Lost { shard };
+        // Another worker writing first is `Lost` however the server words it (10164 at R3 included).
         match revision {
             None => self.shards_kv.create(&key, value.into()).await.map_err(|e| match e.kind() {
                 kv::CreateErrorKind::AlreadyExists => lost,
+                _ if wrong_last_sequence(&e) => lost,
                 _ => CasError::Store(unavailable("shard lease create", e)),
             }),
             Some(rev) => self.shards_kv.update(&key, value.into(), rev).await.map_err(|e| match e.kind() {
                 kv::UpdateErrorKind::WrongLastRevision => lost,
+                _ if wrong_last_sequence(&e) => lost,
                 _ => CasError::Store(unavailable("shard lease update", e)),
             }),
         }

@@ -4,7 +4,7 @@
 #      itself is NOT tested here;
 #   2. render every overlay in overlays/ with `kubectl kustomize`;
 #   3. validate every rendered object strictly for Kubernetes $KUBERNETES_VERSION: built-in kinds with
-#      `kubernetes-validate --strict`, CRD kinds (ServiceMonitor) against the vendored CRD schema in
+#      `kubernetes-validate --strict`, CRD kinds (ServiceMonitor, PrometheusRule, cert-manager) against the CRD schemas in
 #      crds/, and any object with no schema at all is a failure (never skipped silently);
 #   4. run the real `turnstile` binary on what the overlays ship (tools/check_turnstile.py): every Turnstile
 #      container's command line and environment, expanded as the kubelet would, must parse (no flag twice,

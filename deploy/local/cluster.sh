@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # A local Turnstile cluster on loopback: 3 clustered nats-servers (JetStream, R3 streams), 3 workers and
-# 2 gateways (127.0.0.1:7400 and 127.0.0.1:7401), all from one `turnstile` binary.
+# 2 gateways, all from one `turnstile` binary. Every listener binds a port the kernel picks (port 0, or -1
+# for nats-server) and the script reads it back (the servers' --ready-file, nats-server's ports file), so
+# it runs beside anything else on the machine (a taken 7400 or 9090 does not matter).
 #
-#   deploy/local/cluster.sh up       start everything; returns once a followup through each gateway succeeds
-#   deploy/local/cluster.sh status   what runs, with pids and addresses
+#   deploy/local/cluster.sh up [--secure]
+#                                    start everything; returns once a followup through each gateway succeeds.
+#                                    --secure runs the production topology: TLS on every hop (certificates
+#                                    made here with openssl, one CA per purpose as deploy/k8s does), NATS
+#                                    accounts whose users are client certificates, gateways taking RS256
+#                                    JWTs (one minted here)
+#   deploy/local/cluster.sh status   what runs: pids, each process's addresses and its metrics/health port
+#   deploy/local/cluster.sh env      `export TURNSTILE_ADDR=...` for the first gateway (and with --secure
+#                                    TURNSTILE_CA and TURNSTILE_TOKEN): eval "$(deploy/local/cluster.sh env)"
 #   deploy/local/cluster.sh down     SIGTERM everything (workers drain and release their shards) and wait
 #
 # Logs, pids and NATS stores live in deploy/local/.run/ (gitignored). nats-server is found like the test
@@ -15,14 +24,10 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 RUN="$HERE/.run"
 
-NATS_CLIENT=(14301 14302 14303)
-NATS_ROUTE=(16301 16302 16303)
-NATS_MONITOR=(18301 18302 18303)
-WORKER_PORTS=(7501 7502 7503)
-GATEWAY_PORTS=(7400 7401)
-# One seed is enough: the client learns the other cluster members from the server and fails over to them.
-NATS_URL="nats://127.0.0.1:${NATS_CLIENT[0]}"
-LAYOUT=(--nats "$NATS_URL" --replicas 3)
+LOOPBACK=127.0.0.1
+PKI="$RUN/pki"
+# The tenant of the token --secure mints.
+SECURE_TENANT=local
 READY_TIMEOUT="${READY_TIMEOUT:-90}"
 
 say() { printf 'cluster: %s\n' "$*"; }
@@ -54,12 +59,20 @@ turnstile_bin() {
 
 alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# json_field FILE KEY: the string value of "KEY" in a one-line JSON object (the --ready-file and the ports
+# file of nats-server are both that simple), or nothing.
+json_field() { sed -n "s/.*\"$2\": *\[\{0,1\}\"\([^\"]*\)\".*/\1/p" "$1" 2>/dev/null | head -n 1; }
 
+# host_port URL: 127.0.0.1:4222 of nats://127.0.0.1:4222.
+host_port() { local u="${1#*://}"; echo "${u%%/*}"; }
+
+# The ports file nats-server writes into DIR (nats-server_PID.ports) once it listens.
+nats_ports_file() { local f; for f in "$1"/*.ports; do [[ -f "$f" ]] && { echo "$f"; return; }; done; return 1; }
+nats_listening() { nats_ports_file "$1" >/dev/null; }
 # start NAME PIDFILE LOG CMD...: runs CMD in the background with its own log.
 start() {
   local name="$1" pidfile="$2" log="$3"; shift 3
-  "$@" >>"$log" 2>&1 &
+  "$@" >"$log" 2>&1 &
   echo $! >"$pidfile"
   say "started $name (pid $!, log ${log#"$ROOT"/})"
 }
@@ -67,7 +80,7 @@ start() {
 # One HTTP/1.0 GET of the monitor's /healthz (200 once JetStream is ready), in a subshell so a refused
 # connection is a failed check rather than a failed redirection of this shell.
 healthz() (
-  exec 3<>"/dev/tcp/127.0.0.1/$1"
+  exec 3<>"/dev/tcp/${1%:*}/${1##*:}"
   printf 'GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
   IFS= read -r -t 2 status <&3
   [[ "$status" == *" 200"* ]]
@@ -77,7 +90,7 @@ healthz() (
 # process of PIDFILE exits or READY_TIMEOUT passes, showing the end of LOG.
 # The JetStream meta leader is elected (/jsz names it): before that, creating streams times out.
 meta_leader() (
-  exec 3<>"/dev/tcp/127.0.0.1/$1"
+  exec 3<>"/dev/tcp/${1%:*}/${1##*:}"
   printf 'GET /jsz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
   body="$(timeout 2 cat <&3)"
   [[ "$body" == *'"meta_cluster"'*'"leader": "'* || "$body" == *'"meta_cluster"'*'"leader":"'* ]]
@@ -98,73 +111,186 @@ wait_until() {
   done
 }
 
+# b64url: base64url without padding, as JWTs encode their parts.
+b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
+
+# ca NAME: a self-signed CA for one purpose, valid 30 days.
+ca() {
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 \
+    -keyout "$PKI/$1-ca.key" -out "$PKI/$1-ca.pem" -subj "/CN=turnstile local $1 CA" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+}
+
+# leaf CA NAME SAN EKU: a certificate NAME.pem (key NAME.key) signed by CA, for SAN with usages EKU.
+leaf() {
+  local ca="$1" name="$2" san="$3" eku="$4"
+  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+    -keyout "$PKI/$name.key" -out "$PKI/$name.csr" -subj "/CN=$name" 2>/dev/null
+  printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nsubjectAltName=%s\nextendedKeyUsage=%s\n' \
+    "$san" "$eku" >"$PKI/$name.ext"
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/$ca-ca.pem" -CAkey "$PKI/$ca-ca.key" -CAcreateserial \
+    -days 30 -extfile "$PKI/$name.ext" -out "$PKI/$name.pem" 2>/dev/null
+  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
+}
+
+# make_pki: what --secure runs on, in $PKI (the same certificates docs/OPERATIONS.md's "Certificates
+# without Kubernetes" makes): the public CA and the gateways' certificate; the cluster CA, the workers'
+# certificate (for the name turnstile-worker, which gateways check instead of each worker's address) and
+# the cluster's client certificate; the NATS CA and the NATS servers' certificate (clients and routes);
+# the servers' NATS client certificate, whose e-mail name is their user in the TURNSTILE account; the RS256
+# key pair of the gateways' JWTs and one token.
+make_pki() {
+  command -v openssl >/dev/null || die "--secure needs openssl"
+  rm -rf "$PKI" && mkdir -p "$PKI" && chmod 700 "$PKI"
+  ca public && leaf public gateway "DNS:localhost,IP:$LOOPBACK" serverAuth
+  ca cluster && leaf cluster worker "DNS:turnstile-worker,IP:$LOOPBACK" serverAuth
+  leaf cluster cluster-client "DNS:turnstile-gateway" clientAuth
+  ca nats && leaf nats nats "DNS:localhost,IP:$LOOPBACK" serverAuth,clientAuth
+  leaf nats nats-client "email:turnstile@turnstile.local" clientAuth
+  openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$PKI/jwt.key" 2>/dev/null
+  openssl pkey -in "$PKI/jwt.key" -pubout -out "$PKI/jwt.pub" 2>/dev/null
+  local header payload
+  header="$(printf '{"alg":"RS256","typ":"JWT"}' | b64url)"
+  payload="$(printf '{"tenant":"%s","exp":%d}' "$SECURE_TENANT" $(($(date +%s) + 30 * 86400)) | b64url)"
+  printf '%s.%s.%s\n' "$header" "$payload" \
+    "$(printf '%s.%s' "$header" "$payload" | openssl dgst -sha256 -sign "$PKI/jwt.key" -binary | b64url)" \
+    >"$PKI/token"
+}
+
+# nats_secure_conf: the TLS and account blocks of a --secure nats-server: clients must present a
+# certificate of the NATS CA, whose e-mail name is their user (verify_and_map); the TURNSTILE account with
+# JetStream holds the servers' user, SYS is the system account. (async-nats ignores a password in the URL
+# and Turnstile takes no other secret than a .creds file, which needs nsc; production runs operator-mode
+# JWTs, docs/OPERATIONS.md "NATS credentials".)
+nats_secure_conf() {
+  cat <<CONF
+tls {
+  cert_file: "$PKI/nats.pem", key_file: "$PKI/nats.key", ca_file: "$PKI/nats-ca.pem"
+  verify_and_map: true, timeout: 2
+}
+accounts {
+  TURNSTILE { jetstream: enabled, users: [ { user: "turnstile@turnstile.local" } ] }
+  SYS { }
+}
+system_account: SYS
+CONF
+}
+
+secure() { [[ -f "$RUN/secure" ]]; }
+scheme() { if secure; then echo https; else echo http; fi; }
+
 up() {
+  local secure_mode=0
+  case "${1:-}" in
+    "") ;;
+    --secure) secure_mode=1 ;;
+    *) die "unknown option $1 (up takes --secure)" ;;
+  esac
   if alive "$RUN/nats-1.pid" || alive "$RUN/gateway-1.pid" || alive "$RUN/worker-1.pid"; then
     die "a cluster is already running (deploy/local/cluster.sh status); stop it with 'cluster.sh down'"
   fi
-  local p
-  for p in "${NATS_CLIENT[@]}" "${NATS_ROUTE[@]}" "${NATS_MONITOR[@]}" "${WORKER_PORTS[@]}" "${GATEWAY_PORTS[@]}"; do
-    port_free "$p" || die "127.0.0.1:$p is in use; stop what listens there first"
-  done
   local nats bin
   nats="$(find_nats)"
   bin="$(turnstile_bin)"
   mkdir -p "$RUN"
+  rm -f "$RUN"/*.ready "$RUN/secure"
   echo "$bin" >"$RUN/turnstile.bin"
+  if ((secure_mode)); then
+    make_pki
+    touch "$RUN/secure"
+    say "certificates, JWT key and token, NATS passwords in ${PKI#"$ROOT"/}"
+  fi
 
-  local routes="" i
-  for i in 0 1 2; do routes+="nats-route://127.0.0.1:${NATS_ROUTE[$i]},"; done
-  routes="${routes%,}"
-  for i in 0 1 2; do
-    local n=$((i + 1))
-    mkdir -p "$RUN/nats-$n"
+  # Each server routes to the route ports of the ones started before it; gossip completes the mesh (the
+  # test harness forms its clusters the same way).
+  local routes=() i n ports
+  for i in 1 2 3; do
+    mkdir -p "$RUN/nats-$i"
+    rm -rf "$RUN/nats-$i.ports" && mkdir -p "$RUN/nats-$i.ports"
+    # JetStream refuses to start clustered without a configured route, so the first server gets one to
+    # port 0, where nothing ever listens: it waits there until the others route to it.
+    local joined="nats-route://$LOOPBACK:0"
+    if ((${#routes[@]})); then joined="$(printf 'nats-route://%s, ' "${routes[@]}")" && joined="${joined%, }"; fi
     # max_payload: a 1 MiB message plus its envelope must fit (the test servers use the same).
-    cat >"$RUN/nats-$n.conf" <<CONF
-server_name: n$n
-listen: 127.0.0.1:${NATS_CLIENT[$i]}
-http: 127.0.0.1:${NATS_MONITOR[$i]}
+    cat >"$RUN/nats-$i.conf" <<CONF
+server_name: n$i
+listen: $LOOPBACK:-1
+http: $LOOPBACK:-1
+ports_file_dir: "$RUN/nats-$i.ports"
 max_payload: 4MB
-jetstream { store_dir: "$RUN/nats-$n" }
+jetstream { store_dir: "$RUN/nats-$i" }
+$(secure && nats_secure_conf)
 cluster {
   name: turnstile-local
-  listen: 127.0.0.1:${NATS_ROUTE[$i]}
-  routes: [${routes//,/, }]
+  listen: $LOOPBACK:-1
+  routes: [$joined]
+  $(secure && printf 'tls { cert_file: "%s", key_file: "%s", ca_file: "%s", verify: true, timeout: 2 }' \
+    "$PKI/nats.pem" "$PKI/nats.key" "$PKI/nats-ca.pem")
   # A route into a partition is given up after 2 unanswered pings 5 s apart (decision 0079).
   ping_interval: "5s"
   ping_max: 2
 }
 CONF
-    start "nats-server n$n" "$RUN/nats-$n.pid" "$RUN/nats-$n.log" "$nats" -c "$RUN/nats-$n.conf"
+    start "nats-server n$i" "$RUN/nats-$i.pid" "$RUN/nats-$i.log" "$nats" -c "$RUN/nats-$i.conf"
+    wait_until "$RUN/nats-$i.pid" "nats-server n$i" "$RUN/nats-$i.log" nats_listening "$RUN/nats-$i.ports"
+    ports="$(nats_ports_file "$RUN/nats-$i.ports")"
+    routes+=("$(host_port "$(json_field "$ports" cluster)")")
   done
-  for i in 0 1 2; do
-    wait_until "$RUN/nats-$((i + 1)).pid" "nats-server n$((i + 1))" "$RUN/nats-$((i + 1)).log" \
-      healthz "${NATS_MONITOR[$i]}"
+  for i in 1 2 3; do
+    ports="$(nats_ports_file "$RUN/nats-$i.ports")"
+    wait_until "$RUN/nats-$i.pid" "nats-server n$i" "$RUN/nats-$i.log" healthz "$(host_port "$(json_field "$ports" monitoring)")"
   done
-  wait_until "$RUN/nats-1.pid" "the JetStream meta leader" "$RUN/nats-1.log" meta_leader "${NATS_MONITOR[0]}"
-  say "NATS JetStream cluster is healthy ($NATS_URL)"
+  ports="$(nats_ports_file "$RUN/nats-1.ports")"
+  wait_until "$RUN/nats-1.pid" "the JetStream meta leader" "$RUN/nats-1.log" \
+    meta_leader "$(host_port "$(json_field "$ports" monitoring)")"
+  # One seed is enough: the client learns the other cluster members from the server and fails over to them.
+  local nats_url
+  nats_url="nats://$(host_port "$(json_field "$ports" nats)")"
+  say "NATS JetStream cluster is healthy ($nats_url)"
+  local layout=(--nats "$nats_url" --replicas 3) worker_security=() gateway_security=() client=()
+  if secure; then
+    layout=(--nats "tls://$(host_port "$nats_url")" --nats-ca "$PKI/nats-ca.pem"
+      --nats-tls-cert "$PKI/nats-client.pem" --nats-tls-key "$PKI/nats-client.key" --replicas 3)
+    # Both dial workers (gateways for commands, workers for spawn_agent's children) with the cluster's
+    # client certificate, checking the name in the workers' certificate.
+    local dial=(--cluster-tls-ca "$PKI/cluster-ca.pem" --cluster-tls-domain turnstile-worker
+      --cluster-tls-cert "$PKI/cluster-client.pem" --cluster-tls-key "$PKI/cluster-client.key")
+    worker_security=(--tls-cert "$PKI/worker.pem" --tls-key "$PKI/worker.key" --tls-client-ca "$PKI/cluster-ca.pem"
+      "${dial[@]}")
+    gateway_security=(--tls-cert "$PKI/gateway.pem" --tls-key "$PKI/gateway.key" --jwt-key "$PKI/jwt.pub"
+      --jwt-alg RS256 "${dial[@]}")
+    client=(--ca "$PKI/public-ca.pem" --token "$(cat "$PKI/token")")
+  else
+    client=(--tenant cluster-check)
+  fi
 
-  for i in 0 1 2; do
-    local n=$((i + 1))
+  for n in 1 2 3; do
     start "worker w$n" "$RUN/worker-$n.pid" "$RUN/worker-$n.log" \
-      "$bin" worker "${LAYOUT[@]}" --listen "127.0.0.1:${WORKER_PORTS[$i]}" --id "w$n"
+      "$bin" worker "${layout[@]}" "${worker_security[@]}" --listen "$LOOPBACK:0" --http "$LOOPBACK:0" \
+      --id "w$n" --ready-file "$RUN/worker-$n.ready"
   done
-  for i in 0 1; do
-    local n=$((i + 1))
+  for n in 1 2; do
     start "gateway g$n" "$RUN/gateway-$n.pid" "$RUN/gateway-$n.log" \
-      "$bin" gateway "${LAYOUT[@]}" --listen "127.0.0.1:${GATEWAY_PORTS[$i]}"
+      "$bin" gateway "${layout[@]}" "${gateway_security[@]}" --listen "$LOOPBACK:0" --http "$LOOPBACK:0" \
+      --ready-file "$RUN/gateway-$n.ready"
   done
 
   # Serving means a command reaches a shard owner through each gateway; `followup` fails while the
   # workers are still taking their leases, so it is retried until it succeeds.
-  for i in 0 1; do
-    local n=$((i + 1)) addr="http://127.0.0.1:${GATEWAY_PORTS[$i]}"
+  local addrs=()
+  for n in 1 2; do
+    wait_until "$RUN/gateway-$n.pid" "gateway g$n" "$RUN/gateway-$n.log" test -s "$RUN/gateway-$n.ready"
+    local addr
+    addr="$(scheme)://$(json_field "$RUN/gateway-$n.ready" grpc)"
+    addrs+=("$addr")
     wait_until "$RUN/gateway-$n.pid" "gateway g$n ($addr)" "$RUN/gateway-$n.log" \
-      "$bin" --addr "$addr" --tenant cluster-check followup "ready-g$n" "readiness check" --id "ready-g$n"
+      "$bin" --addr "$addr" "${client[@]}" followup "ready-g$n" "readiness check" --id "ready-g$n"
     wait_until "$RUN/gateway-$n.pid" "gateway g$n's readiness turn" "$RUN/gateway-$n.log" \
-      "$bin" --addr "$addr" --tenant cluster-check wait-idle "ready-g$n" --timeout-ms 5000
+      "$bin" --addr "$addr" "${client[@]}" wait-idle "ready-g$n" --timeout-ms 5000
   done
-  say "up: gateways http://127.0.0.1:${GATEWAY_PORTS[0]} and http://127.0.0.1:${GATEWAY_PORTS[1]}, workers w1-w3, NATS $NATS_URL"
-  say "try: turnstile followup s1 hello && turnstile watch s1 --until-idle && turnstile session s1"
+  say "up$(secure && echo " (secure: TLS, JWT, NATS accounts)"): gateways ${addrs[*]}, workers w1-w3, NATS $(if secure; then echo "tls://${nats_url#nats://}"; else echo "$nats_url"; fi)"
+  say "try: eval \"\$($0 env)\" && turnstile followup s1 hello && turnstile watch s1 --until-idle"
+  status
 }
 
 # stop_all GLOB: SIGTERM each matching pid, then wait (SIGKILL after the grace period).
@@ -200,23 +326,57 @@ down() {
   say "down (logs kept in ${RUN#"$ROOT"/})"
 }
 
+# status: one line per process: state, pid, the address it serves and its metrics/health endpoint
+# (Turnstile: /metrics, /healthz, /readyz; nats-server: its monitoring port, /healthz, /varz, /jsz).
 status() {
   local f any=0
   for f in "$RUN"/nats-*.pid "$RUN"/worker-*.pid "$RUN"/gateway-*.pid; do
     [[ -f "$f" ]] || continue
+    ((any)) || printf '%-10s %-8s %-8s %-24s %s\n' NAME STATE PID SERVES METRICS
     any=1
-    if alive "$f"; then
-      printf '%-10s running  pid %s\n' "$(basename "$f" .pid)" "$(cat "$f")"
-    else
-      printf '%-10s stopped\n' "$(basename "$f" .pid)"
-    fi
+    local name state serves="-" metrics="-" ports
+    name="$(basename "$f" .pid)"
+    if alive "$f"; then state=running; else state=stopped; fi
+    case "$name" in
+      nats-*)
+        if ports="$(nats_ports_file "$RUN/$name.ports")"; then
+          serves="$(if secure; then echo tls; else echo nats; fi)://$(host_port "$(json_field "$ports" nats)")"
+          metrics="http://$(host_port "$(json_field "$ports" monitoring)")/varz"
+        fi
+        ;;
+      *)
+        if [[ -s "$RUN/$name.ready" ]]; then
+          serves="$(json_field "$RUN/$name.ready" grpc)$(json_field "$RUN/$name.ready" worker)"
+          [[ "$name" == gateway-* ]] && serves="$(scheme)://$serves"
+          metrics="http://$(json_field "$RUN/$name.ready" http)/metrics"
+        fi
+        ;;
+    esac
+    printf '%-10s %-8s %-8s %-24s %s\n' "$name" "$state" "$(cat "$f")" "$serves" "$metrics"
   done
   ((any)) || say "not running"
 }
 
+# env: the client environment for the first running gateway.
+env_lines() {
+  local n
+  for n in 1 2; do
+    if alive "$RUN/gateway-$n.pid" && [[ -s "$RUN/gateway-$n.ready" ]]; then
+      echo "export TURNSTILE_ADDR=$(scheme)://$(json_field "$RUN/gateway-$n.ready" grpc)"
+      if secure; then
+        echo "export TURNSTILE_CA=$PKI/public-ca.pem"
+        echo "export TURNSTILE_TOKEN=$(cat "$PKI/token")"
+      fi
+      return
+    fi
+  done
+  die "no gateway is running (deploy/local/cluster.sh up)"
+}
+
 case "${1:-}" in
-  up) up ;;
+  up) up "${2:-}" ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  env) env_lines ;;
+  *) echo "usage: $0 up [--secure]|down|status|env" >&2; exit 2 ;;
 esac

@@ -6,23 +6,31 @@
 //!
 //! Instrumented code uses the `metrics` facade macros directly with the names in [`names`], so nothing is
 //! threaded through constructors; a process that never installs the exporter ([`install_metrics`])
-//! records nothing and pays almost nothing. docs/OPERATIONS.md lists every metric.
+//! records nothing and pays almost nothing. Each scrape also carries `turnstile_build_info` and the
+//! standard `process_*` series. docs/OPERATIONS.md lists every metric.
 
 pub mod clock;
 pub mod egress;
+mod expiry;
 pub mod grpc;
 pub mod http;
+mod process;
 mod recorder;
 pub mod tls;
 pub mod trace;
 
 pub use http::{AlwaysReady, HttpError, Readiness, serve_http, serve_http_with};
+pub use process::{BuildInfo, build_info, set_build_info};
 pub use recorder::{MetricsError, install_metrics, render_metrics};
 
 /// Metric names. Counters end in `_total`, histograms in `_seconds` (base units); labels are low
 /// cardinality (command presets, outcomes, reasons), never session ids. The model counters carry the
 /// tenant (tokens are accounted per tenant); histograms never do.
 pub mod names {
+    /// Gauge `{version, commit}`, always 1: what the binary was built from ([`crate::BuildInfo`]). Rendered
+    /// beside the standard `process_*` series (CPU, resident memory, open descriptors, start time) at each
+    /// scrape, not through the `metrics` facade.
+    pub const BUILD_INFO: &str = "turnstile_build_info";
     /// Counter `{preset, outcome}`: commands the gateway routed, by `Command::name()` and `accepted` or
     /// the error kind (`invalid_argument`, `already_exists`, `failed_precondition`, `unavailable`, ...).
     pub const DELIVERIES: &str = "turnstile_deliveries_total";
@@ -109,6 +117,9 @@ pub mod names {
     pub const PRE_STEP_HOOK_CALLS: &str = "turnstile_pre_step_hook_calls_total";
     /// Histogram `{hook, outcome}`: seconds one remote pre-step hook call took, as the worker waited for it.
     pub const PRE_STEP_HOOK_SECONDS: &str = "turnstile_pre_step_hook_duration_seconds";
+    /// Gauge `{file}`: when the first certificate of a TLS file this process read expires, in Unix
+    /// seconds (`--tls-cert`, `--tls-client-ca`, `--cluster-tls-ca`, `--cluster-tls-cert`; read at start).
+    pub const CERTIFICATE_EXPIRY: &str = "turnstile_certificate_expiry_timestamp_seconds";
     /// Counter `{outcome}`: webhook POSTs (SPEC §15), `delivered` (2xx) or `failed` (retried).
     pub const WEBHOOK_DELIVERIES: &str = "turnstile_webhook_deliveries_total";
     /// Counter: events a webhook gave up on after `max_age_ms` of failed POSTs.
@@ -193,12 +204,39 @@ mod dashboard {
             assert!(exported.contains(base), "the dashboard queries {s}, which no server exports");
             assert_eq!(
                 histogram,
-                base.ends_with("_seconds"),
+                base.ends_with("_seconds") && !base.ends_with("_timestamp_seconds"),
                 "{s}: only histograms (`_seconds`) have `_bucket` series"
             );
             used.insert(base);
         }
         let missing: Vec<_> = exported.difference(&used).collect();
         assert!(missing.is_empty(), "exported metrics without a panel: {missing:?}");
+    }
+
+    /// The alert rules (`deploy/k8s/components/alerts`) read only metrics the servers export, and every
+    /// alert has its runbook line in docs/OPERATIONS.md ("Alerts and runbooks": a table row naming it).
+    #[test]
+    fn the_alert_rules_query_exported_metrics_and_each_has_a_runbook_line() {
+        let rules = include_str!("../../deploy/k8s/components/alerts/prometheusrule.yaml");
+        let operations = include_str!("../../docs/OPERATIONS.md");
+        let exported = exported();
+        let mut alerts = Vec::new();
+        for line in rules.lines().map(str::trim) {
+            if let Some(name) = line.strip_prefix("- alert: ") {
+                alerts.push(name);
+            } else if let Some(expr) = line.strip_prefix("expr: ") {
+                for token in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                    if token.starts_with("turnstile_") {
+                        let base = token.strip_suffix("_bucket").unwrap_or(token);
+                        assert!(exported.contains(base), "an alert reads {token}, which no server exports");
+                    }
+                }
+            }
+        }
+        assert!(alerts.len() >= 10, "the alerts were not found: {alerts:?}");
+        let runbook = &operations[operations.find("## Alerts and runbooks").unwrap()..];
+        for alert in alerts {
+            assert!(runbook.contains(&format!("| `{alert}` |")), "{alert} has no runbook line in docs/OPERATIONS.md");
+        }
     }
 }

@@ -29,7 +29,9 @@ pub fn render_metrics() -> Result<String, MetricsError> {
     let handle = install_metrics()?;
     // Drains histogram samples into their buckets; cheap, and a scrape is the moment it matters.
     handle.run_upkeep();
-    Ok(handle.render())
+    let mut text = handle.render();
+    crate::process::render(&mut text);
+    Ok(text)
 }
 
 fn build() -> Result<PrometheusHandle, MetricsError> {
@@ -72,6 +74,11 @@ fn describe() {
         "Time from a model request's start to its first streamed piece."
     );
     describe_histogram!(names::MODEL_REQUEST_SECONDS, Unit::Seconds, "Time of one model request, end to end.");
+    describe_gauge!(
+        names::CERTIFICATE_EXPIRY,
+        Unit::Seconds,
+        "Expiry of the first certificate of a TLS file read at start, Unix seconds."
+    );
     describe_counter!(names::WEBHOOK_DELIVERIES, "Webhook POSTs, by outcome (delivered, failed).");
     describe_counter!(names::WEBHOOK_GIVEN_UP, "Webhook events given up on after max_age_ms.");
 }

@@ -27,12 +27,17 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|cause| TlsError::Read { path: path.to_owned(), cause })
 }
 
-/// The file's PEM bytes, checked to hold at least one certificate.
+/// The file's PEM bytes, checked to hold at least one certificate. The first one's expiry goes to the
+/// gauge `turnstile_certificate_expiry_timestamp_seconds{file}`: files are read at start only, so that is
+/// the certificate this process uses until it restarts.
 fn certificates(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
     let pem = read(path)?;
-    let count = CertificateDer::pem_slice_iter(&pem).filter(Result::is_ok).count();
-    if count == 0 {
+    let mut certificates = CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok);
+    let Some(first) = certificates.next() else {
         return Err(TlsError::NoCertificate { path: path.to_owned(), what });
+    };
+    if let Some(expiry) = crate::expiry::not_after(&first) {
+        metrics::gauge!(crate::names::CERTIFICATE_EXPIRY, "file" => path.display().to_string()).set(expiry as f64);
     }
     Ok(pem)
 }
@@ -94,6 +99,14 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The committed dev certificates expire at Dec 1 18:37:28 2036 GMT (`openssl x509 -enddate`).
+    #[test]
+    fn the_expiry_of_a_real_certificate_is_read() {
+        let pem = include_bytes!("../../deploy/k8s/overlays/dev/dev-cluster-tls/worker.crt");
+        let der = CertificateDer::pem_slice_iter(pem).next().unwrap().unwrap();
+        assert_eq!(crate::expiry::not_after(&der), Some(2_111_769_448));
+    }
 
     #[test]
     fn missing_and_empty_files_are_named() {

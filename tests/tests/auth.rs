@@ -421,15 +421,25 @@ async fn a_token_removed_from_the_file_is_refused_after_sighup_and_a_bad_rewrite
     let file = dir.path().join("tokens.txt");
     let both = format!("{TOKEN_A} tenant-a\n{TOKEN_B} tenant-b\n");
     std::fs::write(&file, &both).unwrap();
-    let server = start_with_args(vec!["--auth-tokens".into(), file.display().to_string()]).await;
+    let pid_file = dir.path().join("turnstile.pid");
+    let server = start_with_args(vec![
+        "--auth-tokens".into(),
+        file.display().to_string(),
+        "--pid-file".into(),
+        pid_file.display().to_string(),
+    ])
+    .await;
     let mut client = server.client();
     assert_eq!(call(&mut client, TOKEN_A).await, Code::Ok);
     assert_eq!(call(&mut client, TOKEN_B).await, Code::Ok);
 
-    // Revoke A.
+    // Revoke A, signalling the process the pid file names (docs/OPERATIONS.md's step).
+    let pid = until_pid_file(&pid_file).await;
+    assert_eq!(Some(pid), server.pid(), "the pid file names the server");
     let reloaded = logged(&server, "auth reloaded");
     replace(&file, format!("{TOKEN_B} tenant-b\n").as_bytes());
-    server.hangup().unwrap();
+    let hup = std::process::Command::new("kill").args(["-HUP", &pid.to_string()]).status().unwrap();
+    assert!(hup.success());
     until_answer(&server, TOKEN_A, Code::Unauthenticated, "A revoked").await;
     assert_eq!(call(&mut client, TOKEN_B).await, Code::Ok, "B is still listed");
     let line = until_logged(&server, "auth reloaded", reloaded).await;
@@ -459,6 +469,19 @@ async fn a_token_removed_from_the_file_is_refused_after_sighup_and_a_bad_rewrite
     until_answer(&server, TOKEN_A, Code::Ok, "A restored").await;
     assert_eq!(call(&mut client, TOKEN_B).await, Code::Ok);
     server.stop().await;
+    assert!(!pid_file.exists(), "a server that stopped removes its pid file");
+}
+
+/// The pid `--pid-file` holds, once the server has written it (after it reported its addresses).
+async fn until_pid_file(path: &Path) -> u32 {
+    let deadline = tokio::time::Instant::now() + RELOAD_WAIT;
+    loop {
+        if let Some(pid) = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()) {
+            return pid;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no pid in {}", path.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]

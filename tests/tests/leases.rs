@@ -11,7 +11,7 @@ use turnstile_cluster::kv::ClusterKv;
 use turnstile_journal::snapshot::NoSnapshots;
 use turnstile_journal::{JetStreamConfig, JetStreamLog, NatsBus};
 use turnstile_model::SessionRef;
-use turnstile_tests::nats::NatsServer;
+use turnstile_tests::nats::{NatsCluster, NatsServer};
 use turnstile_worker::WorkerConfig;
 use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker};
 use turnstile_worker::ownership::Ownership;
@@ -103,6 +103,48 @@ async fn two_workers_split_the_shards_and_a_leaver_hands_them_over_with_higher_e
     assert!(epoch_after > epoch_before, "{epoch_after} > {epoch_before}");
     assert!(!la.may_write(&in_a, epoch_before), "the leaver no longer writes");
     b.shutdown(Duration::from_secs(2)).await;
+}
+
+/// Workers that start together race for the same free shards. At R3 the stream leader refuses the losers
+/// of such a race with code 10164 ("wrong last sequence" without the number) rather than 10071: they must
+/// still see `Lost` (logged at debug: an expected race), never a store error (a WARN "cannot acquire
+/// lease" and an acquisition round given up, 5–12 of them at every start of a production cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_racing_for_a_lease_at_r3_lose_as_lost_never_as_a_store_error() {
+    let cluster = NatsCluster::start(3).await.unwrap();
+    let mut kvs = Vec::new();
+    for i in 0..3 {
+        let client = async_nats::connect(cluster.node(i).url()).await.unwrap();
+        kvs.push(ClusterKv::open(&client, 3, SHARDS, Duration::from_secs(1)).await.unwrap());
+    }
+    let lease = |i: usize, epoch: u64| turnstile_cluster::kv::ShardLease {
+        owner: format!("w{i}"),
+        addr: "127.0.0.1:9".into(),
+        epoch,
+        expires_at_ms: now_ms() + 60_000,
+    };
+    let mut refusals = Vec::new();
+    for shard in 0..SHARDS {
+        // Three creates of the free shard at once, then three updates on the winner's revision at once.
+        let mut revision = None;
+        for epoch in [1, 2] {
+            let leases: Vec<_> = (0..kvs.len()).map(|i| lease(i, epoch)).collect();
+            let outcomes =
+                futures::future::join_all(kvs.iter().zip(&leases).map(|(kv, l)| kv.put_lease(shard, l, revision)))
+                    .await;
+            let mut won = Vec::new();
+            for outcome in outcomes {
+                match outcome {
+                    Ok(rev) => won.push(rev),
+                    Err(turnstile_cluster::kv::CasError::Lost { shard: s }) => refusals.push(s),
+                    Err(e) => panic!("shard {shard}, epoch {epoch}: a lost race reported as {e}"),
+                }
+            }
+            assert_eq!(won.len(), 1, "exactly one writer wins shard {shard} at epoch {epoch}");
+            revision = Some(won[0]);
+        }
+    }
+    assert_eq!(refusals.len(), 2 * 2 * SHARDS as usize);
 }
 
 #[tokio::test]

@@ -193,6 +193,29 @@ async fn metrics_count_a_scripted_workload_by_what_its_logs_hold() {
     assert_eq!(http_get(http, "/healthz").await, (200, "ok\n".to_owned()));
     assert_eq!(http_get(http, "/readyz").await, (200, "ready\n".to_owned()));
     assert_eq!(http_get(http, "/nope").await.0, 404);
+    build_and_process_series(&after);
+}
+
+/// `turnstile_build_info` names the binary's version and commit, and the standard `process_*` series
+/// describe this server: it has used CPU, holds memory and descriptors, and started during this test run.
+fn build_and_process_series(m: &Metrics) {
+    let builds: Vec<&str> = m.0.lines().filter(|l| l.starts_with("turnstile_build_info{")).collect();
+    assert_eq!(builds.len(), 1, "{}", m.0);
+    let commit = builds[0].split("commit=\"").nth(1).and_then(|c| c.split('"').next()).unwrap();
+    // A commit from the build's checkout (`git rev-parse --short=12`) or the build's TURNSTILE_COMMIT.
+    assert!(commit == "unknown" || (commit.chars().all(|c| c.is_ascii_hexdigit()) && commit.len() >= 7), "{commit}");
+    assert_eq!(m.get("turnstile_build_info", &[("version", env!("CARGO_PKG_VERSION")), ("commit", commit)]), 1.0);
+
+    assert!(m.get("process_cpu_seconds_total", &[]) > 0.0, "{}", m.0);
+    assert!(m.get("process_resident_memory_bytes", &[]) > 1_000_000.0, "{}", m.0);
+    // stdin/out/err, the listeners, the NATS or journal files: more than a handful, fewer than the limit.
+    let fds = m.get("process_open_fds", &[]);
+    assert!(fds > 3.0 && fds < m.get("process_max_fds", &[]), "{fds} open descriptors");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let started = m.get("process_start_time_seconds", &[]);
+    // The server started after this test binary did: within the last hour, and (ticks are 10 ms) not later
+    // than now.
+    assert!(started <= now + 0.02 && started > now - 3600.0, "started {started}, now {now}");
 }
 
 #[tokio::test]

@@ -37,6 +37,17 @@ fn make_pki(dir: &Path) -> Pki {
     pki
 }
 
+/// The body of `GET path` over a fresh HTTP/1.1 connection.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default()
+}
+
 fn probe() -> GetSessionRequest {
     GetSessionRequest { session: Some(SessionRef { tenant: String::new(), id: "nobody".into() }) }
 }
@@ -69,6 +80,29 @@ async fn a_followup_over_tls_works_for_clients_that_trust_the_ca_only() {
     });
     let out = out.await.unwrap().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // The CLI on plain http:// to the TLS port says the server speaks TLS and how to reach it (it said
+    // `INTERNAL: h2 protocol error` or `CANCELLED: operation was canceled`).
+    let bin = tokio::task::spawn_blocking(turnstile_tests::binary::turnstile_bin).await.unwrap().unwrap();
+    let addr = server.addr();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&bin).args(["--addr", &format!("http://{addr}"), "session", "cli-tls"]).output()
+    });
+    let out = out.await.unwrap().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "error: the server at {addr} speaks TLS, and --addr http://{addr} is plain http://: use --addr \
+             https://{addr} with --ca FILE (the CA that signed its certificate)\n"
+        )
+    );
+
+    // The certificate in use is on /metrics with its expiry (rcgen's default not_after: 4096-01-01).
+    let metrics = http_get(server.http_addr().unwrap(), "/metrics").await;
+    let series = format!("turnstile_certificate_expiry_timestamp_seconds{{file=\"{}\"}} ", pki.cert.display());
+    let expiry = metrics.lines().find_map(|l| l.strip_prefix(series.as_str())).unwrap_or_else(|| panic!("{metrics}"));
+    assert_eq!(expiry.parse::<f64>().unwrap(), 67_090_118_400.0, "{series}");
 
     // A client that trusts another CA cannot complete the handshake.
     let other = make_ca("someone else's CA");

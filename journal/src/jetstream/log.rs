@@ -380,7 +380,9 @@ impl JetStreamLog {
                 self.remember(session, LastEvent { seq: last, stream_seq: ack.sequence });
                 Ok(last)
             }
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Err(Refusal::WrongLastSequence),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence || super::wrong_last_sequence(&e) => {
+                Err(Refusal::WrongLastSequence)
+            }
             Err(e) if out_of_space(&e) => {
                 self.forget(session);
                 Err(Refusal::Failed(JournalError::OutOfSpace(format!("appending to {session}: {e}"))))

@@ -609,7 +609,11 @@ impl Leases {
                 self.lock().insert(shard, held);
                 Ok(Some((shard, was_dead)))
             }
-            Err(CasError::Lost { .. }) => Ok(None),
+            // Workers that start together race for the same free shards: losing is expected, not a fault.
+            Err(CasError::Lost { .. }) => {
+                tracing::debug!(shard, "another worker took the shard first");
+                Ok(None)
+            }
             Err(CasError::Store(e)) => {
                 tracing::warn!(shard, error = %e, "cannot acquire lease");
                 Err(())

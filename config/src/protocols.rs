@@ -10,6 +10,7 @@ use serde::Deserialize;
 /// assert!(Config::default().protocols.openai);
 /// let config = Config::from_toml_str("[protocols]\nopenai = false\n").unwrap();
 /// assert!(!config.protocols.openai);
+/// assert!(config.protocols.agui);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -17,10 +18,12 @@ pub struct ProtocolsConfig {
     /// The OpenAI Responses and Conversations API (`/v1/models`, `/v1/responses`, `/v1/conversations`).
     /// Default on.
     pub openai: bool,
+    /// AG-UI (`POST /ag-ui/{agent}`). Default on.
+    pub agui: bool,
 }
 
 impl Default for ProtocolsConfig {
     fn default() -> Self {
-        Self { openai: true }
+        Self { openai: true, agui: true }
     }
 }

@@ -71,12 +71,14 @@ fn worker_config(config: &Config) -> WorkerConfig {
 /// `gateway`'s service code.
 fn http_routes(gateway: &turnstile_gateway::Gateway, config: &Config, auth_enabled: bool) -> axum::Router {
     let console = turnstile_gateway::console::router(gateway.clone(), auth_enabled);
-    let openai = config.protocols.openai.then(|| turnstile_protocols::openai::Agents {
+    let agents = || turnstile_protocols::openai::Agents {
         names: config.agents.keys().cloned().collect(),
         default: config.default_agent.clone(),
         auth_enabled,
-    });
-    console.merge(turnstile_protocols::router(gateway.clone(), turnstile_protocols::Protocols { openai }))
+    };
+    let openai = config.protocols.openai.then(agents);
+    let agui = config.protocols.agui.then(agents);
+    console.merge(turnstile_protocols::router(gateway.clone(), turnstile_protocols::Protocols { openai, agui }))
 }
 
 /// The gateway settings of the configuration: the `WhenIdle` default and the default agent.

@@ -9,9 +9,15 @@
 //!
 //! [`router`] assembles the protocols the configuration switches on ([`Protocols`]); `node` merges it into
 //! the ops HTTP router beside the console. Modules: [`openai`] (the Responses and Conversations API,
-//! docs/PROTOCOLS.md).
+//! docs/PROTOCOLS.md), [`agui`] (AG-UI).
 
+pub mod agui;
 pub mod openai;
+
+/// Stream positions per durable event (decision 0101): an event a protocol streams from durable event `seq`
+/// is numbered `seq * SPAN + k`. Room for the deltas of a 16 MiB reply, and seqs up to 2^29 stay below
+/// 2^53, the largest integer JavaScript clients read exactly.
+pub const SPAN: u64 = 1 << 24;
 
 use axum::Router;
 use turnstile_gateway::Gateway;
@@ -21,13 +27,18 @@ use turnstile_gateway::Gateway;
 pub struct Protocols {
     /// The OpenAI adapter (`[protocols] openai`); `None`: not served.
     pub openai: Option<openai::Agents>,
+    /// The AG-UI adapter (`[protocols] agui`); `None`: not served.
+    pub agui: Option<openai::Agents>,
 }
 
 /// The routes of every protocol switched on, answered by `gateway`'s service code.
 pub fn router(gateway: Gateway, protocols: Protocols) -> Router {
     let mut router = Router::new();
     if let Some(agents) = protocols.openai {
-        router = router.merge(openai::router(gateway, agents));
+        router = router.merge(openai::router(gateway.clone(), agents));
+    }
+    if let Some(agents) = protocols.agui {
+        router = router.merge(agui::router(gateway, agents));
     }
     router
 }

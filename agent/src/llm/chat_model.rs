@@ -192,6 +192,7 @@ impl ChatModel {
         }
         let mut tools = self.tools.clone();
         tools.extend(request.goal.as_ref().map(crate::tools::goal_complete_spec));
+        tools.extend(turn_tools(request));
         ChatRequest {
             system: request.system.clone().or_else(|| self.system.clone()),
             messages,
@@ -262,10 +263,25 @@ fn result_line(name: &str, call_id: &str, output: &str, error: Option<&str>) -> 
     }
 }
 
+/// The client tools of the request's turn (SPEC §19): declared by the messages the turn entered, offered
+/// beside the agent's own; a call of one waits for its client (the driver writes it `awaiting_client`).
+fn turn_tools(request: &ModelRequest) -> Vec<ToolSpec> {
+    let entered = request.history.iter().filter_map(|entry| match entry.as_ref() {
+        TranscriptEntry::User { turn, message, .. } if *turn == request.turn => Some(message),
+        _ => None,
+    });
+    turnstile_model::turn_tools::declared(entered.chain(&request.messages))
+        .into_iter()
+        .map(|tool| ToolSpec { name: tool.name, description: tool.description, input_schema: tool.parameters })
+        .collect()
+}
+
+/// A message as the model sees it: its blocks, but not the declaration of its turn's client tools.
 fn user_message(message: &UserMessage) -> ChatMessage {
     let content = message
         .content
         .iter()
+        .filter(|block| !turnstile_model::turn_tools::is_declaration(block))
         .map(|block| match block {
             ContentBlock::Text { text } => ChatContent::Text(text.clone()),
             ContentBlock::Data { mime, bytes } => ChatContent::Data { mime: mime.clone(), bytes: bytes.clone() },

@@ -8,6 +8,8 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::{Map, Value, json};
+use turnstile_model::turn_tools;
+use turnstile_proto::codec::encode_content_block;
 use turnstile_proto::v1 as pb;
 
 use super::api::{self, Api, Delivery};
@@ -49,7 +51,7 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
     let stream = input::flag(&body, "stream")?;
     let background = input::flag(&body, "background")?;
     input::flag(&body, "store")?;
-    refuse_tools(&body)?;
+    let tools = input::tools(&body)?;
     let metadata = input::metadata(&body)?;
     let delivery = delivery(&body, metadata.as_deref())?;
     let approvals = input::approvals(&body)?;
@@ -66,6 +68,20 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
         let id = decide(&api, &approvals, previous.as_ref(), conversation).await?;
         let meta = Meta { background, ..meta(&api, &id, "input").await? };
         return answer(api, id, meta, stream, background).await;
+    }
+    let outputs = input::function_outputs(&body)?;
+    if !outputs.is_empty() {
+        // The rest of the input is the history the client resends (the Agents SDK sends its whole run).
+        let (_, conversation, previous) = target(&body, None)?;
+        let id = complete(&api, &outputs, previous.as_ref(), conversation).await?;
+        let meta = Meta { background, ..meta(&api, &id, "input").await? };
+        return answer(api, id, meta, stream, background).await;
+    }
+    if let Some(i) = input::first_function_call(&body) {
+        return Err(ApiError::invalid(
+            format!("input[{i}]"),
+            "a function_call item is history: send it with the function_call_output that answers it, or leave it out",
+        ));
     }
     if !messages.iter().any(|m| m.role != Role::Instructions) {
         return Err(ApiError::invalid("input", "input is required: a string or a list of input items"));
@@ -104,7 +120,12 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
     let mut reply = pb::SendReply::default();
     for (i, message) in messages.iter().enumerate() {
         let how = if i == last { delivery } else { Delivery::Inject };
-        reply = api.deliver(&session, message.to_pb(ids::message_id(key.as_deref(), i)), how).await?;
+        let mut message = message.to_pb(ids::message_id(key.as_deref(), i));
+        if i == last && !tools.is_empty() {
+            // The function tools are the client tools of the turn this message opens (decision 0113).
+            message.content.push(encode_content_block(&turn_tools::block(&tools)));
+        }
+        reply = api.deliver(&session, message, how).await?;
     }
     let id = ResponseId { session, seq: reply.seq, turn: reply.turn.unwrap_or(0), conversation, after_approval: false };
     let meta = Meta { model: model.to_owned(), metadata: labels(&info), background };
@@ -152,17 +173,36 @@ async fn decide(
     first.ok_or_else(|| ApiError::invalid("input", "no mcp_approval_response item"))
 }
 
-/// `tools` with anything in it: not yet (docs/PROTOCOLS.md); the agent's own tools run regardless.
-fn refuse_tools(body: &Map<String, Value>) -> Result<(), ApiError> {
-    match body.get("tools") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Array(tools)) if tools.is_empty() => Ok(()),
-        Some(_) => Err(ApiError::invalid(
-            "tools",
-            "request tools are not supported yet: the agent profile's own tools (configuration [agents.NAME] tools) \
-             run server-side and appear as mcp_call items; leave tools empty",
-        )),
+/// Gives each function call its output (`CompleteToolCall`); the response is the rest of their turn from
+/// the first one's call on (decision 0113), like a decision's (decision 0103). Every call must be of one
+/// session, the one `previous_response_id` names if given.
+async fn complete(
+    api: &Api,
+    outputs: &[input::FunctionOutput],
+    previous: Option<&ResponseId>,
+    conversation: bool,
+) -> Result<ResponseId, ApiError> {
+    let mut first: Option<ResponseId> = None;
+    for (i, output) in outputs.iter().enumerate() {
+        let param = format!("input[{i}].call_id");
+        let call = ids::function_call(&output.call_id, &param)?;
+        let named = first.as_ref().map(|f| f.session.as_str()).or(previous.map(|p| p.session.as_str()));
+        if named.is_some_and(|s| s != call.session) {
+            return Err(ApiError::invalid(
+                param,
+                "this function call belongs to another response chain than the rest of the request",
+            ));
+        }
+        api.complete_tool_call(&call.session, &call.call_id, &output.output, None).await.map_err(|e| e.at(&param))?;
+        first.get_or_insert(ResponseId {
+            session: call.session,
+            seq: call.seq,
+            turn: call.turn,
+            conversation: conversation || previous.is_some_and(|p| p.conversation),
+            after_approval: true,
+        });
     }
+    first.ok_or_else(|| ApiError::invalid("input", "no function_call_output item"))
 }
 
 /// `delivery` (body) or `metadata.turnstile_delivery`: how the input reaches a busy session.

@@ -177,7 +177,11 @@ impl RunFold {
             Payload::UserMessage(u) => {
                 let Some(message) = &u.message else { return };
                 if self.turn.is_none() && self.message_id.as_deref() == Some(message.id.as_str()) {
+                    // The run's turn is known from here on; its step started right before this message.
                     self.turn = Some(u.turn);
+                    if let Some(&at) = self.step_starts.get(&(u.turn, u.step)) {
+                        self.emit(out, at * SPAN, json!({"type": "STEP_STARTED", "stepName": step_name(u.step)}));
+                    }
                 }
             }
             Payload::AssistantMessage(a) if self.ours(a.turn) => {
@@ -358,3 +362,6 @@ impl RunFold {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

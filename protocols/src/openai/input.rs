@@ -205,22 +205,17 @@ pub struct FunctionOutput {
     pub output: String,
 }
 
-/// The `function_call_output` items of `input`, each checked. Items before them are history the client
-/// resends (the Agents SDK sends the whole run each time); an item after them is a 400: it could not join
-/// the waiting turn.
+/// The `function_call_output` items that end `input` (with the resent `function_call`s among them), each
+/// checked: the answers to the calls the turn waits for. Everything before them is history the client
+/// resends (the Agents SDK sends its whole run each time, earlier rounds' calls and outputs included).
 pub fn function_outputs(body: &Map<String, Value>) -> Result<Vec<FunctionOutput>, ApiError> {
     let Some(Value::Array(list)) = body.get("input") else { return Ok(Vec::new()) };
+    let is_function =
+        |item: &Value| matches!(item.get("type").and_then(Value::as_str), Some(FUNCTION_OUTPUT | FUNCTION_CALL));
+    let tail = list.len() - list.iter().rev().take_while(|item| is_function(item)).count();
     let mut out = Vec::new();
-    for (i, item) in list.iter().enumerate() {
-        let kind_field = item.get("type").and_then(Value::as_str);
-        if kind_field != Some(FUNCTION_OUTPUT) {
-            if !out.is_empty() && kind_field != Some(FUNCTION_CALL) {
-                return Err(ApiError::invalid(
-                    format!("input[{i}]"),
-                    "input after a function_call_output could not join the turn that waits for the output; send it \
-                     in the next request",
-                ));
-            }
+    for (i, item) in list.iter().enumerate().skip(tail) {
+        if item.get("type").and_then(Value::as_str) != Some(FUNCTION_OUTPUT) {
             continue;
         }
         let at = format!("input[{i}]");
@@ -386,6 +381,27 @@ mod tests {
         let got = items(Some(&input), "input").unwrap();
         assert_eq!(got.iter().map(|m| m.role).collect::<Vec<_>>(), [Role::Developer, Role::User, Role::Assistant]);
         assert_eq!(got[1].text, "a\nb");
+    }
+
+    #[test]
+    fn the_function_call_outputs_that_end_the_input_answer_and_the_rest_is_history() {
+        let output = |id: &str| json!({"type": "function_call_output", "call_id": id, "output": "r"});
+        let call = |id: &str| json!({"type": "function_call", "call_id": id, "name": "f", "arguments": "{}"});
+        let input = json!({"input": [
+            {"role": "user", "content": "hi"}, call("c1"), output("c1"),
+            {"role": "assistant", "content": "next"}, call("c2"), output("c2"),
+        ]});
+        let got = function_outputs(&body(input)).unwrap();
+        assert_eq!(got, vec![FunctionOutput { call_id: "c2".into(), output: "r".into() }]);
+        // A message after the outputs is new input: no outputs answer, and the calls before are history.
+        let input = json!({"input": [call("c1"), output("c1"), {"role": "user", "content": "more"}]});
+        assert_eq!(function_outputs(&body(input.clone())).unwrap(), vec![]);
+        assert_eq!(first_function_call(&body(input)), Some(0));
+        let err = function_outputs(&body(json!({"input": [{"type": "function_call_output", "call_id": "c"}]})));
+        assert_eq!(err.unwrap_err().param.as_deref(), Some("input[0].output"));
+        let tools =
+            tools(&body(json!({"tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "f"}]})));
+        assert_eq!(tools.unwrap_err().param.as_deref(), Some("tools[1].name"));
     }
 
     #[test]

@@ -80,7 +80,9 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
     if let Some(i) = input::first_function_call(&body) {
         return Err(ApiError::invalid(
             format!("input[{i}]"),
-            "a function_call item is history: send it with the function_call_output that answers it, or leave it out",
+            "a function_call item is history this server already has: continue its response with \
+             previous_response_id (or conversation) and send only the new input, or end the input with the \
+             function_call_output items that answer the waiting calls",
         ));
     }
     if !messages.iter().any(|m| m.role != Role::Instructions) {

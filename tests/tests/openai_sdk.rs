@@ -140,4 +140,50 @@ mod cluster {
         assert!(output.status.success(), "the cluster openai tests failed ({}):\n{text}", output.status);
         assert!(!text.contains("Ran 0 tests"), "no Python test ran:\n{text}");
     }
+
+    /// A background response streamed through gateway 0 is streamed again with `starting_after` through
+    /// gateway 1 after gateway 0 was killed (-9) mid-reply: every byte once, in order
+    /// (`tests/protocols/openai_gateway_kill.py`).
+    #[tokio::test]
+    async fn a_response_resumes_through_another_gateway_after_its_gateway_was_killed() {
+        use std::io::{BufRead, BufReader, Write};
+        use std::process::Stdio;
+        let python = std::env::var("TURNSTILE_TEST_PYTHON")
+            .expect("TURNSTILE_TEST_PYTHON is not set: run scripts/setup-test-deps, then `source .ci/test-env.sh`");
+        let mut cluster = Cluster::start(1, 2).await.unwrap();
+        let url = |g: usize| format!("http://127.0.0.1:{}/v1", cluster.gateway_http(g).unwrap().port());
+        let mut child = Command::new(python)
+            .arg("openai_gateway_kill.py")
+            .current_dir(workspace_root().join("tests/protocols"))
+            .env("OPENAI_BASE_URL_0", url(0))
+            .env("OPENAI_BASE_URL_1", url(1))
+            .env("PYTHONUNBUFFERED", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let (stdout, cut) = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            stdout.read_line(&mut line).unwrap();
+            (stdout, line)
+        })
+        .await
+        .unwrap();
+        assert_eq!(cut.trim(), "CUT", "the script did not get to the cut: {cut:?}");
+        cluster.kill9_gateway(0);
+        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let output = tokio::task::spawn_blocking(move || {
+            let mut rest = String::new();
+            let mut stdout = stdout;
+            std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+            (rest, child.wait_with_output().unwrap())
+        })
+        .await
+        .unwrap();
+        let (rest, done) = output;
+        let text = format!("{rest}{}", String::from_utf8_lossy(&done.stderr));
+        assert!(done.status.success() && rest.contains("OK"), "the resume failed ({}):\n{text}", done.status);
+    }
 }

@@ -117,6 +117,11 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
         info = api.set_labels(&session, changed, Vec::new()).await?;
     }
 
+    // A stream's Watch opens while the input is delivered, so its replay does not delay the first event.
+    let early = stream.then(|| {
+        let (api, session, from) = (api.clone(), session.clone(), info.last_seq);
+        tokio::spawn(async move { api.watch(&session, from, true).await.map(|watch| (from, watch)) })
+    });
     // Every message but the last is context for the same first step; the last one asks for the turn.
     let last = messages.len() - 1;
     let mut reply = pb::SendReply::default();
@@ -131,13 +136,21 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
     }
     let id = ResponseId { session, seq: reply.seq, turn: reply.turn.unwrap_or(0), conversation, after_approval: false };
     let meta = Meta { model: model.to_owned(), metadata: labels(&info), background };
+    if let Some(Ok(Ok((from, watch)))) = match early {
+        Some(early) => Some(early.await),
+        None => None,
+    } && from < id.seq
+    {
+        // (A retried create answers the original seq, which an early Watch may have started after.)
+        return Ok(stream_response(api, id, meta, None, Some(watch)));
+    }
     answer(api, id, meta, stream, background).await
 }
 
 /// A created response: its stream, its state now (background), or its state once it ended.
 async fn answer(api: Api, id: ResponseId, meta: Meta, stream: bool, background: bool) -> Answer {
     if stream {
-        return Ok(stream_response(api, id, meta, None));
+        return Ok(stream_response(api, id, meta, None, None));
     }
     let fold = if background { read(&api, id, meta).await? } else { follow(&api, id, meta).await? };
     Ok(ok(fold.snapshot()))
@@ -323,12 +336,22 @@ async fn follow(api: &Api, id: ResponseId, meta: Meta) -> Result<ResponseFold, A
 }
 
 /// The response's events after `starting_after` as server-sent events, until it ends.
-fn stream_response(api: Api, id: ResponseId, meta: Meta, starting_after: Option<u64>) -> Response {
+/// `watch`: one already open from before the response's delivery (events before it are skipped).
+fn stream_response(
+    api: Api,
+    id: ResponseId,
+    meta: Meta,
+    starting_after: Option<u64>,
+    watch: Option<api::Watch>,
+) -> Response {
     let (tx, res) = sse::channel();
     tokio::spawn(async move {
         let mut last = starting_after.unwrap_or(0);
         let ended = async {
-            let mut watch = api.watch(&id.session, id.seq - 1, true).await?;
+            let mut watch = match watch {
+                Some(watch) => watch,
+                None => api.watch(&id.session, id.seq - 1, true).await?,
+            };
             let mut fold = ResponseFold::new(id, meta, starting_after);
             while !fold.finished() {
                 let item = api::next(&mut watch).await?;
@@ -364,7 +387,7 @@ pub(crate) async fn retrieve(
     if param(&pairs, "stream") == Some("true") {
         let last_event = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
         let after = number(&pairs, "starting_after")?.or(last_event);
-        return Ok(stream_response(api, id, meta, after));
+        return Ok(stream_response(api, id, meta, after, None));
     }
     Ok(ok(read(&api, id, meta).await?.snapshot()))
 }

@@ -84,7 +84,13 @@ async fn run_agent(State(shared): State<Shared>, headers: HeaderMap, Path(agent)
     // A reconnect: the rest of the run the id names, after the event the client has.
     if let Some(last) = headers.get("last-event-id").and_then(|v| v.to_str().ok()) {
         let (start, after) = last_event_id(last)?;
-        api.get_session(&input.thread).await.map_err(|e| e.at("threadId"))?;
+        let info = api.get_session(&input.thread).await.map_err(|e| e.at("threadId"))?;
+        if start > info.last_seq {
+            return Err(ApiError::not_found(
+                "Last-Event-ID",
+                format!("no run of thread {} starts at seq {start}", input.thread),
+            ));
+        }
         return Ok(stream(api, RunFold::new(&input.thread, &input.run, start, None, Some(after))));
     }
     let thread = read_thread(&api, &input.thread).await?;

@@ -233,19 +233,27 @@ impl RunFold {
     /// The event the run starts at: `RUN_STARTED`, then the snapshot of a join, and for a continuation the
     /// step the waiting call belongs to (open again in this stream).
     fn on_start(&mut self, seq: u64, payload: &Payload, out: &mut Vec<Event>) {
+        let started = json!({"type": "RUN_STARTED", "threadId": self.thread, "runId": self.run});
+        self.emit(out, seq * SPAN + RUN_STARTED_K, started);
         match payload {
-            Payload::InboxSpliced(s) => self.message_id = s.inserted.last().map(|m| m.id.clone()),
+            Payload::InboxSpliced(s) if !s.inserted.is_empty() => {
+                self.message_id = s.inserted.last().map(|m| m.id.clone());
+            }
             Payload::TurnStart(t) => self.turn = Some(t.turn),
-            Payload::ToolCall(c) => {
+            Payload::ToolCall(c) if c.awaiting_client || c.awaiting_approval => {
                 self.turn = Some(c.turn);
                 if c.awaiting_client {
                     self.client_calls.insert(c.call_id.clone());
                 }
             }
-            _ => {}
+            // Only a `Last-Event-ID` this server did not send names anything else.
+            _ => {
+                let error = json!({"type": "RUN_ERROR", "code": "not_found",
+                                   "message": format!("no run of this thread starts at seq {seq}: send the \
+                                                       Last-Event-ID of an event this run streamed")});
+                return self.finish(None, error, out);
+            }
         }
-        let started = json!({"type": "RUN_STARTED", "threadId": self.thread, "runId": self.run});
-        self.emit(out, seq * SPAN + RUN_STARTED_K, started);
         if let Some(messages) = self.snapshot.take() {
             out.push(Event { number: None, body: json!({"type": "MESSAGES_SNAPSHOT", "messages": messages}) });
         }
@@ -320,8 +328,11 @@ impl RunFold {
     /// Ends the run with `body`; without a durable event of its own it is numbered after anything else.
     fn finish(&mut self, number: Option<u64>, mut body: Value, out: &mut Vec<Event>) {
         self.close_text(number.unwrap_or(u64::MAX >> 11).saturating_sub(1), out);
-        body["threadId"] = json!(self.thread);
-        body["runId"] = json!(self.run);
+        if body["type"] == "RUN_FINISHED" {
+            // RUN_ERROR has no thread or run of its own (AG-UI's events are closed objects).
+            body["threadId"] = json!(self.thread);
+            body["runId"] = json!(self.run);
+        }
         self.emit(out, number.unwrap_or(u64::MAX >> 11), body);
         self.finished = true;
     }

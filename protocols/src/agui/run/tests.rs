@@ -180,3 +180,12 @@ fn a_waiting_call_ends_the_run_and_the_continuation_starts_at_it() {
         assert_eq!(events.last().unwrap().kind(), "RUN_FINISHED");
     }
 }
+
+#[test]
+fn a_start_that_is_no_run_ends_the_stream_with_a_run_error() {
+    let mut fold = RunFold::new("t1", "r1", 3, None, Some(3 * SPAN + 5));
+    let events: Vec<Event> = turn().iter().flat_map(|i| fold.apply(i)).collect();
+    assert!(fold.finished());
+    assert_eq!(kinds(&events), ["RUN_STARTED", "RUN_ERROR"]);
+    assert_eq!(events[1].body["code"], "not_found");
+}

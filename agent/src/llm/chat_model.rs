@@ -379,6 +379,33 @@ mod tests {
     }
 
     #[test]
+    fn the_turns_declared_client_tools_are_offered_and_their_declaration_is_not_content() {
+        use turnstile_model::turn_tools::{self, TurnTool};
+        let tool =
+            |name: &str| TurnTool { name: name.into(), description: "d".into(), parameters: serde_json::json!({}) };
+        let declaring = |id: &str, name: &str| {
+            let mut m = UserMessage::user_text(id, "ask");
+            m.content.push(turn_tools::block(&[tool(name)]));
+            m
+        };
+        // A tool an earlier turn declared is not offered; one this turn's entered message declared is, as is
+        // one the step's own message declares.
+        let history = vec![
+            TranscriptEntry::User { turn: 1, step: 1, message: declaring("m0", "old") },
+            TranscriptEntry::User { turn: 2, step: 1, message: declaring("m1", "get_weather") },
+        ];
+        let mut step = request(history, vec![declaring("m2", "lookup")]);
+        step.step = 2;
+        let chat = model().chat_request(&step);
+        let names: Vec<&str> = chat.tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["get_weather", "lookup"]);
+        assert!(chat.messages.iter().all(|m| match m {
+            ChatMessage::User { content } => content == &vec![ChatContent::Text("ask".into())],
+            _ => true,
+        }));
+    }
+
+    #[test]
     fn maps_system_history_with_paired_tool_calls_then_the_step() {
         let image = UserMessage {
             id: MessageId("m1".into()),

@@ -37,22 +37,6 @@ async fn agui_client(backend: Backend) {
 
 turnstile_tests::backend_tests!(agui_client);
 
-/// The same checks on a cluster of one worker and two gateways (auth off): the frontend tool's answer, the
-/// interrupt's resume and the reconnect go through the other gateway than the run they continue.
-#[tokio::test]
-async fn any_gateway_answers_and_resumes_a_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("turnstile.toml");
-    std::fs::write(&config, GUARDED).unwrap();
-    let env = vec![("TURNSTILE_CONFIG".to_owned(), config.display().to_string())];
-    let options = ClusterOptions { worker_env: env.clone(), gateway_env: env, ..ClusterOptions::new(1, 2) };
-    let cluster = Cluster::start_with(options).await.unwrap();
-    let url = |g: usize| format!("http://127.0.0.1:{}", cluster.gateway_http(g).unwrap().port());
-    let text =
-        node(&[("AGUI_URL", url(0)), ("AGUI_URL_OTHER", url(1)), ("TOKEN_A", "unused-auth-is-off".into())]).await;
-    assert!(text.contains("all checks passed"), "{text}");
-}
-
 /// Runs the AG-UI client checks with `env`; their output, or a panic with it when they failed.
 async fn node(env: &[(&str, String)]) -> String {
     let modules = std::env::var("AGUI_NODE_MODULES")
@@ -102,4 +86,24 @@ async fn agui_can_be_switched_off() {
     let addr = off.http_addr().unwrap();
     assert_eq!(status(addr, "/ag-ui/scripted").await, 404);
     assert_eq!(status(addr, "/v1/models").await, 405, "the OpenAI API stays served");
+}
+
+mod cluster {
+    use super::*;
+
+    /// The same checks on a cluster of one worker and two gateways (auth off): the frontend tool's answer, the
+    /// interrupt's resume and the reconnect go through the other gateway than the run they continue.
+    #[tokio::test]
+    async fn any_gateway_answers_and_resumes_a_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("turnstile.toml");
+        std::fs::write(&config, GUARDED).unwrap();
+        let env = vec![("TURNSTILE_CONFIG".to_owned(), config.display().to_string())];
+        let options = ClusterOptions { worker_env: env.clone(), gateway_env: env, ..ClusterOptions::new(1, 2) };
+        let cluster = Cluster::start_with(options).await.unwrap();
+        let url = |g: usize| format!("http://127.0.0.1:{}", cluster.gateway_http(g).unwrap().port());
+        let text =
+            node(&[("AGUI_URL", url(0)), ("AGUI_URL_OTHER", url(1)), ("TOKEN_A", "unused-auth-is-off".into())]).await;
+        assert!(text.contains("all checks passed"), "{text}");
+    }
 }

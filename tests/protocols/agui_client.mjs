@@ -28,6 +28,12 @@ async function run(agent, params = {}) {
 }
 
 const types = (events) => events.map((e) => e.type);
+const post = (name, body, token = process.env.TOKEN_A) =>
+  fetch(`${base}/ag-ui/${name}`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  });
 const say = (agent, content) => agent.addMessage({ id: randomUUID(), role: "user", content });
 const last = (agent, role) => agent.messages.filter((m) => m.role === role).at(-1);
 
@@ -77,6 +83,15 @@ const last = (agent, role) => agent.messages.filter((m) => m.role === role).at(-
   assert.deepEqual(events.at(-1).outcome.pendingToolCallIds, [start.toolCallId]);
   const call = last(agent, "assistant").toolCalls.at(-1);
   assert.equal(call.function.arguments, '{"city": "Paris"}');
+  // New input that does not answer the call is refused, naming what the thread waits for.
+  const early = await post("scripted", {
+    threadId: agent.threadId, runId: randomUUID(), tools,
+    messages: [...agent.messages, { id: randomUUID(), role: "user", content: "never mind" }],
+  });
+  assert.equal(early.status, 409);
+  const refusal = (await early.json()).error;
+  assert.equal(refusal.param, "messages");
+  assert.ok(refusal.message.includes(call.id), refusal.message);
   agent.addMessage({ id: randomUUID(), role: "tool", toolCallId: call.id, content: "sunny" });
   moveToOther(agent);
   const answered = await run(agent, { tools });
@@ -167,19 +182,18 @@ const last = (agent, role) => agent.messages.filter((m) => m.role === role).at(-
 
 // 5. Bad input: the field at fault is named.
 {
-  const response = await fetch(`${base}/ag-ui/scripted`, {
-    method: "POST",
-    headers: { Authorization: `Bearer ${process.env.TOKEN_A}`, "Content-Type": "application/json" },
-    body: JSON.stringify({ runId: "r", messages: [] }),
-  });
+  const response = await post("scripted", { runId: "r", messages: [] });
   assert.equal(response.status, 400);
   assert.equal((await response.json()).error.param, "threadId");
-  const unknown = await fetch(`${base}/ag-ui/nope`, {
-    method: "POST",
-    headers: { Authorization: `Bearer ${process.env.TOKEN_A}`, "Content-Type": "application/json" },
-    body: JSON.stringify({ threadId: "t", runId: "r", messages: [] }),
-  });
+  const badRole = await post("scripted", { threadId: randomUUID(), runId: "r", messages: [{ id: "m", role: "robot" }] });
+  assert.equal(badRole.status, 400);
+  assert.equal((await badRole.json()).error.param, "messages[0].role");
+  const unknown = await post("nope", { threadId: "t", runId: "r", messages: [] });
   assert.equal(unknown.status, 404);
+  if (process.env.TOKEN_B) {
+    const badToken = await post("scripted", { threadId: "t", runId: "r", messages: [] }, "not-a-token");
+    assert.equal(badToken.status, 401);
+  }
 }
 
 console.log("all checks passed");

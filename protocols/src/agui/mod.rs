@@ -108,6 +108,23 @@ async fn run_agent(State(shared): State<Shared>, headers: HeaderMap, Path(agent)
     // Answers first: they continue the waiting turn, which this run then is.
     let mut continued = answer_interrupts(&api, &input, &thread).await?;
     continued = answer_tool_calls(&api, &input, &thread).await?.or(continued);
+    if let (Some(waiting), None) = (&thread.waiting, continued) {
+        // New input would wait behind a turn nobody answers: say what the thread waits for instead.
+        if input.messages.iter().any(|m| is_new(m, &thread)) {
+            let how = if waiting.client {
+                format!("a tool message with toolCallId {:?} (the result of {})", waiting.call_id, waiting.name)
+            } else {
+                format!("a resume entry for interrupt {:?} (the approval of {})", waiting.call_id, waiting.name)
+            };
+            return Err(ApiError {
+                status: axum::http::StatusCode::CONFLICT,
+                message: format!("thread {} waits for {how}; send it with or before new messages", input.thread),
+                kind: "invalid_request_error",
+                param: Some("messages".into()),
+                code: Some("failed_precondition".into()),
+            });
+        }
+    }
     let delivered = deliver(&api, &input, &thread).await?;
     let fold = match (continued, delivered, thread.open_turn) {
         (Some(seq), _, _) => RunFold::new(&input.thread, &input.run, seq, None, None),
@@ -305,12 +322,9 @@ async fn answer_tool_calls(api: &Api, input: &RunInput, thread: &Thread) -> Resu
 async fn deliver(api: &Api, input: &RunInput, thread: &Thread) -> Result<Option<pb::SendReply>, ApiError> {
     let mut new = Vec::new();
     for (i, message) in input.messages.iter().enumerate() {
-        let id = message["id"].as_str().unwrap_or_default();
-        let role = message["role"].as_str().unwrap_or_default();
-        if matches!(role, "tool" | "activity" | "reasoning") || thread.known.contains(id) || id.starts_with("ts-") {
-            continue;
+        if is_new(message, thread) {
+            new.push(user_message(message, &format!("messages[{i}]"))?);
         }
-        new.push(user_message(message, &format!("messages[{i}]"))?);
     }
     let Some(last) = new.len().checked_sub(1) else { return Ok(None) };
     let mut reply = None;
@@ -322,6 +336,13 @@ async fn deliver(api: &Api, input: &RunInput, thread: &Thread) -> Result<Option<
         reply = Some(api.deliver(&input.thread, message, how).await.map_err(|e| e.at("messages"))?);
     }
     Ok(reply)
+}
+
+/// A message of the request the session does not have: not a tool answer, not one the adapter minted.
+fn is_new(message: &Value, thread: &Thread) -> bool {
+    let id = message["id"].as_str().unwrap_or_default();
+    let role = message["role"].as_str().unwrap_or_default();
+    !(matches!(role, "tool" | "activity" | "reasoning") || thread.known.contains(id) || id.starts_with("ts-"))
 }
 
 /// An AG-UI message as the message delivered, its id the MessageId.

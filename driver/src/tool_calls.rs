@@ -16,8 +16,9 @@ impl Driver {
     pub(super) fn next_tool_call(&mut self) {
         loop {
             // The turn's own client tools, declared by the messages it entered (read from the fold, so a new
-            // owner sees the same ones).
-            let client_tools = turn_tools::declared(self.state.open_turn.iter().flat_map(|o| &o.admitted));
+            // owner sees the same ones; a turn resumed after a failover has those of the turn it resumes).
+            let Some(turn) = self.turn.as_ref().map(|t| t.turn) else { return };
+            let client_tools = turn_tools::of_turn(self.state.transcript.entries(), turn, &[]);
             let Some(t) = self.turn.as_mut() else { return };
             let (turn, step, aborting, concluded) = (t.turn, t.step, t.cancel.is_some(), t.concluded);
             let needs_approval =

@@ -102,3 +102,22 @@ fn cancel_ends_a_waiting_client_call_like_an_unstarted_one() {
     ]);
     assert_eq!(refused(complete(&mut sim, "call-1-1-1", "late")).0, "failed-precondition");
 }
+
+#[test]
+fn a_turn_resumed_after_a_failover_mid_step_keeps_the_client_tools_of_the_turn_it_repairs() {
+    let sim = waiting_call();
+    // The owner died right after the step entered its message: no reply, no call yet.
+    let entered = sim.log.iter().position(|e| e.event_type() == "user/message").unwrap();
+    let log = sim.log[..=entered].to_vec();
+    let mut next = Sim::recover(log, Limits::default(), 2, 10_000);
+    next.expect(&[
+        "D step/end 1.1",
+        "D turn/end 1 interrupted",
+        "D turn/start 2",
+        "D step/start 2.1",
+        "D assistant/message 2.1 \"echo: go\" calls[get_weather]",
+        "D tool/call 2.1 get_weather awaiting-client",
+    ]);
+    assert_eq!(next.tool_requests.len(), 0, "the resumed turn's call of the declared tool waits for its client");
+    written(complete(&mut next, "call-2-1-1", "rain"));
+}

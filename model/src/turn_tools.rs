@@ -21,6 +21,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::message::{ContentBlock, UserMessage};
+use crate::transcript::TranscriptEntry;
 
 /// The mime of the data block that declares a message's client tools.
 pub const TURN_TOOLS_MIME: &str = "application/vnd.turnstile.turn-tools+json";
@@ -73,6 +74,26 @@ pub fn declared<'a>(messages: impl IntoIterator<Item = &'a UserMessage>) -> Vec<
     tools
 }
 
+/// The client tools of turn `turn`, from the session's transcript `entries` and the messages `entering` the
+/// step being asked for: those the turn's entered messages declare. A turn that entered no message of its own
+/// (one resumed after a failover, SPEC §6, which answers the prompt of the turn it repairs) has those of the
+/// latest turn before it that did.
+pub fn of_turn<'a>(
+    entries: impl IntoIterator<Item = &'a TranscriptEntry>,
+    turn: u64,
+    entering: &'a [UserMessage],
+) -> Vec<TurnTool> {
+    let entered: Vec<(u64, &UserMessage)> = entries
+        .into_iter()
+        .filter_map(|e| match e {
+            TranscriptEntry::User { turn: t, message, .. } if (1..=turn).contains(t) => Some((*t, message)),
+            _ => None,
+        })
+        .collect();
+    let own = if entering.is_empty() { entered.iter().map(|(t, _)| *t).max() } else { Some(turn) };
+    declared(entered.iter().filter(|(t, _)| Some(*t) == own).map(|(_, m)| *m).chain(entering))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +115,24 @@ mod tests {
         assert!(!is_declaration(&b.content[0]));
         let parsed: Vec<TurnTool> = serde_json::from_str(r#"[{"name": "n"}]"#).unwrap();
         assert_eq!(parsed, vec![tool("n", "")]);
+    }
+
+    #[test]
+    fn a_turn_has_its_own_declarations_and_a_resumed_turn_those_of_the_turn_it_resumes() {
+        let tool = |name: &str| TurnTool { name: name.into(), description: String::new(), parameters: any_object() };
+        let declaring = |id: &str, name: &str| {
+            let mut m = UserMessage::user_text(id, "x");
+            m.content.push(block(&[tool(name)]));
+            m
+        };
+        let user = |turn, message| TranscriptEntry::User { turn, step: 1, message };
+        let entries =
+            [user(0, declaring("o", "out_of_turn")), user(1, declaring("a", "one")), user(2, declaring("b", "two"))];
+        assert_eq!(of_turn(&entries, 2, &[]), vec![tool("two")]);
+        assert_eq!(of_turn(&entries, 1, &[]), vec![tool("one")]);
+        // Turn 3 entered nothing yet: resumed after turn 2, it has turn 2's tools; entering a message, its own.
+        assert_eq!(of_turn(&entries, 3, &[]), vec![tool("two")]);
+        assert_eq!(of_turn(&entries, 3, &[declaring("c", "three")]), vec![tool("three")]);
+        assert_eq!(of_turn(&entries[..1], 1, &[]), vec![]);
     }
 }

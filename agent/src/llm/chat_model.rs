@@ -263,14 +263,12 @@ fn result_line(name: &str, call_id: &str, output: &str, error: Option<&str>) -> 
     }
 }
 
-/// The client tools of the request's turn (SPEC §19): declared by the messages the turn entered, offered
-/// beside the agent's own; a call of one waits for its client (the driver writes it `awaiting_client`).
+/// The client tools of the request's turn (SPEC §19): declared by the messages the turn entered (or, for a
+/// turn resumed after a failover, the turn it resumes), offered beside the agent's own; a call of one waits
+/// for its client (the driver writes it `awaiting_client`, by the same rule).
 fn turn_tools(request: &ModelRequest) -> Vec<ToolSpec> {
-    let entered = request.history.iter().filter_map(|entry| match entry.as_ref() {
-        TranscriptEntry::User { turn, message, .. } if *turn == request.turn => Some(message),
-        _ => None,
-    });
-    turnstile_model::turn_tools::declared(entered.chain(&request.messages))
+    let history = request.history.iter().map(AsRef::as_ref);
+    turnstile_model::turn_tools::of_turn(history, request.turn, &request.messages)
         .into_iter()
         .map(|tool| ToolSpec { name: tool.name, description: tool.description, input_schema: tool.parameters })
         .collect()

@@ -37,6 +37,7 @@ mod idle;
 mod latency;
 mod model;
 mod nats_loss;
+mod protocols;
 mod raw;
 mod reads;
 mod resume;
@@ -152,6 +153,10 @@ struct Args {
     /// resumed delta; SPEC §14); 0 skips it. The cluster phase runs it across its two gateways too.
     #[arg(long, default_value_t = 100)]
     resume_rounds: usize,
+    /// Rounds of the protocols phase (`POST /v1/responses` streamed against a gRPC Watch of the same turn:
+    /// time to first SSE byte and delta, deltas/s; issue 39); 0 skips it.
+    #[arg(long, default_value_t = 50)]
+    protocols_rounds: usize,
     /// Seconds of load of the cluster phase (`turnstile-bench cluster`: 3 nats-servers with R3 streams,
     /// 3 workers and 2 gateways of `TURNSTILE_BIN`, `--clients` over `--sessions`); 0 skips the phase.
     #[arg(long, default_value_t = 15.0)]
@@ -256,6 +261,11 @@ struct Summary {
     resume_first_delta_p50_ms: Option<f64>,
     resume_first_delta_p99_ms: Option<f64>,
     resume_caught_up_p50_ms: Option<f64>,
+    /// `POST /v1/responses` streamed beside a gRPC Watch of the same turn (`protocols` phase): the first
+    /// text delta's p50 through the adapter minus through the Watch (goal ≤ 1 ms), and the ratio of their
+    /// deltas/s p50 (goal ≥ 0.95).
+    protocols_first_delta_added_p50_ms: Option<f64>,
+    protocols_deltas_per_s_ratio: Option<f64>,
     /// The same through the cluster's other gateway (`cluster` phase).
     cluster_resume_first_delta_p50_ms: Option<f64>,
     cluster_resume_first_delta_p99_ms: Option<f64>,
@@ -303,6 +313,7 @@ struct Report {
     failover: Option<serde_json::Value>,
     steer: Option<steer::SteerReport>,
     resume: Option<resume::ResumeReport>,
+    protocols: Option<protocols::ProtocolsReport>,
     /// `turnstile-bench cluster --json`, run as a child process.
     cluster: Option<serde_json::Value>,
     /// `turnstile-bench model --json`, run as a child process.
@@ -370,6 +381,8 @@ impl Summary {
             resume_first_delta_p50_ms: phases.resume.as_ref().map(|r| r.first_resumed_delta.p50_ms),
             resume_first_delta_p99_ms: phases.resume.as_ref().map(|r| r.first_resumed_delta.p99_ms),
             resume_caught_up_p50_ms: phases.resume.as_ref().map(|r| r.caught_up.p50_ms),
+            protocols_first_delta_added_p50_ms: phases.protocols.as_ref().map(|p| p.first_delta_added_p50_ms),
+            protocols_deltas_per_s_ratio: phases.protocols.as_ref().map(|p| p.deltas_per_s_ratio),
             cluster_resume_first_delta_p50_ms: cluster_f64("cluster_resume_first_delta_p50_ms"),
             cluster_resume_first_delta_p99_ms: cluster_f64("cluster_resume_first_delta_p99_ms"),
             model_ttft_p50_ms: model_f64("turnstile", "ttft_ms"),
@@ -407,6 +420,7 @@ struct Phases {
     failover: Option<serde_json::Value>,
     steer: Option<steer::SteerReport>,
     resume: Option<resume::ResumeReport>,
+    protocols: Option<protocols::ProtocolsReport>,
     cluster: Option<serde_json::Value>,
     model: Option<serde_json::Value>,
     model_skipped: Option<String>,
@@ -531,6 +545,7 @@ async fn main() -> Result<()> {
         failover: phases.failover,
         steer: phases.steer,
         resume: phases.resume,
+        protocols: phases.protocols,
         cluster: phases.cluster,
         model: phases.model,
         model_skipped: phases.model_skipped,
@@ -583,6 +598,24 @@ async fn measure(
         Some(resume::run(&dev.url(), &dev.url(), run_id, &opts).await?)
     } else {
         None
+    };
+    let protocols = match (args.protocols_rounds, dev.http()) {
+        (0, _) => None,
+        (rounds, Some(http)) => {
+            let opts = protocols::ProtocolsOpts {
+                rounds,
+                warmup: (rounds / 10).max(1),
+                delay_ms: protocols::DEFAULT_DELAY_MS,
+            };
+            eprintln!(
+                "protocols: {} rounds + {} warm-up of /v1/responses beside a Watch ...",
+                opts.rounds, opts.warmup
+            );
+            Some(protocols::run(&dev.url(), http, run_id, &opts).await?)
+        }
+        (_, None) => {
+            anyhow::bail!("the protocols phase needs turnstile dev's --http address (its ready file has none)")
+        }
     };
     let raw_async = if args.skip_raw {
         None
@@ -659,6 +692,7 @@ async fn measure(
         failover: None,
         steer,
         resume,
+        protocols,
         cluster: None,
         model: None,
         model_skipped: None,
@@ -790,6 +824,31 @@ fn markdown(report: &Report, args: &Args) -> String {
             );
         }
         let _ = writeln!(out);
+    }
+    if let Some(p) = &report.protocols {
+        let _ = writeln!(
+            out,
+            "### `POST /v1/responses` (stream) beside a gRPC Watch of the same turn ({} rounds, a {} ms reply)\n",
+            p.rounds, p.delay_ms
+        );
+        let _ = writeln!(out, "| measured (from the request sent) | p50 | p90 | p99 | max |");
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|");
+        for (name, q) in [
+            ("first SSE byte", &p.sse_first_byte),
+            ("first SSE text delta", &p.sse_first_delta),
+            ("first Watch text delta", &p.watch_first_delta),
+        ] {
+            let _ = writeln!(
+                out,
+                "| {name} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms |",
+                q.p50_ms, q.p90_ms, q.p99_ms, q.max_ms
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nFirst delta added by the adapter (p50): {:.3} ms; deltas/s p50: SSE {:.1}, Watch {:.1} ({:.3}×)\n",
+            p.first_delta_added_p50_ms, p.sse_deltas_per_s_p50, p.watch_deltas_per_s_p50, p.deltas_per_s_ratio
+        );
     }
     if let Some(st) = &report.steer {
         let _ = writeln!(

@@ -79,6 +79,8 @@ pub fn default_turnstile_bin() -> PathBuf {
 pub struct Dev {
     process: ChildProcess,
     addr: SocketAddr,
+    /// The `--http` listener (ops, console and the agent protocols).
+    http: Option<SocketAddr>,
     channel: Channel,
     _scratch: TempDir,
 }
@@ -118,8 +120,14 @@ impl Dev {
             .wait_for("its --ready-file", STARTUP, |pid| read_turnstile_ready(&ready_file, pid).and_then(|r| r.grpc))
             .await?;
         process.set_name(format!("turnstile dev on {addr}"));
+        let http = process.pid().and_then(|pid| read_turnstile_ready(&ready_file, pid)).and_then(|r| r.http);
         let channel = wait_ready(&mut process, addr).await?;
-        Ok(Self { process, addr, channel, _scratch: scratch })
+        Ok(Self { process, addr, http, channel, _scratch: scratch })
+    }
+
+    /// The `--http` listener, when the ready file named one.
+    pub fn http(&self) -> Option<SocketAddr> {
+        self.http
     }
 
     pub fn url(&self) -> String {

@@ -193,13 +193,16 @@ impl Renderer {
                 }
                 (2, line)
             }
-            EventPayload::ToolCall { call, awaiting_approval, .. } => {
+            EventPayload::ToolCall { call, awaiting_approval, awaiting_client, .. } => {
                 let mut line = format!("tool/call {} {} {}", call.call_id, call.name, call.arguments);
                 if *awaiting_approval {
                     line.push_str(&format!(
                         " AWAITING APPROVAL (turnstile decide {} {} --approve|--deny)",
                         e.session.id, call.call_id
                     ));
+                }
+                if *awaiting_client {
+                    line.push_str(" AWAITING ITS CLIENT (the caller that declared the tool answers it)");
                 }
                 (2, line)
             }

@@ -41,7 +41,11 @@ fn item_line(item: &pb::TranscriptItem) -> String {
             format!("assistant: {}{calls}{cut}", a.text)
         }
         Some(Item::ToolCall(c)) => {
-            let waiting = if c.awaiting_approval { " (awaiting approval)" } else { "" };
+            let waiting = match (c.awaiting_approval, c.awaiting_client) {
+                (true, _) => " (awaiting approval)",
+                (_, true) => " (awaiting its client)",
+                _ => "",
+            };
             format!("tool call {} {} {}{waiting}", c.name, c.call_id, c.arguments)
         }
         Some(Item::ToolDecision(d)) => {

@@ -148,6 +148,13 @@ pub fn encode_command(command: &Command) -> PbCommand {
             approve: *approve,
             reason: reason.clone(),
         }),
+        Command::CompleteToolCall { call_id, output, error } => {
+            PbCommand::CompleteToolCall(cpb::CompleteToolCallCommand {
+                call_id: call_id.clone(),
+                output: output.clone(),
+                error: error.clone(),
+            })
+        }
         Command::SetGoal { goal_id, objective, max_rounds } => PbCommand::SetGoal(cpb::SetGoalCommand {
             goal_id: goal_id.clone(),
             objective: objective.clone(),
@@ -265,6 +272,12 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
                 return Err(CodecError::invalid("decide.call_id", "is empty; name the tool call to decide"));
             }
             Command::Decide { call_id: d.call_id, approve: d.approve, reason: d.reason }
+        }
+        PbCommand::CompleteToolCall(c) => {
+            if c.call_id.is_empty() {
+                return Err(CodecError::invalid("complete_tool_call.call_id", "is empty; name the call to complete"));
+            }
+            Command::CompleteToolCall { call_id: c.call_id, output: c.output, error: c.error }
         }
         // The driver checks the goal id, the objective and the round budget against its limits.
         PbCommand::SetGoal(g) => {
@@ -513,6 +526,12 @@ mod tests {
         all.push(Command::Configure { agent: "assistant".into(), inject_mode: InjectMode::Pending });
         all.push(Command::Configure { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn });
         all.push(Command::Decide { call_id: "call-1".into(), approve: false, reason: "too risky".into() });
+        all.push(Command::CompleteToolCall { call_id: "call-2".into(), output: "sunny".into(), error: None });
+        all.push(Command::CompleteToolCall {
+            call_id: "call-3".into(),
+            output: String::new(),
+            error: Some("no".into()),
+        });
         all.push(Command::SetGoal { goal_id: "g-1".into(), objective: "ship it".into(), max_rounds: 4 });
         for action in [GoalAction::Pause, GoalAction::Resume, GoalAction::Clear] {
             all.push(Command::UpdateGoal { goal_id: "g-1".into(), action });

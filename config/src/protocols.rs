@@ -12,6 +12,7 @@ use serde::Deserialize;
 /// assert!(!config.protocols.openai);
 /// let config = Config::from_toml_str("[protocols]\nmcp = false\na2a = false\n").unwrap();
 /// assert!(!config.protocols.mcp && !config.protocols.a2a && config.protocols.openai);
+/// assert!(config.protocols.agui);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -23,10 +24,12 @@ pub struct ProtocolsConfig {
     pub mcp: bool,
     /// A2A (`/a2a/{agent}` and each agent's card at `/a2a/{agent}/.well-known/agent-card.json`). Default on.
     pub a2a: bool,
+    /// AG-UI (`POST /ag-ui/{agent}`). Default on.
+    pub agui: bool,
 }
 
 impl Default for ProtocolsConfig {
     fn default() -> Self {
-        Self { openai: true, mcp: true, a2a: true }
+        Self { openai: true, mcp: true, a2a: true, agui: true }
     }
 }

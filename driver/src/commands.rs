@@ -36,6 +36,7 @@ impl Driver {
             Command::Clear => Ok(self.clear()),
             Command::Configure { agent, inject_mode } => self.configure(agent, inject_mode),
             Command::Decide { call_id, approve, reason } => self.decide(&call_id, approve, reason, false),
+            Command::CompleteToolCall { call_id, output, error } => self.complete_tool_call(&call_id, output, error),
             Command::SetGoal { goal_id, objective, max_rounds } => self.set_goal(goal_id, objective, max_rounds),
             Command::UpdateGoal { goal_id, action } => self.update_goal(&goal_id, action),
             Command::Compact => match self.compact_command(id) {

@@ -184,7 +184,7 @@ impl Driver {
     pub fn is_parked(&self) -> bool {
         match &self.turn {
             None => true,
-            // A call waiting for approval runs nothing: the next owner waits for the decision instead.
+            // A call waiting for approval (or for its client) runs nothing: the next owner waits instead.
             Some(t) => {
                 matches!(t.phase, turn::Phase::Parked | turn::Phase::Tools { running: None, awaiting: Some(_), .. })
             }

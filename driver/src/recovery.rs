@@ -18,7 +18,7 @@ impl Driver {
         self.on_timer(now_ms);
         self.recovering = false;
         let mut resume = Resume::default();
-        if self.resume_awaiting_approval() {
+        if self.resume_awaiting() {
             return;
         }
         if let Some(open) = self.state.open_turn.clone() {
@@ -77,11 +77,16 @@ impl Driver {
         self.open_turn(resume);
     }
 
-    /// A turn cut while a call waited for approval is not interrupted: nothing of it was running, so the
-    /// new owner takes the turn over in place and waits for the same decision (SPEC §9).
-    fn resume_awaiting_approval(&mut self) -> bool {
+    /// A turn cut while a call waited for approval (SPEC §9) or for its client (SPEC §19) is not
+    /// interrupted: nothing of it was running, so the new owner takes the turn over in place and waits for
+    /// the same answer.
+    fn resume_awaiting(&mut self) -> bool {
         let Some(open) = self.state.open_turn.clone() else { return false };
-        let Some(waiting) = open.awaiting.clone() else { return false };
+        let (waiting, for_client) = match (open.awaiting.clone(), open.awaiting_client.clone()) {
+            (Some(call), _) => (call, false),
+            (None, Some(call)) => (call, true),
+            (None, None) => return false,
+        };
         if !open.step_open || open.open_calls.len() != 1 {
             return false;
         }
@@ -94,7 +99,7 @@ impl Driver {
             turn: open.turn,
             proposal: 1,
             step: open.step,
-            phase: Phase::Tools { calls, next, running: None, awaiting: Some(waiting.call_id) },
+            phase: Phase::Tools { calls, next, running: None, awaiting: Some(waiting.call_id), for_client },
             cancel: None,
             last_step: None,
             max_tokens: open.max_tokens,

@@ -1,8 +1,11 @@
 //! A step's tool calls (SPEC §4, §9): run in model order, each waiting for approval when its agent's rules
-//! say so (`Decide`), its result and context messages recorded, the calls an abort left unstarted closed
+//! say so (`Decide`), or for its client when it is a client tool of the turn (SPEC §19,
+//! `CompleteToolCall`), its result and context messages recorded, the calls an abort left unstarted closed
 //! with an error result.
 
-use turnstile_model::{CommandError, CommandReply, EventPayload, MessageSource, Target, ToolCallSpec, UserMessage};
+use turnstile_model::{
+    CommandError, CommandReply, EventPayload, MessageSource, Target, ToolCallSpec, UserMessage, turn_tools,
+};
 
 use super::turn::{NOT_RUN_ABORTED, Phase, StepResult};
 use super::{Driver, Effect, GOAL_COMPLETE, OpId, ToolOutcome, ToolRequest};
@@ -12,17 +15,27 @@ impl Driver {
     /// calls not yet started get a synthetic `tool/call` + error `tool/result`.
     pub(super) fn next_tool_call(&mut self) {
         loop {
+            // The turn's own client tools, declared by the messages it entered (read from the fold, so a new
+            // owner sees the same ones; a turn resumed after a failover has those of the turn it resumes).
+            let Some(turn) = self.turn.as_ref().map(|t| t.turn) else { return };
+            let client_tools = turn_tools::of_turn(self.state.transcript.entries(), turn, &[]);
             let Some(t) = self.turn.as_mut() else { return };
             let (turn, step, aborting, concluded) = (t.turn, t.step, t.cancel.is_some(), t.concluded);
             let needs_approval =
                 |name: &str| self.agents.resolve(Some(&t.agent), &self.state.session.tenant).1.approval.requires(name);
-            let Phase::Tools { calls, next, awaiting, .. } = &mut t.phase else { return };
+            let Phase::Tools { calls, next, awaiting, for_client, .. } = &mut t.phase else { return };
             let Some(call) = calls.get(*next).cloned() else {
                 return self.end_step(if concluded { StepResult::Completed } else { StepResult::Continue });
             };
             if aborting {
                 *next += 1;
-                self.write(EventPayload::ToolCall { turn, step, call: call.clone(), awaiting_approval: false });
+                self.write(EventPayload::ToolCall {
+                    turn,
+                    step,
+                    call: call.clone(),
+                    awaiting_approval: false,
+                    awaiting_client: false,
+                });
                 self.write(EventPayload::ToolResult {
                     turn,
                     step,
@@ -39,10 +52,30 @@ impl Driver {
                 self.goal_complete_call(turn, step, call);
                 continue;
             }
+            if client_tools.iter().any(|tool| tool.name == call.name) {
+                // The caller that declared the tool runs it: durable before anyone can answer it, then
+                // the turn waits for `CompleteToolCall` (its client asks its own user if it must).
+                *awaiting = Some(call.call_id.clone());
+                *for_client = true;
+                self.write(EventPayload::ToolCall {
+                    turn,
+                    step,
+                    call,
+                    awaiting_approval: false,
+                    awaiting_client: true,
+                });
+                return;
+            }
             if needs_approval(&call.name) {
                 // Durable before anyone can decide it; watchers see the call waiting.
                 *awaiting = Some(call.call_id.clone());
-                self.write(EventPayload::ToolCall { turn, step, call, awaiting_approval: true });
+                self.write(EventPayload::ToolCall {
+                    turn,
+                    step,
+                    call,
+                    awaiting_approval: true,
+                    awaiting_client: false,
+                });
                 return;
             }
             self.run_tool_call(call);
@@ -60,7 +93,8 @@ impl Driver {
         self.next_op += 1;
         *running = Some(op);
         if !approved {
-            self.write(EventPayload::ToolCall { turn, step, call: call.clone(), awaiting_approval: false });
+            let call = call.clone();
+            self.write(EventPayload::ToolCall { turn, step, call, awaiting_approval: false, awaiting_client: false });
         }
         self.effects.push_back(Effect::Tool(ToolRequest { op, agent, turn, step, call }));
     }
@@ -75,7 +109,9 @@ impl Driver {
         timed_out: bool,
     ) -> Result<CommandReply, CommandError> {
         let waiting = self.turn.as_ref().and_then(|t| match &t.phase {
-            Phase::Tools { calls, next, awaiting: Some(id), .. } if id == call_id && t.cancel.is_none() => {
+            Phase::Tools { calls, next, awaiting: Some(id), for_client: false, .. }
+                if id == call_id && t.cancel.is_none() =>
+            {
                 calls.get(*next).cloned().map(|call| (t.turn, t.step, call))
             }
             _ => None,
@@ -106,13 +142,61 @@ impl Driver {
         Ok(CommandReply::Written { seq: self.state.last_seq })
     }
 
+    /// `CompleteToolCall` (SPEC §19): the result of the call of a client tool of the turn that waits for its
+    /// client; the turn goes on with the next call.
+    pub(super) fn complete_tool_call(
+        &mut self,
+        call_id: &str,
+        output: String,
+        error: Option<String>,
+    ) -> Result<CommandReply, CommandError> {
+        let waiting = self.turn.as_ref().and_then(|t| match &t.phase {
+            Phase::Tools { calls, next, awaiting: Some(id), for_client: true, .. }
+                if id == call_id && t.cancel.is_none() =>
+            {
+                calls.get(*next).cloned().map(|call| (t.turn, t.step, call))
+            }
+            _ => None,
+        });
+        let Some((turn, step, call)) = waiting else {
+            return Err(self.uncompletable(call_id));
+        };
+        if let Some(Phase::Tools { next, awaiting, for_client, .. }) = self.turn.as_mut().map(|t| &mut t.phase) {
+            *next += 1;
+            *awaiting = None;
+            *for_client = false;
+        }
+        self.record_tool_result(turn, step, ToolOutcome::new(call.call_id, call.name, output, error));
+        self.next_tool_call();
+        Ok(CommandReply::Written { seq: self.state.last_seq })
+    }
+
+    /// Why `call_id` cannot be completed: a known call that does not wait for its client is a failed
+    /// precondition; any other id is unknown.
+    fn uncompletable(&self, call_id: &str) -> CommandError {
+        let session = &self.state.session;
+        if self.call_known(call_id) {
+            CommandError::FailedPrecondition(format!(
+                "tool call {call_id} of session {session} does not wait for its client: it was answered already, or \
+                 it is not a client tool of its turn"
+            ))
+        } else {
+            CommandError::NotFound(format!(
+                "session {session} has no tool call {call_id}; take the id from the `tool/call` event with awaiting_client"
+            ))
+        }
+    }
+
+    fn call_known(&self, call_id: &str) -> bool {
+        self.state.transcript.entries().any(|e| e.mentions_call(call_id))
+            || self.state.open_turn.as_ref().is_some_and(|o| o.step_calls.iter().any(|c| c.call_id == call_id))
+    }
+
     /// Why `call_id` cannot be decided: a call of this session that is not waiting (already decided, or
     /// never asked for approval) is a failed precondition; any other id is unknown.
     fn undecidable(&self, call_id: &str) -> CommandError {
         let session = &self.state.session;
-        let known = self.state.transcript.entries().any(|e| e.mentions_call(call_id))
-            || self.state.open_turn.as_ref().is_some_and(|o| o.step_calls.iter().any(|c| c.call_id == call_id));
-        if known {
+        if self.call_known(call_id) {
             CommandError::FailedPrecondition(format!(
                 "tool call {call_id} of session {session} is not awaiting approval: it was already decided, or it never needed approval"
             ))

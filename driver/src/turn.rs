@@ -80,8 +80,11 @@ pub(super) enum Phase {
         calls: Vec<ToolCallSpec>,
         next: usize,
         running: Option<OpId>,
-        /// The call at `next` waits for `Decide` (SPEC §9); nothing runs meanwhile.
+        /// The call at `next` waits for `Decide` (SPEC §9), or with `for_client` for `CompleteToolCall`
+        /// (SPEC §19); nothing runs meanwhile.
         awaiting: Option<String>,
+        /// The call `awaiting` names is a client tool of the turn: its client answers it, not a person.
+        for_client: bool,
     },
 }
 
@@ -351,7 +354,13 @@ impl Driver {
                     self.end_step(StepResult::Completed);
                 } else {
                     if let Some(t) = self.turn.as_mut() {
-                        t.phase = Phase::Tools { calls: tool_calls, next: 0, running: None, awaiting: None };
+                        t.phase = Phase::Tools {
+                            calls: tool_calls,
+                            next: 0,
+                            running: None,
+                            awaiting: None,
+                            for_client: false,
+                        };
                     }
                     self.next_tool_call();
                 }
@@ -427,9 +436,11 @@ impl Driver {
         t.cancel = Some(cause);
         let op = match &mut t.phase {
             Phase::PreStep { op } | Phase::Compacting { op, .. } | Phase::Model { op, .. } => Some(*op),
-            Phase::Tools { running, awaiting, next, calls } => {
+            Phase::Tools { running, awaiting, next, calls, for_client } => {
                 if let Some(call_id) = awaiting.take() {
-                    // A call waiting for approval never started: it ends like an unstarted call.
+                    // A call waiting for approval or for its client never started: it ends like an
+                    // unstarted call.
+                    *for_client = false;
                     let name = calls.get(*next).map(|c| c.name.clone()).unwrap_or_default();
                     *next += 1;
                     let (turn, step) = (t.turn, t.step);

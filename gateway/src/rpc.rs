@@ -183,6 +183,22 @@ impl Agent for Gateway {
         Ok(Response::new(pb::EditReply { seq }))
     }
 
+    async fn complete_tool_call(
+        &self,
+        request: Request<pb::CompleteToolCallRequest>,
+    ) -> Result<Response<pb::EditReply>, Status> {
+        let (_, req) = self.open(request).await?;
+        let session = self.session(req.session)?;
+        if req.call_id.is_empty() {
+            return Err(Status::invalid_argument(
+                "call_id: is empty; name the call to complete (the call_id of its tool/call event with awaiting_client)",
+            ));
+        }
+        let command = Command::CompleteToolCall { call_id: req.call_id, output: req.output, error: req.error };
+        let seq = self.written(session, command).await?;
+        Ok(Response::new(pb::EditReply { seq }))
+    }
+
     async fn set_goal(&self, request: Request<pb::SetGoalRequest>) -> Result<Response<pb::GoalInfo>, Status> {
         let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;

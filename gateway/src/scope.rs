@@ -168,6 +168,8 @@ scoped!(
     pb::SetLabelsRequest,
     // What an application reads (SPEC §21).
     pb::GetTranscriptRequest,
+    // Client tools of a turn (SPEC §19).
+    pb::CompleteToolCallRequest,
 );
 
 impl Scoped for pb::ListSchedulesRequest {

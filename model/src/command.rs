@@ -59,6 +59,12 @@ pub enum Command {
         approve: bool,
         reason: String,
     },
+    /// `CompleteToolCall` (SPEC §19): the result of the call of a client tool of the turn that waits for it.
+    CompleteToolCall {
+        call_id: String,
+        output: String,
+        error: Option<String>,
+    },
     /// `SetGoal` (SPEC §10): starts goal `goal_id` (minted by the gateway) at revision 1, or, while a goal
     /// is active or paused, revises that goal (its id stays; revision + 1, round 0, active).
     SetGoal {
@@ -133,6 +139,7 @@ impl Command {
             Self::Clear => "clear",
             Self::Configure { .. } => "configure",
             Self::Decide { .. } => "decide",
+            Self::CompleteToolCall { .. } => "complete_tool_call",
             Self::SetGoal { .. } => "set_goal",
             Self::UpdateGoal { .. } => "update_goal",
             Self::WhenIdle => "when_idle",

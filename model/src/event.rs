@@ -251,6 +251,9 @@ pub enum EventPayload {
         /// The call waits for a `tool/decision` before it runs (SPEC §9).
         #[serde(default)]
         awaiting_approval: bool,
+        /// A client tool of the turn ([`crate::turn_tools`]): it waits for `CompleteToolCall`.
+        #[serde(default)]
+        awaiting_client: bool,
     },
     /// `tool/decision` (SPEC §9): the answer to a call awaiting approval.
     ToolDecision {

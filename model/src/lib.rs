@@ -50,6 +50,7 @@ pub mod tool_names;
 pub mod transcript;
 pub mod transcript_items;
 pub mod turn;
+pub mod turn_tools;
 pub mod usage;
 
 pub use command::{

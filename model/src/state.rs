@@ -251,6 +251,9 @@ pub struct OpenTurn {
     /// The seq and time of the `tool/call` of [`OpenTurn::awaiting`]: since when it waits (SPEC §21).
     #[serde(default)]
     pub awaiting_since: Option<(u64, u64)>,
+    /// The open call of a client tool of the turn that waits for `CompleteToolCall` (SPEC §19).
+    #[serde(default)]
+    pub awaiting_client: Option<ToolCallSpec>,
 }
 
 /// A `tool/result` with the name of its call.
@@ -526,8 +529,14 @@ impl SessionState {
                     interrupted: *interrupted,
                 });
             }
-            EventPayload::ToolCall { turn, step, call, awaiting_approval } => {
+            EventPayload::ToolCall { turn, step, call, awaiting_approval, awaiting_client } => {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
+                if *awaiting_client {
+                    if let Some(waiting) = &open.awaiting_client {
+                        return Err(structure(format!("call {} already awaits its client", waiting.call_id)));
+                    }
+                    open.awaiting_client = Some(call.clone());
+                }
                 if *awaiting_approval {
                     if let Some(waiting) = &open.awaiting {
                         return Err(structure(format!("call {} already awaits approval", waiting.call_id)));
@@ -553,6 +562,9 @@ impl SessionState {
                     .position(|c| &c.call_id == call_id)
                     .ok_or_else(|| structure(format!("no open call {call_id}")))?;
                 let call = open.open_calls.remove(i);
+                if open.awaiting_client.as_ref().is_some_and(|c| c.call_id == call.call_id) {
+                    open.awaiting_client = None;
+                }
                 if open.awaiting.as_ref().is_some_and(|c| c.call_id == call.call_id) {
                     // Denied, or ended unstarted by an abort.
                     open.awaiting = None;

@@ -31,7 +31,7 @@ pub enum ItemKind {
     /// An `assistant/message`, as its event holds it.
     Assistant(EventPayload),
     /// A `tool/call`, with its arguments.
-    ToolCall { call: ToolCallSpec, awaiting_approval: bool },
+    ToolCall { call: ToolCallSpec, awaiting_approval: bool, awaiting_client: bool },
     /// A `tool/decision` on a call awaiting approval.
     ToolDecision { call_id: String, approved: bool, reason: String, timed_out: bool },
     /// A `tool/result`, with the name of its call when the read saw the call.
@@ -92,9 +92,14 @@ impl TranscriptReader {
                 }
                 item(*turn, *step, ItemKind::Assistant(event.payload.clone()))
             }
-            EventPayload::ToolCall { turn, step, call, awaiting_approval } => {
+            EventPayload::ToolCall { turn, step, call, awaiting_approval, awaiting_client } => {
                 self.call_names.insert(call.call_id.clone(), call.name.clone());
-                item(*turn, *step, ItemKind::ToolCall { call: call.clone(), awaiting_approval: *awaiting_approval })
+                let kind = ItemKind::ToolCall {
+                    call: call.clone(),
+                    awaiting_approval: *awaiting_approval,
+                    awaiting_client: *awaiting_client,
+                };
+                item(*turn, *step, kind)
             }
             EventPayload::ToolDecision { turn, step, call_id, approved, reason, timed_out } => {
                 let kind = ItemKind::ToolDecision {
@@ -160,6 +165,7 @@ mod tests {
                 step: 1,
                 call: ToolCallSpec { call_id: "c".into(), name: "echo".into(), arguments: "{}".into() },
                 awaiting_approval: false,
+                awaiting_client: false,
             },
             EventPayload::ToolResult { turn: 1, step: 1, call_id: "c".into(), output: "ok".into(), error: None },
             EventPayload::AssistantMessage {

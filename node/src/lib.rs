@@ -71,11 +71,13 @@ fn worker_config(config: &Config) -> WorkerConfig {
 /// `gateway`'s service code.
 fn http_routes(gateway: &turnstile_gateway::Gateway, config: &Config, auth_enabled: bool) -> axum::Router {
     let console = turnstile_gateway::console::router(gateway.clone(), auth_enabled);
-    let openai = config.protocols.openai.then(|| turnstile_protocols::openai::Agents {
+    let agents = || turnstile_protocols::openai::Agents {
         names: config.agents.keys().cloned().collect(),
         default: config.default_agent.clone(),
         auth_enabled,
-    });
+    };
+    let openai = config.protocols.openai.then(agents);
+    let agui = config.protocols.agui.then(agents);
     let profiles = turnstile_protocols::profiles::Profiles {
         list: config
             .agents
@@ -92,7 +94,7 @@ fn http_routes(gateway: &turnstile_gateway::Gateway, config: &Config, auth_enabl
         auth_enabled,
     };
     let protocols =
-        turnstile_protocols::Protocols { openai, mcp: config.protocols.mcp, a2a: config.protocols.a2a, profiles };
+        turnstile_protocols::Protocols { openai, agui, mcp: config.protocols.mcp, a2a: config.protocols.a2a, profiles };
     console.merge(turnstile_protocols::router(gateway.clone(), protocols))
 }
 

@@ -76,6 +76,14 @@ pub async fn serve_http_with(
         tracing::warn!(error = %e, "serving /healthz and /readyz without metrics");
     }
     let app = router(readiness).merge(extra);
+    // TCP_NODELAY, as on the gRPC listeners (`grpc::incoming`): a stream of small writes (the SSE events
+    // of the agent protocols) otherwise meets Nagle's algorithm and the client's delayed ACK, and an event
+    // after an unacknowledged one waited ~40 ms (measured with `turnstile-bench`'s protocols phase).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY on an HTTP connection");
+        }
+    });
     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown)
         .await?;

@@ -115,6 +115,23 @@ impl<E: ProtocolError> Api<E> {
         Ok(self.gateway.decide(self.request(req)).await?.into_inner().seq)
     }
 
+    /// Gives the call of a client tool of the turn its output (SPEC §19); answers the seq written.
+    pub async fn complete_tool_call(
+        &self,
+        id: &str,
+        call_id: &str,
+        output: &str,
+        error: Option<String>,
+    ) -> Result<u64, E> {
+        let req = pb::CompleteToolCallRequest {
+            session: session(id),
+            call_id: call_id.to_owned(),
+            output: output.to_owned(),
+            error,
+        };
+        Ok(self.gateway.complete_tool_call(self.request(req)).await?.into_inner().seq)
+    }
+
     pub async fn cancel(&self, id: &str) -> Result<u64, E> {
         let req = pb::CancelRequest { session: session(id), cause: None, keep_inbox: true };
         Ok(self.gateway.cancel(self.request(req)).await?.into_inner().seq)

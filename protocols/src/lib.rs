@@ -9,13 +9,14 @@
 //!
 //! [`router`] assembles the protocols the configuration switches on ([`Protocols`]); `node` merges it into
 //! the ops HTTP router beside the console. Protocols: [`openai`] (the Responses and Conversations API),
-//! [`mcp`] (each agent a tool), [`a2a`] (A2A v1.0), all in docs/PROTOCOLS.md. Shared by them: [`api`] (the
-//! gateway's service as a caller sees it), [`turn`] (a turn as the changes protocols stream, at positions
-//! that resume anywhere), [`ids`], [`sse`], [`profiles`] (the agents a tenant may run) and `admit` (the
-//! JSON-RPC protocols' door).
+//! [`agui`] (AG-UI), [`mcp`] (each agent a tool), [`a2a`] (A2A v1.0), all in docs/PROTOCOLS.md. Shared by
+//! them: [`api`] (the gateway's service as a caller sees it), [`turn`] (a turn as the changes protocols
+//! stream, at positions that resume anywhere), [`ids`], [`sse`], [`profiles`] (the agents a tenant may run)
+//! and `admit` (the JSON-RPC protocols' door).
 
 pub mod a2a;
 mod admit;
+pub mod agui;
 pub mod api;
 pub mod ids;
 pub mod mcp;
@@ -23,6 +24,11 @@ pub mod openai;
 pub mod profiles;
 pub mod sse;
 pub mod turn;
+
+/// Stream positions per durable event (decision 0101): an event a protocol streams from durable event `seq`
+/// is numbered `seq * SPAN + k`. Room for the deltas of a 16 MiB reply, and seqs up to 2^29 stay below
+/// 2^53, the largest integer JavaScript clients read exactly.
+pub const SPAN: u64 = 1 << 24;
 
 use axum::Router;
 use turnstile_gateway::Gateway;
@@ -38,6 +44,8 @@ pub struct Protocols {
     pub a2a: bool,
     /// The agent profiles the MCP server and A2A offer, per tenant.
     pub profiles: profiles::Profiles,
+    /// The AG-UI adapter (`[protocols] agui`); `None`: not served.
+    pub agui: Option<openai::Agents>,
 }
 
 /// The routes of every protocol switched on, answered by `gateway`'s service code.
@@ -45,6 +53,9 @@ pub fn router(gateway: Gateway, protocols: Protocols) -> Router {
     let mut router = Router::new();
     if let Some(agents) = protocols.openai {
         router = router.merge(openai::router(gateway.clone(), agents));
+    }
+    if let Some(agents) = protocols.agui {
+        router = router.merge(agui::router(gateway.clone(), agents));
     }
     if protocols.mcp {
         router = router.merge(mcp::router(gateway.clone(), protocols.profiles.clone()));

@@ -56,4 +56,18 @@ const conv = await client().conversations.create({ metadata: { app: "node" } });
 await client().responses.create({ model: "scripted", input: "in a conversation", conversation: conv.id });
 const items = await client().conversations.items.list(conv.id, { order: "asc" });
 assert.deepEqual(items.data.map((i) => i.content[0].text), ["in a conversation", "echo: in a conversation"]);
+
+// A function tool round trip: the response ends at the call, the next request's output answers it.
+const tools = [{ type: "function", name: "get_weather", parameters: { type: "object", properties: { city: { type: "string" } } } }];
+const asked = await client().responses.create({ model: "scripted", tools, input: '[[tool:get_weather {"city": "Rome"}]] go' });
+const fc = asked.output.at(-1);
+assert.equal(fc.type, "function_call");
+assert.equal(fc.name, "get_weather");
+const answered = await client().responses.create({
+  model: "scripted",
+  previous_response_id: asked.id,
+  input: [{ type: "function_call_output", call_id: fc.call_id, output: "warm" }],
+});
+assert.equal(answered.output_text, "tool results: get_weather: warm");
+
 console.log("openai npm: all checks passed");

@@ -7,15 +7,21 @@ import asyncio
 import os
 import unittest
 
-from agents import Agent, OpenAIResponsesModel, Runner, set_tracing_disabled
+from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI
 
 set_tracing_disabled(True)
 
 
-def agent():
+@function_tool
+def get_weather(city: str) -> str:
+    """The weather in a city today."""
+    return f"sunny in {city}"
+
+
+def agent(tools=()):
     client = AsyncOpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["TOKEN_A"], max_retries=0)
-    return Agent(name="turnstile", instructions="be brief",
+    return Agent(name="turnstile", instructions="be brief", tools=list(tools),
                  model=OpenAIResponsesModel(model="scripted", openai_client=client))
 
 
@@ -35,6 +41,22 @@ class AgentsSdk(unittest.TestCase):
             chained = await Runner.run(a, "second", previous_response_id=first.last_response_id)
             self.assertEqual(chained.final_output, "echo: be brief\nsecond")
             self.assertTrue(chained.last_response_id.startswith("resp_"))
+
+        asyncio.run(scenario())
+
+    def test_an_agent_runs_its_function_tool_through_the_waiting_turn(self):
+        # The SDK resends its whole run with the function_call_output; the output answers the waiting turn.
+        async def scenario():
+            a = agent([get_weather])
+            result = await Runner.run(a, '[[tool:get_weather {"city": "Paris"}]] weather?')
+            self.assertEqual(result.final_output, "tool results: get_weather: sunny in Paris")
+            kinds = [item.type for item in result.new_items]
+            self.assertIn("tool_call_item", kinds)
+            self.assertIn("tool_call_output_item", kinds)
+            streamed = Runner.run_streamed(a, '[[tool:get_weather {"city": "Oslo"}]] and here?')
+            async for _ in streamed.stream_events():
+                pass
+            self.assertEqual(streamed.final_output, "tool results: get_weather: sunny in Oslo")
 
         asyncio.run(scenario())
 

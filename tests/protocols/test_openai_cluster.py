@@ -1,7 +1,8 @@
 """OpenAI objects are views of the log, answered by any gateway (SPEC §19, decisions 0101 and 0102): on a
 cluster of one worker and two gateways (tests/tests/openai_sdk.rs; OPENAI_BASE_URL_0 and _1, auth off), a
 response streamed in part through one gateway resumes through the other with nothing missed or repeated,
-and a conversation made through one is used and read through the other."""
+a conversation made through one is used and read through the other, and a function call returned by one is
+answered through the other (its output is a command routed to the session's owner, decision 0113)."""
 
 import os
 import unittest
@@ -42,6 +43,17 @@ class AnyGateway(unittest.TestCase):
         self.assertEqual(reply.output_text, "echo: second")
         texts = [i.content[0].text for i in a.conversations.items.list(conv.id, order="asc").data]
         self.assertEqual(texts, ["first", "second", "echo: second"])
+
+    def test_a_function_call_returned_by_one_gateway_is_answered_through_the_other(self):
+        a, b = gateway(0), gateway(1)
+        tool = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
+        r = a.responses.create(model=MODEL, tools=[tool], input="[[tool:lookup {}]] find it")
+        call = r.output[-1]
+        self.assertEqual(call.type, "function_call")
+        done = b.responses.create(model=MODEL, previous_response_id=r.id, input=[
+            {"type": "function_call_output", "call_id": call.call_id, "output": "found"}])
+        self.assertEqual(done.output_text, "tool results: lookup: found")
+        self.assertEqual(a.responses.retrieve(done.id).output_text, "tool results: lookup: found")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ TOKEN_B = os.environ["TOKEN_B"]
 MODEL = "scripted"
 
 
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city today.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
 def client(token=TOKEN_A):
     return OpenAI(base_url=BASE_URL, api_key=token, max_retries=0, timeout=60)
 
@@ -146,6 +150,61 @@ class Responses(unittest.TestCase):
         self.assertEqual(call.type, "mcp_call")
         self.assertEqual(call.status, "failed")
         self.assertIn("not today", str(call.error))
+
+    def test_a_function_tool_round_trip(self):
+        # The request's function tool is a client tool of its turn: the response ends at its call, and the
+        # next request's function_call_output answers it in the same, waiting turn.
+        r = client().responses.create(model=MODEL, tools=[WEATHER],
+                                      input='[[tool:get_weather {"city": "Paris"}]] weather?')
+        self.assertEqual(r.status, "completed")
+        self.assertEqual([o.type for o in r.output], ["message", "function_call"])
+        call = r.output[-1]
+        self.assertEqual((call.name, call.arguments), ("get_weather", '{"city": "Paris"}'))
+        self.assertTrue(call.call_id.startswith("call_"))
+        done = client().responses.create(model=MODEL, previous_response_id=r.id, tools=[WEATHER], input=[
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+        self.assertEqual(done.status, "completed")
+        self.assertEqual(done.output_text, "tool results: get_weather: sunny")
+        # The call is answered: a second output for it is refused.
+        with self.assertRaises(openai.ConflictError):
+            client().responses.create(model=MODEL, previous_response_id=r.id, input=[
+                {"type": "function_call_output", "call_id": call.call_id, "output": "again"}])
+        # Another tenant cannot answer it, nor learn it exists.
+        with self.assertRaises(openai.NotFoundError):
+            client(TOKEN_B).responses.create(model=MODEL, input=[
+                {"type": "function_call_output", "call_id": call.call_id, "output": "x"}])
+
+    def test_a_streamed_function_call_and_its_answer(self):
+        stream = client().responses.create(model=MODEL, tools=[WEATHER], stream=True,
+                                           input='[[tool:get_weather {"city": "Oslo"}]] go')
+        events = list(stream)
+        kinds = [e.type for e in events]
+        self.assertIn("response.function_call_arguments.done", kinds)
+        self.assertEqual(kinds[-1], "response.completed")
+        numbers = [e.sequence_number for e in events]
+        self.assertEqual(numbers, sorted(set(numbers)))
+        call = events[-1].response.output[-1]
+        self.assertEqual(call.type, "function_call")
+        answered = client().responses.create(model=MODEL, stream=True, input=[
+            {"type": "function_call_output", "call_id": call.call_id, "output": "snow"}])
+        events = list(answered)
+        self.assertEqual(events[-1].type, "response.completed")
+        self.assertEqual(events[-1].response.output_text, "tool results: get_weather: snow")
+        # Retrieving the answered response later reads the same from the log.
+        again = client().responses.retrieve(events[-1].response.id)
+        self.assertEqual(again.output_text, "tool results: get_weather: snow")
+
+    def test_bad_tools_are_400_naming_the_field(self):
+        with self.assertRaises(openai.BadRequestError) as caught:
+            client().responses.create(model=MODEL, input="x", tools=[{"type": "web_search"}])
+        self.assertEqual(caught.exception.param, "tools[0].type")
+        with self.assertRaises(openai.BadRequestError) as caught:
+            client().responses.create(model=MODEL, input="x", tools=[{"type": "function", "name": "bad name"}])
+        self.assertEqual(caught.exception.param, "tools[0].name")
+        with self.assertRaises(openai.NotFoundError) as caught:
+            client().responses.create(model=MODEL, input=[
+                {"type": "function_call_output", "call_id": "call_unknown", "output": "x"}])
+        self.assertEqual(caught.exception.param, "input[0].call_id")
 
     def test_delete_removes_the_response(self):
         r = client().responses.create(model=MODEL, input="bye")

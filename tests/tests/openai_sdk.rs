@@ -140,4 +140,99 @@ mod cluster {
         assert!(output.status.success(), "the cluster openai tests failed ({}):\n{text}", output.status);
         assert!(!text.contains("Ran 0 tests"), "no Python test ran:\n{text}");
     }
+
+    /// A background response streamed through gateway 0 is streamed again with `starting_after` through
+    /// gateway 1 after gateway 0 was killed (-9) mid-reply: every byte once, in order
+    /// (`tests/protocols/openai_gateway_kill.py`).
+    #[tokio::test]
+    async fn a_response_resumes_through_another_gateway_after_its_gateway_was_killed() {
+        let mut cluster = Cluster::start(1, 2).await.unwrap();
+        let mut script = Handshake::start(&cluster, "openai_gateway_kill.py", "CUT").await;
+        cluster.kill9_gateway(0);
+        script.finish().await;
+    }
+
+    /// A function call returned through gateway 0 is answered through gateway 1 after the session's owner
+    /// was killed (-9) and started again: the new owner waits for the same call
+    /// (`tests/protocols/openai_owner_kill.py`).
+    #[tokio::test]
+    async fn a_function_call_is_answered_after_its_owner_was_killed() {
+        let mut cluster = Cluster::start(1, 2).await.unwrap();
+        let mut script = Handshake::start(&cluster, "openai_owner_kill.py", "WAITING").await;
+        cluster.kill9_worker(0);
+        cluster.restart_worker(0).await.unwrap();
+        script.finish().await;
+    }
+
+    /// A Python script of tests/protocols run against the cluster's two gateways that prints `ready` once it
+    /// wants the test to act, then waits for a line on stdin, then prints `OK`.
+    struct Handshake {
+        child: std::process::Child,
+        stdout: Option<std::io::BufReader<std::process::ChildStdout>>,
+    }
+
+    impl Handshake {
+        async fn start(cluster: &Cluster, script: &str, ready: &str) -> Self {
+            use std::io::BufRead;
+            use std::process::Stdio;
+            let python = std::env::var("TURNSTILE_TEST_PYTHON")
+                .expect("TURNSTILE_TEST_PYTHON is not set: run scripts/setup-test-deps, then `source .ci/test-env.sh`");
+            let url = |g: usize| format!("http://127.0.0.1:{}/v1", cluster.gateway_http(g).unwrap().port());
+            let mut child = Command::new(python)
+                .arg(script)
+                .current_dir(workspace_root().join("tests/protocols"))
+                .env("OPENAI_BASE_URL_0", url(0))
+                .env("OPENAI_BASE_URL_1", url(1))
+                .env("PYTHONUNBUFFERED", "1")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+            let (stdout, line) = tokio::task::spawn_blocking(move || {
+                let mut line = String::new();
+                stdout.read_line(&mut line).unwrap();
+                (stdout, line)
+            })
+            .await
+            .unwrap();
+            let mut handshake = Self { child, stdout: Some(stdout) };
+            if line.trim() != ready {
+                let rest = handshake.rest().await;
+                panic!("{script} did not get to {ready}: {line:?}\n{rest}");
+            }
+            handshake
+        }
+
+        /// Lets the script go on; panics with its output unless it ends with `OK`.
+        async fn finish(&mut self) {
+            use std::io::Write;
+            self.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+            let rest = self.rest().await;
+            assert!(rest.starts_with("OK"), "the script failed:\n{rest}");
+        }
+
+        /// What the script prints from here on (stdout, then stderr), once it ended.
+        async fn rest(&mut self) -> String {
+            let mut stdout = self.stdout.take().unwrap();
+            let mut stderr = self.child.stderr.take().unwrap();
+            tokio::task::spawn_blocking(move || {
+                use std::io::Read;
+                let (mut out, mut err) = (String::new(), String::new());
+                stdout.read_to_string(&mut out).unwrap();
+                stderr.read_to_string(&mut err).unwrap();
+                format!("{out}{err}")
+            })
+            .await
+            .unwrap()
+        }
+    }
+
+    impl Drop for Handshake {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }

@@ -192,6 +192,7 @@ impl ChatModel {
         }
         let mut tools = self.tools.clone();
         tools.extend(request.goal.as_ref().map(crate::tools::goal_complete_spec));
+        tools.extend(turn_tools(request));
         ChatRequest {
             system: request.system.clone().or_else(|| self.system.clone()),
             messages,
@@ -262,10 +263,23 @@ fn result_line(name: &str, call_id: &str, output: &str, error: Option<&str>) -> 
     }
 }
 
+/// The client tools of the request's turn (SPEC §19): declared by the messages the turn entered (or, for a
+/// turn resumed after a failover, the turn it resumes), offered beside the agent's own; a call of one waits
+/// for its client (the driver writes it `awaiting_client`, by the same rule).
+fn turn_tools(request: &ModelRequest) -> Vec<ToolSpec> {
+    let history = request.history.iter().map(AsRef::as_ref);
+    turnstile_model::turn_tools::of_turn(history, request.turn, &request.messages)
+        .into_iter()
+        .map(|tool| ToolSpec { name: tool.name, description: tool.description, input_schema: tool.parameters })
+        .collect()
+}
+
+/// A message as the model sees it: its blocks, but not the declaration of its turn's client tools.
 fn user_message(message: &UserMessage) -> ChatMessage {
     let content = message
         .content
         .iter()
+        .filter(|block| !turnstile_model::turn_tools::is_declaration(block))
         .map(|block| match block {
             ContentBlock::Text { text } => ChatContent::Text(text.clone()),
             ContentBlock::Data { mime, bytes } => ChatContent::Data { mime: mime.clone(), bytes: bytes.clone() },
@@ -360,6 +374,33 @@ mod tests {
             output: output.into(),
             error: error.map(Into::into),
         }
+    }
+
+    #[test]
+    fn the_turns_declared_client_tools_are_offered_and_their_declaration_is_not_content() {
+        use turnstile_model::turn_tools::{self, TurnTool};
+        let tool =
+            |name: &str| TurnTool { name: name.into(), description: "d".into(), parameters: serde_json::json!({}) };
+        let declaring = |id: &str, name: &str| {
+            let mut m = UserMessage::user_text(id, "ask");
+            m.content.push(turn_tools::block(&[tool(name)]));
+            m
+        };
+        // A tool an earlier turn declared is not offered; one this turn's entered message declared is, as is
+        // one the step's own message declares.
+        let history = vec![
+            TranscriptEntry::User { turn: 1, step: 1, message: declaring("m0", "old") },
+            TranscriptEntry::User { turn: 2, step: 1, message: declaring("m1", "get_weather") },
+        ];
+        let mut step = request(history, vec![declaring("m2", "lookup")]);
+        step.step = 2;
+        let chat = model().chat_request(&step);
+        let names: Vec<&str> = chat.tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["get_weather", "lookup"]);
+        assert!(chat.messages.iter().all(|m| match m {
+            ChatMessage::User { content } => content == &vec![ChatContent::Text("ask".into())],
+            _ => true,
+        }));
     }
 
     #[test]

@@ -494,6 +494,20 @@ export class ClientBase implements ClientCore {
     return this.#unary("Decide", false, options, (a, o) => a.decide(request, o));
   }
 
+  /**
+   * Answers the call of a client tool of the turn (`tool/call {awaitingClient}`, SPEC §19) with its result:
+   * durable `tool/result`, then the turn goes on. `error` marks the call failed.
+   */
+  completeToolCall(
+    session: SessionLike,
+    callId: string,
+    output: string,
+    options: CallOptions & { error?: string } = {},
+  ): Promise<EditReply> {
+    const request = { session: this.ref(session), callId, output, error: options.error };
+    return this.#unary("CompleteToolCall", false, options, (a, o) => a.completeToolCall(request, o));
+  }
+
   /** Starts a goal (SPEC §10), or revises the session's active or paused one. */
   setGoal(session: SessionLike, objective: string, maxRounds: number, options: CallOptions = {}): Promise<GoalInfo> {
     const request = { session: this.ref(session), objective, maxRounds };

@@ -209,6 +209,8 @@ test("configureSession, a call awaiting approval and decide", async () => {
   await client.decide(s, callId, true, { reason: "fine" });
   const twice = await failure(client.decide(s, callId, true));
   assert.equal(twice.code, Code.FailedPrecondition, "a decided call cannot be decided again");
+  const notClients = await failure(client.completeToolCall(s, callId, "result"));
+  assert.equal(notClients.code, Code.FailedPrecondition, "a call that is not a client tool's has no result to give");
   await client.whenIdle(s);
   const events = await replay(client, s);
   const results = events.flatMap((e) => (e.payload.case === "toolResult" ? [e.payload.value.output] : []));
@@ -666,5 +668,5 @@ test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
     [],
     "RPCs no test called",
   );
-  assert.equal(all.length, 37);
+  assert.equal(all.length, 38);
 });

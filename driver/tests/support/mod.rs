@@ -987,11 +987,14 @@ pub fn render_durable(e: &Envelope) -> String {
             }
             out
         }
-        EventPayload::ToolCall { turn, step, call, awaiting_approval: false } => {
+        EventPayload::ToolCall { turn, step, call, awaiting_approval: false, awaiting_client: false } => {
             format!("D tool/call {turn}.{step} {}", call.name)
         }
-        EventPayload::ToolCall { turn, step, call, awaiting_approval: true } => {
+        EventPayload::ToolCall { turn, step, call, awaiting_approval: true, .. } => {
             format!("D tool/call {turn}.{step} {} awaiting-approval", call.name)
+        }
+        EventPayload::ToolCall { turn, step, call, awaiting_client: true, .. } => {
+            format!("D tool/call {turn}.{step} {} awaiting-client", call.name)
         }
         EventPayload::ToolDecision { turn, step, call_id, approved, reason, timed_out } => {
             format!(

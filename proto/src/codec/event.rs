@@ -257,14 +257,17 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             usage: usage.as_ref().map(encode_usage),
             model: model.as_ref().map(encode_model_ref),
         }),
-        EventPayload::ToolCall { turn, step, call, awaiting_approval } => Payload::ToolCall(pb::ToolCall {
-            turn: *turn,
-            step: *step,
-            call_id: call.call_id.clone(),
-            name: call.name.clone(),
-            arguments: call.arguments.clone(),
-            awaiting_approval: *awaiting_approval,
-        }),
+        EventPayload::ToolCall { turn, step, call, awaiting_approval, awaiting_client } => {
+            Payload::ToolCall(pb::ToolCall {
+                turn: *turn,
+                step: *step,
+                call_id: call.call_id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+                awaiting_approval: *awaiting_approval,
+                awaiting_client: *awaiting_client,
+            })
+        }
         EventPayload::ToolDecision { turn, step, call_id, approved, reason, timed_out } => {
             Payload::ToolDecision(pb::ToolDecision {
                 turn: *turn,
@@ -371,6 +374,7 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             step: c.step,
             call: ToolCallSpec { call_id: c.call_id, name: c.name, arguments: c.arguments },
             awaiting_approval: c.awaiting_approval,
+            awaiting_client: c.awaiting_client,
         },
         Payload::ToolDecision(d) => EventPayload::ToolDecision {
             turn: d.turn,
@@ -507,13 +511,14 @@ pub fn encode_transcript_item(item: &TranscriptItem) -> pb::TranscriptItem {
             Some(Payload::AssistantMessage(m)) => Some(Item::Assistant(m)),
             _ => None,
         },
-        ItemKind::ToolCall { call, awaiting_approval } => Some(Item::ToolCall(pb::ToolCall {
+        ItemKind::ToolCall { call, awaiting_approval, awaiting_client } => Some(Item::ToolCall(pb::ToolCall {
             turn: item.turn,
             step: item.step,
             call_id: call.call_id.clone(),
             name: call.name.clone(),
             arguments: call.arguments.clone(),
             awaiting_approval: *awaiting_approval,
+            awaiting_client: *awaiting_client,
         })),
         ItemKind::ToolDecision { call_id, approved, reason, timed_out } => Some(Item::ToolDecision(pb::ToolDecision {
             turn: item.turn,

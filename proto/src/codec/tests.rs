@@ -110,8 +110,21 @@ fn payloads() -> Vec<EventPayload> {
             usage: Some(Usage::default()),
             model: None,
         },
-        EventPayload::ToolCall { turn: 4, step: 1, call: call.clone(), awaiting_approval: false },
-        EventPayload::ToolCall { turn: 4, step: 1, call, awaiting_approval: true },
+        EventPayload::ToolCall {
+            turn: 4,
+            step: 1,
+            call: call.clone(),
+            awaiting_approval: false,
+            awaiting_client: false,
+        },
+        EventPayload::ToolCall {
+            turn: 4,
+            step: 1,
+            call: call.clone(),
+            awaiting_approval: true,
+            awaiting_client: false,
+        },
+        EventPayload::ToolCall { turn: 4, step: 1, call, awaiting_approval: false, awaiting_client: true },
         EventPayload::ToolDecision {
             turn: 4,
             step: 1,

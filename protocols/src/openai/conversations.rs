@@ -172,6 +172,8 @@ async fn transcript(api: &Api, session: &str) -> Result<Vec<Value>, ApiError> {
     let mut steps = std::collections::HashMap::new();
     let mut items: Vec<Value> = Vec::new();
     let mut calls: Vec<(String, usize, Item)> = Vec::new();
+    // Calls of client tools: their call id, and the `call_id` their items carry.
+    let mut function_calls: Vec<(String, String)> = Vec::new();
     loop {
         let item = api::next(&mut watch).await?;
         let event = match item.item {
@@ -198,6 +200,26 @@ async fn transcript(api: &Api, session: &str) -> Result<Vec<Value>, ApiError> {
                     interrupted: a.interrupted,
                 };
                 items.push(render_item(&item));
+            }
+            Some(Payload::ToolCall(c)) if c.awaiting_client => {
+                let call_id = ids::function_call_id(session, c.turn, seq, &c.call_id);
+                let item = Item::FunctionCall {
+                    id: ids::item_id("fc", session, seq),
+                    call_id: call_id.clone(),
+                    name: c.name,
+                    arguments: c.arguments,
+                };
+                items.push(render_item(&item));
+                function_calls.push((c.call_id, call_id));
+            }
+            Some(Payload::ToolResult(r)) if function_calls.iter().any(|(call, _)| *call == r.call_id) => {
+                let call_id = function_calls.iter().find(|(call, _)| *call == r.call_id).map(|(_, id)| id.clone());
+                let output = match r.error {
+                    Some(error) => error,
+                    None => r.output,
+                };
+                items.push(json!({"id": ids::item_id("fco", session, seq), "type": "function_call_output",
+                                  "call_id": call_id, "output": output, "status": "completed"}));
             }
             Some(Payload::ToolCall(c)) => {
                 let item = Item::Tool {

@@ -17,12 +17,10 @@ use turnstile_proto::v1::live_event::Payload as Live;
 use turnstile_proto::v1::session_event::Payload;
 use turnstile_proto::v1::turn_end_reason::Reason;
 
-use super::ids::{ResponseId, approval_id, item_id};
+use super::ids::{ResponseId, approval_id, function_call_id, item_id};
 use super::input::INSTRUCTIONS_FORM;
 
-/// Sequence numbers per durable event: room for the deltas of a 16 MiB reply, and seqs up to 2^29 stay
-/// below 2^53, the largest integer JavaScript clients read exactly.
-pub const SPAN: u64 = 1 << 24;
+pub use crate::SPAN;
 
 /// What the fold cannot read from the turn's events: the session's agent and labels, how it was created.
 #[derive(Clone, Debug, Default)]
@@ -76,6 +74,14 @@ pub enum Item {
     /// A call awaiting approval (SPEC §9), as OpenAI's `mcp_approval_request`.
     Approval {
         id: String,
+        name: String,
+        arguments: String,
+    },
+    /// A call of a function tool the request declared (a client tool of the turn, SPEC §19): the client
+    /// runs it and answers with a `function_call_output` naming `call_id`.
+    FunctionCall {
+        id: String,
+        call_id: String,
         name: String,
         arguments: String,
     },
@@ -230,6 +236,11 @@ impl ResponseFold {
         self.turn == Some(turn)
     }
 
+    /// `seq` is the call this response continues its turn after (decisions 0103, 0113).
+    fn continues_after(&self, seq: u64) -> bool {
+        self.id.after_approval && seq == self.id.seq
+    }
+
     fn on_event(&mut self, event: &pb::SessionEvent, out: &mut Vec<Event>) {
         let seq = event.seq;
         if seq < self.id.seq || self.outcome.is_some() {
@@ -268,10 +279,37 @@ impl ResponseFold {
                 }
             }
             Payload::AssistantMessage(a) if self.ours(a.turn) => self.on_assistant(seq, a, out),
+            // The function call this response continues after was the previous response's output.
+            Payload::ToolCall(c) if self.ours(c.turn) && c.awaiting_client && self.continues_after(seq) => {}
+            Payload::ToolCall(c) if self.ours(c.turn) && c.awaiting_client => {
+                // The turn waits for the client that declared the tool (SPEC §19): the response ends here
+                // with the function call, as OpenAI's do; the next request's `function_call_output`
+                // answers it and continues the turn (decision 0113).
+                let item = Item::FunctionCall {
+                    id: item_id("fc", &self.id.session, seq),
+                    call_id: function_call_id(&self.id.session, c.turn, seq, &c.call_id),
+                    name: c.name.clone(),
+                    arguments: c.arguments.clone(),
+                };
+                let index = self.output.len();
+                let rendered = render_item(&item);
+                let id = rendered["id"].clone();
+                self.output.push(item);
+                let added = json!({"type": "response.output_item.added", "output_index": index, "item": rendered});
+                self.emit(out, seq * SPAN, added);
+                let delta = json!({"type": "response.function_call_arguments.delta", "item_id": id,
+                                   "output_index": index, "delta": c.arguments});
+                self.emit(out, seq * SPAN + 1, delta);
+                let args = json!({"type": "response.function_call_arguments.done", "item_id": id,
+                                  "output_index": index, "name": c.name, "arguments": c.arguments});
+                self.emit(out, seq * SPAN + 2, args);
+                let done = json!({"type": "response.output_item.done", "output_index": index, "item": rendered});
+                self.emit(out, seq * SPAN + 3, done);
+                self.completed_ms = Some(event.time_unix_ms);
+                self.finish(Some(seq * SPAN + 4), Outcome::Completed, out);
+            }
             // The call this response was asked to continue after (its id's seq) is an ordinary call here.
-            Payload::ToolCall(c)
-                if self.ours(c.turn) && c.awaiting_approval && !(self.id.after_approval && seq == self.id.seq) =>
-            {
+            Payload::ToolCall(c) if self.ours(c.turn) && c.awaiting_approval && !self.continues_after(seq) => {
                 // The turn waits for a person (SPEC §9): the response ends here with OpenAI's approval
                 // request; the next response's `mcp_approval_response` decides it and continues the turn.
                 let item = Item::Approval {
@@ -610,6 +648,14 @@ pub fn render_item(item: &Item) -> Value {
             "server_label": "turnstile",
             "name": name,
             "arguments": arguments,
+        }),
+        Item::FunctionCall { id, call_id, name, arguments } => json!({
+            "id": id,
+            "type": "function_call",
+            "call_id": call_id,
+            "name": name,
+            "arguments": arguments,
+            "status": "completed",
         }),
     }
 }

@@ -24,7 +24,8 @@ pub struct ResponseId {
     pub turn: u64,
     /// The response was created in a conversation (`conversation` was given, or the session is one).
     pub conversation: bool,
-    /// The response continues a turn after a decision on the call awaiting approval at `seq` (decision 0103).
+    /// The response continues a turn after the call at `seq` was answered: a decision on a call awaiting
+    /// approval, or a function tool's output (decisions 0103, 0113).
     pub after_approval: bool,
 }
 
@@ -89,10 +90,24 @@ pub fn item_id(prefix: &str, session: &str, seq: u64) -> String {
 /// The id of an approval request: `mcpr_` + base64url(`session.turn.seq.call_id`), the call awaiting
 /// approval and the seq of its `tool/call`: all a decision and the response after it need.
 pub fn approval_id(session: &str, turn: u64, seq: u64, call_id: &str) -> String {
-    format!("mcpr_{}", URL_SAFE_NO_PAD.encode(format!("{session}.{turn}.{seq}.{call_id}")))
+    call_ref_id(APPROVAL_PREFIX, session, turn, seq, call_id)
 }
 
-/// A call awaiting approval, as its request id names it.
+/// The `call_id` of a `function_call` item: `call_` + base64url(`session.turn.seq.call_id`), the call of
+/// a client tool of the turn and the seq of its `tool/call`: all its `function_call_output` needs, at any
+/// gateway (decision 0113).
+pub fn function_call_id(session: &str, turn: u64, seq: u64, call_id: &str) -> String {
+    call_ref_id(FUNCTION_CALL_PREFIX, session, turn, seq, call_id)
+}
+
+const APPROVAL_PREFIX: &str = "mcpr_";
+const FUNCTION_CALL_PREFIX: &str = "call_";
+
+fn call_ref_id(prefix: &str, session: &str, turn: u64, seq: u64, call_id: &str) -> String {
+    format!("{prefix}{}", URL_SAFE_NO_PAD.encode(format!("{session}.{turn}.{seq}.{call_id}")))
+}
+
+/// A call awaiting approval or its client, as its request id names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApprovalCall {
     pub session: String,
@@ -103,8 +118,17 @@ pub struct ApprovalCall {
 
 /// The call an approval request id names; anything else is not one (404 naming `param`).
 pub fn approval_call(id: &str, param: &str) -> Result<ApprovalCall, ApiError> {
-    let missing = || ApiError::not_found(param, format!("No approval request found with id '{id}'."));
-    let raw = id.strip_prefix("mcpr_").ok_or_else(missing)?;
+    call_ref(id, APPROVAL_PREFIX, param, "approval request")
+}
+
+/// The call a `function_call_output`'s `call_id` names; anything else is not one (404 naming `param`).
+pub fn function_call(id: &str, param: &str) -> Result<ApprovalCall, ApiError> {
+    call_ref(id, FUNCTION_CALL_PREFIX, param, "function call")
+}
+
+fn call_ref(id: &str, prefix: &str, param: &str, what: &str) -> Result<ApprovalCall, ApiError> {
+    let missing = || ApiError::not_found(param, format!("No {what} found with id '{id}'."));
+    let raw = id.strip_prefix(prefix).ok_or_else(missing)?;
     let raw = String::from_utf8(URL_SAFE_NO_PAD.decode(raw).map_err(|_| missing())?).map_err(|_| missing())?;
     let mut parts = raw.splitn(4, '.');
     let (Some(session), Some(turn), Some(seq), Some(call)) = (parts.next(), parts.next(), parts.next(), parts.next())
@@ -160,6 +184,10 @@ mod tests {
         let call = ApprovalCall { session: "s-1".into(), turn: 3, seq: 17, call_id: "call.with.dots".into() };
         assert_eq!(approval_call(&id, "p").unwrap(), call);
         assert!(approval_call("mcpr_x", "p").is_err());
+        let id = function_call_id("s-1", 3, 17, "call.with.dots");
+        assert!(id.starts_with("call_"), "{id}");
+        assert_eq!(function_call(&id, "p").unwrap(), call);
+        assert!(function_call(&approval_id("s-1", 3, 17, "c"), "p").is_err());
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! `input` (a string or items) and `instructions` as the messages they deliver.
 
 use serde_json::{Map, Value};
+use turnstile_model::tool_names::is_model_tool_name;
+use turnstile_model::turn_tools::TurnTool;
 use turnstile_proto::v1 as pb;
 
 use super::error::ApiError;
@@ -142,6 +144,110 @@ pub fn approvals(body: &Map<String, Value>) -> Result<Vec<ApprovalResponse>, Api
 
 /// The input item type that answers an approval request.
 const APPROVAL: &str = "mcp_approval_response";
+/// The input item type that answers a function call.
+const FUNCTION_OUTPUT: &str = "function_call_output";
+/// The input item type of a function call the client resends as history.
+const FUNCTION_CALL: &str = "function_call";
+
+/// `tools`: the function tools the request declares for its caller to run, the client tools of its turn
+/// (SPEC §19). Other tool types are a 400 naming the tool: the agent profile's own tools run server-side.
+pub fn tools(body: &Map<String, Value>) -> Result<Vec<TurnTool>, ApiError> {
+    let list = match body.get("tools") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list,
+        Some(other) => return Err(ApiError::invalid("tools", format!("tools must be a list, not {}", kind(other)))),
+    };
+    let mut tools: Vec<TurnTool> = Vec::with_capacity(list.len());
+    for (i, tool) in list.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let Value::Object(tool) = tool else {
+            return Err(ApiError::invalid(at.clone(), format!("{at} must be an object")));
+        };
+        match string(tool, "type").map_err(|e| e.at(&at))? {
+            Some("function") => {}
+            other => {
+                return Err(ApiError::invalid(
+                    format!("{at}.type"),
+                    format!(
+                        "{at}.type is {other:?}; only function tools can be declared (the agent profile's own tools \
+                         run server-side and appear as mcp_call items)"
+                    ),
+                ));
+            }
+        }
+        let name = string(tool, "name").map_err(|e| e.at(&at))?.unwrap_or_default();
+        if !is_model_tool_name(name) {
+            return Err(ApiError::invalid(
+                format!("{at}.name"),
+                format!("{at}.name is {name:?}; a function name is 1-64 letters, digits, '_' or '-'"),
+            ));
+        }
+        if tools.iter().any(|t| t.name == name) {
+            return Err(ApiError::invalid(format!("{at}.name"), format!("function {name} is declared twice")));
+        }
+        let description = string(tool, "description").map_err(|e| e.at(&at))?.unwrap_or_default().to_owned();
+        let parameters = match tool.get("parameters") {
+            None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => {
+                return Err(ApiError::invalid(format!("{at}.parameters"), "parameters must be a JSON Schema object"));
+            }
+        };
+        tools.push(TurnTool { name: name.to_owned(), description, parameters });
+    }
+    Ok(tools)
+}
+
+/// The output a `function_call_output` item gives the call its `call_id` names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionOutput {
+    pub call_id: String,
+    pub output: String,
+}
+
+/// The `function_call_output` items that end `input` (with the resent `function_call`s among them), each
+/// checked: the answers to the calls the turn waits for. Everything before them is history the client
+/// resends (the Agents SDK sends its whole run each time, earlier rounds' calls and outputs included).
+pub fn function_outputs(body: &Map<String, Value>) -> Result<Vec<FunctionOutput>, ApiError> {
+    let Some(Value::Array(list)) = body.get("input") else { return Ok(Vec::new()) };
+    let is_function =
+        |item: &Value| matches!(item.get("type").and_then(Value::as_str), Some(FUNCTION_OUTPUT | FUNCTION_CALL));
+    let tail = list.len() - list.iter().rev().take_while(|item| is_function(item)).count();
+    let mut out = Vec::new();
+    for (i, item) in list.iter().enumerate().skip(tail) {
+        if item.get("type").and_then(Value::as_str) != Some(FUNCTION_OUTPUT) {
+            continue;
+        }
+        let at = format!("input[{i}]");
+        let Some(item) = item.as_object() else { continue };
+        let call_id = string(item, "call_id")
+            .map_err(|e| e.at(&at))?
+            .ok_or_else(|| ApiError::invalid(format!("{at}.call_id"), "call_id is required"))?;
+        let output = match item.get("output") {
+            Some(Value::String(text)) => text.clone(),
+            Some(Value::Array(parts)) => {
+                let texts: Vec<&str> = parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect();
+                if texts.len() != parts.len() {
+                    return Err(ApiError::invalid(
+                        format!("{at}.output"),
+                        "output parts must be text ({\"type\": \"input_text\", \"text\": ...}); images and files are \
+                         not supported yet",
+                    ));
+                }
+                texts.join("\n")
+            }
+            _ => return Err(ApiError::invalid(format!("{at}.output"), "output is required: a string or text parts")),
+        };
+        out.push(FunctionOutput { call_id: call_id.to_owned(), output });
+    }
+    Ok(out)
+}
+
+/// The index of the first `function_call` item of `input` (history a client resends with its output).
+pub fn first_function_call(body: &Map<String, Value>) -> Option<usize> {
+    let Some(Value::Array(list)) = body.get("input") else { return None };
+    list.iter().position(|item| item.get("type").and_then(Value::as_str) == Some(FUNCTION_CALL))
+}
 
 /// `instructions` then `input`, as the messages to deliver in order. Only text is supported; anything
 /// else is a 400 naming the item and what is allowed.
@@ -150,12 +256,18 @@ pub fn messages(body: &Map<String, Value>) -> Result<Vec<InputMessage>, ApiError
     if let Some(text) = string(body, "instructions")? {
         out.push(InputMessage { role: Role::Instructions, text: text.to_owned() });
     }
-    out.extend(items(body.get("input"), "input")?);
+    // Function calls and their outputs are read by `function_outputs`.
+    out.extend(items_but(body.get("input"), "input", &[APPROVAL, FUNCTION_OUTPUT, FUNCTION_CALL])?);
     Ok(out)
 }
 
 /// Input items (`input` of a response, `items` of a conversation): a string, or a list of messages.
 pub fn items(value: Option<&Value>, param: &str) -> Result<Vec<InputMessage>, ApiError> {
+    items_but(value, param, &[APPROVAL])
+}
+
+/// [`items`], leaving out the items of the types `skip` (read elsewhere).
+fn items_but(value: Option<&Value>, param: &str, skip: &[&str]) -> Result<Vec<InputMessage>, ApiError> {
     let list = match value {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::String(text)) => return Ok(vec![InputMessage { role: Role::User, text: text.clone() }]),
@@ -169,7 +281,7 @@ pub fn items(value: Option<&Value>, param: &str) -> Result<Vec<InputMessage>, Ap
     };
     list.iter()
         .enumerate()
-        .filter(|(_, item)| item.get("type").and_then(Value::as_str) != Some(APPROVAL))
+        .filter(|(_, item)| item.get("type").and_then(Value::as_str).is_none_or(|t| !skip.contains(&t)))
         .map(|(i, item)| message(item, &format!("{param}[{i}]")))
         .collect()
 }
@@ -269,6 +381,27 @@ mod tests {
         let got = items(Some(&input), "input").unwrap();
         assert_eq!(got.iter().map(|m| m.role).collect::<Vec<_>>(), [Role::Developer, Role::User, Role::Assistant]);
         assert_eq!(got[1].text, "a\nb");
+    }
+
+    #[test]
+    fn the_function_call_outputs_that_end_the_input_answer_and_the_rest_is_history() {
+        let output = |id: &str| json!({"type": "function_call_output", "call_id": id, "output": "r"});
+        let call = |id: &str| json!({"type": "function_call", "call_id": id, "name": "f", "arguments": "{}"});
+        let input = json!({"input": [
+            {"role": "user", "content": "hi"}, call("c1"), output("c1"),
+            {"role": "assistant", "content": "next"}, call("c2"), output("c2"),
+        ]});
+        let got = function_outputs(&body(input)).unwrap();
+        assert_eq!(got, vec![FunctionOutput { call_id: "c2".into(), output: "r".into() }]);
+        // A message after the outputs is new input: no outputs answer, and the calls before are history.
+        let input = json!({"input": [call("c1"), output("c1"), {"role": "user", "content": "more"}]});
+        assert_eq!(function_outputs(&body(input.clone())).unwrap(), vec![]);
+        assert_eq!(first_function_call(&body(input)), Some(0));
+        let err = function_outputs(&body(json!({"input": [{"type": "function_call_output", "call_id": "c"}]})));
+        assert_eq!(err.unwrap_err().param.as_deref(), Some("input[0].output"));
+        let tools =
+            tools(&body(json!({"tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "f"}]})));
+        assert_eq!(tools.unwrap_err().param.as_deref(), Some("tools[1].name"));
     }
 
     #[test]

@@ -78,8 +78,9 @@ pub fn router(gateway: Gateway, agents: Agents) -> Router {
         .layer(from_fn_with_state(auth_enabled, confine))
 }
 
-/// With auth off, answers only loopback callers that name a loopback host (the console's rule).
-async fn confine(State(auth_enabled): State<bool>, req: Request, next: Next) -> Response {
+/// With auth off, answers only loopback callers that name a loopback host (the console's rule); every
+/// protocol of this crate is behind it.
+pub(crate) async fn confine(State(auth_enabled): State<bool>, req: Request, next: Next) -> Response {
     if auth_enabled || turnstile_gateway::console::is_local_caller(&req) {
         return next.run(req).await;
     }

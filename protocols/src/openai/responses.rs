@@ -8,6 +8,8 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::{Map, Value, json};
+use turnstile_model::turn_tools;
+use turnstile_proto::codec::encode_content_block;
 use turnstile_proto::v1 as pb;
 
 use super::api::{self, Api, Delivery};
@@ -49,7 +51,7 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
     let stream = input::flag(&body, "stream")?;
     let background = input::flag(&body, "background")?;
     input::flag(&body, "store")?;
-    refuse_tools(&body)?;
+    let tools = input::tools(&body)?;
     let metadata = input::metadata(&body)?;
     let delivery = delivery(&body, metadata.as_deref())?;
     let approvals = input::approvals(&body)?;
@@ -66,6 +68,22 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
         let id = decide(&api, &approvals, previous.as_ref(), conversation).await?;
         let meta = Meta { background, ..meta(&api, &id, "input").await? };
         return answer(api, id, meta, stream, background).await;
+    }
+    let outputs = input::function_outputs(&body)?;
+    if !outputs.is_empty() {
+        // The rest of the input is the history the client resends (the Agents SDK sends its whole run).
+        let (_, conversation, previous) = target(&body, None)?;
+        let id = complete(&api, &outputs, previous.as_ref(), conversation).await?;
+        let meta = Meta { background, ..meta(&api, &id, "input").await? };
+        return answer(api, id, meta, stream, background).await;
+    }
+    if let Some(i) = input::first_function_call(&body) {
+        return Err(ApiError::invalid(
+            format!("input[{i}]"),
+            "a function_call item is history this server already has: continue its response with \
+             previous_response_id (or conversation) and send only the new input, or end the input with the \
+             function_call_output items that answer the waiting calls",
+        ));
     }
     if !messages.iter().any(|m| m.role != Role::Instructions) {
         return Err(ApiError::invalid("input", "input is required: a string or a list of input items"));
@@ -99,22 +117,40 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
         info = api.set_labels(&session, changed, Vec::new()).await?;
     }
 
+    // A stream's Watch opens while the input is delivered, so its replay does not delay the first event.
+    let early = stream.then(|| {
+        let (api, session, from) = (api.clone(), session.clone(), info.last_seq);
+        tokio::spawn(async move { api.watch(&session, from, true).await.map(|watch| (from, watch)) })
+    });
     // Every message but the last is context for the same first step; the last one asks for the turn.
     let last = messages.len() - 1;
     let mut reply = pb::SendReply::default();
     for (i, message) in messages.iter().enumerate() {
         let how = if i == last { delivery } else { Delivery::Inject };
-        reply = api.deliver(&session, message.to_pb(ids::message_id(key.as_deref(), i)), how).await?;
+        let mut message = message.to_pb(ids::message_id(key.as_deref(), i));
+        if i == last && !tools.is_empty() {
+            // The function tools are the client tools of the turn this message opens (decision 0113).
+            message.content.push(encode_content_block(&turn_tools::block(&tools)));
+        }
+        reply = api.deliver(&session, message, how).await?;
     }
     let id = ResponseId { session, seq: reply.seq, turn: reply.turn.unwrap_or(0), conversation, after_approval: false };
     let meta = Meta { model: model.to_owned(), metadata: labels(&info), background };
+    if let Some(Ok(Ok((from, watch)))) = match early {
+        Some(early) => Some(early.await),
+        None => None,
+    } && from < id.seq
+    {
+        // (A retried create answers the original seq, which an early Watch may have started after.)
+        return Ok(stream_response(api, id, meta, None, Some(watch)));
+    }
     answer(api, id, meta, stream, background).await
 }
 
 /// A created response: its stream, its state now (background), or its state once it ended.
 async fn answer(api: Api, id: ResponseId, meta: Meta, stream: bool, background: bool) -> Answer {
     if stream {
-        return Ok(stream_response(api, id, meta, None));
+        return Ok(stream_response(api, id, meta, None, None));
     }
     let fold = if background { read(&api, id, meta).await? } else { follow(&api, id, meta).await? };
     Ok(ok(fold.snapshot()))
@@ -152,17 +188,36 @@ async fn decide(
     first.ok_or_else(|| ApiError::invalid("input", "no mcp_approval_response item"))
 }
 
-/// `tools` with anything in it: not yet (docs/PROTOCOLS.md); the agent's own tools run regardless.
-fn refuse_tools(body: &Map<String, Value>) -> Result<(), ApiError> {
-    match body.get("tools") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Array(tools)) if tools.is_empty() => Ok(()),
-        Some(_) => Err(ApiError::invalid(
-            "tools",
-            "request tools are not supported yet: the agent profile's own tools (configuration [agents.NAME] tools) \
-             run server-side and appear as mcp_call items; leave tools empty",
-        )),
+/// Gives each function call its output (`CompleteToolCall`); the response is the rest of their turn from
+/// the first one's call on (decision 0113), like a decision's (decision 0103). Every call must be of one
+/// session, the one `previous_response_id` names if given.
+async fn complete(
+    api: &Api,
+    outputs: &[input::FunctionOutput],
+    previous: Option<&ResponseId>,
+    conversation: bool,
+) -> Result<ResponseId, ApiError> {
+    let mut first: Option<ResponseId> = None;
+    for (i, output) in outputs.iter().enumerate() {
+        let param = format!("input[{i}].call_id");
+        let call = ids::function_call(&output.call_id, &param)?;
+        let named = first.as_ref().map(|f| f.session.as_str()).or(previous.map(|p| p.session.as_str()));
+        if named.is_some_and(|s| s != call.session) {
+            return Err(ApiError::invalid(
+                param,
+                "this function call belongs to another response chain than the rest of the request",
+            ));
+        }
+        api.complete_tool_call(&call.session, &call.call_id, &output.output, None).await.map_err(|e| e.at(&param))?;
+        first.get_or_insert(ResponseId {
+            session: call.session,
+            seq: call.seq,
+            turn: call.turn,
+            conversation: conversation || previous.is_some_and(|p| p.conversation),
+            after_approval: true,
+        });
     }
+    first.ok_or_else(|| ApiError::invalid("input", "no function_call_output item"))
 }
 
 /// `delivery` (body) or `metadata.turnstile_delivery`: how the input reaches a busy session.
@@ -281,12 +336,22 @@ async fn follow(api: &Api, id: ResponseId, meta: Meta) -> Result<ResponseFold, A
 }
 
 /// The response's events after `starting_after` as server-sent events, until it ends.
-fn stream_response(api: Api, id: ResponseId, meta: Meta, starting_after: Option<u64>) -> Response {
+/// `watch`: one already open from before the response's delivery (events before it are skipped).
+fn stream_response(
+    api: Api,
+    id: ResponseId,
+    meta: Meta,
+    starting_after: Option<u64>,
+    watch: Option<api::Watch>,
+) -> Response {
     let (tx, res) = sse::channel();
     tokio::spawn(async move {
         let mut last = starting_after.unwrap_or(0);
         let ended = async {
-            let mut watch = api.watch(&id.session, id.seq - 1, true).await?;
+            let mut watch = match watch {
+                Some(watch) => watch,
+                None => api.watch(&id.session, id.seq - 1, true).await?,
+            };
             let mut fold = ResponseFold::new(id, meta, starting_after);
             while !fold.finished() {
                 let item = api::next(&mut watch).await?;
@@ -322,7 +387,7 @@ pub(crate) async fn retrieve(
     if param(&pairs, "stream") == Some("true") {
         let last_event = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
         let after = number(&pairs, "starting_after")?.or(last_event);
-        return Ok(stream_response(api, id, meta, after));
+        return Ok(stream_response(api, id, meta, after, None));
     }
     Ok(ok(read(&api, id, meta).await?.snapshot()))
 }

@@ -366,6 +366,16 @@ class AsyncClient:
         request = api.DecideRequest(session=self.ref(session), call_id=call_id, approve=approve, reason=reason)
         return await self._unary("Decide", request, retry=False)
 
+    async def complete_tool_call(
+        self, session: SessionLike, call_id: str, output: str, error: str | None = None
+    ) -> api.EditReply:
+        """Answers the call of a client tool of the turn (``tool/call {awaiting_client}``, SPEC §19) with its
+        result: durable ``tool/result``, then the turn goes on. ``error`` marks the call failed."""
+        request = api.CompleteToolCallRequest(session=self.ref(session), call_id=call_id, output=output)
+        if error is not None:
+            request.error = error
+        return await self._unary("CompleteToolCall", request, retry=False)
+
     async def set_goal(self, session: SessionLike, objective: str, max_rounds: int) -> api.GoalInfo:
         request = api.SetGoalRequest(session=self.ref(session), objective=objective, max_rounds=max_rounds)
         return await self._unary("SetGoal", request, retry=False)

@@ -14,7 +14,7 @@ from ._tools import Tools
 
 # The AsyncClient coroutine methods the blocking client offers with the same signature and reply.
 _CALLS = (
-    "send followup queue steer inject interrupt cancel replace remove splice clear configure_session decide "
+    "send followup queue steer inject interrupt cancel replace remove splice clear configure_session decide complete_tool_call "
     "set_goal update_goal compact fork_session reference_session delete_session get_inbox get_session when_idle "
     "list_sessions get_usage create_schedule list_schedules delete_schedule set_labels get_transcript list_pending_approvals "
     "create_webhook list_webhooks delete_webhook import_sessions run turn_of"

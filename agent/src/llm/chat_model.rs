@@ -369,7 +369,8 @@ mod tests {
             content: vec![
                 ContentBlock::text("what is this?"),
                 ContentBlock::Data { mime: "image/png".into(), bytes: vec![1, 2] },
-            ],
+            ]
+            .into(),
             source: turnstile_model::MessageSource::User,
         };
         let history = vec![

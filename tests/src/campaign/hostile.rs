@@ -6,8 +6,8 @@
 //!   counts. A bounded number of each ([`OVERSIZE_SENDS`]), so a build that still accepts them stores
 //!   tens of megabytes, not gigabytes.
 //! - **Stuck watchers**: [`STUCK_WATCHERS`] live `Watch` streams on the hostile tenant's busy session,
-//!   opened at the start and never read until the schedule ends, while the tenant sends a 256 KiB followup
-//!   to that session every 150–400 ms (the scripted model echoes each one back as deltas): enough to pass
+//!   opened at the start and never read until the schedule ends, while a task of the tenant sends a 256 KiB
+//!   followup to that session every 150–400 ms (the scripted model echoes each one back as deltas): enough to pass
 //!   a gateway's 4 MiB per watcher in a few seconds, even beside the HTTP/2 windows between the two sides.
 //!   Once read, a watcher cut with the resumable status must come back: a Watch from the `after_seq` its
 //!   cut named starts at the next event.
@@ -238,16 +238,14 @@ pub async fn run(shared: Target, seed: u64, duration: Duration, run_id: String) 
     }
     due.sort_by_key(|(at, _)| *at);
     let mut due = due.into_iter().peekable();
+    // The watched session is fed by a task of its own, so slow refusals (a 300,000-block message takes a
+    // debug gateway seconds to decode) never starve it: even a short run (a bench round) passes the
+    // watchers' limit.
+    let feeder = tokio::spawn(feed(shared.clone(), busy.clone(), run_id.clone(), seed));
     let mut n = 0u64;
     while !shared.stop.load(Ordering::Relaxed) {
         n += 1;
         let g = rng.usize(..2);
-        let Some(c) = channel(&shared, g) else { break };
-        let mut client = AgentClient::new(c);
-        // The watched session is fed on every round, whatever else is due: a short run (a bench round)
-        // still passes the watchers' limit.
-        let m = user_msg(&format!("busy-{run_id}-{n}"), &"z".repeat(BUSY_TEXT));
-        let _ = client.followup(req(DeliverRequest { session: Some(busy.clone()), message: Some(m) })).await;
         if let Some((_, kind)) = due.next_if(|(at, _)| started.elapsed() >= *at) {
             let id = format!("h-{run_id}-{n}");
             // Like any client, again on an answer that says nothing (a gateway or worker restarting under
@@ -296,7 +294,22 @@ pub async fn run(shared: Target, seed: u64, duration: Duration, run_id: String) 
         }
         tokio::time::sleep(Duration::from_millis(rng.u64(150..400))).await;
     }
+    let _ = feeder.await;
     Hostile { records, watchers, busy, target: shared }
+}
+
+/// Sends a [`BUSY_TEXT`] followup to the watched session every 150–400 ms until `target.stop`.
+async fn feed(target: Target, busy: SessionRef, run_id: String, seed: u64) {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0xfeed);
+    let mut n = 0u64;
+    while !target.stop.load(Ordering::Relaxed) {
+        n += 1;
+        let Some(c) = channel(&target, rng.usize(..2)) else { break };
+        let m = user_msg(&format!("busy-{run_id}-{n}"), &"z".repeat(BUSY_TEXT));
+        let _ =
+            AgentClient::new(c).followup(req(DeliverRequest { session: Some(busy.clone()), message: Some(m) })).await;
+        tokio::time::sleep(Duration::from_millis(rng.u64(150..400))).await;
+    }
 }
 
 impl Hostile {

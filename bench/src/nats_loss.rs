@@ -3,10 +3,10 @@
 //!
 //! The harness's real cluster (`turnstile_tests::Cluster`): 3 nats-servers clustered on loopback with R3
 //! streams and buckets, `--workers` worker processes and `--gateways` gateways, the workers' default lease
-//! timings unless `--worker-arg` says otherwise. Each round runs the load (`--clients` clients round robin
-//! over `--sessions` sessions through every gateway), kills one member (`kill -9`, or SIGTERM with
-//! `--sigterm`) `--before` seconds in, keeps the load `--after` seconds more, then restarts the member and
-//! lets the cluster settle before the next round.
+//! timings unless `--worker-arg` says otherwise. Each round runs the load (`--clients` clients, each round
+//! robin over its own share of `--sessions` sessions, through every gateway), kills one member (`kill -9`,
+//! or SIGTERM with `--sigterm`) `--before` seconds in, keeps the load `--after` seconds more, then restarts
+//! the member and lets the cluster settle before the next round.
 //!
 //! A followup's *wait* is what its client sees: from its first attempt to the attempt that was accepted.
 //! A client answered with anything that may be retried (UNAVAILABLE, DEADLINE_EXCEEDED, …) sends the same
@@ -295,15 +295,22 @@ async fn round(cluster: &mut Cluster, args: &NatsLossArgs, victim: Victim, run_i
     );
     let next = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
-    for k in 0..args.clients.max(1) {
+    let clients = args.clients.max(1);
+    for k in 0..clients {
         let mut client = servers::connect(&cluster.gateway_url(k % cluster.gateways())).await?;
         let (stop, sessions, next, run_id) = (stop.clone(), sessions.clone(), next.clone(), run_id.to_owned());
         tasks.push(tokio::spawn(async move {
             let mut tally = Tally::default();
+            let mut owned = 0;
             while !stop.load(Ordering::Relaxed) {
+                // Client k owns sessions k, k + clients, …: a stalled session holds up its own client only,
+                // so the others go on measuring theirs (with a shared round robin every client would soon
+                // wait on some stalled session, and the share of sessions stalled could not show).
                 let i = next.fetch_add(1, Ordering::Relaxed);
+                let session = (k + owned * clients) % sessions.len();
+                owned = (owned + 1) % sessions.len().div_ceil(clients).max(1);
                 let request = pb::DeliverRequest {
-                    session: Some(sessions[i % sessions.len()].clone()),
+                    session: Some(sessions[session].clone()),
                     message: Some(text_message(format!("nl-{run_id}-{i}"), "hello")),
                 };
                 let first = started.elapsed();
@@ -313,7 +320,7 @@ async fn round(cluster: &mut Cluster, args: &NatsLossArgs, victim: Victim, run_i
                     match client.followup(request.clone()).await {
                         Ok(_) => {
                             let wait = started.elapsed().saturating_sub(first);
-                            tally.samples.push(Sample { started: first, wait, attempts, session: i % sessions.len() });
+                            tally.samples.push(Sample { started: first, wait, attempts, session });
                             break;
                         }
                         Err(status) if retryable(status.code()) => {

@@ -589,7 +589,7 @@ async fn chat_model_streams_deltas_and_maps_the_output() {
     let (tx, mut rx) = mpsc::channel(16);
     let message = UserMessage {
         id: turnstile_model::MessageId("m1".into()),
-        content: vec![ContentBlock::text("what time is it?")],
+        content: vec![ContentBlock::text("what time is it?")].into(),
         source: MessageSource::User,
     };
     let out =

@@ -3,10 +3,10 @@
 //!
 //! The harness's real cluster (`turnstile_tests::Cluster`): 3 nats-servers clustered on loopback with R3
 //! streams and buckets, `--workers` worker processes and `--gateways` gateways, the workers' default lease
-//! timings unless `--worker-arg` says otherwise. Each round runs the load (`--clients` clients round robin
-//! over `--sessions` sessions through every gateway), kills one member (`kill -9`, or SIGTERM with
-//! `--sigterm`) `--before` seconds in, keeps the load `--after` seconds more, then restarts the member and
-//! lets the cluster settle before the next round.
+//! timings unless `--worker-arg` says otherwise. Each round runs the load (`--clients` clients, each round
+//! robin over its own share of `--sessions` sessions, through every gateway), kills one member (`kill -9`,
+//! or SIGTERM with `--sigterm`) `--before` seconds in, keeps the load `--after` seconds more, then restarts
+//! the member and lets the cluster settle before the next round.
 //!
 //! A followup's *wait* is what its client sees: from its first attempt to the attempt that was accepted.
 //! A client answered with anything that may be retried (UNAVAILABLE, DEADLINE_EXCEEDED, …) sends the same
@@ -17,6 +17,10 @@
 //! `events-leader` leads the sessions' event stream (`TURNSTILE_EVENTS_0`), `lease-leader` the shard-lease
 //! bucket's stream (`KV_turnstile_shards`), `follower` neither; `rotate` (the default) takes them in turn.
 //! Each round also reads every worker's lease-renewal failures and append conflicts (`/metrics`) across it.
+//!
+//! With `--partitions N` the sessions are spread over N event streams (`TURNSTILE_EVENTS_0..N`), whose
+//! leaders nats-server places; a round then reports how many of them the victim led and the share of the
+//! sessions that had a followup wait past the goal (a leader's death stalls only its streams' sessions).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -79,6 +83,9 @@ pub struct NatsLossArgs {
     workers: usize,
     #[arg(long, default_value_t = 2)]
     gateways: usize,
+    /// Event streams (partitions) the sessions are spread over (`--partitions` of every worker and gateway).
+    #[arg(long, default_value_t = 1)]
+    partitions: u32,
     /// Extra arguments of every `turnstile worker` (repeatable), e.g. `--worker-arg=--lease-ttl-ms=3000`.
     #[arg(long = "worker-arg", allow_hyphen_values = true)]
     worker_args: Vec<String>,
@@ -101,6 +108,12 @@ pub struct Round {
     pub member: String,
     pub led_events: bool,
     pub led_leases: bool,
+    /// Of the `partitions` event streams, how many the member led when the round started.
+    pub led_event_streams: usize,
+    /// Sessions that had a followup in flight at the kill or after it wait longer than the goal, of the
+    /// sessions that had any.
+    pub sessions_stalled: usize,
+    pub sessions_after_kill: usize,
     /// Followups accepted before the kill, and their waits.
     pub quiet: Percentiles,
     /// Followups in flight at the kill or started after it, and their waits.
@@ -125,6 +138,7 @@ pub struct NatsLossReport {
     pub gateways: usize,
     pub clients: usize,
     pub sessions: usize,
+    pub partitions: u32,
     pub signal: &'static str,
     pub worker_args: Vec<String>,
     pub turnstile_bin: String,
@@ -147,6 +161,9 @@ pub async fn run(args: NatsLossArgs) -> Result<()> {
     let mut opts = ClusterOptions::new(args.workers.max(1), args.gateways.max(1));
     opts.nats_nodes = 3;
     opts.worker_args = args.worker_args.clone();
+    let partitions = format!("--partitions={}", args.partitions.max(1));
+    opts.worker_args.push(partitions.clone());
+    opts.gateway_args.push(partitions);
     eprintln!(
         "starting 3 nats-servers, {} workers and {} gateways ({}) ...",
         args.workers,
@@ -199,6 +216,7 @@ pub async fn run(args: NatsLossArgs) -> Result<()> {
         gateways: args.gateways,
         clients: args.clients,
         sessions: args.sessions,
+        partitions: args.partitions.max(1),
         signal: if args.sigterm { "SIGTERM" } else { "kill -9" },
         worker_args: args.worker_args.clone(),
         turnstile_bin: bin.display().to_string(),
@@ -230,6 +248,8 @@ struct Sample {
     started: Duration,
     wait: Duration,
     attempts: usize,
+    /// Which of the round's sessions it went to.
+    session: usize,
 }
 
 #[derive(Default)]
@@ -246,6 +266,10 @@ fn retryable(code: Code) -> bool {
 async fn round(cluster: &mut Cluster, args: &NatsLossArgs, victim: Victim, run_id: &str) -> Result<Round> {
     let nats = cluster.nats_cluster();
     let events = nats.stream_leader(EVENTS_STREAM).await;
+    let mut event_leaders = Vec::new();
+    for p in 0..args.partitions.max(1) {
+        event_leaders.push(nats.stream_leader(&format!("TURNSTILE_EVENTS_{p}")).await);
+    }
     let leases = nats.stream_leader(LEASE_STREAM).await;
     let name = |i: usize| nats.node(i).name().map_or_else(|| format!("n{}", i + 1), str::to_owned);
     let index = |leader: &Option<String>| leader.as_deref().and_then(|l| nats.index_of(l));
@@ -259,6 +283,7 @@ async fn round(cluster: &mut Cluster, args: &NatsLossArgs, victim: Victim, run_i
     .with_context(|| format!("no member to kill as {victim:?} (events leader {events:?}, lease leader {leases:?})"))?;
     let member = name(target);
     let (led_events, led_leases) = (index(&events) == Some(target), index(&leases) == Some(target));
+    let led_event_streams = event_leaders.iter().filter(|l| index(l) == Some(target)).count();
 
     let before_metrics = worker_counters(cluster).await;
     let stop = Arc::new(AtomicBool::new(false));
@@ -270,15 +295,22 @@ async fn round(cluster: &mut Cluster, args: &NatsLossArgs, victim: Victim, run_i
     );
     let next = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
-    for k in 0..args.clients.max(1) {
+    let clients = args.clients.max(1);
+    for k in 0..clients {
         let mut client = servers::connect(&cluster.gateway_url(k % cluster.gateways())).await?;
         let (stop, sessions, next, run_id) = (stop.clone(), sessions.clone(), next.clone(), run_id.to_owned());
         tasks.push(tokio::spawn(async move {
             let mut tally = Tally::default();
+            let mut owned = 0;
             while !stop.load(Ordering::Relaxed) {
+                // Client k owns sessions k, k + clients, …: a stalled session holds up its own client only,
+                // so the others go on measuring theirs (with a shared round robin every client would soon
+                // wait on some stalled session, and the share of sessions stalled could not show).
                 let i = next.fetch_add(1, Ordering::Relaxed);
+                let session = (k + owned * clients) % sessions.len();
+                owned = (owned + 1) % sessions.len().div_ceil(clients).max(1);
                 let request = pb::DeliverRequest {
-                    session: Some(sessions[i % sessions.len()].clone()),
+                    session: Some(sessions[session].clone()),
                     message: Some(text_message(format!("nl-{run_id}-{i}"), "hello")),
                 };
                 let first = started.elapsed();
@@ -288,7 +320,7 @@ async fn round(cluster: &mut Cluster, args: &NatsLossArgs, victim: Victim, run_i
                     match client.followup(request.clone()).await {
                         Ok(_) => {
                             let wait = started.elapsed().saturating_sub(first);
-                            tally.samples.push(Sample { started: first, wait, attempts });
+                            tally.samples.push(Sample { started: first, wait, attempts, session });
                             break;
                         }
                         Err(status) if retryable(status.code()) => {
@@ -332,6 +364,10 @@ async fn round(cluster: &mut Cluster, args: &NatsLossArgs, victim: Victim, run_i
         tally.samples.iter().partition(|s| s.started + s.wait >= killed_at);
     let waits = |v: &[&Sample]| v.iter().map(|s| s.wait).collect::<Vec<_>>();
     let slowest = after.iter().max_by_key(|s| s.wait);
+    let goal = Duration::from_millis(args.goal_ms);
+    let touched: std::collections::BTreeSet<usize> = after.iter().map(|s| s.session).collect();
+    let stalled: std::collections::BTreeSet<usize> =
+        after.iter().filter(|s| s.wait > goal).map(|s| s.session).collect();
     let delta = |k: &str| {
         after_metrics.get(k).copied().unwrap_or(0).saturating_sub(before_metrics.get(k).copied().unwrap_or(0))
     };
@@ -340,6 +376,9 @@ async fn round(cluster: &mut Cluster, args: &NatsLossArgs, victim: Victim, run_i
         member,
         led_events,
         led_leases,
+        led_event_streams,
+        sessions_stalled: stalled.len(),
+        sessions_after_kill: touched.len(),
         quiet: Percentiles::of(&waits(&quiet)),
         after_kill: Percentiles::of(&waits(&after)),
         retries: after.iter().map(|s| s.attempts - 1).sum(),
@@ -398,7 +437,7 @@ fn markdown(r: &NatsLossReport) -> String {
     let _ = writeln!(
         out,
         "{} cores ({}), load average {} → {}, nats-server {}, {} workers + {} gateways, {} clients over {} \
-         sessions, worker args {:?} ({})\n",
+         sessions in {} event streams, worker args {:?} ({})\n",
         r.nproc,
         r.cpu_model,
         r.loadavg_start,
@@ -408,14 +447,15 @@ fn markdown(r: &NatsLossReport) -> String {
         r.gateways,
         r.clients,
         r.sessions,
+        r.partitions,
         r.worker_args,
         r.turnstile_bin
     );
     let _ = writeln!(
         out,
-        "| round | member (led) | before: p99 | after: followups | p50 | p99 | max | retries | lease errors / lost | conflicts |"
+        "| round | member (led) | event streams led | before: p99 | after: followups | p50 | p99 | max | sessions over the goal | retries | lease errors / lost | conflicts |"
     );
-    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (i, x) in r.rounds.iter().enumerate() {
         let led = match (x.led_events, x.led_leases) {
             (true, true) => "events + leases",
@@ -425,13 +465,17 @@ fn markdown(r: &NatsLossReport) -> String {
         };
         let _ = writeln!(
             out,
-            "| {i} | {} ({led}) | {:.0} ms | {} | {:.0} ms | {:.0} ms | {:.0} ms | {} | {} / {} | {} |",
+            "| {i} | {} ({led}) | {} of {} | {:.0} ms | {} | {:.0} ms | {:.0} ms | {:.0} ms | {} of {} | {} | {} / {} | {} |",
             x.member,
+            x.led_event_streams,
+            r.partitions,
             x.quiet.p99_ms,
             x.after_kill.count,
             x.after_kill.p50_ms,
             x.after_kill.p99_ms,
             x.after_kill.max_ms,
+            x.sessions_stalled,
+            x.sessions_after_kill,
             x.retries,
             x.lease_renew_errors,
             x.leases_lost,

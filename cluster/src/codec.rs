@@ -434,7 +434,8 @@ mod tests {
     fn message(id: &str, source: MessageSource) -> UserMessage {
         UserMessage {
             id: MessageId(id.into()),
-            content: vec![ContentBlock::text("hi"), ContentBlock::Data { mime: "a/b".into(), bytes: vec![0, 255] }],
+            content: vec![ContentBlock::text("hi"), ContentBlock::Data { mime: "a/b".into(), bytes: vec![0, 255] }]
+                .into(),
             source,
         }
     }

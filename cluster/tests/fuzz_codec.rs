@@ -35,7 +35,7 @@ fn session() -> SessionRef {
 }
 
 fn message(id: &str) -> UserMessage {
-    UserMessage { id: id.into(), content: vec![ContentBlock::text("hello")], source: MessageSource::User }
+    UserMessage { id: id.into(), content: vec![ContentBlock::text("hello")].into(), source: MessageSource::User }
 }
 
 /// Valid commands of most kinds, the material the mutations start from.

@@ -162,7 +162,7 @@ impl Driver {
         let round = goal.info.round + 1;
         let message = UserMessage {
             id: self.continuation_id(&goal, round),
-            content: vec![ContentBlock::text(goal.continuation_text(round))],
+            content: [ContentBlock::text(goal.continuation_text(round))].into(),
             source: MessageSource::Goal { goal_id: goal.info.goal_id.clone(), revision: goal.info.revision, round },
         };
         if let Err(e) = self.deliver(message, Target::NextTurn, true, None, None, Position::Tail) {

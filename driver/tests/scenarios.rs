@@ -424,7 +424,7 @@ fn s11_enter_with_rewritten_content_keeps_the_id() {
     assert_eq!(msgs.len(), 1);
     let (id, turn, step, m) = &msgs[0];
     assert_eq!((id.as_str(), *turn, *step), ("A", 1, 1));
-    assert_eq!(m.content, vec![ContentBlock::text("clean words")]);
+    assert_eq!(m.content, vec![ContentBlock::text("clean words")].into());
     assert_eq!(m.source, MessageSource::User);
     assert_eq!(sim.assistant_text(1, 1).unwrap(), "echo: clean words");
 }
@@ -1317,7 +1317,8 @@ fn limits_oversized_content_is_invalid() {
         content: vec![
             ContentBlock::text("0123456789"),
             ContentBlock::Data { mime: "image/png".into(), bytes: vec![0; 7] },
-        ],
+        ]
+        .into(),
         source: MessageSource::User,
     };
     let (kind, message) = refused(sim.send(big.clone(), Target::NextTurn, true, None));
@@ -1331,8 +1332,10 @@ fn limits_oversized_content_is_invalid() {
     );
     assert!(sim.log.is_empty());
     // At the limit it is accepted.
-    let fits =
-        UserMessage { content: vec![ContentBlock::text("0123456789"), ContentBlock::text("abcdefghijklmno")], ..big };
+    let fits = UserMessage {
+        content: vec![ContentBlock::text("0123456789"), ContentBlock::text("abcdefghijklmno")].into(),
+        ..big
+    };
     assert_eq!(sent(sim.send(fits, Target::NextTurn, false, None)), (1, None));
     // Edits and interrupts check the size too.
     let (kind, _) = refused(sim.replace("big", msg("r", &"x".repeat(92))));
@@ -1348,7 +1351,7 @@ fn limits_count_mime_types_and_empty_blocks() {
     let mut sim = Sim::with_limits(Limits { max_message_bytes: 1000, max_pending_bytes: 1000, ..Limits::default() });
     let mime_heavy = UserMessage {
         id: "m1".into(),
-        content: vec![ContentBlock::Data { mime: "m".repeat(934), bytes: vec![1] }],
+        content: vec![ContentBlock::Data { mime: "m".repeat(934), bytes: vec![1] }].into(),
         source: MessageSource::User,
     };
     let (kind, message) = refused(sim.send(mime_heavy, Target::NextTurn, false, None));

@@ -14,7 +14,7 @@ fn waiting_call() -> Sim {
     let mut sim = Sim::new();
     let mut message = UserMessage::user_text("A", "[[tool:get_weather {\"city\":\"Paris\"}]] go");
     let tool = TurnTool { name: "get_weather".into(), description: String::new(), parameters: serde_json::json!({}) };
-    message.content.push(turn_tools::block(&[tool]));
+    message.push_block(turn_tools::block(&[tool]));
     sent(sim.send(message, Target::NextTurn, true, None));
     sim.expect(&[
         "D spliced next-turn 0 0 [A] wake",

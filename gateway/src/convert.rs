@@ -134,7 +134,7 @@ mod tests {
     fn missing_source_takes_the_default_and_explicit_sources_are_kept() {
         let m = user_message("message", Some(text_message("m1", None)), &MessageSource::User).unwrap();
         assert_eq!(m.source, MessageSource::User);
-        assert_eq!(m.content, vec![ContentBlock::text("hi")]);
+        assert_eq!(m.content, vec![ContentBlock::text("hi")].into());
         let m = user_message("message", Some(text_message("m1", None)), &inject_default_source()).unwrap();
         assert_eq!(m.source, MessageSource::Plugin { plugin: String::new(), form: None });
         let mut empty = text_message("m1", None);

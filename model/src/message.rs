@@ -1,6 +1,7 @@
 //! The values of SPEC §1: sessions, message ids, messages, sources and targets.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -173,17 +174,29 @@ impl MessageSource {
 }
 
 /// An immutable user-role message: id, model-visible content and producer.
+///
+/// The content is shared, not copied, by every clone: the event that logs a message, the inbox that folds
+/// it, the transcript it joins and an in-memory log all hold the same blocks (decision 0107), so a message
+/// costs its bytes once however many of them keep it. Build it from a `Vec` with `.into()`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct UserMessage {
     pub id: MessageId,
-    pub content: Vec<ContentBlock>,
+    pub content: Arc<[ContentBlock]>,
     pub source: MessageSource,
 }
 
 impl UserMessage {
     /// A human prompt with one text block.
     pub fn user_text(id: impl Into<String>, text: impl Into<String>) -> Self {
-        Self { id: MessageId(id.into()), content: vec![ContentBlock::text(text)], source: MessageSource::User }
+        Self { id: MessageId(id.into()), content: Arc::new([ContentBlock::text(text)]), source: MessageSource::User }
+    }
+
+    /// Appends `block` to the content (a new shared buffer: the content of a message is shared with its
+    /// event and the fold, decision 0107, so it is replaced rather than changed in place).
+    pub fn push_block(&mut self, block: ContentBlock) {
+        let mut content = self.content.to_vec();
+        content.push(block);
+        self.content = content.into();
     }
 
     /// The text blocks joined by newlines (what the scripted model reads).

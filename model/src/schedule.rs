@@ -125,7 +125,7 @@ impl ScheduleSpec {
     pub fn message(&self, fire_ms: u64) -> UserMessage {
         UserMessage {
             id: MessageId(format!("{}@{fire_ms}", self.schedule_id)),
-            content: self.content.clone(),
+            content: self.content.as_slice().into(),
             source: MessageSource::Schedule { schedule_id: self.schedule_id.clone(), fire_unix_ms: fire_ms },
         }
     }

@@ -69,7 +69,7 @@ mod tests {
     use crate::message::MessageId;
 
     fn message(content: Vec<ContentBlock>, source: MessageSource) -> UserMessage {
-        UserMessage { id: MessageId("id".into()), content, source }
+        UserMessage { id: MessageId("id".into()), content: content.into(), source }
     }
 
     #[test]

@@ -37,7 +37,7 @@ impl Fingerprint {
             h.update((bytes.len() as u64).to_le_bytes());
             h.update(bytes);
         };
-        for block in &message.content {
+        for block in message.content.iter() {
             match block {
                 ContentBlock::Text { text } => {
                     h.update([1]);

@@ -13,7 +13,7 @@
 //!
 //! let tool = TurnTool { name: "get_weather".into(), description: "today's weather".into(), parameters: serde_json::json!({"type": "object"}) };
 //! let mut message = UserMessage::user_text("m1", "weather in Paris?");
-//! message.content.push(turn_tools::block(&[tool.clone()]));
+//! message.push_block(turn_tools::block(&[tool.clone()]));
 //! assert_eq!(turn_tools::declared([&message]), vec![tool]);
 //! assert_eq!(message.text(), "weather in Paris?");
 //! ```
@@ -58,7 +58,7 @@ pub fn is_declaration(block: &ContentBlock) -> bool {
 pub fn declared<'a>(messages: impl IntoIterator<Item = &'a UserMessage>) -> Vec<TurnTool> {
     let mut tools: Vec<TurnTool> = Vec::new();
     for message in messages {
-        for block in &message.content {
+        for block in message.content.iter() {
             let ContentBlock::Data { mime, bytes } = block else { continue };
             if mime != TURN_TOOLS_MIME {
                 continue;
@@ -106,10 +106,10 @@ mod tests {
             parameters: any_object(),
         };
         let mut a = UserMessage::user_text("a", "x");
-        a.content.push(block(&[tool("t1", "old"), tool("t2", "")]));
+        a.push_block(block(&[tool("t1", "old"), tool("t2", "")]));
         let mut b = UserMessage::user_text("b", "y");
-        b.content.push(block(&[tool("t1", "new")]));
-        b.content.push(ContentBlock::Data { mime: TURN_TOOLS_MIME.into(), bytes: b"not json".to_vec() });
+        b.push_block(block(&[tool("t1", "new")]));
+        b.push_block(ContentBlock::Data { mime: TURN_TOOLS_MIME.into(), bytes: b"not json".to_vec() });
         assert_eq!(declared([&a, &b]), vec![tool("t1", "new"), tool("t2", "")]);
         assert!(is_declaration(&b.content[1]));
         assert!(!is_declaration(&b.content[0]));
@@ -122,7 +122,7 @@ mod tests {
         let tool = |name: &str| TurnTool { name: name.into(), description: String::new(), parameters: any_object() };
         let declaring = |id: &str, name: &str| {
             let mut m = UserMessage::user_text(id, "x");
-            m.content.push(block(&[tool(name)]));
+            m.push_block(block(&[tool(name)]));
             m
         };
         let user = |turn, message| TranscriptEntry::User { turn, step: 1, message };

@@ -33,7 +33,8 @@ fn message(source: MessageSource) -> UserMessage {
         content: vec![
             ContentBlock::text("hello"),
             ContentBlock::Data { mime: "image/png".into(), bytes: vec![0, 1, 2, 255] },
-        ],
+        ]
+        .into(),
         source,
     }
 }

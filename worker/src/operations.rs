@@ -276,7 +276,7 @@ fn tool_outcome(request: &ToolRequest, r: ToolReturn) -> ToolOutcome {
         .enumerate()
         .map(|(i, text)| UserMessage {
             id: MessageId(format!("{}.ctx{i}", call.call_id)),
-            content: vec![ContentBlock::text(text)],
+            content: vec![ContentBlock::text(text)].into(),
             source: MessageSource::Tool { call_id: call.call_id.clone() },
         })
         .collect();

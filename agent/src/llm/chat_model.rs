@@ -383,7 +383,7 @@ mod tests {
             |name: &str| TurnTool { name: name.into(), description: "d".into(), parameters: serde_json::json!({}) };
         let declaring = |id: &str, name: &str| {
             let mut m = UserMessage::user_text(id, "ask");
-            m.content.push(turn_tools::block(&[tool(name)]));
+            m.push_block(turn_tools::block(&[tool(name)]));
             m
         };
         // A tool an earlier turn declared is not offered; one this turn's entered message declared is, as is
@@ -410,7 +410,8 @@ mod tests {
             content: vec![
                 ContentBlock::text("what is this?"),
                 ContentBlock::Data { mime: "image/png".into(), bytes: vec![1, 2] },
-            ],
+            ]
+            .into(),
             source: turnstile_model::MessageSource::User,
         };
         let history = vec![

@@ -147,7 +147,7 @@ pub fn judge(batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
                 }
                 Directive::Reject => reject = true,
                 Directive::Drop => keep = false,
-                Directive::Rewrite { text } => message.content = vec![ContentBlock::text(text)],
+                Directive::Rewrite { text } => message.content = vec![ContentBlock::text(text)].into(),
                 _ => {}
             }
         }

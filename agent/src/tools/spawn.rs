@@ -133,7 +133,7 @@ impl Tool for SpawnAgent {
         }
         let prompt = UserMessage {
             id: child::prompt_id(&ctx.call_id),
-            content: vec![ContentBlock::text(prompt)],
+            content: vec![ContentBlock::text(prompt)].into(),
             source: MessageSource::User,
         };
         let prompt_id = prompt.id.clone();
@@ -478,7 +478,7 @@ mod tests {
         EventPayload::UserMessage {
             message: UserMessage {
                 id: MessageId(id.into()),
-                content: vec![ContentBlock::text("p")],
+                content: vec![ContentBlock::text("p")].into(),
                 source: MessageSource::User,
             },
             turn,

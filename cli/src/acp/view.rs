@@ -275,6 +275,7 @@ mod tests {
             name: "echo".into(),
             arguments: "x".into(),
             awaiting_approval: true,
+            awaiting_client: false,
         };
         let first = view.apply(&ev(1, user("m1", "hi")));
         assert_eq!(first.updates[0]["sessionUpdate"], "user_message_chunk");

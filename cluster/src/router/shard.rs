@@ -324,7 +324,7 @@ mod tests {
     fn followup() -> Command {
         let message = UserMessage {
             id: MessageId("m1".into()),
-            content: vec![ContentBlock::text("hi")],
+            content: vec![ContentBlock::text("hi")].into(),
             source: MessageSource::User,
         };
         Command::Send { message, target: Target::NextTurn, wakeup: true, expected_turn: None, deadline: None }

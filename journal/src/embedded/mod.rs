@@ -145,6 +145,9 @@ impl Slot {
 impl SessionLog for EmbeddedLog {
     /// Checks the batch shape and passes every event through the codec, so what is kept in memory is exactly
     /// what a restart (or another backend) reads back. No headers are kept: `traceparent` is dropped.
+    ///
+    /// An event the codec gives back unchanged is kept as the caller's own value, whose message content is
+    /// shared with the writer's fold (decision 0107): the log then costs no second copy of a message.
     async fn append(
         &self,
         session: &SessionRef,
@@ -154,7 +157,8 @@ impl SessionLog for EmbeddedLog {
     ) -> Result<u64, JournalError> {
         let events: Vec<Envelope> = crate::log::check_batch(session, expected_last_seq, events, usize::MAX)?
             .into_iter()
-            .map(|c| c.stored)
+            .zip(events)
+            .map(|(checked, event)| if checked.stored == *event { event.clone() } else { checked.stored })
             .collect();
         let (slot, writer) = loop {
             let slot = self.find_or_create(session);

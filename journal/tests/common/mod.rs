@@ -16,7 +16,7 @@ pub fn payload(seq: u64, tag: &str) -> EventPayload {
     let turn = seq / 10 + 1;
     let message = UserMessage {
         id: format!("{tag}-m{turn}").as_str().into(),
-        content: vec![turnstile_model::ContentBlock::text(format!("prompt {turn} from {tag}"))],
+        content: vec![turnstile_model::ContentBlock::text(format!("prompt {turn} from {tag}"))].into(),
         source: MessageSource::User,
     };
     match seq % 10 {

@@ -154,7 +154,7 @@ pub fn user_message_at(
         }
         (None, None) => return Err(CodecError::missing(join(path, "source"), SOURCE_KINDS)),
     };
-    Ok(UserMessage { id, content, source })
+    Ok(UserMessage { id, content: content.into(), source })
 }
 
 pub fn required_message_at(message: Option<pb::UserMessage>, path: &str) -> Result<UserMessage, CodecError> {

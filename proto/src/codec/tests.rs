@@ -34,7 +34,8 @@ fn message(id: &str, source: MessageSource) -> UserMessage {
         content: vec![
             ContentBlock::text("hello"),
             ContentBlock::Data { mime: "image/png".into(), bytes: vec![0, 1, 2, 255] },
-        ],
+        ]
+        .into(),
         source,
     }
 }

@@ -53,6 +53,7 @@ fn turn() -> Vec<pb::WatchItem> {
                 name: "echo".into(),
                 arguments: "x".into(),
                 awaiting_approval: true,
+                awaiting_client: false,
             }),
         ),
         ev(

@@ -6,8 +6,11 @@
 //!   counts. A bounded number of each ([`OVERSIZE_SENDS`]), so a build that still accepts them stores
 //!   tens of megabytes, not gigabytes.
 //! - **Stuck watchers**: [`STUCK_WATCHERS`] live `Watch` streams on the hostile tenant's busy session,
-//!   opened at the start and never read until the schedule ends, while the tenant sends 256 KiB followups
-//!   to that session (the scripted model echoes each one back as deltas).
+//!   opened at the start and never read until the schedule ends, while a task of the tenant sends a 256 KiB
+//!   followup to that session every 150–400 ms (the scripted model echoes each one back as deltas): enough to pass
+//!   a gateway's 4 MiB per watcher in a few seconds, even beside the HTTP/2 windows between the two sides.
+//!   Once read, a watcher cut with the resumable status must come back: a Watch from the `after_seq` its
+//!   cut named starts at the next event.
 //! - **Unfoldable imports**: `ImportSessions` streams holding a lone `turn/end` (a log no fold accepts).
 //!
 //! What each hostile call was answered is recorded ([`HostileRecord`]). The checks of those answers are
@@ -32,6 +35,7 @@ use turnstile_proto::v1::content_block::Block;
 use turnstile_proto::v1::export_item::Item as ExportedItem;
 use turnstile_proto::v1::session_event::Payload;
 use turnstile_proto::v1::turn_end_reason::Reason;
+use turnstile_proto::v1::watch_item::Item;
 use turnstile_proto::v1::{
     ContentBlock, DataBlock, DeliverRequest, ExportHeader, ExportItem, ExportedSession, SessionEvent,
     SessionEventGroup, SessionRef, TextBlock, TurnEnd, TurnEndReason, UserMessage, WatchItem, WatchRequest,
@@ -56,6 +60,9 @@ const BUSY_TEXT: usize = 256 * 1024;
 pub const OVERSIZE_CODES: [Code; 2] = [Code::InvalidArgument, Code::ResourceExhausted];
 /// The codes a stuck watcher may be cut with: resumable ones (the client comes back with `after_seq`).
 pub const CUT_CODES: [Code; 4] = [Code::ResourceExhausted, Code::Aborted, Code::Unavailable, Code::OutOfRange];
+/// The trailer of a cut Watch naming the seq to resume after (the gateway's `watch_buffer::RESUME_AFTER_SEQ`;
+/// this crate speaks only the wire).
+pub const RESUME_AFTER_SEQ: &str = "resume-after-seq";
 /// The code an unfoldable import is refused with.
 pub const IMPORT_CODE: Code = Code::InvalidArgument;
 
@@ -97,6 +104,13 @@ pub struct HostileRecord {
     pub items: usize,
     /// For a stuck watcher: the gateway it was opened on (a restart of that gateway also ends it).
     pub gateway: Option<usize>,
+    /// For a call: how long it took to its recorded answer (retries included), and the gateway it was
+    /// first sent to (a bench lines its other tenant's slow calls up with these).
+    pub took_ms: u64,
+    pub sent_to: Option<usize>,
+    /// For a stuck watcher that was cut: the `after_seq` its cut named (`resume-after-seq`), once a Watch
+    /// from there started at the next event (it came back with nothing lost); `None` otherwise.
+    pub resumed_after: Option<u64>,
 }
 
 /// A message with a 2 MiB mime type and no bytes.
@@ -147,6 +161,9 @@ pub struct Hostile {
     pub records: Vec<HostileRecord>,
     /// Each stuck watcher's gateway and stream.
     watchers: Vec<(usize, tonic::Streaming<WatchItem>)>,
+    /// The session they watch, and where it runs (to resume them after a cut).
+    busy: SessionRef,
+    target: Target,
 }
 
 /// A new connection to gateway `g` (opened on first use).
@@ -202,6 +219,9 @@ pub async fn run(shared: Target, seed: u64, duration: Duration, run_id: String) 
                 at_ms: shared.ms(),
                 items: 0,
                 gateway: Some(w % 2),
+                took_ms: 0,
+                sent_to: None,
+                resumed_after: None,
             }),
         }
     }
@@ -218,17 +238,20 @@ pub async fn run(shared: Target, seed: u64, duration: Duration, run_id: String) 
     }
     due.sort_by_key(|(at, _)| *at);
     let mut due = due.into_iter().peekable();
+    // The watched session is fed by a task of its own, so slow refusals (a 300,000-block message takes a
+    // debug gateway seconds to decode) never starve it: even a short run (a bench round) passes the
+    // watchers' limit.
+    let feeder = tokio::spawn(feed(shared.clone(), busy.clone(), run_id.clone(), seed));
     let mut n = 0u64;
     while !shared.stop.load(Ordering::Relaxed) {
         n += 1;
         let g = rng.usize(..2);
-        let Some(c) = channel(&shared, g) else { break };
-        let mut client = AgentClient::new(c);
         if let Some((_, kind)) = due.next_if(|(at, _)| started.elapsed() >= *at) {
             let id = format!("h-{run_id}-{n}");
             // Like any client, again on an answer that says nothing (a gateway or worker restarting under
             // the call): what is recorded is the first definite answer.
             let mut attempts = 0;
+            let sent = Instant::now();
             let answer = loop {
                 attempts += 1;
                 let Some(c) = channel(&shared, g + attempts) else { break Ok(()) };
@@ -257,32 +280,61 @@ pub async fn run(shared: Target, seed: u64, duration: Duration, run_id: String) 
                 Ok(()) => (None, String::new()),
                 Err(s) => (Some(s.code()), s.message().chars().take(300).collect()),
             };
-            records.push(HostileRecord { kind, code, message, at_ms: shared.ms(), items: 0, gateway: None });
-        } else {
-            let m = user_msg(&format!("busy-{run_id}-{n}"), &"z".repeat(BUSY_TEXT));
-            let _ = client.followup(req(DeliverRequest { session: Some(busy.clone()), message: Some(m) })).await;
+            records.push(HostileRecord {
+                kind,
+                code,
+                message,
+                at_ms: shared.ms(),
+                items: 0,
+                gateway: None,
+                took_ms: sent.elapsed().as_millis() as u64,
+                sent_to: Some((g + 1) % 2),
+                resumed_after: None,
+            });
         }
         tokio::time::sleep(Duration::from_millis(rng.u64(150..400))).await;
     }
-    Hostile { records, watchers }
+    let _ = feeder.await;
+    Hostile { records, watchers, busy, target: shared }
+}
+
+/// Sends a [`BUSY_TEXT`] followup to the watched session every 150–400 ms until `target.stop`.
+async fn feed(target: Target, busy: SessionRef, run_id: String, seed: u64) {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0xfeed);
+    let mut n = 0u64;
+    while !target.stop.load(Ordering::Relaxed) {
+        n += 1;
+        let Some(c) = channel(&target, rng.usize(..2)) else { break };
+        let m = user_msg(&format!("busy-{run_id}-{n}"), &"z".repeat(BUSY_TEXT));
+        let _ =
+            AgentClient::new(c).followup(req(DeliverRequest { session: Some(busy.clone()), message: Some(m) })).await;
+        tokio::time::sleep(Duration::from_millis(rng.u64(150..400))).await;
+    }
 }
 
 impl Hostile {
     /// Reads each stuck watcher at last: whatever it buffered, until it ends with a status (cut) or has
-    /// nothing more within `quiet`; one record each.
+    /// nothing more within `quiet`; a cut one is then resumed from the `after_seq` its status names
+    /// ([`resume`]). One record each.
     pub async fn read_watchers(&mut self, started: Instant, quiet: Duration) {
+        let busy = self.busy.clone();
         for (gateway, mut stream) in std::mem::take(&mut self.watchers) {
             let mut items = 0;
-            let code = loop {
+            let cut = loop {
                 match tokio::time::timeout(quiet, stream.message()).await {
                     Ok(Ok(Some(_))) => items += 1,
                     // Ended without a status: the server closed it cleanly (not a cut).
                     Ok(Ok(None)) => break None,
-                    Ok(Err(status)) => break Some((status.code(), status.message().chars().take(300).collect())),
+                    Ok(Err(status)) => break Some(status),
                     Err(_) => break None,
                 }
             };
-            let (code, message) = code.map_or((None, String::new()), |(c, m)| (Some(c), m));
+            let resumed_after = match &cut {
+                Some(status) => resume(&self.target, gateway, &busy, status, quiet).await,
+                None => None,
+            };
+            let (code, message) =
+                cut.map_or((None, String::new()), |s| (Some(s.code()), s.message().chars().take(300).collect()));
             self.records.push(HostileRecord {
                 kind: "stuck watcher",
                 code,
@@ -290,8 +342,43 @@ impl Hostile {
                 at_ms: started.elapsed().as_millis() as u64,
                 items,
                 gateway: Some(gateway),
+                took_ms: 0,
+                sent_to: None,
+                resumed_after,
             });
         }
+    }
+}
+
+/// Comes back after a cut as a client would: a Watch of `busy` from the `resume-after-seq` the cut's
+/// `status` carries must start at the next event (or, with nothing after it yet, be caught up at once).
+/// The `after_seq` when it does; `None` when the status names none or the Watch starts anywhere else.
+async fn resume(
+    target: &Target,
+    gateway: usize,
+    busy: &SessionRef,
+    status: &tonic::Status,
+    wait: Duration,
+) -> Option<u64> {
+    let after_seq: u64 = status.metadata().get(RESUME_AFTER_SEQ)?.to_str().ok()?.parse().ok()?;
+    let request = WatchRequest { session: Some(busy.clone()), after_seq, live: false, resume: None };
+    // Like any client, again on an answer that says nothing (a gateway restarting under the call).
+    let mut attempts = 0;
+    let mut stream = loop {
+        attempts += 1;
+        match AgentClient::new(channel(target, gateway + attempts - 1)?).watch(request.clone()).await {
+            Ok(stream) => break stream.into_inner(),
+            Err(s) if super::Outcome::Err(s.code(), String::new()).maybe() && attempts < 5 => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(_) => return None,
+        }
+    };
+    let first = tokio::time::timeout(wait, stream.message()).await.ok()?.ok()??;
+    match first.item? {
+        Item::Event(event) if event.seq == after_seq + 1 => Some(after_seq),
+        Item::CaughtUp(_) => Some(after_seq),
+        _ => None,
     }
 }
 
@@ -322,6 +409,12 @@ pub fn check(records: &[HostileRecord], expect: Expectations, restarted: &[usize
                 r.code.map_or_else(|| "OK / never cut".to_owned(), |c| format!("{c:?}: {}", r.message)),
                 if r.kind == "stuck watcher" { format!(" after {} items", r.items) } else { String::new() }
             ));
+        } else if r.kind == "stuck watcher" && r.resumed_after.is_none() {
+            violations.push(format!(
+                "hostile: a stuck watcher cut at {} ms ({:?}: {}) did not come back: no `{RESUME_AFTER_SEQ}` \
+                 trailer, or a Watch from it did not start at the next event",
+                r.at_ms, r.code, r.message
+            ));
         }
     }
     violations
@@ -331,7 +424,11 @@ pub fn check(records: &[HostileRecord], expect: Expectations, restarted: &[usize
 pub fn summary(records: &[HostileRecord]) -> String {
     let mut by: std::collections::BTreeMap<(&str, String), usize> = std::collections::BTreeMap::new();
     for r in records {
-        *by.entry((r.kind, r.code.map_or_else(|| "OK".to_owned(), |c| format!("{c:?}")))).or_default() += 1;
+        let mut answer = r.code.map_or_else(|| "OK".to_owned(), |c| format!("{c:?}"));
+        if r.kind == "stuck watcher" && r.code.is_some() {
+            answer += if r.resumed_after.is_some() { " (resumed)" } else { " (not resumed)" };
+        }
+        *by.entry((r.kind, answer)).or_default() += 1;
     }
     by.iter().map(|((kind, code), n)| format!("{kind} {code} ×{n}")).collect::<Vec<_>>().join(", ")
 }
@@ -342,7 +439,18 @@ mod tests {
 
     fn record(kind: &'static str, code: Option<Code>) -> HostileRecord {
         let gateway = (kind == "stuck watcher").then_some(0);
-        HostileRecord { kind, code, message: String::new(), at_ms: 0, items: 0, gateway }
+        let resumed_after = (kind == "stuck watcher" && code.is_some()).then_some(7);
+        HostileRecord {
+            kind,
+            code,
+            message: String::new(),
+            at_ms: 0,
+            items: 0,
+            gateway,
+            took_ms: 0,
+            sent_to: None,
+            resumed_after,
+        }
     }
 
     #[test]
@@ -370,6 +478,12 @@ mod tests {
         // A watcher whose gateway restarted is not judged.
         let v = check(&accepted, Expectations { strict: true }, &[0]);
         assert!(!v.iter().any(|v| v.contains("stuck watcher")), "{v:?}");
+        // A cut watcher must come back from the seq its cut named.
+        let mut lost = refused.clone();
+        lost[2].resumed_after = None;
+        let v = check(&lost, Expectations { strict: true }, &[]);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].contains("did not come back"), "{v:?}");
     }
 
     #[test]

@@ -192,7 +192,7 @@ mod tests {
         let session = SessionRef::new("acme", "s1").unwrap();
         let message = UserMessage {
             id: MessageId("m1".into()),
-            content: vec![ContentBlock::text("hi")],
+            content: vec![ContentBlock::text("hi")].into(),
             source: MessageSource::User,
         };
         let send =

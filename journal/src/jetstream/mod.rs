@@ -43,6 +43,7 @@
 //! - every other group is a plain publish with the expected-sequence header, no batch headers, which the
 //!   server stores without the per-batch disk staging (and fsync) of an atomic batch.
 
+mod agents;
 mod bus;
 mod config;
 mod delete;
@@ -131,6 +132,7 @@ pub async fn open_bucket_with(
     })
     .await
 }
+pub use agents::{AGENT_BUCKET, KvAgents};
 pub use log::{JetStreamLog, MAX_BATCH, Positions};
 pub use snapshots::{KvSnapshots, SNAPSHOT_BUCKET};
 pub use usage::{KvUsage, USAGE_BUCKET, UsageFold};

@@ -19,6 +19,7 @@
 //! - [`setup`]: a configuration's agents made runnable ([`AgentSetup`]); [`router`] picks each step's
 //!   model by its agent.
 
+pub mod directory;
 pub mod hooks;
 pub mod llm;
 pub mod router;

@@ -72,7 +72,7 @@ impl Default for AgentSetup {
 impl From<AgentSetup> for Agents {
     fn from(setup: AgentSetup) -> Self {
         Agents {
-            catalog: setup.catalog,
+            catalog: turnstile_worker::agent::Catalogs::fixed(setup.catalog),
             model: setup.model,
             tools: Arc::new(setup.tools),
             hooks: Arc::new(setup.hooks),
@@ -331,30 +331,7 @@ pub fn from_config_with_mcp(
                 entry.2 = entry.2.max(deadline);
             }
         }
-        let system = (!agent.system.trim().is_empty()).then(|| agent.system.clone());
-        let approval = if agent.approval.is_empty() {
-            ApprovalRules::default()
-        } else {
-            let patterns = agent.approval.clone();
-            ApprovalRules::new(move |tool| {
-                let id = ToolId::from_call_name(tool);
-                patterns.iter().any(|p| p.matches(id))
-            })
-        };
-        profiles.push((
-            name.clone(),
-            AgentProfile {
-                system,
-                history_turns: agent.history_turns,
-                approval,
-                context_budget_tokens: agent.context_budget_tokens,
-                tenants: agent.tenant_scope(),
-                approval_timeout: agent.approval_timeout_ms.map(|after_ms| ApprovalTimeout {
-                    after_ms,
-                    approve: agent.on_timeout == turnstile_config::OnTimeout::Approve,
-                }),
-            },
-        ));
+        profiles.push((name.clone(), profile_of(agent)));
         let fallback = fallback_of(&agent.model);
         routes.insert(name.clone(), model.for_agent(specs, client_tools, tools.client_slot(), fallback));
         if let Some((compaction_name, compaction)) =
@@ -378,6 +355,36 @@ pub fn from_config_with_mcp(
     let webhooks: Arc<dyn turnstile_worker::webhooks::WebhookSender> =
         if webhooks.is_empty() { Arc::new(turnstile_worker::webhooks::NoWebhooks) } else { Arc::new(webhooks) };
     Ok(AgentSetup { catalog, model, tools, hooks, webhooks })
+}
+
+/// What the driver knows of `agent`: its system prompt, history budget, approval rules and deadline,
+/// compaction budget, tenants and version policy (version 0, no hash: the [`crate::directory::Directory`]
+/// sets those for a stored version).
+pub fn profile_of(agent: &turnstile_config::AgentConfig) -> AgentProfile {
+    let system = (!agent.system.trim().is_empty()).then(|| agent.system.clone());
+    let approval = if agent.approval.is_empty() {
+        ApprovalRules::default()
+    } else {
+        let patterns = agent.approval.clone();
+        ApprovalRules::new(move |tool| {
+            let id = ToolId::from_call_name(tool);
+            patterns.iter().any(|p| p.matches(id))
+        })
+    };
+    AgentProfile {
+        system,
+        history_turns: agent.history_turns,
+        approval,
+        context_budget_tokens: agent.context_budget_tokens,
+        tenants: agent.tenant_scope(),
+        approval_timeout: agent.approval_timeout_ms.map(|after_ms| ApprovalTimeout {
+            after_ms,
+            approve: agent.on_timeout == turnstile_config::OnTimeout::Approve,
+        }),
+        version: 0,
+        hash: String::new(),
+        pin: agent.version_policy == turnstile_config::VersionPolicy::Pin,
+    }
 }
 
 /// `agent`'s pre-step waterfall: the content guard, its step budget, then its remote hooks in config order.

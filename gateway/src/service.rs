@@ -108,6 +108,8 @@ pub struct Gateway {
     pub(crate) feeds: SessionFeeds,
     /// Where `GetUsage` reads tenants' token usage (SPEC §17); `None`: it is UNIMPLEMENTED here.
     pub(crate) usage: Option<Arc<dyn UsageLedger>>,
+    /// Where agents put at run time are kept (SPEC §20); `None`: the agent RPCs are UNIMPLEMENTED here.
+    pub(crate) agents: Option<crate::agents::AgentDefinitions>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -142,6 +144,7 @@ impl Gateway {
             shutdown: CancellationToken::new(),
             tools: ToolHub::new(),
             index: None,
+            agents: None,
         }
     }
 
@@ -160,6 +163,12 @@ impl Gateway {
     /// Every call must carry a bearer token that `auth` resolves to a tenant, and is confined to it.
     pub fn with_auth(mut self, auth: Authenticator) -> Self {
         self.auth = Arc::new(auth);
+        self
+    }
+
+    /// Agents are put, read and versioned in `definitions` (SPEC §20).
+    pub fn with_agents(mut self, definitions: crate::agents::AgentDefinitions) -> Self {
+        self.agents = Some(definitions);
         self
     }
 

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use turnstile_agent::tools::ChildSessions;
 use turnstile_cluster::CommandRouter;
 use turnstile_gateway::{Gateway, ToolHub};
-use turnstile_journal::jetstream::{KvIndex, KvUsage, KvWebhookPositions, UsageFold};
+use turnstile_journal::jetstream::{KvAgents, KvIndex, KvUsage, KvWebhookPositions, UsageFold};
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{
-    EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, MemoryIndex, MemoryPositions, SessionIndex, SessionLog,
-    UsageLedger, WebhookPositions,
+    AgentStore, EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, MemoryAgents, MemoryIndex, MemoryPositions,
+    SessionIndex, SessionLog, UsageLedger, WebhookPositions,
 };
 use turnstile_ops::Readiness;
 use turnstile_worker::SessionHost;
@@ -66,13 +66,17 @@ struct Journal {
     index: Arc<dyn SessionIndex>,
     /// Webhook positions (SPEC §15): in memory with the embedded journal, a KV bucket on NATS.
     webhook_positions: Arc<dyn WebhookPositions>,
+    /// Agent definitions and their versions (SPEC §20): in memory or the data directory's `agents.json`
+    /// with the embedded journal, a KV bucket on NATS.
+    agents: Arc<dyn AgentStore>,
 }
 
 async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
     // The embedded journal reads from memory, so it keeps no snapshots; JetStream keeps them in KV. The
     // embedded journal is ready once open; on NATS, readiness follows the connection.
     let always: Arc<dyn Readiness> = Arc::new(turnstile_ops::AlwaysReady);
-    let embedded = |log: EmbeddedLog, describe: String| Journal {
+    let embedded = |log: EmbeddedLog, describe: String, agents: MemoryAgents| Journal {
+        agents: Arc::new(agents),
         usage: log.usage(),
         fold: None,
         log: Arc::new(log),
@@ -110,6 +114,7 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
                 .observe_pending(turnstile_ops::gauge_setter(turnstile_ops::names::INDEX_WRITES_PENDING));
             let positions =
                 KvWebhookPositions::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
+            let agents = KvAgents::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
             Ok(Journal {
                 log: Arc::new(log),
                 bus: Arc::new(bus),
@@ -121,15 +126,18 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
                 fold: Some(fold),
                 index: Arc::new(index),
                 webhook_positions: Arc::new(positions),
+                agents: Arc::new(agents),
             })
         }
         (None, Some(dir)) => {
             let log = EmbeddedLog::open(dir).map_err(|cause| NodeError::DataDir { dir: dir.clone(), cause })?;
-            Ok(embedded(log, format!("embedded, on disk in {}", dir.display())))
+            let agents = MemoryAgents::open(dir).map_err(|cause| NodeError::DataDir { dir: dir.clone(), cause })?;
+            Ok(embedded(log, format!("embedded, on disk in {}", dir.display()), agents))
         }
         (None, None) => Ok(embedded(
             EmbeddedLog::in_memory(),
             "embedded, in memory (lost on exit; pass --data-dir DIR to keep sessions)".to_owned(),
+            MemoryAgents::default(),
         )),
     }
 }
@@ -177,7 +185,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     };
     let config = &opts.serving.config.config;
     let registry = agents.tools.clone();
-    let mut host = SessionHost::builder(journal.log.clone(), journal.bus.clone(), agents.into())
+    let definitions = crate::agent_definitions(config, journal.agents.clone()).await?;
+    let mut host = SessionHost::builder(journal.log.clone(), journal.bus.clone(), definitions.agents(agents))
         .snapshots(journal.snapshots.clone())
         .index(journal.index.clone())
         .webhook_positions(journal.webhook_positions.clone())
@@ -199,7 +208,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         .with_index(journal.index)
         .with_auth(security.auth)
         .with_tools(tools)
-        .with_usage(journal.usage);
+        .with_usage(journal.usage)
+        .with_agents(definitions.gateway);
     // The web console, its gRPC-Web calls and the agent protocols share the ops listener (decision 0029).
     let console = crate::http_routes(&gateway, config, auth_enabled);
     let http = OpsHttp::start_with(opts.serving.http.as_deref(), journal.ready, console).await?;

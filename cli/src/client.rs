@@ -187,6 +187,7 @@ pub async fn list(client: &mut Client, args: ListArgs) -> Result<()> {
             updated_after_unix_ms: None,
             updated_before_unix_ms: None,
             order_by: order_by.into(),
+            agent_version: 0,
         };
         let reply = client.api.list_sessions(request).await?.into_inner();
         for info in &reply.sessions {
@@ -402,6 +403,7 @@ pub async fn configure(client: &mut Client, session: &str, agent: &str, inject_m
         session: Some(client.session(session)),
         agent: agent.to_owned(),
         inject_mode: codec::encode_inject_mode(inject_mode).into(),
+        ..Default::default()
     };
     let info = client.api.configure_session(request).await?.into_inner();
     client.print(&info, &[], |info| format!("configured {}", info_line(info)))

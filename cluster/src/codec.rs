@@ -615,6 +615,7 @@ mod tests {
                 reasoning: "hmm".into(),
             }))),
             CommandReply::Idle(Box::new(SessionSummary {
+                agent_version: None,
                 status: Status::Idle,
                 last_seq: 40,
                 last_turn: 3,
@@ -628,6 +629,7 @@ mod tests {
                 labels: Default::default(),
             })),
             CommandReply::Idle(Box::new(SessionSummary {
+                agent_version: Some(2),
                 status: Status::Running,
                 last_seq: 41,
                 last_turn: 4,

@@ -26,6 +26,7 @@ pub mod router;
 pub mod scripted;
 pub mod setup;
 pub mod tools;
+pub mod versions;
 pub mod webhooks;
 
 pub use router::AgentRouter;

@@ -53,6 +53,8 @@ pub struct AgentSetup {
     pub hooks: AgentHooks,
     /// The agents' webhooks (SPEC §15): [`crate::webhooks::HttpWebhooks`] when any agent has one.
     pub webhooks: Arc<dyn turnstile_worker::webhooks::WebhookSender>,
+    /// Every other version of every agent (SPEC §20), built on first use once a directory is attached.
+    pub versions: Arc<crate::versions::Versions>,
 }
 
 impl Default for AgentSetup {
@@ -65,17 +67,23 @@ impl Default for AgentSetup {
             tools: ToolRegistry::builtin(),
             hooks: AgentHooks::default(),
             webhooks: Arc::new(turnstile_worker::webhooks::NoWebhooks),
+            versions: Arc::new(crate::versions::Versions::new(
+                Arc::new(Config::default()),
+                BTreeMap::new(),
+                ToolRegistry::builtin(),
+            )),
         }
     }
 }
 
 impl From<AgentSetup> for Agents {
     fn from(setup: AgentSetup) -> Self {
+        let versions = setup.versions;
         Agents {
             catalog: turnstile_worker::agent::Catalogs::fixed(setup.catalog),
-            model: setup.model,
-            tools: Arc::new(setup.tools),
-            hooks: Arc::new(setup.hooks),
+            model: Arc::new(crate::versions::VersionedModel { base: setup.model, versions: versions.clone() }),
+            tools: Arc::new(crate::versions::VersionedTools { base: setup.tools, versions: versions.clone() }),
+            hooks: Arc::new(crate::versions::VersionedHooks { base: Arc::new(setup.hooks), versions }),
             webhooks: setup.webhooks,
         }
     }
@@ -350,11 +358,13 @@ pub fn from_config_with_mcp(
     let catalog = AgentCatalog::new(config.default_agent.clone(), profiles)?;
     let model = Arc::new(AgentRouter::new(routes, catalog.default_agent()).with_compaction(compaction_routes));
     let tools = tools.with_policy(Arc::new(config.clone()));
+    let built: BTreeMap<String, BuiltModel> = models.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
+    let versions = Arc::new(crate::versions::Versions::new(Arc::new(config.clone()), built, tools.clone()));
     let hooks = AgentHooks::new(waterfalls, catalog.default_agent());
     let webhooks = crate::webhooks::HttpWebhooks::from_config(config, &env)?;
     let webhooks: Arc<dyn turnstile_worker::webhooks::WebhookSender> =
         if webhooks.is_empty() { Arc::new(turnstile_worker::webhooks::NoWebhooks) } else { Arc::new(webhooks) };
-    Ok(AgentSetup { catalog, model, tools, hooks, webhooks })
+    Ok(AgentSetup { catalog, model, tools, hooks, webhooks, versions })
 }
 
 /// What the driver knows of `agent`: its system prompt, history budget, approval rules and deadline,
@@ -388,7 +398,10 @@ pub fn profile_of(agent: &turnstile_config::AgentConfig) -> AgentProfile {
 }
 
 /// `agent`'s pre-step waterfall: the content guard, its step budget, then its remote hooks in config order.
-fn waterfall(name: &str, agent: &turnstile_config::AgentConfig) -> Result<Vec<Arc<dyn PreStepHook>>, AgentSetupError> {
+pub(crate) fn waterfall(
+    name: &str,
+    agent: &turnstile_config::AgentConfig,
+) -> Result<Vec<Arc<dyn PreStepHook>>, AgentSetupError> {
     let mut hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(ContentGuard)];
     if let Some(max) = agent.max_steps_per_turn {
         hooks.push(Arc::new(StepBudget::new(max)));
@@ -402,13 +415,14 @@ fn waterfall(name: &str, agent: &turnstile_config::AgentConfig) -> Result<Vec<Ar
 }
 
 /// One `[models.NAME]`, built: the scripted model, or a connected provider that agents wrap with their tools.
-enum BuiltModel {
+#[derive(Clone)]
+pub(crate) enum BuiltModel {
     Scripted(Arc<ScriptedModel>),
     Chat(Arc<dyn ChatProvider>),
 }
 
 impl BuiltModel {
-    fn for_agent(
+    pub(crate) fn for_agent(
         &self,
         tools: Vec<ToolSpec>,
         client_tools: Vec<String>,
@@ -427,7 +441,7 @@ impl BuiltModel {
     }
 }
 
-fn built_model(
+pub(crate) fn built_model(
     name: &str,
     model: &ModelConfig,
     agents: &[&str],

@@ -145,6 +145,7 @@ struct AgentDefinitions {
 impl AgentDefinitions {
     /// The worker's agents, with the catalog following the store.
     fn agents(&self, setup: turnstile_agent::AgentSetup) -> turnstile_worker::agent::Agents {
+        setup.versions.attach(self.directory.clone());
         let mut agents: turnstile_worker::agent::Agents = setup.into();
         agents.catalog = self.directory.catalogs();
         agents

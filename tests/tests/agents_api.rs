@@ -9,6 +9,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::transcript_item::Item;
+use turnstile_proto::v1::turn_end_reason::Reason;
 use turnstile_proto::v1::{
     AgentInfo, ConfigureSessionRequest, DeleteAgentRequest, DeliverRequest, GetAgentRequest, GetTranscriptRequest,
     ListAgentVersionsRequest, ListAgentsRequest, ListSessionsRequest, MigrateSessionsRequest, PutAgentRequest,
@@ -55,11 +56,16 @@ async fn configure(
     client.configure_session(authed(req, token)).await.map(tonic::Response::into_inner)
 }
 
-/// Runs one turn of `[[system]]` and returns the reply: `system: PROMPT` of the version that answered.
-async fn ask(client: &mut AgentClient<Channel>, token: &str, id: &str) -> String {
-    let message = user_msg(&uuid::Uuid::new_v4().to_string(), "[[system]] who are you?");
+/// Runs one turn of `text` to its end.
+async fn turn(client: &mut AgentClient<Channel>, token: &str, id: &str, text: &str) {
+    let message = user_msg(&uuid::Uuid::new_v4().to_string(), text);
     client.followup(authed(DeliverRequest { session: own(id), message: Some(message) }, token)).await.unwrap();
     client.when_idle(authed(WhenIdleRequest { session: own(id), timeout_ms: 20_000 }, token)).await.unwrap();
+}
+
+/// Runs one turn of `[[system]]` and returns the reply: `system: PROMPT` of the version that answered.
+async fn ask(client: &mut AgentClient<Channel>, token: &str, id: &str) -> String {
+    turn(client, token, id, "[[system]] who are you?").await;
     let req = GetTranscriptRequest { session: own(id), after_seq: 0, page_size: 1000 };
     let items = client.get_transcript(authed(req, token)).await.unwrap().into_inner().items;
     items
@@ -72,9 +78,41 @@ async fn ask(client: &mut AgentClient<Channel>, token: &str, id: &str) -> String
         .expect("an assistant message")
 }
 
+/// The reason the session's last turn ended.
+async fn last_turn_end(client: &mut AgentClient<Channel>, token: &str, id: &str) -> Option<Reason> {
+    let req = GetTranscriptRequest { session: own(id), after_seq: 0, page_size: 1000 };
+    let items = client.get_transcript(authed(req, token)).await.unwrap().into_inner().items;
+    items
+        .into_iter()
+        .filter_map(|i| match i.item {
+            Some(Item::TurnEnd(end)) => end.reason.and_then(|r| r.reason),
+            _ => None,
+        })
+        .next_back()
+}
+
+/// Runs a turn of `text` and returns the first tool result's output or error.
+async fn tool_result(client: &mut AgentClient<Channel>, token: &str, id: &str, text: &str) -> String {
+    turn(client, token, id, text).await;
+    let req = GetTranscriptRequest { session: own(id), after_seq: 0, page_size: 1000 };
+    let items = client.get_transcript(authed(req, token)).await.unwrap().into_inner().items;
+    items
+        .into_iter()
+        .find_map(|i| match i.item {
+            Some(Item::ToolResult(r)) => Some(format!("{} {}", r.output, r.error.unwrap_or_default())),
+            _ => None,
+        })
+        .expect("a tool result")
+}
+
 #[tokio::test]
 async fn pinned_sessions_answer_as_their_version_and_migrate_at_their_next_turn_and_other_tenants_see_nothing() {
-    let (dir, path) = config_file("[models.other]\nprovider = \"scripted\"\n");
+    // `down` is a model no file agent uses, at a port where nothing listens: a version on it shows that each
+    // version runs on its own model.
+    let (dir, path) = config_file(
+        "[models.other]\nprovider = \"scripted\"\n\
+         [models.down]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\nretries = 0\n",
+    );
     let tokens = dir.path().join("tokens.txt");
     std::fs::write(&tokens, format!("{TOKEN_A} tenant-a\n{TOKEN_B} tenant-b\n")).unwrap();
     let mut args = config_args(&path);
@@ -87,7 +125,7 @@ async fn pinned_sessions_answer_as_their_version_and_migrate_at_their_next_turn_
     assert_eq!(bad.code(), Code::InvalidArgument);
     assert!(bad.message().starts_with("agents.helper.modle: unknown key (allowed: model, "), "{}", bad.message());
     let bad = put(&mut c, TOKEN_A, "helper", r#"{"model": "gpt"}"#).await.unwrap_err();
-    assert_eq!(bad.message(), r#"agents.helper.model: no model named "gpt" (known: other, scripted)"#);
+    assert_eq!(bad.message(), r#"agents.helper.model: no model named "gpt" (known: down, other, scripted)"#);
 
     // v1, pinned; two sessions labelled for a migration, one outside it.
     let v1 = put(&mut c, TOKEN_A, "helper", "system = \"You are v1.\"\nversion_policy = \"pin\"").await.unwrap();
@@ -167,6 +205,17 @@ async fn pinned_sessions_answer_as_their_version_and_migrate_at_their_next_turn_
     assert!(file.from_file);
     let refused = put(&mut c, TOKEN_B, "scripted", "system = \"mine\"").await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
+
+    // Each version runs on its own model and calls only its own tools.
+    put(&mut c, TOKEN_A, "far", "model = \"down\"").await.unwrap();
+    configure(&mut c, TOKEN_A, "f1", "far").await.unwrap();
+    turn(&mut c, TOKEN_A, "f1", "hello").await;
+    let ended = last_turn_end(&mut c, TOKEN_A, "f1").await;
+    assert!(matches!(&ended, Some(Reason::Error(e)) if e.code == "model_unavailable"), "{ended:?}");
+    put(&mut c, TOKEN_A, "narrow", "tools = [\"echo\"]").await.unwrap();
+    configure(&mut c, TOKEN_A, "n1", "narrow").await.unwrap();
+    let result = tool_result(&mut c, TOKEN_A, "n1", "[[tool:sleep 1]]").await;
+    assert!(result.contains("tool sleep is not available to agent narrow (its tools: echo)"), "{result}");
 
     // Deleting hides the agent from new sessions; its sessions keep running their version.
     c.delete_agent(authed(DeleteAgentRequest { name: "helper".into() }, TOKEN_A)).await.unwrap();

@@ -2,6 +2,7 @@
 //! and `turnstile worker` are the two halves of a cluster; every other command is a client of the public
 //! gRPC API.
 
+mod agents;
 mod args;
 mod chat;
 mod client;
@@ -22,7 +23,7 @@ use turnstile_model::GoalAction;
 use turnstile_node::config::Overrides;
 use turnstile_node::signal::shutdown_signal;
 
-use crate::args::{Cli, Cmd, DeliverArgs, DevArgs, GatewayArgs, GoalCmd, ScheduleCmd, WorkerArgs};
+use crate::args::{AgentCmd, Cli, Cmd, DeliverArgs, DevArgs, GatewayArgs, GoalCmd, ScheduleCmd, WorkerArgs};
 use crate::client::{Client, Delivery, Preset};
 use crate::watch::WatchOpts;
 
@@ -164,6 +165,12 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Schedule(ScheduleCmd::List(a)) => schedules::list(c, a.session.as_deref()).await,
         Cmd::Schedule(ScheduleCmd::Delete(a)) => schedules::delete(c, &a.session, &a.schedule_id).await,
         Cmd::Label(a) => schedules::label(c, &a.session, &a.changes).await,
+        Cmd::Agent(AgentCmd::Put(a)) => agents::put(c, a).await,
+        Cmd::Agent(AgentCmd::Get(a)) => agents::get(c, &a.name, a.version).await,
+        Cmd::Agent(AgentCmd::List) => agents::list(c).await,
+        Cmd::Agent(AgentCmd::Versions(a)) => agents::versions(c, &a.name).await,
+        Cmd::Agent(AgentCmd::Delete(a)) => agents::delete(c, &a.name).await,
+        Cmd::Agent(AgentCmd::Migrate(a)) => agents::migrate(c, a).await,
         Cmd::WaitIdle(a) => client::wait_idle(c, &a.session, a.timeout_ms).await,
         Cmd::Usage(a) => client::usage(c, a.days).await,
         Cmd::Chat(a) => chat::run(c, &a.session).await,

@@ -574,5 +574,5 @@ test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
     [],
     "RPCs no test called",
   );
-  assert.equal(all.length, 34);
+  assert.equal(all.length, 40);
 });

@@ -314,3 +314,23 @@ mod cluster {
         }
     }
 }
+
+/// `turnstile dev --data-dir`: agents and their versions are kept beside the sessions, and a restarted
+/// server runs a pinned session on its version as before.
+#[tokio::test]
+async fn agents_in_a_data_directory_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = DevServer::start_with(DevOptions::data_dir(dir.path())).await.unwrap();
+    let mut c = server.client();
+    put(&mut c, "", "helper", "system = \"You are v1.\"\nversion_policy = \"pin\"").await.unwrap();
+    configure(&mut c, "", "s1", "helper").await.unwrap();
+    put(&mut c, "", "helper", "system = \"You are v2.\"\nversion_policy = \"pin\"").await.unwrap();
+    server.stop().await;
+
+    let server = DevServer::start_with(DevOptions::data_dir(dir.path())).await.unwrap();
+    let mut c = server.client();
+    assert_eq!(get(&mut c, "", "helper").await.unwrap().version, 2);
+    assert_eq!(ask(&mut c, "", "s1").await, "system: You are v1.");
+    assert_eq!(configure(&mut c, "", "s2", "helper").await.unwrap().agent_version, 2);
+    assert_eq!(ask(&mut c, "", "s2").await, "system: You are v2.");
+}

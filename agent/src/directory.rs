@@ -91,16 +91,21 @@ impl Directory {
                 AgentOwner::Tenant(t) => CatalogOwner::Tenant(t.clone()),
             };
             for version in &record.versions {
-                let agent =
-                    match self.config.agent_definition(&record.name, DefinitionFormat::Json, &version.definition) {
-                        Ok(agent) => agent,
-                        Err(e) => {
-                            // A model or MCP server this configuration does not have: the version cannot run here.
-                            tracing::warn!(agent = %record.name, version = version.version, error = %e,
+                let checked = match record.owner {
+                    AgentOwner::File => self.config.file_agent_definition(&record.name, &version.definition),
+                    AgentOwner::Tenant(_) => {
+                        self.config.agent_definition(&record.name, DefinitionFormat::Json, &version.definition)
+                    }
+                };
+                let agent = match checked {
+                    Ok(agent) => agent,
+                    Err(e) => {
+                        // A model or MCP server this configuration does not have: the version cannot run here.
+                        tracing::warn!(agent = %record.name, version = version.version, error = %e,
                                 "an agent version does not check against this configuration; it is not offered");
-                            continue;
-                        }
-                    };
+                        continue;
+                    }
+                };
                 let mut profile = (self.profile_of)(&agent);
                 profile.version = version.version;
                 profile.hash.clone_from(&version.hash);

@@ -558,7 +558,7 @@ pub(crate) enum AgentCmd {
     /// Put NAME from FILE (the keys of an [agents.NAME] table, TOML or a JSON object; - for stdin): a new
     /// version when it changed.
     Put(AgentPutArgs),
-    /// Show agent NAME (its newest version, or --version N).
+    /// Show agent NAME (its newest version, or VERSION).
     Get(AgentGetArgs),
     /// List the agents the tenant's sessions may run.
     List,
@@ -580,9 +580,9 @@ pub(crate) struct AgentPutArgs {
 #[derive(Args, Debug)]
 pub(crate) struct AgentGetArgs {
     pub(crate) name: String,
-    /// A version (default: the newest).
-    #[arg(long, default_value_t = 0)]
-    pub(crate) version: u64,
+    /// A version (default: the newest). Not `version`: clap's `--version` holds that name.
+    #[arg(default_value_t = 0, value_name = "VERSION")]
+    pub(crate) number: u64,
 }
 
 #[derive(Args, Debug)]

@@ -166,7 +166,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Schedule(ScheduleCmd::Delete(a)) => schedules::delete(c, &a.session, &a.schedule_id).await,
         Cmd::Label(a) => schedules::label(c, &a.session, &a.changes).await,
         Cmd::Agent(AgentCmd::Put(a)) => agents::put(c, a).await,
-        Cmd::Agent(AgentCmd::Get(a)) => agents::get(c, &a.name, a.version).await,
+        Cmd::Agent(AgentCmd::Get(a)) => agents::get(c, &a.name, a.number).await,
         Cmd::Agent(AgentCmd::List) => agents::list(c).await,
         Cmd::Agent(AgentCmd::Versions(a)) => agents::versions(c, &a.name).await,
         Cmd::Agent(AgentCmd::Delete(a)) => agents::delete(c, &a.name).await,

@@ -59,6 +59,22 @@ impl Config {
         format: DefinitionFormat,
         text: &str,
     ) -> Result<AgentConfig, ConfigError> {
+        self.definition(name, format, text, true)
+    }
+
+    /// [`Config::agent_definition`] of a file agent's stored definition (canonical JSON), which may set the
+    /// keys only the file may (`tenants`, `webhooks`).
+    pub fn file_agent_definition(&self, name: &str, json: &str) -> Result<AgentConfig, ConfigError> {
+        self.definition(name, DefinitionFormat::Json, json, false)
+    }
+
+    fn definition(
+        &self,
+        name: &str,
+        format: DefinitionFormat,
+        text: &str,
+        from_api: bool,
+    ) -> Result<AgentConfig, ConfigError> {
         let path = KeyPath::root().key("agents").key(name);
         if !is_name(name) {
             return Err(unlocated(path.invalid(format!("not a valid name (allowed: {NAME_RULE})")).into_error(None)));
@@ -71,7 +87,7 @@ impl Config {
             })?,
         };
         for (key, why) in FILE_ONLY {
-            if table.contains_key(*key) {
+            if from_api && table.contains_key(*key) {
                 return Err(unlocated(path.key(key).invalid(*why).into_error(None)));
             }
         }
@@ -180,6 +196,9 @@ mod tests {
         assert_eq!(err.key(), Some("agents.a.tenants"));
         let err = config.agent_definition("a", DefinitionFormat::Json, "[1]").unwrap_err();
         assert!(matches!(err, ConfigError::Syntax { .. }), "{err:?}");
+        // A file agent's stored definition keeps its tenants.
+        let file = config.file_agent_definition("a", r#"{"tenants":["x"]}"#).unwrap();
+        assert_eq!(file.tenants.unwrap()[0].as_str(), "x");
     }
 
     #[test]

@@ -434,6 +434,9 @@ pub(crate) struct ConfigureArgs {
     /// pending | out-of-turn: what an inject to an idle session does (SPEC §11).
     #[arg(long, default_value = "pending")]
     pub(crate) inject_mode: InjectModeArg,
+    /// The version of the agent to run (default: its newest; SPEC §20).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) agent_version: u64,
 }
 
 #[derive(Args, Debug)]

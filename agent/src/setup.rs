@@ -54,6 +54,8 @@ pub struct AgentSetup {
     /// The agents' webhooks (SPEC §15) and the ones tenants register (SPEC §21):
     /// [`crate::webhooks::HttpWebhooks`].
     pub webhooks: Arc<dyn turnstile_worker::webhooks::WebhookSender>,
+    /// Every other version of every agent (SPEC §20), built on first use once a directory is attached.
+    pub versions: Arc<crate::versions::Versions>,
 }
 
 impl Default for AgentSetup {
@@ -66,17 +68,23 @@ impl Default for AgentSetup {
             tools: ToolRegistry::builtin(),
             hooks: AgentHooks::default(),
             webhooks: Arc::new(turnstile_worker::webhooks::NoWebhooks),
+            versions: Arc::new(crate::versions::Versions::new(
+                Arc::new(Config::default()),
+                BTreeMap::new(),
+                ToolRegistry::builtin(),
+            )),
         }
     }
 }
 
 impl From<AgentSetup> for Agents {
     fn from(setup: AgentSetup) -> Self {
+        let versions = setup.versions;
         Agents {
-            catalog: setup.catalog,
-            model: setup.model,
-            tools: Arc::new(setup.tools),
-            hooks: Arc::new(setup.hooks),
+            catalog: turnstile_worker::agent::Catalogs::fixed(setup.catalog),
+            model: Arc::new(crate::versions::VersionedModel { base: setup.model, versions: versions.clone() }),
+            tools: Arc::new(crate::versions::VersionedTools { base: setup.tools, versions: versions.clone() }),
+            hooks: Arc::new(crate::versions::VersionedHooks { base: Arc::new(setup.hooks), versions }),
             webhooks: setup.webhooks,
         }
     }
@@ -332,30 +340,7 @@ pub fn from_config_with_mcp(
                 entry.2 = entry.2.max(deadline);
             }
         }
-        let system = (!agent.system.trim().is_empty()).then(|| agent.system.clone());
-        let approval = if agent.approval.is_empty() {
-            ApprovalRules::default()
-        } else {
-            let patterns = agent.approval.clone();
-            ApprovalRules::new(move |tool| {
-                let id = ToolId::from_call_name(tool);
-                patterns.iter().any(|p| p.matches(id))
-            })
-        };
-        profiles.push((
-            name.clone(),
-            AgentProfile {
-                system,
-                history_turns: agent.history_turns,
-                approval,
-                context_budget_tokens: agent.context_budget_tokens,
-                tenants: agent.tenant_scope(),
-                approval_timeout: agent.approval_timeout_ms.map(|after_ms| ApprovalTimeout {
-                    after_ms,
-                    approve: agent.on_timeout == turnstile_config::OnTimeout::Approve,
-                }),
-            },
-        ));
+        profiles.push((name.clone(), profile_of(agent)));
         let fallback = fallback_of(&agent.model);
         routes.insert(name.clone(), model.for_agent(specs, client_tools, tools.client_slot(), fallback));
         if let Some((compaction_name, compaction)) =
@@ -374,15 +359,50 @@ pub fn from_config_with_mcp(
     let catalog = AgentCatalog::new(config.default_agent.clone(), profiles)?;
     let model = Arc::new(AgentRouter::new(routes, catalog.default_agent()).with_compaction(compaction_routes));
     let tools = tools.with_policy(Arc::new(config.clone()));
+    let built: BTreeMap<String, BuiltModel> = models.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
+    let versions = Arc::new(crate::versions::Versions::new(Arc::new(config.clone()), built, tools.clone()));
     let hooks = AgentHooks::new(waterfalls, catalog.default_agent());
     let webhooks = crate::webhooks::HttpWebhooks::from_config(config, &env)?;
     // Always a sender: tenants may register webhooks at run time (SPEC §21) whatever the agents name.
     let webhooks: Arc<dyn turnstile_worker::webhooks::WebhookSender> = Arc::new(webhooks);
-    Ok(AgentSetup { catalog, model, tools, hooks, webhooks })
+    Ok(AgentSetup { catalog, model, tools, hooks, webhooks, versions })
+}
+
+/// What the driver knows of `agent`: its system prompt, history budget, approval rules and deadline,
+/// compaction budget, tenants and version policy (version 0, no hash: the [`crate::directory::Directory`]
+/// sets those for a stored version).
+pub fn profile_of(agent: &turnstile_config::AgentConfig) -> AgentProfile {
+    let system = (!agent.system.trim().is_empty()).then(|| agent.system.clone());
+    let approval = if agent.approval.is_empty() {
+        ApprovalRules::default()
+    } else {
+        let patterns = agent.approval.clone();
+        ApprovalRules::new(move |tool| {
+            let id = ToolId::from_call_name(tool);
+            patterns.iter().any(|p| p.matches(id))
+        })
+    };
+    AgentProfile {
+        system,
+        history_turns: agent.history_turns,
+        approval,
+        context_budget_tokens: agent.context_budget_tokens,
+        tenants: agent.tenant_scope(),
+        approval_timeout: agent.approval_timeout_ms.map(|after_ms| ApprovalTimeout {
+            after_ms,
+            approve: agent.on_timeout == turnstile_config::OnTimeout::Approve,
+        }),
+        version: 0,
+        hash: String::new(),
+        pin: agent.version_policy == turnstile_config::VersionPolicy::Pin,
+    }
 }
 
 /// `agent`'s pre-step waterfall: the content guard, its step budget, then its remote hooks in config order.
-fn waterfall(name: &str, agent: &turnstile_config::AgentConfig) -> Result<Vec<Arc<dyn PreStepHook>>, AgentSetupError> {
+pub(crate) fn waterfall(
+    name: &str,
+    agent: &turnstile_config::AgentConfig,
+) -> Result<Vec<Arc<dyn PreStepHook>>, AgentSetupError> {
     let mut hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(ContentGuard)];
     if let Some(max) = agent.max_steps_per_turn {
         hooks.push(Arc::new(StepBudget::new(max)));
@@ -396,13 +416,14 @@ fn waterfall(name: &str, agent: &turnstile_config::AgentConfig) -> Result<Vec<Ar
 }
 
 /// One `[models.NAME]`, built: the scripted model, or a connected provider that agents wrap with their tools.
-enum BuiltModel {
+#[derive(Clone)]
+pub(crate) enum BuiltModel {
     Scripted(Arc<ScriptedModel>),
     Chat(Arc<dyn ChatProvider>),
 }
 
 impl BuiltModel {
-    fn for_agent(
+    pub(crate) fn for_agent(
         &self,
         tools: Vec<ToolSpec>,
         client_tools: Vec<String>,
@@ -421,7 +442,7 @@ impl BuiltModel {
     }
 }
 
-fn built_model(
+pub(crate) fn built_model(
     name: &str,
     model: &ModelConfig,
     agents: &[&str],

@@ -45,6 +45,7 @@ fn setup(base_url: &str) -> AgentSetup {
 
 fn request(agent: &str, system: Option<&str>, text: &str) -> ModelRequest {
     ModelRequest {
+        agent_hash: String::new(),
         op: 1,
         session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
         turn: 1,

@@ -119,6 +119,10 @@ pub(crate) enum Cmd {
     Schedule(ScheduleCmd),
     /// Set (KEY=VALUE) and remove (-KEY) a session's labels.
     Label(LabelArgs),
+    /// Agents of the tenant as versioned objects: put (from a TOML or JSON file), get, list, versions,
+    /// delete, and migrate sessions to a version (SPEC §20).
+    #[command(subcommand)]
+    Agent(AgentCmd),
     /// Wait until the session is idle with no latched wake.
     WaitIdle(WaitIdleArgs),
     /// Stream a session's events: history after --after, caught-up, then the live tail.
@@ -471,6 +475,9 @@ pub(crate) struct ConfigureArgs {
     /// pending | out-of-turn: what an inject to an idle session does (SPEC §11).
     #[arg(long, default_value = "pending")]
     pub(crate) inject_mode: InjectModeArg,
+    /// The version of the agent to run (default: its newest; SPEC §20).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) agent_version: u64,
 }
 
 #[derive(Args, Debug)]
@@ -598,6 +605,55 @@ pub(crate) struct ListArgs {
     /// Newest last activity first (default: by id).
     #[arg(long)]
     pub(crate) recent: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum AgentCmd {
+    /// Put NAME from FILE (the keys of an [agents.NAME] table, TOML or a JSON object; - for stdin): a new
+    /// version when it changed.
+    Put(AgentPutArgs),
+    /// Show agent NAME (its newest version, or VERSION).
+    Get(AgentGetArgs),
+    /// List the agents the tenant's sessions may run.
+    List,
+    /// List every version of agent NAME.
+    Versions(AgentNameArg),
+    /// Delete agent NAME: no new session may use it; its sessions keep their version.
+    Delete(AgentNameArg),
+    /// Move sessions running AGENT (those named, or those --label selects) to version --to from their
+    /// next turn.
+    Migrate(AgentMigrateArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct AgentPutArgs {
+    pub(crate) name: String,
+    pub(crate) file: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct AgentGetArgs {
+    pub(crate) name: String,
+    /// A version (default: the newest). Not `version`: clap's `--version` holds that name.
+    #[arg(default_value_t = 0, value_name = "VERSION")]
+    pub(crate) number: u64,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct AgentNameArg {
+    pub(crate) name: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct AgentMigrateArgs {
+    pub(crate) agent: String,
+    /// The version to move to (0: the newest).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) to: u64,
+    /// A label selector (k=v,k!=v,k,!k) choosing the sessions, instead of naming them.
+    #[arg(long, conflicts_with = "sessions")]
+    pub(crate) label: Option<String>,
+    pub(crate) sessions: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -187,6 +187,7 @@ pub async fn list(client: &mut Client, args: ListArgs) -> Result<()> {
             updated_after_unix_ms: None,
             updated_before_unix_ms: None,
             order_by: order_by.into(),
+            agent_version: 0,
         };
         let reply = client.api.list_sessions(request).await?.into_inner();
         for info in &reply.sessions {
@@ -397,11 +398,18 @@ pub async fn splice(
 }
 
 /// `configure SESSION --agent NAME [--inject-mode MODE]`: prints the session as `session` does.
-pub async fn configure(client: &mut Client, session: &str, agent: &str, inject_mode: InjectMode) -> Result<()> {
+pub async fn configure(
+    client: &mut Client,
+    session: &str,
+    agent: &str,
+    inject_mode: InjectMode,
+    version: u64,
+) -> Result<()> {
     let request = pb::ConfigureSessionRequest {
         session: Some(client.session(session)),
         agent: agent.to_owned(),
         inject_mode: codec::encode_inject_mode(inject_mode).into(),
+        version,
     };
     let info = client.api.configure_session(request).await?.into_inner();
     client.print(&info, &[], |info| format!("configured {}", info_line(info)))

@@ -3,6 +3,7 @@
 //! gRPC API.
 
 mod acp;
+mod agents;
 mod args;
 mod chat;
 mod client;
@@ -25,7 +26,9 @@ use turnstile_model::GoalAction;
 use turnstile_node::config::Overrides;
 use turnstile_node::signal::shutdown_signal;
 
-use crate::args::{Cli, Cmd, DeliverArgs, DevArgs, GatewayArgs, GoalCmd, ScheduleCmd, WebhookCmd, WorkerArgs};
+use crate::args::{
+    AgentCmd, Cli, Cmd, DeliverArgs, DevArgs, GatewayArgs, GoalCmd, ScheduleCmd, WebhookCmd, WorkerArgs,
+};
 use crate::client::{Client, Delivery, Preset};
 use crate::watch::WatchOpts;
 
@@ -162,7 +165,7 @@ async fn client_command(c: &mut Client, cmd: Cmd) -> Result<()> {
             client::splice(c, &a.session, a.target.0, a.start, a.delete, &a.text, source.as_ref()).await
         }
         Cmd::Clear(a) => client::clear(c, &a.session).await,
-        Cmd::Configure(a) => client::configure(c, &a.session, &a.agent, a.inject_mode.0).await,
+        Cmd::Configure(a) => client::configure(c, &a.session, &a.agent, a.inject_mode.0, a.agent_version).await,
         Cmd::Decide(a) => client::decide(c, &a.session, &a.call_id, a.approve, &a.reason).await,
         Cmd::Compact(a) => client::compact(c, &a.session).await,
         Cmd::Fork(a) => client::fork(c, &a.session, a.at_turn, &a.new_session).await,
@@ -179,6 +182,12 @@ async fn client_command(c: &mut Client, cmd: Cmd) -> Result<()> {
         Cmd::Schedule(ScheduleCmd::List(a)) => schedules::list(c, a.session.as_deref()).await,
         Cmd::Schedule(ScheduleCmd::Delete(a)) => schedules::delete(c, &a.session, &a.schedule_id).await,
         Cmd::Label(a) => schedules::label(c, &a.session, &a.changes).await,
+        Cmd::Agent(AgentCmd::Put(a)) => agents::put(c, a).await,
+        Cmd::Agent(AgentCmd::Get(a)) => agents::get(c, &a.name, a.number).await,
+        Cmd::Agent(AgentCmd::List) => agents::list(c).await,
+        Cmd::Agent(AgentCmd::Versions(a)) => agents::versions(c, &a.name).await,
+        Cmd::Agent(AgentCmd::Delete(a)) => agents::delete(c, &a.name).await,
+        Cmd::Agent(AgentCmd::Migrate(a)) => agents::migrate(c, a).await,
         Cmd::WaitIdle(a) => client::wait_idle(c, &a.session, a.timeout_ms).await,
         Cmd::Usage(a) => client::usage(c, a.days).await,
         Cmd::Chat(a) => chat::run(c, &a.session).await,

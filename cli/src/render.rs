@@ -238,9 +238,10 @@ impl Renderer {
                 }
                 (ambient, line)
             }
-            EventPayload::SessionConfigured { agent, inject_mode, parent } => {
+            EventPayload::SessionConfigured { agent, inject_mode, parent, version } => {
                 let child = parent.as_ref().map(|p| format!(" child of {p}")).unwrap_or_default();
-                (ambient, format!("session/configured agent {agent} inject_mode {inject_mode}{child}"))
+                let version = version.map(|v| format!(" version {v}")).unwrap_or_default();
+                (ambient, format!("session/configured agent {agent}{version} inject_mode {inject_mode}{child}"))
             }
             EventPayload::ContextCompacted(c) => (
                 ambient,

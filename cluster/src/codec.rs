@@ -139,10 +139,14 @@ pub fn encode_command(command: &Command) -> PbCommand {
             agent: spawn.agent.clone(),
             prompt: Some(encode_user_message(&spawn.prompt)),
         }),
-        Command::Configure { agent, inject_mode } => PbCommand::Configure(cpb::ConfigureCommand {
+        Command::Configure { agent, inject_mode, version } => PbCommand::Configure(cpb::ConfigureCommand {
             agent: agent.clone(),
             inject_mode: encode_inject_mode(*inject_mode) as i32,
+            version: *version,
         }),
+        Command::Migrate { agent, version } => {
+            PbCommand::Migrate(cpb::MigrateCommand { agent: agent.clone(), version: *version })
+        }
         Command::Decide { call_id, approve, reason } => PbCommand::Decide(cpb::DecideCommand {
             call_id: call_id.clone(),
             approve: *approve,
@@ -265,7 +269,14 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
             Command::Configure {
                 agent: c.agent,
                 inject_mode: inject_mode_at(c.inject_mode, "configure.inject_mode", None)?,
+                version: c.version,
             }
+        }
+        PbCommand::Migrate(m) => {
+            if m.agent.is_empty() || m.version == 0 {
+                return Err(CodecError::invalid("migrate", "names no agent or version; name both"));
+            }
+            Command::Migrate { agent: m.agent, version: m.version }
         }
         PbCommand::Decide(d) => {
             if d.call_id.is_empty() {
@@ -524,8 +535,9 @@ mod tests {
             }),
             transcript: vec![turnstile_model::TranscriptEntry::User { turn: 2, step: 1, message: m("m9") }],
         })));
-        all.push(Command::Configure { agent: "assistant".into(), inject_mode: InjectMode::Pending });
-        all.push(Command::Configure { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn });
+        all.push(Command::Configure { agent: "assistant".into(), inject_mode: InjectMode::Pending, version: None });
+        all.push(Command::Configure { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn, version: Some(3) });
+        all.push(Command::Migrate { agent: "assistant".into(), version: 2 });
         all.push(Command::Decide { call_id: "call-1".into(), approve: false, reason: "too risky".into() });
         all.push(Command::CompleteToolCall { call_id: "call-2".into(), output: "sunny".into(), error: None });
         all.push(Command::CompleteToolCall {
@@ -623,6 +635,7 @@ mod tests {
                 reasoning: "hmm".into(),
             }))),
             CommandReply::Idle(Box::new(SessionSummary {
+                agent_version: None,
                 status: Status::Idle,
                 last_seq: 40,
                 last_turn: 3,
@@ -636,6 +649,7 @@ mod tests {
                 labels: Default::default(),
             })),
             CommandReply::Idle(Box::new(SessionSummary {
+                agent_version: Some(2),
                 status: Status::Running,
                 last_seq: 41,
                 last_turn: 4,

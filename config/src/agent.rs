@@ -11,6 +11,19 @@ use crate::tools::{Builtin, ToolId, ToolPattern, ToolRef};
 use crate::url::HttpUrl;
 
 keyword_enum! {
+    /// Which version of an agent its sessions run after the agent changes (SPEC §20, decision 0121).
+    /// Default `latest`.
+    #[derive(Default)]
+    pub enum VersionPolicy ("version_policy") {
+        /// A session takes the agent's newest version at its next turn.
+        #[default]
+        Latest = "latest",
+        /// A session keeps the version it runs until `MigrateSessions` moves it.
+        Pin = "pin",
+    }
+}
+
+keyword_enum! {
     /// What a remote pre-step hook's timeout or error does to the turn (SPEC §9). Default `error`.
     #[derive(Default)]
     pub enum OnFailure ("on_failure") {
@@ -160,6 +173,13 @@ pub struct AgentConfig {
     /// (or `spawn_agent`) naming it is refused as for an agent that does not exist, and its webhooks never
     /// see another tenant's events. Default (absent): every tenant.
     pub tenants: Option<Vec<Tenant>>,
+    /// Whether sessions keep the version they run when the agent changes (`pin`) or take the newest at
+    /// their next turn (`latest`, the default).
+    pub version_policy: VersionPolicy,
+    /// The definition as written (its table, as canonical JSON: keys sorted, no defaults filled in); set by
+    /// the parser. Its digest is the version's content hash (decision 0120).
+    #[serde(skip)]
+    pub definition: String,
 }
 
 impl Default for AgentConfig {
@@ -181,6 +201,8 @@ impl Default for AgentConfig {
             tenants: None,
             approval_timeout_ms: None,
             on_timeout: OnTimeout::Deny,
+            version_policy: VersionPolicy::Latest,
+            definition: String::new(),
         }
     }
 }
@@ -204,6 +226,7 @@ impl AgentConfig {
                 ToolRef::Builtin(Builtin::Echo),
                 ToolRef::Builtin(Builtin::Clock),
             ],
+            definition: r#"{"tools":["sleep","echo","clock"]}"#.to_owned(),
             ..Self::default()
         }
     }

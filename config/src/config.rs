@@ -322,6 +322,7 @@ impl Config {
         let root = root.get_ref();
         let mut config: Self = toml::from_str(text).map_err(|e| path::deserialize_error(text, root, &e))?;
         config.normalize();
+        config.keep_definitions(text);
         config.check().map_err(|e| e.into_error(Some((text, root))))?;
         Ok(config)
     }
@@ -356,6 +357,18 @@ impl Config {
         }
         for (name, tenant) in &mut self.tenants {
             tenant.name.clone_from(name);
+        }
+    }
+
+    /// Sets each file agent's `definition` to its table as written (a text that parsed as a whole parses
+    /// as a plain table too).
+    fn keep_definitions(&mut self, text: &str) {
+        let Ok(raw) = toml::from_str::<toml::Table>(text) else { return };
+        let Some(toml::Value::Table(agents)) = raw.get("agents") else { return };
+        for (name, table) in agents {
+            if let (Some(agent), toml::Value::Table(table)) = (self.agents.get_mut(name), table) {
+                agent.definition = crate::definition::canonical(table);
+            }
         }
     }
 

@@ -40,6 +40,7 @@
 
 mod agent;
 mod config;
+mod definition;
 mod error;
 mod mcp;
 mod model;
@@ -52,11 +53,12 @@ mod tools;
 mod url;
 mod webhooks;
 
-pub use agent::{AgentConfig, HookConfig, OnFailure, OnTimeout, WebhookConfig};
+pub use agent::{AgentConfig, HookConfig, OnFailure, OnTimeout, VersionPolicy, WebhookConfig};
 pub use config::{
     CONFIG_ENV, ClusterConfig, Config, JournalConfig, Limits, MIN_DEDUP_HORIZON, REQUEST_ENVELOPE_BYTES, SCRIPTED,
     ToolDefaults,
 };
+pub use definition::DefinitionFormat;
 pub use error::{ConfigError, Location};
 pub use mcp::{McpServerConfig, McpTransport};
 pub use model::{ModelConfig, Provider};

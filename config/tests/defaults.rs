@@ -52,7 +52,10 @@ fn the_defaults_are_todays_hard_coded_values() {
 #[test]
 fn an_agent_or_model_table_with_no_keys_takes_every_default() {
     let config = Config::from_toml_str("[agents.bare]\n[models.m]\nmodel = \"x\"\n").unwrap();
-    assert_eq!(config.agents["bare"], AgentConfig { name: "bare".into(), ..AgentConfig::default() });
+    assert_eq!(
+        config.agents["bare"],
+        AgentConfig { name: "bare".into(), definition: "{}".into(), ..AgentConfig::default() }
+    );
     assert_eq!(config.agents["bare"].model, SCRIPTED);
     assert!(config.agents["bare"].tools.is_empty());
     let m = &config.models["m"];

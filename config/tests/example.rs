@@ -81,8 +81,11 @@ fn the_api_example_parses_to_what_it_says() {
             compaction_model: None,
             webhooks: vec![],
             tenants: None,
+            version_policy: turnstile_config::VersionPolicy::Latest,
+            definition: assistant.definition.clone(),
         }
     );
+    assert!(assistant.definition.starts_with(r#"{"approval":["mcp:files/write_file"],"history_turns":50,"#));
     assert_eq!(config.agents["scripted"], AgentConfig::scripted());
     assert_eq!(config.default_agent(), Some(assistant));
     assert_eq!(config.model_of(assistant), Some(&config.models["local"]));

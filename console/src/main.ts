@@ -97,7 +97,7 @@ function sessionsPage(root: HTMLElement): () => void {
                   h("a", { href: `#/s/${encodeURIComponent(s.parent.id)}` }, s.parent.id)) : null),
               h("td", {}, h("span", { class: `status ${running ? "running" : "idle"}` }, running ? "running" : "idle")),
               h("td", {}, when(s.lastEventUnixMs)),
-              h("td", {}, s.agent),
+              h("td", {}, s.agentVersion > 0n ? `${s.agent} v${s.agentVersion}` : s.agent),
               h("td", { class: "labels" }, Object.entries(s.labels).map(([k, v]) => `${k}=${v}`).sort().join(", ")),
               h("td", {}, s.goal ? `${s.goal.state}: ${s.goal.objective}` : ""),
               h("td", {}, String(s.lastTurn)));

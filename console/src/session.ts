@@ -107,6 +107,7 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
     try {
       const info = await client.getSession(sessionRef(id));
       view.agent = info.agent;
+      if (info.agentVersion > 0n) view.agentVersion = info.agentVersion;
       const labels = Object.entries(info.labels).map(([k, v]) => `${k}=${v}`).sort();
       byId("labels").textContent = labels.length ? labels.join(", ") : "none";
       if (info.parent) view.parent = info.parent.id;
@@ -155,7 +156,8 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
       const running = view.status === SessionStatus.RUNNING;
       st.textContent = !view.caughtUp ? "connecting" : view.lastSeq === 0n ? "new session" : running ? "running" : "idle";
       st.className = `status ${running ? "running" : "idle"}`;
-      byId("agent").textContent = view.agent ? `agent ${view.agent}` : "";
+      const version = view.agentVersion ? ` v${view.agentVersion}` : "";
+      byId("agent").textContent = view.agent ? `agent ${view.agent}${version}` : "";
       fill(byId("parent"), view.parent
         ? ["child of ", h("a", { href: `#/s/${encodeURIComponent(view.parent)}` }, view.parent)]
         : null);

@@ -79,6 +79,8 @@ export class SessionView {
   order: Array<{ turn: bigint } | { note: Note }> = [];
   goal?: GoalShown;
   agent?: string;
+  /// The agent version the session recorded (SPEC §20), from its `session/configured`; none: the newest.
+  agentVersion?: bigint;
   /// The session's model tokens: the sum of the usage its `assistant/message`s record (SPEC §17).
   tokens = { input: 0n, output: 0n, cached: 0n };
   /// The parent session of a `spawn_agent` child (SPEC §13), from its `session/configured`.
@@ -244,8 +246,12 @@ export class SessionView {
         break;
       case "sessionConfigured":
         this.agent = p.value.agent;
+        if (p.value.version !== undefined) this.agentVersion = p.value.version;
         if (p.value.parent) this.parent = p.value.parent.id;
-        this.note(e.seq, `configured: agent ${p.value.agent}${p.value.parent ? ` (child of ${p.value.parent.id})` : ""}`);
+        this.note(
+          e.seq,
+          `configured: agent ${p.value.agent}${p.value.version !== undefined ? ` v${p.value.version}` : ""}${p.value.parent ? ` (child of ${p.value.parent.id})` : ""}`,
+        );
         this.dirty.header = true;
         break;
       case "scheduleChanged": {

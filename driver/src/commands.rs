@@ -34,7 +34,8 @@ impl Driver {
                 self.client_splice(target, start, delete_count, inserted)
             }
             Command::Clear => Ok(self.clear()),
-            Command::Configure { agent, inject_mode } => self.configure(agent, inject_mode),
+            Command::Configure { agent, inject_mode, version } => self.configure(agent, inject_mode, version),
+            Command::Migrate { agent, version } => self.migrate(agent, version),
             Command::Decide { call_id, approve, reason } => self.decide(&call_id, approve, reason, false),
             Command::CompleteToolCall { call_id, output, error } => self.complete_tool_call(&call_id, output, error),
             Command::SetGoal { goal_id, objective, max_rounds } => self.set_goal(goal_id, objective, max_rounds),
@@ -338,8 +339,16 @@ impl Driver {
     /// `ConfigureSession` (SPEC §8): one durable `session/configured`, only while idle. A configure equal to
     /// the last recorded one writes nothing; a session never configured always records the choice (even
     /// the default agent), so a later change of the configuration's default does not move it.
-    fn configure(&mut self, agent: String, inject_mode: InjectMode) -> Result<CommandReply, CommandError> {
+    fn configure(
+        &mut self,
+        agent: String,
+        inject_mode: InjectMode,
+        version: Option<u64>,
+    ) -> Result<CommandReply, CommandError> {
         self.check_agent(&agent)?;
+        if let Some(v) = version {
+            self.check_version(&agent, v)?;
+        }
         if self.turn.is_some() || self.state.status != Status::Idle || self.latched_wake {
             let running = self.running_turn().unwrap_or(self.state.last_turn);
             return Err(CommandError::FailedPrecondition(format!(
@@ -347,10 +356,49 @@ impl Driver {
                 self.state.session
             )));
         }
-        if self.state.agent.as_deref() == Some(agent.as_str()) && self.state.inject_mode == inject_mode {
+        if self.state.agent.as_deref() == Some(agent.as_str())
+            && self.state.inject_mode == inject_mode
+            && self.state.agent_version == version
+        {
             return Ok(CommandReply::Written { seq: self.state.last_seq });
         }
-        let seq = self.write(EventPayload::SessionConfigured { agent, inject_mode, parent: None });
+        let seq = self.write(EventPayload::SessionConfigured { agent, inject_mode, parent: None, version });
+        Ok(CommandReply::Written { seq })
+    }
+
+    /// Version `version` of `agent` exists for this session's tenant (SPEC §20).
+    fn check_version(&self, agent: &str, version: u64) -> Result<(), CommandError> {
+        if self.agents.version_for(agent, &self.state.session.tenant, version).is_none() {
+            return Err(CommandError::InvalidArgument(format!(
+                "agent {agent:?} has no version {version}; list its versions with ListAgentVersions"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `MigrateSessions` on one session (SPEC §20): a session running `agent` records `version`, durably
+    /// and at once, and runs it from its next turn (a running turn keeps its own version). A session that
+    /// runs another agent is left alone (FAILED_PRECONDITION, which the gateway counts as skipped); one
+    /// already on `version` writes nothing.
+    fn migrate(&mut self, agent: String, version: u64) -> Result<CommandReply, CommandError> {
+        let tenant = &self.state.session.tenant;
+        let runs = self.agents.resolve_version(self.state.agent.as_deref(), self.state.agent_version, tenant).0;
+        if !self.state.exists() || runs != agent {
+            return Err(CommandError::FailedPrecondition(format!(
+                "session {} runs agent {runs:?}, not {agent:?}; it was not migrated",
+                self.state.session
+            )));
+        }
+        self.check_version(&agent, version)?;
+        if self.state.agent_version == Some(version) {
+            return Ok(CommandReply::Written { seq: self.state.last_seq });
+        }
+        let seq = self.write(EventPayload::SessionConfigured {
+            agent,
+            inject_mode: self.state.inject_mode,
+            parent: None,
+            version: Some(version),
+        });
         Ok(CommandReply::Written { seq })
     }
 
@@ -383,6 +431,7 @@ impl Driver {
                 agent,
                 inject_mode: InjectMode::Pending,
                 parent: Some(parent),
+                version: None,
             });
         }
         self.deliver(prompt, Target::NextTurn, true, None, None, Position::Tail)

@@ -73,13 +73,20 @@ impl Driver {
     }
 
     /// The compaction request for `task` of `agent`.
-    fn compaction_request(&mut self, agent: &str, turn: u64, step: u32, task: CompactionTask) -> ModelRequest {
+    fn compaction_request(
+        &mut self,
+        (agent, agent_hash): (&str, &str),
+        turn: u64,
+        step: u32,
+        task: CompactionTask,
+    ) -> ModelRequest {
         ModelRequest {
             op: self.new_op(),
             session: self.state.session.clone(),
             turn,
             step,
             agent: agent.to_owned(),
+            agent_hash: agent_hash.to_owned(),
             system: None,
             history: self.state.transcript.entries_through(task.upto_turn),
             messages: Vec::new(),
@@ -102,8 +109,8 @@ impl Driver {
         if t.compaction_tried {
             return false;
         }
-        let (turn, step, agent) = (t.turn, t.step + 1, t.agent.clone());
-        let profile = self.agents.resolve(Some(&agent), &self.state.session.tenant).1;
+        let (turn, step, agent, agent_hash) = (t.turn, t.step + 1, t.agent.clone(), t.agent_hash.clone());
+        let profile = self.agents.turn_profile(&agent, &self.state.session.tenant, t.version);
         let Some(budget) = profile.context_budget_tokens else { return false };
         let history = self.state.transcript.history(turn, step, profile.history_turns);
         let summary = self.state.compaction.as_ref().map(|c| c.summary.as_str());
@@ -111,7 +118,7 @@ impl Driver {
             return false;
         }
         let Some(task) = self.compaction_task(turn) else { return false };
-        let request = self.compaction_request(&agent, turn, step, task);
+        let request = self.compaction_request((&agent, &agent_hash), turn, step, task);
         if let Some(t) = self.turn.as_mut() {
             t.compaction_tried = true;
             t.phase = Phase::Compacting { op: request.op, task, messages: messages.to_vec() };
@@ -141,8 +148,13 @@ impl Driver {
         let Some(task) = self.compaction_task(u64::MAX) else {
             return Some(Ok(CommandReply::Written { seq: self.state.last_seq }));
         };
-        let agent = self.agents.resolve(self.state.agent.as_deref(), &self.state.session.tenant).0.to_owned();
-        let request = self.compaction_request(&agent, self.state.last_turn, 0, task);
+        let (agent, profile) = self.agents.resolve_version(
+            self.state.agent.as_deref(),
+            self.state.agent_version,
+            &self.state.session.tenant,
+        );
+        let (agent, agent_hash) = (agent.to_owned(), profile.hash.clone());
+        let request = self.compaction_request((&agent, &agent_hash), self.state.last_turn, 0, task);
         self.idle_compaction = Some(IdleCompaction { op: request.op, reply: id, task });
         self.effects.push_back(Effect::Model(request));
         None

@@ -38,7 +38,7 @@ impl Driver {
     fn approval_deadline(&self) -> Option<(u64, String, ApprovalTimeout)> {
         let t = self.turn.as_ref()?;
         let Phase::Tools { awaiting: Some(call_id), for_client: false, .. } = &t.phase else { return None };
-        let timeout = self.agents.resolve(Some(&t.agent), &self.state.session.tenant).1.approval_timeout?;
+        let timeout = self.agents.turn_profile(&t.agent, &self.state.session.tenant, t.version).approval_timeout?;
         let (_, since_ms) = self.state.open_turn.as_ref()?.awaiting_since?;
         Some((since_ms.saturating_add(timeout.after_ms), call_id.clone(), timeout))
     }

@@ -87,6 +87,8 @@ pub struct PreStepRequest {
     pub op: OpId,
     /// The agent running the turn: the runner picks its waterfall by this name.
     pub agent: String,
+    /// The content hash of the agent version the turn runs (SPEC §20); empty without an agent store.
+    pub agent_hash: String,
     pub turn: u64,
     /// The step this proposal would open.
     pub step: u32,
@@ -164,6 +166,8 @@ pub struct ModelRequest {
     pub step: u32,
     /// The agent running this turn (SPEC §8): the runner picks its model and tools by this name.
     pub agent: String,
+    /// The content hash of the agent version the turn runs (SPEC §20); empty without an agent store.
+    pub agent_hash: String,
     /// The agent's system prompt, sent before everything else.
     pub system: Option<String>,
     /// The session's history before this step, in log order: entered user messages, assistant messages
@@ -321,6 +325,8 @@ pub struct ToolRequest {
     pub op: OpId,
     /// The agent running the turn: its tool list and deadlines apply to the call.
     pub agent: String,
+    /// The content hash of the agent version the turn runs (SPEC §20); empty without an agent store.
+    pub agent_hash: String,
     pub turn: u64,
     pub step: u32,
     pub call: ToolCallSpec,

@@ -49,7 +49,7 @@ use turnstile_model::{
     SessionState, SessionSummary, Status,
 };
 
-pub use agents::{AgentCatalog, AgentProfile, ApprovalRules, ApprovalTimeout, CatalogError};
+pub use agents::{AgentCatalog, AgentOwner, AgentProfile, ApprovalRules, ApprovalTimeout, CatalogError};
 pub use effect::{
     ActiveGoal, AppendGroup, CommandId, CompactionTask, Effect, GOAL_COMPLETE, HookError, HookVerdict, ModelOutcome,
     ModelOutput, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, SUMMARY_PREFIX,
@@ -128,6 +128,20 @@ impl Driver {
             draining: false,
             idle_compaction: None,
         }
+    }
+
+    /// The agents from now on (SPEC §20): an input, given when the worker's agents change (a version put,
+    /// an agent deleted). A running turn keeps the version it started with; the next turn resolves anew.
+    pub fn set_agents(&mut self, agents: AgentCatalog) {
+        if agents.max_history_turns() > self.state.transcript.keep_turns() {
+            self.state.transcript.set_keep_turns(agents.max_history_turns());
+        }
+        self.agents = agents;
+    }
+
+    /// The agents this driver resolves turns against.
+    pub fn agents(&self) -> &AgentCatalog {
+        &self.agents
     }
 
     /// The fold of everything this driver has written (and what it loaded).

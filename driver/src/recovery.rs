@@ -94,7 +94,12 @@ impl Driver {
             Some(next) => (open.step_calls.clone(), next),
             None => (vec![waiting.clone()], 0),
         };
-        let agent = self.agents.resolve(self.state.agent.as_deref(), &self.state.session.tenant).0.to_owned();
+        let (agent, profile) = self.agents.resolve_version(
+            self.state.agent.as_deref(),
+            self.state.agent_version,
+            &self.state.session.tenant,
+        );
+        let (agent, version, agent_hash) = (agent.to_owned(), profile.version, profile.hash.clone());
         self.turn = Some(ActiveTurn {
             turn: open.turn,
             proposal: 1,
@@ -112,6 +117,8 @@ impl Driver {
             resumed: false,
             concluded: false,
             agent,
+            version,
+            agent_hash,
             compaction_tried: false,
         });
         self.set_status(Status::Running);

@@ -21,8 +21,9 @@ impl Driver {
             let client_tools = turn_tools::of_turn(self.state.transcript.entries(), turn, &[]);
             let Some(t) = self.turn.as_mut() else { return };
             let (turn, step, aborting, concluded) = (t.turn, t.step, t.cancel.is_some(), t.concluded);
-            let needs_approval =
-                |name: &str| self.agents.resolve(Some(&t.agent), &self.state.session.tenant).1.approval.requires(name);
+            let needs_approval = |name: &str| {
+                self.agents.turn_profile(&t.agent, &self.state.session.tenant, t.version).approval.requires(name)
+            };
             let Phase::Tools { calls, next, awaiting, for_client, .. } = &mut t.phase else { return };
             let Some(call) = calls.get(*next).cloned() else {
                 return self.end_step(if concluded { StepResult::Completed } else { StepResult::Continue });
@@ -86,7 +87,7 @@ impl Driver {
     /// Writes `tool/call` (unless it was written awaiting approval) and asks the runner to run it.
     fn run_tool_call(&mut self, call: ToolCallSpec) {
         let Some(t) = self.turn.as_mut() else { return };
-        let (turn, step, agent) = (t.turn, t.step, t.agent.clone());
+        let (turn, step, agent, agent_hash) = (t.turn, t.step, t.agent.clone(), t.agent_hash.clone());
         let Phase::Tools { running, awaiting, .. } = &mut t.phase else { return };
         let approved = awaiting.take().is_some();
         let op = self.next_op;
@@ -96,7 +97,7 @@ impl Driver {
             let call = call.clone();
             self.write(EventPayload::ToolCall { turn, step, call, awaiting_approval: false, awaiting_client: false });
         }
-        self.effects.push_back(Effect::Tool(ToolRequest { op, agent, turn, step, call }));
+        self.effects.push_back(Effect::Tool(ToolRequest { op, agent, agent_hash, turn, step, call }));
     }
 
     /// `Decide` (SPEC §9): answers the call awaiting approval. Approved runs it; denied gives the

@@ -39,6 +39,10 @@ pub(super) struct ActiveTurn {
     pub concluded: bool,
     /// The agent this turn runs, fixed at `turn/start` so a configuration applies from the next turn.
     pub agent: String,
+    /// The version of `agent` this turn runs, fixed at `turn/start` like the agent (SPEC §20).
+    pub version: u64,
+    /// That version's content hash, carried in the turn's requests.
+    pub agent_hash: String,
     /// A compaction was asked for in this turn (SPEC §13): at most one per turn, so a failing one does
     /// not cost a request before every step.
     pub compaction_tried: bool,
@@ -103,7 +107,7 @@ impl Driver {
             return;
         }
         let turn = self.state.last_turn + 1;
-        let agent = self.agents.resolve(self.state.agent.as_deref(), &self.state.session.tenant).0.to_owned();
+        let (agent, version, agent_hash) = self.record_version();
         self.write(EventPayload::TurnStart { turn });
         self.turn = Some(ActiveTurn {
             turn,
@@ -118,9 +122,37 @@ impl Driver {
             interrupted_prompt: resume.prompt,
             concluded: false,
             agent,
+            version,
+            agent_hash,
             compaction_tried: false,
         });
         self.propose();
+    }
+
+    /// The agent and version the next turn runs (SPEC §20). A session that recorded another version than
+    /// it resolves to now (its version does not pin, and the agent changed), or that runs a pinning version
+    /// without having recorded one, records it first: `session/configured {version}`, before `turn/start`,
+    /// so every later owner runs the same version. A session whose configured agent is gone records nothing
+    /// (it runs the default agent without being moved to it).
+    pub(super) fn record_version(&mut self) -> (String, u64, String) {
+        let tenant = &self.state.session.tenant;
+        let (name, profile) =
+            self.agents.resolve_version(self.state.agent.as_deref(), self.state.agent_version, tenant);
+        let (name, version, hash, pin) = (name.to_owned(), profile.version, profile.hash.clone(), profile.pin);
+        let configured = self.state.agent.as_deref().unwrap_or(self.agents.default_agent()) == name;
+        let changed = match self.state.agent_version {
+            Some(recorded) => recorded != version,
+            None => pin,
+        };
+        if configured && !hash.is_empty() && changed {
+            self.write(EventPayload::SessionConfigured {
+                agent: name.clone(),
+                inject_mode: self.state.inject_mode,
+                parent: None,
+                version: Some(version),
+            });
+        }
+        (name, version, hash)
     }
 
     /// Claims input and asks for the pre-step decision.
@@ -133,7 +165,8 @@ impl Driver {
             return;
         }
         t.proposal += 1;
-        let (turn, proposal, step, agent) = (t.turn, t.proposal, t.step + 1, t.agent.clone());
+        let (turn, proposal, step, agent, agent_hash) =
+            (t.turn, t.proposal, t.step + 1, t.agent.clone(), t.agent_hash.clone());
         // A resumed turn's one next-turn slot belongs to the prompt a crash interrupted.
         let claim_next_turn = proposal == 1 && !t.resumed;
         let mut claimed = self.claim(Target::NextStep, self.state.inbox.next_step.len());
@@ -147,7 +180,15 @@ impl Driver {
         if let Some(t) = self.turn.as_mut() {
             t.phase = Phase::PreStep { op };
         }
-        self.effects.push_back(Effect::PreStep(PreStepRequest { op, agent, turn, step, proposal, messages: claimed }));
+        self.effects.push_back(Effect::PreStep(PreStepRequest {
+            op,
+            agent,
+            agent_hash,
+            turn,
+            step,
+            proposal,
+            messages: claimed,
+        }));
     }
 
     /// A pure-deletion splice of the first `count` messages of `target` (nothing when 0).
@@ -227,8 +268,9 @@ impl Driver {
         let (turn, step) = (t.turn, t.step);
         let tool_results = std::mem::take(&mut t.tool_results);
         let interrupted_prompt = std::mem::take(&mut t.interrupted_prompt);
-        let (agent, profile) = self.agents.resolve(Some(&t.agent), &self.state.session.tenant);
-        let (agent, system, history_turns) = (agent.to_owned(), profile.system.clone(), profile.history_turns);
+        let profile = self.agents.turn_profile(&t.agent, &self.state.session.tenant, t.version);
+        let (agent, agent_hash) = (t.agent.clone(), t.agent_hash.clone());
+        let (system, history_turns) = (profile.system.clone(), profile.history_turns);
         // Read before this step's messages are written: the history is what came before the step.
         let history = self.state.transcript.history(turn, step, history_turns);
         self.write(EventPayload::StepStart { turn, step });
@@ -247,6 +289,7 @@ impl Driver {
             turn,
             step,
             agent,
+            agent_hash,
             system,
             history,
             messages,

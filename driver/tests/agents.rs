@@ -13,7 +13,7 @@ fn entries(history: &[std::sync::Arc<TranscriptEntry>]) -> Vec<TranscriptEntry> 
 }
 
 fn configure(sim: &mut Sim, agent: &str, inject_mode: InjectMode) -> support::Reply {
-    sim.command(Command::Configure { agent: agent.into(), inject_mode })
+    sim.command(Command::Configure { agent: agent.into(), inject_mode, version: None })
 }
 
 fn two_agents(history_turns: u32) -> AgentCatalog {
@@ -157,4 +157,71 @@ fn history_turns_drops_the_oldest_whole_turns() {
     // The second step of turn 2 still saw turn 1 (one earlier turn) and all of turn 2 so far.
     let turn2_step2: Vec<(u64, u32)> = requests[2].history.iter().map(|e| (e.turn(), e.step())).collect();
     assert_eq!(turn2_step2, vec![(1, 1), (1, 1), (2, 1), (2, 1), (2, 1)]);
+}
+
+/// A catalog whose tenant-owned agent `helper` has versions 1..=n, each with system prompt `vN`.
+fn helper_versions(n: u64, pin: bool) -> AgentCatalog {
+    let mut catalog = AgentCatalog::default();
+    for version in 1..=n {
+        let owner = turnstile_driver::AgentOwner::Tenant(support::session().tenant);
+        let profile = AgentProfile {
+            system: Some(format!("v{version}")),
+            version,
+            hash: format!("hash{version}"),
+            pin,
+            ..AgentProfile::default()
+        };
+        catalog.add_version(owner, "helper", profile);
+    }
+    catalog
+}
+
+fn configure_version(sim: &mut Sim, version: Option<u64>) -> support::Reply {
+    sim.command(Command::Configure { agent: "helper".into(), inject_mode: InjectMode::Pending, version })
+}
+
+fn last_request(sim: &Sim) -> (Option<String>, String) {
+    let r = sim.model_requests.last().unwrap();
+    (r.system.clone(), r.agent_hash.clone())
+}
+
+/// SPEC §20: a session configured on a pinning version keeps it when the agent changes; `MigrateSessions`
+/// moves it, durably and from its next turn.
+#[test]
+fn a_pinned_session_keeps_its_version_until_migrated() {
+    let mut sim = Sim::with_agents(Limits::default(), helper_versions(1, true));
+    written(configure_version(&mut sim, Some(1)));
+    sim.expect(&["D session/configured helper pending version=1"]);
+    sim.driver.set_agents(helper_versions(2, true));
+    sent(sim.followup("a", "hi"));
+    sim.finish_model();
+    assert_eq!(last_request(&sim), (Some("v1".into()), "hash1".into()));
+    written(sim.command(Command::Migrate { agent: "helper".into(), version: 2 }));
+    assert_eq!(sim.driver.state().agent_version, Some(2));
+    sent(sim.followup("b", "again"));
+    sim.finish_model();
+    assert_eq!(last_request(&sim), (Some("v2".into()), "hash2".into()));
+    let (kind, _) = refused(sim.command(Command::Migrate { agent: "helper".into(), version: 9 }));
+    assert_eq!(kind, "invalid-argument");
+    let (kind, _) = refused(sim.command(Command::Migrate { agent: "other".into(), version: 1 }));
+    assert_eq!(kind, "failed-precondition");
+    sim.check_full_fold();
+}
+
+/// `version_policy = "latest"`: the next turn runs the newest version and records it before `turn/start`.
+#[test]
+fn a_latest_session_records_the_newest_version_at_its_next_turn() {
+    let mut sim = Sim::with_agents(Limits::default(), helper_versions(1, false));
+    written(configure_version(&mut sim, Some(1)));
+    sim.take();
+    sim.driver.set_agents(helper_versions(2, false));
+    sent(sim.followup("a", "hi"));
+    sim.finish_model();
+    assert_eq!(last_request(&sim), (Some("v2".into()), "hash2".into()));
+    assert_eq!(sim.driver.state().agent_version, Some(2));
+    let lines = sim.take();
+    let configured = lines.iter().position(|l| l == "D session/configured helper pending version=2").unwrap();
+    let start = lines.iter().position(|l| l == "D turn/start 1").unwrap();
+    assert!(configured < start, "{lines:?}");
+    sim.check_full_fold();
 }

@@ -104,7 +104,11 @@ fn a_parents_cancel_ends_the_childs_turn_aborted_parent() {
     let lines = sim.take();
     assert!(lines.contains(&"D turn/end 1 aborted{parent}".to_owned()), "{lines:?}");
     // The child stays a child: its link survives the cancel and a later reconfiguration.
-    written(sim.command(Command::Configure { agent: "scripted".into(), inject_mode: Default::default() }));
+    written(sim.command(Command::Configure {
+        agent: "scripted".into(),
+        inject_mode: Default::default(),
+        version: None,
+    }));
     assert_eq!(sim.driver.state().parent, Some(parent()));
     sim.check_full_fold();
 }

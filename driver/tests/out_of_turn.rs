@@ -11,7 +11,11 @@ use turnstile_model::{Command, InjectMode, SessionState, Status, Target, Transcr
 
 fn out_of_turn() -> Sim {
     let mut sim = Sim::new();
-    written(sim.command(Command::Configure { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn }));
+    written(sim.command(Command::Configure {
+        agent: "scripted".into(),
+        inject_mode: InjectMode::OutOfTurn,
+        version: None,
+    }));
     sim.take();
     sim
 }

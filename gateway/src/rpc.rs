@@ -148,6 +148,46 @@ impl Agent for Gateway {
         Ok(Response::new(reply))
     }
 
+    // SPEC §20: agents as versioned objects of the caller's tenant (`agents.rs`).
+    async fn put_agent(&self, request: Request<pb::PutAgentRequest>) -> Result<Response<pb::AgentInfo>, Status> {
+        let (scope, req) = self.open(request).await?;
+        self.put_agent_in(&scope.tenant, req).await.map(Response::new)
+    }
+
+    async fn get_agent(&self, request: Request<pb::GetAgentRequest>) -> Result<Response<pb::AgentInfo>, Status> {
+        let (scope, req) = self.open(request).await?;
+        self.get_agent_in(&scope.tenant, req).await.map(Response::new)
+    }
+
+    async fn list_agents(
+        &self,
+        request: Request<pb::ListAgentsRequest>,
+    ) -> Result<Response<pb::ListAgentsReply>, Status> {
+        let (scope, _) = self.open(request).await?;
+        self.list_agents_in(&scope.tenant).await.map(Response::new)
+    }
+
+    async fn delete_agent(&self, request: Request<pb::DeleteAgentRequest>) -> Result<Response<pb::AgentInfo>, Status> {
+        let (scope, req) = self.open(request).await?;
+        self.delete_agent_in(&scope.tenant, &req.name).await.map(Response::new)
+    }
+
+    async fn list_agent_versions(
+        &self,
+        request: Request<pb::ListAgentVersionsRequest>,
+    ) -> Result<Response<pb::ListAgentVersionsReply>, Status> {
+        let (scope, req) = self.open(request).await?;
+        self.list_agent_versions_in(&scope.tenant, &req.name).await.map(Response::new)
+    }
+
+    async fn migrate_sessions(
+        &self,
+        request: Request<pb::MigrateSessionsRequest>,
+    ) -> Result<Response<pb::MigrateSessionsReply>, Status> {
+        let (scope, req) = self.open(request).await?;
+        self.migrate_in(&scope.tenant, req).await.map(Response::new)
+    }
+
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Result<Response<pb::SessionInfo>, Status> {
         let session = self.session(self.open(request).await?.1.session)?;
         let state = read::existing(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;
@@ -165,7 +205,8 @@ impl Agent for Gateway {
         }
         let inject_mode = codec::inject_mode_at(req.inject_mode, "inject_mode", Some(InjectMode::Pending))
             .map_err(status::from_convert)?;
-        let seq = self.written(session.clone(), Command::Configure { agent: req.agent, inject_mode }).await?;
+        let version = self.version_to_configure(&session.tenant, &req.agent, req.version).await?;
+        let seq = self.written(session.clone(), Command::Configure { agent: req.agent, inject_mode, version }).await?;
         let state = self.state_after(&session, seq, "retry GetSession").await?;
         Ok(Response::new(self.info(&state).await))
     }

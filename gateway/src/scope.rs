@@ -211,6 +211,19 @@ impl Scoped for pb::DeleteWebhookRequest {
     }
 }
 
+// Agents (SPEC §20): in the caller's tenant, which names none of its own.
+impl Scoped for pb::PutAgentRequest {}
+impl Scoped for pb::GetAgentRequest {}
+impl Scoped for pb::ListAgentsRequest {}
+impl Scoped for pb::DeleteAgentRequest {}
+impl Scoped for pb::ListAgentVersionsRequest {}
+
+impl Scoped for pb::MigrateSessionsRequest {
+    fn sessions(&mut self) -> Vec<&mut pb::SessionRef> {
+        self.sessions.iter_mut().collect()
+    }
+}
+
 impl Scoped for pb::ListSessionsRequest {
     fn tenant(&mut self) -> Option<&mut String> {
         Some(&mut self.tenant)

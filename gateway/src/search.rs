@@ -49,6 +49,7 @@ pub(crate) fn query_of(req: &pb::ListSessionsRequest) -> Result<Query, Status> {
     Ok(Query {
         status,
         agent: (!req.agent.is_empty()).then(|| req.agent.clone()),
+        agent_version: (req.agent_version > 0).then_some(req.agent_version),
         selector,
         updated_after_ms: req.updated_after_unix_ms,
         updated_before_ms: req.updated_before_unix_ms,

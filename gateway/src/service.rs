@@ -113,6 +113,8 @@ pub struct Gateway {
     pub(crate) usage: Option<Arc<dyn UsageLedger>>,
     /// Where the webhooks tenants register are kept (SPEC §21); `None`: the webhook RPCs are UNIMPLEMENTED.
     pub(crate) webhooks: Option<Arc<dyn turnstile_journal::WebhookRegistry>>,
+    /// Where agents put at run time are kept (SPEC §20); `None`: the agent RPCs are UNIMPLEMENTED here.
+    pub(crate) agents: Option<crate::agents::AgentDefinitions>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -148,6 +150,7 @@ impl Gateway {
             tools: ToolHub::new(),
             index: None,
             webhooks: None,
+            agents: None,
         }
     }
 
@@ -166,6 +169,12 @@ impl Gateway {
     /// Every call must carry a bearer token that `auth` resolves to a tenant, and is confined to it.
     pub fn with_auth(mut self, auth: Authenticator) -> Self {
         self.auth = Arc::new(auth);
+        self
+    }
+
+    /// Agents are put, read and versioned in `definitions` (SPEC §20).
+    pub fn with_agents(mut self, definitions: crate::agents::AgentDefinitions) -> Self {
+        self.agents = Some(definitions);
         self
     }
 

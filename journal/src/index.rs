@@ -80,6 +80,8 @@ pub struct Query {
     pub tenant: Option<String>,
     pub status: Option<Status>,
     pub agent: Option<String>,
+    /// Only sessions that recorded this version of their agent (SPEC §20).
+    pub agent_version: Option<u64>,
     pub parent: Option<SessionRef>,
     pub selector: Selector,
     pub updated_after_ms: Option<u64>,
@@ -98,6 +100,7 @@ impl Query {
         let s = &entry.summary;
         self.status.is_none_or(|status| s.status == status)
             && self.agent.as_ref().is_none_or(|agent| &s.agent == agent)
+            && self.agent_version.is_none_or(|v| s.agent_version == Some(v))
             && self.parent.as_ref().is_none_or(|parent| s.parent.as_ref() == Some(parent))
             && self.updated_after_ms.is_none_or(|t| s.last_time_ms > t)
             && self.updated_before_ms.is_none_or(|t| s.last_time_ms < t)

@@ -12,6 +12,7 @@
 //! Nothing here knows about drivers, gRPC services or routing: the gateway reads these logs, the worker's
 //! runner is their single writer.
 
+pub mod agents;
 pub mod bus;
 pub mod embedded;
 pub mod index;
@@ -23,6 +24,7 @@ pub mod usage;
 pub mod webhook;
 pub mod webhook_registry;
 
+pub use agents::{AgentOwner, AgentRecord, AgentStore, AgentVersion, MemoryAgents};
 pub use bus::{LiveBus, LiveStream};
 pub use embedded::{EmbeddedLog, LocalBus};
 pub use index::{IndexEntry, MemoryIndex, SessionIndex};

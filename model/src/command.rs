@@ -52,6 +52,14 @@ pub enum Command {
     Configure {
         agent: String,
         inject_mode: InjectMode,
+        /// The version of `agent` to record (SPEC §20); `None`: none, the agent's newest at each turn.
+        version: Option<u64>,
+    },
+    /// `MigrateSessions` (SPEC §20): a session running `agent` runs its version `version` from its next
+    /// turn; written at once, allowed while a turn runs (that turn keeps its version).
+    Migrate {
+        agent: String,
+        version: u64,
     },
     /// `Decide` (SPEC §9): answers the tool call awaiting approval.
     Decide {
@@ -138,6 +146,7 @@ impl Command {
             Self::Splice { .. } => "splice",
             Self::Clear => "clear",
             Self::Configure { .. } => "configure",
+            Self::Migrate { .. } => "migrate",
             Self::Decide { .. } => "decide",
             Self::CompleteToolCall { .. } => "complete_tool_call",
             Self::SetGoal { .. } => "set_goal",
@@ -179,6 +188,9 @@ pub struct SessionSummary {
     /// The agent the session runs: the configured one, else the default agent.
     pub agent: String,
     pub inject_mode: InjectMode,
+    /// The version of `agent` the session recorded (SPEC §20); `None`: it runs the newest.
+    #[serde(default)]
+    pub agent_version: Option<u64>,
     /// The session's latest goal in any state (`Goal::current`), if it ever had one.
     pub goal: Option<GoalChange>,
     /// The `time` of the last durable event (0 before the first): the session's last activity.
@@ -202,6 +214,7 @@ impl SessionSummary {
             owner,
             agent,
             inject_mode: state.inject_mode,
+            agent_version: state.agent_version,
             goal: state.goals.current.as_ref().map(crate::goal::Goal::current),
             last_time_ms: state.last_time_ms,
             parent: state.parent.clone(),

@@ -284,6 +284,10 @@ pub enum EventPayload {
         /// created it. A later `session/configured` without it keeps the link.
         #[serde(default)]
         parent: Option<SessionRef>,
+        /// The version of `agent` the session runs from now on (SPEC §20); `None`: the agent's newest at
+        /// each turn.
+        #[serde(default)]
+        version: Option<u64>,
     },
     /// `context/compacted` (SPEC §13): the whole turns through `upto_turn` are replaced in later model
     /// requests by `summary` (one user-role message marked as a summary). The log keeps every event.

@@ -300,6 +300,9 @@ pub struct SessionState {
     pub accepted: AcceptedIndex,
     /// The agent the last `session/configured` named; `None` runs the configuration's default agent.
     pub agent: Option<String>,
+    /// The version of `agent` the last `session/configured` recorded (SPEC §20); `None`: the newest.
+    #[serde(default)]
+    pub agent_version: Option<u64>,
     /// The inject mode the last `session/configured` set (SPEC §11).
     pub inject_mode: InjectMode,
     /// The bounded conversation history model requests are built from (SPEC §8).
@@ -345,6 +348,7 @@ impl SessionState {
             accepted: AcceptedIndex::new(dedup_horizon),
             agent: None,
             inject_mode: InjectMode::Pending,
+            agent_version: None,
             transcript: Transcript::default(),
             steer_deadlines: BTreeMap::new(),
             goals: GoalFold::default(),
@@ -585,8 +589,9 @@ impl SessionState {
                     error: error.clone(),
                 });
             }
-            EventPayload::SessionConfigured { agent, inject_mode, parent } => {
+            EventPayload::SessionConfigured { agent, inject_mode, parent, version } => {
                 self.agent = Some(agent.clone());
+                self.agent_version = *version;
                 self.inject_mode = *inject_mode;
                 if parent.is_some() {
                     self.parent.clone_from(parent);

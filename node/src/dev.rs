@@ -7,11 +7,11 @@ use std::sync::Arc;
 use turnstile_agent::tools::ChildSessions;
 use turnstile_cluster::CommandRouter;
 use turnstile_gateway::{Gateway, ToolHub};
-use turnstile_journal::jetstream::{KvIndex, KvUsage, KvWebhookPositions, KvWebhookRegistry, UsageFold};
+use turnstile_journal::jetstream::{KvAgents, KvIndex, KvUsage, KvWebhookPositions, KvWebhookRegistry, UsageFold};
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{
-    EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, MemoryIndex, MemoryPositions, MemoryWebhooks, SessionIndex,
-    SessionLog, UsageLedger, WebhookPositions, WebhookRegistry,
+    AgentStore, EmbeddedLog, JetStreamConfig, LiveBus, LocalBus, MemoryAgents, MemoryIndex, MemoryPositions,
+    MemoryWebhooks, SessionIndex, SessionLog, UsageLedger, WebhookPositions, WebhookRegistry,
 };
 use turnstile_ops::Readiness;
 use turnstile_worker::SessionHost;
@@ -69,13 +69,17 @@ struct Journal {
     /// The webhooks tenants register (SPEC §21): in memory (or `webhooks.json` in the data directory) with
     /// the embedded journal, a KV bucket on NATS.
     webhooks: Arc<dyn WebhookRegistry>,
+    /// Agent definitions and their versions (SPEC §20): in memory or the data directory's `agents.json`
+    /// with the embedded journal, a KV bucket on NATS.
+    agents: Arc<dyn AgentStore>,
 }
 
 async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
     // The embedded journal reads from memory, so it keeps no snapshots; JetStream keeps them in KV. The
     // embedded journal is ready once open; on NATS, readiness follows the connection.
     let always: Arc<dyn Readiness> = Arc::new(turnstile_ops::AlwaysReady);
-    let embedded = |log: EmbeddedLog, describe: String, webhooks: MemoryWebhooks| Journal {
+    let embedded = |log: EmbeddedLog, describe: String, webhooks: MemoryWebhooks, agents: MemoryAgents| Journal {
+        agents: Arc::new(agents),
         usage: log.usage(),
         fold: None,
         log: Arc::new(log),
@@ -116,6 +120,7 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
                 KvWebhookPositions::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
             let webhooks =
                 KvWebhookRegistry::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
+            let agents = KvAgents::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
             Ok(Journal {
                 log: Arc::new(log),
                 bus: Arc::new(bus),
@@ -128,17 +133,20 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
                 index: Arc::new(index),
                 webhook_positions: Arc::new(positions),
                 webhooks: Arc::new(webhooks),
+                agents: Arc::new(agents),
             })
         }
         (None, Some(dir)) => {
             let log = EmbeddedLog::open(dir).map_err(|cause| NodeError::DataDir { dir: dir.clone(), cause })?;
             let webhooks = MemoryWebhooks::open(dir).map_err(|cause| NodeError::DataDir { dir: dir.clone(), cause })?;
-            Ok(embedded(log, format!("embedded, on disk in {}", dir.display()), webhooks))
+            let agents = MemoryAgents::open(dir).map_err(|cause| NodeError::DataDir { dir: dir.clone(), cause })?;
+            Ok(embedded(log, format!("embedded, on disk in {}", dir.display()), webhooks, agents))
         }
         (None, None) => Ok(embedded(
             EmbeddedLog::in_memory(),
             "embedded, in memory (lost on exit; pass --data-dir DIR to keep sessions)".to_owned(),
             MemoryWebhooks::default(),
+            MemoryAgents::default(),
         )),
     }
 }
@@ -186,7 +194,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     };
     let config = &opts.serving.config.config;
     let registry = agents.tools.clone();
-    let mut host = SessionHost::builder(journal.log.clone(), journal.bus.clone(), agents.into())
+    let definitions = crate::agent_definitions(config, journal.agents.clone()).await?;
+    let mut host = SessionHost::builder(journal.log.clone(), journal.bus.clone(), definitions.agents(agents))
         .snapshots(journal.snapshots.clone())
         .index(journal.index.clone())
         .webhook_positions(journal.webhook_positions.clone())
@@ -210,7 +219,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         .with_auth(security.auth)
         .with_tools(tools)
         .with_usage(journal.usage)
-        .with_webhooks(journal.webhooks);
+        .with_webhooks(journal.webhooks)
+        .with_agents(definitions.gateway);
     // The web console, its gRPC-Web calls and the agent protocols share the ops listener (decision 0029).
     let console = crate::http_routes(&gateway, config, auth_enabled);
     let http = OpsHttp::start_with(opts.serving.http.as_deref(), journal.ready, console).await?;

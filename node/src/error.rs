@@ -81,6 +81,9 @@ pub enum NodeError {
     /// Sessions that were running when the last process stopped could not be loaded again.
     #[error("cannot resume the sessions that were running: {0}")]
     Resume(turnstile_worker::host::HostError),
+    /// The agent definitions (SPEC §20) cannot be read or the file's agents imported.
+    #[error("cannot read or import the agent definitions: {0}")]
+    AgentStore(JournalError),
     /// The bound addresses could not be printed.
     #[error("cannot write to stdout: {0}")]
     Stdout(std::io::Error),

@@ -135,7 +135,13 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let webhooks = turnstile_journal::jetstream::KvWebhookRegistry::open(&client, crate::replicas(config))
         .await
         .map_err(|e| NodeError::nats(url, e))?;
+    let agents = turnstile_journal::jetstream::KvAgents::open(&client, replicas(config))
+        .await
+        .map_err(|e| NodeError::nats(url, e))?;
+    let definitions =
+        turnstile_gateway::agents::AgentDefinitions { store: Arc::new(agents), config: Arc::new(config.clone()) };
     let gateway = Gateway::new(router, Arc::new(log), Arc::new(bus), gateway_config)
+        .with_agents(definitions)
         .with_snapshots(Arc::new(snapshots))
         .with_index(Arc::new(index))
         .with_webhooks(Arc::new(webhooks))

@@ -156,6 +156,37 @@ async fn agents(loaded: &config::Loaded) -> Result<turnstile_agent::AgentSetup, 
         .map_err(|cause| NodeError::Agents { file: loaded.path.clone(), cause })
 }
 
+/// The agents kept in `store` (SPEC §20): the file's imported as versions, followed as they change.
+struct AgentDefinitions {
+    directory: Arc<turnstile_agent::directory::Directory>,
+    gateway: turnstile_gateway::agents::AgentDefinitions,
+}
+
+impl AgentDefinitions {
+    /// The worker's agents, with the catalog following the store.
+    fn agents(&self, setup: turnstile_agent::AgentSetup) -> turnstile_worker::agent::Agents {
+        setup.versions.attach(self.directory.clone());
+        let mut agents: turnstile_worker::agent::Agents = setup.into();
+        agents.catalog = self.directory.catalogs();
+        agents
+    }
+}
+
+async fn agent_definitions(
+    config: &Config,
+    store: Arc<dyn turnstile_journal::AgentStore>,
+) -> Result<AgentDefinitions, NodeError> {
+    let config = Arc::new(config.clone());
+    let directory = turnstile_agent::directory::Directory::start(
+        config.clone(),
+        store.clone(),
+        Box::new(turnstile_agent::setup::profile_of),
+    )
+    .await
+    .map_err(NodeError::AgentStore)?;
+    Ok(AgentDefinitions { directory, gateway: turnstile_gateway::agents::AgentDefinitions { store, config } })
+}
+
 /// The router to every session's owner over the shard map in `client`'s KV, dialing the workers with
 /// `cluster_tls` when given: a gateway's, and a worker's for `spawn_agent`.
 async fn cluster_router(

@@ -128,7 +128,12 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     // `spawn_agent` reaches its child sessions' owners as a gateway would, and reads their logs here.
     let router = cluster_router(&client, url, config, cluster_tls).await?;
     agents.tools.set_child_sessions(ChildSessions { router, log: log.clone() });
-    let worker = start_worker(options, agents.into(), &client, replicas(config), log, bus, snapshots)
+    // SPEC §20: the file's agents imported as versions, every agent followed as it changes.
+    let store = turnstile_journal::jetstream::KvAgents::open(&client, replicas(config))
+        .await
+        .map_err(|e| NodeError::nats(url, e))?;
+    let definitions = crate::agent_definitions(config, Arc::new(store)).await?;
+    let worker = start_worker(options, definitions.agents(agents), &client, replicas(config), log, bus, snapshots)
         .await
         .map_err(|e| NodeError::membership(url, e))?;
 

@@ -78,7 +78,8 @@ impl<E: ProtocolError> Api<E> {
     }
 
     pub async fn configure(&self, id: &str, agent: &str, inject_mode: i32) -> Result<pb::SessionInfo, E> {
-        let req = pb::ConfigureSessionRequest { session: session(id), agent: agent.to_owned(), inject_mode };
+        let req =
+            pb::ConfigureSessionRequest { session: session(id), agent: agent.to_owned(), inject_mode, version: 0 };
         Ok(self.gateway.configure_session(self.request(req)).await?.into_inner())
     }
 

@@ -148,6 +148,7 @@ impl Session {
             session: self.some_ref(),
             agent: agent.to_owned(),
             inject_mode: inject_mode as i32,
+            ..Default::default()
         };
         self.client().configure_session(req).await.map(tonic::Response::into_inner)
     }

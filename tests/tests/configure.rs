@@ -49,6 +49,8 @@ async fn configure_scripted_writes_session_configured(backend: Backend) {
             agent: "scripted".into(),
             inject_mode: InjectMode::OutOfTurn as i32,
             parent: None,
+            // The file's agents are versions too (SPEC §20): the version configured is recorded.
+            version: Some(1),
         }))
     );
     // The same configuration again writes nothing.

@@ -599,6 +599,7 @@ fn future_session(template: &[Envelope]) -> (SessionRef, Vec<StoredMessage>) {
     let after = Envelope {
         seq: last.seq + 2,
         payload: EventPayload::SessionConfigured {
+            version: None,
             agent: "scripted".into(),
             inject_mode: turnstile_model::InjectMode::Pending,
             parent: None,

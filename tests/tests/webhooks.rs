@@ -197,8 +197,12 @@ mod tenancy {
         id: &str,
         agent: &str,
     ) -> Result<SessionInfo, Status> {
-        let req =
-            ConfigureSessionRequest { session: own(id), agent: agent.into(), inject_mode: InjectMode::Pending as i32 };
+        let req = ConfigureSessionRequest {
+            session: own(id),
+            agent: agent.into(),
+            inject_mode: InjectMode::Pending as i32,
+            version: 0,
+        };
         client.configure_session(authed(req, token)).await.map(tonic::Response::into_inner)
     }
 

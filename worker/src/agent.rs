@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use turnstile_driver::{AgentCatalog, ModelOutput, ModelRequest, PreStepRequest, ToolRequest};
 pub use turnstile_driver::{HookError, HookVerdict};
@@ -173,11 +173,61 @@ pub trait PreStepHook: Send + Sync + 'static {
     ) -> Result<HookVerdict, HookError>;
 }
 
+/// Fetches the agents anew from where they are kept (SPEC §20), for a command that names a version the
+/// worker's catalog does not hold yet (put a moment ago through another gateway).
+#[async_trait]
+pub trait CatalogRefresh: Send + Sync + 'static {
+    /// Returns once the catalog [`Catalogs::current`] gives holds every version stored now.
+    async fn refresh(&self);
+}
+
+/// The agents' catalog as it changes (SPEC §20): agents put, changed or deleted at run time reach every
+/// runner, which hands its driver the new catalog before its next input.
+#[derive(Clone)]
+pub struct Catalogs {
+    current: watch::Receiver<AgentCatalog>,
+    refresh: Option<Arc<dyn CatalogRefresh>>,
+}
+
+impl Catalogs {
+    /// A catalog that never changes (a worker without an agent store, tests).
+    pub fn fixed(catalog: AgentCatalog) -> Self {
+        Self { current: watch::channel(catalog).1, refresh: None }
+    }
+
+    /// The catalogs `current` receives, fetched anew through `refresh` when a command needs it.
+    pub fn new(current: watch::Receiver<AgentCatalog>, refresh: Arc<dyn CatalogRefresh>) -> Self {
+        Self { current, refresh: Some(refresh) }
+    }
+
+    /// The catalog now (a shared clone).
+    pub fn current(&self) -> AgentCatalog {
+        self.current.borrow().clone()
+    }
+
+    /// Waits until the catalog holds version `version` of `agent` for `tenant`, fetching it once if it does
+    /// not (the driver then answers as it would for any version: it exists now, or it does not).
+    pub async fn ensure(&self, agent: &str, tenant: &str, version: u64) {
+        if self.current().version_for(agent, tenant, version).is_some() {
+            return;
+        }
+        if let Some(refresh) = &self.refresh {
+            refresh.refresh().await;
+        }
+    }
+}
+
+impl std::fmt::Debug for Catalogs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalogs").field("current", &*self.current.borrow()).finish_non_exhaustive()
+    }
+}
+
 /// What a worker's sessions run: the agents' catalog (for the driver) and what answers their steps.
 #[derive(Clone)]
 pub struct Agents {
-    /// Names, system prompts and history budgets of the agents, and the default one.
-    pub catalog: AgentCatalog,
+    /// Names, system prompts and history budgets of the agents and their versions, and the default one.
+    pub catalog: Catalogs,
     /// Serves every agent's model requests.
     pub model: Arc<dyn Model>,
     /// Runs every agent's tool calls.

@@ -39,8 +39,8 @@ pub(crate) struct RunnerDeps {
 
 impl RunnerDeps {
     /// The agent `state` runs (the configured one, else the default).
-    pub(crate) fn agent_of<'a>(&'a self, state: &'a SessionState) -> &'a str {
-        self.agents.catalog.resolve(state.agent.as_deref(), &state.session.tenant).0
+    pub(crate) fn agent_of(&self, state: &SessionState) -> String {
+        self.agents.catalog.current().resolve(state.agent.as_deref(), &state.session.tenant).0.to_owned()
     }
 
     /// Tells the session's webhooks (its agent's and its tenant's, if any) that its log goes through
@@ -49,13 +49,13 @@ impl RunnerDeps {
         if let Some(webhooks) = &self.webhooks
             && state.exists()
         {
-            webhooks.notify(state, self.agent_of(state), epoch);
+            webhooks.notify(state, &self.agent_of(state), epoch);
         }
     }
 
     /// The index entry of the fold `state`, with the agent resolved as readers report it.
     pub(crate) fn index_entry(&self, state: &SessionState) -> IndexEntry {
-        let agent = self.agents.catalog.resolve(state.agent.as_deref(), &state.session.tenant).0.to_owned();
+        let agent = self.agent_of(state);
         IndexEntry::of(state, turnstile_model::SessionSummary::of(state, String::new(), agent))
     }
 
@@ -65,6 +65,6 @@ impl RunnerDeps {
     pub(crate) fn driver(&self, state: SessionState, epoch: u64) -> Driver {
         let mut limits = self.config.limits.clone();
         limits.max_event_bytes = limits.max_event_bytes.or_else(|| self.log.max_event_bytes());
-        Driver::new(state, limits, self.agents.catalog.clone(), epoch, self.config.owner_id.clone())
+        Driver::new(state, limits, self.agents.catalog.current(), epoch, self.config.owner_id.clone())
     }
 }

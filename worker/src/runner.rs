@@ -19,7 +19,7 @@ use tracing::Instrument as _;
 use turnstile_driver::{CommandId, Driver, Effect};
 use turnstile_journal::JournalError;
 use turnstile_journal::snapshot::{Snapshot, empty_state};
-use turnstile_model::{CommandError, Envelope, SessionRef};
+use turnstile_model::{Command, CommandError, Envelope, SessionRef};
 use turnstile_ops::clock::now_ms;
 
 use crate::command::{CommandMsg, Control, ReplyTx, journal_error};
@@ -223,11 +223,34 @@ impl Runner {
         self.quarantined
     }
 
+    /// Hands the driver the worker's current agents when they changed (SPEC §20): an input like any other,
+    /// before the next one.
+    fn refresh_agents(&mut self) {
+        let current = self.deps.agents.catalog.current();
+        if !current.same(self.driver.agents()) {
+            self.driver.set_agents(current);
+        }
+    }
+
+    /// A command naming a version of an agent (ConfigureSession, MigrateSessions) finds it in the catalog
+    /// even when it was put a moment ago through another node: the catalog is fetched anew if it lacks it.
+    async fn agents_for(&mut self, command: &Command) {
+        let (agent, version) = match command {
+            Command::Configure { agent, version: Some(version), .. } | Command::Migrate { agent, version } => {
+                (agent, *version)
+            }
+            _ => return,
+        };
+        self.deps.agents.catalog.ensure(agent, &self.session.tenant, version).await;
+        self.refresh_agents();
+    }
+
     /// How serving ended: see [`Served`].
     async fn serve(&mut self, commands: &mut mpsc::Receiver<CommandMsg>) -> Served {
         // Parking keeps the driver in memory without a task; passivation (the host) drops it later.
         let park_after = self.deps.config.park_after.min(self.deps.config.passivate_after);
         loop {
+            self.refresh_agents();
             let idle_for = tokio::time::sleep(park_after);
             // A steer deadline (SPEC §11): the driver keeps them; the runner only sleeps until the next.
             let timer = self.driver.next_timer();
@@ -253,6 +276,7 @@ impl Runner {
                 msg = commands.recv() => {
                     let Some(CommandMsg { command, reply, traceparent }) = msg else { return Served::Unload };
                     span = Some(command_span(&self.session, command.name(), traceparent.as_deref()));
+                    self.agents_for(&command).await;
                     let id = self.next_command;
                     self.next_command += 1;
                     self.waiting.insert(id, reply);
@@ -281,6 +305,7 @@ impl Runner {
     async fn serve_first(&mut self, first: CommandMsg, commands: &mut mpsc::Receiver<CommandMsg>) -> bool {
         let CommandMsg { command, reply, traceparent } = first;
         let span = command_span(&self.session, command.name(), traceparent.as_deref());
+        self.agents_for(&command).await;
         let id = self.next_command;
         self.next_command += 1;
         self.driver.on_command(id, command.clone(), now_ms());

@@ -64,7 +64,15 @@ mod tests {
     use super::*;
 
     fn request(turn: u64, step: u32) -> PreStepRequest {
-        PreStepRequest { op: 1, agent: "a".into(), turn, step, proposal: step, messages: vec![] }
+        PreStepRequest {
+            op: 1,
+            agent: "a".into(),
+            turn,
+            step,
+            proposal: step,
+            messages: vec![],
+            agent_hash: String::new(),
+        }
     }
 
     #[test]

@@ -190,8 +190,15 @@ mod tests {
     #[tokio::test]
     async fn each_hook_sees_the_batch_the_previous_one_left() {
         let session = SessionRef { tenant: "t".into(), id: "s".into() };
-        let request =
-            PreStepRequest { op: 1, agent: "a".into(), turn: 1, step: 1, proposal: 1, messages: vec![msg("m", "x")] };
+        let request = PreStepRequest {
+            op: 1,
+            agent: "a".into(),
+            turn: 1,
+            step: 1,
+            proposal: 1,
+            messages: vec![msg("m", "x")],
+            agent_hash: String::new(),
+        };
         let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(Tag("1:")), Arc::new(Tag("2:"))];
         let decision =
             run_waterfall(&hooks, &session, &request, request.messages.clone(), &CancellationToken::new()).await;

@@ -345,6 +345,7 @@ mod tests {
 
     fn request(history: Vec<TranscriptEntry>, messages: Vec<UserMessage>) -> ModelRequest {
         ModelRequest {
+            agent_hash: String::new(),
             op: 1,
             session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
             turn: 2,

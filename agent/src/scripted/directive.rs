@@ -28,6 +28,9 @@ pub enum Directive {
     /// `[[compact-fail]]` anywhere in the turns being summarized: the scripted compaction request fails
     /// (SPEC §13), so tests can pin that a failed compaction changes nothing.
     CompactFail,
+    /// `[[system]]`: the reply is `system: PROMPT`, the system prompt of the request (empty when it has
+    /// none), so a test sees which agent version answered (SPEC §20).
+    System,
 }
 
 /// The directives of `text`, in order, and the text with them taken out (trimmed). Anything between
@@ -95,6 +98,7 @@ fn parse_one(inner: &str) -> Option<Directive> {
         ("rewrite", Some(text)) => Directive::Rewrite { text: text.to_owned() },
         ("hook-fail", None) => Directive::HookFail,
         ("compact-fail", None) => Directive::CompactFail,
+        ("system", None) => Directive::System,
         ("usage", Some(counts)) => {
             let (input, output) = counts.split_once(',')?;
             Directive::Usage { input: input.trim().parse().ok()?, output: output.trim().parse().ok()? }

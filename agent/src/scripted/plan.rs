@@ -53,7 +53,9 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
             texts.push(text);
         }
     }
-    let text = if !prompt.is_empty() {
+    let text = if directives.contains(&Directive::System) {
+        format!("system: {}", request.system.as_deref().unwrap_or_default())
+    } else if !prompt.is_empty() {
         format!("echo: {}", texts.join("\n"))
     } else if !request.tool_results.is_empty() {
         let results: Vec<String> = request
@@ -93,8 +95,8 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
             }),
             // Content-guard directives are for the pre-step hook, not the model.
             Directive::Reject | Directive::Drop | Directive::Rewrite { .. } | Directive::HookFail => {}
-            // Only compaction requests look at it.
-            Directive::CompactFail => {}
+            // Only compaction requests look at it; the reply's text is already chosen.
+            Directive::CompactFail | Directive::System => {}
         }
     }
     let chunks = if delay.is_zero() { FAST_CHUNKS } else { SLOW_CHUNKS };
@@ -165,6 +167,7 @@ mod tests {
 
     fn request(messages: Vec<UserMessage>) -> ModelRequest {
         ModelRequest {
+            agent_hash: String::new(),
             op: 1,
             session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
             turn: 2,
@@ -188,6 +191,16 @@ mod tests {
         assert_eq!(p.deltas.concat(), p.output.text);
         assert!(p.deltas.len() > 1);
         assert!(p.output.tool_calls.is_empty());
+    }
+
+    /// `[[system]]` answers with the request's system prompt (SPEC §20: which agent version answered).
+    #[test]
+    fn the_system_directive_answers_with_the_system_prompt() {
+        let mut r = request(vec![UserMessage::user_text("a", "[[system]] who are you?")]);
+        r.system = Some("You are v2.".into());
+        assert_eq!(plan(&r).output.text, "system: You are v2.");
+        r.system = None;
+        assert_eq!(plan(&r).output.text, "system: ");
     }
 
     #[test]

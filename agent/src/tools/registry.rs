@@ -160,6 +160,41 @@ impl ToolRegistry {
                 None => DEFAULT_DEADLINE,
             },
         };
+        self.call_within(session, call_id, agent, name, arguments, deadline, measure, abort, released).await
+    }
+
+    /// Runs call `call_id` of tool `name` by `agent`, already allowed, bounded by `deadline` (an agent
+    /// version of the API checks its own list: `crate::versions::VersionedTools`).
+    #[allow(clippy::too_many_arguments)] // As `run`, with the deadline.
+    pub async fn run_within(
+        &self,
+        session: &SessionRef,
+        call_id: &str,
+        agent: &str,
+        name: &str,
+        arguments: &str,
+        deadline: Duration,
+        abort: &CancellationToken,
+        released: &CancellationToken,
+    ) -> ToolReturn {
+        let measure = ToolCall::start(ToolId::from_call_name(name));
+        self.call_within(session, call_id, agent, name, arguments, deadline, measure, abort, released).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn call_within(
+        &self,
+        session: &SessionRef,
+        call_id: &str,
+        agent: &str,
+        name: &str,
+        arguments: &str,
+        deadline: Duration,
+        mut measure: ToolCall,
+        abort: &CancellationToken,
+        released: &CancellationToken,
+    ) -> ToolReturn {
+        let id = ToolId::from_call_name(name);
         let tool: Arc<dyn Tool> = match (self.tools.get(name), id, self.client.get()) {
             (Some(tool), _, _) => tool.clone(),
             (None, ToolId::Client(tool), Some(bus)) => Arc::new(client::ClientTool::new(tool, bus.clone())),

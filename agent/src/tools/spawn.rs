@@ -413,6 +413,7 @@ mod tests {
         for (id, parent) in sessions {
             let session = SessionRef::new("t", *id).unwrap();
             let payload = EventPayload::SessionConfigured {
+                version: None,
                 agent: "a".into(),
                 inject_mode: turnstile_model::InjectMode::Pending,
                 parent: parent.map(|p| SessionRef::new("t", p).unwrap()),

@@ -283,6 +283,30 @@ class Scenarios(DevCase):
             info = await c.set_labels(s, remove=["team"])
             self.assertEqual(dict(info.labels), {})
 
+    async def test_agents_are_put_versioned_and_sessions_migrated(self):
+        async with AsyncClient(self.dev.address) as c:
+            name = "py-" + new_id()[:8]
+            v1 = await c.put_agent(name, 'system = "You are v1."\nversion_policy = "pin"')
+            self.assertEqual((v1.version, v1.version_policy), (1, "pin"))
+            s = new_id()
+            self.assertEqual((await c.configure_session(s, name)).agent_version, 1)
+            v2 = await c.put_agent(name, {"system": "You are v2.", "version_policy": "pin"})
+            self.assertEqual(v2.version, 2)
+            self.assertEqual([v.version for v in (await c.list_agent_versions(name)).versions], [1, 2])
+            self.assertIn(name, [a.name for a in (await c.list_agents()).agents])
+            self.assertEqual((await c.get_agent(name, version=1)).definition, '{"system":"You are v1.","version_policy":"pin"}')
+            with self.assertRaises(TurnstileError) as e:
+                await c.put_agent(name, {"modle": "scripted"})
+            self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertTrue(e.exception.details.startswith(f"agents.{name}.modle: unknown key"), e.exception.details)
+            moved = await c.migrate_sessions(name, 2, sessions=[s])
+            self.assertEqual([x.id for x in moved.migrated], [s])
+            self.assertEqual((await c.get_session(s)).agent_version, 2)
+            await c.delete_agent(name)
+            with self.assertRaises(TurnstileError) as e:
+                await c.get_agent(name)
+            self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
+
     async def test_steer_interrupt_and_cancel_a_running_turn(self):
         async with AsyncClient(self.dev.address) as c:
             s = new_id()

@@ -6,6 +6,11 @@ import { type Client, createClient, type Interceptor, type Transport } from "@co
 import { Code } from "@connectrpc/connect";
 import {
   Agent,
+  type AgentInfo,
+  DefinitionFormat,
+  type ListAgentsReply,
+  type ListAgentVersionsReply,
+  type MigrateSessionsReply,
   type CancelReply,
   type EditReply,
   type ExportItem,
@@ -477,9 +482,9 @@ export class ClientBase implements ClientCore {
   configureSession(
     session: SessionLike,
     agent: string,
-    options: CallOptions & { injectMode?: InjectMode } = {},
+    options: CallOptions & { injectMode?: InjectMode; version?: Uint64 } = {},
   ): Promise<SessionInfo> {
-    const request = { session: this.ref(session), agent, injectMode: options.injectMode };
+    const request = { session: this.ref(session), agent, injectMode: options.injectMode, version: u64(options.version) };
     return this.#unary("ConfigureSession", false, options, (a, o) => a.configureSession(request, o));
   }
 
@@ -604,6 +609,60 @@ export class ClientBase implements ClientCore {
       pageSize: options.pageSize ?? 0,
     };
     return this.#unary("ListPendingApprovals", true, options, (a, o) => a.listPendingApprovals(request, o));
+  }
+
+  /**
+   * Puts agent `name` of the caller's tenant (SPEC §20): `definition` holds the keys of an `[agents.NAME]`
+   * table, as TOML text or a JSON object (an object is sent as JSON). A changed definition is a new
+   * version; a bad one is INVALID_ARGUMENT naming the key, as the configuration file would.
+   */
+  putAgent(name: string, definition: string | object, options: CallOptions = {}): Promise<AgentInfo> {
+    const json = typeof definition !== "string";
+    const request = {
+      name,
+      definition: json ? JSON.stringify(definition) : definition,
+      format: json ? DefinitionFormat.JSON : DefinitionFormat.UNSPECIFIED,
+    };
+    return this.#unary("PutAgent", true, options, (a, o) => a.putAgent(request, o));
+  }
+
+  /** Agent `name` at `options.version` (default: its newest). NOT_FOUND for one the caller cannot see. */
+  getAgent(name: string, options: CallOptions & { version?: Uint64 } = {}): Promise<AgentInfo> {
+    const request = { name, version: u64(options.version) };
+    return this.#unary("GetAgent", true, options, (a, o) => a.getAgent(request, o));
+  }
+
+  /** The agents the caller's sessions may run, newest versions. */
+  listAgents(options: CallOptions = {}): Promise<ListAgentsReply> {
+    return this.#unary("ListAgents", true, options, (a, o) => a.listAgents({}, o));
+  }
+
+  /** Every version of agent `name`, oldest first. */
+  listAgentVersions(name: string, options: CallOptions = {}): Promise<ListAgentVersionsReply> {
+    return this.#unary("ListAgentVersions", true, options, (a, o) => a.listAgentVersions({ name }, o));
+  }
+
+  /** Deletes the caller's agent `name`: no new session may use it; its sessions keep their version. */
+  deleteAgent(name: string, options: CallOptions = {}): Promise<AgentInfo> {
+    return this.#unary("DeleteAgent", false, options, (a, o) => a.deleteAgent({ name }, o));
+  }
+
+  /**
+   * Moves the sessions running `agent` (`options.sessions`, or those `options.labelSelector` selects) to
+   * `toVersion` (0: the newest) from their next turn, durably.
+   */
+  migrateSessions(
+    agent: string,
+    toVersion: Uint64,
+    options: CallOptions & { sessions?: SessionLike[]; labelSelector?: string } = {},
+  ): Promise<MigrateSessionsReply> {
+    const request = {
+      agent,
+      toVersion: u64(toVersion),
+      sessions: (options.sessions ?? []).map((s) => this.ref(s)),
+      labelSelector: options.labelSelector ?? "",
+    };
+    return this.#unary("MigrateSessions", true, options, (a, o) => a.migrateSessions(request, o));
   }
 
   /**

@@ -661,6 +661,28 @@ test("createWebhook, listWebhooks, deleteWebhook: a signed POST of the tenant's 
   }
 });
 
+test("putAgent, getAgent, listAgents, listAgentVersions, migrateSessions and deleteAgent", async () => {
+  const name = `ts-${newId().slice(0, 8)}`;
+  const v1 = await client.putAgent(name, 'system = "You are v1."\nversion_policy = "pin"');
+  assert.equal(v1.version, 1n);
+  assert.equal(v1.versionPolicy, "pin");
+  const s = newId();
+  assert.equal((await client.configureSession(s, name)).agentVersion, 1n);
+  const v2 = await client.putAgent(name, { system: "You are v2.", version_policy: "pin" });
+  assert.equal(v2.version, 2n);
+  assert.deepEqual((await client.listAgentVersions(name)).versions.map((v) => v.version), [1n, 2n]);
+  assert.ok((await client.listAgents()).agents.some((a) => a.name === name));
+  assert.equal((await client.getAgent(name, { version: 1n })).definition, '{"system":"You are v1.","version_policy":"pin"}');
+  const bad = await failure(client.putAgent(name, { modle: "scripted" }));
+  assert.equal(bad.code, Code.InvalidArgument);
+  assert.ok(bad.details.startsWith(`agents.${name}.modle: unknown key`), bad.details);
+  const moved = await client.migrateSessions(name, 2n, { sessions: [s] });
+  assert.deepEqual(moved.migrated.map((x) => x.id), [s]);
+  assert.equal((await client.getSession(s)).agentVersion, 2n);
+  await client.deleteAgent(name);
+  assert.equal((await failure(client.getAgent(name))).code, Code.NotFound);
+});
+
 test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
   const all = Agent.methods.map((m) => m.name);
   assert.deepEqual(
@@ -668,5 +690,5 @@ test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
     [],
     "RPCs no test called",
   );
-  assert.equal(all.length, 38);
+  assert.equal(all.length, 44);
 });

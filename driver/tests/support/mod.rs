@@ -1017,11 +1017,15 @@ pub fn render_durable(e: &Envelope) -> String {
             }
             out
         }
-        EventPayload::SessionConfigured { agent, inject_mode, parent: None } => {
-            format!("D session/configured {agent} {inject_mode}")
-        }
-        EventPayload::SessionConfigured { agent, inject_mode, parent: Some(parent) } => {
-            format!("D session/configured {agent} {inject_mode} parent={parent}")
+        EventPayload::SessionConfigured { agent, inject_mode, parent, version } => {
+            let mut out = format!("D session/configured {agent} {inject_mode}");
+            if let Some(parent) = parent {
+                out.push_str(&format!(" parent={parent}"));
+            }
+            if let Some(version) = version {
+                out.push_str(&format!(" version={version}"));
+            }
+            out
         }
         EventPayload::ContextCompacted(c) => {
             format!("D context/compacted {} {:?} {}", c.upto_turn, c.summary, c.summarized_turns)

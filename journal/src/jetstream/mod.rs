@@ -44,6 +44,7 @@
 //! - every other group is a plain publish with the expected-sequence header, no batch headers, which the
 //!   server stores without the per-batch disk staging (and fsync) of an atomic batch.
 
+mod agents;
 mod bus;
 mod config;
 mod delete;
@@ -133,6 +134,7 @@ pub async fn open_bucket_with(
     })
     .await
 }
+pub use agents::{AGENT_BUCKET, KvAgents};
 pub use log::{JetStreamLog, MAX_BATCH, Positions};
 
 /// Whether `err`, or an error it wraps, is JetStream refusing a conditional write because the subject's

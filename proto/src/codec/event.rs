@@ -295,11 +295,12 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             summary: change.summary.clone(),
             reason: change.reason.clone(),
         }),
-        EventPayload::SessionConfigured { agent, inject_mode, parent } => {
+        EventPayload::SessionConfigured { agent, inject_mode, parent, version } => {
             Payload::SessionConfigured(pb::SessionConfigured {
                 agent: agent.clone(),
                 inject_mode: encode_inject_mode(*inject_mode).into(),
                 parent: parent.as_ref().map(encode_session_ref),
+                version: *version,
             })
         }
         EventPayload::ContextCompacted(c) => Payload::ContextCompacted(encode_compaction(c)),
@@ -403,6 +404,7 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
                 agent: c.agent,
                 inject_mode: inject_mode_at(c.inject_mode, "session_configured.inject_mode", None)?,
                 parent: c.parent.map(|p| session_ref_at(p, "session_configured.parent")).transpose()?,
+                version: c.version,
             }
         }
         Payload::ContextCompacted(c) => EventPayload::ContextCompacted(compaction_at(c, "context_compacted")?),

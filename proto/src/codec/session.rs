@@ -68,6 +68,7 @@ pub fn encode_session_info(session: &SessionRef, summary: &SessionSummary) -> pb
         labels: summary.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         // Not in a summary: the gateway's reads of the log add it.
         awaiting_approval: None,
+        agent_version: summary.agent_version.unwrap_or(0),
     }
 }
 
@@ -86,6 +87,7 @@ pub fn session_info_at(info: pb::SessionInfo, path: &str) -> Result<SessionSumma
         last_time_ms: info.last_event_unix_ms,
         parent: info.parent.map(|p| session_ref_at(p, &join(path, "parent"))).transpose()?,
         labels: info.labels.into_iter().collect(),
+        agent_version: (info.agent_version > 0).then_some(info.agent_version),
     })
 }
 

@@ -171,12 +171,23 @@ fn payloads() -> Vec<EventPayload> {
             reason: None,
         }),
         EventPayload::Ignorable { event_type: "future/thing".into() },
-        EventPayload::SessionConfigured { agent: "assistant".into(), inject_mode: InjectMode::Pending, parent: None },
-        EventPayload::SessionConfigured { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn, parent: None },
+        EventPayload::SessionConfigured {
+            agent: "assistant".into(),
+            inject_mode: InjectMode::Pending,
+            parent: None,
+            version: None,
+        },
+        EventPayload::SessionConfigured {
+            agent: "scripted".into(),
+            inject_mode: InjectMode::OutOfTurn,
+            parent: None,
+            version: Some(2),
+        },
         EventPayload::SessionConfigured {
             agent: "researcher".into(),
             inject_mode: InjectMode::Pending,
             parent: Some(SessionRef { tenant: "acme".into(), id: "planner".into() }),
+            version: None,
         },
         EventPayload::ContextCompacted(turnstile_model::Compaction {
             upto_turn: 3,
@@ -528,8 +539,12 @@ fn type_must_match_payload_even_when_ignorable() {
 
 #[test]
 fn session_configured_needs_an_agent_and_a_named_inject_mode() {
-    let payload =
-        EventPayload::SessionConfigured { agent: "a".into(), inject_mode: InjectMode::OutOfTurn, parent: None };
+    let payload = EventPayload::SessionConfigured {
+        agent: "a".into(),
+        inject_mode: InjectMode::OutOfTurn,
+        parent: None,
+        version: None,
+    };
     let mut event = encode_session_event(&envelope(1, payload));
     assert_eq!(event.r#type, "session/configured");
     if let Some(pb::session_event::Payload::SessionConfigured(c)) = &mut event.payload {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -356,9 +357,12 @@ class AsyncClient:
         return await self._unary("Clear", api.ClearRequest(session=self.ref(session)), retry=False)
 
     async def configure_session(
-        self, session: SessionLike, agent: str, *, inject_mode: int = ev.INJECT_MODE_UNSPECIFIED
+        self, session: SessionLike, agent: str, *, inject_mode: int = ev.INJECT_MODE_UNSPECIFIED, version: int = 0
     ) -> api.SessionInfo:
-        request = api.ConfigureSessionRequest(session=self.ref(session), agent=agent, inject_mode=inject_mode)
+        """Sets the session's agent (at ``version``; 0: its newest, SPEC §20) and inject mode from the next turn."""
+        request = api.ConfigureSessionRequest(
+            session=self.ref(session), agent=agent, inject_mode=inject_mode, version=version
+        )
         return await self._unary("ConfigureSession", request, retry=False)
 
     async def decide(self, session: SessionLike, call_id: str, approve: bool, reason: str = "") -> api.EditReply:
@@ -464,6 +468,51 @@ class AsyncClient:
             page_size=page_size,
         )
         return await self._unary("ListPendingApprovals", request, retry=True)
+
+    async def put_agent(self, name: str, definition: str | dict[str, Any]) -> api.AgentInfo:
+        """Puts agent ``name`` of the caller's tenant (SPEC §20): ``definition`` holds the keys of an
+        ``[agents.NAME]`` table, as TOML text or a dict (sent as JSON). A changed definition is a new version;
+        a bad one is INVALID_ARGUMENT naming the key, as the configuration file would."""
+        if isinstance(definition, dict):
+            text, fmt = json.dumps(definition), api.DEFINITION_FORMAT_JSON
+        else:
+            text, fmt = definition, api.DEFINITION_FORMAT_UNSPECIFIED
+        request = api.PutAgentRequest(name=name, definition=text, format=fmt)
+        return await self._unary("PutAgent", request, retry=True)
+
+    async def get_agent(self, name: str, *, version: int = 0) -> api.AgentInfo:
+        """Agent ``name`` at ``version`` (0: its newest); NOT_FOUND for one the caller cannot see."""
+        return await self._unary("GetAgent", api.GetAgentRequest(name=name, version=version), retry=True)
+
+    async def list_agents(self) -> api.ListAgentsReply:
+        """The agents the caller's sessions may run, newest versions."""
+        return await self._unary("ListAgents", api.ListAgentsRequest(), retry=True)
+
+    async def list_agent_versions(self, name: str) -> api.ListAgentVersionsReply:
+        """Every version of agent ``name``, oldest first."""
+        return await self._unary("ListAgentVersions", api.ListAgentVersionsRequest(name=name), retry=True)
+
+    async def delete_agent(self, name: str) -> api.AgentInfo:
+        """Deletes the caller's agent ``name``: no new session may use it; its sessions keep their version."""
+        return await self._unary("DeleteAgent", api.DeleteAgentRequest(name=name), retry=False)
+
+    async def migrate_sessions(
+        self,
+        agent: str,
+        to_version: int = 0,
+        *,
+        sessions: Sequence[SessionLike] = (),
+        label_selector: str = "",
+    ) -> api.MigrateSessionsReply:
+        """Moves the sessions running ``agent`` (``sessions``, or those ``label_selector`` selects) to
+        ``to_version`` (0: the newest) from their next turn, durably."""
+        request = api.MigrateSessionsRequest(
+            agent=agent,
+            to_version=to_version,
+            sessions=[self.ref(s) for s in sessions],
+            label_selector=label_selector,
+        )
+        return await self._unary("MigrateSessions", request, retry=True)
 
     async def when_idle(self, session: SessionLike, *, timeout_ms: int = 0) -> api.SessionInfo:
         """Resolves when the session is idle with nothing latched; DEADLINE_EXCEEDED after ``timeout_ms``

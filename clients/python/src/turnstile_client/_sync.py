@@ -17,7 +17,8 @@ _CALLS = (
     "send followup queue steer inject interrupt cancel replace remove splice clear configure_session decide complete_tool_call "
     "set_goal update_goal compact fork_session reference_session delete_session get_inbox get_session when_idle "
     "list_sessions get_usage create_schedule list_schedules delete_schedule set_labels get_transcript list_pending_approvals "
-    "create_webhook list_webhooks delete_webhook import_sessions run turn_of"
+    "create_webhook list_webhooks delete_webhook import_sessions run turn_of "
+    "put_agent get_agent list_agents list_agent_versions delete_agent migrate_sessions"
 ).split()
 
 

@@ -1,0 +1,270 @@
+//! Running any version of any agent (SPEC §20, decision 0122): what answers a step whose agent version is
+//! not the one the file built at start (an agent put through the API, an older or newer version of a file
+//! agent).
+//!
+//! Each request carries the content hash of the version its turn runs (`agent_hash`). A version whose hash
+//! is the file agent's own runs on what [`crate::setup`] built for it, exactly as before; any other is
+//! built on first use from its checked definition ([`Directory::definition`]) with the very pieces the file
+//! agents are built from — the configuration's models (built on demand, keys read from the environment),
+//! the tools the worker registered, the remote hooks — and kept by hash. [`VersionedModel`],
+//! [`VersionedTools`] and [`VersionedHooks`] put this in front of the file's model, tools and hooks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use turnstile_config::{AgentConfig, Config, ToolId, ToolRef};
+use turnstile_driver::{ModelOutput, ModelRequest, PreStepRequest, ToolRequest};
+use turnstile_model::{SessionRef, UserMessage};
+use turnstile_worker::agent::{
+    DeltaSink, HookError, HookVerdict, Model, ModelError, ModelIdentity, PreStepHook, ToolReturn, Tools,
+};
+
+use crate::directory::Directory;
+use crate::hooks::run_waterfall;
+use crate::llm::chat::{ChatProvider, ToolSpec};
+use crate::setup::{BuiltModel, built_model, waterfall};
+use crate::tools::ToolRegistry;
+use crate::tools::mcp::tool_name;
+
+/// One version, built.
+pub struct BuiltVersion {
+    /// Its checked definition.
+    pub config: AgentConfig,
+    model: Arc<dyn Model>,
+    compaction: Option<Arc<dyn Model>>,
+    waterfall: Vec<Arc<dyn PreStepHook>>,
+}
+
+/// Builds and keeps the versions that are not the file's.
+pub struct Versions {
+    config: Arc<Config>,
+    /// Each file agent's definition hash: those versions run on the file's build.
+    file_hashes: HashMap<String, String>,
+    /// The configuration's models built so far (those the file's agents use, then others on demand).
+    models: Mutex<BTreeMap<String, BuiltModel>>,
+    tools: ToolRegistry,
+    directory: OnceLock<Arc<Directory>>,
+    built: Mutex<HashMap<String, Arc<BuiltVersion>>>,
+}
+
+impl std::fmt::Debug for Versions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let built: Vec<String> = turnstile_model::sync::lock(&self.built).keys().cloned().collect();
+        f.debug_struct("Versions").field("built", &built).finish_non_exhaustive()
+    }
+}
+
+impl Versions {
+    pub(crate) fn new(config: Arc<Config>, models: BTreeMap<String, BuiltModel>, tools: ToolRegistry) -> Self {
+        let file_hashes = config
+            .agents
+            .iter()
+            .map(|(name, a)| (name.clone(), turnstile_journal::agents::definition_hash(&a.definition)))
+            .collect();
+        Self {
+            config,
+            file_hashes,
+            models: Mutex::new(models),
+            tools,
+            directory: OnceLock::new(),
+            built: Mutex::default(),
+        }
+    }
+
+    /// Definitions are looked up in `directory` from now on (the first one set stays).
+    pub fn attach(&self, directory: Arc<Directory>) {
+        let _ = self.directory.set(directory);
+    }
+
+    /// The build of version `hash` of `agent`; `Ok(None)` when the file's build serves it (no hash, or the
+    /// file agent's own).
+    pub fn version(&self, agent: &str, hash: &str) -> Result<Option<Arc<BuiltVersion>>, String> {
+        if hash.is_empty() || self.file_hashes.get(agent).is_some_and(|h| h == hash) {
+            return Ok(None);
+        }
+        if let Some(built) = turnstile_model::sync::lock(&self.built).get(hash) {
+            return Ok(Some(built.clone()));
+        }
+        let definition = self
+            .directory
+            .get()
+            .and_then(|d| d.definition(hash))
+            .ok_or_else(|| format!("agent {agent:?}: version {hash} is not known to this worker"))?;
+        let built = Arc::new(self.build(agent, definition)?);
+        turnstile_model::sync::lock(&self.built).insert(hash.to_owned(), built.clone());
+        Ok(Some(built))
+    }
+
+    fn model(&self, agent: &str, name: &str) -> Result<BuiltModel, String> {
+        let mut models = turnstile_model::sync::lock(&self.models);
+        if let Some(model) = models.get(name) {
+            return Ok(model.clone());
+        }
+        let config = self.config.models.get(name).ok_or_else(|| format!("agent {agent:?}: no model named {name:?}"))?;
+        let built = built_model(name, config, &[agent], &|v: &str| std::env::var(v).ok()).map_err(|e| e.to_string())?;
+        models.insert(name.to_owned(), built.clone());
+        Ok(built)
+    }
+
+    /// The model's description of each tool `agent` lists that this worker has, and its client tools.
+    fn tool_specs(&self, agent: &AgentConfig) -> (Vec<ToolSpec>, Vec<String>) {
+        let mut specs: Vec<ToolSpec> = Vec::new();
+        let mut clients = Vec::new();
+        for tool in &agent.tools {
+            let names: Vec<String> = match tool {
+                ToolRef::Client(name) => {
+                    clients.push(name.clone());
+                    continue;
+                }
+                ToolRef::Builtin(builtin) => vec![builtin.as_str().to_owned()],
+                ToolRef::Mcp { server, tool: Some(tool) } => vec![tool_name(server, tool)],
+                ToolRef::Mcp { server, tool: None } => {
+                    let prefix = tool_name(server, "");
+                    self.tools.names().filter(|n| n.starts_with(&prefix)).map(str::to_owned).collect()
+                }
+            };
+            for name in names {
+                match self.tools.spec(&name) {
+                    Some(spec) if !specs.iter().any(|s| s.name == spec.name) => specs.push(spec),
+                    Some(_) => {}
+                    // MCP servers are started for the file's agents; one no file agent uses is not running.
+                    None => {
+                        tracing::warn!(agent = %agent.name, tool = %name, "the tool is not running on this worker; it is not offered")
+                    }
+                }
+            }
+        }
+        (specs, clients)
+    }
+
+    fn build(&self, agent: &str, config: AgentConfig) -> Result<BuiltVersion, String> {
+        let fallback = |model: &str| -> Vec<Arc<dyn ChatProvider>> {
+            let Some(m) = self.config.models.get(model) else { return Vec::new() };
+            m.fallback
+                .iter()
+                .filter_map(|f| match self.model(agent, f) {
+                    Ok(BuiltModel::Chat(provider)) => Some(provider),
+                    _ => None,
+                })
+                .collect()
+        };
+        let (specs, clients) = self.tool_specs(&config);
+        let slot = self.tools.client_slot();
+        let model = self.model(agent, &config.model)?.for_agent(specs, clients, slot.clone(), fallback(&config.model));
+        let compaction = match &config.compaction_model {
+            Some(name) => Some(self.model(agent, name)?.for_agent(Vec::new(), Vec::new(), slot, fallback(name))),
+            None => None,
+        };
+        let waterfall = waterfall(agent, &config).map_err(|e| e.to_string())?;
+        Ok(BuiltVersion { config, model, compaction, waterfall })
+    }
+}
+
+/// The file's model for its own versions, a version's own build for any other.
+pub struct VersionedModel {
+    pub base: Arc<dyn Model>,
+    pub versions: Arc<Versions>,
+}
+
+#[async_trait]
+impl Model for VersionedModel {
+    fn identity(&self, agent: &str) -> ModelIdentity {
+        self.base.identity(agent)
+    }
+
+    async fn step(
+        &self,
+        request: ModelRequest,
+        deltas: DeltaSink,
+        abort: CancellationToken,
+    ) -> Result<ModelOutput, ModelError> {
+        match self.versions.version(&request.agent, &request.agent_hash) {
+            Ok(None) => self.base.step(request, deltas, abort).await,
+            Ok(Some(built)) => {
+                let model = match (&request.compaction, &built.compaction) {
+                    (Some(_), Some(compaction)) => compaction.clone(),
+                    _ => built.model.clone(),
+                };
+                model.step(request, deltas, abort).await
+            }
+            Err(message) => Err(ModelError::Failed { message, code: "model_unavailable".into() }),
+        }
+    }
+}
+
+/// The file's tool policy for its own versions; a version's own tool list and deadlines for any other.
+pub struct VersionedTools {
+    pub base: ToolRegistry,
+    pub versions: Arc<Versions>,
+}
+
+#[async_trait]
+impl Tools for VersionedTools {
+    async fn call(
+        &self,
+        session: &SessionRef,
+        request: &ToolRequest,
+        abort: &CancellationToken,
+        released: &CancellationToken,
+    ) -> ToolReturn {
+        let call = &request.call;
+        match self.versions.version(&request.agent, &request.agent_hash) {
+            Ok(None) => Tools::call(&self.base, session, request, abort, released).await,
+            Ok(Some(built)) => {
+                let id = ToolId::from_call_name(&call.name);
+                if !built.config.offers(id) {
+                    let listed: Vec<String> = built.config.tools.iter().map(ToString::to_string).collect();
+                    let listed = if listed.is_empty() { "none".to_owned() } else { listed.join(", ") };
+                    return ToolReturn::failed(format!(
+                        "tool {} is not available to agent {} (its tools: {listed}); call one of those",
+                        call.name, request.agent
+                    ));
+                }
+                let deadline = self.versions.config.tool_deadline(&built.config, id);
+                self.base
+                    .run_within(
+                        session,
+                        &call.call_id,
+                        &request.agent,
+                        &call.name,
+                        &call.arguments,
+                        deadline,
+                        abort,
+                        released,
+                    )
+                    .await
+            }
+            Err(message) => ToolReturn::failed(message),
+        }
+    }
+}
+
+/// The file's waterfalls for its own versions; a version's own content guard, step budget and remote
+/// hooks for any other.
+pub struct VersionedHooks {
+    pub base: Arc<dyn PreStepHook>,
+    pub versions: Arc<Versions>,
+}
+
+#[async_trait]
+impl PreStepHook for VersionedHooks {
+    fn name(&self) -> &str {
+        "waterfall"
+    }
+
+    async fn decide(
+        &self,
+        session: &SessionRef,
+        request: &PreStepRequest,
+        batch: Vec<UserMessage>,
+        abort: &CancellationToken,
+    ) -> Result<HookVerdict, HookError> {
+        match self.versions.version(&request.agent, &request.agent_hash) {
+            Ok(None) => self.base.decide(session, request, batch, abort).await,
+            Ok(Some(built)) => run_waterfall(&built.waterfall, session, request, batch, abort).await,
+            Err(message) => Err(HookError { hook: "agent version".into(), message }),
+        }
+    }
+}

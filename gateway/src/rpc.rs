@@ -26,8 +26,7 @@ impl Agent for Gateway {
         let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
         let target = convert::target("target", req.target).map_err(status::from_convert)?;
-        let message =
-            convert::user_message("message", req.message, &MessageSource::User).map_err(status::from_convert)?;
+        let message = self.user_message("message", req.message, &MessageSource::User)?;
         self.deliver(
             session,
             Command::Send { message, target, wakeup: req.wakeup, expected_turn: None, deadline: None },
@@ -46,8 +45,7 @@ impl Agent for Gateway {
     async fn steer(&self, request: Request<pb::SteerRequest>) -> Result<Response<pb::SendReply>, Status> {
         let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
-        let message =
-            convert::user_message("message", req.message, &MessageSource::User).map_err(status::from_convert)?;
+        let message = self.user_message("message", req.message, &MessageSource::User)?;
         let deadline = convert::steer_deadline(req.deadline_ms, req.on_deadline).map_err(status::from_convert)?;
         let command = Command::Send {
             message,
@@ -80,8 +78,7 @@ impl Agent for Gateway {
         let (_, req) = self.open(request).await?;
         let session = self.session(req.session)?;
         let id = convert::message_id("id", req.id).map_err(status::from_convert)?;
-        let message =
-            convert::user_message("message", req.message, &MessageSource::User).map_err(status::from_convert)?;
+        let message = self.user_message("message", req.message, &MessageSource::User)?;
         let seq = self.written(session, Command::Replace { id, message }).await?;
         Ok(Response::new(pb::EditReply { seq }))
     }
@@ -102,9 +99,8 @@ impl Agent for Gateway {
             .inserted
             .into_iter()
             .enumerate()
-            .map(|(i, m)| convert::user_message(&format!("inserted[{i}]"), Some(m), &MessageSource::User))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(status::from_convert)?;
+            .map(|(i, m)| self.user_message(&format!("inserted[{i}]"), Some(m), &MessageSource::User))
+            .collect::<Result<Vec<_>, _>>()?;
         let command = Command::Splice { target, start: req.start, delete_count: req.delete_count, inserted };
         let seq = self.written(session, command).await?;
         Ok(Response::new(pb::EditReply { seq }))

@@ -10,9 +10,10 @@ use tonic::{Response, Status};
 use turnstile_cluster::CommandRouter;
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{LiveBus, SessionLog, UsageLedger};
-use turnstile_model::message::{MessageSource, SessionRef, Target, UserMessage};
+use turnstile_model::message::{MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
+use turnstile_model::size::BLOCK_OVERHEAD_BYTES;
 use turnstile_model::{Command, CommandReply, SessionState, SessionSummary};
-use turnstile_proto::codec;
+use turnstile_proto::codec::{self, CodecError};
 use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::agent_server::AgentServer;
 
@@ -48,6 +49,10 @@ pub struct GatewayConfig {
     /// Agents' `approval_timeout_ms`, by agent: the deadline `ListPendingApprovals` reports (the workers'
     /// drivers decide at it, from the same configuration).
     pub approval_timeouts_ms: std::collections::BTreeMap<String, u64>,
+    /// The largest message a delivery may carry (config `limits.max_message_bytes`; the owner's driver checks
+    /// the exact count): a message with more blocks than that can hold is refused here, before its blocks are
+    /// decoded ([`Gateway::user_message`]).
+    pub max_message_bytes: usize,
     /// Whether `CreateWebhook` accepts internal targets (config `[webhooks] allow_private`, SPEC §21).
     pub allow_private_webhooks: bool,
 }
@@ -63,6 +68,7 @@ impl Default for GatewayConfig {
             quotas: QuotaConfig::default(),
             token_budgets: TokenBudgets::new(),
             approval_timeouts_ms: std::collections::BTreeMap::new(),
+            max_message_bytes: 1024 * 1024,
             allow_private_webhooks: false,
         }
     }
@@ -262,6 +268,29 @@ impl Gateway {
         }
     }
 
+    /// Decodes a delivered message (`field` names it in errors); `default_source` fills a missing source. A
+    /// message with more blocks than `max_message_bytes` can hold (each counts at least
+    /// [`BLOCK_OVERHEAD_BYTES`], decision 0085) is refused before its blocks are decoded: decoding and
+    /// routing hundreds of thousands of empty blocks would cost this gateway seconds that its other tenants
+    /// wait through.
+    pub(crate) fn user_message(
+        &self,
+        field: &str,
+        raw: Option<pb::UserMessage>,
+        default_source: &MessageSource,
+    ) -> Result<UserMessage, Status> {
+        if let Some(message) = &raw {
+            let max = self.config.max_message_bytes;
+            let max_blocks = max / BLOCK_OVERHEAD_BYTES;
+            if message.content.len() > max_blocks {
+                let id = MessageId(message.id.clone());
+                let fault = ValueError::TooManyBlocks { id, blocks: message.content.len(), max_blocks, max };
+                return Err(status::from_convert(CodecError::value(format!("{field}.content"), fault)));
+            }
+        }
+        convert::user_message(field, raw, default_source).map_err(status::from_convert)
+    }
+
     /// Decodes a `DeliverRequest`'s session and message; `default_source` fills a missing source.
     pub(crate) fn delivery(
         &self,
@@ -269,7 +298,7 @@ impl Gateway {
         default_source: &MessageSource,
     ) -> Result<(SessionRef, UserMessage), Status> {
         let session = self.session(req.session)?;
-        let message = convert::user_message("message", req.message, default_source).map_err(status::from_convert)?;
+        let message = self.user_message("message", req.message, default_source)?;
         Ok((session, message))
     }
 

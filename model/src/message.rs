@@ -286,6 +286,12 @@ pub enum ValueError {
     )]
     TooLarge { id: MessageId, size: usize, max: usize },
     #[error(
+        "message {id} has {blocks} content blocks; each counts at least {overhead} bytes, so at most {max_blocks} \
+         fit the limit of {max} (config limits.max_message_bytes); merge the blocks or send the data by reference",
+        overhead = crate::size::BLOCK_OVERHEAD_BYTES
+    )]
+    TooManyBlocks { id: MessageId, blocks: usize, max_blocks: usize, max: usize },
+    #[error(
         "message {id} has no content; send at least one text block with non-blank text, or a data block with bytes"
     )]
     NoContent { id: MessageId },

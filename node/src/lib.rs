@@ -104,6 +104,7 @@ fn gateway_config(config: &Config) -> GatewayConfig {
         when_idle_timeout: config.limits.when_idle_timeout(),
         default_agent: config.default_agent.clone(),
         max_request_bytes: config.limits.max_request_bytes(),
+        max_message_bytes: config.limits.max_message_bytes,
         quotas: QuotaConfig {
             requests_per_minute: config.limits.tenant_requests_per_minute,
             request_burst: config.limits.tenant_request_burst,
@@ -172,18 +173,36 @@ impl AgentDefinitions {
     }
 }
 
+/// How long a starting node waits for the agent definitions to become readable (see `agent_definitions`).
+const AGENT_STORE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 async fn agent_definitions(
     config: &Config,
     store: Arc<dyn turnstile_journal::AgentStore>,
 ) -> Result<AgentDefinitions, NodeError> {
     let config = Arc::new(config.clone());
-    let directory = turnstile_agent::directory::Directory::start(
-        config.clone(),
-        store.clone(),
-        Box::new(turnstile_agent::setup::profile_of),
-    )
-    .await
-    .map_err(NodeError::AgentStore)?;
+    // A bucket just created at R3 answers "no responders" until its stream has a leader, and a NATS node may
+    // be restarting: the start-up read is retried while the journal is unavailable, for up to a minute, as
+    // the other start-up reads are. Importing the file's agents again is a no-op for the unchanged ones.
+    let started = tokio::time::Instant::now();
+    let mut wait = std::time::Duration::from_millis(100);
+    let directory = loop {
+        let attempt = turnstile_agent::directory::Directory::start(
+            config.clone(),
+            store.clone(),
+            Box::new(turnstile_agent::setup::profile_of),
+        )
+        .await;
+        match attempt {
+            Ok(directory) => break directory,
+            Err(turnstile_journal::JournalError::Unavailable(why)) if started.elapsed() < AGENT_STORE_PATIENCE => {
+                tracing::info!(%why, "the agent definitions cannot be read yet; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(2));
+            }
+            Err(cause) => return Err(NodeError::AgentStore(cause)),
+        }
+    };
     Ok(AgentDefinitions { directory, gateway: turnstile_gateway::agents::AgentDefinitions { store, config } })
 }
 

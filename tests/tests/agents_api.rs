@@ -126,7 +126,11 @@ async fn pinned_sessions_answer_as_their_version_and_migrate_at_their_next_turn_
     // A bad definition is refused as the file refuses it, naming the key.
     let bad = put(&mut c, TOKEN_A, "helper", "modle = \"other\"").await.unwrap_err();
     assert_eq!(bad.code(), Code::InvalidArgument);
-    assert!(bad.message().starts_with("agents.helper.modle: unknown key (allowed: model, "), "{}", bad.message());
+    assert!(
+        bad.message().starts_with("agents.helper.modle: unknown key (allowed: description, model, "),
+        "{}",
+        bad.message()
+    );
     let bad = put(&mut c, TOKEN_A, "helper", r#"{"model": "gpt"}"#).await.unwrap_err();
     assert_eq!(bad.message(), r#"agents.helper.model: no model named "gpt" (known: down, other, scripted)"#);
 

@@ -22,7 +22,7 @@
 //! let session = SessionRef::new("acme", "s1").unwrap();
 //! let mut driver = Driver::new(SessionState::new(session, 10_000), Limits::default(), AgentCatalog::default(), 1, "doc");
 //! driver.recover(0);
-//! let hello = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hi")], source: MessageSource::User };
+//! let hello = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hi")].into(), source: MessageSource::User };
 //! driver.on_command(1, Command::Send { message: hello, target: Target::NextTurn, wakeup: true, expected_turn: None, deadline: None }, 1_000);
 //! let effects = driver.ready();
 //! // The insert splice is durable before anything else happens; the turn's pre-step decision follows.

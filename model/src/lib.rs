@@ -28,7 +28,7 @@
 //! let session = SessionRef::new("acme", "s1").unwrap();
 //! let state = SessionState::new(session, 10_000);
 //! assert_eq!(state.last_seq, 0);
-//! let m = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hi")], source: MessageSource::User };
+//! let m = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hi")].into(), source: MessageSource::User };
 //! assert_eq!(m.text(), "hi");
 //! ```
 

@@ -14,7 +14,7 @@
 //!
 //! let m = UserMessage {
 //!     id: MessageId("m1".into()),
-//!     content: vec![ContentBlock::text(""), ContentBlock::Data { mime: "image/png".into(), bytes: vec![0; 10] }],
+//!     content: vec![ContentBlock::text(""), ContentBlock::Data { mime: "image/png".into(), bytes: vec![0; 10] }].into(),
 //!     source: MessageSource::User,
 //! };
 //! assert_eq!(message_bytes(&m), 2 + 2 * BLOCK_OVERHEAD_BYTES + "image/png".len() + 10);

@@ -11,9 +11,9 @@
 //! use turnstile_agent::scripted;
 //! use turnstile_driver::ModelRequest;
 //! use turnstile_model::{ContentBlock, MessageSource, UserMessage};
-//! let hello = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hello")], source: MessageSource::User };
+//! let hello = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hello")].into(), source: MessageSource::User };
 //! let request = ModelRequest {
-//!     op: 1, turn: 1, step: 1, agent: "scripted".into(), system: None, history: vec![],
+//!     op: 1, turn: 1, step: 1, agent: "scripted".into(), agent_hash: String::new(), system: None, history: vec![],
 //!     session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
 //!     messages: vec![hello], tool_results: vec![], interrupted_prompt: vec![], goal: None,
 //!     summary: None, compaction: None,

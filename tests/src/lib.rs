@@ -44,6 +44,7 @@ pub mod otlp;
 pub mod pki;
 pub mod ports;
 pub mod process;
+pub mod protocol_clients;
 pub mod proxy;
 pub mod served;
 pub mod session;

@@ -8,6 +8,7 @@
 use std::process::Command;
 
 use turnstile_tests::binary::workspace_root;
+use turnstile_tests::protocol_clients::{dev_with_tokens, python_unittest};
 use turnstile_tests::{Backend, DevOptions};
 
 const TOKEN_A: &str = "a2a-token-of-tenant-a-0123456789";
@@ -28,42 +29,15 @@ tenants = ["tenant-b"]
 "#;
 
 async fn a2a_sdk(backend: Backend) {
-    let python = std::env::var("TURNSTILE_TEST_PYTHON")
-        .expect("TURNSTILE_TEST_PYTHON is not set: run scripts/setup-test-deps, then `source .ci/test-env.sh`");
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.txt");
-    std::fs::write(&tokens, format!("{TOKEN_A} tenant-a\n{TOKEN_B} tenant-b\n")).unwrap();
-    let config = dir.path().join("turnstile.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let options = DevOptions {
-        extra_args: vec!["--auth-tokens".into(), tokens.display().to_string()],
-        env: vec![("TURNSTILE_CONFIG".into(), config.display().to_string())],
-        ..DevOptions::default()
-    };
-    let server = backend.start_dev_with(options).await.unwrap();
+    let (server, _dir) =
+        dev_with_tokens(backend, CONFIG, &[(TOKEN_A, "tenant-a"), (TOKEN_B, "tenant-b")]).await.unwrap();
     let http = server.http_addr().expect("the harness starts dev with --http");
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .args(["-W", "ignore::ResourceWarning", "-m", "unittest", "-v", "test_a2a_sdk"])
-            .current_dir(workspace_root().join("tests/protocols"))
-            .env("A2A_BASE", format!("http://127.0.0.1:{}", http.port()))
-            .env("TOKEN_A", TOKEN_A)
-            .env("TOKEN_B", TOKEN_B)
-            .env("PYTHONUNBUFFERED", "1")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(
-        output.status.success(),
-        "the a2a-sdk tests failed ({}):\n{text}\n--- server log:\n{}",
-        output.status,
-        server.log_tail()
-    );
-    assert!(!text.contains("Ran 0 tests"), "no Python test ran:\n{text}");
-    println!("{text}");
+    let env = vec![
+        ("A2A_BASE".to_owned(), format!("http://127.0.0.1:{}", http.port())),
+        ("TOKEN_A".to_owned(), TOKEN_A.to_owned()),
+        ("TOKEN_B".to_owned(), TOKEN_B.to_owned()),
+    ];
+    python_unittest(&server, "a2a-sdk", &["test_a2a_sdk"], env).await;
 }
 
 turnstile_tests::backend_tests!(a2a_sdk);

@@ -7,10 +7,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
-
-use turnstile_tests::binary::{turnstile_bin, workspace_root};
-use turnstile_tests::{Backend, DevOptions};
+use turnstile_tests::Backend;
+use turnstile_tests::binary::turnstile_bin;
+use turnstile_tests::protocol_clients::{dev_with_tokens, python_unittest};
 
 const TOKEN: &str = "acp-token-of-tenant-a-0123456789";
 
@@ -18,42 +17,13 @@ const TOKEN: &str = "acp-token-of-tenant-a-0123456789";
 const CONFIG: &str = "[agents.guarded]\nmodel = \"scripted\"\ntools = [\"echo\"]\napproval = [\"echo\"]\n";
 
 async fn acp_sdk(backend: Backend) {
-    let python = std::env::var("TURNSTILE_TEST_PYTHON")
-        .expect("TURNSTILE_TEST_PYTHON is not set: run scripts/setup-test-deps, then `source .ci/test-env.sh`");
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.txt");
-    std::fs::write(&tokens, format!("{TOKEN} tenant-a\n")).unwrap();
-    let config = dir.path().join("turnstile.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let options = DevOptions {
-        extra_args: vec!["--auth-tokens".into(), tokens.display().to_string()],
-        env: vec![("TURNSTILE_CONFIG".into(), config.display().to_string())],
-        ..DevOptions::default()
-    };
-    let server = backend.start_dev_with(options).await.unwrap();
-    let (addr, bin) = (server.url(), turnstile_bin().unwrap());
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .args(["-W", "ignore::ResourceWarning", "-m", "unittest", "-v", "test_acp"])
-            .current_dir(workspace_root().join("tests/protocols"))
-            .env("TURNSTILE_BIN", bin)
-            .env("ADDR", addr)
-            .env("TOKEN", TOKEN)
-            .env("PYTHONUNBUFFERED", "1")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(
-        output.status.success(),
-        "the agent-client-protocol SDK tests failed ({}):\n{text}\n--- server log:\n{}",
-        output.status,
-        server.log_tail()
-    );
-    assert!(!text.contains("Ran 0 tests"), "no Python test ran:\n{text}");
-    println!("{text}");
+    let (server, _dir) = dev_with_tokens(backend, CONFIG, &[(TOKEN, "tenant-a")]).await.unwrap();
+    let env = vec![
+        ("TURNSTILE_BIN".to_owned(), turnstile_bin().unwrap().display().to_string()),
+        ("ADDR".to_owned(), server.url()),
+        ("TOKEN".to_owned(), TOKEN.to_owned()),
+    ];
+    python_unittest(&server, "agent-client-protocol SDK", &["test_acp"], env).await;
 }
 
 turnstile_tests::backend_tests!(acp_sdk);

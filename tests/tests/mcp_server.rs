@@ -11,6 +11,7 @@ use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::session_event::Payload;
 use turnstile_proto::v1::turn_end_reason::Reason;
 use turnstile_tests::binary::workspace_root;
+use turnstile_tests::protocol_clients::{dev_with_tokens, python_unittest};
 use turnstile_tests::tool_executor::with_token;
 use turnstile_tests::{Backend, DevOptions};
 
@@ -32,45 +33,17 @@ tenants = ["tenant-b"]
 "#;
 
 async fn mcp_sdk(backend: Backend) {
-    let python = std::env::var("TURNSTILE_TEST_PYTHON")
-        .expect("TURNSTILE_TEST_PYTHON is not set: run scripts/setup-test-deps, then `source .ci/test-env.sh`");
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.txt");
-    std::fs::write(&tokens, format!("{TOKEN_A} tenant-a\n{TOKEN_B} tenant-b\n")).unwrap();
-    let config = dir.path().join("turnstile.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let options = DevOptions {
-        extra_args: vec!["--auth-tokens".into(), tokens.display().to_string()],
-        env: vec![("TURNSTILE_CONFIG".into(), config.display().to_string())],
-        ..DevOptions::default()
-    };
-    let server = backend.start_dev_with(options).await.unwrap();
+    let (server, dir) =
+        dev_with_tokens(backend, CONFIG, &[(TOKEN_A, "tenant-a"), (TOKEN_B, "tenant-b")]).await.unwrap();
     let http = server.http_addr().expect("the harness starts dev with --http");
     let cancelled = dir.path().join("cancelled.txt");
-    let report = cancelled.clone();
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .args(["-m", "unittest", "-v", "test_mcp_server"])
-            .current_dir(workspace_root().join("tests/protocols"))
-            .env("MCP_URL", format!("http://127.0.0.1:{}/mcp", http.port()))
-            .env("TOKEN_A", TOKEN_A)
-            .env("TOKEN_B", TOKEN_B)
-            .env("MCP_CANCELLED", report)
-            .env("PYTHONUNBUFFERED", "1")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(
-        output.status.success(),
-        "the mcp SDK tests failed ({}):\n{text}\n--- server log:\n{}",
-        output.status,
-        server.log_tail()
-    );
-    assert!(!text.contains("Ran 0 tests"), "no Python test ran:\n{text}");
-    println!("{text}");
+    let env = vec![
+        ("MCP_URL".to_owned(), format!("http://127.0.0.1:{}/mcp", http.port())),
+        ("TOKEN_A".to_owned(), TOKEN_A.to_owned()),
+        ("TOKEN_B".to_owned(), TOKEN_B.to_owned()),
+        ("MCP_CANCELLED".to_owned(), cancelled.display().to_string()),
+    ];
+    python_unittest(&server, "mcp SDK", &["test_mcp_server"], env).await;
 
     // The call the client cancelled: its turn ends aborted by the user (its tool sleeps for 10 minutes).
     let session = std::fs::read_to_string(&cancelled).expect("the cancel test names its session");

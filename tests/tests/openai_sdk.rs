@@ -10,75 +10,34 @@
 use std::process::Command;
 
 use turnstile_tests::binary::workspace_root;
+use turnstile_tests::protocol_clients::{dev_with_tokens, node_script, python_unittest};
 use turnstile_tests::{Backend, Cluster, DevOptions};
 
 const TOKEN_A: &str = "openai-token-of-tenant-a-0123456789";
 const TOKEN_B: &str = "openai-token-of-tenant-b-9876543210";
 
+/// `guarded`: the scripted model with the built-in `echo` behind an approval (SPEC §9).
+const CONFIG: &str = "[agents.guarded]\nmodel = \"scripted\"\ntools = [\"echo\"]\napproval = [\"echo\"]\n";
+
 async fn openai_sdk(backend: Backend) {
-    let python = std::env::var("TURNSTILE_TEST_PYTHON")
-        .expect("TURNSTILE_TEST_PYTHON is not set: run scripts/setup-test-deps, then `source .ci/test-env.sh`");
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.txt");
-    std::fs::write(&tokens, format!("{TOKEN_A} tenant-a\n{TOKEN_B} tenant-b\n")).unwrap();
-    // `guarded`: the scripted model with the built-in `echo` behind an approval (SPEC §9).
-    let config = dir.path().join("turnstile.toml");
-    std::fs::write(&config, "[agents.guarded]\nmodel = \"scripted\"\ntools = [\"echo\"]\napproval = [\"echo\"]\n")
-        .unwrap();
-    let options = DevOptions {
-        extra_args: vec!["--auth-tokens".into(), tokens.display().to_string()],
-        env: vec![("TURNSTILE_CONFIG".into(), config.display().to_string())],
-        ..DevOptions::default()
-    };
-    let server = backend.start_dev_with(options).await.unwrap();
+    let (server, _dir) =
+        dev_with_tokens(backend, CONFIG, &[(TOKEN_A, "tenant-a"), (TOKEN_B, "tenant-b")]).await.unwrap();
     let http = server.http_addr().expect("the harness starts dev with --http");
-    let script = workspace_root().join("tests/protocols");
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .args(["-m", "unittest", "-v", "test_openai_sdk", "test_openai_agents"])
-            .current_dir(script)
-            .env("OPENAI_BASE_URL", format!("http://127.0.0.1:{}/v1", http.port()))
-            .env("TOKEN_A", TOKEN_A)
-            .env("TOKEN_B", TOKEN_B)
-            .env("PYTHONUNBUFFERED", "1")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(
-        output.status.success(),
-        "the openai SDK tests failed ({}):\n{text}\n--- server log:\n{}",
-        output.status,
-        server.log_tail()
-    );
-    assert!(!text.contains("Ran 0 tests"), "no Python test ran:\n{text}");
-    println!("{text}");
+    let env = || {
+        vec![
+            ("OPENAI_BASE_URL".to_owned(), format!("http://127.0.0.1:{}/v1", http.port())),
+            ("TOKEN_A".to_owned(), TOKEN_A.to_owned()),
+            ("TOKEN_B".to_owned(), TOKEN_B.to_owned()),
+        ]
+    };
+    python_unittest(&server, "openai SDK", &["test_openai_sdk", "test_openai_agents"], env()).await;
 
     // The npm package, from .ci/node (OPENAI_NODE_MODULES overrides).
     let modules = std::env::var("OPENAI_NODE_MODULES")
         .unwrap_or_else(|_| workspace_root().join(".ci/node/node_modules").display().to_string());
-    let script = workspace_root().join("tests/protocols/openai_sdk.mjs");
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("node")
-            .arg(script)
-            .env("OPENAI_NODE_MODULES", modules)
-            .env("OPENAI_BASE_URL", format!("http://127.0.0.1:{}/v1", http.port()))
-            .env("TOKEN_A", TOKEN_A)
-            .env("TOKEN_B", TOKEN_B)
-            .output()
-            .expect("node runs (scripts/setup-test-deps installs it)")
-    })
-    .await
-    .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(
-        output.status.success(),
-        "the openai npm checks failed ({}):\n{text}\n--- server log:\n{}",
-        output.status,
-        server.log_tail()
-    );
+    let mut node_env = env();
+    node_env.push(("OPENAI_NODE_MODULES".to_owned(), modules));
+    let text = node_script(&server, "openai npm", "tests/protocols/openai_sdk.mjs", node_env).await;
     assert!(text.contains("all checks passed"), "{text}");
 }
 

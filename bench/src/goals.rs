@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use crate::report::ratio_of;
+use crate::stats::ratio_of;
 
 /// One goal: the figure this run measured, what it must be, and whether it is.
 #[derive(Debug, Serialize)]

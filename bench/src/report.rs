@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::args::Args;
 use crate::latency::LatencyReport;
 use crate::phases::Phases;
+use crate::stats::ratio_of;
 use crate::throughput::ThroughputReport;
 use crate::{fanout, goals, idle, protocols, raw, resume, steer};
 
@@ -216,11 +217,6 @@ impl Summary {
             cpu_s_per_1k_followups: phases.throughput.as_ref().and_then(|t| t.cpu_s_per_1k_followups.clone()),
         }
     }
-}
-
-/// `a / b`, when both were measured and `b` is positive.
-pub(crate) fn ratio_of(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    Some(a? / b.filter(|b| *b > 0.0)?)
 }
 
 pub(crate) fn markdown(report: &Report, args: &Args) -> String {

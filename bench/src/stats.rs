@@ -63,6 +63,11 @@ impl Spread {
     }
 }
 
+/// `a / b`, when both were measured and `b` is positive.
+pub(crate) fn ratio_of(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    Some(a? / b.filter(|b| *b > 0.0)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -168,22 +168,9 @@ async fn decide(
     for (i, approval) in approvals.iter().enumerate() {
         let param = format!("input[{i}].approval_request_id");
         let call = ids::approval_call(&approval.request_id, &param)?;
-        let named = first.as_ref().map(|f| f.session.as_str()).or(previous.map(|p| p.session.as_str()));
-        if named.is_some_and(|s| s != call.session) {
-            return Err(ApiError::invalid(
-                param,
-                "this approval request belongs to another response chain than the rest of the request",
-            ));
-        }
+        join_chain(&mut first, &call, previous, conversation, &param, "approval request")?;
         let reason = approval.reason.as_deref().unwrap_or_default();
         api.decide(&call.session, &call.call_id, approval.approve, reason).await.map_err(|e| e.at(&param))?;
-        first.get_or_insert(ResponseId {
-            session: call.session,
-            seq: call.seq,
-            turn: call.turn,
-            conversation: conversation || previous.is_some_and(|p| p.conversation),
-            after_approval: true,
-        });
     }
     first.ok_or_else(|| ApiError::invalid("input", "no mcp_approval_response item"))
 }
@@ -201,23 +188,38 @@ async fn complete(
     for (i, output) in outputs.iter().enumerate() {
         let param = format!("input[{i}].call_id");
         let call = ids::function_call(&output.call_id, &param)?;
-        let named = first.as_ref().map(|f| f.session.as_str()).or(previous.map(|p| p.session.as_str()));
-        if named.is_some_and(|s| s != call.session) {
-            return Err(ApiError::invalid(
-                param,
-                "this function call belongs to another response chain than the rest of the request",
-            ));
-        }
+        join_chain(&mut first, &call, previous, conversation, &param, "function call")?;
         api.complete_tool_call(&call.session, &call.call_id, &output.output, None).await.map_err(|e| e.at(&param))?;
-        first.get_or_insert(ResponseId {
-            session: call.session,
-            seq: call.seq,
-            turn: call.turn,
-            conversation: conversation || previous.is_some_and(|p| p.conversation),
-            after_approval: true,
-        });
     }
     first.ok_or_else(|| ApiError::invalid("input", "no function_call_output item"))
+}
+
+/// The one rule of a request that answers waiting calls (decisions 0103, 0113): `call` must be of the chain
+/// the request answers — the first call's session, else the one `previous_response_id` names — and the first
+/// call is where the response resumes. `what` names the kind of call in the refusal.
+fn join_chain(
+    first: &mut Option<ResponseId>,
+    call: &ids::ApprovalCall,
+    previous: Option<&ResponseId>,
+    conversation: bool,
+    param: &str,
+    what: &str,
+) -> Result<(), ApiError> {
+    let named = first.as_ref().map(|f| f.session.as_str()).or(previous.map(|p| p.session.as_str()));
+    if named.is_some_and(|s| s != call.session) {
+        return Err(ApiError::invalid(
+            param,
+            format!("this {what} belongs to another response chain than the rest of the request"),
+        ));
+    }
+    first.get_or_insert_with(|| ResponseId {
+        session: call.session.clone(),
+        seq: call.seq,
+        turn: call.turn,
+        conversation: conversation || previous.is_some_and(|p| p.conversation),
+        after_approval: true,
+    });
+    Ok(())
 }
 
 /// `delivery` (body) or `metadata.turnstile_delivery`: how the input reaches a busy session.

@@ -1,7 +1,8 @@
 //! Approvals (SPEC §9) through the real binaries: a call matching the agent's `approval` list is written
 //! `tool/call {awaiting_approval}` and waits for `Decide`; approve runs it, deny gives `denied: REASON`,
 //! deciding twice or an unknown call is refused, cancel ends a waiting call, `turnstile decide` and
-//! `turnstile watch` show and answer it, and a waiting call survives the owner's death.
+//! `turnstile watch` show and answer it, a waiting call survives the owner's death, and so does its approval
+//! deadline (decided once, by the new owner).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use tonic::Code;
@@ -165,5 +166,65 @@ mod cluster {
         let info = s1.info().await.unwrap();
         assert_ne!(info.owner, owner);
         assert!(info.epoch > 1);
+    }
+
+    /// SPEC §21: the approval deadline is the logged call's time plus `approval_timeout_ms`, so it crosses
+    /// a kill -9 of the owner: the new owner's driver decides the call by `on_timeout` once — one
+    /// `tool/decision {timed_out}`, one result, one turn end — whoever held the session when it passed.
+    #[tokio::test]
+    async fn an_approval_deadline_crosses_a_kill_of_its_owner_and_is_decided_once() {
+        let config = "default_agent = \"hasty\"\n\n[agents.hasty]\ntools = [\"echo\"]\napproval = [\"echo\"]\n\
+                      approval_timeout_ms = 5000\n";
+        let (_dir, path) = config_file(config);
+        let mut opts = ClusterOptions::new(3, 2);
+        opts.worker_args = config_args(&path);
+        opts.gateway_args = config_args(&path);
+        let mut cluster = Cluster::start_with(opts).await.unwrap();
+        let s0 = cluster.session(0);
+        let s1 = cluster.session_via(1, &s0);
+        let watch = s1.watch().await.unwrap();
+        s0.followup(user_msg("A", "[[tool:echo late]] go")).await.unwrap();
+        watch.wait_line("D tool/call 1.1 echo late awaiting-approval").await.unwrap();
+        let call = awaiting_call(&s0).await;
+        let (before, _) = s0.replay(0).await.unwrap();
+        let decided_before_kill = before.iter().any(|e| matches!(e.payload, Some(Payload::ToolDecision(_))));
+        let owner = s0.info().await.unwrap().owner;
+        let victim = cluster.worker_index(&owner).unwrap();
+        cluster.kill9_worker(victim);
+
+        let lines = watch.settle(&s1).await.unwrap();
+        let reason = "no decision within approval_timeout_ms (5000 ms)";
+        let count = |prefix: &str| lines.iter().filter(|l| l.starts_with(prefix)).count();
+        assert_eq!(count("D tool/decision "), 1, "decided once: {lines:#?}\n{}", cluster.logs());
+        assert_eq!(count("D tool/result "), 1, "{lines:#?}");
+        assert_eq!(count("D turn/end "), 1, "{lines:#?}");
+        assert!(lines.contains(&format!("D tool/result 1.1 error \"denied: {reason}\"")), "{lines:#?}");
+        assert!(lines.contains(&"D turn/end 1 completed".to_owned()), "{lines:#?}");
+
+        let (events, _) = s1.replay(0).await.unwrap();
+        let decisions: Vec<_> = events
+            .iter()
+            .filter_map(|e| match &e.payload {
+                Some(Payload::ToolDecision(d)) => Some((e.time_unix_ms, d.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(decisions.len(), 1, "{decisions:?}");
+        let (decided_at, decision) = &decisions[0];
+        assert_eq!(decision.call_id, call);
+        assert!(decision.timed_out && !decision.approved, "{decision:?}");
+        let called_at = events
+            .iter()
+            .find(|e| matches!(&e.payload, Some(Payload::ToolCall(c)) if c.call_id == call))
+            .map(|e| e.time_unix_ms)
+            .unwrap();
+        assert!(*decided_at >= called_at + 5000, "not before the deadline: call {called_at}, decision {decided_at}");
+        let info = s1.info().await.unwrap();
+        assert_ne!(info.owner, owner, "the new owner decided it");
+        assert!(
+            !decided_before_kill,
+            "the old owner had decided before the kill (a 5 s stall): the test proved nothing"
+        );
+        assert_eq!(info.awaiting_approval, None);
     }
 }

@@ -78,3 +78,14 @@ export function sourceOf(m: UserMessage | undefined): string {
       return "other";
   }
 }
+
+/// A time as the local date and how long ago it was (or how soon it comes).
+export function when(ms: bigint): string {
+  if (ms === 0n) return "";
+  const d = new Date(Number(ms));
+  const secs = Math.round((Date.now() - d.getTime()) / 1000);
+  const ago = Math.abs(secs);
+  const span = ago < 60 ? `${ago} s` : ago < 3600 ? `${Math.round(ago / 60)} min` : `${Math.round(ago / 3600)} h`;
+  // A deadline is in the future.
+  return `${d.toLocaleString()} (${secs >= 0 ? `${span} ago` : `in ${span}`})`;
+}

@@ -1,10 +1,13 @@
-// Turnstile's web console: the sessions of the caller's tenant (#/) and one session's page (#/s/ID,
-// session.ts). The bearer token and, with auth off, the tenant are kept in this browser's localStorage
-// and sent with every call, exactly as `turnstile --token` does.
+// Turnstile's web console: the sessions of the caller's tenant (#/), one session's page (#/s/ID,
+// session.ts) and its transcript (#/s/ID/transcript, transcript.ts), and the tenant's approvals inbox
+// (#/approvals, approvals.ts). The bearer token and, with auth off, the tenant are kept in this browser's
+// localStorage and sent with every call, exactly as `turnstile --token` does.
 
-import { client, describe, settings } from "./api";
+import { approvalsPage } from "./approvals";
+import { client, describe, settings, when } from "./api";
 import { byId, fill, h } from "./dom";
 import { sessionPage } from "./session";
+import { transcriptPage } from "./transcript";
 import { SessionOrder, type SessionInfo, SessionStatus } from "@turnstile/client/browser";
 
 let leave: (() => void) | undefined;
@@ -16,6 +19,8 @@ function header() {
   const tenant = h("input", { id: "tenant", placeholder: "tenant (auth off)", value: settings.tenant }) as HTMLInputElement;
   fill(byId("top"),
     h("a", { href: "#/", class: "brand" }, "Turnstile"),
+    h("a", { href: "#/", id: "nav-sessions" }, "Sessions"),
+    h("a", { href: "#/approvals", id: "nav-approvals" }, "Approvals"),
     h("form", { id: "settings", class: "row", onsubmit: (ev: Event) => {
       ev.preventDefault();
       settings.token = token.value.trim();
@@ -25,13 +30,6 @@ function header() {
     } }, token, tenant, h("button", { id: "save-settings", type: "submit" }, "save"), h("span", { id: "saved", class: "muted" })));
 }
 
-function when(ms: bigint): string {
-  if (ms === 0n) return "";
-  const d = new Date(Number(ms));
-  const ago = Math.max(0, Math.round((Date.now() - d.getTime()) / 1000));
-  const rel = ago < 60 ? `${ago} s ago` : ago < 3600 ? `${Math.round(ago / 60)} min ago` : `${Math.round(ago / 3600)} h ago`;
-  return `${d.toLocaleString()} (${rel})`;
-}
 
 /// The list's filters (SPEC §16), kept while the page is open.
 const filters = { status: "", agent: "", labels: "" };
@@ -134,8 +132,13 @@ function sessionsPage(root: HTMLElement): () => void {
 function route() {
   leave?.();
   const root = byId("app");
-  const m = /^#\/s\/(.+)$/.exec(window.location.hash);
-  leave = m ? sessionPage(root, decodeURIComponent(m[1])) : sessionsPage(root);
+  const hash = window.location.hash;
+  const transcript = /^#\/s\/(.+)\/transcript$/.exec(hash);
+  const session = /^#\/s\/([^/]+)$/.exec(hash);
+  if (transcript) leave = transcriptPage(root, decodeURIComponent(transcript[1]));
+  else if (session) leave = sessionPage(root, decodeURIComponent(session[1]));
+  else if (hash === "#/approvals") leave = approvalsPage(root);
+  else leave = sessionsPage(root);
 }
 
 header();

@@ -25,6 +25,7 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
       h("header", { class: "session-head" },
         h("a", { href: "#/" }, "← sessions"),
         h("h2", {}, id),
+        h("a", { id: "transcript-link", href: `#/s/${encodeURIComponent(id)}/transcript` }, "transcript"),
         h("span", { id: "status", class: "status" }, "connecting"),
         h("span", { id: "agent", class: "muted" }),
         h("span", { id: "parent", class: "muted" }),

@@ -1,7 +1,8 @@
 // The web console in a real browser (tests/tests/console.rs starts `turnstile dev` and chromium, then
 // runs this): through the page only, as a person would, it opens a session, sends a followup and sees the
 // reply stream in, changes the inbox (queue, replace, remove), cancels a running turn, and approves a
-// call that waits for approval (saving a screenshot while it waits, with a followup in the inbox). Every
+// call that waits for approval (saving a screenshot while it waits, with a followup in the inbox), denies
+// another from the tenant's approvals inbox and reads the session's transcript. Every
 // wait is bounded (playwright's 30 s default); any failure exits non-zero with what the page showed. The last stdout line is a JSON summary the Rust
 // test checks against the session's log.
 //
@@ -119,8 +120,29 @@ async function main() {
   // The tenant's tokens today, on the sessions page.
   await page.click('.session-head a[href="#/"]');
   await page.locator("#tenant-usage", { hasText: "15 tokens today (UTC)" }).waitFor();
+
+  // 5. The tenant's approvals inbox (SPEC §21): a call waiting in this session, denied from #/approvals.
+  await page.goto(`${url}#/s/${encodeURIComponent(session)}`);
+  await page.locator("#status", { hasText: "idle" }).waitFor();
+  await send("followup", "[[tool:echo from the inbox]] once more");
+  await page.locator("#approvals li[data-call]").waitFor();
+  await page.click("#nav-approvals");
+  const inboxRow = page.locator(`#tenant-approvals tr[data-session="${session}"]`);
+  await inboxRow.filter({ hasText: "from the inbox" }).filter({ hasText: "waits for a person" }).waitFor();
+  const deniedCall = await inboxRow.getAttribute("data-call");
+  await inboxRow.locator("input.reason").fill("not from the inbox");
+  await inboxRow.locator("button.deny").click();
+  await page.locator("#tenant-approvals tr.empty", { hasText: "no call is waiting" }).waitFor();
+
+  // 6. The transcript (SPEC §21), linked from the session's page: the denial with its reason, every turn's end.
+  await page.goto(`${url}#/s/${encodeURIComponent(session)}`);
+  await page.locator(".turn[data-turn=\"7\"] .turn-end", { hasText: "completed" }).waitFor();
+  await page.click("#transcript-link");
+  await page.locator(`#transcript li[data-kind="tool-decision"][data-call="${deniedCall}"]`, { hasText: "denied: not from the inbox" }).waitFor();
+  await page.locator('#transcript li[data-kind="turn-end"]').nth(6).waitFor();
+  const transcriptSeqs = await page.locator("#transcript li[data-seq]").evaluateAll((els) => els.map((e) => Number(e.getAttribute("data-seq"))));
   if (pageErrors.length) throw new Error(`the page reported errors: ${pageErrors.join("; ")}`);
-  console.log(JSON.stringify({ replyText, deltas, queuedId, removedId, callId }));
+  console.log(JSON.stringify({ replyText, deltas, queuedId, removedId, callId, deniedCall, transcriptSeqs }));
 }
 
 try {

@@ -2,7 +2,7 @@
 //! behind approval and bearer-token auth, headless chromium (`browser::Chromium`), and
 //! `console/test/browser.mjs` driving the page as a person would: the token field, the sessions list, a
 //! streamed followup, queue / replace / remove in the inbox, cancel of a running turn, approve of a
-//! waiting call, and a screenshot under `target/console/`. Then the session's log, read over gRPC with the
+//! waiting call, deny of another from the tenant's approvals inbox, the transcript page, and a screenshot under `target/console/`. Then the session's log, read over gRPC with the
 //! same token, must hold exactly what the page did. And a streaming reply across a page reload and a
 //! dropped connection (SPEC §14, `console/test/resume.mjs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -18,8 +18,8 @@ use turnstile_tests::v1::session_event::Payload;
 use turnstile_tests::v1::turn_end_reason::Reason;
 use turnstile_tests::v1::watch_item::Item;
 use turnstile_tests::v1::{
-    CreateScheduleRequest, DeliverRequest, SchedulePreset, SessionEvent, SessionRef, SetLabelsRequest, SpliceOutcome,
-    WatchRequest, WhenIdleRequest, create_schedule_request,
+    CreateScheduleRequest, DeliverRequest, GetTranscriptRequest, SchedulePreset, SessionEvent, SessionRef,
+    SetLabelsRequest, SpliceOutcome, WatchRequest, WhenIdleRequest, create_schedule_request,
 };
 use turnstile_tests::{DevOptions, DevServer, text_of, user_msg};
 
@@ -143,6 +143,7 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
             "[[tool:sleep 60000]] a long one",
             "[[tool:echo approved in the browser]] please",
             "and then summarise",
+            "[[tool:echo from the inbox]] once more",
         ],
         "the messages the page sent, the queued one as replaced"
     );
@@ -185,7 +186,7 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
             _ => None,
         })
         .collect();
-    assert_eq!(ends, ["completed", "completed", "completed", "aborted{user}", "completed", "completed"]);
+    assert_eq!(ends, ["completed", "completed", "completed", "aborted{user}", "completed", "completed", "completed"]);
 
     // The approval: the page's Decide approved the call it showed.
     let call = summary["callId"].as_str().unwrap();
@@ -197,6 +198,31 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
         _ => None,
     });
     assert_eq!(result.as_deref(), Some("approved in the browser"));
+
+    // The approvals inbox: the page's Decide denied the call it listed, with the reason typed there.
+    let denied = summary["deniedCall"].as_str().unwrap();
+    let decision = events.iter().find_map(|e| match &e.payload {
+        Some(Payload::ToolDecision(d)) if d.call_id == denied => Some(d.clone()),
+        _ => None,
+    });
+    let decision = decision.expect("a tool/decision for the denied call");
+    assert!(!decision.approved && !decision.timed_out, "{decision:?}");
+    assert_eq!(decision.reason, "not from the inbox");
+
+    // The transcript page showed exactly the items GetTranscript answers, in order.
+    let mut items = Vec::new();
+    let mut after_seq = 0;
+    loop {
+        let req = GetTranscriptRequest { session: named(&session), after_seq, page_size: 1000 };
+        let page = client.get_transcript(authed(req)).await.unwrap().into_inner();
+        items.extend(page.items.iter().map(|i| i.seq));
+        if page.next_seq == 0 {
+            break;
+        }
+        after_seq = page.next_seq;
+    }
+    let shown: Vec<u64> = summary["transcriptSeqs"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(shown, items, "the seqs of the items the transcript page showed");
 }
 
 /// SPEC §14 in the browser: a page reloaded mid-reply shows the reply's partial text at once (the output

@@ -3,7 +3,8 @@
 //! turn ends with their usage — each carrying the seq of the event it came from; pages of any size join
 //! into the whole; another tenant's session is NOT_FOUND like one that does not exist; `turnstile
 //! transcript` prints it (one JSON object per item with `--json`). `ListPendingApprovals` lists the calls
-//! awaiting a decision, of a session and of the tenant's running sessions page after page.
+//! awaiting a decision, of a session and of the tenant's running sessions page after page; on the cluster both
+//! gateways answer the same.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use tonic::Code;
@@ -329,4 +330,60 @@ async fn an_approval_timeout_denies_the_waiting_call_and_the_turn_goes_on() {
     assert!(decision.timed_out && !decision.approved, "{decision:?}");
     let listed = server.client().list_pending_approvals(req).await.unwrap().into_inner().approvals;
     assert!(listed.is_empty(), "{listed:?}");
+}
+
+/// In the `cluster` test group (docs/TESTING.md): two workers, two gateways.
+mod cluster {
+    use super::*;
+    use turnstile_tests::{Cluster, ClusterOptions, DEFAULT_WAIT};
+
+    /// SPEC §21 on the cluster: a call waits for approval in a session owned by some worker; the other
+    /// gateway (which routes reads to the owner) lists it in the tenant's approvals inbox and the session's,
+    /// both gateways answer the same transcript page after page, and after the decision the inbox is empty
+    /// and the transcript shows the decision, the result and the turn's end.
+    #[tokio::test]
+    async fn both_gateways_answer_the_same_transcript_and_approvals_inbox() {
+        let (_dir, path) = config_file(CAREFUL);
+        let mut opts = ClusterOptions::new(2, 2);
+        opts.worker_args = config_args(&path);
+        opts.gateway_args = config_args(&path);
+        let cluster = Cluster::start_with(opts).await.unwrap();
+        let s0 = cluster.session(0);
+        let s1 = cluster.session_via(1, &s0);
+        let watch = s1.watch().await.unwrap();
+        s0.followup(user_msg("A", "[[tool:echo clustered]] go")).await.unwrap();
+        watch.wait_line("D tool/call 1.1 echo clustered awaiting-approval").await.unwrap();
+
+        let mut client = cluster.client(1);
+        let of_session = ListPendingApprovalsRequest { session: Some(s0.reference()), ..Default::default() };
+        let listed = client.list_pending_approvals(of_session.clone()).await.unwrap().into_inner().approvals;
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        let call_id = listed[0].call_id.clone();
+        assert_eq!((listed[0].tool.as_str(), listed[0].arguments.as_str()), ("echo", "clustered"));
+        // The tenant's inbox reads the session index, which follows the session's status: wait for it.
+        let tenant = ListPendingApprovalsRequest { tenant: TEST_TENANT.into(), ..Default::default() };
+        let deadline = tokio::time::Instant::now() + DEFAULT_WAIT;
+        loop {
+            let all = client.list_pending_approvals(tenant.clone()).await.unwrap().into_inner().approvals;
+            if all.iter().any(|a| a.call_id == call_id && a.session == Some(s0.reference())) {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the tenant's inbox never listed {call_id}: {all:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+
+        s1.decide(&call_id, true, "from gateway 1").await.unwrap();
+        s0.when_idle().await.unwrap();
+        let via0: Vec<String> = all_items(&s0, 2).await.iter().map(brief).collect();
+        let via1: Vec<String> = all_items(&s1, 0).await.iter().map(brief).collect();
+        assert_eq!(via0, via1, "both gateways, any page size");
+        let tail: Vec<&str> = via0.iter().rev().take(4).rev().map(String::as_str).collect();
+        assert_eq!(
+            tail,
+            ["decision approved=true from gateway 1", "result echo clustered", "assistant calls=0", "turn-end 1"],
+            "{via0:#?}"
+        );
+        let listed = client.list_pending_approvals(of_session).await.unwrap().into_inner().approvals;
+        assert!(listed.is_empty(), "{listed:?}");
+    }
 }

@@ -152,11 +152,15 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
 
   function render() {
     const d = view.dirty;
-    if (d.header) {
+    if (d.header || d.approvals) {
+      // SPEC §21: a running turn that waits for a person or for its client says so.
       const st = byId("status");
       const running = view.status === SessionStatus.RUNNING;
-      st.textContent = !view.caughtUp ? "connecting" : view.lastSeq === 0n ? "new session" : running ? "running" : "idle";
+      const waits = !running ? "" : view.pendingApprovals().length > 0 ? " · awaiting approval" : view.awaitingClient().length > 0 ? " · awaiting its client" : "";
+      st.textContent = !view.caughtUp ? "connecting" : view.lastSeq === 0n ? "new session" : running ? `running${waits}` : "idle";
       st.className = `status ${running ? "running" : "idle"}`;
+    }
+    if (d.header) {
       const version = view.agentVersion ? ` v${view.agentVersion}` : "";
       byId("agent").textContent = view.agent ? `agent ${view.agent}${version}` : "";
       fill(byId("parent"), view.parent
@@ -239,8 +243,8 @@ export function sessionPage(root: HTMLElement, id: string): () => void {
   }
 
   function toolEl(t: Tool): Child {
-    const state = t.result ? (t.result.error !== undefined ? "failed" : "done") : t.awaiting && !t.decision ? "awaiting approval" : "running";
-    return h("div", { class: `tool ${state.replace(" ", "-")}`, "data-call": t.callId },
+    const state = t.result ? (t.result.error !== undefined ? "failed" : "done") : t.awaiting && !t.decision ? "awaiting approval" : t.client ? "awaiting its client" : "running";
+    return h("div", { class: `tool ${state.split(" ").join("-")}`, "data-call": t.callId },
       h("div", {}, h("code", {}, `${t.name}(${t.args})`), " ", h("span", { class: "badge" }, state)),
       t.decision ? h("div", { class: "decision muted" }, t.decision.approved ? "approved" : `denied${t.decision.reason ? `: ${t.decision.reason}` : ""}`) : null,
       t.result ? h("pre", { class: "result" }, t.result.error !== undefined ? `error: ${t.result.error}` : t.result.output) : null);

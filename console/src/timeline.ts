@@ -25,6 +25,8 @@ export interface Tool {
   name: string;
   args: string;
   awaiting: boolean;
+  /// A client tool of the turn (SPEC §19): the client answers it with `CompleteToolCall`.
+  client: boolean;
   decision?: { approved: boolean; reason: string };
   result?: { output: string; error?: string };
 }
@@ -155,6 +157,15 @@ export class SessionView {
     return out;
   }
 
+  /// Calls of client tools of the turn the session waits on: written awaiting the client, no result yet.
+  awaitingClient(): Tool[] {
+    const out: Tool[] = [];
+    for (const t of this.turns.values())
+      if (t.end === undefined)
+        for (const s of t.steps.values()) for (const tool of s.tools.values()) if (tool.client && !tool.result) out.push(tool);
+    return out;
+  }
+
   private durable(e: SessionEvent) {
     if (e.seq <= this.lastSeq && this.caughtUp) return; // a resumed stream never repeats, but be safe
     this.lastSeq = e.seq;
@@ -215,7 +226,7 @@ export class SessionView {
       }
       case "toolCall": {
         const s = this.step(p.value.turn, p.value.step);
-        s.tools.set(p.value.callId, { callId: p.value.callId, name: p.value.name, args: p.value.arguments, awaiting: p.value.awaitingApproval });
+        s.tools.set(p.value.callId, { callId: p.value.callId, name: p.value.name, args: p.value.arguments, awaiting: p.value.awaitingApproval, client: p.value.awaitingClient });
         this.dirty.turns.add(s.turn);
         this.dirty.approvals = true;
         break;
@@ -231,7 +242,7 @@ export class SessionView {
         const s = this.step(p.value.turn, p.value.step);
         let tool = s.tools.get(p.value.callId);
         if (!tool) {
-          tool = { callId: p.value.callId, name: "?", args: "", awaiting: false };
+          tool = { callId: p.value.callId, name: "?", args: "", awaiting: false, client: false };
           s.tools.set(p.value.callId, tool);
         }
         tool.result = { output: p.value.output, error: p.value.error };

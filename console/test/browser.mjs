@@ -104,6 +104,7 @@ async function main() {
   await approval.waitFor();
   const callId = await approval.getAttribute("data-call");
   await page.locator(`.tool.awaiting-approval[data-call="${callId}"]`).waitFor();
+  await page.locator("#status", { hasText: "running · awaiting approval" }).waitFor();
   // While the call waits, a followup joins the inbox; the screenshot shows both.
   await send("followup", "and then summarise");
   await pending.filter({ hasText: "and then summarise" }).waitFor();

@@ -332,6 +332,50 @@ async fn an_approval_timeout_denies_the_waiting_call_and_the_turn_goes_on() {
     assert!(listed.is_empty(), "{listed:?}");
 }
 
+/// SPEC §21 with §19: while a call of a client tool of the turn waits for `CompleteToolCall`, GetSession
+/// says so (`awaiting_client`, status RUNNING); answered, the field is gone and the turn completes.
+#[tokio::test]
+async fn get_session_says_when_the_turn_awaits_its_client() {
+    use turnstile_proto::v1::content_block::Block;
+    use turnstile_proto::v1::{CompleteToolCallRequest, ContentBlock, DataBlock};
+
+    let server = DevServer::start().await.unwrap();
+    let s = server.session();
+    let watch = s.watch().await.unwrap();
+    let mut message = user_msg("A", "[[tool:get_weather {\"city\":\"Paris\"}]] weather?");
+    let tools = serde_json::json!([{"name": "get_weather", "parameters": {"type": "object"}}]);
+    message.content.push(ContentBlock {
+        block: Some(Block::Data(DataBlock {
+            mime: turnstile_model::turn_tools::TURN_TOOLS_MIME.into(),
+            bytes: serde_json::to_vec(&tools).unwrap(),
+        })),
+    });
+    s.followup(message).await.unwrap();
+    watch.wait_line("D tool/call 1.1 get_weather {\"city\":\"Paris\"}").await.unwrap();
+
+    let info = s.info().await.unwrap();
+    assert_eq!(info.status, turnstile_proto::v1::SessionStatus::Running as i32);
+    assert_eq!(info.awaiting_approval, None);
+    let call = info.awaiting_client.expect("GetSession names the call waiting for its client");
+    assert!(call.awaiting_client && !call.awaiting_approval, "{call:?}");
+    assert_eq!((call.turn, call.step, call.name.as_str()), (1, 1, "get_weather"));
+    assert_eq!(call.arguments, "{\"city\":\"Paris\"}");
+
+    let req = CompleteToolCallRequest {
+        session: Some(s.reference()),
+        call_id: call.call_id.clone(),
+        output: "sunny".into(),
+        error: None,
+    };
+    s.client().complete_tool_call(req).await.unwrap();
+    s.when_idle().await.unwrap();
+    let info = s.info().await.unwrap();
+    assert_eq!(info.awaiting_client, None);
+    let items: Vec<String> = all_items(&s, 0).await.iter().map(brief).collect();
+    assert!(items.contains(&"result get_weather sunny".to_owned()), "{items:#?}");
+    assert_eq!(items.last().map(String::as_str), Some("turn-end 1"), "{items:#?}");
+}
+
 /// In the `cluster` test group (docs/TESTING.md): two workers, two gateways.
 mod cluster {
     use super::*;

@@ -66,8 +66,9 @@ pub fn encode_session_info(session: &SessionRef, summary: &SessionSummary) -> pb
         last_event_unix_ms: summary.last_time_ms,
         parent: summary.parent.as_ref().map(encode_session_ref),
         labels: summary.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        // Not in a summary: the gateway's reads of the log add it.
+        // Not in a summary: the gateway's reads of the log add them.
         awaiting_approval: None,
+        awaiting_client: None,
         agent_version: summary.agent_version.unwrap_or(0),
     }
 }

@@ -365,6 +365,11 @@ impl AgentConfig {
     }
 }
 
+/// An agent's table as canonical JSON: keys sorted (toml's tables are ordered maps), no spaces.
+pub(crate) fn canonical(table: &toml::Table) -> String {
+    serde_json::to_string(table).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -367,7 +367,7 @@ impl Config {
         let Some(toml::Value::Table(agents)) = raw.get("agents") else { return };
         for (name, table) in agents {
             if let (Some(agent), toml::Value::Table(table)) = (self.agents.get_mut(name), table) {
-                agent.definition = crate::definition::canonical(table);
+                agent.definition = crate::agent::canonical(table);
             }
         }
     }

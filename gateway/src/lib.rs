@@ -19,6 +19,7 @@
 //! `turnstile_cluster::ClusterRouter` (the internal hop, shared with the workers); TLS configs come from
 //! `turnstile_ops::tls`.
 
+mod agent_definitions;
 pub mod agents;
 mod approvals;
 pub mod auth;

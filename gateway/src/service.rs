@@ -120,7 +120,7 @@ pub struct Gateway {
     /// Where the webhooks tenants register are kept (SPEC §21); `None`: the webhook RPCs are UNIMPLEMENTED.
     pub(crate) webhooks: Option<Arc<dyn turnstile_journal::WebhookRegistry>>,
     /// Where agents put at run time are kept (SPEC §20); `None`: the agent RPCs are UNIMPLEMENTED here.
-    pub(crate) agents: Option<crate::agents::AgentDefinitions>,
+    pub(crate) agents: Option<crate::agent_definitions::AgentDefinitions>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -179,7 +179,7 @@ impl Gateway {
     }
 
     /// Agents are put, read and versioned in `definitions` (SPEC §20).
-    pub fn with_agents(mut self, definitions: crate::agents::AgentDefinitions) -> Self {
+    pub fn with_agents(mut self, definitions: crate::agent_definitions::AgentDefinitions) -> Self {
         self.agents = Some(definitions);
         self
     }

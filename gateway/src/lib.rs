@@ -27,6 +27,7 @@ pub mod console;
 pub mod convert;
 pub mod export;
 pub mod feed;
+mod feed_item;
 mod history;
 pub mod merge;
 mod ops;

@@ -19,12 +19,14 @@
 //! - [`setup`]: a configuration's agents made runnable ([`AgentSetup`]); [`router`] picks each step's
 //!   model by its agent.
 
+mod built;
 pub mod directory;
 pub mod hooks;
 pub mod llm;
 pub mod router;
 pub mod scripted;
 pub mod setup;
+mod setup_error;
 pub mod tools;
 pub mod versions;
 pub mod webhooks;

@@ -2,10 +2,10 @@
 //! the driver's [`AgentCatalog`], one [`Model`] that serves every agent, and the [`ToolRegistry`].
 //!
 //! Each `[models.NAME]` becomes one model: `scripted` the [`ScriptedModel`], `openai` and `anthropic` one
-//! HTTP provider ([`chat_model::connect`]) with the key read from the variable `api_key_env` names. Each
-//! agent then gets a [`Model`] of its own over its model's provider, offering the model the JSON Schemas of
-//! exactly the tools the agent lists ([`ChatModel::with_tools`]). [`AgentRouter`] picks the agent's model
-//! by `ModelRequest::agent` for every step.
+//! HTTP provider ([`crate::llm::chat_model::connect`]) with the key read from the variable `api_key_env`
+//! names. Each agent then gets a [`Model`] of its own over its model's provider, offering the model the JSON
+//! Schemas of exactly the tools the agent lists ([`crate::llm::chat_model::ChatModel::with_tools`]).
+//! [`AgentRouter`] picks the agent's model by `ModelRequest::agent` for every step.
 //!
 //! MCP tools (`mcp:SERVER/TOOL`, `mcp:SERVER/*`) need their servers running first: [`start_mcp`] starts
 //! the servers the agents use and lists their tools, [`from_config_with_mcp`] then registers each tool as
@@ -23,21 +23,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use turnstile_config::{
-    Config, ConfigError, MAX_MODEL_TOOL_NAME, ModelConfig, Provider, ToolId, ToolRef, is_model_tool_name,
-};
-use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, ApprovalTimeout, CatalogError};
+use turnstile_config::{Config, MAX_MODEL_TOOL_NAME, ToolId, ToolRef, is_model_tool_name};
+use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, ApprovalTimeout};
 use turnstile_worker::agent::{Agents, Model};
 
-use crate::hooks::remote::RemoteHookError;
-use crate::hooks::{AgentHooks, ContentGuard, PreStepHook, RemoteHook, StepBudget};
+use crate::hooks::{AgentHooks, PreStepHook};
 use crate::llm::chat::{ChatProvider, ToolSpec};
-use crate::llm::chat_model::{self, ChatModel};
-use crate::llm::endpoint::{ApiKey, EndpointError, ModelEndpoint, ProviderKind};
 use crate::router::AgentRouter;
 use crate::scripted::ScriptedModel;
+use crate::tools::ToolRegistry;
 use crate::tools::mcp::{McpError, McpServer, McpTool, McpToolDef, tool_name};
-use crate::tools::{ClientBusSlot, ToolRegistry};
+
+use crate::built::{BuiltModel, built_model, waterfall};
+pub use crate::setup_error::AgentSetupError;
 
 /// What a worker needs to run a configuration's agents. The node reaches the tools' slots through
 /// [`AgentSetup::tools`] ([`ToolRegistry::set_client_tools`], [`ToolRegistry::set_child_sessions`]), then
@@ -97,65 +95,6 @@ impl std::fmt::Debug for AgentSetup {
             .field("tools", &self.tools)
             .field("hooks", &self.hooks)
             .finish_non_exhaustive()
-    }
-}
-
-/// A configuration this worker cannot run. Every message names the agent, model or variable at fault
-/// (never a key's value).
-#[derive(Debug, thiserror::Error)]
-pub enum AgentSetupError {
-    /// An agent runs on a model the configuration does not define.
-    #[error("agent {agent:?}: no model named {model:?} (known: {known})")]
-    UnknownModel { agent: String, model: String, known: String },
-    /// An agent lists a tool this worker does not provide.
-    #[error("agent {agent:?}: tool \"{tool}\" is not available in this worker ({reason}; available: {available})")]
-    UnknownTool { agent: String, tool: String, reason: String, available: String },
-    /// An MCP server the agents use did not start (or its headers cannot be read).
-    #[error(transparent)]
-    Mcp(Box<McpError>),
-    /// The `api_key_env` of a model some agent runs on names a variable that is unset or blank; the
-    /// message names those agents first, since the key is needed for them.
-    #[error("{} model {model:?}: {source}", runs_on(agents))]
-    ApiKey {
-        model: String,
-        /// The agents that run on (or compact with) the model, sorted.
-        agents: Vec<String>,
-        /// The variable `api_key_env` names.
-        variable: String,
-        #[source]
-        source: Box<ConfigError>,
-    },
-    /// A model's endpoint cannot be used (bad URL, a key that is no header value, no HTTP client).
-    #[error("model {model:?}: {source}")]
-    Endpoint {
-        model: String,
-        #[source]
-        source: EndpointError,
-    },
-    /// A remote pre-step hook's URL cannot be dialled.
-    #[error("agent {agent:?}: {source}")]
-    Hook {
-        agent: String,
-        #[source]
-        source: RemoteHookError,
-    },
-    /// The agents do not form a catalog (the default agent is missing).
-    #[error(transparent)]
-    Catalog(#[from] CatalogError),
-    /// A webhook's secret cannot be read, or there is no HTTP client.
-    #[error(transparent)]
-    Webhook(#[from] crate::webhooks::WebhookSetupError),
-}
-
-/// `agent "a" runs on` / `agents "a", "b" run on`: who needs a model, for [`AgentSetupError::ApiKey`].
-fn runs_on(agents: &[String]) -> String {
-    let names = agents.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(", ");
-    if agents.len() == 1 { format!("agent {names} runs on") } else { format!("agents {names} run on") }
-}
-
-impl From<McpError> for AgentSetupError {
-    fn from(error: McpError) -> Self {
-        Self::Mcp(Box::new(error))
     }
 }
 
@@ -396,83 +335,6 @@ pub fn profile_of(agent: &turnstile_config::AgentConfig) -> AgentProfile {
         hash: String::new(),
         pin: agent.version_policy == turnstile_config::VersionPolicy::Pin,
     }
-}
-
-/// `agent`'s pre-step waterfall: the content guard, its step budget, then its remote hooks in config order.
-pub(crate) fn waterfall(
-    name: &str,
-    agent: &turnstile_config::AgentConfig,
-) -> Result<Vec<Arc<dyn PreStepHook>>, AgentSetupError> {
-    let mut hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(ContentGuard)];
-    if let Some(max) = agent.max_steps_per_turn {
-        hooks.push(Arc::new(StepBudget::new(max)));
-    }
-    for hook in &agent.hooks {
-        let remote =
-            RemoteHook::new(hook).map_err(|source| AgentSetupError::Hook { agent: name.to_owned(), source })?;
-        hooks.push(Arc::new(remote));
-    }
-    Ok(hooks)
-}
-
-/// One `[models.NAME]`, built: the scripted model, or a connected provider that agents wrap with their tools.
-#[derive(Clone)]
-pub(crate) enum BuiltModel {
-    Scripted(Arc<ScriptedModel>),
-    Chat(Arc<dyn ChatProvider>),
-}
-
-impl BuiltModel {
-    pub(crate) fn for_agent(
-        &self,
-        tools: Vec<ToolSpec>,
-        client_tools: Vec<String>,
-        bus: ClientBusSlot,
-        fallback: Vec<Arc<dyn ChatProvider>>,
-    ) -> Arc<dyn Model> {
-        match self {
-            Self::Scripted(model) => model.clone(),
-            Self::Chat(provider) => Arc::new(
-                ChatModel::new(provider.clone())
-                    .with_fallback(fallback)
-                    .with_tools(tools)
-                    .with_client_tools(client_tools, bus),
-            ),
-        }
-    }
-}
-
-pub(crate) fn built_model(
-    name: &str,
-    model: &ModelConfig,
-    agents: &[&str],
-    env: &impl Fn(&str) -> Option<String>,
-) -> Result<BuiltModel, AgentSetupError> {
-    let provider = match model.provider {
-        Provider::Scripted => return Ok(BuiltModel::Scripted(Arc::new(ScriptedModel))),
-        Provider::OpenAi => ProviderKind::OpenAi,
-        Provider::Anthropic => ProviderKind::Anthropic,
-    };
-    let api_key = model.resolve_api_key(env).map_err(|source| AgentSetupError::ApiKey {
-        model: name.to_owned(),
-        agents: agents.iter().map(|a| (*a).to_owned()).collect(),
-        variable: model.api_key_env.clone().unwrap_or_default(),
-        source: Box::new(source),
-    })?;
-    let mut endpoint = ModelEndpoint::new(provider, model.model.clone());
-    if let Some(url) = model.endpoint() {
-        endpoint.base_url = url.as_str().to_owned();
-    }
-    endpoint.api_key = api_key.map(|key| ApiKey::new(key.expose()));
-    endpoint.max_tokens = Some(model.max_tokens);
-    endpoint.timeout = model.timeout();
-    endpoint.first_byte_timeout = model.first_byte_timeout();
-    endpoint.idle_timeout = model.idle_timeout();
-    endpoint.retries = model.retries;
-    endpoint.prompt_cache = model.prompt_cache;
-    let provider =
-        chat_model::connect(endpoint).map_err(|source| AgentSetupError::Endpoint { model: name.to_owned(), source })?;
-    Ok(BuiltModel::Chat(provider))
 }
 
 /// The model's description of `tool`, which `agent` lists; an error when this worker has no such tool.

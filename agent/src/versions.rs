@@ -21,10 +21,10 @@ use turnstile_worker::agent::{
     DeltaSink, HookError, HookVerdict, Model, ModelError, ModelIdentity, PreStepHook, ToolReturn, Tools,
 };
 
+use crate::built::{BuiltModel, built_model, waterfall};
 use crate::directory::Directory;
 use crate::hooks::run_waterfall;
 use crate::llm::chat::{ChatProvider, ToolSpec};
-use crate::setup::{BuiltModel, built_model, waterfall};
 use crate::tools::ToolRegistry;
 use crate::tools::mcp::tool_name;
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use turnstile_model::{Tenant, TenantScope};
 
+use crate::names::SCRIPTED;
 use crate::names::keyword_enum;
-use crate::path::{Invalid, KeyPath, positive};
 use crate::tools::{Builtin, ToolId, ToolPattern, ToolRef};
 use crate::url::HttpUrl;
 
@@ -187,7 +187,7 @@ impl Default for AgentConfig {
         Self {
             name: String::new(),
             description: String::new(),
-            model: crate::SCRIPTED.to_owned(),
+            model: SCRIPTED.to_owned(),
             system: String::new(),
             tools: Vec::new(),
             approval: Vec::new(),
@@ -220,7 +220,7 @@ impl AgentConfig {
     /// The built-in agent `scripted`: the scripted model with the tools `sleep`, `echo` and `clock`.
     pub fn scripted() -> Self {
         Self {
-            name: crate::SCRIPTED.to_owned(),
+            name: SCRIPTED.to_owned(),
             tools: vec![
                 ToolRef::Builtin(Builtin::Sleep),
                 ToolRef::Builtin(Builtin::Echo),
@@ -250,119 +250,11 @@ impl AgentConfig {
     pub fn compaction_model(&self) -> &str {
         self.compaction_model.as_deref().unwrap_or(&self.model)
     }
+}
 
-    /// Checks the agent against the rest of the configuration: models and MCP servers it names exist,
-    /// approval patterns can match one of its tools, numbers are in range.
-    pub(crate) fn check(&self, path: &KeyPath, config: &crate::Config) -> Result<(), Invalid> {
-        let known_model = |key: &str, name: &str| {
-            if config.models.contains_key(name) {
-                Ok(())
-            } else {
-                Err(path
-                    .key(key)
-                    .invalid(format!("no model named {name:?} (known: {})", crate::names::known(config.models.keys()))))
-            }
-        };
-        known_model("model", &self.model)?;
-        if let Some(name) = &self.compaction_model {
-            known_model("compaction_model", name)?;
-        }
-        let known_server = |key: KeyPath, entry: &dyn std::fmt::Display, server: Option<&str>| match server {
-            Some(server) if !config.mcp.contains_key(server) => Err(key.invalid(format!(
-                "\"{entry}\": no MCP server named {server:?} (known: {})",
-                crate::names::known(config.mcp.keys())
-            ))),
-            _ => Ok(()),
-        };
-        for (i, tool) in self.tools.iter().enumerate() {
-            known_server(path.key("tools").index(i), tool, tool.mcp_server())?;
-            if let Some(first) = self.tools[..i].iter().position(|t| t == tool) {
-                return Err(path
-                    .key("tools")
-                    .index(i)
-                    .invalid(format!("\"{tool}\" is already listed (tools[{first}])")));
-            }
-        }
-        for (i, pattern) in self.approval.iter().enumerate() {
-            let key = path.key("approval").index(i);
-            known_server(key.clone(), pattern, pattern.mcp_server())?;
-            if !self.tools.iter().any(|t| pattern.may_match(t)) {
-                let tools: Vec<String> = self.tools.iter().map(ToString::to_string).collect();
-                let tools = if tools.is_empty() { "none".to_owned() } else { tools.join(", ") };
-                return Err(key.invalid(format!(
-                    "\"{pattern}\" matches none of this agent's tools (tools: {tools}); add the tool to tools or remove the pattern"
-                )));
-            }
-        }
-        for (i, hook) in self.hooks.iter().enumerate() {
-            positive(
-                &path.key("hooks").index(i),
-                "deadline_ms",
-                hook.deadline_ms,
-                "a deadline of 0 would fail every step",
-            )?;
-        }
-        if self.tenants.as_ref().is_some_and(Vec::is_empty) {
-            return Err(path
-                .key("tenants")
-                .invalid("is empty, so no tenant could run this agent; list its tenants, or remove the key for all"));
-        }
-        let serves = self.tenant_scope();
-        for (i, hook) in self.webhooks.iter().enumerate() {
-            let key = path.key("webhooks").index(i);
-            match &hook.tenants {
-                Some(tenants) if tenants.is_empty() => {
-                    return Err(key.key("tenants").invalid(
-                        "is empty, so this webhook would receive nothing; list its tenants, or remove the key for \
-                         every tenant of the agent",
-                    ));
-                }
-                Some(tenants) => {
-                    if let Some((j, tenant)) = tenants.iter().enumerate().find(|(_, t)| !serves.allows(t.as_str())) {
-                        return Err(key.key("tenants").index(j).invalid(format!(
-                            "tenant {:?} cannot run this agent (its tenants: {}); a webhook only receives \
-                             events of the agent's tenants",
-                            tenant.as_str(),
-                            self.tenants.iter().flatten().map(Tenant::as_str).collect::<Vec<_>>().join(", ")
-                        )));
-                    }
-                }
-                None => {}
-            }
-            if hook.events.is_empty() {
-                return Err(key
-                    .key("events")
-                    .invalid("is empty; list the durable types to deliver, e.g. [\"turn/end\"]"));
-            }
-            for (j, event) in hook.events.iter().enumerate() {
-                if !turnstile_model::event::DURABLE_TYPES.contains(&event.as_str()) {
-                    return Err(key.key("events").index(j).invalid(format!(
-                        "{event:?} is not a durable event type (known: {})",
-                        turnstile_model::event::DURABLE_TYPES.join(", ")
-                    )));
-                }
-            }
-            positive(&key, "max_age_ms", hook.max_age_ms, "0 would give up every delivery at once")?;
-        }
-        if let Some(ms) = self.tool_deadline_ms {
-            positive(path, "tool_deadline_ms", ms, "a deadline of 0 would fail every call")?;
-        }
-        if let Some(ms) = self.approval_timeout_ms {
-            positive(path, "approval_timeout_ms", ms, "0 would decide every call before anyone could")?;
-        }
-        if let Some(n) = self.max_steps_per_turn {
-            positive(path, "max_steps_per_turn", u64::from(n), "0 would end every turn before its first step")?;
-        }
-        if let Some(n) = self.context_budget_tokens {
-            positive(
-                path,
-                "context_budget_tokens",
-                n,
-                "0 would compact before every step; leave it out to never compact",
-            )?;
-        }
-        Ok(())
-    }
+/// An agent's table as canonical JSON: keys sorted (toml's tables are ordered maps), no spaces.
+pub(crate) fn canonical(table: &toml::Table) -> String {
+    serde_json::to_string(table).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use toml::de::DeTable;
 
-use crate::agent::AgentConfig;
+use crate::agent::{AgentConfig, canonical};
 use crate::config::Config;
 use crate::error::{ConfigError, Location};
 use crate::names::{NAME_RULE, is_name};
@@ -111,11 +111,6 @@ impl Config {
         agent.check(&path, self).map_err(|e| unlocated(e.into_error(None)))?;
         Ok(agent)
     }
-}
-
-/// An agent's table as canonical JSON: keys sorted (toml's tables are ordered maps), no spaces.
-pub(crate) fn canonical(table: &toml::Table) -> String {
-    serde_json::to_string(table).unwrap_or_default()
 }
 
 /// The error without a position: positions would point into the document built above, not the caller's text.

@@ -39,6 +39,7 @@
 //! ```
 
 mod agent;
+mod check;
 mod config;
 mod definition;
 mod error;
@@ -55,14 +56,13 @@ mod webhooks;
 
 pub use agent::{AgentConfig, HookConfig, OnFailure, OnTimeout, VersionPolicy, WebhookConfig};
 pub use config::{
-    CONFIG_ENV, ClusterConfig, Config, JournalConfig, Limits, MIN_DEDUP_HORIZON, REQUEST_ENVELOPE_BYTES, SCRIPTED,
-    ToolDefaults,
+    CONFIG_ENV, ClusterConfig, Config, JournalConfig, Limits, MIN_DEDUP_HORIZON, REQUEST_ENVELOPE_BYTES, ToolDefaults,
 };
 pub use definition::DefinitionFormat;
 pub use error::{ConfigError, Location};
 pub use mcp::{McpServerConfig, McpTransport};
 pub use model::{ModelConfig, Provider};
-pub use names::ValueError;
+pub use names::{SCRIPTED, ValueError};
 pub use protocols::ProtocolsConfig;
 pub use secret::Secret;
 pub use tenant::TenantConfig;

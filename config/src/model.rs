@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::ConfigError;
+use crate::names::SCRIPTED;
 use crate::names::{ENV_VAR_RULE, is_env_var, keyword_enum};
 use crate::path::{Invalid, KeyPath, positive};
 use crate::secret::{Secret, from_env};
@@ -158,12 +159,7 @@ impl From<ModelTable> for ModelConfig {
 impl ModelConfig {
     /// The built-in model `scripted` (provider `scripted`).
     pub fn scripted() -> Self {
-        Self {
-            name: crate::SCRIPTED.to_owned(),
-            provider: Provider::Scripted,
-            model: crate::SCRIPTED.to_owned(),
-            ..Self::default()
-        }
+        Self { name: SCRIPTED.to_owned(), provider: Provider::Scripted, model: SCRIPTED.to_owned(), ..Self::default() }
     }
 
     /// The endpoint: `base_url`, else the provider's default (`None` for `scripted`).

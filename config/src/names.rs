@@ -2,6 +2,9 @@
 
 use std::fmt;
 
+/// The name of the built-in agent and of the built-in model it runs on.
+pub const SCRIPTED: &str = "scripted";
+
 /// A value that is not in the form its key allows. The message says what is allowed.
 ///
 /// ```

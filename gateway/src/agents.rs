@@ -8,30 +8,16 @@
 //! ([`turnstile_config::Config::agent_definition`]), so the API refuses what the file refuses, with the
 //! same key and message.
 
-use std::sync::Arc;
-
 use tonic::Status;
-use turnstile_config::{Config, DefinitionFormat};
-use turnstile_journal::agents::{self, AgentOwner, AgentRecord, AgentStore, AgentVersion};
+use turnstile_config::DefinitionFormat;
+use turnstile_journal::agents::{self, AgentOwner, AgentRecord, AgentVersion};
 use turnstile_model::message::SessionRef;
 use turnstile_model::{Command, CommandError, Tenant};
 use turnstile_proto::v1 as pb;
 
+pub use crate::agent_definitions::AgentDefinitions;
 use crate::service::Gateway;
 use crate::status;
-
-/// Where a gateway keeps agents, and the configuration definitions are checked against.
-#[derive(Clone)]
-pub struct AgentDefinitions {
-    pub store: Arc<dyn AgentStore>,
-    pub config: Arc<Config>,
-}
-
-impl std::fmt::Debug for AgentDefinitions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentDefinitions").finish_non_exhaustive()
-    }
-}
 
 /// The one answer for an agent the caller cannot see, whether it exists elsewhere or nowhere.
 fn not_found(name: &str) -> Status {

@@ -19,6 +19,7 @@
 //! `turnstile_cluster::ClusterRouter` (the internal hop, shared with the workers); TLS configs come from
 //! `turnstile_ops::tls`.
 
+mod agent_definitions;
 pub mod agents;
 mod approvals;
 pub mod auth;
@@ -26,6 +27,7 @@ pub mod console;
 pub mod convert;
 pub mod export;
 pub mod feed;
+mod feed_item;
 mod history;
 pub mod merge;
 mod ops;

@@ -10,7 +10,8 @@ use tonic::{Response, Status};
 use turnstile_cluster::CommandRouter;
 use turnstile_journal::snapshot::{NoSnapshots, SnapshotStore};
 use turnstile_journal::{LiveBus, SessionLog, UsageLedger};
-use turnstile_model::message::{MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
+use turnstile_model::ValueError;
+use turnstile_model::message::{MessageId, MessageSource, SessionRef, Target, UserMessage};
 use turnstile_model::size::BLOCK_OVERHEAD_BYTES;
 use turnstile_model::{Command, CommandReply, SessionState, SessionSummary};
 use turnstile_proto::codec::{self, CodecError};
@@ -120,7 +121,7 @@ pub struct Gateway {
     /// Where the webhooks tenants register are kept (SPEC §21); `None`: the webhook RPCs are UNIMPLEMENTED.
     pub(crate) webhooks: Option<Arc<dyn turnstile_journal::WebhookRegistry>>,
     /// Where agents put at run time are kept (SPEC §20); `None`: the agent RPCs are UNIMPLEMENTED here.
-    pub(crate) agents: Option<crate::agents::AgentDefinitions>,
+    pub(crate) agents: Option<crate::agent_definitions::AgentDefinitions>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -179,7 +180,7 @@ impl Gateway {
     }
 
     /// Agents are put, read and versioned in `definitions` (SPEC §20).
-    pub fn with_agents(mut self, definitions: crate::agents::AgentDefinitions) -> Self {
+    pub fn with_agents(mut self, definitions: crate::agent_definitions::AgentDefinitions) -> Self {
         self.agents = Some(definitions);
         self
     }

@@ -29,7 +29,7 @@ use tonic::metadata::MetadataValue;
 use turnstile_model::SessionRef;
 use turnstile_proto::v1 as pb;
 
-use crate::feed::FeedItem;
+use crate::feed_item::FeedItem;
 
 /// Default [`BufferLimits::per_watcher`]: 4 MiB.
 pub const DEFAULT_PER_WATCHER_BYTES: usize = 4 * 1024 * 1024;
@@ -579,7 +579,7 @@ mod tests {
     use turnstile_proto::v1::watch_item::Item;
 
     use super::*;
-    use crate::feed::FeedItem;
+    use crate::feed_item::FeedItem;
 
     fn session() -> SessionRef {
         SessionRef::new("t", "s").unwrap()

@@ -39,6 +39,7 @@ pub mod goal;
 pub mod inbox;
 pub mod labels;
 pub mod message;
+pub mod rules;
 pub mod schedule;
 pub mod shard;
 pub mod size;
@@ -63,7 +64,8 @@ pub use event::{
 pub use goal::{Goal, GoalAction, GoalChange, GoalState};
 pub use inbox::{Inbox, SpliceError};
 pub use labels::{Labeled, Labels, Selector};
-pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
+pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
+pub use rules::ValueError;
 pub use schedule::{Preset, Schedule, ScheduleChange, ScheduleSpec, Timing};
 pub use state::{ProjectionError, SessionState};
 pub use tenant::{Tenant, TenantScope};

@@ -20,26 +20,15 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::message::{ValueError, validate_name};
-
 /// A valid tenant name: `[A-Za-z0-9_-]{1,128}`, the same rule as a session id.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct Tenant(String);
+pub struct Tenant(
+    /// Checked by [`Tenant::new`] (crate::rules), the one way to make a `Tenant`.
+    pub(crate) String,
+);
 
 impl Tenant {
-    /// The tenant named `name`, or why the name is not one.
-    pub fn new(name: impl Into<String>) -> Result<Self, ValueError> {
-        let name = name.into();
-        Self::validate(&name)?;
-        Ok(Self(name))
-    }
-
-    /// Whether `name` is a valid tenant name (the rule [`crate::SessionRef::validate`] applies too).
-    pub fn validate(name: &str) -> Result<(), ValueError> {
-        validate_name("tenant", name)
-    }
-
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -76,14 +65,6 @@ impl PartialEq<str> for Tenant {
 impl PartialEq<String> for Tenant {
     fn eq(&self, other: &String) -> bool {
         self.0 == *other
-    }
-}
-
-impl TryFrom<String> for Tenant {
-    type Error = ValueError;
-
-    fn try_from(name: String) -> Result<Self, ValueError> {
-        Self::new(name)
     }
 }
 
@@ -129,6 +110,7 @@ impl TenantScope {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ValueError;
 
     #[test]
     fn a_tenant_is_checked_once_when_built() {

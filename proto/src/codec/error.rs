@@ -1,6 +1,6 @@
 //! The codec's error and the field-path helpers every decoder uses.
 
-use turnstile_model::message::ValueError;
+use turnstile_model::ValueError;
 
 /// A protobuf value that cannot become a domain value. `path` names the offending field.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

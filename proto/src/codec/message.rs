@@ -4,8 +4,9 @@ use crate::v1 as pb;
 use crate::v1::{content_block::Block, message_source::Kind};
 
 use super::error::{CodecError, index, join};
+use turnstile_model::ValueError;
 use turnstile_model::inbox::Inbox;
-use turnstile_model::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
+use turnstile_model::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
 
 const SOURCE_KINDS: &str = "set one of user, plugin, goal, tool, model, session or schedule";
 const TARGETS: &str = "use TARGET_NEXT_TURN or TARGET_NEXT_STEP";

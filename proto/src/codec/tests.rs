@@ -4,13 +4,14 @@ use crate::v1 as pb;
 use prost::Message as _;
 
 use super::*;
+use turnstile_model::ValueError;
 use turnstile_model::event::{
     CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, Splice, SpliceOutcome, Status,
     ToolCallSpec, TurnEndReason, Usage,
 };
 use turnstile_model::goal::{GoalChange, GoalState};
 use turnstile_model::inbox::Inbox;
-use turnstile_model::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage, ValueError};
+use turnstile_model::message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
 
 fn session() -> SessionRef {
     SessionRef { tenant: "acme".into(), id: "s-1".into() }

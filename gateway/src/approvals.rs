@@ -32,24 +32,24 @@ fn pending(state: &SessionState, timeouts: &BTreeMap<String, u64>, default_agent
     })
 }
 
-/// The call of a client tool the running turn waits on (`CompleteToolCall` answers it), if any.
-pub(crate) fn awaiting_client(state: &SessionState) -> Option<pb::ToolCall> {
-    let open = state.open_turn.as_ref()?;
-    let call = open.awaiting_client.as_ref()?;
-    Some(pb::ToolCall {
-        turn: open.turn,
-        step: open.step,
-        call_id: call.call_id.clone(),
-        name: call.name.clone(),
-        arguments: call.arguments.clone(),
-        awaiting_approval: false,
-        awaiting_client: true,
-    })
-}
-
 impl Gateway {
     pub(crate) fn pending(&self, state: &SessionState) -> Option<pb::PendingApproval> {
         pending(state, &self.config.approval_timeouts_ms, &self.config.default_agent)
+    }
+
+    /// The call of a client tool the running turn waits on (`CompleteToolCall` answers it), if any.
+    pub(crate) fn awaiting_client(&self, state: &SessionState) -> Option<pb::ToolCall> {
+        let open = state.open_turn.as_ref()?;
+        let call = open.awaiting_client.as_ref()?;
+        Some(pb::ToolCall {
+            turn: open.turn,
+            step: open.step,
+            call_id: call.call_id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+            awaiting_approval: false,
+            awaiting_client: true,
+        })
     }
 
     /// The call `session` waits on (none or one); NOT_FOUND for a session without events.

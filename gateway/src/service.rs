@@ -319,7 +319,7 @@ impl Gateway {
         let agent = state.agent.clone().unwrap_or_else(|| self.config.default_agent.clone());
         let mut info = codec::encode_session_info(&state.session, &SessionSummary::of(state, owner, agent));
         info.awaiting_approval = self.pending(state);
-        info.awaiting_client = crate::approvals::awaiting_client(state);
+        info.awaiting_client = self.awaiting_client(state);
         info
     }
 

@@ -20,9 +20,6 @@ use turnstile_model::command::{Command, CommandError, CommandReply, DeadlineSpec
 use turnstile_model::message::{MessageId, SessionRef};
 use turnstile_model::schedule::Schedule;
 use turnstile_proto::codec::error::{CodecError, join};
-use turnstile_proto::codec::event::{
-    decode_cancel_cause, encode_cancel_cause, encode_inject_mode, encode_on_deadline, inject_mode_at, on_deadline_at,
-};
 use turnstile_proto::codec::message::{
     encode_session_ref, encode_target, encode_user_message, messages_at, required_message_at, required_session_at,
     target_at,
@@ -30,6 +27,9 @@ use turnstile_proto::codec::message::{
 use turnstile_proto::codec::schedule::{encode_labeled, encode_schedule_spec, labeled_at, schedule_spec_at};
 use turnstile_proto::codec::session::{
     encode_goal_action, encode_goal_info, encode_session_info, goal_action_at, goal_info_at, session_info_at,
+};
+use turnstile_proto::codec::values::{
+    decode_cancel_cause, encode_cancel_cause, encode_inject_mode, encode_on_deadline, inject_mode_at, on_deadline_at,
 };
 
 /// Metadata key of a failed `Execute`: the [`CommandError`] kind ([`CommandError::kind`]).

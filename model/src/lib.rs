@@ -34,6 +34,7 @@
 
 pub mod child;
 pub mod command;
+pub mod dedup;
 pub mod event;
 pub mod goal;
 pub mod inbox;

@@ -5,8 +5,8 @@ use crate::v1::live_event::Payload;
 use prost::Message as _;
 
 use super::error::CodecError;
-use super::event::{encode_status, status_at};
 use super::message::{encode_session_ref, encode_user_message, required_message_at, required_session_at};
+use super::values::{encode_status, status_at};
 use turnstile_model::event::{LiveEvent, LivePayload};
 
 fn encode_payload(payload: &LivePayload) -> Payload {

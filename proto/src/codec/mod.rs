@@ -13,18 +13,18 @@ pub mod error;
 pub mod event;
 pub mod live;
 pub mod message;
+pub mod parts;
 pub mod schedule;
 pub mod session;
+pub mod values;
 
 #[cfg(test)]
 mod tests;
 
 pub use error::CodecError;
 pub use event::{
-    EVENT_FORMAT, decode_cancel_cause, decode_event, decode_session_event, decode_splice, decode_status,
-    decode_turn_end_reason, decode_usage, encode_cancel_cause, encode_event, encode_inject_mode, encode_on_deadline,
-    encode_session_event, encode_splice, encode_status, encode_transcript_item, encode_turn_end_reason, encode_usage,
-    inject_mode_at, on_deadline_at, stored_as_sent,
+    EVENT_FORMAT, decode_event, decode_session_event, encode_event, encode_session_event, encode_transcript_item,
+    stored_as_sent,
 };
 pub use live::{decode_live, decode_live_event, encode_live, encode_live_event};
 pub use message::{
@@ -32,6 +32,11 @@ pub use message::{
     decode_user_message, decode_user_message_with_default_source, encode_content_block, encode_inbox,
     encode_message_source, encode_session_ref, encode_target, encode_user_message,
 };
+pub use parts::{decode_usage, encode_usage};
 pub use session::{
     encode_goal_action, encode_goal_info, encode_session_info, goal_action_at, goal_info_at, session_info_at,
+};
+pub use values::{
+    decode_cancel_cause, decode_splice, decode_status, decode_turn_end_reason, encode_cancel_cause, encode_inject_mode,
+    encode_on_deadline, encode_splice, encode_status, encode_turn_end_reason, inject_mode_at, on_deadline_at,
 };

@@ -8,8 +8,8 @@ use turnstile_model::message::SessionRef;
 use turnstile_model::{GoalAction, SessionSummary};
 
 use super::error::{CodecError, join};
-use super::event::{encode_inject_mode, encode_status, inject_mode_at, status_at};
 use super::message::{encode_session_ref, session_ref_at};
+use super::values::{encode_inject_mode, encode_status, inject_mode_at, status_at};
 
 const GOAL_ACTIONS: &str = "use GOAL_ACTION_PAUSE, GOAL_ACTION_RESUME or GOAL_ACTION_CLEAR";
 

@@ -13,6 +13,7 @@ pub mod error;
 pub mod fold;
 pub mod ids;
 pub mod input;
+pub mod items;
 mod responses;
 pub mod sse;
 

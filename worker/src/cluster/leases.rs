@@ -23,7 +23,7 @@
 //! taken *before* each renewal request, so a worker that was paused past its lease refuses to write
 //! when it wakes, and the conditional append refuses any writer whose view of the log is stale.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,10 +36,14 @@ use turnstile_ops::clock::now_ms;
 
 use turnstile_ops::names;
 
-use super::presence::Probe;
+mod peers;
+mod store_health;
+
 use crate::host::SessionHost;
 use crate::ownership::Ownership;
 use crate::sync::lock;
+use peers::Peers;
+use store_health::StoreHealth;
 
 /// Lease acquisitions in flight at once (each is a read and a compare-and-set).
 const ACQUIRE_AT_ONCE: usize = 16;
@@ -52,39 +56,6 @@ const ACQUIRE_AT_ONCE: usize = 16;
 /// fence this worker's writes as they do for a taken lease of a dead peer.
 pub const STORE_GRACE: Duration = Duration::from_secs(10);
 
-/// Since when a bucket has been failing this worker, or answering it again (decision 0094).
-#[derive(Debug)]
-struct StoreHealth {
-    /// The first failure (no answer, no leader) since the bucket last answered; `None` while it answers.
-    failing_since: Option<Instant>,
-    /// When it answered again after the last failure (or when the worker started).
-    answering_since: Instant,
-}
-
-impl StoreHealth {
-    fn new() -> Self {
-        Self { failing_since: None, answering_since: Instant::now() }
-    }
-
-    /// Records an answer (a refusal too) or a failure; true when an outage ended.
-    fn record(&mut self, answered: bool) -> bool {
-        if answered {
-            if self.failing_since.take().is_some() {
-                self.answering_since = Instant::now();
-                return true;
-            }
-        } else if self.failing_since.is_none() {
-            self.failing_since = Some(Instant::now());
-        }
-        false
-    }
-
-    /// Answering for at least `for_at_least`.
-    fn settled(&self, for_at_least: Duration) -> bool {
-        self.failing_since.is_none() && self.answering_since.elapsed() >= for_at_least
-    }
-}
-
 /// A lease this worker holds.
 #[derive(Clone, Debug)]
 struct Held {
@@ -94,20 +65,6 @@ struct Held {
     valid_until: Instant,
     /// Being handed over: no new commands, but the running step may still write.
     releasing: bool,
-}
-
-/// What this worker knows of its peers' NATS connections ([`super::presence`]).
-#[derive(Debug, Default)]
-struct Peers {
-    /// Peers that answer presence probes (their heartbeat says so); only these are probed, so a worker of
-    /// a build without presence is never taken for dead.
-    present: HashSet<String>,
-    /// Peers whose subscription was gone at two probes in a row: their connection is closed.
-    dead: HashSet<String>,
-    /// Peers that let a lease lapse, with their heartbeat time then: left out of the fair share until
-    /// they heartbeat again (a paused peer), so the shares do not flip back as soon as its lapsed leases
-    /// have been taken.
-    lapsed: HashMap<String, u64>,
 }
 
 /// This worker's leases; the [`Ownership`] its session host consults.
@@ -225,90 +182,6 @@ impl Leases {
             Some(since) if since < h.valid_until => h.valid_until + STORE_GRACE,
             _ => h.valid_until,
         }
-    }
-
-    /// Resolves when the presence watch found a peer dead (or at once if it did since the last call).
-    pub async fn woken(&self) {
-        self.wake.notified().await;
-    }
-
-    /// Workers this worker knows to have lost their NATS connection, in order.
-    pub fn dead_peers(&self) -> Vec<String> {
-        let mut dead: Vec<String> = self.peers().dead.iter().cloned().collect();
-        dead.sort_unstable();
-        dead
-    }
-
-    /// The peers the presence watch should probe now: those that advertise presence, but not this worker.
-    pub fn presence_targets(&self) -> Vec<String> {
-        let mut targets: Vec<String> = self.peers().present.iter().filter(|p| **p != self.id).cloned().collect();
-        targets.sort_unstable();
-        targets
-    }
-
-    /// Takes in what the presence watch learned about `peer`: [`Probe::Gone`] (confirmed, see
-    /// `watch_peers` in [`super`]) makes it dead and wakes the lease loop; an answer makes it live
-    /// again; a timeout changes nothing.
-    pub fn observe(&self, peer: &str, probe: Probe) {
-        let newly_dead = {
-            let mut peers = self.peers();
-            match probe {
-                Probe::Present => {
-                    if peers.dead.remove(peer) {
-                        tracing::info!(peer, "worker answers its presence probes again");
-                    }
-                    false
-                }
-                Probe::Unknown => false,
-                Probe::Gone => peers.dead.insert(peer.to_owned()),
-            }
-        };
-        if newly_dead {
-            tracing::warn!(peer, "worker's NATS connection is gone; taking its shards without waiting for expiry");
-            self.wake.notify_one();
-        }
-    }
-
-    /// Peers to probe from now on: every live heartbeat that advertises presence, and whoever still owns
-    /// a lease in the map among the ones probed before (a dead worker's heartbeat expires before long
-    /// leases do).
-    fn track_peers(&self, live: &[WorkerInfo]) {
-        let owners: HashSet<String> = {
-            let map = self.map.borrow();
-            map.leases.values().filter(|e| !e.lease.owner.is_empty()).map(|e| e.lease.owner.clone()).collect()
-        };
-        let mut peers = self.peers();
-        let Peers { present, dead, .. } = &mut *peers;
-        present.retain(|p| owners.contains(p));
-        present.extend(live.iter().filter(|w| w.presence && w.id != self.id).map(|w| w.id.clone()));
-        dead.retain(|p| present.contains(p));
-    }
-
-    /// Peers named as the owner of a lease that expired at `now_ms` (they stopped renewing).
-    fn lapsed_owners(&self, now_ms: u64) -> HashSet<String> {
-        if !self.store_settled() {
-            return HashSet::new();
-        }
-        let map = self.map.borrow();
-        map.leases
-            .values()
-            .filter(|e| !e.lease.owner.is_empty() && e.lease.owner != self.id && !e.lease.is_held(now_ms))
-            .map(|e| e.lease.owner.clone())
-            .collect()
-    }
-
-    /// How long until a peer's lease in the map expires, if one does before `within`: the lease loop wakes
-    /// then (a paused owner's shards move when its lease runs out, not up to a round later). Healthy
-    /// owners renew long before, so this only fires for owners that stopped renewing.
-    pub fn next_peer_expiry(&self, within: Duration) -> Option<Duration> {
-        let now = now_ms();
-        let map = self.map.borrow();
-        map.leases
-            .values()
-            .filter(|e| e.lease.is_held(now) && e.lease.owner != self.id)
-            .map(|e| Duration::from_millis(e.lease.expires_at_ms - now))
-            .filter(|d| *d < within)
-            .min()
     }
 
     /// The map names a newer epoch for `shard` than `epoch`: someone took the shard over.

@@ -41,7 +41,7 @@ use turnstile_proto::v1::{
     SessionEventGroup, SessionRef, TextBlock, TurnEnd, TurnEndReason, UserMessage, WatchItem, WatchRequest,
 };
 
-use super::req;
+use super::workload::req;
 use crate::user_msg;
 
 /// The hostile tenant.

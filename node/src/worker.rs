@@ -9,11 +9,13 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 use turnstile_agent::tools::ChildSessions;
+use turnstile_gateway::auth::Authenticator;
 use turnstile_worker::cluster::service::{self, WorkerService};
 use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker};
 
 use crate::journal::{NatsOptions, open_cluster_nats};
 use crate::ops::{OpsHttp, install_metrics, worker_grace, worker_ready};
+use crate::reload::{ClusterTlsWatch, Reloads};
 use crate::report::{bind, bound_with_http, report_bound};
 use crate::role::Serving;
 use crate::running::{Running, handle_methods};
@@ -126,7 +128,10 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     // Client tools are NATS requests to the gateways holding their executors.
     agents.tools.set_client_tools(Arc::new(turnstile_cluster::NatsToolBus::new(client.clone())));
     // `spawn_agent` reaches its child sessions' owners as a gateway would, and reads their logs here.
-    let router = cluster_router(&client, url, config, cluster_tls).await?;
+    let (cluster_tls, tls_config) = cluster_tls.map_or((None, None), |(live, tls)| (Some(live), Some(tls)));
+    let (router, transport) = cluster_router(&client, url, config, tls_config).await?;
+    let cluster_tls = cluster_tls.map(|files| ClusterTlsWatch { files, transport });
+    let reloads = Reloads::install(&Authenticator::Disabled, tls.as_ref(), cluster_tls)?;
     agents.tools.set_child_sessions(ChildSessions { router, log: log.clone() });
     // SPEC §20: the file's agents imported as versions, every agent followed as it changes.
     let store = turnstile_journal::jetstream::KvAgents::open(&client, replicas(config))
@@ -175,6 +180,9 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
 
     let http_addr = http.addr();
     let stop = CancellationToken::new();
+    if let Some(reloads) = reloads {
+        reloads.spawn(stop.clone());
+    }
     let stopped = stop.clone();
     let task_id = id.clone();
     let running = Running::spawn(stop, async move {

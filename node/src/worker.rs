@@ -5,7 +5,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 use turnstile_agent::tools::ChildSessions;
@@ -14,7 +13,7 @@ use turnstile_worker::cluster::service::{self, WorkerService};
 use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker};
 
 use crate::journal::{NatsOptions, open_cluster_nats};
-use crate::ops::{OpsHttp, install_metrics, worker_grace, worker_ready};
+use crate::ops::{OpsHttp, install_metrics, worker_ready};
 use crate::reload::{ClusterTlsWatch, Reloads};
 use crate::report::{bind, bound_with_http, report_bound};
 use crate::role::Serving;
@@ -89,7 +88,6 @@ impl Handle {
 /// addresses, and serves until stopped.
 pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     install_metrics();
-    let started = Instant::now();
     let agents = agents(&opts.serving.config).await?;
     let tls = opts.serving.tls.as_ref().map(ServerTls::load).transpose()?;
     let cluster_tls = opts.cluster_tls.as_ref().map(ClusterTls::load).transpose()?;
@@ -112,7 +110,6 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         ..LeaseConfig::default()
     };
     let drain = leases.drain_timeout;
-    let grace = worker_grace(leases.renew_every, leases.ttl, drain);
     // SPEC §17: every worker folds the event streams into the usage bucket (idempotently: several folds
     // count each message once) and checks the tenants' budgets against it.
     let usage = KvUsage::open(&client, replicas(config)).await.map_err(|e| NodeError::nats(url, e))?;
@@ -154,7 +151,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         draining.clone(),
         stop_server.clone().cancelled_owned(),
     ));
-    let ready = worker_ready(client, url.to_owned(), worker.leases(), started, grace);
+    let ready = worker_ready(client, url.to_owned(), worker.leases());
     let http = match OpsHttp::start(opts.serving.http.as_deref(), Arc::new(ready)).await {
         Ok(http) => http,
         Err(e) => {

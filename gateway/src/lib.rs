@@ -70,7 +70,8 @@ pub async fn serve(
     serve_with(gateway, listener, None, shutdown).await
 }
 
-/// [`serve`], over TLS when `tls` is set (`turnstile_ops::tls::server_config`).
+/// [`serve`], over TLS when `tls` is set (`turnstile_ops::tls::LiveServerTls`: its certificate is read again
+/// when the files change).
 pub async fn serve_with(
     gateway: Gateway,
     listener: TcpListener,

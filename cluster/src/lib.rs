@@ -25,7 +25,7 @@ pub mod tools;
 use std::time::Duration;
 
 pub use kv::{CasError, ClusterKv, LeaseEntry, MembershipError, ShardLease, ShardMap, WorkerInfo};
-pub use router::{ClusterRouter, ClusterRouterConfig, CommandRouter};
+pub use router::{ClusterRouter, ClusterRouterConfig, CommandRouter, GrpcTransport, WorkerTransport};
 pub use tools::{NatsToolBus, ToolBus, ToolBusError};
 pub use turnstile_model::shard::shard_of;
 

@@ -53,8 +53,8 @@ pub use quota::{QuotaConfig, Quotas, TenantQuota};
 pub use service::TokenBudgets;
 pub use service::{Gateway, GatewayConfig};
 use tokio::net::TcpListener;
-use tonic::transport::ServerTlsConfig;
 pub use tools::ToolHub;
+use turnstile_ops::tls::LiveServerTls;
 use turnstile_proto::v1::agent_server::AgentServer;
 
 /// The gRPC server stopped for a reason other than `shutdown`.
@@ -72,25 +72,23 @@ pub async fn serve(
     serve_with(gateway, listener, None, shutdown).await
 }
 
-/// [`serve`], over TLS when `tls` is set (`turnstile_ops::tls::server_config`).
+/// [`serve`], over TLS when `tls` is set (`turnstile_ops::tls::LiveServerTls`: its certificate is read again
+/// when the files change).
 pub async fn serve_with(
     gateway: Gateway,
     listener: TcpListener,
-    tls: Option<ServerTlsConfig>,
+    tls: Option<std::sync::Arc<LiveServerTls>>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let watches = gateway.shutdown_token();
     let served = [<AgentServer<Gateway> as tonic::server::NamedService>::NAME];
-    let (router, health) = turnstile_ops::grpc::server(&served, tls).await?;
+    let (router, health) = turnstile_ops::grpc::server(&served).await;
     let shutdown = async move {
         shutdown.await;
         // Draining: probes on open connections see NOT_SERVING while in-flight calls finish.
         turnstile_ops::grpc::report_draining(&health, &served).await;
         watches.cancel();
     };
-    router
-        .add_service(gateway.into_server())
-        .serve_with_incoming_shutdown(turnstile_ops::grpc::incoming(listener), shutdown)
-        .await?;
+    turnstile_ops::grpc::serve(router.add_service(gateway.into_server()), listener, tls, shutdown).await?;
     Ok(())
 }

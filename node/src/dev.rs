@@ -18,9 +18,10 @@ use turnstile_worker::SessionHost;
 
 use crate::journal::{NatsOptions, open_nats};
 use crate::ops::{OpsHttp, install_metrics, nats_ready};
+use crate::reload::Reloads;
 use crate::report::{Bound, bind, bound_with_http, client_url_for, report_bound};
 use crate::role::Serving;
-use crate::security::{AuthOptions, AuthWatch, ServerSecurity, auth_line};
+use crate::security::{AuthOptions, ServerSecurity, auth_line};
 use crate::{NodeError, agents, budgets, gateway_config, replicas, worker_config};
 
 /// `--listen` and the URL clients reach it at when it is not given: a gateway's, whose API `dev` serves.
@@ -173,7 +174,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let security = ServerSecurity::load(&opts.auth, opts.serving.tls.as_ref()).await?;
     let (listener, local) = bind(&opts.serving.listen).await?;
     let auth = auth_line(&security.auth, local, &opts.serving.listen)?;
-    let auth_watch = AuthWatch::install(&security.auth)?;
+    let reloads = Reloads::install(&security.auth, security.tls.as_ref(), None)?;
     let journal = open_journal(&opts).await?;
     // Client tools: over NATS when the journal is there (other gateways' executors too), else straight to
     // this process's gateway.
@@ -233,7 +234,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     report_bound(&bound, &[], opts.serving.ready_file.as_deref())?;
     tracing::info!(%local, tls = security.tls.is_some(), "serving turnstile.v1.Agent");
 
-    Ok(crate::gateway::serve(gateway, listener, local, security.tls, auth_watch, http, url, journal.fold))
+    Ok(crate::gateway::serve(gateway, listener, local, security.tls, reloads, http, url, journal.fold))
 }
 
 #[cfg(test)]

@@ -5,17 +5,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tonic::transport::ServerTlsConfig;
+use turnstile_ops::tls::LiveServerTls;
 
 use tokio_util::sync::CancellationToken;
 use turnstile_gateway::{Gateway, ToolHub};
 
 use crate::journal::{NatsOptions, open_cluster_nats};
 use crate::ops::{OpsHttp, install_metrics, nats_ready};
+use crate::reload::{ClusterTlsWatch, Reloads};
 use crate::report::{bind, bound_with_http, client_url_for, report_bound};
 use crate::role::Serving;
 use crate::running::{Running, handle_methods};
-use crate::security::{AuthOptions, AuthWatch, ServerSecurity, auth_line};
+use crate::security::{AuthOptions, ServerSecurity, auth_line};
 use crate::tls::ClusterTls;
 use crate::{NodeError, cluster_router, gateway_config, replicas};
 use turnstile_gateway::Quotas;
@@ -75,22 +76,22 @@ impl Handle {
 }
 
 /// Serves `gateway` on `listener` (bound at `local`, reached at `url`) with `tls` until stopped, watching
-/// the auth files when there are some and stopping the ops endpoints `http` after it: how `dev` and a
+/// the auth and TLS files when there are some (`reloads`) and stopping the ops endpoints `http` after it: how `dev` and a
 /// gateway end their start. `fold` (dev's usage fold on JetStream) runs as long as the server.
 #[allow(clippy::too_many_arguments)] // the parts of one start, each built by its caller
 pub(crate) fn serve(
     gateway: Gateway,
     listener: TcpListener,
     local: SocketAddr,
-    tls: Option<ServerTlsConfig>,
-    auth_watch: Option<AuthWatch>,
+    tls: Option<Arc<LiveServerTls>>,
+    reloads: Option<Reloads>,
     http: OpsHttp,
     url: String,
     fold: Option<UsageFold>,
 ) -> Handle {
     let stop = CancellationToken::new();
-    if let Some(watch) = auth_watch {
-        watch.spawn(stop.clone());
+    if let Some(reloads) = reloads {
+        reloads.spawn(stop.clone());
     }
     let serve = turnstile_gateway::serve_with(gateway, listener, tls, stop.clone().cancelled_owned());
     let http_addr = http.addr();
@@ -113,13 +114,15 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let cluster_tls = opts.cluster_tls.as_ref().map(ClusterTls::load).transpose()?;
     let (listener, local) = bind(&opts.serving.listen).await?;
     let auth = auth_line(&security.auth, local, &opts.serving.listen)?;
-    let auth_watch = AuthWatch::install(&security.auth)?;
     let config = &opts.serving.config.config;
     let c = &config.cluster;
     let url = opts.nats.url.as_str();
     let (log, bus, snapshots) = open_cluster_nats(&opts.nats, config).await?;
     let client = log.client().clone();
-    let router = cluster_router(&client, url, config, cluster_tls).await?;
+    let (cluster_tls, tls_config) = cluster_tls.map_or((None, None), |(live, tls)| (Some(live), Some(tls)));
+    let (router, transport) = cluster_router(&client, url, config, tls_config).await?;
+    let cluster_tls = cluster_tls.map(|files| ClusterTlsWatch { files, transport });
+    let reloads = Reloads::install(&security.auth, security.tls.as_ref(), cluster_tls)?;
     let tools =
         ToolHub::with_nats(client.clone()).await.map_err(|cause| NodeError::ToolHub { url: url.to_owned(), cause })?;
     let auth_enabled = security.auth.is_enabled();
@@ -164,5 +167,5 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     report_bound(&bound, &[], opts.serving.ready_file.as_deref())?;
     tracing::info!(%local, nats = %url, shards = c.shards, "serving turnstile.v1.Agent with cluster routing");
 
-    Ok(serve(gateway, listener, local, security.tls, auth_watch, http, client_url, None))
+    Ok(serve(gateway, listener, local, security.tls, reloads, http, client_url, None))
 }

@@ -24,6 +24,7 @@ mod error;
 pub mod gateway;
 mod journal;
 pub mod ops;
+mod reload;
 pub mod report;
 pub mod role;
 mod running;
@@ -39,7 +40,7 @@ pub use turnstile_config::Config;
 
 use std::sync::Arc;
 
-use turnstile_cluster::{ClusterKv, ClusterRouter, ClusterRouterConfig, CommandRouter};
+use turnstile_cluster::{ClusterKv, ClusterRouter, ClusterRouterConfig, CommandRouter, GrpcTransport, WorkerTransport};
 use turnstile_gateway::watch_buffer::BufferLimits;
 use turnstile_gateway::{GatewayConfig, QuotaConfig, TenantQuota, TokenBudgets};
 use turnstile_journal::UsageLedger;
@@ -213,16 +214,21 @@ async fn cluster_router(
     url: &str,
     config: &Config,
     cluster_tls: Option<tonic::transport::ClientTlsConfig>,
-) -> Result<Arc<dyn CommandRouter>, NodeError> {
+) -> Result<(Arc<dyn CommandRouter>, Arc<GrpcTransport>), NodeError> {
     let c = &config.cluster;
     // The workers' heartbeat TTL: whoever creates the workers bucket first sets its max age.
     let kv = ClusterKv::open(client, replicas(config), c.shards, c.worker_ttl())
         .await
         .map_err(|e| NodeError::membership(url, e))?;
     let router_config = ClusterRouterConfig { deadline: c.route_deadline(), ..ClusterRouterConfig::default() };
-    let router =
-        ClusterRouter::connect(&kv, router_config, cluster_tls).await.map_err(|e| NodeError::membership(url, e))?;
-    Ok(Arc::new(router))
+    // Kept by the caller too: a reload of the cluster TLS files swaps its config (decision 0159).
+    let transport = Arc::new(match cluster_tls {
+        Some(tls) => GrpcTransport::with_tls(router_config.connect_timeout, tls),
+        None => GrpcTransport::new(router_config.connect_timeout),
+    });
+    let map = kv.watch_shards().await.map_err(|e| NodeError::membership(url, e))?;
+    let router = ClusterRouter::with_transport(map, Arc::clone(&transport) as Arc<dyn WorkerTransport>, router_config);
+    Ok((Arc::new(router), transport))
 }
 
 /// Replicas as the journal counts them; the configuration bounds them to 1..=5.

@@ -174,30 +174,18 @@ pub(crate) fn nats_ready(client: async_nats::Client, url: String) -> impl Fn() -
     move || health.check()
 }
 
-/// A worker is ready while NATS answers and it holds a shard lease, or is still starting: within `grace`
-/// of `started` (see [`worker_grace`]).
+/// A worker is ready while NATS answers and it serves its share of the shards ([`Leases::serving`],
+/// decision 0160): a rollout waits for each new worker to own shards before it moves on.
 pub(crate) fn worker_ready(
     client: async_nats::Client,
     url: String,
     leases: Arc<Leases>,
-    started: Instant,
-    grace: Duration,
 ) -> impl Fn() -> Result<(), String> + Send + Sync {
     let health = NatsHealth::start(client, url);
     move || {
         health.check()?;
-        if leases.held_shards().is_empty() && started.elapsed() >= grace {
-            return Err(format!("holds no shard lease {} s after start", started.elapsed().as_secs()));
-        }
-        Ok(())
+        leases.serving()
     }
-}
-
-/// How long a worker counts as starting: its first lease round waits two renew intervals for peers'
-/// heartbeats, a dead predecessor's leases take a TTL to lapse, and shards peers hand over come after
-/// their drain.
-pub fn worker_grace(renew_every: Duration, ttl: Duration, drain_timeout: Duration) -> Duration {
-    renew_every * 2 + ttl + drain_timeout
 }
 
 #[cfg(test)]
@@ -210,11 +198,5 @@ mod tests {
         let addr = taken.local_addr().unwrap().to_string();
         let err = OpsHttp::start(Some(&addr), Arc::new(turnstile_ops::AlwaysReady)).await.unwrap_err();
         assert_eq!(err.to_string(), format!("{addr} is in use; pass --http 127.0.0.1:0 or another port"));
-    }
-
-    #[test]
-    fn the_default_grace_covers_the_first_round_a_lapse_and_a_drain() {
-        let grace = worker_grace(Duration::from_millis(400), Duration::from_millis(1500), Duration::from_secs(10));
-        assert_eq!(grace, Duration::from_millis(12_300));
     }
 }

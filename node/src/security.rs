@@ -1,16 +1,13 @@
 //! Who may call a public server: the files named by the auth options, loaded into an [`Authenticator`]
 //! (with the server's TLS, [`crate::tls`], into a `ServerSecurity`). Every file is read when a role
 //! starts, before anything listens, so a wrong path fails first. The auth files are read again on SIGHUP and
-//! when their bytes change (`AuthWatch`, decision 0035). The NATS credentials are the journal's
+//! when their bytes change (`crate::reload`, decision 0035). The NATS credentials are the journal's
 //! [`NatsSecurity`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-use tonic::transport::ServerTlsConfig;
 pub use turnstile_gateway::auth::JwtAlg;
 use turnstile_gateway::auth::{self, AuthSource, Authenticator, Reloadable};
 pub use turnstile_journal::jetstream::NatsSecurity;
@@ -61,65 +58,6 @@ impl AuthOptions {
     }
 }
 
-/// How often the auth file's bytes are compared with the last ones read: a rotated key or a revoked token
-/// is in force within this long even without a SIGHUP. Reading a small file every few seconds costs nothing
-/// and, unlike a modification time, also sees a rewrite within the same second.
-const AUTH_POLL: Duration = Duration::from_secs(2);
-
-/// Reloads an auth file on SIGHUP and when its bytes change ([`AuthWatch::spawn`]).
-pub(crate) struct AuthWatch {
-    live: Arc<Reloadable>,
-    #[cfg(unix)]
-    hangup: tokio::signal::unix::Signal,
-}
-
-impl AuthWatch {
-    /// Installs the SIGHUP handler now, so a SIGHUP sent once the server reports ready reloads instead of
-    /// killing it (the default action). `None` when auth is off: there is nothing to reload.
-    pub(crate) fn install(auth: &Authenticator) -> Result<Option<Self>, NodeError> {
-        let Authenticator::Reloadable(live) = auth else { return Ok(None) };
-        Ok(Some(Self {
-            live: Arc::clone(live),
-            #[cfg(unix)]
-            hangup: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-                .map_err(|cause| NodeError::Signal { signal: "SIGHUP", cause })?,
-        }))
-    }
-
-    /// Watches until `stop`.
-    pub(crate) fn spawn(self, stop: CancellationToken) {
-        #[cfg(unix)]
-        let Self { live, mut hangup } = self;
-        #[cfg(not(unix))]
-        let Self { live } = self;
-        tokio::spawn(async move {
-            let mut poll = tokio::time::interval(AUTH_POLL);
-            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                #[cfg(unix)]
-                let hup = hangup.recv();
-                #[cfg(not(unix))]
-                let hup = std::future::pending::<Option<()>>();
-                let force = tokio::select! {
-                    () = stop.cancelled() => return,
-                    _ = hup => true,
-                    _ = poll.tick() => false,
-                };
-                let path = live.source().path().display().to_string();
-                match live.reload(force).await {
-                    None => {}
-                    Some(Ok(summary)) => tracing::info!(file = %path, sighup = force, "auth reloaded: {summary}"),
-                    Some(Err(e)) => tracing::error!(
-                        file = %path,
-                        sighup = force,
-                        "auth reload failed, the previous tokens and keys stay in force: {e}"
-                    ),
-                }
-            }
-        });
-    }
-}
-
 /// Refuses auth off on a non-loopback address, and says which mode is on (for the banner).
 pub(crate) fn auth_line(auth: &Authenticator, bound: SocketAddr, listen: &str) -> Result<String, NodeError> {
     auth::check_exposure(auth, bound, listen).map_err(NodeError::Exposure)?;
@@ -132,7 +70,7 @@ pub(crate) fn auth_line(auth: &Authenticator, bound: SocketAddr, listen: &str) -
 /// The authenticator and TLS acceptor of a public server, loaded.
 pub(crate) struct ServerSecurity {
     pub(crate) auth: Authenticator,
-    pub(crate) tls: Option<ServerTlsConfig>,
+    pub(crate) tls: Option<Arc<turnstile_ops::tls::LiveServerTls>>,
 }
 
 impl ServerSecurity {

@@ -1,11 +1,13 @@
 //! How a server's connections are encrypted: `--tls-*` for the listener of every role ([`ServerTls`]) and
 //! `--cluster-tls-*` for the hop to the workers ([`ClusterTls`]), loaded into rustls configs by
-//! `turnstile_ops::tls` when a role starts, before anything listens.
+//! `turnstile_ops::tls` when a role starts, before anything listens, and read again when they change
+//! (`crate::reload`, decision 0159).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use tonic::transport::{ClientTlsConfig, ServerTlsConfig};
-use turnstile_ops::tls;
+use tonic::transport::ClientTlsConfig;
+use turnstile_ops::tls::{ClientTlsFiles, LiveClientTls, LiveServerTls, ServerTlsFiles};
 
 use crate::NodeError;
 
@@ -21,9 +23,10 @@ pub struct ServerTls {
 }
 
 impl ServerTls {
-    pub(crate) fn load(&self) -> Result<ServerTlsConfig, NodeError> {
-        tls::server_config(&self.cert, &self.key, self.client_ca.as_deref())
-            .map_err(|cause| NodeError::Tls { flag: "--tls-cert/--tls-key", cause })
+    pub(crate) fn load(&self) -> Result<Arc<LiveServerTls>, NodeError> {
+        let files =
+            ServerTlsFiles { cert: self.cert.clone(), key: self.key.clone(), client_ca: self.client_ca.clone() };
+        LiveServerTls::load(files).map(Arc::new).map_err(|cause| NodeError::Tls { flag: "--tls-cert/--tls-key", cause })
     }
 }
 
@@ -40,9 +43,10 @@ pub struct ClusterTls {
 }
 
 impl ClusterTls {
-    pub(crate) fn load(&self) -> Result<ClientTlsConfig, NodeError> {
-        let identity = self.identity.as_ref().map(|(cert, key)| (cert.as_path(), key.as_path()));
-        tls::client_config(&self.ca, self.domain.as_deref(), identity)
-            .map_err(|cause| NodeError::Tls { flag: "--cluster-tls-ca", cause })
+    /// The files, watched, and the config to dial with now.
+    pub(crate) fn load(&self) -> Result<(LiveClientTls, ClientTlsConfig), NodeError> {
+        let files =
+            ClientTlsFiles { ca: self.ca.clone(), domain: self.domain.clone(), identity: self.identity.clone() };
+        LiveClientTls::load(files).map_err(|cause| NodeError::Tls { flag: "--cluster-tls-ca", cause })
     }
 }

@@ -5,15 +5,16 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 use turnstile_agent::tools::ChildSessions;
+use turnstile_gateway::auth::Authenticator;
 use turnstile_worker::cluster::service::{self, WorkerService};
 use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker};
 
 use crate::journal::{NatsOptions, open_cluster_nats};
-use crate::ops::{OpsHttp, install_metrics, worker_grace, worker_ready};
+use crate::ops::{OpsHttp, install_metrics, worker_ready};
+use crate::reload::{ClusterTlsWatch, Reloads};
 use crate::report::{bind, bound_with_http, report_bound};
 use crate::role::Serving;
 use crate::running::{Running, handle_methods};
@@ -87,7 +88,6 @@ impl Handle {
 /// addresses, and serves until stopped.
 pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     install_metrics();
-    let started = Instant::now();
     let agents = agents(&opts.serving.config).await?;
     let tls = opts.serving.tls.as_ref().map(ServerTls::load).transpose()?;
     let cluster_tls = opts.cluster_tls.as_ref().map(ClusterTls::load).transpose()?;
@@ -110,7 +110,6 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         ..LeaseConfig::default()
     };
     let drain = leases.drain_timeout;
-    let grace = worker_grace(leases.renew_every, leases.ttl, drain);
     // SPEC §17: every worker folds the event streams into the usage bucket (idempotently: several folds
     // count each message once) and checks the tenants' budgets against it.
     let usage = KvUsage::open(&client, replicas(config)).await.map_err(|e| NodeError::nats(url, e))?;
@@ -126,7 +125,10 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     // Client tools are NATS requests to the gateways holding their executors.
     agents.tools.set_client_tools(Arc::new(turnstile_cluster::NatsToolBus::new(client.clone())));
     // `spawn_agent` reaches its child sessions' owners as a gateway would, and reads their logs here.
-    let router = cluster_router(&client, url, config, cluster_tls).await?;
+    let (cluster_tls, tls_config) = cluster_tls.map_or((None, None), |(live, tls)| (Some(live), Some(tls)));
+    let (router, transport) = cluster_router(&client, url, config, tls_config).await?;
+    let cluster_tls = cluster_tls.map(|files| ClusterTlsWatch { files, transport });
+    let reloads = Reloads::install(&Authenticator::Disabled, tls.as_ref(), cluster_tls)?;
     agents.tools.set_child_sessions(ChildSessions { router, log: log.clone() });
     // SPEC §20: the file's agents imported as versions, every agent followed as it changes.
     let store = turnstile_journal::jetstream::KvAgents::open(&client, replicas(config))
@@ -149,7 +151,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         draining.clone(),
         stop_server.clone().cancelled_owned(),
     ));
-    let ready = worker_ready(client, url.to_owned(), worker.leases(), started, grace);
+    let ready = worker_ready(client, url.to_owned(), worker.leases());
     let http = match OpsHttp::start(opts.serving.http.as_deref(), Arc::new(ready)).await {
         Ok(http) => http,
         Err(e) => {
@@ -175,6 +177,9 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
 
     let http_addr = http.addr();
     let stop = CancellationToken::new();
+    if let Some(reloads) = reloads {
+        reloads.spawn(stop.clone());
+    }
     let stopped = stop.clone();
     let task_id = id.clone();
     let running = Running::spawn(stop, async move {

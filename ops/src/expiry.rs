@@ -19,6 +19,18 @@ pub(crate) fn not_after(der: &[u8]) -> Option<i64> {
     Some(time(rest)?.0)
 }
 
+/// The certificate's serial number in hex (`openssl x509 -serial` prints the same digits), for the log line
+/// of a reload; `None` if `der` is not a certificate this reader understands.
+pub(crate) fn serial(der: &[u8]) -> Option<String> {
+    let (certificate, _) = element(der, SEQUENCE)?;
+    let (mut tbs, _) = element(certificate, SEQUENCE)?;
+    if tbs.first() == Some(&0xa0) {
+        tbs = element(tbs, 0xa0)?.1;
+    }
+    let (serial, _) = element(tbs, INTEGER)?;
+    Some(serial.iter().map(|b| format!("{b:02X}")).collect())
+}
+
 const INTEGER: u8 = 0x02;
 const SEQUENCE: u8 = 0x30;
 const UTC_TIME: u8 = 0x17;
@@ -109,6 +121,18 @@ mod tests {
         assert_eq!(time(&utc).unwrap().0, 2_524_607_999);
         assert_eq!(time(&generalized).unwrap().0, 2_524_608_000);
         assert_eq!(time(&[UTC_TIME, 3, b'4', b'9', b'1']), None);
+    }
+
+    /// `openssl x509 -serial -noout -in deploy/k8s/overlays/dev/dev-cluster-tls/worker.crt`.
+    #[test]
+    fn the_serial_of_a_real_certificate_is_read() {
+        let pem = include_bytes!("../../deploy/k8s/overlays/dev/dev-cluster-tls/worker.crt");
+        let der = rustls_pki_types::pem::PemObject::pem_slice_iter(pem)
+            .next()
+            .map(|c: Result<rustls_pki_types::CertificateDer<'_>, _>| c.unwrap())
+            .unwrap();
+        assert_eq!(serial(&der).as_deref(), Some("6B815400BADFC4E929CCFF4E796907022F3FF218"));
+        assert_eq!(serial(&[]), None);
     }
 
     #[test]

@@ -3,8 +3,14 @@
 //! (`grpc.reflection.v1` and `v1alpha`: Python's grpcio-reflection, Postman, Evans and older grpcurl know
 //! only v1alpha), so those tools and gRPC health probes work without the proto files.
 
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
 use prost::Message;
 use prost_types::FileDescriptorSet;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::server::HealthReporter;
@@ -13,27 +19,85 @@ use tonic_reflection::pb::v1alpha::server_reflection_server::{
     ServerReflection as ServerReflectionV1Alpha, ServerReflectionServer as ServerReflectionServerV1Alpha,
 };
 
+use crate::tls::LiveServerTls;
+
 /// A server for `services` (their full names, as `NamedService::NAME`): each call gets a span in the
-/// caller's trace (its `traceparent` metadata), TLS when `tls` is set, and the health and reflection
-/// services (unauthenticated: they reveal no session data). Add the role's own services to the returned
-/// router and serve it. The health reporter is returned so a role can report NOT_SERVING later.
-pub async fn server(
-    services: &[&str],
-    tls: Option<tonic::transport::ServerTlsConfig>,
-) -> Result<(tonic::transport::server::Router, HealthReporter), tonic::transport::Error> {
+/// caller's trace (its `traceparent` metadata), and the health and reflection services (unauthenticated:
+/// they reveal no session data). Add the role's own services to the returned router and [`serve`] it. The
+/// health reporter is returned so a role can report NOT_SERVING later.
+pub async fn server(services: &[&str]) -> (tonic::transport::server::Router, HealthReporter) {
     let mut builder = tonic::transport::Server::builder().trace_fn(|req| {
         let traceparent = req.headers().get(crate::trace::TRACEPARENT).and_then(|v| v.to_str().ok());
         crate::trace::grpc_request_span(req.uri().path(), traceparent)
     });
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
-    }
     let (reporter, health) = health(services).await;
     let router = builder
         .add_service(health)
         .add_optional_service(reflection(services))
         .add_optional_service(reflection_v1alpha(services));
-    Ok((router, reporter))
+    (router, reporter)
+}
+
+/// Serves `router` on `listener` until `shutdown`: over TLS with the config `tls` holds when each
+/// connection arrives (so a certificate reloaded from disk is used from the next connection on, decision
+/// 0159), else in clear text.
+pub async fn serve(
+    router: tonic::transport::server::Router,
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<LiveServerTls>>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    match tls {
+        None => router.serve_with_incoming_shutdown(incoming(listener), shutdown).await,
+        Some(tls) => router.serve_with_incoming_shutdown(incoming_tls(listener, tls), shutdown).await,
+    }
+}
+
+/// How long a client has to finish its TLS handshake before its connection is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The TLS connections accepted on `listener`, `TCP_NODELAY` set, each handshake done in a task of its own
+/// (a slow or silent client holds up no other) with the acceptor `tls` holds when the connection arrives.
+/// Failed handshakes (plain HTTP/2, an untrusted client certificate) are dropped and logged at debug level,
+/// as tonic's own TLS does. The accepting task ends when the server drops the stream.
+fn incoming_tls(
+    listener: tokio::net::TcpListener,
+    tls: Arc<LiveServerTls>,
+) -> ReceiverStream<std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>> {
+    // A few handshakes finished but not yet taken by the server; the server takes them as they come.
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                () = tx.closed() => return,
+                accepted = listener.accept() => accepted,
+            };
+            let stream = match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors and the like: back off instead of spinning; the listener stays.
+                    tracing::warn!(error = %e, "accepting a TLS connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            // Best effort, as `incoming`: a socket that refuses the option still works.
+            let _ = stream.set_nodelay(true);
+            let acceptor = tls.acceptor();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        // The server stopped taking connections: this one is dropped with the send.
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!("TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
 }
 
 /// The connections a role's gRPC server accepts on `listener`, with `TCP_NODELAY` set on each.

@@ -118,8 +118,13 @@ pub mod names {
     /// Histogram `{hook, outcome}`: seconds one remote pre-step hook call took, as the worker waited for it.
     pub const PRE_STEP_HOOK_SECONDS: &str = "turnstile_pre_step_hook_duration_seconds";
     /// Gauge `{file}`: when the first certificate of a TLS file this process read expires, in Unix
-    /// seconds (`--tls-cert`, `--tls-client-ca`, `--cluster-tls-ca`, `--cluster-tls-cert`; read at start).
+    /// seconds (`--tls-cert`, `--tls-client-ca`, `--cluster-tls-ca`, `--cluster-tls-cert`; read at start and
+    /// again when the file changes).
     pub const CERTIFICATE_EXPIRY: &str = "turnstile_certificate_expiry_timestamp_seconds";
+    /// Counter `{what, outcome}`: files read again while the process runs (decision 0159). `what` is `auth`
+    /// (`--auth-tokens`/`--jwt-key`), `tls` (`--tls-*`) or `cluster_tls` (`--cluster-tls-*`); `outcome` is
+    /// `ok` (now in force) or `error` (unusable: the previous material stays in force, the log says why).
+    pub const RELOADS: &str = "turnstile_reloads_total";
     /// Counter `{outcome}`: webhook POSTs (SPEC §15), `delivered` (2xx) or `failed` (retried).
     pub const WEBHOOK_DELIVERIES: &str = "turnstile_webhook_deliveries_total";
     /// Counter: events a webhook gave up on after `max_age_ms` of failed POSTs.

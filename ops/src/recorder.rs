@@ -77,8 +77,9 @@ fn describe() {
     describe_gauge!(
         names::CERTIFICATE_EXPIRY,
         Unit::Seconds,
-        "Expiry of the first certificate of a TLS file read at start, Unix seconds."
+        "Expiry of the first certificate of a TLS file in force, Unix seconds."
     );
+    describe_counter!(names::RELOADS, "Auth and TLS files read again while running, by what and outcome (ok, error).");
     describe_counter!(names::WEBHOOK_DELIVERIES, "Webhook POSTs, by outcome (delivered, failed).");
     describe_counter!(names::WEBHOOK_GIVEN_UP, "Webhook events given up on after max_age_ms.");
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::ClientTlsConfig;
 
 /// A TLS file that cannot be used; the message names it.
 #[derive(Debug, thiserror::Error)]
@@ -21,46 +21,35 @@ pub enum TlsError {
     NoKey { path: PathBuf, detail: String },
     #[error("certificate {} and key {} cannot be used together: {detail}", cert.display(), key.display())]
     Identity { cert: PathBuf, key: PathBuf, detail: String },
+    #[error("{} cannot verify client certificates: {detail}", path.display())]
+    ClientCa { path: PathBuf, detail: String },
 }
+
+mod live;
+
+pub use live::{ClientTlsFiles, LiveClientTls, LiveServerTls, Reloaded, ServerTlsFiles};
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|cause| TlsError::Read { path: path.to_owned(), cause })
 }
 
-/// The file's PEM bytes, checked to hold at least one certificate. The first one's expiry goes to the
-/// gauge `turnstile_certificate_expiry_timestamp_seconds{file}`: files are read at start only, so that is
-/// the certificate this process uses until it restarts.
-fn certificates(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
-    let pem = read(path)?;
-    let mut certificates = CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok);
-    let Some(first) = certificates.next() else {
+/// `pem` (the bytes of `path`), checked to hold at least one certificate. The first one's expiry goes to
+/// the gauge `turnstile_certificate_expiry_timestamp_seconds{file}`: the files are read at start and again
+/// when they change ([`live`]), so that is the certificate this process uses now.
+fn certificates(path: &Path, pem: &[u8], what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certificates: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(pem).filter_map(Result::ok).collect();
+    let Some(first) = certificates.first() else {
         return Err(TlsError::NoCertificate { path: path.to_owned(), what });
     };
-    if let Some(expiry) = crate::expiry::not_after(&first) {
+    if let Some(expiry) = crate::expiry::not_after(first) {
         metrics::gauge!(crate::names::CERTIFICATE_EXPIRY, "file" => path.display().to_string()).set(expiry as f64);
     }
-    Ok(pem)
+    Ok(certificates)
 }
 
-/// A server's TLS: `cert` (its chain, leaf first) and `key`; with `client_ca`, clients must present a
-/// certificate signed by that CA (mTLS).
-pub fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<ServerTlsConfig, TlsError> {
-    let cert_pem = certificates(cert, "--tls-cert needs the server's certificate chain, leaf first")?;
-    let key_pem = read(key)?;
-    PrivateKeyDer::from_pem_slice(&key_pem)
-        .map_err(|e| TlsError::NoKey { path: key.to_owned(), detail: e.to_string() })?;
-    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem));
-    if let Some(ca) = client_ca {
-        let ca_pem = certificates(ca, "--tls-client-ca needs the CA that signs client certificates")?;
-        config = config.client_ca_root(Certificate::from_pem(ca_pem));
-    }
-    // Building the acceptor is where rustls checks that the key fits the certificate; do it now.
-    tonic::transport::Server::builder().tls_config(config.clone()).map_err(|e| TlsError::Identity {
-        cert: cert.to_owned(),
-        key: key.to_owned(),
-        detail: error_chain(&e),
-    })?;
-    Ok(config)
+fn private_key(path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| TlsError::NoKey { path: path.to_owned(), detail: e.to_string() })
 }
 
 /// A client's TLS: trust the CA in `ca`; `domain` overrides the name checked against the server's
@@ -70,19 +59,12 @@ pub fn client_config(
     domain: Option<&str>,
     identity: Option<(&Path, &Path)>,
 ) -> Result<ClientTlsConfig, TlsError> {
-    let ca_pem = certificates(ca, "pass the CA certificate that signed the server's certificate")?;
-    let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem));
-    if let Some(domain) = domain {
-        config = config.domain_name(domain);
-    }
-    if let Some((cert, key)) = identity {
-        let cert_pem = certificates(cert, "the client certificate chain, leaf first")?;
-        let key_pem = read(key)?;
-        PrivateKeyDer::from_pem_slice(&key_pem)
-            .map_err(|e| TlsError::NoKey { path: key.to_owned(), detail: e.to_string() })?;
-        config = config.identity(Identity::from_pem(cert_pem, key_pem));
-    }
-    Ok(config)
+    let files = ClientTlsFiles {
+        ca: ca.to_owned(),
+        domain: domain.map(str::to_owned),
+        identity: identity.map(|(cert, key)| (cert.to_owned(), key.to_owned())),
+    };
+    live::client_config(&files, &live::ClientBytes::read(&files)?)
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -114,7 +96,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let empty = dir.join("empty.pem");
         std::fs::write(&empty, "not a pem\n").unwrap();
-        let err = server_config(&dir.join("nope.pem"), &empty, None).unwrap_err();
+        let files = ServerTlsFiles { cert: dir.join("nope.pem"), key: empty.clone(), client_ca: None };
+        let err = LiveServerTls::load(files).unwrap_err();
         assert!(err.to_string().starts_with("cannot read ") && err.to_string().contains("nope.pem"), "{err}");
         let err = client_config(&empty, None, None).unwrap_err();
         assert!(err.to_string().contains("empty.pem has no PEM certificate"), "{err}");

@@ -355,10 +355,11 @@ pub async fn run(config: CampaignConfig) -> Result<Report, HarnessError> {
     let history = shared.history.lock().map(|h| h.clone()).unwrap_or_default();
     let (counts, mut violations) = check(&history, &faults, &views);
     if let (Some(expect), Some(h)) = (config.hostile, &hostile_load) {
-        // A gateway killed or stopped (SIGTERM) during the run ended its stuck watchers itself.
+        // A gateway killed or stopped (SIGTERM, an upgrade's too) during the run ended its stuck watchers
+        // itself.
         let restarted: Vec<usize> = faults
             .iter()
-            .filter(|f| matches!(f.kind, "gateway kill -9" | "gateway SIGTERM"))
+            .filter(|f| matches!(f.kind, "gateway kill -9" | "gateway SIGTERM" | "upgrade gateway"))
             .map(|f| f.target)
             .collect();
         violations.extend(hostile::check(&h.records, expect, &restarted));

@@ -149,3 +149,159 @@ async fn unusable_tls_files_are_named_at_startup() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("server.pem has no PEM private key"), "{stderr}");
 }
+
+// Reloads without a restart (decision 0159).
+
+/// Generous: the server polls its certificate and auth files every 2 s.
+const RELOAD_WAIT: Duration = Duration::from_secs(60);
+
+/// A server certificate for `localhost`/127.0.0.1 with a fresh key, signed by `ca`: (cert PEM, key PEM, DER).
+fn server_cert(ca: &rcgen::CertifiedIssuer<'static, KeyPair>) -> (String, String, Vec<u8>) {
+    let mut params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+    params.distinguished_name.push(DnType::CommonName, "localhost");
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, ca).unwrap();
+    (cert.pem(), key.serialize_pem(), cert.der().to_vec())
+}
+
+/// Replaces `path` as an operator should (and a Kubernetes Secret mount does): write aside, then rename.
+fn replace(path: &Path, contents: &[u8]) {
+    let aside = path.with_extension("new");
+    std::fs::write(&aside, contents).unwrap();
+    std::fs::rename(&aside, path).unwrap();
+}
+
+/// The leaf certificate (DER) a new TLS connection to `addr` is shown, trusting `ca`.
+async fn leaf_seen(addr: std::net::SocketAddr, ca: &Path) -> Vec<u8> {
+    use rustls_pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = connector.connect(name, tcp).await.unwrap();
+    let (_, session) = tls.get_ref();
+    assert_eq!(session.alpn_protocol(), Some(&b"h2"[..]), "the listener offers HTTP/2");
+    session.peer_certificates().unwrap()[0].as_ref().to_vec()
+}
+
+/// Waits until a new connection is shown `want`; fails after [`RELOAD_WAIT`] with the server's log.
+async fn until_leaf(server: &DevServer, ca: &Path, want: &[u8], step: &str) {
+    let deadline = tokio::time::Instant::now() + RELOAD_WAIT;
+    while leaf_seen(server.addr(), ca).await != want {
+        assert!(tokio::time::Instant::now() < deadline, "{step}: not after {RELOAD_WAIT:?}\n{}", server.log_tail());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The value of the series `turnstile_reloads_total{outcome, what}` on /metrics (0 when absent).
+async fn reloads(server: &DevServer, what: &str, outcome: &str) -> f64 {
+    let metrics = http_get(server.http_addr().unwrap(), "/metrics").await;
+    let series = format!("turnstile_reloads_total{{what=\"{what}\",outcome=\"{outcome}\"}} ");
+    metrics.lines().find_map(|l| l.strip_prefix(series.as_str())).map_or(0.0, |v| v.parse().unwrap())
+}
+
+/// The code of a GetSession call with `token` (NotFound: accepted, the session does not exist).
+async fn call_with(server: &DevServer, token: &str) -> tonic::Code {
+    let mut request = tonic::Request::new(probe());
+    request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    match server.client().get_session(request).await {
+        Ok(_) => tonic::Code::Ok,
+        Err(status) => status.code(),
+    }
+}
+
+async fn until_code(server: &DevServer, token: &str, want: tonic::Code, step: &str) {
+    let deadline = tokio::time::Instant::now() + RELOAD_WAIT;
+    while call_with(server, token).await != want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{step}: not {want:?} after {RELOAD_WAIT:?}\n{}",
+            server.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn until_logged(server: &DevServer, needle: &str) -> String {
+    let deadline = tokio::time::Instant::now() + RELOAD_WAIT;
+    loop {
+        let log = std::fs::read_to_string(server.log_path()).unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| l.contains(needle)) {
+            return line.to_owned();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no {needle:?} after {RELOAD_WAIT:?}\n{}", server.log_tail());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_and_token_file_take_effect_without_a_restart() {
+    const OLD_TOKEN: &str = "old-token-0123456789abcdef";
+    const NEW_TOKEN: &str = "new-token-fedcba9876543210";
+    let dir = tempfile::tempdir().unwrap();
+    let ca = make_ca("turnstile rotation CA");
+    let ca_path = dir.path().join("ca.pem");
+    std::fs::write(&ca_path, ca.pem()).unwrap();
+    let (cert_path, key_path, tokens) =
+        (dir.path().join("server.pem"), dir.path().join("server.key"), dir.path().join("tokens.txt"));
+    let (first_pem, first_key, first_der) = server_cert(&ca);
+    std::fs::write(&cert_path, &first_pem).unwrap();
+    std::fs::write(&key_path, &first_key).unwrap();
+    std::fs::write(&tokens, format!("{OLD_TOKEN} tenant-a\n")).unwrap();
+    let args = [
+        "--tls-cert",
+        cert_path.to_str().unwrap(),
+        "--tls-key",
+        key_path.to_str().unwrap(),
+        "--auth-tokens",
+        tokens.to_str().unwrap(),
+    ];
+    let opts = DevOptions {
+        extra_args: args.map(str::to_owned).to_vec(),
+        tls_ca: Some(ca_path.clone()),
+        ..Default::default()
+    };
+    let server = DevServer::start_with(opts).await.unwrap();
+    let pid = server.pid();
+    assert_eq!(leaf_seen(server.addr(), &ca_path).await, first_der);
+    assert_eq!(call_with(&server, OLD_TOKEN).await, tonic::Code::NotFound, "the old token is accepted");
+
+    // The certificate renewed on disk (key first, then the certificate: between the two the pair does not
+    // fit, which a poll may see and refuse; the next one takes the pair).
+    let (second_pem, second_key, second_der) = server_cert(&ca);
+    assert_ne!(first_der, second_der);
+    replace(&key_path, second_key.as_bytes());
+    replace(&cert_path, second_pem.as_bytes());
+    until_leaf(&server, &ca_path, &second_der, "the renewed certificate").await;
+    let line = until_logged(&server, "tls reloaded: certificate serial").await;
+    assert!(line.contains(&cert_path.display().to_string()), "{line}");
+    assert!(reloads(&server, "tls", "ok").await >= 1.0);
+    // The connection opened before the renewal still works.
+    assert_eq!(call_with(&server, OLD_TOKEN).await, tonic::Code::NotFound);
+
+    // A certificate file that is not one: refused, logged and counted; the renewed certificate stays.
+    let errors = reloads(&server, "tls", "error").await;
+    replace(&cert_path, b"not a certificate\n");
+    let line = until_logged(&server, "tls reload failed, the previous certificate stays in force").await;
+    assert!(line.contains("server.pem has no PEM certificate"), "{line}");
+    assert!(reloads(&server, "tls", "error").await > errors);
+    assert_eq!(leaf_seen(server.addr(), &ca_path).await, second_der);
+
+    // The token file rotated without a signal: the new token is accepted and the old one refused.
+    replace(&tokens, format!("{NEW_TOKEN} tenant-a\n").as_bytes());
+    until_code(&server, NEW_TOKEN, tonic::Code::NotFound, "the new token").await;
+    assert_eq!(call_with(&server, OLD_TOKEN).await, tonic::Code::Unauthenticated, "the old token");
+    assert!(reloads(&server, "auth", "ok").await >= 1.0);
+    assert_eq!(server.pid(), pid, "the same process throughout");
+    server.stop().await;
+}

@@ -139,3 +139,134 @@ async fn a_worker_refuses_to_serve_off_loopback_without_client_certificates() {
         "{stderr}"
     );
 }
+
+// Certificates renewed on disk without a restart (decision 0159).
+
+/// Generous: every server polls its TLS files every 2 s.
+const RELOAD_WAIT: Duration = Duration::from_secs(60);
+
+/// Replaces `path` as a Secret mount does: write aside, then rename.
+fn replace_with(path: &Path, from: &Path) {
+    let aside = path.with_extension("new");
+    std::fs::copy(from, &aside).unwrap();
+    std::fs::rename(&aside, path).unwrap();
+}
+
+fn der(pem: &Path) -> Vec<u8> {
+    use rustls_pki_types::pem::PemObject as _;
+    rustls_pki_types::CertificateDer::pem_file_iter(pem).unwrap().next().unwrap().unwrap().as_ref().to_vec()
+}
+
+/// The leaf certificate a new mTLS connection to the worker at `addr` is shown, presenting `client`.
+async fn worker_leaf(addr: SocketAddr, ca: &Path, client: (&Path, &Path)) -> Vec<u8> {
+    use rustls_pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(rustls_pki_types::CertificateDer::from_pem_file(ca).unwrap()).unwrap();
+    let chain = vec![rustls_pki_types::CertificateDer::from_pem_file(client.0).unwrap()];
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_file(client.1).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let tls = connector.connect(name, tcp).await.unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].as_ref().to_vec()
+}
+
+/// `turnstile_reloads_total{what="cluster_tls",outcome="ok"}` on the server at `http`.
+async fn cluster_tls_reloads(http: SocketAddr) -> f64 {
+    let (_, metrics) = turnstile_tests::nats::http_get(http, "/metrics").await.unwrap_or_default();
+    let series = "turnstile_reloads_total{what=\"cluster_tls\",outcome=\"ok\"} ";
+    metrics.lines().find_map(|l| l.strip_prefix(series)).map_or(0.0, |v| v.parse().unwrap())
+}
+
+/// The code of a followup through the gateway (a new message id each time).
+async fn followup_code(cluster: &Cluster, n: &mut u32) -> Code {
+    *n += 1;
+    match cluster.session(0).followup(user_msg(&format!("rot-{n}"), "after a rotation")).await {
+        Ok(_) => Code::Ok,
+        Err(status) => status.code(),
+    }
+}
+
+#[tokio::test]
+async fn renewed_cluster_certificates_are_used_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = make_ca("turnstile cluster CA");
+    let ca_path = dir.path().join("cluster-ca.pem");
+    std::fs::write(&ca_path, ca.pem()).unwrap();
+    let (worker_cert, worker_key) = issue(dir.path(), &ca, "worker", true);
+    let (gateway_cert, gateway_key) = issue(dir.path(), &ca, "gateway", false);
+    let mut opts = ClusterOptions::new(1, 1);
+    opts.worker_args = ["--tls-cert", &s(&worker_cert), "--tls-key", &s(&worker_key), "--tls-client-ca", &s(&ca_path)]
+        .map(str::to_owned)
+        .to_vec();
+    opts.gateway_args = [
+        "--cluster-tls-ca",
+        &s(&ca_path),
+        "--cluster-tls-cert",
+        &s(&gateway_cert),
+        "--cluster-tls-key",
+        &s(&gateway_key),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let cluster = Cluster::start_with(opts).await.unwrap();
+    let mut n = 0;
+    assert_eq!(followup_code(&cluster, &mut n).await, Code::Ok);
+    let addr = cluster.worker_addr(0);
+    let renewed = dir.path().join("renewed");
+    std::fs::create_dir(&renewed).unwrap();
+
+    // The worker's certificate renewed (key first, then certificate): the next connection is shown it.
+    let (new_cert, new_key) = issue(&renewed, &ca, "worker", true);
+    replace_with(&worker_key, &new_key);
+    replace_with(&worker_cert, &new_cert);
+    let want = der(&new_cert);
+    let deadline = tokio::time::Instant::now() + RELOAD_WAIT;
+    while worker_leaf(addr, &ca_path, (&gateway_cert, &gateway_key)).await != want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker still shows its old certificate\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The gateway's client certificate replaced by one of another CA: once reloaded, the gateway dials with
+    // it, and the worker refuses it, which shows the new certificate is the one in use.
+    let http = cluster.gateway_http(0).unwrap();
+    let before = cluster_tls_reloads(http).await;
+    let stranger_ca = make_ca("someone else's CA");
+    let (stranger_cert, stranger_key) = issue(&renewed, &stranger_ca, "stranger", false);
+    replace_with(&gateway_key, &stranger_key);
+    replace_with(&gateway_cert, &stranger_cert);
+    let deadline = tokio::time::Instant::now() + RELOAD_WAIT;
+    while followup_code(&cluster, &mut n).await != Code::Unavailable {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gateway still dials with its old certificate\n{}",
+            cluster.logs()
+        );
+    }
+    assert!(cluster_tls_reloads(http).await > before);
+
+    // A renewed certificate of the cluster CA: followups are served again, with no restart.
+    let (good_cert, good_key) = issue(&renewed, &ca, "gateway", false);
+    replace_with(&gateway_key, &good_key);
+    replace_with(&gateway_cert, &good_cert);
+    let deadline = tokio::time::Instant::now() + RELOAD_WAIT;
+    while followup_code(&cluster, &mut n).await != Code::Ok {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the renewed gateway certificate is not used\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -39,14 +39,14 @@ pub const DEFAULT_MAX_CHANNELS: usize = 256;
 pub struct GrpcTransport {
     channels: Mutex<Channels>,
     connect_timeout: Duration,
-    /// TLS to the workers (`--cluster-tls-ca`); the name checked is the advertised host unless the config
-    /// sets a domain.
-    tls: Option<ClientTlsConfig>,
 }
 
-/// The channels by address, each with when it was last used (a counter of uses).
+/// The channels by address, each with when it was last used (a counter of uses), and how new ones dial.
 #[derive(Debug)]
 struct Channels {
+    /// TLS to the workers (`--cluster-tls-ca`); the name checked is the advertised host unless the config
+    /// sets a domain. Replaced by [`GrpcTransport::set_tls`] when the files change.
+    tls: Option<ClientTlsConfig>,
     by_addr: HashMap<String, (Channel, u64)>,
     uses: u64,
     max: usize,
@@ -84,8 +84,8 @@ impl GrpcTransport {
 
     /// Keeps channels to at most `max` worker addresses (at least one).
     pub fn with_max_channels(connect_timeout: Duration, max: usize) -> Self {
-        let channels = Channels { by_addr: HashMap::new(), uses: 0, max: max.max(1) };
-        Self { channels: Mutex::new(channels), connect_timeout, tls: None }
+        let channels = Channels { tls: None, by_addr: HashMap::new(), uses: 0, max: max.max(1) };
+        Self { channels: Mutex::new(channels), connect_timeout }
     }
 
     /// The worker addresses it keeps channels to now.
@@ -95,8 +95,18 @@ impl GrpcTransport {
 
     /// Dials workers over TLS with `tls` (see `turnstile_ops::tls::client_config`).
     pub fn with_tls(connect_timeout: Duration, tls: ClientTlsConfig) -> Self {
-        let plain = Self::new(connect_timeout);
-        Self { tls: Some(tls), channels: plain.channels, connect_timeout: plain.connect_timeout }
+        let transport = Self::new(connect_timeout);
+        lock(&transport.channels).tls = Some(tls);
+        transport
+    }
+
+    /// Dials with `tls` from now on (the cluster TLS files changed, decision 0159). The channels kept are
+    /// dropped, since a channel reconnects with the config it was made with: the next call to each worker
+    /// dials again with the new certificate. Calls in flight finish on their old channels.
+    pub fn set_tls(&self, tls: ClientTlsConfig) {
+        let mut channels = lock(&self.channels);
+        channels.tls = Some(tls);
+        channels.by_addr.clear();
     }
 
     fn channel(&self, addr: &str) -> Result<Channel, Status> {
@@ -104,13 +114,13 @@ impl GrpcTransport {
         if let Some(channel) = channels.get(addr) {
             return Ok(channel);
         }
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let scheme = if channels.tls.is_some() { "https" } else { "http" };
         let url = if addr.contains("://") { addr.to_owned() } else { format!("{scheme}://{addr}") };
         let mut endpoint = Endpoint::from_shared(url)
             .map_err(|e| Status::unavailable(format!("worker address {addr:?} is not a valid URL: {e}")))?
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true);
-        if let Some(tls) = &self.tls {
+        if let Some(tls) = &channels.tls {
             endpoint = endpoint
                 .tls_config(tls.clone())
                 .map_err(|e| Status::unavailable(format!("TLS to worker {addr:?} cannot be set up: {e}")))?;
@@ -168,6 +178,17 @@ mod tests {
             transport.channel(&format!("10.1.0.{i}:7500")).unwrap();
         }
         assert_eq!(transport.addresses().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn new_tls_drops_the_channels_so_that_workers_are_dialled_again_with_it() {
+        let transport = GrpcTransport::with_tls(Duration::from_secs(1), ClientTlsConfig::new());
+        transport.channel("10.0.0.1:7500").unwrap();
+        transport.channel("10.0.0.2:7500").unwrap();
+        transport.set_tls(ClientTlsConfig::new().domain_name("worker"));
+        assert!(transport.addresses().is_empty());
+        transport.channel("10.0.0.1:7500").unwrap();
+        assert_eq!(transport.addresses(), ["10.0.0.1:7500"]);
     }
 
     #[tokio::test]

@@ -82,6 +82,20 @@ pub struct Leases {
     store: Mutex<StoreHealth>,
     /// The heartbeat bucket's (`turnstile_workers`): who counts as live comes from it.
     workers_store: Mutex<StoreHealth>,
+    /// What readiness reads ([`Leases::serving`]): the live workers the last rebalance counted, and
+    /// whether this worker has held its share since it started.
+    share: Mutex<Share>,
+}
+
+/// Where this worker stands against its share of the shards (decision 0160).
+#[derive(Clone, Copy, Debug, Default)]
+struct Share {
+    /// Live workers (this one included) at the last rebalance; 0 until the first one.
+    live: usize,
+    /// It has held at least its share once: from then on only holding no shard at all makes it unready,
+    /// so the few seconds in which survivors take a dead peer's shards do not take every worker out of
+    /// its Service at once.
+    reached: bool,
 }
 
 impl std::fmt::Debug for Leases {
@@ -109,11 +123,35 @@ impl Leases {
             wake: Notify::new(),
             store: Mutex::new(StoreHealth::new()),
             workers_store: Mutex::new(StoreHealth::new()),
+            share: Mutex::new(Share::default()),
         })
     }
 
     pub fn config(&self) -> &LeaseConfig {
         &self.config
+    }
+
+    /// Whether this worker serves its share of the shards, for `/readyz` (decision 0160): until it has
+    /// held `shards / live workers` (rounded down) of them, it is joining, and not ready; after that, it is
+    /// not ready only while it holds none. A cluster with more workers than shards gives a share of 0: such
+    /// a worker is ready once it has counted its peers.
+    pub fn serving(&self) -> Result<(), String> {
+        let Share { live, reached } = *lock(&self.share);
+        let shards = self.config.shards as usize;
+        if live == 0 {
+            return Err("joining: has not counted the live workers yet".to_owned());
+        }
+        let (held, share) = (self.active(), shards / live);
+        if held >= share || (reached && held > 0) {
+            return Ok(());
+        }
+        let state = if reached { "holds no shard lease" } else { "joining" };
+        Err(format!("{state}: holds {held} of its {share} shards ({shards} shards, {live} live workers)"))
+    }
+
+    /// Shards held and not being handed back.
+    fn active(&self) -> usize {
+        self.lock().values().filter(|h| !h.releasing).count()
     }
 
     /// The shards held now, in order.
@@ -248,6 +286,9 @@ impl Leases {
                     live.iter().filter(|w| !peers.dead.contains(&w.id) && !peers.lapsed.contains_key(&w.id)).count()
                 };
                 self.rebalance(host, alive.max(1)).await;
+                let mut share = lock(&self.share);
+                share.live = alive.max(1);
+                share.reached |= self.active() >= self.config.shards as usize / share.live;
             }
             Err(e) => tracing::warn!(error = %e, "cannot list workers; not rebalancing this round"),
         }

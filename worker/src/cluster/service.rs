@@ -20,6 +20,7 @@ use turnstile_cluster::codec::{
 };
 use turnstile_cluster::status::command_status;
 use turnstile_model::CommandError;
+use turnstile_ops::tls::LiveServerTls;
 use turnstile_proto::cluster::v1 as cpb;
 use turnstile_proto::cluster::v1::worker_server::{Worker, WorkerServer};
 
@@ -106,7 +107,7 @@ pub async fn serve(
 pub async fn serve_with(
     service: WorkerService,
     listener: TcpListener,
-    tls: Option<tonic::transport::ServerTlsConfig>,
+    tls: Option<Arc<LiveServerTls>>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     serve_draining(service, listener, tls, CancellationToken::new(), shutdown).await
@@ -118,12 +119,12 @@ pub async fn serve_with(
 pub async fn serve_draining(
     service: WorkerService,
     listener: TcpListener,
-    tls: Option<tonic::transport::ServerTlsConfig>,
+    tls: Option<Arc<LiveServerTls>>,
     draining: CancellationToken,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     const SERVED: [&str; 1] = [<WorkerServer<WorkerService> as tonic::server::NamedService>::NAME];
-    let (router, health) = turnstile_ops::grpc::server(&SERVED, tls).await?;
+    let (router, health) = turnstile_ops::grpc::server(&SERVED).await;
     // Ends with the server (the drop guard), so nothing outlives a server that stopped without draining.
     let reporting = CancellationToken::new();
     let stop_reporting = reporting.clone().drop_guard();
@@ -133,10 +134,7 @@ pub async fn serve_draining(
             () = reporting.cancelled() => {}
         }
     });
-    let served = router
-        .add_service(service.into_server())
-        .serve_with_incoming_shutdown(turnstile_ops::grpc::incoming(listener), shutdown)
-        .await;
+    let served = turnstile_ops::grpc::serve(router.add_service(service.into_server()), listener, tls, shutdown).await;
     drop(stop_reporting);
     served
 }

@@ -10,11 +10,12 @@ use super::message::{
     required_session_at, session_ref_at, target_at,
 };
 use turnstile_model::event::{
-    CancelCause, Compaction, DURABLE_TYPES, Envelope, EventPayload, Fork, InjectMode, ModelRef, OnDeadline, Spent,
-    Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
+    CancelCause, Compaction, DURABLE_TYPES, Envelope, EventPayload, Fork, InjectMode, ModelRef, OnDeadline,
+    RepairAction, Spent, Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 use turnstile_model::goal::{GoalChange, GoalState, MAX_GOAL_ID_LEN};
 use turnstile_model::schedule::Preset;
+use turnstile_model::tool_key::idempotency_key;
 use turnstile_model::transcript::TranscriptEntry;
 use turnstile_model::transcript_items::{ItemKind, TranscriptItem};
 
@@ -89,6 +90,26 @@ pub fn encode_turn_end_reason(reason: &TurnEndReason) -> pb::TurnEndReason {
 /// Decodes a turn-end reason (path `reason`).
 pub fn decode_turn_end_reason(reason: pb::TurnEndReason) -> Result<TurnEndReason, CodecError> {
     turn_end_reason_at(reason, "reason")
+}
+
+const REPAIR_ACTIONS: &str = "use REPAIR_ACTION_INTERRUPTED or REPAIR_ACTION_RETRIED";
+
+fn encode_repair_action(action: RepairAction) -> pb::RepairAction {
+    match action {
+        RepairAction::Interrupted => pb::RepairAction::Interrupted,
+        RepairAction::Retried => pb::RepairAction::Retried,
+    }
+}
+
+fn repair_action_at(raw: i32, path: &str) -> Result<RepairAction, CodecError> {
+    match pb::RepairAction::try_from(raw) {
+        Ok(pb::RepairAction::Interrupted) => Ok(RepairAction::Interrupted),
+        Ok(pb::RepairAction::Retried) => Ok(RepairAction::Retried),
+        Ok(pb::RepairAction::Unspecified) => {
+            Err(CodecError::invalid(path, format!("REPAIR_ACTION_UNSPECIFIED is not an action; {REPAIR_ACTIONS}")))
+        }
+        Err(_) => Err(CodecError::invalid(path, format!("{raw} is not a known repair action; {REPAIR_ACTIONS}"))),
+    }
 }
 
 fn turn_end_reason_at(reason: pb::TurnEndReason, path: &str) -> Result<TurnEndReason, CodecError> {
@@ -266,8 +287,16 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
                 arguments: call.arguments.clone(),
                 awaiting_approval: *awaiting_approval,
                 awaiting_client: *awaiting_client,
+                // Set by `encode_session_event`, which knows the session.
+                idempotency_key: String::new(),
             })
         }
+        EventPayload::ToolRepaired { turn, step, call_id, action } => Payload::ToolRepaired(pb::ToolRepaired {
+            turn: *turn,
+            step: *step,
+            call_id: call_id.clone(),
+            action: encode_repair_action(*action).into(),
+        }),
         EventPayload::ToolDecision { turn, step, call_id, approved, reason, timed_out } => {
             Payload::ToolDecision(pb::ToolDecision {
                 turn: *turn,
@@ -332,6 +361,7 @@ fn payload_type(payload: &Payload) -> &'static str {
         Payload::SessionForked(_) => "session/forked",
         Payload::ScheduleChanged(_) => "schedule/changed",
         Payload::SessionLabeled(_) => "session/labeled",
+        Payload::ToolRepaired(_) => "tool/repaired",
     }
 }
 
@@ -384,6 +414,12 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             approved: d.approved,
             reason: d.reason,
             timed_out: d.timed_out,
+        },
+        Payload::ToolRepaired(r) => EventPayload::ToolRepaired {
+            turn: r.turn,
+            step: r.step,
+            call_id: r.call_id,
+            action: repair_action_at(r.action, "tool_repaired.action")?,
         },
         Payload::ToolResult(r) => EventPayload::ToolResult {
             turn: r.turn,
@@ -521,6 +557,8 @@ pub fn encode_transcript_item(item: &TranscriptItem) -> pb::TranscriptItem {
             arguments: call.arguments.clone(),
             awaiting_approval: *awaiting_approval,
             awaiting_client: *awaiting_client,
+            // A transcript item names no session; its `tool/call` event carries the key.
+            idempotency_key: String::new(),
         })),
         ItemKind::ToolDecision { call_id, approved, reason, timed_out } => Some(Item::ToolDecision(pb::ToolDecision {
             turn: item.turn,
@@ -623,8 +661,14 @@ pub const EVENT_FORMAT: u32 = 1;
 pub fn encode_session_event(event: &Envelope) -> pb::SessionEvent {
     let (ty, ignorable) = match &event.payload {
         EventPayload::Ignorable { event_type } => (event_type.clone(), true),
+        // A reader from before SPEC §20 skips the repair's record: the call's `tool/result` still follows.
+        EventPayload::ToolRepaired { .. } => (event.payload.event_type().to_owned(), true),
         other => (other.event_type().to_owned(), false),
     };
+    let mut payload = encode_payload(&event.payload);
+    if let Some(Payload::ToolCall(call)) = &mut payload {
+        call.idempotency_key = idempotency_key(&event.session, call.turn, call.step, &call.call_id);
+    }
     pb::SessionEvent {
         session: Some(encode_session_ref(&event.session)),
         seq: event.seq,
@@ -633,7 +677,7 @@ pub fn encode_session_event(event: &Envelope) -> pb::SessionEvent {
         r#type: ty,
         ignorable,
         format: EVENT_FORMAT,
-        payload: encode_payload(&event.payload),
+        payload,
     }
 }
 
@@ -693,7 +737,9 @@ pub fn stored_as_sent(event: pb::SessionEvent) -> Result<pb::SessionEvent, Codec
         && !event.ignorable
         && event.seq != 0
         && event.session.is_some()
-        && event.payload.as_ref().is_some_and(|p| payload_type(p) == event.r#type);
+        && event.payload.as_ref().is_some_and(|p| payload_type(p) == event.r#type)
+        // A `tool/call` stored before idempotency keys existed gets its key from the round trip.
+        && !matches!(&event.payload, Some(Payload::ToolCall(c)) if c.idempotency_key.is_empty());
     if as_stored { Ok(event) } else { Ok(encode_session_event(&decode_session_event(event)?)) }
 }
 

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use turnstile_config::{Config, MAX_MODEL_TOOL_NAME, ToolId, ToolRef, is_model_tool_name};
-use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalRules, ApprovalTimeout};
+use turnstile_driver::{AgentCatalog, AgentProfile, ApprovalTimeout, ToolRules};
 use turnstile_worker::agent::{Agents, Model};
 
 use crate::hooks::{AgentHooks, PreStepHook};
@@ -312,15 +312,7 @@ pub fn from_config_with_mcp(
 /// sets those for a stored version).
 pub fn profile_of(agent: &turnstile_config::AgentConfig) -> AgentProfile {
     let system = (!agent.system.trim().is_empty()).then(|| agent.system.clone());
-    let approval = if agent.approval.is_empty() {
-        ApprovalRules::default()
-    } else {
-        let patterns = agent.approval.clone();
-        ApprovalRules::new(move |tool| {
-            let id = ToolId::from_call_name(tool);
-            patterns.iter().any(|p| p.matches(id))
-        })
-    };
+    let approval = tool_rules(&agent.approval);
     AgentProfile {
         system,
         history_turns: agent.history_turns,
@@ -334,7 +326,20 @@ pub fn profile_of(agent: &turnstile_config::AgentConfig) -> AgentProfile {
         version: 0,
         hash: String::new(),
         pin: agent.version_policy == turnstile_config::VersionPolicy::Pin,
+        retry_after_repair: tool_rules(&agent.retry_after_repair),
     }
+}
+
+/// A rule that holds for the calls whose tool one of `patterns` matches (by the name the model calls it).
+fn tool_rules(patterns: &[turnstile_config::ToolPattern]) -> ToolRules {
+    if patterns.is_empty() {
+        return ToolRules::default();
+    }
+    let patterns = patterns.to_vec();
+    ToolRules::new(move |tool| {
+        let id = ToolId::from_call_name(tool);
+        patterns.iter().any(|p| p.matches(id))
+    })
 }
 
 /// The model's description of `tool`, which `agent` lists; an error when this worker has no such tool.

@@ -223,18 +223,7 @@ impl Tools for VersionedTools {
                     ));
                 }
                 let deadline = self.versions.config.tool_deadline(&built.config, id);
-                self.base
-                    .run_within(
-                        session,
-                        &call.call_id,
-                        &request.agent,
-                        &call.name,
-                        &call.arguments,
-                        deadline,
-                        abort,
-                        released,
-                    )
-                    .await
+                self.base.run_within(session, request, deadline, abort, released).await
             }
             Err(message) => ToolReturn::failed(message),
         }

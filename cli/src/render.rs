@@ -9,7 +9,9 @@
 use std::io::IsTerminal as _;
 
 use turnstile_model::message::{MessageSource, UserMessage};
-use turnstile_model::{Envelope, EventPayload, Inbox, LiveEvent, LivePayload, Splice, SpliceOutcome, Status};
+use turnstile_model::{
+    Envelope, EventPayload, Inbox, LiveEvent, LivePayload, RepairAction, Splice, SpliceOutcome, Status,
+};
 
 /// Longest text preview shown in a line, in characters.
 const PREVIEW: usize = 60;
@@ -215,6 +217,13 @@ impl Renderer {
                 };
                 let reason = if reason.is_empty() { String::new() } else { format!(": {}", preview(reason)) };
                 (2, format!("tool/decision {call_id} {verdict}{reason}"))
+            }
+            EventPayload::ToolRepaired { call_id, action, .. } => {
+                let what = match action {
+                    RepairAction::Interrupted => "interrupted: it was running when its worker stopped; not run again",
+                    RepairAction::Retried => "retried: it was running when its worker stopped; run again, same key",
+                };
+                (2, format!("tool/repaired {call_id} {what}"))
             }
             EventPayload::ToolResult { call_id, output, error, .. } => match error {
                 Some(err) => (2, format!("tool/result {call_id} error {}", preview(err))),

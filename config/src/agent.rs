@@ -159,6 +159,10 @@ pub struct AgentConfig {
     pub hooks: Vec<HookConfig>,
     /// Deadline of one tool call, in ms. Default `[tools] deadline_ms` (60,000).
     pub tool_deadline_ms: Option<u64>,
+    /// The tools whose call, found running when its worker stopped, is run again by the new owner under
+    /// the same idempotency key (SPEC §20); any other such call ends `interrupted` and never runs again.
+    /// Default none: list only tools that refuse a key they have already seen.
+    pub retry_after_repair: Vec<ToolPattern>,
     /// Model steps one turn may take: the proposal that would open one more ends the turn `blocked` (the
     /// built-in step-budget hook). Default unlimited.
     pub max_steps_per_turn: Option<u32>,
@@ -194,6 +198,7 @@ impl Default for AgentConfig {
             history_turns: 100,
             hooks: Vec::new(),
             tool_deadline_ms: None,
+            retry_after_repair: Vec::new(),
             max_steps_per_turn: None,
             context_budget_tokens: None,
             compaction_model: None,

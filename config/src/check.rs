@@ -201,8 +201,9 @@ impl AgentConfig {
                     .invalid(format!("\"{tool}\" is already listed (tools[{first}])")));
             }
         }
-        for (i, pattern) in self.approval.iter().enumerate() {
-            let key = path.key("approval").index(i);
+        let patterns = self.approval.iter().enumerate().map(|(i, p)| (path.key("approval").index(i), p));
+        let retried = self.retry_after_repair.iter().enumerate();
+        for (key, pattern) in patterns.chain(retried.map(|(i, p)| (path.key("retry_after_repair").index(i), p))) {
             known_server(key.clone(), pattern, pattern.mcp_server())?;
             if !self.tools.iter().any(|t| pattern.may_match(t)) {
                 let tools: Vec<String> = self.tools.iter().map(ToString::to_string).collect();

@@ -31,7 +31,7 @@ fn unknown_agent_key() {
     assert_eq!(
         err("[agents.assistant]\nmodle = \"local\"\n"),
         "line 2, column 1: agents.assistant.modle: unknown key (allowed: description, model, system, tools, approval, approval_timeout_ms, on_timeout, history_turns, \
-         hooks, tool_deadline_ms, max_steps_per_turn, context_budget_tokens, compaction_model, webhooks, tenants, version_policy)"
+         hooks, tool_deadline_ms, retry_after_repair, max_steps_per_turn, context_budget_tokens, compaction_model, webhooks, tenants, version_policy)"
     );
 }
 
@@ -196,6 +196,20 @@ fn unknown_tool_reference() {
 
 /// Decision: an approval pattern that can match none of the agent's tools is an error. It is almost always
 /// a typo, and a typo in an approval list silently leaves the tool it meant to guard unguarded.
+#[test]
+fn retry_after_repair_pattern_for_a_tool_the_agent_does_not_have() {
+    // The message is the contract here: it names the key and how to fix it.
+    assert_eq!(
+        err("[agents.a]\ntools = [\"clock\"]\nretry_after_repair = [\"client:charge\"]\n"),
+        r#"line 3, column 23: agents.a.retry_after_repair[0]: "client:charge" matches none of this agent's tools (tools: clock); add the tool to tools or remove the pattern"#
+    );
+    let config = turnstile_config::Config::from_toml_str(
+        "[agents.a]\ntools = [\"clock\", \"client:charge\"]\nretry_after_repair = [\"client:charge\"]\n",
+    )
+    .unwrap();
+    assert_eq!(config.agents["a"].retry_after_repair, vec!["client:charge".parse().unwrap()]);
+}
+
 #[test]
 fn approval_pattern_for_a_tool_the_agent_does_not_have() {
     assert_eq!(

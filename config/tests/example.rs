@@ -74,6 +74,7 @@ fn the_api_example_parses_to_what_it_says() {
                 on_failure: OnFailure::Error,
             }],
             tool_deadline_ms: Some(60_000),
+            retry_after_repair: vec![],
             approval_timeout_ms: None,
             on_timeout: turnstile_config::OnTimeout::Deny,
             max_steps_per_turn: None,

@@ -36,6 +36,9 @@ pub struct AgentProfile {
     pub hash: String,
     /// `version_policy = "pin"`: a session recorded on this version keeps it when the agent changes.
     pub pin: bool,
+    /// The tools whose call, found running by the repair of SPEC §6, is run again under the same
+    /// idempotency key instead of being ended as interrupted (SPEC §20 `retry_after_repair`).
+    pub retry_after_repair: ToolRules,
 }
 
 /// An agent's approval deadline: `after_ms` after its `tool/call`, a waiting call is approved or denied.
@@ -58,6 +61,7 @@ impl Default for AgentProfile {
             version: 0,
             hash: String::new(),
             pin: false,
+            retry_after_repair: ToolRules::default(),
         }
     }
 }
@@ -76,30 +80,35 @@ impl Default for AgentProfile {
 /// assert!(!rules.requires("clock"));
 /// assert!(!ApprovalRules::default().requires("files__write_file"));
 /// ```
+///
+/// The same shape answers any per-tool yes-or-no of an agent ([`ToolRules`]): `retry_after_repair` too.
 #[derive(Clone, Default)]
-pub struct ApprovalRules(Option<Arc<ApprovalRule>>);
+pub struct ToolRules(Option<Arc<ToolRule>>);
 
-/// Whether a call of the named tool waits for a decision.
-type ApprovalRule = dyn Fn(&str) -> bool + Send + Sync;
+/// Which calls of an agent wait for a human's decision: [`ToolRules`] asked "does this call wait?".
+pub type ApprovalRules = ToolRules;
 
-impl ApprovalRules {
+/// Whether the rule holds for a call of the named tool.
+type ToolRule = dyn Fn(&str) -> bool + Send + Sync;
+
+impl ToolRules {
     pub fn new(requires: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         Self(Some(Arc::new(requires)))
     }
 
-    /// A call of `tool` waits for a decision.
+    /// The rule holds for a call of `tool` (for approvals: the call waits for a decision).
     pub fn requires(&self, tool: &str) -> bool {
         self.0.as_ref().is_some_and(|rule| rule(tool))
     }
 }
 
-impl std::fmt::Debug for ApprovalRules {
+impl std::fmt::Debug for ToolRules {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "ApprovalRules(..)" } else { "ApprovalRules(none)" })
+        f.write_str(if self.0.is_some() { "ToolRules(..)" } else { "ToolRules(none)" })
     }
 }
 
-impl PartialEq for ApprovalRules {
+impl PartialEq for ToolRules {
     /// The same rule object (rules are functions; two built apart are never equal).
     fn eq(&self, other: &Self) -> bool {
         match (&self.0, &other.0) {
@@ -110,7 +119,7 @@ impl PartialEq for ApprovalRules {
     }
 }
 
-impl Eq for ApprovalRules {}
+impl Eq for ToolRules {}
 
 /// A catalog that cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -328,13 +337,14 @@ impl AgentCatalog {
 static FALLBACK: AgentProfile = AgentProfile {
     system: None,
     history_turns: DEFAULT_TRANSCRIPT_TURNS,
-    approval: ApprovalRules(None),
+    approval: ToolRules(None),
     context_budget_tokens: None,
     tenants: TenantScope::All,
     approval_timeout: None,
     version: 0,
     hash: String::new(),
     pin: false,
+    retry_after_repair: ToolRules(None),
 };
 
 #[cfg(test)]

@@ -330,4 +330,7 @@ pub struct ToolRequest {
     pub turn: u64,
     pub step: u32,
     pub call: ToolCallSpec,
+    /// The call's idempotency key (SPEC §20, [`turnstile_model::tool_key`]): whoever runs the call hands
+    /// it on, and a call run again after a repair has the same one.
+    pub idempotency_key: String,
 }

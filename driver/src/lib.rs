@@ -49,7 +49,7 @@ use turnstile_model::{
     SessionState, SessionSummary, Status,
 };
 
-pub use agents::{AgentCatalog, AgentOwner, AgentProfile, ApprovalRules, ApprovalTimeout, CatalogError};
+pub use agents::{AgentCatalog, AgentOwner, AgentProfile, ApprovalRules, ApprovalTimeout, CatalogError, ToolRules};
 pub use effect::{
     ActiveGoal, AppendGroup, CommandId, CompactionTask, Effect, GOAL_COMPLETE, HookError, HookVerdict, ModelOutcome,
     ModelOutput, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest, SUMMARY_PREFIX,

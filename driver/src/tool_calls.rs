@@ -3,6 +3,7 @@
 //! `CompleteToolCall`), its result and context messages recorded, the calls an abort left unstarted closed
 //! with an error result.
 
+use turnstile_model::tool_key::idempotency_key;
 use turnstile_model::{
     CommandError, CommandReply, EventPayload, MessageSource, Target, ToolCallSpec, UserMessage, turn_tools,
 };
@@ -87,17 +88,26 @@ impl Driver {
     /// Writes `tool/call` (unless it was written awaiting approval) and asks the runner to run it.
     fn run_tool_call(&mut self, call: ToolCallSpec) {
         let Some(t) = self.turn.as_mut() else { return };
-        let (turn, step, agent, agent_hash) = (t.turn, t.step, t.agent.clone(), t.agent_hash.clone());
-        let Phase::Tools { running, awaiting, .. } = &mut t.phase else { return };
-        let approved = awaiting.take().is_some();
-        let op = self.next_op;
-        self.next_op += 1;
-        *running = Some(op);
-        if !approved {
+        let (turn, step) = (t.turn, t.step);
+        let Phase::Tools { awaiting, .. } = &mut t.phase else { return };
+        if awaiting.take().is_none() {
             let call = call.clone();
             self.write(EventPayload::ToolCall { turn, step, call, awaiting_approval: false, awaiting_client: false });
         }
-        self.effects.push_back(Effect::Tool(ToolRequest { op, agent, agent_hash, turn, step, call }));
+        self.request_tool(call);
+    }
+
+    /// Asks the runner to run `call` of the current step, whose `tool/call` is durable, under its
+    /// idempotency key (SPEC §20): the same key whenever the same call runs again after a repair.
+    pub(super) fn request_tool(&mut self, call: ToolCallSpec) {
+        let Some(t) = self.turn.as_mut() else { return };
+        let (turn, step, agent, agent_hash) = (t.turn, t.step, t.agent.clone(), t.agent_hash.clone());
+        let Phase::Tools { running, .. } = &mut t.phase else { return };
+        let op = self.next_op;
+        self.next_op += 1;
+        *running = Some(op);
+        let idempotency_key = idempotency_key(&self.state.session, turn, step, &call.call_id);
+        self.effects.push_back(Effect::Tool(ToolRequest { op, agent, agent_hash, turn, step, call, idempotency_key }));
     }
 
     /// `Decide` (SPEC §9): answers the call awaiting approval. Approved runs it; denied gives the

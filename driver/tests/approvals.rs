@@ -240,7 +240,15 @@ fn an_owner_cut_after_an_approval_but_before_the_result_repairs_the_started_call
     let next = Sim::recover(gated_sleep.log.clone(), Limits::default(), 2, 10_000);
     // The approved call had started: it is repaired like any call a crash cut (SPEC §6).
     let lines = next.render_all();
-    assert_eq!(lines[..3], ["D tool/result 1.1 call-1-1-1 error", "D step/end 1.1", "D turn/end 1 interrupted"]);
+    assert_eq!(
+        lines[..4],
+        [
+            "D tool/repaired 1.1 call-1-1-1 interrupted",
+            "D tool/result 1.1 call-1-1-1 error",
+            "D step/end 1.1",
+            "D turn/end 1 interrupted"
+        ]
+    );
     // The first session is unaffected by the second.
     written(decide(&mut sim, "call-1-1-1", true, ""));
 }

@@ -4,7 +4,7 @@
 mod support;
 
 use support::{Sim, msg, refused, render_durable, sent, written};
-use turnstile_driver::Limits;
+use turnstile_driver::{AgentCatalog, AgentProfile, Limits, ToolRules};
 use turnstile_driver::{PreStepDecision, PreStepOutcome};
 use turnstile_model::state::SessionState;
 use turnstile_model::{
@@ -1106,6 +1106,9 @@ fn s26_owner_killed_mid_stream_resumes_and_answers_the_prompt() {
     next.check_full_fold();
 }
 
+/// SPEC §6, §20: a call cut by its owner's death is ended interrupted (`tool/repaired`, then its error
+/// result) and never run again: the resumed turn answers the step's results, not its prompt. Asking the
+/// prompt again is what made the model call the tool a second time (decision 0143).
 #[test]
 fn s26_owner_killed_during_a_tool_call() {
     let mut sim = Sim::new();
@@ -1115,35 +1118,85 @@ fn s26_owner_killed_during_a_tool_call() {
     let log = sim.log.clone();
     drop(sim);
     let mut next = Sim::recover(log, Limits::default(), 2, 100);
-    next.expect(&[
-        "D tool/result 1.1 call-1-1-1 error",
-        "D step/end 1.1",
-        "D turn/end 1 interrupted",
-        "D turn/start 2",
-        "D step/start 2.1",
-        "D assistant/message 2.1 \"echo: go\" calls[sleep]",
-        "D tool/call 2.1 sleep",
-    ]);
-    match &next.log[9].payload {
-        EventPayload::ToolResult { error: Some(e), .. } => assert!(e.contains("interrupted"), "{e}"),
-        other => panic!("{other:?}"),
-    }
-    next.finish_tools();
     let expected = cat(&[
         &[
-            "D tool/result 2.1 call-2-1-1",
+            "D tool/repaired 1.1 call-1-1-1 interrupted",
+            "D tool/result 1.1 call-1-1-1 error",
+            "D step/end 1.1",
+            "D turn/end 1 interrupted",
+            "D turn/start 2",
+            "D step/start 2.1",
+            "D assistant/message 2.1 \"tool results: sleep failed: interrupted: the worker running this call stopped before it finished\"",
             "D step/end 2.1",
-            "D step/start 2.2",
-            "D assistant/message 2.2 \"tool results: sleep: slept 1000\"",
-            "D step/end 2.2",
             "D turn/end 2 completed",
         ],
         &strs(&echo_turn(3, "B", "bee")),
         &IDLE,
     ]);
     next.expect(&strs(&expected));
+    assert_eq!(next.held_tools(), 0, "the interrupted call is never run again");
+    match &next.log[10].payload {
+        EventPayload::ToolResult { error: Some(e), .. } => assert!(e.starts_with("interrupted:"), "{e}"),
+        other => panic!("{other:?}"),
+    }
     let admitted: Vec<String> = next.user_messages().into_iter().map(|(id, ..)| id).collect();
     assert_eq!(admitted, ["A", "B"]);
+    next.check_full_fold();
+}
+
+/// SPEC §20: a call of a tool its agent runs again after a repair (`retry_after_repair`) runs again in the
+/// same turn and step, under the same idempotency key, and the turn completes once.
+#[test]
+fn s26_owner_killed_during_a_retried_tool_call_runs_it_again_with_the_same_key() {
+    let retry_sleep = || {
+        let profile = AgentProfile { retry_after_repair: ToolRules::new(|t| t == "sleep"), ..AgentProfile::default() };
+        AgentCatalog::new("scripted", [("scripted".to_owned(), profile)]).unwrap()
+    };
+    let mut sim = Sim::with_agents(Limits::default(), retry_sleep());
+    sent(sim.followup("A", "[[tool:sleep 1000]] [[tool:echo after]] go"));
+    sent(sim.queue("B", "bee"));
+    let first_key = sim.held_tool_keys();
+    assert_eq!(first_key, [format!("{}/1/1/call-1-1-1", support::session())]);
+    let log = sim.log.clone();
+    drop(sim);
+    let mut next = Sim::recover_with_agents(log, Limits::default(), retry_sleep(), 2, 100);
+    next.expect(&["D tool/repaired 1.1 call-1-1-1 retried"]);
+    assert_eq!(next.held_tool_keys(), first_key, "the same call, the same key");
+    next.finish_tools();
+    let expected = cat(&[
+        &[
+            "D tool/result 1.1 call-1-1-1",
+            "D tool/call 1.1 echo",
+            "D tool/result 1.1 call-1-1-2",
+            "D step/end 1.1",
+            "D step/start 1.2",
+            "D assistant/message 1.2 \"tool results: sleep: slept 1000; echo: after\"",
+            "D step/end 1.2",
+            "D turn/end 1 completed",
+        ],
+        &strs(&echo_turn(2, "B", "bee")),
+        &IDLE,
+    ]);
+    next.expect(&strs(&expected));
+    let ends: Vec<String> = next.lines().into_iter().filter(|l| l.starts_with("D turn/end 1 ")).collect();
+    assert_eq!(ends, ["D turn/end 1 completed"], "the turn ends once");
+    next.check_full_fold();
+}
+
+/// The retry holds for the tools the agent names only: another tool's call in the same position is ended
+/// interrupted.
+#[test]
+fn s26_retry_after_repair_is_per_tool() {
+    let profile = AgentProfile { retry_after_repair: ToolRules::new(|t| t == "echo"), ..AgentProfile::default() };
+    let agents = AgentCatalog::new("scripted", [("scripted".to_owned(), profile)]).unwrap();
+    let mut sim = Sim::with_agents(Limits::default(), agents.clone());
+    sent(sim.followup("A", "[[tool:sleep 1000]] go"));
+    let log = sim.log.clone();
+    drop(sim);
+    let mut next = Sim::recover_with_agents(log, Limits::default(), agents, 2, 100);
+    let lines = next.take();
+    assert_eq!(lines[..2], ["D tool/repaired 1.1 call-1-1-1 interrupted", "D tool/result 1.1 call-1-1-1 error"]);
+    assert_eq!(next.held_tools(), 0);
 }
 
 #[test]

@@ -273,6 +273,15 @@ pub enum EventPayload {
         output: String,
         error: Option<String>,
     },
+    /// `tool/repaired` (SPEC §20): what the repair of §6 did with a call that was running when its owner
+    /// stopped. Written while the call is open: `interrupted` is followed by its error `tool/result`,
+    /// `retried` by the call's result from the new owner, which ran it again under the same idempotency key.
+    ToolRepaired {
+        turn: u64,
+        step: u32,
+        call_id: String,
+        action: RepairAction,
+    },
     /// `goal/change` (SPEC §10): written only by the goal system.
     GoalChange(GoalChange),
     /// `session/configured` (SPEC §8): the agent profile and inject mode from the next turn on. Durable so
@@ -321,6 +330,7 @@ impl EventPayload {
             Self::ToolCall { .. } => "tool/call",
             Self::ToolResult { .. } => "tool/result",
             Self::ToolDecision { .. } => "tool/decision",
+            Self::ToolRepaired { .. } => "tool/repaired",
             Self::GoalChange(_) => "goal/change",
             Self::SessionConfigured { .. } => "session/configured",
             Self::ContextCompacted(_) => "context/compacted",
@@ -333,7 +343,7 @@ impl EventPayload {
 }
 
 /// Every durable type, in SPEC §5 order.
-pub const DURABLE_TYPES: [&str; 17] = [
+pub const DURABLE_TYPES: [&str; 18] = [
     "agent/inbox/spliced",
     "agent/status",
     "turn/start",
@@ -351,7 +361,28 @@ pub const DURABLE_TYPES: [&str; 17] = [
     "session/forked",
     "schedule/changed",
     "session/labeled",
+    "tool/repaired",
 ];
+
+/// What the repair of SPEC §6 did with a call that was running when its owner stopped (SPEC §20).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RepairAction {
+    /// Ended with an error result and never run again (the default).
+    Interrupted,
+    /// Run again by the new owner under the same idempotency key (`retry_after_repair`).
+    Retried,
+}
+
+impl RepairAction {
+    /// The name the API and the CLI show.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Interrupted => "interrupted",
+            Self::Retried => "retried",
+        }
+    }
+}
 
 /// `context/compacted` (SPEC §13, decision 0023).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

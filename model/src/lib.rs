@@ -48,6 +48,7 @@ pub mod state;
 pub mod sync;
 pub mod tenant;
 pub mod time;
+pub mod tool_key;
 pub mod tool_names;
 pub mod transcript;
 pub mod transcript_items;
@@ -60,7 +61,7 @@ pub use command::{
 };
 pub use event::{
     CancelCause, Compaction, Envelope, EventPayload, Fork, InjectMode, LiveEvent, LivePayload, ModelRef, OnDeadline,
-    Spent, Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
+    RepairAction, Spent, Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 pub use goal::{Goal, GoalAction, GoalChange, GoalState};
 pub use inbox::{Inbox, SpliceError};

@@ -358,6 +358,14 @@ impl SessionState {
                 open.awaiting = None;
                 open.awaiting_since = None;
             }
+            EventPayload::ToolRepaired { turn, step, call_id, .. } => {
+                // The repair's record of a call it found running (SPEC §20): the call stays open until its
+                // result, whichever owner writes it.
+                let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
+                if !open.open_calls.iter().any(|c| &c.call_id == call_id) {
+                    return Err(structure(format!("no open call {call_id}")));
+                }
+            }
             EventPayload::ToolResult { turn, step, call_id, output, error } => {
                 let open = self.open_step(*turn, *step).ok_or_else(|| structure("its step is not open".into()))?;
                 let i = open

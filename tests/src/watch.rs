@@ -535,6 +535,7 @@ pub fn durable_type(payload: &Durable) -> &'static str {
         Durable::SessionForked(_) => "session/forked",
         Durable::ScheduleChanged(_) => "schedule/changed",
         Durable::SessionLabeled(_) => "session/labeled",
+        Durable::ToolRepaired(_) => "tool/repaired",
     }
 }
 
@@ -723,6 +724,14 @@ fn durable_line(e: &SessionEvent) -> String {
             let mut set: Vec<String> = l.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
             set.sort();
             format!("session/labeled {} -{}", set.join(","), l.removed.join(","))
+        }
+        Durable::ToolRepaired(r) => {
+            let action = match turnstile_proto::v1::RepairAction::try_from(r.action) {
+                Ok(turnstile_proto::v1::RepairAction::Interrupted) => "interrupted",
+                Ok(turnstile_proto::v1::RepairAction::Retried) => "retried",
+                _ => "?",
+            };
+            format!("tool/repaired {}.{} {} {action}", r.turn, r.step, r.call_id)
         }
         Durable::ToolResult(r) => match &r.error {
             Some(err) => format!("tool/result {}.{} error {:?}", r.turn, r.step, err),

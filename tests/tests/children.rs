@@ -262,10 +262,11 @@ mod cluster {
             }
         };
         assert_eq!(idle.owner, parent_owner, "the parent's worker lived");
-        // The new owner repaired the child's turn and resumed it (the resumed step asks the model again,
-        // which calls `sleep` again); the parent got the resumed turn's answer.
+        // The new owner repaired the child's turn (its `sleep` interrupted, never run again) and resumed it:
+        // the resumed step answers the interrupted result (decision 0143); the parent got that answer.
         let (output, error) = tool_result(&parent, "call-1-1-1").await;
-        assert_eq!((output.as_str(), error), ("tool results: sleep: slept 8000", None), "{:#?}", watch.lines());
+        let answer = "tool results: sleep failed: interrupted: the worker running this call stopped before it finished";
+        assert_eq!((output.as_str(), error), (answer, None), "{:#?}", watch.lines());
         let lines = watch.settle(&child).await.unwrap();
         assert!(lines.contains(&"D turn/end 1 interrupted".to_owned()), "{lines:#?}");
         assert!(lines.contains(&"D turn/end 2 completed".to_owned()), "{lines:#?}");

@@ -103,6 +103,18 @@ async fn a_tonic_executor_serves_a_call_with_context(backend: Backend) {
     assert_eq!(call.arguments_json, r#"{"q":"x"}"#);
     assert_eq!(call.session, Some(session.reference()));
     assert!(call.deadline_unix_ms > 0);
+    // SPEC §20: the executor gets the call's idempotency key, the one its `tool/call` event carries.
+    let reference = session.reference();
+    let key = format!("{}/{}/1/1/{}", reference.tenant, reference.id, call.call_id);
+    assert_eq!(call.idempotency_key, key);
+    let logged: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match &e.payload {
+            Some(turnstile_proto::v1::session_event::Payload::ToolCall(c)) => Some(c.idempotency_key.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(logged, [key.as_str()]);
     let result = only_result(&events);
     assert_eq!(result.call_id, call.call_id);
     assert_eq!(result.output, r#"found {"q":"x"}"#);

@@ -97,7 +97,11 @@ async fn owner_killed_mid_step_is_served_again_by_another_worker() {
     assert!(at("D tool/call 1.1 sleep 3000") < interrupted);
     assert!(at("D tool/result 1.1 error *") < interrupted, "the unfinished call got a synthetic error result");
     assert!(interrupted < at("D turn/start 2"));
-    assert!(at("D turn/start 2") < at("D assistant/message 2.1 \"echo: go\" call sleep 3000"), "A is answered again");
+    assert!(at("D tool/repaired 1.1 call-1-1-1 interrupted") < at("D tool/result 1.1 error *"));
+    // The resumed turn answers the interrupted call's result; it does not ask the model A again, which
+    // called the tool a second time (decision 0143).
+    assert!(at("D turn/start 2") < at("D assistant/message 2.1 \"tool results: sleep failed: interrupted*"));
+    assert!(!durable.iter().any(|l| l.starts_with("D tool/call 2.")), "the call is not run again");
     assert!(at("D turn/end 2 completed") < at("D user/message B"), "B runs after the resumed turn");
     assert_eq!((entered(&durable, "A"), entered(&durable, "B")), (1, 1), "each MessageId entered exactly once");
     assert_eq!(lines.last().map(String::as_str), Some("L status idle"));

@@ -419,7 +419,7 @@ async fn s28_paused_owner_wakes_after_takeover_and_writes_nothing() {
     assert!(events[..cut].iter().all(|e| e.epoch <= old_epoch));
     assert!(events[cut..].iter().all(|e| e.epoch > old_epoch), "an event after the takeover carries the old epoch");
     assert_lines(
-        &lines[..cut + 2],
+        &lines[..cut + 3],
         &[
             "D spliced next-turn 0 0 [A] wake",
             "D status running",
@@ -429,20 +429,23 @@ async fn s28_paused_owner_wakes_after_takeover_and_writes_nothing() {
             "D user/message A",
             "D assistant/message 1.1 \"echo: go\" call sleep 3000",
             "D tool/call 1.1 sleep 3000",
-            // The new owner's repair: the stale step's call gets a synthetic error result.
+            // The new owner's repair: the stale step's call is recorded interrupted and gets a synthetic
+            // error result.
+            "D tool/repaired 1.1 call-1-1-1 interrupted",
             "D tool/result 1.1 error *",
             "D step/end 1.1",
         ],
     );
-    assert_eq!(lines.get(cut + 2).map(String::as_str), Some("D turn/end 1 interrupted"));
+    assert_eq!(lines.get(cut + 3).map(String::as_str), Some("D turn/end 1 interrupted"));
     // The stale step never landed: one result for 1.1 (the synthetic error), no second step of turn 1.
     let count = |pattern: &str| lines.iter().filter(|l| line_matches(l, pattern)).count();
     assert_eq!(count("D tool/result 1.1 *"), 1, "{}", lines.join("\n"));
     assert_eq!(count("D step/start 1.2"), 0, "{}", lines.join("\n"));
     assert_eq!(count("D assistant/message 1.2*"), 0, "{}", lines.join("\n"));
-    // A is answered again in the resumed turn; each id entered once.
+    // The resumed turn answers the interrupted call's result, and never runs it again; each id entered once.
     let at = |pattern: &str| lines.iter().position(|l| line_matches(l, pattern));
-    assert!(at("D turn/start 2") < at("D assistant/message 2.1 \"echo: go\" call sleep 3000"));
+    assert!(at("D turn/start 2") < at("D assistant/message 2.1 \"tool results: sleep failed: interrupted*"));
+    assert_eq!(count("D tool/call *"), 1, "{}", lines.join("\n"));
     assert_eq!((count("D user/message A"), count("D user/message B")), (1, 1));
     let info = s0.info().await.unwrap();
     assert_ne!(info.owner, "");

@@ -297,7 +297,8 @@ async fn every_recording_folds_to_the_state_recorded_with_it() {
 const AGENTS: &str = "default_agent = \"careful\"\n\n\
     [journal]\nsnapshot_every = 5\n\n\
     [agents.careful]\ntools = [\"echo\", \"sleep\", \"spawn_agent\"]\napproval = [\"sleep\"]\n\n\
-    [agents.researcher]\nsystem = \"You research.\"\ntools = [\"echo\"]\n";
+    [agents.researcher]\nsystem = \"You research.\"\ntools = [\"echo\"]\n\n\
+    [agents.slow]\ntools = [\"sleep\"]\n";
 
 const TENANT: &str = "corpus";
 
@@ -505,6 +506,32 @@ async fn scenario(server: &DevServer, nats: &NatsServer) -> Vec<(SessionRef, Vec
     taken
 }
 
+/// repaired: the server is killed -9 while a call runs, and the next one repairs it (`tool/repaired`,
+/// SPEC §20). Returns the server that repaired it.
+async fn crash_mid_call(server: DevServer, nats: &NatsServer, config: &Path) -> DevServer {
+    let repaired = session(&server, "repaired");
+    repaired.configure("slow", pb::InjectMode::Pending).await.unwrap();
+    repaired.followup(user_msg("w", "[[tool:sleep 600000]] long work")).await.unwrap();
+    tokio::time::timeout(DEFAULT_WAIT, async {
+        loop {
+            let (events, _) = repaired.replay(0).await.unwrap();
+            if events.iter().any(|e| matches!(e.payload, Some(pb::session_event::Payload::ToolCall(_)))) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the call starts");
+    server.kill();
+    let next = DevServer::start_with(DevOptions { extra_args: config_args(config), ..DevOptions::nats(nats.url()) })
+        .await
+        .unwrap();
+    // The new process resumes the running session: it repairs the call and answers its result.
+    session(&next, "repaired").when_idle().await.unwrap();
+    next
+}
+
 async fn snapshots_bucket(nats: &NatsServer) -> async_nats::jetstream::kv::Store {
     let client = async_nats::connect(nats.url()).await.unwrap();
     async_nats::jetstream::new(client).get_key_value("turnstile_snapshots").await.unwrap()
@@ -682,6 +709,7 @@ async fn todays_binary_records_every_durable_type() {
         .await
         .unwrap();
     let snapshots = scenario(&server, &nats).await;
+    let server = crash_mid_call(server, &nats, &config).await;
     let mut logs = read_stream(&nats).await;
     server.stop().await;
     assert!(logs.keys().all(|s| s.tenant == TENANT), "only the scenario's sessions: {:?}", logs.keys());

@@ -86,7 +86,7 @@ async fn after_a_kill_9_of_the_owner_mid_turn_the_counted_usage_equals_the_durab
     watch.wait_line("D tool/call 2.1 sleep *").await.unwrap();
     let owner = victim.info().await.unwrap().owner;
     cluster.kill9_worker(cluster.worker_index(&owner).unwrap());
-    // The new owner ends the turn interrupted and answers the prompt again (SPEC §6).
+    // The new owner ends the turn interrupted and answers the interrupted call's result (SPEC §6).
     watch.wait_line("D turn/end 2 interrupted").await.unwrap();
     let until = Instant::now() + Duration::from_secs(30);
     loop {
@@ -105,8 +105,9 @@ async fn after_a_kill_9_of_the_owner_mid_turn_the_counted_usage_equals_the_durab
         let (i, o) = recorded(&events);
         want = (want.0 + i, want.1 + o);
     }
-    // 4 × 100/7, then 40/4 before the kill and 40/4 again when the prompt was answered anew.
-    assert_eq!(want, (480, 36));
+    // 4 × 100/7, then 40/4 before the kill; the resumed step answers the result, not the prompt (whose
+    // `[[usage]]` would count again), decision 0143.
+    assert_eq!(want, (440, 32));
     let u = counted(&cluster, "metered", want).await;
     assert_eq!(totals(&u), want, "{u:?}");
     assert_eq!(u.models.len(), 1, "{u:?}");

@@ -79,6 +79,7 @@ impl Tool for ClientTool {
             // A scripted `[[tool:NAME ARGS]]` may pass plain text; executors get JSON either way.
             arguments_json: arguments_json(arguments),
             deadline_unix_ms,
+            idempotency_key: ctx.idempotency_key.clone(),
         };
         let tenant = ctx.session.tenant.clone();
         let mut guard = CancelOnDrop { bus: self.bus.clone(), tenant: tenant.clone(), task: Some(task.clone()) };
@@ -245,19 +246,32 @@ mod tests {
         let tools = super::super::ToolRegistry::builtin().with_policy(Arc::new(config)).with_client_tools(slow.clone());
         let session = turnstile_model::message::SessionRef::new("t", "s").unwrap();
         let abort = CancellationToken::new();
-        let r = tools.run(&session, "c9", "scripted", "other", "{}", &abort, &CancellationToken::new()).await;
+        let request = |call_id: &str, name: &str, arguments: &str| turnstile_driver::ToolRequest {
+            op: 1,
+            agent: "scripted".into(),
+            agent_hash: String::new(),
+            turn: 1,
+            step: 1,
+            call: turnstile_model::ToolCallSpec {
+                call_id: call_id.into(),
+                name: name.into(),
+                arguments: arguments.into(),
+            },
+            idempotency_key: format!("t/s/1/1/{call_id}"),
+        };
+        let r = tools.run(&session, &request("c9", "other", "{}"), &abort, &CancellationToken::new()).await;
         assert_eq!(
             r.error.as_deref(),
             Some(
                 "tool other is not available to agent scripted (its tools: sleep, echo, clock, client:lookup); call one of those"
             )
         );
-        let r = tools.run(&session, "c9", "scripted", "lookup", "{}", &abort, &CancellationToken::new()).await;
+        let r = tools.run(&session, &request("c9", "lookup", "{}"), &abort, &CancellationToken::new()).await;
         assert_eq!(r.error.as_deref(), Some(super::super::TOOL_TIMEOUT));
         // The cancel is sent from a task of its own.
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(*slow.cancels.lock().unwrap(), vec!["c9".to_owned()]);
-        let r = tools.run(&session, "c10", "scripted", "echo", "hi", &abort, &CancellationToken::new()).await;
+        let r = tools.run(&session, &request("c10", "echo", "hi"), &abort, &CancellationToken::new()).await;
         assert_eq!(r.output, "hi");
     }
 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, MetaObject, RequestMetaObject};
 use rmcp::service::{NotificationContext, Peer, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
@@ -40,6 +40,11 @@ pub const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A connection that lived this long resets the backoff to [`INITIAL_BACKOFF`].
 const HEALTHY_AFTER: Duration = Duration::from_secs(30);
+
+/// The `_meta` key of a `tools/call` request that carries the call's idempotency key (SPEC §20, decision
+/// 0143): the same key when the call runs again after its worker stopped, so the server can refuse a side
+/// effect it already made.
+pub const IDEMPOTENCY_KEY_META: &str = "turnstile/idempotency_key";
 
 /// The name the model sees for tool `tool` of server `server`: `SERVER__TOOL`.
 pub fn tool_name(server: &str, tool: &str) -> String {
@@ -166,7 +171,15 @@ impl McpServer {
 
     /// Calls `tool` with `arguments` (a JSON object, or empty for none), giving up at `deadline`
     /// (`tool_timeout`) or on `abort`; either sends `notifications/cancelled` for a request in flight.
-    pub async fn call(&self, tool: &str, arguments: &str, deadline: Duration, abort: &CancellationToken) -> ToolReturn {
+    /// `idempotency_key`, when not empty, goes in the request's `_meta` as [`IDEMPOTENCY_KEY_META`].
+    pub async fn call(
+        &self,
+        tool: &str,
+        arguments: &str,
+        idempotency_key: &str,
+        deadline: Duration,
+        abort: &CancellationToken,
+    ) -> ToolReturn {
         let started = Instant::now();
         let arguments = match parse_arguments(arguments) {
             Ok(a) => a,
@@ -176,6 +189,11 @@ impl McpServer {
             let peer = self.connected().await?;
             let mut params = CallToolRequestParams::new(tool.to_owned());
             params.arguments = arguments;
+            if !idempotency_key.is_empty() {
+                let mut meta = serde_json::Map::new();
+                meta.insert(IDEMPOTENCY_KEY_META.to_owned(), idempotency_key.into());
+                params.meta = Some(RequestMetaObject(MetaObject(meta)));
+            }
             // Dropping this future before the response (deadline, abort) sends `notifications/cancelled`.
             peer.call_tool(params).await.map_err(|e| self.describe(&e))
         };
@@ -315,7 +333,8 @@ impl Tool for McpTool {
     /// registered one when that is shorter (a call outside [`super::ToolRegistry::run`] has the default);
     /// the registry's own bound ends it at the same time, this one names the server in the message.
     async fn call(&self, ctx: &ToolContext, arguments: &str, abort: &CancellationToken) -> ToolReturn {
-        self.server.call(&self.tool.name, arguments, ctx.deadline.min(self.deadline), abort).await
+        let deadline = ctx.deadline.min(self.deadline);
+        self.server.call(&self.tool.name, arguments, &ctx.idempotency_key, deadline, abort).await
     }
 }
 

@@ -32,12 +32,17 @@ pub const TOOL_TIMEOUT: &str = "tool_timeout";
 /// The deadline of a call when no configuration says otherwise (`[tools] deadline_ms`).
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
 
-/// Who calls a tool: the session (its tenant scopes client tools), the durable call id, the agent and the
+/// Who calls a tool: the session (its tenant scopes client tools), the durable call id and its idempotency
+/// key, the agent and the
 /// call's deadline (already applied by [`ToolRegistry::run`]; tools that talk to others pass it on).
 #[derive(Clone, Debug)]
 pub struct ToolContext {
     pub session: SessionRef,
     pub call_id: String,
+    /// The call's idempotency key (SPEC §20, `<session>/<turn>/<step>/<call_id>`): the same when the call
+    /// runs again after its worker stopped (`retry_after_repair`). A tool with a side effect outside
+    /// Turnstile passes it on, or refuses a key it has already acted on.
+    pub idempotency_key: String,
     pub agent: String,
     pub deadline: Duration,
     /// Cancelled, before `abort`, when this worker lets the call go without a cancel of the turn (a reload
@@ -52,6 +57,7 @@ impl Default for ToolContext {
         Self {
             session: SessionRef { tenant: "default".to_owned(), id: "local".to_owned() },
             call_id: String::new(),
+            idempotency_key: String::new(),
             agent: turnstile_config::SCRIPTED.to_owned(),
             deadline: DEFAULT_DEADLINE,
             released: CancellationToken::new(),

@@ -127,21 +127,18 @@ impl ToolRegistry {
         format!("unknown tool {name:?}; available: {}", self.tools.keys().cloned().collect::<Vec<_>>().join(", "))
     }
 
-    /// Runs call `call_id` of tool `name` by `agent` in `session`: refused when the agent does not list
-    /// the tool (a model may name any tool), bounded by the agent's deadline for it (`tool_timeout`; the
-    /// tool sees `abort` fire and gets a short grace to send its cancel), counted and timed
-    /// (`turnstile_tool_calls_total`). `released` is [`ToolContext::released`].
-    #[allow(clippy::too_many_arguments)] // The call's identity, its arguments and its two signals.
+    /// Runs `request`'s call in `session`: refused when its agent does not list the tool (a model may name
+    /// any tool), bounded by the agent's deadline for it (`tool_timeout`; the tool sees `abort` fire and gets
+    /// a short grace to send its cancel), counted and timed (`turnstile_tool_calls_total`). `released` is
+    /// [`ToolContext::released`].
     pub async fn run(
         &self,
         session: &SessionRef,
-        call_id: &str,
-        agent: &str,
-        name: &str,
-        arguments: &str,
+        request: &ToolRequest,
         abort: &CancellationToken,
         released: &CancellationToken,
     ) -> ToolReturn {
+        let (agent, name) = (request.agent.as_str(), request.call.name.as_str());
         let id = ToolId::from_call_name(name);
         let mut measure = ToolCall::start(id);
         let deadline = match &self.policy {
@@ -160,40 +157,33 @@ impl ToolRegistry {
                 None => DEFAULT_DEADLINE,
             },
         };
-        self.call_within(session, call_id, agent, name, arguments, deadline, measure, abort, released).await
+        self.call_within(session, request, deadline, measure, abort, released).await
     }
 
-    /// Runs call `call_id` of tool `name` by `agent`, already allowed, bounded by `deadline` (an agent
-    /// version of the API checks its own list: `crate::versions::VersionedTools`).
-    #[allow(clippy::too_many_arguments)] // As `run`, with the deadline.
+    /// Runs `request`'s call, already allowed, bounded by `deadline` (an agent version of the API checks its
+    /// own list: `crate::versions::VersionedTools`).
     pub async fn run_within(
         &self,
         session: &SessionRef,
-        call_id: &str,
-        agent: &str,
-        name: &str,
-        arguments: &str,
+        request: &ToolRequest,
         deadline: Duration,
         abort: &CancellationToken,
         released: &CancellationToken,
     ) -> ToolReturn {
-        let measure = ToolCall::start(ToolId::from_call_name(name));
-        self.call_within(session, call_id, agent, name, arguments, deadline, measure, abort, released).await
+        let measure = ToolCall::start(ToolId::from_call_name(&request.call.name));
+        self.call_within(session, request, deadline, measure, abort, released).await
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn call_within(
         &self,
         session: &SessionRef,
-        call_id: &str,
-        agent: &str,
-        name: &str,
-        arguments: &str,
+        request: &ToolRequest,
         deadline: Duration,
         mut measure: ToolCall,
         abort: &CancellationToken,
         released: &CancellationToken,
     ) -> ToolReturn {
+        let (name, arguments) = (request.call.name.as_str(), request.call.arguments.as_str());
         let id = ToolId::from_call_name(name);
         let tool: Arc<dyn Tool> = match (self.tools.get(name), id, self.client.get()) {
             (Some(tool), _, _) => tool.clone(),
@@ -205,8 +195,9 @@ impl ToolRegistry {
         };
         let ctx = ToolContext {
             session: session.clone(),
-            call_id: call_id.to_owned(),
-            agent: agent.to_owned(),
+            call_id: request.call.call_id.clone(),
+            idempotency_key: request.idempotency_key.clone(),
+            agent: request.agent.clone(),
             deadline,
             released: released.clone(),
         };
@@ -247,7 +238,6 @@ impl Tools for ToolRegistry {
         abort: &CancellationToken,
         released: &CancellationToken,
     ) -> ToolReturn {
-        let call = &request.call;
-        self.run(session, &call.call_id, &request.agent, &call.name, &call.arguments, abort, released).await
+        self.run(session, request, abort, released).await
     }
 }

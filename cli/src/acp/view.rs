@@ -276,6 +276,7 @@ mod tests {
             arguments: "x".into(),
             awaiting_approval: true,
             awaiting_client: false,
+            idempotency_key: String::new(),
         };
         let first = view.apply(&ev(1, user("m1", "hi")));
         assert_eq!(first.updates[0]["sessionUpdate"], "user_message_chunk");

@@ -26,6 +26,11 @@ export interface ToolContext {
   readonly name: string;
   /** When the worker stops waiting for the result (the agent's `tool_timeout`). */
   readonly deadline: Date;
+  /**
+   * `<tenant>/<session>/<turn>/<step>/<callId>` (SPEC §20): the same when the call runs again after its worker
+   * stopped (the agent's `retry_after_repair`), so a tool can refuse a side effect it already made.
+   */
+  readonly idempotencyKey: string;
   /** Aborted when the gateway cancels the call (a turn canceled, the deadline passed) or serving stops. */
   readonly signal: AbortSignal;
 }
@@ -252,6 +257,7 @@ export class ToolServer {
         callId: call.callId,
         name: call.name,
         deadline: new Date(Number(call.deadlineUnixMs)),
+        idempotencyKey: call.idempotencyKey,
         signal,
       };
       const value = await d.handler(args, context);

@@ -379,6 +379,11 @@ impl Sim {
         self.held_tools.len()
     }
 
+    /// The idempotency keys of the calls running now, in the order they started.
+    pub fn held_tool_keys(&self) -> Vec<String> {
+        self.held_tools.iter().map(|t| t.req.idempotency_key.clone()).collect()
+    }
+
     pub fn held_aborts(&self) -> usize {
         self.held_aborts.len()
     }
@@ -1005,6 +1010,9 @@ pub fn render_durable(e: &Envelope) -> String {
         }
         EventPayload::ToolResult { turn, step, call_id, error, .. } => {
             format!("D tool/result {turn}.{step} {call_id}{}", if error.is_some() { " error" } else { "" })
+        }
+        EventPayload::ToolRepaired { turn, step, call_id, action } => {
+            format!("D tool/repaired {turn}.{step} {call_id} {}", action.as_str())
         }
         EventPayload::GoalChange(g) => {
             let mut out =

@@ -13,11 +13,13 @@ use super::parts::{
     compaction_at, decode_model_ref, decode_usage, encode_compaction, encode_model_ref, encode_usage, goal_change,
 };
 use super::values::{
-    REASONS, decode_tool_calls, encode_inject_mode, encode_splice, encode_status, encode_tool_call_spec,
-    encode_turn_end_reason, inject_mode_at, splice_at, status_at, turn_end_reason_at,
+    REASONS, decode_tool_calls, encode_inject_mode, encode_repair_action, encode_splice, encode_status,
+    encode_tool_call_spec, encode_turn_end_reason, inject_mode_at, repair_action_at, splice_at, status_at,
+    turn_end_reason_at,
 };
 use turnstile_model::event::{DURABLE_TYPES, Envelope, EventPayload, Fork, Spent, ToolCallSpec};
 use turnstile_model::schedule::Preset;
+use turnstile_model::tool_key::idempotency_key;
 use turnstile_model::transcript::TranscriptEntry;
 use turnstile_model::transcript_items::{ItemKind, TranscriptItem};
 
@@ -72,8 +74,16 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
                 arguments: call.arguments.clone(),
                 awaiting_approval: *awaiting_approval,
                 awaiting_client: *awaiting_client,
+                // Set by `encode_session_event`, which knows the session.
+                idempotency_key: String::new(),
             })
         }
+        EventPayload::ToolRepaired { turn, step, call_id, action } => Payload::ToolRepaired(pb::ToolRepaired {
+            turn: *turn,
+            step: *step,
+            call_id: call_id.clone(),
+            action: encode_repair_action(*action).into(),
+        }),
         EventPayload::ToolDecision { turn, step, call_id, approved, reason, timed_out } => {
             Payload::ToolDecision(pb::ToolDecision {
                 turn: *turn,
@@ -138,6 +148,7 @@ fn payload_type(payload: &Payload) -> &'static str {
         Payload::SessionForked(_) => "session/forked",
         Payload::ScheduleChanged(_) => "schedule/changed",
         Payload::SessionLabeled(_) => "session/labeled",
+        Payload::ToolRepaired(_) => "tool/repaired",
     }
 }
 
@@ -191,6 +202,12 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             reason: d.reason,
             timed_out: d.timed_out,
         },
+        Payload::ToolRepaired(r) => EventPayload::ToolRepaired {
+            turn: r.turn,
+            step: r.step,
+            call_id: r.call_id,
+            action: repair_action_at(r.action, "tool_repaired.action")?,
+        },
         Payload::ToolResult(r) => EventPayload::ToolResult {
             turn: r.turn,
             step: r.step,
@@ -234,8 +251,14 @@ pub const EVENT_FORMAT: u32 = 1;
 pub fn encode_session_event(event: &Envelope) -> pb::SessionEvent {
     let (ty, ignorable) = match &event.payload {
         EventPayload::Ignorable { event_type } => (event_type.clone(), true),
+        // A reader from before SPEC §20 skips the repair's record: the call's `tool/result` still follows.
+        EventPayload::ToolRepaired { .. } => (event.payload.event_type().to_owned(), true),
         other => (other.event_type().to_owned(), false),
     };
+    let mut payload = encode_payload(&event.payload);
+    if let Some(Payload::ToolCall(call)) = &mut payload {
+        call.idempotency_key = idempotency_key(&event.session, call.turn, call.step, &call.call_id);
+    }
     pb::SessionEvent {
         session: Some(encode_session_ref(&event.session)),
         seq: event.seq,
@@ -244,7 +267,7 @@ pub fn encode_session_event(event: &Envelope) -> pb::SessionEvent {
         r#type: ty,
         ignorable,
         format: EVENT_FORMAT,
-        payload: encode_payload(&event.payload),
+        payload,
     }
 }
 
@@ -304,7 +327,9 @@ pub fn stored_as_sent(event: pb::SessionEvent) -> Result<pb::SessionEvent, Codec
         && !event.ignorable
         && event.seq != 0
         && event.session.is_some()
-        && event.payload.as_ref().is_some_and(|p| payload_type(p) == event.r#type);
+        && event.payload.as_ref().is_some_and(|p| payload_type(p) == event.r#type)
+        // A `tool/call` stored before idempotency keys existed gets its key from the round trip.
+        && !matches!(&event.payload, Some(Payload::ToolCall(c)) if c.idempotency_key.is_empty());
     if as_stored { Ok(event) } else { Ok(encode_session_event(&decode_session_event(event)?)) }
 }
 
@@ -340,6 +365,8 @@ pub fn encode_transcript_item(item: &TranscriptItem) -> pb::TranscriptItem {
             arguments: call.arguments.clone(),
             awaiting_approval: *awaiting_approval,
             awaiting_client: *awaiting_client,
+            // A transcript item names no session; its `tool/call` event carries the key.
+            idempotency_key: String::new(),
         })),
         ItemKind::ToolDecision { call_id, approved, reason, timed_out } => Some(Item::ToolDecision(pb::ToolDecision {
             turn: item.turn,

@@ -6,8 +6,8 @@ use prost::Message as _;
 use super::*;
 use turnstile_model::ValueError;
 use turnstile_model::event::{
-    CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, Splice, SpliceOutcome, Status,
-    ToolCallSpec, TurnEndReason, Usage,
+    CancelCause, Envelope, EventPayload, InjectMode, LiveEvent, LivePayload, RepairAction, Splice, SpliceOutcome,
+    Status, ToolCallSpec, TurnEndReason, Usage,
 };
 use turnstile_model::goal::{GoalChange, GoalState};
 use turnstile_model::inbox::Inbox;
@@ -143,6 +143,8 @@ fn payloads() -> Vec<EventPayload> {
             reason: String::new(),
             timed_out: true,
         },
+        EventPayload::ToolRepaired { turn: 4, step: 1, call_id: "c1".into(), action: RepairAction::Interrupted },
+        EventPayload::ToolRepaired { turn: 4, step: 1, call_id: "c1".into(), action: RepairAction::Retried },
         EventPayload::ToolResult { turn: 4, step: 1, call_id: "c1".into(), output: "hi".into(), error: None },
         EventPayload::ToolResult {
             turn: 4,
@@ -262,6 +264,11 @@ fn encoded_type_is_the_payload_type_and_ignorable_keeps_its_own() {
             EventPayload::Ignorable { event_type } => {
                 assert_eq!(&event.r#type, event_type);
                 assert!(event.ignorable && event.payload.is_none());
+            }
+            // The repair's record (SPEC §20) is known here, and skipped by a reader from before it.
+            EventPayload::ToolRepaired { .. } => {
+                assert_eq!(event.r#type, "tool/repaired");
+                assert!(event.ignorable && event.payload.is_some());
             }
             other => {
                 assert_eq!(event.r#type, other.event_type());
@@ -756,4 +763,30 @@ fn a_stored_event_is_sent_as_the_round_trip_would_send_it() {
         ..encode_session_event(&envelope(8, EventPayload::Status(Status::Idle)))
     };
     assert_eq!(stored_as_sent(mismatched).unwrap_err().path(), Some("type"));
+}
+
+/// SPEC §20: a `tool/call` carries its idempotency key, `tenant/session/turn/step/call_id`; one stored
+/// before keys existed is sent with it; a repair action the reader does not know is refused by name.
+#[test]
+fn a_tool_call_carries_its_idempotency_key_and_old_ones_get_it_when_sent() {
+    let call = ToolCallSpec { call_id: "call-4-1-1".into(), name: "echo".into(), arguments: "hi".into() };
+    let payload = EventPayload::ToolCall { turn: 4, step: 1, call, awaiting_approval: false, awaiting_client: false };
+    let stored = encode_session_event(&envelope(9, payload));
+    let key = |e: &pb::SessionEvent| match &e.payload {
+        Some(pb::session_event::Payload::ToolCall(c)) => c.idempotency_key.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(key(&stored), format!("{}/4/1/call-4-1-1", session()));
+    let mut old = stored.clone();
+    if let Some(pb::session_event::Payload::ToolCall(c)) = &mut old.payload {
+        c.idempotency_key.clear();
+    }
+    assert_eq!(key(&stored_as_sent(old).unwrap()), key(&stored));
+
+    let repaired = EventPayload::ToolRepaired { turn: 4, step: 1, call_id: "c1".into(), action: RepairAction::Retried };
+    let mut unknown = encode_session_event(&envelope(10, repaired));
+    if let Some(pb::session_event::Payload::ToolRepaired(r)) = &mut unknown.payload {
+        r.action = 0;
+    }
+    assert_eq!(decode_session_event(unknown).unwrap_err().path(), Some("tool_repaired.action"));
 }

@@ -7,7 +7,8 @@ use crate::v1::{cancel_cause::Cause, turn_end_reason::Reason};
 use super::error::{CodecError, join};
 use super::message::{encode_target, encode_user_message, messages_at, optional_target_at, target_at};
 use turnstile_model::event::{
-    CancelCause, InjectMode, OnDeadline, Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason,
+    CancelCause, InjectMode, OnDeadline, RepairAction, Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec,
+    TurnEndReason,
 };
 
 pub(crate) const STATUSES: &str = "use SESSION_STATUS_IDLE or SESSION_STATUS_RUNNING";
@@ -81,6 +82,26 @@ pub fn encode_turn_end_reason(reason: &TurnEndReason) -> pb::TurnEndReason {
 /// Decodes a turn-end reason (path `reason`).
 pub fn decode_turn_end_reason(reason: pb::TurnEndReason) -> Result<TurnEndReason, CodecError> {
     turn_end_reason_at(reason, "reason")
+}
+
+const REPAIR_ACTIONS: &str = "use REPAIR_ACTION_INTERRUPTED or REPAIR_ACTION_RETRIED";
+
+pub(crate) fn encode_repair_action(action: RepairAction) -> pb::RepairAction {
+    match action {
+        RepairAction::Interrupted => pb::RepairAction::Interrupted,
+        RepairAction::Retried => pb::RepairAction::Retried,
+    }
+}
+
+pub(crate) fn repair_action_at(raw: i32, path: &str) -> Result<RepairAction, CodecError> {
+    match pb::RepairAction::try_from(raw) {
+        Ok(pb::RepairAction::Interrupted) => Ok(RepairAction::Interrupted),
+        Ok(pb::RepairAction::Retried) => Ok(RepairAction::Retried),
+        Ok(pb::RepairAction::Unspecified) => {
+            Err(CodecError::invalid(path, format!("REPAIR_ACTION_UNSPECIFIED is not an action; {REPAIR_ACTIONS}")))
+        }
+        Err(_) => Err(CodecError::invalid(path, format!("{raw} is not a known repair action; {REPAIR_ACTIONS}"))),
+    }
 }
 
 pub(crate) fn turn_end_reason_at(reason: pb::TurnEndReason, path: &str) -> Result<TurnEndReason, CodecError> {

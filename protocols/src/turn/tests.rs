@@ -54,6 +54,7 @@ fn turn() -> Vec<pb::WatchItem> {
                 arguments: "x".into(),
                 awaiting_approval: true,
                 awaiting_client: false,
+                idempotency_key: String::new(),
             }),
         ),
         ev(

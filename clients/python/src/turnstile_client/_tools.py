@@ -37,6 +37,9 @@ class ToolContext:
     call_id: str
     name: str
     deadline_unix_ms: int
+    #: ``<tenant>/<session>/<turn>/<step>/<call_id>`` (SPEC §20): the same when the call runs again after its
+    #: worker stopped (the agent's ``retry_after_repair``), so a tool can refuse a side effect it already made.
+    idempotency_key: str = ""
 
 
 @dataclass
@@ -115,7 +118,9 @@ class Tools:
             if not isinstance(arguments, dict):
                 raise TypeError(f"arguments must be a JSON object, got {call.arguments_json}")
             if tool.context_param is not None:
-                arguments[tool.context_param] = ToolContext(call.session, call.call_id, call.name, call.deadline_unix_ms)
+                arguments[tool.context_param] = ToolContext(
+                    call.session, call.call_id, call.name, call.deadline_unix_ms, call.idempotency_key
+                )
             if inspect.iscoroutinefunction(tool.function):
                 value = await tool.function(**arguments)
             else:

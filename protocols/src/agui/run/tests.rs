@@ -152,6 +152,7 @@ fn a_waiting_call_ends_the_run_and_the_continuation_starts_at_it() {
                 arguments: "{}".into(),
                 awaiting_approval: approval,
                 awaiting_client: !approval,
+                idempotency_key: String::new(),
             }),
         )
     };

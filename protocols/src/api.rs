@@ -186,6 +186,32 @@ impl<E: ProtocolError> Api<E> {
         Ok(self.gateway.caller_tenant(probe.metadata()).await?)
     }
 
+    /// Stores a push configuration of a task of the caller's tenant (A2A, decision 0155).
+    pub async fn create_task_push(
+        &self,
+        req: turnstile_gateway::webhooks::TaskPushRequest,
+    ) -> Result<std::sync::Arc<turnstile_journal::RegisteredWebhook>, E> {
+        let tenant = self.tenant().await?;
+        let hook = self.gateway.create_task_push(&tenant, req).await.map_err(|s| E::from(s).at("url"))?;
+        Ok(std::sync::Arc::new(hook))
+    }
+
+    /// The push configurations of the caller's tenant's task (the delivery of `message_id` in `session`).
+    pub async fn task_pushes(
+        &self,
+        session: &str,
+        message_id: &str,
+    ) -> Result<Vec<std::sync::Arc<turnstile_journal::RegisteredWebhook>>, E> {
+        let tenant = self.tenant().await?;
+        Ok(self.gateway.task_pushes(&tenant, session, message_id)?)
+    }
+
+    /// Removes one; `false` when the task has none by that id.
+    pub async fn delete_task_push(&self, session: &str, message_id: &str, config_id: &str) -> Result<bool, E> {
+        let tenant = self.tenant().await?;
+        Ok(self.gateway.delete_task_push(&tenant, session, message_id, config_id).await?)
+    }
+
     /// The session's events after `after_seq`, then `caught_up`, then (with `live`) the tail.
     pub async fn watch(&self, id: &str, after_seq: u64, live: bool) -> Result<Watch, E> {
         let req = pb::WatchRequest { session: session(id), after_seq, live, resume: None };

@@ -4,15 +4,18 @@
 //! Each agent profile the caller's tenant may run is a tool (`tools`); a call runs a turn in a new or
 //! named session and answers with its reply, progress notifications carry the reply's deltas, and closing
 //! the call's stream (the 2026-07-28 cancellation) cancels the turn. A call awaiting approval asks the
-//! client through an MRTR elicitation where the protocol has it (`call`).
+//! client through an MRTR elicitation where the protocol has it (`call`). A stream cut before its answer
+//! resumes with `Last-Event-ID` through any gateway, rebuilt from the log (`resume`).
 
 mod call;
+mod resume;
 mod tools;
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::middleware::from_fn_with_state;
+use axum::routing::get;
 use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ErrorData, Implementation, ListToolsResult, PaginatedRequestParams,
@@ -105,14 +108,19 @@ pub fn router(gateway: Gateway, profiles: Profiles) -> Router {
     let server = Server { gateway: gateway.clone(), profiles: Arc::new(profiles) };
     // Without auth only loopback callers naming a loopback host get here ([`admit`](crate::admit)), the DNS-rebinding
     // guard rmcp's host list would give; with auth the token is the guard, and the host any name.
+    // No priming event: it is stored before the call runs, so its id could name no position to resume from.
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
+        .with_sse_retry(None)
         .disable_allowed_hosts()
         .with_cancellation_token(gateway.shutdown_token().child_token());
-    let service =
-        StreamableHttpService::new(move || Ok(server.clone()), Arc::new(NeverSessionManager::default()), config);
+    let sessions = NeverSessionManager::default().with_event_store(Arc::new(resume::Cursors));
+    let handler = server.clone();
+    let service = StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(sessions), config);
     Router::new()
-        .route_service(PATH, service)
+        .route(PATH, get(resume::resume).fallback_service(service))
+        .with_state(server)
+        .layer(axum::middleware::from_fn(resume::watch_close))
         .layer(from_fn_with_state(Admission::new(gateway, auth_enabled, "MCP server"), admit))
 }

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use turnstile_proto::v1 as pb;
 
 use super::resume::{Cursor, StreamClosed};
+use super::tasks;
 use super::tools::Arguments;
 use super::{Fail, Server};
 use crate::api::{Api, Delivery};
@@ -74,6 +75,8 @@ pub(crate) async fn call(
     }
     .await;
     match started {
+        // A client of the tasks extension gets the task at once and polls it (decision 0157).
+        Ok((reply, _)) if tasks::wanted(&context) => Ok(tasks::created(&session, reply.seq).into()),
         Ok((reply, message)) => {
             follow(&api, &session, (reply.seq, Some(message.as_str())), 0, progress, &context).await
         }
@@ -170,7 +173,7 @@ async fn first_of(a: &tokio_util::sync::CancellationToken, b: &tokio_util::sync:
 /// Cancels the turn being followed, or removes its message when the turn has not started (known by the
 /// MessageId this call sent even before the Watch brought its delivery, so another client's turn running
 /// in the session is not cancelled instead).
-async fn cancel(api: &Api<Fail>, session: &str, fold: &TurnFold, message: Option<&str>) -> Result<(), Fail> {
+pub(crate) async fn cancel(api: &Api<Fail>, session: &str, fold: &TurnFold, message: Option<&str>) -> Result<(), Fail> {
     if fold.finished() {
         return Ok(());
     }
@@ -221,19 +224,11 @@ fn waiting(
     call: &Call,
     context: &RequestContext<RoleServer>,
 ) -> CallToolResponse {
-    let question = question(call);
     if modern(context) {
         let state = Waiting { session: session.to_owned(), seq, call_seq: call.seq, call_id: call.call_id.clone() };
         let result = json!({
             "resultType": "input_required",
-            "inputRequests": {APPROVAL_KEY: {"method": "elicitation/create", "params": {
-                "mode": "form",
-                "message": question,
-                "requestedSchema": {"type": "object", "properties": {
-                    "approve": {"type": "boolean", "title": "Approve", "description": "Run the call (true) or refuse it (false)."},
-                    "reason": {"type": "string", "title": "Reason", "description": "Why, for the agent and the log."}
-                }, "required": ["approve"]}
-            }}},
+            "inputRequests": input_requests(call),
             "requestState": state.encode(),
         });
         if let Ok(input) = serde_json::from_value::<InputRequiredResult>(result) {
@@ -243,13 +238,25 @@ fn waiting(
     waiting_result(session, fold, call).into()
 }
 
+/// The form elicitation that asks a person about `call`, keyed as its answer comes back (`inputRequests`).
+pub(crate) fn input_requests(call: &Call) -> Value {
+    json!({APPROVAL_KEY: {"method": "elicitation/create", "params": {
+        "mode": "form",
+        "message": question(call),
+        "requestedSchema": {"type": "object", "properties": {
+            "approve": {"type": "boolean", "title": "Approve", "description": "Run the call (true) or refuse it (false)."},
+            "reason": {"type": "string", "title": "Reason", "description": "Why, for the agent and the log."}
+        }, "required": ["approve"]}
+    }}})
+}
+
 /// Whether the caller speaks 2026-07-28 or later (stateless by protocol: MRTR, and closing a call's stream
 /// cancels it).
 fn modern(context: &RequestContext<RoleServer>) -> bool {
     context.protocol_version().is_some_and(|v| v.as_str() >= "2026-07-28")
 }
 
-fn question(call: &Call) -> String {
+pub(crate) fn question(call: &Call) -> String {
     format!(
         "The agent wants to run the tool `{}` with {}. Approve?",
         call.name,
@@ -310,7 +317,7 @@ impl Waiting {
 }
 
 /// The person's answer in `inputResponses`: approve (with a reason) or not. Declined or dismissed is no.
-fn approval(responses: Option<&rmcp::model::InputResponses>) -> Result<(bool, String), ErrorData> {
+pub(crate) fn approval(responses: Option<&rmcp::model::InputResponses>) -> Result<(bool, String), ErrorData> {
     let answer = responses.and_then(|r| r.get(APPROVAL_KEY)).ok_or_else(|| {
         ErrorData::invalid_params(format!("inputResponses.{APPROVAL_KEY} is required with this requestState"), None)
     })?;

@@ -9,6 +9,7 @@
 
 mod call;
 mod resume;
+mod tasks;
 mod tools;
 
 use std::sync::Arc;
@@ -18,8 +19,8 @@ use axum::middleware::from_fn_with_state;
 use axum::routing::get;
 use rmcp::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ErrorData, Implementation, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, ErrorData, GetTaskParams, GetTaskResult, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, UpdateTaskParams,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -68,7 +69,7 @@ impl Server {
 
 impl ServerHandler for Server {
     fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build());
         info.server_info = Implementation::new("turnstile", env!("CARGO_PKG_VERSION"));
         info.instructions = Some(
             "Each tool is a Turnstile agent: `message` is the prompt, `session` (optional) continues a \
@@ -99,6 +100,33 @@ impl ServerHandler for Server {
     ) -> Result<CallToolResponse, ErrorData> {
         let (api, tenant) = self.caller(&context)?;
         call::call(self, api, &tenant, request, context).await
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let (api, _) = self.caller(&context)?;
+        tasks::get(&api, &request.task_id).await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let (api, _) = self.caller(&context)?;
+        tasks::update(&api, &request.task_id, &request.input_responses).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let (api, _) = self.caller(&context)?;
+        tasks::cancel_task(&api, &request.task_id).await
     }
 }
 

@@ -6,65 +6,18 @@ through; the SDK reconnects with `GET /mcp` and `Last-Event-ID`, and the server 
 from the session's log. tests/tests/mcp_server.rs starts the server (MCP_URL, TOKEN_A, TOKEN_B)."""
 
 import os
-import socket
-import threading
 import unittest
-from urllib.parse import urlparse
 
 import anyio
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from cutting_proxy import CuttingProxy
+
 URL = os.environ["MCP_URL"]
 TOKEN_A = os.environ["TOKEN_A"]
 TOKEN_B = os.environ["TOKEN_B"]
-
-
-class CuttingProxy:
-    """Forwards 127.0.0.1:PORT to the server; the first connection whose answer carries a progress event is
-    closed right after forwarding it. Keeps the Last-Event-ID headers clients sent."""
-
-    def __init__(self):
-        target = urlparse(URL)
-        self.target = (target.hostname, target.port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = URL.replace(f":{target.port}", f":{self.listener.getsockname()[1]}")
-        self.cut, self.resumes = threading.Event(), []
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def close(self):
-        self.listener.close()
-
-    def accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            threading.Thread(target=self.pipe, args=(client, server, False), daemon=True).start()
-            threading.Thread(target=self.pipe, args=(server, client, True), daemon=True).start()
-
-    def pipe(self, source, sink, answers):
-        try:
-            while data := source.recv(65536):
-                if not answers:
-                    for line in data.decode("latin-1").split("\r\n"):
-                        if line.lower().startswith("last-event-id:"):
-                            self.resumes.append(line.split(":", 1)[1].strip())
-                sink.sendall(data)
-                if answers and b"notifications/progress" in data and not self.cut.is_set():
-                    self.cut.set()
-                    break
-        except OSError:
-            pass
-        for s in (source, sink):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
 
 
 def http(token=TOKEN_A):
@@ -77,7 +30,7 @@ def run(test):
 
 class Resume(unittest.TestCase):
     def setUp(self):
-        self.proxy = CuttingProxy()
+        self.proxy = CuttingProxy([URL])
 
     def tearDown(self):
         self.proxy.close()

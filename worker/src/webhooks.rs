@@ -362,11 +362,18 @@ impl Delivery {
     }
 
     /// Whether `event` is one this webhook delivers: of its types, written after its creation (and for a
-    /// task's webhook, from the task's delivery on).
+    /// task's webhook, from the task's delivery on, and its end whenever it was written: a configuration made
+    /// as its task ended still tells the receiver so, and is then removed).
     fn wanted(&self, event: &Envelope) -> bool {
-        event.time_ms >= self.hook.not_before_ms
-            && self.hook.events.iter().any(|t| t == event.event_type())
-            && self.hook.task.as_ref().is_none_or(|task| event.seq >= task.from_seq)
+        let of_type = self.hook.events.iter().any(|t| t == event.event_type());
+        match &self.hook.task {
+            None => of_type && event.time_ms >= self.hook.not_before_ms,
+            Some(task) => {
+                of_type
+                    && event.seq >= task.from_seq
+                    && (event.time_ms >= self.hook.not_before_ms || event.event_type() == "turn/end")
+            }
+        }
     }
 
     /// A task's webhook whose task ended is removed: nothing more can follow (decision 0155).
@@ -572,5 +579,35 @@ mod tests {
         let other = SessionRef::new("b", "blue").unwrap();
         webhooks.notify(&state(&other, &[("team", "blue")]), "scripted", 1);
         assert_eq!(started(&other), ["wh_b"], "tenant b's session reaches only b's webhook");
+    }
+
+    /// A task's push configuration (decision 0155) serves its own session only, even within its tenant.
+    #[tokio::test]
+    async fn a_task_push_starts_deliveries_only_for_its_session() {
+        let registry = Arc::new(MemoryWebhooks::default());
+        let mut push = registered("a", "wh_task", "");
+        push.task = Some(TaskPush {
+            session: "mine".into(),
+            message_id: "a2a-m".into(),
+            from_seq: 1,
+            config_id: "c".into(),
+            auth_scheme: String::new(),
+            auth_credentials: String::new(),
+        });
+        registry.insert(push);
+        let webhooks = Webhooks::new(
+            Arc::new(TwoHooks(Vec::new())),
+            Arc::new(MemoryPositions::default()),
+            Arc::new(EmbeddedLog::in_memory()),
+            None,
+        )
+        .with_registry(registry);
+        let started = |session: &SessionRef| lock(&webhooks.tasks).keys().filter(|(s, _)| s == session).count();
+        let other = SessionRef::new("a", "other").unwrap();
+        webhooks.notify(&state(&other, &[]), "scripted", 1);
+        assert_eq!(started(&other), 0);
+        let mine = SessionRef::new("a", "mine").unwrap();
+        webhooks.notify(&state(&mine, &[]), "scripted", 1);
+        assert_eq!(started(&mine), 1);
     }
 }

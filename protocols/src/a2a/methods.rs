@@ -18,8 +18,6 @@ use crate::profiles::Profile;
 use crate::sse;
 use crate::turn::{SPAN, TurnFold};
 
-/// The last pause before a task past its log's end is not found (pauses double from 50 ms: about 1.5 s).
-const LAG_WAIT: Duration = Duration::from_millis(800);
 /// How long a cancel waits for the cancelled turn to end before answering with the task as it is.
 const CANCEL_WAIT: Duration = Duration::from_secs(30);
 /// `ListTasks` page sizes: A2A's default and largest.
@@ -232,31 +230,13 @@ async fn answer(call: &Call, task_id: &str, message: &Message) -> Result<(TaskId
     Ok((id.clone(), waiting.seq * SPAN + 2))
 }
 
-/// The task as the log has it now. A read that catches up before the task's seq is looked at again a few
-/// times before the task is said not to exist: the log may lag behind a write the caller saw (a replica on
-/// JetStream), as the OpenAI adapter's reads allow for.
+/// The task as the log has it now (a lagging log is waited for, [`Api::read_turn`]); not found when there is
+/// no such delivery.
 pub(crate) async fn read(api: &Api<RpcError>, id: &TaskId) -> Result<TurnFold, RpcError> {
-    let mut pause = Duration::from_millis(50);
-    loop {
-        let mut watch = api.watch(&id.session, id.seq - 1, false).await.map_err(|e| not_found(e, id))?;
-        let mut fold = TurnFold::new(id.seq, 0);
-        loop {
-            let item = next(&mut watch).await?;
-            let caught_up = matches!(item.item, Some(pb::watch_item::Item::CaughtUp(_)));
-            fold.apply(&item);
-            if caught_up {
-                break;
-            }
-        }
-        if !fold.missing() {
-            return Ok(fold);
-        }
-        if pause > LAG_WAIT {
-            return Err(RpcError::task_not_found(&id.encode()));
-        }
-        tokio::time::sleep(pause).await;
-        pause *= 2;
-    }
+    api.read_turn(&id.session, id.seq)
+        .await
+        .map_err(|e| not_found(e, id))?
+        .ok_or_else(|| RpcError::task_not_found(&id.encode()))
 }
 
 /// A gateway NOT_FOUND for the task's session is the task not found, named by its id.

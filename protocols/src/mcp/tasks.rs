@@ -6,26 +6,21 @@
 //! and the delivery's seq, and every method reads the turn from the log through the caller's token, so any
 //! gateway answers and nothing is kept.
 
-use std::time::Duration;
-
 use rmcp::model::{
     CreateTaskResult, DetailedTask, ErrorData, GetTaskResult, InputRequests, Task, TaskPayload, TaskStatus,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use turnstile_model::time::rfc3339_utc;
-use turnstile_proto::v1 as pb;
 
 use super::Fail;
 use super::call::{approval, cancel, ended, input_requests, question};
-use crate::api::{Api, next};
+use crate::api::Api;
 use crate::ids;
 use crate::turn::{Outcome, TurnFold};
 
 const PREFIX: &str = "mcpt_";
 /// How often a client is asked to poll.
 pub(crate) const POLL_INTERVAL_MS: u64 = 500;
-/// The last pause before a task past its log's end is not found (pauses double from 50 ms).
-const LAG_WAIT: Duration = Duration::from_millis(800);
 
 /// A task: the delivery at `seq` in `session`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,30 +67,9 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The task's turn as the log has it now. A read that catches up before the delivery is looked at again a
-/// few times (a replica may lag behind a write the caller saw); then the task does not exist.
+/// The task's turn as the log has it now (a lagging log is waited for, [`Api::read_turn`]).
 async fn read(api: &Api<Fail>, id: &TaskId) -> Result<TurnFold, ErrorData> {
-    let mut pause = Duration::from_millis(50);
-    loop {
-        let mut watch = api.watch(&id.session, id.seq - 1, false).await.map_err(|e| gateway(e, id))?;
-        let mut fold = TurnFold::new(id.seq, 0);
-        loop {
-            let item = next(&mut watch).await.map_err(|s| gateway(Fail(s), id))?;
-            let caught_up = matches!(item.item, Some(pb::watch_item::Item::CaughtUp(_)));
-            fold.apply(&item);
-            if caught_up {
-                break;
-            }
-        }
-        if !fold.missing() {
-            return Ok(fold);
-        }
-        if pause > LAG_WAIT {
-            return Err(no_task(&id.encode()));
-        }
-        tokio::time::sleep(pause).await;
-        pause *= 2;
-    }
+    api.read_turn(&id.session, id.seq).await.map_err(|e| gateway(e, id))?.ok_or_else(|| no_task(&id.encode()))
 }
 
 /// The gateway's refusal: another tenant's session is a task that does not exist.

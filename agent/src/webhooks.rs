@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use turnstile_config::{Config, Secret, WebhookConfig};
 use turnstile_model::Envelope;
 use turnstile_proto::v1 as pb;
-use turnstile_worker::webhooks::{SendError, WebhookSender, WebhookTarget};
+use turnstile_worker::webhooks::{Post, SendError, WebhookSender, WebhookTarget};
 
 /// How long one POST may take before it counts as unanswered.
 pub const POST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -145,6 +145,7 @@ impl HttpWebhooks {
                     not_before_ms: 0,
                     signing_key: None,
                     registered: false,
+                    task: None,
                 }));
             }
         }
@@ -206,8 +207,13 @@ impl WebhookSender for HttpWebhooks {
     }
 
     async fn send(&self, hook: &WebhookTarget, event: &Envelope) -> Result<(), SendError> {
-        let body = body(event)?;
         let delivery = format!("{}/{}/{}", event.session.tenant, event.session.id, event.seq);
+        self.post(hook, Post { delivery, body: body(event)?, headers: Vec::new() }).await
+    }
+
+    /// The one place a webhook POST goes out: the egress rule for a registered webhook, the signature,
+    /// the delivery id.
+    async fn post(&self, hook: &WebhookTarget, post: Post) -> Result<(), SendError> {
         let client = if hook.registered {
             // An IP literal is not resolved, so the resolver cannot drop it: the same rule, here.
             if !self.allow_private {
@@ -217,15 +223,20 @@ impl WebhookSender for HttpWebhooks {
         } else {
             &self.client
         };
-        let mut request =
-            client.post(&hook.url).header("content-type", "application/json").header("turnstile-delivery", delivery);
+        let mut request = client
+            .post(&hook.url)
+            .header("content-type", "application/json")
+            .header("turnstile-delivery", post.delivery);
+        for (name, value) in &post.headers {
+            request = request.header(name.as_str(), value.as_str());
+        }
         let key =
             hook.signing_key.as_ref().map(|k| k.expose()).or_else(|| self.secrets.get(&hook.id).map(Secret::expose));
         if let Some(key) = key {
-            request = request.header("turnstile-signature", signature(key.as_bytes(), &body));
+            request = request.header("turnstile-signature", signature(key.as_bytes(), &post.body));
         }
         let response = request
-            .body(body)
+            .body(post.body)
             .send()
             .await
             .map_err(|e| SendError(format!("POST {}: {}", hook.url, with_causes(&e))))?;
@@ -253,6 +264,7 @@ mod tests {
             max_age_ms: 1000,
             created_unix_ms: 0,
             secret: "whsec_k".into(),
+            task: None,
         };
         WebhookTarget::registered(&hook, Tenant::new("t").unwrap())
     }

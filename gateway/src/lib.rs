@@ -45,7 +45,7 @@ mod transcript;
 mod usage;
 pub mod watch;
 pub mod watch_buffer;
-mod webhooks;
+pub mod webhooks;
 
 use std::future::Future;
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use tonic::Status;
-use turnstile_journal::{RegisteredWebhook, WebhookRegistry};
+use turnstile_journal::{RegisteredWebhook, TaskPush, WebhookRegistry};
 use turnstile_model::event::DURABLE_TYPES;
 use turnstile_model::{Selector, Tenant};
 use turnstile_ops::egress::{self, EgressError};
@@ -23,6 +23,14 @@ pub const MAX_URL_BYTES: usize = 2048;
 pub const DEFAULT_MAX_AGE_MS: u64 = 24 * 60 * 60 * 1000;
 /// The longest `max_age_ms`: a week.
 pub const MAX_MAX_AGE_MS: u64 = 7 * 24 * 60 * 60 * 1000;
+
+/// Push configurations one task may have (A2A `CreateTaskPushNotificationConfig`, decision 0155).
+pub const MAX_PUSHES_PER_TASK: usize = 10;
+/// Push configurations of tasks that have not ended, per tenant (each is removed when its task ends).
+pub const MAX_TASK_PUSHES_PER_TENANT: usize = 1000;
+/// The durable types a task's push configuration is sent: those that change an A2A task (its turn's start,
+/// reply, wait for a decision, decision and end).
+pub const TASK_PUSH_EVENTS: [&str; 5] = ["user/message", "assistant/message", "tool/call", "tool/decision", "turn/end"];
 
 /// `hook` as the API shows it; the secret only when `with_secret` (`CreateWebhook`'s reply).
 fn encode(hook: &RegisteredWebhook, with_secret: bool) -> pb::Webhook {
@@ -79,23 +87,30 @@ impl Gateway {
         })
     }
 
+    /// The egress rule and length bound of a URL a tenant names, with the field to blame.
+    async fn check_target(&self, field: &str, url: &str) -> Result<(), Status> {
+        if url.len() > MAX_URL_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "{field}: {} bytes is over the limit of {MAX_URL_BYTES}",
+                url.len()
+            )));
+        }
+        egress::check_url(url, self.config.allow_private_webhooks).await.map_err(|e| match e {
+            EgressError::Unresolved { .. } => {
+                Status::invalid_argument(format!("{field}: {e}; use a name that resolves"))
+            }
+            e => Status::invalid_argument(format!("{field}: {e}")),
+        })?;
+        Ok(())
+    }
+
     pub(crate) async fn create_webhook(
         &self,
         tenant: &Tenant,
         req: pb::CreateWebhookRequest,
     ) -> Result<pb::Webhook, Status> {
         let registry = self.registry()?;
-        if req.url.len() > MAX_URL_BYTES {
-            return Err(Status::invalid_argument(format!(
-                "url: {} bytes is over the limit of {MAX_URL_BYTES}",
-                req.url.len()
-            )));
-        }
-        let allow_private = self.config.allow_private_webhooks;
-        egress::check_url(&req.url, allow_private).await.map_err(|e| match e {
-            EgressError::Unresolved { .. } => Status::invalid_argument(format!("url: {e}; use a name that resolves")),
-            e => Status::invalid_argument(format!("url: {e}")),
-        })?;
+        self.check_target("url", &req.url).await?;
         let events = event_types(req.events)?;
         Selector::parse(&req.label_selector).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let max_age_ms = match req.max_age_ms {
@@ -107,7 +122,7 @@ impl Gateway {
             }
             ms => ms,
         };
-        let count = registry.of_tenant(tenant.as_str()).len();
+        let count = registry.of_tenant(tenant.as_str()).iter().filter(|h| h.task.is_none()).count();
         if count >= MAX_WEBHOOKS_PER_TENANT {
             return Err(Status::resource_exhausted(format!(
                 "tenant {tenant} has {count} webhooks, the limit is {MAX_WEBHOOKS_PER_TENANT}; delete one first \
@@ -124,6 +139,7 @@ impl Gateway {
             max_age_ms,
             created_unix_ms: turnstile_ops::clock::now_ms(),
             secret,
+            task: None,
         };
         registry.create(hook.clone()).await.map_err(status::from_journal)?;
         tracing::info!(tenant = %tenant, webhook = %hook.id, url = %hook.url, "webhook registered");
@@ -132,7 +148,8 @@ impl Gateway {
 
     pub(crate) fn list_webhooks(&self, tenant: &Tenant) -> Result<pb::ListWebhooksReply, Status> {
         let hooks = self.registry()?.of_tenant(tenant.as_str());
-        Ok(pb::ListWebhooksReply { webhooks: hooks.iter().map(|h| encode(h, false)).collect() })
+        let webhooks = hooks.iter().filter(|h| h.task.is_none()).map(|h| encode(h, false)).collect();
+        Ok(pb::ListWebhooksReply { webhooks })
     }
 
     pub(crate) async fn delete_webhook(&self, tenant: &Tenant, id: &str) -> Result<pb::Webhook, Status> {
@@ -146,6 +163,107 @@ impl Gateway {
                 "id: tenant {tenant} has no webhook {id:?}; ListWebhooks lists the ones it has"
             ))),
         }
+    }
+}
+
+/// A task's push configuration as a protocol gives it (A2A `TaskPushNotificationConfig`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskPushRequest {
+    /// The task's session (of the caller's tenant: the protocol read the task through the caller's token,
+    /// or is about to deliver its message with it).
+    pub session: String,
+    /// The MessageId of the delivery that asks for the task.
+    pub message_id: String,
+    /// The delivery's seq, or a seq at or before it (see [`TaskPush::from_seq`]).
+    pub from_seq: u64,
+    /// The client's id for the configuration; a new one when empty. The same id again replaces it.
+    pub config_id: String,
+    pub url: String,
+    /// Sent back on each POST and the key of its `Turnstile-Signature`; may be empty.
+    pub token: String,
+    pub auth_scheme: String,
+    pub auth_credentials: String,
+}
+
+/// The push configurations of tasks (A2A push notifications, SPEC §19, decision 0155): webhooks of the
+/// registry (SPEC §21) that serve one task, created and read here so that a protocol holds them to the
+/// same rules (egress, bounds, tenancy) as `CreateWebhook`.
+impl Gateway {
+    /// Stores `req` for `tenant`'s task; replaces the task's configuration of the same id.
+    pub async fn create_task_push(&self, tenant: &str, req: TaskPushRequest) -> Result<RegisteredWebhook, Status> {
+        let registry = self.registry()?;
+        self.check_target("url", &req.url).await?;
+        let config_id = if req.config_id.is_empty() { uuid::Uuid::new_v4().to_string() } else { req.config_id };
+        if config_id.len() > 128 {
+            return Err(Status::invalid_argument(format!("id: {} bytes is over the limit of 128", config_id.len())));
+        }
+        let existing = self.task_pushes(tenant, &req.session, &req.message_id)?;
+        let replaced = existing.iter().find(|h| h.task.as_ref().is_some_and(|t| t.config_id == config_id));
+        if replaced.is_none() && existing.len() >= MAX_PUSHES_PER_TASK {
+            return Err(Status::resource_exhausted(format!(
+                "the task has {} push configurations, the limit is {MAX_PUSHES_PER_TASK}; delete one first",
+                existing.len()
+            )));
+        }
+        let pending = registry.of_tenant(tenant).iter().filter(|h| h.task.is_some()).count();
+        if replaced.is_none() && pending >= MAX_TASK_PUSHES_PER_TENANT {
+            return Err(Status::resource_exhausted(format!(
+                "tenant {tenant} has {pending} push configurations of running tasks, the limit is \
+                 {MAX_TASK_PUSHES_PER_TENANT}; each goes when its task ends, or delete some"
+            )));
+        }
+        let (id, _) = mint();
+        let hook = RegisteredWebhook {
+            tenant: tenant.to_owned(),
+            id,
+            url: req.url,
+            events: TASK_PUSH_EVENTS.map(str::to_owned).to_vec(),
+            label_selector: String::new(),
+            max_age_ms: DEFAULT_MAX_AGE_MS,
+            created_unix_ms: turnstile_ops::clock::now_ms(),
+            secret: req.token,
+            task: Some(TaskPush {
+                session: req.session,
+                message_id: req.message_id,
+                from_seq: req.from_seq,
+                config_id,
+                auth_scheme: req.auth_scheme,
+                auth_credentials: req.auth_credentials,
+            }),
+        };
+        registry.create(hook.clone()).await.map_err(status::from_journal)?;
+        if let Some(old) = replaced {
+            registry.delete(tenant, &old.id).await.map_err(status::from_journal)?;
+        }
+        tracing::info!(tenant, webhook = %hook.id, url = %hook.url, "task push configuration registered");
+        Ok(hook)
+    }
+
+    /// The push configurations of `tenant`'s task (the delivery of `message_id` in `session`), oldest first.
+    pub fn task_pushes(
+        &self,
+        tenant: &str,
+        session: &str,
+        message_id: &str,
+    ) -> Result<Vec<Arc<RegisteredWebhook>>, Status> {
+        let hooks = self.registry()?.of_tenant(tenant);
+        let of_task = |t: &TaskPush| t.session == session && t.message_id == message_id;
+        Ok(hooks.into_iter().filter(|h| h.task.as_ref().is_some_and(of_task)).collect())
+    }
+
+    /// Removes the push configuration `config_id` of `tenant`'s task; `false` when it has none by that id.
+    pub async fn delete_task_push(
+        &self,
+        tenant: &str,
+        session: &str,
+        message_id: &str,
+        config_id: &str,
+    ) -> Result<bool, Status> {
+        let found = self.task_pushes(tenant, session, message_id)?;
+        let Some(hook) = found.iter().find(|h| h.task.as_ref().is_some_and(|t| t.config_id == config_id)) else {
+            return Ok(false);
+        };
+        Ok(self.registry()?.delete(tenant, &hook.id).await.map_err(status::from_journal)?.is_some())
     }
 }
 

@@ -32,4 +32,4 @@ pub use jetstream::{JetStreamConfig, JetStreamLog, NatsBus};
 pub use log::{EventStream, JournalError, SentEventStream, SessionLog};
 pub use usage::{MemoryUsage, UsageLedger};
 pub use webhook::{MemoryPositions, WebhookPositions};
-pub use webhook_registry::{MemoryWebhooks, RegisteredWebhook, WebhookRegistry};
+pub use webhook_registry::{MemoryWebhooks, RegisteredWebhook, TaskPush, WebhookRegistry};

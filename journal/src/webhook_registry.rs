@@ -34,6 +34,42 @@ pub struct RegisteredWebhook {
     pub created_unix_ms: u64,
     /// The HMAC key of `Turnstile-Signature`.
     pub secret: String,
+    /// Set for the push notifications of one A2A task (SPEC §19): the webhook serves that task's session
+    /// alone, its POSTs carry the protocol's body, and it is removed once the task ends. The secret is then
+    /// the client's token. Absent in webhooks created by `CreateWebhook` (and in records older than it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskPush>,
+}
+
+/// What a webhook serving one task's push notifications knows of the task (docs/decisions/0155).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskPush {
+    /// The task's session.
+    pub session: String,
+    /// The MessageId of the delivery that asked for the task (the task is the turn answering it).
+    pub message_id: String,
+    /// Where that delivery is at or after: the task's seq, or the session's next seq when the
+    /// configuration was made before the message was delivered (so that its first events are not missed).
+    pub from_seq: u64,
+    /// The client's id of this push configuration (unique per task).
+    pub config_id: String,
+    /// `Authorization: <scheme> <credentials>` on each POST, when the client gave a scheme.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub auth_scheme: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub auth_credentials: String,
+}
+
+impl std::fmt::Debug for TaskPush {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskPush")
+            .field("session", &self.session)
+            .field("message_id", &self.message_id)
+            .field("from_seq", &self.from_seq)
+            .field("config_id", &self.config_id)
+            .field("auth_scheme", &self.auth_scheme)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for RegisteredWebhook {
@@ -46,6 +82,7 @@ impl std::fmt::Debug for RegisteredWebhook {
             .field("label_selector", &self.label_selector)
             .field("max_age_ms", &self.max_age_ms)
             .field("created_unix_ms", &self.created_unix_ms)
+            .field("task", &self.task)
             .finish_non_exhaustive()
     }
 }
@@ -162,6 +199,7 @@ mod tests {
             max_age_ms: 1000,
             created_unix_ms: created,
             secret: "whsec_x".into(),
+            task: None,
         }
     }
 

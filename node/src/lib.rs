@@ -152,10 +152,13 @@ fn budgets(config: &Config, ledger: Arc<dyn UsageLedger>) -> Option<Budgets> {
 
 /// The agents, models and tools of the configuration, ready to run: the MCP servers the agents use are
 /// started first (API keys and header values read from the environment).
+/// Webhook POSTs of A2A task push configurations are rendered as A2A's (decision 0155).
 async fn agents(loaded: &config::Loaded) -> Result<turnstile_agent::AgentSetup, NodeError> {
-    turnstile_agent::setup::setup(&loaded.config)
+    let mut setup = turnstile_agent::setup::setup(&loaded.config)
         .await
-        .map_err(|cause| NodeError::Agents { file: loaded.path.clone(), cause })
+        .map_err(|cause| NodeError::Agents { file: loaded.path.clone(), cause })?;
+    setup.webhooks = turnstile_protocols::a2a::push::TaskPushes::wrap(setup.webhooks);
+    Ok(setup)
 }
 
 /// The agents kept in `store` (SPEC §20): the file's imported as versions, followed as they change.

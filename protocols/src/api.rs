@@ -186,12 +186,69 @@ impl<E: ProtocolError> Api<E> {
         Ok(self.gateway.caller_tenant(probe.metadata()).await?)
     }
 
+    /// Stores a push configuration of a task of the caller's tenant (A2A, decision 0155).
+    pub async fn create_task_push(
+        &self,
+        req: turnstile_gateway::webhooks::TaskPushRequest,
+    ) -> Result<std::sync::Arc<turnstile_journal::RegisteredWebhook>, E> {
+        let tenant = self.tenant().await?;
+        let hook = self.gateway.create_task_push(&tenant, req).await.map_err(|s| E::from(s).at("url"))?;
+        Ok(std::sync::Arc::new(hook))
+    }
+
+    /// The push configurations of the caller's tenant's task (the delivery of `message_id` in `session`).
+    pub async fn task_pushes(
+        &self,
+        session: &str,
+        message_id: &str,
+    ) -> Result<Vec<std::sync::Arc<turnstile_journal::RegisteredWebhook>>, E> {
+        let tenant = self.tenant().await?;
+        Ok(self.gateway.task_pushes(&tenant, session, message_id)?)
+    }
+
+    /// Removes one; `false` when the task has none by that id.
+    pub async fn delete_task_push(&self, session: &str, message_id: &str, config_id: &str) -> Result<bool, E> {
+        let tenant = self.tenant().await?;
+        Ok(self.gateway.delete_task_push(&tenant, session, message_id, config_id).await?)
+    }
+
+    /// The turn asked for by the delivery at `seq` of `session`, as the log has it now; `None` when there is
+    /// no such delivery. A read that catches up before `seq` is looked at again a few times first (pauses
+    /// double from 50 ms to 800 ms, about 1.5 s in all): the log may lag behind a write the caller saw (a
+    /// replica on JetStream).
+    pub async fn read_turn(&self, session: &str, seq: u64) -> Result<Option<crate::turn::TurnFold>, E> {
+        let mut pause = std::time::Duration::from_millis(50);
+        loop {
+            let mut watch = self.watch(session, seq.saturating_sub(1), false).await?;
+            let mut fold = crate::turn::TurnFold::new(seq, 0);
+            loop {
+                let item = next(&mut watch).await?;
+                let caught_up = matches!(item.item, Some(pb::watch_item::Item::CaughtUp(_)));
+                fold.apply(&item);
+                if caught_up {
+                    break;
+                }
+            }
+            if !fold.missing() {
+                return Ok(Some(fold));
+            }
+            if pause > LAG_WAIT {
+                return Ok(None);
+            }
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+        }
+    }
+
     /// The session's events after `after_seq`, then `caught_up`, then (with `live`) the tail.
     pub async fn watch(&self, id: &str, after_seq: u64, live: bool) -> Result<Watch, E> {
         let req = pb::WatchRequest { session: session(id), after_seq, live, resume: None };
         Ok(self.gateway.watch(self.request(req)).await?.into_inner())
     }
 }
+
+/// The last pause of [`Api::read_turn`] before a delivery past the log's end is taken not to exist.
+const LAG_WAIT: std::time::Duration = std::time::Duration::from_millis(800);
 
 /// The next item of a Watch; its end is an error (the gateway ends streams only when shutting down).
 pub async fn next(watch: &mut Watch) -> Result<pb::WatchItem, tonic::Status> {

@@ -15,12 +15,14 @@ from a2a.client import A2ACardResolver, ClientConfig, create_client
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
     GetTaskRequest,
+    ListTaskPushNotificationConfigsRequest,
     ListTasksRequest,
     Message,
     Part,
     Role,
     SendMessageRequest,
     SubscribeToTaskRequest,
+    TaskPushNotificationConfig,
     TaskState,
 )
 from a2a.utils.errors import (
@@ -216,6 +218,24 @@ class A2a(unittest.TestCase):
         async with httpx.AsyncClient(headers={"Authorization": "Bearer wrong"}) as h:
             answer = await h.get(f"{BASE}/a2a/scripted/.well-known/agent-card.json")
         self.assertEqual(answer.status_code, 401)
+
+    @run
+    async def test_a_push_url_inside_the_network_is_refused_by_the_egress_rule(self):
+        # This server does not allow internal webhook targets ([webhooks] allow_private): a push
+        # configuration is held to the rule of CreateWebhook, in a send and on its own.
+        c = await client()
+        request = message("push me home")
+        request.configuration.task_push_notification_config.url = "http://127.0.0.1:9/hook"
+        with self.assertRaises(InvalidParamsError) as refused:
+            await send(c, request)
+        self.assertIn("configuration.taskPushNotificationConfig.url", str(refused.exception))
+        [event] = await send(await client("guarded"), message("[[tool:echo x]] wait for me"))
+        for url in ["http://169.254.169.254/latest", "http://[::1]:9/x", "http://10.0.0.1/x"]:
+            with self.assertRaises(InvalidParamsError, msg=url):
+                await c.create_task_push_notification_config(TaskPushNotificationConfig(task_id=event.task.id, url=url))
+        # Nothing was stored: the task has no configuration.
+        listed = await c.list_task_push_notification_configs(ListTaskPushNotificationConfigsRequest(task_id=event.task.id))
+        self.assertEqual(list(listed.configs), [])
 
 
 async def sse(body, last_event_id):

@@ -40,7 +40,23 @@ async fn a2a_sdk(backend: Backend) {
     python_unittest(&server, "a2a-sdk", &["test_a2a_sdk"], env).await;
 }
 
-turnstile_tests::backend_tests!(a2a_sdk);
+/// A2A push notifications (decision 0155) through the `a2a-sdk` client's push configuration flow
+/// (`tests/protocols/test_a2a_push.py`): a receiver on loopback, so this server allows internal webhook
+/// targets (the other one refuses them).
+async fn a2a_push(backend: Backend) {
+    let config = format!("{CONFIG}\n[webhooks]\nallow_private = true\n");
+    let (server, _dir) =
+        dev_with_tokens(backend, &config, &[(TOKEN_A, "tenant-a"), (TOKEN_B, "tenant-b")]).await.unwrap();
+    let http = server.http_addr().expect("the harness starts dev with --http");
+    let env = vec![
+        ("A2A_BASE".to_owned(), format!("http://127.0.0.1:{}", http.port())),
+        ("TOKEN_A".to_owned(), TOKEN_A.to_owned()),
+        ("TOKEN_B".to_owned(), TOKEN_B.to_owned()),
+    ];
+    python_unittest(&server, "a2a-sdk push", &["test_a2a_push"], env).await;
+}
+
+turnstile_tests::backend_tests!(a2a_sdk, a2a_push);
 
 /// `[protocols] a2a = false` takes `/a2a/...` off the `--http` port and leaves the rest served.
 #[tokio::test]

@@ -43,7 +43,7 @@ async fn mcp_sdk(backend: Backend) {
         ("TOKEN_B".to_owned(), TOKEN_B.to_owned()),
         ("MCP_CANCELLED".to_owned(), cancelled.display().to_string()),
     ];
-    python_unittest(&server, "mcp SDK", &["test_mcp_server"], env).await;
+    python_unittest(&server, "mcp SDK", &["test_mcp_server", "test_mcp_resume", "test_mcp_tasks"], env).await;
 
     // The call the client cancelled: its turn ends aborted by the user (its tool sleeps for 10 minutes).
     let session = std::fs::read_to_string(&cancelled).expect("the cancel test names its session");

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
-use turnstile_journal::{MemoryWebhooks, RegisteredWebhook, SessionLog, WebhookPositions, WebhookRegistry};
+use turnstile_journal::{MemoryWebhooks, RegisteredWebhook, SessionLog, TaskPush, WebhookPositions, WebhookRegistry};
 use turnstile_model::{Envelope, Selector, SessionRef, SessionState, Tenant, TenantScope};
 
 use crate::ownership::Ownership;
@@ -49,6 +49,10 @@ pub struct WebhookTarget {
     /// Registered at run time by a tenant (SPEC §21): its URL is held to the egress rule on every POST, and
     /// its deliveries stop once it is deleted.
     pub registered: bool,
+    /// The task whose push notifications this registered webhook carries (A2A, SPEC §19): it serves that
+    /// session alone, a layer above renders its bodies ([`WebhookSender::send_task`]), and it is removed once
+    /// the task has ended.
+    pub task: Option<TaskPush>,
 }
 
 impl WebhookTarget {
@@ -61,8 +65,10 @@ impl WebhookTarget {
             max_age: Duration::from_millis(hook.max_age_ms),
             tenants: TenantScope::only([tenant]),
             not_before_ms: hook.created_unix_ms,
-            signing_key: Some(SigningKey(hook.secret.as_str().into())),
+            // A task's push configuration may have no token: its POSTs are then unsigned.
+            signing_key: (!hook.secret.is_empty()).then(|| SigningKey(hook.secret.as_str().into())),
             registered: true,
+            task: hook.task.clone(),
         }
     }
 }
@@ -89,6 +95,26 @@ impl std::fmt::Debug for SigningKey {
 #[error("{0}")]
 pub struct SendError(pub String);
 
+/// A POST whose body a layer above rendered (an A2A push notification): sent like every webhook POST
+/// (signed with the hook's key, held to the egress rule), with these headers besides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Post {
+    /// `Turnstile-Delivery`: what a receiver deduplicates by.
+    pub delivery: String,
+    pub body: Vec<u8>,
+    /// Further headers, such as the protocol's own token.
+    pub headers: Vec<(String, String)>,
+}
+
+/// What sending one event of a task's webhook came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskSent {
+    /// Delivered (or nothing of the task to send); the task goes on.
+    Delivered,
+    /// Delivered, and the task has ended: the webhook has nothing more to send and is removed.
+    Ended,
+}
+
 /// Sends webhook POSTs: the seam `turnstile-agent` implements with its HTTP client.
 #[async_trait]
 pub trait WebhookSender: Send + Sync + 'static {
@@ -96,6 +122,20 @@ pub trait WebhookSender: Send + Sync + 'static {
     fn webhooks(&self, agent: &str) -> Vec<Arc<WebhookTarget>>;
     /// POSTs `event` to `hook`; `Ok` once the receiver answered 2xx.
     async fn send(&self, hook: &WebhookTarget, event: &Envelope) -> Result<(), SendError>;
+    /// POSTs a rendered body to `hook`; `Ok` once the receiver answered 2xx.
+    async fn post(&self, _hook: &WebhookTarget, _post: Post) -> Result<(), SendError> {
+        Err(SendError("this webhook sender cannot POST rendered bodies".into()))
+    }
+    /// Sends `event` to the webhook of a task (`hook.task` is set), whose body depends on the task's events
+    /// before it (read from `log`). The default sends the event as any webhook's.
+    async fn send_task(
+        &self,
+        hook: &WebhookTarget,
+        _log: &dyn SessionLog,
+        event: &Envelope,
+    ) -> Result<TaskSent, SendError> {
+        self.send(hook, event).await.map(|()| TaskSent::Delivered)
+    }
 }
 
 /// No webhooks (the default of a host built without a sender).
@@ -167,6 +207,9 @@ impl Webhooks {
         }
         for hook in self.registry.of_tenant(&session.tenant) {
             if hook.tenant != session.tenant.as_str() || !selects(&hook, state) {
+                continue;
+            }
+            if hook.task.as_ref().is_some_and(|task| task.session != session.id) {
                 continue;
             }
             let Ok(tenant) = Tenant::new(hook.tenant.clone()) else { continue };
@@ -292,10 +335,14 @@ impl Delivery {
                 return;
             }
             for event in &page {
-                if event.time_ms >= self.hook.not_before_ms && self.hook.events.iter().any(|t| t == event.event_type())
-                {
-                    if !self.deliver(event).await {
-                        return;
+                if self.wanted(event) {
+                    match self.deliver(event).await {
+                        Dealt::Delivered => {}
+                        Dealt::Lost => return,
+                        Dealt::TaskEnded => {
+                            self.retire().await;
+                            return;
+                        }
                     }
                     position = event.seq;
                     if self
@@ -314,20 +361,52 @@ impl Delivery {
         }
     }
 
-    /// Sends `event` until the receiver takes it or it is `max_age` old. False when this worker no longer
-    /// owns the session (the new owner goes on).
-    async fn deliver(&self, event: &Envelope) -> bool {
+    /// Whether `event` is one this webhook delivers: of its types, written after its creation (and for a
+    /// task's webhook, from the task's delivery on, and its end whenever it was written: a configuration made
+    /// as its task ended still tells the receiver so, and is then removed).
+    fn wanted(&self, event: &Envelope) -> bool {
+        let of_type = self.hook.events.iter().any(|t| t == event.event_type());
+        match &self.hook.task {
+            None => of_type && event.time_ms >= self.hook.not_before_ms,
+            Some(task) => {
+                of_type
+                    && event.seq >= task.from_seq
+                    && (event.time_ms >= self.hook.not_before_ms || event.event_type() == "turn/end")
+            }
+        }
+    }
+
+    /// A task's webhook whose task ended is removed: nothing more can follow (decision 0155).
+    async fn retire(&self) {
+        let Some(task) = &self.hook.task else { return };
+        match self.registry.delete(&self.session.tenant, &self.hook.id).await {
+            Ok(_) => tracing::debug!(session = %self.session, webhook = %self.hook.id, config = %task.config_id,
+                "task push configuration removed: its task ended"),
+            Err(e) => tracing::warn!(session = %self.session, webhook = %self.hook.id, error = %e,
+                "task push configuration of an ended task not removed"),
+        }
+    }
+
+    /// Sends `event` until the receiver takes it or it is `max_age` old.
+    async fn deliver(&self, event: &Envelope) -> Dealt {
         let mut backoff = FIRST_BACKOFF;
         let mut attempt = 0u32;
         loop {
             if !self.active() {
-                return false;
+                return Dealt::Lost;
             }
             attempt += 1;
-            match self.sender.send(&self.hook, event).await {
-                Ok(()) => {
+            let sent = match &self.hook.task {
+                None => self.sender.send(&self.hook, event).await.map(|()| TaskSent::Delivered),
+                Some(_) => self.sender.send_task(&self.hook, self.log.as_ref(), event).await,
+            };
+            match sent {
+                Ok(sent) => {
                     metrics::counter!(turnstile_ops::names::WEBHOOK_DELIVERIES, "outcome" => "delivered").increment(1);
-                    return true;
+                    return match sent {
+                        TaskSent::Delivered => Dealt::Delivered,
+                        TaskSent::Ended => Dealt::TaskEnded,
+                    };
                 }
                 Err(e) => {
                     metrics::counter!(turnstile_ops::names::WEBHOOK_DELIVERIES, "outcome" => "failed").increment(1);
@@ -336,7 +415,7 @@ impl Delivery {
                         metrics::counter!(turnstile_ops::names::WEBHOOK_GIVEN_UP).increment(1);
                         tracing::error!(session = %self.session, seq = event.seq, url = %self.hook.url, attempt,
                             error = %e, "webhook delivery given up: the event is older than max_age_ms");
-                        return true;
+                        return Dealt::Delivered;
                     }
                     tracing::warn!(session = %self.session, seq = event.seq, url = %self.hook.url, attempt,
                         error = %e, retry_in_ms = backoff.as_millis() as u64, "webhook delivery failed; retrying");
@@ -368,6 +447,16 @@ impl Delivery {
             }
         }
     }
+}
+
+/// What became of one event.
+enum Dealt {
+    /// Delivered, or given up on: the position moves past it.
+    Delivered,
+    /// This worker no longer owns the session (its new owner goes on), or the webhook was deleted.
+    Lost,
+    /// Delivered, and it ended the task of a task's webhook.
+    TaskEnded,
 }
 
 /// `pause` scaled by a random factor in [0.5, 1.5): retries of many sessions do not line up.
@@ -408,6 +497,7 @@ mod tests {
             not_before_ms: 0,
             signing_key: None,
             registered: false,
+            task: None,
         })
     }
 
@@ -455,6 +545,7 @@ mod tests {
             max_age_ms: 1000,
             created_unix_ms: 0,
             secret: "k".into(),
+            task: None,
         }
     }
 
@@ -488,5 +579,35 @@ mod tests {
         let other = SessionRef::new("b", "blue").unwrap();
         webhooks.notify(&state(&other, &[("team", "blue")]), "scripted", 1);
         assert_eq!(started(&other), ["wh_b"], "tenant b's session reaches only b's webhook");
+    }
+
+    /// A task's push configuration (decision 0155) serves its own session only, even within its tenant.
+    #[tokio::test]
+    async fn a_task_push_starts_deliveries_only_for_its_session() {
+        let registry = Arc::new(MemoryWebhooks::default());
+        let mut push = registered("a", "wh_task", "");
+        push.task = Some(TaskPush {
+            session: "mine".into(),
+            message_id: "a2a-m".into(),
+            from_seq: 1,
+            config_id: "c".into(),
+            auth_scheme: String::new(),
+            auth_credentials: String::new(),
+        });
+        registry.insert(push);
+        let webhooks = Webhooks::new(
+            Arc::new(TwoHooks(Vec::new())),
+            Arc::new(MemoryPositions::default()),
+            Arc::new(EmbeddedLog::in_memory()),
+            None,
+        )
+        .with_registry(registry);
+        let started = |session: &SessionRef| lock(&webhooks.tasks).keys().filter(|(s, _)| s == session).count();
+        let other = SessionRef::new("a", "other").unwrap();
+        webhooks.notify(&state(&other, &[]), "scripted", 1);
+        assert_eq!(started(&other), 0);
+        let mine = SessionRef::new("a", "mine").unwrap();
+        webhooks.notify(&state(&mine, &[]), "scripted", 1);
+        assert_eq!(started(&mine), 1);
     }
 }

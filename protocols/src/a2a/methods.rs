@@ -1,6 +1,6 @@
 //! The A2A methods, each a translation onto the gateway's service: `SendMessage`, `SendStreamingMessage`,
-//! `GetTask`, `ListTasks`, `CancelTask`, `SubscribeToTask`; the push-notification and extended-card
-//! methods answer that they are not supported (docs/PROTOCOLS.md says why).
+//! `GetTask`, `ListTasks`, `CancelTask`, `SubscribeToTask`, and the push configurations' ([`super::push`]);
+//! the extended-card method answers that there is none (docs/PROTOCOLS.md).
 
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use axum::response::Response;
 use serde_json::{Map, Value, json};
 use turnstile_proto::v1 as pb;
 
+use super::push;
 use super::rpc::{self, RpcError, code};
 use super::task::{self, MESSAGE_PREFIX, TaskId};
 use crate::api::{Api, Delivery, next};
@@ -17,8 +18,6 @@ use crate::profiles::Profile;
 use crate::sse;
 use crate::turn::{SPAN, TurnFold};
 
-/// The last pause before a task past its log's end is not found (pauses double from 50 ms: about 1.5 s).
-const LAG_WAIT: Duration = Duration::from_millis(800);
 /// How long a cancel waits for the cancelled turn to end before answering with the task as it is.
 const CANCEL_WAIT: Duration = Duration::from_secs(30);
 /// `ListTasks` page sizes: A2A's default and largest.
@@ -49,14 +48,10 @@ pub(crate) async fn dispatch(call: Call, method: &str, params: &Map<String, Valu
         "ListTasks" => list_tasks(&call, params).await.map(Answer::Result),
         "CancelTask" => cancel_task(&call, params).await.map(Answer::Result),
         "SubscribeToTask" => subscribe(call, params).await,
-        "CreateTaskPushNotificationConfig"
-        | "GetTaskPushNotificationConfig"
-        | "ListTaskPushNotificationConfigs"
-        | "DeleteTaskPushNotificationConfig" => Err(RpcError::new(
-            code::PUSH_NOT_SUPPORTED,
-            "push notifications are not supported yet: stream the task (SendStreamingMessage, SubscribeToTask with \
-             Last-Event-ID to resume) or poll GetTask; agent webhooks are configured per agent (docs/CONFIGURATION.md)",
-        )),
+        "CreateTaskPushNotificationConfig" => push::create(&call, params).await.map(Answer::Result),
+        "GetTaskPushNotificationConfig" => push::get(&call, params).await.map(Answer::Result),
+        "ListTaskPushNotificationConfigs" => push::list(&call, params).await.map(Answer::Result),
+        "DeleteTaskPushNotificationConfig" => push::delete(&call, params).await.map(Answer::Result),
         "GetExtendedAgentCard" => {
             Err(RpcError::new(code::NO_EXTENDED_CARD, "this agent has no extended card: its public card is all of it"))
         }
@@ -64,7 +59,7 @@ pub(crate) async fn dispatch(call: Call, method: &str, params: &Map<String, Valu
             code::METHOD_NOT_FOUND,
             format!(
                 "unknown method {other:?}: A2A v1.0's are SendMessage, SendStreamingMessage, GetTask, ListTasks, \
-                 CancelTask, SubscribeToTask"
+                 CancelTask, SubscribeToTask and the four *TaskPushNotificationConfig(s)"
             ),
         )),
     }
@@ -155,16 +150,20 @@ async fn send(call: Call, params: &Map<String, Value>, streaming: bool) -> Resul
     let configuration = configuration.unwrap_or(&empty);
     let history = rpc::number(configuration, "historyLength")?.map(|n| n as usize);
     let immediately = rpc::flag(configuration, "returnImmediately")?;
-    if configuration.get("taskPushNotificationConfig").is_some_and(|c| !c.is_null()) {
-        return Err(RpcError::new(
-            code::PUSH_NOT_SUPPORTED,
-            "push notifications are not supported yet: stream or poll",
-        ));
-    }
+    const PUSH: &str = "configuration.taskPushNotificationConfig";
+    let push = rpc::object(configuration, "taskPushNotificationConfig")
+        .map_err(|_| RpcError::invalid(format!("{PUSH} must be an object")))?
+        .map(|config| push::Config::read(config, PUSH))
+        .transpose()?;
 
     let (id, after) = match &message.task_id {
+        Some(task_id) if push.is_some() => {
+            return Err(RpcError::invalid(format!(
+                "{PUSH} configures a new task; for task {task_id} use CreateTaskPushNotificationConfig"
+            )));
+        }
         Some(task_id) => answer(&call, task_id, &message).await?,
-        None => (start(&call, &message).await?, 0),
+        None => (start(&call, &message, push).await?, 0),
     };
     if streaming {
         return Ok(Answer::Stream(stream(call, id, after, true)));
@@ -174,8 +173,8 @@ async fn send(call: Call, params: &Map<String, Value>, streaming: bool) -> Resul
 }
 
 /// Delivers a new message as a followup in its context (a new session without one); the task is the
-/// delivery's.
-async fn start(call: &Call, message: &Message) -> Result<TaskId, RpcError> {
+/// delivery's. Its push configuration, if it has one, is stored first (so no update is missed).
+async fn start(call: &Call, message: &Message, push: Option<push::Config>) -> Result<TaskId, RpcError> {
     if message.text.trim().is_empty() {
         return Err(RpcError::invalid("message.parts has no text: say something to the agent"));
     }
@@ -190,12 +189,18 @@ async fn start(call: &Call, message: &Message) -> Result<TaskId, RpcError> {
         None => ids::new_session(MESSAGE_PREFIX, None),
     };
     let agent = &call.profile.name;
-    match call.api.find_session(&session).await? {
+    let found = call.api.find_session(&session).await?;
+    let from_seq = found.as_ref().map_or(0, |info| info.last_seq) + 1;
+    match found {
         Some(info) if info.agent == *agent => {}
         Some(info) => drop(call.api.configure(&session, agent, info.inject_mode).await?),
         None => drop(call.api.configure(&session, agent, pb::InjectMode::Unspecified as i32).await?),
     }
-    let reply = call.api.deliver(&session, message.to_pb(), Delivery::Followup).await?;
+    let pb_message = message.to_pb();
+    if let Some(push) = push {
+        push::configure_before_send(call, push, &session, &pb_message.id, from_seq).await?;
+    }
+    let reply = call.api.deliver(&session, pb_message, Delivery::Followup).await?;
     Ok(TaskId { session, seq: reply.seq })
 }
 
@@ -225,31 +230,13 @@ async fn answer(call: &Call, task_id: &str, message: &Message) -> Result<(TaskId
     Ok((id.clone(), waiting.seq * SPAN + 2))
 }
 
-/// The task as the log has it now. A read that catches up before the task's seq is looked at again a few
-/// times before the task is said not to exist: the log may lag behind a write the caller saw (a replica on
-/// JetStream), as the OpenAI adapter's reads allow for.
-async fn read(api: &Api<RpcError>, id: &TaskId) -> Result<TurnFold, RpcError> {
-    let mut pause = Duration::from_millis(50);
-    loop {
-        let mut watch = api.watch(&id.session, id.seq - 1, false).await.map_err(|e| not_found(e, id))?;
-        let mut fold = TurnFold::new(id.seq, 0);
-        loop {
-            let item = next(&mut watch).await?;
-            let caught_up = matches!(item.item, Some(pb::watch_item::Item::CaughtUp(_)));
-            fold.apply(&item);
-            if caught_up {
-                break;
-            }
-        }
-        if !fold.missing() {
-            return Ok(fold);
-        }
-        if pause > LAG_WAIT {
-            return Err(RpcError::task_not_found(&id.encode()));
-        }
-        tokio::time::sleep(pause).await;
-        pause *= 2;
-    }
+/// The task as the log has it now (a lagging log is waited for, [`Api::read_turn`]); not found when there is
+/// no such delivery.
+pub(crate) async fn read(api: &Api<RpcError>, id: &TaskId) -> Result<TurnFold, RpcError> {
+    api.read_turn(&id.session, id.seq)
+        .await
+        .map_err(|e| not_found(e, id))?
+        .ok_or_else(|| RpcError::task_not_found(&id.encode()))
 }
 
 /// A gateway NOT_FOUND for the task's session is the task not found, named by its id.

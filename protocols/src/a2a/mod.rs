@@ -8,6 +8,7 @@
 //! event through any gateway (the replay cursor, beyond the specification).
 
 mod methods;
+pub mod push;
 mod rpc;
 mod task;
 
@@ -81,8 +82,8 @@ fn base_url(headers: &HeaderMap, agent: &str) -> String {
     format!("{scheme}://{host}/a2a/{agent}")
 }
 
-/// The agent card of `profile`: one JSON-RPC interface, streaming, one skill (the profile itself), bearer
-/// tokens.
+/// The agent card of `profile`: one JSON-RPC interface, streaming, push notifications, one skill (the
+/// profile itself), bearer tokens.
 fn agent_card(profile: &Profile, url: &str) -> Value {
     json!({
         "name": profile.name,
@@ -90,7 +91,7 @@ fn agent_card(profile: &Profile, url: &str) -> Value {
         "supportedInterfaces": [{"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
         "provider": {"organization": "Turnstile", "url": url},
         "version": env!("CARGO_PKG_VERSION"),
-        "capabilities": {"streaming": true, "pushNotifications": false},
+        "capabilities": {"streaming": true, "pushNotifications": true},
         "securitySchemes": {"bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer", "description": "A Turnstile tenant token or JWT"}}},
         "securityRequirements": [{"schemes": {"bearer": {"list": []}}}],
         "defaultInputModes": ["text/plain"],

@@ -15,7 +15,6 @@ pub(crate) mod code {
     pub(crate) const INTERNAL: i64 = -32603;
     pub(crate) const TASK_NOT_FOUND: i64 = -32001;
     pub(crate) const TASK_NOT_CANCELABLE: i64 = -32002;
-    pub(crate) const PUSH_NOT_SUPPORTED: i64 = -32003;
     pub(crate) const UNSUPPORTED: i64 = -32004;
     pub(crate) const CONTENT_TYPE: i64 = -32005;
     pub(crate) const NO_EXTENDED_CARD: i64 = -32007;

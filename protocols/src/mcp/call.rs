@@ -12,6 +12,8 @@ use rmcp::service::{RequestContext, RoleServer};
 use serde_json::{Value, json};
 use turnstile_proto::v1 as pb;
 
+use super::resume::{Cursor, StreamClosed};
+use super::tasks;
 use super::tools::Arguments;
 use super::{Fail, Server};
 use crate::api::{Api, Delivery};
@@ -73,6 +75,8 @@ pub(crate) async fn call(
     }
     .await;
     match started {
+        // A client of the tasks extension gets the task at once and polls it (decision 0157).
+        Ok((reply, _)) if tasks::wanted(&context) => Ok(tasks::created(&session, reply.seq).into()),
         Ok((reply, message)) => {
             follow(&api, &session, (reply.seq, Some(message.as_str())), 0, progress, &context).await
         }
@@ -103,13 +107,28 @@ async fn follow(
     progress: Option<ProgressToken>,
     context: &RequestContext<RoleServer>,
 ) -> Answer {
+    // At 2026-07-28 closing the stream cancels the call; before it, a closed stream resumes (decision 0156).
+    let closed = context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|p| p.extensions.get::<StreamClosed>())
+        .filter(|_| modern(context))
+        .map(|c| c.0.clone())
+        .unwrap_or_default();
+    let cursor = progress.as_ref().map(|token| Cursor {
+        session: session.to_owned(),
+        seq,
+        position: after,
+        request: serde_json::to_value(&context.id).unwrap_or(Value::Null),
+        token: serde_json::to_value(token).unwrap_or(Value::Null),
+    });
     let followed = async {
         let mut watch = api.watch(session, seq - 1, true).await?;
         let mut fold = TurnFold::new(seq, after);
         loop {
             let item = tokio::select! {
                 item = crate::api::next(&mut watch) => item?,
-                () = context.ct.cancelled() => {
+                () = first_of(&context.ct, &closed) => {
                     cancel(api, session, &fold, message).await?;
                     return Ok(Err(ErrorData::new(
                         rmcp::model::ErrorCode::INVALID_REQUEST,
@@ -121,9 +140,10 @@ async fn follow(
             for step in fold.apply(&item) {
                 match step.change {
                     Change::Text { piece, .. } => {
-                        if let Some(token) = &progress {
-                            let mut note = ProgressNotificationParam::new(token.clone(), step.position as f64);
-                            note.message = Some(piece);
+                        // Each notification carries its cursor, its SSE id (the stream resumes after it).
+                        if let Some(note) = cursor.as_ref().and_then(|c| {
+                            serde_json::from_value::<ProgressNotificationParam>(c.progress(step.position, &piece)).ok()
+                        }) {
                             // A client that went away is seen by the cancellation above.
                             let _ = context.peer.notify_progress(note).await;
                         }
@@ -142,10 +162,18 @@ async fn follow(
     }
 }
 
+/// Waits until either token is cancelled.
+async fn first_of(a: &tokio_util::sync::CancellationToken, b: &tokio_util::sync::CancellationToken) {
+    tokio::select! {
+        () = a.cancelled() => {}
+        () = b.cancelled() => {}
+    }
+}
+
 /// Cancels the turn being followed, or removes its message when the turn has not started (known by the
 /// MessageId this call sent even before the Watch brought its delivery, so another client's turn running
 /// in the session is not cancelled instead).
-async fn cancel(api: &Api<Fail>, session: &str, fold: &TurnFold, message: Option<&str>) -> Result<(), Fail> {
+pub(crate) async fn cancel(api: &Api<Fail>, session: &str, fold: &TurnFold, message: Option<&str>) -> Result<(), Fail> {
     if fold.finished() {
         return Ok(());
     }
@@ -159,7 +187,7 @@ async fn cancel(api: &Api<Fail>, session: &str, fold: &TurnFold, message: Option
 }
 
 /// The result of a turn that ended: its reply, and the session to continue in `structuredContent`.
-fn ended(session: &str, fold: &TurnFold, outcome: &Outcome) -> CallToolResult {
+pub(crate) fn ended(session: &str, fold: &TurnFold, outcome: &Outcome) -> CallToolResult {
     let (status, error) = match outcome {
         Outcome::Completed => ("completed", None),
         Outcome::MaxTokens => ("max_tokens", None),
@@ -179,7 +207,7 @@ fn ended(session: &str, fold: &TurnFold, outcome: &Outcome) -> CallToolResult {
 }
 
 /// A gateway refusal as a tool error the caller reads: the gRPC code and the gateway's message.
-fn failure(session: &str, status: &tonic::Status) -> CallToolResult {
+pub(crate) fn failure(session: &str, status: &tonic::Status) -> CallToolResult {
     let code = format!("{:?}", status.code());
     let mut result = CallToolResult::error(vec![Content::text(format!("{code}: {}", status.message()))]);
     result.structured_content =
@@ -196,30 +224,50 @@ fn waiting(
     call: &Call,
     context: &RequestContext<RoleServer>,
 ) -> CallToolResponse {
-    let modern = context.protocol_version().is_some_and(|v| v.as_str() >= "2026-07-28");
-    let question = format!(
-        "The agent wants to run the tool `{}` with {}. Approve?",
-        call.name,
-        if call.arguments.is_empty() { "no arguments" } else { call.arguments.as_str() }
-    );
-    if modern {
+    if modern(context) {
         let state = Waiting { session: session.to_owned(), seq, call_seq: call.seq, call_id: call.call_id.clone() };
         let result = json!({
             "resultType": "input_required",
-            "inputRequests": {APPROVAL_KEY: {"method": "elicitation/create", "params": {
-                "mode": "form",
-                "message": question,
-                "requestedSchema": {"type": "object", "properties": {
-                    "approve": {"type": "boolean", "title": "Approve", "description": "Run the call (true) or refuse it (false)."},
-                    "reason": {"type": "string", "title": "Reason", "description": "Why, for the agent and the log."}
-                }, "required": ["approve"]}
-            }}},
+            "inputRequests": input_requests(call),
             "requestState": state.encode(),
         });
         if let Ok(input) = serde_json::from_value::<InputRequiredResult>(result) {
             return input.into();
         }
     }
+    waiting_result(session, fold, call).into()
+}
+
+/// The form elicitation that asks a person about `call`, keyed as its answer comes back (`inputRequests`).
+pub(crate) fn input_requests(call: &Call) -> Value {
+    json!({APPROVAL_KEY: {"method": "elicitation/create", "params": {
+        "mode": "form",
+        "message": question(call),
+        "requestedSchema": {"type": "object", "properties": {
+            "approve": {"type": "boolean", "title": "Approve", "description": "Run the call (true) or refuse it (false)."},
+            "reason": {"type": "string", "title": "Reason", "description": "Why, for the agent and the log."}
+        }, "required": ["approve"]}
+    }}})
+}
+
+/// Whether the caller speaks 2026-07-28 or later (stateless by protocol: MRTR, and closing a call's stream
+/// cancels it).
+fn modern(context: &RequestContext<RoleServer>) -> bool {
+    context.protocol_version().is_some_and(|v| v.as_str() >= "2026-07-28")
+}
+
+pub(crate) fn question(call: &Call) -> String {
+    format!(
+        "The agent wants to run the tool `{}` with {}. Approve?",
+        call.name,
+        if call.arguments.is_empty() { "no arguments" } else { call.arguments.as_str() }
+    )
+}
+
+/// The result of a call whose turn waits for a decision, for a client before 2026-07-28: what waits, to be
+/// decided through another API.
+pub(crate) fn waiting_result(session: &str, fold: &TurnFold, call: &Call) -> CallToolResult {
+    let question = question(call);
     let mut result = CallToolResult::success(vec![Content::text(format!(
         "{question} The turn waits for a decision on call {} of session {session} (Decide through the gRPC API, \
          the console or `turnstile decide`); call the tool again with this session to follow it.",
@@ -229,7 +277,7 @@ fn waiting(
         "session": session, "turn": fold.turn(), "status": "input_required", "reply": fold.reply(),
         "awaiting_approval": {"call_id": call.call_id, "name": call.name, "arguments": call.arguments},
     }));
-    result.into()
+    result
 }
 
 /// The call awaiting approval that a `requestState` names: everything the retried call needs.
@@ -269,7 +317,7 @@ impl Waiting {
 }
 
 /// The person's answer in `inputResponses`: approve (with a reason) or not. Declined or dismissed is no.
-fn approval(responses: Option<&rmcp::model::InputResponses>) -> Result<(bool, String), ErrorData> {
+pub(crate) fn approval(responses: Option<&rmcp::model::InputResponses>) -> Result<(bool, String), ErrorData> {
     let answer = responses.and_then(|r| r.get(APPROVAL_KEY)).ok_or_else(|| {
         ErrorData::invalid_params(format!("inputResponses.{APPROVAL_KEY} is required with this requestState"), None)
     })?;

@@ -4,19 +4,23 @@
 //! Each agent profile the caller's tenant may run is a tool (`tools`); a call runs a turn in a new or
 //! named session and answers with its reply, progress notifications carry the reply's deltas, and closing
 //! the call's stream (the 2026-07-28 cancellation) cancels the turn. A call awaiting approval asks the
-//! client through an MRTR elicitation where the protocol has it (`call`).
+//! client through an MRTR elicitation where the protocol has it (`call`). A stream cut before its answer
+//! resumes with `Last-Event-ID` through any gateway, rebuilt from the log (`resume`).
 
 mod call;
+mod resume;
+mod tasks;
 mod tools;
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::middleware::from_fn_with_state;
+use axum::routing::get;
 use rmcp::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ErrorData, Implementation, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, ErrorData, GetTaskParams, GetTaskResult, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, UpdateTaskParams,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -65,7 +69,7 @@ impl Server {
 
 impl ServerHandler for Server {
     fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build());
         info.server_info = Implementation::new("turnstile", env!("CARGO_PKG_VERSION"));
         info.instructions = Some(
             "Each tool is a Turnstile agent: `message` is the prompt, `session` (optional) continues a \
@@ -97,6 +101,33 @@ impl ServerHandler for Server {
         let (api, tenant) = self.caller(&context)?;
         call::call(self, api, &tenant, request, context).await
     }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let (api, _) = self.caller(&context)?;
+        tasks::get(&api, &request.task_id).await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let (api, _) = self.caller(&context)?;
+        tasks::update(&api, &request.task_id, &request.input_responses).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let (api, _) = self.caller(&context)?;
+        tasks::cancel_task(&api, &request.task_id).await
+    }
 }
 
 /// The `/mcp` route, answered by `gateway`'s service code.
@@ -105,14 +136,19 @@ pub fn router(gateway: Gateway, profiles: Profiles) -> Router {
     let server = Server { gateway: gateway.clone(), profiles: Arc::new(profiles) };
     // Without auth only loopback callers naming a loopback host get here ([`admit`](crate::admit)), the DNS-rebinding
     // guard rmcp's host list would give; with auth the token is the guard, and the host any name.
+    // No priming event: it is stored before the call runs, so its id could name no position to resume from.
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
+        .with_sse_retry(None)
         .disable_allowed_hosts()
         .with_cancellation_token(gateway.shutdown_token().child_token());
-    let service =
-        StreamableHttpService::new(move || Ok(server.clone()), Arc::new(NeverSessionManager::default()), config);
+    let sessions = NeverSessionManager::default().with_event_store(Arc::new(resume::Cursors));
+    let handler = server.clone();
+    let service = StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(sessions), config);
     Router::new()
-        .route_service(PATH, service)
+        .route(PATH, get(resume::resume).fallback_service(service))
+        .with_state(server)
+        .layer(axum::middleware::from_fn(resume::watch_close))
         .layer(from_fn_with_state(Admission::new(gateway, auth_enabled, "MCP server"), admit))
 }

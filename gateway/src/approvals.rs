@@ -49,6 +49,12 @@ impl Gateway {
             arguments: call.arguments.clone(),
             awaiting_approval: false,
             awaiting_client: true,
+            idempotency_key: turnstile_model::tool_key::idempotency_key(
+                &state.session,
+                open.turn,
+                open.step,
+                &call.call_id,
+            ),
         })
     }
 

@@ -4,17 +4,16 @@
 
 use std::time::Duration;
 
-use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::{Map, Value, json};
 use turnstile_proto::v1 as pb;
 
+use super::call::{Call, not_found, read};
 use super::push;
 use super::rpc::{self, RpcError, code};
 use super::task::{self, MESSAGE_PREFIX, TaskId};
 use crate::api::{Api, Delivery, next};
 use crate::ids;
-use crate::profiles::Profile;
 use crate::sse;
 use crate::turn::{SPAN, TurnFold};
 
@@ -25,15 +24,6 @@ const PAGE_DEFAULT: u64 = 50;
 const PAGE_MAX: u64 = 100;
 /// The prefix of a `ListTasks` page token.
 const PAGE_PREFIX: &str = "tasks-";
-
-/// One JSON-RPC call: the caller's view of the gateway, the agent it addressed, its HTTP headers (for
-/// `Last-Event-ID`) and the request id its stream events echo.
-pub(crate) struct Call {
-    pub(crate) api: Api<RpcError>,
-    pub(crate) profile: Profile,
-    pub(crate) headers: HeaderMap,
-    pub(crate) id: Value,
-}
 
 pub(crate) enum Answer {
     Result(Value),
@@ -228,23 +218,6 @@ async fn answer(call: &Call, task_id: &str, message: &Message) -> Result<(TaskId
     let (approve, reason) = message.decision();
     call.api.decide(&id.session, &waiting.call_id, approve, &reason).await?;
     Ok((id.clone(), waiting.seq * SPAN + 2))
-}
-
-/// The task as the log has it now (a lagging log is waited for, [`Api::read_turn`]); not found when there is
-/// no such delivery.
-pub(crate) async fn read(api: &Api<RpcError>, id: &TaskId) -> Result<TurnFold, RpcError> {
-    api.read_turn(&id.session, id.seq)
-        .await
-        .map_err(|e| not_found(e, id))?
-        .ok_or_else(|| RpcError::task_not_found(&id.encode()))
-}
-
-/// A gateway NOT_FOUND for the task's session is the task not found, named by its id.
-fn not_found(error: RpcError, id: &TaskId) -> RpcError {
-    match error.code {
-        code::TASK_NOT_FOUND => RpcError::task_not_found(&id.encode()),
-        _ => error,
-    }
 }
 
 /// The task once it stops (ends or waits for input) after position `after`. Callers know the task exists

@@ -7,6 +7,7 @@
 //! positions in the turn ([`crate::turn`]), so `SubscribeToTask` with `Last-Event-ID` resumes after any
 //! event through any gateway (the replay cursor, beyond the specification).
 
+mod call;
 mod methods;
 pub mod push;
 mod rpc;
@@ -126,7 +127,7 @@ async fn call(
             return json_response(StatusCode::NOT_FOUND, &rpc::error(&request.id, &error));
         }
     };
-    let call = methods::Call { api: Api::new(&shared.gateway, &headers), profile, headers, id: request.id.clone() };
+    let call = call::Call { api: Api::new(&shared.gateway, &headers), profile, headers, id: request.id.clone() };
     match methods::dispatch(call, &request.method, &request.params).await {
         Ok(methods::Answer::Result(result)) => json_response(StatusCode::OK, &rpc::result(&request.id, result)),
         Ok(methods::Answer::Stream(response)) => response,

@@ -15,7 +15,7 @@ use turnstile_model::Envelope;
 use turnstile_proto::v1 as pb;
 use turnstile_worker::webhooks::{Post, SendError, TaskSent, WebhookSender, WebhookTarget};
 
-use super::methods::{Call, read};
+use super::call::{Call, read};
 use super::rpc::{self, RpcError, code};
 use super::task::{self, TaskId};
 use crate::turn::TurnFold;

@@ -8,6 +8,7 @@
 //! resumes with `Last-Event-ID` through any gateway, rebuilt from the log (`resume`).
 
 mod call;
+mod results;
 mod resume;
 mod tasks;
 mod tools;

@@ -24,7 +24,7 @@ use rmcp::transport::streamable_http_server::session::store::{EventId, EventStor
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::call::{ended, failure, waiting_result};
+use super::results::{ended, failure, waiting_result};
 use super::{Fail, Server};
 use crate::admit::CallerTenant;
 use crate::api::{Api, next};

@@ -13,7 +13,7 @@ use rmcp::service::{RequestContext, RoleServer};
 use turnstile_model::time::rfc3339_utc;
 
 use super::Fail;
-use super::call::{approval, cancel, ended, input_requests, question};
+use super::results::{approval, cancel, ended, input_requests, question};
 use crate::api::Api;
 use crate::ids;
 use crate::turn::{Outcome, TurnFold};

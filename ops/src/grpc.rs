@@ -38,18 +38,55 @@ pub async fn server(services: &[&str]) -> (tonic::transport::server::Router, Hea
     (router, reporter)
 }
 
+/// How long a server waits, once told to stop, for its open calls to end before it closes their
+/// connections. A client that stopped reading a stream (a Watch it never reads) would otherwise hold the
+/// graceful stop until SIGKILL: `turnstile dev` with one such Watch still ran 30 s after SIGTERM, and every
+/// gateway replaced in a rolling upgrade under the fault campaign's hostile tenant took the harness's full
+/// 15 s. Well under a gateway pod's 30 s termination grace less its 5 s preStop sleep.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
 /// Serves `router` on `listener` until `shutdown`: over TLS with the config `tls` holds when each
 /// connection arrives (so a certificate reloaded from disk is used from the next connection on, decision
-/// 0159), else in clear text.
+/// 0159), else in clear text. Once `shutdown` resolves, calls in flight get [`STOP_GRACE`] to end.
 pub async fn serve(
     router: tonic::transport::server::Router,
     listener: tokio::net::TcpListener,
     tls: Option<Arc<LiveServerTls>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stopping.send(());
+    };
     match tls {
-        None => router.serve_with_incoming_shutdown(incoming(listener), shutdown).await,
-        Some(tls) => router.serve_with_incoming_shutdown(incoming_tls(listener, tls), shutdown).await,
+        None => bounded(router.serve_with_incoming_shutdown(incoming(listener), shutdown), stopped).await,
+        Some(tls) => bounded(router.serve_with_incoming_shutdown(incoming_tls(listener, tls), shutdown), stopped).await,
+    }
+}
+
+/// `serving`, or `Ok` once [`STOP_GRACE`] has passed since `stopped` fired: dropping the server closes the
+/// connections still open.
+async fn bounded(
+    serving: impl Future<Output = Result<(), tonic::transport::Error>>,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) -> Result<(), tonic::transport::Error> {
+    let grace = async {
+        // An error means the server ended first (it dropped the sender): nothing to bound.
+        if stopped.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(STOP_GRACE).await;
+    };
+    tokio::select! {
+        served = serving => served,
+        () = grace => {
+            tracing::warn!(
+                grace_s = STOP_GRACE.as_secs(),
+                "calls still open after the stop grace (a client that does not read its stream?): closing them"
+            );
+            Ok(())
+        }
     }
 }
 

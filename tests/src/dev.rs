@@ -255,6 +255,16 @@ impl DevServer {
         self.process.signal("HUP")
     }
 
+    /// SIGTERM, without waiting: see [`DevServer::exited`].
+    pub fn terminate(&self) -> Result<(), HarnessError> {
+        self.process.signal("TERM")
+    }
+
+    /// `Some(status)` once the process has exited (it is then reaped).
+    pub fn exited(&mut self) -> Option<String> {
+        self.process.exited()
+    }
+
     /// SIGKILL: the crash case. Nothing is flushed or shut down gracefully.
     pub fn kill(mut self) {
         self.process.kill();

@@ -107,3 +107,41 @@ async fn stuck_watchers_are_bounded_in_bytes_cut_and_resume_without_loss() {
         assert_eq!(durable_events(&watch.items), log, "watcher {i}: every event once, none missing");
     }
 }
+
+/// A client that stopped reading its Watch does not hold the server's stop: on SIGTERM the server ends its
+/// calls and, after `turnstile_ops::grpc::STOP_GRACE` (10 s), closes the connections still open and exits
+/// by itself. Before the bound it ran until SIGKILL (30 s and more measured), which made every gateway of a
+/// rolling upgrade take its whole termination grace when one client did not read.
+#[tokio::test]
+async fn a_watcher_that_never_reads_does_not_hold_the_stop() {
+    let mut server = DevServer::start().await.unwrap();
+    let s = server.session();
+    let channel = Endpoint::from_shared(server.url()).unwrap().connect().await.unwrap();
+    let mut client = AgentClient::new(channel);
+    let request = WatchRequest { session: Some(s.reference()), after_seq: 0, live: true, resume: None };
+    let mut stream = client.watch(request).await.unwrap().into_inner();
+    let first = tokio::time::timeout(PATIENCE, stream.message()).await.unwrap().unwrap().unwrap();
+    assert!(matches!(first.item, Some(Item::CaughtUp(_))), "{first:?}");
+    // More than the connection's windows and buffers take, so the server's writes to it are stuck.
+    let text = "x".repeat(TEXT_BYTES);
+    for i in 0..TURNS {
+        s.followup(user_msg(&format!("m{i}"), &text)).await.unwrap();
+        s.when_idle().await.unwrap();
+    }
+
+    server.terminate().unwrap();
+    let exited = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Some(status) = server.exited() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let log = std::fs::read_to_string(server.log_path()).unwrap();
+    let status = exited.unwrap_or_else(|_| panic!("still running {PATIENCE:?} after SIGTERM\n{}", server.log_tail()));
+    assert!(status.contains("exit status: 0"), "{status}\n{}", server.log_tail());
+    assert!(log.contains("calls still open after the stop grace"), "it stopped without the bound: {log}");
+    drop(stream);
+}

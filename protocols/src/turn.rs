@@ -29,6 +29,32 @@ use turnstile_proto::v1::turn_end_reason::Reason;
 /// `step/start` is at `S` is at `S * SPAN + 2 + end`, `end` the delta's end offset in the step's reply.
 pub const SPAN: u64 = 1 << 24;
 
+/// The position of a text delta of the step whose `step/start` is at seq `anchor`, ending at byte `end` of
+/// the step's reply (decision 0101): the same at every gateway, so a resumed stream knows the bytes it has.
+pub fn text_position(anchor: u64, end: u64) -> u64 {
+    anchor * SPAN + 2 + end.min(SPAN - 3)
+}
+
+/// How many bytes of the reply of the step at `anchor` a client has that resumed after position `after`
+/// (a [`text_position`] of that step names its end; any other position, none).
+pub fn had_of_step(after: u64, anchor: u64) -> u64 {
+    match after {
+        n if n / SPAN == anchor && n % SPAN >= 2 => n % SPAN - 2,
+        _ => 0,
+    }
+}
+
+/// The part of `text`, a delta at byte `offset` of its step's reply, past the first `known` bytes, with
+/// the delta's end; `None` when nothing of it is new.
+pub fn unsent(text: &str, offset: u64, known: u64) -> Option<(&str, u64)> {
+    let end = offset + text.len() as u64;
+    if end <= known {
+        return None;
+    }
+    let skip = usize::try_from(known.saturating_sub(offset)).unwrap_or(usize::MAX);
+    text.get(skip..).map(|piece| (piece, end))
+}
+
 /// How a turn ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -341,24 +367,16 @@ impl TurnFold {
             Some(open) if open.anchor > anchor => return,
             _ => self.open.insert(Open { step, anchor, sent_end: 0 }),
         };
-        let end = offset + text.len() as u64;
-        if end <= open.sent_end {
-            return;
-        }
-        let skip = usize::try_from(open.sent_end.saturating_sub(offset)).unwrap_or(usize::MAX);
-        let Some(piece) = text.get(skip..) else { return };
+        let Some((piece, end)) = unsent(text, offset, open.sent_end) else { return };
         open.sent_end = end;
         match self.replies.last_mut() {
             Some((at, text)) if *at == anchor => text.push_str(piece),
             _ => self.replies.push((anchor, piece.to_owned())),
         }
-        let position = anchor * SPAN + 2 + end.min(SPAN - 3);
+        let position = text_position(anchor, end);
         if position > self.after {
             // A resumed client has the bytes up to the end its position names.
-            let had = match self.after {
-                n if n / SPAN == anchor && n % SPAN >= 2 => n % SPAN - 2,
-                _ => 0,
-            };
+            let had = had_of_step(self.after, anchor);
             let from = usize::try_from(had.saturating_sub(end - piece.len() as u64)).unwrap_or(usize::MAX);
             if let Some(rest) = piece.get(from..).filter(|r| !r.is_empty()) {
                 out.push(Step { position, change: Change::Text { step: anchor, piece: rest.to_owned() } });

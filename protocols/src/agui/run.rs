@@ -15,6 +15,7 @@ use turnstile_proto::v1::session_event::Payload;
 use turnstile_proto::v1::turn_end_reason::Reason;
 
 use crate::SPAN;
+use crate::turn::{had_of_step, text_position, unsent};
 
 /// One AG-UI event: its number (none for the events a resumed stream repeats to re-open what the client
 /// had open) and its JSON.
@@ -301,22 +302,13 @@ impl RunFold {
             self.open_text = Some(OpenText { step, anchor, sent_end: 0 });
         }
         let Some(open) = self.open_text.as_mut() else { return };
-        let end = offset + text.len() as u64;
-        // What a resumed client already has of this step (its `Last-Event-ID` names a delta of it).
-        let client_end = match self.starting_after {
-            n if n / SPAN == open.anchor && n % SPAN >= 2 => n % SPAN - 2,
-            _ => 0,
-        };
-        let lower = open.sent_end.max(client_end);
-        if end <= lower {
-            return;
-        }
-        let skip = usize::try_from(lower.saturating_sub(offset)).unwrap_or(usize::MAX);
-        let Some(piece) = text.get(skip..) else { return };
+        // What was sent, or a resumed client already has of this step (its `Last-Event-ID` names a delta of it).
+        let known = open.sent_end.max(had_of_step(self.starting_after, open.anchor));
+        let Some((piece, end)) = unsent(text, offset, known) else { return };
         open.sent_end = end;
         let anchor = open.anchor;
         let body = json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": message_id(anchor), "delta": piece});
-        self.emit(out, anchor * SPAN + 2 + end.min(SPAN - 3), body);
+        self.emit(out, text_position(anchor, end), body);
     }
 
     fn close_text(&mut self, number: u64, out: &mut Vec<Event>) {

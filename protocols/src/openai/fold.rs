@@ -22,6 +22,7 @@ use super::input::INSTRUCTIONS_FORM;
 
 pub use super::items::{Event, Input, Item, Meta, Outcome, render_item};
 pub use crate::SPAN;
+use crate::turn::{had_of_step, text_position, unsent};
 
 /// The fold of one response. Feed it the session's Watch from the response's delivery on
 /// (`after_seq = id.seq - 1`); it returns the events each item produces after `starting_after`.
@@ -379,18 +380,9 @@ impl ResponseFold {
             self.open = Some(Open { step, index, anchor, sent_end: 0 });
         }
         let Some(open) = self.open.as_mut() else { return };
-        let end = offset + text.len() as u64;
-        // What a resumed client already has of this step (its `starting_after` names a delta of it).
-        let client_end = match self.starting_after {
-            n if n / SPAN == open.anchor && n % SPAN >= 2 => n % SPAN - 2,
-            _ => 0,
-        };
-        let lower = open.sent_end.max(client_end);
-        if end <= lower {
-            return;
-        }
-        let skip = usize::try_from(lower.saturating_sub(offset)).unwrap_or(usize::MAX);
-        let Some(piece) = text.get(skip..) else { return };
+        // What was sent, or a resumed client already has of this step (its `starting_after` names a delta of it).
+        let known = open.sent_end.max(had_of_step(self.starting_after, open.anchor));
+        let Some((piece, end)) = unsent(text, offset, known) else { return };
         open.sent_end = end;
         let (anchor, index) = (open.anchor, open.index);
         let id = item_id("msg", &self.id.session, anchor);
@@ -399,7 +391,7 @@ impl ResponseFold {
         }
         self.emit(
             out,
-            anchor * SPAN + 2 + end.min(SPAN - 3),
+            text_position(anchor, end),
             json!({"type": "response.output_text.delta", "item_id": id, "output_index": index, "content_index": 0, "delta": piece, "logprobs": []}),
         );
     }

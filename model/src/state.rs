@@ -458,3 +458,37 @@ impl SessionState {
         self.open_turn_mut(turn).filter(|o| o.step_open && o.step == step)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SPEC §20: the repair's record names a call that is open in the open step, and leaves it open for its
+    /// result; one naming any other call does not fold.
+    #[test]
+    fn a_repair_record_names_an_open_call_and_leaves_it_open() {
+        let session = SessionRef::new("t", "s").unwrap();
+        let mut state = SessionState::new(session.clone(), 10);
+        let call = ToolCallSpec { call_id: "c1".into(), name: "echo".into(), arguments: String::new() };
+        let repaired = |call_id: &str| EventPayload::ToolRepaired {
+            turn: 1,
+            step: 1,
+            call_id: call_id.into(),
+            action: crate::RepairAction::Retried,
+        };
+        let payloads = [
+            EventPayload::Status(Status::Running),
+            EventPayload::TurnStart { turn: 1 },
+            EventPayload::StepStart { turn: 1, step: 1 },
+            EventPayload::ToolCall { turn: 1, step: 1, call, awaiting_approval: false, awaiting_client: false },
+            repaired("c1"),
+        ];
+        for (i, payload) in payloads.into_iter().enumerate() {
+            let event = Envelope { session: session.clone(), seq: i as u64 + 1, time_ms: 1, epoch: 1, payload };
+            state.apply(&event).unwrap();
+        }
+        assert_eq!(state.open_turn.as_ref().map(|o| o.open_calls.len()), Some(1), "the call is still open");
+        let other = Envelope { session, seq: 6, time_ms: 1, epoch: 1, payload: repaired("c2") };
+        assert!(matches!(state.apply(&other), Err(ProjectionError::Structure { seq: 6, .. })));
+    }
+}

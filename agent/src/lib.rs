@@ -22,6 +22,7 @@
 pub mod directory;
 pub mod hooks;
 pub mod llm;
+pub mod output;
 pub mod router;
 pub mod scripted;
 pub mod setup;

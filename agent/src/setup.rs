@@ -82,7 +82,10 @@ impl From<AgentSetup> for Agents {
         let versions = setup.versions;
         Agents {
             catalog: turnstile_worker::agent::Catalogs::fixed(setup.catalog),
-            model: Arc::new(crate::versions::VersionedModel { base: setup.model, versions: versions.clone() }),
+            model: Arc::new(crate::output::StructuredOutput::new(Arc::new(crate::versions::VersionedModel {
+                base: setup.model,
+                versions: versions.clone(),
+            }))),
             tools: Arc::new(crate::versions::VersionedTools { base: setup.tools, versions: versions.clone() }),
             hooks: Arc::new(crate::versions::VersionedHooks { base: Arc::new(setup.hooks), versions }),
             webhooks: setup.webhooks,
@@ -395,6 +398,7 @@ pub fn profile_of(agent: &turnstile_config::AgentConfig) -> AgentProfile {
         version: 0,
         hash: String::new(),
         pin: agent.version_policy == turnstile_config::VersionPolicy::Pin,
+        output: agent.output.as_ref().map(turnstile_config::output::OutputConfig::schema),
     }
 }
 

@@ -176,6 +176,9 @@ pub struct AgentConfig {
     /// Whether sessions keep the version they run when the agent changes (`pin`) or take the newest at
     /// their next turn (`latest`, the default).
     pub version_policy: VersionPolicy,
+    /// The JSON Schema every final reply of its turns must match (SPEC §20), unless a turn gives its own.
+    /// Default none.
+    pub output: Option<crate::output::OutputConfig>,
     /// The definition as written (its table, as canonical JSON: keys sorted, no defaults filled in); set by
     /// the parser. Its digest is the version's content hash (decision 0120).
     #[serde(skip)]
@@ -202,6 +205,7 @@ impl Default for AgentConfig {
             approval_timeout_ms: None,
             on_timeout: OnTimeout::Deny,
             version_policy: VersionPolicy::Latest,
+            output: None,
             definition: String::new(),
         }
     }
@@ -343,6 +347,10 @@ impl AgentConfig {
                 }
             }
             positive(&key, "max_age_ms", hook.max_age_ms, "0 would give up every delivery at once")?;
+        }
+        if let Some(output) = &self.output {
+            crate::output::check(&output.schema())
+                .map_err(|problem| path.key("output").key(&problem.part.to_string()).invalid(problem.why))?;
         }
         if let Some(ms) = self.tool_deadline_ms {
             positive(path, "tool_deadline_ms", ms, "a deadline of 0 would fail every call")?;

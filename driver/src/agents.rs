@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use turnstile_model::TenantScope;
+use turnstile_model::output::OutputSchema;
 use turnstile_model::transcript::DEFAULT_TRANSCRIPT_TURNS;
 
 /// The built-in agent of a process without a configuration file.
@@ -36,6 +37,8 @@ pub struct AgentProfile {
     pub hash: String,
     /// `version_policy = "pin"`: a session recorded on this version keeps it when the agent changes.
     pub pin: bool,
+    /// The JSON Schema its turns' final replies must match (SPEC §20), unless a turn gives its own.
+    pub output: Option<OutputSchema>,
 }
 
 /// An agent's approval deadline: `after_ms` after its `tool/call`, a waiting call is approved or denied.
@@ -58,6 +61,7 @@ impl Default for AgentProfile {
             version: 0,
             hash: String::new(),
             pin: false,
+            output: None,
         }
     }
 }
@@ -335,6 +339,7 @@ static FALLBACK: AgentProfile = AgentProfile {
     version: 0,
     hash: String::new(),
     pin: false,
+    output: None,
 };
 
 #[cfg(test)]

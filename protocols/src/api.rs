@@ -95,7 +95,7 @@ impl<E: ProtocolError> Api<E> {
 
     /// Delivers `message` with `delivery`'s preset.
     pub async fn deliver(&self, id: &str, message: pb::UserMessage, delivery: Delivery) -> Result<pb::SendReply, E> {
-        let req = pb::DeliverRequest { session: session(id), message: Some(message) };
+        let req = pb::DeliverRequest { session: session(id), message: Some(message), output_schema: None };
         let reply = match delivery {
             Delivery::Followup => self.gateway.followup(self.request(req)).await,
             Delivery::Queue => self.gateway.queue(self.request(req)).await,

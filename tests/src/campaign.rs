@@ -405,7 +405,7 @@ impl Preset {
     }
 
     async fn call(self, mut c: AgentClient<Channel>, session: SessionRef, m: UserMessage) -> Result<u64, Status> {
-        let deliver = DeliverRequest { session: Some(session.clone()), message: Some(m.clone()) };
+        let deliver = DeliverRequest { session: Some(session.clone()), message: Some(m.clone()), output_schema: None };
         let send = |target: Target, wakeup: bool| SendRequest {
             session: Some(session.clone()),
             message: Some(m.clone()),

@@ -62,7 +62,10 @@ async fn configure(
 /// Runs one turn of `text` to its end.
 async fn turn(client: &mut AgentClient<Channel>, token: &str, id: &str, text: &str) {
     let message = user_msg(&uuid::Uuid::new_v4().to_string(), text);
-    client.followup(authed(DeliverRequest { session: own(id), message: Some(message) }, token)).await.unwrap();
+    client
+        .followup(authed(DeliverRequest { session: own(id), message: Some(message), output_schema: None }, token))
+        .await
+        .unwrap();
     client.when_idle(authed(WhenIdleRequest { session: own(id), timeout_ms: 20_000 }, token)).await.unwrap();
 }
 

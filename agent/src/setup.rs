@@ -550,17 +550,19 @@ mod tests {
     }
 
     #[test]
-    fn spawn_agent_is_offered_with_the_configured_agents_to_choose_from() {
+    fn spawn_agent_is_offered_naming_the_configured_agents_without_confining_the_choice_to_them() {
         let config =
             Config::from_toml_str("[agents.helper]\ntools = [\"echo\", \"spawn_agent\"]\n[agents.researcher]\n")
                 .unwrap();
         let setup = from_config_with_env(&config, no_env).unwrap();
         let spec = setup.tools.spec("spawn_agent").unwrap();
         assert_eq!(spec.input_schema["required"], serde_json::json!(["agent", "prompt"]));
+        let agent = &spec.input_schema["properties"]["agent"];
         assert_eq!(
-            spec.input_schema["properties"]["agent"]["enum"],
-            serde_json::json!(["helper", "researcher", "scripted"])
+            agent["description"],
+            "The agent profile the child runs (the configuration's: helper, researcher, scripted)."
         );
+        assert!(agent.get("enum").is_none(), "a tenant's API agents (SPEC §20) are valid choices too");
     }
 
     #[test]

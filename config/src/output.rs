@@ -184,6 +184,19 @@ mod tests {
     }
 
     #[test]
+    fn a_definition_given_at_run_time_takes_the_same_table_and_the_same_errors() {
+        use crate::DefinitionFormat;
+        let config = Config::default();
+        let toml = config.agent_definition("x", DefinitionFormat::Toml, "[output]\nschema = { type = \"object\" }\n");
+        assert_eq!(toml.unwrap().output.unwrap().name, "output");
+        let json = r#"{"output": {"name": "city", "schema": {"type": "object"}, "strict": true}}"#;
+        assert!(config.agent_definition("x", DefinitionFormat::Json, json).unwrap().output.unwrap().strict);
+        let bad = r#"{"output": {"schema": {"type": 3}}}"#;
+        let e = config.agent_definition("x", DefinitionFormat::Json, bad).unwrap_err().to_string();
+        assert!(e.starts_with("agents.x.output.schema: not a valid JSON Schema"), "{e}");
+    }
+
+    #[test]
     fn violations_are_listed_with_where_they_are_and_counted_past_three() {
         let schema = OutputSchema::new(
             "s",

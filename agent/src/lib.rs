@@ -23,6 +23,7 @@ mod built;
 pub mod directory;
 pub mod hooks;
 pub mod llm;
+pub mod output;
 pub mod router;
 pub mod scripted;
 pub mod setup;

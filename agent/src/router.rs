@@ -89,6 +89,7 @@ pub(crate) mod tests {
             interrupted_prompt: vec![],
             goal: None,
             summary: None,
+            output: None,
             compaction: None,
         }
     }

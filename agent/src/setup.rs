@@ -80,7 +80,10 @@ impl From<AgentSetup> for Agents {
         let versions = setup.versions;
         Agents {
             catalog: turnstile_worker::agent::Catalogs::fixed(setup.catalog),
-            model: Arc::new(crate::versions::VersionedModel { base: setup.model, versions: versions.clone() }),
+            model: Arc::new(crate::output::StructuredOutput::new(Arc::new(crate::versions::VersionedModel {
+                base: setup.model,
+                versions: versions.clone(),
+            }))),
             tools: Arc::new(crate::versions::VersionedTools { base: setup.tools, versions: versions.clone() }),
             hooks: Arc::new(crate::versions::VersionedHooks { base: Arc::new(setup.hooks), versions }),
             webhooks: setup.webhooks,
@@ -327,6 +330,7 @@ pub fn profile_of(agent: &turnstile_config::AgentConfig) -> AgentProfile {
         hash: String::new(),
         pin: agent.version_policy == turnstile_config::VersionPolicy::Pin,
         retry_after_repair: tool_rules(&agent.retry_after_repair),
+        output: agent.output.as_ref().map(turnstile_config::output::OutputConfig::schema),
     }
 }
 
@@ -413,17 +417,19 @@ mod tests {
     }
 
     #[test]
-    fn spawn_agent_is_offered_with_the_configured_agents_to_choose_from() {
+    fn spawn_agent_is_offered_naming_the_configured_agents_without_confining_the_choice_to_them() {
         let config =
             Config::from_toml_str("[agents.helper]\ntools = [\"echo\", \"spawn_agent\"]\n[agents.researcher]\n")
                 .unwrap();
         let setup = from_config_with_env(&config, no_env).unwrap();
         let spec = setup.tools.spec("spawn_agent").unwrap();
         assert_eq!(spec.input_schema["required"], serde_json::json!(["agent", "prompt"]));
+        let agent = &spec.input_schema["properties"]["agent"];
         assert_eq!(
-            spec.input_schema["properties"]["agent"]["enum"],
-            serde_json::json!(["helper", "researcher", "scripted"])
+            agent["description"],
+            "The agent profile the child runs (the configuration's: helper, researcher, scripted)."
         );
+        assert!(agent.get("enum").is_none(), "a tenant's API agents (SPEC §20) are valid choices too");
     }
 
     #[test]

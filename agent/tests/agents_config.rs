@@ -58,6 +58,7 @@ fn request(agent: &str, system: Option<&str>, text: &str) -> ModelRequest {
         interrupted_prompt: vec![],
         goal: None,
         summary: None,
+        output: None,
         compaction: None,
     }
 }

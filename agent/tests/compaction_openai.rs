@@ -53,7 +53,7 @@ async fn followup(driver: &mut Driver, model: &ChatModel, id: &str, text: &str) 
                 Effect::Model(r) => {
                     let op = r.op;
                     let (tx, _rx) = mpsc::channel(64);
-                    let outcome = match model.step(r, DeltaSink::new(tx), CancellationToken::new()).await {
+                    let outcome = match model.step(*r, DeltaSink::new(tx), CancellationToken::new()).await {
                         Ok(output) => ModelOutcome::Finished(output),
                         Err(ModelError::Failed { message, code }) => {
                             ModelOutcome::Failed { message, code, spent: None }

@@ -263,6 +263,7 @@ fn conversation() -> (ChatRequest, serde_json::Value) {
             input_schema: schema.clone(),
         }],
         max_tokens: None,
+        output: None,
         history_len: 5,
     };
     (request, schema)

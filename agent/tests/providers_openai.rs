@@ -460,6 +460,7 @@ async fn the_request_carries_system_history_tools_and_the_key() {
             input_schema: schema.clone(),
         }],
         max_tokens: Some(77),
+        output: None,
         history_len: 0,
     };
     let (result, _) = run(endpoint, &request).await;
@@ -566,6 +567,7 @@ fn model_request(messages: Vec<UserMessage>, tool_results: Vec<ToolOutcome>) -> 
         interrupted_prompt: vec![],
         goal: None,
         summary: None,
+        output: None,
         compaction: None,
     }
 }

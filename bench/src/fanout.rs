@@ -134,7 +134,11 @@ async fn measure(
         sent.lock().unwrap_or_else(PoisonError::into_inner).insert(turn, Instant::now());
         let message = text_message(format!("fan-{run_id}-{turn}"), "a reply streamed to every watcher");
         let reply = s
-            .followup(pb::DeliverRequest { session: Some(session.clone()), message: Some(message) })
+            .followup(pb::DeliverRequest {
+                session: Some(session.clone()),
+                message: Some(message),
+                output_schema: None,
+            })
             .await
             .with_context(|| format!("fan-out followup {r}"))?;
         if reply.get_ref().turn != Some(turn) {

@@ -232,6 +232,7 @@ async fn load(
                 let request = pb::DeliverRequest {
                     session: Some(sessions[i % sessions.len()].clone()),
                     message: Some(text_message(format!("q-{run_id}-{i}"), "hello")),
+                    output_schema: None,
                 };
                 let t = Instant::now();
                 match client.followup(request).await {

@@ -122,6 +122,7 @@ async fn load(gateway_url: &str, prefix: &str, sessions: usize, clients: usize) 
                 let request = pb::DeliverRequest {
                     session: Some(session),
                     message: Some(text_message(format!("q-{prefix}-{i}"), "later")),
+                    output_schema: None,
                 };
                 let reply = client.queue(request).await.with_context(|| format!("queue on idle session {i}"))?;
                 if reply.get_ref().turn.is_some() {

@@ -227,7 +227,8 @@ async fn interleave(
         let message = text_message(format!("m-{run_id}-{i}"), &opts.text);
 
         // (a) idle followup on a fresh session.
-        let request = pb::DeliverRequest { session: Some(session.clone()), message: Some(message.clone()) };
+        let request =
+            pb::DeliverRequest { session: Some(session.clone()), message: Some(message.clone()), output_schema: None };
         let started = Instant::now();
         let reply = client.followup(request).await.with_context(|| format!("followup {i} on {}", session.id))?;
         let a = started.elapsed();
@@ -243,7 +244,7 @@ async fn interleave(
 
         // (d) a followup on the loaded session: no session load.
         let second = text_message(format!("m-{run_id}-{i}-warm"), &opts.text);
-        let request = pb::DeliverRequest { session: Some(session.clone()), message: Some(second) };
+        let request = pb::DeliverRequest { session: Some(session.clone()), message: Some(second), output_schema: None };
         let started = Instant::now();
         let reply = client.followup(request).await.with_context(|| format!("second followup on {}", session.id))?;
         let d = started.elapsed();

@@ -302,7 +302,7 @@ async fn turnstile_unbounded(
     }
     let start = Instant::now();
     let message = text_message(format!("m{round}"), prompt);
-    client.followup(pb::DeliverRequest { session: Some(session), message: Some(message) }).await?;
+    client.followup(pb::DeliverRequest { session: Some(session), message: Some(message), output_schema: None }).await?;
     let mut deltas: Vec<(Duration, String)> = Vec::new();
     loop {
         let Some(item) = stream.message().await? else { bail!("the watch ended before the answer") };

@@ -312,6 +312,7 @@ async fn round(cluster: &mut Cluster, args: &NatsLossArgs, victim: Victim, run_i
                 let request = pb::DeliverRequest {
                     session: Some(sessions[session].clone()),
                     message: Some(text_message(format!("nl-{run_id}-{i}"), "hello")),
+                    output_schema: None,
                 };
                 let first = started.elapsed();
                 let mut attempts = 0;

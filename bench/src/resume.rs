@@ -98,6 +98,7 @@ async fn round(
     a.followup(pb::DeliverRequest {
         session: Some(session.clone()),
         message: Some(text_message(format!("m{i}"), &text)),
+        output_schema: None,
     })
     .await?;
     let mut seen = Vec::new();

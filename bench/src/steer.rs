@@ -145,7 +145,9 @@ async fn round(
     let _abort = AbortOnDrop(reader);
 
     let followup = text_message(format!("f-{run_id}-{i}"), &format!("[[tool:sleep {sleep_ms}]] go"));
-    client.followup(pb::DeliverRequest { session: Some(session.clone()), message: Some(followup) }).await?;
+    client
+        .followup(pb::DeliverRequest { session: Some(session.clone()), message: Some(followup), output_schema: None })
+        .await?;
     next_matching(&mut rx, |e| matches!(e.payload, Some(Payload::ToolCall(_)))).await.context("the tool/call")?;
 
     let steer_id = format!("s-{run_id}-{i}");

@@ -89,6 +89,7 @@ pub async fn run(gateway_urls: &[String], run_id: &str, opts: &ThroughputOpts) -
                 let request = pb::DeliverRequest {
                     session: Some(session),
                     message: Some(text_message(format!("m-{run_id}-{i}"), &text)),
+                    output_schema: None,
                 };
                 let t = Instant::now();
                 match client.followup(request).await {

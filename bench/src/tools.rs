@@ -223,7 +223,7 @@ async fn one_call(mut client: AgentClient<Channel>, session: pb::SessionRef, pro
         }
     }
     let message = text_message("m1".to_owned(), prompt);
-    client.followup(pb::DeliverRequest { session: Some(session), message: Some(message) }).await?;
+    client.followup(pb::DeliverRequest { session: Some(session), message: Some(message), output_schema: None }).await?;
     let mut called = None;
     loop {
         let Some(item) = stream.message().await? else { bail!("the watch ended before the tool result") };

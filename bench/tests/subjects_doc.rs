@@ -108,7 +108,11 @@ async fn an_idle_followup_on_jetstream_looks_as_documented() {
 
     let mut client = dev.client();
     let reply = client
-        .followup(pb::DeliverRequest { session: Some(session.clone()), message: Some(user_msg("m1", "hi")) })
+        .followup(pb::DeliverRequest {
+            session: Some(session.clone()),
+            message: Some(user_msg("m1", "hi")),
+            output_schema: None,
+        })
         .await
         .unwrap()
         .into_inner();

@@ -402,7 +402,11 @@ impl Agent {
         lock(&followed.prompts).insert(id.clone(), tx);
         lock(&followed.own).push(id.clone());
         let message = client::text_message(&id, &text, None);
-        let req = pb::DeliverRequest { session: Some(self.client.session(&session)), message: Some(message) };
+        let req = pb::DeliverRequest {
+            session: Some(self.client.session(&session)),
+            message: Some(message),
+            output_schema: None,
+        };
         let mut api = self.client.api.clone();
         if let Err(status) = api.followup(req).await {
             lock(&followed.prompts).remove(&id);

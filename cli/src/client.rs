@@ -311,7 +311,7 @@ pub async fn deliver(client: &mut Client, preset: Preset, d: &Delivery) -> Resul
     let id = d.id.clone().unwrap_or_else(mint_id);
     let message = Some(text_message(&id, &d.text, d.source.as_ref()));
     let session = Some(client.session(&d.session));
-    let deliver = || pb::DeliverRequest { session: session.clone(), message: message.clone() };
+    let deliver = || pb::DeliverRequest { session: session.clone(), message: message.clone(), output_schema: None };
     let reply = match preset {
         Preset::Followup => client.api.followup(deliver()).await?,
         Preset::Queue => client.api.queue(deliver()).await?,

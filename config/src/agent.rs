@@ -180,6 +180,9 @@ pub struct AgentConfig {
     /// Whether sessions keep the version they run when the agent changes (`pin`) or take the newest at
     /// their next turn (`latest`, the default).
     pub version_policy: VersionPolicy,
+    /// The JSON Schema every final reply of its turns must match (SPEC §20), unless a turn gives its own.
+    /// Default none.
+    pub output: Option<crate::output::OutputConfig>,
     /// The definition as written (its table, as canonical JSON: keys sorted, no defaults filled in); set by
     /// the parser. Its digest is the version's content hash (decision 0120).
     #[serde(skip)]
@@ -207,6 +210,7 @@ impl Default for AgentConfig {
             approval_timeout_ms: None,
             on_timeout: OnTimeout::Deny,
             version_policy: VersionPolicy::Latest,
+            output: None,
             definition: String::new(),
         }
     }

@@ -263,6 +263,10 @@ impl AgentConfig {
             }
             positive(&key, "max_age_ms", hook.max_age_ms, "0 would give up every delivery at once")?;
         }
+        if let Some(output) = &self.output {
+            crate::output::check(&output.schema())
+                .map_err(|problem| path.key("output").key(&problem.part.to_string()).invalid(problem.why))?;
+        }
         if let Some(ms) = self.tool_deadline_ms {
             positive(path, "tool_deadline_ms", ms, "a deadline of 0 would fail every call")?;
         }

@@ -46,6 +46,7 @@ mod error;
 mod mcp;
 mod model;
 mod names;
+pub mod output;
 mod path;
 mod protocols;
 mod secret;

@@ -83,6 +83,7 @@ fn the_api_example_parses_to_what_it_says() {
             webhooks: vec![],
             tenants: None,
             version_policy: turnstile_config::VersionPolicy::Latest,
+            output: None,
             definition: assistant.definition.clone(),
         }
     );

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use turnstile_model::TenantScope;
+use turnstile_model::output::OutputSchema;
 use turnstile_model::transcript::DEFAULT_TRANSCRIPT_TURNS;
 
 /// The built-in agent of a process without a configuration file.
@@ -39,6 +40,8 @@ pub struct AgentProfile {
     /// The tools whose call, found running by the repair of SPEC §6, is run again under the same
     /// idempotency key instead of being ended as interrupted (SPEC §20 `retry_after_repair`).
     pub retry_after_repair: ToolRules,
+    /// The JSON Schema its turns' final replies must match (SPEC §20), unless a turn gives its own.
+    pub output: Option<OutputSchema>,
 }
 
 /// An agent's approval deadline: `after_ms` after its `tool/call`, a waiting call is approved or denied.
@@ -62,6 +65,7 @@ impl Default for AgentProfile {
             hash: String::new(),
             pin: false,
             retry_after_repair: ToolRules::default(),
+            output: None,
         }
     }
 }
@@ -345,6 +349,7 @@ static FALLBACK: AgentProfile = AgentProfile {
     hash: String::new(),
     pin: false,
     retry_after_repair: ToolRules(None),
+    output: None,
 };
 
 #[cfg(test)]

@@ -94,6 +94,7 @@ impl Driver {
             interrupted_prompt: Vec::new(),
             goal: None,
             summary: self.state.compaction.as_ref().map(|c| c.summary.clone()),
+            output: None,
             compaction: Some(task),
         }
     }
@@ -123,7 +124,7 @@ impl Driver {
             t.compaction_tried = true;
             t.phase = Phase::Compacting { op: request.op, task, messages: messages.to_vec() };
         }
-        self.effects.push_back(Effect::Model(request));
+        self.effects.push_back(Effect::Model(Box::new(request)));
         true
     }
 
@@ -156,7 +157,7 @@ impl Driver {
         let (agent, agent_hash) = (agent.to_owned(), profile.hash.clone());
         let request = self.compaction_request((&agent, &agent_hash), self.state.last_turn, 0, task);
         self.idle_compaction = Some(IdleCompaction { op: request.op, reply: id, task });
-        self.effects.push_back(Effect::Model(request));
+        self.effects.push_back(Effect::Model(Box::new(request)));
         None
     }
 

@@ -1,5 +1,6 @@
 //! What the driver asks its runner to do, and what the runner reports back.
 
+use turnstile_model::output::OutputSchema;
 use turnstile_model::{
     CommandError, CommandReply, ContentBlock, Envelope, EventPayload, LiveEvent, ModelRef, SessionRef, Spent,
     ToolCallSpec, TranscriptEntry, Usage, UserMessage,
@@ -25,8 +26,8 @@ pub enum Effect {
     Reply { id: CommandId, result: Result<CommandReply, CommandError> },
     /// Run the pre-step waterfall over a claimed batch.
     PreStep(PreStepRequest),
-    /// Run one model request, streaming deltas.
-    Model(ModelRequest),
+    /// Run one model request, streaming deltas (boxed: it is by far the largest effect).
+    Model(Box<ModelRequest>),
     /// Run one tool call.
     Tool(ToolRequest),
     /// Signal an abort to a running operation. Pre-step and model operations must then report promptly
@@ -187,6 +188,10 @@ pub struct ModelRequest {
     /// The summary of the session's compacted turns (SPEC §13): sent right after the system prompt as
     /// one user-role message marked as a summary; `history` holds only the turns after it.
     pub summary: Option<String>,
+    /// The JSON Schema the reply must match when it is the turn's final one (SPEC §20): the turn's own,
+    /// else its agent's; `None` on a compaction request. The runner sends it to the provider and reports
+    /// a final reply that does not match in [`ModelOutput::invalid_output`].
+    pub output: Option<OutputSchema>,
     /// Set on a compaction request (SPEC §13): not a step, but the request that summarizes `history`
     /// (with `summary`, the earlier summary, before it). The runner uses the agent's
     /// `compaction_model`, offers no tools and publishes nothing; the reply text is the new summary.
@@ -284,6 +289,10 @@ pub struct ModelOutput {
     /// The model that answered (SPEC §17: a fallback when the agent's model failed before its first
     /// byte); `None` when the model does not say.
     pub model: Option<ModelRef>,
+    /// Why a final reply (no tool calls, not cut at the token limit) does not match the request's
+    /// [`ModelRequest::output`] schema, when it does not (SPEC §20): the driver asks once more, showing the
+    /// model this, then ends the turn `error{invalid_output}`.
+    pub invalid_output: Option<String>,
 }
 
 impl ModelOutput {

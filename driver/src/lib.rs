@@ -57,6 +57,7 @@ pub use effect::{
 };
 pub use limits::{DEFAULT_MAX_PENDING_BYTES, Limits};
 use turn::ActiveTurn;
+pub use turn::OUTPUT_PLUGIN;
 
 /// The most events [`Driver::write`] puts in one append group before it opens another (a `user/message`
 /// still joins its `step/start`'s group). An input writes a handful of events; the bound keeps a pathological

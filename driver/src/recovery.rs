@@ -172,6 +172,7 @@ impl Driver {
             version,
             agent_hash,
             compaction_tried: false,
+            output_retried: false,
         });
         self.set_status(Status::Running);
     }

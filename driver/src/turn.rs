@@ -1,14 +1,18 @@
 //! Turns and steps: claim → pre-step → step (model, tools) → turn end and drain (SPEC §4).
 
+use turnstile_model::output::{self, INVALID_OUTPUT};
 use turnstile_model::{
-    CancelCause, EventPayload, LivePayload, Splice, SpliceOutcome, Status, StreamingStep, Target, ToolCallSpec,
-    TurnEndReason, UserMessage,
+    CancelCause, EventPayload, LivePayload, MessageId, MessageSource, Splice, SpliceOutcome, Status, StreamingStep,
+    Target, ToolCallSpec, TurnEndReason, UserMessage,
 };
 
 use super::{
     Driver, Effect, ModelOutcome, ModelRequest, OpId, PreStepDecision, PreStepOutcome, PreStepRequest,
     TENANT_BUDGET_EXHAUSTED, ToolOutcome,
 };
+
+/// The plugin name of the message that asks the model again for a reply matching the output schema.
+pub const OUTPUT_PLUGIN: &str = "structured-output";
 
 /// The error result of a call that never started because its turn was aborted (§4).
 pub(super) const NOT_RUN_ABORTED: &str = "not run: the turn was aborted";
@@ -46,6 +50,9 @@ pub(super) struct ActiveTurn {
     /// A compaction was asked for in this turn (SPEC §13): at most one per turn, so a failing one does
     /// not cost a request before every step.
     pub compaction_tried: bool,
+    /// A final reply of this turn did not match its output schema and the model was asked once more
+    /// (SPEC §20): the next one that does not match ends the turn `error{invalid_output}`.
+    pub output_retried: bool,
 }
 
 /// What a resumed turn's first step must still answer.
@@ -125,6 +132,7 @@ impl Driver {
             version,
             agent_hash,
             compaction_tried: false,
+            output_retried: false,
         });
         self.propose();
     }
@@ -270,9 +278,11 @@ impl Driver {
         let interrupted_prompt = std::mem::take(&mut t.interrupted_prompt);
         let profile = self.agents.turn_profile(&t.agent, &self.state.session.tenant, t.version);
         let (agent, agent_hash) = (t.agent.clone(), t.agent_hash.clone());
-        let (system, history_turns) = (profile.system.clone(), profile.history_turns);
+        let (system, history_turns, agent_output) =
+            (profile.system.clone(), profile.history_turns, profile.output.clone());
         // Read before this step's messages are written: the history is what came before the step.
         let history = self.state.transcript.history(turn, step, history_turns);
+        let output = output::of_turn(self.state.transcript.entries(), turn, &messages, agent_output.as_ref());
         self.write(EventPayload::StepStart { turn, step });
         // Offered from the state at step start: a goal paused or completed meanwhile is not offered.
         for message in &messages {
@@ -283,7 +293,7 @@ impl Driver {
         if let Some(t) = self.turn.as_mut() {
             t.phase = Phase::Model { op, text: String::new(), reasoning: String::new() };
         }
-        self.effects.push_back(Effect::Model(ModelRequest {
+        self.effects.push_back(Effect::Model(Box::new(ModelRequest {
             op,
             session: self.state.session.clone(),
             turn,
@@ -297,8 +307,9 @@ impl Driver {
             interrupted_prompt,
             goal,
             summary: self.state.compaction.as_ref().map(|c| c.summary.clone()),
+            output,
             compaction: None,
-        }));
+        })));
     }
 
     pub(super) fn turn_model_delta(&mut self, op: OpId, delta: &str, is_reasoning: bool) {
@@ -375,6 +386,7 @@ impl Driver {
         match outcome {
             ModelOutcome::Finished(output) => {
                 let max_tokens = output.max_tokens;
+                let invalid = output.invalid_output.filter(|_| !max_tokens && output.tool_calls.is_empty());
                 // Truncated tool calls are never run, so they are not recorded as calls either.
                 let tool_calls = if max_tokens { Vec::new() } else { output.tool_calls };
                 self.write(EventPayload::AssistantMessage {
@@ -388,7 +400,9 @@ impl Driver {
                     usage: output.usage,
                     model: output.model,
                 });
-                if max_tokens {
+                if let Some(problem) = invalid {
+                    self.invalid_output(turn, step, problem);
+                } else if max_tokens {
                     if let Some(t) = self.turn.as_mut() {
                         t.max_tokens = true;
                     }
@@ -420,6 +434,41 @@ impl Driver {
                 self.fail_turn(step, "the model request was aborted".into(), "aborted".into());
             }
         }
+    }
+
+    /// A final reply (already recorded) that does not match the turn's output schema (SPEC §20). The first
+    /// time in a turn: a message telling the model what is wrong joins next-step (one durable splice, so a
+    /// later owner resumes with it) and the step ends `continue`, so the next proposal claims it. The
+    /// second time: `step/end`, then `turn/end error{invalid_output}`.
+    fn invalid_output(&mut self, turn: u64, step: u32, problem: String) {
+        let Some(t) = self.turn.as_mut() else { return };
+        if std::mem::replace(&mut t.output_retried, true) {
+            self.write(EventPayload::StepEnd { turn, step, spent: None });
+            let message = format!("the reply does not match the output schema after one retry: {problem}");
+            return self.fail_turn(step, message, INVALID_OUTPUT.to_owned());
+        }
+        let retry = turnstile_model::UserMessage {
+            id: self.output_retry_id(turn, step),
+            content: vec![turnstile_model::ContentBlock::text(format!(
+                "Your reply does not match the required JSON schema: {problem}. Reply again with only the JSON \
+                 value, matching the schema."
+            ))]
+            .into(),
+            source: MessageSource::Plugin { plugin: OUTPUT_PLUGIN.to_owned(), form: Some("notice".to_owned()) },
+        };
+        self.write_edit(Target::NextStep, self.state.inbox.next_step.len() as u32, 0, vec![retry]);
+        self.end_step(StepResult::Continue);
+    }
+
+    /// `output-retry-<turn>-<step>`, made unique like a goal's continuation (`.2`, …) if a client used it.
+    /// Derived from the fold alone, so every owner mints the same id.
+    fn output_retry_id(&self, turn: u64, step: u32) -> MessageId {
+        let base = format!("output-retry-{turn}-{step}");
+        let used = |id: &MessageId| self.state.accepted.get(id).is_some() || self.state.inbox.contains(id);
+        std::iter::once(MessageId(base.clone()))
+            .chain((2u64..).map(|n| MessageId(format!("{base}.{n}"))))
+            .find(|id| !used(id))
+            .unwrap_or(MessageId(base))
     }
 
     /// `step/end`, then the next proposal or the end of the turn.

@@ -161,6 +161,7 @@ fn usage_is_recorded_on_a_tool_calling_reply_and_each_step_has_its_own() {
         interrupted_prompt: vec![],
         goal: None,
         summary: None,
+        output: None,
         compaction: None,
     });
     let mut first = ModelReply::scripted(first);

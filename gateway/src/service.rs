@@ -299,7 +299,10 @@ impl Gateway {
         default_source: &MessageSource,
     ) -> Result<(SessionRef, UserMessage), Status> {
         let session = self.session(req.session)?;
-        let message = self.user_message("message", req.message, default_source)?;
+        let mut message = self.user_message("message", req.message, default_source)?;
+        if let Some(schema) = req.output_schema {
+            message.push_block(turnstile_model::output::block(&output_schema(schema)?));
+        }
         Ok((session, message))
     }
 
@@ -433,6 +436,25 @@ pub(crate) fn parse_page_token(token: &str) -> Result<Option<SessionRef>, Status
     };
     let (tenant, id) = token.split_once('/').ok_or_else(bad)?;
     SessionRef::new(tenant, id).map(Some).map_err(|_| bad())
+}
+
+/// A request's `output_schema` (SPEC §20), checked by the rule the configuration's agents are checked by:
+/// INVALID_ARGUMENT naming the field and what is wrong.
+fn output_schema(raw: pb::OutputSchema) -> Result<turnstile_model::output::OutputSchema, Status> {
+    let schema = serde_json::from_str(&raw.schema_json).map_err(|e| {
+        Status::invalid_argument(format!(
+            "output_schema.schema_json: not JSON ({e}); give the JSON Schema as JSON text"
+        ))
+    })?;
+    let schema = turnstile_model::output::OutputSchema { name: raw.name, schema, strict: raw.strict };
+    turnstile_config::output::check(&schema).map_err(|problem| {
+        let field = match problem.part {
+            turnstile_config::output::SchemaPart::Name => "name",
+            turnstile_config::output::SchemaPart::Schema => "schema_json",
+        };
+        Status::invalid_argument(format!("output_schema.{field}: {}", problem.why))
+    })?;
+    Ok(schema)
 }
 
 #[cfg(test)]

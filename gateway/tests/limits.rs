@@ -107,7 +107,7 @@ fn in_tenant(tenant: &str, id: &str) -> Option<pb::SessionRef> {
 }
 
 fn queue(tenant: &str, id: &str) -> pb::DeliverRequest {
-    pb::DeliverRequest { session: in_tenant(tenant, "s"), message: Some(text(id, "hello")) }
+    pb::DeliverRequest { session: in_tenant(tenant, "s"), message: Some(text(id, "hello")), output_schema: None }
 }
 
 fn watch(tenant: &str, id: &str) -> pb::WatchRequest {
@@ -194,7 +194,10 @@ async fn a_message_with_more_blocks_than_the_limit_holds_is_refused_at_the_gatew
             .collect(),
         source: None,
     };
-    let err = api.followup(pb::DeliverRequest { session: session(), message: Some(blocks(101)) }).await.unwrap_err();
+    let err = api
+        .followup(pb::DeliverRequest { session: session(), message: Some(blocks(101)), output_schema: None })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(err.message().starts_with("message.content: message m has 101 content blocks"), "{}", err.message());
     assert!(
@@ -215,6 +218,9 @@ async fn a_message_with_more_blocks_than_the_limit_holds_is_refused_at_the_gatew
     let s = SessionRef::new("default", "s").unwrap();
     assert_eq!(log.last_seq(&s).await.unwrap(), 0, "nothing refused was written");
     // At the bound the gateway lets it through; the driver (with its own, larger limit here) accepts it.
-    let reply = api.followup(pb::DeliverRequest { session: session(), message: Some(blocks(100)) }).await.unwrap();
+    let reply = api
+        .followup(pb::DeliverRequest { session: session(), message: Some(blocks(100)), output_schema: None })
+        .await
+        .unwrap();
     assert!(reply.into_inner().seq > 0);
 }

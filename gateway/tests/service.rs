@@ -45,7 +45,10 @@ fn text(id: &str, text: &str) -> Option<pb::UserMessage> {
 }
 
 async fn followup(api: &mut AgentClient<Channel>, s: &str, id: &str, t: &str) -> pb::SendReply {
-    api.followup(pb::DeliverRequest { session: session(s), message: text(id, t) }).await.unwrap().into_inner()
+    api.followup(pb::DeliverRequest { session: session(s), message: text(id, t), output_schema: None })
+        .await
+        .unwrap()
+        .into_inner()
 }
 
 async fn idle(api: &mut AgentClient<Channel>, s: &str) -> pb::SessionInfo {
@@ -149,10 +152,16 @@ async fn bad_requests_are_refused_and_write_nothing() {
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("TARGET_NEXT_TURN"), "{}", err.message());
-    let err = api.followup(pb::DeliverRequest { session: session("s1"), message: text("", "x") }).await.unwrap_err();
+    let err = api
+        .followup(pb::DeliverRequest { session: session("s1"), message: text("", "x"), output_schema: None })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().starts_with("message.id"), "{}", err.message());
-    let err = api.queue(pb::DeliverRequest { session: session("s 1"), message: text("m", "x") }).await.unwrap_err();
+    let err = api
+        .queue(pb::DeliverRequest { session: session("s 1"), message: text("m", "x"), output_schema: None })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     let err = api.get_session(pb::GetSessionRequest { session: session("s1") }).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "a refused request must not create the session");
@@ -161,8 +170,13 @@ async fn bad_requests_are_refused_and_write_nothing() {
 #[tokio::test]
 async fn inject_defaults_its_source_to_a_plugin_and_queue_to_a_user() {
     let mut api = start().await;
-    api.inject(pb::DeliverRequest { session: session("s1"), message: text("i1", "ctx") }).await.unwrap();
-    let reply = api.queue(pb::DeliverRequest { session: session("s1"), message: text("q1", "later") }).await.unwrap();
+    api.inject(pb::DeliverRequest { session: session("s1"), message: text("i1", "ctx"), output_schema: None })
+        .await
+        .unwrap();
+    let reply = api
+        .queue(pb::DeliverRequest { session: session("s1"), message: text("q1", "later"), output_schema: None })
+        .await
+        .unwrap();
     assert_eq!(reply.get_ref().turn, None, "a non-waking delivery opens no turn");
     let inbox = api.get_inbox(pb::GetInboxRequest { session: session("s1") }).await.unwrap().into_inner();
     assert_eq!(inbox.seq, 2);
@@ -180,7 +194,9 @@ async fn inject_defaults_its_source_to_a_plugin_and_queue_to_a_user() {
 async fn list_sessions_pages_by_last_name() {
     let mut api = start().await;
     for s in ["a", "b", "c"] {
-        api.queue(pb::DeliverRequest { session: session(s), message: text("m", "x") }).await.unwrap();
+        api.queue(pb::DeliverRequest { session: session(s), message: text("m", "x"), output_schema: None })
+            .await
+            .unwrap();
     }
     let mut names = Vec::new();
     let mut page_token = String::new();
@@ -235,7 +251,10 @@ async fn a_delivery_with_no_content_is_refused_saying_what_to_send() {
     let empty = |content: Vec<pb::ContentBlock>| Some(pb::UserMessage { id: "m1".into(), content, source: None });
     let blank = pb::ContentBlock { block: Some(pb::content_block::Block::Text(pb::TextBlock { text: " \n".into() })) };
     for message in [empty(vec![]), empty(vec![blank.clone()]), empty(vec![blank.clone(), blank])] {
-        let err = api.followup(pb::DeliverRequest { session: session("s1"), message }).await.unwrap_err();
+        let err = api
+            .followup(pb::DeliverRequest { session: session("s1"), message, output_schema: None })
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument);
         assert_eq!(
             err.message(),
@@ -248,7 +267,9 @@ async fn a_delivery_with_no_content_is_refused_saying_what_to_send() {
     let image = pb::ContentBlock {
         block: Some(pb::content_block::Block::Data(pb::DataBlock { mime: "image/png".into(), bytes: vec![1, 2, 3] })),
     };
-    api.queue(pb::DeliverRequest { session: session("s1"), message: empty(vec![image]) }).await.unwrap();
+    api.queue(pb::DeliverRequest { session: session("s1"), message: empty(vec![image]), output_schema: None })
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@
 //! - [`transcript_items`]: the conversation as items with their seqs, as `GetTranscript` answers it (§21).
 //! - [`transcript`]: the bounded conversation history a model request is built from (§8).
 //! - [`command`]: client commands, their replies and typed errors (the gateway → driver seam).
+//! - [`output`]: the JSON Schema a turn's final reply must match, per agent or per turn (§20).
 //! - [`child`]: the names a `spawn_agent` call gives its child session (§13).
 //! - [`schedule`]: scheduled deliveries and their fold (§15).
 //! - [`labels`]: session labels and label selectors (§16).
@@ -41,6 +42,7 @@ pub mod inbox;
 pub mod labels;
 pub mod message;
 pub mod rules;
+pub mod output;
 pub mod schedule;
 pub mod shard;
 pub mod size;

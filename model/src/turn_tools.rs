@@ -75,14 +75,24 @@ pub fn declared<'a>(messages: impl IntoIterator<Item = &'a UserMessage>) -> Vec<
 }
 
 /// The client tools of turn `turn`, from the session's transcript `entries` and the messages `entering` the
-/// step being asked for: those the turn's entered messages declare. A turn that entered no message of its own
-/// (one resumed after a failover, SPEC §6, which answers the prompt of the turn it repairs) has those of the
-/// latest turn before it that did.
+/// step being asked for: those the turn's messages declare ([`turn_messages`]).
 pub fn of_turn<'a>(
     entries: impl IntoIterator<Item = &'a TranscriptEntry>,
     turn: u64,
     entering: &'a [UserMessage],
 ) -> Vec<TurnTool> {
+    declared(turn_messages(entries, turn, entering))
+}
+
+/// The messages whose declarations hold for turn `turn` (its client tools, its output schema): those the
+/// turn entered, from the session's transcript `entries`, then the messages `entering` the step being asked
+/// for. A turn that entered no message of its own (one resumed after a failover, SPEC §6, which answers the
+/// prompt of the turn it repairs) has those of the latest turn before it that did.
+pub fn turn_messages<'a>(
+    entries: impl IntoIterator<Item = &'a TranscriptEntry>,
+    turn: u64,
+    entering: &'a [UserMessage],
+) -> Vec<&'a UserMessage> {
     let entered: Vec<(u64, &UserMessage)> = entries
         .into_iter()
         .filter_map(|e| match e {
@@ -91,7 +101,7 @@ pub fn of_turn<'a>(
         })
         .collect();
     let own = if entering.is_empty() { entered.iter().map(|(t, _)| *t).max() } else { Some(turn) };
-    declared(entered.iter().filter(|(t, _)| Some(*t) == own).map(|(_, m)| *m).chain(entering))
+    entered.iter().filter(|(t, _)| Some(*t) == own).map(|(_, m)| *m).chain(entering).collect()
 }
 
 #[cfg(test)]

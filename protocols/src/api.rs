@@ -95,7 +95,7 @@ impl<E: ProtocolError> Api<E> {
 
     /// Delivers `message` with `delivery`'s preset.
     pub async fn deliver(&self, id: &str, message: pb::UserMessage, delivery: Delivery) -> Result<pb::SendReply, E> {
-        let req = pb::DeliverRequest { session: session(id), message: Some(message) };
+        let req = pb::DeliverRequest { session: session(id), message: Some(message), output_schema: None };
         let reply = match delivery {
             Delivery::Followup => self.gateway.followup(self.request(req)).await,
             Delivery::Queue => self.gateway.queue(self.request(req)).await,
@@ -168,6 +168,16 @@ impl<E: ProtocolError> Api<E> {
             ..Default::default()
         };
         Ok(self.gateway.list_sessions(self.request(req)).await?.into_inner())
+    }
+
+    /// The names of the agents the caller's tenant may run (SPEC §20): the file's that serve it and its own,
+    /// as `ListAgents` answers; `None` from a gateway that keeps no agent store (then only the file's exist).
+    pub async fn agent_names(&self) -> Result<Option<Vec<String>>, E> {
+        match self.gateway.list_agents(self.request(pb::ListAgentsRequest {})).await {
+            Ok(reply) => Ok(Some(reply.into_inner().agents.into_iter().map(|a| a.name).collect())),
+            Err(status) if status.code() == tonic::Code::Unimplemented => Ok(None),
+            Err(status) => Err(status.into()),
+        }
     }
 
     /// Authenticates the caller (and counts the request against its quota) without reading anything.

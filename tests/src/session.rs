@@ -59,7 +59,7 @@ impl Session {
     }
 
     fn deliver(&self, message: UserMessage) -> DeliverRequest {
-        DeliverRequest { session: self.some_ref(), message: Some(message) }
+        DeliverRequest { session: self.some_ref(), message: Some(message), output_schema: None }
     }
 
     pub async fn send(&self, message: UserMessage, target: Target, wakeup: bool) -> Result<SendReply, Status> {

@@ -62,7 +62,10 @@ async fn configure(
 /// Runs one turn of `text` to its end.
 async fn turn(client: &mut AgentClient<Channel>, token: &str, id: &str, text: &str) {
     let message = user_msg(&uuid::Uuid::new_v4().to_string(), text);
-    client.followup(authed(DeliverRequest { session: own(id), message: Some(message) }, token)).await.unwrap();
+    client
+        .followup(authed(DeliverRequest { session: own(id), message: Some(message), output_schema: None }, token))
+        .await
+        .unwrap();
     client.when_idle(authed(WhenIdleRequest { session: own(id), timeout_ms: 20_000 }, token)).await.unwrap();
 }
 
@@ -337,4 +340,62 @@ async fn agents_in_a_data_directory_survive_a_restart() {
     assert_eq!(ask(&mut c, "", "s1").await, "system: You are v1.");
     assert_eq!(configure(&mut c, "", "s2", "helper").await.unwrap().agent_version, 2);
     assert_eq!(ask(&mut c, "", "s2").await, "system: You are v2.");
+}
+
+/// `GET path` on the protocols' HTTP port with `token` as the bearer token: the status and the body.
+async fn http_get(addr: std::net::SocketAddr, path: &str, token: &str) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap();
+    let body = answer.split_once("\r\n\r\n").map(|(_, body)| body).unwrap_or_default();
+    (status, serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}")))
+}
+
+/// Issue 45: an agent put through the API is a model of the OpenAI protocol (`/v1/models`) for its tenant,
+/// and for no other, beside the file's agents that serve the tenant; `spawn_agent` runs it as a child of
+/// its tenant's sessions, and another tenant's call of it is refused as for an unknown agent.
+#[tokio::test]
+async fn api_agents_are_openai_models_and_children_of_their_own_tenant_only() {
+    let (dir, path) =
+        config_file("[agents.only-b]\ntenants = [\"tenant-b\"]\n[agents.parent]\ntools = [\"spawn_agent\"]\n");
+    let tokens = dir.path().join("tokens.txt");
+    std::fs::write(&tokens, format!("{TOKEN_A} tenant-a\n{TOKEN_B} tenant-b\n")).unwrap();
+    let mut args = config_args(&path);
+    args.extend(["--auth-tokens".to_owned(), tokens.display().to_string()]);
+    let server = DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::default() }).await.unwrap();
+    let http = server.http_addr().expect("the protocols' HTTP port");
+    let mut c = server.client();
+    put(&mut c, TOKEN_A, "helper", "system = \"You help.\"").await.unwrap();
+
+    let ids = |body: &serde_json::Value| -> Vec<String> {
+        body["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let (status, a) = http_get(http, "/v1/models", TOKEN_A).await;
+    assert_eq!((status, ids(&a)), (200, vec!["helper".to_owned(), "parent".to_owned(), "scripted".to_owned()]));
+    let (status, b) = http_get(http, "/v1/models", TOKEN_B).await;
+    assert_eq!((status, ids(&b)), (200, vec!["only-b".to_owned(), "parent".to_owned(), "scripted".to_owned()]));
+    let (status, helper) = http_get(http, "/v1/models/helper", TOKEN_A).await;
+    assert_eq!((status, helper["id"].as_str()), (200, Some("helper")));
+    let (status, hidden) = http_get(http, "/v1/models/helper", TOKEN_B).await;
+    assert_eq!((status, hidden["error"]["code"].as_str()), (404, Some("model_not_found")));
+    let (status, _) = http_get(http, "/v1/models/only-b", TOKEN_A).await;
+    assert_eq!(status, 404, "a file agent confined to another tenant is no model of this one");
+
+    // spawn_agent: tenant A's child runs A's agent (its system prompt answers); B's cannot name it.
+    let spawn = "[[tool:spawn_agent helper [[system]] who are you?]]";
+    configure(&mut c, TOKEN_A, "pa", "parent").await.unwrap();
+    let result = tool_result(&mut c, TOKEN_A, "pa", spawn).await;
+    assert_eq!(result.trim(), "system: You help.");
+    configure(&mut c, TOKEN_B, "pb", "parent").await.unwrap();
+    let refused = tool_result(&mut c, TOKEN_B, "pb", spawn).await;
+    configure(&mut c, TOKEN_B, "pc", "parent").await.unwrap();
+    let unknown = tool_result(&mut c, TOKEN_B, "pc", "[[tool:spawn_agent nobody hi]]").await;
+    assert!(refused.contains("\"helper\" is not configured"), "{refused}");
+    assert_eq!(refused.replace("helper", "nobody").replace("pb-", "pc-"), unknown, "no existence leak");
 }

@@ -48,7 +48,11 @@ async fn followup(
     session: Option<SessionRef>,
     text: &str,
 ) -> Result<u64, Status> {
-    let req = DeliverRequest { session, message: Some(user_msg(&uuid::Uuid::new_v4().to_string(), text)) };
+    let req = DeliverRequest {
+        session,
+        message: Some(user_msg(&uuid::Uuid::new_v4().to_string(), text)),
+        output_schema: None,
+    };
     client.followup(authed(req, Some(token))).await.map(|r| r.into_inner().seq)
 }
 
@@ -106,7 +110,11 @@ async fn a_tenant_cannot_read_write_list_or_watch_another_tenants_sessions() {
     let err = followup(&mut client, TOKEN_A, name("tenant-b", "b-secret"), "intrusion").await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
     assert_eq!(err.message(), missing.message().replace("nobody", "b-secret"));
-    let req = DeliverRequest { session: name("tenant-b", "b-secret"), message: Some(user_msg("m-x", "queued?")) };
+    let req = DeliverRequest {
+        session: name("tenant-b", "b-secret"),
+        message: Some(user_msg("m-x", "queued?")),
+        output_schema: None,
+    };
     assert_eq!(client.queue(authed(req, Some(TOKEN_A))).await.unwrap_err().code(), Code::NotFound);
     let after = client.get_session(authed(GetSessionRequest { session: name("", "b-secret") }, Some(TOKEN_B))).await;
     assert_eq!(after.unwrap().into_inner().last_seq, b_seq, "the intrusion wrote nothing");
@@ -163,7 +171,7 @@ async fn missing_or_unknown_tokens_are_unauthenticated() {
     for token in [None, Some("not-a-token"), Some("")] {
         let err = client.get_session(authed(GetSessionRequest { session: name("", "s1") }, token)).await.unwrap_err();
         assert_eq!(err.code(), Code::Unauthenticated, "{token:?}: {err:?}");
-        let req = DeliverRequest { session: name("", "s1"), message: Some(user_msg("m1", "hi")) };
+        let req = DeliverRequest { session: name("", "s1"), message: Some(user_msg("m1", "hi")), output_schema: None };
         assert_eq!(client.followup(authed(req, token)).await.unwrap_err().code(), Code::Unauthenticated);
         let req = WatchRequest { session: name("", "s1"), after_seq: 0, live: true, resume: None };
         assert_eq!(client.watch(authed(req, token)).await.unwrap_err().code(), Code::Unauthenticated);

@@ -92,7 +92,7 @@ async fn session_id_is_checked(backend: Backend) {
     let long = Session::with_ref(client.clone(), SessionRef { tenant: "test".into(), id: "s".repeat(129) });
     assert_refused(long.followup(user_msg("A", "x")).await, Code::InvalidArgument, &["session", "129"]);
     // A missing session field is refused too.
-    let req = DeliverRequest { session: None, message: Some(user_msg("A", "x")) };
+    let req = DeliverRequest { session: None, message: Some(user_msg("A", "x")), output_schema: None };
     assert_refused(client.clone().followup(req).await, Code::InvalidArgument, &["session"]);
 }
 
@@ -116,7 +116,7 @@ async fn send_target_must_be_a_list(backend: Backend) {
 async fn missing_message_and_malformed_source(backend: Backend) {
     let server = backend.start_dev().await.unwrap();
     let (s, before) = written(&server).await;
-    let req = DeliverRequest { session: Some(s.reference()), message: None };
+    let req = DeliverRequest { session: Some(s.reference()), message: None, output_schema: None };
     assert_refused(s.client().followup(req).await, Code::InvalidArgument, &["message"]);
     let goal = Kind::Goal(GoalSource { goal_id: "g".into(), revision: 1, round: 0 });
     assert_refused(s.queue(source_msg("G", "x", Some(goal))).await, Code::InvalidArgument, &["round"]);

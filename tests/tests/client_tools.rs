@@ -354,6 +354,7 @@ async fn tenants_only_reach_their_own_executors() {
         let req = DeliverRequest {
             session: session.clone(),
             message: Some(user_msg(&uuid::Uuid::new_v4().to_string(), CALL_LOOKUP)),
+            output_schema: None,
         };
         client.followup(with_token(req, Some(token))).await.unwrap();
         let req = WhenIdleRequest { session: session.clone(), timeout_ms: 20_000 };
@@ -382,6 +383,7 @@ async fn tenants_only_reach_their_own_executors() {
         let req = DeliverRequest {
             session: session.clone(),
             message: Some(user_msg(&uuid::Uuid::new_v4().to_string(), &text)),
+            output_schema: None,
         };
         client.followup(with_token(req, Some(token))).await.unwrap();
         let req = WhenIdleRequest { session: session.clone(), timeout_ms: 20_000 };

@@ -85,7 +85,8 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
 
     // A session for the list to show, made by an ordinary gRPC client with the same token.
     let listed = format!("listed-{}", uuid::Uuid::new_v4());
-    let req = DeliverRequest { session: named(&listed), message: Some(user_msg("listed-1", "hello")) };
+    let req =
+        DeliverRequest { session: named(&listed), message: Some(user_msg("listed-1", "hello")), output_schema: None };
     client.followup(authed(req)).await.unwrap();
     client.when_idle(authed(WhenIdleRequest { session: named(&listed), timeout_ms: 20_000 })).await.unwrap();
     // A label the list filters by, and a schedule the session's page shows with its next firing.

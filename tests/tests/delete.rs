@@ -64,7 +64,11 @@ async fn delete_is_tenant_scoped() {
     let server = DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::default() }).await.unwrap();
     let mut client = server.client();
     let b_session = Some(SessionRef { tenant: "tenant-b".into(), id: "b-secret".into() });
-    let req = DeliverRequest { session: b_session.clone(), message: Some(user_msg("m1", "hello from b")) };
+    let req = DeliverRequest {
+        session: b_session.clone(),
+        message: Some(user_msg("m1", "hello from b")),
+        output_schema: None,
+    };
     client.queue(authed(req, TOKEN_B)).await.unwrap();
 
     // A names B's session: NOT_FOUND with the words of a session that does not exist, and nothing goes.

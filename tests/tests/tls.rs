@@ -126,6 +126,7 @@ async fn a_followup_over_tls_works_for_clients_that_trust_the_ca_only() {
         let req = DeliverRequest {
             session: Some(SessionRef { tenant: String::new(), id: "plain".into() }),
             message: Some(user_msg("m2", "in clear text")),
+            output_schema: None,
         };
         assert!(AgentClient::new(channel).followup(req).await.is_err());
     }

@@ -64,6 +64,7 @@ async fn one_followup_is_one_trace_across_gateway_worker_and_nats() {
     let mut request = tonic::Request::new(DeliverRequest {
         session: Some(session.clone()),
         message: Some(user_msg("m1", "hello, traced")),
+        output_schema: None,
     });
     request.metadata_mut().insert("traceparent", traceparent.parse().unwrap());
     cluster.client(0).followup(request).await.unwrap();

@@ -192,8 +192,11 @@ async fn another_tenants_transcript_is_not_found_like_a_missing_session() {
     let server = DevServer::start_with(DevOptions { extra_args: args, ..DevOptions::default() }).await.unwrap();
     let mut client = server.client();
     let named = |tenant: &str, id: &str| Some(SessionRef { tenant: tenant.into(), id: id.into() });
-    let req =
-        turnstile_proto::v1::DeliverRequest { session: named("", "b-secret"), message: Some(user_msg("m", "hi")) };
+    let req = turnstile_proto::v1::DeliverRequest {
+        session: named("", "b-secret"),
+        message: Some(user_msg("m", "hi")),
+        output_schema: None,
+    };
     client.followup(with_token(req, Some(TOKEN_B))).await.unwrap();
 
     let read = |session, token| {

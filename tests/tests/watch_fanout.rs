@@ -82,7 +82,7 @@ impl Stack {
         };
         self.api
             .clone()
-            .followup(pb::DeliverRequest { session: Some(pb_session()), message: Some(message) })
+            .followup(pb::DeliverRequest { session: Some(pb_session()), message: Some(message), output_schema: None })
             .await
             .unwrap();
     }

@@ -208,7 +208,10 @@ mod tenancy {
 
     pub(super) async fn run_turn(client: &mut AgentClient<Channel>, token: &str, id: &str, text: &str) {
         let message = user_msg(&uuid::Uuid::new_v4().to_string(), text);
-        client.followup(authed(DeliverRequest { session: own(id), message: Some(message) }, token)).await.unwrap();
+        client
+            .followup(authed(DeliverRequest { session: own(id), message: Some(message), output_schema: None }, token))
+            .await
+            .unwrap();
         let idle = WhenIdleRequest { session: own(id), timeout_ms: 20_000 };
         client.when_idle(authed(idle, token)).await.unwrap();
     }

@@ -477,7 +477,7 @@ impl Runner {
                     }
                 }
                 Effect::PreStep(request) => self.ops.pre_step(&self.deps, &self.session, request, self.spans.active()),
-                Effect::Model(request) => self.ops.model(&self.deps, &self.session, request, &self.spans.active()),
+                Effect::Model(request) => self.ops.model(&self.deps, &self.session, *request, &self.spans.active()),
                 Effect::Tool(request) => self.ops.tool(&self.deps, &self.session, request, &self.spans.active()),
                 Effect::Abort { op } => self.ops.abort(op),
                 Effect::Reload { reason } => {

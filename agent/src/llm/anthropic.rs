@@ -138,12 +138,20 @@ impl ChatApi for Anthropic {
                 system.into()
             };
         }
-        if !request.tools.is_empty() {
-            let mut tools: Vec<Value> = request
-                .tools
-                .iter()
-                .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
-                .collect();
+        let mut tools: Vec<Value> = request
+            .tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
+            .collect();
+        if let Some(output) = &request.output {
+            // SPEC §20: the answer is the input of a tool named after the schema, which the model must call;
+            // with other tools offered it must call one of them or this one ("any"), so it can still use them.
+            body["tool_choice"] =
+                if tools.is_empty() { json!({"type": "tool", "name": output.name}) } else { json!({"type": "any"}) };
+            tools.push(json!({"name": output.name, "input_schema": output.schema,
+                "description": "Give your final answer by calling this tool: its input is the answer."}));
+        }
+        if !tools.is_empty() {
             if cache && let Some(last) = tools.last_mut() {
                 // A mark on the last tool caches all of them (the prefix up to it).
                 last["cache_control"] = ephemeral();

@@ -27,6 +27,7 @@
 //!         input_schema: serde_json::json!({"type": "object", "properties": {}}),
 //!     }],
 //!     max_tokens: Some(256),
+//!     output: None,
 //!     history_len: 3,
 //! };
 //! assert_eq!(request.messages.len(), 3);
@@ -50,6 +51,9 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     pub tools: Vec<ToolSpec>,
     pub max_tokens: Option<u32>,
+    /// The JSON Schema the reply must match when it is final (SPEC §20): OpenAI-compatible providers send
+    /// it as `response_format`, Anthropic as a forced tool named after it whose input is the reply.
+    pub output: Option<turnstile_model::output::OutputSchema>,
     /// How many of the first `messages` repeat the session's history (the summary, the logged turns): the
     /// prefix the next request of the session starts with too, which a prompt cache can hold (SPEC §17).
     pub history_len: usize,

@@ -188,7 +188,7 @@ impl ChatModel {
         if let Some(task) = &request.compaction {
             // A compaction request asks for the summary and offers no tools.
             messages.push(ChatMessage::user_text(compaction_instruction(task)));
-            return ChatRequest { system: None, messages, tools: Vec::new(), max_tokens: None, history_len };
+            return ChatRequest { messages, history_len, ..ChatRequest::default() };
         }
         let mut tools = self.tools.clone();
         tools.extend(request.goal.as_ref().map(crate::tools::goal_complete_spec));
@@ -198,6 +198,7 @@ impl ChatModel {
             messages,
             tools,
             max_tokens: None,
+            output: request.output.clone(),
             history_len,
         }
     }
@@ -234,6 +235,19 @@ impl ChatModel {
             }
         }
     }
+}
+
+/// A reply given as a call of the output tool (Anthropic's forced tool, SPEC §20) becomes the reply's
+/// text: the call's input is the JSON answer. It was streamed as tool input, not as text, so it goes to
+/// the sink now as the reply's one text delta (the deltas of a message concatenate to its text).
+async fn output_tool_as_text(output: &mut ChatOutput, name: &str, deltas: &DeltaSink) {
+    let Some(i) = output.tool_calls.iter().position(|c| c.name == name) else { return };
+    let call = output.tool_calls.remove(i);
+    if output.tool_calls.is_empty() && output.finish == Finish::ToolCalls {
+        output.finish = Finish::Stop;
+    }
+    deltas.send(call.arguments_json.clone()).await;
+    output.text.push_str(&call.arguments_json);
 }
 
 /// Gives every call of the last assistant message that has no result an error result.
@@ -274,12 +288,15 @@ fn turn_tools(request: &ModelRequest) -> Vec<ToolSpec> {
         .collect()
 }
 
-/// A message as the model sees it: its blocks, but not the declaration of its turn's client tools.
+/// A message as the model sees it: its blocks, but not the declarations of its turn's client tools and
+/// output schema.
 fn user_message(message: &UserMessage) -> ChatMessage {
     let content = message
         .content
         .iter()
-        .filter(|block| !turnstile_model::turn_tools::is_declaration(block))
+        .filter(|block| {
+            !turnstile_model::turn_tools::is_declaration(block) && !turnstile_model::output::is_declaration(block)
+        })
         .map(|block| match block {
             ContentBlock::Text { text } => ChatContent::Text(text.clone()),
             ContentBlock::Data { mime, bytes } => ChatContent::Data { mime: mime.clone(), bytes: bytes.clone() },
@@ -312,18 +329,24 @@ impl Model for ChatModel {
         // The provider sends straight to the runner's bounded sink: no queue of its own in between.
         let result = self.stream(&chat, &deltas, &abort).await;
         match result {
-            Ok((output, model)) => Ok(ModelOutput {
-                text: output.text,
-                tool_calls: output
-                    .tool_calls
-                    .into_iter()
-                    .map(|c| ToolCallSpec { call_id: c.id, name: c.name, arguments: c.arguments_json })
-                    .collect(),
-                max_tokens: output.finish == Finish::Length,
-                reasoning: output.reasoning,
-                usage: output.usage,
-                model: Some(model),
-            }),
+            Ok((mut output, model)) => {
+                if let Some(schema) = &chat.output {
+                    output_tool_as_text(&mut output, &schema.name, &deltas).await;
+                }
+                Ok(ModelOutput {
+                    text: output.text,
+                    tool_calls: output
+                        .tool_calls
+                        .into_iter()
+                        .map(|c| ToolCallSpec { call_id: c.id, name: c.name, arguments: c.arguments_json })
+                        .collect(),
+                    max_tokens: output.finish == Finish::Length,
+                    reasoning: output.reasoning,
+                    usage: output.usage,
+                    model: Some(model),
+                    invalid_output: None,
+                })
+            }
             Err(ProviderError::Aborted { .. }) => Err(ModelError::Aborted),
             Err(error) => Err(ModelError::Failed { message: error.to_string(), code: error.code().to_owned() }),
         }
@@ -358,6 +381,7 @@ mod tests {
             interrupted_prompt: vec![],
             goal: None,
             summary: None,
+            output: None,
             compaction: None,
         }
     }

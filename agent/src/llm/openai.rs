@@ -122,6 +122,11 @@ impl ChatApi for OpenAi {
                 })
                 .collect();
         }
+        if let Some(output) = &request.output {
+            // SPEC §20: the schema as the response format (OpenAI, llama.cpp, vLLM, … all read this form).
+            body["response_format"] = json!({"type": "json_schema",
+                "json_schema": {"name": output.name, "schema": output.schema, "strict": output.strict}});
+        }
         body
     }
 }

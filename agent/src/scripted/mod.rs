@@ -16,7 +16,7 @@
 //!     op: 1, turn: 1, step: 1, agent: "scripted".into(), agent_hash: String::new(), system: None, history: vec![],
 //!     session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
 //!     messages: vec![hello], tool_results: vec![], interrupted_prompt: vec![], goal: None,
-//!     summary: None, compaction: None,
+//!     summary: None, output: None, compaction: None,
 //! };
 //! assert_eq!(scripted::plan(&request).output.text, "echo: hello");
 //! ```

@@ -55,6 +55,9 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
     }
     let text = if directives.contains(&Directive::System) {
         format!("system: {}", request.system.as_deref().unwrap_or_default())
+    } else if !prompt.is_empty() && request.output.is_some() {
+        // A structured turn (SPEC §20) gets the entered text as it is, so a test chooses what is judged.
+        texts.join("\n")
     } else if !prompt.is_empty() {
         format!("echo: {}", texts.join("\n"))
     } else if !request.tool_results.is_empty() {
@@ -102,7 +105,7 @@ pub fn plan(request: &ModelRequest) -> ScriptedPlan {
     let chunks = if delay.is_zero() { FAST_CHUNKS } else { SLOW_CHUNKS };
     ScriptedPlan {
         deltas: split(&text, chunks),
-        output: ModelOutput { text, tool_calls, max_tokens, reasoning: None, usage, model: None },
+        output: ModelOutput { text, tool_calls, max_tokens, reasoning: None, usage, model: None, invalid_output: None },
         delay,
         fail,
     }
@@ -180,6 +183,7 @@ mod tests {
             interrupted_prompt: vec![],
             goal: None,
             summary: None,
+            output: None,
             compaction: None,
         }
     }

@@ -83,7 +83,8 @@ pub struct ChildSessions {
 /// Where the node sets [`ChildSessions`] once it has them (after the agents are built).
 pub type ChildSessionsSlot = Arc<OnceLock<ChildSessions>>;
 
-/// `spawn_agent`. `agents` (when known) are offered to the model as the argument's choices.
+/// `spawn_agent`. `agents` (when known), the configuration's, are named to the model in the argument's
+/// description.
 pub struct SpawnAgent {
     children: ChildSessionsSlot,
     agents: Vec<String>,
@@ -104,10 +105,14 @@ impl Tool for SpawnAgent {
     }
 
     fn input_schema(&self) -> serde_json::Value {
-        let mut agent = serde_json::json!({"type": "string", "description": "The agent profile the child runs."});
-        if !self.agents.is_empty() {
-            agent["enum"] = serde_json::json!(self.agents);
-        }
+        // Not an `enum`: the agents a tenant put through the API (SPEC §20) are as valid as the file's, and
+        // they change at run time; an unknown name is refused with the list of the tenant's agents.
+        let description = if self.agents.is_empty() {
+            "The agent profile the child runs.".to_owned()
+        } else {
+            format!("The agent profile the child runs (the configuration's: {}).", self.agents.join(", "))
+        };
+        let agent = serde_json::json!({"type": "string", "description": description});
         serde_json::json!({
             "type": "object",
             "properties": {

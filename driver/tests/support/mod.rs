@@ -677,7 +677,7 @@ impl Sim {
                         self.recs.push(Rec::Op(format!("X model {}.{} {}", req.turn, req.step, ids(&req.messages))))
                     }
                 }
-                self.model_requests.push(req.clone());
+                self.model_requests.push((*req).clone());
                 let reply = match self.model_replies.pop_front() {
                     Some(reply) => reply,
                     None => {
@@ -696,7 +696,7 @@ impl Sim {
                     }
                     self.ready.push_back(Ready::ModelDone(req.op, ModelOutcome::Finished(reply.output)));
                 } else {
-                    self.held_models.push(HeldModel { req, reply, next: 0 });
+                    self.held_models.push(HeldModel { req: *req, reply, next: 0 });
                 }
             }
             Effect::Tool(req) => {

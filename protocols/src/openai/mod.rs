@@ -27,6 +27,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use turnstile_gateway::Gateway;
 
+use crate::api::Api;
 use error::ApiError;
 
 /// What the adapter knows of the configuration: the agent profiles a `model` may name.
@@ -48,11 +49,19 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// `model` as an agent profile, or OpenAI's 404 `model_not_found`.
-    pub(crate) fn agent(&self, model: &str) -> Result<(), ApiError> {
-        match self.agents.names.iter().any(|a| a == model) {
+    /// The models the caller may name (SPEC §20): every agent its tenant may run, the API's included, as
+    /// the gateway's `ListAgents` answers it; the configuration's profiles when the gateway keeps no agent
+    /// store.
+    pub(crate) async fn models(&self, api: &Api<ApiError>) -> Result<Vec<String>, ApiError> {
+        Ok(api.agent_names().await?.unwrap_or_else(|| self.agents.names.clone()))
+    }
+
+    /// `model` as an agent the caller may run, or OpenAI's 404 `model_not_found`.
+    pub(crate) async fn agent(&self, api: &Api<ApiError>, model: &str) -> Result<(), ApiError> {
+        let models = self.models(api).await?;
+        match models.iter().any(|a| a == model) {
             true => Ok(()),
-            false => Err(ApiError::unknown_model(model, &self.agents.names)),
+            false => Err(ApiError::unknown_model(model, &models)),
         }
     }
 }

@@ -25,14 +25,13 @@ const CANCEL_WAIT: Duration = Duration::from_secs(30);
 type Answer = Result<Response, ApiError>;
 
 pub(crate) async fn list_models(State(shared): State<Shared>, headers: HeaderMap) -> Answer {
-    Api::new(&shared.gateway, &headers).authenticate().await?;
-    let data: Vec<Value> = shared.agents.names.iter().map(|name| model(name)).collect();
+    let api = Api::new(&shared.gateway, &headers);
+    let data: Vec<Value> = shared.models(&api).await?.iter().map(|name| model(name)).collect();
     Ok(ok(json!({"object": "list", "data": data})))
 }
 
 pub(crate) async fn get_model(State(shared): State<Shared>, headers: HeaderMap, Path(name): Path<String>) -> Answer {
-    Api::new(&shared.gateway, &headers).authenticate().await?;
-    shared.agent(&name)?;
+    shared.agent(&Api::new(&shared.gateway, &headers), &name).await?;
     Ok(ok(model(&name)))
 }
 
@@ -47,7 +46,7 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
     let model = input::string(&body, "model")?.ok_or_else(|| {
         ApiError::invalid("model", "model is required: name an agent profile (GET /v1/models lists them)")
     })?;
-    shared.agent(model)?;
+    shared.agent(&api, model).await?;
     let stream = input::flag(&body, "stream")?;
     let background = input::flag(&body, "background")?;
     input::flag(&body, "store")?;

@@ -202,7 +202,7 @@ pub async fn run(shared: Target, seed: u64, duration: Duration, run_id: String) 
         if let Some(c) = channel(&shared, g) {
             let m = user_msg(&format!("busy-{run_id}-open-{g}"), "hello");
             let _ = AgentClient::new(c)
-                .followup(req(DeliverRequest { session: Some(busy.clone()), message: Some(m) }))
+                .followup(req(DeliverRequest { session: Some(busy.clone()), message: Some(m), output_schema: None }))
                 .await;
         }
     }
@@ -266,7 +266,10 @@ pub async fn run(shared: Target, seed: u64, duration: Duration, run_id: String) 
                     _ => {
                         let s = SessionRef { tenant: TENANT.into(), id: format!("big-{run_id}-{}", n % 3) };
                         let m = if kind == "oversize mime" { oversize_mime(&id) } else { empty_blocks(&id) };
-                        client.followup(req(DeliverRequest { session: Some(s), message: Some(m) })).await.map(|_| ())
+                        client
+                            .followup(req(DeliverRequest { session: Some(s), message: Some(m), output_schema: None }))
+                            .await
+                            .map(|_| ())
                     }
                 };
                 match answer {
@@ -306,8 +309,9 @@ async fn feed(target: Target, busy: SessionRef, run_id: String, seed: u64) {
         n += 1;
         let Some(c) = channel(&target, rng.usize(..2)) else { break };
         let m = user_msg(&format!("busy-{run_id}-{n}"), &"z".repeat(BUSY_TEXT));
-        let _ =
-            AgentClient::new(c).followup(req(DeliverRequest { session: Some(busy.clone()), message: Some(m) })).await;
+        let _ = AgentClient::new(c)
+            .followup(req(DeliverRequest { session: Some(busy.clone()), message: Some(m), output_schema: None }))
+            .await;
         tokio::time::sleep(Duration::from_millis(rng.u64(150..400))).await;
     }
 }

@@ -133,7 +133,7 @@ impl Preset {
         session: SessionRef,
         m: UserMessage,
     ) -> Result<u64, Status> {
-        let deliver = DeliverRequest { session: Some(session.clone()), message: Some(m.clone()) };
+        let deliver = DeliverRequest { session: Some(session.clone()), message: Some(m.clone()), output_schema: None };
         let send = |target: Target, wakeup: bool| SendRequest {
             session: Some(session.clone()),
             message: Some(m.clone()),

@@ -223,6 +223,7 @@ impl Tools for VersionedTools {
                     ));
                 }
                 let deadline = self.versions.config.tool_deadline(&built.config, id);
+                let memory = built.config.memory.as_ref().map(|m| m.namespaces.clone()).unwrap_or_default();
                 self.base
                     .run_within(
                         session,
@@ -230,6 +231,7 @@ impl Tools for VersionedTools {
                         &request.agent,
                         &call.name,
                         &call.arguments,
+                        memory,
                         deadline,
                         abort,
                         released,

@@ -176,6 +176,9 @@ pub struct AgentConfig {
     /// Whether sessions keep the version they run when the agent changes (`pin`) or take the newest at
     /// their next turn (`latest`, the default).
     pub version_policy: VersionPolicy,
+    /// The namespaces of the tenant's memory its memory tools reach (SPEC §20): `memory = { namespaces =
+    /// ["notes"] }`. Default none.
+    pub memory: Option<crate::memory::AgentMemory>,
     /// The definition as written (its table, as canonical JSON: keys sorted, no defaults filled in); set by
     /// the parser. Its digest is the version's content hash (decision 0120).
     #[serde(skip)]
@@ -202,6 +205,7 @@ impl Default for AgentConfig {
             approval_timeout_ms: None,
             on_timeout: OnTimeout::Deny,
             version_policy: VersionPolicy::Latest,
+            memory: None,
             definition: String::new(),
         }
     }
@@ -301,6 +305,15 @@ impl AgentConfig {
                 hook.deadline_ms,
                 "a deadline of 0 would fail every step",
             )?;
+        }
+        if let Some(memory) = &self.memory {
+            memory.check(&path.key("memory"))?;
+        } else if let Some((i, tool)) = self.tools.iter().enumerate().find(|(_, t)| {
+            matches!(t, ToolRef::Builtin(Builtin::MemoryGet | Builtin::MemoryPut | Builtin::MemorySearch))
+        }) {
+            return Err(path.key("tools").index(i).invalid(format!(
+                "\"{tool}\" needs the namespaces it may reach: add memory = {{ namespaces = [\"NAME\"] }} to this agent"
+            )));
         }
         if self.tenants.as_ref().is_some_and(Vec::is_empty) {
             return Err(path

@@ -63,6 +63,8 @@ pub struct Config {
     pub protocols: ProtocolsConfig,
     /// The rules for webhooks registered at run time (SPEC §21).
     pub webhooks: crate::webhooks::WebhooksConfig,
+    /// The per-tenant limits of memory (SPEC §20).
+    pub memory: crate::memory::MemoryConfig,
 }
 
 /// `[limits]`: what one delivery may carry (SPEC §2).
@@ -301,6 +303,7 @@ impl Default for Config {
             tenants: BTreeMap::new(),
             protocols: ProtocolsConfig::default(),
             webhooks: crate::webhooks::WebhooksConfig::default(),
+            memory: crate::memory::MemoryConfig::default(),
         }
     }
 }
@@ -462,6 +465,7 @@ impl Config {
             )));
         }
         self.check_sections(&root)?;
+        self.memory.check(&root.key("memory"))?;
         for (name, model) in &self.models {
             let path = root.key("models").key(name);
             check_name(&path, name, &model.name, is_name(name), NAME_RULE)?;

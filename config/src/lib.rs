@@ -43,6 +43,7 @@ mod config;
 mod definition;
 mod error;
 mod mcp;
+mod memory;
 mod model;
 mod names;
 mod path;
@@ -61,6 +62,7 @@ pub use config::{
 pub use definition::DefinitionFormat;
 pub use error::{ConfigError, Location};
 pub use mcp::{McpServerConfig, McpTransport};
+pub use memory::{AgentMemory, MemoryConfig};
 pub use model::{ModelConfig, Provider};
 pub use names::ValueError;
 pub use protocols::ProtocolsConfig;

@@ -82,6 +82,7 @@ fn the_api_example_parses_to_what_it_says() {
             webhooks: vec![],
             tenants: None,
             version_policy: turnstile_config::VersionPolicy::Latest,
+            memory: None,
             definition: assistant.definition.clone(),
         }
     );

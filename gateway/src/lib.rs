@@ -27,6 +27,7 @@ pub mod convert;
 pub mod export;
 pub mod feed;
 mod history;
+pub mod memory;
 pub mod merge;
 mod ops;
 pub mod quota;

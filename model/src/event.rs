@@ -299,6 +299,9 @@ pub enum EventPayload {
     ScheduleChanged(ScheduleChange),
     /// `session/labeled` (SPEC §16): labels set and removed.
     SessionLabeled(Labeled),
+    /// `memory/written` (SPEC §20): a write an agent made to its tenant's memory (provenance). Written
+    /// marked ignorable, so a reader that predates it skips it (SPEC §18).
+    MemoryWritten(crate::memory::MemoryWritten),
     /// An event of a type this build does not know, marked ignorable by its writer. Readers skip it;
     /// an unknown type that is not ignorable is refused by the codec instead.
     Ignorable {
@@ -327,13 +330,14 @@ impl EventPayload {
             Self::SessionForked(_) => "session/forked",
             Self::ScheduleChanged(_) => "schedule/changed",
             Self::SessionLabeled(_) => "session/labeled",
+            Self::MemoryWritten(_) => "memory/written",
             Self::Ignorable { .. } => "ignorable",
         }
     }
 }
 
 /// Every durable type, in SPEC §5 order.
-pub const DURABLE_TYPES: [&str; 17] = [
+pub const DURABLE_TYPES: [&str; 18] = [
     "agent/inbox/spliced",
     "agent/status",
     "turn/start",
@@ -351,7 +355,12 @@ pub const DURABLE_TYPES: [&str; 17] = [
     "session/forked",
     "schedule/changed",
     "session/labeled",
+    "memory/written",
 ];
+
+/// The durable types written marked ignorable: added after a release, and not needed by the fold, so a
+/// reader of an older build skips them during a rolling upgrade (SPEC §18).
+pub const IGNORABLE_TYPES: [&str; 1] = ["memory/written"];
 
 /// `context/compacted` (SPEC §13, decision 0023).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

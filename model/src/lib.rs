@@ -38,6 +38,7 @@ pub mod event;
 pub mod goal;
 pub mod inbox;
 pub mod labels;
+pub mod memory;
 pub mod message;
 pub mod schedule;
 pub mod shard;

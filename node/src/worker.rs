@@ -128,6 +128,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     // `spawn_agent` reaches its child sessions' owners as a gateway would, and reads their logs here.
     let router = cluster_router(&client, url, config, cluster_tls).await?;
     agents.tools.set_child_sessions(ChildSessions { router, log: log.clone() });
+    // The memory tools (SPEC §20) reach the cluster's memory bucket.
+    agents.tools.set_memory(crate::kv_memory(&client, url, config).await?);
     // SPEC §20: the file's agents imported as versions, every agent followed as it changes.
     let store = turnstile_journal::jetstream::KvAgents::open(&client, replicas(config))
         .await

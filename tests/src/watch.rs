@@ -535,6 +535,7 @@ pub fn durable_type(payload: &Durable) -> &'static str {
         Durable::SessionForked(_) => "session/forked",
         Durable::ScheduleChanged(_) => "schedule/changed",
         Durable::SessionLabeled(_) => "session/labeled",
+        Durable::MemoryWritten(_) => "memory/written",
     }
 }
 
@@ -723,6 +724,9 @@ fn durable_line(e: &SessionEvent) -> String {
             let mut set: Vec<String> = l.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
             set.sort();
             format!("session/labeled {} -{}", set.join(","), l.removed.join(","))
+        }
+        Durable::MemoryWritten(m) => {
+            format!("memory/written {}.{} {} {}/{:?} {}B", m.turn, m.step, m.call_id, m.namespace, m.key, m.bytes)
         }
         Durable::ToolResult(r) => match &r.error {
             Some(err) => format!("tool/result {}.{} error {:?}", r.turn, r.step, err),

@@ -36,6 +36,8 @@ pub struct ToolRegistry {
     client: ClientBusSlot,
     /// Reaches other sessions once set, for `spawn_agent`; empty: it answers that it cannot run here.
     children: ChildSessionsSlot,
+    /// Reaches the tenants' memory once set, for the memory tools; empty: they answer that they cannot run.
+    memory: super::MemorySlot,
 }
 
 impl std::fmt::Debug for ToolRegistry {
@@ -53,7 +55,20 @@ impl ToolRegistry {
         r.register("echo", Arc::new(Echo));
         r.register("clock", Arc::new(Clock::default()));
         r.offer_agents(Vec::new(), SpawnLimits::default());
+        for (name, op) in [
+            ("memory_get", super::MemoryOp::Get),
+            ("memory_put", super::MemoryOp::Put),
+            ("memory_search", super::MemoryOp::Search),
+        ] {
+            let tool = super::MemoryTool::new(op, r.memory.clone());
+            r.register(name, Arc::new(tool));
+        }
         r
+    }
+
+    /// The memory tools reach `store` from now on; the first one set stays.
+    pub fn set_memory(&self, store: Arc<dyn turnstile_journal::MemoryStore>) {
+        let _ = self.memory.set(store);
     }
 
     /// `spawn_agent` offers these agents to the model (the configuration's), within `limits`.
@@ -144,6 +159,7 @@ impl ToolRegistry {
     ) -> ToolReturn {
         let id = ToolId::from_call_name(name);
         let mut measure = ToolCall::start(id);
+        let memory = self.memory_of(agent);
         let deadline = match &self.policy {
             None => DEFAULT_DEADLINE,
             Some(config) => match config.agents.get(agent) {
@@ -160,11 +176,19 @@ impl ToolRegistry {
                 None => DEFAULT_DEADLINE,
             },
         };
-        self.call_within(session, call_id, agent, name, arguments, deadline, measure, abort, released).await
+        let call = Call { session, call_id, agent, name, arguments, memory };
+        self.call_within(call, deadline, measure, abort, released).await
     }
 
-    /// Runs call `call_id` of tool `name` by `agent`, already allowed, bounded by `deadline` (an agent
-    /// version of the API checks its own list: `crate::versions::VersionedTools`).
+    /// The memory namespaces of the file's agent `agent` (none without a policy or such an agent).
+    fn memory_of(&self, agent: &str) -> Vec<String> {
+        let profile = self.policy.as_ref().and_then(|c| c.agents.get(agent));
+        profile.and_then(|p| p.memory.as_ref()).map(|m| m.namespaces.clone()).unwrap_or_default()
+    }
+
+    /// Runs call `call_id` of tool `name` by `agent`, already allowed, bounded by `deadline`, its memory
+    /// tools reaching `memory` (an agent version of the API checks its own list and names its own
+    /// namespaces: `crate::versions::VersionedTools`).
     #[allow(clippy::too_many_arguments)] // As `run`, with the deadline.
     pub async fn run_within(
         &self,
@@ -173,27 +197,25 @@ impl ToolRegistry {
         agent: &str,
         name: &str,
         arguments: &str,
+        memory: Vec<String>,
         deadline: Duration,
         abort: &CancellationToken,
         released: &CancellationToken,
     ) -> ToolReturn {
         let measure = ToolCall::start(ToolId::from_call_name(name));
-        self.call_within(session, call_id, agent, name, arguments, deadline, measure, abort, released).await
+        let call = Call { session, call_id, agent, name, arguments, memory };
+        self.call_within(call, deadline, measure, abort, released).await
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn call_within(
         &self,
-        session: &SessionRef,
-        call_id: &str,
-        agent: &str,
-        name: &str,
-        arguments: &str,
+        call: Call<'_>,
         deadline: Duration,
         mut measure: ToolCall,
         abort: &CancellationToken,
         released: &CancellationToken,
     ) -> ToolReturn {
+        let Call { session, call_id, agent, name, arguments, memory } = call;
         let id = ToolId::from_call_name(name);
         let tool: Arc<dyn Tool> = match (self.tools.get(name), id, self.client.get()) {
             (Some(tool), _, _) => tool.clone(),
@@ -209,6 +231,7 @@ impl ToolRegistry {
             agent: agent.to_owned(),
             deadline,
             released: released.clone(),
+            memory,
         };
         let stop = abort.child_token();
         let call = tool.call(&ctx, arguments, &stop);
@@ -236,6 +259,16 @@ impl ToolRegistry {
         measure.end(outcome);
         r
     }
+}
+
+/// One call's identity and arguments, and the memory namespaces its agent reaches.
+struct Call<'a> {
+    session: &'a SessionRef,
+    call_id: &'a str,
+    agent: &'a str,
+    name: &'a str,
+    arguments: &'a str,
+    memory: Vec<String>,
 }
 
 #[async_trait]

@@ -10,10 +10,11 @@ use super::message::{
     required_session_at, session_ref_at, target_at,
 };
 use turnstile_model::event::{
-    CancelCause, Compaction, DURABLE_TYPES, Envelope, EventPayload, Fork, InjectMode, ModelRef, OnDeadline, Spent,
-    Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
+    CancelCause, Compaction, DURABLE_TYPES, Envelope, EventPayload, Fork, IGNORABLE_TYPES, InjectMode, ModelRef,
+    OnDeadline, Spent, Splice, SpliceOutcome, Status, SteerDeadline, ToolCallSpec, TurnEndReason, Usage,
 };
 use turnstile_model::goal::{GoalChange, GoalState, MAX_GOAL_ID_LEN};
+use turnstile_model::memory::MemoryWritten;
 use turnstile_model::schedule::Preset;
 use turnstile_model::transcript::TranscriptEntry;
 use turnstile_model::transcript_items::{ItemKind, TranscriptItem};
@@ -307,6 +308,15 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
         EventPayload::SessionForked(f) => Payload::SessionForked(encode_fork(f)),
         EventPayload::ScheduleChanged(c) => Payload::ScheduleChanged(super::schedule::encode_schedule_change(c)),
         EventPayload::SessionLabeled(l) => Payload::SessionLabeled(super::schedule::encode_labeled(l)),
+        EventPayload::MemoryWritten(m) => Payload::MemoryWritten(pb::MemoryWritten {
+            turn: m.turn,
+            step: m.step,
+            call_id: m.call_id.clone(),
+            namespace: m.namespace.clone(),
+            key: m.key.clone(),
+            revision: m.revision,
+            bytes: m.bytes,
+        }),
         // An event this build does not understand has no payload it could write.
         EventPayload::Ignorable { .. } => return None,
     })
@@ -332,6 +342,7 @@ fn payload_type(payload: &Payload) -> &'static str {
         Payload::SessionForked(_) => "session/forked",
         Payload::ScheduleChanged(_) => "schedule/changed",
         Payload::SessionLabeled(_) => "session/labeled",
+        Payload::MemoryWritten(_) => "memory/written",
     }
 }
 
@@ -413,6 +424,23 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             EventPayload::ScheduleChanged(super::schedule::schedule_change_at(c, "schedule_changed")?)
         }
         Payload::SessionLabeled(l) => EventPayload::SessionLabeled(super::schedule::labeled_at(l, "session_labeled")?),
+        Payload::MemoryWritten(m) => EventPayload::MemoryWritten(memory_written_at(m)?),
+    })
+}
+
+/// A `memory/written`: its namespace and key by the rules of memory (`turnstile_model::memory`).
+fn memory_written_at(m: pb::MemoryWritten) -> Result<MemoryWritten, CodecError> {
+    use turnstile_model::memory::{validate_key, validate_namespace};
+    validate_namespace(&m.namespace).map_err(|e| CodecError::invalid("memory_written.namespace", e.to_string()))?;
+    validate_key(&m.key).map_err(|e| CodecError::invalid("memory_written.key", e.to_string()))?;
+    Ok(MemoryWritten {
+        turn: m.turn,
+        step: m.step,
+        call_id: m.call_id,
+        namespace: m.namespace,
+        key: m.key,
+        revision: m.revision,
+        bytes: m.bytes,
     })
 }
 
@@ -623,7 +651,7 @@ pub const EVENT_FORMAT: u32 = 1;
 pub fn encode_session_event(event: &Envelope) -> pb::SessionEvent {
     let (ty, ignorable) = match &event.payload {
         EventPayload::Ignorable { event_type } => (event_type.clone(), true),
-        other => (other.event_type().to_owned(), false),
+        other => (other.event_type().to_owned(), IGNORABLE_TYPES.contains(&other.event_type())),
     };
     pb::SessionEvent {
         session: Some(encode_session_ref(&event.session)),

@@ -1,9 +1,10 @@
-// Turnstile's web console: the sessions of the caller's tenant (#/) and one session's page (#/s/ID,
-// session.ts). The bearer token and, with auth off, the tenant are kept in this browser's localStorage
+// Turnstile's web console: the sessions of the caller's tenant (#/), one session's page (#/s/ID,
+// session.ts) and the tenant's memory (#/memory, memory.ts). The bearer token and, with auth off, the tenant are kept in this browser's localStorage
 // and sent with every call, exactly as `turnstile --token` does.
 
 import { client, describe, settings } from "./api";
 import { byId, fill, h } from "./dom";
+import { memoryPage } from "./memory";
 import { sessionPage } from "./session";
 import { SessionOrder, type SessionInfo, SessionStatus } from "@turnstile/client/browser";
 
@@ -16,6 +17,7 @@ function header() {
   const tenant = h("input", { id: "tenant", placeholder: "tenant (auth off)", value: settings.tenant }) as HTMLInputElement;
   fill(byId("top"),
     h("a", { href: "#/", class: "brand" }, "Turnstile"),
+    h("a", { href: "#/memory", id: "memory-link" }, "memory"),
     h("form", { id: "settings", class: "row", onsubmit: (ev: Event) => {
       ev.preventDefault();
       settings.token = token.value.trim();
@@ -135,7 +137,9 @@ function route() {
   leave?.();
   const root = byId("app");
   const m = /^#\/s\/(.+)$/.exec(window.location.hash);
-  leave = m ? sessionPage(root, decodeURIComponent(m[1])) : sessionsPage(root);
+  leave = m
+    ? sessionPage(root, decodeURIComponent(m[1]))
+    : window.location.hash === "#/memory" ? memoryPage(root) : sessionsPage(root);
 }
 
 header();

@@ -380,7 +380,10 @@ mod tests {
     async fn the_default_config_is_the_scripted_agent_on_the_scripted_model() {
         let setup = from_config_with_env(&Config::default(), no_env).unwrap();
         assert_eq!(setup.catalog, AgentCatalog::default());
-        assert_eq!(setup.tools.names().collect::<Vec<_>>(), ["clock", "echo", "sleep", "spawn_agent"]);
+        assert_eq!(
+            setup.tools.names().collect::<Vec<_>>(),
+            ["clock", "echo", "memory_get", "memory_put", "memory_search", "sleep", "spawn_agent"]
+        );
         let out = run(setup.model.as_ref(), request("scripted", "hi")).await.unwrap();
         assert_eq!(out.text, "echo: hi");
     }
@@ -465,7 +468,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "agent \"a\": tool \"mcp:files/read\" is not available in this worker (MCP server \"files\" is not \
-             started (setup::start_mcp); available: clock, echo, sleep, spawn_agent)"
+             started (setup::start_mcp); available: clock, echo, memory_get, memory_put, memory_search, sleep, spawn_agent)"
         );
     }
 

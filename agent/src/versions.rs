@@ -223,7 +223,8 @@ impl Tools for VersionedTools {
                     ));
                 }
                 let deadline = self.versions.config.tool_deadline(&built.config, id);
-                self.base.run_within(session, request, deadline, abort, released).await
+                let memory = built.config.memory.as_ref().map(|m| m.namespaces.clone()).unwrap_or_default();
+                self.base.run_within(session, request, memory, deadline, abort, released).await
             }
             Err(message) => ToolReturn::failed(message),
         }

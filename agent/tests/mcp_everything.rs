@@ -269,7 +269,17 @@ async fn streamable_http_lists_and_calls_with_headers_from_the_environment() {
     let setup = from_config_with_mcp(&config, env, &mcp).unwrap();
     assert_eq!(
         setup.tools.names().collect::<Vec<_>>(),
-        ["clock", "echo", "sleep", "spawn_agent", "web__echo", "web__trigger-long-running-operation"]
+        [
+            "clock",
+            "echo",
+            "memory_get",
+            "memory_put",
+            "memory_search",
+            "sleep",
+            "spawn_agent",
+            "web__echo",
+            "web__trigger-long-running-operation"
+        ]
     );
     let r = call(&setup, "web__echo", r#"{"message": "over http"}"#).await;
     assert_eq!((r.output.as_str(), r.error), ("Echo: over http", None));

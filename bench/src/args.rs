@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::{cluster, failover, hooks, hostile, model, nats_loss, reads, search, sync, tools};
+use crate::{cluster, failover, hooks, hostile, memory, model, nats_loss, reads, search, sync, tools};
 
 #[derive(Parser, Debug)]
 #[command(name = "turnstile-bench", about = "Benchmarks Turnstile's followup path against raw JetStream")]
@@ -140,6 +140,9 @@ pub(crate) enum Mode {
     Cluster(cluster::ClusterArgs),
     /// `ListSessions` with a label selector over 100,000 sessions of one tenant on `dev --nats` (SPEC §16).
     Search(search::SearchArgs),
+    /// `PutMemory`, `GetMemory` and `SearchMemory` p50/p99 over 100,000 documents of one tenant on
+    /// `dev --nats` (SPEC §20).
+    Memory(memory::MemoryArgs),
     /// What nats-server's `sync_interval: always` (an fsync before every acknowledgement) costs against
     /// its default (every 2 minutes): followup latency and followups/s, alternating rounds.
     Sync(sync::SyncArgs),

@@ -36,6 +36,7 @@ mod hooks;
 mod hostile;
 mod idle;
 mod latency;
+mod memory;
 mod model;
 mod nats_loss;
 mod phases;
@@ -84,6 +85,7 @@ async fn main() -> Result<()> {
         Some(Mode::Failover(failover_args)) => return failover::run(failover_args).await,
         Some(Mode::Cluster(cluster_args)) => return cluster::run(cluster_args).await,
         Some(Mode::Search(search_args)) => return search::run(search_args).await,
+        Some(Mode::Memory(memory_args)) => return memory::run(memory_args).await,
         Some(Mode::Sync(sync_args)) => return sync::run(sync_args).await,
         Some(Mode::NatsLoss(args)) => return nats_loss::run(args).await,
         Some(Mode::Hostile(args)) => return hostile::run(args).await,

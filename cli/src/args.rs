@@ -147,6 +147,60 @@ pub(crate) enum Cmd {
     /// Register, list and delete the tenant's webhooks: POSTs of its sessions' durable events (SPEC §21).
     #[command(subcommand)]
     Webhook(WebhookCmd),
+    /// Put, get, list, search and delete the tenant's memory: JSON documents in namespaces, by key, that
+    /// agents reach with memory_get, memory_put and memory_search (SPEC §20).
+    #[command(subcommand)]
+    Memory(MemoryCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum MemoryCmd {
+    /// Write a JSON document at a key (replacing what was there).
+    Put(MemoryPutArgs),
+    /// Print the document at a key.
+    Get(MemoryKeyArgs),
+    /// List documents, one a line, in namespace then key order.
+    List(MemoryListArgs),
+    /// The documents that best match some words, best first, with their scores.
+    Search(MemorySearchArgs),
+    /// Delete the document at a key.
+    Delete(MemoryKeyArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct MemoryPutArgs {
+    pub(crate) namespace: String,
+    pub(crate) key: String,
+    /// The JSON document (`-` or absent: read from stdin).
+    pub(crate) document: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct MemoryKeyArgs {
+    pub(crate) namespace: String,
+    pub(crate) key: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct MemoryListArgs {
+    /// One namespace (default: all of the tenant's).
+    pub(crate) namespace: Option<String>,
+    /// Only keys starting with this.
+    #[arg(long, default_value = "")]
+    pub(crate) prefix: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct MemorySearchArgs {
+    /// The words to look for.
+    #[arg(required = true)]
+    pub(crate) query: Vec<String>,
+    /// A namespace to search; repeat for more (default: all of the tenant's).
+    #[arg(long = "namespace", value_name = "NAMESPACE")]
+    pub(crate) namespaces: Vec<String>,
+    /// How many results (default 10, at most 100).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) limit: u32,
 }
 
 #[derive(Subcommand, Debug)]

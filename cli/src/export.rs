@@ -32,13 +32,14 @@ pub async fn export(client: &mut Client, sessions: &[String], out: Option<&Path>
         }
         None => Box::new(std::io::stdout()),
     });
-    let (mut sessions_written, mut events, mut tenant) = (0u64, 0u64, String::new());
+    let (mut sessions_written, mut events, mut memory, mut tenant) = (0u64, 0u64, 0u64, String::new());
     let copied: Result<()> = async {
         while let Some(item) = stream.message().await? {
             match &item.item {
                 Some(Item::Header(h)) => tenant.clone_from(&h.tenant),
                 Some(Item::Events(g)) => events += g.events.len() as u64,
                 Some(Item::End(_)) => sessions_written += 1,
+                Some(Item::Memory(_)) => memory += 1,
                 None => {}
             }
             writer.write_all(&item.encode_length_delimited_to_vec()).context("cannot write the export")?;
@@ -62,7 +63,8 @@ pub async fn export(client: &mut Client, sessions: &[String], out: Option<&Path>
         }
         _ => "stdout".to_owned(),
     };
-    eprintln!("exported {sessions_written} sessions ({events} events) of tenant {tenant} to {whereto}");
+    let memory = if memory > 0 { format!(" and {memory} memory documents") } else { String::new() };
+    eprintln!("exported {sessions_written} sessions ({events} events){memory} of tenant {tenant} to {whereto}");
     Ok(())
 }
 
@@ -98,7 +100,14 @@ pub async fn import(client: &mut Client, file: Option<&Path>) -> Result<()> {
     // A file that cannot be read is the error to report, whatever the server answered to the cut stream.
     reader.await.context("the reader of the export stopped")??;
     let reply = reply?.into_inner();
-    client.print(&reply, &[], |r| format!("imported {} sessions ({} events) from {name}", r.sessions, r.events))
+    client.print(&reply, &[], |r| {
+        let memory = if r.memory_documents > 0 {
+            format!(" and {} memory documents", r.memory_documents)
+        } else {
+            String::new()
+        };
+        format!("imported {} sessions ({} events){memory} from {name}", r.sessions, r.events)
+    })
 }
 
 /// The next length-delimited item, `None` at a clean end of the input.

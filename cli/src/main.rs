@@ -10,6 +10,7 @@ mod client;
 mod demo;
 mod export;
 mod json;
+mod memory;
 mod pid_file;
 mod render;
 mod schedules;
@@ -27,7 +28,7 @@ use turnstile_node::config::Overrides;
 use turnstile_node::signal::shutdown_signal;
 
 use crate::args::{
-    AgentCmd, Cli, Cmd, DeliverArgs, DevArgs, GatewayArgs, GoalCmd, ScheduleCmd, WebhookCmd, WorkerArgs,
+    AgentCmd, Cli, Cmd, DeliverArgs, DevArgs, GatewayArgs, GoalCmd, MemoryCmd, ScheduleCmd, WebhookCmd, WorkerArgs,
 };
 use crate::client::{Client, Delivery, Preset};
 use crate::watch::WatchOpts;
@@ -208,6 +209,11 @@ async fn client_command(c: &mut Client, cmd: Cmd) -> Result<()> {
         Cmd::Webhook(WebhookCmd::Create(a)) => webhooks::create(c, a).await,
         Cmd::Webhook(WebhookCmd::List) => webhooks::list(c).await,
         Cmd::Webhook(WebhookCmd::Delete(a)) => webhooks::delete(c, &a.id).await,
+        Cmd::Memory(MemoryCmd::Put(a)) => memory::put(c, a).await,
+        Cmd::Memory(MemoryCmd::Get(a)) => memory::get(c, a).await,
+        Cmd::Memory(MemoryCmd::List(a)) => memory::list(c, a).await,
+        Cmd::Memory(MemoryCmd::Search(a)) => memory::search(c, a).await,
+        Cmd::Memory(MemoryCmd::Delete(a)) => memory::delete(c, a).await,
     }
 }
 

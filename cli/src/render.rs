@@ -273,6 +273,13 @@ impl Renderer {
                     if f.compacted.is_some() { " after a summary" } else { "" }
                 ),
             ),
+            EventPayload::MemoryWritten(m) => (
+                ambient,
+                format!(
+                    "memory/written {}/{:?} revision {} ({} bytes) by call {}",
+                    m.namespace, m.key, m.revision, m.bytes, m.call_id
+                ),
+            ),
             EventPayload::Ignorable { event_type } => (ambient, format!("{event_type} (ignorable, not understood)")),
         };
         self.line(&prefix, depth, &text)

@@ -183,6 +183,9 @@ pub struct AgentConfig {
     /// The JSON Schema every final reply of its turns must match (SPEC §20), unless a turn gives its own.
     /// Default none.
     pub output: Option<crate::output::OutputConfig>,
+    /// The namespaces of the tenant's memory its memory tools reach (SPEC §20): `memory = { namespaces =
+    /// ["notes"] }`. Default none.
+    pub memory: Option<crate::memory::AgentMemory>,
     /// The definition as written (its table, as canonical JSON: keys sorted, no defaults filled in); set by
     /// the parser. Its digest is the version's content hash (decision 0120).
     #[serde(skip)]
@@ -211,6 +214,7 @@ impl Default for AgentConfig {
             on_timeout: OnTimeout::Deny,
             version_policy: VersionPolicy::Latest,
             output: None,
+            memory: None,
             definition: String::new(),
         }
     }

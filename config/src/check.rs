@@ -10,7 +10,7 @@ use crate::config::{Config, MIN_DEDUP_HORIZON};
 use crate::names::{NAME_RULE, is_name, known};
 use crate::path::{Invalid, KeyPath, positive};
 use crate::tenant::{TENANT_RULE, is_tenant};
-use crate::tools::is_server_name;
+use crate::tools::{Builtin, ToolRef, is_server_name};
 
 impl Config {
     pub(crate) fn check(&self) -> Result<(), Invalid> {
@@ -31,6 +31,7 @@ impl Config {
             )));
         }
         self.check_sections(&root)?;
+        self.memory.check(&root.key("memory"))?;
         for (name, model) in &self.models {
             let path = root.key("models").key(name);
             check_name(&path, name, &model.name, is_name(name), NAME_RULE)?;
@@ -220,6 +221,15 @@ impl AgentConfig {
                 hook.deadline_ms,
                 "a deadline of 0 would fail every step",
             )?;
+        }
+        if let Some(memory) = &self.memory {
+            memory.check(&path.key("memory"))?;
+        } else if let Some((i, tool)) = self.tools.iter().enumerate().find(|(_, t)| {
+            matches!(t, ToolRef::Builtin(Builtin::MemoryGet | Builtin::MemoryPut | Builtin::MemorySearch))
+        }) {
+            return Err(path.key("tools").index(i).invalid(format!(
+                "\"{tool}\" needs the namespaces it may reach: add memory = {{ namespaces = [\"NAME\"] }} to this agent"
+            )));
         }
         if self.tenants.as_ref().is_some_and(Vec::is_empty) {
             return Err(path

@@ -60,6 +60,8 @@ pub struct Config {
     pub protocols: ProtocolsConfig,
     /// The rules for webhooks registered at run time (SPEC §21).
     pub webhooks: crate::webhooks::WebhooksConfig,
+    /// The per-tenant limits of memory (SPEC §20).
+    pub memory: crate::memory::MemoryConfig,
 }
 
 /// `[limits]`: what one delivery may carry (SPEC §2).
@@ -298,6 +300,7 @@ impl Default for Config {
             tenants: BTreeMap::new(),
             protocols: ProtocolsConfig::default(),
             webhooks: crate::webhooks::WebhooksConfig::default(),
+            memory: crate::memory::MemoryConfig::default(),
         }
     }
 }

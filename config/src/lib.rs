@@ -44,6 +44,7 @@ mod config;
 mod definition;
 mod error;
 mod mcp;
+mod memory;
 mod model;
 mod names;
 pub mod output;
@@ -62,6 +63,7 @@ pub use config::{
 pub use definition::DefinitionFormat;
 pub use error::{ConfigError, Location};
 pub use mcp::{McpServerConfig, McpTransport};
+pub use memory::{AgentMemory, MemoryConfig};
 pub use model::{ModelConfig, Provider};
 pub use names::{SCRIPTED, ValueError};
 pub use protocols::ProtocolsConfig;

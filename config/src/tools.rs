@@ -27,6 +27,12 @@ keyword_enum! {
         Sleep = "sleep",
         /// `spawn_agent {agent, prompt}`: runs a child session and returns its answer.
         SpawnAgent = "spawn_agent",
+        /// `memory_get {namespace, key}`: a document of the tenant's memory (SPEC §20).
+        MemoryGet = "memory_get",
+        /// `memory_put {namespace, key, document}`: writes a document; also an event of the session.
+        MemoryPut = "memory_put",
+        /// `memory_search {query, namespace?}`: the documents that best match the words.
+        MemorySearch = "memory_search",
     }
 }
 
@@ -117,7 +123,7 @@ impl ToolRef {
 }
 
 /// What the tool forms are, for messages.
-const FORMS: &str = "clock, echo, sleep, spawn_agent, mcp:SERVER/TOOL, mcp:SERVER/*, client:NAME";
+const FORMS: &str = "clock, echo, sleep, spawn_agent, memory_get, memory_put, memory_search, mcp:SERVER/TOOL, mcp:SERVER/*, client:NAME";
 
 fn unknown_tool(s: &str) -> ValueError {
     if s == "goal_complete" {
@@ -356,7 +362,7 @@ mod tests {
     fn bad_tool_references_say_what_is_allowed() {
         assert_eq!(
             tool("clok").unwrap_err(),
-            r#"unknown tool "clok" (allowed: clock, echo, sleep, spawn_agent, mcp:SERVER/TOOL, mcp:SERVER/*, client:NAME)"#
+            r#"unknown tool "clok" (allowed: clock, echo, sleep, spawn_agent, memory_get, memory_put, memory_search, mcp:SERVER/TOOL, mcp:SERVER/*, client:NAME)"#
         );
         assert_eq!(
             tool("goal_complete").unwrap_err(),
@@ -364,7 +370,7 @@ mod tests {
         );
         assert_eq!(
             tool("mcp:files").unwrap_err(),
-            r#""mcp:files": an MCP tool is written mcp:SERVER/TOOL or mcp:SERVER/* (allowed: clock, echo, sleep, spawn_agent, mcp:SERVER/TOOL, mcp:SERVER/*, client:NAME)"#
+            r#""mcp:files": an MCP tool is written mcp:SERVER/TOOL or mcp:SERVER/* (allowed: clock, echo, sleep, spawn_agent, memory_get, memory_put, memory_search, mcp:SERVER/TOOL, mcp:SERVER/*, client:NAME)"#
         );
         assert_eq!(
             tool("mcp:files/write_*").unwrap_err(),

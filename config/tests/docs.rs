@@ -75,6 +75,7 @@ fn every_key_has_a_row() {
         "[tenants.t]\nzz_unknown = 1",
         "[protocols]\nzz_unknown = 1",
         "[webhooks]\nzz_unknown = 1",
+        "[memory]\nzz_unknown = 1",
         "[agents.a]\nwebhooks = [{ url = \"http://x\", zz_unknown = 1 }]",
     ];
     for table in tables {

@@ -22,7 +22,7 @@ fn unknown_provider() {
 fn unknown_top_level_key() {
     assert_eq!(
         err("colour = \"blue\"\n"),
-        "line 1, column 1: colour: unknown key (allowed: default_agent, limits, cluster, journal, tools, models, mcp, agents, tenants, protocols, webhooks)"
+        "line 1, column 1: colour: unknown key (allowed: default_agent, limits, cluster, journal, tools, models, mcp, agents, tenants, protocols, webhooks, memory)"
     );
 }
 
@@ -31,7 +31,7 @@ fn unknown_agent_key() {
     assert_eq!(
         err("[agents.assistant]\nmodle = \"local\"\n"),
         "line 2, column 1: agents.assistant.modle: unknown key (allowed: description, model, system, tools, approval, approval_timeout_ms, on_timeout, history_turns, \
-         hooks, tool_deadline_ms, retry_after_repair, max_steps_per_turn, context_budget_tokens, compaction_model, webhooks, tenants, version_policy, output)"
+         hooks, tool_deadline_ms, retry_after_repair, max_steps_per_turn, context_budget_tokens, compaction_model, webhooks, tenants, version_policy, output, memory)"
     );
 }
 
@@ -174,7 +174,7 @@ fn mcp_server_with_both_command_and_url_or_neither() {
 fn unknown_tool_reference() {
     assert_eq!(
         err("[agents.assistant]\ntools = [\"clock\", \"clok\"]\n"),
-        r#"line 2, column 19: agents.assistant.tools[1]: unknown tool "clok" (allowed: clock, echo, sleep, spawn_agent, mcp:SERVER/TOOL, mcp:SERVER/*, client:NAME)"#
+        r#"line 2, column 19: agents.assistant.tools[1]: unknown tool "clok" (allowed: clock, echo, sleep, spawn_agent, memory_get, memory_put, memory_search, mcp:SERVER/TOOL, mcp:SERVER/*, client:NAME)"#
     );
     assert_eq!(
         err("[mcp.files]\ncommand = \"x\"\n[agents.assistant]\ntools = [\"mcp:fils/*\"]\n"),

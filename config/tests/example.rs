@@ -84,6 +84,7 @@ fn the_api_example_parses_to_what_it_says() {
             tenants: None,
             version_policy: turnstile_config::VersionPolicy::Latest,
             output: None,
+            memory: None,
             definition: assistant.definition.clone(),
         }
     );

@@ -1,11 +1,13 @@
 // Turnstile's web console: the sessions of the caller's tenant (#/), one session's page (#/s/ID,
-// session.ts) and its transcript (#/s/ID/transcript, transcript.ts), and the tenant's approvals inbox
-// (#/approvals, approvals.ts). The bearer token and, with auth off, the tenant are kept in this browser's
-// localStorage and sent with every call, exactly as `turnstile --token` does.
+// session.ts) and its transcript (#/s/ID/transcript, transcript.ts), the tenant's approvals inbox
+// (#/approvals, approvals.ts) and its memory (#/memory, memory.ts). The bearer token and, with auth off,
+// the tenant are kept in this browser's localStorage and sent with every call, exactly as `turnstile
+// --token` does.
 
 import { approvalsPage } from "./approvals";
 import { client, describe, settings, when } from "./api";
 import { byId, fill, h } from "./dom";
+import { memoryPage } from "./memory";
 import { sessionPage } from "./session";
 import { transcriptPage } from "./transcript";
 import { SessionOrder, type SessionInfo, SessionStatus } from "@turnstile/client/browser";
@@ -21,6 +23,7 @@ function header() {
     h("a", { href: "#/", class: "brand" }, "Turnstile"),
     h("a", { href: "#/", id: "nav-sessions" }, "Sessions"),
     h("a", { href: "#/approvals", id: "nav-approvals" }, "Approvals"),
+    h("a", { href: "#/memory", id: "memory-link" }, "Memory"),
     h("form", { id: "settings", class: "row", onsubmit: (ev: Event) => {
       ev.preventDefault();
       settings.token = token.value.trim();
@@ -138,6 +141,7 @@ function route() {
   if (transcript) leave = transcriptPage(root, decodeURIComponent(transcript[1]));
   else if (session) leave = sessionPage(root, decodeURIComponent(session[1]));
   else if (hash === "#/approvals") leave = approvalsPage(root);
+  else if (hash === "#/memory") leave = memoryPage(root);
   else leave = sessionsPage(root);
 }
 

@@ -149,12 +149,23 @@ pub struct ToolOutcome {
     /// Model-visible context the tool returned with its result (SPEC §9): inserted at the end of
     /// next-step, right after the `tool/result`, with source `tool{call_id}` (the driver sets it).
     pub context: Vec<UserMessage>,
+    /// Writes the call made to the tenant's memory (SPEC §20): recorded as `memory/written` before its
+    /// `tool/result`.
+    pub memory: Vec<turnstile_model::memory::MemoryWrite>,
 }
 
 impl ToolOutcome {
     /// A result with no context that does not conclude the turn.
     pub fn new(call_id: impl Into<String>, name: impl Into<String>, output: String, error: Option<String>) -> Self {
-        Self { call_id: call_id.into(), name: name.into(), output, error, concludes_turn: false, context: Vec::new() }
+        Self {
+            call_id: call_id.into(),
+            name: name.into(),
+            output,
+            error,
+            concludes_turn: false,
+            context: Vec::new(),
+            memory: Vec::new(),
+        }
     }
 }
 

@@ -235,6 +235,18 @@ impl Driver {
     /// `tool{call_id}`), so the next proposal claims them.
     pub(super) fn record_tool_result(&mut self, turn: u64, step: u32, mut outcome: ToolOutcome) {
         let concludes = outcome.concludes_turn;
+        // The call's memory writes first (provenance, SPEC §20): the result that reports them follows.
+        for write in std::mem::take(&mut outcome.memory) {
+            self.write(EventPayload::MemoryWritten(turnstile_model::memory::MemoryWritten {
+                turn,
+                step,
+                call_id: outcome.call_id.clone(),
+                namespace: write.namespace,
+                key: write.key,
+                revision: write.revision,
+                bytes: write.bytes,
+            }));
+        }
         self.write(EventPayload::ToolResult {
             turn,
             step,

@@ -55,8 +55,17 @@ impl Gateway {
             .collect::<Result<Vec<_>, _>>()?;
         let (tx, rx) = mpsc::channel(4);
         let log = self.log.clone();
+        // A whole tenant's export carries its memory too (SPEC §20); a list of sessions does not.
+        let memory = if sessions.is_empty() { self.memory.clone() } else { None };
         tokio::spawn(async move {
-            if let Err(status) = export_tenant(log.as_ref(), &tenant, sessions, &tx).await {
+            let exported = match export_tenant(log.as_ref(), &tenant, sessions, &tx).await {
+                Ok(()) => match memory {
+                    Some(memory) => export_memory(memory.as_ref(), &tenant, &tx).await,
+                    None => Ok(()),
+                },
+                Err(status) => Err(status),
+            };
+            if let Err(status) = exported {
                 let _ = tx.send(Err(status)).await;
             }
         });
@@ -90,6 +99,7 @@ impl Gateway {
             match item.item {
                 Some(Item::Events(group)) => import.group(group).await?,
                 Some(Item::End(end)) => import.end(end).await?,
+                Some(Item::Memory(document)) => import.memory(document).await?,
                 Some(Item::Header(_)) => return Err(Status::invalid_argument("the export has a second header")),
                 None => return Err(Status::invalid_argument("the export has an item with nothing set")),
             }
@@ -126,6 +136,21 @@ async fn export_tenant(
         match page.last() {
             Some(last) if page.len() == LIST_PAGE => after = Some(last.clone()),
             _ => return Ok(()),
+        }
+    }
+}
+
+/// Every memory document of `tenant`, one item each, in (namespace, key) order.
+async fn export_memory(memory: &dyn turnstile_journal::MemoryStore, tenant: &str, tx: &Items) -> Result<(), Status> {
+    let mut query = turnstile_journal::memory::ListQuery { limit: LIST_PAGE, ..Default::default() };
+    loop {
+        let page = memory.list(tenant, &query).await.map_err(crate::memory::from_memory)?;
+        for document in page.documents {
+            send(tx, Item::Memory(crate::memory::encode(document))).await?;
+        }
+        match page.next {
+            Some(next) => query.after = Some(next),
+            None => return Ok(()),
         }
     }
 }
@@ -243,6 +268,28 @@ impl Import<'_> {
         }
         self.write(&held, events, true).await?;
         self.reply.sessions += 1;
+        Ok(())
+    }
+
+    /// A memory document, written into the import's tenant (whatever tenant the item names), keeping
+    /// when and by whom it was written.
+    async fn memory(&mut self, document: pb::MemoryDocument) -> Result<(), Status> {
+        let store = self.gateway.memory.as_ref().ok_or_else(|| {
+            Status::unimplemented("the export holds memory but this gateway keeps none (no memory store)")
+        })?;
+        if let Some((held, events)) = &self.pending {
+            return Err(truncated(held, events.last().map_or(0, |e| e.seq)));
+        }
+        let put = turnstile_journal::memory::MemoryPut {
+            tenant: self.tenant.clone(),
+            namespace: document.namespace,
+            key: document.key,
+            document: document.document,
+            written_by: Some(document.written_by).filter(|w| !w.is_empty()),
+            now_ms: document.updated_unix_ms,
+        };
+        store.put(put).await.map_err(crate::memory::from_memory)?;
+        self.reply.memory_documents += 1;
         Ok(())
     }
 

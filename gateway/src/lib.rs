@@ -29,6 +29,7 @@ pub mod export;
 pub mod feed;
 mod feed_item;
 mod history;
+pub mod memory;
 pub mod merge;
 mod ops;
 pub mod quota;

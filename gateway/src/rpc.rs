@@ -144,6 +144,41 @@ impl Agent for Gateway {
         Ok(Response::new(reply))
     }
 
+    // SPEC §20: memory, a tenant's own (`memory.rs`).
+    async fn put_memory(&self, request: Request<pb::PutMemoryRequest>) -> Result<Response<pb::MemoryDocument>, Status> {
+        let (scope, req) = self.open(request).await?;
+        self.put_memory_in(&scope.tenant, req).await.map(Response::new)
+    }
+
+    async fn get_memory(&self, request: Request<pb::GetMemoryRequest>) -> Result<Response<pb::MemoryDocument>, Status> {
+        let (scope, req) = self.open(request).await?;
+        self.get_memory_in(&scope.tenant, req).await.map(Response::new)
+    }
+
+    async fn list_memory(
+        &self,
+        request: Request<pb::ListMemoryRequest>,
+    ) -> Result<Response<pb::ListMemoryReply>, Status> {
+        let (scope, req) = self.open(request).await?;
+        self.list_memory_in(&scope.tenant, req).await.map(Response::new)
+    }
+
+    async fn search_memory(
+        &self,
+        request: Request<pb::SearchMemoryRequest>,
+    ) -> Result<Response<pb::SearchMemoryReply>, Status> {
+        let (scope, req) = self.open(request).await?;
+        self.search_memory_in(&scope.tenant, req).await.map(Response::new)
+    }
+
+    async fn delete_memory(
+        &self,
+        request: Request<pb::DeleteMemoryRequest>,
+    ) -> Result<Response<pb::MemoryDocument>, Status> {
+        let (scope, req) = self.open(request).await?;
+        self.delete_memory_in(&scope.tenant, req).await.map(Response::new)
+    }
+
     // SPEC §20: agents as versioned objects of the caller's tenant (`agents.rs`).
     async fn put_agent(&self, request: Request<pb::PutAgentRequest>) -> Result<Response<pb::AgentInfo>, Status> {
         let (scope, req) = self.open(request).await?;

@@ -211,6 +211,24 @@ impl Scoped for pb::DeleteWebhookRequest {
     }
 }
 
+// Memory (SPEC §20): a tenant's own, named by `tenant` (empty: the caller's).
+macro_rules! memory_scoped {
+    ($($request:ty),*) => {$(
+        impl Scoped for $request {
+            fn tenant(&mut self) -> Option<&mut String> {
+                Some(&mut self.tenant)
+            }
+        }
+    )*};
+}
+memory_scoped!(
+    pb::PutMemoryRequest,
+    pb::GetMemoryRequest,
+    pb::ListMemoryRequest,
+    pb::SearchMemoryRequest,
+    pb::DeleteMemoryRequest
+);
+
 // Agents (SPEC §20): in the caller's tenant, which names none of its own.
 impl Scoped for pb::PutAgentRequest {}
 impl Scoped for pb::GetAgentRequest {}

@@ -122,6 +122,8 @@ pub struct Gateway {
     pub(crate) webhooks: Option<Arc<dyn turnstile_journal::WebhookRegistry>>,
     /// Where agents put at run time are kept (SPEC §20); `None`: the agent RPCs are UNIMPLEMENTED here.
     pub(crate) agents: Option<crate::agent_definitions::AgentDefinitions>,
+    /// Where tenants' memory is kept (SPEC §20); `None`: the memory RPCs are UNIMPLEMENTED here.
+    pub(crate) memory: Option<Arc<dyn turnstile_journal::MemoryStore>>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -158,6 +160,7 @@ impl Gateway {
             index: None,
             webhooks: None,
             agents: None,
+            memory: None,
         }
     }
 
@@ -188,6 +191,12 @@ impl Gateway {
     /// `GetUsage` reads tenants' token usage from `ledger` (the journal's, SPEC §17).
     pub fn with_usage(mut self, ledger: Arc<dyn UsageLedger>) -> Self {
         self.usage = Some(ledger);
+        self
+    }
+
+    /// Keeps tenants' memory in `store` (SPEC §20).
+    pub fn with_memory(mut self, store: Arc<dyn turnstile_journal::MemoryStore>) -> Self {
+        self.memory = Some(store);
         self
     }
 

@@ -308,6 +308,9 @@ pub enum EventPayload {
     ScheduleChanged(ScheduleChange),
     /// `session/labeled` (SPEC §16): labels set and removed.
     SessionLabeled(Labeled),
+    /// `memory/written` (SPEC §20): a write an agent made to its tenant's memory (provenance). Written
+    /// marked ignorable, so a reader that predates it skips it (SPEC §18).
+    MemoryWritten(crate::memory::MemoryWritten),
     /// An event of a type this build does not know, marked ignorable by its writer. Readers skip it;
     /// an unknown type that is not ignorable is refused by the codec instead.
     Ignorable {
@@ -337,13 +340,14 @@ impl EventPayload {
             Self::SessionForked(_) => "session/forked",
             Self::ScheduleChanged(_) => "schedule/changed",
             Self::SessionLabeled(_) => "session/labeled",
+            Self::MemoryWritten(_) => "memory/written",
             Self::Ignorable { .. } => "ignorable",
         }
     }
 }
 
 /// Every durable type, in SPEC §5 order.
-pub const DURABLE_TYPES: [&str; 18] = [
+pub const DURABLE_TYPES: [&str; 19] = [
     "agent/inbox/spliced",
     "agent/status",
     "turn/start",
@@ -362,7 +366,12 @@ pub const DURABLE_TYPES: [&str; 18] = [
     "schedule/changed",
     "session/labeled",
     "tool/repaired",
+    "memory/written",
 ];
+
+/// The durable types written marked ignorable: added after a release, and not needed by the fold, so a
+/// reader of an older build skips them during a rolling upgrade (SPEC §18).
+pub const IGNORABLE_TYPES: [&str; 2] = ["tool/repaired", "memory/written"];
 
 /// What the repair of SPEC §6 did with a call that was running when its owner stopped (SPEC §20).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -442,7 +442,7 @@ impl SessionState {
                 self.schedules.apply(change, event.time_ms);
             }
             EventPayload::SessionLabeled(change) => change.apply_to(&mut self.labels),
-            EventPayload::Ignorable { .. } => {}
+            EventPayload::MemoryWritten(_) | EventPayload::Ignorable { .. } => {}
         }
         self.last_seq = seq;
         self.last_time_ms = event.time_ms;

@@ -5,7 +5,8 @@
 pub const MAX_MODEL_TOOL_NAME: usize = 64;
 
 /// The built-in tools' names (SPEC §9); a client tool may not take one.
-pub const BUILTIN_TOOL_NAMES: [&str; 4] = ["clock", "echo", "sleep", "spawn_agent"];
+pub const BUILTIN_TOOL_NAMES: [&str; 7] =
+    ["clock", "echo", "memory_get", "memory_put", "memory_search", "sleep", "spawn_agent"];
 
 /// The separator of an MCP tool's model-facing name, `SERVER__TOOL`; reserved, so a client tool may not
 /// contain it.

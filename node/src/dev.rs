@@ -73,14 +73,22 @@ struct Journal {
     /// Agent definitions and their versions (SPEC §20): in memory or the data directory's `agents.json`
     /// with the embedded journal, a KV bucket on NATS.
     agents: Arc<dyn AgentStore>,
+    /// Tenants' memory (SPEC §20): in memory or the data directory's `memory.jsonl` with the embedded
+    /// journal, a KV bucket on NATS.
+    memory: Arc<dyn turnstile_journal::MemoryStore>,
 }
 
 async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
     // The embedded journal reads from memory, so it keeps no snapshots; JetStream keeps them in KV. The
     // embedded journal is ready once open; on NATS, readiness follows the connection.
     let always: Arc<dyn Readiness> = Arc::new(turnstile_ops::AlwaysReady);
-    let embedded = |log: EmbeddedLog, describe: String, webhooks: MemoryWebhooks, agents: MemoryAgents| Journal {
+    let embedded = |log: EmbeddedLog,
+                    describe: String,
+                    webhooks: MemoryWebhooks,
+                    agents: MemoryAgents,
+                    memory: turnstile_journal::LocalMemory| Journal {
         agents: Arc::new(agents),
+        memory: Arc::new(memory),
         usage: log.usage(),
         fold: None,
         log: Arc::new(log),
@@ -93,6 +101,7 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
         webhook_positions: Arc::new(MemoryPositions::default()),
         webhooks: Arc::new(webhooks),
     };
+    let limits = crate::memory_limits(&opts.serving.config.config);
     match (&opts.nats, &opts.data_dir) {
         (Some(nats), _) => {
             let cluster = &opts.serving.config.config.cluster;
@@ -122,7 +131,9 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
             let webhooks =
                 KvWebhookRegistry::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
             let agents = KvAgents::open(&client, replicas).await.map_err(|e| NodeError::nats(&nats.url, e))?;
+            let memory = crate::kv_memory(&client, &nats.url, &opts.serving.config.config).await?;
             Ok(Journal {
+                memory,
                 log: Arc::new(log),
                 bus: Arc::new(bus),
                 snapshots: Arc::new(snapshots),
@@ -141,13 +152,16 @@ async fn open_journal(opts: &Options) -> Result<Journal, NodeError> {
             let log = EmbeddedLog::open(dir).map_err(|cause| NodeError::DataDir { dir: dir.clone(), cause })?;
             let webhooks = MemoryWebhooks::open(dir).map_err(|cause| NodeError::DataDir { dir: dir.clone(), cause })?;
             let agents = MemoryAgents::open(dir).map_err(|cause| NodeError::DataDir { dir: dir.clone(), cause })?;
-            Ok(embedded(log, format!("embedded, on disk in {}", dir.display()), webhooks, agents))
+            let memory = turnstile_journal::LocalMemory::open(dir, limits)
+                .map_err(|cause| NodeError::DataDir { dir: dir.clone(), cause })?;
+            Ok(embedded(log, format!("embedded, on disk in {}", dir.display()), webhooks, agents, memory))
         }
         (None, None) => Ok(embedded(
             EmbeddedLog::in_memory(),
             "embedded, in memory (lost on exit; pass --data-dir DIR to keep sessions)".to_owned(),
             MemoryWebhooks::default(),
             MemoryAgents::default(),
+            turnstile_journal::LocalMemory::in_memory(limits),
         )),
     }
 }
@@ -195,6 +209,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     };
     let config = &opts.serving.config.config;
     let registry = agents.tools.clone();
+    registry.set_memory(journal.memory.clone());
     let definitions = crate::agent_definitions(config, journal.agents.clone()).await?;
     let mut host = SessionHost::builder(journal.log.clone(), journal.bus.clone(), definitions.agents(agents))
         .snapshots(journal.snapshots.clone())
@@ -221,6 +236,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         .with_tools(tools)
         .with_usage(journal.usage)
         .with_webhooks(journal.webhooks)
+        .with_memory(journal.memory)
         .with_agents(definitions.gateway);
     // The web console, its gRPC-Web calls and the agent protocols share the ops listener (decision 0029).
     let console = crate::http_routes(&gateway, config, auth_enabled);

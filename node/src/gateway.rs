@@ -143,8 +143,10 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         .map_err(|e| NodeError::nats(url, e))?;
     let definitions =
         turnstile_gateway::agents::AgentDefinitions { store: Arc::new(agents), config: Arc::new(config.clone()) };
+    let memory = crate::kv_memory(&client, url, config).await?;
     let gateway = Gateway::new(router, Arc::new(log), Arc::new(bus), gateway_config)
         .with_agents(definitions)
+        .with_memory(memory)
         .with_snapshots(Arc::new(snapshots))
         .with_index(Arc::new(index))
         .with_webhooks(Arc::new(webhooks))

@@ -234,6 +234,28 @@ async fn cluster_router(
     Ok((Arc::new(router), transport))
 }
 
+/// The memory limits of the configuration's `[memory]` (SPEC §20).
+fn memory_limits(config: &Config) -> turnstile_journal::MemoryLimits {
+    let m = &config.memory;
+    turnstile_journal::MemoryLimits {
+        max_document_bytes: m.max_document_bytes,
+        max_documents_per_tenant: m.max_documents_per_tenant,
+        max_bytes_per_tenant: m.max_bytes_per_tenant,
+    }
+}
+
+/// Opens the memory bucket (SPEC §20) on `client`.
+async fn kv_memory(
+    client: &async_nats::Client,
+    url: &str,
+    config: &Config,
+) -> Result<std::sync::Arc<dyn turnstile_journal::MemoryStore>, NodeError> {
+    let store = turnstile_journal::jetstream::KvMemory::open(client, replicas(config), memory_limits(config))
+        .await
+        .map_err(|e| NodeError::nats(url, e))?;
+    Ok(std::sync::Arc::new(store))
+}
+
 /// Replicas as the journal counts them; the configuration bounds them to 1..=5.
 fn replicas(config: &Config) -> usize {
     usize::try_from(config.cluster.replicas).unwrap_or(1)

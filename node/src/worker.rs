@@ -130,6 +130,8 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let cluster_tls = cluster_tls.map(|files| ClusterTlsWatch { files, transport });
     let reloads = Reloads::install(&Authenticator::Disabled, tls.as_ref(), cluster_tls)?;
     agents.tools.set_child_sessions(ChildSessions { router, log: log.clone() });
+    // The memory tools (SPEC §20) reach the cluster's memory bucket.
+    agents.tools.set_memory(crate::kv_memory(&client, url, config).await?);
     // SPEC §20: the file's agents imported as versions, every agent followed as it changes.
     let store = turnstile_journal::jetstream::KvAgents::open(&client, replicas(config))
         .await

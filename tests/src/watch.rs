@@ -536,6 +536,7 @@ pub fn durable_type(payload: &Durable) -> &'static str {
         Durable::ScheduleChanged(_) => "schedule/changed",
         Durable::SessionLabeled(_) => "session/labeled",
         Durable::ToolRepaired(_) => "tool/repaired",
+        Durable::MemoryWritten(_) => "memory/written",
     }
 }
 
@@ -732,6 +733,9 @@ fn durable_line(e: &SessionEvent) -> String {
                 _ => "?",
             };
             format!("tool/repaired {}.{} {} {action}", r.turn, r.step, r.call_id)
+        }
+        Durable::MemoryWritten(m) => {
+            format!("memory/written {}.{} {} {}/{:?} {}B", m.turn, m.step, m.call_id, m.namespace, m.key, m.bytes)
         }
         Durable::ToolResult(r) => match &r.error {
             Some(err) => format!("tool/result {}.{} error {:?}", r.turn, r.step, err),

@@ -296,7 +296,8 @@ async fn every_recording_folds_to_the_state_recorded_with_it() {
 /// Agents for every durable type: tools, an approval, children, a second agent to configure.
 const AGENTS: &str = "default_agent = \"careful\"\n\n\
     [journal]\nsnapshot_every = 5\n\n\
-    [agents.careful]\ntools = [\"echo\", \"sleep\", \"spawn_agent\"]\napproval = [\"sleep\"]\n\n\
+    [agents.careful]\ntools = [\"echo\", \"sleep\", \"spawn_agent\", \"memory_put\"]\napproval = [\"sleep\"]\n\
+    memory = { namespaces = [\"notes\"] }\n\n\
     [agents.researcher]\nsystem = \"You research.\"\ntools = [\"echo\"]\n\n\
     [agents.slow]\ntools = [\"sleep\"]\n";
 
@@ -396,6 +397,10 @@ async fn scenario(server: &DevServer, nats: &NatsServer) -> Vec<(SessionRef, Vec
     // tools: a call and its result, an approval granted and one denied.
     let tools = session(server, "tools");
     tools.followup(user_msg("t1", "[[tool:echo hi]] use a tool")).await.unwrap();
+    tools.when_idle().await.unwrap();
+    // memory/written: a write to the tenant's memory (SPEC §20).
+    let put = r#"[[tool:memory_put {"namespace": "notes", "key": "gate", "document": {"fact": "north"}}]] remember"#;
+    tools.followup(user_msg("t1m", put)).await.unwrap();
     tools.when_idle().await.unwrap();
     tools.followup(user_msg("t2", "[[tool:sleep 10]] wait")).await.unwrap();
     tools.decide(&awaiting_call(&tools).await, true, "fine").await.unwrap();

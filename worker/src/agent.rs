@@ -128,15 +128,23 @@ pub struct ToolReturn {
     pub concludes_turn: bool,
     /// Model-visible context messages to insert after the result (SPEC §9), as text.
     pub context: Vec<String>,
+    /// Writes the call made to the tenant's memory (SPEC §20): each is recorded as `memory/written`.
+    pub memory: Vec<turnstile_model::memory::MemoryWrite>,
 }
 
 impl ToolReturn {
     pub fn ok(output: impl Into<String>) -> Self {
-        Self { output: output.into(), error: None, concludes_turn: false, context: Vec::new() }
+        Self { output: output.into(), error: None, concludes_turn: false, context: Vec::new(), memory: Vec::new() }
     }
 
     pub fn failed(error: impl Into<String>) -> Self {
-        Self { output: String::new(), error: Some(error.into()), concludes_turn: false, context: Vec::new() }
+        Self {
+            output: String::new(),
+            error: Some(error.into()),
+            concludes_turn: false,
+            context: Vec::new(),
+            memory: Vec::new(),
+        }
     }
 }
 

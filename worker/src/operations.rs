@@ -283,6 +283,7 @@ fn tool_outcome(request: &ToolRequest, r: ToolReturn) -> ToolOutcome {
     ToolOutcome {
         concludes_turn: r.concludes_turn,
         context,
+        memory: r.memory,
         ..ToolOutcome::new(call.call_id.clone(), call.name.clone(), r.output, r.error)
     }
 }

@@ -167,7 +167,12 @@ mod tests {
         assert_eq!(tools.call("echo", r#"{"text": "from a model"}"#, &abort).await, ToolReturn::ok("from a model"));
         assert_eq!(tools.call("echo", r#"{"other": 1}"#, &abort).await, ToolReturn::ok(r#"{"other": 1}"#));
         let r = tools.call("nope", "", &abort).await;
-        assert_eq!(r.error.as_deref(), Some("unknown tool \"nope\"; available: clock, echo, sleep, spawn_agent"));
+        assert_eq!(
+            r.error.as_deref(),
+            Some(
+                "unknown tool \"nope\"; available: clock, echo, memory_get, memory_put, memory_search, sleep, spawn_agent"
+            )
+        );
         for bad in ["soon", r#"{"ms": -1}"#, r#"{"ms": "5"}"#, "{}"] {
             assert_eq!(
                 tools.call("sleep", bad, &abort).await.error,

@@ -102,6 +102,7 @@ impl Tool for ClientTool {
                 error: result.error,
                 concludes_turn: false,
                 context: result.context,
+                memory: Vec::new(),
             },
             Err(ToolBusError::NoExecutor(tool)) => ToolReturn::failed(format!("{NO_EXECUTOR} {tool}")),
             Err(ToolBusError::Failed(message)) => {

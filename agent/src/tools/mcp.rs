@@ -208,9 +208,7 @@ impl McpServer {
                     tool_name(&self.name, tool),
                     deadline.as_millis()
                 ),
-                error: Some(TOOL_TIMEOUT.to_owned()),
-                concludes_turn: false,
-                context: Vec::new(),
+                ..ToolReturn::failed(TOOL_TIMEOUT)
             },
             r = work => match r {
                 Ok(result) => from_result(result),

@@ -17,12 +17,14 @@ pub use turnstile_worker::agent::ToolReturn;
 mod builtin;
 pub mod client;
 pub mod mcp;
+pub mod memory;
 mod metrics;
 mod registry;
 pub mod spawn;
 
 pub use builtin::{Clock, Echo, Sleep, goal_complete_spec, rfc3339_utc};
 pub use client::ClientBusSlot;
+pub use memory::{MemoryOp, MemorySlot, MemoryTool};
 pub use registry::ToolRegistry;
 pub use spawn::{ChildSessions, ChildSessionsSlot, SPAWN_AGENT, SpawnAgent, SpawnLimits, SpawnRefused};
 
@@ -50,6 +52,8 @@ pub struct ToolContext {
     /// the next owner repairs the call (SPEC §6). A tool whose abort has effects beyond the call (such as
     /// `spawn_agent` cancelling its child) skips them then.
     pub released: CancellationToken,
+    /// The memory namespaces the agent's memory tools may reach (its profile's `memory.namespaces`).
+    pub memory: Vec<String>,
 }
 
 impl Default for ToolContext {
@@ -61,6 +65,7 @@ impl Default for ToolContext {
             agent: turnstile_config::SCRIPTED.to_owned(),
             deadline: DEFAULT_DEADLINE,
             released: CancellationToken::new(),
+            memory: Vec::new(),
         }
     }
 }

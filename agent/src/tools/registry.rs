@@ -36,6 +36,8 @@ pub struct ToolRegistry {
     client: ClientBusSlot,
     /// Reaches other sessions once set, for `spawn_agent`; empty: it answers that it cannot run here.
     children: ChildSessionsSlot,
+    /// Reaches the tenants' memory once set, for the memory tools; empty: they answer that they cannot run.
+    memory: super::MemorySlot,
 }
 
 impl std::fmt::Debug for ToolRegistry {
@@ -53,7 +55,20 @@ impl ToolRegistry {
         r.register("echo", Arc::new(Echo));
         r.register("clock", Arc::new(Clock::default()));
         r.offer_agents(Vec::new(), SpawnLimits::default());
+        for (name, op) in [
+            ("memory_get", super::MemoryOp::Get),
+            ("memory_put", super::MemoryOp::Put),
+            ("memory_search", super::MemoryOp::Search),
+        ] {
+            let tool = super::MemoryTool::new(op, r.memory.clone());
+            r.register(name, Arc::new(tool));
+        }
         r
+    }
+
+    /// The memory tools reach `store` from now on; the first one set stays.
+    pub fn set_memory(&self, store: Arc<dyn turnstile_journal::MemoryStore>) {
+        let _ = self.memory.set(store);
     }
 
     /// `spawn_agent` offers these agents to the model (the configuration's), within `limits`.
@@ -141,6 +156,7 @@ impl ToolRegistry {
         let (agent, name) = (request.agent.as_str(), request.call.name.as_str());
         let id = ToolId::from_call_name(name);
         let mut measure = ToolCall::start(id);
+        let memory = self.memory_of(agent);
         let deadline = match &self.policy {
             None => DEFAULT_DEADLINE,
             Some(config) => match config.agents.get(agent) {
@@ -157,27 +173,38 @@ impl ToolRegistry {
                 None => DEFAULT_DEADLINE,
             },
         };
-        self.call_within(session, request, deadline, measure, abort, released).await
+        self.call_within(session, request, memory, deadline, measure, abort, released).await
     }
 
-    /// Runs `request`'s call, already allowed, bounded by `deadline` (an agent version of the API checks its
-    /// own list: `crate::versions::VersionedTools`).
+    /// The memory namespaces of the file's agent `agent` (none without a policy or such an agent).
+    fn memory_of(&self, agent: &str) -> Vec<String> {
+        let profile = self.policy.as_ref().and_then(|c| c.agents.get(agent));
+        profile.and_then(|p| p.memory.as_ref()).map(|m| m.namespaces.clone()).unwrap_or_default()
+    }
+
+    /// Runs `request`'s call, already allowed, bounded by `deadline`, its memory tools reaching `memory` (an
+    /// agent version of the API checks its own list and names its own namespaces:
+    /// `crate::versions::VersionedTools`).
+    #[allow(clippy::too_many_arguments)] // As `run`, with the deadline and the namespaces.
     pub async fn run_within(
         &self,
         session: &SessionRef,
         request: &ToolRequest,
+        memory: Vec<String>,
         deadline: Duration,
         abort: &CancellationToken,
         released: &CancellationToken,
     ) -> ToolReturn {
         let measure = ToolCall::start(ToolId::from_call_name(&request.call.name));
-        self.call_within(session, request, deadline, measure, abort, released).await
+        self.call_within(session, request, memory, deadline, measure, abort, released).await
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn call_within(
         &self,
         session: &SessionRef,
         request: &ToolRequest,
+        memory: Vec<String>,
         deadline: Duration,
         mut measure: ToolCall,
         abort: &CancellationToken,
@@ -200,6 +227,7 @@ impl ToolRegistry {
             agent: request.agent.clone(),
             deadline,
             released: released.clone(),
+            memory,
         };
         let stop = abort.child_token();
         let call = tool.call(&ctx, arguments, &stop);

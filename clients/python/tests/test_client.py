@@ -6,6 +6,7 @@ client, and tools served from decorated functions."""
 from __future__ import annotations
 
 import asyncio
+import json
 import hashlib
 import hmac
 import http.server
@@ -282,6 +283,21 @@ class Scenarios(DevCase):
             self.assertIn(s, [x.session.id for x in page.sessions])
             info = await c.set_labels(s, remove=["team"])
             self.assertEqual(dict(info.labels), {})
+
+    async def test_memory_is_put_got_listed_searched_and_deleted(self):
+        async with AsyncClient(self.dev.address) as c:
+            ns = "py" + new_id()[:8]
+            put = await c.put_memory(ns, "pets/ada", {"fact": "Ada's cat is Turing"})
+            self.assertEqual(put.key, "pets/ada")
+            self.assertEqual(json.loads((await c.get_memory(ns, "pets/ada")).document)["fact"], "Ada's cat is Turing")
+            listed = await c.list_memory(namespace=ns, prefix="pets/")
+            self.assertEqual([d.key for d in listed.documents], ["pets/ada"])
+            hits = (await c.search_memory("turing", namespaces=[ns])).hits
+            self.assertEqual(hits[0].document.key, "pets/ada")
+            self.assertEqual((await c.delete_memory(ns, "pets/ada")).key, "pets/ada")
+            with self.assertRaises(TurnstileError) as e:
+                await c.get_memory(ns, "pets/ada")
+            self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
 
     async def test_agents_are_put_versioned_and_sessions_migrated(self):
         async with AsyncClient(self.dev.address) as c:

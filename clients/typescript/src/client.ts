@@ -11,6 +11,9 @@ import {
   type ListAgentsReply,
   type ListAgentVersionsReply,
   type MigrateSessionsReply,
+  type ListMemoryReply,
+  type MemoryDocument,
+  type SearchMemoryReply,
   type CancelReply,
   type EditReply,
   type ExportItem,
@@ -663,6 +666,61 @@ export class ClientBase implements ClientCore {
       labelSelector: options.labelSelector ?? "",
     };
     return this.#unary("MigrateSessions", true, options, (a, o) => a.migrateSessions(request, o));
+  }
+
+  /**
+   * Writes `document` (any JSON value; a string is sent as the JSON text it holds when `options.raw`) at
+   * `key` of `namespace` in the tenant's memory (SPEC §20), replacing what was there.
+   */
+  putMemory(
+    namespace: string,
+    key: string,
+    document: unknown,
+    options: CallOptions & { tenant?: string; raw?: boolean } = {},
+  ): Promise<MemoryDocument> {
+    const text = options.raw && typeof document === "string" ? document : JSON.stringify(document);
+    const request = { tenant: options.tenant ?? this.tenant, namespace, key, document: text };
+    return this.#unary("PutMemory", true, options, (a, o) => a.putMemory(request, o));
+  }
+
+  /** The document at `key` of `namespace` (its JSON text in `document`); NOT_FOUND when there is none. */
+  getMemory(namespace: string, key: string, options: CallOptions & { tenant?: string } = {}): Promise<MemoryDocument> {
+    const request = { tenant: options.tenant ?? this.tenant, namespace, key };
+    return this.#unary("GetMemory", true, options, (a, o) => a.getMemory(request, o));
+  }
+
+  /** A page of the tenant's documents whose keys start with `options.prefix`, in (namespace, key) order. */
+  listMemory(
+    options: CallOptions & { tenant?: string; namespace?: string; prefix?: string; pageSize?: number; pageToken?: string } = {},
+  ): Promise<ListMemoryReply> {
+    const request = {
+      tenant: options.tenant ?? this.tenant,
+      namespace: options.namespace ?? "",
+      prefix: options.prefix ?? "",
+      pageSize: options.pageSize ?? 0,
+      pageToken: options.pageToken ?? "",
+    };
+    return this.#unary("ListMemory", true, options, (a, o) => a.listMemory(request, o));
+  }
+
+  /** The documents that best match the words of `query` (BM25), best first. */
+  searchMemory(
+    query: string,
+    options: CallOptions & { tenant?: string; namespaces?: string[]; limit?: number } = {},
+  ): Promise<SearchMemoryReply> {
+    const request = {
+      tenant: options.tenant ?? this.tenant,
+      namespaces: options.namespaces ?? [],
+      query,
+      limit: options.limit ?? 0,
+    };
+    return this.#unary("SearchMemory", true, options, (a, o) => a.searchMemory(request, o));
+  }
+
+  /** Deletes the document at `key` of `namespace` and answers it; NOT_FOUND when there is none. */
+  deleteMemory(namespace: string, key: string, options: CallOptions & { tenant?: string } = {}): Promise<MemoryDocument> {
+    const request = { tenant: options.tenant ?? this.tenant, namespace, key };
+    return this.#unary("DeleteMemory", false, options, (a, o) => a.deleteMemory(request, o));
   }
 
   /**

@@ -683,6 +683,19 @@ test("putAgent, getAgent, listAgents, listAgentVersions, migrateSessions and del
   assert.equal((await failure(client.getAgent(name))).code, Code.NotFound);
 });
 
+test("memory: put, get, list, search, delete in the tenant's namespaces (SPEC §20)", async () => {
+  const ns = `ts${Date.now()}`;
+  const put = await client.putMemory(ns, "pets/ada", { fact: "Ada's cat is Turing" });
+  assert.equal(put.key, "pets/ada");
+  assert.equal(JSON.parse((await client.getMemory(ns, "pets/ada")).document).fact, "Ada's cat is Turing");
+  assert.deepEqual((await client.listMemory({ namespace: ns, prefix: "pets/" })).documents.map((d) => d.key), ["pets/ada"]);
+  const hits = (await client.searchMemory("turing", { namespaces: [ns] })).hits;
+  assert.equal(hits[0]?.document?.key, "pets/ada");
+  assert.equal((await client.deleteMemory(ns, "pets/ada")).key, "pets/ada");
+  assert.equal((await failure(client.getMemory(ns, "pets/ada"))).code, Code.NotFound);
+  assert.equal((await failure(client.putMemory("bad.ns", "k", 1))).code, Code.InvalidArgument);
+});
+
 test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
   const all = Agent.methods.map((m) => m.name);
   assert.deepEqual(
@@ -690,5 +703,5 @@ test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
     [],
     "RPCs no test called",
   );
-  assert.equal(all.length, 44);
+  assert.equal(all.length, 49);
 });

@@ -1055,6 +1055,7 @@ pub fn render_durable(e: &Envelope) -> String {
             let set: Vec<String> = l.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
             format!("D session/labeled {} -{}", set.join(","), l.removed.join(","))
         }
+        EventPayload::MemoryWritten(m) => format!("D memory/written {}/{}", m.namespace, m.key),
         EventPayload::Ignorable { event_type } => format!("D ignorable {event_type}"),
     }
 }

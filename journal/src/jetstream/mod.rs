@@ -51,6 +51,7 @@ mod delete;
 pub mod group;
 mod index;
 mod log;
+mod memory;
 mod session_log;
 mod snapshots;
 pub mod subjects;
@@ -136,6 +137,7 @@ pub async fn open_bucket_with(
 }
 pub use agents::{AGENT_BUCKET, KvAgents};
 pub use log::{JetStreamLog, MAX_BATCH, Positions};
+pub use memory::{KvMemory, MEMORY_BUCKET};
 
 /// Whether `err`, or an error it wraps, is JetStream refusing a conditional write because the subject's
 /// last sequence was not the expected one: code 10071 (`wrong last sequence: N`), or 10164, the same

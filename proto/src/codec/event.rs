@@ -17,7 +17,8 @@ use super::values::{
     encode_tool_call_spec, encode_turn_end_reason, inject_mode_at, repair_action_at, splice_at, status_at,
     turn_end_reason_at,
 };
-use turnstile_model::event::{DURABLE_TYPES, Envelope, EventPayload, Fork, Spent, ToolCallSpec};
+use turnstile_model::event::{DURABLE_TYPES, Envelope, EventPayload, Fork, IGNORABLE_TYPES, Spent, ToolCallSpec};
+use turnstile_model::memory::MemoryWritten;
 use turnstile_model::schedule::Preset;
 use turnstile_model::tool_key::idempotency_key;
 use turnstile_model::transcript::TranscriptEntry;
@@ -123,6 +124,15 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
         EventPayload::SessionForked(f) => Payload::SessionForked(encode_fork(f)),
         EventPayload::ScheduleChanged(c) => Payload::ScheduleChanged(super::schedule::encode_schedule_change(c)),
         EventPayload::SessionLabeled(l) => Payload::SessionLabeled(super::schedule::encode_labeled(l)),
+        EventPayload::MemoryWritten(m) => Payload::MemoryWritten(pb::MemoryWritten {
+            turn: m.turn,
+            step: m.step,
+            call_id: m.call_id.clone(),
+            namespace: m.namespace.clone(),
+            key: m.key.clone(),
+            revision: m.revision,
+            bytes: m.bytes,
+        }),
         // An event this build does not understand has no payload it could write.
         EventPayload::Ignorable { .. } => return None,
     })
@@ -149,6 +159,7 @@ fn payload_type(payload: &Payload) -> &'static str {
         Payload::ScheduleChanged(_) => "schedule/changed",
         Payload::SessionLabeled(_) => "session/labeled",
         Payload::ToolRepaired(_) => "tool/repaired",
+        Payload::MemoryWritten(_) => "memory/written",
     }
 }
 
@@ -236,6 +247,23 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
             EventPayload::ScheduleChanged(super::schedule::schedule_change_at(c, "schedule_changed")?)
         }
         Payload::SessionLabeled(l) => EventPayload::SessionLabeled(super::schedule::labeled_at(l, "session_labeled")?),
+        Payload::MemoryWritten(m) => EventPayload::MemoryWritten(memory_written_at(m)?),
+    })
+}
+
+/// A `memory/written`: its namespace and key by the rules of memory (`turnstile_model::memory`).
+fn memory_written_at(m: pb::MemoryWritten) -> Result<MemoryWritten, CodecError> {
+    use turnstile_model::memory::{validate_key, validate_namespace};
+    validate_namespace(&m.namespace).map_err(|e| CodecError::invalid("memory_written.namespace", e.to_string()))?;
+    validate_key(&m.key).map_err(|e| CodecError::invalid("memory_written.key", e.to_string()))?;
+    Ok(MemoryWritten {
+        turn: m.turn,
+        step: m.step,
+        call_id: m.call_id,
+        namespace: m.namespace,
+        key: m.key,
+        revision: m.revision,
+        bytes: m.bytes,
     })
 }
 
@@ -251,9 +279,9 @@ pub const EVENT_FORMAT: u32 = 1;
 pub fn encode_session_event(event: &Envelope) -> pb::SessionEvent {
     let (ty, ignorable) = match &event.payload {
         EventPayload::Ignorable { event_type } => (event_type.clone(), true),
-        // A reader from before SPEC §20 skips the repair's record: the call's `tool/result` still follows.
-        EventPayload::ToolRepaired { .. } => (event.payload.event_type().to_owned(), true),
-        other => (other.event_type().to_owned(), false),
+        // A reader from before SPEC §20 skips these (`IGNORABLE_TYPES`): the repair's record (the call's
+        // `tool/result` still follows) and an agent's memory write.
+        other => (other.event_type().to_owned(), IGNORABLE_TYPES.contains(&other.event_type())),
     };
     let mut payload = encode_payload(&event.payload);
     if let Some(Payload::ToolCall(call)) = &mut payload {

@@ -514,6 +514,57 @@ class AsyncClient:
         )
         return await self._unary("MigrateSessions", request, retry=True)
 
+    async def put_memory(
+        self, namespace: str, key: str, document: Any, *, tenant: str | None = None, raw: bool = False
+    ) -> api.MemoryDocument:
+        """Writes ``document`` (any JSON value; with ``raw``, a string holding JSON text) at ``key`` of
+        ``namespace`` in the tenant's memory (SPEC §20), replacing what was there."""
+        text = document if raw and isinstance(document, str) else json.dumps(document)
+        request = api.PutMemoryRequest(
+            tenant=self.tenant if tenant is None else tenant, namespace=namespace, key=key, document=text
+        )
+        return await self._unary("PutMemory", request, retry=True)
+
+    async def get_memory(self, namespace: str, key: str, *, tenant: str | None = None) -> api.MemoryDocument:
+        """The document at ``key`` of ``namespace`` (its JSON text in ``document``); NOT_FOUND when none."""
+        request = api.GetMemoryRequest(tenant=self.tenant if tenant is None else tenant, namespace=namespace, key=key)
+        return await self._unary("GetMemory", request, retry=True)
+
+    async def list_memory(
+        self,
+        *,
+        tenant: str | None = None,
+        namespace: str = "",
+        prefix: str = "",
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> api.ListMemoryReply:
+        """A page of the tenant's documents whose keys start with ``prefix``, in (namespace, key) order."""
+        request = api.ListMemoryRequest(
+            tenant=self.tenant if tenant is None else tenant,
+            namespace=namespace,
+            prefix=prefix,
+            page_size=page_size,
+            page_token=page_token,
+        )
+        return await self._unary("ListMemory", request, retry=True)
+
+    async def search_memory(
+        self, query: str, *, tenant: str | None = None, namespaces: Sequence[str] = (), limit: int = 0
+    ) -> api.SearchMemoryReply:
+        """The documents that best match the words of ``query`` (BM25), best first."""
+        request = api.SearchMemoryRequest(
+            tenant=self.tenant if tenant is None else tenant, namespaces=list(namespaces), query=query, limit=limit
+        )
+        return await self._unary("SearchMemory", request, retry=True)
+
+    async def delete_memory(self, namespace: str, key: str, *, tenant: str | None = None) -> api.MemoryDocument:
+        """Deletes the document at ``key`` of ``namespace`` and answers it; NOT_FOUND when there is none."""
+        request = api.DeleteMemoryRequest(
+            tenant=self.tenant if tenant is None else tenant, namespace=namespace, key=key
+        )
+        return await self._unary("DeleteMemory", request, retry=False)
+
     async def when_idle(self, session: SessionLike, *, timeout_ms: int = 0) -> api.SessionInfo:
         """Resolves when the session is idle with nothing latched; DEADLINE_EXCEEDED after ``timeout_ms``
         (0: the server's default, 30 s)."""

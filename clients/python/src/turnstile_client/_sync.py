@@ -18,7 +18,8 @@ _CALLS = (
     "set_goal update_goal compact fork_session reference_session delete_session get_inbox get_session when_idle "
     "list_sessions get_usage create_schedule list_schedules delete_schedule set_labels get_transcript list_pending_approvals "
     "create_webhook list_webhooks delete_webhook import_sessions run turn_of "
-    "put_agent get_agent list_agents list_agent_versions delete_agent migrate_sessions"
+    "put_agent get_agent list_agents list_agent_versions delete_agent migrate_sessions "
+    "put_memory get_memory list_memory search_memory delete_memory"
 ).split()
 
 

@@ -299,6 +299,24 @@ class Scenarios(DevCase):
                 await c.get_memory(ns, "pets/ada")
             self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
 
+    async def test_an_output_schema_judges_the_reply_of_its_turn(self):
+        async with AsyncClient(self.dev.address) as c:
+            s = new_id()
+            schema = {"name": "city", "schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+            # The scripted model answers a structured turn with the text it was sent (API.md).
+            await c.followup(s, '{"city": "Paris"}', output_schema=schema)
+            await c.when_idle(s)
+            await c.followup(s, "Paris, I think", output_schema=schema)
+            await c.when_idle(s)
+            items = (await c.get_transcript(s, page_size=1000)).items
+            ends = [i.turn_end.reason for i in items if i.WhichOneof("item") == "turn_end"]
+            self.assertEqual([r.WhichOneof("reason") for r in ends], ["completed", "error"])
+            self.assertEqual(ends[1].error.code, "invalid_output")
+            self.assertEqual(len([i for i in items if i.turn == 2 and i.WhichOneof("item") == "assistant"]), 2, "retried once")
+            with self.assertRaises(TurnstileError) as e:
+                await c.followup(s, "x", output_schema={"schema": "not json"})
+            self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+
     async def test_agents_are_put_versioned_and_sessions_migrated(self):
         async with AsyncClient(self.dev.address) as c:
             name = "py-" + new_id()[:8]

@@ -106,6 +106,32 @@ export interface DeliveryOptions extends CallOptions {
   source?: SourceLike;
 }
 
+/**
+ * The JSON Schema the final reply of the turn a delivery opens must match (SPEC §20: sent to the model as
+ * its response format; a reply that does not validate is retried once, then the turn ends
+ * `error{invalid_output}`). Wins over the agent's own `output`.
+ */
+export interface OutputSchemaLike {
+  /** `[A-Za-z0-9_-]`, 1 to 64 bytes. Default `output`. */
+  name?: string;
+  /** The schema: a JSON object, or its JSON text. */
+  schema: object | string;
+  /** Ask OpenAI-compatible providers for strict adherence; replies are validated either way. */
+  strict?: boolean;
+}
+
+/** The options of `followup`, `queue`, `inject` and `interrupt`. */
+export interface DeliverOptions extends DeliveryOptions {
+  /** The schema the reply of the turn this message opens must match (SPEC §20). */
+  outputSchema?: OutputSchemaLike;
+}
+
+function outputSchemaOf(o: OutputSchemaLike | undefined) {
+  if (o === undefined) return undefined;
+  const schemaJson = typeof o.schema === "string" ? o.schema : JSON.stringify(o.schema);
+  return { name: o.name ?? "output", schemaJson, strict: o.strict ?? false };
+}
+
 /** The options of `send`, the delivery primitive. */
 export interface SendOptions extends DeliveryOptions {
   /** `Target.NEXT_TURN` (default) or `Target.NEXT_STEP`. */
@@ -388,26 +414,42 @@ export class ClientBase implements ClientCore {
   }
 
   /** next-turn, wakeup: a new turn; starts the agent if idle. */
-  followup(session: SessionLike, message: MessageLike, options: DeliveryOptions = {}): Promise<SendReply> {
-    const request = { session: this.ref(session), message: toUserMessage(message, options) };
+  followup(session: SessionLike, message: MessageLike, options: DeliverOptions = {}): Promise<SendReply> {
+    const request = {
+      session: this.ref(session),
+      message: toUserMessage(message, options),
+      outputSchema: outputSchemaOf(options.outputSchema),
+    };
     return this.#unary("Followup", true, options, (a, o) => a.followup(request, o));
   }
 
   /** next-turn, no wakeup: a turn that waits for a later waking delivery. */
-  queue(session: SessionLike, message: MessageLike, options: DeliveryOptions = {}): Promise<SendReply> {
-    const request = { session: this.ref(session), message: toUserMessage(message, options) };
+  queue(session: SessionLike, message: MessageLike, options: DeliverOptions = {}): Promise<SendReply> {
+    const request = {
+      session: this.ref(session),
+      message: toUserMessage(message, options),
+      outputSchema: outputSchemaOf(options.outputSchema),
+    };
     return this.#unary("Queue", true, options, (a, o) => a.queue(request, o));
   }
 
   /** next-step, no wakeup: model-visible context for the next step (default source `plugin{""}`). */
-  inject(session: SessionLike, message: MessageLike, options: DeliveryOptions = {}): Promise<SendReply> {
-    const request = { session: this.ref(session), message: toUserMessage(message, options) };
+  inject(session: SessionLike, message: MessageLike, options: DeliverOptions = {}): Promise<SendReply> {
+    const request = {
+      session: this.ref(session),
+      message: toUserMessage(message, options),
+      outputSchema: outputSchemaOf(options.outputSchema),
+    };
     return this.#unary("Inject", true, options, (a, o) => a.inject(request, o));
   }
 
   /** Cancels the running turn keeping the inbox, then follows up with `message` at the head. */
-  interrupt(session: SessionLike, message: MessageLike, options: DeliveryOptions = {}): Promise<SendReply> {
-    const request = { session: this.ref(session), message: toUserMessage(message, options) };
+  interrupt(session: SessionLike, message: MessageLike, options: DeliverOptions = {}): Promise<SendReply> {
+    const request = {
+      session: this.ref(session),
+      message: toUserMessage(message, options),
+      outputSchema: outputSchemaOf(options.outputSchema),
+    };
     return this.#unary("Interrupt", true, options, (a, o) => a.interrupt(request, o));
   }
 

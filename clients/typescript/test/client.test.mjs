@@ -234,6 +234,27 @@ test("configureSession, a call awaiting approval and decide", async () => {
   assert.equal(page.nextSeq, 0n);
 });
 
+test("outputSchema: a reply that matches completes, one that does not ends invalid_output after a retry", async () => {
+  const s = newId();
+  const outputSchema = { name: "city", schema: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } };
+  // The scripted model answers a structured turn with the text it was sent (API.md).
+  await client.followup(s, '{"city": "Paris"}', { outputSchema });
+  await client.whenIdle(s);
+  await client.followup(s, "Paris, I think", { outputSchema });
+  await client.whenIdle(s);
+  /** @type {import("../dist/index.js").TranscriptItem[]} */
+  const items = [];
+  for await (const item of client.transcript(s)) items.push(item);
+  const ends = items.flatMap((i) => (i.item.case === "turnEnd" ? [i.item.value.reason?.reason] : []));
+  assert.equal(ends.length, 2);
+  assert.equal(ends[0]?.case, "completed");
+  assert.equal(ends[1]?.case === "error" && ends[1].value.code, "invalid_output");
+  const replies2 = items.filter((i) => i.turn === 2n && i.item.case === "assistant").length;
+  assert.equal(replies2, 2, "the bad reply was retried once");
+  const bad = await failure(client.followup(s, "x", { outputSchema: { schema: "not json" } }));
+  assert.equal(bad.code, Code.InvalidArgument);
+});
+
 test("setGoal and updateGoal: pause, resume, clear", async () => {
   const s = newId();
   // A running turn keeps the goal's rounds from starting (they start once the session is idle).

@@ -131,6 +131,16 @@ class WatchStream:
         await self._items.aclose()  # type: ignore[attr-defined]
 
 
+
+def _output_schema(value) -> api.OutputSchema:
+    """``output_schema=``: an ``api.OutputSchema``, or a dict ``{"name"?, "schema", "strict"?}`` whose ``schema`` is
+    a JSON object (or its text): the schema the reply of the turn must match (SPEC §20)."""
+    if isinstance(value, api.OutputSchema):
+        return value
+    schema = value["schema"]
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    return api.OutputSchema(name=value.get("name", "output"), schema_json=text, strict=bool(value.get("strict", False)))
+
 class AsyncClient:
     """A client of one Turnstile deployment (a gateway or ``turnstile dev``), for asyncio.
 
@@ -276,25 +286,37 @@ class AsyncClient:
         )
         return await self._unary("Send", request, retry=True)
 
-    async def _deliver(self, method: str, session: SessionLike, message: MessageLike, id, source) -> api.SendReply:
+    async def _deliver(
+        self, method: str, session: SessionLike, message: MessageLike, id, source, output_schema=None
+    ) -> api.SendReply:
         request = api.DeliverRequest(session=self.ref(session), message=self.message(message, id=id, source=source))
+        if output_schema is not None:
+            request.output_schema.CopyFrom(_output_schema(output_schema))
         return await self._unary(method, request, retry=True)
 
-    async def followup(self, session: SessionLike, message: MessageLike, *, id: str | None = None, source=None) -> api.SendReply:
+    async def followup(
+        self, session: SessionLike, message: MessageLike, *, id: str | None = None, source=None, output_schema=None
+    ) -> api.SendReply:
         """next-turn, wakeup: a new turn; starts the agent if idle."""
-        return await self._deliver("Followup", session, message, id, source)
+        return await self._deliver("Followup", session, message, id, source, output_schema)
 
-    async def queue(self, session: SessionLike, message: MessageLike, *, id: str | None = None, source=None) -> api.SendReply:
+    async def queue(
+        self, session: SessionLike, message: MessageLike, *, id: str | None = None, source=None, output_schema=None
+    ) -> api.SendReply:
         """next-turn, no wakeup: a turn that waits for a later waking delivery."""
-        return await self._deliver("Queue", session, message, id, source)
+        return await self._deliver("Queue", session, message, id, source, output_schema)
 
-    async def inject(self, session: SessionLike, message: MessageLike, *, id: str | None = None, source=None) -> api.SendReply:
+    async def inject(
+        self, session: SessionLike, message: MessageLike, *, id: str | None = None, source=None, output_schema=None
+    ) -> api.SendReply:
         """next-step, no wakeup: model-visible context (default source ``plugin{""}``)."""
-        return await self._deliver("Inject", session, message, id, source)
+        return await self._deliver("Inject", session, message, id, source, output_schema)
 
-    async def interrupt(self, session: SessionLike, message: MessageLike, *, id: str | None = None, source=None) -> api.SendReply:
+    async def interrupt(
+        self, session: SessionLike, message: MessageLike, *, id: str | None = None, source=None, output_schema=None
+    ) -> api.SendReply:
         """Cancels the running turn keeping the inbox, then follows up with ``message`` at the head."""
-        return await self._deliver("Interrupt", session, message, id, source)
+        return await self._deliver("Interrupt", session, message, id, source, output_schema)
 
     async def steer(
         self,

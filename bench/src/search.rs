@@ -18,7 +18,7 @@ use clap::Args;
 use serde::Serialize;
 use turnstile_proto::v1::{ListSessionsRequest, SessionOrder, SessionRef, SetLabelsRequest};
 
-use crate::servers::{self, Dev, Nats};
+use crate::servers::{self, Dev};
 use crate::stats::Percentiles;
 
 #[derive(Args, Debug, Clone)]
@@ -62,24 +62,16 @@ pub struct SearchReport {
 }
 
 pub async fn run(args: SearchArgs) -> Result<()> {
-    let bin = args.turnstile_bin.clone().unwrap_or_else(servers::default_turnstile_bin);
-    let nats = Nats::start_or_use(args.nats.as_deref()).await?;
-    let dev = Dev::start(&bin, Some(&nats.url()), &[]).await?;
-    eprintln!("nats-server {}, turnstile dev {} ({})", nats.url(), dev.url(), bin.display());
-    let outcome = measure(&args, &dev).await;
-    if outcome.is_err() {
-        eprintln!("turnstile dev log tail:\n{}", dev.log_tail());
-    }
-    dev.stop().await;
-    drop(nats);
-    let mut report = outcome?;
-    report.turnstile_bin = bin.display().to_string();
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", markdown(&report));
-    }
-    Ok(())
+    let (bin, nats, json) = (args.turnstile_bin.clone(), args.nats.as_deref(), args.json);
+    servers::report_on_dev_nats(
+        bin,
+        nats,
+        json,
+        async |dev| measure(&args, dev).await,
+        |r| &mut r.turnstile_bin,
+        markdown,
+    )
+    .await
 }
 
 async fn measure(args: &SearchArgs, dev: &Dev) -> Result<SearchReport> {

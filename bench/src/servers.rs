@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
 use tempfile::TempDir;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
@@ -189,6 +190,38 @@ async fn wait_ready(process: &mut ChildProcess, addr: SocketAddr) -> Result<Chan
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The run of a phase against `turnstile dev --nats` alone (`memory`, `search`): a nats-server (started, or
+/// the one at `nats`), the dev server of `bin` (default: the workspace's) on it, `measure` against it (the
+/// dev server's log tail printed when it fails), both stopped, then the report, with the binary named in it
+/// (`bin_of`), printed as JSON or as `markdown`.
+pub async fn report_on_dev_nats<R: Serialize>(
+    bin: Option<PathBuf>,
+    nats: Option<&str>,
+    json: bool,
+    measure: impl AsyncFnOnce(&Dev) -> Result<R>,
+    bin_of: fn(&mut R) -> &mut String,
+    markdown: fn(&R) -> String,
+) -> Result<()> {
+    let bin = bin.unwrap_or_else(default_turnstile_bin);
+    let nats = Nats::start_or_use(nats).await?;
+    let dev = Dev::start(&bin, Some(&nats.url()), &[]).await?;
+    eprintln!("nats-server {}, turnstile dev {} ({})", nats.url(), dev.url(), bin.display());
+    let outcome = measure(&dev).await;
+    if outcome.is_err() {
+        eprintln!("turnstile dev log tail:\n{}", dev.log_tail());
+    }
+    dev.stop().await;
+    drop(nats);
+    let mut report = outcome?;
+    *bin_of(&mut report) = bin.display().to_string();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", markdown(&report));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

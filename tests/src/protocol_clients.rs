@@ -11,6 +11,20 @@ use crate::HarnessError;
 use crate::binary::workspace_root;
 use crate::dev::{Backend, DevOptions, DevServer};
 
+/// The agents the protocol tests share: `guarded` runs the built-in `echo` behind an approval (SPEC §9);
+/// `only-b` serves tenant B alone (decision 0091).
+pub const GUARDED_AND_ONLY_B: &str = r#"
+[agents.guarded]
+model = "scripted"
+description = "Echoes, but asks before it runs echo."
+tools = ["echo"]
+approval = ["echo"]
+
+[agents.only-b]
+model = "scripted"
+tenants = ["tenant-b"]
+"#;
+
 /// `turnstile dev` on `backend` with `config` (a TOML file in a new directory) and a token file of
 /// `tokens`, each `(token, tenant)`. The directory lives as long as the returned handle.
 pub async fn dev_with_tokens(

@@ -8,25 +8,14 @@
 use std::process::Command;
 
 use turnstile_tests::binary::workspace_root;
-use turnstile_tests::protocol_clients::{dev_with_tokens, python_unittest};
+use turnstile_tests::protocol_clients::{GUARDED_AND_ONLY_B, dev_with_tokens, python_unittest};
 use turnstile_tests::{Backend, DevOptions};
 
 const TOKEN_A: &str = "a2a-token-of-tenant-a-0123456789";
 const TOKEN_B: &str = "a2a-token-of-tenant-b-9876543210";
 
-/// `guarded` runs the built-in `echo` behind an approval (SPEC §9); `only-b` serves tenant B alone
-/// (decision 0091).
-const CONFIG: &str = r#"
-[agents.guarded]
-model = "scripted"
-description = "Echoes, but asks before it runs echo."
-tools = ["echo"]
-approval = ["echo"]
-
-[agents.only-b]
-model = "scripted"
-tenants = ["tenant-b"]
-"#;
+/// The shared agents: `guarded` (echo behind an approval) and `only-b` (tenant B alone).
+const CONFIG: &str = GUARDED_AND_ONLY_B;
 
 async fn a2a_sdk(backend: Backend) {
     let (server, _dir) =

@@ -177,36 +177,47 @@ impl AgentDefinitions {
     }
 }
 
-/// How long a starting node waits for the agent definitions to become readable (see `agent_definitions`).
-const AGENT_STORE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long a starting node waits for a bucket it reads at start (the agent definitions, memory) to answer.
+const STARTUP_STORE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs `attempt` until it succeeds, retrying while the journal is unavailable, for up to
+/// [`STARTUP_STORE_PATIENCE`]: a bucket just created at R3 answers "no responders" (or its stream "not
+/// found" on another server) until its stream has a leader, and a NATS node may be restarting, so a start-up
+/// read waits as the other start-up reads do.
+async fn while_unavailable<T, F, Fut>(what: &str, mut attempt: F) -> Result<T, turnstile_journal::JournalError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, turnstile_journal::JournalError>>,
+{
+    let started = tokio::time::Instant::now();
+    let mut wait = std::time::Duration::from_millis(100);
+    loop {
+        match attempt().await {
+            Err(turnstile_journal::JournalError::Unavailable(why)) if started.elapsed() < STARTUP_STORE_PATIENCE => {
+                tracing::info!(%why, "{what} cannot be read yet; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(2));
+            }
+            other => return other,
+        }
+    }
+}
 
 async fn agent_definitions(
     config: &Config,
     store: Arc<dyn turnstile_journal::AgentStore>,
 ) -> Result<AgentDefinitions, NodeError> {
     let config = Arc::new(config.clone());
-    // A bucket just created at R3 answers "no responders" until its stream has a leader, and a NATS node may
-    // be restarting: the start-up read is retried while the journal is unavailable, for up to a minute, as
-    // the other start-up reads are. Importing the file's agents again is a no-op for the unchanged ones.
-    let started = tokio::time::Instant::now();
-    let mut wait = std::time::Duration::from_millis(100);
-    let directory = loop {
-        let attempt = turnstile_agent::directory::Directory::start(
+    // Importing the file's agents again is a no-op for the unchanged ones, so a retried start is harmless.
+    let directory = while_unavailable("the agent definitions", || {
+        turnstile_agent::directory::Directory::start(
             config.clone(),
             store.clone(),
             Box::new(turnstile_agent::setup::profile_of),
         )
-        .await;
-        match attempt {
-            Ok(directory) => break directory,
-            Err(turnstile_journal::JournalError::Unavailable(why)) if started.elapsed() < AGENT_STORE_PATIENCE => {
-                tracing::info!(%why, "the agent definitions cannot be read yet; retrying");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(std::time::Duration::from_secs(2));
-            }
-            Err(cause) => return Err(NodeError::AgentStore(cause)),
-        }
-    };
+    })
+    .await
+    .map_err(NodeError::AgentStore)?;
     Ok(AgentDefinitions { directory, gateway: turnstile_gateway::agents::AgentDefinitions { store, config } })
 }
 
@@ -244,15 +255,18 @@ fn memory_limits(config: &Config) -> turnstile_journal::MemoryLimits {
     }
 }
 
-/// Opens the memory bucket (SPEC §20) on `client`.
+/// Opens the memory bucket (SPEC §20) on `client`, waiting while it is unavailable (a new R3 bucket).
 async fn kv_memory(
     client: &async_nats::Client,
     url: &str,
     config: &Config,
 ) -> Result<std::sync::Arc<dyn turnstile_journal::MemoryStore>, NodeError> {
-    let store = turnstile_journal::jetstream::KvMemory::open(client, replicas(config), memory_limits(config))
-        .await
-        .map_err(|e| NodeError::nats(url, e))?;
+    let limits = memory_limits(config);
+    let store = while_unavailable("the memory bucket", || {
+        turnstile_journal::jetstream::KvMemory::open(client, replicas(config), limits)
+    })
+    .await
+    .map_err(|e| NodeError::nats(url, e))?;
     Ok(std::sync::Arc::new(store))
 }
 

@@ -151,6 +151,9 @@ pub(crate) enum Cmd {
     /// agents reach with memory_get, memory_put and memory_search (SPEC §20).
     #[command(subcommand)]
     Memory(MemoryCmd),
+    /// Rerun recorded turns (sessions by label or name, a turn range) on another agent version in scratch
+    /// sessions, score each reply beside its recording, and print the table (or --json the report) (SPEC §20).
+    Eval(Box<EvalArgs>),
 }
 
 #[derive(Subcommand, Debug)]
@@ -426,9 +429,12 @@ pub(crate) struct WatchArgs {
     pub(crate) reconnect_ms: u64,
 }
 
+mod eval;
 mod server;
 mod session;
 mod values;
+
+pub(crate) use eval::{EvalArgs, ScorerKind, TurnRange};
 
 pub(crate) use server::{DevArgs, GatewayArgs, WorkerArgs};
 pub(crate) use session::{

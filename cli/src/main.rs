@@ -8,6 +8,7 @@ mod args;
 mod chat;
 mod client;
 mod demo;
+mod eval;
 mod export;
 mod json;
 mod memory;
@@ -214,6 +215,7 @@ async fn client_command(c: &mut Client, cmd: Cmd) -> Result<()> {
         Cmd::Memory(MemoryCmd::List(a)) => memory::list(c, a).await,
         Cmd::Memory(MemoryCmd::Search(a)) => memory::search(c, a).await,
         Cmd::Memory(MemoryCmd::Delete(a)) => memory::delete(c, a).await,
+        Cmd::Eval(a) => eval::eval(c, *a).await,
     }
 }
 

@@ -14,7 +14,7 @@
 //! every RPC passes through: authenticate, resolve the call's tenant, confine the request to it), [`quota`] (per-tenant request rate and open Watch streams, checked in the service
 //! methods, counted across a cluster's gateways in NATS KV), `usage` (`GetUsage`, SPEC §17), [`tools`]
 //! (client tool executors on `ServeTools` streams), `transcript`, `approvals` and `webhooks` (`GetTranscript`, `ListPendingApprovals`, the webhook RPCs, SPEC §21) and [`export`] (`ExportSessions` and `ImportSessions`,
-//! SPEC §18). [`console`] serves the web console
+//! SPEC §18), [`eval`] (`Evaluate`, SPEC §20: recorded turns rerun on another agent version and scored). [`console`] serves the web console
 //! and the same service over gRPC-Web for it, on the ops HTTP listener. In a cluster the router is
 //! `turnstile_cluster::ClusterRouter` (the internal hop, shared with the workers); TLS configs come from
 //! `turnstile_ops::tls`.
@@ -25,6 +25,7 @@ mod approvals;
 pub mod auth;
 pub mod console;
 pub mod convert;
+pub mod eval;
 pub mod export;
 pub mod feed;
 mod feed_item;

@@ -272,6 +272,12 @@ impl Quotas {
         self.inner.shared.is_some()
     }
 
+    /// The requests `tenant` may make at once when it has a request rate (an evaluation runs no more turns
+    /// at once than that); `None` without a rate.
+    pub fn burst_of(&self, tenant: &str) -> Option<u32> {
+        self.inner.config.rate(tenant).map(|rate| rate.burst)
+    }
+
     /// Counts one request of `tenant`; RESOURCE_EXHAUSTED when the tenant is over its rate.
     pub async fn admit(&self, tenant: &str) -> Result<(), Status> {
         let Some(rate) = self.inner.config.rate(tenant) else { return Ok(()) };

@@ -219,6 +219,14 @@ impl Agent for Gateway {
         self.migrate_in(&scope.tenant, req).await.map(Response::new)
     }
 
+    // SPEC §20: evaluation (`eval/`).
+    type EvaluateStream = ReceiverStream<Result<pb::EvaluateItem, Status>>;
+
+    async fn evaluate(&self, request: Request<pb::EvaluateRequest>) -> Result<Response<Self::EvaluateStream>, Status> {
+        let (scope, req) = self.open(request).await?;
+        self.evaluate_in(&scope.tenant, req).await.map(|rx| Response::new(ReceiverStream::new(rx)))
+    }
+
     async fn get_session(&self, request: Request<pb::GetSessionRequest>) -> Result<Response<pb::SessionInfo>, Status> {
         let session = self.session(self.open(request).await?.1.session)?;
         let state = read::existing(self.log.as_ref(), self.snapshots.as_ref(), &session).await?;

@@ -341,6 +341,30 @@ class Scenarios(DevCase):
                 await c.get_agent(name)
             self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
 
+    async def test_recorded_turns_are_evaluated_on_a_changed_version(self):
+        async with AsyncClient(self.dev.address) as c:
+            name = "py-eval-" + new_id()[:8]
+            await c.put_agent(name, 'system = "You are v1."\nversion_policy = "pin"')
+            s = new_id()
+            await c.configure_session(s, name)
+            await c.set_labels(s, {"suite": name})
+            for text in ("[[system]] who?", "plain"):
+                await c.followup(s, text)
+                await c.when_idle(s, timeout_ms=10_000)
+            await c.put_agent(name, 'system = "You are v2."\nversion_policy = "pin"')
+            contains = pb.EvalScorer(contains=pb.ContainsScorer(texts=["v2"]))
+            items = [i async for i in c.evaluate(name, label_selector=f"suite={name}", scorer=contains)]
+            self.assertEqual([i.WhichOneof("item") for i in items], ["started", "row", "row", "summary"])
+            rows = sorted((i.row for i in items[1:3]), key=lambda r: r.index)
+            self.assertEqual((rows[0].recorded.text, rows[0].candidate.text), ("system: You are v1.", "system: You are v2."))
+            self.assertEqual((rows[0].recorded.score.value, rows[0].candidate.score.value), (0.0, 1.0))
+            self.assertEqual(rows[1].candidate.text, "echo: plain")
+            self.assertEqual(items[3].summary.scratch_deleted, 2)
+            self.assertEqual(list((await c.list_sessions(label_selector="turnstile/eval")).sessions), [])
+            with self.assertRaises(TurnstileError) as e:
+                [i async for i in c.evaluate("")]
+            self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+
     async def test_steer_interrupt_and_cancel_a_running_turn(self):
         async with AsyncClient(self.dev.address) as c:
             s = new_id()

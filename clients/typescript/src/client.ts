@@ -16,6 +16,8 @@ import {
   type SearchMemoryReply,
   type CancelReply,
   type EditReply,
+  type EvalScorerSchema,
+  type EvaluateItem,
   type ExportItem,
   type ExportItemSchema,
   type GoalAction,
@@ -250,6 +252,29 @@ export interface WebhookOptions extends CallOptions {
   labelSelector?: string;
   /** How long an event is retried before it is given up on (0 or unset: 24 h; at most a week). */
   maxAgeMs?: Uint64;
+  /** The tenant (default: the client's; with auth, the token's). */
+  tenant?: string;
+}
+
+/** What `evaluate` reruns and how it scores (SPEC §20; the fields of `EvaluateRequest`). */
+export interface EvaluateOptions extends CallOptions {
+  /** The sessions to take turns from (default: those `labelSelector` selects). */
+  sessions?: readonly string[];
+  /** A label selector choosing the sessions (`k=v,k!=v,k,!k`); empty: every session of the tenant. */
+  labelSelector?: string;
+  /** The turns taken of each session: from `firstTurn` (default 1) through `lastTurn` (default its last ended). */
+  firstTurn?: Uint64;
+  lastTurn?: Uint64;
+  /** The agent's version to run (default its newest; an older one must pin). */
+  version?: Uint64;
+  /** How each reply is scored (default `{ kind: { case: "exact", value: {} } }`). */
+  scorer?: MessageInitShape<typeof EvalScorerSchema>;
+  /** Turns run at once (default 4, at most 16 and the tenant's request burst). */
+  parallel?: number;
+  /** The most turns taken (default 100, at most 1000). */
+  maxTurns?: number;
+  /** How long one turn may run (default 120000 ms). */
+  turnTimeoutMs?: Uint64;
   /** The tenant (default: the client's; with auth, the token's). */
   tenant?: string;
 }
@@ -881,6 +906,36 @@ export class ClientBase implements ClientCore {
   setLabels(session: SessionLike, labels: Record<string, string> = {}, options: LabelOptions = {}): Promise<SessionInfo> {
     const request = { session: this.ref(session), labels, removeKeys: [...(options.remove ?? [])] };
     return this.#unary("SetLabels", true, options, (a, o) => a.setLabels(request, o));
+  }
+
+  // --- evaluation (SPEC §20) ------------------------------------------------------------------------------
+
+  /**
+   * Reruns recorded turns on `agent` (at `options.version`) in scratch sessions and scores each new reply
+   * beside its recording: yields `started`, one `row` per turn as it finishes, then `summary`. Stopping the
+   * iteration (or aborting `options.signal`) stops the run; its scratch sessions are deleted either way.
+   * Not retried: a second run would rerun every turn again.
+   */
+  async *evaluate(agent: string, options: EvaluateOptions = {}): AsyncGenerator<EvaluateItem, void, undefined> {
+    const request = {
+      tenant: options.tenant ?? this.tenant,
+      sessions: (options.sessions ?? []).map((s) => this.ref(s)),
+      labelSelector: options.labelSelector ?? "",
+      firstTurn: u64(options.firstTurn) ?? 0n,
+      lastTurn: u64(options.lastTurn) ?? 0n,
+      agent,
+      version: u64(options.version) ?? 0n,
+      scorer: options.scorer,
+      parallel: options.parallel ?? 0,
+      maxTurns: options.maxTurns ?? 0,
+      turnTimeoutMs: u64(options.turnTimeoutMs) ?? 0n,
+    };
+    try {
+      const { agent: rpc } = await this.rpc();
+      yield* rpc.evaluate(request, { signal: options.signal, headers: this.headers() });
+    } catch (e) {
+      throw toTurnstileError("Evaluate", e, options.signal);
+    }
   }
 
   // --- export and import (SPEC §18; admin only with auth) -------------------------------------------------

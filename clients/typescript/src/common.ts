@@ -11,6 +11,7 @@ export {
   type Connection,
   type Connector,
   type DeliveryOptions,
+  type EvaluateOptions,
   type ExportItemLike,
   type ExportOptions,
   type LabelOptions,

@@ -717,6 +717,33 @@ test("memory: put, get, list, search, delete in the tenant's namespaces (SPEC §
   assert.equal((await failure(client.putMemory("bad.ns", "k", 1))).code, Code.InvalidArgument);
 });
 
+test("evaluate: recorded turns rerun on a changed pinned version, old beside new, scratch sessions gone (SPEC §20)", async () => {
+  const name = `ts-eval-${newId().slice(0, 8)}`;
+  await client.putAgent(name, 'system = "You are v1."\nversion_policy = "pin"');
+  const s = newId();
+  await client.configureSession(s, name);
+  await client.setLabels(s, { suite: name });
+  for (const text of ["[[system]] who?", "plain"]) {
+    await client.followup(s, text);
+    await client.whenIdle(s, { timeoutMs: 10_000 });
+  }
+  await client.putAgent(name, 'system = "You are v2."\nversion_policy = "pin"');
+  const items = [];
+  for await (const item of client.evaluate(name, { labelSelector: `suite=${name}` })) items.push(item.item);
+  assert.deepEqual(items.map((i) => i.case), ["started", "row", "row", "summary"]);
+  const rows = items.filter((i) => i.case === "row").map((i) => i.value).sort((a, b) => a.index - b.index);
+  assert.equal(rows[0].recorded?.text, "system: You are v1.");
+  assert.equal(rows[0].candidate?.text, "system: You are v2.");
+  assert.equal(rows[0].candidate?.score?.value, 0);
+  assert.equal(rows[1].candidate?.text, "echo: plain");
+  assert.equal(rows[1].candidate?.score?.passed, true);
+  const summary = items[3];
+  assert.equal(summary?.case === "summary" && summary.value.scratchDeleted, 2);
+  assert.deepEqual((await client.listSessions({ labelSelector: "turnstile/eval" })).sessions, []);
+  const bad = await failure((async () => { for await (const _ of client.evaluate("")) { /* none */ } })());
+  assert.equal(bad.code, Code.InvalidArgument);
+});
+
 test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
   const all = Agent.methods.map((m) => m.name);
   assert.deepEqual(
@@ -724,5 +751,5 @@ test("every RPC of turnstile.v1.Agent was called by the tests above", () => {
     [],
     "RPCs no test called",
   );
-  assert.equal(all.length, 49);
+  assert.equal(all.length, 50);
 });

@@ -743,6 +743,48 @@ class AsyncClient:
 
     # --- export and import (SPEC §18; admin only with auth) -----------------------------------------------
 
+    async def evaluate(
+        self,
+        agent: str,
+        *,
+        version: int = 0,
+        sessions: Sequence[SessionLike] = (),
+        label_selector: str = "",
+        first_turn: int = 0,
+        last_turn: int = 0,
+        scorer: api.EvalScorer | None = None,
+        parallel: int = 0,
+        max_turns: int = 0,
+        turn_timeout_ms: int = 0,
+        tenant: str | None = None,
+    ) -> AsyncIterator[api.EvaluateItem]:
+        """Reruns recorded turns (of ``sessions``, else those ``label_selector`` selects; turns ``first_turn``
+        to ``last_turn``, 0 meaning open) on ``agent`` at ``version`` in scratch sessions and scores each
+        new reply beside its recording (``scorer``, default exact): yields ``started``, one ``row`` per turn
+        as it finishes, then ``summary`` (SPEC §20). Closing the iteration stops the run; its scratch
+        sessions are deleted either way. Not retried: a second run would rerun every turn again."""
+        request = api.EvaluateRequest(
+            tenant=self.tenant if tenant is None else tenant,
+            sessions=[self.ref(s) for s in sessions],
+            label_selector=label_selector,
+            first_turn=first_turn,
+            last_turn=last_turn,
+            agent=agent,
+            version=version,
+            scorer=scorer,
+            parallel=parallel,
+            max_turns=max_turns,
+            turn_timeout_ms=turn_timeout_ms,
+        )
+        call = self.stub.Evaluate(request, metadata=self._metadata)
+        try:
+            async for item in call:
+                yield item
+        except grpc.aio.AioRpcError as e:
+            raise TurnstileError("Evaluate", e.code(), e.details() or "") from e
+        finally:
+            call.cancel()
+
     async def export_sessions(
         self, sessions: Sequence[str] = (), *, tenant: str | None = None
     ) -> AsyncIterator[api.ExportItem]:

@@ -91,6 +91,10 @@ class Client:
     def events(self, session: Any, **kwargs: Any) -> Iterator[Any]:
         return self._iterate(self.aio.events(session, **kwargs))
 
+    @functools.wraps(AsyncClient.evaluate)
+    def evaluate(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        return self._iterate(self.aio.evaluate(*args, **kwargs))
+
     @functools.wraps(AsyncClient.export_sessions)
     def export_sessions(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
         return self._iterate(self.aio.export_sessions(*args, **kwargs))

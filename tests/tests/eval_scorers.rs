@@ -1,6 +1,7 @@
 //! SPEC §20 evaluation's scorers that ask someone else, against the real binary: a remote hook (an HTTP
 //! POST per reply) and a judge agent on llama.cpp's server (SmolLM2-135M), each scoring the recorded and
-//! the new reply; and an evaluation whose caller goes away mid-run leaves no scratch session behind.
+//! the new reply; an evaluation whose caller goes away mid-run leaves no scratch session behind; and the
+//! tenant's request burst bounds how many turns run at once, its used-up token budget stops the reruns.
 //!
 //! The llama.cpp test needs `LLAMA_SERVER_BIN` and `SMOLLM2_GGUF` (`source .ci/test-env.sh`), as the other
 //! llama tests do.
@@ -17,8 +18,8 @@ use tonic::transport::Channel;
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::evaluate_item::Item;
 use turnstile_proto::v1::{
-    ConfigureSessionRequest, DeliverRequest, EvaluateRequest, GetSessionRequest, ListSessionsRequest, PutAgentRequest,
-    SessionRef, WhenIdleRequest,
+    ConfigureSessionRequest, DeliverRequest, EvaluateRequest, GetSessionRequest, GetUsageRequest, ListSessionsRequest,
+    PutAgentRequest, SessionRef, WhenIdleRequest,
 };
 use turnstile_tests::binary::run_cli;
 use turnstile_tests::llama::{LlamaServer, RecordingProxy, SMOLLM2_MODEL};
@@ -295,5 +296,62 @@ version_policy = "pin"
     for request in &requests {
         assert_eq!(request["response_format"]["json_schema"]["name"], "score", "{request}");
     }
+    assert!(scratch_sessions(&mut c).await.is_empty());
+}
+
+/// Every item of an evaluation's stream.
+async fn evaluate(c: &mut AgentClient<Channel>, req: EvaluateRequest) -> Vec<Item> {
+    let mut stream = c.evaluate(req).await.unwrap().into_inner();
+    let mut items = Vec::new();
+    while let Some(item) = stream.message().await.unwrap() {
+        items.push(item.item.unwrap());
+    }
+    items
+}
+
+#[tokio::test]
+async fn the_tenants_burst_bounds_the_turns_run_at_once_and_every_turn_is_still_run() {
+    let (server, _dir) = start("[tenants.default]\nrequests_per_s = 1000\nrequest_burst = 2\n").await;
+    let mut c = server.client();
+    record(&mut c, "s1", "scripted", &["one", "two", "three"]).await;
+    let items = evaluate(&mut c, EvaluateRequest { agent: "scripted".into(), parallel: 8, ..Default::default() }).await;
+    let Some(Item::Started(started)) = items.first() else { panic!("{items:?}") };
+    assert_eq!((started.total, started.parallel), (3, 2));
+    let Some(Item::Summary(summary)) = items.last() else { panic!("{items:?}") };
+    assert_eq!((summary.evaluated, summary.failed, summary.candidate_passed), (3, 0, 3), "{summary:?}");
+}
+
+#[tokio::test]
+async fn no_rerun_starts_once_the_tenants_token_budget_is_used_up() {
+    let (server, _dir) = start("[tenants.default]\ntoken_budget = 28\n").await;
+    let mut c = server.client();
+    record(&mut c, "s1", "scripted", &["[[usage:10,4]] one", "[[usage:10,4]] two"]).await;
+    // The usage is folded from the log: wait until it counts both turns.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let usage =
+            c.get_usage(GetUsageRequest { tenant: String::new(), since_unix_ms: 0 }).await.unwrap().into_inner();
+        if usage.used_today >= 28 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "usage never reached the budget: {usage:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let items = evaluate(&mut c, EvaluateRequest { agent: "scripted".into(), ..Default::default() }).await;
+    let rows: Vec<_> = items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Row(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
+        assert!(row.candidate.is_none(), "{row:?}");
+        assert!(row.error.starts_with("not run: the tenant's daily token budget is used up"), "{}", row.error);
+    }
+    let Some(Item::Summary(summary)) = items.last() else { panic!("{items:?}") };
+    assert_eq!((summary.evaluated, summary.failed, summary.skipped_for_budget), (0, 2, 2), "{summary:?}");
+    assert_eq!(summary.scratch_deleted, 0, "no scratch session was made");
     assert!(scratch_sessions(&mut c).await.is_empty());
 }

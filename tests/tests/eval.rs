@@ -19,7 +19,7 @@ use turnstile_proto::v1::{
 };
 use turnstile_tests::binary::run_cli;
 use turnstile_tests::config::{config_args, config_file};
-use turnstile_tests::{Backend, DevOptions, DevServer, user_msg};
+use turnstile_tests::{Backend, Cluster, DevOptions, DevServer, user_msg};
 
 const TOKEN_A: &str = "eval-tenant-a-0123456789";
 const TOKEN_B: &str = "eval-tenant-b-0123456789";
@@ -310,6 +310,68 @@ async fn bad_requests_name_the_field_and_the_limit(backend: Backend) {
     let e = refused(EvaluateRequest { agent: "plain".into(), scorer: Some(hook), ..Default::default() }).await;
     assert_eq!(e.code(), Code::InvalidArgument, "a loopback hook is refused unless the operator allows it");
     assert!(e.message().starts_with("scorer.hook.url: "), "{}", e.message());
+}
+
+/// In a cluster (3 workers, 2 gateways on JetStream): turns recorded through one gateway, in sessions that
+/// several workers own, are evaluated through the other; every rerun runs on its scratch session's owner,
+/// and every scratch session is deleted.
+#[tokio::test]
+async fn a_cluster_evaluates_through_either_gateway_and_leaves_no_scratch_session() {
+    let cluster = Cluster::start(3, 2).await.unwrap();
+    let mut c0 = cluster.client(0);
+    let ids = ["c-1", "c-2", "c-3"];
+    for id in ids {
+        let mut c = c0.clone();
+        let configure = ConfigureSessionRequest { session: own(id), agent: "scripted".into(), ..Default::default() };
+        c.configure_session(configure).await.unwrap();
+        let labels = SetLabelsRequest {
+            session: own(id),
+            labels: [("suite".to_owned(), "cluster".to_owned())].into(),
+            remove_keys: vec![],
+        };
+        c.set_labels(labels).await.unwrap();
+        for turn in 1..=2 {
+            let message = user_msg(&uuid::Uuid::new_v4().to_string(), &format!("[[usage:3,2]] {id} {turn}"));
+            c.followup(DeliverRequest { session: own(id), message: Some(message), output_schema: None }).await.unwrap();
+            c.when_idle(WhenIdleRequest { session: own(id), timeout_ms: 20_000 }).await.unwrap();
+        }
+    }
+    // The other gateway's index mirror lists them once it caught up.
+    let mut c1 = cluster.client(1);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let req = ListSessionsRequest { label_selector: "suite=cluster".into(), ..Default::default() };
+        if c1.list_sessions(req).await.unwrap().into_inner().sessions.len() == ids.len() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "gateway 1 never listed the sessions");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let out = run_cli(vec![
+        "eval".into(),
+        "--addr".into(),
+        cluster.gateway_url(1),
+        "--json".into(),
+        "--agent".into(),
+        "scripted".into(),
+        "--label".into(),
+        "suite=cluster".into(),
+    ])
+    .await;
+    assert!(out.success, "{}", out.stderr);
+    let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let summary = &report["summary"];
+    assert_eq!((summary["total"].as_u64(), summary["candidatePassed"].as_u64()), (Some(6), Some(6)), "{report}");
+    assert_eq!(summary["scratchDeleted"].as_u64(), Some(6), "{summary}");
+    for row in report["rows"].as_array().unwrap() {
+        assert_eq!(row["recorded"]["text"], row["candidate"]["text"], "{row}");
+        assert_eq!(row["candidate"]["inputTokens"], "3", "{row}");
+    }
+    let run_id = report["started"]["runId"].as_str().unwrap();
+    for index in 0..6 {
+        let req = GetSessionRequest { session: own(&format!("eval-{run_id}-{index}")) };
+        assert_eq!(c0.get_session(req).await.unwrap_err().code(), Code::NotFound);
+    }
 }
 
 turnstile_tests::backend_tests!(

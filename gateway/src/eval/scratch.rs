@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use turnstile_journal::log::read_all;
 use turnstile_model::labels::Labeled;
 use turnstile_model::message::{MessageId, SessionRef, Target, UserMessage};
-use turnstile_model::{Command, CommandError, Fork, InjectMode, Tenant};
+use turnstile_model::{Command, CommandError, CommandReply, Envelope, Fork, InjectMode, Tenant};
 
 use super::turns::{TurnRecord, ended_turns};
 use crate::service::Gateway;
@@ -98,17 +98,36 @@ impl Scratch {
             g.execute(session, send, None).await.map_err(|e| failed("deliver", &e))?;
         }
         let idle = g.execute(session, Command::WhenIdle, Some(timeout));
-        tokio::select! {
+        let last_seq = tokio::select! {
             done = tokio::time::timeout(timeout + Duration::from_secs(1), idle) => match done {
-                Ok(Ok(_)) => {}
+                Ok(Ok(CommandReply::Idle(summary))) => summary.last_seq,
+                Ok(Ok(other)) => return Err(format!("wait: the owner answered {other:?}; this is a bug")),
                 Ok(Err(e)) if e.code() != tonic::Code::DeadlineExceeded => return Err(failed("wait", &e)),
                 _ => return Err(format!("the turn did not end within {} ms (turn_timeout_ms)", timeout.as_millis())),
             },
             () = self.cancel.cancelled() => return Err("cancelled".into()),
-        }
-        let events = read_all(g.log.as_ref(), session, 1).await.map_err(|e| format!("read: {e}"))?;
+        };
+        let events = self.read_through(session, last_seq).await?;
         // The scratch session's only turn.
         ended_turns(&events).into_values().last().ok_or_else(|| "the turn left no end in its log".to_owned())
+    }
+
+    /// `session`'s log through `seq`, which its owner has written: a read that ends earlier came from a
+    /// replica still catching up, so it is read again (a few times, briefly).
+    async fn read_through(&self, session: &SessionRef, seq: u64) -> Result<Vec<Envelope>, Failed> {
+        const ATTEMPTS: u32 = 50;
+        let mut read_to = 0;
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let events = read_all(self.gateway.log.as_ref(), session, 1).await.map_err(|e| format!("read: {e}"))?;
+            read_to = events.last().map_or(0, |e| e.seq);
+            if read_to >= seq {
+                return Ok(events);
+            }
+        }
+        Err(format!("read: the log of {session} ends at seq {read_to}, before the turn's end at {seq}"))
     }
 
     /// Deletes `session` (a running turn is cancelled first); one already gone counts as deleted.

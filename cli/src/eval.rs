@@ -141,6 +141,18 @@ pub async fn eval(client: &mut Client, a: EvalArgs) -> Result<()> {
     } else {
         print!("{}", table(&rows, &summary));
     }
+    gate(a.fail_below, &summary)
+}
+
+/// `--fail-below`: an error (exit status 1) when the new replies score under the bar or a turn failed.
+fn gate(bar: Option<f64>, summary: &pb::EvalSummary) -> Result<()> {
+    let Some(bar) = bar else { return Ok(()) };
+    if summary.failed > 0 {
+        bail!("{} of {} turns could not be rerun (--fail-below)", summary.failed, summary.total);
+    }
+    if summary.candidate_mean < bar {
+        bail!("the new replies' mean score {:.2} is below --fail-below {bar}", summary.candidate_mean);
+    }
     Ok(())
 }
 

@@ -204,6 +204,28 @@ async fn twenty_recorded_turns_against_a_changed_version_print_the_table_and_the
     }
     assert_eq!(listed(&mut c, TOKEN_A, "", 5).await, before);
 
+    // `--fail-below` gates on the new mean (0.6 here), after printing the table.
+    let gated = |bar: &str| {
+        run_cli(vec![
+            "eval".into(),
+            "--addr".into(),
+            server.url(),
+            "--token".into(),
+            TOKEN_A.into(),
+            "--agent".into(),
+            "support".into(),
+            "--label".into(),
+            "suite=smoke".into(),
+            "--fail-below".into(),
+            bar.into(),
+        ])
+    };
+    let out = gated("0.9").await;
+    assert!(!out.success);
+    assert!(out.stdout.starts_with("SESSION"), "{}", out.stdout);
+    assert!(out.stderr.contains("the new replies' mean score 0.60 is below --fail-below 0.9"), "{}", out.stderr);
+    assert!(gated("0.5").await.success);
+
     // `--json` prints the same report on stdout; a range takes only those turns.
     let out = run_cli(vec![
         "eval".into(),

@@ -63,6 +63,17 @@ pub(crate) struct EvalArgs {
     /// Also write the report as JSON to FILE (with --json it goes to stdout instead of the table).
     #[arg(long, value_name = "FILE")]
     pub(crate) report: Option<PathBuf>,
+    /// Exit with status 1 (after printing) when the new replies' mean score is below SCORE (0 to 1) or a
+    /// turn could not be rerun: a gate for CI.
+    #[arg(long, value_name = "SCORE", value_parser = parse_score)]
+    pub(crate) fail_below: Option<f64>,
+}
+
+fn parse_score(raw: &str) -> Result<f64, String> {
+    match raw.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{raw:?} is not a score from 0 to 1")),
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

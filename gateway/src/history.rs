@@ -25,7 +25,14 @@ async fn fold_through(
     let mut state = SessionState::new(source.clone(), DEFAULT_DEDUP_HORIZON);
     for event in &events {
         state.apply(event).map_err(|e| status::from_projection(source, e))?;
-        if matches!((&event.payload, upto_turn), (EventPayload::TurnEnd { turn, .. }, Some(t)) if *turn == t) {
+        let through = match (&event.payload, upto_turn) {
+            (EventPayload::TurnEnd { turn, .. }, Some(t)) => *turn == t,
+            // A fork's copied turns end in its `session/forked`: it can be forked (and its first own turn
+            // evaluated) from there.
+            (EventPayload::SessionForked(fork), Some(t)) => fork.at_turn == t,
+            _ => false,
+        };
+        if through {
             return Ok(state);
         }
     }

@@ -14,8 +14,8 @@ use tonic::{Code, Request};
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::evaluate_item::Item;
 use turnstile_proto::v1::{
-    ConfigureSessionRequest, DeliverRequest, EvaluateRequest, GetSessionRequest, ListSessionsRequest, PutAgentRequest,
-    SessionRef, SetLabelsRequest, WhenIdleRequest,
+    ConfigureSessionRequest, DeliverRequest, EvaluateRequest, ForkSessionRequest, GetSessionRequest,
+    ListSessionsRequest, PutAgentRequest, SessionRef, SetLabelsRequest, WhenIdleRequest,
 };
 use turnstile_tests::binary::run_cli;
 use turnstile_tests::config::{config_args, config_file};
@@ -396,7 +396,36 @@ async fn a_cluster_evaluates_through_either_gateway_and_leaves_no_scratch_sessio
     }
 }
 
+/// A session forked from another numbers its own turns after the fork point; its first own turn starts from
+/// the fork's `session/forked`, so the rerun forks the fork there.
+async fn a_forked_sessions_first_own_turn_is_rerun_from_its_fork_point(backend: Backend) {
+    let (server, _dir) = start(backend).await;
+    let mut c = server.client();
+    record(&mut c, TOKEN_A, "origin", "plain", 2, false).await;
+    let fork = ForkSessionRequest { session: own("origin"), at_turn: 2, new_session: "branch".into() };
+    c.fork_session(authed(fork, TOKEN_A)).await.unwrap();
+    let message = user_msg(&uuid::Uuid::new_v4().to_string(), "[[usage:1,1]] on the branch");
+    let deliver = DeliverRequest { session: own("branch"), message: Some(message), output_schema: None };
+    c.followup(authed(deliver, TOKEN_A)).await.unwrap();
+    c.when_idle(authed(WhenIdleRequest { session: own("branch"), timeout_ms: 20_000 }, TOKEN_A)).await.unwrap();
+    let req =
+        EvaluateRequest { agent: "plain".into(), sessions: own("branch").into_iter().collect(), ..Default::default() };
+    let mut stream = c.evaluate(authed(req, TOKEN_A)).await.unwrap().into_inner();
+    let mut rows = Vec::new();
+    while let Some(item) = stream.message().await.unwrap() {
+        if let Some(Item::Row(row)) = item.item {
+            rows.push(row);
+        }
+    }
+    assert_eq!(rows.len(), 1, "only the branch's own turn: {rows:?}");
+    let row = &rows[0];
+    assert_eq!((row.turn, row.error.as_str()), (3, ""), "{row:?}");
+    assert_eq!(row.candidate.as_ref().unwrap().text, "echo: on the branch");
+    assert_eq!(row.candidate.as_ref().unwrap().score.as_ref().unwrap().value, 1.0);
+}
+
 turnstile_tests::backend_tests!(
     twenty_recorded_turns_against_a_changed_version_print_the_table_and_the_json,
-    bad_requests_name_the_field_and_the_limit
+    bad_requests_name_the_field_and_the_limit,
+    a_forked_sessions_first_own_turn_is_rerun_from_its_fork_point
 );

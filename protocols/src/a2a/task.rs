@@ -151,7 +151,11 @@ pub(crate) fn event(id: &TaskId, fold: &TurnFold, change: &Change) -> Option<Val
         Change::Started { .. } | Change::Waiting(_) | Change::Decided { .. } | Change::Ended(_) => {
             Some(json!({"statusUpdate": {"taskId": task_id, "contextId": context, "status": status(id, fold)}}))
         }
-        Change::Accepted | Change::ToolCall(_) | Change::ToolResult { .. } => None,
+        Change::Accepted
+        | Change::Replied { .. }
+        | Change::ToolCall(_)
+        | Change::ClientCall(_)
+        | Change::ToolResult { .. } => None,
     }
 }
 

@@ -194,7 +194,6 @@ async fn transcript(api: &Api, session: &str) -> Result<Vec<Value>, ApiError> {
                 let anchor = steps.get(&(a.turn, a.step)).copied().unwrap_or(seq);
                 let item = Item::Message {
                     id: ids::item_id("msg", session, anchor),
-                    step: (a.turn, a.step),
                     text: a.text,
                     done: true,
                     interrupted: a.interrupted,

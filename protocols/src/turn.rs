@@ -1,25 +1,11 @@
-//! What every protocol reads of a turn from a session's log: [`text_of`] a message, and [`TurnFold`], a
-//! turn as the changes a protocol streams (text, each step's whole reply, tool calls, a wait for approval or
-//! for the client, the end), each at a position any gateway computes alike (decision 0101's numbering), so
-//! streams resume through any gateway.
-
-use turnstile_proto::v1 as pb;
-
-/// The text blocks of a message, joined (data blocks are not text).
-pub fn text_of(message: &pb::UserMessage) -> String {
-    message
-        .content
-        .iter()
-        .filter_map(|b| match &b.block {
-            Some(pb::content_block::Block::Text(t)) => Some(t.text.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+//! What every protocol reads of a turn from a session's log: [`TurnFold`], a turn as the changes a protocol
+//! streams (text, each step's whole reply, tool calls, a wait for approval or for the client, the end), each
+//! at a position any gateway computes alike (decision 0101's numbering), so streams resume through any
+//! gateway.
 
 use std::collections::HashMap;
 
+use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::live_event::Payload as Live;
 use turnstile_proto::v1::session_event::Payload;
 use turnstile_proto::v1::turn_end_reason::Reason;
@@ -355,7 +341,7 @@ impl TurnFold {
                 _ => None,
             };
             self.message_id = message.map(|m| m.id.clone());
-            self.prompt = message.map(text_of).unwrap_or_default();
+            self.prompt = message.map(pb::UserMessage::text).unwrap_or_default();
             self.emit(out, seq * SPAN, Change::Accepted);
         }
         match payload {

@@ -12,7 +12,7 @@ use turnstile_proto::v1::session_event::Payload;
 
 use super::api::{self, Api, Delivery};
 use super::error::ApiError;
-use super::fold::{Item, render_item, text_of};
+use super::fold::{Item, render_item};
 use super::ids;
 use super::input::{self, INSTRUCTIONS_FORM, InputMessage, PLUGIN};
 use super::responses::{labels, message_item, page};
@@ -188,7 +188,7 @@ async fn transcript(api: &Api, session: &str) -> Result<Vec<Value>, ApiError> {
             }
             Some(Payload::UserMessage(u)) => {
                 let Some(message) = u.message else { continue };
-                items.push(message_item(&ids::item_id("msg", session, seq), role(&message), &text_of(&message)));
+                items.push(message_item(&ids::item_id("msg", session, seq), role(&message), &message.text()));
             }
             Some(Payload::AssistantMessage(a)) if !a.text.is_empty() || a.tool_calls.is_empty() => {
                 let anchor = steps.get(&(a.turn, a.step)).copied().unwrap_or(seq);

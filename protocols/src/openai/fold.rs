@@ -84,7 +84,7 @@ impl ResponseFold {
         inputs
             .filter_map(|(seq, message)| {
                 let role = role_of(message)?;
-                Some(Input { id: item_id("msg", &self.id.session, *seq), role, text: turn::text_of(message) })
+                Some(Input { id: item_id("msg", &self.id.session, *seq), role, text: message.text() })
             })
             .collect()
     }
@@ -363,7 +363,7 @@ impl ResponseFold {
         });
         let instructions: Vec<String> = (self.turn.inputs().iter())
             .filter(|(_, message)| role_of(message).is_none())
-            .map(|(_, message)| turn::text_of(message))
+            .map(|(_, message)| message.text())
             .collect();
         let instructions = match instructions.as_slice() {
             [] => Value::Null,
@@ -429,8 +429,6 @@ fn role_of(message: &pb::UserMessage) -> Option<&'static str> {
         _ => Some("user"),
     }
 }
-
-pub use crate::turn::text_of;
 
 #[cfg(test)]
 mod tests;

@@ -399,20 +399,7 @@ mod tests {
             6,
             LivePayload::AssistantDelta { turn: 1, step: 1, text: "hello".into(), reasoning: false, offset: 0 },
         ));
-        out += &r.event(&ev(
-            7,
-            EventPayload::AssistantMessage {
-                turn: 1,
-                step: 1,
-                text: "echo: hello".into(),
-                tool_calls: vec![],
-                interrupted: false,
-                max_tokens: false,
-                reasoning: None,
-                usage: None,
-                model: None,
-            },
-        ));
+        out += &r.event(&ev(7, EventPayload::reply(1, 1, "echo: hello")));
         out += &r.event(&ev(8, EventPayload::StepEnd { turn: 1, step: 1, spent: None }));
         out += &r.event(&ev(9, EventPayload::TurnEnd { turn: 1, reason: TurnEndReason::Completed }));
         out += &r.event(&ev(10, EventPayload::Status(Status::Idle)));

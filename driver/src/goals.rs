@@ -225,13 +225,7 @@ impl Driver {
     /// `goal/change {completed, summary}`; the call concludes the turn, so no step answers it and no
     /// round follows. Without an active goal (paused meanwhile, or never offered) it is an error result.
     pub(super) fn goal_complete_call(&mut self, turn: u64, step: u32, call: ToolCallSpec) {
-        self.write(EventPayload::ToolCall {
-            turn,
-            step,
-            call: call.clone(),
-            awaiting_approval: false,
-            awaiting_client: false,
-        });
+        self.write_call(turn, step, call.clone());
         let goal = self.state.goals.active().cloned();
         let mut outcome = match &goal {
             Some(g) => ToolOutcome::new(&call.call_id, &call.name, format!("goal {} completed", g.info.goal_id), None),

@@ -155,24 +155,12 @@ impl Driver {
             self.state.agent_version,
             &self.state.session.tenant,
         );
-        let (agent, version, agent_hash) = (agent.to_owned(), profile.version, profile.hash.clone());
+        let version = (agent.to_owned(), profile.version, profile.hash.clone());
         self.turn = Some(ActiveTurn {
-            turn: open.turn,
             proposal: 1,
-            step: open.step,
-            phase,
-            cancel: None,
-            last_step: None,
             max_tokens: open.max_tokens,
             tool_results: results_of(open),
-            interrupted_prompt: Vec::new(),
-            resumed: false,
-            concluded: false,
-            agent,
-            version,
-            agent_hash,
-            compaction_tried: false,
-            output_retried: false,
+            ..ActiveTurn::new(open.turn, open.step, phase, version)
         });
         self.set_status(Status::Running);
     }

@@ -31,13 +31,7 @@ impl Driver {
             };
             if aborting {
                 *next += 1;
-                self.write(EventPayload::ToolCall {
-                    turn,
-                    step,
-                    call: call.clone(),
-                    awaiting_approval: false,
-                    awaiting_client: false,
-                });
+                self.write_call(turn, step, call.clone());
                 self.write(EventPayload::ToolResult {
                     turn,
                     step,
@@ -91,10 +85,14 @@ impl Driver {
         let (turn, step) = (t.turn, t.step);
         let Phase::Tools { awaiting, .. } = &mut t.phase else { return };
         if awaiting.take().is_none() {
-            let call = call.clone();
-            self.write(EventPayload::ToolCall { turn, step, call, awaiting_approval: false, awaiting_client: false });
+            self.write_call(turn, step, call.clone());
         }
         self.request_tool(call);
+    }
+
+    /// Writes the `tool/call` of a call that waits for no one (no decision, no client).
+    pub(super) fn write_call(&mut self, turn: u64, step: u32, call: ToolCallSpec) {
+        self.write(EventPayload::ToolCall { turn, step, call, awaiting_approval: false, awaiting_client: false });
     }
 
     /// Asks the runner to run `call` of the current step, whose `tool/call` is durable, under its

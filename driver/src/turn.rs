@@ -55,6 +55,31 @@ pub(super) struct ActiveTurn {
     pub output_retried: bool,
 }
 
+impl ActiveTurn {
+    /// Turn `turn` of the agent version `(agent, version, agent_hash)` at `step` in `phase`: no proposal,
+    /// cancel, result or retry yet.
+    pub fn new(turn: u64, step: u32, phase: Phase, (agent, version, agent_hash): (String, u64, String)) -> Self {
+        Self {
+            turn,
+            proposal: 0,
+            step,
+            phase,
+            cancel: None,
+            last_step: None,
+            max_tokens: false,
+            tool_results: Vec::new(),
+            interrupted_prompt: Vec::new(),
+            resumed: false,
+            concluded: false,
+            agent,
+            version,
+            agent_hash,
+            compaction_tried: false,
+            output_retried: false,
+        }
+    }
+}
+
 /// What a resumed turn's first step must still answer.
 #[derive(Debug, Default)]
 pub(super) struct Resume {
@@ -114,25 +139,13 @@ impl Driver {
             return;
         }
         let turn = self.state.last_turn + 1;
-        let (agent, version, agent_hash) = self.record_version();
+        let version = self.record_version();
         self.write(EventPayload::TurnStart { turn });
         self.turn = Some(ActiveTurn {
-            turn,
-            proposal: 0,
-            step: 0,
-            phase: Phase::PreStep { op: 0 },
-            cancel: None,
-            last_step: None,
-            max_tokens: false,
             resumed: !resume.is_empty(),
             tool_results: resume.tool_results,
             interrupted_prompt: resume.prompt,
-            concluded: false,
-            agent,
-            version,
-            agent_hash,
-            compaction_tried: false,
-            output_retried: false,
+            ..ActiveTurn::new(turn, 0, Phase::PreStep { op: 0 }, version)
         });
         self.propose();
     }

@@ -192,27 +192,8 @@ impl Scoped for pb::ListPendingApprovalsRequest {
     }
 }
 
-// Webhooks registered at run time (SPEC §21): a tenant's own.
-impl Scoped for pb::CreateWebhookRequest {
-    fn tenant(&mut self) -> Option<&mut String> {
-        Some(&mut self.tenant)
-    }
-}
-
-impl Scoped for pb::ListWebhooksRequest {
-    fn tenant(&mut self) -> Option<&mut String> {
-        Some(&mut self.tenant)
-    }
-}
-
-impl Scoped for pb::DeleteWebhookRequest {
-    fn tenant(&mut self) -> Option<&mut String> {
-        Some(&mut self.tenant)
-    }
-}
-
-// Memory (SPEC §20): a tenant's own, named by `tenant` (empty: the caller's).
-macro_rules! memory_scoped {
+// A tenant's own, named by the request's `tenant` (empty: the caller's).
+macro_rules! tenant_scoped {
     ($($request:ty),*) => {$(
         impl Scoped for $request {
             fn tenant(&mut self) -> Option<&mut String> {
@@ -221,13 +202,21 @@ macro_rules! memory_scoped {
         }
     )*};
 }
-memory_scoped!(
+
+// Webhooks registered at run time (SPEC §21).
+tenant_scoped!(pb::CreateWebhookRequest, pb::ListWebhooksRequest, pb::DeleteWebhookRequest);
+
+// Memory (SPEC §20).
+tenant_scoped!(
     pb::PutMemoryRequest,
     pb::GetMemoryRequest,
     pb::ListMemoryRequest,
     pb::SearchMemoryRequest,
     pb::DeleteMemoryRequest
 );
+
+// Sessions listed (SPEC §16) and token usage read (§17).
+tenant_scoped!(pb::ListSessionsRequest, pb::GetUsageRequest);
 
 // Agents (SPEC §20): in the caller's tenant, which names none of its own.
 impl Scoped for pb::PutAgentRequest {}
@@ -239,18 +228,6 @@ impl Scoped for pb::ListAgentVersionsRequest {}
 impl Scoped for pb::MigrateSessionsRequest {
     fn sessions(&mut self) -> Vec<&mut pb::SessionRef> {
         self.sessions.iter_mut().collect()
-    }
-}
-
-impl Scoped for pb::ListSessionsRequest {
-    fn tenant(&mut self) -> Option<&mut String> {
-        Some(&mut self.tenant)
-    }
-}
-
-impl Scoped for pb::GetUsageRequest {
-    fn tenant(&mut self) -> Option<&mut String> {
-        Some(&mut self.tenant)
     }
 }
 

@@ -319,6 +319,21 @@ pub enum EventPayload {
 }
 
 impl EventPayload {
+    /// An `assistant/message` of plain text: no tool calls, reasoning, usage or model, not cut short.
+    pub fn reply(turn: u64, step: u32, text: impl Into<String>) -> Self {
+        Self::AssistantMessage {
+            turn,
+            step,
+            text: text.into(),
+            tool_calls: Vec::new(),
+            interrupted: false,
+            max_tokens: false,
+            reasoning: None,
+            usage: None,
+            model: None,
+        }
+    }
+
     /// The durable type name of SPEC §5.
     pub fn event_type(&self) -> &'static str {
         match self {
@@ -513,20 +528,7 @@ mod tests {
     fn events_serialized_before_reasoning_and_usage_still_deserialize() {
         let old = r#"{"AssistantMessage":{"turn":1,"step":1,"text":"hi","tool_calls":[],"interrupted":false,"max_tokens":false}}"#;
         let payload: EventPayload = serde_json::from_str(old).unwrap();
-        assert_eq!(
-            payload,
-            EventPayload::AssistantMessage {
-                turn: 1,
-                step: 1,
-                text: "hi".into(),
-                tool_calls: vec![],
-                interrupted: false,
-                max_tokens: false,
-                reasoning: None,
-                usage: None,
-                model: None,
-            }
-        );
+        assert_eq!(payload, EventPayload::reply(1, 1, "hi"));
         let old_delta = r#"{"AssistantDelta":{"turn":1,"step":1,"text":"h"}}"#;
         let live: LivePayload = serde_json::from_str(old_delta).unwrap();
         assert_eq!(

@@ -14,6 +14,17 @@ pub mod v1 {
     tonic::include_proto!("turnstile.v1");
 }
 
+impl v1::UserMessage {
+    /// The message's text blocks, joined by newlines (data blocks are not text).
+    pub fn text(&self) -> String {
+        let texts = self.content.iter().filter_map(|b| match &b.block {
+            Some(v1::content_block::Block::Text(t)) => Some(t.text.as_str()),
+            _ => None,
+        });
+        texts.collect::<Vec<_>>().join("\n")
+    }
+}
+
 /// `turnstile.cluster.v1`: the internal API between gateways and workers (not public).
 pub mod cluster {
     /// The `Worker` service: a gateway forwards a command to the session's shard owner.

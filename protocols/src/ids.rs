@@ -58,6 +58,19 @@ pub fn parts(prefix: &str, token: &str, n: usize) -> Option<Vec<String>> {
     (parts.len() == n).then_some(parts)
 }
 
+/// The token of the delivery at `seq` in `session` (a task of A2A or MCP): any gateway reads it back.
+pub fn delivery_token(prefix: &str, session: &str, seq: u64) -> String {
+    token(prefix, &[session, &seq.to_string()])
+}
+
+/// The session and seq of a [`delivery_token`] with `prefix`; `None`: not one this server hands out.
+pub fn delivery_of(prefix: &str, token: &str) -> Option<(String, u64)> {
+    let mut parts = parts(prefix, token, 2)?;
+    let seq = parts[1].parse().ok().filter(|s| *s > 0)?;
+    let session = parts.swap_remove(0);
+    is_session_id(&session).then_some((session, seq))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,24 +1,11 @@
-//! What every protocol reads of a turn from a session's log: [`text_of`] a message, and [`TurnFold`], a
-//! turn as the changes a protocol streams (text, tool calls, a wait for approval, the end), each at a
-//! position any gateway computes alike (decision 0101's numbering), so streams resume through any gateway.
-
-use turnstile_proto::v1 as pb;
-
-/// The text blocks of a message, joined (data blocks are not text).
-pub fn text_of(message: &pb::UserMessage) -> String {
-    message
-        .content
-        .iter()
-        .filter_map(|b| match &b.block {
-            Some(pb::content_block::Block::Text(t)) => Some(t.text.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+//! What every protocol reads of a turn from a session's log: [`TurnFold`], a turn as the changes a protocol
+//! streams (text, each step's whole reply, tool calls, a wait for approval or for the client, the end), each
+//! at a position any gateway computes alike (decision 0101's numbering), so streams resume through any
+//! gateway.
 
 use std::collections::HashMap;
 
+use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::live_event::Payload as Live;
 use turnstile_proto::v1::session_event::Payload;
 use turnstile_proto::v1::turn_end_reason::Reason;
@@ -91,13 +78,24 @@ pub enum Change {
         turn: u64,
     },
     /// More of the reply: of the step whose `step/start` is at seq `step` (each step's text is a part of
-    /// the reply of its own).
+    /// the reply of its own). Its position is its end: the piece ends at byte `position - step * SPAN - 2`
+    /// of the step's reply.
     Text {
         step: u64,
         piece: String,
     },
+    /// The step whose `step/start` is at seq `step` has said all it says: `text`, its whole reply (the
+    /// durable message's; on a failover, what was streamed, `interrupted`). None for a step that only
+    /// called tools.
+    Replied {
+        step: u64,
+        text: String,
+        interrupted: bool,
+    },
     /// The agent called a tool (one it runs itself).
     ToolCall(Call),
+    /// The turn waits for the client that declared the tool to run it and answer (SPEC §19).
+    ClientCall(Call),
     ToolResult {
         call_id: String,
         output: String,
@@ -122,6 +120,24 @@ pub struct Step {
     pub change: Change,
 }
 
+impl Step {
+    /// What of this change a client lacks that has every change up to position `after`: nothing when it
+    /// has it all. A text piece ends at its position byte for byte, so such a client lacks its last
+    /// `position - after` bytes (fewer when `after` is in the same step: a resumed stream, decision 0101).
+    pub fn past(self, after: u64) -> Option<Step> {
+        let lacks = self.position.checked_sub(after).filter(|n| *n > 0)?;
+        match self.change {
+            Change::Text { step, piece } => {
+                let skip = usize::try_from((piece.len() as u64).saturating_sub(lacks)).unwrap_or(usize::MAX);
+                let rest = piece.get(skip..).filter(|r| !r.is_empty())?;
+                let piece = if skip == 0 { piece } else { rest.to_owned() };
+                Some(Step { position: self.position, change: Change::Text { step, piece } })
+            }
+            change => Some(Step { position: self.position, change }),
+        }
+    }
+}
+
 /// One turn, found from the delivery that asked for it, as a view of its session's log. Feed it the
 /// session's Watch from the delivery on (`after_seq = seq - 1`).
 #[derive(Debug)]
@@ -137,6 +153,11 @@ pub struct TurnFold {
     open: Option<Open>,
     /// Each step's text so far, by the seq of its `step/start`.
     replies: Vec<(u64, String)>,
+    /// The `step/start` seq of the last step whose reply ended: no delta of it or before it opens a reply.
+    said: u64,
+    /// The messages the turn entered, with their seqs.
+    inputs: Vec<(u64, pb::UserMessage)>,
+    usage: Option<pb::Usage>,
     waiting: Option<Call>,
     outcome: Option<Outcome>,
     queued: bool,
@@ -165,11 +186,21 @@ impl TurnFold {
             step_starts: HashMap::new(),
             open: None,
             replies: Vec::new(),
+            said: 0,
+            inputs: Vec::new(),
+            usage: None,
             waiting: None,
             outcome: None,
             queued: false,
             missing: false,
         }
+    }
+
+    /// The turn answering the delivery, when it is known before the delivery is read: the delivery started
+    /// it, or the fold continues a turn after the call at `seq` (decisions 0103, 0113).
+    pub fn in_turn(mut self, turn: Option<u64>) -> Self {
+        self.turn = turn;
+        self
     }
 
     pub fn seq(&self) -> u64 {
@@ -210,6 +241,16 @@ impl TurnFold {
         &self.replies
     }
 
+    /// The messages the turn entered (the delivery's and any steered in), with the seqs of their events.
+    pub fn inputs(&self) -> &[(u64, pb::UserMessage)] {
+        &self.inputs
+    }
+
+    /// The model's usage over the turn's steps so far, once a step reported one.
+    pub fn usage(&self) -> Option<&pb::Usage> {
+        self.usage.as_ref()
+    }
+
     /// The call the turn waits on for a decision, if it does now.
     pub fn waiting(&self) -> Option<&Call> {
         self.waiting.as_ref()
@@ -231,6 +272,13 @@ impl TurnFold {
 
     /// Folds one Watch item; returns the changes it makes after position `after`.
     pub fn apply(&mut self, item: &pb::WatchItem) -> Vec<Step> {
+        let after = self.after;
+        self.fold(item).into_iter().filter_map(|step| step.past(after)).collect()
+    }
+
+    /// Folds one Watch item; returns every change it makes, those at or before `after` too (for a protocol
+    /// that builds more than the changes from them, and filters with [`Step::past`] itself).
+    pub fn fold(&mut self, item: &pb::WatchItem) -> Vec<Step> {
         let mut out = Vec::new();
         match &item.item {
             Some(pb::watch_item::Item::Event(event)) => self.on_event(event, &mut out),
@@ -275,9 +323,7 @@ impl TurnFold {
     }
 
     fn emit(&self, out: &mut Vec<Step>, position: u64, change: Change) {
-        if position > self.after {
-            out.push(Step { position, change });
-        }
+        out.push(Step { position, change });
     }
 
     fn on_event(&mut self, event: &pb::SessionEvent, out: &mut Vec<Step>) {
@@ -295,7 +341,7 @@ impl TurnFold {
                 _ => None,
             };
             self.message_id = message.map(|m| m.id.clone());
-            self.prompt = message.map(text_of).unwrap_or_default();
+            self.prompt = message.map(pb::UserMessage::text).unwrap_or_default();
             self.emit(out, seq * SPAN, Change::Accepted);
         }
         match payload {
@@ -311,18 +357,17 @@ impl TurnFold {
                     let anchor = self.step_starts.get(&(u.turn, u.step)).copied().unwrap_or(seq);
                     self.emit(out, anchor.max(self.seq) * SPAN + 1, Change::Started { turn: u.turn });
                 }
-            }
-            Payload::AssistantMessage(a) if self.ours(a.turn) => {
-                // Whatever the stream did not deliver comes as one delta, numbered as the live ones are.
-                self.on_delta((a.turn, a.step), 0, &a.text, out);
-                if self.open.as_ref().is_some_and(|o| o.step == (a.turn, a.step)) {
-                    self.open = None;
+                if self.ours(u.turn) {
+                    self.inputs.push((seq, message.clone()));
                 }
             }
+            Payload::AssistantMessage(a) if self.ours(a.turn) => self.on_assistant(seq, a, out),
             Payload::ToolCall(c) if self.ours(c.turn) => {
                 let call =
                     Call { seq, call_id: c.call_id.clone(), name: c.name.clone(), arguments: c.arguments.clone() };
-                if c.awaiting_approval {
+                if c.awaiting_client {
+                    self.emit(out, seq * SPAN + 2, Change::ClientCall(call));
+                } else if c.awaiting_approval {
                     self.waiting = Some(call.clone());
                     self.emit(out, seq * SPAN + 2, Change::Waiting(call));
                 } else {
@@ -343,8 +388,15 @@ impl TurnFold {
             Payload::TurnEnd(end) if self.ours(end.turn) => {
                 let reason = end.reason.as_ref().and_then(|r| r.reason.as_ref());
                 if matches!(reason, Some(Reason::Interrupted(_))) {
-                    // The owner died mid-turn; the new owner's next turn answers the same input (SPEC §6).
-                    self.open = None;
+                    // The owner died mid-turn; the new owner's next turn answers the same input (SPEC §6). A
+                    // reply cut short has no durable message: it ends here with what was streamed.
+                    if let Some(open) = self.open.take() {
+                        self.said = open.anchor;
+                        let text = self.replies.iter().find(|(at, _)| *at == open.anchor).map(|(_, t)| t.clone());
+                        let change =
+                            Change::Replied { step: open.anchor, text: text.unwrap_or_default(), interrupted: true };
+                        self.emit(out, seq * SPAN, change);
+                    }
                     self.turn = Some(end.turn + 1);
                     return;
                 }
@@ -355,13 +407,39 @@ impl TurnFold {
         }
     }
 
-    /// A piece of step `step`'s reply at byte `offset`: sends the bytes not sent yet (nor, on a resumed
-    /// stream, already had by the client).
+    /// A step's durable message: the rest of its reply, then the reply's end.
+    fn on_assistant(&mut self, seq: u64, a: &pb::AssistantMessage, out: &mut Vec<Step>) {
+        if let Some(usage) = &a.usage {
+            let total = self.usage.get_or_insert_with(pb::Usage::default);
+            total.input_tokens += usage.input_tokens;
+            total.output_tokens += usage.output_tokens;
+            total.cached_input_tokens += usage.cached_input_tokens;
+            total.cache_write_tokens += usage.cache_write_tokens;
+        }
+        let step = (a.turn, a.step);
+        // Whatever the stream did not deliver comes as one delta, numbered as the live ones are.
+        self.on_delta(step, 0, &a.text, out);
+        if self.open.as_ref().is_some_and(|o| o.step == step) {
+            self.open = None;
+        }
+        let Some(&anchor) = self.step_starts.get(&step) else { return };
+        let only_calls = a.text.is_empty() && !a.tool_calls.is_empty();
+        if anchor > self.said && !only_calls {
+            self.said = anchor;
+            let change = Change::Replied { step: anchor, text: a.text.clone(), interrupted: a.interrupted };
+            self.emit(out, seq * SPAN, change);
+        }
+    }
+
+    /// A piece of step `step`'s reply at byte `offset`: folds and returns the bytes not folded yet.
     fn on_delta(&mut self, step: (u64, u32), offset: u64, text: &str, out: &mut Vec<Step>) {
         if !self.ours(step.0) || text.is_empty() {
             return;
         }
         let Some(&anchor) = self.step_starts.get(&step) else { return };
+        if anchor <= self.said {
+            return;
+        }
         let open = match &mut self.open {
             Some(open) if open.step == step => open,
             Some(open) if open.anchor > anchor => return,
@@ -373,15 +451,7 @@ impl TurnFold {
             Some((at, text)) if *at == anchor => text.push_str(piece),
             _ => self.replies.push((anchor, piece.to_owned())),
         }
-        let position = text_position(anchor, end);
-        if position > self.after {
-            // A resumed client has the bytes up to the end its position names.
-            let had = had_of_step(self.after, anchor);
-            let from = usize::try_from(had.saturating_sub(end - piece.len() as u64)).unwrap_or(usize::MAX);
-            if let Some(rest) = piece.get(from..).filter(|r| !r.is_empty()) {
-                out.push(Step { position, change: Change::Text { step: anchor, piece: rest.to_owned() } });
-            }
-        }
+        self.emit(out, text_position(anchor, end), Change::Text { step: anchor, piece: piece.to_owned() });
     }
 
     /// Ends the turn with `outcome`; the final change gets `position` (none: after anything else).

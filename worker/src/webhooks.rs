@@ -507,24 +507,31 @@ mod tests {
     async fn a_session_starts_deliveries_only_to_the_webhooks_of_its_tenant() {
         let only_a = hook("only-a", TenantScope::only([Tenant::new("a").unwrap()]));
         let every = hook("every", TenantScope::All);
-        let webhooks = Webhooks::new(
-            Arc::new(TwoHooks(vec![only_a, every])),
+        let webhooks = webhooks_of(vec![only_a, every]);
+        let b = SessionRef::new("b", "s").unwrap();
+        webhooks.notify(&state(&b, &[]), "shared", 1);
+        assert_eq!(started(&webhooks, &b), ["every"]);
+        let a = SessionRef::new("a", "s").unwrap();
+        webhooks.notify(&state(&a, &[]), "shared", 1);
+        assert_eq!(started(&webhooks, &a), ["every", "only-a"]);
+    }
+
+    /// Webhooks of `hooks` (the configured ones), positions and log in memory.
+    fn webhooks_of(hooks: Vec<Arc<WebhookTarget>>) -> Webhooks {
+        Webhooks::new(
+            Arc::new(TwoHooks(hooks)),
             Arc::new(MemoryPositions::default()),
             Arc::new(EmbeddedLog::in_memory()),
             None,
-        );
-        let started = |session: &SessionRef| -> Vec<String> {
-            let mut ids: Vec<String> =
-                lock(&webhooks.tasks).keys().filter(|(s, _)| s == session).map(|(_, id)| id.clone()).collect();
-            ids.sort();
-            ids
-        };
-        let b = SessionRef::new("b", "s").unwrap();
-        webhooks.notify(&state(&b, &[]), "shared", 1);
-        assert_eq!(started(&b), ["every"]);
-        let a = SessionRef::new("a", "s").unwrap();
-        webhooks.notify(&state(&a, &[]), "shared", 1);
-        assert_eq!(started(&a), ["every", "only-a"]);
+        )
+    }
+
+    /// The ids of the webhooks whose deliveries `webhooks` started for `session`, sorted.
+    fn started(webhooks: &Webhooks, session: &SessionRef) -> Vec<String> {
+        let mut ids: Vec<String> =
+            lock(&webhooks.tasks).keys().filter(|(s, _)| s == session).map(|(_, id)| id.clone()).collect();
+        ids.sort();
+        ids
     }
 
     /// The fold of a session with events through seq 3 and `labels`.
@@ -557,28 +564,16 @@ mod tests {
         registry.insert(registered("a", "wh_all", ""));
         registry.insert(registered("a", "wh_blue", "team=blue"));
         registry.insert(registered("b", "wh_b", ""));
-        let webhooks = Webhooks::new(
-            Arc::new(TwoHooks(Vec::new())),
-            Arc::new(MemoryPositions::default()),
-            Arc::new(EmbeddedLog::in_memory()),
-            None,
-        )
-        .with_registry(registry);
-        let started = |session: &SessionRef| -> Vec<String> {
-            let mut ids: Vec<String> =
-                lock(&webhooks.tasks).keys().filter(|(s, _)| s == session).map(|(_, id)| id.clone()).collect();
-            ids.sort();
-            ids
-        };
+        let webhooks = webhooks_of(Vec::new()).with_registry(registry);
         let red = SessionRef::new("a", "red").unwrap();
         webhooks.notify(&state(&red, &[("team", "red")]), "scripted", 1);
-        assert_eq!(started(&red), ["wh_all"]);
+        assert_eq!(started(&webhooks, &red), ["wh_all"]);
         let blue = SessionRef::new("a", "blue").unwrap();
         webhooks.notify(&state(&blue, &[("team", "blue")]), "scripted", 1);
-        assert_eq!(started(&blue), ["wh_all", "wh_blue"]);
+        assert_eq!(started(&webhooks, &blue), ["wh_all", "wh_blue"]);
         let other = SessionRef::new("b", "blue").unwrap();
         webhooks.notify(&state(&other, &[("team", "blue")]), "scripted", 1);
-        assert_eq!(started(&other), ["wh_b"], "tenant b's session reaches only b's webhook");
+        assert_eq!(started(&webhooks, &other), ["wh_b"], "tenant b's session reaches only b's webhook");
     }
 
     /// A task's push configuration (decision 0155) serves its own session only, even within its tenant.
@@ -595,13 +590,7 @@ mod tests {
             auth_credentials: String::new(),
         });
         registry.insert(push);
-        let webhooks = Webhooks::new(
-            Arc::new(TwoHooks(Vec::new())),
-            Arc::new(MemoryPositions::default()),
-            Arc::new(EmbeddedLog::in_memory()),
-            None,
-        )
-        .with_registry(registry);
+        let webhooks = webhooks_of(Vec::new()).with_registry(registry);
         let started = |session: &SessionRef| lock(&webhooks.tasks).keys().filter(|(s, _)| s == session).count();
         let other = SessionRef::new("a", "other").unwrap();
         webhooks.notify(&state(&other, &[]), "scripted", 1);

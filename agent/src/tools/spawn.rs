@@ -493,17 +493,7 @@ mod tests {
     }
 
     fn said(turn: u64, text: &str) -> EventPayload {
-        EventPayload::AssistantMessage {
-            turn,
-            step: 1,
-            text: text.into(),
-            tool_calls: vec![],
-            interrupted: false,
-            max_tokens: false,
-            reasoning: None,
-            usage: None,
-            model: None,
-        }
+        EventPayload::reply(turn, 1, text)
     }
 
     fn end(turn: u64, reason: TurnEndReason) -> EventPayload {

@@ -101,7 +101,7 @@ impl View {
                 let Some(message) = &u.message else { return };
                 out.signals.push(Signal::Entered { message_id: message.id.clone(), turn: u.turn });
                 if !self.own.contains(&message.id) {
-                    let text = text_of(message);
+                    let text = message.text();
                     out.updates.push(
                         json!({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": text}}),
                     );
@@ -182,18 +182,6 @@ impl View {
 /// A call's arguments or output as ACP's `rawInput`/`rawOutput`: JSON when they are, else the string.
 fn raw(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
-}
-
-fn text_of(message: &pb::UserMessage) -> String {
-    message
-        .content
-        .iter()
-        .filter_map(|b| match &b.block {
-            Some(pb::content_block::Block::Text(t)) => Some(t.text.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[cfg(test)]

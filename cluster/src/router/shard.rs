@@ -349,6 +349,22 @@ mod tests {
         assert_eq!(router.owner(&session()).await.as_deref(), Some("w1"));
     }
 
+    /// A followup sent through `router` once its first attempt reached `transport`: that attempt has to fail
+    /// before the map moves, or there is nothing to retry.
+    async fn first_attempted(
+        router: &Arc<ClusterRouter>,
+        transport: &FakeTransport,
+    ) -> tokio::task::JoinHandle<Result<CommandReply, CommandError>> {
+        let call = tokio::spawn({
+            let router = router.clone();
+            async move { router.execute(&session(), followup(), None).await }
+        });
+        while transport.calls().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        call
+    }
+
     #[tokio::test]
     async fn not_owner_waits_for_the_map_to_name_the_new_owner() {
         let (tx, rx) = watch::channel(map_with(Some(("w1", "a:1", 1))));
@@ -356,14 +372,7 @@ mod tests {
         transport.answer("a:1", not_owner(Some("b:2")));
         transport.answer("b:2", sent(9));
         let router = Arc::new(ClusterRouter::with_transport(rx, transport.clone(), config(30_000)));
-        let call = tokio::spawn({
-            let router = router.clone();
-            async move { router.execute(&session(), followup(), None).await }
-        });
-        // The first attempt has to fail before the map moves, or there is nothing to retry.
-        while transport.calls().is_empty() {
-            tokio::task::yield_now().await;
-        }
+        let call = first_attempted(&router, &transport).await;
         tx.send(map_with(Some(("w2", "b:2", 2)))).unwrap();
         assert_eq!(call.await.unwrap(), Ok(CommandReply::Sent { seq: 9, turn: None }));
         assert_eq!(transport.calls(), ["a:1", "b:2"]);
@@ -376,13 +385,7 @@ mod tests {
         transport.answer("b:2", sent(4));
         let router = Arc::new(ClusterRouter::with_transport(rx, transport.clone(), config(30_000)));
         tx.send(map_with(Some(("w1", "dead:1", 1)))).unwrap();
-        let call = tokio::spawn({
-            let router = router.clone();
-            async move { router.execute(&session(), followup(), None).await }
-        });
-        while transport.calls().is_empty() {
-            tokio::task::yield_now().await;
-        }
+        let call = first_attempted(&router, &transport).await;
         tx.send(map_with(Some(("w2", "b:2", 2)))).unwrap();
         assert_eq!(call.await.unwrap(), Ok(CommandReply::Sent { seq: 4, turn: None }));
         assert_eq!(transport.calls().first().map(String::as_str), Some("dead:1"));

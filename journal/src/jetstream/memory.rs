@@ -146,15 +146,8 @@ impl MemoryStore for KvMemory {
         self.caught_up().await?;
         crate::sync::lock(&self.index).admit(&put, &self.limits)?;
         let key = kv_key(&put.tenant, &put.namespace, &put.key);
-        let document = MemoryDocument {
-            tenant: put.tenant,
-            namespace: put.namespace,
-            key: put.key,
-            document: put.document,
-            revision: 0,
-            updated_unix_ms: put.now_ms,
-            written_by: put.written_by,
-        };
+        // The bucket numbers the revision as it stores the document.
+        let document = put.document(0);
         let value = Bytes::from(serde_json::to_vec(&document).map_err(|e| JournalError::Storage(e.to_string()))?);
         let revision = self.store.put(&key, value).await.map_err(unavailable)?;
         self.applied(revision).await?;

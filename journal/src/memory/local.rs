@@ -112,15 +112,7 @@ impl MemoryStore for LocalMemory {
         check_values(&put, &self.limits)?;
         let mut state = crate::sync::lock(&self.state);
         state.index.admit(&put, &self.limits)?;
-        let document = MemoryDocument {
-            tenant: put.tenant,
-            namespace: put.namespace,
-            key: put.key,
-            document: put.document,
-            revision: state.revision + 1,
-            updated_unix_ms: put.now_ms,
-            written_by: put.written_by,
-        };
+        let document = put.document(state.revision + 1);
         self.append(&mut state, &Line::Put(document.clone()))?;
         state.revision += 1;
         state.index.insert(document.clone());

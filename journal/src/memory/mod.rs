@@ -47,6 +47,21 @@ pub struct MemoryPut {
     pub now_ms: u64,
 }
 
+impl MemoryPut {
+    /// The document this put writes, as revision `revision` of its key.
+    pub fn document(self, revision: u64) -> MemoryDocument {
+        MemoryDocument {
+            tenant: self.tenant,
+            namespace: self.namespace,
+            key: self.key,
+            document: self.document,
+            revision,
+            updated_unix_ms: self.now_ms,
+            written_by: self.written_by,
+        }
+    }
+}
+
 /// The per-tenant limits (config `[memory]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryLimits {

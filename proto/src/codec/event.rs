@@ -66,18 +66,9 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             usage: usage.as_ref().map(encode_usage),
             model: model.as_ref().map(encode_model_ref),
         }),
+        // Its idempotency key is set by `encode_session_event`, which knows the session.
         EventPayload::ToolCall { turn, step, call, awaiting_approval, awaiting_client } => {
-            Payload::ToolCall(pb::ToolCall {
-                turn: *turn,
-                step: *step,
-                call_id: call.call_id.clone(),
-                name: call.name.clone(),
-                arguments: call.arguments.clone(),
-                awaiting_approval: *awaiting_approval,
-                awaiting_client: *awaiting_client,
-                // Set by `encode_session_event`, which knows the session.
-                idempotency_key: String::new(),
-            })
+            Payload::ToolCall(encode_tool_call((*turn, *step), call, *awaiting_approval, *awaiting_client))
         }
         EventPayload::ToolRepaired { turn, step, call_id, action } => Payload::ToolRepaired(pb::ToolRepaired {
             turn: *turn,
@@ -139,6 +130,20 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
 }
 
 /// The durable type a payload variant stands for.
+/// A `tool/call` of step `(turn, step)`, without its idempotency key (the session's, set where it is known).
+fn encode_tool_call((turn, step): (u64, u32), call: &ToolCallSpec, approval: bool, client: bool) -> pb::ToolCall {
+    pb::ToolCall {
+        turn,
+        step,
+        call_id: call.call_id.clone(),
+        name: call.name.clone(),
+        arguments: call.arguments.clone(),
+        awaiting_approval: approval,
+        awaiting_client: client,
+        idempotency_key: String::new(),
+    }
+}
+
 fn payload_type(payload: &Payload) -> &'static str {
     match payload {
         Payload::InboxSpliced(_) => "agent/inbox/spliced",
@@ -385,17 +390,10 @@ pub fn encode_transcript_item(item: &TranscriptItem) -> pb::TranscriptItem {
             Some(Payload::AssistantMessage(m)) => Some(Item::Assistant(m)),
             _ => None,
         },
-        ItemKind::ToolCall { call, awaiting_approval, awaiting_client } => Some(Item::ToolCall(pb::ToolCall {
-            turn: item.turn,
-            step: item.step,
-            call_id: call.call_id.clone(),
-            name: call.name.clone(),
-            arguments: call.arguments.clone(),
-            awaiting_approval: *awaiting_approval,
-            awaiting_client: *awaiting_client,
-            // A transcript item names no session; its `tool/call` event carries the key.
-            idempotency_key: String::new(),
-        })),
+        // A transcript item names no session; its `tool/call` event carries the key.
+        ItemKind::ToolCall { call, awaiting_approval, awaiting_client } => {
+            Some(Item::ToolCall(encode_tool_call((item.turn, item.step), call, *awaiting_approval, *awaiting_client)))
+        }
         ItemKind::ToolDecision { call_id, approved, reason, timed_out } => Some(Item::ToolDecision(pb::ToolDecision {
             turn: item.turn,
             step: item.step,

@@ -22,14 +22,12 @@ pub(crate) struct TaskId {
 
 impl TaskId {
     pub(crate) fn encode(&self) -> String {
-        ids::token(TASK_PREFIX, &[&self.session, &self.seq.to_string()])
+        ids::delivery_token(TASK_PREFIX, &self.session, self.seq)
     }
 
     /// `None`: not an id this server hands out (a task that does not exist).
     pub(crate) fn decode(id: &str) -> Option<Self> {
-        let parts = ids::parts(TASK_PREFIX, id, 2)?;
-        let seq = parts[1].parse().ok().filter(|s| *s > 0)?;
-        ids::is_session_id(&parts[0]).then(|| Self { session: parts[0].clone(), seq })
+        ids::delivery_of(TASK_PREFIX, id).map(|(session, seq)| Self { session, seq })
     }
 }
 
@@ -151,7 +149,11 @@ pub(crate) fn event(id: &TaskId, fold: &TurnFold, change: &Change) -> Option<Val
         Change::Started { .. } | Change::Waiting(_) | Change::Decided { .. } | Change::Ended(_) => {
             Some(json!({"statusUpdate": {"taskId": task_id, "contextId": context, "status": status(id, fold)}}))
         }
-        Change::Accepted | Change::ToolCall(_) | Change::ToolResult { .. } => None,
+        Change::Accepted
+        | Change::Replied { .. }
+        | Change::ToolCall(_)
+        | Change::ClientCall(_)
+        | Change::ToolResult { .. } => None,
     }
 }
 

@@ -9,7 +9,6 @@ use turnstile_proto::v1 as pb;
 use turnstile_proto::v1::session_event::Payload;
 
 use super::run::{message_id, tool_message_id};
-use crate::openai::fold::text_of;
 
 /// A call that waits for an answer from outside the session.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,7 +71,7 @@ impl Thread {
             Payload::UserMessage(u) => {
                 let Some(message) = &u.message else { return };
                 self.known.insert(message.id.clone());
-                let body = json!({"id": message.id, "role": role(message), "content": text_of(message)});
+                let body = json!({"id": message.id, "role": role(message), "content": message.text()});
                 self.messages.push((0, body));
             }
             Payload::AssistantMessage(a) => {

@@ -31,16 +31,12 @@ pub(crate) struct TaskId {
 
 impl TaskId {
     pub(crate) fn encode(&self) -> String {
-        ids::token(PREFIX, &[&self.session, &self.seq.to_string()])
+        ids::delivery_token(PREFIX, &self.session, self.seq)
     }
 
     fn decode(raw: &str) -> Result<Self, ErrorData> {
-        let parts = ids::parts(PREFIX, raw, 2).ok_or_else(|| no_task(raw))?;
-        let seq = parts[1].parse().ok().filter(|s| *s > 0).ok_or_else(|| no_task(raw))?;
-        if !ids::is_session_id(&parts[0]) {
-            return Err(no_task(raw));
-        }
-        Ok(Self { session: parts[0].clone(), seq })
+        let (session, seq) = ids::delivery_of(PREFIX, raw).ok_or_else(|| no_task(raw))?;
+        Ok(Self { session, seq })
     }
 }
 

@@ -12,7 +12,7 @@ use turnstile_proto::v1::session_event::Payload;
 
 use super::api::{self, Api, Delivery};
 use super::error::ApiError;
-use super::fold::{Item, render_item, text_of};
+use super::fold::{Item, render_item};
 use super::ids;
 use super::input::{self, INSTRUCTIONS_FORM, InputMessage, PLUGIN};
 use super::responses::{labels, message_item, page};
@@ -80,20 +80,13 @@ async fn info(api: &Api, raw: &str) -> Result<(String, pb::SessionInfo), ApiErro
 }
 
 /// `GET /v1/conversations/{id}`.
-pub(crate) async fn retrieve(State(shared): State<Shared>, headers: HeaderMap, Path(raw): Path<String>) -> Answer {
-    let api = Api::new(&shared.gateway, &headers);
+pub(crate) async fn retrieve(api: Api, Path(raw): Path<String>) -> Answer {
     let (session, info) = info(&api, &raw).await?;
     Ok(ok(conversation(&api, &session, &info).await?))
 }
 
 /// `POST /v1/conversations/{id} {metadata}`: the labels become exactly `metadata`.
-pub(crate) async fn update(
-    State(shared): State<Shared>,
-    headers: HeaderMap,
-    Path(raw): Path<String>,
-    body: Bytes,
-) -> Answer {
-    let api = Api::new(&shared.gateway, &headers);
+pub(crate) async fn update(api: Api, Path(raw): Path<String>, body: Bytes) -> Answer {
     let body = input::object(&body)?;
     let (session, info) = info(&api, &raw).await?;
     let pairs = input::metadata(&body)?
@@ -104,8 +97,7 @@ pub(crate) async fn update(
 }
 
 /// `DELETE /v1/conversations/{id}`: deletes the session (SPEC §12).
-pub(crate) async fn delete(State(shared): State<Shared>, headers: HeaderMap, Path(raw): Path<String>) -> Answer {
-    let api = Api::new(&shared.gateway, &headers);
+pub(crate) async fn delete(api: Api, Path(raw): Path<String>) -> Answer {
     let session = ids::conversation_session(&raw, "conversation_id")?;
     api.delete_session(&session).await.map_err(|e| match e.status {
         axum::http::StatusCode::NOT_FOUND => {
@@ -117,25 +109,14 @@ pub(crate) async fn delete(State(shared): State<Shared>, headers: HeaderMap, Pat
 }
 
 /// `GET /v1/conversations/{id}/items`.
-pub(crate) async fn list_items(
-    State(shared): State<Shared>,
-    headers: HeaderMap,
-    Path(raw): Path<String>,
-    RawQuery(q): RawQuery,
-) -> Answer {
-    let api = Api::new(&shared.gateway, &headers);
+pub(crate) async fn list_items(api: Api, Path(raw): Path<String>, RawQuery(q): RawQuery) -> Answer {
     let (session, _) = info(&api, &raw).await?;
     let items = transcript(&api, &session).await?;
     Ok(ok(page(items, &query(q.as_deref()))?))
 }
 
 /// `GET /v1/conversations/{id}/items/{item}`.
-pub(crate) async fn get_item(
-    State(shared): State<Shared>,
-    headers: HeaderMap,
-    Path((raw, item)): Path<(String, String)>,
-) -> Answer {
-    let api = Api::new(&shared.gateway, &headers);
+pub(crate) async fn get_item(api: Api, Path((raw, item)): Path<(String, String)>) -> Answer {
     let (session, _) = info(&api, &raw).await?;
     let items = transcript(&api, &session).await?;
     match items.into_iter().find(|i| i["id"] == item.as_str()) {
@@ -145,13 +126,7 @@ pub(crate) async fn get_item(
 }
 
 /// `POST /v1/conversations/{id}/items {items}`: appends items to the conversation's history.
-pub(crate) async fn add_items(
-    State(shared): State<Shared>,
-    headers: HeaderMap,
-    Path(raw): Path<String>,
-    body: Bytes,
-) -> Answer {
-    let api = Api::new(&shared.gateway, &headers);
+pub(crate) async fn add_items(api: Api, headers: HeaderMap, Path(raw): Path<String>, body: Bytes) -> Answer {
     let body = input::object(&body)?;
     let (session, _) = info(&api, &raw).await?;
     let items = input::items(body.get("items"), "items")?;
@@ -188,13 +163,12 @@ async fn transcript(api: &Api, session: &str) -> Result<Vec<Value>, ApiError> {
             }
             Some(Payload::UserMessage(u)) => {
                 let Some(message) = u.message else { continue };
-                items.push(message_item(&ids::item_id("msg", session, seq), role(&message), &text_of(&message)));
+                items.push(message_item(&ids::item_id("msg", session, seq), role(&message), &message.text()));
             }
             Some(Payload::AssistantMessage(a)) if !a.text.is_empty() || a.tool_calls.is_empty() => {
                 let anchor = steps.get(&(a.turn, a.step)).copied().unwrap_or(seq);
                 let item = Item::Message {
                     id: ids::item_id("msg", session, anchor),
-                    step: (a.turn, a.step),
                     text: a.text,
                     done: true,
                     interrupted: a.interrupted,

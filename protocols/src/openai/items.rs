@@ -40,7 +40,6 @@ pub struct Input {
 pub enum Item {
     Message {
         id: String,
-        step: (u64, u32),
         text: String,
         done: bool,
         interrupted: bool,

@@ -20,7 +20,8 @@ pub mod sse;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
@@ -63,6 +64,15 @@ impl Shared {
             true => Ok(()),
             false => Err(ApiError::unknown_model(model, &models)),
         }
+    }
+}
+
+/// A handler's caller: the gateway as the request's `Authorization` sees it.
+impl FromRequestParts<Shared> for Api<ApiError> {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, shared: &Shared) -> Result<Self, Self::Rejection> {
+        Ok(Api::new(&shared.gateway, &parts.headers))
     }
 }
 

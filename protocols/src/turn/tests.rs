@@ -190,3 +190,50 @@ fn ends_map_to_outcomes() {
         assert_eq!(fold.outcome(), Some(&outcome));
     }
 }
+
+#[test]
+fn each_step_s_reply_ends_once_with_its_whole_text_and_a_late_delta_adds_nothing() {
+    let mut items = turn();
+    // A live delta of step 1 read after its durable message (a lagging live read).
+    items.insert(7, delta(1, 3, "lo"));
+    let (fold, steps) = run(&items, 0);
+    let replies: Vec<(u64, &str, bool)> = steps
+        .iter()
+        .filter_map(|s| match &s.change {
+            Change::Replied { step, text, interrupted } => Some((*step, text.as_str(), *interrupted)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replies, [(3, "hello", false), (9, "world", false)]);
+    assert_eq!(text(&steps), "helloworld");
+    assert_eq!(fold.inputs().len(), 1);
+}
+
+#[test]
+fn a_call_of_a_client_tool_is_a_client_call_and_no_wait_for_a_decision() {
+    let mut items = turn()[..7].to_vec();
+    items.push(ev(
+        6,
+        Payload::ToolCall(pb::ToolCall {
+            turn: 1,
+            step: 1,
+            call_id: "c1".into(),
+            name: "lookup".into(),
+            awaiting_client: true,
+            ..Default::default()
+        }),
+    ));
+    let (fold, steps) = run(&items, 0);
+    assert!(matches!(&steps.last().unwrap().change, Change::ClientCall(c) if c.call_id == "c1" && c.seq == 6));
+    assert!(fold.waiting().is_none());
+}
+
+#[test]
+fn a_fold_continuing_a_known_turn_reads_it_from_the_call_on() {
+    let mut fold = TurnFold::new(6, 0).in_turn(Some(1));
+    let steps: Vec<Step> = turn()[7..].iter().flat_map(|i| fold.apply(i)).collect();
+    assert!(matches!(steps[0].change, Change::Accepted));
+    assert!(matches!(&steps[1].change, Change::Waiting(c) if c.seq == 6));
+    assert_eq!(text(&steps), "world");
+    assert_eq!(fold.outcome(), Some(&Outcome::Completed));
+}

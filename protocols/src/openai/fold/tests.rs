@@ -1,4 +1,7 @@
 use super::*;
+use turnstile_proto::v1::live_event::Payload as Live;
+use turnstile_proto::v1::session_event::Payload;
+use turnstile_proto::v1::turn_end_reason::Reason;
 
 const SESSION: &str = "s1";
 
@@ -185,4 +188,52 @@ fn a_turn_interrupted_by_a_failover_ends_its_cut_reply_and_the_response_goes_on_
     assert_eq!(done["output"][1]["content"][0]["text"], "again");
     let item_done = events.iter().filter(|e| e.kind() == "response.output_item.done").count();
     assert_eq!(item_done, 2);
+}
+
+/// A turn whose step 1 calls `echo`, which waits for approval (at seq 7); approved, it runs, and step 2
+/// replies "done".
+fn approval_turn() -> Vec<pb::WatchItem> {
+    let reason = |r| Some(pb::TurnEndReason { reason: Some(r) });
+    let mut items = turn("hello")[..6].to_vec();
+    let call = pb::ToolCall {
+        turn: 1,
+        step: 1,
+        call_id: "c1".into(),
+        name: "echo".into(),
+        arguments: "{}".into(),
+        awaiting_approval: true,
+        ..Default::default()
+    };
+    items.push(ev(7, Payload::ToolCall(call)));
+    let decision = pb::ToolDecision { turn: 1, step: 1, call_id: "c1".into(), approved: true, ..Default::default() };
+    items.push(ev(8, Payload::ToolDecision(decision)));
+    let result = pb::ToolResult { turn: 1, step: 1, call_id: "c1".into(), output: "ok".into(), ..Default::default() };
+    items.push(ev(9, Payload::ToolResult(result)));
+    items.push(ev(10, Payload::StepStart(pb::StepStart { turn: 1, step: 2 })));
+    let reply = pb::AssistantMessage { turn: 1, step: 2, text: "done".into(), ..Default::default() };
+    items.push(ev(11, Payload::AssistantMessage(reply)));
+    items.push(ev(12, Payload::TurnEnd(pb::TurnEnd { turn: 1, reason: reason(Reason::Completed(pb::Empty {})) })));
+    items
+}
+
+#[test]
+fn a_call_awaiting_approval_ends_the_response_and_the_next_one_continues_after_it() {
+    let items = approval_turn();
+    let (fold, events) = run(&items, 1, None);
+    assert_eq!(events.last().unwrap().kind(), "response.completed");
+    let done = fold.snapshot();
+    assert_eq!(done["output"].as_array().unwrap().len(), 1);
+    assert_eq!(done["output"][0]["type"], "mcp_approval_request");
+    let next = ResponseId { seq: 7, after_approval: true, ..id(1) };
+    let mut fold = ResponseFold::new(next, Meta::default(), None);
+    let events: Vec<Event> = items[6..].iter().flat_map(|i| fold.apply(i)).collect();
+    assert!(events.windows(2).all(|w| w[0].number < w[1].number), "{events:?}");
+    let done = fold.snapshot();
+    assert_eq!(done["status"], "completed");
+    assert_eq!(
+        (done["output"][0]["type"].as_str(), done["output"][0]["output"].as_str()),
+        (Some("mcp_call"), Some("ok"))
+    );
+    assert_eq!(done["output"][1]["content"][0]["text"], "done");
+    assert_eq!(text_deltas(&events), "done");
 }

@@ -386,6 +386,13 @@ impl Cluster {
         self.isolated_node.as_ref()
     }
 
+    /// Whether worker `i`'s `/readyz` answers 200 (it holds its share of the shards, decision 0160); `None`
+    /// while it cannot be asked.
+    pub async fn worker_ready(&self, i: usize) -> Option<bool> {
+        let (status, _) = crate::nats::http_get(self.workers[i].http?, "/readyz").await?;
+        Some(status == 200)
+    }
+
     /// Worker `i`'s `turnstile_shards_owned` gauge, `None` while it cannot be read.
     pub async fn shards_owned_by(&self, i: usize) -> Option<u64> {
         shards_owned(self.workers[i].http?).await

@@ -13,6 +13,7 @@ use turnstile_journal::{JetStreamConfig, JetStreamLog, NatsBus};
 use turnstile_model::SessionRef;
 use turnstile_tests::nats::{NatsCluster, NatsServer};
 use turnstile_worker::WorkerConfig;
+use turnstile_worker::cluster::leases::STORE_GRACE;
 use turnstile_worker::cluster::{LeaseConfig, WorkerHandle, WorkerOptions, start_worker};
 use turnstile_worker::ownership::Ownership;
 
@@ -32,7 +33,12 @@ fn lease_config() -> LeaseConfig {
 }
 
 async fn worker(nats: &NatsServer, id: &str) -> WorkerHandle {
-    let log = Arc::new(JetStreamLog::connect(JetStreamConfig::new(nats.url())).await.unwrap());
+    worker_at(&nats.url(), id).await
+}
+
+/// A worker whose every NATS connection goes to `url` (a proxy's, to stall its link).
+async fn worker_at(url: &str, id: &str) -> WorkerHandle {
+    let log = Arc::new(JetStreamLog::connect(JetStreamConfig::new(url)).await.unwrap());
     let bus = Arc::new(NatsBus::new(log.client().clone()));
     let options = WorkerOptions {
         id: id.into(),
@@ -177,24 +183,7 @@ fn now_ms() -> u64 {
 /// A worker with a lease valid for a minute and no NATS connection. Its heartbeat is kept fresh for the
 /// whole test (a crashed worker's lasts `worker_ttl`), so peers surely see it; dropping the handle ends it.
 async fn ghost(kv: &ClusterKv, id: &str, presence: bool, shard: u32, epoch: u64) -> tokio::task::JoinHandle<()> {
-    let info = turnstile_cluster::kv::WorkerInfo {
-        id: id.into(),
-        addr: "127.0.0.1:9".into(),
-        capacity: 1,
-        heartbeat_ms: now_ms(),
-        presence,
-    };
-    kv.heartbeat(&info).await.unwrap();
-    let beats = tokio::spawn({
-        let kv = kv.clone();
-        async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                let _ =
-                    kv.heartbeat(&turnstile_cluster::kv::WorkerInfo { heartbeat_ms: now_ms(), ..info.clone() }).await;
-            }
-        }
-    });
+    let beats = heartbeats(kv, id, presence).await;
     let lease = turnstile_cluster::kv::ShardLease {
         owner: id.into(),
         addr: "127.0.0.1:9".into(),
@@ -203,6 +192,28 @@ async fn ghost(kv: &ClusterKv, id: &str, presence: bool, shard: u32, epoch: u64)
     };
     kv.put_lease(shard, &lease, None).await.unwrap();
     beats
+}
+
+/// A live peer's heartbeat, kept fresh until the handle is aborted: a live worker as its peers see it.
+async fn heartbeats(kv: &ClusterKv, id: &str, presence: bool) -> tokio::task::JoinHandle<()> {
+    let info = turnstile_cluster::kv::WorkerInfo {
+        id: id.into(),
+        addr: "127.0.0.1:9".into(),
+        capacity: 1,
+        heartbeat_ms: now_ms(),
+        presence,
+    };
+    kv.heartbeat(&info).await.unwrap();
+    tokio::spawn({
+        let kv = kv.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let _ =
+                    kv.heartbeat(&turnstile_cluster::kv::WorkerInfo { heartbeat_ms: now_ms(), ..info.clone() }).await;
+            }
+        }
+    })
 }
 
 /// docs/decisions/0019: a peer that advertises presence and has no subscriber on its presence subject is
@@ -300,4 +311,72 @@ async fn a_worker_whose_shard_is_taken_under_a_newer_epoch_stops_writing_and_let
     assert_eq!(kv.lease(3).await.unwrap().unwrap().lease.owner, "taker");
     taker.abort();
     a.shutdown(Duration::from_secs(2)).await;
+}
+
+/// Decision 0174, the rolling upgrade's stalled shards: a worker whose leases lapsed while the lease store
+/// did not answer it, and whose shards a live peer took meanwhile, holds nothing when the store answers
+/// again. It must still take the peer's leases once they expire: the peer lost them in the same outage and
+/// is at its share with the rest (as in the run where two of three workers owned nothing for 4 minutes
+/// and 21 of 32 shards had no owner). Before the fix, such a worker asked the store nothing (no lease to
+/// renew, no candidate it may take while the store is "failing"), so it never saw the outage end.
+#[tokio::test]
+async fn a_worker_left_with_no_lease_by_a_store_outage_takes_a_live_peers_expired_leases_after_it() {
+    let nats = NatsServer::start().await.unwrap();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let kv = ClusterKv::open(&client, 1, SHARDS, Duration::from_secs(1)).await.unwrap();
+    let proxy = turnstile_tests::proxy::CutProxy::start(nats.client_addr()).await.unwrap();
+    let w = worker_at(&proxy.nats_url(), "1").await;
+    let leases = w.leases();
+    until("the worker holds every shard", || leases.held_shards().len() == SHARDS as usize).await;
+
+    // The worker's link stops carrying anything: to it, the lease store stopped answering.
+    proxy.hold();
+    // A live peer (a fresh heartbeat; no presence, so never taken for dead) takes every shard meanwhile,
+    // under the next epoch, and then loses the leases itself: they run out and are not renewed.
+    let peer = heartbeats(&kv, "2", false).await;
+    let mut taken = Vec::new();
+    for shard in 0..SHARDS {
+        // A renewal the worker sent just before the hold may still land: read again and retry then.
+        loop {
+            let current = kv.lease(shard).await.unwrap().unwrap();
+            let epoch = current.lease.epoch + 1;
+            let lease = turnstile_cluster::kv::ShardLease {
+                owner: "2".into(),
+                addr: "127.0.0.1:9".into(),
+                epoch,
+                expires_at_ms: now_ms() + 300,
+            };
+            match kv.put_lease(shard, &lease, Some(current.revision)).await {
+                Ok(_) => {
+                    taken.push(epoch);
+                    break;
+                }
+                Err(turnstile_cluster::CasError::Lost { .. }) => continue,
+                Err(e) => panic!("taking shard {shard}: {e}"),
+            }
+        }
+    }
+    // Unanswered, the worker's leases lapse (their TTL and the store grace, decision 0094).
+    let lapse = Instant::now();
+    while !leases.held_shards().is_empty() {
+        assert!(lapse.elapsed() < WAIT + STORE_GRACE, "the worker's leases never lapsed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    proxy.release();
+
+    // Every expired lease names the live peer; the worker takes them all (the peer, which let its leases
+    // run out, is out of the fair share) under a newer epoch.
+    until("the worker takes the peer's expired leases", || leases.held_shards().len() == SHARDS as usize).await;
+    for shard in 0..SHARDS {
+        let now = kv.lease(shard).await.unwrap().unwrap().lease;
+        assert_eq!(now.owner, "1", "shard {shard}");
+        assert!(
+            now.epoch > taken[shard as usize],
+            "shard {shard}: epoch {} after the peer's {}",
+            now.epoch,
+            taken[shard as usize]
+        );
+    }
+    peer.abort();
+    w.shutdown(Duration::from_secs(2)).await;
 }

@@ -27,6 +27,9 @@ pub(super) const KINDS: [&str; 11] = [
     "partition nats node + worker",
 ];
 
+/// How long a rolling upgrade waits for a restarted worker's `/readyz` before it goes on to the next.
+const READY_BOUND: Duration = Duration::from_secs(60);
+
 /// The stream of the shard-lease KV bucket (`turnstile_shards`).
 pub(super) const LEASE_STREAM: &str = "KV_turnstile_shards";
 
@@ -253,15 +256,38 @@ pub(super) async fn upgrade_schedule(
         let start_ms = shared.ms();
         cluster.sigterm_worker(target, Duration::from_secs(15)).await;
         cluster.restart_worker(target).await?;
+        let end_ms = shared.ms();
         faults.push(FaultRecord {
             kind: "upgrade worker",
             target,
             start_ms,
-            end_ms: shared.ms(),
+            end_ms,
             takeover_ms: None,
             inner_owned_at_heal: None,
         });
-        eprintln!("campaign: {start_ms:>6} ms  worker #{target} runs the new build");
+        // As a rolling update does (docs/OPERATIONS.md): the next worker is stopped only once this one is
+        // ready, which it is once it holds its share of the shards (decision 0160). One that is not ready
+        // in READY_BOUND is reported and the roll goes on; the checks then find what it left undone.
+        let restarted = Instant::now();
+        let ready = loop {
+            if cluster.worker_ready(target).await == Some(true) {
+                break true;
+            }
+            if restarted.elapsed() > READY_BOUND {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let waited = restarted.elapsed().as_millis();
+        if ready {
+            eprintln!(
+                "campaign: {start_ms:>6} ms  worker #{target} runs the new build, ready {waited} ms after its start"
+            );
+        } else {
+            eprintln!(
+                "campaign: {start_ms:>6} ms  worker #{target} runs the new build, NOT READY {waited} ms after its start"
+            );
+        }
         tokio::time::sleep(pause).await;
     }
     for target in 0..cluster.gateways() {

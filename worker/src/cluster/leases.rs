@@ -17,7 +17,8 @@
 //! one can take a lease the store cannot write), instead of stopping every session of the worker; a
 //! renewal refused because our own unanswered write landed adopts it; and after an outage a worker judges
 //! no peer "lapsed" and takes no peer's expired lease until the store has answered it for a whole TTL,
-//! since an outage lets every lease expire alike.
+//! since an outage lets every lease expire alike (a worker left with no lease to renew reads one entry a
+//! round until the store answers, or it would never see the outage end: decision 0174).
 //!
 //! Safety does not rest on this loop being timely: [`Leases::may_write`] compares against a local deadline
 //! taken *before* each renewal request, so a worker that was paused past its lease refuses to write
@@ -297,6 +298,9 @@ impl Leases {
 
     async fn renew(&self, host: &Arc<SessionHost>) {
         let held: Vec<(u32, Held)> = self.lock().iter().map(|(s, h)| (*s, h.clone())).collect();
+        if held.is_empty() {
+            self.probe_store().await;
+        }
         let renewals = futures::stream::iter(held)
             .map(|(shard, h)| async move {
                 let started = Instant::now();
@@ -345,6 +349,18 @@ impl Leases {
             }
         }
         self.stop_shards(host, &lost);
+    }
+
+    /// Asks the lease store one read while it is recorded as failing and this worker holds no lease to
+    /// renew (decision 0174). Only renewals and acquisitions record its answers, and while it is failing a
+    /// worker takes no peer's expired lease: one whose leases all lapsed in an outage, and whose shards all
+    /// name a live peer, would otherwise ask the store nothing again and never see the outage end.
+    async fn probe_store(&self) {
+        if lock(&self.store).failing_since.is_none() {
+            return;
+        }
+        let read = self.bounded("lease read", async { self.kv.lease(0).await.map_err(CasError::Store) }).await;
+        self.store_answered(read.is_ok());
     }
 
     /// A renewal refused as "changed under us": when the entry still names this worker under the same

@@ -156,6 +156,7 @@ impl Driver {
             &self.state.session.tenant,
         );
         let (agent, version, agent_hash) = (agent.to_owned(), profile.version, profile.hash.clone());
+        let overrides = self.applied_overrides(&agent, version);
         self.turn = Some(ActiveTurn {
             turn: open.turn,
             proposal: 1,
@@ -171,6 +172,7 @@ impl Driver {
             agent,
             version,
             agent_hash,
+            overrides,
             compaction_tried: false,
             output_retried: false,
         });

@@ -78,8 +78,12 @@ impl<E: ProtocolError> Api<E> {
     }
 
     pub async fn configure(&self, id: &str, agent: &str, inject_mode: i32) -> Result<pb::SessionInfo, E> {
-        let req =
-            pb::ConfigureSessionRequest { session: session(id), agent: agent.to_owned(), inject_mode, version: 0 };
+        let req = pb::ConfigureSessionRequest {
+            session: session(id),
+            agent: agent.to_owned(),
+            inject_mode,
+            ..Default::default()
+        };
         Ok(self.gateway.configure_session(self.request(req)).await?.into_inner())
     }
 

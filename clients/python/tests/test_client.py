@@ -341,6 +341,26 @@ class Scenarios(DevCase):
                 await c.get_agent(name)
             self.assertEqual(e.exception.code, grpc.StatusCode.NOT_FOUND)
 
+    async def test_configure_session_with_the_overrides_the_agent_allows(self):
+        async with AsyncClient(self.dev.address) as c:
+            name = "py-" + new_id()[:8]
+            await c.put_agent(
+                name, {"system": "Base.", "tools": ["echo", "clock"], "overrides": {"system_prompt": True, "tools": True}}
+            )
+            s = new_id()
+            with self.assertRaises(TurnstileError) as e:
+                await c.configure_session(s, name, model="large")
+            self.assertEqual(e.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertTrue(e.exception.details.startswith("overrides.model:"), e.exception.details)
+            with self.assertRaises(TurnstileError) as e:
+                await c.configure_session(s, name, tools=["sleep"])
+            self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            info = await c.configure_session(s, name, system_prompt="Extra.", tools=["echo"])
+            self.assertEqual((info.overrides.system_prompt, list(info.overrides.tools.tools)), ("Extra.", ["echo"]))
+            await c.followup(s, "[[system]] who?")
+            await c.when_idle(s)
+            self.assertEqual(replies(await replay(c, s))[-1], "system: Base.\n\nExtra.")
+
     async def test_steer_interrupt_and_cancel_a_running_turn(self):
         async with AsyncClient(self.dev.address) as c:
             s = new_id()

@@ -172,6 +172,8 @@ export interface ListOptions extends CallOptions {
   status?: SessionStatus;
   /** Only sessions running this agent. */
   agent?: string;
+  /** Only sessions that recorded this version of `agent` (SPEC §20); 0 or unset: any. */
+  agentVersion?: Uint64;
   /**
    * Only sessions whose labels match: `k=v`, `k!=v`, `k` (has `k`), `!k` (has no `k`), joined by commas,
    * every requirement must hold (a session without `k` matches `k!=v`). E.g. `"team=blue,!archived"`.
@@ -795,6 +797,7 @@ export class ClientBase implements ClientCore {
       parent: options.parent ?? "",
       status: options.status,
       agent: options.agent ?? "",
+      agentVersion: u64(options.agentVersion),
       labelSelector: options.labelSelector ?? "",
       updatedAfterUnixMs: u64(options.updatedAfterUnixMs),
       updatedBeforeUnixMs: u64(options.updatedBeforeUnixMs),

@@ -333,6 +333,13 @@ class Scenarios(DevCase):
                 await c.put_agent(name, {"modle": "scripted"})
             self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
             self.assertTrue(e.exception.details.startswith(f"agents.{name}.modle: unknown key"), e.exception.details)
+            # The session index follows the log and may lag by a write: wait (bounded) until it lists s.
+            for _ in range(200):
+                on_v1 = [x.session.id for x in (await c.list_sessions(agent=name, agent_version=1)).sessions]
+                if on_v1:
+                    break
+                await asyncio.sleep(0.05)
+            self.assertEqual(on_v1, [s])
             moved = await c.migrate_sessions(name, 2, sessions=[s])
             self.assertEqual([x.id for x in moved.migrated], [s])
             self.assertEqual((await c.get_session(s)).agent_version, 2)

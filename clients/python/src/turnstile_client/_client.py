@@ -622,14 +622,16 @@ class AsyncClient:
         parent: str = "",
         status: int = ev.SESSION_STATUS_UNSPECIFIED,
         agent: str = "",
+        agent_version: int = 0,
         label_selector: str = "",
         updated_after_unix_ms: int | None = None,
         updated_before_unix_ms: int | None = None,
         order_by: int = api.SESSION_ORDER_UNSPECIFIED,
     ) -> api.ListSessionsReply:
         """One page of the tenant's sessions; with ``parent``, only that session's children (``spawn_agent``).
-        Filters (SPEC §16): ``status``, ``agent``, ``label_selector`` (``k=v,k!=v,k,!k``) and the last
-        activity; ``order_by=SESSION_ORDER_LAST_ACTIVITY`` lists the newest first."""
+        Filters (SPEC §16): ``status``, ``agent`` (and ``agent_version``, the version sessions recorded, SPEC §20;
+        0: any), ``label_selector`` (``k=v,k!=v,k,!k``) and the last activity; ``order_by=SESSION_ORDER_LAST_ACTIVITY``
+        lists the newest first."""
         request = api.ListSessionsRequest(
             page_token=page_token,
             page_size=page_size,
@@ -637,6 +639,7 @@ class AsyncClient:
             parent=parent,
             status=status,
             agent=agent,
+            agent_version=agent_version,
             label_selector=label_selector,
             order_by=order_by,
         )

@@ -65,7 +65,7 @@ pub(crate) fn built_model(
     env: &impl Fn(&str) -> Option<String>,
 ) -> Result<BuiltModel, AgentSetupError> {
     let provider = match model.provider {
-        Provider::Scripted => return Ok(BuiltModel::Scripted(Arc::new(ScriptedModel))),
+        Provider::Scripted => return Ok(BuiltModel::Scripted(Arc::new(ScriptedModel::named(name)))),
         Provider::OpenAi => ProviderKind::OpenAi,
         Provider::Anthropic => ProviderKind::Anthropic,
     };

@@ -65,7 +65,7 @@ mod tests {
 
     #[tokio::test]
     async fn final_replies_are_judged_against_the_requests_schema_and_others_are_not() {
-        let model = StructuredOutput::new(Arc::new(ScriptedModel));
+        let model = StructuredOutput::new(Arc::new(ScriptedModel::default()));
         let schema = OutputSchema::new("answer", serde_json::json!({"type": "object", "required": ["city"]}));
         let asked = |text: &str| {
             let mut r = request("a", text);

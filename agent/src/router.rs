@@ -77,6 +77,7 @@ pub(crate) mod tests {
     pub(crate) fn request(agent: &str, text: &str) -> ModelRequest {
         ModelRequest {
             agent_hash: String::new(),
+            overrides: Default::default(),
             op: 1,
             session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
             turn: 1,

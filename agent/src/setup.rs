@@ -62,7 +62,7 @@ impl Default for AgentSetup {
     fn default() -> Self {
         Self {
             catalog: AgentCatalog::default(),
-            model: Arc::new(ScriptedModel),
+            model: Arc::new(ScriptedModel::default()),
             tools: ToolRegistry::builtin(),
             hooks: AgentHooks::default(),
             webhooks: Arc::new(turnstile_worker::webhooks::NoWebhooks),
@@ -311,7 +311,7 @@ pub fn from_config_with_mcp(
 }
 
 /// What the driver knows of `agent`: its system prompt, history budget, approval rules and deadline,
-/// compaction budget, tenants and version policy (version 0, no hash: the [`crate::directory::Directory`]
+/// compaction budget, tenants, version policy, tools and what sessions may override (version 0, no hash: the [`crate::directory::Directory`]
 /// sets those for a stored version).
 pub fn profile_of(agent: &turnstile_config::AgentConfig) -> AgentProfile {
     let system = (!agent.system.trim().is_empty()).then(|| agent.system.clone());
@@ -331,6 +331,8 @@ pub fn profile_of(agent: &turnstile_config::AgentConfig) -> AgentProfile {
         pin: agent.version_policy == turnstile_config::VersionPolicy::Pin,
         retry_after_repair: tool_rules(&agent.retry_after_repair),
         output: agent.output.as_ref().map(turnstile_config::output::OutputConfig::schema),
+        tools: agent.tool_names(),
+        overrides: agent.override_policy(),
     }
 }
 
@@ -379,7 +381,10 @@ mod tests {
     #[tokio::test]
     async fn the_default_config_is_the_scripted_agent_on_the_scripted_model() {
         let setup = from_config_with_env(&Config::default(), no_env).unwrap();
-        assert_eq!(setup.catalog, AgentCatalog::default());
+        // The built-in agent, with the tools sessions may take a subset of (SPEC §20).
+        let tools = ["sleep", "echo", "clock"].map(String::from).to_vec();
+        let scripted = AgentProfile { tools, ..AgentProfile::default() };
+        assert_eq!(setup.catalog, AgentCatalog::new("scripted", [("scripted".to_owned(), scripted)]).unwrap());
         assert_eq!(
             setup.tools.names().collect::<Vec<_>>(),
             ["clock", "echo", "memory_get", "memory_put", "memory_search", "sleep", "spawn_agent"]
@@ -398,7 +403,12 @@ mod tests {
         assert_eq!(setup.catalog.default_agent(), "terse");
         assert_eq!(
             setup.catalog.get("terse"),
-            Some(&AgentProfile { system: Some("Be terse.".into()), history_turns: 3, ..AgentProfile::default() })
+            Some(&AgentProfile {
+                system: Some("Be terse.".into()),
+                history_turns: 3,
+                tools: vec!["clock".into()],
+                ..AgentProfile::default()
+            })
         );
         assert_eq!(setup.catalog.names().collect::<Vec<_>>(), ["scripted", "terse"]);
     }

@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use turnstile_config::{AgentConfig, Config, ToolId, ToolRef};
 use turnstile_driver::{ModelOutput, ModelRequest, PreStepRequest, ToolRequest};
+use turnstile_model::overrides::SessionOverrides;
 use turnstile_model::{SessionRef, UserMessage};
 use turnstile_worker::agent::{
     DeltaSink, HookError, HookVerdict, Model, ModelError, ModelIdentity, PreStepHook, ToolReturn, Tools,
@@ -87,14 +88,45 @@ impl Versions {
         if let Some(built) = turnstile_model::sync::lock(&self.built).get(hash) {
             return Ok(Some(built.clone()));
         }
-        let definition = self
-            .directory
-            .get()
-            .and_then(|d| d.definition(hash))
-            .ok_or_else(|| format!("agent {agent:?}: version {hash} is not known to this worker"))?;
-        let built = Arc::new(self.build(agent, definition)?);
+        let built = Arc::new(self.build(agent, self.definition_of(agent, hash)?)?);
         turnstile_model::sync::lock(&self.built).insert(hash.to_owned(), built.clone());
         Ok(Some(built))
+    }
+
+    /// The definition of version `hash` of `agent`: the file agent's own for its hash (or no hash), else the
+    /// stored one.
+    fn definition_of(&self, agent: &str, hash: &str) -> Result<AgentConfig, String> {
+        if hash.is_empty() || self.file_hashes.get(agent).is_some_and(|h| h == hash) {
+            return self.config.agents.get(agent).cloned().ok_or_else(|| format!("agent {agent:?} is not in the file"));
+        }
+        self.directory
+            .get()
+            .and_then(|d| d.definition(hash))
+            .ok_or_else(|| format!("agent {agent:?}: version {hash} is not known to this worker"))
+    }
+
+    /// The build of version `hash` of `agent` as a session with `overrides` runs it (SPEC §20): another
+    /// model of the agent's list, a subset of its tools. Built on first use and kept, like any version.
+    pub fn overridden(
+        &self,
+        agent: &str,
+        hash: &str,
+        overrides: &SessionOverrides,
+    ) -> Result<Arc<BuiltVersion>, String> {
+        let key = format!("{agent}@{hash}|model={:?}|tools={:?}", overrides.model, overrides.tools);
+        if let Some(built) = turnstile_model::sync::lock(&self.built).get(&key) {
+            return Ok(built.clone());
+        }
+        let config = self.definition_of(agent, hash)?.overridden(overrides);
+        let built = Arc::new(self.build(agent, config)?);
+        turnstile_model::sync::lock(&self.built).insert(key, built.clone());
+        Ok(built)
+    }
+
+    /// Whether a turn whose session narrowed the tools to `subset` offers the tool of `call_name`.
+    fn subset_offers(&self, agent: &str, hash: &str, subset: &[String], call_name: &str) -> Result<bool, String> {
+        let tools = SessionOverrides { tools: Some(subset.to_vec()), ..SessionOverrides::default() };
+        Ok(self.definition_of(agent, hash)?.overridden(&tools).offers(ToolId::from_call_name(call_name)))
     }
 
     fn model(&self, agent: &str, name: &str) -> Result<BuiltModel, String> {
@@ -180,7 +212,13 @@ impl Model for VersionedModel {
         deltas: DeltaSink,
         abort: CancellationToken,
     ) -> Result<ModelOutput, ModelError> {
-        match self.versions.version(&request.agent, &request.agent_hash) {
+        let (agent, hash, overrides) = (&request.agent, &request.agent_hash, &request.overrides);
+        let built = if overrides.model.is_some() || overrides.tools.is_some() {
+            self.versions.overridden(agent, hash, overrides).map(Some)
+        } else {
+            self.versions.version(agent, hash)
+        };
+        match built {
             Ok(None) => self.base.step(request, deltas, abort).await,
             Ok(Some(built)) => {
                 let model = match (&request.compaction, &built.compaction) {
@@ -210,6 +248,19 @@ impl Tools for VersionedTools {
         released: &CancellationToken,
     ) -> ToolReturn {
         let call = &request.call;
+        if let Some(subset) = &request.tools {
+            match self.versions.subset_offers(&request.agent, &request.agent_hash, subset, &call.name) {
+                Ok(true) => {}
+                Ok(false) => {
+                    let listed = if subset.is_empty() { "none".to_owned() } else { subset.join(", ") };
+                    return ToolReturn::failed(format!(
+                        "tool {} is not available to this session (its tools: {listed}); call one of those",
+                        call.name
+                    ));
+                }
+                Err(message) => return ToolReturn::failed(message),
+            }
+        }
         match self.versions.version(&request.agent, &request.agent_hash) {
             Ok(None) => Tools::call(&self.base, session, request, abort, released).await,
             Ok(Some(built)) => {

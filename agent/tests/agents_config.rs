@@ -27,10 +27,19 @@ api_key_env = "FAKE_API_KEY"
 max_tokens = 77
 retries = 0
 
+[models.other]
+base_url = "{base_url}"
+model = "other-model"
+retries = 0
+
 [agents.assistant]
 model = "fake"
 system = "Be brief."
 tools = ["clock", "echo"]
+
+[agents.assistant.overrides]
+models = ["other"]
+tools = true
 
 [agents.local]
 tools = ["sleep"]
@@ -46,6 +55,7 @@ fn setup(base_url: &str) -> AgentSetup {
 fn request(agent: &str, system: Option<&str>, text: &str) -> ModelRequest {
     ModelRequest {
         agent_hash: String::new(),
+        overrides: Default::default(),
         op: 1,
         session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
         turn: 1,
@@ -116,4 +126,33 @@ async fn steps_are_routed_to_the_model_of_their_agent() {
     assert_eq!(step(&setup, request("assistant", None, "hi")).await.unwrap().text, "hello from the fake");
     assert_eq!(server.requests().len(), 1);
     assert_eq!(setup.catalog.default_agent(), "assistant");
+}
+
+/// SPEC §20: a session's overrides reach the provider: the model it chose from the agent's list, and only
+/// the tools of its subset offered (a call of another is refused by the tools, not the model).
+#[tokio::test]
+async fn a_sessions_model_and_tool_subset_are_what_the_provider_is_asked_with() {
+    let server = FakeServer::openai(vec![hello_reply(), hello_reply()]).await;
+    let agents = turnstile_worker::agent::Agents::from(setup(&server.base_url));
+    let mut narrowed = request("assistant", Some("Be brief."), "what time is it?");
+    narrowed.overrides = turnstile_model::overrides::SessionOverrides {
+        model: Some("other".into()),
+        tools: Some(vec!["echo".into()]),
+        ..Default::default()
+    };
+    let (tx, mut rx) = mpsc::channel(64);
+    let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let out = agents.model.step(narrowed, DeltaSink::new(tx), CancellationToken::new()).await.unwrap();
+    drain.await.unwrap();
+    assert_eq!(out.text, "hello from the fake");
+    let sent = &server.requests()[0];
+    assert_eq!(sent.body["model"], "other-model");
+    let names: Vec<&str> =
+        sent.body["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["echo"], "clock is not offered");
+    // Without overrides: the agent's model and every tool.
+    step(&setup(&server.base_url), request("assistant", None, "again")).await.unwrap();
+    let sent = &server.requests()[1];
+    assert_eq!(sent.body["model"], "test-model");
+    assert_eq!(sent.body["tools"].as_array().unwrap().len(), 2);
 }

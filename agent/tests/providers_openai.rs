@@ -555,6 +555,7 @@ async fn bad_endpoints_are_refused_before_any_request() {
 fn model_request(messages: Vec<UserMessage>, tool_results: Vec<ToolOutcome>) -> ModelRequest {
     ModelRequest {
         agent_hash: String::new(),
+        overrides: Default::default(),
         op: 1,
         session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
         turn: 1,

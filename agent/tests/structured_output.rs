@@ -35,6 +35,7 @@ fn schema() -> OutputSchema {
 fn request() -> ModelRequest {
     ModelRequest {
         agent_hash: String::new(),
+        overrides: Default::default(),
         op: 1,
         session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
         turn: 1,

@@ -232,7 +232,7 @@ impl Agent {
                 session: Some(self.client.session(&id)),
                 agent: agent.clone(),
                 inject_mode,
-                version: 0,
+                ..Default::default()
             };
             api.configure_session(req).await?;
         }

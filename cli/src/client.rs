@@ -145,8 +145,12 @@ pub(crate) fn info_line(info: &pb::SessionInfo) -> String {
         pairs.sort();
         format!(" labels={}", pairs.join(","))
     };
+    let overrides = match info.overrides.clone().map(|o| codec::overrides_at(o, "overrides")) {
+        Some(Ok(o)) if !o.is_empty() => format!(" overrides={{{}}}", crate::render::overrides_text(&o)),
+        _ => String::new(),
+    };
     format!(
-        "{}/{} status={} last_seq={} last_turn={} epoch={} owner={} agent={} inject_mode={}{parent}{labels}{goal}",
+        "{}/{} status={} last_seq={} last_turn={} epoch={} owner={} agent={} inject_mode={}{parent}{labels}{overrides}{goal}",
         s.tenant,
         s.id,
         status_name(info.status),
@@ -397,19 +401,22 @@ pub async fn splice(
     client.print(&reply, &[("ids", ids.into())], |r| format!("spliced seq={}{line}", r.seq))
 }
 
-/// `configure SESSION --agent NAME [--inject-mode MODE]`: prints the session as `session` does.
+/// `configure SESSION --agent NAME [--inject-mode MODE] [--system-prompt TEXT] [--model NAME] [--tools A,B]`:
+/// prints the session as `session` does.
 pub async fn configure(
     client: &mut Client,
     session: &str,
     agent: &str,
     inject_mode: InjectMode,
     version: u64,
+    overrides: &turnstile_model::overrides::SessionOverrides,
 ) -> Result<()> {
     let request = pb::ConfigureSessionRequest {
         session: Some(client.session(session)),
         agent: agent.to_owned(),
         inject_mode: codec::encode_inject_mode(inject_mode).into(),
         version,
+        overrides: (!overrides.is_empty()).then(|| codec::encode_overrides(overrides)),
     };
     let info = client.api.configure_session(request).await?.into_inner();
     client.print(&info, &[], |info| format!("configured {}", info_line(info)))

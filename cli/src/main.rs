@@ -167,7 +167,10 @@ async fn client_command(c: &mut Client, cmd: Cmd) -> Result<()> {
             client::splice(c, &a.session, a.target.0, a.start, a.delete, &a.text, source.as_ref()).await
         }
         Cmd::Clear(a) => client::clear(c, &a.session).await,
-        Cmd::Configure(a) => client::configure(c, &a.session, &a.agent, a.inject_mode.0, a.agent_version).await,
+        Cmd::Configure(a) => {
+            let overrides = a.overrides();
+            client::configure(c, &a.session, &a.agent, a.inject_mode.0, a.agent_version, &overrides).await
+        }
         Cmd::Decide(a) => client::decide(c, &a.session, &a.call_id, a.approve, &a.reason).await,
         Cmd::Compact(a) => client::compact(c, &a.session).await,
         Cmd::Fork(a) => client::fork(c, &a.session, a.at_turn, &a.new_session).await,

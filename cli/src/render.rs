@@ -280,6 +280,7 @@ impl Renderer {
                     m.namespace, m.key, m.revision, m.bytes, m.call_id
                 ),
             ),
+            EventPayload::SessionOverridden(o) => (ambient, format!("session/overridden {}", overrides_text(o))),
             EventPayload::Ignorable { event_type } => (ambient, format!("{event_type} (ignorable, not understood)")),
         };
         self.line(&prefix, depth, &text)
@@ -332,6 +333,21 @@ impl Renderer {
     pub fn finish(&mut self) -> &'static str {
         self.end_delta()
     }
+}
+
+/// A session's overrides in one line (SPEC §20): `none`, or `model large tools [echo] system "…"`.
+pub(crate) fn overrides_text(o: &turnstile_model::overrides::SessionOverrides) -> String {
+    let mut parts = Vec::new();
+    if let Some(model) = &o.model {
+        parts.push(format!("model {model}"));
+    }
+    if let Some(tools) = &o.tools {
+        parts.push(format!("tools [{}]", tools.join(", ")));
+    }
+    if let Some(prompt) = &o.system_prompt {
+        parts.push(format!("system {}", preview(prompt)));
+    }
+    if parts.is_empty() { "none".to_owned() } else { parts.join(" ") }
 }
 
 #[cfg(test)]

@@ -139,10 +139,11 @@ pub fn encode_command(command: &Command) -> PbCommand {
             agent: spawn.agent.clone(),
             prompt: Some(encode_user_message(&spawn.prompt)),
         }),
-        Command::Configure { agent, inject_mode, version } => PbCommand::Configure(cpb::ConfigureCommand {
+        Command::Configure { agent, inject_mode, version, overrides } => PbCommand::Configure(cpb::ConfigureCommand {
             agent: agent.clone(),
             inject_mode: encode_inject_mode(*inject_mode) as i32,
             version: *version,
+            overrides: (!overrides.is_empty()).then(|| turnstile_proto::codec::encode_overrides(overrides)),
         }),
         Command::Migrate { agent, version } => {
             PbCommand::Migrate(cpb::MigrateCommand { agent: agent.clone(), version: *version })
@@ -270,6 +271,11 @@ pub fn decode_command(command: PbCommand) -> Result<Command, CodecError> {
                 agent: c.agent,
                 inject_mode: inject_mode_at(c.inject_mode, "configure.inject_mode", None)?,
                 version: c.version,
+                overrides: c
+                    .overrides
+                    .map(|o| turnstile_proto::codec::overrides_at(o, "configure.overrides"))
+                    .transpose()?
+                    .unwrap_or_default(),
             }
         }
         PbCommand::Migrate(m) => {
@@ -535,8 +541,22 @@ mod tests {
             }),
             transcript: vec![turnstile_model::TranscriptEntry::User { turn: 2, step: 1, message: m("m9") }],
         })));
-        all.push(Command::Configure { agent: "assistant".into(), inject_mode: InjectMode::Pending, version: None });
-        all.push(Command::Configure { agent: "scripted".into(), inject_mode: InjectMode::OutOfTurn, version: Some(3) });
+        all.push(Command::Configure {
+            agent: "assistant".into(),
+            inject_mode: InjectMode::Pending,
+            version: None,
+            overrides: Default::default(),
+        });
+        all.push(Command::Configure {
+            agent: "scripted".into(),
+            inject_mode: InjectMode::OutOfTurn,
+            version: Some(3),
+            overrides: turnstile_model::overrides::SessionOverrides {
+                system_prompt: Some("Be brief.".into()),
+                model: Some("large".into()),
+                tools: Some(vec![]),
+            },
+        });
         all.push(Command::Migrate { agent: "assistant".into(), version: 2 });
         all.push(Command::Decide { call_id: "call-1".into(), approve: false, reason: "too risky".into() });
         all.push(Command::CompleteToolCall { call_id: "call-2".into(), output: "sunny".into(), error: None });

@@ -54,7 +54,12 @@ fn commands() -> Vec<Command> {
         Command::Remove { id: "m-1".into() },
         Command::Splice { target: Target::NextTurn, start: 1, delete_count: 2, inserted: vec![message("m-4")] },
         Command::Clear,
-        Command::Configure { agent: "assistant".into(), inject_mode: InjectMode::Pending, version: Some(1) },
+        Command::Configure {
+            agent: "assistant".into(),
+            inject_mode: InjectMode::Pending,
+            version: Some(1),
+            overrides: Default::default(),
+        },
         Command::Migrate { agent: "assistant".into(), version: 2 },
         Command::Decide { call_id: "call-1".into(), approve: false, reason: "no".into() },
         Command::SetGoal { goal_id: "g1".into(), objective: "ship it".into(), max_rounds: 3 },

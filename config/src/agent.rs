@@ -186,6 +186,9 @@ pub struct AgentConfig {
     /// The namespaces of the tenant's memory its memory tools reach (SPEC §20): `memory = { namespaces =
     /// ["notes"] }`. Default none.
     pub memory: Option<crate::memory::AgentMemory>,
+    /// What a session may override with `ConfigureSession` (SPEC §20): `[agents.NAME.overrides]`
+    /// `system_prompt = true`, `models = ["large"]`, `tools = true`. Default: nothing.
+    pub overrides: crate::overrides::OverridesConfig,
     /// The definition as written (its table, as canonical JSON: keys sorted, no defaults filled in); set by
     /// the parser. Its digest is the version's content hash (decision 0120).
     #[serde(skip)]
@@ -215,6 +218,7 @@ impl Default for AgentConfig {
             version_policy: VersionPolicy::Latest,
             output: None,
             memory: None,
+            overrides: crate::overrides::OverridesConfig::default(),
             definition: String::new(),
         }
     }
@@ -257,6 +261,31 @@ impl AgentConfig {
     /// Whether a call of `tool` waits for a `Decide`.
     pub fn requires_approval(&self, tool: ToolId<'_>) -> bool {
         self.approval.iter().any(|p| p.matches(tool))
+    }
+
+    /// What its sessions may override (SPEC §20).
+    pub fn override_policy(&self) -> turnstile_model::overrides::OverridePolicy {
+        self.overrides.policy()
+    }
+
+    /// Its tools as it lists them (`clock`, `mcp:files/*`, `client:deploy`): what a session's tool subset
+    /// names.
+    pub fn tool_names(&self) -> Vec<String> {
+        self.tools.iter().map(ToString::to_string).collect()
+    }
+
+    /// This agent as a session with `overrides` runs it (SPEC §20): `model` instead of its own, only the
+    /// tools of the subset. The overrides were checked against the agent when they were set, and the
+    /// driver passes on only those its version allows.
+    pub fn overridden(&self, overrides: &turnstile_model::overrides::SessionOverrides) -> Self {
+        let mut agent = self.clone();
+        if let Some(model) = &overrides.model {
+            agent.model.clone_from(model);
+        }
+        if let Some(subset) = &overrides.tools {
+            agent.tools.retain(|t| subset.contains(&t.to_string()));
+        }
+        agent
     }
 
     /// The model compaction uses: `compaction_model`, else `model`.

@@ -186,6 +186,11 @@ impl AgentConfig {
         if let Some(name) = &self.compaction_model {
             known_model("compaction_model", name)?;
         }
+        self.overrides.check(
+            &path.key("overrides"),
+            &|name| config.models.contains_key(name),
+            &crate::names::known(config.models.keys()),
+        )?;
         let known_server = |key: KeyPath, entry: &dyn std::fmt::Display, server: Option<&str>| match server {
             Some(server) if !config.mcp.contains_key(server) => Err(key.invalid(format!(
                 "\"{entry}\": no MCP server named {server:?} (known: {})",

@@ -17,12 +17,13 @@ fn toml_blocks(doc: &str) -> Vec<String> {
 #[test]
 fn the_examples_parse_and_the_complete_one_lists_the_defaults() {
     let blocks = toml_blocks(&doc());
-    assert_eq!(blocks.len(), 5, "models, mcp, agents, output, complete");
-    let (snippets, complete) = blocks.split_at(4);
+    assert_eq!(blocks.len(), 6, "models, mcp, agents, output, overrides, complete");
+    let (snippets, complete) = blocks.split_at(5);
     let snippets = Config::from_toml_str(&snippets.concat()).unwrap();
     assert_eq!(snippets.agents["assistant"].model, "local");
     assert_eq!(snippets.agents["extractor"].output.as_ref().unwrap().name, "city");
     assert!(snippets.mcp.contains_key("search"));
+    assert_eq!(snippets.agents["assistant"].overrides.models, ["local", "scripted"]);
 
     let complete = Config::from_toml_str(&complete[0]).unwrap();
     let defaults = Config::default();
@@ -72,6 +73,7 @@ fn every_key_has_a_row() {
         "[agents.a]\nzz_unknown = 1",
         "[agents.a]\nhooks = [{ url = \"http://x\", zz_unknown = 1 }]",
         "[agents.a.output]\nschema = {}\nzz_unknown = 1",
+        "[agents.a.overrides]\nzz_unknown = 1",
         "[tenants.t]\nzz_unknown = 1",
         "[protocols]\nzz_unknown = 1",
         "[webhooks]\nzz_unknown = 1",

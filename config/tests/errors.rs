@@ -31,7 +31,7 @@ fn unknown_agent_key() {
     assert_eq!(
         err("[agents.assistant]\nmodle = \"local\"\n"),
         "line 2, column 1: agents.assistant.modle: unknown key (allowed: description, model, system, tools, approval, approval_timeout_ms, on_timeout, history_turns, \
-         hooks, tool_deadline_ms, retry_after_repair, max_steps_per_turn, context_budget_tokens, compaction_model, webhooks, tenants, version_policy, output, memory)"
+         hooks, tool_deadline_ms, retry_after_repair, max_steps_per_turn, context_budget_tokens, compaction_model, webhooks, tenants, version_policy, output, memory, overrides)"
     );
 }
 

@@ -85,6 +85,7 @@ fn the_api_example_parses_to_what_it_says() {
             version_policy: turnstile_config::VersionPolicy::Latest,
             output: None,
             memory: None,
+            overrides: Default::default(),
             definition: assistant.definition.clone(),
         }
     );

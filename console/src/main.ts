@@ -1,9 +1,11 @@
 // Turnstile's web console: the sessions of the caller's tenant (#/), one session's page (#/s/ID,
 // session.ts) and its transcript (#/s/ID/transcript, transcript.ts), the tenant's approvals inbox
-// (#/approvals, approvals.ts) and its memory (#/memory, memory.ts). The bearer token and, with auth off,
+// (#/approvals, approvals.ts), its memory (#/memory, memory.ts) and its agents (#/agents and
+// #/agents/NAME, agents.ts). The bearer token and, with auth off,
 // the tenant are kept in this browser's localStorage and sent with every call, exactly as `turnstile
 // --token` does.
 
+import { agentPage, agentsPage } from "./agents";
 import { approvalsPage } from "./approvals";
 import { client, describe, settings, when } from "./api";
 import { byId, fill, h } from "./dom";
@@ -24,6 +26,7 @@ function header() {
     h("a", { href: "#/", id: "nav-sessions" }, "Sessions"),
     h("a", { href: "#/approvals", id: "nav-approvals" }, "Approvals"),
     h("a", { href: "#/memory", id: "memory-link" }, "Memory"),
+    h("a", { href: "#/agents", id: "nav-agents" }, "Agents"),
     h("form", { id: "settings", class: "row", onsubmit: (ev: Event) => {
       ev.preventDefault();
       settings.token = token.value.trim();
@@ -98,7 +101,7 @@ function sessionsPage(root: HTMLElement): () => void {
                   h("a", { href: `#/s/${encodeURIComponent(s.parent.id)}` }, s.parent.id)) : null),
               h("td", {}, h("span", { class: `status ${running ? "running" : "idle"}` }, running ? "running" : "idle")),
               h("td", {}, when(s.lastEventUnixMs)),
-              h("td", {}, s.agentVersion > 0n ? `${s.agent} v${s.agentVersion}` : s.agent),
+              h("td", {}, h("a", { href: `#/agents/${encodeURIComponent(s.agent)}` }, s.agentVersion > 0n ? `${s.agent} v${s.agentVersion}` : s.agent)),
               h("td", { class: "labels" }, Object.entries(s.labels).map(([k, v]) => `${k}=${v}`).sort().join(", ")),
               h("td", {}, s.goal ? `${s.goal.state}: ${s.goal.objective}` : ""),
               h("td", {}, String(s.lastTurn)));
@@ -138,10 +141,13 @@ function route() {
   const hash = window.location.hash;
   const transcript = /^#\/s\/(.+)\/transcript$/.exec(hash);
   const session = /^#\/s\/([^/]+)$/.exec(hash);
+  const agent = /^#\/agents\/([^/]+)$/.exec(hash);
   if (transcript) leave = transcriptPage(root, decodeURIComponent(transcript[1]));
   else if (session) leave = sessionPage(root, decodeURIComponent(session[1]));
   else if (hash === "#/approvals") leave = approvalsPage(root);
   else if (hash === "#/memory") leave = memoryPage(root);
+  else if (hash === "#/agents") leave = agentsPage(root);
+  else if (agent) leave = agentPage(root, decodeURIComponent(agent[1]));
   else leave = sessionsPage(root);
 }
 

@@ -2,12 +2,14 @@
 // runs this): through the page only, as a person would, it opens a session, sends a followup and sees the
 // reply stream in, changes the inbox (queue, replace, remove), cancels a running turn, and approves a
 // call that waits for approval (saving a screenshot while it waits, with a followup in the inbox), denies
-// another from the tenant's approvals inbox and reads the session's transcript. Every
+// another from the tenant's approvals inbox, reads the session's transcript, lists and searches the
+// tenant's memory (#/memory) and reads an agent's page (#/agents/NAME: versions, sessions on each). Every
 // wait is bounded (playwright's 30 s default); any failure exits non-zero with what the page showed. The last stdout line is a JSON summary the Rust
 // test checks against the session's log.
 //
 // Env: CDP_ENDPOINT (chromium's ws:// DevTools URL), CONSOLE_URL, TURNSTILE_TOKEN, SESSION_ID (the
-// session the page drives), LISTED_SESSION (one that already exists), SCREENSHOT (a .png path).
+// session the page drives), LISTED_SESSION (one that already exists), SCREENSHOT (a .png path), AGENT_NAME
+// (an API agent with versions 1 and 2), AGENT_V1_SESSION and AGENT_V2_SESSION (a session on each).
 
 import { chromium } from "playwright-core";
 
@@ -16,7 +18,9 @@ const env = (name) => {
   if (!v) throw new Error(`${name} is not set (tests/tests/console.rs sets it)`);
   return v;
 };
-const [cdp, url, token, session, listed, screenshot] = ["CDP_ENDPOINT", "CONSOLE_URL", "TURNSTILE_TOKEN", "SESSION_ID", "LISTED_SESSION", "SCREENSHOT"].map(env);
+const [cdp, url, token, session, listed, screenshot, agentName, v1Session, v2Session] = [
+  "CDP_ENDPOINT", "CONSOLE_URL", "TURNSTILE_TOKEN", "SESSION_ID", "LISTED_SESSION", "SCREENSHOT", "AGENT_NAME", "AGENT_V1_SESSION", "AGENT_V2_SESSION",
+].map(env);
 const log = (...a) => console.log("browser.mjs:", ...a);
 
 const browser = await chromium.connectOverCDP(cdp);
@@ -142,8 +146,34 @@ async function main() {
   await page.locator(`#transcript li[data-kind="tool-decision"][data-call="${deniedCall}"]`, { hasText: "denied: not from the inbox" }).waitFor();
   await page.locator('#transcript li[data-kind="turn-end"]').nth(6).waitFor();
   const transcriptSeqs = await page.locator("#transcript li[data-seq]").evaluateAll((els) => els.map((e) => Number(e.getAttribute("data-seq"))));
+
+  // 7. The tenant's memory (SPEC §20): the document the test put, listed, found by a word, and not by another.
+  await page.click("#memory-link");
+  const gate = page.locator('#memory tr[data-key="notes/gate"]');
+  await gate.filter({ hasText: "north gate opens at dawn" }).filter({ hasText: "API" }).waitFor();
+  await page.fill("#memory-query", "dawn");
+  await page.click("#memory-search-button");
+  await gate.waitFor();
+  await page.fill("#memory-query", "zebra");
+  await page.click("#memory-search-button");
+  await page.locator("#memory td", { hasText: "nothing matches these words" }).waitFor();
+
+  // 8. An agent's page (SPEC §20), from the agents list: both versions, the newest marked, each with the
+  // session that recorded it.
+  await page.click("#nav-agents");
+  await page.locator(`#agents tr[data-agent="${agentName}"]`, { hasText: "v2" }).locator("a").click();
+  await page.locator("#agent-summary", { hasText: "2 versions, put through the API" }).waitFor();
+  const versionRow = (v) => page.locator(`#agent-versions tr[data-version="${v}"]`);
+  await versionRow(1).locator("a.session", { hasText: v1Session }).waitFor();
+  await versionRow(2).locator("a.session", { hasText: v2Session }).waitFor();
+  await versionRow(2).filter({ hasText: "(newest)" }).filter({ hasText: "pin" }).waitFor();
+  const onV1 = await versionRow(1).locator("a.session").allInnerTexts();
+  const onV2 = await versionRow(2).locator("a.session").allInnerTexts();
+  // A session's link opens its page.
+  await versionRow(1).locator("a.session").first().click();
+  await page.locator("#agent", { hasText: `agent ${agentName} v1` }).waitFor();
   if (pageErrors.length) throw new Error(`the page reported errors: ${pageErrors.join("; ")}`);
-  console.log(JSON.stringify({ replyText, deltas, queuedId, removedId, callId, deniedCall, transcriptSeqs }));
+  console.log(JSON.stringify({ replyText, deltas, queuedId, removedId, callId, deniedCall, transcriptSeqs, onV1, onV2 }));
 }
 
 try {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use turnstile_model::TenantScope;
 use turnstile_model::output::OutputSchema;
+use turnstile_model::overrides::{OverrideError, OverridePolicy, SessionOverrides};
 use turnstile_model::transcript::DEFAULT_TRANSCRIPT_TURNS;
 
 /// The built-in agent of a process without a configuration file.
@@ -42,6 +43,18 @@ pub struct AgentProfile {
     pub retry_after_repair: ToolRules,
     /// The JSON Schema its turns' final replies must match (SPEC §20), unless a turn gives its own.
     pub output: Option<OutputSchema>,
+    /// Its tools as it lists them (`clock`, `mcp:files/*`, `client:deploy`): what a session's tool subset
+    /// is taken from (SPEC §20).
+    pub tools: Vec<String>,
+    /// What its sessions may override with `ConfigureSession` (SPEC §20).
+    pub overrides: OverridePolicy,
+}
+
+impl AgentProfile {
+    /// Checks the overrides a session of agent `name` asks for against what this version allows.
+    pub fn check_overrides(&self, name: &str, overrides: &SessionOverrides) -> Result<(), OverrideError> {
+        self.overrides.check(name, &self.tools, overrides)
+    }
 }
 
 /// An agent's approval deadline: `after_ms` after its `tool/call`, a waiting call is approved or denied.
@@ -66,6 +79,8 @@ impl Default for AgentProfile {
             pin: false,
             retry_after_repair: ToolRules::default(),
             output: None,
+            tools: Vec::new(),
+            overrides: OverridePolicy::default(),
         }
     }
 }
@@ -350,6 +365,8 @@ static FALLBACK: AgentProfile = AgentProfile {
     pin: false,
     retry_after_repair: ToolRules(None),
     output: None,
+    tools: Vec::new(),
+    overrides: OverridePolicy { system_prompt: false, models: Vec::new(), tools: false },
 };
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //!
 //! Every command is validated completely before its first write, so a refused command writes nothing.
 
+use turnstile_model::overrides::SessionOverrides;
 use turnstile_model::size;
 use turnstile_model::state::Fingerprint;
 use turnstile_model::{
@@ -34,7 +35,9 @@ impl Driver {
                 self.client_splice(target, start, delete_count, inserted)
             }
             Command::Clear => Ok(self.clear()),
-            Command::Configure { agent, inject_mode, version } => self.configure(agent, inject_mode, version),
+            Command::Configure { agent, inject_mode, version, overrides } => {
+                self.configure(agent, inject_mode, version, overrides)
+            }
             Command::Migrate { agent, version } => self.migrate(agent, version),
             Command::Decide { call_id, approve, reason } => self.decide(&call_id, approve, reason, false),
             Command::CompleteToolCall { call_id, output, error } => self.complete_tool_call(&call_id, output, error),
@@ -336,19 +339,22 @@ impl Driver {
         Ok(())
     }
 
-    /// `ConfigureSession` (SPEC §8): one durable `session/configured`, only while idle. A configure equal to
-    /// the last recorded one writes nothing; a session never configured always records the choice (even
-    /// the default agent), so a later change of the configuration's default does not move it.
+    /// `ConfigureSession` (SPEC §8, §20): a durable `session/configured` and, when the overrides change,
+    /// `session/overridden`, only while idle. A configure equal to the last recorded one writes nothing; a
+    /// session never configured always records the choice (even the default agent), so a later change of
+    /// the configuration's default does not move it.
     fn configure(
         &mut self,
         agent: String,
         inject_mode: InjectMode,
         version: Option<u64>,
+        overrides: SessionOverrides,
     ) -> Result<CommandReply, CommandError> {
         self.check_agent(&agent)?;
         if let Some(v) = version {
             self.check_version(&agent, v)?;
         }
+        self.check_overrides(&agent, version, &overrides)?;
         if self.turn.is_some() || self.state.status != Status::Idle || self.latched_wake {
             let running = self.running_turn().unwrap_or(self.state.last_turn);
             return Err(CommandError::FailedPrecondition(format!(
@@ -356,14 +362,41 @@ impl Driver {
                 self.state.session
             )));
         }
-        if self.state.agent.as_deref() == Some(agent.as_str())
+        let configured = self.state.agent.as_deref() == Some(agent.as_str())
             && self.state.inject_mode == inject_mode
-            && self.state.agent_version == version
-        {
-            return Ok(CommandReply::Written { seq: self.state.last_seq });
+            && self.state.agent_version == version;
+        if !configured {
+            self.write(EventPayload::SessionConfigured { agent, inject_mode, parent: None, version });
         }
-        let seq = self.write(EventPayload::SessionConfigured { agent, inject_mode, parent: None, version });
-        Ok(CommandReply::Written { seq })
+        if self.state.overrides != overrides {
+            self.write(EventPayload::SessionOverridden(overrides));
+        }
+        Ok(CommandReply::Written { seq: self.state.last_seq })
+    }
+
+    /// The overrides are ones `agent` allows (SPEC §20): those of the version asked for, else of its newest.
+    /// One it does not allow at all is FAILED_PRECONDITION (the agent must change, not the request); a
+    /// model or tool it does not have is INVALID_ARGUMENT.
+    fn check_overrides(
+        &self,
+        agent: &str,
+        version: Option<u64>,
+        overrides: &SessionOverrides,
+    ) -> Result<(), CommandError> {
+        let tenant = self.state.session.tenant.as_str();
+        let profile = match version {
+            Some(v) => self.agents.version_for(agent, tenant, v),
+            None => self.agents.get_for(agent, tenant),
+        };
+        // `check_agent` and `check_version` found it; nothing to check against otherwise.
+        let Some(profile) = profile else { return Ok(()) };
+        profile.check_overrides(agent, overrides).map_err(|e| {
+            if e.is_not_allowed() {
+                CommandError::FailedPrecondition(e.to_string())
+            } else {
+                CommandError::InvalidArgument(e.to_string())
+            }
+        })
     }
 
     /// Version `version` of `agent` exists for this session's tenant (SPEC §20).

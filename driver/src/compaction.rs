@@ -88,6 +88,7 @@ impl Driver {
             agent: agent.to_owned(),
             agent_hash: agent_hash.to_owned(),
             system: None,
+            overrides: turnstile_model::overrides::SessionOverrides::default(),
             history: self.state.transcript.entries_through(task.upto_turn),
             messages: Vec::new(),
             tool_results: Vec::new(),

@@ -1,6 +1,7 @@
 //! What the driver asks its runner to do, and what the runner reports back.
 
 use turnstile_model::output::OutputSchema;
+use turnstile_model::overrides::SessionOverrides;
 use turnstile_model::{
     CommandError, CommandReply, ContentBlock, Envelope, EventPayload, LiveEvent, ModelRef, SessionRef, Spent,
     ToolCallSpec, TranscriptEntry, Usage, UserMessage,
@@ -180,8 +181,11 @@ pub struct ModelRequest {
     pub agent: String,
     /// The content hash of the agent version the turn runs (SPEC §20); empty without an agent store.
     pub agent_hash: String,
-    /// The agent's system prompt, sent before everything else.
+    /// The agent's system prompt, sent before everything else (a session's extra prompt already after it).
     pub system: Option<String>,
+    /// The session's overrides this turn applies (SPEC §20): the runner runs `model` instead of the agent's
+    /// and offers only `tools` of its tools. Default on a compaction request.
+    pub overrides: SessionOverrides,
     /// The session's history before this step, in log order: entered user messages, assistant messages
     /// (interrupted ones as delivered) and tool results, cut to the agent's `history_turns` by dropping
     /// the oldest whole turns before this one (the current turn is never cut). It includes what
@@ -350,6 +354,8 @@ pub struct ToolRequest {
     pub turn: u64,
     pub step: u32,
     pub call: ToolCallSpec,
+    /// The tools the turn offers when a session narrowed them (SPEC §20): a call of any other is refused.
+    pub tools: Option<Vec<String>>,
     /// The call's idempotency key (SPEC §20, [`turnstile_model::tool_key`]): whoever runs the call hands
     /// it on, and a call run again after a repair has the same one.
     pub idempotency_key: String,

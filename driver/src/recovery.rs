@@ -156,10 +156,12 @@ impl Driver {
             &self.state.session.tenant,
         );
         let version = (agent.to_owned(), profile.version, profile.hash.clone());
+        let overrides = self.applied_overrides(&version.0, version.1);
         self.turn = Some(ActiveTurn {
             proposal: 1,
             max_tokens: open.max_tokens,
             tool_results: results_of(open),
+            overrides,
             ..ActiveTurn::new(open.turn, open.step, phase, version)
         });
         self.set_status(Status::Running);

@@ -100,12 +100,22 @@ impl Driver {
     pub(super) fn request_tool(&mut self, call: ToolCallSpec) {
         let Some(t) = self.turn.as_mut() else { return };
         let (turn, step, agent, agent_hash) = (t.turn, t.step, t.agent.clone(), t.agent_hash.clone());
+        let tools = t.overrides.tools.clone();
         let Phase::Tools { running, .. } = &mut t.phase else { return };
         let op = self.next_op;
         self.next_op += 1;
         *running = Some(op);
         let idempotency_key = idempotency_key(&self.state.session, turn, step, &call.call_id);
-        self.effects.push_back(Effect::Tool(ToolRequest { op, agent, agent_hash, turn, step, call, idempotency_key }));
+        self.effects.push_back(Effect::Tool(ToolRequest {
+            op,
+            agent,
+            agent_hash,
+            turn,
+            step,
+            call,
+            tools,
+            idempotency_key,
+        }));
     }
 
     /// `Decide` (SPEC §9): answers the call awaiting approval. Approved runs it; denied gives the

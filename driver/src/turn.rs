@@ -1,6 +1,7 @@
 //! Turns and steps: claim → pre-step → step (model, tools) → turn end and drain (SPEC §4).
 
 use turnstile_model::output::{self, INVALID_OUTPUT};
+use turnstile_model::overrides::SessionOverrides;
 use turnstile_model::{
     CancelCause, EventPayload, LivePayload, MessageId, MessageSource, Splice, SpliceOutcome, Status, StreamingStep,
     Target, ToolCallSpec, TurnEndReason, UserMessage,
@@ -47,6 +48,8 @@ pub(super) struct ActiveTurn {
     pub version: u64,
     /// That version's content hash, carried in the turn's requests.
     pub agent_hash: String,
+    /// The session's overrides as far as that version allows them (SPEC §20), fixed at `turn/start` too.
+    pub overrides: SessionOverrides,
     /// A compaction was asked for in this turn (SPEC §13): at most one per turn, so a failing one does
     /// not cost a request before every step.
     pub compaction_tried: bool,
@@ -74,6 +77,7 @@ impl ActiveTurn {
             agent,
             version,
             agent_hash,
+            overrides: SessionOverrides::default(),
             compaction_tried: false,
             output_retried: false,
         }
@@ -140,11 +144,13 @@ impl Driver {
         }
         let turn = self.state.last_turn + 1;
         let version = self.record_version();
+        let overrides = self.applied_overrides(&version.0, version.1);
         self.write(EventPayload::TurnStart { turn });
         self.turn = Some(ActiveTurn {
             resumed: !resume.is_empty(),
             tool_results: resume.tool_results,
             interrupted_prompt: resume.prompt,
+            overrides,
             ..ActiveTurn::new(turn, 0, Phase::PreStep { op: 0 }, version)
         });
         self.propose();
@@ -174,6 +180,13 @@ impl Driver {
             });
         }
         (name, version, hash)
+    }
+
+    /// The session's overrides as far as version `version` of `agent` allows them (SPEC §20): what a turn
+    /// running that version applies.
+    pub(super) fn applied_overrides(&self, agent: &str, version: u64) -> SessionOverrides {
+        let profile = self.agents.turn_profile(agent, &self.state.session.tenant, version);
+        profile.overrides.allowed(&self.state.overrides)
     }
 
     /// Claims input and asks for the pre-step decision.
@@ -290,9 +303,9 @@ impl Driver {
         let tool_results = std::mem::take(&mut t.tool_results);
         let interrupted_prompt = std::mem::take(&mut t.interrupted_prompt);
         let profile = self.agents.turn_profile(&t.agent, &self.state.session.tenant, t.version);
-        let (agent, agent_hash) = (t.agent.clone(), t.agent_hash.clone());
+        let (agent, agent_hash, overrides) = (t.agent.clone(), t.agent_hash.clone(), t.overrides.clone());
         let (system, history_turns, agent_output) =
-            (profile.system.clone(), profile.history_turns, profile.output.clone());
+            (overrides.system_after(profile.system.as_deref()), profile.history_turns, profile.output.clone());
         // Read before this step's messages are written: the history is what came before the step.
         let history = self.state.transcript.history(turn, step, history_turns);
         let output = output::of_turn(self.state.transcript.entries(), turn, &messages, agent_output.as_ref());
@@ -314,6 +327,7 @@ impl Driver {
             agent,
             agent_hash,
             system,
+            overrides,
             history,
             messages,
             tool_results,

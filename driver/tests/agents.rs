@@ -13,7 +13,7 @@ fn entries(history: &[std::sync::Arc<TranscriptEntry>]) -> Vec<TranscriptEntry> 
 }
 
 fn configure(sim: &mut Sim, agent: &str, inject_mode: InjectMode) -> support::Reply {
-    sim.command(Command::Configure { agent: agent.into(), inject_mode, version: None })
+    sim.command(Command::Configure { agent: agent.into(), inject_mode, version: None, overrides: Default::default() })
 }
 
 fn two_agents(history_turns: u32) -> AgentCatalog {
@@ -177,7 +177,12 @@ fn helper_versions(n: u64, pin: bool) -> AgentCatalog {
 }
 
 fn configure_version(sim: &mut Sim, version: Option<u64>) -> support::Reply {
-    sim.command(Command::Configure { agent: "helper".into(), inject_mode: InjectMode::Pending, version })
+    sim.command(Command::Configure {
+        agent: "helper".into(),
+        inject_mode: InjectMode::Pending,
+        version,
+        overrides: Default::default(),
+    })
 }
 
 fn last_request(sim: &Sim) -> (Option<String>, String) {

@@ -108,6 +108,7 @@ fn a_parents_cancel_ends_the_childs_turn_aborted_parent() {
         agent: "scripted".into(),
         inject_mode: Default::default(),
         version: None,
+        overrides: Default::default(),
     }));
     assert_eq!(sim.driver.state().parent, Some(parent()));
     sim.check_full_fold();

@@ -15,6 +15,7 @@ fn out_of_turn() -> Sim {
         agent: "scripted".into(),
         inject_mode: InjectMode::OutOfTurn,
         version: None,
+        overrides: Default::default(),
     }));
     sim.take();
     sim

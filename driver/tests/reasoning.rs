@@ -149,6 +149,7 @@ fn usage_is_recorded_on_a_tool_calling_reply_and_each_step_has_its_own() {
     // Step 1: the scripted reply calls echo; step 2 (after the result) is scripted too. Give both usage.
     let first = turnstile_agent::scripted::plan(&turnstile_driver::ModelRequest {
         agent_hash: String::new(),
+        overrides: Default::default(),
         op: 0,
         session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
         turn: 1,

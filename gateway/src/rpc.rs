@@ -244,8 +244,15 @@ impl Agent for Gateway {
         }
         let inject_mode = codec::inject_mode_at(req.inject_mode, "inject_mode", Some(InjectMode::Pending))
             .map_err(status::from_convert)?;
+        let overrides = req
+            .overrides
+            .map(|o| codec::overrides_at(o, "overrides"))
+            .transpose()
+            .map_err(status::from_convert)?
+            .unwrap_or_default();
         let version = self.version_to_configure(&session.tenant, &req.agent, req.version).await?;
-        let seq = self.written(session.clone(), Command::Configure { agent: req.agent, inject_mode, version }).await?;
+        let command = Command::Configure { agent: req.agent, inject_mode, version, overrides };
+        let seq = self.written(session.clone(), command).await?;
         let state = self.state_after(&session, seq, "retry GetSession").await?;
         Ok(Response::new(self.info(&state).await))
     }

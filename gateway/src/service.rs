@@ -332,6 +332,7 @@ impl Gateway {
         let mut info = codec::encode_session_info(&state.session, &SessionSummary::of(state, owner, agent));
         info.awaiting_approval = self.pending(state);
         info.awaiting_client = self.awaiting_client(state);
+        info.overrides = (!state.overrides.is_empty()).then(|| codec::encode_overrides(&state.overrides));
         info
     }
 

@@ -12,6 +12,7 @@ use crate::event::{CancelCause, Envelope, Fork, InjectMode, OnDeadline, Status};
 use crate::goal::{GoalAction, GoalChange};
 use crate::labels::{Labeled, Labels};
 use crate::message::{MessageId, SessionRef, Target, UserMessage};
+use crate::overrides::SessionOverrides;
 use crate::schedule::{Schedule, ScheduleSpec};
 
 /// A client command for one session.
@@ -54,6 +55,9 @@ pub enum Command {
         inject_mode: InjectMode,
         /// The version of `agent` to record (SPEC §20); `None`: none, the agent's newest at each turn.
         version: Option<u64>,
+        /// The session's overrides from the next turn on, all of them (SPEC §20).
+        #[serde(default)]
+        overrides: SessionOverrides,
     },
     /// `MigrateSessions` (SPEC §20): a session running `agent` runs its version `version` from its next
     /// turn; written at once, allowed while a turn runs (that turn keeps its version).

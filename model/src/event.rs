@@ -311,6 +311,10 @@ pub enum EventPayload {
     /// `memory/written` (SPEC §20): a write an agent made to its tenant's memory (provenance). Written
     /// marked ignorable, so a reader that predates it skips it (SPEC §18).
     MemoryWritten(crate::memory::MemoryWritten),
+    /// `session/overridden` (SPEC §20): the session's overrides from the next turn on, all of them (a field
+    /// left out is no override). Written marked ignorable, so a reader that predates it runs the agent as
+    /// it is.
+    SessionOverridden(crate::overrides::SessionOverrides),
     /// An event of a type this build does not know, marked ignorable by its writer. Readers skip it;
     /// an unknown type that is not ignorable is refused by the codec instead.
     Ignorable {
@@ -356,13 +360,14 @@ impl EventPayload {
             Self::ScheduleChanged(_) => "schedule/changed",
             Self::SessionLabeled(_) => "session/labeled",
             Self::MemoryWritten(_) => "memory/written",
+            Self::SessionOverridden(_) => "session/overridden",
             Self::Ignorable { .. } => "ignorable",
         }
     }
 }
 
 /// Every durable type, in SPEC §5 order.
-pub const DURABLE_TYPES: [&str; 19] = [
+pub const DURABLE_TYPES: [&str; 20] = [
     "agent/inbox/spliced",
     "agent/status",
     "turn/start",
@@ -382,11 +387,12 @@ pub const DURABLE_TYPES: [&str; 19] = [
     "session/labeled",
     "tool/repaired",
     "memory/written",
+    "session/overridden",
 ];
 
 /// The durable types written marked ignorable: added after a release, and not needed by the fold, so a
 /// reader of an older build skips them during a rolling upgrade (SPEC §18).
-pub const IGNORABLE_TYPES: [&str; 2] = ["tool/repaired", "memory/written"];
+pub const IGNORABLE_TYPES: [&str; 3] = ["tool/repaired", "memory/written", "session/overridden"];
 
 /// What the repair of SPEC §6 did with a call that was running when its owner stopped (SPEC §20).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -16,6 +16,7 @@
 //! - [`transcript`]: the bounded conversation history a model request is built from (§8).
 //! - [`command`]: client commands, their replies and typed errors (the gateway → driver seam).
 //! - [`output`]: the JSON Schema a turn's final reply must match, per agent or per turn (§20).
+//! - [`overrides`]: what a session overrides of its agent, within what the agent allows (§20).
 //! - [`child`]: the names a `spawn_agent` call gives its child session (§13).
 //! - [`schedule`]: scheduled deliveries and their fold (§15).
 //! - [`labels`]: session labels and label selectors (§16).
@@ -43,6 +44,7 @@ pub mod labels;
 pub mod memory;
 pub mod message;
 pub mod output;
+pub mod overrides;
 pub mod rules;
 pub mod schedule;
 pub mod shard;

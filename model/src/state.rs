@@ -16,6 +16,7 @@ use crate::goal::{GoalFold, GoalFoldError};
 use crate::inbox::{Inbox, SpliceError};
 use crate::labels::Labels;
 use crate::message::{MessageId, SessionRef, Target, UserMessage};
+use crate::overrides::SessionOverrides;
 use crate::schedule::Schedules;
 use crate::transcript::{Transcript, TranscriptEntry};
 
@@ -105,6 +106,10 @@ pub struct SessionState {
     pub agent_version: Option<u64>,
     /// The inject mode the last `session/configured` set (SPEC §11).
     pub inject_mode: InjectMode,
+    /// What the last `session/overridden` set (SPEC §20): applied to each turn as far as its agent version
+    /// allows.
+    #[serde(default)]
+    pub overrides: SessionOverrides,
     /// The bounded conversation history model requests are built from (SPEC §8).
     pub transcript: Transcript,
     /// The deadlines of pending steers (SPEC §11), by message id: set by the steer's insert splice,
@@ -149,6 +154,7 @@ impl SessionState {
             agent: None,
             inject_mode: InjectMode::Pending,
             agent_version: None,
+            overrides: SessionOverrides::default(),
             transcript: Transcript::default(),
             steer_deadlines: BTreeMap::new(),
             goals: GoalFold::default(),
@@ -442,6 +448,7 @@ impl SessionState {
                 self.schedules.apply(change, event.time_ms);
             }
             EventPayload::SessionLabeled(change) => change.apply_to(&mut self.labels),
+            EventPayload::SessionOverridden(overrides) => self.overrides.clone_from(overrides),
             EventPayload::MemoryWritten(_) | EventPayload::Ignorable { .. } => {}
         }
         self.last_seq = seq;

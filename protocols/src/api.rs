@@ -78,8 +78,12 @@ impl<E: ProtocolError> Api<E> {
     }
 
     pub async fn configure(&self, id: &str, agent: &str, inject_mode: i32) -> Result<pb::SessionInfo, E> {
-        let req =
-            pb::ConfigureSessionRequest { session: session(id), agent: agent.to_owned(), inject_mode, version: 0 };
+        let req = pb::ConfigureSessionRequest {
+            session: session(id),
+            agent: agent.to_owned(),
+            inject_mode,
+            ..Default::default()
+        };
         Ok(self.gateway.configure_session(self.request(req)).await?.into_inner())
     }
 
@@ -95,7 +99,28 @@ impl<E: ProtocolError> Api<E> {
 
     /// Delivers `message` with `delivery`'s preset.
     pub async fn deliver(&self, id: &str, message: pb::UserMessage, delivery: Delivery) -> Result<pb::SendReply, E> {
-        let req = pb::DeliverRequest { session: session(id), message: Some(message), output_schema: None };
+        self.deliver_with(id, message, delivery, None).await
+    }
+
+    /// [`Api::deliver`] of a message whose turn must answer with `output_schema` (SPEC §20), taken from the
+    /// request field `schema_param`: the gateway's refusal of the schema is answered naming that field.
+    pub async fn deliver_with(
+        &self,
+        id: &str,
+        message: pb::UserMessage,
+        delivery: Delivery,
+        output_schema: Option<(pb::OutputSchema, &str)>,
+    ) -> Result<pb::SendReply, E> {
+        let (output_schema, schema_param) = match output_schema {
+            Some((schema, param)) => (Some(schema), param),
+            None => (None, "input"),
+        };
+        // The gateway names a bad schema `output_schema.…`; everything else is the input's.
+        let param = |s: &tonic::Status| {
+            let schema = s.code() == tonic::Code::InvalidArgument && s.message().starts_with("output_schema.");
+            if schema { schema_param } else { "input" }
+        };
+        let req = pb::DeliverRequest { session: session(id), message: Some(message), output_schema };
         let reply = match delivery {
             Delivery::Followup => self.gateway.followup(self.request(req)).await,
             Delivery::Queue => self.gateway.queue(self.request(req)).await,
@@ -106,7 +131,12 @@ impl<E: ProtocolError> Api<E> {
                 self.gateway.steer(self.request(steer)).await
             }
         };
-        Ok(reply.map_err(|s| E::from(s).at("input"))?.into_inner())
+        Ok(reply
+            .map_err(|s| {
+                let at = param(&s);
+                E::from(s).at(at)
+            })?
+            .into_inner())
     }
 
     /// Decides a call awaiting approval (SPEC §9); answers the seq of the durable `tool/decision`.

@@ -213,6 +213,39 @@ class Responses(unittest.TestCase):
             client().responses.retrieve(r.id)
 
 
+class StructuredOutput(unittest.TestCase):
+    """``text.format`` is the turn's output schema (SPEC §20): the scripted model answers a turn that has one
+    with its prompt as it is, so the prompt decides whether the reply matches."""
+
+    def test_parse_with_a_pydantic_model_gets_the_reply_parsed(self):
+        from pydantic import BaseModel
+
+        class City(BaseModel):
+            city: str
+
+        r = client().responses.parse(model=MODEL, input='{"city": "Paris"}', text_format=City)
+        self.assertEqual(r.status, "completed")
+        self.assertEqual(r.output_parsed, City(city="Paris"))
+
+    def test_a_reply_that_does_not_match_is_retried_once_then_fails_invalid_output(self):
+        schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                  "additionalProperties": False}
+        text = {"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}}
+        r = client().responses.create(model=MODEL, input="Paris, of course.", text=text)
+        self.assertEqual(r.status, "failed")
+        self.assertEqual(r.error.code, "invalid_output")
+        ok = client().responses.create(model=MODEL, input='{"city": "Lyon"}', text={"format": {"type": "json_object"}})
+        self.assertEqual((ok.status, ok.output_text), ("completed", '{"city": "Lyon"}'))
+
+    def test_a_bad_format_is_refused_naming_the_field(self):
+        for fmt, param in [({"type": "json_schema", "name": "a b", "schema": {"type": "object"}}, "text.format"),
+                           ({"type": "json_schema", "name": "x", "schema": {"type": "objekt"}}, "text.format"),
+                           ({"type": "yaml"}, "text.format.type")]:
+            with self.assertRaises(openai.BadRequestError) as caught:
+                client().responses.create(model=MODEL, input="x", text={"format": fmt})
+            self.assertEqual(caught.exception.param, param, caught.exception.message)
+
+
 class Errors(unittest.TestCase):
     def test_an_unknown_model_is_404_model_not_found(self):
         with self.assertRaises(openai.NotFoundError) as caught:

@@ -537,6 +537,7 @@ pub fn durable_type(payload: &Durable) -> &'static str {
         Durable::SessionLabeled(_) => "session/labeled",
         Durable::ToolRepaired(_) => "tool/repaired",
         Durable::MemoryWritten(_) => "memory/written",
+        Durable::SessionOverridden(_) => "session/overridden",
     }
 }
 
@@ -736,6 +737,10 @@ fn durable_line(e: &SessionEvent) -> String {
         }
         Durable::MemoryWritten(m) => {
             format!("memory/written {}.{} {} {}/{:?} {}B", m.turn, m.step, m.call_id, m.namespace, m.key, m.bytes)
+        }
+        Durable::SessionOverridden(o) => {
+            let tools = o.tools.as_ref().map(|t| t.tools.join(","));
+            format!("session/overridden system={:?} model={:?} tools={tools:?}", o.system_prompt, o.model)
         }
         Durable::ToolResult(r) => match &r.error {
             Some(err) => format!("tool/result {}.{} error {:?}", r.turn, r.step, err),

@@ -2,7 +2,9 @@
 //! behind approval and bearer-token auth, headless chromium (`browser::Chromium`), and
 //! `console/test/browser.mjs` driving the page as a person would: the token field, the sessions list, a
 //! streamed followup, queue / replace / remove in the inbox, cancel of a running turn, approve of a
-//! waiting call, deny of another from the tenant's approvals inbox, the transcript page, and a screenshot under `target/console/`. Then the session's log, read over gRPC with the
+//! waiting call, deny of another from the tenant's approvals inbox, the transcript page, the tenant's
+//! memory (#/memory: listed and searched) and an agent's page (#/agents/NAME: its versions and the sessions
+//! on each), and a screenshot under `target/console/`. Then the session's log, read over gRPC with the
 //! same token, must hold exactly what the page did. And a streaming reply across a page reload and a
 //! dropped connection (SPEC §14, `console/test/resume.mjs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -18,8 +20,9 @@ use turnstile_tests::v1::session_event::Payload;
 use turnstile_tests::v1::turn_end_reason::Reason;
 use turnstile_tests::v1::watch_item::Item;
 use turnstile_tests::v1::{
-    CreateScheduleRequest, DeliverRequest, GetTranscriptRequest, SchedulePreset, SessionEvent, SessionRef,
-    SetLabelsRequest, SpliceOutcome, WatchRequest, WhenIdleRequest, create_schedule_request,
+    ConfigureSessionRequest, CreateScheduleRequest, DeliverRequest, GetTranscriptRequest, PutAgentRequest,
+    PutMemoryRequest, SchedulePreset, SessionEvent, SessionRef, SetLabelsRequest, SpliceOutcome, WatchRequest,
+    WhenIdleRequest, create_schedule_request,
 };
 use turnstile_tests::{DevOptions, DevServer, text_of, user_msg};
 
@@ -103,6 +106,23 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
         catchup_ms: 0,
     };
     client.create_schedule(authed(daily)).await.unwrap();
+    // A memory document for #/memory, and an API agent with two versions and a session on each for its
+    // page (SPEC §20).
+    let put = PutMemoryRequest {
+        tenant: String::new(),
+        namespace: "notes".into(),
+        key: "gate".into(),
+        document: r#"{"fact": "the north gate opens at dawn"}"#.into(),
+    };
+    client.put_memory(authed(put)).await.unwrap();
+    let agent = format!("helper-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let (v1_session, v2_session) = (format!("{agent}-on-v1"), format!("{agent}-on-v2"));
+    for (system, session) in [("You are v1.", &v1_session), ("You are v2.", &v2_session)] {
+        let definition = format!("system = \"{system}\"\nversion_policy = \"pin\"");
+        client.put_agent(authed(PutAgentRequest { name: agent.clone(), definition, format: 0 })).await.unwrap();
+        let configure = ConfigureSessionRequest { session: named(session), agent: agent.clone(), ..Default::default() };
+        client.configure_session(authed(configure)).await.unwrap();
+    }
 
     let browser = Chromium::start().await.unwrap();
     let shots = turnstile_tests::binary::target_dir().join("console");
@@ -118,9 +138,12 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
         ("SESSION_ID", session.clone()),
         ("LISTED_SESSION", listed.clone()),
         ("SCREENSHOT", screenshot.display().to_string()),
+        ("AGENT_NAME", agent.clone()),
+        ("AGENT_V1_SESSION", v1_session.clone()),
+        ("AGENT_V2_SESSION", v2_session.clone()),
     ];
     let env = env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-    let out = run_script("browser.mjs", env, Duration::from_secs(150)).await.unwrap();
+    let out = run_script("browser.mjs", env, Duration::from_secs(180)).await.unwrap();
     let summary = summary_of("browser.mjs", &out, &browser, &server);
     let png = std::fs::read(&screenshot).unwrap();
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000, "{} is no screenshot", screenshot.display());
@@ -224,6 +247,10 @@ async fn the_console_drives_a_session_end_to_end_in_a_real_browser() {
     }
     let shown: Vec<u64> = summary["transcriptSeqs"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
     assert_eq!(shown, items, "the seqs of the items the transcript page showed");
+
+    // The agent's page listed exactly the session recorded on each version.
+    assert_eq!(summary["onV1"], serde_json::json!([v1_session]), "{summary}");
+    assert_eq!(summary["onV2"], serde_json::json!([v2_session]), "{summary}");
 }
 
 /// SPEC §14 in the browser: a page reloaded mid-reply shows the reply's partial text at once (the output

@@ -299,6 +299,7 @@ const AGENTS: &str = "default_agent = \"careful\"\n\n\
     [agents.careful]\ntools = [\"echo\", \"sleep\", \"spawn_agent\", \"memory_put\"]\napproval = [\"sleep\"]\n\
     memory = { namespaces = [\"notes\"] }\n\n\
     [agents.researcher]\nsystem = \"You research.\"\ntools = [\"echo\"]\n\n\
+    [agents.researcher.overrides]\nsystem_prompt = true\ntools = true\n\n\
     [agents.slow]\ntools = [\"sleep\"]\n";
 
 const TENANT: &str = "corpus";
@@ -444,6 +445,20 @@ async fn scenario(server: &DevServer, nats: &NatsServer) -> Vec<(SessionRef, Vec
     // configured: another agent, out-of-turn injects, a cross-session reference.
     let configured = session(server, "configured");
     configured.configure("researcher", pb::InjectMode::OutOfTurn).await.unwrap();
+    // session/overridden: an extra system prompt and a tool subset (SPEC §20).
+    let overrides = pb::SessionOverrides {
+        system_prompt: Some("Cite your sources.".into()),
+        model: None,
+        tools: Some(pb::ToolSubset { tools: vec!["echo".into()] }),
+    };
+    let req = pb::ConfigureSessionRequest {
+        session: Some(configured.reference()),
+        agent: "researcher".into(),
+        inject_mode: pb::InjectMode::OutOfTurn as i32,
+        overrides: Some(overrides),
+        ..Default::default()
+    };
+    server.client().configure_session(req).await.unwrap();
     configured.inject(user_msg("o", "between turns")).await.unwrap();
     configured.reference_session(history.reference(), Some(1), "ref").await.unwrap();
     configured.followup(user_msg("g", "go")).await.unwrap();

@@ -424,8 +424,47 @@ async fn a_forked_sessions_first_own_turn_is_rerun_from_its_fork_point(backend: 
     assert_eq!(row.candidate.as_ref().unwrap().score.as_ref().unwrap().value, 1.0);
 }
 
+/// `model` reruns on another model as a session override: the agent that lists it in `overrides.models` runs
+/// every turn; one that does not allow it fails each row with the configure error naming `overrides.model`.
+async fn another_model_runs_where_the_agent_allows_it_and_each_row_says_why_where_not(backend: Backend) {
+    let (server, _dir) = start(backend).await;
+    let mut c = server.client();
+    record(&mut c, TOKEN_A, "a-1", "plain", 2, false).await;
+    put_agent(&mut c, TOKEN_A, "open", "system = \"open\"\n[overrides]\nmodels = [\"scripted\"]").await;
+    let rows_of = |agent: &'static str| {
+        let mut c = c.clone();
+        async move {
+            let req = EvaluateRequest {
+                agent: agent.into(),
+                model: "scripted".into(),
+                sessions: own("a-1").into_iter().collect(),
+                ..Default::default()
+            };
+            let mut stream = c.evaluate(authed(req, TOKEN_A)).await.unwrap().into_inner();
+            let mut rows = Vec::new();
+            while let Some(item) = stream.message().await.unwrap() {
+                if let Some(Item::Row(row)) = item.item {
+                    rows.push(row);
+                }
+            }
+            rows.sort_by_key(|r| r.turn);
+            rows
+        }
+    };
+    let allowed = rows_of("open").await;
+    assert_eq!(allowed.iter().map(|r| (r.turn, r.error.as_str())).collect::<Vec<_>>(), [(1, ""), (2, "")]);
+    assert_eq!(allowed[1].candidate.as_ref().unwrap().text, "system: open");
+    let refused = rows_of("plain").await;
+    assert_eq!(refused.len(), 2);
+    for row in &refused {
+        assert!(row.candidate.is_none(), "{row:?}");
+        assert!(row.error.starts_with("configure: overrides.model: "), "{row:?}");
+    }
+}
+
 turnstile_tests::backend_tests!(
     twenty_recorded_turns_against_a_changed_version_print_the_table_and_the_json,
     bad_requests_name_the_field_and_the_limit,
-    a_forked_sessions_first_own_turn_is_rerun_from_its_fork_point
+    a_forked_sessions_first_own_turn_is_rerun_from_its_fork_point,
+    another_model_runs_where_the_agent_allows_it_and_each_row_says_why_where_not
 );

@@ -201,7 +201,7 @@ mod tenancy {
             session: own(id),
             agent: agent.into(),
             inject_mode: InjectMode::Pending as i32,
-            version: 0,
+            ..Default::default()
         };
         client.configure_session(authed(req, token)).await.map(tonic::Response::into_inner)
     }

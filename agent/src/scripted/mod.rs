@@ -14,6 +14,7 @@
 //! let hello = UserMessage { id: "m1".into(), content: vec![ContentBlock::text("hello")].into(), source: MessageSource::User };
 //! let request = ModelRequest {
 //!     op: 1, turn: 1, step: 1, agent: "scripted".into(), agent_hash: String::new(), system: None, history: vec![],
+//!     overrides: Default::default(),
 //!     session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
 //!     messages: vec![hello], tool_results: vec![], interrupted_prompt: vec![], goal: None,
 //!     summary: None, output: None, compaction: None,
@@ -27,19 +28,35 @@ mod plan;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use turnstile_driver::{ModelOutput, ModelRequest};
-use turnstile_model::Usage;
+use turnstile_model::{ModelRef, Usage};
 use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelIdentity};
 
 pub use plan::{CONTENT_GUARD, ScriptedPlan, judge, plan};
 
-/// The scripted model as a [`Model`].
-#[derive(Clone, Debug, Default)]
-pub struct ScriptedModel;
+/// The scripted model as a [`Model`], answering as the `[models.NAME]` it was built for (`scripted` by
+/// default): so a session that overrides its agent's model (SPEC §20) shows which one answered.
+#[derive(Clone, Debug)]
+pub struct ScriptedModel {
+    name: String,
+}
+
+impl Default for ScriptedModel {
+    fn default() -> Self {
+        Self::named("scripted")
+    }
+}
+
+impl ScriptedModel {
+    /// The scripted model of `[models.NAME]`.
+    pub fn named(name: impl Into<String>) -> Self {
+        Self { name: name.into() }
+    }
+}
 
 #[async_trait]
 impl Model for ScriptedModel {
     fn identity(&self, _agent: &str) -> ModelIdentity {
-        ModelIdentity::new("scripted", "scripted")
+        ModelIdentity::new("scripted", self.name.clone())
     }
 
     async fn step(
@@ -48,7 +65,8 @@ impl Model for ScriptedModel {
         deltas: DeltaSink,
         abort: CancellationToken,
     ) -> Result<ModelOutput, ModelError> {
-        let plan = plan(&request);
+        let mut plan = plan(&request);
+        plan.output.model.get_or_insert_with(|| ModelRef::new("scripted", self.name.clone()));
         if let Some(message) = plan.fail {
             return Err(ModelError::Failed { message, code: "model_failed".into() });
         }

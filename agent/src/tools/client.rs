@@ -258,6 +258,7 @@ mod tests {
                 name: name.into(),
                 arguments: arguments.into(),
             },
+            tools: None,
             idempotency_key: format!("t/s/1/1/{call_id}"),
         };
         let r = tools.run(&session, &request("c9", "other", "{}"), &abort, &CancellationToken::new()).await;

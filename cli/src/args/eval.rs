@@ -12,7 +12,7 @@ pub(crate) struct EvalArgs {
     /// Its version (default: the newest). Not `--version`: clap's holds that name.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub(crate) agent_version: u64,
-    /// A model of the agent's list to run instead (a session override; not served yet).
+    /// A model of the agent's `overrides.models` to run instead (a session override).
     #[arg(long)]
     pub(crate) model: Option<String>,
     /// Sessions to take turns from (default: those --label selects).

@@ -127,6 +127,29 @@ pub(crate) struct ConfigureArgs {
     /// The version of the agent to run (default: its newest; SPEC §20).
     #[arg(long, default_value_t = 0)]
     pub(crate) agent_version: u64,
+    /// An extra system prompt, sent after the agent's (the agent must allow it; SPEC §20).
+    #[arg(long)]
+    pub(crate) system_prompt: Option<String>,
+    /// Run this model of the agent's `overrides.models` instead of its own.
+    #[arg(long)]
+    pub(crate) model: Option<String>,
+    /// Offer only these of the agent's tools, as it lists them (`--tools clock,echo`).
+    #[arg(long, value_delimiter = ',', conflicts_with = "no_tools")]
+    pub(crate) tools: Option<Vec<String>>,
+    /// Offer none of the agent's tools.
+    #[arg(long)]
+    pub(crate) no_tools: bool,
+}
+
+impl ConfigureArgs {
+    /// The overrides asked for: every configure sets them all, so a flag left out is no override.
+    pub(crate) fn overrides(&self) -> turnstile_model::overrides::SessionOverrides {
+        turnstile_model::overrides::SessionOverrides {
+            system_prompt: self.system_prompt.clone(),
+            model: self.model.clone(),
+            tools: if self.no_tools { Some(Vec::new()) } else { self.tools.clone() },
+        }
+    }
 }
 
 #[derive(Args, Debug)]

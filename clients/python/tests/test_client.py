@@ -333,6 +333,13 @@ class Scenarios(DevCase):
                 await c.put_agent(name, {"modle": "scripted"})
             self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
             self.assertTrue(e.exception.details.startswith(f"agents.{name}.modle: unknown key"), e.exception.details)
+            # The session index follows the log and may lag by a write: wait (bounded) until it lists s.
+            for _ in range(200):
+                on_v1 = [x.session.id for x in (await c.list_sessions(agent=name, agent_version=1)).sessions]
+                if on_v1:
+                    break
+                await asyncio.sleep(0.05)
+            self.assertEqual(on_v1, [s])
             moved = await c.migrate_sessions(name, 2, sessions=[s])
             self.assertEqual([x.id for x in moved.migrated], [s])
             self.assertEqual((await c.get_session(s)).agent_version, 2)
@@ -364,6 +371,26 @@ class Scenarios(DevCase):
             with self.assertRaises(TurnstileError) as e:
                 [i async for i in c.evaluate("")]
             self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+
+    async def test_configure_session_with_the_overrides_the_agent_allows(self):
+        async with AsyncClient(self.dev.address) as c:
+            name = "py-" + new_id()[:8]
+            await c.put_agent(
+                name, {"system": "Base.", "tools": ["echo", "clock"], "overrides": {"system_prompt": True, "tools": True}}
+            )
+            s = new_id()
+            with self.assertRaises(TurnstileError) as e:
+                await c.configure_session(s, name, model="large")
+            self.assertEqual(e.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertTrue(e.exception.details.startswith("overrides.model:"), e.exception.details)
+            with self.assertRaises(TurnstileError) as e:
+                await c.configure_session(s, name, tools=["sleep"])
+            self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            info = await c.configure_session(s, name, system_prompt="Extra.", tools=["echo"])
+            self.assertEqual((info.overrides.system_prompt, list(info.overrides.tools.tools)), ("Extra.", ["echo"]))
+            await c.followup(s, "[[system]] who?")
+            await c.when_idle(s)
+            self.assertEqual(replies(await replay(c, s))[-1], "system: Base.\n\nExtra.")
 
     async def test_steer_interrupt_and_cancel_a_running_turn(self):
         async with AsyncClient(self.dev.address) as c:

@@ -174,6 +174,8 @@ export interface ListOptions extends CallOptions {
   status?: SessionStatus;
   /** Only sessions running this agent. */
   agent?: string;
+  /** Only sessions that recorded this version of `agent` (SPEC §20); 0 or unset: any. */
+  agentVersion?: Uint64;
   /**
    * Only sessions whose labels match: `k=v`, `k!=v`, `k` (has `k`), `!k` (has no `k`), joined by commas,
    * every requirement must hold (a session without `k` matches `k!=v`). E.g. `"team=blue,!archived"`.
@@ -548,13 +550,27 @@ export class ClientBase implements ClientCore {
     return this.#unary("Clear", false, options, (a, o) => a.clear({ session: this.ref(session) }, o));
   }
 
-  /** Sets the session's agent and inject mode from the next turn on (SPEC §8); only while idle. */
+  /**
+   * Sets the session's agent and inject mode from the next turn on (SPEC §8); only while idle. `overrides`
+   * are what the agent allows (`[agents.NAME.overrides]`, SPEC §20): `systemPrompt` sent after the agent's,
+   * `model` from its list, `tools` a subset of its tools (`[]`: none); all at once, one left out is no override.
+   */
   configureSession(
     session: SessionLike,
     agent: string,
-    options: CallOptions & { injectMode?: InjectMode; version?: Uint64 } = {},
+    options: CallOptions & {
+      injectMode?: InjectMode;
+      version?: Uint64;
+      overrides?: { systemPrompt?: string; model?: string; tools?: string[] };
+    } = {},
   ): Promise<SessionInfo> {
-    const request = { session: this.ref(session), agent, injectMode: options.injectMode, version: u64(options.version) };
+    const o = options.overrides;
+    const overrides = o && {
+      systemPrompt: o.systemPrompt,
+      model: o.model,
+      tools: o.tools === undefined ? undefined : { tools: o.tools },
+    };
+    const request = { session: this.ref(session), agent, injectMode: options.injectMode, version: u64(options.version), overrides };
     return this.#unary("ConfigureSession", false, options, (a, o) => a.configureSession(request, o));
   }
 
@@ -806,6 +822,7 @@ export class ClientBase implements ClientCore {
       parent: options.parent ?? "",
       status: options.status,
       agent: options.agent ?? "",
+      agentVersion: u64(options.agentVersion),
       labelSelector: options.labelSelector ?? "",
       updatedAfterUnixMs: u64(options.updatedAfterUnixMs),
       updatedBeforeUnixMs: u64(options.updatedBeforeUnixMs),

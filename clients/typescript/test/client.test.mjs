@@ -682,6 +682,25 @@ test("createWebhook, listWebhooks, deleteWebhook: a signed POST of the tenant's 
   }
 });
 
+test("configureSession with the overrides the agent allows", async () => {
+  const name = `ts-${newId().slice(0, 8)}`;
+  await client.putAgent(name, { system: "Base.", tools: ["echo", "clock"], overrides: { system_prompt: true, tools: true } });
+  const s = newId();
+  const refused = await failure(client.configureSession(s, name, { overrides: { model: "large" } }));
+  assert.equal(refused.code, Code.FailedPrecondition);
+  assert.ok(refused.details.startsWith("overrides.model:"), refused.details);
+  const invalid = await failure(client.configureSession(s, name, { overrides: { tools: ["sleep"] } }));
+  assert.equal(invalid.code, Code.InvalidArgument);
+  const info = await client.configureSession(s, name, { overrides: { systemPrompt: "Extra.", tools: ["echo"] } });
+  assert.equal(info.overrides?.systemPrompt, "Extra.");
+  assert.deepEqual(info.overrides?.tools?.tools, ["echo"]);
+  await client.followup(s, "[[system]] who?");
+  await client.whenIdle(s);
+  const events = await replay(client, s);
+  const reply = events.findLast((e) => e.payload.case === "assistantMessage");
+  assert.equal(reply?.payload.case === "assistantMessage" && reply.payload.value.text, "system: Base.\n\nExtra.");
+});
+
 test("putAgent, getAgent, listAgents, listAgentVersions, migrateSessions and deleteAgent", async () => {
   const name = `ts-${newId().slice(0, 8)}`;
   const v1 = await client.putAgent(name, 'system = "You are v1."\nversion_policy = "pin"');

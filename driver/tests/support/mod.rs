@@ -1056,6 +1056,9 @@ pub fn render_durable(e: &Envelope) -> String {
             format!("D session/labeled {} -{}", set.join(","), l.removed.join(","))
         }
         EventPayload::MemoryWritten(m) => format!("D memory/written {}/{}", m.namespace, m.key),
+        EventPayload::SessionOverridden(o) => {
+            format!("D session/overridden system={:?} model={:?} tools={:?}", o.system_prompt, o.model, o.tools)
+        }
         EventPayload::Ignorable { event_type } => format!("D ignorable {event_type}"),
     }
 }

@@ -83,12 +83,6 @@ impl Gateway {
                 "agent: is empty; name the agent to run the turns on (ListAgents lists yours)",
             ));
         }
-        if !req.model.is_empty() {
-            return Err(Status::failed_precondition(
-                "model: running turns on another model needs session overrides, which this gateway does not have; \
-                 put a version of the agent with that model (PutAgent) and name it in agent and version",
-            ));
-        }
         let scorer = scorer::Scorer::from_request(req.scorer.clone())?;
         let parallel = bounded("parallel", req.parallel, DEFAULT_PARALLEL, MAX_PARALLEL)?;
         let parallel = self.quotas.burst_of(tenant.as_str()).map_or(parallel, |burst| parallel.min(burst.max(1)));
@@ -100,7 +94,10 @@ impl Gateway {
                 req.first_turn, req.last_turn
             )));
         }
-        let candidate = self.eval_profile(tenant, "agent", &req.agent, req.version).await?;
+        let mut candidate = self.eval_profile(tenant, "agent", &req.agent, req.version).await?;
+        // Another model is a session override: the agent must allow it (`[agents.NAME.overrides] models`), and
+        // a scratch session's configure refuses it otherwise, naming `overrides.model`.
+        candidate.model = (!req.model.is_empty()).then(|| req.model.clone());
         let judge = match &scorer {
             scorer::Scorer::Judge { agent, version, .. } => {
                 Some(self.eval_profile(tenant, "scorer.judge.agent", agent, version.unwrap_or(0)).await?)
@@ -159,7 +156,7 @@ impl Gateway {
                  runs its newest version instead; evaluate the newest, or put versions with version_policy = \"pin\""
             )));
         }
-        Ok(scratch::Profile { agent: agent.to_owned(), version })
+        Ok(scratch::Profile { agent: agent.to_owned(), version, model: None })
     }
 
     /// The sessions the request names, else those its selector selects in `tenant` (never another run's

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use turnstile_journal::log::read_all;
 use turnstile_model::labels::Labeled;
 use turnstile_model::message::{MessageId, SessionRef, Target, UserMessage};
+use turnstile_model::overrides::SessionOverrides;
 use turnstile_model::{Command, CommandError, CommandReply, Envelope, Fork, InjectMode, Tenant};
 
 use super::turns::{TurnRecord, ended_turns};
@@ -35,6 +36,8 @@ pub(crate) struct Scratch {
 pub(crate) struct Profile {
     pub(crate) agent: String,
     pub(crate) version: Option<u64>,
+    /// A model from the agent's `overrides.models` to run instead of its own (a session override, SPEC §20).
+    pub(crate) model: Option<String>,
 }
 
 /// Why a rerun gave no reply: a row's `error`.
@@ -70,6 +73,7 @@ impl Scratch {
             agent: profile.agent.clone(),
             inject_mode: InjectMode::Pending,
             version: profile.version,
+            overrides: SessionOverrides { model: profile.model.clone(), ..SessionOverrides::default() },
         };
         g.written(session.clone(), configure).await.map_err(|e| failed("configure", &e))?;
         let label = Labeled { set: [(EVAL_LABEL.to_owned(), self.run_id.clone())].into(), removed: Vec::new() };

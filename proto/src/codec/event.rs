@@ -124,6 +124,7 @@ fn encode_payload(payload: &EventPayload) -> Option<Payload> {
             revision: m.revision,
             bytes: m.bytes,
         }),
+        EventPayload::SessionOverridden(o) => Payload::SessionOverridden(super::parts::encode_overrides(o)),
         // An event this build does not understand has no payload it could write.
         EventPayload::Ignorable { .. } => return None,
     })
@@ -165,6 +166,7 @@ fn payload_type(payload: &Payload) -> &'static str {
         Payload::SessionLabeled(_) => "session/labeled",
         Payload::ToolRepaired(_) => "tool/repaired",
         Payload::MemoryWritten(_) => "memory/written",
+        Payload::SessionOverridden(_) => "session/overridden",
     }
 }
 
@@ -253,6 +255,9 @@ fn decode_payload(payload: Payload) -> Result<EventPayload, CodecError> {
         }
         Payload::SessionLabeled(l) => EventPayload::SessionLabeled(super::schedule::labeled_at(l, "session_labeled")?),
         Payload::MemoryWritten(m) => EventPayload::MemoryWritten(memory_written_at(m)?),
+        Payload::SessionOverridden(o) => {
+            EventPayload::SessionOverridden(super::parts::overrides_at(o, "session_overridden")?)
+        }
     })
 }
 
@@ -285,7 +290,7 @@ pub fn encode_session_event(event: &Envelope) -> pb::SessionEvent {
     let (ty, ignorable) = match &event.payload {
         EventPayload::Ignorable { event_type } => (event_type.clone(), true),
         // A reader from before SPEC §20 skips these (`IGNORABLE_TYPES`): the repair's record (the call's
-        // `tool/result` still follows) and an agent's memory write.
+        // `tool/result` still follows), an agent's memory write and a session's overrides.
         other => (other.event_type().to_owned(), IGNORABLE_TYPES.contains(&other.event_type())),
     };
     let mut payload = encode_payload(&event.payload);

@@ -32,7 +32,7 @@ pub use message::{
     decode_user_message, decode_user_message_with_default_source, encode_content_block, encode_inbox,
     encode_message_source, encode_session_ref, encode_target, encode_user_message,
 };
-pub use parts::{decode_usage, encode_usage};
+pub use parts::{decode_usage, encode_overrides, encode_usage, overrides_at};
 pub use session::{
     encode_goal_action, encode_goal_info, encode_session_info, goal_action_at, goal_info_at, session_info_at,
 };

@@ -3,9 +3,10 @@
 
 use crate::v1 as pb;
 
-use super::error::{CodecError, join};
+use super::error::{CodecError, index, join};
 use turnstile_model::event::{Compaction, ModelRef, Usage};
 use turnstile_model::goal::{GoalChange, GoalState, MAX_GOAL_ID_LEN};
+use turnstile_model::overrides::SessionOverrides;
 
 pub(crate) fn encode_compaction(c: &Compaction) -> pb::ContextCompacted {
     pb::ContextCompacted {
@@ -88,4 +89,32 @@ pub(crate) fn goal_change(g: pb::GoalChange) -> Result<GoalChange, CodecError> {
         summary: g.summary,
         reason: g.reason,
     })
+}
+
+/// A session's overrides (SPEC §20) as `SessionOverrides`.
+pub fn encode_overrides(o: &SessionOverrides) -> pb::SessionOverrides {
+    pb::SessionOverrides {
+        system_prompt: o.system_prompt.clone(),
+        model: o.model.clone(),
+        tools: o.tools.as_ref().map(|tools| pb::ToolSubset { tools: tools.clone() }),
+    }
+}
+
+/// The inverse of [`encode_overrides`]: an empty model or tool name is refused, naming the field under
+/// `path`; an empty system prompt is no override. Whether the agent allows them is the driver's to check.
+pub fn overrides_at(o: pb::SessionOverrides, path: &str) -> Result<SessionOverrides, CodecError> {
+    if o.model.as_deref() == Some("") {
+        return Err(CodecError::invalid(
+            join(path, "model"),
+            "is empty; name one of the models the agent allows, or leave it out",
+        ));
+    }
+    let tools = o.tools.map(|t| t.tools);
+    if let Some(i) = tools.iter().flatten().position(String::is_empty) {
+        return Err(CodecError::invalid(
+            index(&join(path, "tools"), i),
+            "is empty; name one of the agent's tools as it lists them",
+        ));
+    }
+    Ok(SessionOverrides { system_prompt: o.system_prompt.filter(|p| !p.is_empty()), model: o.model, tools })
 }

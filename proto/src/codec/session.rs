@@ -69,6 +69,7 @@ pub fn encode_session_info(session: &SessionRef, summary: &SessionSummary) -> pb
         // Not in a summary: the gateway's reads of the log add them.
         awaiting_approval: None,
         awaiting_client: None,
+        overrides: None,
         agent_version: summary.agent_version.unwrap_or(0),
     }
 }

@@ -192,6 +192,12 @@ fn payloads() -> Vec<EventPayload> {
             parent: Some(SessionRef { tenant: "acme".into(), id: "planner".into() }),
             version: None,
         },
+        EventPayload::SessionOverridden(turnstile_model::overrides::SessionOverrides {
+            system_prompt: Some("Answer in French.".into()),
+            model: Some("large".into()),
+            tools: Some(vec![]),
+        }),
+        EventPayload::SessionOverridden(turnstile_model::overrides::SessionOverrides::default()),
         EventPayload::ContextCompacted(turnstile_model::Compaction {
             upto_turn: 3,
             from_turn: 1,
@@ -268,6 +274,11 @@ fn encoded_type_is_the_payload_type_and_ignorable_keeps_its_own() {
             // The repair's record (SPEC §20) is known here, and skipped by a reader from before it.
             EventPayload::ToolRepaired { .. } => {
                 assert_eq!(event.r#type, "tool/repaired");
+                assert!(event.ignorable && event.payload.is_some());
+            }
+            // So are a session's overrides: an older reader runs the agent as it is.
+            EventPayload::SessionOverridden(_) => {
+                assert_eq!(event.r#type, "session/overridden");
                 assert!(event.ignorable && event.payload.is_some());
             }
             other => {

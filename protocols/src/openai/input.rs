@@ -112,6 +112,88 @@ pub fn metadata(body: &Map<String, Value>) -> Result<Option<Vec<(String, String)
     Ok(Some(pairs))
 }
 
+/// `text.format` (SPEC §20, decision 0172) as the turn's output schema: `json_schema` with its `name`,
+/// `schema` and `strict`; `json_object` as a schema that asks for any JSON object; `text` or absent: none.
+/// The schema itself is checked by the gateway, by the rule the agents' schemas are checked by.
+pub fn text_format(body: &Map<String, Value>) -> Result<Option<pb::OutputSchema>, ApiError> {
+    let text = match body.get("text") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(text)) => text,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "text",
+                format!("text must be an object ({{\"format\": …}}), not {}", kind(other)),
+            ));
+        }
+    };
+    let format = match text.get("format") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(format)) => format,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "text.format",
+                format!("text.format must be an object, not {}", kind(other)),
+            ));
+        }
+    };
+    let field = |name: &str| format.get(name).filter(|v| !v.is_null());
+    let types = "allowed: text, json_schema, json_object";
+    match field("type") {
+        Some(Value::String(t)) if t == "text" => Ok(None),
+        Some(Value::String(t)) if t == "json_object" => Ok(Some(pb::OutputSchema {
+            name: "json_object".into(),
+            schema_json: r#"{"type":"object"}"#.into(),
+            strict: false,
+        })),
+        Some(Value::String(t)) if t == "json_schema" => {
+            let name = match field("name") {
+                None => "output".to_owned(),
+                Some(Value::String(name)) => name.clone(),
+                Some(other) => {
+                    return Err(ApiError::invalid(
+                        "text.format.name",
+                        format!("text.format.name must be a string, not {}", kind(other)),
+                    ));
+                }
+            };
+            let schema = match field("schema") {
+                Some(schema @ Value::Object(_)) => schema.to_string(),
+                None => {
+                    return Err(ApiError::invalid(
+                        "text.format.schema",
+                        "text.format.schema is required: the JSON Schema the reply must match",
+                    ));
+                }
+                Some(other) => {
+                    return Err(ApiError::invalid(
+                        "text.format.schema",
+                        format!("text.format.schema must be a JSON Schema object, not {}", kind(other)),
+                    ));
+                }
+            };
+            let strict = match field("strict") {
+                None => false,
+                Some(Value::Bool(strict)) => *strict,
+                Some(other) => {
+                    return Err(ApiError::invalid(
+                        "text.format.strict",
+                        format!("text.format.strict must be a boolean, not {}", kind(other)),
+                    ));
+                }
+            };
+            Ok(Some(pb::OutputSchema { name, schema_json: schema, strict }))
+        }
+        Some(Value::String(t)) => {
+            Err(ApiError::invalid("text.format.type", format!("text.format.type is {t:?}; {types}")))
+        }
+        None => Err(ApiError::invalid("text.format.type", format!("text.format.type is required; {types}"))),
+        Some(other) => Err(ApiError::invalid(
+            "text.format.type",
+            format!("text.format.type must be a string, not {}", kind(other)),
+        )),
+    }
+}
+
 /// A decision on an approval request: an `mcp_approval_response` input item.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApprovalResponse {
@@ -357,6 +439,29 @@ mod tests {
 
     fn body(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn text_format_is_the_turns_output_schema() {
+        let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+        let format =
+            json!({"text": {"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": true}}});
+        let got = text_format(&body(format)).unwrap().unwrap();
+        assert_eq!((got.name.as_str(), got.strict), ("city", true));
+        assert_eq!(serde_json::from_str::<Value>(&got.schema_json).unwrap(), schema);
+        assert_eq!(text_format(&body(json!({"text": {"format": {"type": "text"}}}))).unwrap(), None);
+        assert_eq!(text_format(&body(json!({"input": "x"}))).unwrap(), None);
+        let object = text_format(&body(json!({"text": {"format": {"type": "json_object"}}}))).unwrap().unwrap();
+        assert_eq!(object.schema_json, r#"{"type":"object"}"#);
+        for (bad, param) in [
+            (json!({"text": "json"}), "text"),
+            (json!({"text": {"format": {"type": "yaml"}}}), "text.format.type"),
+            (json!({"text": {"format": {"name": "x"}}}), "text.format.type"),
+            (json!({"text": {"format": {"type": "json_schema", "name": "x"}}}), "text.format.schema"),
+            (json!({"text": {"format": {"type": "json_schema", "schema": {}, "strict": "yes"}}}), "text.format.strict"),
+        ] {
+            assert_eq!(text_format(&body(bad)).unwrap_err().param.as_deref(), Some(param));
+        }
     }
 
     #[test]

@@ -55,6 +55,7 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
     let delivery = delivery(&body, metadata.as_deref())?;
     let approvals = input::approvals(&body)?;
     let messages = input::messages(&body)?;
+    let output_schema = input::text_format(&body)?;
     if !approvals.is_empty() {
         if !messages.is_empty() {
             return Err(ApiError::invalid(
@@ -82,6 +83,13 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
             "a function_call item is history this server already has: continue its response with \
              previous_response_id (or conversation) and send only the new input, or end the input with the \
              function_call_output items that answer the waiting calls",
+        ));
+    }
+    if output_schema.is_some() && delivery == Delivery::Steer {
+        return Err(ApiError::invalid(
+            "text.format",
+            "a steer joins the running turn, whose reply has its own format; send text.format with a followup, \
+             queue, inject or interrupt",
         ));
     }
     if !messages.iter().any(|m| m.role != Role::Instructions) {
@@ -131,7 +139,8 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
             // The function tools are the client tools of the turn this message opens (decision 0113).
             message.content.push(encode_content_block(&turn_tools::block(&tools)));
         }
-        reply = api.deliver(&session, message, how).await?;
+        let schema = output_schema.clone().filter(|_| i == last).map(|schema| (schema, "text.format"));
+        reply = api.deliver_with(&session, message, how, schema).await?;
     }
     let id = ResponseId { session, seq: reply.seq, turn: reply.turn.unwrap_or(0), conversation, after_approval: false };
     let meta = Meta { model: model.to_owned(), metadata: labels(&info), background };

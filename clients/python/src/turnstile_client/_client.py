@@ -379,12 +379,32 @@ class AsyncClient:
         return await self._unary("Clear", api.ClearRequest(session=self.ref(session)), retry=False)
 
     async def configure_session(
-        self, session: SessionLike, agent: str, *, inject_mode: int = ev.INJECT_MODE_UNSPECIFIED, version: int = 0
+        self,
+        session: SessionLike,
+        agent: str,
+        *,
+        inject_mode: int = ev.INJECT_MODE_UNSPECIFIED,
+        version: int = 0,
+        system_prompt: str | None = None,
+        model: str | None = None,
+        tools: Sequence[str] | None = None,
     ) -> api.SessionInfo:
-        """Sets the session's agent (at ``version``; 0: its newest, SPEC §20) and inject mode from the next turn."""
+        """Sets the session's agent (at ``version``; 0: its newest, SPEC §20) and inject mode from the next turn,
+        and its overrides, as far as the agent allows them (``[agents.NAME.overrides]``): ``system_prompt`` sent
+        after the agent's, ``model`` from its list, ``tools`` a subset of its tools (``[]``: none). All of them at
+        once: one left out is no override."""
         request = api.ConfigureSessionRequest(
             session=self.ref(session), agent=agent, inject_mode=inject_mode, version=version
         )
+        if system_prompt is not None or model is not None or tools is not None:
+            overrides = ev.SessionOverrides()
+            if system_prompt is not None:
+                overrides.system_prompt = system_prompt
+            if model is not None:
+                overrides.model = model
+            if tools is not None:
+                overrides.tools.CopyFrom(ev.ToolSubset(tools=list(tools)))
+            request.overrides.CopyFrom(overrides)
         return await self._unary("ConfigureSession", request, retry=False)
 
     async def decide(self, session: SessionLike, call_id: str, approve: bool, reason: str = "") -> api.EditReply:
@@ -602,14 +622,16 @@ class AsyncClient:
         parent: str = "",
         status: int = ev.SESSION_STATUS_UNSPECIFIED,
         agent: str = "",
+        agent_version: int = 0,
         label_selector: str = "",
         updated_after_unix_ms: int | None = None,
         updated_before_unix_ms: int | None = None,
         order_by: int = api.SESSION_ORDER_UNSPECIFIED,
     ) -> api.ListSessionsReply:
         """One page of the tenant's sessions; with ``parent``, only that session's children (``spawn_agent``).
-        Filters (SPEC §16): ``status``, ``agent``, ``label_selector`` (``k=v,k!=v,k,!k``) and the last
-        activity; ``order_by=SESSION_ORDER_LAST_ACTIVITY`` lists the newest first."""
+        Filters (SPEC §16): ``status``, ``agent`` (and ``agent_version``, the version sessions recorded, SPEC §20;
+        0: any), ``label_selector`` (``k=v,k!=v,k,!k``) and the last activity; ``order_by=SESSION_ORDER_LAST_ACTIVITY``
+        lists the newest first."""
         request = api.ListSessionsRequest(
             page_token=page_token,
             page_size=page_size,
@@ -617,6 +639,7 @@ class AsyncClient:
             parent=parent,
             status=status,
             agent=agent,
+            agent_version=agent_version,
             label_selector=label_selector,
             order_by=order_by,
         )

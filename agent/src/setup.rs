@@ -15,7 +15,10 @@
 //! use turnstile_agent::setup::from_config;
 //!
 //! let setup = from_config(&turnstile_config::Config::default()).unwrap();
-//! assert_eq!(setup.catalog, turnstile_driver::AgentCatalog::default());
+//! // With no agents configured, the default agent is the scripted model with every built-in tool.
+//! assert_eq!(setup.catalog.default_agent(), "scripted");
+//! let profile = setup.catalog.get("scripted").unwrap();
+//! assert!(profile.tools.iter().any(|t| t == "clock"));
 //! assert!(setup.tools.contains("clock"));
 //! ```
 

@@ -25,6 +25,7 @@ mod approvals;
 pub mod auth;
 pub mod console;
 pub mod convert;
+mod encoded;
 pub mod eval;
 pub mod export;
 pub mod feed;
@@ -91,6 +92,8 @@ pub async fn serve_with(
         turnstile_ops::grpc::report_draining(&health, &served).await;
         watches.cancel();
     };
-    turnstile_ops::grpc::serve(router.add_service(gateway.into_server()), listener, tls, shutdown).await?;
+    // Watch streams send each feed item's bytes encoded once for all of them (decision 0178).
+    let server = encoded::WatchEncodedOnce::new(gateway);
+    turnstile_ops::grpc::serve(router.add_service(server), listener, tls, shutdown).await?;
     Ok(())
 }

@@ -21,6 +21,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
 use futures::Stream;
 use prost::Message as _;
 use tokio::sync::{Notify, watch};
@@ -97,9 +98,11 @@ impl WatchBuffers {
     }
 
     /// A feed item as watchers hold it, its bytes counted in the total until the last holder drops it.
+    /// It is encoded here, once: every watcher's connection sends these same bytes (decision 0178).
     pub fn hold(&self, item: FeedItem) -> Arc<Held> {
-        let bytes = item.encoded_len();
-        Arc::new(Held { item, bytes, _charge: self.budget.charge(bytes) })
+        let encoded = item.watch_item().map(|i| Bytes::from(i.encode_to_vec())).unwrap_or_default();
+        let bytes = encoded.len();
+        Arc::new(Held { item, bytes, encoded, _charge: self.budget.charge(bytes) })
     }
 
     /// A new watcher of `session` whose client has every durable event up to `after_seq`: the handle its
@@ -113,7 +116,7 @@ impl WatchBuffers {
             to_connection: Notify::new(),
         });
         let connection = Connection(watcher.clone());
-        let stream = futures::stream::unfold(connection, |c| async move { c.next().await.map(|item| (item, c)) });
+        let stream = futures::stream::unfold(connection, |c| async move { c.next().await.map(|next| (next, c)) });
         let pressure = self.budget.pressure.subscribe();
         (Outbound { watcher, pressure }, ItemStream(Box::pin(stream)))
     }
@@ -152,6 +155,8 @@ pub struct Held {
     pub item: FeedItem,
     /// Its encoded size: what it counts for in every buffer it waits in.
     pub bytes: usize,
+    /// The item as sent (empty for a feed's end), shared by every watcher's connection.
+    encoded: Bytes,
     _charge: Charge,
 }
 
@@ -187,6 +192,15 @@ impl Outgoing {
         match self {
             Self::Shared(held) => held.item.watch_item().cloned(),
             Self::Own { item, .. } => Some(*item),
+        }
+    }
+
+    /// The item's bytes as sent: the feed's shared buffer as it is (no copy, no encode), or this watcher's
+    /// own item encoded now.
+    fn into_encoded(self) -> Option<Bytes> {
+        match self {
+            Self::Shared(held) => held.item.watch_item().is_some().then(|| held.encoded.clone()),
+            Self::Own { item, .. } => Some(Bytes::from(item.encode_to_vec())),
         }
     }
 }
@@ -502,7 +516,7 @@ impl Drop for Outbound {
 struct Connection(Arc<Watcher>);
 
 impl Connection {
-    async fn next(&self) -> Option<Result<pb::WatchItem, Status>> {
+    async fn next(&self) -> Option<Result<Outgoing, Status>> {
         let watcher = &self.0;
         loop {
             let notified = watcher.to_connection.notified();
@@ -526,9 +540,9 @@ impl Connection {
             };
             if let Some(out) = next {
                 watcher.to_task.notify_one();
-                // Copied outside the lock: the feed and the task never wait for it.
-                let Some(item) = out.into_item() else { continue };
-                return Some(Ok(item));
+                // Made into what is sent outside the lock (`ItemStream`): the feed and the task never wait
+                // for it.
+                return Some(Ok(out));
             }
             notified.await;
         }
@@ -556,8 +570,11 @@ pub(crate) fn durable_seq(item: &pb::WatchItem) -> Option<u64> {
     }
 }
 
+/// What a connection takes from its send queue, before it is made into a message.
+type Queued = Pin<Box<dyn Stream<Item = Result<Outgoing, Status>> + Send>>;
+
 /// The items of one Watch stream, as its connection reads them (the `WatchStream` of the service).
-pub struct ItemStream(Pin<Box<dyn Stream<Item = Result<pb::WatchItem, Status>> + Send>>);
+pub struct ItemStream(Queued);
 
 impl std::fmt::Debug for ItemStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -565,11 +582,55 @@ impl std::fmt::Debug for ItemStream {
     }
 }
 
+impl ItemStream {
+    /// The same stream as encoded messages: a feed item's bytes are the ones encoded when the feed made it,
+    /// shared by every watcher (the gRPC Watch sends these, decision 0178).
+    pub fn into_encoded(self) -> EncodedItemStream {
+        EncodedItemStream(self.0)
+    }
+}
+
 impl Stream for ItemStream {
     type Item = Result<pb::WatchItem, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
-        self.0.as_mut().poll_next(cx)
+        loop {
+            return match std::task::ready!(self.0.as_mut().poll_next(cx)) {
+                // A feed's end is no message: the status follows.
+                Some(Ok(out)) => match out.into_item() {
+                    Some(item) => std::task::Poll::Ready(Some(Ok(item))),
+                    None => continue,
+                },
+                Some(Err(status)) => std::task::Poll::Ready(Some(Err(status))),
+                None => std::task::Poll::Ready(None),
+            };
+        }
+    }
+}
+
+/// [`ItemStream`] as encoded `WatchItem` messages ([`crate::encoded`] sends them as they are).
+pub struct EncodedItemStream(Queued);
+
+impl std::fmt::Debug for EncodedItemStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EncodedItemStream")
+    }
+}
+
+impl Stream for EncodedItemStream {
+    type Item = Result<Bytes, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+        loop {
+            return match std::task::ready!(self.0.as_mut().poll_next(cx)) {
+                Some(Ok(out)) => match out.into_encoded() {
+                    Some(bytes) => std::task::Poll::Ready(Some(Ok(bytes))),
+                    None => continue,
+                },
+                Some(Err(status)) => std::task::Poll::Ready(Some(Err(status))),
+                None => std::task::Poll::Ready(None),
+            };
+        }
     }
 }
 
@@ -622,6 +683,31 @@ mod tests {
         assert!(status.message().contains("limits.watch_buffer_bytes = 10000"), "{status:?}");
         assert_eq!(status.metadata().get(RESUME_AFTER_SEQ).unwrap(), "2");
         assert!(items.next().await.is_none(), "nothing after the status");
+    }
+
+    #[tokio::test]
+    async fn every_watcher_sends_the_feed_items_one_encoding_and_its_own_items_encoded_alike() {
+        let buffers = WatchBuffers::new(BufferLimits::default());
+        let (mut a, items_a) = buffers.watcher(&session(), 0);
+        let (mut b, items_b) = buffers.watcher(&session(), 0);
+        let (mut a_items, mut b_items) = (items_a.into_encoded(), items_b.into_encoded());
+        // An item made for one watcher, then a feed item both take.
+        a.send(event(1, 10)).await.unwrap();
+        let held = durable(&buffers, 2, 10);
+        a.forward(held.clone()).await.unwrap();
+        b.forward(held.clone()).await.unwrap();
+        let own = a_items.next().await.unwrap().unwrap();
+        assert_eq!(own, event(1, 10).encode_to_vec(), "its own item, encoded as prost does");
+        let (shared_a, shared_b) = (a_items.next().await.unwrap().unwrap(), b_items.next().await.unwrap().unwrap());
+        assert_eq!(shared_a, event(2, 10).encode_to_vec(), "the same message on the wire");
+        assert_eq!(shared_a.as_ptr(), shared_b.as_ptr(), "one buffer for both watchers, not a copy each");
+        assert_eq!(shared_a.as_ptr(), held.encoded.as_ptr(), "the one the feed encoded");
+        // A feed's end sends no message: the stream ends with its status.
+        let end = buffers.hold(FeedItem::End(crate::feed_item::FeedEnd::TailEnded));
+        assert_eq!(end.bytes, 0);
+        a.forward(end).await.unwrap();
+        a.finish(Status::unavailable("ended"));
+        assert_eq!(a_items.next().await.unwrap().unwrap_err().code(), tonic::Code::Unavailable);
     }
 
     #[tokio::test]

@@ -46,13 +46,35 @@ impl IndexEntry {
     /// The same entry but for what changes on every event: an owner compares with this to submit only
     /// what a query could see differently.
     pub fn same_but_activity(&self, other: &IndexEntry) -> bool {
-        let strip = |e: &IndexEntry| {
-            let mut e = e.clone();
-            e.summary.last_seq = 0;
-            e.summary.last_time_ms = 0;
-            e
-        };
-        strip(self) == strip(other)
+        // Field by field, without copying either entry (this runs after every input of a session); the
+        // destructuring names every field, so a new one cannot be forgotten here.
+        let SessionSummary {
+            status,
+            last_seq: _,
+            last_turn,
+            epoch,
+            owner,
+            agent,
+            inject_mode,
+            agent_version,
+            goal,
+            last_time_ms: _,
+            parent,
+            labels,
+        } = &self.summary;
+        let o = &other.summary;
+        self.session == other.session
+            && self.schedules == other.schedules
+            && *status == o.status
+            && *last_turn == o.last_turn
+            && *epoch == o.epoch
+            && *owner == o.owner
+            && *agent == o.agent
+            && *inject_mode == o.inject_mode
+            && *agent_version == o.agent_version
+            && *goal == o.goal
+            && *parent == o.parent
+            && *labels == o.labels
     }
 }
 
@@ -128,6 +150,12 @@ pub trait SessionIndex: Send + Sync + 'static {
     /// from the start). A sender that goes away means the view will not catch up further.
     fn loaded(&self) -> tokio::sync::watch::Receiver<bool> {
         tokio::sync::watch::channel(true).1
+    }
+    /// Resolves once everything submitted before the call is in the store (or was tried once and queued
+    /// again): a store written behind in batches is flushed before a shard is handed over and when the
+    /// process stops, so the next owner reads what this one knew. Default: nothing is held back.
+    fn flush(&self) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(std::future::ready(()))
     }
 }
 

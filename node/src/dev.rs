@@ -228,10 +228,11 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         tracing::info!(resumed, "resumed sessions that were running when the last process stopped");
     }
     let router: Arc<dyn CommandRouter> = host;
+    let index = journal.index.clone();
     let auth_enabled = security.auth.is_enabled();
     let gateway = Gateway::new(router, journal.log, journal.bus, gateway_config(config))
         .with_snapshots(journal.snapshots)
-        .with_index(journal.index)
+        .with_index(index.clone())
         .with_auth(security.auth)
         .with_tools(tools)
         .with_usage(journal.usage)
@@ -250,7 +251,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     report_bound(&bound, &[], opts.serving.ready_file.as_deref())?;
     tracing::info!(%local, tls = security.tls.is_some(), "serving turnstile.v1.Agent");
 
-    Ok(crate::gateway::serve(gateway, listener, local, security.tls, reloads, http, url, journal.fold))
+    Ok(crate::gateway::serve(gateway, listener, local, security.tls, reloads, http, url, journal.fold, Some(index)))
 }
 
 #[cfg(test)]

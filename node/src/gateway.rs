@@ -20,7 +20,11 @@ use crate::security::{AuthOptions, ServerSecurity, auth_line};
 use crate::tls::ClusterTls;
 use crate::{NodeError, cluster_router, gateway_config, replicas};
 use turnstile_gateway::Quotas;
+use turnstile_journal::SessionIndex;
 use turnstile_journal::jetstream::{KvUsage, UsageFold};
+
+/// How long a stopping `dev` waits for its last index writes (a few of the writer's windows).
+const INDEX_FLUSH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `--listen` of a gateway (and of `dev`) when it is not given.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
@@ -77,7 +81,8 @@ impl Handle {
 
 /// Serves `gateway` on `listener` (bound at `local`, reached at `url`) with `tls` until stopped, watching
 /// the auth and TLS files when there are some (`reloads`) and stopping the ops endpoints `http` after it: how `dev` and a
-/// gateway end their start. `fold` (dev's usage fold on JetStream) runs as long as the server.
+/// gateway end their start. `fold` (dev's usage fold on JetStream) runs as long as the server; `index` (dev's) is flushed
+/// when it stops.
 #[allow(clippy::too_many_arguments)] // the parts of one start, each built by its caller
 pub(crate) fn serve(
     gateway: Gateway,
@@ -88,6 +93,7 @@ pub(crate) fn serve(
     http: OpsHttp,
     url: String,
     fold: Option<UsageFold>,
+    index: Option<Arc<dyn SessionIndex>>,
 ) -> Handle {
     let stop = CancellationToken::new();
     if let Some(reloads) = reloads {
@@ -98,6 +104,13 @@ pub(crate) fn serve(
     let running = Running::spawn(stop, async move {
         let _fold = fold;
         let served = serve.await;
+        // `dev` writes the index behind in batches (decision 0177): what its sessions submitted is in the
+        // store before the process goes.
+        if let Some(index) = index
+            && tokio::time::timeout(INDEX_FLUSH_PATIENCE, index.flush()).await.is_err()
+        {
+            tracing::warn!("session index not flushed in time; a take-over repairs it from the logs");
+        }
         http.stop();
         served.map_err(NodeError::Serve)?;
         tracing::info!("stopped");
@@ -169,5 +182,5 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     report_bound(&bound, &[], opts.serving.ready_file.as_deref())?;
     tracing::info!(%local, nats = %url, shards = c.shards, "serving turnstile.v1.Agent with cluster routing");
 
-    Ok(serve(gateway, listener, local, security.tls, reloads, http, client_url, None))
+    Ok(serve(gateway, listener, local, security.tls, reloads, http, client_url, None, None))
 }

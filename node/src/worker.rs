@@ -110,10 +110,16 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
         ..LeaseConfig::default()
     };
     let drain = leases.drain_timeout;
-    // SPEC §17: every worker folds the event streams into the usage bucket (idempotently: several folds
-    // count each message once) and checks the tenants' budgets against it.
+    // SPEC §17: the workers fold the event streams into the usage bucket (idempotently: several folds
+    // count each message once) and check the tenants' budgets against it. Partition p is folded by the
+    // holder of shard p (its lowest shard, shard mod P = p), so one fold reads each message (decision 0180).
     let usage = KvUsage::open(&client, replicas(config)).await.map_err(|e| NodeError::nats(url, e))?;
-    let fold = UsageFold::start(&client, c.partitions, usage.clone());
+    let holder: Arc<std::sync::OnceLock<Arc<turnstile_worker::cluster::Leases>>> = Arc::default();
+    let mine = {
+        let holder = holder.clone();
+        Arc::new(move |partition: u32| holder.get().is_some_and(|l| l.held_shards().contains(&partition)))
+    };
+    let fold = UsageFold::start_where(&client, c.partitions, usage.clone(), mine);
     let options = WorkerOptions {
         id: id.clone(),
         advertise_addr: advertise.clone(),
@@ -140,6 +146,7 @@ pub async fn start(opts: Options) -> Result<Handle, NodeError> {
     let worker = start_worker(options, definitions.agents(agents), &client, replicas(config), log, bus, snapshots)
         .await
         .map_err(|e| NodeError::membership(url, e))?;
+    let _ = holder.set(worker.leases());
 
     // The server keeps answering while the worker drains (not-owner for released shards tells gateways
     // to look again), so it stops only after the worker has left the cluster.

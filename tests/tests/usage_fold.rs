@@ -136,3 +136,46 @@ async fn caught_up(client: &async_nats::Client, store: &jetstream::kv::Store) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Decision 0180: a partition is folded only where `mine` says so; when it moves to another worker (a
+/// hand-over of its lowest shard), the new holder goes on from the checkpoint and nothing is counted
+/// twice or lost, the old one stopping at its next checkpoint.
+#[tokio::test]
+async fn a_partitions_fold_moves_to_its_new_holder_and_counts_each_message_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    let server = NatsServer::start().await.unwrap();
+    let config = JetStreamConfig { partitions: 2, ..JetStreamConfig::new(server.url()) };
+    let log = JetStreamLog::connect(config).await.unwrap();
+    let client = log.client().clone();
+    let ledger = KvUsage::open(&client, 1).await.unwrap();
+    let now = turnstile_ops::clock::now_ms();
+    let day = day_of(now);
+    // Both partitions are held by worker 1, then by worker 2.
+    let holder = Arc::new(AtomicU8::new(1));
+    let fold_of = |worker: u8| {
+        let holder = holder.clone();
+        UsageFold::start_where(&client, 2, ledger.clone(), Arc::new(move |_| holder.load(Ordering::SeqCst) == worker))
+    };
+    let (first, second) = (fold_of(1), fold_of(2));
+    let sessions: Vec<SessionRef> = (0..4).map(|i| SessionRef::new("a", format!("s{i}")).unwrap()).collect();
+    let mut last = vec![0; sessions.len()];
+    for (i, s) in sessions.iter().enumerate() {
+        last[i] = answer(&log, s, last[i], 10, now).await;
+    }
+    assert_eq!(used(&ledger, "a", day, 44).await, 44);
+
+    // The partitions move: the first worker's folds stop (it is gone, as after a hand-over), the second's
+    // count what follows.
+    holder.store(2, Ordering::SeqCst);
+    drop(first);
+    for (i, s) in sessions.iter().enumerate() {
+        last[i] = answer(&log, s, last[i], 100, now).await;
+    }
+    assert_eq!(used(&ledger, "a", day, 44 + 404).await, 44 + 404, "the new holder counted each message once");
+    let store = jetstream::new(client.clone()).get_key_value(USAGE_BUCKET).await.unwrap();
+    caught_up(&client, &store).await;
+    assert_eq!(ledger.tenant_usage("a", day).await.unwrap().used_on(day), 448);
+    drop(second);
+}

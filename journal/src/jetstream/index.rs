@@ -9,6 +9,12 @@
 //! (decision 0090); a failed put goes back in unless a newer entry of its session came meanwhile, and is
 //! tried again after a pause. An entry lost to a crash is written again when the session is next loaded
 //! (its new owner submits what it folded) or changes.
+//!
+//! The writer gathers for [`WRITE_WINDOW`] after the first entry of a batch before it puts (decision
+//! 0177): a session changed several times in the window costs one put, not one per change, so the puts
+//! leave the followup's path. [`SessionIndex::flush`] cuts the window short and waits for the batch (a
+//! shard handed over, the process stopping). The mirror knows the bytes of this process's own puts and
+//! skips their echo from the watch before decoding it: the entry was applied when it was submitted.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +22,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
+use bytes::Bytes;
 use futures::StreamExt as _;
+use futures::future::BoxFuture;
 use tokio::sync::{Notify, watch};
 use turnstile_model::message::SessionRef;
 
@@ -32,6 +40,11 @@ const MAX_CONCURRENT_PUTS: usize = 64;
 /// The pause after a batch with failed puts, doubling up to [`MAX_RETRY_PAUSE`] while puts keep failing.
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(5);
+
+/// How long the writer gathers entries after the first of a batch before it puts them (decision 0177):
+/// short against what a reader of `ListSessions` notices, long against a followup (~1 ms), so a busy
+/// session's changes in between cost one put.
+pub const WRITE_WINDOW: Duration = Duration::from_millis(100);
 
 fn key(session: &SessionRef) -> String {
     format!("{}.{}", session.tenant, session.id)
@@ -50,14 +63,40 @@ fn key(session: &SessionRef) -> String {
 /// }
 /// assert_eq!(pending.len(), 1);
 /// ```
-#[derive(Default)]
 pub struct PendingWrites {
-    entries: Mutex<HashMap<SessionRef, Option<IndexEntry>>>,
+    queue: Mutex<Queue>,
     ready: Notify,
     /// Told the queue's length after each change (the `turnstile_index_writes_pending` gauge).
     observer: OnceLock<Box<dyn Fn(usize) + Send + Sync>>,
     /// The index is gone: the writer stops once the queue is empty.
     closed: AtomicBool,
+    /// A flush waits: the writer puts what is queued without waiting out its window.
+    urgent: AtomicBool,
+    /// Wakes a writer waiting out its window (a flush, the index closing).
+    cut_window: Notify,
+    /// The generation of the last batch written (or tried once): a flush waits for its own.
+    written: watch::Sender<u64>,
+}
+
+/// The queued writes, and how many writes were ever queued (a flush's generation).
+#[derive(Default)]
+struct Queue {
+    entries: HashMap<SessionRef, Option<IndexEntry>>,
+    generation: u64,
+}
+
+impl Default for PendingWrites {
+    fn default() -> Self {
+        Self {
+            queue: Mutex::default(),
+            ready: Notify::new(),
+            observer: OnceLock::new(),
+            closed: AtomicBool::new(false),
+            urgent: AtomicBool::new(false),
+            cut_window: Notify::new(),
+            written: watch::Sender::new(0),
+        }
+    }
 }
 
 impl std::fmt::Debug for PendingWrites {
@@ -67,9 +106,10 @@ impl std::fmt::Debug for PendingWrites {
 }
 
 impl PendingWrites {
-    // Each critical section is one map operation: a poisoned lock still holds a consistent map.
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionRef, Option<IndexEntry>>> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    // Each critical section is one map operation and a counter: a poisoned lock still holds a consistent
+    // queue.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn observe(&self, len: usize) {
@@ -81,9 +121,10 @@ impl PendingWrites {
     /// Queues `entry` as `session`'s write, replacing the one queued.
     pub fn put(&self, session: SessionRef, entry: Option<IndexEntry>) {
         let len = {
-            let mut entries = self.lock();
-            entries.insert(session, entry);
-            entries.len()
+            let mut queue = self.lock();
+            queue.entries.insert(session, entry);
+            queue.generation += 1;
+            queue.entries.len()
         };
         self.observe(len);
         self.ready.notify_one();
@@ -92,47 +133,119 @@ impl PendingWrites {
     /// Queues again a write that failed, unless a newer one of its session is queued already.
     pub fn retry(&self, session: SessionRef, entry: Option<IndexEntry>) {
         let len = {
-            let mut entries = self.lock();
-            entries.entry(session).or_insert(entry);
-            entries.len()
+            let mut queue = self.lock();
+            queue.entries.entry(session).or_insert(entry);
+            queue.entries.len()
         };
         self.observe(len);
     }
 
     /// Everything queued, leaving the queue empty.
     pub fn take(&self) -> HashMap<SessionRef, Option<IndexEntry>> {
-        let taken = std::mem::take(&mut *self.lock());
+        self.take_with_generation().0
+    }
+
+    /// Everything queued and the generation it brings the store to once written.
+    fn take_with_generation(&self) -> (HashMap<SessionRef, Option<IndexEntry>>, u64) {
+        let taken = {
+            let mut queue = self.lock();
+            (std::mem::take(&mut queue.entries), queue.generation)
+        };
         self.observe(0);
         taken
     }
 
     /// Writes queued now (sessions).
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Waits until something is queued, then takes it all; `None` once the index is gone and nothing is.
-    async fn next_batch(&self) -> Option<HashMap<SessionRef, Option<IndexEntry>>> {
+    /// Waits until something is queued, then `window` more (unless a flush or the close cuts it short), then
+    /// takes it all with its generation; `None` once the index is gone and nothing is queued.
+    async fn next_batch(&self, window: Duration) -> Option<(HashMap<SessionRef, Option<IndexEntry>>, u64)> {
         loop {
             let notified = self.ready.notified();
-            let batch = self.take();
-            if !batch.is_empty() {
-                return Some(batch);
+            if !self.is_empty() {
+                break;
             }
             if self.closed.load(Ordering::SeqCst) {
                 return None;
             }
             notified.await;
         }
+        if !self.closed.load(Ordering::SeqCst) && !self.urgent.swap(false, Ordering::SeqCst) {
+            tokio::select! {
+                () = tokio::time::sleep(window) => {}
+                () = self.cut_window.notified() => {}
+            }
+        }
+        self.urgent.store(false, Ordering::SeqCst);
+        Some(self.take_with_generation())
+    }
+
+    /// The batch of `generation` was written (or tried once).
+    fn written(&self, generation: u64) {
+        self.written.send_if_modified(|at| {
+            let moved = generation > *at;
+            *at = (*at).max(generation);
+            moved
+        });
+    }
+
+    /// Resolves once every write queued before the call was written or tried once.
+    fn flush(&self) -> BoxFuture<'static, ()> {
+        let wanted = self.lock().generation;
+        let mut written = self.written.subscribe();
+        if *written.borrow() >= wanted {
+            return Box::pin(std::future::ready(()));
+        }
+        self.urgent.store(true, Ordering::SeqCst);
+        self.cut_window.notify_one();
+        // A writer that is gone drops the sender: nothing more will be written, so the flush is over.
+        Box::pin(async move {
+            let _ = written.wait_for(|at| *at >= wanted).await;
+        })
     }
 
     fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.ready.notify_one();
+        self.cut_window.notify_one();
+    }
+}
+
+/// The bytes of this process's own puts not yet echoed by the watch, by key: the mirror skips an echo
+/// equal to them without decoding it (it applied the entry when it was submitted). Bounded by the sessions
+/// this process wrote whose echo has not come.
+#[derive(Default)]
+struct OwnPuts(Mutex<HashMap<String, Bytes>>);
+
+impl OwnPuts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Bytes>> {
+        // One map operation per critical section: a poisoned lock still holds a consistent map.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn put(&self, key: &str, value: Bytes) {
+        self.lock().insert(key.to_owned(), value);
+    }
+
+    fn forget(&self, key: &str) {
+        self.lock().remove(key);
+    }
+
+    /// Whether `value` at `key` is the echo of this process's last put there (consumed if so).
+    fn is_echo(&self, key: &str, value: &[u8]) -> bool {
+        let mut own = self.lock();
+        if own.get(key).is_some_and(|v| v.as_ref() == value) {
+            own.remove(key);
+            return true;
+        }
+        false
     }
 }
 
@@ -140,6 +253,8 @@ impl PendingWrites {
 pub struct KvIndex {
     mirror: Arc<MemoryIndex>,
     writes: Arc<PendingWrites>,
+    /// Counted echoes skipped (tests read it; the skip is invisible otherwise).
+    echoes_skipped: Arc<std::sync::atomic::AtomicU64>,
     /// Whether the mirror has caught up with the bucket's history (set once, by the mirror task).
     loaded: watch::Sender<bool>,
 }
@@ -154,6 +269,16 @@ impl KvIndex {
     /// Opens (or creates: file storage, `replicas`, history 1) the bucket and starts the mirror's watch and
     /// the writer. Queries see the whole index once [`SessionIndex::is_loaded`].
     pub async fn open(client: &async_nats::Client, replicas: usize) -> Result<Self, JournalError> {
+        Self::open_with_window(client, replicas, WRITE_WINDOW).await
+    }
+
+    /// [`KvIndex::open`] with the writer gathering for `window` instead of [`WRITE_WINDOW`] (tests take an
+    /// hour, so that only a flush or the close writes).
+    pub async fn open_with_window(
+        client: &async_nats::Client,
+        replicas: usize,
+        window: Duration,
+    ) -> Result<Self, JournalError> {
         let description = "Turnstile session index (status, agent, parent, labels, last activity)";
         let store = super::open_bucket(client, INDEX_BUCKET, description, replicas).await?;
         let mirror = Arc::new(MemoryIndex::default());
@@ -167,10 +292,23 @@ impl KvIndex {
         if empty {
             loaded.send_replace(true);
         }
-        tokio::spawn(mirror_task(store.clone(), watch, mirror.clone(), loaded.clone()));
+        let own = Arc::new(OwnPuts::default());
+        let echoes_skipped = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let follower = Follower {
+            mirror: mirror.clone(),
+            loaded: loaded.clone(),
+            own: own.clone(),
+            echoes_skipped: echoes_skipped.clone(),
+        };
+        tokio::spawn(mirror_task(store.clone(), watch, follower));
         let writes = Arc::new(PendingWrites::default());
-        tokio::spawn(writer_task(store, writes.clone()));
-        Ok(Self { mirror, writes, loaded })
+        tokio::spawn(writer_task(store, writes.clone(), own, window));
+        Ok(Self { mirror, writes, echoes_skipped, loaded })
+    }
+
+    /// How many echoes of this process's own puts the mirror skipped without decoding them.
+    pub fn echoes_skipped(&self) -> u64 {
+        self.echoes_skipped.load(Ordering::Relaxed)
     }
 
     /// Tells `observer` the number of queued writes whenever it changes (a gauge; the journal itself
@@ -193,10 +331,10 @@ fn unavailable(e: impl std::fmt::Display) -> JournalError {
 /// Applies the bucket's entries (its history first, then each change) to `mirror`. A watch that ends (its
 /// stream's leader moved, NATS restarted) is opened again with the history: applying an entry twice changes
 /// nothing, since the mirror keeps each session's entry with the highest `last_seq`.
-async fn mirror_task(store: kv::Store, first: kv::Watch, mirror: Arc<MemoryIndex>, loaded: watch::Sender<bool>) {
+async fn mirror_task(store: kv::Store, first: kv::Watch, follower: Follower) {
     let mut watch = first;
     loop {
-        follow(&mut watch, &mirror, &loaded).await;
+        follower.follow(&mut watch).await;
         tracing::warn!("session index watch ended; reopening it");
         watch = loop {
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -208,50 +346,70 @@ async fn mirror_task(store: kv::Store, first: kv::Watch, mirror: Arc<MemoryIndex
     }
 }
 
-/// Applies `watch`'s entries to `mirror` until the watch ends.
-async fn follow(watch: &mut kv::Watch, mirror: &MemoryIndex, loaded: &watch::Sender<bool>) {
-    while let Some(entry) = watch.next().await {
-        let entry = match entry {
-            Ok(entry) => entry,
-            Err(e) => {
-                tracing::warn!(error = %e, "session index watch failed; the index mirror may lag");
-                continue;
+/// What the mirror task keeps: the mirror, whether it has loaded, and this process's own puts.
+struct Follower {
+    mirror: Arc<MemoryIndex>,
+    loaded: watch::Sender<bool>,
+    own: Arc<OwnPuts>,
+    echoes_skipped: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Follower {
+    /// Applies `watch`'s entries to the mirror until the watch ends.
+    async fn follow(&self, watch: &mut kv::Watch) {
+        while let Some(entry) = watch.next().await {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    tracing::warn!(error = %e, "session index watch failed; the index mirror may lag");
+                    continue;
+                }
+            };
+            if (entry.delta == 0 || entry.seen_current) && !*self.loaded.borrow() {
+                self.loaded.send_replace(true);
             }
-        };
-        if (entry.delta == 0 || entry.seen_current) && !*loaded.borrow() {
-            loaded.send_replace(true);
-        }
-        match entry.operation {
-            kv::Operation::Put => match serde_json::from_slice::<IndexEntry>(&entry.value) {
-                Ok(indexed) => mirror.apply(indexed),
-                Err(e) => tracing::warn!(key = %entry.key, error = %e, "session index entry not readable; skipped"),
-            },
-            kv::Operation::Delete | kv::Operation::Purge => {
-                if let Some((tenant, id)) = entry.key.split_once('.')
-                    && let Ok(session) = SessionRef::new(tenant, id)
-                {
-                    mirror.forget(&session);
+            match entry.operation {
+                kv::Operation::Put if self.own.is_echo(&entry.key, &entry.value) => {
+                    self.echoes_skipped.fetch_add(1, Ordering::Relaxed);
+                }
+                kv::Operation::Put => match serde_json::from_slice::<IndexEntry>(&entry.value) {
+                    Ok(indexed) => self.mirror.apply(indexed),
+                    Err(e) => {
+                        tracing::warn!(key = %entry.key, error = %e, "session index entry not readable; skipped")
+                    }
+                },
+                kv::Operation::Delete | kv::Operation::Purge => {
+                    if let Some((tenant, id)) = entry.key.split_once('.')
+                        && let Ok(session) = SessionRef::new(tenant, id)
+                    {
+                        self.mirror.forget(&session);
+                    }
                 }
             }
         }
     }
 }
 
-/// Puts the queued entries: everything queued is taken at once (the latest per session), written
-/// concurrently, then the next batch; the failed ones go back in the queue and wait out a pause that grows
-/// while puts keep failing. Ends when the index is dropped and its last writes are put (or failed once).
-async fn writer_task(store: kv::Store, queue: Arc<PendingWrites>) {
+/// Puts the queued entries: `window` after the first entry of a batch, everything queued is taken at
+/// once (the latest per session), written concurrently, then the next batch; the failed ones go back in
+/// the queue and wait out a pause that grows while puts keep failing. Ends when the index is dropped and
+/// its last writes are put (or failed once).
+async fn writer_task(store: kv::Store, queue: Arc<PendingWrites>, own: Arc<OwnPuts>, window: Duration) {
     let mut pause = RETRY_PAUSE;
-    while let Some(batch) = queue.next_batch().await {
+    while let Some((batch, generation)) = queue.next_batch(window).await {
         let failed = Mutex::new(Vec::new());
         futures::stream::iter(batch)
             .for_each_concurrent(MAX_CONCURRENT_PUTS, |(session, entry)| {
-                let (store, failed) = (store.clone(), &failed);
+                let (store, failed, own) = (store.clone(), &failed, &own);
                 async move {
+                    let key = key(&session);
                     let result = match &entry {
                         Some(indexed) => match serde_json::to_vec(indexed) {
                             Ok(bytes) => {
-                                store.put(key(&session), bytes.into()).await.map(|_| ()).map_err(|e| e.to_string())
+                                let bytes = Bytes::from(bytes);
+                                // Known before the put, so an echo that beats the ack is skipped too.
+                                own.put(&key, bytes.clone());
+                                store.put(key, bytes).await.map(|_| ()).map_err(|e| e.to_string())
                             }
                             // Not retried: the same entry would fail the same way.
                             Err(e) => {
@@ -259,7 +417,10 @@ async fn writer_task(store: kv::Store, queue: Arc<PendingWrites>) {
                                 return;
                             }
                         },
-                        None => store.purge(key(&session)).await.map_err(|e| e.to_string()),
+                        None => {
+                            own.forget(&key);
+                            store.purge(key).await.map_err(|e| e.to_string())
+                        }
                     };
                     if let Err(e) = result {
                         tracing::debug!(%session, error = %e, "session index not written; queued again");
@@ -268,6 +429,7 @@ async fn writer_task(store: kv::Store, queue: Arc<PendingWrites>) {
                 }
             })
             .await;
+        queue.written(generation);
         let failed = failed.into_inner().unwrap_or_else(PoisonError::into_inner);
         if failed.is_empty() {
             pause = RETRY_PAUSE;
@@ -325,6 +487,10 @@ impl SessionIndex for KvIndex {
     fn loaded(&self) -> watch::Receiver<bool> {
         self.loaded.subscribe()
     }
+
+    fn flush(&self) -> BoxFuture<'static, ()> {
+        self.writes.flush()
+    }
 }
 
 #[cfg(test)]
@@ -359,6 +525,49 @@ mod tests {
         assert_eq!(batch[&SessionRef::new("t", "c").unwrap()], None, "the removal replaced the entry");
         assert!(pending.is_empty());
         assert_eq!(seen.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_batch_waits_out_its_window_unless_a_flush_cuts_it_short() {
+        let pending = Arc::new(PendingWrites::default());
+        let s = SessionRef::new("t", "a").unwrap();
+        pending.put(s.clone(), Some(entry("a", 1)));
+        // An hour's window: only the flush can end it.
+        let writer = tokio::spawn({
+            let pending = pending.clone();
+            async move {
+                let (batch, generation) = pending.next_batch(Duration::from_secs(3600)).await.unwrap();
+                pending.written(generation);
+                batch
+            }
+        });
+        // Changes while the window is open join the same batch.
+        pending.put(s.clone(), Some(entry("a", 2)));
+        pending.flush().await;
+        let batch = writer.await.unwrap();
+        assert_eq!(batch[&s].as_ref().map(|e| e.summary.last_seq), Some(2), "one write, the latest");
+        // Nothing queued: a flush has nothing to wait for.
+        pending.flush().await;
+    }
+
+    #[tokio::test]
+    async fn a_closed_queue_hands_over_what_it_holds_at_once_then_ends() {
+        let pending = PendingWrites::default();
+        pending.put(SessionRef::new("t", "a").unwrap(), Some(entry("a", 1)));
+        pending.close();
+        let (batch, _) = pending.next_batch(Duration::from_secs(3600)).await.unwrap();
+        assert_eq!(batch.len(), 1);
+        assert!(pending.next_batch(Duration::from_secs(3600)).await.is_none());
+    }
+
+    #[test]
+    fn only_the_echo_of_the_last_own_put_is_skipped() {
+        let own = OwnPuts::default();
+        own.put("t.a", Bytes::from_static(b"two"));
+        assert!(!own.is_echo("t.a", b"one"), "an older put's echo is decoded");
+        assert!(!own.is_echo("t.b", b"two"), "another key's is too");
+        assert!(own.is_echo("t.a", b"two"));
+        assert!(!own.is_echo("t.a", b"two"), "an echo is skipped once");
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! [`KvUsage`] reads the entries: `GetUsage` on gateways, the budget check on workers.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::DeliverPolicy;
@@ -192,15 +193,35 @@ pub struct UsageFold {
 impl UsageFold {
     /// Starts one fold per partition `0..partitions` over the event streams at `client`, into `usage`.
     pub fn start(client: &async_nats::Client, partitions: u32, usage: KvUsage) -> Self {
+        Self::start_where(client, partitions, usage, Arc::new(|_| true))
+    }
+
+    /// [`UsageFold::start`], each partition's fold running only while `mine(partition)` says so (checked
+    /// before it starts and at each checkpoint): a cluster's workers each fold the partitions whose lowest
+    /// shard they hold, so every message is read by one fold instead of one per worker (decision 0180).
+    /// Several folds of a partition at once (a hand-over) still count each message once.
+    pub fn start_where(
+        client: &async_nats::Client,
+        partitions: u32,
+        usage: KvUsage,
+        mine: Arc<dyn Fn(u32) -> bool + Send + Sync>,
+    ) -> Self {
         let tasks = (0..partitions.max(1))
             .map(|p| {
-                let (js, usage) = (jetstream::new(client.clone()), usage.clone());
+                let (js, usage, mine) = (jetstream::new(client.clone()), usage.clone(), mine.clone());
                 tokio::spawn(async move {
                     loop {
-                        if let Err(e) = fold_partition(&js, p, &usage).await {
-                            tracing::warn!(partition = p, error = %e, "usage fold stopped; reading on shortly");
+                        if !mine(p) {
+                            tokio::time::sleep(CHECKPOINT_EVERY).await;
+                            continue;
                         }
-                        tokio::time::sleep(RETRY_AFTER).await;
+                        match fold_partition(&js, p, &usage, mine.as_ref()).await {
+                            Ok(()) => tracing::debug!(partition = p, "usage fold handed over"),
+                            Err(e) => {
+                                tracing::warn!(partition = p, error = %e, "usage fold stopped; reading on shortly");
+                                tokio::time::sleep(RETRY_AFTER).await;
+                            }
+                        }
                     }
                 })
             })
@@ -222,8 +243,14 @@ impl Drop for UsageFold {
     }
 }
 
-/// Reads partition `p` from its checkpoint on, counting as it goes, until an error.
-async fn fold_partition(js: &jetstream::Context, p: u32, usage: &KvUsage) -> Result<(), JournalError> {
+/// Reads partition `p` from its checkpoint on, counting as it goes, until an error, or until `mine(p)` no
+/// longer holds at a checkpoint (then `Ok`, with the checkpoint written).
+async fn fold_partition(
+    js: &jetstream::Context,
+    p: u32,
+    usage: &KvUsage,
+    mine: &(dyn Fn(u32) -> bool + Send + Sync),
+) -> Result<(), JournalError> {
     let unavailable = |what: &str, e: &dyn std::fmt::Display| JournalError::Unavailable(format!("{what}: {e}"));
     let from = usage.checkpoint(p).await?;
     let stream = js.get_stream(stream_name(p)).await.map_err(|e| unavailable("opening the event stream", &e))?;
@@ -256,6 +283,9 @@ async fn fold_partition(js: &jetstream::Context, p: u32, usage: &KvUsage) -> Res
                 if counted_to > written {
                     usage.advance(p, counted_to).await?;
                     written = counted_to;
+                }
+                if !mine(p) {
+                    return Ok(());
                 }
             }
         }

@@ -49,6 +49,10 @@ use store_health::StoreHealth;
 /// Lease acquisitions in flight at once (each is a read and a compare-and-set).
 const ACQUIRE_AT_ONCE: usize = 16;
 
+/// How long a hand-over waits for the index writes of its sessions (decision 0177) before it releases
+/// the leases anyway: a few of the writer's windows; the next owner repairs what is still missing.
+const INDEX_FLUSH_PATIENCE: Duration = Duration::from_secs(2);
+
 /// How much longer than its TTL a held lease stays valid while the lease store does not answer its
 /// renewals (decision 0094): longer than a JetStream leader election of the bucket's stream after its
 /// leader's node died (nats-server waits 4–9 s before it elects), so a worker keeps serving through one.
@@ -565,6 +569,8 @@ impl Leases {
         let v = self.config.shards;
         let chosen = shards.clone();
         host.drain_where(move |s| chosen.contains(&shard_of(s, v)), self.config.drain_timeout).await;
+        // The drained sessions' last index entries are written before the next owner may take the shards.
+        host.flush_index(INDEX_FLUSH_PATIENCE).await;
         for shard in shards {
             let Some(h) = self.lock().remove(&shard) else { continue };
             let released = ShardLease { owner: String::new(), addr: String::new(), epoch: h.epoch, expires_at_ms: 0 };

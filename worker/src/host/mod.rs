@@ -101,6 +101,19 @@ impl SessionHost {
     pub fn held_sessions(&self) -> usize {
         lock(&self.table).runners.len()
     }
+
+    /// Writes the index entries its sessions submitted and the index still holds back (decision 0177),
+    /// waiting at most `patience`: before a shard is handed over, so the next owner's take-over finds them
+    /// and no late put of this worker's replaces a newer entry of the next owner's. Past `patience` (NATS
+    /// away) the take-over's repair from the log covers what is missing.
+    pub async fn flush_index(&self, patience: std::time::Duration) {
+        if tokio::time::timeout(patience, self.deps.index.flush()).await.is_err() {
+            tracing::warn!(
+                patience_ms = patience.as_millis() as u64,
+                "session index not flushed in time; the next owner repairs it"
+            );
+        }
+    }
 }
 
 #[async_trait]

@@ -3,7 +3,7 @@
 //! session being deleted or imported" is checked and changed under the same guard that starts runners: there
 //! is no second lock, so no lock order to keep or break.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use tokio::time::Instant;
 
@@ -100,6 +100,47 @@ pub(super) struct Sessions {
     /// Sessions an `ImportSessions` is writing (SPEC §18): no runner starts for them until their last group,
     /// or until the import goes stale.
     pub importing: HashMap<SessionRef, Importing>,
+    /// Every parking, in the order of its `until` (a constant after the park, so arrival order): the sweep
+    /// takes the due ones from the front instead of walking every session (decision 0178). An entry whose
+    /// session was resumed, parked again or unloaded since is stale and skipped.
+    pub parkings: VecDeque<(Instant, SessionRef)>,
+}
+
+/// Stale parkings the queue may hold beyond one per runner before it is compacted.
+const STALE_PARKINGS: usize = 1024;
+
+impl Sessions {
+    /// Takes out at most `max` parked drivers whose `until` has passed by `now`, oldest first; whether more
+    /// may be due.
+    pub fn take_due(&mut self, now: Instant, max: usize) -> (Vec<(SessionRef, Slot)>, bool) {
+        let mut due = Vec::new();
+        while let Some((until, _)) = self.parkings.front() {
+            if *until > now {
+                return (due, false);
+            }
+            if due.len() >= max {
+                return (due, true);
+            }
+            let Some((until, session)) = self.parkings.pop_front() else { break };
+            // Only the parking this entry records: a later one of the session has its own entry.
+            if matches!(self.runners.get(&session), Some(Slot::Parked(p)) if p.until == until)
+                && let Some(taken) = self.runners.remove_entry(&session)
+            {
+                due.push(taken);
+            }
+        }
+        (due, false)
+    }
+
+    /// Records a parking (under the same guard that put the driver in its slot), compacting the queue when
+    /// stale entries (sessions resumed and parked again) outnumber the runners by far.
+    fn parked(&mut self, session: &SessionRef, until: Instant) {
+        self.parkings.push_back((until, session.clone()));
+        if self.parkings.len() > 2 * self.runners.len() + STALE_PARKINGS {
+            let runners = &self.runners;
+            self.parkings.retain(|(until, s)| matches!(runners.get(s), Some(Slot::Parked(p)) if p.until == *until));
+        }
+    }
 }
 
 /// The table, shared by the host and its runners' tasks.
@@ -122,7 +163,9 @@ impl Home for Table {
             return Err(parked);
         }
         commands.close();
+        let until = parked.until;
         *slot = Slot::Parked(parked);
+        table.parked(session, until);
         Ok(())
     }
 }

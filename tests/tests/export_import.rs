@@ -69,6 +69,23 @@ async fn listed(
     reply.sessions.into_iter().map(|i| i.session.unwrap().id).collect()
 }
 
+/// `listed`, read again until it holds `want` sessions or 20 s have passed: the session index is written in a
+/// 100 ms window and served from each node's mirror of it (decision 0177), so a listing lags the writes.
+async fn listed_once_written(
+    client: &mut pb::agent_client::AgentClient<tonic::transport::Channel>,
+    tenant: &str,
+    want: usize,
+) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let ids = listed(client, tenant, None).await;
+        if ids.len() >= want || tokio::time::Instant::now() > deadline {
+            return ids;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// The source: `acme` with a few kinds of session (tools, a child, a fork, a pending inbox), `globex` with one.
 async fn populate(dev: &DevServer) -> pb::SendReply {
     let s1 = Session::with_ref(dev.client(), sref("acme", "s1"));
@@ -109,7 +126,7 @@ async fn a_tenant_exported_from_dev_nats_imports_into_a_fresh_cluster_byte_for_b
         .unwrap();
     let first = populate(&source).await;
     let mut client = source.client();
-    let acme = listed(&mut client, "acme", None).await;
+    let acme = listed_once_written(&mut client, "acme", 4).await;
     assert_eq!(acme.len(), 4, "s1, its fork, s2 and s2's child: {acme:?}");
     let mut before = Vec::new();
     for id in &acme {
@@ -136,7 +153,7 @@ async fn a_tenant_exported_from_dev_nats_imports_into_a_fresh_cluster_byte_for_b
     assert!(ok, "import: {err}");
     assert!(stdout.starts_with("imported 4 sessions (") && stdout.contains("from stdin"), "{stdout}");
     let mut gateway = cluster.client(0);
-    let mut imported = listed(&mut gateway, "acme", None).await;
+    let mut imported = listed_once_written(&mut gateway, "acme", acme.len()).await;
     imported.sort();
     let mut want = acme.clone();
     want.sort();

@@ -17,12 +17,10 @@
 //! charged while it waits in that watcher's send queue.
 
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use futures::Stream;
 use prost::Message as _;
 use tokio::sync::{Notify, watch};
 use tonic::Status;
@@ -31,6 +29,9 @@ use turnstile_model::SessionRef;
 use turnstile_proto::v1 as pb;
 
 use crate::feed_item::FeedItem;
+
+mod connection;
+pub use connection::{EncodedItemStream, ItemStream};
 
 /// Default [`BufferLimits::per_watcher`]: 4 MiB.
 pub const DEFAULT_PER_WATCHER_BYTES: usize = 4 * 1024 * 1024;
@@ -115,10 +116,9 @@ impl WatchBuffers {
             to_task: Notify::new(),
             to_connection: Notify::new(),
         });
-        let connection = Connection(watcher.clone());
-        let stream = futures::stream::unfold(connection, |c| async move { c.next().await.map(|next| (next, c)) });
+        let stream = connection::item_stream(watcher.clone());
         let pressure = self.budget.pressure.subscribe();
-        (Outbound { watcher, pressure }, ItemStream(Box::pin(stream)))
+        (Outbound { watcher, pressure }, stream)
     }
 }
 
@@ -512,125 +512,12 @@ impl Drop for Outbound {
     }
 }
 
-/// The connection's side of one watcher.
-struct Connection(Arc<Watcher>);
-
-impl Connection {
-    async fn next(&self) -> Option<Result<Outgoing, Status>> {
-        let watcher = &self.0;
-        loop {
-            let notified = watcher.to_connection.notified();
-            let next = {
-                let mut state = watcher.lock();
-                match state.queue.pop_front() {
-                    Some(out) => {
-                        state.queue_bytes -= out.bytes();
-                        // Under the lock that a cut takes too: its position includes this item.
-                        if let Some(seq) = out.durable_seq() {
-                            state.taken = state.taken.max(seq);
-                        }
-                        Some(out)
-                    }
-                    None => match &mut state.end {
-                        End::Open => None,
-                        End::Finished(status) => return status.take().map(Err),
-                        End::Gone => return None,
-                    },
-                }
-            };
-            if let Some(out) = next {
-                watcher.to_task.notify_one();
-                // Made into what is sent outside the lock (`ItemStream`): the feed and the task never wait
-                // for it.
-                return Some(Ok(out));
-            }
-            notified.await;
-        }
-    }
-}
-
-impl Drop for Connection {
-    fn drop(&mut self) {
-        let dropped = {
-            let mut state = self.0.lock();
-            state.end = End::Gone;
-            state.drain()
-        };
-        drop(dropped);
-        self.0.to_task.notify_one();
-    }
-}
-
 /// The durable seq `item` brings its client to, if any.
 pub(crate) fn durable_seq(item: &pb::WatchItem) -> Option<u64> {
     match &item.item {
         Some(pb::watch_item::Item::Event(e)) => Some(e.seq),
         Some(pb::watch_item::Item::CaughtUp(c)) => Some(c.seq),
         _ => None,
-    }
-}
-
-/// What a connection takes from its send queue, before it is made into a message.
-type Queued = Pin<Box<dyn Stream<Item = Result<Outgoing, Status>> + Send>>;
-
-/// The items of one Watch stream, as its connection reads them (the `WatchStream` of the service).
-pub struct ItemStream(Queued);
-
-impl std::fmt::Debug for ItemStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ItemStream")
-    }
-}
-
-impl ItemStream {
-    /// The same stream as encoded messages: a feed item's bytes are the ones encoded when the feed made it,
-    /// shared by every watcher (the gRPC Watch sends these, decision 0178).
-    pub fn into_encoded(self) -> EncodedItemStream {
-        EncodedItemStream(self.0)
-    }
-}
-
-impl Stream for ItemStream {
-    type Item = Result<pb::WatchItem, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
-        loop {
-            return match std::task::ready!(self.0.as_mut().poll_next(cx)) {
-                // A feed's end is no message: the status follows.
-                Some(Ok(out)) => match out.into_item() {
-                    Some(item) => std::task::Poll::Ready(Some(Ok(item))),
-                    None => continue,
-                },
-                Some(Err(status)) => std::task::Poll::Ready(Some(Err(status))),
-                None => std::task::Poll::Ready(None),
-            };
-        }
-    }
-}
-
-/// [`ItemStream`] as encoded `WatchItem` messages ([`crate::encoded`] sends them as they are).
-pub struct EncodedItemStream(Queued);
-
-impl std::fmt::Debug for EncodedItemStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("EncodedItemStream")
-    }
-}
-
-impl Stream for EncodedItemStream {
-    type Item = Result<Bytes, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
-        loop {
-            return match std::task::ready!(self.0.as_mut().poll_next(cx)) {
-                Some(Ok(out)) => match out.into_encoded() {
-                    Some(bytes) => std::task::Poll::Ready(Some(Ok(bytes))),
-                    None => continue,
-                },
-                Some(Err(status)) => std::task::Poll::Ready(Some(Err(status))),
-                None => std::task::Poll::Ready(None),
-            };
-        }
     }
 }
 

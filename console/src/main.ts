@@ -84,9 +84,11 @@ function sessionsPage(root: HTMLElement): () => void {
         all.push(...reply.sessions);
         pageToken = reply.nextPageToken;
       } while (pageToken && all.length < 5000);
-      byId("list-error").textContent = "";
+      // The page may have been left while the list was read: then there is nothing to fill.
+      const listError = root.querySelector("#list-error");
       const body = root.querySelector("#sessions tbody");
-      if (!body) return;
+      if (!listError || !body) return;
+      listError.textContent = "";
       fill(body, all.length === 0
         ? h("tr", {}, h("td", { colspan: 7, class: "muted" }, filters.status || filters.agent || filters.labels
             ? "no session matches these filters"
@@ -107,7 +109,8 @@ function sessionsPage(root: HTMLElement): () => void {
               h("td", {}, String(s.lastTurn)));
           }));
     } catch (e) {
-      byId("list-error").textContent = `ListSessions failed: ${describe(e)}`;
+      const listError = root.querySelector("#list-error");
+      if (listError) listError.textContent = `ListSessions failed: ${describe(e)}`;
     }
   };
   const usage = async () => {

@@ -16,6 +16,7 @@ use tonic::Code;
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::transcript_item::Item;
 use turnstile_proto::v1::{ConfigureSessionRequest, DeliverRequest, GetTranscriptRequest, SessionRef, WhenIdleRequest};
+use turnstile_tests::config::{config_args, config_file};
 use turnstile_tests::llama::{LlamaServer, RecordingProxy, SMOLLM2_MODEL};
 use turnstile_tests::{DevOptions, DevServer, user_msg};
 
@@ -50,8 +51,6 @@ async fn turn(c: &mut AgentClient<tonic::transport::Channel>, id: &str, agent: &
 async fn a_fact_put_in_one_session_is_searched_in_another_and_llama_cpp_answers_from_it() {
     let llama = LlamaServer::start().await.unwrap();
     let proxy = RecordingProxy::start(llama.addr()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("turnstile.toml");
     let toml = format!(
         r#"[models.local]
 provider = "openai"
@@ -70,9 +69,8 @@ system = "You answer from the facts you are given."
 "#,
         base_url = proxy.base_url(),
     );
-    std::fs::write(&config, toml).unwrap();
-    let opts =
-        DevOptions { extra_args: vec!["--config".into(), config.display().to_string()], ..DevOptions::default() };
+    let (_dir, config) = config_file(&toml);
+    let opts = DevOptions { extra_args: config_args(&config), ..DevOptions::default() };
     let server = DevServer::start_with(opts).await.unwrap();
     let context = || format!("--- turnstile dev\n{}\n--- llama-server\n{}", server.log_tail(), llama.log_tail());
     let mut c = server.client();

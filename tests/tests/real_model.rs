@@ -13,6 +13,7 @@ use tonic::Code;
 use turnstile_proto::v1::live_event::Payload as Live;
 use turnstile_proto::v1::session_event::Payload as Durable;
 use turnstile_proto::v1::watch_item::Item;
+use turnstile_tests::config::{config_args, config_file};
 use turnstile_tests::llama::{LlamaServer, RecordingProxy, SMOLLM2_MODEL, chat_body, stream_chat};
 use turnstile_tests::msg::TEST_TENANT;
 use turnstile_tests::{DevOptions, DevServer, Session, WatchRecorder, user_msg};
@@ -121,8 +122,6 @@ fn check_answer(watch: &WatchRecorder, turn: u64, context: &str) -> String {
 async fn dev_with_a_real_model_keeps_history() {
     let llama = LlamaServer::start().await.unwrap();
     let proxy = RecordingProxy::start(llama.addr()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("turnstile.toml");
     // docs/CONFIGURATION.md. Short answers keep CI quick; the model server decodes greedily (`--temp 0`:
     // the configuration has no temperature key). `retries = 0`: a failed request is a failed test.
     let toml = format!(
@@ -141,9 +140,8 @@ system = "{SYSTEM}"
 "#,
         base_url = proxy.base_url(),
     );
-    std::fs::write(&config, toml).unwrap();
-    let opts =
-        DevOptions { extra_args: vec!["--config".into(), config.display().to_string()], ..DevOptions::default() };
+    let (_dir, config) = config_file(&toml);
+    let opts = DevOptions { extra_args: config_args(&config), ..DevOptions::default() };
     let server = DevServer::start_with(opts).await.unwrap();
     let context = || format!("--- turnstile dev\n{}\n--- llama-server\n{}", server.log_tail(), llama.log_tail());
 

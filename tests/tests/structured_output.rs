@@ -13,6 +13,7 @@ use turnstile_config::output::OutputValidator;
 use turnstile_proto::v1::session_event::Payload as Durable;
 use turnstile_proto::v1::turn_end_reason::Reason;
 use turnstile_proto::v1::{DeliverRequest, OutputSchema, SessionEvent};
+use turnstile_tests::config::{config_args, config_file};
 use turnstile_tests::llama::{LlamaServer, RecordingProxy, SMOLLM2_MODEL};
 use turnstile_tests::{DevOptions, DevServer, Session, user_msg};
 
@@ -158,8 +159,6 @@ async fn an_agents_own_schema_applies_to_its_turns_unless_the_turn_gives_one() {
 async fn a_structured_turn_on_llama_cpp_returns_json_that_validates() {
     let llama = LlamaServer::start().await.unwrap();
     let proxy = RecordingProxy::start(llama.addr()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("turnstile.toml");
     let toml = format!(
         r#"default_agent = "assistant"
 
@@ -176,9 +175,8 @@ system = "You answer with JSON."
 "#,
         base_url = proxy.base_url(),
     );
-    std::fs::write(&config, toml).unwrap();
-    let opts =
-        DevOptions { extra_args: vec!["--config".into(), config.display().to_string()], ..DevOptions::default() };
+    let (_dir, config) = config_file(&toml);
+    let opts = DevOptions { extra_args: config_args(&config), ..DevOptions::default() };
     let server = DevServer::start_with(opts).await.unwrap();
     let context = || format!("--- turnstile dev\n{}\n--- llama-server\n{}", server.log_tail(), llama.log_tail());
     let session = server.session();

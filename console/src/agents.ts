@@ -82,7 +82,9 @@ export function agentPage(root: HTMLElement, name: string): () => void {
         : "";
       byId("agent-error").textContent = "";
     } catch (e) {
-      byId("agent-error").textContent = `ListAgentVersions failed: ${describe(e)}`;
+      // The page may have been left while the versions were read: then there is nothing to say it on.
+      const error = root.querySelector("#agent-error");
+      if (error && !stopped) error.textContent = `ListAgentVersions failed: ${describe(e)}`;
     }
   };
   const tick = async () => {

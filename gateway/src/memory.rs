@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use tonic::Status;
-use turnstile_journal::memory::{ListQuery, MemoryDocument, MemoryError, MemoryPut, MemoryStore};
+use turnstile_journal::memory::{ListQuery, MemoryDocument, MemoryError, MemoryPut, MemoryStore, SearchQuery};
 use turnstile_model::Tenant;
 use turnstile_proto::v1 as pb;
 
@@ -156,8 +156,8 @@ impl Gateway {
                 )));
             }
         };
-        let hits =
-            self.memory()?.search(tenant.as_str(), &req.namespaces, &req.query, limit).await.map_err(from_memory)?;
+        let query = SearchQuery { namespaces: req.namespaces, text: req.query, limit };
+        let hits = self.memory()?.search(tenant.as_str(), &query).await.map_err(from_memory)?;
         Ok(pb::SearchMemoryReply {
             hits: hits
                 .into_iter()

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use crate::log::JournalError;
 use crate::memory::{
     ListPage, ListQuery, MemoryDocument, MemoryError, MemoryIndex, MemoryLimits, MemoryPut, MemoryStore, SearchHit,
-    check_address, check_values,
+    SearchQuery, check_address, check_values,
 };
 
 /// The bucket of memory documents.
@@ -172,15 +172,9 @@ impl MemoryStore for KvMemory {
         Ok(crate::sync::lock(&self.index).list(tenant, query))
     }
 
-    async fn search(
-        &self,
-        tenant: &str,
-        namespaces: &[String],
-        query: &str,
-        limit: usize,
-    ) -> Result<Vec<SearchHit>, MemoryError> {
+    async fn search(&self, tenant: &str, query: &SearchQuery) -> Result<Vec<SearchHit>, MemoryError> {
         self.caught_up().await?;
-        Ok(crate::sync::lock(&self.index).search(tenant, namespaces, query, limit))
+        Ok(crate::sync::lock(&self.index).search(tenant, query))
     }
 }
 

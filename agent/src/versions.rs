@@ -28,6 +28,7 @@ use crate::hooks::run_waterfall;
 use crate::llm::chat::{ChatProvider, ToolSpec};
 use crate::tools::ToolRegistry;
 use crate::tools::mcp::tool_name;
+use crate::tools::registry::{listed, not_offered};
 
 /// One version, built.
 pub struct BuiltVersion {
@@ -252,7 +253,7 @@ impl Tools for VersionedTools {
             match self.versions.subset_offers(&request.agent, &request.agent_hash, subset, &call.name) {
                 Ok(true) => {}
                 Ok(false) => {
-                    let listed = if subset.is_empty() { "none".to_owned() } else { subset.join(", ") };
+                    let listed = listed(subset.iter().cloned());
                     return ToolReturn::failed(format!(
                         "tool {} is not available to this session (its tools: {listed}); call one of those",
                         call.name
@@ -266,12 +267,7 @@ impl Tools for VersionedTools {
             Ok(Some(built)) => {
                 let id = ToolId::from_call_name(&call.name);
                 if !built.config.offers(id) {
-                    let listed: Vec<String> = built.config.tools.iter().map(ToString::to_string).collect();
-                    let listed = if listed.is_empty() { "none".to_owned() } else { listed.join(", ") };
-                    return ToolReturn::failed(format!(
-                        "tool {} is not available to agent {} (its tools: {listed}); call one of those",
-                        call.name, request.agent
-                    ));
+                    return not_offered(&call.name, &request.agent, &built.config.tools);
                 }
                 let deadline = self.versions.config.tool_deadline(&built.config, id);
                 let memory = built.config.memory.as_ref().map(|m| m.namespaces.clone()).unwrap_or_default();

@@ -168,6 +168,26 @@ pub async fn show_session(client: &mut Client, id: &str) -> Result<()> {
     client.print(&info, &[], info_line)
 }
 
+/// Prints every page of a listing, one item a line (or as JSON): `page` reads the page at a token and
+/// gives its items and the next page's token (empty after the last).
+pub async fn print_pages<T: prost::Message + prost::Name>(
+    client: &mut Client,
+    line: impl Fn(&T) -> String,
+    mut page: impl AsyncFnMut(&mut Client, String) -> Result<(Vec<T>, String)>,
+) -> Result<()> {
+    let mut token = String::new();
+    loop {
+        let (items, next) = page(client, token).await?;
+        for item in &items {
+            client.print(item, &[], &line)?;
+        }
+        if next.is_empty() {
+            return Ok(());
+        }
+        token = next;
+    }
+}
+
 /// `list`/`sessions`: every page of the sessions the filters select.
 pub async fn list(client: &mut Client, args: ListArgs) -> Result<()> {
     let status = match args.status.as_deref() {
@@ -177,8 +197,7 @@ pub async fn list(client: &mut Client, args: ListArgs) -> Result<()> {
         Some(other) => anyhow::bail!("--status {other:?} is not a status; use idle or running"),
     };
     let order_by = if args.recent { pb::SessionOrder::LastActivity } else { pb::SessionOrder::Id };
-    let mut page_token = String::new();
-    loop {
+    print_pages(client, info_line, async |client, page_token| {
         let tenant = if args.all_tenants { String::new() } else { client.tenant.clone() };
         let request = pb::ListSessionsRequest {
             page_token,
@@ -194,14 +213,9 @@ pub async fn list(client: &mut Client, args: ListArgs) -> Result<()> {
             agent_version: 0,
         };
         let reply = client.api.list_sessions(request).await?.into_inner();
-        for info in &reply.sessions {
-            client.print(info, &[], info_line)?;
-        }
-        if reply.next_page_token.is_empty() {
-            return Ok(());
-        }
-        page_token = reply.next_page_token;
-    }
+        Ok((reply.sessions, reply.next_page_token))
+    })
+    .await
 }
 
 /// `usage`: the tenant's tokens per model over the last `days` UTC days (0: all kept) and its budget.

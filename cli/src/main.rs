@@ -65,7 +65,6 @@ async fn run_dev(a: DevArgs) -> Result<()> {
         auth: a.auth.options(),
     };
     let node = turnstile_node::dev::start(options).await?;
-    let _pid_file = pid_file.as_deref().map(pid_file::PidFile::write).transpose()?;
     if a.demo {
         let url = node.url().to_owned();
         tokio::spawn(async move {
@@ -74,7 +73,7 @@ async fn run_dev(a: DevArgs) -> Result<()> {
             }
         });
     }
-    Ok(node.run_until(shutdown_signal()).await?)
+    until_stopped(pid_file, node.run_until(shutdown_signal())).await
 }
 
 /// `turnstile completions SHELL`: the script on stdout. Generated into memory first: clap_complete panics
@@ -89,36 +88,63 @@ fn completions(shell: clap_complete::Shell) -> Result<()> {
 /// `turnstile gateway`, until Ctrl-C or SIGTERM.
 async fn run_gateway(a: GatewayArgs) -> Result<()> {
     let flags = Overrides { route_deadline_ms: a.route_deadline_ms, ..a.layout.overrides() };
-    let security = a.security;
-    let pid_file = a.serve.pid_file.clone();
-    let serving = a.serve.serving(a.listen, security.tls.options(), &flags)?;
+    let member = Member::new(a.serve, a.listen, a.layout.nats, &a.security, &flags)?;
     let options = turnstile_node::gateway::Options {
-        serving,
-        nats: security.nats_security.nats(a.layout.nats),
+        serving: member.serving,
+        nats: member.nats,
         auth: a.auth.options(),
-        cluster_tls: security.cluster_tls.options(),
+        cluster_tls: member.cluster_tls,
     };
     let node = turnstile_node::gateway::start(options).await?;
-    let _pid_file = pid_file.as_deref().map(pid_file::PidFile::write).transpose()?;
-    Ok(node.run_until(shutdown_signal()).await?)
+    until_stopped(member.pid_file, node.run_until(shutdown_signal())).await
 }
 
 /// `turnstile worker`, until Ctrl-C or SIGTERM (which drains it and releases its leases).
 async fn run_worker(a: WorkerArgs) -> Result<()> {
     let flags = a.overrides();
-    let security = a.security;
-    let pid_file = a.serve.pid_file.clone();
-    let serving = a.serve.serving(a.listen, security.tls.options(), &flags)?;
+    let member = Member::new(a.serve, a.listen, a.layout.nats, &a.security, &flags)?;
     let options = turnstile_node::worker::Options {
-        serving,
-        nats: security.nats_security.nats(a.layout.nats),
+        serving: member.serving,
+        nats: member.nats,
         advertise: a.advertise,
         id: a.id,
-        cluster_tls: security.cluster_tls.options(),
+        cluster_tls: member.cluster_tls,
     };
     let node = turnstile_node::worker::start(options).await?;
+    until_stopped(member.pid_file, node.run_until(shutdown_signal())).await
+}
+
+/// What a cluster member (`gateway`, `worker`) starts from the flags both have: how it serves, how it
+/// reaches NATS and the workers, and its `--pid-file`.
+struct Member {
+    serving: turnstile_node::role::Serving,
+    nats: turnstile_node::NatsOptions,
+    cluster_tls: Option<turnstile_node::tls::ClusterTls>,
+    pid_file: Option<std::path::PathBuf>,
+}
+
+impl Member {
+    fn new(
+        serve: args::ServeArgs,
+        listen: String,
+        nats: String,
+        security: &security::MemberSecurityArgs,
+        flags: &Overrides,
+    ) -> Result<Self> {
+        let pid_file = serve.pid_file.clone();
+        let serving = serve.serving(listen, security.tls.options(), flags)?;
+        let nats = security.nats_security.nats(nats);
+        Ok(Self { serving, nats, cluster_tls: security.cluster_tls.options(), pid_file })
+    }
+}
+
+/// Runs a started node (`run`) to its end, with its `--pid-file` written while it serves.
+async fn until_stopped(
+    pid_file: Option<std::path::PathBuf>,
+    run: impl Future<Output = Result<(), turnstile_node::NodeError>>,
+) -> Result<()> {
     let _pid_file = pid_file.as_deref().map(pid_file::PidFile::write).transpose()?;
-    Ok(node.run_until(shutdown_signal()).await?)
+    Ok(run.await?)
 }
 
 async fn run(cli: Cli) -> Result<()> {

@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use turnstile_proto::v1 as pb;
 
 use crate::args::{MemoryKeyArgs, MemoryListArgs, MemoryPutArgs, MemorySearchArgs};
-use crate::client::Client;
+use crate::client::{Client, print_pages};
 
 fn document_line(d: &pb::MemoryDocument) -> String {
     let by = if d.written_by.is_empty() { String::new() } else { format!(" written_by={}", d.written_by) };
@@ -40,8 +40,7 @@ pub async fn delete(client: &mut Client, a: MemoryKeyArgs) -> Result<()> {
 
 /// Every page, one document a line.
 pub async fn list(client: &mut Client, a: MemoryListArgs) -> Result<()> {
-    let mut page_token = String::new();
-    loop {
+    print_pages(client, document_line, async |client, page_token| {
         let request = pb::ListMemoryRequest {
             tenant: client.tenant.clone(),
             namespace: a.namespace.clone().unwrap_or_default(),
@@ -50,14 +49,9 @@ pub async fn list(client: &mut Client, a: MemoryListArgs) -> Result<()> {
             page_token,
         };
         let reply = client.api.list_memory(request).await?.into_inner();
-        for document in &reply.documents {
-            client.print(document, &[], document_line)?;
-        }
-        if reply.next_page_token.is_empty() {
-            return Ok(());
-        }
-        page_token = reply.next_page_token;
-    }
+        Ok((reply.documents, reply.next_page_token))
+    })
+    .await
 }
 
 pub async fn search(client: &mut Client, a: MemorySearchArgs) -> Result<()> {

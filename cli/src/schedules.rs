@@ -4,7 +4,7 @@ use anyhow::{Result, bail};
 use turnstile_proto::v1 as pb;
 
 use crate::args::ScheduleCreateArgs;
-use crate::client::Client;
+use crate::client::{Client, print_pages};
 
 /// `--at`: Unix ms, or `+N` with a unit (ms, s, m, h, d) from now.
 fn at_ms(text: &str, now_ms: u64) -> Result<u64> {
@@ -82,8 +82,7 @@ pub async fn create(client: &mut Client, a: ScheduleCreateArgs) -> Result<()> {
 }
 
 pub async fn list(client: &mut Client, session: Option<&str>) -> Result<()> {
-    let mut page_token = String::new();
-    loop {
+    print_pages(client, schedule_line, async |client, page_token| {
         let request = pb::ListSchedulesRequest {
             session: session.map(|s| client.session(s)),
             page_token,
@@ -91,14 +90,9 @@ pub async fn list(client: &mut Client, session: Option<&str>) -> Result<()> {
             tenant: client.tenant.clone(),
         };
         let reply = client.api.list_schedules(request).await?.into_inner();
-        for s in &reply.schedules {
-            client.print(s, &[], schedule_line)?;
-        }
-        if reply.next_page_token.is_empty() {
-            return Ok(());
-        }
-        page_token = reply.next_page_token;
-    }
+        Ok((reply.schedules, reply.next_page_token))
+    })
+    .await
 }
 
 pub async fn delete(client: &mut Client, session: &str, schedule_id: &str) -> Result<()> {

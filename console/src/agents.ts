@@ -5,6 +5,7 @@
 
 import { client, describe, settings, when } from "./api";
 import { byId, fill, h } from "./dom";
+import { Refresh } from "./refresh";
 import type { AgentInfo, SessionInfo } from "@turnstile/client/browser";
 
 /// At most this many sessions are listed per version (the count says when there are more).
@@ -68,13 +69,13 @@ export function agentPage(root: HTMLElement, name: string): () => void {
       h("table", { id: "agent-versions" },
         h("thead", {}, h("tr", {}, ["version", "policy", "hash", "created", "", "sessions on it"].map((c) => h("th", {}, c)))),
         h("tbody", {}))));
-  let stopped = false;
+  const page = new Refresh();
   const load = async () => {
     try {
       const versions = (await client.listAgentVersions(name)).versions;
       const on = await Promise.all(versions.map((v) => sessionsOn(name, v.version)));
       const body = root.querySelector("#agent-versions tbody");
-      if (!body || stopped) return;
+      if (!body || !page.shown()) return;
       fill(body, versions.map((v, i) => versionRow(v, on[i])));
       const newest = versions[versions.length - 1];
       byId("agent-summary").textContent = newest
@@ -84,17 +85,8 @@ export function agentPage(root: HTMLElement, name: string): () => void {
     } catch (e) {
       // The page may have been left while the versions were read: then there is nothing to say it on.
       const error = root.querySelector("#agent-error");
-      if (error && !stopped) error.textContent = `ListAgentVersions failed: ${describe(e)}`;
+      if (error && page.shown()) error.textContent = `ListAgentVersions failed: ${describe(e)}`;
     }
   };
-  const tick = async () => {
-    while (!stopped) {
-      await load();
-      await new Promise((r) => setTimeout(r, 3000));
-    }
-  };
-  void tick();
-  return () => {
-    stopped = true;
-  };
+  return page.every(load);
 }

@@ -1,9 +1,10 @@
 // The tenant's approvals inbox (#/approvals, SPEC §21): every tool call awaiting a decision across the
 // tenant's running sessions, from `ListPendingApprovals` page after page, with its session, turn, tool,
-// arguments, how long it has waited and its deadline; approve or deny is one `Decide`. Refreshed every 3 s.
+// arguments, how long it has waited and its deadline; approve or deny is one `Decide`. Refreshed every 3 s (`refresh.ts`).
 
 import { client, describe, sessionRef, settings, when } from "./api";
 import { byId, fill, h } from "./dom";
+import { Refresh } from "./refresh";
 import type { PendingApproval } from "@turnstile/client/browser";
 
 /// At most this many sessions' pages are read per refresh (a tenant with more sees the first ones).
@@ -18,7 +19,7 @@ export function approvalsPage(root: HTMLElement): () => void {
       h("table", { id: "tenant-approvals" },
         h("thead", {}, h("tr", {}, ["session", "turn", "tool", "arguments", "waiting since", "deadline", ""].map((c) => h("th", {}, c)))),
         h("tbody", {}))));
-  let stopped = false;
+  const page = new Refresh();
 
   const decide = async (a: PendingApproval, approve: boolean, reason: string) => {
     try {
@@ -62,20 +63,11 @@ export function approvalsPage(root: HTMLElement): () => void {
       byId("approvals-error").textContent = "";
       byId("approvals-count").textContent = pageToken ? `${all.length} shown (more sessions not read)` : `${all.length} pending`;
       const body = root.querySelector("#tenant-approvals tbody");
-      if (!body || stopped) return;
+      if (!body || !page.shown()) return;
       fill(body, all.length === 0 ? h("tr", { class: "empty" }, h("td", { colspan: 7, class: "muted" }, "no call is waiting for a decision")) : all.map(row));
     } catch (e) {
       byId("approvals-error").textContent = `ListPendingApprovals failed: ${describe(e)}`;
     }
   };
-  const tick = async () => {
-    while (!stopped) {
-      await load();
-      await new Promise((r) => setTimeout(r, 3000));
-    }
-  };
-  void tick();
-  return () => {
-    stopped = true;
-  };
+  return page.every(load);
 }

@@ -12,6 +12,7 @@ import { byId, fill, h } from "./dom";
 import { memoryPage } from "./memory";
 import { sessionPage } from "./session";
 import { transcriptPage } from "./transcript";
+import { Refresh } from "./refresh";
 import { SessionOrder, type SessionInfo, SessionStatus } from "@turnstile/client/browser";
 
 let leave: (() => void) | undefined;
@@ -66,7 +67,7 @@ function sessionsPage(root: HTMLElement): () => void {
       h("table", { id: "sessions" },
         h("thead", {}, h("tr", {}, ["session", "status", "last activity", "agent", "labels", "goal", "turns"].map((c) => h("th", {}, c)))),
         h("tbody", {}))));
-  let stopped = false;
+  const page = new Refresh();
   const load = async () => {
     try {
       const all: SessionInfo[] = [];
@@ -87,7 +88,7 @@ function sessionsPage(root: HTMLElement): () => void {
       // The page may have been left while the list was read: then there is nothing to fill.
       const listError = root.querySelector("#list-error");
       const body = root.querySelector("#sessions tbody");
-      if (!listError || !body) return;
+      if (!listError || !body || !page.shown()) return;
       listError.textContent = "";
       fill(body, all.length === 0
         ? h("tr", {}, h("td", { colspan: 7, class: "muted" }, filters.status || filters.agent || filters.labels
@@ -125,17 +126,10 @@ function sessionsPage(root: HTMLElement): () => void {
       el.textContent = `usage: ${describe(e)}`;
     }
   };
-  const tick = async () => {
-    while (!stopped) {
-      await usage();
-      await load();
-      await new Promise((r) => setTimeout(r, 3000));
-    }
-  };
-  void tick();
-  return () => {
-    stopped = true;
-  };
+  return page.every(async () => {
+    await usage();
+    await load();
+  });
 }
 
 function route() {

@@ -51,6 +51,24 @@ pub struct AgentProfile {
 }
 
 impl AgentProfile {
+    /// The profile of an agent that sets nothing: `Default`, and what a catalog without its default agent
+    /// falls back to.
+    pub const DEFAULT: Self = Self {
+        system: None,
+        history_turns: DEFAULT_TRANSCRIPT_TURNS,
+        approval: ToolRules(None),
+        context_budget_tokens: None,
+        tenants: TenantScope::All,
+        approval_timeout: None,
+        version: 0,
+        hash: String::new(),
+        pin: false,
+        retry_after_repair: ToolRules(None),
+        output: None,
+        tools: Vec::new(),
+        overrides: OverridePolicy { system_prompt: false, models: Vec::new(), tools: false },
+    };
+
     /// Checks the overrides a session of agent `name` asks for against what this version allows.
     pub fn check_overrides(&self, name: &str, overrides: &SessionOverrides) -> Result<(), OverrideError> {
         self.overrides.check(name, &self.tools, overrides)
@@ -67,21 +85,7 @@ pub struct ApprovalTimeout {
 
 impl Default for AgentProfile {
     fn default() -> Self {
-        Self {
-            system: None,
-            history_turns: DEFAULT_TRANSCRIPT_TURNS,
-            approval: ApprovalRules::default(),
-            context_budget_tokens: None,
-            tenants: TenantScope::All,
-            approval_timeout: None,
-            version: 0,
-            hash: String::new(),
-            pin: false,
-            retry_after_repair: ToolRules::default(),
-            output: None,
-            tools: Vec::new(),
-            overrides: OverridePolicy::default(),
-        }
+        Self::DEFAULT
     }
 }
 
@@ -353,21 +357,7 @@ impl AgentCatalog {
     }
 }
 
-static FALLBACK: AgentProfile = AgentProfile {
-    system: None,
-    history_turns: DEFAULT_TRANSCRIPT_TURNS,
-    approval: ToolRules(None),
-    context_budget_tokens: None,
-    tenants: TenantScope::All,
-    approval_timeout: None,
-    version: 0,
-    hash: String::new(),
-    pin: false,
-    retry_after_repair: ToolRules(None),
-    output: None,
-    tools: Vec::new(),
-    overrides: OverridePolicy { system_prompt: false, models: Vec::new(), tools: false },
-};
+static FALLBACK: AgentProfile = AgentProfile::DEFAULT;
 
 #[cfg(test)]
 mod tests {

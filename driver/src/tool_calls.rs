@@ -127,15 +127,7 @@ impl Driver {
         reason: String,
         timed_out: bool,
     ) -> Result<CommandReply, CommandError> {
-        let waiting = self.turn.as_ref().and_then(|t| match &t.phase {
-            Phase::Tools { calls, next, awaiting: Some(id), for_client: false, .. }
-                if id == call_id && t.cancel.is_none() =>
-            {
-                calls.get(*next).cloned().map(|call| (t.turn, t.step, call))
-            }
-            _ => None,
-        });
-        let Some((turn, step, call)) = waiting else {
+        let Some((turn, step, call)) = self.waiting_call(call_id, false) else {
             return Err(self.undecidable(call_id));
         };
         self.write(EventPayload::ToolDecision {
@@ -150,10 +142,7 @@ impl Driver {
             self.run_tool_call(call);
         } else {
             let reason = if reason.trim().is_empty() { "no reason given".to_owned() } else { reason };
-            if let Some(Phase::Tools { next, awaiting, .. }) = self.turn.as_mut().map(|t| &mut t.phase) {
-                *next += 1;
-                *awaiting = None;
-            }
+            self.pass_waiting_call();
             let outcome = ToolOutcome::new(call.call_id, call.name, String::new(), Some(format!("denied: {reason}")));
             self.record_tool_result(turn, step, outcome);
             self.next_tool_call();
@@ -169,25 +158,36 @@ impl Driver {
         output: String,
         error: Option<String>,
     ) -> Result<CommandReply, CommandError> {
-        let waiting = self.turn.as_ref().and_then(|t| match &t.phase {
-            Phase::Tools { calls, next, awaiting: Some(id), for_client: true, .. }
-                if id == call_id && t.cancel.is_none() =>
+        let Some((turn, step, call)) = self.waiting_call(call_id, true) else {
+            return Err(self.uncompletable(call_id));
+        };
+        self.pass_waiting_call();
+        self.record_tool_result(turn, step, ToolOutcome::new(call.call_id, call.name, output, error));
+        self.next_tool_call();
+        Ok(CommandReply::Written { seq: self.state.last_seq })
+    }
+
+    /// The call `call_id` when the turn (not being cancelled) waits on it: for its client (`for_client`) or
+    /// for a person's decision; with the turn and step it belongs to.
+    fn waiting_call(&self, call_id: &str, for_client: bool) -> Option<(u64, u32, ToolCallSpec)> {
+        let t = self.turn.as_ref().filter(|t| t.cancel.is_none())?;
+        match &t.phase {
+            Phase::Tools { calls, next, awaiting: Some(id), for_client: waits_for_client, .. }
+                if id == call_id && *waits_for_client == for_client =>
             {
                 calls.get(*next).cloned().map(|call| (t.turn, t.step, call))
             }
             _ => None,
-        });
-        let Some((turn, step, call)) = waiting else {
-            return Err(self.uncompletable(call_id));
-        };
+        }
+    }
+
+    /// The waiting call is answered: the turn goes past it, waiting on nothing.
+    fn pass_waiting_call(&mut self) {
         if let Some(Phase::Tools { next, awaiting, for_client, .. }) = self.turn.as_mut().map(|t| &mut t.phase) {
             *next += 1;
             *awaiting = None;
             *for_client = false;
         }
-        self.record_tool_result(turn, step, ToolOutcome::new(call.call_id, call.name, output, error));
-        self.next_tool_call();
-        Ok(CommandReply::Written { seq: self.state.last_seq })
     }
 
     /// Why `call_id` cannot be completed: a known call that does not wait for its client is a failed

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use tonic::Status;
-use turnstile_journal::memory::{ListQuery, MemoryDocument, MemoryError, MemoryPut, MemoryStore};
+use turnstile_journal::memory::{ListQuery, MemoryDocument, MemoryError, MemoryPut, MemoryStore, SearchQuery};
 use turnstile_model::Tenant;
 use turnstile_proto::v1 as pb;
 
@@ -111,15 +111,7 @@ impl Gateway {
             turnstile_model::memory::validate_namespace(&req.namespace)
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
         }
-        let limit = match req.page_size as usize {
-            0 => DEFAULT_PAGE,
-            n if n <= MAX_PAGE => n,
-            n => {
-                return Err(Status::invalid_argument(format!(
-                    "page_size: {n} is over the most a page holds, {MAX_PAGE}; ask for fewer and follow next_page_token"
-                )));
-            }
-        };
+        let limit = status::bounded("page_size", req.page_size as usize, DEFAULT_PAGE, MAX_PAGE)?;
         let query = ListQuery {
             namespace: req.namespace,
             prefix: req.prefix,
@@ -147,17 +139,9 @@ impl Gateway {
                 "query: has no words; send the words to look for, for example \"favourite colour\"",
             ));
         }
-        let limit = match req.limit as usize {
-            0 => DEFAULT_HITS,
-            n if n <= MAX_HITS => n,
-            n => {
-                return Err(Status::invalid_argument(format!(
-                    "limit: {n} is over the most, {MAX_HITS}; ask for fewer"
-                )));
-            }
-        };
-        let hits =
-            self.memory()?.search(tenant.as_str(), &req.namespaces, &req.query, limit).await.map_err(from_memory)?;
+        let limit = status::bounded("limit", req.limit as usize, DEFAULT_HITS, MAX_HITS)?;
+        let query = SearchQuery { namespaces: req.namespaces, text: req.query, limit };
+        let hits = self.memory()?.search(tenant.as_str(), &query).await.map_err(from_memory)?;
         Ok(pb::SearchMemoryReply {
             hits: hits
                 .into_iter()

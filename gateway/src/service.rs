@@ -88,13 +88,7 @@ pub(crate) const MAX_PAGE: usize = 1000;
 
 /// A request's `page_size`: 0 means [`DEFAULT_PAGE`]; more than [`MAX_PAGE`] is INVALID_ARGUMENT.
 pub(crate) fn page_size(raw: u32) -> Result<usize, Status> {
-    match raw as usize {
-        0 => Ok(DEFAULT_PAGE),
-        n if n > MAX_PAGE => Err(Status::invalid_argument(format!(
-            "page_size {n} is over the limit of {MAX_PAGE}; ask for at most {MAX_PAGE} (0 means {DEFAULT_PAGE})"
-        ))),
-        n => Ok(n),
-    }
+    crate::status::bounded("page_size", raw as usize, DEFAULT_PAGE, MAX_PAGE)
 }
 
 /// The public gateway: one per process, cheap to clone.

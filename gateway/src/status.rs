@@ -40,6 +40,23 @@ pub fn from_convert(err: CodecError) -> Status {
     Status::invalid_argument(err.to_string())
 }
 
+/// A count or duration field where 0 (unset) means `default`: its value, or INVALID_ARGUMENT naming `field`,
+/// the value and the limit when it is over `max`. The one rule of every such field of the API.
+pub(crate) fn bounded<T: Copy + PartialOrd + std::fmt::Display + Default>(
+    field: &str,
+    raw: T,
+    default: T,
+    max: T,
+) -> Result<T, Status> {
+    if raw == T::default() {
+        Ok(default)
+    } else if raw > max {
+        Err(Status::invalid_argument(format!("{field}: {raw} is over the limit of {max}; ask for at most {max}")))
+    } else {
+        Ok(raw)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

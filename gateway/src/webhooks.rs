@@ -113,15 +113,7 @@ impl Gateway {
         self.check_target("url", &req.url).await?;
         let events = event_types(req.events)?;
         Selector::parse(&req.label_selector).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let max_age_ms = match req.max_age_ms {
-            0 => DEFAULT_MAX_AGE_MS,
-            ms if ms > MAX_MAX_AGE_MS => {
-                return Err(Status::invalid_argument(format!(
-                    "max_age_ms: {ms} is over the limit of {MAX_MAX_AGE_MS} (a week)"
-                )));
-            }
-            ms => ms,
-        };
+        let max_age_ms = status::bounded("max_age_ms", req.max_age_ms, DEFAULT_MAX_AGE_MS, MAX_MAX_AGE_MS)?;
         let count = registry.of_tenant(tenant.as_str()).iter().filter(|h| h.task.is_none()).count();
         if count >= MAX_WEBHOOKS_PER_TENANT {
             return Err(Status::resource_exhausted(format!(

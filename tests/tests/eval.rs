@@ -113,22 +113,9 @@ async fn twenty_recorded_turns_against_a_changed_version_print_the_table_and_the
     assert_eq!(put_agent(&mut c, TOKEN_A, "support", v2).await, 2);
 
     let report_path = dir.path().join("report.json");
-    let out = run_cli(vec![
-        "eval".into(),
-        "--addr".into(),
-        server.url(),
-        "--token".into(),
-        TOKEN_A.into(),
-        "--agent".into(),
-        "support".into(),
-        "--label".into(),
-        "suite=smoke".into(),
-        "--parallel".into(),
-        "4".into(),
-        "--report".into(),
-        report_path.display().to_string(),
-    ])
-    .await;
+    let report_arg = report_path.display().to_string();
+    let extra = ["--parallel", "4", "--report", &report_arg];
+    let out = run_cli(eval_args(server.url(), Some(TOKEN_A), "support", "suite=smoke", &extra)).await;
     assert!(out.success, "stdout: {}\nstderr: {}", out.stdout, out.stderr);
     let header = out.stdout.lines().next().unwrap();
     let columns: Vec<&str> = header.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
@@ -205,21 +192,8 @@ async fn twenty_recorded_turns_against_a_changed_version_print_the_table_and_the
     assert_eq!(listed(&mut c, TOKEN_A, "", 5).await, before);
 
     // `--fail-below` gates on the new mean (0.6 here), after printing the table.
-    let gated = |bar: &str| {
-        run_cli(vec![
-            "eval".into(),
-            "--addr".into(),
-            server.url(),
-            "--token".into(),
-            TOKEN_A.into(),
-            "--agent".into(),
-            "support".into(),
-            "--label".into(),
-            "suite=smoke".into(),
-            "--fail-below".into(),
-            bar.into(),
-        ])
-    };
+    let gated =
+        |bar: &str| run_cli(eval_args(server.url(), Some(TOKEN_A), "support", "suite=smoke", &["--fail-below", bar]));
     let out = gated("0.9").await;
     assert!(!out.success);
     assert!(out.stdout.starts_with("SESSION"), "{}", out.stdout);
@@ -227,23 +201,8 @@ async fn twenty_recorded_turns_against_a_changed_version_print_the_table_and_the
     assert!(gated("0.5").await.success);
 
     // `--json` prints the same report on stdout; a range takes only those turns.
-    let out = run_cli(vec![
-        "eval".into(),
-        "--addr".into(),
-        server.url(),
-        "--token".into(),
-        TOKEN_A.into(),
-        "--json".into(),
-        "--agent".into(),
-        "support".into(),
-        "--agent-version".into(),
-        "1".into(),
-        "--label".into(),
-        "suite=smoke".into(),
-        "--turns".into(),
-        "2..3".into(),
-    ])
-    .await;
+    let extra = ["--json", "--agent-version", "1", "--turns", "2..3"];
+    let out = run_cli(eval_args(server.url(), Some(TOKEN_A), "support", "suite=smoke", &extra)).await;
     assert!(out.success, "{}", out.stderr);
     let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
     let rows = report["rows"].as_array().unwrap();
@@ -369,17 +328,7 @@ async fn a_cluster_evaluates_through_either_gateway_and_leaves_no_scratch_sessio
         assert!(tokio::time::Instant::now() < deadline, "gateway 1 never listed the sessions");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    let out = run_cli(vec![
-        "eval".into(),
-        "--addr".into(),
-        cluster.gateway_url(1),
-        "--json".into(),
-        "--agent".into(),
-        "scripted".into(),
-        "--label".into(),
-        "suite=cluster".into(),
-    ])
-    .await;
+    let out = run_cli(eval_args(cluster.gateway_url(1), None, "scripted", "suite=cluster", &["--json"])).await;
     assert!(out.success, "{}", out.stderr);
     let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
     let summary = &report["summary"];
@@ -468,3 +417,14 @@ turnstile_tests::backend_tests!(
     a_forked_sessions_first_own_turn_is_rerun_from_its_fork_point,
     another_model_runs_where_the_agent_allows_it_and_each_row_says_why_where_not
 );
+
+/// `turnstile eval --addr ADDR [--token TOKEN] --agent AGENT --label SELECTOR`, then `extra`.
+fn eval_args(addr: String, token: Option<&str>, agent: &str, label: &str, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["eval".to_owned(), "--addr".to_owned(), addr];
+    if let Some(token) = token {
+        args.extend(["--token".to_owned(), token.to_owned()]);
+    }
+    args.extend(["--agent", agent, "--label", label].map(str::to_owned));
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args
+}

@@ -148,7 +148,7 @@ async fn the_transcript_shows_the_conversation_with_seqs_and_pages_join_into_it(
     assert!(reply.items.is_empty() && reply.next_seq == 0);
     let err = page(&s, 0, 1001).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    assert!(err.message().starts_with("page_size 1001 is over the limit of 1000"), "{}", err.message());
+    assert!(err.message().starts_with("page_size: 1001 is over the limit of 1000"), "{}", err.message());
 
     // A session that does not exist is NOT_FOUND.
     let req = GetTranscriptRequest {

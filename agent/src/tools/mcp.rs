@@ -328,8 +328,8 @@ impl Tool for McpTool {
     }
 
     /// Bounded by the call's deadline ([`ToolContext::deadline`], the agent's for this tool), or the
-    /// registered one when that is shorter (a call outside [`super::ToolRegistry::run`] has the default);
-    /// the registry's own bound ends it at the same time, this one names the server in the message.
+    /// registered one when that is shorter (a call outside the registry's `Tools::call` has the default); the
+    /// registry's own bound ends it at the same time, this one names the server in the message.
     async fn call(&self, ctx: &ToolContext, arguments: &str, abort: &CancellationToken) -> ToolReturn {
         let deadline = ctx.deadline.min(self.deadline);
         self.server.call(&self.tool.name, arguments, &ctx.idempotency_key, deadline, abort).await

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use turnstile_journal::memory::{MemoryPut, MemoryStore};
+use turnstile_journal::memory::{MemoryPut, MemoryStore, SearchQuery};
 use turnstile_model::memory::MemoryWrite;
 
 use super::{Tool, ToolContext, ToolReturn};
@@ -237,8 +237,8 @@ async fn search(
             _ => return Err(failed(name, format!("\"limit\" must be a whole number from 1 to {MAX_HITS}"))),
         },
     };
-    let hits =
-        store.search(&ctx.session.tenant, &namespaces, query, limit as usize).await.map_err(|e| failed(name, e))?;
+    let query = SearchQuery { namespaces, text: query.to_owned(), limit: limit as usize };
+    let hits = store.search(&ctx.session.tenant, &query).await.map_err(|e| failed(name, e))?;
     let hits: Vec<Value> = hits
         .into_iter()
         .map(|h| {

@@ -3,9 +3,9 @@
 //!
 //! Each tool describes itself to the model ([`Tool::description`], [`Tool::input_schema`]); the registry
 //! hands those out by name ([`ToolRegistry::spec`]) so an agent's model is offered exactly the tools the
-//! agent lists. [`ToolRegistry::run`] is the one place a call is checked against the agent's list, bounded
-//! by its deadline (`tool_timeout`), measured and traced; the registry is the worker's
-//! [`Tools`](turnstile_worker::agent::Tools). The plain built-ins are [`Sleep`], [`Echo`] and [`Clock`].
+//! agent lists. The registry is the worker's [`Tools`](turnstile_worker::agent::Tools), and its `call` is the
+//! one place a call is checked against the agent's list, bounded by its deadline (`tool_timeout`), measured
+//! and traced. The plain built-ins are [`Sleep`], [`Echo`] and [`Clock`].
 
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ pub mod client;
 pub mod mcp;
 pub mod memory;
 mod metrics;
-mod registry;
+pub(crate) mod registry;
 pub mod spawn;
 
 pub use builtin::{Clock, Echo, Sleep, goal_complete_spec, rfc3339_utc};
@@ -35,8 +35,8 @@ pub const TOOL_TIMEOUT: &str = "tool_timeout";
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Who calls a tool: the session (its tenant scopes client tools), the durable call id and its idempotency
-/// key, the agent and the
-/// call's deadline (already applied by [`ToolRegistry::run`]; tools that talk to others pass it on).
+/// key, the agent and the call's deadline (already applied by the registry's `Tools::call`; tools that talk
+/// to others pass it on).
 #[derive(Clone, Debug)]
 pub struct ToolContext {
     pub session: SessionRef,

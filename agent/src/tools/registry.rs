@@ -22,6 +22,20 @@ use super::{
 };
 use crate::llm::chat::ToolSpec;
 
+/// The refusal of a call of `name` that agent `agent` does not list among `tools`.
+pub(crate) fn not_offered(name: &str, agent: &str, tools: &[impl ToString]) -> ToolReturn {
+    let listed = listed(tools.iter().map(ToString::to_string));
+    ToolReturn::failed(format!(
+        "tool {name} is not available to agent {agent} (its tools: {listed}); call one of those"
+    ))
+}
+
+/// `names` joined with commas for a refusal, `none` when there are none.
+pub(crate) fn listed(names: impl Iterator<Item = String>) -> String {
+    let names: Vec<String> = names.collect();
+    if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+}
+
 /// How long a tool may take to wind down (send its cancel) after its deadline passed, before the call
 /// ends anyway.
 const CANCEL_GRACE: Duration = Duration::from_millis(200);
@@ -142,40 +156,6 @@ impl ToolRegistry {
         format!("unknown tool {name:?}; available: {}", self.tools.keys().cloned().collect::<Vec<_>>().join(", "))
     }
 
-    /// Runs `request`'s call in `session`: refused when its agent does not list the tool (a model may name
-    /// any tool), bounded by the agent's deadline for it (`tool_timeout`; the tool sees `abort` fire and gets
-    /// a short grace to send its cancel), counted and timed (`turnstile_tool_calls_total`). `released` is
-    /// [`ToolContext::released`].
-    pub async fn run(
-        &self,
-        session: &SessionRef,
-        request: &ToolRequest,
-        abort: &CancellationToken,
-        released: &CancellationToken,
-    ) -> ToolReturn {
-        let (agent, name) = (request.agent.as_str(), request.call.name.as_str());
-        let id = ToolId::from_call_name(name);
-        let mut measure = ToolCall::start(id);
-        let memory = self.memory_of(agent);
-        let deadline = match &self.policy {
-            None => DEFAULT_DEADLINE,
-            Some(config) => match config.agents.get(agent) {
-                Some(profile) if profile.offers(id) => config.tool_deadline(profile, id),
-                Some(profile) => {
-                    let listed: Vec<String> = profile.tools.iter().map(ToString::to_string).collect();
-                    let listed = if listed.is_empty() { "none".to_owned() } else { listed.join(", ") };
-                    measure.end("unavailable");
-                    return ToolReturn::failed(format!(
-                        "tool {name} is not available to agent {agent} (its tools: {listed}); call one of those"
-                    ));
-                }
-                // An agent the configuration does not name (a catalog built apart): no list to check.
-                None => DEFAULT_DEADLINE,
-            },
-        };
-        self.call_within(session, request, memory, deadline, measure, abort, released).await
-    }
-
     /// The memory namespaces of the file's agent `agent` (none without a policy or such an agent).
     fn memory_of(&self, agent: &str) -> Vec<String> {
         let profile = self.policy.as_ref().and_then(|c| c.agents.get(agent));
@@ -185,7 +165,7 @@ impl ToolRegistry {
     /// Runs `request`'s call, already allowed, bounded by `deadline`, its memory tools reaching `memory` (an
     /// agent version of the API checks its own list and names its own namespaces:
     /// `crate::versions::VersionedTools`).
-    #[allow(clippy::too_many_arguments)] // As `run`, with the deadline and the namespaces.
+    #[allow(clippy::too_many_arguments)] // As `Tools::call`, with the deadline and the namespaces.
     pub async fn run_within(
         &self,
         session: &SessionRef,
@@ -259,6 +239,11 @@ impl ToolRegistry {
 
 #[async_trait]
 impl Tools for ToolRegistry {
+    /// Runs `request`'s call in `session`: refused when its agent does not list the tool (a model may name
+    /// any tool), bounded by the agent's deadline for it (`tool_timeout`; the tool sees `abort` fire and gets
+    /// a short grace to send its cancel), counted and timed (`turnstile_tool_calls_total`). `released` is
+    /// [`ToolContext::released`]. (The inherent [`ToolRegistry::call`] runs a tool by name
+    /// with no policy.)
     async fn call(
         &self,
         session: &SessionRef,
@@ -266,6 +251,22 @@ impl Tools for ToolRegistry {
         abort: &CancellationToken,
         released: &CancellationToken,
     ) -> ToolReturn {
-        self.run(session, request, abort, released).await
+        let (agent, name) = (request.agent.as_str(), request.call.name.as_str());
+        let id = ToolId::from_call_name(name);
+        let mut measure = ToolCall::start(id);
+        let memory = self.memory_of(agent);
+        let deadline = match &self.policy {
+            None => DEFAULT_DEADLINE,
+            Some(config) => match config.agents.get(agent) {
+                Some(profile) if profile.offers(id) => config.tool_deadline(profile, id),
+                Some(profile) => {
+                    measure.end("unavailable");
+                    return not_offered(name, agent, &profile.tools);
+                }
+                // An agent the configuration does not name (a catalog built apart): no list to check.
+                None => DEFAULT_DEADLINE,
+            },
+        };
+        self.call_within(session, request, memory, deadline, measure, abort, released).await
     }
 }

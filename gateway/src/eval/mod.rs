@@ -56,21 +56,6 @@ impl Scoped for pb::EvaluateRequest {
     }
 }
 
-fn bounded<T: Copy + PartialOrd + std::fmt::Display + Default>(
-    field: &str,
-    raw: T,
-    default: T,
-    max: T,
-) -> Result<T, Status> {
-    if raw == T::default() {
-        Ok(default)
-    } else if raw > max {
-        Err(Status::invalid_argument(format!("{field}: {raw} is over the limit of {max}; ask for at most {max}")))
-    } else {
-        Ok(raw)
-    }
-}
-
 impl Gateway {
     /// `Evaluate` in `tenant`: checks the request, selects its turns and starts the run.
     pub(crate) async fn evaluate_in(
@@ -84,10 +69,11 @@ impl Gateway {
             ));
         }
         let scorer = scorer::Scorer::from_request(req.scorer.clone())?;
-        let parallel = bounded("parallel", req.parallel, DEFAULT_PARALLEL, MAX_PARALLEL)?;
+        let parallel = status::bounded("parallel", req.parallel, DEFAULT_PARALLEL, MAX_PARALLEL)?;
         let parallel = self.quotas.burst_of(tenant.as_str()).map_or(parallel, |burst| parallel.min(burst.max(1)));
-        let max_turns = bounded("max_turns", req.max_turns, DEFAULT_MAX_TURNS, MAX_TURNS)?;
-        let timeout_ms = bounded("turn_timeout_ms", req.turn_timeout_ms, DEFAULT_TURN_TIMEOUT_MS, MAX_TURN_TIMEOUT_MS)?;
+        let max_turns = status::bounded("max_turns", req.max_turns, DEFAULT_MAX_TURNS, MAX_TURNS)?;
+        let timeout_ms =
+            status::bounded("turn_timeout_ms", req.turn_timeout_ms, DEFAULT_TURN_TIMEOUT_MS, MAX_TURN_TIMEOUT_MS)?;
         if req.last_turn > 0 && req.first_turn > req.last_turn {
             return Err(Status::invalid_argument(format!(
                 "first_turn {} is after last_turn {}; no turn could be taken",

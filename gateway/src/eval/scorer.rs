@@ -9,6 +9,8 @@ use turnstile_config::output::OutputValidator;
 use turnstile_model::output::OutputSchema;
 use turnstile_proto::v1 as pb;
 
+use crate::status;
+
 /// A score at or above this passes.
 pub(crate) const PASS: f64 = 0.5;
 
@@ -111,15 +113,12 @@ impl Scorer {
                 }
             }
             Kind::Hook(h) => {
-                let timeout_ms = match h.timeout_ms {
-                    0 => DEFAULT_HOOK_TIMEOUT_MS,
-                    ms if ms > MAX_HOOK_TIMEOUT_MS => {
-                        return Err(Status::invalid_argument(format!(
-                            "scorer.hook.timeout_ms: {ms} is over the limit of {MAX_HOOK_TIMEOUT_MS}"
-                        )));
-                    }
-                    ms => ms,
-                };
+                let timeout_ms = status::bounded(
+                    "scorer.hook.timeout_ms",
+                    h.timeout_ms,
+                    DEFAULT_HOOK_TIMEOUT_MS,
+                    MAX_HOOK_TIMEOUT_MS,
+                )?;
                 Self::Hook { url: h.url, timeout_ms }
             }
         })

@@ -8,21 +8,36 @@ pub(crate) struct Totals {
     total: usize,
     evaluated: u32,
     failed: u32,
-    recorded_scored: u32,
-    recorded_sum: f64,
-    recorded_passed: u32,
-    candidate_scored: u32,
-    candidate_sum: f64,
-    candidate_passed: u32,
-    recorded_tokens: u64,
-    candidate_tokens: u64,
-    recorded_duration_ms: u64,
-    candidate_duration_ms: u64,
+    recorded: Side,
+    candidate: Side,
     skipped_for_budget: u32,
 }
 
-fn mean(sum: f64, n: u32) -> f64 {
-    if n == 0 { 0.0 } else { sum / f64::from(n) }
+/// The sums of one side's replies (the recorded ones, or the candidate's).
+#[derive(Debug, Default)]
+struct Side {
+    scored: u32,
+    sum: f64,
+    passed: u32,
+    tokens: u64,
+    duration_ms: u64,
+}
+
+impl Side {
+    fn add(&mut self, reply: &pb::EvalReply) {
+        self.tokens += reply.input_tokens + reply.output_tokens;
+        self.duration_ms += reply.duration_ms;
+        if let Some(s) = &reply.score {
+            self.scored += 1;
+            self.sum += s.value;
+            self.passed += u32::from(s.passed);
+        }
+    }
+
+    /// The mean score of the scored replies (0 with none).
+    fn mean(&self) -> f64 {
+        if self.scored == 0 { 0.0 } else { self.sum / f64::from(self.scored) }
+    }
 }
 
 impl Totals {
@@ -32,24 +47,12 @@ impl Totals {
 
     pub(crate) fn add(&mut self, row: &pb::EvalRow) {
         if let Some(r) = &row.recorded {
-            self.recorded_tokens += r.input_tokens + r.output_tokens;
-            self.recorded_duration_ms += r.duration_ms;
-            if let Some(s) = &r.score {
-                self.recorded_scored += 1;
-                self.recorded_sum += s.value;
-                self.recorded_passed += u32::from(s.passed);
-            }
+            self.recorded.add(r);
         }
         match &row.candidate {
             Some(c) => {
                 self.evaluated += 1;
-                self.candidate_tokens += c.input_tokens + c.output_tokens;
-                self.candidate_duration_ms += c.duration_ms;
-                if let Some(s) = &c.score {
-                    self.candidate_scored += 1;
-                    self.candidate_sum += s.value;
-                    self.candidate_passed += u32::from(s.passed);
-                }
+                self.candidate.add(c);
             }
             None => {
                 self.failed += 1;
@@ -59,19 +62,20 @@ impl Totals {
     }
 
     pub(crate) fn summary(&self, run_id: &str, scratch_deleted: u32, scratch_left: Vec<String>) -> pb::EvalSummary {
+        let (recorded, candidate) = (&self.recorded, &self.candidate);
         pb::EvalSummary {
             run_id: run_id.to_owned(),
             total: self.total as u32,
             evaluated: self.evaluated,
             failed: self.failed,
-            recorded_mean: mean(self.recorded_sum, self.recorded_scored),
-            candidate_mean: mean(self.candidate_sum, self.candidate_scored),
-            recorded_passed: self.recorded_passed,
-            candidate_passed: self.candidate_passed,
-            recorded_tokens: self.recorded_tokens,
-            candidate_tokens: self.candidate_tokens,
-            recorded_duration_ms: self.recorded_duration_ms,
-            candidate_duration_ms: self.candidate_duration_ms,
+            recorded_mean: recorded.mean(),
+            candidate_mean: candidate.mean(),
+            recorded_passed: recorded.passed,
+            candidate_passed: candidate.passed,
+            recorded_tokens: recorded.tokens,
+            candidate_tokens: candidate.tokens,
+            recorded_duration_ms: recorded.duration_ms,
+            candidate_duration_ms: candidate.duration_ms,
             skipped_for_budget: self.skipped_for_budget,
             scratch_deleted,
             scratch_left,

@@ -7,7 +7,6 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::agents::{AgentRecord, AgentStore, agent_key};
 use crate::log::JournalError;
@@ -20,18 +19,12 @@ pub const AGENT_BUCKET: &str = "turnstile_agents";
 pub struct KvAgents {
     store: kv::Store,
     changes: watch::Sender<u64>,
-    follower: JoinHandle<()>,
+    _follower: super::Follower,
 }
 
 impl std::fmt::Debug for KvAgents {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KvAgents").field("bucket", &AGENT_BUCKET).finish()
-    }
-}
-
-impl Drop for KvAgents {
-    fn drop(&mut self) {
-        self.follower.abort();
     }
 }
 
@@ -47,14 +40,14 @@ impl KvAgents {
         let changes = watch::channel(0).0;
         let mut updates = store.watch_all().await.map_err(unavailable)?;
         let tx = changes.clone();
-        let follower = tokio::spawn(async move {
+        let follower = super::Follower::spawn(async move {
             while let Some(update) = updates.next().await {
                 if update.is_ok() {
                     tx.send_modify(|n| *n += 1);
                 }
             }
         });
-        Ok(Self { store, changes, follower })
+        Ok(Self { store, changes, _follower: follower })
     }
 }
 

@@ -18,12 +18,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::log::JournalError;
 use crate::memory::{
     ListPage, ListQuery, MemoryDocument, MemoryError, MemoryIndex, MemoryLimits, MemoryPut, MemoryStore, SearchHit,
-    check_address, check_values,
+    SearchQuery, check_address, check_values,
 };
 
 /// The bucket of memory documents.
@@ -40,18 +39,12 @@ pub struct KvMemory {
     /// The last revision the index applied.
     applied: watch::Receiver<u64>,
     limits: MemoryLimits,
-    follower: JoinHandle<()>,
+    _follower: super::Follower,
 }
 
 impl std::fmt::Debug for KvMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KvMemory").field("bucket", &MEMORY_BUCKET).finish_non_exhaustive()
-    }
-}
-
-impl Drop for KvMemory {
-    fn drop(&mut self) {
-        self.follower.abort();
     }
 }
 
@@ -93,7 +86,7 @@ impl KvMemory {
         let index = Arc::new(Mutex::new(MemoryIndex::default()));
         let (tx, applied) = watch::channel(0);
         let fed = index.clone();
-        let follower = tokio::spawn(async move {
+        let follower = super::Follower::spawn(async move {
             while let Some(update) = updates.next().await {
                 let Ok(entry) = update else { continue };
                 let Some((tenant, namespace, key)) = parse_kv_key(&entry.key) else { continue };
@@ -112,7 +105,7 @@ impl KvMemory {
                 tx.send_modify(|r| *r = (*r).max(entry.revision));
             }
         });
-        Ok(Self { store, stream, index, applied, limits, follower })
+        Ok(Self { store, stream, index, applied, limits, _follower: follower })
     }
 
     /// Waits until the index applied `revision`.
@@ -179,15 +172,9 @@ impl MemoryStore for KvMemory {
         Ok(crate::sync::lock(&self.index).list(tenant, query))
     }
 
-    async fn search(
-        &self,
-        tenant: &str,
-        namespaces: &[String],
-        query: &str,
-        limit: usize,
-    ) -> Result<Vec<SearchHit>, MemoryError> {
+    async fn search(&self, tenant: &str, query: &SearchQuery) -> Result<Vec<SearchHit>, MemoryError> {
         self.caught_up().await?;
-        Ok(crate::sync::lock(&self.index).search(tenant, namespaces, query, limit))
+        Ok(crate::sync::lock(&self.index).search(tenant, query))
     }
 }
 

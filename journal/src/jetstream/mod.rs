@@ -94,6 +94,22 @@ pub async fn while_starting<T, E: std::fmt::Display, F: std::future::Future<Outp
     }
 }
 
+/// The task that follows a bucket for the store that holds it (its watch feeds a mirror or an index): it
+/// ends when the store is dropped.
+pub(crate) struct Follower(tokio::task::JoinHandle<()>);
+
+impl Follower {
+    pub(crate) fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
+        Self(tokio::spawn(task))
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Opens KV bucket `bucket`, creating it (file storage, `replicas`, history 1, `description`) when it does
 /// not exist: the index and webhook buckets, which any node may be the first to need.
 pub async fn open_bucket(

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::{ListPage, ListQuery, MemoryDocument, MemoryError, MemoryLimits, MemoryPut, SearchHit};
+use super::{ListPage, ListQuery, MemoryDocument, MemoryError, MemoryLimits, MemoryPut, SearchHit, SearchQuery};
 
 const K1: f64 = 1.2;
 const B: f64 = 0.75;
@@ -185,9 +185,10 @@ impl MemoryIndex {
         ListPage { documents, next: None }
     }
 
-    /// The `limit` best documents of `namespaces` (all of the tenant's when empty) for the words of
-    /// `query`, by BM25; ties in key order.
-    pub fn search(&self, tenant: &str, namespaces: &[String], query: &str, limit: usize) -> Vec<SearchHit> {
+    /// The `query.limit` best documents for `query` ([`SearchQuery`]), by BM25; ties in key order.
+    pub fn search(&self, tenant: &str, query: &SearchQuery) -> Vec<SearchHit> {
+        let SearchQuery { namespaces, text: query, limit } = query;
+        let limit = *limit;
         let Some(memory) = self.tenants.get(tenant) else { return Vec::new() };
         let searched: Vec<&Namespace> = if namespaces.is_empty() {
             memory.namespaces.values().collect()
@@ -246,6 +247,10 @@ mod tests {
 
     use super::*;
 
+    fn search(namespaces: &[String], text: &str) -> SearchQuery {
+        SearchQuery { namespaces: namespaces.to_vec(), text: text.to_owned(), limit: 10 }
+    }
+
     fn doc(tenant: &str, ns: &str, key: &str, value: &str) -> MemoryDocument {
         MemoryDocument {
             tenant: tenant.into(),
@@ -270,20 +275,24 @@ mod tests {
         index.insert(doc("a", "user-1", "tea", r#"{"fact": "tea tea tea, always tea"}"#));
         index.insert(doc("a", "user-2", "pets", r#"{"fact": "Bob has a dog"}"#));
         index.insert(doc("b", "user-1", "pets", r#"{"fact": "the other tenant's cat"}"#));
-        let hits = index.search("a", &[], "Turing cat", 10);
+        let hits = index.search("a", &search(&[], "Turing cat"));
         assert_eq!(keys(&hits), ["pets", "food"], "the rare word first; no other tenant's document");
         assert!(hits[0].score > hits[1].score);
-        assert_eq!(keys(&index.search("a", &[], "tea", 10)), ["tea", "food"], "a word said more often ranks higher");
-        assert_eq!(keys(&index.search("a", &["user-2".into()], "cat dog", 10)), ["pets"]);
-        assert_eq!(index.search("a", &["user-2".into()], "cat dog", 10)[0].document.namespace, "user-2");
-        assert!(index.search("a", &[], "fact", 10).is_empty(), "field names are not words");
-        assert_eq!(keys(&index.search("a", &[], "3", 10)), ["food"], "numbers are words");
-        assert!(index.search("c", &[], "cat", 10).is_empty());
+        assert_eq!(
+            keys(&index.search("a", &search(&[], "tea"))),
+            ["tea", "food"],
+            "a word said more often ranks higher"
+        );
+        assert_eq!(keys(&index.search("a", &search(&["user-2".into()], "cat dog"))), ["pets"]);
+        assert_eq!(index.search("a", &search(&["user-2".into()], "cat dog"))[0].document.namespace, "user-2");
+        assert!(index.search("a", &search(&[], "fact")).is_empty(), "field names are not words");
+        assert_eq!(keys(&index.search("a", &search(&[], "3"))), ["food"], "numbers are words");
+        assert!(index.search("c", &search(&[], "cat")).is_empty());
         // Replaced and removed documents leave the index.
         index.insert(doc("a", "user-1", "pets", r#"{"fact": "no more animals"}"#));
-        assert_eq!(keys(&index.search("a", &[], "turing", 10)), Vec::<&str>::new());
+        assert_eq!(keys(&index.search("a", &search(&[], "turing"))), Vec::<&str>::new());
         assert_eq!(index.remove("a", "user-1", "food").unwrap().key, "food");
-        assert_eq!(keys(&index.search("a", &[], "cat", 10)), Vec::<&str>::new());
+        assert_eq!(keys(&index.search("a", &search(&[], "cat"))), Vec::<&str>::new());
         assert_eq!(index.usage("a").0, 3);
     }
 

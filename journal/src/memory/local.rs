@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     ListPage, ListQuery, MemoryDocument, MemoryError, MemoryIndex, MemoryLimits, MemoryPut, MemoryStore, SearchHit,
-    check_address, check_values,
+    SearchQuery, check_address, check_values,
 };
 use crate::log::JournalError;
 
@@ -140,14 +140,8 @@ impl MemoryStore for LocalMemory {
         Ok(crate::sync::lock(&self.state).index.list(tenant, query))
     }
 
-    async fn search(
-        &self,
-        tenant: &str,
-        namespaces: &[String],
-        query: &str,
-        limit: usize,
-    ) -> Result<Vec<SearchHit>, MemoryError> {
-        Ok(crate::sync::lock(&self.state).index.search(tenant, namespaces, query, limit))
+    async fn search(&self, tenant: &str, query: &SearchQuery) -> Result<Vec<SearchHit>, MemoryError> {
+        Ok(crate::sync::lock(&self.state).index.search(tenant, query))
     }
 }
 
@@ -185,7 +179,14 @@ mod tests {
             (r#"{"fact": "kept"}"#, Some("t/s1/c1"), 7)
         );
         assert!(store.get("t", "n", "b").await.unwrap().is_none());
-        assert_eq!(store.search("t", &[], "kept", 5).await.unwrap().len(), 1);
+        assert_eq!(
+            store
+                .search("t", &SearchQuery { text: "kept".into(), limit: 5, ..SearchQuery::default() })
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
         let next = store.put(put("c", "1")).await.unwrap();
         assert!(next.revision > a.revision, "revisions go on growing after a restart");
     }

@@ -129,6 +129,15 @@ pub struct ListQuery {
     pub limit: usize,
 }
 
+/// What [`MemoryStore::search`] searches: the `limit` documents of `namespaces` (every namespace of the
+/// tenant when empty) that best match the words of `text`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SearchQuery {
+    pub namespaces: Vec<String>,
+    pub text: String,
+    pub limit: usize,
+}
+
 /// Where a tenant's memory is kept.
 #[async_trait]
 pub trait MemoryStore: Send + Sync + 'static {
@@ -142,15 +151,8 @@ pub trait MemoryStore: Send + Sync + 'static {
     async fn delete(&self, tenant: &str, namespace: &str, key: &str) -> Result<Option<MemoryDocument>, MemoryError>;
     /// A page of documents in `(namespace, key)` order.
     async fn list(&self, tenant: &str, query: &ListQuery) -> Result<ListPage, MemoryError>;
-    /// The `limit` documents of `namespaces` (every namespace of the tenant when empty) that best match the
-    /// words of `query`, best first.
-    async fn search(
-        &self,
-        tenant: &str,
-        namespaces: &[String],
-        query: &str,
-        limit: usize,
-    ) -> Result<Vec<SearchHit>, MemoryError>;
+    /// The documents that best match `query`, best first.
+    async fn search(&self, tenant: &str, query: &SearchQuery) -> Result<Vec<SearchHit>, MemoryError>;
 }
 
 /// Checks a put against the rules of `turnstile_model::memory` and `limits`' document size.

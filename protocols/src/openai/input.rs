@@ -78,6 +78,20 @@ pub fn string<'a>(body: &'a Map<String, Value>, field: &str) -> Result<Option<&'
     }
 }
 
+/// An optional object field `field` of `map` (`null` counts as absent); `param` names it in the refusal
+/// (its path from the body).
+fn object_at<'a>(
+    map: &'a Map<String, Value>,
+    field: &str,
+    param: &str,
+) -> Result<Option<&'a Map<String, Value>>, ApiError> {
+    match map.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(object)) => Ok(Some(object)),
+        Some(other) => Err(ApiError::invalid(param, format!("{param} must be an object, not {}", kind(other)))),
+    }
+}
+
 /// An optional boolean field, `false` when absent.
 pub fn flag(body: &Map<String, Value>, field: &str) -> Result<bool, ApiError> {
     match body.get(field) {
@@ -89,13 +103,7 @@ pub fn flag(body: &Map<String, Value>, field: &str) -> Result<bool, ApiError> {
 
 /// `metadata`: at most 16 string pairs (OpenAI's rule), as the session labels they become.
 pub fn metadata(body: &Map<String, Value>) -> Result<Option<Vec<(String, String)>>, ApiError> {
-    let map = match body.get("metadata") {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::Object(map)) => map,
-        Some(other) => {
-            return Err(ApiError::invalid("metadata", format!("metadata must be an object, not {}", kind(other))));
-        }
-    };
+    let Some(map) = object_at(body, "metadata", "metadata")? else { return Ok(None) };
     if map.len() > 16 {
         return Err(ApiError::invalid("metadata", format!("metadata has {} keys; at most 16 are allowed", map.len())));
     }
@@ -116,26 +124,8 @@ pub fn metadata(body: &Map<String, Value>) -> Result<Option<Vec<(String, String)
 /// `schema` and `strict`; `json_object` as a schema that asks for any JSON object; `text` or absent: none.
 /// The schema itself is checked by the gateway, by the rule the agents' schemas are checked by.
 pub fn text_format(body: &Map<String, Value>) -> Result<Option<pb::OutputSchema>, ApiError> {
-    let text = match body.get("text") {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::Object(text)) => text,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "text",
-                format!("text must be an object ({{\"format\": …}}), not {}", kind(other)),
-            ));
-        }
-    };
-    let format = match text.get("format") {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::Object(format)) => format,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "text.format",
-                format!("text.format must be an object, not {}", kind(other)),
-            ));
-        }
-    };
+    let Some(text) = object_at(body, "text", "text")? else { return Ok(None) };
+    let Some(format) = object_at(text, "format", "text.format")? else { return Ok(None) };
     let field = |name: &str| format.get(name).filter(|v| !v.is_null());
     let types = "allowed: text, json_schema, json_object";
     match field("type") {

@@ -16,7 +16,7 @@ use super::api::{self, Api, Delivery};
 use super::error::ApiError;
 use super::fold::{Meta, ResponseFold};
 use super::ids::{self, ResponseId};
-use super::input::{self, Role};
+use super::input::{self, ApprovalResponse, FunctionOutput, Role};
 use super::{Shared, number, ok, param, query, sse};
 
 /// How long a cancel waits for the cancelled turn to end before answering with the response as it is.
@@ -65,17 +65,15 @@ pub(crate) async fn create(State(shared): State<Shared>, headers: HeaderMap, bod
             ));
         }
         let (_, conversation, previous) = target(&body, None)?;
-        let id = decide(&api, &approvals, previous.as_ref(), conversation).await?;
-        let meta = Meta { background, ..meta(&api, &id, "input").await? };
-        return answer(api, id, meta, stream, background).await;
+        let id = decide(&api, &approvals, Chain::new(previous.as_ref(), conversation)).await?;
+        return resume(api, id, stream, background).await;
     }
     let outputs = input::function_outputs(&body)?;
     if !outputs.is_empty() {
         // The rest of the input is the history the client resends (the Agents SDK sends its whole run).
         let (_, conversation, previous) = target(&body, None)?;
-        let id = complete(&api, &outputs, previous.as_ref(), conversation).await?;
-        let meta = Meta { background, ..meta(&api, &id, "input").await? };
-        return answer(api, id, meta, stream, background).await;
+        let id = complete(&api, &outputs, Chain::new(previous.as_ref(), conversation)).await?;
+        return resume(api, id, stream, background).await;
     }
     if let Some(i) = input::first_function_call(&body) {
         return Err(ApiError::invalid(
@@ -164,70 +162,75 @@ async fn answer(api: Api, id: ResponseId, meta: Meta, stream: bool, background: 
     Ok(ok(fold.snapshot()))
 }
 
+/// The rest of the turn a request that answers waiting calls resumes at `id`.
+async fn resume(api: Api, id: ResponseId, stream: bool, background: bool) -> Answer {
+    let meta = Meta { background, ..meta(&api, &id, "input").await? };
+    answer(api, id, meta, stream, background).await
+}
+
 /// Decides the calls the approval responses name; the response is the rest of their turn from the first
-/// one's call on (decision 0103). Every approval must be of one session, the one `previous_response_id` names if given.
-async fn decide(
-    api: &Api,
-    approvals: &[input::ApprovalResponse],
-    previous: Option<&ResponseId>,
-    conversation: bool,
-) -> Result<ResponseId, ApiError> {
-    let mut first: Option<ResponseId> = None;
+/// one's call on (decision 0103).
+async fn decide(api: &Api, approvals: &[ApprovalResponse], mut chain: Chain<'_>) -> Result<ResponseId, ApiError> {
     for (i, approval) in approvals.iter().enumerate() {
         let param = format!("input[{i}].approval_request_id");
         let call = ids::approval_call(&approval.request_id, &param)?;
-        join_chain(&mut first, &call, previous, conversation, &param, "approval request")?;
+        chain.join(&call, &param, "approval request")?;
         let reason = approval.reason.as_deref().unwrap_or_default();
         api.decide(&call.session, &call.call_id, approval.approve, reason).await.map_err(|e| e.at(&param))?;
     }
-    first.ok_or_else(|| ApiError::invalid("input", "no mcp_approval_response item"))
+    chain.first("no mcp_approval_response item")
 }
 
 /// Gives each function call its output (`CompleteToolCall`); the response is the rest of their turn from
-/// the first one's call on (decision 0113), like a decision's (decision 0103). Every call must be of one
-/// session, the one `previous_response_id` names if given.
-async fn complete(
-    api: &Api,
-    outputs: &[input::FunctionOutput],
-    previous: Option<&ResponseId>,
-    conversation: bool,
-) -> Result<ResponseId, ApiError> {
-    let mut first: Option<ResponseId> = None;
+/// the first one's call on (decision 0113), like a decision's (decision 0103).
+async fn complete(api: &Api, outputs: &[FunctionOutput], mut chain: Chain<'_>) -> Result<ResponseId, ApiError> {
     for (i, output) in outputs.iter().enumerate() {
         let param = format!("input[{i}].call_id");
         let call = ids::function_call(&output.call_id, &param)?;
-        join_chain(&mut first, &call, previous, conversation, &param, "function call")?;
+        chain.join(&call, &param, "function call")?;
         api.complete_tool_call(&call.session, &call.call_id, &output.output, None).await.map_err(|e| e.at(&param))?;
     }
-    first.ok_or_else(|| ApiError::invalid("input", "no function_call_output item"))
+    chain.first("no function_call_output item")
 }
 
-/// The one rule of a request that answers waiting calls (decisions 0103, 0113): `call` must be of the chain
-/// the request answers — the first call's session, else the one `previous_response_id` names — and the first
-/// call is where the response resumes. `what` names the kind of call in the refusal.
-fn join_chain(
-    first: &mut Option<ResponseId>,
-    call: &ids::ApprovalCall,
-    previous: Option<&ResponseId>,
+/// The one rule of a request that answers waiting calls (decisions 0103, 0113): every call must be of the
+/// chain the request answers — the first call's session, else the one `previous_response_id` names — and
+/// the first call is where the response resumes.
+struct Chain<'a> {
+    previous: Option<&'a ResponseId>,
     conversation: bool,
-    param: &str,
-    what: &str,
-) -> Result<(), ApiError> {
-    let named = first.as_ref().map(|f| f.session.as_str()).or(previous.map(|p| p.session.as_str()));
-    if named.is_some_and(|s| s != call.session) {
-        return Err(ApiError::invalid(
-            param,
-            format!("this {what} belongs to another response chain than the rest of the request"),
-        ));
+    first: Option<ResponseId>,
+}
+
+impl<'a> Chain<'a> {
+    fn new(previous: Option<&'a ResponseId>, conversation: bool) -> Self {
+        Self { previous, conversation, first: None }
     }
-    first.get_or_insert_with(|| ResponseId {
-        session: call.session.clone(),
-        seq: call.seq,
-        turn: call.turn,
-        conversation: conversation || previous.is_some_and(|p| p.conversation),
-        after_approval: true,
-    });
-    Ok(())
+
+    /// Adds `call` (at `param`) to the chain; `what` names the kind of call in the refusal.
+    fn join(&mut self, call: &ids::ApprovalCall, param: &str, what: &str) -> Result<(), ApiError> {
+        let named = self.first.as_ref().or(self.previous).map(|r| r.session.as_str());
+        if named.is_some_and(|s| s != call.session) {
+            return Err(ApiError::invalid(
+                param,
+                format!("this {what} belongs to another response chain than the rest of the request"),
+            ));
+        }
+        let conversation = self.conversation || self.previous.is_some_and(|p| p.conversation);
+        self.first.get_or_insert_with(|| ResponseId {
+            session: call.session.clone(),
+            seq: call.seq,
+            turn: call.turn,
+            conversation,
+            after_approval: true,
+        });
+        Ok(())
+    }
+
+    /// Where the response resumes; `none` says what the input lacked when it named no call.
+    fn first(self, none: &str) -> Result<ResponseId, ApiError> {
+        self.first.ok_or_else(|| ApiError::invalid("input", none))
+    }
 }
 
 /// `delivery` (body) or `metadata.turnstile_delivery`: how the input reaches a busy session.
@@ -382,6 +385,14 @@ fn stream_response(
     res
 }
 
+/// The response a request's path names (`response_id`), read with the caller's credentials.
+async fn named(shared: &Shared, headers: &HeaderMap, raw: &str) -> Result<(Api, ResponseId, Meta), ApiError> {
+    let api = Api::new(&shared.gateway, headers);
+    let id = ResponseId::decode(raw, "response_id")?;
+    let meta = meta(&api, &id, "response_id").await?;
+    Ok((api, id, meta))
+}
+
 /// `GET /v1/responses/{id}`, and with `stream=true` its events again (after `starting_after`, or the
 /// `Last-Event-ID` of an EventSource reconnect).
 pub(crate) async fn retrieve(
@@ -390,10 +401,8 @@ pub(crate) async fn retrieve(
     Path(raw): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Answer {
-    let api = Api::new(&shared.gateway, &headers);
-    let id = ResponseId::decode(&raw, "response_id")?;
+    let (api, id, meta) = named(&shared, &headers, &raw).await?;
     let pairs = query(q.as_deref());
-    let meta = meta(&api, &id, "response_id").await?;
     if param(&pairs, "stream") == Some("true") {
         let last_event = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
         let after = number(&pairs, "starting_after")?.or(last_event);
@@ -405,9 +414,7 @@ pub(crate) async fn retrieve(
 /// `POST /v1/responses/{id}/cancel`: cancels the turn (keeping the session's other pending input), or
 /// removes the input of a response whose turn has not started. An ended response is answered as it is.
 pub(crate) async fn cancel(State(shared): State<Shared>, headers: HeaderMap, Path(raw): Path<String>) -> Answer {
-    let api = Api::new(&shared.gateway, &headers);
-    let id = ResponseId::decode(&raw, "response_id")?;
-    let meta = meta(&api, &id, "response_id").await?;
+    let (api, id, meta) = named(&shared, &headers, &raw).await?;
     let fold = read(&api, id.clone(), meta.clone()).await?;
     if fold.finished() {
         return Ok(ok(fold.snapshot()));
@@ -454,10 +461,8 @@ pub(crate) async fn input_items(
     Path(raw): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Answer {
-    let api = Api::new(&shared.gateway, &headers);
-    let id = ResponseId::decode(&raw, "response_id")?;
+    let (api, id, meta) = named(&shared, &headers, &raw).await?;
     let pairs = query(q.as_deref());
-    let meta = meta(&api, &id, "response_id").await?;
     let fold = read(&api, id, meta).await?;
     let items: Vec<Value> = fold.inputs().iter().map(|i| message_item(&i.id, i.role, &i.text)).collect();
     Ok(ok(page(items, &pairs)?))

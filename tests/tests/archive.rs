@@ -21,7 +21,9 @@ use turnstile_journal::jetstream::subjects;
 use turnstile_journal::{JetStreamConfig, JetStreamLog, SessionLog};
 use turnstile_model::SessionRef;
 use turnstile_proto::v1 as pb;
+use turnstile_proto::v1::InjectMode;
 use turnstile_tests::nats::NatsServer;
+use turnstile_tests::{DevOptions, DevServer, Session, user_msg};
 
 use common::{batch, session};
 
@@ -251,4 +253,78 @@ async fn a_delete_removes_the_archive() {
     write(&log, &s, 1_050).await;
     assert!(log.archive(&s, 1_050).await.unwrap() >= CHUNK_EVENTS);
     assert_eq!(archive_messages(&server, &s).await[0].0.first, 1);
+}
+
+/// The real binary: `turnstile dev --nats` archives a long session as its owner snapshots it (every 100
+/// events by default); a Watch from 0 through its gateway yields exactly the events the log stores, the
+/// same as once the archive is purged; `DeleteSession` removes the archive with the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_archives_and_a_watch_from_0_yields_the_stored_log() {
+    let nats = NatsServer::start().await.unwrap();
+    let server = DevServer::start_with(DevOptions::nats(nats.url())).await.unwrap();
+    let s = server.session();
+    s.configure("scripted", InjectMode::OutOfTurn).await.unwrap();
+    let mut n = 0;
+    while s.info().await.unwrap().last_seq < 1_250 {
+        for _ in 0..50 {
+            s.inject(user_msg(&format!("i{n}"), &format!("note {n}"))).await.unwrap();
+            n += 1;
+        }
+    }
+    let last = s.info().await.unwrap().last_seq;
+    let r = s.reference();
+    let session = SessionRef::new(&r.tenant, &r.id).unwrap();
+    // The owner archives after a snapshot, in the background: wait for its first chunk.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let chunks = loop {
+        let chunks = archive_messages(&nats, &session).await;
+        if !chunks.is_empty() {
+            break chunks;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the owner wrote no archive chunk");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(chunks[0].0.first, 1);
+    assert!(chunks[0].0.last >= CHUNK_EVENTS, "{:?}", chunks[0].0);
+
+    // The log as stored, each event's protobuf.
+    let stream = js(&nats).await.get_stream(subjects::stream_name(0)).await.unwrap();
+    let mut stored = Vec::new();
+    let mut from = 1;
+    while let Ok(m) =
+        stream.raw_message_builder().next_by_subject(subjects::event_subject(0, &session)).sequence(from).send().await
+    {
+        stored.extend(
+            pb::SessionEventGroup::decode(m.payload.as_ref()).unwrap().events.iter().map(|e| e.encode_to_vec()),
+        );
+        from = m.sequence + 1;
+    }
+    assert_eq!(stored.len() as u64, last);
+
+    let encoded = |events: Vec<pb::SessionEvent>| events.iter().map(|e| e.encode_to_vec()).collect::<Vec<_>>();
+    let (archived, caught_up) = s.replay(0).await.unwrap();
+    assert_eq!(caught_up, last);
+    assert_eq!(encoded(archived), stored, "a Watch from 0 with the archive");
+    let archive = js(&nats).await.get_stream(subjects::archive_stream_name(0)).await.unwrap();
+    archive.purge().filter(subjects::archive_subject(0, &session)).await.unwrap();
+    let (log_only, _) = s.replay(0).await.unwrap();
+    assert_eq!(encoded(log_only), stored, "a Watch from 0 without it");
+
+    // A new process archives again from its first snapshot (the old one remembers its archive's end and
+    // would wait for another 1,000 events); then the session is deleted with its archive.
+    server.stop().await;
+    let server = DevServer::start_with(DevOptions::nats(nats.url())).await.unwrap();
+    let s = Session::with_ref(server.client(), r);
+    for i in 0..120 {
+        s.inject(user_msg(&format!("more{i}"), "more")).await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while archive_messages(&nats, &session).await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the owner did not archive again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.delete().await.unwrap();
+    let gone = archive.get_last_raw_message_by_subject(&subjects::archive_subject(0, &session)).await.unwrap_err();
+    assert_eq!(gone.kind(), LastRawMessageErrorKind::NoMessageFound);
+    server.stop().await;
 }

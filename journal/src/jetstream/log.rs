@@ -279,17 +279,18 @@ impl JetStreamLog {
     }
 
     /// The stream sequence to consume from so that every event with seq ≥ `seq` is delivered, including
-    /// ones not appended yet: the event's own stream seq, else just past the log's end.
-    pub(super) async fn start_of(&self, session: &SessionRef, seq: u64) -> Result<u64, JournalError> {
-        if seq <= 1 {
-            // From the first event: a consumer filtered on the subject from stream sequence 1 finds it.
-            return Ok(1);
-        }
-        if let Some(at) = self.stream_seq_of(session, seq).await? {
-            return Ok(at);
-        }
-        // `stream_seq_of` just refreshed the cache: past the end, or a session without events.
-        Ok(self.cached(session).map_or(1, |last| last.stream_seq + 1))
+    /// ones not appended yet, given where the log ends (`last`, just fetched; `None`: no events): the
+    /// event's own stream seq, else just past the log's end.
+    pub(super) async fn start_of(
+        &self,
+        session: &SessionRef,
+        seq: u64,
+        last: Option<LastEvent>,
+    ) -> Result<u64, JournalError> {
+        // From the first event, or a session without events: a consumer filtered on the subject from
+        // stream sequence 1 finds whatever comes.
+        let Some(last) = last.filter(|_| seq > 1) else { return Ok(1) };
+        Ok(self.stream_seq_before(session, seq, last).await?.unwrap_or(last.stream_seq + 1))
     }
 
     /// An ordered consumer on the session's subject from stream sequence `start` (1 = everything), and the

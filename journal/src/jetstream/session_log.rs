@@ -103,7 +103,7 @@ impl SessionLog for JetStreamLog {
             return Ok(position.is_none_or(|p| p == last.stream_seq).then(Vec::new));
         }
         // A long way behind (a load without a snapshot): the archive first, when it meets the log.
-        if let Some(events) = super::tail::read_through(self, session, after_seq, last.seq).await? {
+        if let Some(events) = super::tail::read_through(self, session, after_seq, last).await? {
             return Ok(Some(events));
         }
         let start = match position {

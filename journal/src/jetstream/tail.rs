@@ -8,7 +8,7 @@ use futures::StreamExt as _;
 use futures::stream::BoxStream;
 
 use super::archive::{self, Chunk};
-use super::log::{JetStreamLog, Release, decode, decode_as_sent, ordered_reader};
+use super::log::{JetStreamLog, LastEvent, Release, decode, decode_as_sent, ordered_reader};
 use crate::log::{EventStream, JournalError, SentEventStream};
 use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
@@ -83,8 +83,10 @@ async fn open<T>(
     after_seq: u64,
     decode: Decode<T>,
 ) -> Result<Cursor<T>, JournalError> {
-    if let Some(end) = archive::plan(log, session, after_seq).await {
-        match open_archive(log, session, after_seq, end).await {
+    // Asked once: whether the archive is worth reading, and where the log read starts.
+    let last = log.fetch_last(session).await?;
+    if let Some(end) = archive::plan(log, session, after_seq, last).await {
+        match open_archive(log, session, after_seq, end, last).await {
             Ok((messages, release, archive)) => {
                 return Ok(Cursor {
                     messages,
@@ -100,7 +102,7 @@ async fn open<T>(
             Err(e) => tracing::debug!(%session, error = %e, "archive not read; reading the log"),
         }
     }
-    let start = log.start_of(session, after_seq.saturating_add(1)).await?;
+    let start = log.start_of(session, after_seq.saturating_add(1), last).await?;
     let (messages, release) = log.consumer(session, start).await?;
     Ok(Cursor {
         messages,
@@ -121,8 +123,9 @@ async fn open_archive(
     session: &SessionRef,
     after_seq: u64,
     end: Chunk,
+    last: Option<LastEvent>,
 ) -> Result<(async_nats::jetstream::consumer::pull::Ordered, Release, FromArchive), JournalError> {
-    let resume = if after_seq == 0 { 1 } else { log.start_of(session, after_seq + 1).await? };
+    let resume = log.start_of(session, after_seq.saturating_add(1), last).await?;
     let (archive_stream, archive_subject) = log.locate_archive(session);
     let (messages, release) = ordered_reader(archive_stream, archive_subject, session, 1).await?;
     let (stream, subject) = log.locate(session);
@@ -233,16 +236,17 @@ fn stream<T: Send + 'static>(cursor: Cursor<T>) -> BoxStream<'static, Result<T, 
     .boxed()
 }
 
-/// Every event after `after_seq` through `last_seq` (the log's last, just fetched) when the archive is
+/// Every event after `after_seq` through `last` (the log's end, just fetched) when the archive is
 /// worth reading first ([`archive::plan`]); `None` when it is not, and the caller reads the log.
 pub(super) async fn read_through(
     log: &JetStreamLog,
     session: &SessionRef,
     after_seq: u64,
-    last_seq: u64,
+    last: LastEvent,
 ) -> Result<Option<Vec<Envelope>>, JournalError> {
-    let Some(end) = archive::plan(log, session, after_seq).await else { return Ok(None) };
-    let (messages, release, archive) = match open_archive(log, session, after_seq, end).await {
+    let last_seq = last.seq;
+    let Some(end) = archive::plan(log, session, after_seq, Some(last)).await else { return Ok(None) };
+    let (messages, release, archive) = match open_archive(log, session, after_seq, end, Some(last)).await {
         Ok(opened) => opened,
         Err(e) => {
             tracing::debug!(%session, error = %e, "archive not read; reading the log");

@@ -4,19 +4,21 @@ use async_nats::jetstream::stream::{LastRawMessageErrorKind, RawMessageErrorKind
 
 use super::{CHUNK_EVENTS, Chunk};
 use crate::jetstream::group;
-use crate::jetstream::log::{JetStreamLog, unavailable};
+use crate::jetstream::log::{JetStreamLog, LastEvent, unavailable};
 use crate::log::JournalError;
 use turnstile_model::message::SessionRef;
 
 /// The last chunk of the session's archive when a read of every event after `after_seq` should read the
-/// archive first: the log holds at least [`CHUNK_EVENTS`] events after `after_seq`, the archive reaches
+/// archive first, given the log's end (`last`, just fetched): the log holds at least [`CHUNK_EVENTS`] events after `after_seq`, the archive reaches
 /// past `after_seq`, its end meets the log ([`verify`]) and the log still starts at or before
 /// `after_seq + 1`. `None` in every other case, failures to ask included: the reader reads the log.
-pub(crate) async fn plan(log: &JetStreamLog, session: &SessionRef, after_seq: u64) -> Option<Chunk> {
-    let last = match log.cached(session) {
-        Some(last) => last,
-        None => log.fetch_last(session).await.ok()??,
-    };
+pub(crate) async fn plan(
+    log: &JetStreamLog,
+    session: &SessionRef,
+    after_seq: u64,
+    last: Option<LastEvent>,
+) -> Option<Chunk> {
+    let last = last?;
     if last.seq < after_seq.saturating_add(CHUNK_EVENTS) {
         return None;
     }

@@ -22,6 +22,16 @@ const HEADER_ROOM: usize = 512;
 /// reaches. Nothing is written until a whole chunk is sealed, and a call that finds another archiving of
 /// the session in this process returns at once.
 pub(crate) async fn archive_up_to(log: &JetStreamLog, session: &SessionRef, up_to: u64) -> Result<u64, JournalError> {
+    let archived = seal(log, session, up_to).await;
+    if archived.is_err() {
+        // What this process remembers of the archive may be what failed (another owner wrote on, or the
+        // session was deleted and written again elsewhere): the next call asks the server.
+        log.archived().forget(session);
+    }
+    archived
+}
+
+async fn seal(log: &JetStreamLog, session: &SessionRef, up_to: u64) -> Result<u64, JournalError> {
     let reached = |end: Option<End>| end.map_or(0, |e| e.chunk.last);
     // Most calls (a snapshot every 100 events) are far from a whole chunk: no request.
     if let Some(end) = log.archived().get(session)

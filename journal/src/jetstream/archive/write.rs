@@ -33,11 +33,11 @@ pub(crate) async fn archive_up_to(log: &JetStreamLog, session: &SessionRef, up_t
 
 async fn seal(log: &JetStreamLog, session: &SessionRef, up_to: u64) -> Result<u64, JournalError> {
     let reached = |end: Option<End>| end.map_or(0, |e| e.chunk.last);
-    // Most calls (a snapshot every 100 events) are far from a whole chunk: no request.
-    if let Some(end) = log.archived().get(session)
-        && up_to < reached(end).saturating_add(CHUNK_EVENTS)
-    {
-        return Ok(reached(end));
+    // Most calls (a snapshot every 100 events) are far from a whole chunk: no request. So are all calls
+    // on a session shorter than one chunk, whatever its archive holds.
+    let known = log.archived().get(session);
+    if up_to < CHUNK_EVENTS || known.is_some_and(|end| up_to < reached(end).saturating_add(CHUNK_EVENTS)) {
+        return Ok(known.flatten().map_or(0, |e| e.chunk.last));
     }
     let Some(_busy) = log.archived().claim(session) else { return Ok(0) };
     let mut end = match log.archived().get(session) {

@@ -10,7 +10,9 @@
 //! events behind), it times `Watch(after_seq, live = false)` from the call to its `caught_up` item when
 //! resuming 10 and 1,000 events before the end and from seq 0, and `GetInbox` / `GetSession`. Each resume
 //! checks it got exactly the events after its seq. It also reports the stored snapshot sizes (the owner's
-//! full snapshot and the read snapshot) from the KV bucket.
+//! full snapshot and the read snapshot) from the KV bucket, how far the owner archived each session
+//! (decision 0181) with the archive and event streams' bytes, and the Watch from 0 again after purging
+//! the session's archive: the log alone, the read as it was before the archive.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -69,8 +71,16 @@ pub struct SessionReads {
     pub watch_10_back: Percentiles,
     /// The same, 1,000 events before the end (when the session has them).
     pub watch_1000_back: Option<Percentiles>,
-    /// The same from seq 0 (the whole history streamed).
+    /// The same from seq 0 (the whole history streamed): the archive first where the owner wrote one.
     pub watch_from_0: Percentiles,
+    /// The same from seq 0 after the session's archive was purged: the log alone, as before the archive
+    /// (decision 0181).
+    pub watch_from_0_log_only: Option<Percentiles>,
+    /// The last seq the session's archive held when the reads began (0: none).
+    pub archived_seq: u64,
+    /// Bytes of the session's archive and of its log, as the streams store them.
+    pub archive_bytes: u64,
+    pub log_bytes: u64,
     pub get_inbox: Percentiles,
     pub get_session: Percentiles,
     /// Stored bytes of the owner's snapshot (`<tenant>.<id>`) and of the read snapshot (`<tenant>.<id>.read`).
@@ -88,6 +98,8 @@ pub struct ReadsReport {
     pub watch_caught_up_100k_ms: f64,
     pub watch_caught_up_100k_1000_back_ms: f64,
     pub watch_caught_up_100k_from_0_ms: f64,
+    /// The same read with the long session's archive purged first (the log alone).
+    pub watch_caught_up_100k_from_0_log_only_ms: f64,
     /// p50 of GetInbox on the long session.
     pub get_inbox_ms: f64,
     pub long: SessionReads,
@@ -120,6 +132,7 @@ pub async fn run(args: ReadsArgs) -> Result<()> {
         watch_caught_up_100k_ms: long.watch_10_back.p50_ms,
         watch_caught_up_100k_1000_back_ms: long.watch_1000_back.map_or(0.0, |p| p.p50_ms),
         watch_caught_up_100k_from_0_ms: long.watch_from_0.p50_ms,
+        watch_caught_up_100k_from_0_log_only_ms: long.watch_from_0_log_only.as_ref().map_or(0.0, |p| p.p50_ms),
         get_inbox_ms: long.get_inbox.p50_ms,
         long,
         small,
@@ -150,8 +163,20 @@ async fn measure(args: &ReadsArgs, dev: &Dev, nats: &async_nats::Client) -> Resu
         let last = build(args, &clients, &session, events).await?;
         let build_s = started.elapsed().as_secs_f64();
         eprintln!("reads: {last} events in {build_s:.1} s; timing reads ...");
+        let archive = Archive::of(nats, &session);
+        let (archived_seq, archive_bytes, log_bytes) = archive.measure().await?;
+        eprintln!("reads: archived through seq {archived_seq} ({archive_bytes} B; the log {log_bytes} B)");
         let mut reads = time_reads(args, &clients[0], &session, last).await?;
-        reads.build_s = build_s;
+        if archived_seq > 0 {
+            archive.purge().await?;
+            let mut log_only = Vec::new();
+            for _ in 0..args.from_zero_rounds.max(1) {
+                log_only.push(caught_up(&clients[0], &session, 0, last).await?);
+            }
+            reads.watch_from_0_log_only = Some(Percentiles::of(&log_only));
+        }
+        (reads.build_s, reads.archived_seq, reads.archive_bytes, reads.log_bytes) =
+            (build_s, archived_seq, archive_bytes, log_bytes);
         let size = |key: String| {
             let kv = kv.clone();
             async move { kv.get(key).await.ok().flatten().map(|b| b.len()) }
@@ -163,6 +188,46 @@ async fn measure(args: &ReadsArgs, dev: &Dev, nats: &async_nats::Client) -> Resu
     let long = out.pop().context("two sessions measured")?;
     let small = out.pop().context("two sessions measured")?;
     Ok((small, long))
+}
+
+/// A session's history archive and log in NATS (decision 0181), seen from outside by their documented
+/// names (docs/SUBJECTS.md), as an operator would. `turnstile dev --nats` keeps one partition: stream 0.
+struct Archive {
+    js: async_nats::jetstream::Context,
+    subject: String,
+}
+
+impl Archive {
+    fn of(nats: &async_nats::Client, session: &SessionRef) -> Self {
+        let subject = format!("turnstile.archive.0.{}.{}", session.tenant, session.id);
+        Self { js: async_nats::jetstream::new(nats.clone()), subject }
+    }
+
+    async fn streams(&self) -> Result<(async_nats::jetstream::stream::Stream, async_nats::jetstream::stream::Stream)> {
+        let archive = self.js.get_stream("TURNSTILE_ARCHIVE_0").await.context("the archive stream")?;
+        let log = self.js.get_stream("TURNSTILE_EVENTS_0").await.context("the event stream")?;
+        Ok((archive, log))
+    }
+
+    /// The last seq the archive holds (its last chunk's `Turnstile-Last-Seq`) and the bytes of the
+    /// archive and event streams.
+    async fn measure(&self) -> Result<(u64, u64, u64)> {
+        let (mut archive, mut log) = self.streams().await?;
+        let archived = match archive.get_last_raw_message_by_subject(&self.subject).await {
+            Ok(m) => m.headers.get("Turnstile-Last-Seq").and_then(|v| v.as_str().parse().ok()).unwrap_or(0),
+            Err(_) => 0,
+        };
+        // The bench's two sessions are the streams' only content: the small one's bytes are in both.
+        let archive_bytes = archive.info().await.context("archive stream info")?.state.bytes;
+        let log_bytes = log.info().await.context("event stream info")?.state.bytes;
+        Ok((archived, archive_bytes, log_bytes))
+    }
+
+    async fn purge(&self) -> Result<()> {
+        let (archive, _) = self.streams().await?;
+        archive.purge().filter(self.subject.clone()).await.context("purging the archive")?;
+        Ok(())
+    }
 }
 
 /// Writes `events` events (a few more: the last turn and the queued messages finish whole); returns the
@@ -274,6 +339,10 @@ async fn time_reads(
         watch_10_back: Percentiles::of(&back_10),
         watch_1000_back: (!back_1000.is_empty()).then(|| Percentiles::of(&back_1000)),
         watch_from_0: Percentiles::of(&from_0),
+        watch_from_0_log_only: None,
+        archived_seq: 0,
+        archive_bytes: 0,
+        log_bytes: 0,
         get_inbox: Percentiles::of(&inbox),
         get_session: Percentiles::of(&info),
         snapshot_bytes: None,
@@ -310,6 +379,22 @@ fn markdown(r: &ReadsReport) -> String {
         "| Watch → caught-up, from 0 | {} | {} |",
         cell(&r.small.watch_from_0),
         cell(&r.long.watch_from_0)
+    );
+    let _ = writeln!(
+        out,
+        "| Watch → caught-up, from 0, archive purged (the log alone) | {} | {} |",
+        opt(&r.small.watch_from_0_log_only),
+        opt(&r.long.watch_from_0_log_only)
+    );
+    let _ = writeln!(
+        out,
+        "| archived through seq; archive / log bytes | {}; {} / {} B | {}; {} / {} B |",
+        r.small.archived_seq,
+        r.small.archive_bytes,
+        r.small.log_bytes,
+        r.long.archived_seq,
+        r.long.archive_bytes,
+        r.long.log_bytes
     );
     let _ = writeln!(out, "| GetInbox | {} | {} |", cell(&r.small.get_inbox), cell(&r.long.get_inbox));
     let _ = writeln!(out, "| GetSession | {} | {} |", cell(&r.small.get_session), cell(&r.long.get_session));

@@ -3,7 +3,6 @@
 
 use tonic::Status;
 use turnstile_journal::SessionLog;
-use turnstile_journal::log::read_all;
 use turnstile_model::state::DEFAULT_DEDUP_HORIZON;
 use turnstile_model::{EventPayload, Fork, SessionRef, SessionState, TranscriptEntry};
 
@@ -18,7 +17,8 @@ async fn fold_through(
     upto_turn: Option<u64>,
     what: &str,
 ) -> Result<SessionState, Status> {
-    let events = read_all(log, source, 1).await.map_err(status::from_journal)?;
+    // The whole log in one read: a long one is read from its history archive first (decision 0181).
+    let events = log.read_after(source, 0, None).await.map_err(status::from_journal)?.unwrap_or_default();
     if events.is_empty() {
         return Err(read::not_found(source));
     }

@@ -133,8 +133,18 @@ pub trait SessionLog: Send + Sync + 'static {
         Ok(events.map(|e| e.map(|e| turnstile_proto::codec::encode_session_event(&e))).boxed())
     }
 
-    /// Removes every event of `session` (SPEC §12 `DeleteSession`) and returns the seq its log had (0: it
-    /// had none, nothing was removed). Afterwards the session has no events: reads are empty, `last_seq`
+    /// Rewrites the session's sealed history through at most `up_to` as its archive, where the backend
+    /// keeps one (JetStream: few large messages that long reads take first, decision 0181), and returns
+    /// the seq the archive reaches (0: none). The log stays the source of truth; readers use the archive
+    /// only where it meets the log. Only the session's owner calls it, after a snapshot holding `up_to`,
+    /// outside the driver. Default: no archive.
+    async fn archive(&self, session: &SessionRef, up_to: u64) -> Result<u64, JournalError> {
+        let _ = (session, up_to);
+        Ok(0)
+    }
+
+    /// Removes every event of `session` (SPEC §12 `DeleteSession`), its archive with them, and returns the
+    /// seq its log had (0: it had none, nothing was removed). Afterwards the session has no events: reads are empty, `last_seq`
     /// is 0, an append expecting 0 starts a new log under the same name, and tails of the old log end or
     /// never see it again. The caller makes sure no writer appends meanwhile (the owner stopped its runner).
     async fn delete(&self, session: &SessionRef) -> Result<u64, JournalError>;

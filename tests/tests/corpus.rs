@@ -4,7 +4,8 @@
 //! `tests/corpus/<name>/` holds one recording (tests/corpus/README.md): the raw JetStream messages of every
 //! session as `turnstile dev --nats` wrote them (`group/`), the same events in the single-event layout of
 //! the logs before decision 0021 (`single/`) and in the embedded journal's files (`embedded/`), the
-//! snapshots its KV bucket held part-way and at the end (`snapshots/`), the events each log decodes to
+//! snapshots its KV bucket held part-way and at the end (`snapshots/`), the history archive's chunks of each
+//! log (`archive/`, decision 0181; since `2026-12-07d-archive`), the events each log decodes to
 //! (`events/`) and the state it folds to (`states/`). One synthetic session (`corpus/future`) carries an ignorable event of a type no build knows,
 //! with a field none knows, as a newer writer would write it.
 //!
@@ -29,6 +30,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use turnstile_journal::jetstream::archive::{ARCHIVE_FORMAT, Chunk, ChunkBuilder, decode_chunk};
 use turnstile_journal::jetstream::group::{decode_message, encode_group, group_headers};
 use turnstile_journal::jetstream::{HEADER_EPOCH, HEADER_SEQ, HEADER_TYPE};
 use turnstile_journal::snapshot::{
@@ -57,6 +59,10 @@ struct Manifest {
     event_format: u32,
     group_format: u32,
     snapshot_version: u32,
+    /// `Turnstile-Archive-Format` of the `archive/` layout (decision 0181); absent from recordings made
+    /// before the archive existed, which have no `archive/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    archive_format: Option<u32>,
     /// Every session of the recording, `tenant/id`.
     sessions: Vec<String>,
 }
@@ -125,6 +131,63 @@ fn decode_log(log: &StoredLog) -> Vec<Envelope> {
     events
 }
 
+/// The session's history archive as chunks of `per_chunk` log messages (decision 0181; the owner seals
+/// ~1,000 events per chunk, more than a recorded session has, and the layout is the same at any size),
+/// each stored as its message would be: stream sequences in the archive stream from 1.
+fn archive_layout(log: &StoredLog, per_chunk: usize) -> Vec<StoredMessage> {
+    let session = session_of(&log.session);
+    let mut out = Vec::new();
+    let mut after = 0;
+    for messages in log.messages.chunks(per_chunk) {
+        let mut builder = ChunkBuilder::after(after);
+        for m in messages {
+            builder.push(&session, Some(&m.header_map()), &m.body(), m.stream_seq).unwrap();
+        }
+        let (chunk, body) = builder.finish().unwrap();
+        after = chunk.last;
+        let headers = chunk.headers().iter().map(|(k, v)| (k.to_string(), v[0].as_str().to_owned())).collect();
+        out.push(StoredMessage { stream_seq: out.len() as u64 + 1, headers, body: BASE64.encode(body) });
+    }
+    out
+}
+
+/// Checks a recording's `archive/` of one session against its log (`group/`): a chunk of this build's
+/// archive format holds exactly the events of the log messages its `Turnstile-Log-First..=Log-Last`
+/// name, the chunks follow each other from seq 1 and cover the log; a chunk of another format is one a
+/// reader leaves for the log.
+fn check_archive(what: &str, group: &StoredLog, archive: &StoredLog, manifest: &Manifest) {
+    let session = session_of(&group.session);
+    let readable = manifest.archive_format == Some(ARCHIVE_FORMAT);
+    let mut last = 0;
+    for m in &archive.messages {
+        let headers = m.header_map();
+        let Some(chunk) = Chunk::of(Some(&headers)) else {
+            assert!(!readable, "{what}: archive message {} is not a chunk this build reads", m.stream_seq);
+            continue;
+        };
+        assert!(readable, "{what}: archive message {} reads as a chunk of another format", m.stream_seq);
+        assert_eq!(chunk.first, last + 1, "{what}: archive message {} does not follow", m.stream_seq);
+        let events = decode_chunk(&session, Some(&headers), &m.body())
+            .unwrap_or_else(|e| panic!("{what}: archive message {}: {e}", m.stream_seq));
+        let held: Vec<StoredMessage> = group
+            .messages
+            .iter()
+            .filter(|l| (chunk.log_first..=chunk.log_last).contains(&l.stream_seq))
+            .cloned()
+            .collect();
+        let from_log = decode_log(&StoredLog { session: group.session.clone(), messages: held });
+        assert_eq!(
+            events, from_log,
+            "{what}: archive message {} holds other events than its log messages",
+            m.stream_seq
+        );
+        last = chunk.last;
+    }
+    if readable {
+        assert_eq!(last, decode_log(group).last().map_or(0, |e| e.seq), "{what}: the archive does not cover the log");
+    }
+}
+
 /// Checks that every key of `expected` is in `actual` with an equal value, recursively: a field this build
 /// added to the fold (absent from an older recording) is not compared, a field it lost is a failure.
 fn check_subset(path: &str, expected: &Value, actual: &Value) -> Result<(), String> {
@@ -161,8 +224,13 @@ async fn check_recording(dir: &Path) -> BTreeSet<String> {
     for name in &manifest.sessions {
         let session = session_of(name);
         let stem = file_stem(&session);
-        let events = decode_log(&read_json(&dir.join("group").join(format!("{stem}.json"))));
+        let group: StoredLog = read_json(&dir.join("group").join(format!("{stem}.json")));
+        let events = decode_log(&group);
         assert!(!events.is_empty(), "{what}: {name} has no events");
+        let archive = dir.join("archive").join(format!("{stem}.json"));
+        if manifest.archive_format.is_some() {
+            check_archive(&format!("{what}: {name}"), &group, &read_json(&archive), &manifest);
+        }
         let single = decode_log(&read_json(&dir.join("single").join(format!("{stem}.json"))));
         assert_eq!(single, events, "{what}: {name}: the single-event layout holds other events");
         let from_disk = turnstile_journal::log::read_all(&embedded, &session, 1).await.unwrap();
@@ -280,6 +348,14 @@ async fn every_recording_folds_to_the_state_recorded_with_it() {
     for dir in &dirs {
         newest = check_recording(dir).await;
     }
+    // So must it hold this build's archive format (a format is recorded before it ships).
+    let manifest: Manifest = read_json(&dirs.last().unwrap().join("manifest.json"));
+    assert_eq!(
+        manifest.archive_format,
+        Some(ARCHIVE_FORMAT),
+        "the newest recording ({}) has no archive of this build's format: record a new one",
+        dirs.last().unwrap().display()
+    );
     // A recording holds every type its build knew, so the newest must hold every type this build knows:
     // a new durable type is recorded before it ships.
     let missing: Vec<&str> = DURABLE_TYPES.iter().copied().filter(|t| !newest.contains(*t)).collect();
@@ -683,6 +759,10 @@ async fn write_recording(
             &dir.join("single").join(format!("{stem}.json")),
             &StoredLog { session: name.clone(), messages: single_layout(messages) },
         );
+        write_json(
+            &dir.join("archive").join(format!("{stem}.json")),
+            &StoredLog { session: name.clone(), messages: archive_layout(&stored, 4) },
+        );
         let mut last = 0;
         for m in messages {
             let group = decode_message(session, Some(&m.header_map()), &m.body(), m.stream_seq).unwrap();
@@ -717,7 +797,14 @@ async fn write_recording(
         .map(|(_, full, _)| serde_json::from_slice::<Value>(full).unwrap()["version"].as_u64().unwrap() as u32)
         .max()
         .unwrap_or(SNAPSHOT_VERSION);
-    let manifest = Manifest { recorded_by, event_format, group_format, snapshot_version, sessions };
+    let manifest = Manifest {
+        recorded_by,
+        event_format,
+        group_format,
+        snapshot_version,
+        archive_format: Some(ARCHIVE_FORMAT),
+        sessions,
+    };
     write_json(&dir.join("manifest.json"), &manifest);
 }
 

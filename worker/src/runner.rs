@@ -405,7 +405,8 @@ impl Runner {
     }
 
     /// Writes a snapshot every `snapshot_every` events (or always when `final_`), in the background so
-    /// the session is not held up; a failed snapshot only costs a longer fold later.
+    /// the session is not held up, then archives the history it seals; a failed snapshot only costs a
+    /// longer fold later.
     async fn snapshot(&mut self, final_: bool) {
         let state = self.driver.state();
         let due = state.last_seq > self.snapshot_seq
@@ -415,9 +416,19 @@ impl Runner {
         }
         self.snapshot_seq = state.last_seq;
         let (snapshot, store, session) = (Snapshot::of(state), self.deps.snapshots.clone(), self.session.clone());
+        // Not on the final snapshot: a stopping runner does not wait for it.
+        let log = (!final_).then(|| self.deps.log.clone());
         let save = async move {
             if let Err(e) = store.save(&snapshot).await {
                 tracing::warn!(%session, error = %e, "snapshot not written");
+                return;
+            }
+            // The history the snapshot holds is sealed: the log archives it (decision 0181), after the
+            // snapshot and off the driver. A failure only leaves the archive shorter.
+            if let Some(log) = log
+                && let Err(e) = log.archive(&session, snapshot.seq()).await
+            {
+                tracing::debug!(%session, error = %e, "history not archived");
             }
         };
         if final_ {

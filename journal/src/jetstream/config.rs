@@ -111,6 +111,17 @@ impl JetStreamConfig {
             ..Default::default()
         }
     }
+
+    /// The configuration of partition `p`'s archive stream (decision 0181): the event stream's layout
+    /// and retention under the archive's name and subjects, so the archive never outlives the log by age
+    /// and a full archive refuses archiving, never appends.
+    pub fn archive_stream_config(&self, partition: u32) -> StreamConfig {
+        StreamConfig {
+            name: subjects::archive_stream_name(partition),
+            subjects: vec![subjects::archive_stream_subjects(partition)],
+            ..self.stream_config(partition)
+        }
+    }
 }
 
 /// Brings an existing stream's retention limits to the configured ones (they are operational settings,
@@ -139,14 +150,13 @@ async fn update_retention(
     Ok(())
 }
 
-/// Creates partition `p`'s stream, or checks that the existing one has the layout this config expects.
-/// A mismatch is refused, never silently updated: another deployment may depend on the stream as it is.
+/// Creates the stream `want` describes (a partition's event or archive stream), or checks that the
+/// existing one has that layout. A mismatch is refused, never silently updated: another deployment may
+/// depend on the stream as it is.
 pub(super) async fn ensure_stream(
     js: &jetstream::Context,
-    config: &JetStreamConfig,
-    partition: u32,
+    want: StreamConfig,
 ) -> Result<jetstream::stream::Stream, JournalError> {
-    let want = config.stream_config(partition);
     let name = want.name.clone();
     match js.get_stream(&name).await {
         Ok(mut stream) => {

@@ -60,8 +60,12 @@ pub struct JetStreamLog {
     js: jetstream::Context,
     /// `streams[p]` is partition p's stream.
     streams: Vec<Stream>,
+    /// `archives[p]` is partition p's archive stream (decision 0181).
+    archives: Vec<Stream>,
     /// session → where its log ended after this process's last append or read of it.
     last: Positions,
+    /// session → where its archive ends, as this process last wrote or verified it.
+    archived: super::archive::Ends,
 }
 
 /// Where this process last saw each session's log end (its last seq and that event's stream sequence),
@@ -91,17 +95,17 @@ const STREAM_SETUP_PATIENCE: std::time::Duration = std::time::Duration::from_sec
 /// mismatch, a server without JetStream or any other refusal is returned at once.
 async fn ensure_stream_patiently(
     js: &jetstream::Context,
-    config: &JetStreamConfig,
-    partition: u32,
+    want: jetstream::stream::Config,
 ) -> Result<jetstream::stream::Stream, JournalError> {
     let started = std::time::Instant::now();
+    let partition = want.name.clone();
     loop {
-        match ensure_stream(js, config, partition).await {
+        match ensure_stream(js, want.clone()).await {
             // Only a timeout means "not yet": no responders (JetStream off) or a refusal will not change.
             Err(JournalError::Unavailable(e))
                 if e.contains("timed out") && started.elapsed() < STREAM_SETUP_PATIENCE =>
             {
-                tracing::warn!(partition, error = %e, "JetStream not answering yet; retrying");
+                tracing::warn!(stream = %partition, error = %e, "JetStream not answering yet; retrying");
                 tokio::time::sleep(std::time::Duration::from_millis(250)).await;
             }
             other => return other,
@@ -119,10 +123,20 @@ impl JetStreamLog {
         let mut js = jetstream::new(client.clone());
         js.set_timeout(config.request_timeout);
         let mut streams = Vec::with_capacity(config.partitions as usize);
+        let mut archives = Vec::with_capacity(config.partitions as usize);
         for p in 0..config.partitions {
-            streams.push(ensure_stream_patiently(&js, &config, p).await?);
+            streams.push(ensure_stream_patiently(&js, config.stream_config(p)).await?);
+            archives.push(ensure_stream_patiently(&js, config.archive_stream_config(p)).await?);
         }
-        Ok(Self { config, client, js, streams, last: Positions::default() })
+        Ok(Self {
+            config,
+            client,
+            js,
+            streams,
+            archives,
+            last: Positions::default(),
+            archived: super::archive::Ends::default(),
+        })
     }
 
     /// The positions this log learns from its appends and reads, for [`super::KvSnapshots::with_positions`].
@@ -154,6 +168,24 @@ impl JetStreamLog {
         // below partitions, so the index is in range.
         let stream = &self.streams[p as usize];
         (stream, subjects::event_subject(p, session))
+    }
+
+    /// The session's archive stream and subject (decision 0181).
+    pub(super) fn locate_archive(&self, session: &SessionRef) -> (&Stream, String) {
+        let p = self.partition(session);
+        // As in `locate`: one archive stream per partition, opened with the event streams.
+        let stream = &self.archives[p as usize];
+        (stream, subjects::archive_subject(p, session))
+    }
+
+    /// Where this process last saw the session's archive end.
+    pub(super) fn archived(&self) -> &super::archive::Ends {
+        &self.archived
+    }
+
+    /// The JetStream context (for the archive's conditional publishes).
+    pub(super) fn js(&self) -> &jetstream::Context {
+        &self.js
     }
 
     pub(super) fn cached(&self, session: &SessionRef) -> Option<LastEvent> {
@@ -247,17 +279,18 @@ impl JetStreamLog {
     }
 
     /// The stream sequence to consume from so that every event with seq ≥ `seq` is delivered, including
-    /// ones not appended yet: the event's own stream seq, else just past the log's end.
-    pub(super) async fn start_of(&self, session: &SessionRef, seq: u64) -> Result<u64, JournalError> {
-        if seq <= 1 {
-            // From the first event: a consumer filtered on the subject from stream sequence 1 finds it.
-            return Ok(1);
-        }
-        if let Some(at) = self.stream_seq_of(session, seq).await? {
-            return Ok(at);
-        }
-        // `stream_seq_of` just refreshed the cache: past the end, or a session without events.
-        Ok(self.cached(session).map_or(1, |last| last.stream_seq + 1))
+    /// ones not appended yet, given where the log ends (`last`, just fetched; `None`: no events): the
+    /// event's own stream seq, else just past the log's end.
+    pub(super) async fn start_of(
+        &self,
+        session: &SessionRef,
+        seq: u64,
+        last: Option<LastEvent>,
+    ) -> Result<u64, JournalError> {
+        // From the first event, or a session without events: a consumer filtered on the subject from
+        // stream sequence 1 finds whatever comes.
+        let Some(last) = last.filter(|_| seq > 1) else { return Ok(1) };
+        Ok(self.stream_seq_before(session, seq, last).await?.unwrap_or(last.stream_seq + 1))
     }
 
     /// An ordered consumer on the session's subject from stream sequence `start` (1 = everything), and the
@@ -268,22 +301,7 @@ impl JetStreamLog {
         start: u64,
     ) -> Result<(jetstream::consumer::pull::Ordered, Release), JournalError> {
         let (stream, subject) = self.locate(session);
-        let deliver_policy =
-            if start <= 1 { DeliverPolicy::All } else { DeliverPolicy::ByStartSequence { start_sequence: start } };
-        // Named by us so it can be deleted by name (the ordered stream does not expose the server's name).
-        let name = format!("reader-{}", uuid::Uuid::new_v4().simple());
-        let consumer = stream
-            .create_consumer(OrderedConfig {
-                name: Some(name.clone()),
-                filter_subject: subject,
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| reader_refused(session, e))?;
-        let release = Release { stream: Some(stream.clone()), name };
-        let messages = consumer.messages().await.map_err(|e| unavailable(format!("reading {session}"), e))?;
-        Ok((messages, release))
+        ordered_reader(stream, subject, session, start).await
     }
 
     /// Checks a group ([`crate::log::check_batch`]) and splits it into messages that fit the server's
@@ -444,6 +462,32 @@ impl JetStreamLog {
         }
         Ok(out)
     }
+}
+
+/// An ordered consumer on `subject` of `stream` from stream sequence `start` (1 = everything), and the
+/// guard that deletes it on the server when the reader is dropped: a session's log or its archive.
+pub(super) async fn ordered_reader(
+    stream: &Stream,
+    subject: String,
+    session: &SessionRef,
+    start: u64,
+) -> Result<(jetstream::consumer::pull::Ordered, Release), JournalError> {
+    let deliver_policy =
+        if start <= 1 { DeliverPolicy::All } else { DeliverPolicy::ByStartSequence { start_sequence: start } };
+    // Named by us so it can be deleted by name (the ordered stream does not expose the server's name).
+    let name = format!("reader-{}", uuid::Uuid::new_v4().simple());
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            name: Some(name.clone()),
+            filter_subject: subject,
+            deliver_policy,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| reader_refused(session, e))?;
+    let release = Release { stream: Some(stream.clone()), name };
+    let messages = consumer.messages().await.map_err(|e| unavailable(format!("reading {session}"), e))?;
+    Ok((messages, release))
 }
 
 /// Resolves once the client's connection is not the one it had when `connects` was read: it is down, or

@@ -19,7 +19,8 @@
 //! Files: `log` holds [`JetStreamLog`] and its store operations (locating a session's subject, the last-event
 //! cache, publishing a group, reading through ordered consumers); `session_log` implements
 //! [`crate::SessionLog`] with them, `tail` and `delete` the trait's tail and delete; [`group`] is the
-//! message format, [`subjects`] the naming, `config` the streams' layout, `snapshots` the KV snapshot store,
+//! message format, [`subjects`] the naming, `config` the streams' layout, [`archive`] the history archive
+//! (a session's sealed history as few large messages, decision 0181), `snapshots` the KV snapshot store,
 //! `bus` the live bus, `usage` the token usage folded from the streams into KV (SPEC §17).
 //!
 //! Reads: the stream sequence of the message holding event `from_seq` is found by a binary search of
@@ -45,6 +46,7 @@
 //!   server stores without the per-batch disk staging (and fsync) of an atomic batch.
 
 mod agents;
+pub mod archive;
 mod bus;
 mod config;
 mod delete;

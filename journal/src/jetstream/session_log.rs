@@ -102,6 +102,10 @@ impl SessionLog for JetStreamLog {
             // The recorded event is the last one: it must still be where it was recorded.
             return Ok(position.is_none_or(|p| p == last.stream_seq).then(Vec::new));
         }
+        // A long way behind (a load without a snapshot): the archive first, when it meets the log.
+        if let Some(events) = super::tail::read_through(self, session, after_seq, last).await? {
+            return Ok(Some(events));
+        }
         let start = match position {
             // Event `after_seq` precedes the last one, so its message is below the last's; a position at
             // or past it is not this log's. A recorded position is the message whose *last* event is
@@ -131,6 +135,12 @@ impl SessionLog for JetStreamLog {
 
     fn unloaded(&self, session: &SessionRef) {
         self.forget(session);
+        self.archived().forget(session);
+    }
+
+    /// Chunks of about 1,000 events of whole log messages in the session's archive stream (decision 0181).
+    async fn archive(&self, session: &SessionRef, up_to: u64) -> Result<u64, JournalError> {
+        super::archive::archive_up_to(self, session, up_to).await
     }
 
     /// One event must fit one message on its own (a batch splits only between events).

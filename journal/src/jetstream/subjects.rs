@@ -11,6 +11,10 @@ pub use turnstile_model::shard::{fnv1a64, shard_of};
 /// Prefix of every durable event subject: `turnstile.ev.<p>.<tenant>.<session>`.
 pub const EVENT_PREFIX: &str = "turnstile.ev";
 
+/// Prefix of every archive subject: `turnstile.archive.<p>.<tenant>.<session>` (decision 0181), outside
+/// `turnstile.ev.>` so that observers of the events never see an archive message.
+pub const ARCHIVE_PREFIX: &str = "turnstile.archive";
+
 /// Prefix of every live event subject: `turnstile.live.<tenant>.<session>.<type>`.
 pub const LIVE_PREFIX: &str = "turnstile.live";
 
@@ -32,6 +36,21 @@ pub fn stream_subjects(partition: u32) -> String {
 /// The durable subject of `session` in partition `p`.
 pub fn event_subject(partition: u32, session: &SessionRef) -> String {
     format!("{EVENT_PREFIX}.{partition}.{}.{}", session.tenant, session.id)
+}
+
+/// The archive stream of partition `p`: a session's sealed history rewritten as few large messages.
+pub fn archive_stream_name(partition: u32) -> String {
+    format!("TURNSTILE_ARCHIVE_{partition}")
+}
+
+/// The subjects of partition `p`'s archive stream: `turnstile.archive.<p>.>`.
+pub fn archive_stream_subjects(partition: u32) -> String {
+    format!("{ARCHIVE_PREFIX}.{partition}.>")
+}
+
+/// The archive subject of `session` in partition `p`.
+pub fn archive_subject(partition: u32, session: &SessionRef) -> String {
+    format!("{ARCHIVE_PREFIX}.{partition}.{}.{}", session.tenant, session.id)
 }
 
 /// The sessions of one tenant in partition `p`: `turnstile.ev.<p>.<tenant>.*`.
@@ -94,5 +113,10 @@ mod tests {
         assert_eq!(live_filter(&a), "turnstile.live.acme.sess-1_x.>");
         assert_eq!(stream_name(0), "TURNSTILE_EVENTS_0");
         assert_eq!(stream_subjects(1), "turnstile.ev.1.>");
+        assert_eq!(archive_subject(2, &a), "turnstile.archive.2.acme.sess-1_x");
+        assert_eq!(archive_stream_name(1), "TURNSTILE_ARCHIVE_1");
+        assert_eq!(archive_stream_subjects(1), "turnstile.archive.1.>");
+        // An archive subject is no session's event subject.
+        assert_eq!(parse_event_subject(&archive_subject(2, &a)), None);
     }
 }

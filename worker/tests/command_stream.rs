@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -140,15 +141,30 @@ impl Service<http::Request<tonic::body::Body>> for Only {
     }
 }
 
-async fn worker(methods: Methods) -> Worker {
+async fn serving(methods: Methods) -> Worker {
+    stoppable(methods, std::future::pending()).await.0
+}
+
+/// A worker whose server stops gracefully (tonic's own stop, which waits for every stream to end) once
+/// `stop` resolves; the handle ends with the server.
+async fn stoppable(
+    methods: Methods,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> (Worker, WorkerService, JoinHandle<Result<(), tonic::transport::Error>>) {
     let (started_tx, started) = mpsc::unbounded_channel();
     let (dropped_tx, dropped) = mpsc::unbounded_channel();
     let service = WorkerService::new(Arc::new(Scripted { started: started_tx, dropped: dropped_tx }));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = tonic::transport::Server::builder().add_service(Only { inner: service.into_server(), methods });
-    tokio::spawn(server.serve_with_incoming(turnstile_ops::grpc::incoming(listener)));
-    Worker { addr, started, dropped }
+    let only = Only { inner: service.clone().into_server(), methods };
+    let server = tonic::transport::Server::builder().add_service(only);
+    let stopping = service.stopping();
+    let stop = async move {
+        stop.await;
+        stopping.cancel();
+    };
+    let server = tokio::spawn(server.serve_with_incoming_shutdown(turnstile_ops::grpc::incoming(listener), stop));
+    (Worker { addr, started, dropped }, service, server)
 }
 
 fn session() -> SessionRef {
@@ -189,7 +205,7 @@ fn sent(seq: u64) -> CommandReply {
 
 #[tokio::test]
 async fn answers_reach_their_own_callers_in_whatever_order_the_commands_finish() {
-    let mut worker = worker(Methods::StreamOnly).await;
+    let mut worker = serving(Methods::StreamOnly).await;
     let addr = worker.addr.to_string();
     let transport = Arc::new(GrpcTransport::new(Duration::from_secs(5)));
     let calls: Vec<_> = ["m1", "m2", "m3"].iter().map(|id| send(&transport, &addr, id, WAIT)).collect();
@@ -218,7 +234,7 @@ async fn answers_reach_their_own_callers_in_whatever_order_the_commands_finish()
 
 #[tokio::test]
 async fn a_call_past_its_deadline_is_cancelled_and_stopped_at_the_worker() {
-    let mut worker = worker(Methods::StreamOnly).await;
+    let mut worker = serving(Methods::StreamOnly).await;
     let addr = worker.addr.to_string();
     let transport = Arc::new(GrpcTransport::new(Duration::from_secs(5)));
     let late = send(&transport, &addr, "m1", Duration::from_millis(300));
@@ -240,7 +256,7 @@ async fn a_call_past_its_deadline_is_cancelled_and_stopped_at_the_worker() {
 
 #[tokio::test]
 async fn a_caller_that_goes_away_stops_its_command_at_the_worker() {
-    let mut worker = worker(Methods::StreamOnly).await;
+    let mut worker = serving(Methods::StreamOnly).await;
     let addr = worker.addr.to_string();
     let transport = Arc::new(GrpcTransport::new(Duration::from_secs(5)));
     // A deadline far past this test's waits: only the cancel can stop it in time.
@@ -284,7 +300,7 @@ impl Proxy {
 
 #[tokio::test]
 async fn a_broken_stream_fails_every_waiting_call_retryably_and_the_next_call_opens_a_new_one() {
-    let mut worker = worker(Methods::StreamOnly).await;
+    let mut worker = serving(Methods::StreamOnly).await;
     let proxy = Proxy::start(worker.addr).await;
     let addr = proxy.addr.to_string();
     let transport = Arc::new(GrpcTransport::new(Duration::from_secs(5)));
@@ -311,7 +327,7 @@ async fn a_broken_stream_fails_every_waiting_call_retryably_and_the_next_call_op
 
 #[tokio::test]
 async fn a_worker_without_the_stream_is_called_unary_and_remembered() {
-    let mut worker = worker(Methods::UnaryOnly).await;
+    let mut worker = serving(Methods::UnaryOnly).await;
     let addr = worker.addr.to_string();
     let transport = Arc::new(GrpcTransport::new(Duration::from_secs(5)));
     assert!(!transport.is_unary(&addr));
@@ -324,7 +340,7 @@ async fn a_worker_without_the_stream_is_called_unary_and_remembered() {
         assert!(transport.is_unary(&addr));
     }
     // And a build with both answers on the stream.
-    let mut both = worker_with_both().await;
+    let mut both = serving(Methods::All).await;
     let addr = both.addr.to_string();
     let call = send(&transport, &addr, "m4", WAIT);
     both.next_started().await.1.send(()).unwrap();
@@ -332,6 +348,26 @@ async fn a_worker_without_the_stream_is_called_unary_and_remembered() {
     assert!(!transport.is_unary(&addr));
 }
 
-async fn worker_with_both() -> Worker {
-    worker(Methods::All).await
+#[tokio::test]
+async fn a_stopping_worker_answers_the_calls_it_took_refuses_new_ones_and_ends_its_streams() {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (mut worker, service, server) = stoppable(Methods::All, async {
+        let _ = stopped.await;
+    })
+    .await;
+    let addr = worker.addr.to_string();
+    let transport = Arc::new(GrpcTransport::new(Duration::from_secs(5)));
+    let taken = send(&transport, &addr, "m1", WAIT);
+    let (_, release) = worker.next_started().await;
+    // The stop begins (as `serve_draining` begins it with the server's): a call sent after is not run.
+    service.stopping().cancel();
+    let status = answer(send(&transport, &addr, "m2", WAIT)).await.unwrap_err();
+    assert_eq!((status.code(), command_error(&status)), (Code::Unavailable, None), "{status:?}");
+    // The call taken before is answered.
+    release.send(()).unwrap();
+    assert_eq!(answer(taken).await.unwrap(), sent(1));
+    // And the stream ends: tonic's graceful stop, which waits for every stream, completes.
+    stop.send(()).unwrap();
+    tokio::time::timeout(WAIT, server).await.expect("the server stopped").unwrap().unwrap();
+    assert!(worker.started.try_recv().is_err(), "m2 never ran");
 }

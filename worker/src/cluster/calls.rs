@@ -3,9 +3,10 @@
 //!
 //! What a unary call gets from the server, a call on the stream gets here: its own task and span (child of
 //! the caller's `traceparent`), its deadline, and an end when the caller goes away (a cancel frame, or the
-//! connection lost). When the gateway closes its side, or the server stops, the calls already taken are
-//! finished and answered before the stream ends; calls still unread are never run, and the gateway fails
-//! them as a dropped connection fails a unary call (retryable).
+//! connection lost). When the gateway closes its side, the calls already taken are finished and answered
+//! before the stream ends. When the server stops, calls that arrive after are answered UNAVAILABLE without
+//! being run (the gateway retries them), and the stream ends once the calls taken before are answered: a
+//! stream never holds the server's graceful stop longer than a unary call in flight would.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -45,7 +46,7 @@ pub(super) fn serve(
 
 /// How the reading of a stream ended.
 enum End {
-    /// The gateway closed its side or the server stops: finish the calls taken, then end.
+    /// The gateway closed its side, or the server stops and the calls taken are done: finish them, then end.
     Closed,
     /// The connection is gone: nobody can read an answer, so the calls stop as unary ones would.
     Broken,
@@ -60,9 +61,21 @@ async fn take_calls(
 ) {
     let mut running: HashMap<u64, AbortHandle> = HashMap::new();
     let mut tasks: JoinSet<u64> = JoinSet::new();
+    let mut stopped = false;
     let end = loop {
+        if stopped && tasks.is_empty() {
+            break End::Closed;
+        }
         tokio::select! {
+            // First, so that no call read after the stop began is run.
+            biased;
+            () = stopping.cancelled(), if !stopped => stopped = true,
             frame = inbound.message() => match frame {
+                Ok(Some(cpb::ExecuteStreamRequest { id, frame: Some(Frame::Call(_)) })) if stopped => {
+                    // Not run: the gateway retries it (on the new owner once this worker has left).
+                    let status = Status::unavailable("the worker is stopping: retry on the session's new owner");
+                    let _ = answers.send(Ok(answer(id, Err(status))));
+                }
                 Ok(Some(cpb::ExecuteStreamRequest { id, frame: Some(Frame::Call(call)) })) => {
                     if running.contains_key(&id) {
                         let status = Status::invalid_argument(format!(
@@ -94,7 +107,6 @@ async fn take_calls(
             Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
                 finished(&mut running, done, &answers);
             }
-            () = stopping.cancelled() => break End::Closed,
         }
     };
     match end {

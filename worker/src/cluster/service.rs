@@ -55,6 +55,13 @@ impl WorkerService {
         self
     }
 
+    /// Cancelled, it ends the service's command streams once the calls they took are answered (calls that
+    /// arrive after are refused UNAVAILABLE); [`serve_draining`] cancels it when its server stops. A server
+    /// built from [`Self::into_server`] by hand cancels it itself.
+    pub fn stopping(&self) -> CancellationToken {
+        self.stopping.clone()
+    }
+
     /// The tonic server of this service, to add to a `tonic::transport::Server`.
     pub fn into_server(self) -> WorkerServer<Self> {
         let limit = self.max_request_bytes;

@@ -4,7 +4,6 @@
 //! the lease loop and the watch of the peers' presence; [`presence`] tells a dead peer (closed NATS
 //! connection) from a slow one; [`service`] exposes the host to gateways over `turnstile.cluster.v1`.
 
-mod calls;
 pub mod leases;
 pub mod presence;
 pub mod service;

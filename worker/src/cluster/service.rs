@@ -24,7 +24,9 @@ use turnstile_ops::tls::LiveServerTls;
 use turnstile_proto::cluster::v1 as cpb;
 use turnstile_proto::cluster::v1::worker_server::{Worker, WorkerServer};
 
-use super::calls::{self, CallAnswers};
+mod calls;
+
+use calls::CallAnswers;
 
 /// The `Worker` service over a command router.
 #[derive(Clone)]

@@ -23,7 +23,7 @@ use turnstile_proto::cluster::v1 as cpb;
 use turnstile_proto::cluster::v1::execute_stream_reply::Result as Answered;
 use turnstile_proto::cluster::v1::execute_stream_request::Frame;
 
-use super::service::WorkerService;
+use super::WorkerService;
 
 /// The answers of one command stream, in the order their calls finish.
 pub type CallAnswers = UnboundedReceiverStream<Result<cpb::ExecuteStreamReply, Status>>;

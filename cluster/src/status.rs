@@ -4,9 +4,10 @@
 //! same function, and the gateway rebuilds the worker's exact error with [`command_error`]. The metadata
 //! keys and the kind names are in [`crate::codec`].
 
-use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::metadata::{AsciiMetadataKey, KeyAndValueRef, MetadataMap, MetadataValue};
 use tonic::{Code, Status};
 use turnstile_model::CommandError;
+use turnstile_proto::cluster::v1 as cpb;
 
 use crate::codec::{ERROR_KEY, OWNER_KEY, SESSION_KEY, command_error_from_parts, command_error_parts};
 
@@ -51,6 +52,37 @@ pub fn command_error(status: &Status) -> Option<CommandError> {
     command_error_from_parts(&kind, payload.to_owned(), get(SESSION_KEY), get(OWNER_KEY))
 }
 
+/// `status` as data, for a call answered on an `ExecuteStream` (decision 0185): its code, message and the
+/// ASCII entries of its metadata (every key [`command_status`] writes; binary entries are left out).
+pub fn status_to_pb(status: &Status) -> cpb::ExecuteStatus {
+    let metadata = status
+        .metadata()
+        .iter()
+        .filter_map(|entry| match entry {
+            KeyAndValueRef::Ascii(key, value) => Some((key.as_str().to_owned(), value.to_str().ok()?.to_owned())),
+            KeyAndValueRef::Binary(..) => None,
+        })
+        .collect();
+    cpb::ExecuteStatus { code: status.code() as i32, message: status.message().to_owned(), metadata }
+}
+
+/// The status [`status_to_pb`] carries, as `Execute` would have ended with it. An entry that is not valid
+/// metadata (only a peer that does not follow [`status_to_pb`] sends one) is left out.
+pub fn status_from_pb(status: cpb::ExecuteStatus) -> Status {
+    let mut metadata = MetadataMap::new();
+    for (key, value) in status.metadata {
+        if let (Ok(key), Ok(value)) = (AsciiMetadataKey::from_bytes(key.as_bytes()), MetadataValue::try_from(value)) {
+            metadata.insert(key, value);
+        }
+    }
+    Status::with_metadata(Code::from_i32(status.code), status.message, metadata)
+}
+
+/// A copy of `status` (a [`Status`] is not `Clone`): its code, message and metadata.
+pub fn copy_status(status: &Status) -> Status {
+    Status::with_metadata(status.code(), status.message(), status.metadata().clone())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +114,21 @@ mod tests {
             assert_eq!(command_error(&command_status(&command_error(&status).unwrap())), Some(err.clone()));
             assert_eq!(command_error(&status), Some(err));
         }
+    }
+
+    #[test]
+    fn a_status_crosses_a_command_stream_as_it_would_end_a_unary_call() {
+        let not_owner = CommandError::NotOwner { session: "acme/s1".into(), owner: Some("127.0.0.1:7501".into()) };
+        let mut status = command_status(&not_owner);
+        status.metadata_mut().insert(crate::codec::API_KEY, MetadataValue::from(3u32));
+        let back = status_from_pb(status_to_pb(&status));
+        assert_eq!(back.code(), status.code());
+        assert_eq!(back.message(), status.message());
+        assert_eq!(command_error(&back), Some(not_owner));
+        assert_eq!(back.metadata().get(crate::codec::API_KEY).and_then(|v| v.to_str().ok()), Some("3"));
+        // A transport status (no kind) stays one.
+        let refused = status_from_pb(status_to_pb(&Status::unavailable("connection refused")));
+        assert_eq!((refused.code(), command_error(&refused)), (Code::Unavailable, None));
     }
 
     #[test]

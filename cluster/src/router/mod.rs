@@ -6,6 +6,7 @@
 //! child sessions of `spawn_agent`.
 
 mod shard;
+mod stream;
 pub mod transport;
 
 use std::time::Duration;

@@ -2,9 +2,10 @@
 //! API: [`GrpcTransport`] (tonic channels, optionally TLS) in production, a fake in tests.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use std::time::Duration;
+use prost::Message as _;
 use turnstile_model::sync::lock;
 
 use async_trait::async_trait;
@@ -14,6 +15,8 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use turnstile_ops::trace::{TRACEPARENT, current_traceparent};
 use turnstile_proto::cluster::v1 as cpb;
 use turnstile_proto::cluster::v1::worker_client::WorkerClient;
+
+use super::stream::{Answer, CommandStream};
 
 /// How the router reaches a worker: gRPC in production, a fake in tests.
 #[async_trait]
@@ -41,39 +44,68 @@ pub struct GrpcTransport {
     connect_timeout: Duration,
 }
 
+/// How long a worker that answered UNIMPLEMENTED for `ExecuteStream` (an older build, during a rolling
+/// upgrade) is called with unary `Execute` before the stream is tried again: a new build may have replaced
+/// it on the same address by then, and one refused opening per period costs one round trip.
+pub const UNARY_FOR: Duration = Duration::from_secs(60);
+
+/// Commands whose encoding is larger than this go as unary calls: a stream's calls share one flow-control
+/// window (a large import would hold the small commands behind it), and a stream message over the worker's
+/// decoding limit would end the stream for every call on it, where a unary call fails alone.
+pub const STREAMED_MAX_BYTES: usize = 64 * 1024;
+
 /// The channels by address, each with when it was last used (a counter of uses), and how new ones dial.
 #[derive(Debug)]
 struct Channels {
     /// TLS to the workers (`--cluster-tls-ca`); the name checked is the advertised host unless the config
     /// sets a domain. Replaced by [`GrpcTransport::set_tls`] when the files change.
     tls: Option<ClientTlsConfig>,
-    by_addr: HashMap<String, (Channel, u64)>,
+    by_addr: HashMap<String, Worker>,
     uses: u64,
     max: usize,
 }
 
+/// What is kept per worker address.
+#[derive(Debug)]
+struct Worker {
+    channel: Channel,
+    /// The last use (a counter of uses), for dropping the least recently used address.
+    used: u64,
+    /// The command stream over `channel`, once a call opened it; replaced when it has ended. Dropped with
+    /// the entry, which closes the stream once its calls in flight are done.
+    stream: Option<Arc<CommandStream>>,
+    /// Set when the worker answered UNIMPLEMENTED for the stream: unary calls until then.
+    unary_until: Option<Instant>,
+}
+
+/// How one call goes to a worker.
+enum Route {
+    Unary(Channel),
+    Stream(Arc<CommandStream>),
+}
+
 impl Channels {
-    /// `addr`'s channel, marked used now.
-    fn get(&mut self, addr: &str) -> Option<Channel> {
+    /// `addr`'s entry, marked used now.
+    fn get(&mut self, addr: &str) -> Option<&mut Worker> {
         self.uses += 1;
         let uses = self.uses;
-        self.by_addr.get_mut(addr).map(|(channel, used)| {
-            *used = uses;
-            channel.clone()
-        })
+        let worker = self.by_addr.get_mut(addr)?;
+        worker.used = uses;
+        Some(worker)
     }
 
     /// Keeps `channel` for `addr`, dropping the least recently used ones past the bound.
-    fn insert(&mut self, addr: &str, channel: Channel) {
+    fn insert(&mut self, addr: &str, channel: Channel) -> &mut Worker {
         while self.by_addr.len() >= self.max {
             // At most `max` entries, scanned only when a new address comes: cheap next to dialing it.
-            let Some(oldest) = self.by_addr.iter().min_by_key(|(_, (_, used))| *used).map(|(a, _)| a.clone()) else {
+            let Some(oldest) = self.by_addr.iter().min_by_key(|(_, w)| w.used).map(|(a, _)| a.clone()) else {
                 break;
             };
             self.by_addr.remove(&oldest);
         }
         self.uses += 1;
-        self.by_addr.insert(addr.to_owned(), (channel, self.uses));
+        let worker = Worker { channel, used: self.uses, stream: None, unary_until: None };
+        self.by_addr.entry(addr.to_owned()).insert_entry(worker).into_mut()
     }
 }
 
@@ -111,8 +143,14 @@ impl GrpcTransport {
 
     fn channel(&self, addr: &str) -> Result<Channel, Status> {
         let mut channels = lock(&self.channels);
-        if let Some(channel) = channels.get(addr) {
-            return Ok(channel);
+        Ok(self.worker(&mut channels, addr)?.channel.clone())
+    }
+
+    /// `addr`'s entry, dialing it (lazily) when it is new.
+    fn worker<'a>(&self, channels: &'a mut Channels, addr: &str) -> Result<&'a mut Worker, Status> {
+        if channels.by_addr.contains_key(addr) {
+            // Found just above, under the same lock.
+            return channels.get(addr).ok_or_else(|| Status::internal(format!("worker {addr:?} vanished")));
         }
         let scheme = if channels.tls.is_some() { "https" } else { "http" };
         let url = if addr.contains("://") { addr.to_owned() } else { format!("{scheme}://{addr}") };
@@ -126,9 +164,57 @@ impl GrpcTransport {
                 .map_err(|e| Status::unavailable(format!("TLS to worker {addr:?} cannot be set up: {e}")))?;
         }
         let channel = endpoint.connect_lazy();
-        channels.insert(addr, channel.clone());
-        Ok(channel)
+        Ok(channels.insert(addr, channel))
     }
+
+    /// How a call of `bytes` encoded bytes goes to `addr`: on its command stream (opened now if it has
+    /// none, or a new one if it ended) unless the call is large or the worker is an older build.
+    fn route(&self, addr: &str, bytes: usize) -> Result<Route, Status> {
+        let mut channels = lock(&self.channels);
+        let worker = self.worker(&mut channels, addr)?;
+        if bytes > STREAMED_MAX_BYTES || worker.unary_until.is_some_and(|until| Instant::now() < until) {
+            return Ok(Route::Unary(worker.channel.clone()));
+        }
+        if let Some(stream) = worker.stream.as_ref().filter(|s| !s.has_ended()) {
+            return Ok(Route::Stream(stream.clone()));
+        }
+        let stream = Arc::new(CommandStream::open(worker.channel.clone(), addr));
+        worker.stream = Some(stream.clone());
+        worker.unary_until = None;
+        Ok(Route::Stream(stream))
+    }
+
+    /// `addr` answered UNIMPLEMENTED for the stream: unary calls for [`UNARY_FOR`].
+    fn use_unary(&self, addr: &str) {
+        if let Some(worker) = lock(&self.channels).get(addr) {
+            worker.stream = None;
+            worker.unary_until = Some(Instant::now() + UNARY_FOR);
+        }
+    }
+
+    /// Whether calls to `addr` go unary now (its worker predates the command stream); for tests.
+    pub fn is_unary(&self, addr: &str) -> bool {
+        lock(&self.channels).by_addr.get(addr).is_some_and(|w| w.unary_until.is_some_and(|u| Instant::now() < u))
+    }
+}
+
+/// One unary `Execute` over `channel`.
+async fn unary(
+    channel: Channel,
+    request: cpb::ExecuteRequest,
+    timeout: Duration,
+    traceparent: Option<String>,
+) -> Result<cpb::ExecuteReply, Status> {
+    let mut client = WorkerClient::new(channel);
+    let mut request = tonic::Request::new(request);
+    request.set_timeout(timeout);
+    // The worker learns which internal API version asks (SPEC §18, rolling upgrades).
+    request.metadata_mut().insert(crate::codec::API_KEY, MetadataValue::from(crate::codec::API_VERSION));
+    // The worker's spans join this request's trace (the current span is the routing attempt's).
+    if let Some(tp) = traceparent.and_then(|tp| MetadataValue::try_from(tp).ok()) {
+        request.metadata_mut().insert(TRACEPARENT, tp);
+    }
+    client.execute(request).await.map(tonic::Response::into_inner)
 }
 
 #[async_trait]
@@ -139,16 +225,21 @@ impl WorkerTransport for GrpcTransport {
         request: cpb::ExecuteRequest,
         timeout: Duration,
     ) -> Result<cpb::ExecuteReply, Status> {
-        let mut client = WorkerClient::new(self.channel(addr)?);
-        let mut request = tonic::Request::new(request);
-        request.set_timeout(timeout);
-        // The worker learns which internal API version asks (SPEC §18, rolling upgrades).
-        request.metadata_mut().insert(crate::codec::API_KEY, MetadataValue::from(crate::codec::API_VERSION));
         // The worker's spans join this request's trace (the current span is the routing attempt's).
-        if let Some(tp) = current_traceparent().and_then(|tp| MetadataValue::try_from(tp).ok()) {
-            request.metadata_mut().insert(TRACEPARENT, tp);
+        let traceparent = current_traceparent();
+        let stream = match self.route(addr, request.encoded_len())? {
+            Route::Unary(channel) => return unary(channel, request, timeout, traceparent).await,
+            Route::Stream(stream) => stream,
+        };
+        let start = Instant::now();
+        match stream.call(request, timeout, traceparent.clone()).await {
+            Answer::Done(result) => result,
+            Answer::Unsupported(request) => {
+                self.use_unary(addr);
+                let channel = self.channel(addr)?;
+                unary(channel, request, timeout.saturating_sub(start.elapsed()), traceparent).await
+            }
         }
-        client.execute(request).await.map(tonic::Response::into_inner)
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataValue;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 use turnstile_cluster::CommandRouter;
 use turnstile_cluster::codec::{
     API_KEY, API_VERSION, api_version, decode_execute_request, encode_command_reply, reply_for_caller, unknown_command,
@@ -24,12 +24,19 @@ use turnstile_ops::tls::LiveServerTls;
 use turnstile_proto::cluster::v1 as cpb;
 use turnstile_proto::cluster::v1::worker_server::{Worker, WorkerServer};
 
+mod calls;
+
+use calls::CallAnswers;
+
 /// The `Worker` service over a command router.
 #[derive(Clone)]
 pub struct WorkerService {
     router: Arc<dyn CommandRouter>,
     /// The largest encoded `ExecuteRequest` decoded; `None` keeps tonic's default of 4 MiB.
     max_request_bytes: Option<usize>,
+    /// Cancelled when the server stops: command streams take no more calls and end once theirs are done,
+    /// as the server's graceful stop waits for unary calls in flight.
+    stopping: CancellationToken,
 }
 
 impl std::fmt::Debug for WorkerService {
@@ -40,7 +47,7 @@ impl std::fmt::Debug for WorkerService {
 
 impl WorkerService {
     pub fn new(router: Arc<dyn CommandRouter>) -> Self {
-        Self { router, max_request_bytes: None }
+        Self { router, max_request_bytes: None, stopping: CancellationToken::new() }
     }
 
     /// Decodes requests up to `bytes` (config `limits.max_request_bytes()`, decision 0033), so that every
@@ -48,6 +55,13 @@ impl WorkerService {
     pub fn with_max_request_bytes(mut self, bytes: usize) -> Self {
         self.max_request_bytes = Some(bytes);
         self
+    }
+
+    /// Cancelled, it ends the service's command streams once the calls they took are answered (calls that
+    /// arrive after are refused UNAVAILABLE); [`serve_draining`] cancels it when its server stops. A server
+    /// built from [`Self::into_server`] by hand cancels it itself.
+    pub fn stopping(&self) -> CancellationToken {
+        self.stopping.clone()
     }
 
     /// The tonic server of this service, to add to a `tonic::transport::Server`.
@@ -61,11 +75,14 @@ impl WorkerService {
     }
 }
 
-#[tonic::async_trait]
-impl Worker for WorkerService {
-    async fn execute(&self, request: Request<cpb::ExecuteRequest>) -> Result<Response<cpb::ExecuteReply>, Status> {
-        let caller_api = api_version(request.metadata().get(API_KEY).and_then(|v| v.to_str().ok()));
-        let request = request.into_inner();
+impl WorkerService {
+    /// One command from a caller of internal API version `caller_api`: the reply, or the status it ends
+    /// with. The same for a unary `Execute` and a call on an `ExecuteStream`.
+    pub(super) async fn run(
+        &self,
+        caller_api: Option<u32>,
+        request: cpb::ExecuteRequest,
+    ) -> Result<cpb::ExecuteReply, Status> {
         if let Some(theirs) = caller_api.filter(|v| *v > API_VERSION && request.command.is_none()) {
             return Err(versioned(command_status(&unknown_command(theirs))));
         }
@@ -73,17 +90,40 @@ impl Worker for WorkerService {
             .map_err(|e| versioned(command_status(&CommandError::InvalidArgument(e.to_string()))))?;
         let name = command.name();
         match self.router.execute(&session, command, timeout).await {
-            Ok(reply) => {
-                let reply = reply_for_caller(reply, caller_api);
-                let mut response = Response::new(encode_command_reply(&session, &reply));
-                response.metadata_mut().insert(API_KEY, MetadataValue::from(API_VERSION));
-                Ok(response)
-            }
+            Ok(reply) => Ok(encode_command_reply(&session, &reply_for_caller(reply, caller_api))),
             Err(err) => {
                 tracing::debug!(%session, command = name, error = %err, "command refused");
                 Err(versioned(command_status(&err)))
             }
         }
+    }
+}
+
+/// The internal API version a call's metadata names.
+fn caller_api(metadata: &tonic::metadata::MetadataMap) -> Option<u32> {
+    api_version(metadata.get(API_KEY).and_then(|v| v.to_str().ok()))
+}
+
+#[tonic::async_trait]
+impl Worker for WorkerService {
+    async fn execute(&self, request: Request<cpb::ExecuteRequest>) -> Result<Response<cpb::ExecuteReply>, Status> {
+        let caller_api = caller_api(request.metadata());
+        let mut response = Response::new(self.run(caller_api, request.into_inner()).await?);
+        response.metadata_mut().insert(API_KEY, MetadataValue::from(API_VERSION));
+        Ok(response)
+    }
+
+    type ExecuteStreamStream = CallAnswers;
+
+    async fn execute_stream(
+        &self,
+        request: Request<Streaming<cpb::ExecuteStreamRequest>>,
+    ) -> Result<Response<CallAnswers>, Status> {
+        let caller_api = caller_api(request.metadata());
+        let answers = calls::serve(self.clone(), caller_api, request.into_inner(), self.stopping.clone());
+        let mut response = Response::new(answers);
+        response.metadata_mut().insert(API_KEY, MetadataValue::from(API_VERSION));
+        Ok(response)
     }
 }
 
@@ -124,6 +164,11 @@ pub async fn serve_draining(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     const SERVED: [&str; 1] = [<WorkerServer<WorkerService> as tonic::server::NamedService>::NAME];
+    let stopping = service.stopping.clone();
+    let shutdown = async move {
+        shutdown.await;
+        stopping.cancel();
+    };
     let (router, health) = turnstile_ops::grpc::server(&SERVED).await;
     // Ends with the server (the drop guard), so nothing outlives a server that stopped without draining.
     let reporting = CancellationToken::new();

@@ -59,9 +59,21 @@ pub(crate) struct Args {
     /// Skip the raw async publish phase.
     #[arg(long)]
     pub(crate) skip_raw: bool,
-    /// Fresh sessions given one queued message each, for the memory per idle loaded session.
+    /// Fresh sessions given one queued message each, for the memory per idle loaded session (issue 44's
+    /// "one million" is `--idle-sessions 1000000` with a `--passivate-after-ms` longer than their creation).
     #[arg(long, default_value_t = 100_000)]
     pub(crate) idle_sessions: usize,
+    /// Concurrent clients creating the idle sessions (one connection each).
+    #[arg(long, default_value_t = 32)]
+    pub(crate) idle_clients: usize,
+    /// Followups timed, one at a time, to random idle sessions while they are parked, and as many to
+    /// others once they have passivated (loaded from their log); 0 skips both.
+    #[arg(long, default_value_t = 300)]
+    pub(crate) idle_followups: usize,
+    /// Skip the idle phase's second batch of as many fresh sessions after the passivation (the memory
+    /// reuse reading).
+    #[arg(long)]
+    pub(crate) idle_skip_second_batch: bool,
     /// How long the idle sessions are left alone before the "after" RSS (past the worker's 1 s
     /// `park_after`, decision 0037).
     #[arg(long, default_value_t = 3_000)]
@@ -108,6 +120,10 @@ pub(crate) struct Args {
     /// 3 workers and 2 gateways of `TURNSTILE_BIN`, `--clients` over `--sessions`); 0 skips the phase.
     #[arg(long, default_value_t = 15.0)]
     pub(crate) cluster_duration: f64,
+    /// Skip the cluster phase's second run of the same load at R1 (the replication cost apart,
+    /// `turnstile-bench cluster --skip-r1`).
+    #[arg(long)]
+    pub(crate) cluster_skip_r1: bool,
     /// Measured rounds of the model phase (`turnstile-bench model`: llama-server on SmolLM2 straight and
     /// through `turnstile dev --config`, interleaved); 0 skips it, and so does a machine without
     /// `LLAMA_SERVER_BIN` and `SMOLLM2_GGUF` (scripts/setup-test-deps installs both; the report says so).
@@ -144,10 +160,53 @@ pub(crate) enum Mode {
     /// `dev --nats` (SPEC §20).
     Memory(memory::MemoryArgs),
     /// What nats-server's `sync_interval: always` (an fsync before every acknowledgement) costs against
-    /// its default (every 2 minutes): followup latency and followups/s, alternating rounds.
+    /// its default (every 2 minutes): followup latency and followups/s, alternating rounds; on one node, or
+    /// at R3 with `--cluster`.
     Sync(sync::SyncArgs),
     /// One nats-server of three killed under load: the max and p99 followup wait (issue 37 item 8).
     NatsLoss(nats_loss::NatsLossArgs),
     /// Another tenant's followup latency beside a hostile tenant, against quiet rounds (issue 37).
     Hostile(hostile::HostileArgs),
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::{Args, Mode};
+
+    #[test]
+    fn the_million_run_parses() {
+        let args = Args::try_parse_from([
+            "turnstile-bench",
+            "--idle-sessions",
+            "1000000",
+            "--idle-clients",
+            "128",
+            "--idle-followups",
+            "500",
+            "--idle-skip-second-batch",
+            "--passivate-after-ms",
+            "600000",
+            "--cluster-skip-r1",
+        ])
+        .unwrap();
+        assert_eq!((args.idle_sessions, args.idle_clients, args.idle_followups), (1_000_000, 128, 500));
+        assert!(args.idle_skip_second_batch && args.cluster_skip_r1);
+        assert_eq!(args.passivate_after_ms, 600_000);
+        let defaults = Args::try_parse_from(["turnstile-bench"]).unwrap();
+        assert_eq!((defaults.idle_clients, defaults.idle_followups), (32, 300));
+        assert!(!defaults.idle_skip_second_batch && !defaults.cluster_skip_r1);
+    }
+
+    #[test]
+    fn the_r3_modes_parse() {
+        let args = Args::try_parse_from(["turnstile-bench", "sync", "--cluster", "--rounds", "3"]).unwrap();
+        assert!(matches!(args.mode, Some(Mode::Sync(s)) if s.cluster && s.rounds == 3));
+        let args =
+            Args::try_parse_from(["turnstile-bench", "cluster", "--sync-always", "--replicas", "1", "--skip-r1"])
+                .unwrap();
+        assert!(matches!(args.mode, Some(Mode::Cluster(c)) if c.sync_always && c.replicas == Some(1) && c.skip_r1));
+        assert!(Args::try_parse_from(["turnstile-bench", "--idle-clients", "many"]).is_err());
+    }
 }

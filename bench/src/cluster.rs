@@ -13,6 +13,12 @@
 //!
 //! CPU: each process's utime + stime from `/proc/<pid>/stat` before the load and after its drain (every
 //! turn the load started has ended), in clock ticks, per 1,000 accepted followups.
+//!
+//! Replication apart (issue 44): with more than one replica the same load then runs again on a fresh
+//! cluster of the same processes and flags with every stream and bucket at R1; the nats-servers' CPU per
+//! 1,000 followups at R3 minus at R1 is what replicating those appends cost (see [`crate::replication`]
+//! and decision 0189). `--sync-always` starts every nats-server with `sync_interval: always`
+//! (`turnstile-bench sync --cluster` alternates it with the default).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -26,6 +32,7 @@ use turnstile_tests::cluster::{ClusterProcess, Role};
 use turnstile_tests::{Cluster, ClusterOptions};
 
 use crate::latency::{RawStream, splice_event, text_message};
+use crate::replication::Replication;
 use crate::stats::Percentiles;
 use crate::throughput::{self, ThroughputOpts, ThroughputReport};
 
@@ -57,10 +64,24 @@ pub struct ClusterArgs {
     /// The followup text (the scripted model answers `echo: <text>` at once).
     #[arg(long, default_value = "hello")]
     text: String,
+    /// Replicas of every stream and bucket (the workers' `--replicas`; default min(nats-nodes, 3)).
+    #[arg(long)]
+    pub(crate) replicas: Option<usize>,
+    /// Start every nats-server with `jetstream { sync_interval: always }` (an fsync before every
+    /// acknowledgement) instead of the default (every 2 minutes).
+    #[arg(long)]
+    pub(crate) sync_always: bool,
+    /// Skip the second run of the same load with every stream and bucket at R1 on as many nats-servers,
+    /// which reports the replication cost of the same appends apart (`replication`).
+    #[arg(long)]
+    pub(crate) skip_r1: bool,
     /// One JSON object on stdout instead of Markdown.
     #[arg(long)]
     json: bool,
 }
+
+/// The nats-server config line of `--sync-always`.
+pub const SYNC_ALWAYS: &str = "jetstream { sync_interval: always }\n";
 
 #[derive(Debug, Serialize)]
 pub struct ProcessCpu {
@@ -72,7 +93,7 @@ pub struct ProcessCpu {
     pub cpu_s_per_1k_followups: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct CpuPer1k {
     /// By process name (`w1`…, `g0`…, `n1`…).
     pub per_process: BTreeMap<String, f64>,
@@ -90,6 +111,8 @@ pub struct ClusterReport {
     pub gateways: usize,
     pub nats_nodes: usize,
     pub replicas: usize,
+    /// `sync_interval: always` on every nats-server (`--sync-always`), else nats-server's default.
+    pub sync_always: bool,
     pub turnstile_bin: String,
     pub nats_server_version: String,
     pub nproc: usize,
@@ -103,6 +126,9 @@ pub struct ClusterReport {
     pub cluster_cpu_s_per_1k_followups: CpuPer1k,
     /// The CPU window: the load and its drain, seconds.
     pub cpu_window_s: f64,
+    /// JetStream messages per accepted followup over the load and its drain, by stream (the event streams
+    /// and the KV buckets' `KV_…` streams; `KV_turnstile_index` is the index puts) and `total`.
+    pub messages_per_followup: BTreeMap<String, f64>,
     /// Cluster CPU-seconds per second of the window (2.0 = both cores of this machine).
     pub cluster_cores_busy: f64,
     pub processes: Vec<ProcessCpu>,
@@ -111,45 +137,72 @@ pub struct ClusterReport {
     pub cluster_resume_first_delta_p50_ms: Option<f64>,
     pub cluster_resume_first_delta_p99_ms: Option<f64>,
     pub resume: Option<crate::resume::ResumeReport>,
+    /// The same load at R1 on as many nats-servers, and what replication cost (with more than one replica,
+    /// unless `--skip-r1`).
+    pub replication: Option<Replication>,
 }
 
 pub async fn run(args: ClusterArgs) -> Result<()> {
     if args.gateways == 0 || args.workers == 0 {
         bail!("--workers and --gateways must be at least 1");
     }
+    if args.replicas == Some(0) {
+        bail!("--replicas must be at least 1");
+    }
     let bin = tokio::task::spawn_blocking(turnstile_tests::binary::turnstile_bin).await??;
+    let mut report = one_cluster(&args, &bin).await?;
+    let mut failed = report.throughput.errors + report.throughput.drain_errors;
+    if report.replicas > 1 && !args.skip_r1 {
+        // The same processes, flags and load; only the copies differ. No resume rounds: they are not
+        // part of the CPU window.
+        let r1_args = ClusterArgs { replicas: Some(1), resume_rounds: 0, ..args.clone() };
+        eprintln!("the same load at R1 on {} nats-servers (the replication cost apart) ...", report.nats_nodes);
+        let r1 = one_cluster(&r1_args, &bin).await?;
+        failed += r1.throughput.errors + r1.throughput.drain_errors;
+        report.replication = Some(Replication::of(&report.cluster_cpu_s_per_1k_followups, &r1));
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", markdown(&report));
+    }
+    if failed > 0 {
+        bail!("some followups failed in the cluster (see error_kinds)");
+    }
+    Ok(())
+}
+
+/// Starts a cluster as `args` say, measures it and stops it.
+async fn one_cluster(args: &ClusterArgs, bin: &std::path::Path) -> Result<ClusterReport> {
     let mut opts = ClusterOptions::new(args.workers, args.gateways);
     opts.nats_nodes = args.nats_nodes.max(1);
+    opts.replicas = args.replicas;
+    opts.bin = Some(bin.to_owned());
+    if args.sync_always {
+        opts.nats_config = SYNC_ALWAYS.to_owned();
+    }
     eprintln!(
-        "starting {} nats-servers, {} workers and {} gateways ({}) ...",
+        "starting {} nats-servers{}, {} workers and {} gateways ({}) ...",
         opts.nats_nodes,
+        if args.sync_always { " (sync_interval: always)" } else { "" },
         args.workers,
         args.gateways,
         bin.display()
     );
     // Dropping the cluster kills every process it started, on every path out of this function.
     let cluster = Cluster::start_with(opts).await.context("starting the cluster")?;
-    let report = match measure(&cluster, &args, bin.display().to_string()).await {
-        Ok(report) => report,
+    match measure(&cluster, args, bin.display().to_string()).await {
+        Ok(report) => Ok(report),
         Err(e) => {
             eprintln!("{}", cluster.logs());
-            return Err(e);
+            Err(e)
         }
-    };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", markdown(&report));
     }
-    if report.throughput.errors > 0 || report.throughput.drain_errors > 0 {
-        bail!("some followups failed in the cluster (see error_kinds)");
-    }
-    Ok(())
 }
 
 async fn measure(cluster: &Cluster, args: &ClusterArgs, turnstile_bin: String) -> Result<ClusterReport> {
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
-    let replicas = cluster.nats_cluster().len().min(3);
+    let replicas = cluster.replicas();
     // Every member's URL (async-nats does not split a comma-separated string).
     let urls: Vec<String> = cluster.nats_url().split(',').map(str::to_owned).collect();
     let nats = async_nats::ConnectOptions::new()
@@ -160,10 +213,11 @@ async fn measure(cluster: &Cluster, args: &ClusterArgs, turnstile_bin: String) -
     let nats_server_version = nats.server_info().version;
     let raw = if args.raw_rounds > 0 {
         eprintln!("raw R{replicas} publish-ack: {} sequential appends ...", args.raw_rounds);
-        Some(raw_acks(nats, &run_id, replicas, args.raw_rounds).await?)
+        Some(raw_acks(nats.clone(), &run_id, replicas, args.raw_rounds).await?)
     } else {
         None
     };
+    let seqs_before = crate::streams::last_seqs(&nats).await?;
 
     let ticks = clk_tck();
     let processes = cluster.processes();
@@ -190,6 +244,8 @@ async fn measure(cluster: &Cluster, args: &ClusterArgs, turnstile_bin: String) -
     let window = started.elapsed().as_secs_f64();
     let after: Vec<Option<u64>> = processes.iter().map(|p| cpu_ticks(&p.pid.to_string())).collect();
     let self_after = cpu_ticks("self");
+    let messages_per_followup =
+        crate::streams::per_followup(&seqs_before, &crate::streams::last_seqs(&nats).await?, throughput.accepted);
 
     let per_1k = |cpu_s: f64| if throughput.accepted > 0 { cpu_s * 1000.0 / throughput.accepted as f64 } else { 0.0 };
     let seconds = |a: Option<u64>, b: Option<u64>| match (a, b) {
@@ -233,6 +289,7 @@ async fn measure(cluster: &Cluster, args: &ClusterArgs, turnstile_bin: String) -
         gateways: cluster.gateways(),
         nats_nodes: cluster.nats_cluster().len(),
         replicas,
+        sync_always: args.sync_always,
         turnstile_bin,
         nats_server_version,
         nproc: std::thread::available_parallelism().map_or(0, usize::from),
@@ -245,12 +302,14 @@ async fn measure(cluster: &Cluster, args: &ClusterArgs, turnstile_bin: String) -
         cluster_raw_publish_ack: raw,
         cluster_cpu_s_per_1k_followups: cpu,
         cpu_window_s: window,
+        messages_per_followup,
         cluster_cores_busy: if window > 0.0 { total_cpu / window } else { 0.0 },
         processes: rows,
         throughput,
         cluster_resume_first_delta_p50_ms: resume.as_ref().map(|r| r.first_resumed_delta.p50_ms),
         cluster_resume_first_delta_p99_ms: resume.as_ref().map(|r| r.first_resumed_delta.p99_ms),
         resume,
+        replication: None,
     })
 }
 
@@ -314,8 +373,15 @@ fn markdown(r: &ClusterReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "### Cluster: {} workers, {} gateways, {} nats-servers (R{}), {} clients over {} sessions, {:.1} s\n",
-        r.workers, r.gateways, r.nats_nodes, r.replicas, t.clients, t.sessions, t.elapsed_s
+        "### Cluster: {} workers, {} gateways, {} nats-servers (R{}{}), {} clients over {} sessions, {:.1} s\n",
+        r.workers,
+        r.gateways,
+        r.nats_nodes,
+        r.replicas,
+        if r.sync_always { ", sync_interval: always" } else { "" },
+        t.clients,
+        t.sessions,
+        t.elapsed_s
     );
     let _ = writeln!(
         out,
@@ -351,6 +417,15 @@ fn markdown(r: &ClusterReport) -> String {
     }
     let _ = writeln!(out, "| all | cluster | | {:.3} |", c.total);
     let _ = writeln!(out, "| bench | load clients | | {:.3} |\n", c.bench_clients);
+    if let Some(total) = r.messages_per_followup.get("total") {
+        let streams: Vec<String> = r
+            .messages_per_followup
+            .iter()
+            .filter(|(name, _)| name.as_str() != "total")
+            .map(|(name, v)| format!("{name} {v:.3}"))
+            .collect();
+        let _ = writeln!(out, "JetStream messages per followup: {total:.3} ({})\n", streams.join(", "));
+    }
     if let Some(resume) = &r.resume {
         let (d, c) = (&resume.first_resumed_delta, &resume.caught_up);
         let _ = writeln!(
@@ -359,6 +434,9 @@ fn markdown(r: &ClusterReport) -> String {
              delta p50 {:.3} ms, p99 {:.3} ms; caught_up p50 {:.3} ms\n",
             resume.rounds, resume.delay_ms, d.p50_ms, d.p99_ms, c.p50_ms
         );
+    }
+    if let Some(replication) = &r.replication {
+        out.push_str(&replication.markdown(r.replicas, c));
     }
     out
 }

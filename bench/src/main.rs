@@ -8,7 +8,10 @@
 //! `watch_fanout_delta_p50_ms`, `watch_caught_up_100k_ms`, `get_inbox_ms`, `failover_kill9_p50_ms`,
 //! `steer_to_message_p50_ms` / `_p99_ms`, `cluster_followups_per_s`, `cluster_followup_p50_ms`,
 //! `cluster_cpu_s_per_1k_followups` (per process, per role, total) beside `cpu_s_per_1k_followups` (the
-//! throughput phase's dev + nats-server), `cluster_raw_publish_ack_p50_ms`, and their ratios). The reads,
+//! throughput phase's dev + nats-server), `cluster_replication_cpu_s_per_1k_followups` and
+//! `cluster_cpu_s_per_1k_without_replication` (the same load at R1, decision 0189),
+//! `idle_parked_followup_p99_ms` / `idle_passivated_followup_p99_ms`, `cluster_raw_publish_ack_p50_ms`,
+//! and their ratios). The reads,
 //! failover and cluster phases run as child processes of this binary (`reads`, `failover`, `cluster` modes) with `TURNSTILE_BIN` set to the binary under test; each phase has a flag to
 //! size or skip it.
 //!
@@ -25,7 +28,7 @@
 //! kill -9 or SIGSTOP of it (see [`failover`]); `turnstile-bench cluster` the throughput phase on a real
 //! cluster (3 nats-servers with R3 streams, 3 workers, 2 gateways) and the CPU each process spends per
 //! 1,000 followups (see [`cluster`]); `turnstile-bench sync` what nats-server's `sync_interval: always`
-//! costs in followup latency and followups/s (see [`sync`]).
+//! costs in followup latency and followups/s, on one node or at R3 with `--cluster` (see [`sync`]).
 
 mod args;
 mod cluster;
@@ -43,13 +46,16 @@ mod phases;
 mod protocols;
 mod raw;
 mod reads;
+mod replication;
 mod report;
 mod resume;
 mod search;
 mod servers;
 mod stats;
 mod steer;
+mod streams;
 mod sync;
+mod sync_r3;
 mod throughput;
 mod tools;
 
@@ -149,7 +155,12 @@ async fn main() -> Result<()> {
         let (duration, clients, sessions) =
             (args.cluster_duration.to_string(), args.clients.to_string(), args.sessions.to_string());
         eprintln!("cluster: 3 nats-servers (R3), 3 workers, 2 gateways, {clients} clients for {duration} s ...");
-        let child = ["cluster", "--duration", &duration, "--clients", &clients, "--sessions", &sessions];
+        let mut child = vec!["cluster", "--duration", &duration, "--clients", &clients, "--sessions", &sessions];
+        if args.cluster_skip_r1 {
+            child.push("--skip-r1");
+        } else {
+            eprintln!("cluster: then the same load at R1 (the replication cost apart) ...");
+        }
         phases.cluster = Some(child_phase(&bin, &child).await?);
     }
     if args.model_runs > 0 {

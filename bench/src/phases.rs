@@ -125,9 +125,12 @@ pub(crate) async fn measure(
             eprintln!("idle sessions: {} with one queued message each ...", args.idle_sessions);
             let opts = idle::IdleOpts {
                 sessions: args.idle_sessions,
-                clients: args.clients,
+                clients: args.idle_clients,
                 settle: Duration::from_millis(args.idle_settle_ms),
                 passivate_after: (args.passivate_after_ms > 0).then(|| Duration::from_millis(args.passivate_after_ms)),
+                followups: args.idle_followups,
+                second_batch: !args.idle_skip_second_batch,
+                metrics: dev.http(),
             };
             Some(idle::run(&dev.url(), pid, run_id, &opts).await?)
         }

@@ -47,6 +47,12 @@ pub(crate) struct Summary {
     /// RSS growth per session of as many fresh sessions loaded after the passivation (memory reused).
     pub(crate) idle_second_batch_session_bytes: Option<f64>,
     pub(crate) idle_sessions: Option<usize>,
+    /// A followup to a random idle session, timed to its acknowledgement, while parked (fold in memory) and
+    /// once passivated (loaded from its log), p50 / p99 (issue 44's "one million").
+    pub(crate) idle_parked_followup_p50_ms: Option<f64>,
+    pub(crate) idle_parked_followup_p99_ms: Option<f64>,
+    pub(crate) idle_passivated_followup_p50_ms: Option<f64>,
+    pub(crate) idle_passivated_followup_p99_ms: Option<f64>,
     /// kill -9 of a session's owner → the next accepted followup, p50 (`failover` phase).
     pub(crate) failover_kill9_p50_ms: Option<f64>,
     /// Watch → caught-up resuming 10 events before the end of a 100,000-event session, p50 (`reads`).
@@ -96,6 +102,10 @@ pub(crate) struct Summary {
     pub(crate) cluster_cpu_s_per_1k_followups: Option<serde_json::Value>,
     /// Sequential raw publish-ack on an R3 stream of the same nats cluster (its own ceiling per append).
     pub(crate) cluster_raw_publish_ack_p50_ms: Option<f64>,
+    /// The nats-servers' CPU-s per 1,000 followups at R3 − the same load at R1 (`cluster.replication`,
+    /// decision 0189), and the cluster's total less it.
+    pub(crate) cluster_replication_cpu_s_per_1k_followups: Option<f64>,
+    pub(crate) cluster_cpu_s_per_1k_without_replication: Option<f64>,
     /// The anchor of `cluster_cpu_s_per_1k_followups`: the throughput phase's `turnstile dev` and
     /// nats-server, and their total.
     pub(crate) cpu_s_per_1k_followups: Option<std::collections::BTreeMap<String, f64>>,
@@ -150,6 +160,8 @@ impl Summary {
             steer_to_message_p99_ms: self.steer_to_message_p99_ms,
             failover_kill9_p99_ms: failover.and_then(|f| f["failover_kill9_p99_ms"].as_f64()),
             idle_session_bytes: self.idle_session_bytes,
+            idle_sessions: self.idle_sessions,
+            passivated_followup_p99_ms: self.idle_passivated_followup_p99_ms,
             model_ttft_added_ms: self.model_ttft_added_ms,
             model_rate_to_direct: self.model_rate_to_direct,
         }
@@ -164,6 +176,7 @@ impl Summary {
         let followups_per_s = phases.throughput.as_ref().map(|t| t.followups_per_s);
         let cluster_f64 = |key: &str| phases.cluster.as_ref().and_then(|c| c[key].as_f64());
         let cluster_followups_per_s = cluster_f64("cluster_followups_per_s");
+        let idle_followup = |f: fn(&idle::IdleReport) -> Option<f64>| phases.idle.as_ref().and_then(f);
         let model_f64 = |path: &str, key: &str| phases.model.as_ref().and_then(|m| m[path][key]["p50"].as_f64());
         Self {
             followup_p50_ms,
@@ -181,6 +194,10 @@ impl Summary {
             idle_passivated_session_bytes: phases.idle.as_ref().and_then(|i| i.passivated_bytes_per_session),
             idle_second_batch_session_bytes: phases.idle.as_ref().and_then(|i| i.second_batch_bytes_per_session),
             idle_sessions: phases.idle.as_ref().map(|i| i.sessions),
+            idle_parked_followup_p50_ms: idle_followup(|i| i.parked_followup.map(|p| p.p50_ms)),
+            idle_parked_followup_p99_ms: idle_followup(|i| i.parked_followup.map(|p| p.p99_ms)),
+            idle_passivated_followup_p50_ms: idle_followup(|i| i.passivated_followup.map(|p| p.p50_ms)),
+            idle_passivated_followup_p99_ms: idle_followup(|i| i.passivated_followup.map(|p| p.p99_ms)),
             failover_kill9_p50_ms: phases.failover.as_ref().and_then(|f| f["failover_kill9_p50_ms"].as_f64()),
             watch_caught_up_100k_ms: phases.reads.as_ref().and_then(|r| r["watch_caught_up_100k_ms"].as_f64()),
             watch_caught_up_1k_ms: phases.reads.as_ref().and_then(|r| r["small"]["watch_10_back"]["p50_ms"].as_f64()),
@@ -214,6 +231,14 @@ impl Summary {
                 .as_ref()
                 .map(|c| c["cluster_cpu_s_per_1k_followups"].clone()),
             cluster_raw_publish_ack_p50_ms: cluster_f64("cluster_raw_publish_ack_p50_ms"),
+            cluster_replication_cpu_s_per_1k_followups: phases
+                .cluster
+                .as_ref()
+                .and_then(|c| c["replication"]["replication_cpu_s_per_1k_followups"].as_f64()),
+            cluster_cpu_s_per_1k_without_replication: phases
+                .cluster
+                .as_ref()
+                .and_then(|c| c["replication"]["cluster_cpu_s_per_1k_without_replication"].as_f64()),
             cpu_s_per_1k_followups: phases.throughput.as_ref().and_then(|t| t.cpu_s_per_1k_followups.clone()),
         }
     }
@@ -298,6 +323,27 @@ pub(crate) fn markdown(report: &Report, args: &Args) -> String {
         if let (Some(rss), Some(per)) = (i.rss_second_batch_bytes, i.second_batch_bytes_per_session) {
             let _ =
                 writeln!(out, "As many fresh sessions again, idle: RSS {rss} bytes, {per:.0} bytes per session more\n");
+        }
+        let gauge = |v: Option<f64>| v.map_or_else(|| "—".to_owned(), |v| format!("{v:.0}"));
+        let _ = writeln!(
+            out,
+            "Created at {:.0} sessions/s by {} clients; `turnstile_sessions_loaded` before / after / passivated: \
+             {} / {} / {}\n",
+            i.sessions_per_s,
+            i.clients,
+            gauge(i.loaded_before),
+            gauge(i.loaded_after),
+            gauge(i.loaded_passivated)
+        );
+        for (name, p) in [("parked", &i.parked_followup), ("passivated", &i.passivated_followup)] {
+            if let Some(p) = p {
+                let _ = writeln!(
+                    out,
+                    "Followup to a random {name} session ({} of them, one at a time): p50 {:.3} ms, p90 {:.3} ms, \
+                     p99 {:.3} ms, max {:.3} ms\n",
+                    p.count, p.p50_ms, p.p90_ms, p.p99_ms, p.max_ms
+                );
+            }
         }
     }
     if let Some(r) = &report.resume {
@@ -428,6 +474,14 @@ pub(crate) fn markdown(report: &Report, args: &Args) -> String {
     let _ = writeln!(out, "| bytes per passivated session | {} | | |", f(sum.idle_passivated_session_bytes));
     let _ = writeln!(
         out,
+        "| followup to a random passivated idle session p50 ms vs a parked one | {} (p99 {}) | {} (p99 {}) | |",
+        f(sum.idle_passivated_followup_p50_ms),
+        f(sum.idle_passivated_followup_p99_ms),
+        f(sum.idle_parked_followup_p50_ms),
+        f(sum.idle_parked_followup_p99_ms)
+    );
+    let _ = writeln!(
+        out,
         "| Watch → caught-up p50 ms, 100k events vs 1k events | {} | {} | {}× |",
         f(sum.watch_caught_up_100k_ms),
         f(sum.watch_caught_up_1k_ms),
@@ -496,6 +550,13 @@ pub(crate) fn markdown(report: &Report, args: &Args) -> String {
             cpu["per_role"],
             f(single),
             f(ratio_of(cpu["total"].as_f64(), single))
+        );
+        let _ = writeln!(
+            out,
+            "| … of which replication (nats-servers R3 − R1), and the cluster without it vs single node | {} | {} | {} |",
+            f(sum.cluster_replication_cpu_s_per_1k_followups),
+            f(sum.cluster_cpu_s_per_1k_without_replication),
+            f(ratio_of(sum.cluster_cpu_s_per_1k_without_replication, single))
         );
     }
     out.push_str(&goals::markdown(&report.goals));

@@ -8,6 +8,9 @@
 //! publish-ack, interleaved) and the throughput phase on it; the settings alternate round by round, so a
 //! busy moment of the machine does not land on one of them only. The report gives the median over the
 //! rounds of each figure, and the ratios always / default.
+//!
+//! `--cluster` runs the same comparison at R3 instead: each round is the cluster phase on a fresh cluster of
+//! 3 nats-servers (see [`crate::sync_r3`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,15 +21,16 @@ use serde::Serialize;
 use turnstile_tests::nats::NatsServer;
 
 use crate::latency::{self, LatencyOpts};
-use crate::servers;
 use crate::throughput::{self, ThroughputOpts};
+use crate::{servers, sync_r3};
 
 #[derive(Args, Debug)]
 pub struct SyncArgs {
     /// Rounds of each setting (they alternate).
     #[arg(long, default_value_t = 2)]
-    rounds: usize,
-    /// Measured followups of each round's latency phase (after a tenth as many for warm-up).
+    pub(crate) rounds: usize,
+    /// Measured followups of each round's latency phase (after a tenth as many for warm-up); with
+    /// `--cluster`, the sequential raw R3 publish-acks of each round (`cluster --raw-rounds`).
     #[arg(long, default_value_t = 300)]
     iterations: usize,
     /// Seconds of each round's throughput phase.
@@ -41,6 +45,10 @@ pub struct SyncArgs {
     /// The `turnstile` binary (default: <target>/release/turnstile).
     #[arg(long, env = "TURNSTILE_BIN")]
     turnstile_bin: Option<PathBuf>,
+    /// At R3: each round is the cluster phase (3 nats-servers, 3 workers, 2 gateways; `turnstile-bench
+    /// cluster` with `--duration`, `--clients`, `--sessions`) instead of one `turnstile dev` on one server.
+    #[arg(long)]
+    pub(crate) cluster: bool,
     /// One JSON object on stdout instead of Markdown.
     #[arg(long)]
     json: bool,
@@ -90,6 +98,26 @@ const SETTINGS: [(&str, &str); 2] = [("default", ""), ("always", "jetstream { sy
 
 pub async fn run(args: SyncArgs) -> Result<()> {
     let bin = args.turnstile_bin.clone().unwrap_or_else(servers::default_turnstile_bin);
+    if args.cluster {
+        let opts = sync_r3::ClusterSyncOpts {
+            rounds: args.rounds,
+            duration: args.duration,
+            clients: args.clients,
+            sessions: args.sessions,
+            raw_rounds: args.iterations,
+        };
+        let report = sync_r3::run(&bin, &opts).await?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", sync_r3::markdown(&report));
+        }
+        let errors: u64 = report.default.rounds.iter().chain(&report.always.rounds).map(|r| r.errors).sum();
+        if errors > 0 {
+            anyhow::bail!("{errors} followups failed in the cluster rounds");
+        }
+        return Ok(());
+    }
     let mut measured: [Vec<RoundFigures>; 2] = [Vec::new(), Vec::new()];
     for round in 0..args.rounds.max(1) {
         for (i, (name, extra)) in SETTINGS.iter().enumerate() {
@@ -153,7 +181,8 @@ async fn one_round(bin: &std::path::Path, extra: &str, args: &SyncArgs, run_id: 
     })
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+/// The middle value (the mean of the two middle ones of an even count); 0 for none.
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     match values.len() {
         0 => 0.0,

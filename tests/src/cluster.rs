@@ -56,6 +56,12 @@ pub struct ClusterOptions {
     /// The `turnstile` binary every process starts with (default: the harness's, `TURNSTILE_BIN`); see
     /// [`Cluster::set_bin`] for a rolling upgrade.
     pub bin: Option<PathBuf>,
+    /// More lines for every nats-server's config file (e.g. `jetstream { sync_interval: always }`); not
+    /// with `isolated_worker`.
+    pub nats_config: String,
+    /// `--replicas` of every worker and gateway on several nats-servers (default min(nodes, 3)): e.g. 1 for
+    /// the same cluster with nothing replicated.
+    pub replicas: Option<usize>,
 }
 
 impl ClusterOptions {
@@ -71,6 +77,8 @@ impl ClusterOptions {
             isolated_worker: None,
             isolated_node: None,
             bin: None,
+            nats_config: String::new(),
+            replicas: None,
         }
     }
 }
@@ -144,6 +152,8 @@ pub struct Cluster {
     // The namespace of an isolated worker, if any; last, so it goes after every process that used it.
     isolated: Option<(usize, Arc<NetNs>)>,
     isolated_node: Option<IsolatedNode>,
+    /// [`ClusterOptions::replicas`].
+    replicas: Option<usize>,
 }
 
 impl Cluster {
@@ -165,7 +175,7 @@ impl Cluster {
                 let inner = opts.isolated_node.as_ref().map(|n| (n.node, n.ns.clone()));
                 NatsCluster::start_on(opts.nats_nodes.max(2), ns.nats_host(), inner).await?
             }
-            None => NatsCluster::start(opts.nats_nodes.max(1)).await?,
+            None => NatsCluster::start_with_config(opts.nats_nodes.max(1), &opts.nats_config).await?,
         };
         let scratch = tempfile::Builder::new()
             .prefix("turnstile-cluster-")
@@ -185,6 +195,7 @@ impl Cluster {
             nats,
             isolated,
             isolated_node,
+            replicas: opts.replicas,
         };
         // Every process first, so they start side by side; then what each reports.
         let workers = (0..opts.workers)
@@ -257,8 +268,16 @@ impl Cluster {
         if self.nats.len() == 1 {
             return vec!["--nats".into(), self.nats.node(0).url()];
         }
-        let replicas = self.nats.len().min(3);
-        vec!["--nats".into(), self.nats.urls(), "--replicas".into(), replicas.to_string()]
+        vec!["--nats".into(), self.nats.urls(), "--replicas".into(), self.replicas().to_string()]
+    }
+
+    /// The replicas of every stream and bucket the workers create: 1 on a lone nats-server, else
+    /// [`ClusterOptions::replicas`] or min(nodes, 3).
+    pub fn replicas(&self) -> usize {
+        if self.nats.len() == 1 {
+            return 1;
+        }
+        self.replicas.unwrap_or(self.nats.len().min(3))
     }
 
     fn spawn_worker(&self, i: usize, extra: Vec<String>) -> Result<Starting, HarnessError> {

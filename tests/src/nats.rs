@@ -497,6 +497,24 @@ impl NatsCluster {
     /// namespace `ns` and listens on its [`NetNs::nats_ns_addr`]; `ns` must route to `host`
     /// ([`NetNs::route_to`]). See `crate::netns` for the partition this makes possible.
     pub async fn start_on(n: usize, host: Ipv4Addr, inner: Option<(usize, Arc<NetNs>)>) -> Result<Self, HarnessError> {
+        Self::start_members(n, host, inner, "").await
+    }
+
+    /// [`NatsCluster::start`] with `extra` appended to every member's config file (kept across restarts),
+    /// e.g. `jetstream { sync_interval: always }` for a cluster that fsyncs before every acknowledgement.
+    pub async fn start_with_config(n: usize, extra: &str) -> Result<Self, HarnessError> {
+        if n <= 1 {
+            return Ok(Self { nodes: vec![NatsServer::start_with_config(extra).await?] });
+        }
+        Self::start_members(n, Ipv4Addr::LOCALHOST, None, extra).await
+    }
+
+    async fn start_members(
+        n: usize,
+        host: Ipv4Addr,
+        inner: Option<(usize, Arc<NetNs>)>,
+        extra: &str,
+    ) -> Result<Self, HarnessError> {
         let cluster = format!("turnstile-test-{}", uuid::Uuid::new_v4().simple());
         let mut nodes: Vec<NatsServer> = Vec::with_capacity(n);
         let mut routes = Vec::with_capacity(n);
@@ -506,6 +524,7 @@ impl NatsCluster {
             let mut node = NatsServer::new(Some(peer))?;
             node.host = host;
             node.keep_client_port = true;
+            node.extra_config = extra.to_owned();
             if let Some((_, ns)) = inner.as_ref().filter(|(j, _)| *j == i && i > 0) {
                 node.host = ns.nats_ns_addr();
                 node.netns = Some(ns.clone());

@@ -31,6 +31,7 @@ use turnstile_proto::v1 as pb;
 use turnstile_tests::cluster::{ClusterProcess, Role};
 use turnstile_tests::{Cluster, ClusterOptions};
 
+use crate::cpu::CpuPer1k;
 use crate::latency::{RawStream, splice_event, text_message};
 use crate::replication::Replication;
 use crate::stats::Percentiles;
@@ -93,18 +94,6 @@ pub struct ProcessCpu {
     pub cpu_s_per_1k_followups: f64,
 }
 
-#[derive(Clone, Debug, Serialize)]
-pub struct CpuPer1k {
-    /// By process name (`w1`…, `g0`…, `n1`…).
-    pub per_process: BTreeMap<String, f64>,
-    /// Summed by role (`worker`, `gateway`, `nats-server`).
-    pub per_role: BTreeMap<&'static str, f64>,
-    /// Every cluster process.
-    pub total: f64,
-    /// This load generator itself (its 32 clients), for scale; not part of the total.
-    pub bench_clients: f64,
-}
-
 #[derive(Debug, Serialize)]
 pub struct ClusterReport {
     pub workers: usize,
@@ -159,7 +148,13 @@ pub async fn run(args: ClusterArgs) -> Result<()> {
         eprintln!("the same load at R1 on {} nats-servers (the replication cost apart) ...", report.nats_nodes);
         let r1 = one_cluster(&r1_args, &bin).await?;
         failed += r1.throughput.errors + r1.throughput.drain_errors;
-        report.replication = Some(Replication::of(&report.cluster_cpu_s_per_1k_followups, &r1));
+        report.replication = Some(Replication {
+            r1_followups_per_s: r1.cluster_followups_per_s,
+            r1_followup_p50_ms: r1.cluster_followup_p50_ms,
+            r1_followup_p99_ms: r1.cluster_followup_p99_ms,
+            r1_raw_publish_ack_p50_ms: r1.cluster_raw_publish_ack_p50_ms,
+            ..Replication::of_cpu(&report.cluster_cpu_s_per_1k_followups, &r1.cluster_cpu_s_per_1k_followups)
+        });
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -31,7 +31,9 @@
 //! costs in followup latency and followups/s, on one node or at R3 with `--cluster` (see [`sync`]).
 
 mod args;
+mod child;
 mod cluster;
+mod cpu;
 mod failover;
 mod fanout;
 mod goals;
@@ -65,7 +67,8 @@ use anyhow::{Context as _, Result};
 use clap::Parser as _;
 
 use crate::args::{Args, Mode};
-use crate::phases::{child_phase, measure};
+use crate::child::child_phase;
+use crate::phases::measure;
 use crate::report::{Machine, Report, Summary, markdown};
 
 pub(crate) fn cpu_model() -> String {

@@ -1,9 +1,9 @@
-//! The default mode's phases against one `turnstile dev --nats` (`measure`), and the phases run as child
-//! processes of this binary (`child_phase`).
+//! The default mode's phases against one `turnstile dev --nats` (`measure`); the phases that run in a child
+//! process of this binary are in [`crate::child`].
 
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 
 use crate::args::Args;
 use crate::latency::{LatencyOpts, LatencyReport};
@@ -168,23 +168,4 @@ pub(crate) async fn measure(
         model: None,
         model_skipped: None,
     })
-}
-
-/// Runs `turnstile-bench <mode> … --json` (this executable) with `TURNSTILE_BIN` = `bin`, so the phase's
-/// own servers (the failover cluster's harness included) run the binary under test; its JSON object.
-pub(crate) async fn child_phase(bin: &std::path::Path, mode_args: &[&str]) -> Result<serde_json::Value> {
-    let me = std::env::current_exe().context("locating turnstile-bench")?;
-    let mut command = std::process::Command::new(&me);
-    command.args(mode_args).arg("--json").env("TURNSTILE_BIN", bin).stderr(std::process::Stdio::inherit());
-    if std::env::var_os("RUST_LOG").is_none() {
-        // The harness's processes log at info unless told: a measured cluster must not measure its logger.
-        command.env("RUST_LOG", "warn");
-    }
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await?
-        .with_context(|| format!("running {} {}", me.display(), mode_args.join(" ")))?;
-    if !output.status.success() {
-        anyhow::bail!("`turnstile-bench {}` failed ({})", mode_args.join(" "), output.status);
-    }
-    serde_json::from_slice(&output.stdout).with_context(|| format!("the JSON of `turnstile-bench {}`", mode_args[0]))
 }

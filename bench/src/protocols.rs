@@ -22,7 +22,7 @@ use turnstile_proto::v1::session_event::Payload as Durable;
 use turnstile_proto::v1::watch_item::Item;
 
 use crate::servers;
-use crate::stats::Percentiles;
+use crate::stats::{Percentiles, median};
 
 /// The reply's `[[delay:MS]]` by default: ten deltas 50 ms apart, long enough that both paths are past their
 /// first delta well before the last (so the rates compare steady streams).
@@ -76,7 +76,7 @@ pub async fn run(
         }
     }
     let (sse_first_delta, watch_first_delta) = (Percentiles::of(&sse_delta), Percentiles::of(&watch_delta));
-    let (sse_rate, watch_rate) = (median(&mut sse_rate), median(&mut watch_rate));
+    let (sse_rate, watch_rate) = (median(sse_rate), median(watch_rate));
     Ok(ProtocolsReport {
         rounds: opts.rounds,
         warmup: opts.warmup,
@@ -89,11 +89,6 @@ pub async fn run(
         watch_deltas_per_s_p50: watch_rate,
         deltas_per_s_ratio: if watch_rate > 0.0 { sse_rate / watch_rate } else { 0.0 },
     })
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or_default()
 }
 
 /// One path's deltas: the first one's time since the request was sent, and the rate after it.

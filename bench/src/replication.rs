@@ -10,7 +10,7 @@
 
 use serde::Serialize;
 
-use crate::cluster::{ClusterReport, CpuPer1k};
+use crate::cpu::CpuPer1k;
 
 const NATS: &str = "nats-server";
 
@@ -34,19 +34,9 @@ pub struct Replication {
 }
 
 impl Replication {
-    /// The R3 run's CPU per 1,000 followups (`replicated`) against the R1 run's report.
-    pub fn of(replicated: &CpuPer1k, r1: &ClusterReport) -> Self {
-        Self {
-            r1_followups_per_s: r1.cluster_followups_per_s,
-            r1_followup_p50_ms: r1.cluster_followup_p50_ms,
-            r1_followup_p99_ms: r1.cluster_followup_p99_ms,
-            r1_raw_publish_ack_p50_ms: r1.cluster_raw_publish_ack_p50_ms,
-            ..Self::of_cpu(replicated, &r1.cluster_cpu_s_per_1k_followups)
-        }
-    }
-
-    /// The CPU figures alone (the R1 run's own figures left zero).
-    fn of_cpu(replicated: &CpuPer1k, unreplicated: &CpuPer1k) -> Self {
+    /// The CPU figures of the R3 run (`replicated`) against the R1 run (`unreplicated`); the R1 run's
+    /// throughput and latency are left zero for the caller, which has its report.
+    pub fn of_cpu(replicated: &CpuPer1k, unreplicated: &CpuPer1k) -> Self {
         let nats = |c: &CpuPer1k| c.per_role.get(NATS).copied().unwrap_or(0.0);
         let replication = nats(replicated) - nats(unreplicated);
         Self {

@@ -1,4 +1,4 @@
-//! Latency samples and their percentiles.
+//! Latency samples and their percentiles; the median of a phase's repeated rounds.
 
 use std::time::Duration;
 
@@ -66,6 +66,16 @@ impl Spread {
 /// `a / b`, when both were measured and `b` is positive.
 pub(crate) fn ratio_of(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     Some(a? / b.filter(|b| *b > 0.0)?)
+}
+
+/// The middle value (the mean of the two middle ones of an even count); 0 for none.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use serde::Serialize;
 use turnstile_tests::nats::NatsServer;
 
 use crate::latency::{self, LatencyOpts};
+use crate::stats::median;
 use crate::throughput::{self, ThroughputOpts};
 use crate::{servers, sync_r3};
 
@@ -179,16 +180,6 @@ async fn one_round(bin: &std::path::Path, extra: &str, args: &SyncArgs, run_id: 
         events_per_s: throughput.events_per_s,
         errors: throughput.errors + throughput.drain_errors,
     })
-}
-
-/// The middle value (the mean of the two middle ones of an even count); 0 for none.
-pub(crate) fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
 }
 
 fn figures(setting: &str, rounds: Vec<RoundFigures>) -> SyncFigures {

@@ -7,8 +7,8 @@
 use anyhow::{Context as _, Result};
 use serde::Serialize;
 
-use crate::phases::child_phase;
-use crate::sync::median;
+use crate::child::child_phase;
+use crate::stats::median;
 
 /// One cluster round's figures, from `turnstile-bench cluster --json`.
 #[derive(Debug, Clone, Copy, Serialize)]

@@ -17,6 +17,7 @@ use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use futures::StreamExt as _;
 
 use super::config::{JetStreamConfig, ensure_stream};
+use super::refusals::{self, unavailable};
 use super::{group, subjects};
 use crate::log::JournalError;
 use crate::sync::lock;
@@ -401,7 +402,7 @@ impl JetStreamLog {
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence || super::wrong_last_sequence(&e) => {
                 Err(Refusal::WrongLastSequence)
             }
-            Err(e) if out_of_space(&e) => {
+            Err(e) if refusals::out_of_space(&e) => {
                 self.forget(session);
                 Err(Refusal::Failed(JournalError::OutOfSpace(format!("appending to {session}: {e}"))))
             }
@@ -484,7 +485,7 @@ pub(super) async fn ordered_reader(
             ..Default::default()
         })
         .await
-        .map_err(|e| reader_refused(session, e))?;
+        .map_err(|e| refusals::reader_refused(session, e))?;
     let release = Release { stream: Some(stream.clone()), name };
     let messages = consumer.messages().await.map_err(|e| unavailable(format!("reading {session}"), e))?;
     Ok((messages, release))
@@ -521,65 +522,6 @@ pub(super) fn decode(session: &SessionRef, message: &jetstream::Message) -> Resu
     // The stream sequence only names the message in an error.
     let stream_seq = message.info().map_or(0, |i| i.stream_sequence);
     group::decode_message(session, message.message.headers.as_ref(), &message.message.payload, stream_seq)
-}
-
-pub(super) fn conflict(session: &SessionRef, expected: u64, actual: u64) -> JournalError {
-    JournalError::Conflict { session: session.clone(), expected, actual }
-}
-
-/// Whether the server refused a publish for lack of room, by the JetStream error code it answered with:
-/// its storage limit (`max_file_store`: insufficient resources, 10023), an account's (10002) or a memory
-/// limit (10028), storage resources exceeded (10047), or a store failure (10077) whose description says the
-/// stream's `max_bytes` (with discard new) or the disk is full. Nothing was written.
-fn out_of_space(e: &jetstream::context::PublishError) -> bool {
-    use jetstream::ErrorCode;
-    let Some(error) = std::error::Error::source(e).and_then(|s| s.downcast_ref::<jetstream::Error>()) else {
-        return false;
-    };
-    match error.error_code() {
-        ErrorCode::INSUFFICIENT_RESOURCES
-        | ErrorCode::ACCOUNT_RESOURCES_EXCEEDED
-        | ErrorCode::MEMORY_RESOURCES_EXCEEDED
-        | ErrorCode::STORAGE_RESOURCES_EXCEEDED => true,
-        // The server words why the store failed only in the description.
-        ErrorCode::STREAM_STORE_FAILED => {
-            let why = error.to_string().to_ascii_lowercase();
-            why.contains("maximum bytes") || why.contains("no space left")
-        }
-        _ => false,
-    }
-}
-
-/// Whether the server's answer says its disk is full (the filesystem refused a write, ENOSPC). Unlike its
-/// storage limit (10023), which it checks before writing, this is a write that failed: nats-server 2.15
-/// words it only in the description (e.g. a purge answered 10051 "write …: no space left on device").
-pub(super) fn disk_full(api: &jetstream::Error) -> bool {
-    api.to_string().to_ascii_lowercase().contains("no space left on device")
-}
-
-/// What a reader is told when its consumer could not be made (decision 0078). The server's consumer limit
-/// (10026) gets a message of its own: readers end by deleting their consumer ([`Release`]), and one the
-/// delete missed expires 30 s after its last use, so the refusal passes by itself; it is not a full disk
-/// (ordered consumers are kept in memory, so a full store does not refuse them).
-pub(super) fn reader_refused(session: &SessionRef, e: jetstream::stream::ConsumerError) -> JournalError {
-    // async-nats keeps the server's answer in the error's kind, not as its source.
-    if matches!(e.kind(), jetstream::stream::ConsumerErrorKind::JetStream(api)
-        if api.error_code() == jetstream::ErrorCode::MAXIMUM_CONSUMERS_LIMIT)
-    {
-        return JournalError::Unavailable(format!(
-            "opening a reader on {session}: the NATS server refuses new readers because its consumer limit is \
-             reached ({e}); readers give theirs back when they end and leftovers expire within 30 s, so retry \
-             shortly; if it lasts, fewer concurrent reads or Watch streams, or a higher consumer limit on the \
-             stream, are needed"
-        ));
-    }
-    unavailable(format!("opening a reader on {session}"), e)
-}
-
-/// Every failure to reach the store or get an answer in time is retryable: FIELD-NOTES, leader loss shows
-/// up as "stream not found" (no responders) for a few seconds.
-pub(super) fn unavailable(what: String, e: impl std::fmt::Display) -> JournalError {
-    JournalError::Unavailable(format!("{what}: {e}"))
 }
 
 /// Deletes a reader's consumer when the reader is dropped. An ordered consumer nobody pulls from stays on

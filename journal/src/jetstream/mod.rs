@@ -54,6 +54,7 @@ pub mod group;
 mod index;
 mod log;
 mod memory;
+mod refusals;
 mod session_log;
 mod snapshots;
 pub mod subjects;

@@ -5,7 +5,8 @@ use futures::StreamExt as _;
 use turnstile_model::event::Envelope;
 use turnstile_model::message::SessionRef;
 
-use super::log::{JetStreamLog, Refusal, conflict, unavailable};
+use super::log::{JetStreamLog, Refusal};
+use super::refusals::{conflict, unavailable};
 use super::subjects;
 use crate::log::{EventStream, JournalError, SentEventStream, SessionLog};
 

@@ -4,7 +4,8 @@ use async_nats::jetstream::stream::{LastRawMessageErrorKind, RawMessageErrorKind
 
 use super::{CHUNK_EVENTS, Chunk};
 use crate::jetstream::group;
-use crate::jetstream::log::{JetStreamLog, LastEvent, unavailable};
+use crate::jetstream::log::{JetStreamLog, LastEvent};
+use crate::jetstream::refusals::unavailable;
 use crate::log::JournalError;
 use turnstile_model::message::SessionRef;
 

@@ -6,7 +6,8 @@ use futures::StreamExt as _;
 
 use super::{CHUNK_EVENTS, Chunk, ChunkBuilder, End, verify};
 use crate::jetstream::group;
-use crate::jetstream::log::{JetStreamLog, ordered_reader, unavailable};
+use crate::jetstream::log::{JetStreamLog, ordered_reader};
+use crate::jetstream::refusals::{purge_refused, unavailable};
 use crate::log::JournalError;
 use turnstile_model::message::SessionRef;
 
@@ -162,6 +163,6 @@ pub(crate) async fn purge(log: &JetStreamLog, session: &SessionRef) -> Result<()
     let (archive, subject) = log.locate_archive(session);
     let purged = archive.purge().filter(subject).await;
     log.archived().forget(session);
-    purged.map_err(|e| crate::jetstream::delete::purge_refused(session, e))?;
+    purged.map_err(|e| purge_refused(session, e))?;
     Ok(())
 }

@@ -29,6 +29,29 @@ struct Cursor<T> {
     archive: Option<FromArchive>,
 }
 
+impl<T> Cursor<T> {
+    /// A cursor that has delivered nothing after `after_seq` yet, over a reader of the log or, with
+    /// `archive`, of the archive first.
+    fn new(
+        session: &SessionRef,
+        after_seq: u64,
+        (messages, release): (async_nats::jetstream::consumer::pull::Ordered, Release),
+        decode: Decode<T>,
+        archive: Option<FromArchive>,
+    ) -> Self {
+        Self {
+            messages,
+            _release: release,
+            session: session.clone(),
+            last: after_seq,
+            ready: VecDeque::new(),
+            done: false,
+            decode,
+            archive,
+        }
+    }
+}
+
 /// A tail reading the session's archive before its log.
 struct FromArchive {
     /// The last seq of the archive's last chunk when the read began: the log is read after it.
@@ -88,32 +111,14 @@ async fn open<T>(
     if let Some(end) = archive::plan(log, session, after_seq, last).await {
         match open_archive(log, session, after_seq, end, last).await {
             Ok((messages, release, archive)) => {
-                return Ok(Cursor {
-                    messages,
-                    _release: release,
-                    session: session.clone(),
-                    last: after_seq,
-                    ready: VecDeque::new(),
-                    done: false,
-                    decode,
-                    archive: Some(archive),
-                });
+                return Ok(Cursor::new(session, after_seq, (messages, release), decode, Some(archive)));
             }
             Err(e) => tracing::debug!(%session, error = %e, "archive not read; reading the log"),
         }
     }
     let start = log.start_of(session, after_seq.saturating_add(1), last).await?;
     let (messages, release) = log.consumer(session, start).await?;
-    Ok(Cursor {
-        messages,
-        _release: release,
-        session: session.clone(),
-        last: after_seq,
-        ready: VecDeque::new(),
-        done: false,
-        decode,
-        archive: None,
-    })
+    Ok(Cursor::new(session, after_seq, (messages, release), decode, None))
 }
 
 /// A reader of the session's archive from its first chunk, and where the log resumes if the archive is
@@ -254,17 +259,7 @@ pub(super) async fn read_through(
         }
     };
     let decode = Decode { message: decode, seq: |e: &Envelope| e.seq };
-    let cursor = Cursor {
-        messages,
-        _release: release,
-        session: session.clone(),
-        last: after_seq,
-        ready: VecDeque::new(),
-        done: false,
-        decode,
-        archive: Some(archive),
-    };
-    let mut events = stream(cursor);
+    let mut events = stream(Cursor::new(session, after_seq, (messages, release), decode, Some(archive)));
     let mut out = Vec::with_capacity(usize::try_from(last_seq - after_seq).unwrap_or(0));
     let wait = log.config().request_timeout;
     while out.last().map_or(after_seq, |e: &Envelope| e.seq) < last_seq {

@@ -1,8 +1,8 @@
 //! Watch streams whose clients never read (issue 37, decision 0088): a real `turnstile dev`, ten Watch
 //! streams each on its own gRPC connection that read their `caught_up` and then nothing, while the session
-//! produces large events. What the gateway holds for them is bounded in bytes: the process stays under
-//! [`RSS_LIMIT`] the whole time (measured from `/proc/PID/status`; before the bound, 256 items of any size
-//! per stream: ~430 MB at 60 such turns), every stream is cut with UNAVAILABLE naming the seq to resume
+//! produces large events. What the gateway holds for them is bounded in bytes: the process grows by less
+//! than [`GROWTH_LIMIT`] the whole time (measured from `/proc/PID/status`; before the bound, 256 items of
+//! any size per stream: ~430 MB at 60 such turns), every stream is cut with UNAVAILABLE naming the seq to resume
 //! after, once cut they hold no feed and no buffered byte, and a client that resumes from there gets every
 //! durable event exactly once.
 //!
@@ -24,8 +24,13 @@ const WATCHERS: usize = 10;
 /// The text of each followup; the scripted agent echoes it, so a turn brings about three times this.
 const TEXT_BYTES: usize = 256 * 1024;
 const TURNS: usize = 16;
-/// Everything the process holds, the in-memory journal's copy of the log included.
-const RSS_LIMIT: u64 = 100 * 1024 * 1024;
+/// What the process may grow by while its watchers are stuck: the ten watchers' `limits.watch_buffer_bytes`
+/// (4 MiB each, if no item were shared), the in-memory journal's copy of the turns (~12 MiB) and the
+/// allocator's slack. Measured with mimalloc (decision 0197): +36–40 MB at the peak, +43–49 MB once cut
+/// (it returns freed pages late); with glibc's malloc +22.5 MB. Before the bound this test's process
+/// reached 285 MB (decision 0088). A bound on growth, not on the whole process: mimalloc's start-up RSS is
+/// ~19 MB higher.
+const GROWTH_LIMIT: u64 = 80 * 1024 * 1024;
 
 /// Generous bound on waiting for something that should happen.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -67,7 +72,8 @@ async fn stuck_watchers_are_bounded_in_bytes_cut_and_resume_without_loss() {
         mb(before),
         mb(peak)
     );
-    assert!(peak < RSS_LIMIT, "the server held {:.1} MB with {WATCHERS} stuck watchers", mb(peak));
+    let grown = peak.saturating_sub(before);
+    assert!(grown < GROWTH_LIMIT, "the server grew by {:.1} MB with {WATCHERS} stuck watchers", mb(grown));
 
     // Each stream was cut: read now, it brings what its connection had taken, then UNAVAILABLE naming the
     // last seq it sent.
@@ -98,7 +104,8 @@ async fn stuck_watchers_are_bounded_in_bytes_cut_and_resume_without_loss() {
     );
     let after = rss();
     println!("RSS once they were cut: {:.1} MB", mb(after));
-    assert!(after < RSS_LIMIT, "the server held {:.1} MB after cutting its watchers", mb(after));
+    let grown = after.saturating_sub(before);
+    assert!(grown < GROWTH_LIMIT, "the server still held {:.1} MB more after cutting its watchers", mb(grown));
 
     // Resumed from where the cut said, each gets the rest: every durable event once, in order.
     for (i, mut watch) in watches.into_iter().enumerate() {

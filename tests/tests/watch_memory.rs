@@ -18,7 +18,7 @@ use turnstile_proto::v1::WatchRequest;
 use turnstile_proto::v1::agent_client::AgentClient;
 use turnstile_proto::v1::watch_item::Item;
 use turnstile_tests::watch::{ResumingWatch, durable_events};
-use turnstile_tests::{DevServer, user_msg};
+use turnstile_tests::{DevOptions, DevServer, user_msg};
 
 const WATCHERS: usize = 10;
 /// The text of each followup; the scripted agent echoes it, so a turn brings about three times this.
@@ -26,10 +26,10 @@ const TEXT_BYTES: usize = 256 * 1024;
 const TURNS: usize = 16;
 /// What the process may grow by while its watchers are stuck: the ten watchers' `limits.watch_buffer_bytes`
 /// (4 MiB each, if no item were shared), the in-memory journal's copy of the turns (~12 MiB) and the
-/// allocator's slack. Measured with mimalloc (decision 0197): +36–40 MB at the peak, +43–49 MB once cut
-/// (it returns freed pages late); with glibc's malloc +22.5 MB. Before the bound this test's process
-/// reached 285 MB (decision 0088). A bound on growth, not on the whole process: mimalloc's start-up RSS is
-/// ~19 MB higher.
+/// allocator's slack. Measured with mimalloc told to return freed pages at once
+/// (`DevOptions::measuring_memory`, decision 0197): +33–37 MB at the peak, +32–41 MB once cut; with glibc's
+/// malloc +22.5 MB. Before the bound this test's process reached 285 MB (decision 0088). A bound on growth,
+/// not on the whole process: mimalloc's start-up RSS is ~15 MB higher than glibc's.
 const GROWTH_LIMIT: u64 = 80 * 1024 * 1024;
 
 /// Generous bound on waiting for something that should happen.
@@ -41,7 +41,7 @@ fn mb(bytes: u64) -> f64 {
 
 #[tokio::test]
 async fn stuck_watchers_are_bounded_in_bytes_cut_and_resume_without_loss() {
-    let server = DevServer::start().await.unwrap();
+    let server = DevServer::start_with(DevOptions::measuring_memory()).await.unwrap();
     let s = server.session();
     let rss = || server.rss_bytes().expect("the server is running");
     let before = rss();

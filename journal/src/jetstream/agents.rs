@@ -38,7 +38,12 @@ impl KvAgents {
         let description = "Turnstile agent definitions (every version of every agent)";
         let store = super::open_bucket(client, AGENT_BUCKET, description, replicas).await?;
         let changes = watch::channel(0).0;
-        let mut updates = store.watch_all().await.map_err(unavailable)?;
+        // Like the bucket, the watch waits out a leader election of its stream (the fault campaign found a
+        // worker that started during one exit here).
+        let mut updates = super::while_starting("the agent definitions watch", || async {
+            store.watch_all().await.map_err(unavailable)
+        })
+        .await?;
         let tx = changes.clone();
         let follower = super::Follower::spawn(async move {
             while let Some(update) = updates.next().await {

@@ -39,8 +39,11 @@ impl KvSnapshots {
             ..Default::default()
         };
         let store = super::open_bucket_with(client, config).await?;
-        // A bucket this call created has the configured replicas; one that existed may not.
-        let status = store.status().await.map_err(unavailable)?;
+        // A bucket this call created has the configured replicas; one that existed may not. The status waits
+        // out a leader election of the bucket's stream as the bucket did.
+        let status =
+            super::while_starting("the snapshot bucket", || async { store.status().await.map_err(unavailable) })
+                .await?;
         let have = status.info.config.num_replicas.max(1);
         if have != replicas.max(1) {
             return Err(JournalError::Storage(format!(

@@ -42,11 +42,12 @@ impl KvWebhookRegistry {
         let description = "Turnstile webhooks registered at run time (CreateWebhook), by tenant";
         let store = super::open_bucket(client, WEBHOOK_REGISTRY_BUCKET, description, replicas).await?;
         let mirror = Arc::new(MemoryWebhooks::default());
-        let mut watch = super::while_starting("the webhook registry watch", || async {
-            store.watch_with_history(">").await.map_err(unavailable)
+        // Like the bucket, the watch and the status wait out a leader election of its stream.
+        let (mut watch, empty) = super::while_starting("the webhook registry watch", || async {
+            let watch = store.watch_with_history(">").await.map_err(unavailable)?;
+            Ok::<_, JournalError>((watch, store.status().await.map_err(unavailable)?.values() == 0))
         })
         .await?;
-        let empty = store.status().await.map_err(unavailable)?.values() == 0;
         if !empty {
             // The history first: each entry up to the one the server marks as the last when the watch began.
             while let Some(entry) = watch.next().await {

@@ -15,11 +15,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use turnstile_config::{AgentConfig, Config, ToolId, ToolRef};
-use turnstile_driver::{ModelOutput, ModelRequest, PreStepRequest, ToolRequest};
+use turnstile_driver::{ModelOutput, PreStepRequest, ToolRequest};
 use turnstile_model::overrides::SessionOverrides;
 use turnstile_model::{SessionRef, UserMessage};
 use turnstile_worker::agent::{
-    DeltaSink, HookError, HookVerdict, Model, ModelError, ModelIdentity, PreStepHook, ToolReturn, Tools,
+    HookError, HookVerdict, Model, ModelError, ModelIdentity, ModelStep, PreStepHook, ToolReturn, Tools,
 };
 
 use crate::built::{BuiltModel, built_model, waterfall};
@@ -207,12 +207,8 @@ impl Model for VersionedModel {
         self.base.identity(agent)
     }
 
-    async fn step(
-        &self,
-        request: ModelRequest,
-        deltas: DeltaSink,
-        abort: CancellationToken,
-    ) -> Result<ModelOutput, ModelError> {
+    async fn step(&self, step: ModelStep) -> Result<ModelOutput, ModelError> {
+        let request = &step.request;
         let (agent, hash, overrides) = (&request.agent, &request.agent_hash, &request.overrides);
         let built = if overrides.model.is_some() || overrides.tools.is_some() {
             self.versions.overridden(agent, hash, overrides).map(Some)
@@ -220,13 +216,13 @@ impl Model for VersionedModel {
             self.versions.version(agent, hash)
         };
         match built {
-            Ok(None) => self.base.step(request, deltas, abort).await,
+            Ok(None) => self.base.step(step).await,
             Ok(Some(built)) => {
                 let model = match (&request.compaction, &built.compaction) {
                     (Some(_), Some(compaction)) => compaction.clone(),
                     _ => built.model.clone(),
                 };
-                model.step(request, deltas, abort).await
+                model.step(step).await
             }
             Err(message) => Err(ModelError::Failed { message, code: "model_unavailable".into() }),
         }

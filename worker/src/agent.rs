@@ -108,14 +108,27 @@ pub trait Model: Send + Sync + 'static {
         ModelIdentity::new("custom", "custom")
     }
 
-    /// Answers one step. The text deltas sent to `deltas` must concatenate to the returned text, the
-    /// reasoning deltas to the returned reasoning. On `abort`, return [`ModelError::Aborted`] promptly.
-    async fn step(
-        &self,
-        request: ModelRequest,
-        deltas: DeltaSink,
-        abort: CancellationToken,
-    ) -> Result<ModelOutput, ModelError>;
+    /// Answers one step. The text deltas sent to [`ModelStep::deltas`] must concatenate to the returned
+    /// text, the reasoning deltas to the returned reasoning. On [`ModelStep::abort`], return
+    /// [`ModelError::Aborted`] promptly.
+    async fn step(&self, step: ModelStep) -> Result<ModelOutput, ModelError>;
+}
+
+/// One step asked of a [`Model`]: the driver's request and what the runner adds to it, the sink its reply
+/// streams to and the signal that aborts it. The three live as long as the step and travel together
+/// through every model that wraps another (structured output, agent versions, the agents' router), which
+/// reads the request and hands the step on whole.
+#[derive(Debug)]
+pub struct ModelStep {
+    pub request: ModelRequest,
+    pub deltas: DeltaSink,
+    pub abort: CancellationToken,
+}
+
+impl ModelStep {
+    pub fn new(request: ModelRequest, deltas: DeltaSink, abort: CancellationToken) -> Self {
+        Self { request, deltas, abort }
+    }
 }
 
 /// What a tool call returned.

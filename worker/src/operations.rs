@@ -18,7 +18,7 @@ use turnstile_driver::{
 use turnstile_model::message::{ContentBlock, MessageId, MessageSource, UserMessage};
 use turnstile_model::{ModelRef, SessionRef, Spent, Usage};
 
-use crate::agent::{DeltaSink, HookVerdict, ModelError, StreamDelta, ToolReturn};
+use crate::agent::{DeltaSink, HookVerdict, ModelError, ModelStep, StreamDelta, ToolReturn};
 use crate::deps::RunnerDeps;
 use crate::metrics::ModelCall;
 use crate::spans::model_span;
@@ -184,7 +184,7 @@ impl Operations {
                 {
                     return Err(ModelError::Failed { message: refused.to_string(), code: refused.code().to_owned() });
                 }
-                deps.agents.model.step(request, DeltaSink::new(delta_tx), token.clone()).await
+                deps.agents.model.step(ModelStep::new(request, DeltaSink::new(delta_tx), token.clone())).await
             };
             // The forwarder ends when the model drops its sink, so every delta precedes the outcome.
             let (result, seen) = tokio::join!(

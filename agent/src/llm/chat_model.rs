@@ -36,7 +36,7 @@ use super::chat::{
 use super::endpoint::{EndpointError, ModelEndpoint, ProviderKind};
 use super::openai::OpenAiProvider;
 use turnstile_driver::{ModelOutput, ModelRequest, SUMMARY_PREFIX, compaction_instruction};
-use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelIdentity};
+use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelIdentity, ModelStep};
 
 use crate::tools::ClientBusSlot;
 
@@ -311,12 +311,8 @@ impl Model for ChatModel {
         ModelIdentity::new(self.provider.provider(), self.provider.model())
     }
 
-    async fn step(
-        &self,
-        request: ModelRequest,
-        deltas: DeltaSink,
-        abort: CancellationToken,
-    ) -> Result<ModelOutput, ModelError> {
+    async fn step(&self, step: ModelStep) -> Result<ModelOutput, ModelError> {
+        let ModelStep { request, deltas, abort } = step;
         let mut chat = self.chat_request(&request);
         if request.compaction.is_none()
             && !self.client_tools.is_empty()
@@ -617,7 +613,7 @@ mod tests {
             let mut r = request(vec![], vec![UserMessage::user_text("m1", "hi")]);
             r.session.tenant = tenant.into();
             let (tx, _rx) = tokio::sync::mpsc::channel(16);
-            model.step(r, DeltaSink::new(tx), CancellationToken::new())
+            model.step(ModelStep::new(r, DeltaSink::new(tx), CancellationToken::new()))
         };
         // No bus yet: only the static tools.
         run("acme").await.unwrap();

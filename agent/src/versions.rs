@@ -15,11 +15,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use turnstile_config::{AgentConfig, Config, ToolId, ToolRef};
-use turnstile_driver::{ModelOutput, PreStepRequest, ToolRequest};
+use turnstile_driver::{ModelOutput, ToolRequest};
 use turnstile_model::overrides::SessionOverrides;
 use turnstile_model::{SessionRef, UserMessage};
 use turnstile_worker::agent::{
-    HookError, HookVerdict, Model, ModelError, ModelIdentity, ModelStep, PreStepHook, ToolReturn, Tools,
+    HookError, HookVerdict, Model, ModelError, ModelIdentity, ModelStep, PreStepHook, Proposal, ToolReturn, Tools,
 };
 
 use crate::built::{BuiltModel, built_model, waterfall};
@@ -287,16 +287,10 @@ impl PreStepHook for VersionedHooks {
         "waterfall"
     }
 
-    async fn decide(
-        &self,
-        session: &SessionRef,
-        request: &PreStepRequest,
-        batch: Vec<UserMessage>,
-        abort: &CancellationToken,
-    ) -> Result<HookVerdict, HookError> {
-        match self.versions.version(&request.agent, &request.agent_hash) {
-            Ok(None) => self.base.decide(session, request, batch, abort).await,
-            Ok(Some(built)) => run_waterfall(&built.waterfall, session, request, batch, abort).await,
+    async fn decide(&self, proposal: Proposal<'_>, batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
+        match self.versions.version(&proposal.request.agent, &proposal.request.agent_hash) {
+            Ok(None) => self.base.decide(proposal, batch).await,
+            Ok(Some(built)) => run_waterfall(&built.waterfall, proposal, batch).await,
             Err(message) => Err(HookError { hook: "agent version".into(), message }),
         }
     }

@@ -184,14 +184,24 @@ pub trait Tools: Send + Sync + 'static {
 pub trait PreStepHook: Send + Sync + 'static {
     fn name(&self) -> &str;
 
-    /// Decides over `batch` for the proposal `request` of `session`. On `abort`, return promptly.
-    async fn decide(
-        &self,
-        session: &SessionRef,
-        request: &PreStepRequest,
-        batch: Vec<UserMessage>,
-        abort: &CancellationToken,
-    ) -> Result<HookVerdict, HookError>;
+    /// Decides over `batch` for `proposal`. On [`Proposal::abort`], return promptly.
+    async fn decide(&self, proposal: Proposal<'_>, batch: Vec<UserMessage>) -> Result<HookVerdict, HookError>;
+}
+
+/// What a proposal puts to the pre-step hooks besides its batch: the session, the driver's request and the
+/// turn's abort signal. They stay the same down a waterfall, while the batch is the one the hook before left,
+/// so it goes apart.
+#[derive(Clone, Copy, Debug)]
+pub struct Proposal<'a> {
+    pub session: &'a SessionRef,
+    pub request: &'a PreStepRequest,
+    pub abort: &'a CancellationToken,
+}
+
+impl<'a> Proposal<'a> {
+    pub fn new(session: &'a SessionRef, request: &'a PreStepRequest, abort: &'a CancellationToken) -> Self {
+        Self { session, request, abort }
+    }
 }
 
 /// Fetches the agents anew from where they are kept (SPEC §20), for a command that names a version the

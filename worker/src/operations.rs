@@ -18,7 +18,7 @@ use turnstile_driver::{
 use turnstile_model::message::{ContentBlock, MessageId, MessageSource, UserMessage};
 use turnstile_model::{ModelRef, SessionRef, Spent, Usage};
 
-use crate::agent::{DeltaSink, HookVerdict, ModelError, ModelStep, StreamDelta, ToolReturn};
+use crate::agent::{DeltaSink, HookVerdict, ModelError, ModelStep, Proposal, StreamDelta, ToolReturn};
 use crate::deps::RunnerDeps;
 use crate::metrics::ModelCall;
 use crate::spans::model_span;
@@ -129,7 +129,7 @@ impl Operations {
                 // for a hook failure.
                 biased;
                 () = token.cancelled() => PreStepOutcome::Aborted,
-                r = hooks.decide(&session, &request, request.messages.clone(), &token) => match r {
+                r = hooks.decide(Proposal::new(&session, &request, &token), request.messages.clone()) => match r {
                     Ok(HookVerdict::Pass(batch)) => PreStepOutcome::Decided(PreStepDecision::Enter(batch)),
                     Ok(HookVerdict::Reject { reason }) => PreStepOutcome::Decided(PreStepDecision::Reject { reason }),
                     Err(e) => PreStepOutcome::Failed { message: e.to_string() },

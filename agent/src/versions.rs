@@ -13,13 +13,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
 use turnstile_config::{AgentConfig, Config, ToolId, ToolRef};
-use turnstile_driver::{ModelOutput, ToolRequest};
+use turnstile_driver::ModelOutput;
+use turnstile_model::UserMessage;
 use turnstile_model::overrides::SessionOverrides;
-use turnstile_model::{SessionRef, UserMessage};
 use turnstile_worker::agent::{
-    HookError, HookVerdict, Model, ModelError, ModelIdentity, ModelStep, PreStepHook, Proposal, ToolReturn, Tools,
+    HookError, HookVerdict, Model, ModelError, ModelIdentity, ModelStep, PreStepHook, Proposal, ToolReturn, ToolRun,
+    Tools,
 };
 
 use crate::built::{BuiltModel, built_model, waterfall};
@@ -237,14 +237,8 @@ pub struct VersionedTools {
 
 #[async_trait]
 impl Tools for VersionedTools {
-    async fn call(
-        &self,
-        session: &SessionRef,
-        request: &ToolRequest,
-        abort: &CancellationToken,
-        released: &CancellationToken,
-    ) -> ToolReturn {
-        let call = &request.call;
+    async fn call(&self, run: ToolRun<'_>) -> ToolReturn {
+        let (request, call) = (run.request, &run.request.call);
         if let Some(subset) = &request.tools {
             match self.versions.subset_offers(&request.agent, &request.agent_hash, subset, &call.name) {
                 Ok(true) => {}
@@ -259,7 +253,7 @@ impl Tools for VersionedTools {
             }
         }
         match self.versions.version(&request.agent, &request.agent_hash) {
-            Ok(None) => Tools::call(&self.base, session, request, abort, released).await,
+            Ok(None) => Tools::call(&self.base, run).await,
             Ok(Some(built)) => {
                 let id = ToolId::from_call_name(&call.name);
                 if !built.config.offers(id) {
@@ -267,7 +261,7 @@ impl Tools for VersionedTools {
                 }
                 let deadline = self.versions.config.tool_deadline(&built.config, id);
                 let memory = built.config.memory.as_ref().map(|m| m.namespaces.clone()).unwrap_or_default();
-                self.base.run_within(session, request, memory, deadline, abort, released).await
+                self.base.run_within(run, memory, deadline).await
             }
             Err(message) => ToolReturn::failed(message),
         }

@@ -164,18 +164,24 @@ impl ToolReturn {
 /// The tools of every agent: runs the driver's [`ToolRequest`]s.
 #[async_trait]
 pub trait Tools: Send + Sync + 'static {
-    /// Runs `request`'s call in `session` for `request.agent`, bounded by whatever deadline the agent sets.
-    /// `abort` is signalled when the turn is cancelled: a started call finishes (it may stop early) and its
-    /// result is recorded. `released` is cancelled, before `abort`, when this worker lets the call go without
-    /// a cancel of the turn (a reload after a journal error, a shard handed over, a shutdown): its result
-    /// will not be recorded here and the next owner repairs the call (SPEC §6).
-    async fn call(
-        &self,
-        session: &SessionRef,
-        request: &ToolRequest,
-        abort: &CancellationToken,
-        released: &CancellationToken,
-    ) -> ToolReturn;
+    /// Runs the call of `run` for its agent, bounded by whatever deadline the agent sets.
+    async fn call(&self, run: ToolRun<'_>) -> ToolReturn;
+}
+
+/// One tool call the runner hands to [`Tools`]: the driver's request, the session it is made in and the
+/// runner's two signals. They travel together through every [`Tools`] that wraps another (agent
+/// versions), and the signals, of one type, are told apart by name rather than by position.
+#[derive(Clone, Copy, Debug)]
+pub struct ToolRun<'a> {
+    pub session: &'a SessionRef,
+    pub request: &'a ToolRequest,
+    /// Signalled when the turn is cancelled: a started call finishes (it may stop early) and its result is
+    /// recorded.
+    pub abort: &'a CancellationToken,
+    /// Cancelled, before `abort`, when this worker lets the call go without a cancel of the turn (a reload
+    /// after a journal error, a shard handed over, a shutdown): its result will not be recorded here and the
+    /// next owner repairs the call (SPEC §6).
+    pub released: &'a CancellationToken,
 }
 
 /// A pre-step hook (SPEC §4, §9): decides over a claimed batch. A waterfall of hooks is itself a hook, so

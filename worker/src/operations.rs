@@ -18,7 +18,7 @@ use turnstile_driver::{
 use turnstile_model::message::{ContentBlock, MessageId, MessageSource, UserMessage};
 use turnstile_model::{ModelRef, SessionRef, Spent, Usage};
 
-use crate::agent::{DeltaSink, HookVerdict, ModelError, ModelStep, Proposal, StreamDelta, ToolReturn};
+use crate::agent::{DeltaSink, HookVerdict, ModelError, ModelStep, Proposal, StreamDelta, ToolReturn, ToolRun};
 use crate::deps::RunnerDeps;
 use crate::metrics::ModelCall;
 use crate::spans::model_span;
@@ -234,7 +234,8 @@ impl Operations {
             outcome = tracing::field::Empty,
         );
         let task = async move {
-            let r = deps.agents.tools.call(&session, &request, &token, &released).await;
+            let run = ToolRun { session: &session, request: &request, abort: &token, released: &released };
+            let r = deps.agents.tools.call(run).await;
             let _ = tx.send(Outcome::ToolDone { op: request.op, outcome: tool_outcome(&request, r) }).await;
         };
         tokio::spawn(task.instrument(span));

@@ -74,24 +74,7 @@ pub(crate) mod tests {
     use turnstile_worker::agent::DeltaSink;
 
     pub(crate) fn request(agent: &str, text: &str) -> ModelRequest {
-        ModelRequest {
-            agent_hash: String::new(),
-            overrides: Default::default(),
-            op: 1,
-            session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
-            turn: 1,
-            step: 1,
-            agent: agent.into(),
-            system: None,
-            history: vec![],
-            messages: vec![UserMessage::user_text("m1", text)],
-            tool_results: vec![],
-            interrupted_prompt: vec![],
-            goal: None,
-            summary: None,
-            output: None,
-            compaction: None,
-        }
+        crate::fixtures::model_request(agent, vec![UserMessage::user_text("m1", text)])
     }
 
     pub(crate) async fn run(model: &dyn Model, request: ModelRequest) -> Result<ModelOutput, ModelError> {

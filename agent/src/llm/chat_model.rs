@@ -364,22 +364,9 @@ mod tests {
 
     fn request(history: Vec<TranscriptEntry>, messages: Vec<UserMessage>) -> ModelRequest {
         ModelRequest {
-            agent_hash: String::new(),
-            overrides: Default::default(),
-            op: 1,
-            session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
-            turn: 2,
-            step: 1,
-            agent: "assistant".into(),
             system: Some("You are helpful.".into()),
             history: history.into_iter().map(std::sync::Arc::new).collect(),
-            messages,
-            tool_results: vec![],
-            interrupted_prompt: vec![],
-            goal: None,
-            summary: None,
-            output: None,
-            compaction: None,
+            ..crate::fixtures::model_request("assistant", messages)
         }
     }
 

@@ -21,6 +21,8 @@
 
 mod built;
 pub mod directory;
+#[cfg(test)]
+mod fixtures;
 pub mod hooks;
 pub mod llm;
 pub mod output;

@@ -2,16 +2,16 @@
 //!
 //! Every model of a worker answers through it (it wraps the whole agent seam's model), so the scripted
 //! model's replies are judged like a provider's. It only reports: a final reply that is not JSON matching
-//! [`ModelRequest::output`] comes back with [`ModelOutput::invalid_output`] saying why, and the driver
-//! decides what follows (one retry showing the model that text, then `error{invalid_output}`).
+//! [`ModelRequest::output`](turnstile_driver::ModelRequest::output) comes back with
+//! [`ModelOutput::invalid_output`] saying why, and the driver decides what follows (one retry showing the
+//! model that text, then `error{invalid_output}`).
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
 use turnstile_config::output::OutputValidator;
-use turnstile_driver::{ModelOutput, ModelRequest};
-use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelIdentity};
+use turnstile_driver::ModelOutput;
+use turnstile_worker::agent::{Model, ModelError, ModelIdentity, ModelStep};
 
 /// A [`Model`] whose final replies are checked against their request's output schema.
 pub struct StructuredOutput {
@@ -30,14 +30,9 @@ impl Model for StructuredOutput {
         self.base.identity(agent)
     }
 
-    async fn step(
-        &self,
-        request: ModelRequest,
-        deltas: DeltaSink,
-        abort: CancellationToken,
-    ) -> Result<ModelOutput, ModelError> {
-        let schema = request.output.clone();
-        let mut output = self.base.step(request, deltas, abort).await?;
+    async fn step(&self, step: ModelStep) -> Result<ModelOutput, ModelError> {
+        let schema = step.request.output.clone();
+        let mut output = self.base.step(step).await?;
         // Only a final reply answers: one that calls tools goes on, one cut at the token limit ends max-tokens.
         if let Some(schema) = schema
             && output.tool_calls.is_empty()

@@ -4,12 +4,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
-use turnstile_driver::{ModelOutput, ModelRequest};
-use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelIdentity};
+use turnstile_driver::ModelOutput;
+use turnstile_worker::agent::{Model, ModelError, ModelIdentity, ModelStep};
 
-/// A [`Model`] that runs each step on the model of the step's agent ([`ModelRequest::agent`]); an agent
-/// it does not know (a catalog and router built apart) runs on the default agent's model.
+/// A [`Model`] that runs each step on the model of the step's agent
+/// ([`ModelRequest::agent`](turnstile_driver::ModelRequest::agent)); an agent it does not know (a catalog and
+/// router built apart) runs on the default agent's model.
 pub struct AgentRouter {
     agents: HashMap<String, Arc<dyn Model>>,
     /// Each agent's `compaction_model`, where it names one (SPEC §13); others compact on their model.
@@ -49,17 +49,13 @@ impl Model for AgentRouter {
         self.model_of(agent).map_or_else(|| ModelIdentity::new("none", "none"), |m| m.identity(agent))
     }
 
-    async fn step(
-        &self,
-        request: ModelRequest,
-        deltas: DeltaSink,
-        abort: CancellationToken,
-    ) -> Result<ModelOutput, ModelError> {
-        let compaction = request.compaction.is_some().then(|| self.compaction.get(&request.agent)).flatten();
-        match compaction.or_else(|| self.model_of(&request.agent)) {
-            Some(model) => model.step(request, deltas, abort).await,
+    async fn step(&self, step: ModelStep) -> Result<ModelOutput, ModelError> {
+        let agent = &step.request.agent;
+        let compaction = step.request.compaction.is_some().then(|| self.compaction.get(agent)).flatten();
+        match compaction.or_else(|| self.model_of(agent)) {
+            Some(model) => model.step(step).await,
             None => Err(ModelError::Failed {
-                message: format!("no model serves agent {:?} (and no default agent)", request.agent),
+                message: format!("no model serves agent {agent:?} (and no default agent)"),
                 code: "model_unavailable".into(),
             }),
         }
@@ -72,33 +68,19 @@ pub(crate) mod tests {
 
     use super::*;
     use tokio::sync::mpsc;
+    use tokio_util::sync::CancellationToken;
+    use turnstile_driver::ModelRequest;
     use turnstile_model::UserMessage;
+    use turnstile_worker::agent::DeltaSink;
 
     pub(crate) fn request(agent: &str, text: &str) -> ModelRequest {
-        ModelRequest {
-            agent_hash: String::new(),
-            overrides: Default::default(),
-            op: 1,
-            session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
-            turn: 1,
-            step: 1,
-            agent: agent.into(),
-            system: None,
-            history: vec![],
-            messages: vec![UserMessage::user_text("m1", text)],
-            tool_results: vec![],
-            interrupted_prompt: vec![],
-            goal: None,
-            summary: None,
-            output: None,
-            compaction: None,
-        }
+        crate::fixtures::model_request(agent, vec![UserMessage::user_text("m1", text)])
     }
 
     pub(crate) async fn run(model: &dyn Model, request: ModelRequest) -> Result<ModelOutput, ModelError> {
         let (tx, mut rx) = mpsc::channel(64);
         let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
-        let out = model.step(request, DeltaSink::new(tx), CancellationToken::new()).await;
+        let out = model.step(ModelStep::new(request, DeltaSink::new(tx), CancellationToken::new())).await;
         drain.await.unwrap();
         out
     }
@@ -108,9 +90,9 @@ pub(crate) mod tests {
 
     #[async_trait]
     impl Model for Named {
-        async fn step(&self, r: ModelRequest, d: DeltaSink, _: CancellationToken) -> Result<ModelOutput, ModelError> {
-            let text = format!("{} answers {}", self.0, r.agent);
-            d.send(text.clone()).await;
+        async fn step(&self, step: ModelStep) -> Result<ModelOutput, ModelError> {
+            let text = format!("{} answers {}", self.0, step.request.agent);
+            step.deltas.send(text.clone()).await;
             Ok(ModelOutput::text(text))
         }
     }

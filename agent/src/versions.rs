@@ -13,13 +13,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
 use turnstile_config::{AgentConfig, Config, ToolId, ToolRef};
-use turnstile_driver::{ModelOutput, ModelRequest, PreStepRequest, ToolRequest};
+use turnstile_driver::ModelOutput;
+use turnstile_model::UserMessage;
 use turnstile_model::overrides::SessionOverrides;
-use turnstile_model::{SessionRef, UserMessage};
 use turnstile_worker::agent::{
-    DeltaSink, HookError, HookVerdict, Model, ModelError, ModelIdentity, PreStepHook, ToolReturn, Tools,
+    HookError, HookVerdict, Model, ModelError, ModelIdentity, ModelStep, PreStepHook, Proposal, ToolReturn, ToolRun,
+    Tools,
 };
 
 use crate::built::{BuiltModel, built_model, waterfall};
@@ -207,12 +207,8 @@ impl Model for VersionedModel {
         self.base.identity(agent)
     }
 
-    async fn step(
-        &self,
-        request: ModelRequest,
-        deltas: DeltaSink,
-        abort: CancellationToken,
-    ) -> Result<ModelOutput, ModelError> {
+    async fn step(&self, step: ModelStep) -> Result<ModelOutput, ModelError> {
+        let request = &step.request;
         let (agent, hash, overrides) = (&request.agent, &request.agent_hash, &request.overrides);
         let built = if overrides.model.is_some() || overrides.tools.is_some() {
             self.versions.overridden(agent, hash, overrides).map(Some)
@@ -220,13 +216,13 @@ impl Model for VersionedModel {
             self.versions.version(agent, hash)
         };
         match built {
-            Ok(None) => self.base.step(request, deltas, abort).await,
+            Ok(None) => self.base.step(step).await,
             Ok(Some(built)) => {
                 let model = match (&request.compaction, &built.compaction) {
                     (Some(_), Some(compaction)) => compaction.clone(),
                     _ => built.model.clone(),
                 };
-                model.step(request, deltas, abort).await
+                model.step(step).await
             }
             Err(message) => Err(ModelError::Failed { message, code: "model_unavailable".into() }),
         }
@@ -241,14 +237,8 @@ pub struct VersionedTools {
 
 #[async_trait]
 impl Tools for VersionedTools {
-    async fn call(
-        &self,
-        session: &SessionRef,
-        request: &ToolRequest,
-        abort: &CancellationToken,
-        released: &CancellationToken,
-    ) -> ToolReturn {
-        let call = &request.call;
+    async fn call(&self, run: ToolRun<'_>) -> ToolReturn {
+        let (request, call) = (run.request, &run.request.call);
         if let Some(subset) = &request.tools {
             match self.versions.subset_offers(&request.agent, &request.agent_hash, subset, &call.name) {
                 Ok(true) => {}
@@ -263,7 +253,7 @@ impl Tools for VersionedTools {
             }
         }
         match self.versions.version(&request.agent, &request.agent_hash) {
-            Ok(None) => Tools::call(&self.base, session, request, abort, released).await,
+            Ok(None) => Tools::call(&self.base, run).await,
             Ok(Some(built)) => {
                 let id = ToolId::from_call_name(&call.name);
                 if !built.config.offers(id) {
@@ -271,7 +261,7 @@ impl Tools for VersionedTools {
                 }
                 let deadline = self.versions.config.tool_deadline(&built.config, id);
                 let memory = built.config.memory.as_ref().map(|m| m.namespaces.clone()).unwrap_or_default();
-                self.base.run_within(session, request, memory, deadline, abort, released).await
+                self.base.run_within(run, memory, deadline).await
             }
             Err(message) => ToolReturn::failed(message),
         }
@@ -291,16 +281,10 @@ impl PreStepHook for VersionedHooks {
         "waterfall"
     }
 
-    async fn decide(
-        &self,
-        session: &SessionRef,
-        request: &PreStepRequest,
-        batch: Vec<UserMessage>,
-        abort: &CancellationToken,
-    ) -> Result<HookVerdict, HookError> {
-        match self.versions.version(&request.agent, &request.agent_hash) {
-            Ok(None) => self.base.decide(session, request, batch, abort).await,
-            Ok(Some(built)) => run_waterfall(&built.waterfall, session, request, batch, abort).await,
+    async fn decide(&self, proposal: Proposal<'_>, batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
+        match self.versions.version(&proposal.request.agent, &proposal.request.agent_hash) {
+            Ok(None) => self.base.decide(proposal, batch).await,
+            Ok(Some(built)) => run_waterfall(&built.waterfall, proposal, batch).await,
             Err(message) => Err(HookError { hook: "agent version".into(), message }),
         }
     }

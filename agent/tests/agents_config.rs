@@ -13,7 +13,7 @@ use turnstile_agent::setup::{AgentSetup, from_config_with_env};
 use turnstile_config::Config;
 use turnstile_driver::{ModelOutput, ModelRequest};
 use turnstile_model::UserMessage;
-use turnstile_worker::agent::{DeltaSink, ModelError};
+use turnstile_worker::agent::{DeltaSink, ModelError, ModelStep};
 
 fn config(base_url: &str) -> Config {
     Config::from_toml_str(&format!(
@@ -76,7 +76,7 @@ fn request(agent: &str, system: Option<&str>, text: &str) -> ModelRequest {
 async fn step(setup: &AgentSetup, request: ModelRequest) -> Result<ModelOutput, ModelError> {
     let (tx, mut rx) = mpsc::channel(64);
     let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let out = setup.model.step(request, DeltaSink::new(tx), CancellationToken::new()).await;
+    let out = setup.model.step(ModelStep::new(request, DeltaSink::new(tx), CancellationToken::new())).await;
     drain.await.unwrap();
     out
 }
@@ -142,7 +142,7 @@ async fn a_sessions_model_and_tool_subset_are_what_the_provider_is_asked_with() 
     };
     let (tx, mut rx) = mpsc::channel(64);
     let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let out = agents.model.step(narrowed, DeltaSink::new(tx), CancellationToken::new()).await.unwrap();
+    let out = agents.model.step(ModelStep::new(narrowed, DeltaSink::new(tx), CancellationToken::new())).await.unwrap();
     drain.await.unwrap();
     assert_eq!(out.text, "hello from the fake");
     let sent = &server.requests()[0];

@@ -14,7 +14,7 @@ use turnstile_driver::{
     AgentCatalog, AgentProfile, Driver, Effect, Limits, ModelOutcome, PreStepDecision, PreStepOutcome, SUMMARY_PREFIX,
 };
 use turnstile_model::{Command, SessionRef, SessionState, Target, UserMessage};
-use turnstile_worker::agent::{DeltaSink, Model, ModelError};
+use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelStep};
 
 fn reply(text: &str) -> Reply {
     Reply::events(&[openai_chunk(json!({"content": text}), Some("stop")), OPENAI_DONE.to_owned()])
@@ -53,13 +53,14 @@ async fn followup(driver: &mut Driver, model: &ChatModel, id: &str, text: &str) 
                 Effect::Model(r) => {
                     let op = r.op;
                     let (tx, _rx) = mpsc::channel(64);
-                    let outcome = match model.step(*r, DeltaSink::new(tx), CancellationToken::new()).await {
-                        Ok(output) => ModelOutcome::Finished(output),
-                        Err(ModelError::Failed { message, code }) => {
-                            ModelOutcome::Failed { message, code, spent: None }
-                        }
-                        Err(ModelError::Aborted) => ModelOutcome::Aborted { spent: None },
-                    };
+                    let outcome =
+                        match model.step(ModelStep::new(*r, DeltaSink::new(tx), CancellationToken::new())).await {
+                            Ok(output) => ModelOutcome::Finished(output),
+                            Err(ModelError::Failed { message, code }) => {
+                                ModelOutcome::Failed { message, code, spent: None }
+                            }
+                            Err(ModelError::Aborted) => ModelOutcome::Aborted { spent: None },
+                        };
                     driver.on_model_done(op, outcome, 1);
                 }
                 Effect::Tool(t) => panic!("no tools here: {t:?}"),

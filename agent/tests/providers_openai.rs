@@ -22,7 +22,7 @@ use turnstile_agent::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
 use turnstile_agent::llm::openai::OpenAiProvider;
 use turnstile_driver::{ModelRequest, ToolOutcome};
 use turnstile_model::{ContentBlock, MessageSource, UserMessage};
-use turnstile_worker::agent::{DeltaSink, Model, ModelError};
+use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelStep};
 
 fn hello() -> ChatRequest {
     ChatRequest { messages: vec![ChatMessage::user_text("hello")], ..Default::default() }
@@ -596,8 +596,10 @@ async fn chat_model_streams_deltas_and_maps_the_output() {
         content: vec![ContentBlock::text("what time is it?")].into(),
         source: MessageSource::User,
     };
-    let out =
-        model.step(model_request(vec![message], vec![]), DeltaSink::new(tx), CancellationToken::new()).await.unwrap();
+    let out = model
+        .step(ModelStep::new(model_request(vec![message], vec![]), DeltaSink::new(tx), CancellationToken::new()))
+        .await
+        .unwrap();
     assert_eq!(out.text, "Checking now.");
     assert!(!out.max_tokens);
     assert_eq!(out.tool_calls.len(), 1);
@@ -613,8 +615,10 @@ async fn chat_model_streams_deltas_and_maps_the_output() {
 
     let (tx, _rx) = mpsc::channel(16);
     let results = vec![ToolOutcome::new("c1", "clock", "12:00".into(), None)];
-    let error =
-        model.step(model_request(vec![], results), DeltaSink::new(tx), CancellationToken::new()).await.unwrap_err();
+    let error = model
+        .step(ModelStep::new(model_request(vec![], results), DeltaSink::new(tx), CancellationToken::new()))
+        .await
+        .unwrap_err();
     match error {
         ModelError::Failed { message, code } => {
             assert_eq!(code, "model_refused");

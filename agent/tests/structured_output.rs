@@ -21,7 +21,7 @@ use turnstile_agent::output::StructuredOutput;
 use turnstile_driver::{ModelOutput, ModelRequest};
 use turnstile_model::UserMessage;
 use turnstile_model::output::OutputSchema;
-use turnstile_worker::agent::{DeltaSink, Model, StreamDelta};
+use turnstile_worker::agent::{DeltaSink, Model, ModelStep, StreamDelta};
 
 fn schema() -> OutputSchema {
     OutputSchema {
@@ -56,7 +56,7 @@ fn request() -> ModelRequest {
 /// Runs one step on `model`: its output and the text deltas it streamed.
 async fn step(model: &dyn Model, request: ModelRequest) -> (ModelOutput, Vec<String>) {
     let (tx, mut rx) = mpsc::channel(64);
-    let out = model.step(request, DeltaSink::new(tx), CancellationToken::new()).await.unwrap();
+    let out = model.step(ModelStep::new(request, DeltaSink::new(tx), CancellationToken::new())).await.unwrap();
     let mut texts = Vec::new();
     while let Ok(delta) = rx.try_recv() {
         if let StreamDelta::Text(text) = delta {

@@ -306,10 +306,7 @@ mod tests {
     use turnstile_model::TenantScope;
 
     use crate::Config;
-
-    fn err(text: &str) -> String {
-        Config::from_toml_str(text).unwrap_err().to_string()
-    }
+    use crate::error::tests::load_error;
 
     #[test]
     fn agents_and_their_webhooks_can_be_confined_to_tenants() {
@@ -328,12 +325,13 @@ mod tests {
 
     #[test]
     fn bad_tenant_lists_name_the_key() {
-        assert!(err("[agents.x]\ntenants = []\n").contains("agents.x.tenants: is empty"));
-        assert!(err("[agents.x]\ntenants = [\"a b\"]\n").contains("has the character ' '"));
-        let e =
-            err("[agents.x]\ntenants = [\"a\"]\nwebhooks = [{ url = \"http://127.0.0.1:1/h\", tenants = [\"b\"] }]\n");
+        assert!(load_error("[agents.x]\ntenants = []\n").contains("agents.x.tenants: is empty"));
+        assert!(load_error("[agents.x]\ntenants = [\"a b\"]\n").contains("has the character ' '"));
+        let e = load_error(
+            "[agents.x]\ntenants = [\"a\"]\nwebhooks = [{ url = \"http://127.0.0.1:1/h\", tenants = [\"b\"] }]\n",
+        );
         assert!(e.contains("agents.x.webhooks[0].tenants[0]: tenant \"b\" cannot run this agent"), "{e}");
-        let e = err("default_agent = \"x\"\n[agents.x]\ntenants = [\"a\"]\n");
+        let e = load_error("default_agent = \"x\"\n[agents.x]\ntenants = [\"a\"]\n");
         assert!(e.contains("agents.x.tenants: \"x\" is the default_agent"), "{e}");
     }
 }

@@ -111,8 +111,15 @@ impl fmt::Display for Location {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
+
+    /// The message `text`, a configuration that must not load, is refused with.
+    pub(crate) fn load_error(text: &str) -> String {
+        crate::Config::from_toml_str(text).unwrap_err().to_string()
+    }
 
     #[test]
     fn locations_count_lines_and_characters_from_one() {

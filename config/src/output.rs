@@ -162,6 +162,7 @@ mod tests {
 
     use super::*;
     use crate::Config;
+    use crate::error::tests::load_error;
 
     #[test]
     fn an_agents_output_is_read_from_the_file_and_bad_ones_name_the_key() {
@@ -172,14 +173,13 @@ mod tests {
         let output = config.agents["x"].output.as_ref().unwrap().schema();
         assert_eq!(output.name, "city");
         assert_eq!(output.schema, serde_json::json!({"type": "object", "required": ["city"]}));
-        let err = |text: &str| Config::from_toml_str(text).unwrap_err().to_string();
-        let e = err("[agents.x.output]\nschema = { type = \"objekt\" }\n");
+        let e = load_error("[agents.x.output]\nschema = { type = \"objekt\" }\n");
         assert!(e.contains("agents.x.output.schema: not a valid JSON Schema"), "{e}");
-        let e = err("[agents.x.output]\nname = \"a b\"\nschema = {}\n");
+        let e = load_error("[agents.x.output]\nname = \"a b\"\nschema = {}\n");
         assert!(e.contains("agents.x.output.name: \"a b\" has the character ' '"), "{e}");
-        let e = err("[agents.x.output]\nschema = \"object\"\n");
+        let e = load_error("[agents.x.output]\nschema = \"object\"\n");
         assert!(e.contains("agents.x.output.schema: must be a JSON object (a JSON Schema), got a string"), "{e}");
-        let e = err("[agents.x.output]\nschemas = {}\n");
+        let e = load_error("[agents.x.output]\nschemas = {}\n");
         assert!(e.contains("agents.x.output.schemas: unknown key"), "{e}");
     }
 

@@ -87,30 +87,32 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use crate::Config;
-
-    fn err(text: &str) -> String {
-        Config::from_toml_str(text).unwrap_err().to_string()
-    }
+    use crate::error::tests::load_error;
 
     #[test]
     fn bad_tenant_tables_name_the_key_and_what_to_do() {
-        assert!(err("[tenants.acme]\ntoken_budget = 0\n").contains("tenants.acme.token_budget: must be at least 1"));
-        assert!(err("[tenants.acme]\nrequest_burst = 5\n").contains("needs requests_per_s"));
-        assert!(err("[tenants.\"a.b\"]\ntoken_budget = 5\n").contains("not a valid name (allowed: 1 to 128 letters"));
-        assert!(err("[tenants.acme]\nbudget = 5\n").contains("tenants.acme.budget: unknown key"));
+        assert!(
+            load_error("[tenants.acme]\ntoken_budget = 0\n").contains("tenants.acme.token_budget: must be at least 1")
+        );
+        assert!(load_error("[tenants.acme]\nrequest_burst = 5\n").contains("needs requests_per_s"));
+        assert!(
+            load_error("[tenants.\"a.b\"]\ntoken_budget = 5\n").contains("not a valid name (allowed: 1 to 128 letters")
+        );
+        assert!(load_error("[tenants.acme]\nbudget = 5\n").contains("tenants.acme.budget: unknown key"));
     }
 
     #[test]
     fn fallback_names_other_known_models_once() {
         let base = "[models.a]\nmodel = \"m\"\n[models.b]\nmodel = \"n\"\n";
         assert!(
-            err(&format!("{base}[models.c]\nmodel = \"o\"\nfallback = [\"zz\"]\n"))
+            load_error(&format!("{base}[models.c]\nmodel = \"o\"\nfallback = [\"zz\"]\n"))
                 .contains("models.c.fallback: no model named \"zz\"")
         );
         assert!(
-            err(&format!("{base}[models.c]\nmodel = \"o\"\nfallback = [\"c\"]\n")).contains("names the model itself")
+            load_error(&format!("{base}[models.c]\nmodel = \"o\"\nfallback = [\"c\"]\n"))
+                .contains("names the model itself")
         );
-        assert!(err(&format!("{base}[models.c]\nmodel = \"o\"\nfallback = [\"a\", \"a\"]\n")).contains("twice"));
+        assert!(load_error(&format!("{base}[models.c]\nmodel = \"o\"\nfallback = [\"a\", \"a\"]\n")).contains("twice"));
         let config = Config::from_toml_str(&format!(
             "{base}[models.c]\nmodel = \"o\"\nfallback = [\"a\", \"b\"]\n[agents.x]\nmodel = \"c\"\n"
         ))
@@ -123,7 +125,8 @@ mod tests {
     #[test]
     fn prompt_cache_is_for_anthropic_models() {
         assert!(
-            err("[models.a]\nmodel = \"m\"\nprompt_cache = true\n").contains("models.a.prompt_cache: is for anthropic")
+            load_error("[models.a]\nmodel = \"m\"\nprompt_cache = true\n")
+                .contains("models.a.prompt_cache: is for anthropic")
         );
         let config =
             Config::from_toml_str("[models.a]\nprovider = \"anthropic\"\nmodel = \"m\"\nprompt_cache = true\n")

@@ -108,14 +108,27 @@ pub trait Model: Send + Sync + 'static {
         ModelIdentity::new("custom", "custom")
     }
 
-    /// Answers one step. The text deltas sent to `deltas` must concatenate to the returned text, the
-    /// reasoning deltas to the returned reasoning. On `abort`, return [`ModelError::Aborted`] promptly.
-    async fn step(
-        &self,
-        request: ModelRequest,
-        deltas: DeltaSink,
-        abort: CancellationToken,
-    ) -> Result<ModelOutput, ModelError>;
+    /// Answers one step. The text deltas sent to [`ModelStep::deltas`] must concatenate to the returned
+    /// text, the reasoning deltas to the returned reasoning. On [`ModelStep::abort`], return
+    /// [`ModelError::Aborted`] promptly.
+    async fn step(&self, step: ModelStep) -> Result<ModelOutput, ModelError>;
+}
+
+/// One step asked of a [`Model`]: the driver's request and what the runner adds to it, the sink its reply
+/// streams to and the signal that aborts it. The three live as long as the step and travel together
+/// through every model that wraps another (structured output, agent versions, the agents' router), which
+/// reads the request and hands the step on whole.
+#[derive(Debug)]
+pub struct ModelStep {
+    pub request: ModelRequest,
+    pub deltas: DeltaSink,
+    pub abort: CancellationToken,
+}
+
+impl ModelStep {
+    pub fn new(request: ModelRequest, deltas: DeltaSink, abort: CancellationToken) -> Self {
+        Self { request, deltas, abort }
+    }
 }
 
 /// What a tool call returned.
@@ -151,18 +164,24 @@ impl ToolReturn {
 /// The tools of every agent: runs the driver's [`ToolRequest`]s.
 #[async_trait]
 pub trait Tools: Send + Sync + 'static {
-    /// Runs `request`'s call in `session` for `request.agent`, bounded by whatever deadline the agent sets.
-    /// `abort` is signalled when the turn is cancelled: a started call finishes (it may stop early) and its
-    /// result is recorded. `released` is cancelled, before `abort`, when this worker lets the call go without
-    /// a cancel of the turn (a reload after a journal error, a shard handed over, a shutdown): its result
-    /// will not be recorded here and the next owner repairs the call (SPEC §6).
-    async fn call(
-        &self,
-        session: &SessionRef,
-        request: &ToolRequest,
-        abort: &CancellationToken,
-        released: &CancellationToken,
-    ) -> ToolReturn;
+    /// Runs the call of `run` for its agent, bounded by whatever deadline the agent sets.
+    async fn call(&self, run: ToolRun<'_>) -> ToolReturn;
+}
+
+/// One tool call the runner hands to [`Tools`]: the driver's request, the session it is made in and the
+/// runner's two signals. They travel together through every [`Tools`] that wraps another (agent
+/// versions), and the signals, of one type, are told apart by name rather than by position.
+#[derive(Clone, Copy, Debug)]
+pub struct ToolRun<'a> {
+    pub session: &'a SessionRef,
+    pub request: &'a ToolRequest,
+    /// Signalled when the turn is cancelled: a started call finishes (it may stop early) and its result is
+    /// recorded.
+    pub abort: &'a CancellationToken,
+    /// Cancelled, before `abort`, when this worker lets the call go without a cancel of the turn (a reload
+    /// after a journal error, a shard handed over, a shutdown): its result will not be recorded here and the
+    /// next owner repairs the call (SPEC §6).
+    pub released: &'a CancellationToken,
 }
 
 /// A pre-step hook (SPEC §4, §9): decides over a claimed batch. A waterfall of hooks is itself a hook, so
@@ -171,14 +190,24 @@ pub trait Tools: Send + Sync + 'static {
 pub trait PreStepHook: Send + Sync + 'static {
     fn name(&self) -> &str;
 
-    /// Decides over `batch` for the proposal `request` of `session`. On `abort`, return promptly.
-    async fn decide(
-        &self,
-        session: &SessionRef,
-        request: &PreStepRequest,
-        batch: Vec<UserMessage>,
-        abort: &CancellationToken,
-    ) -> Result<HookVerdict, HookError>;
+    /// Decides over `batch` for `proposal`. On [`Proposal::abort`], return promptly.
+    async fn decide(&self, proposal: Proposal<'_>, batch: Vec<UserMessage>) -> Result<HookVerdict, HookError>;
+}
+
+/// What a proposal puts to the pre-step hooks besides its batch: the session, the driver's request and the
+/// turn's abort signal. They stay the same down a waterfall, while the batch is the one the hook before left,
+/// so it goes apart.
+#[derive(Clone, Copy, Debug)]
+pub struct Proposal<'a> {
+    pub session: &'a SessionRef,
+    pub request: &'a PreStepRequest,
+    pub abort: &'a CancellationToken,
+}
+
+impl<'a> Proposal<'a> {
+    pub fn new(session: &'a SessionRef, request: &'a PreStepRequest, abort: &'a CancellationToken) -> Self {
+        Self { session, request, abort }
+    }
 }
 
 /// Fetches the agents anew from where they are kept (SPEC §20), for a command that names a version the

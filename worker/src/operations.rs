@@ -18,7 +18,7 @@ use turnstile_driver::{
 use turnstile_model::message::{ContentBlock, MessageId, MessageSource, UserMessage};
 use turnstile_model::{ModelRef, SessionRef, Spent, Usage};
 
-use crate::agent::{DeltaSink, HookVerdict, ModelError, StreamDelta, ToolReturn};
+use crate::agent::{DeltaSink, HookVerdict, ModelError, ModelStep, Proposal, StreamDelta, ToolReturn, ToolRun};
 use crate::deps::RunnerDeps;
 use crate::metrics::ModelCall;
 use crate::spans::model_span;
@@ -129,7 +129,7 @@ impl Operations {
                 // for a hook failure.
                 biased;
                 () = token.cancelled() => PreStepOutcome::Aborted,
-                r = hooks.decide(&session, &request, request.messages.clone(), &token) => match r {
+                r = hooks.decide(Proposal::new(&session, &request, &token), request.messages.clone()) => match r {
                     Ok(HookVerdict::Pass(batch)) => PreStepOutcome::Decided(PreStepDecision::Enter(batch)),
                     Ok(HookVerdict::Reject { reason }) => PreStepOutcome::Decided(PreStepDecision::Reject { reason }),
                     Err(e) => PreStepOutcome::Failed { message: e.to_string() },
@@ -184,7 +184,7 @@ impl Operations {
                 {
                     return Err(ModelError::Failed { message: refused.to_string(), code: refused.code().to_owned() });
                 }
-                deps.agents.model.step(request, DeltaSink::new(delta_tx), token.clone()).await
+                deps.agents.model.step(ModelStep::new(request, DeltaSink::new(delta_tx), token.clone())).await
             };
             // The forwarder ends when the model drops its sink, so every delta precedes the outcome.
             let (result, seen) = tokio::join!(
@@ -234,7 +234,8 @@ impl Operations {
             outcome = tracing::field::Empty,
         );
         let task = async move {
-            let r = deps.agents.tools.call(&session, &request, &token, &released).await;
+            let run = ToolRun { session: &session, request: &request, abort: &token, released: &released };
+            let r = deps.agents.tools.call(run).await;
             let _ = tx.send(Outcome::ToolDone { op: request.op, outcome: tool_outcome(&request, r) }).await;
         };
         tokio::spawn(task.instrument(span));

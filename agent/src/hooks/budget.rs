@@ -5,11 +5,10 @@
 //! asked again, and no step is left half-run. A tool loop that never concludes is the case it stops.
 
 use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
 use turnstile_driver::{HookError, HookVerdict, PreStepRequest};
-use turnstile_model::{SessionRef, UserMessage};
+use turnstile_model::UserMessage;
 
-use super::PreStepHook;
+use super::{PreStepHook, Proposal};
 
 /// Rejects a proposal that would open step N of a turn when N exceeds `max`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,14 +47,8 @@ impl PreStepHook for StepBudget {
         Self::NAME
     }
 
-    async fn decide(
-        &self,
-        _session: &SessionRef,
-        request: &PreStepRequest,
-        batch: Vec<UserMessage>,
-        _abort: &CancellationToken,
-    ) -> Result<HookVerdict, HookError> {
-        Ok(self.judge(request, batch))
+    async fn decide(&self, proposal: Proposal<'_>, batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
+        Ok(self.judge(proposal.request, batch))
     }
 }
 

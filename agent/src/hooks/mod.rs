@@ -6,7 +6,8 @@
 //! Every agent has a waterfall of its own ([`AgentHooks`]), in this order: the built-in content guard,
 //! the built-in step budget ([`budget::StepBudget`], when the agent sets `max_steps_per_turn`), then the
 //! agent's remote hooks ([`remote::RemoteHook`]) in config order. [`AgentHooks`] is the worker's one
-//! [`PreStepHook`]: it runs the waterfall of [`PreStepRequest::agent`] (docs/decisions/0014-remote-hooks.md).
+//! [`PreStepHook`]: it runs the waterfall of
+//! [`PreStepRequest::agent`](turnstile_driver::PreStepRequest::agent) (docs/decisions/0014-remote-hooks.md).
 
 pub mod budget;
 pub mod remote;
@@ -15,10 +16,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
-use turnstile_driver::PreStepRequest;
-use turnstile_model::{SessionRef, UserMessage};
-pub use turnstile_worker::agent::{HookError, HookVerdict, PreStepHook};
+use turnstile_model::UserMessage;
+pub use turnstile_worker::agent::{HookError, HookVerdict, PreStepHook, Proposal};
 
 pub use budget::StepBudget;
 pub use remote::RemoteHook;
@@ -73,21 +72,16 @@ impl AgentHooks {
     }
 }
 
-/// The worker's one hook: the waterfall of the proposal's agent ([`PreStepRequest::agent`]).
+/// The worker's one hook: the waterfall of the proposal's agent
+/// ([`PreStepRequest::agent`](turnstile_driver::PreStepRequest::agent)).
 #[async_trait]
 impl PreStepHook for AgentHooks {
     fn name(&self) -> &str {
         "waterfall"
     }
 
-    async fn decide(
-        &self,
-        session: &SessionRef,
-        request: &PreStepRequest,
-        batch: Vec<UserMessage>,
-        abort: &CancellationToken,
-    ) -> Result<HookVerdict, HookError> {
-        run_waterfall(&self.for_agent(&request.agent), session, request, batch, abort).await
+    async fn decide(&self, proposal: Proposal<'_>, batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
+        run_waterfall(&self.for_agent(&proposal.request.agent), proposal, batch).await
     }
 }
 
@@ -95,13 +89,11 @@ impl PreStepHook for AgentHooks {
 /// rejection ends the waterfall.
 pub async fn run_waterfall(
     hooks: &[Arc<dyn PreStepHook>],
-    session: &SessionRef,
-    request: &PreStepRequest,
+    proposal: Proposal<'_>,
     mut batch: Vec<UserMessage>,
-    abort: &CancellationToken,
 ) -> Result<HookVerdict, HookError> {
     for hook in hooks {
-        match hook.decide(session, request, batch, abort).await? {
+        match hook.decide(proposal, batch).await? {
             HookVerdict::Pass(next) => batch = next,
             reject @ HookVerdict::Reject { .. } => return Ok(reject),
         }
@@ -129,13 +121,7 @@ impl PreStepHook for ContentGuard {
         Self::NAME
     }
 
-    async fn decide(
-        &self,
-        _session: &SessionRef,
-        _request: &PreStepRequest,
-        batch: Vec<UserMessage>,
-        _abort: &CancellationToken,
-    ) -> Result<HookVerdict, HookError> {
+    async fn decide(&self, _: Proposal<'_>, batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
         Self::judge(batch)
     }
 }
@@ -143,6 +129,9 @@ impl PreStepHook for ContentGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio_util::sync::CancellationToken;
+    use turnstile_driver::PreStepRequest;
+    use turnstile_model::SessionRef;
 
     fn msg(id: &str, text: &str) -> UserMessage {
         UserMessage::user_text(id, text)
@@ -157,13 +146,7 @@ mod tests {
             self.0
         }
 
-        async fn decide(
-            &self,
-            _: &SessionRef,
-            _: &PreStepRequest,
-            batch: Vec<UserMessage>,
-            _: &CancellationToken,
-        ) -> Result<HookVerdict, HookError> {
+        async fn decide(&self, _: Proposal<'_>, batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
             Ok(HookVerdict::Pass(batch.into_iter().map(|m| msg(&m.id.0, &format!("{}{}", self.0, m.text()))).collect()))
         }
     }
@@ -200,14 +183,13 @@ mod tests {
             agent_hash: String::new(),
         };
         let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(Tag("1:")), Arc::new(Tag("2:"))];
-        let decision =
-            run_waterfall(&hooks, &session, &request, request.messages.clone(), &CancellationToken::new()).await;
+        let abort = CancellationToken::new();
+        let decision = run_waterfall(&hooks, Proposal::new(&session, &request, &abort), request.messages.clone()).await;
         assert_eq!(decision, Ok(HookVerdict::Pass(vec![msg("m", "2:1:x")])));
         // The content guard rejects before later hooks run.
         let request = PreStepRequest { messages: vec![msg("m", "[[reject]]")], ..request };
         let hooks: Vec<Arc<dyn PreStepHook>> = vec![Arc::new(ContentGuard), Arc::new(Tag("never"))];
-        let decision =
-            run_waterfall(&hooks, &session, &request, request.messages.clone(), &CancellationToken::new()).await;
+        let decision = run_waterfall(&hooks, Proposal::new(&session, &request, &abort), request.messages.clone()).await;
         assert_eq!(decision, Ok(HookVerdict::Reject { reason: None }));
     }
 

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use metrics::{counter, histogram};
 use tokio::sync::OnceCell;
-use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tracing::Instrument as _;
 use turnstile_config::{HookConfig, OnFailure};
@@ -25,7 +24,7 @@ use turnstile_proto::codec::{decode_user_message_with_default_source, encode_ses
 use turnstile_proto::hooks::v1 as pb;
 use turnstile_proto::hooks::v1::pre_step_hook_client::PreStepHookClient;
 
-use super::PreStepHook;
+use super::{PreStepHook, Proposal};
 
 /// Why one call of a remote hook produced no usable decision.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -199,13 +198,8 @@ impl PreStepHook for RemoteHook {
         &self.url
     }
 
-    async fn decide(
-        &self,
-        session: &SessionRef,
-        request: &PreStepRequest,
-        batch: Vec<UserMessage>,
-        abort: &CancellationToken,
-    ) -> Result<HookVerdict, HookError> {
+    async fn decide(&self, proposal: Proposal<'_>, batch: Vec<UserMessage>) -> Result<HookVerdict, HookError> {
+        let Proposal { session, request, abort } = proposal;
         let span = tracing::info_span!(
             "pre_step.hook",
             hook = %self.url,

@@ -36,7 +36,7 @@ use super::chat::{
 use super::endpoint::{EndpointError, ModelEndpoint, ProviderKind};
 use super::openai::OpenAiProvider;
 use turnstile_driver::{ModelOutput, ModelRequest, SUMMARY_PREFIX, compaction_instruction};
-use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelIdentity};
+use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelIdentity, ModelStep};
 
 use crate::tools::ClientBusSlot;
 
@@ -311,12 +311,8 @@ impl Model for ChatModel {
         ModelIdentity::new(self.provider.provider(), self.provider.model())
     }
 
-    async fn step(
-        &self,
-        request: ModelRequest,
-        deltas: DeltaSink,
-        abort: CancellationToken,
-    ) -> Result<ModelOutput, ModelError> {
+    async fn step(&self, step: ModelStep) -> Result<ModelOutput, ModelError> {
+        let ModelStep { request, deltas, abort } = step;
         let mut chat = self.chat_request(&request);
         if request.compaction.is_none()
             && !self.client_tools.is_empty()
@@ -368,22 +364,9 @@ mod tests {
 
     fn request(history: Vec<TranscriptEntry>, messages: Vec<UserMessage>) -> ModelRequest {
         ModelRequest {
-            agent_hash: String::new(),
-            overrides: Default::default(),
-            op: 1,
-            session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
-            turn: 2,
-            step: 1,
-            agent: "assistant".into(),
             system: Some("You are helpful.".into()),
             history: history.into_iter().map(std::sync::Arc::new).collect(),
-            messages,
-            tool_results: vec![],
-            interrupted_prompt: vec![],
-            goal: None,
-            summary: None,
-            output: None,
-            compaction: None,
+            ..crate::fixtures::model_request("assistant", messages)
         }
     }
 
@@ -617,7 +600,7 @@ mod tests {
             let mut r = request(vec![], vec![UserMessage::user_text("m1", "hi")]);
             r.session.tenant = tenant.into();
             let (tx, _rx) = tokio::sync::mpsc::channel(16);
-            model.step(r, DeltaSink::new(tx), CancellationToken::new())
+            model.step(ModelStep::new(r, DeltaSink::new(tx), CancellationToken::new()))
         };
         // No bus yet: only the static tools.
         run("acme").await.unwrap();

@@ -26,10 +26,9 @@ pub mod directive;
 mod plan;
 
 use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
-use turnstile_driver::{ModelOutput, ModelRequest};
+use turnstile_driver::ModelOutput;
 use turnstile_model::{ModelRef, Usage};
-use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelIdentity};
+use turnstile_worker::agent::{Model, ModelError, ModelIdentity, ModelStep};
 
 pub use plan::{CONTENT_GUARD, ScriptedPlan, judge, plan};
 
@@ -59,12 +58,8 @@ impl Model for ScriptedModel {
         ModelIdentity::new("scripted", self.name.clone())
     }
 
-    async fn step(
-        &self,
-        request: ModelRequest,
-        deltas: DeltaSink,
-        abort: CancellationToken,
-    ) -> Result<ModelOutput, ModelError> {
+    async fn step(&self, step: ModelStep) -> Result<ModelOutput, ModelError> {
+        let ModelStep { request, deltas, abort } = step;
         let mut plan = plan(&request);
         plan.output.model.get_or_insert_with(|| ModelRef::new("scripted", self.name.clone()));
         if let Some(message) = plan.fail {

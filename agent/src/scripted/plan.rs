@@ -169,24 +169,7 @@ mod tests {
     use turnstile_driver::ToolOutcome;
 
     fn request(messages: Vec<UserMessage>) -> ModelRequest {
-        ModelRequest {
-            agent_hash: String::new(),
-            overrides: Default::default(),
-            op: 1,
-            session: turnstile_model::SessionRef { tenant: "default".into(), id: "s".into() },
-            turn: 2,
-            step: 1,
-            agent: "scripted".into(),
-            system: None,
-            history: vec![],
-            messages,
-            tool_results: vec![],
-            interrupted_prompt: vec![],
-            goal: None,
-            summary: None,
-            output: None,
-            compaction: None,
-        }
+        crate::fixtures::model_request("scripted", messages)
     }
 
     #[test]

@@ -151,7 +151,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use turnstile_worker::agent::Tools;
+    use turnstile_worker::agent::{ToolRun, Tools};
 
     #[test]
     fn arguments_become_json() {
@@ -262,19 +262,24 @@ mod tests {
             tools: None,
             idempotency_key: format!("t/s/1/1/{call_id}"),
         };
-        let r = Tools::call(&tools, &session, &request("c9", "other", "{}"), &abort, &CancellationToken::new()).await;
+        let released = CancellationToken::new();
+        let call = |request: turnstile_driver::ToolRequest| {
+            let (tools, session, abort, released) = (&tools, &session, &abort, &released);
+            async move { Tools::call(tools, ToolRun { session, request: &request, abort, released }).await }
+        };
+        let r = call(request("c9", "other", "{}")).await;
         assert_eq!(
             r.error.as_deref(),
             Some(
                 "tool other is not available to agent scripted (its tools: sleep, echo, clock, client:lookup); call one of those"
             )
         );
-        let r = Tools::call(&tools, &session, &request("c9", "lookup", "{}"), &abort, &CancellationToken::new()).await;
+        let r = call(request("c9", "lookup", "{}")).await;
         assert_eq!(r.error.as_deref(), Some(super::super::TOOL_TIMEOUT));
         // The cancel is sent from a task of its own.
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(*slow.cancels.lock().unwrap(), vec!["c9".to_owned()]);
-        let r = Tools::call(&tools, &session, &request("c10", "echo", "hi"), &abort, &CancellationToken::new()).await;
+        let r = call(request("c10", "echo", "hi")).await;
         assert_eq!(r.output, "hi");
     }
 }

@@ -10,9 +10,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use turnstile_cluster::ToolBus;
 use turnstile_config::{Config, ToolId};
-use turnstile_driver::ToolRequest;
-use turnstile_model::message::SessionRef;
-use turnstile_worker::agent::Tools;
+use turnstile_worker::agent::{ToolRun, Tools};
 
 use super::builtin::{Clock, Echo, Sleep};
 use super::metrics::ToolCall;
@@ -162,33 +160,20 @@ impl ToolRegistry {
         profile.and_then(|p| p.memory.as_ref()).map(|m| m.namespaces.clone()).unwrap_or_default()
     }
 
-    /// Runs `request`'s call, already allowed, bounded by `deadline`, its memory tools reaching `memory` (an
+    /// Runs the call of `run`, already allowed, bounded by `deadline`, its memory tools reaching `memory` (an
     /// agent version of the API checks its own list and names its own namespaces:
     /// `crate::versions::VersionedTools`).
-    #[allow(clippy::too_many_arguments)] // As `Tools::call`, with the deadline and the namespaces.
-    pub async fn run_within(
-        &self,
-        session: &SessionRef,
-        request: &ToolRequest,
-        memory: Vec<String>,
-        deadline: Duration,
-        abort: &CancellationToken,
-        released: &CancellationToken,
-    ) -> ToolReturn {
-        let measure = ToolCall::start(ToolId::from_call_name(&request.call.name));
-        self.call_within(session, request, memory, deadline, measure, abort, released).await
+    pub async fn run_within(&self, run: ToolRun<'_>, memory: Vec<String>, deadline: Duration) -> ToolReturn {
+        let measure = ToolCall::start(ToolId::from_call_name(&run.request.call.name));
+        self.call_within(run, memory, deadline, measure).await
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn call_within(
         &self,
-        session: &SessionRef,
-        request: &ToolRequest,
+        ToolRun { session, request, abort, released }: ToolRun<'_>,
         memory: Vec<String>,
         deadline: Duration,
         mut measure: ToolCall,
-        abort: &CancellationToken,
-        released: &CancellationToken,
     ) -> ToolReturn {
         let (name, arguments) = (request.call.name.as_str(), request.call.arguments.as_str());
         let id = ToolId::from_call_name(name);
@@ -239,19 +224,12 @@ impl ToolRegistry {
 
 #[async_trait]
 impl Tools for ToolRegistry {
-    /// Runs `request`'s call in `session`: refused when its agent does not list the tool (a model may name
-    /// any tool), bounded by the agent's deadline for it (`tool_timeout`; the tool sees `abort` fire and gets
-    /// a short grace to send its cancel), counted and timed (`turnstile_tool_calls_total`). `released` is
-    /// [`ToolContext::released`]. (The inherent [`ToolRegistry::call`] runs a tool by name
-    /// with no policy.)
-    async fn call(
-        &self,
-        session: &SessionRef,
-        request: &ToolRequest,
-        abort: &CancellationToken,
-        released: &CancellationToken,
-    ) -> ToolReturn {
-        let (agent, name) = (request.agent.as_str(), request.call.name.as_str());
+    /// Runs the call of `run`: refused when its agent does not list the tool (a model may name any tool), bounded
+    /// by the agent's deadline for it (`tool_timeout`; the tool sees `abort` fire and gets a short grace to
+    /// send its cancel), counted and timed (`turnstile_tool_calls_total`). `released` is
+    /// [`ToolContext::released`]. (The inherent [`ToolRegistry::call`] runs a tool by name with no policy.)
+    async fn call(&self, run: ToolRun<'_>) -> ToolReturn {
+        let (agent, name) = (run.request.agent.as_str(), run.request.call.name.as_str());
         let id = ToolId::from_call_name(name);
         let mut measure = ToolCall::start(id);
         let memory = self.memory_of(agent);
@@ -267,6 +245,6 @@ impl Tools for ToolRegistry {
                 None => DEFAULT_DEADLINE,
             },
         };
-        self.call_within(session, request, memory, deadline, measure, abort, released).await
+        self.call_within(run, memory, deadline, measure).await
     }
 }

@@ -3,6 +3,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures::Stream;
@@ -90,18 +91,8 @@ impl ItemStream {
 impl Stream for ItemStream {
     type Item = Result<pb::WatchItem, Status>;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
-        loop {
-            return match std::task::ready!(self.0.as_mut().poll_next(cx)) {
-                // A feed's end is no message: the status follows.
-                Some(Ok(out)) => match out.into_item() {
-                    Some(item) => std::task::Poll::Ready(Some(Ok(item))),
-                    None => continue,
-                },
-                Some(Err(status)) => std::task::Poll::Ready(Some(Err(status))),
-                None => std::task::Poll::Ready(None),
-            };
-        }
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        poll_made(&mut self.0, cx, Outgoing::into_item)
     }
 }
 
@@ -117,16 +108,24 @@ impl std::fmt::Debug for EncodedItemStream {
 impl Stream for EncodedItemStream {
     type Item = Result<Bytes, Status>;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
-        loop {
-            return match std::task::ready!(self.0.as_mut().poll_next(cx)) {
-                Some(Ok(out)) => match out.into_encoded() {
-                    Some(bytes) => std::task::Poll::Ready(Some(Ok(bytes))),
-                    None => continue,
-                },
-                Some(Err(status)) => std::task::Poll::Ready(Some(Err(status))),
-                None => std::task::Poll::Ready(None),
-            };
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        poll_made(&mut self.0, cx, Outgoing::into_encoded)
+    }
+}
+
+/// The next of `queued`'s outputs as `make` makes it into what is sent. An output it makes nothing of (a
+/// feed's end is no message: the status follows) is passed over.
+fn poll_made<T>(
+    queued: &mut Queued,
+    cx: &mut Context<'_>,
+    make: fn(Outgoing) -> Option<T>,
+) -> Poll<Option<Result<T, Status>>> {
+    loop {
+        let Some(out) = std::task::ready!(queued.as_mut().poll_next(cx)) else {
+            return Poll::Ready(None);
+        };
+        if let Some(sent) = out.map(make).transpose() {
+            return Poll::Ready(Some(sent));
         }
     }
 }

@@ -230,11 +230,12 @@ fn decode_stored(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use turnstile_model::{EventPayload, Status};
 
-    fn events(n: u64) -> Vec<Envelope> {
+    /// Seqs 1..=`n` of one session, of status events.
+    pub(crate) fn events(n: u64) -> Vec<Envelope> {
         let session = SessionRef::new("acme", "g").unwrap();
         (1..=n)
             .map(|seq| Envelope {
@@ -247,14 +248,18 @@ mod tests {
             .collect()
     }
 
+    /// A group message of `events` as the log stores it.
+    pub(crate) fn group_message(events: &[Envelope]) -> (HeaderMap, Vec<u8>) {
+        let bodies: Vec<Vec<u8>> = events.iter().map(codec::encode_event).collect();
+        (group_headers(events, None), encode_group(bodies.iter().map(Vec::as_slice)))
+    }
+
     #[test]
     fn a_group_body_is_a_session_event_group_and_decodes_back() {
         let events = events(3);
-        let bodies: Vec<Vec<u8>> = events.iter().map(codec::encode_event).collect();
-        let body = encode_group(bodies.iter().map(Vec::as_slice));
+        let (headers, body) = group_message(&events);
         let want = pb::SessionEventGroup { events: events.iter().map(codec::encode_session_event).collect() };
         assert_eq!(body, want.encode_to_vec(), "the same bytes prost writes for the message");
-        let headers = group_headers(&events, None);
         assert_eq!(headers.get(HEADER_TYPE).unwrap().as_str(), "agent/status,agent/status,agent/status");
         assert_eq!(header_range(&events[0].session, Some(&headers), 7).unwrap(), (1, 3));
         assert_eq!(decode_message(&events[0].session, Some(&headers), &body, 7).unwrap(), events);
@@ -292,9 +297,7 @@ mod tests {
     #[test]
     fn headers_that_disagree_with_the_body_are_corrupt() {
         let events = events(2);
-        let bodies: Vec<Vec<u8>> = events.iter().map(codec::encode_event).collect();
-        let body = encode_group(bodies.iter().map(Vec::as_slice));
-        let mut headers = group_headers(&events, None);
+        let (mut headers, body) = group_message(&events);
         headers.insert(HEADER_LAST_SEQ, "3");
         let err = decode_message(&events[0].session, Some(&headers), &body, 1).unwrap_err();
         assert!(matches!(err, JournalError::Corrupt { .. }), "{err}");

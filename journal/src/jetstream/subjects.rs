@@ -87,17 +87,13 @@ mod tests {
         SessionRef::new(tenant, id).unwrap()
     }
 
+    /// The session's shard is `turnstile_model::shard`'s, tested there; its partition is this module's.
     #[test]
-    fn shards_and_partitions_are_stable_and_in_range() {
-        let a = s("acme", "a");
-        assert_eq!(shard_of(&a, 256), (fnv1a64(b"acme/a") % 256) as u32);
-        assert_eq!(shard_of(&a, 256), shard_of(&a.clone(), 256));
-        for n in 0..200 {
-            let shard = shard_of(&s("t", &format!("s{n}")), 256);
-            assert!(shard < 256);
+    fn partitions_are_in_range() {
+        for shard in 0..256 {
             assert!(partition_of(shard, 3) < 3);
         }
-        assert_eq!(shard_of(&a, 0), 0);
+        assert_eq!(partition_of(7, 3), 1);
         assert_eq!(partition_of(7, 0), 0);
     }
 

@@ -386,22 +386,16 @@ fn stream_response(
 }
 
 /// The response a request's path names (`response_id`), read with the caller's credentials.
-async fn named(shared: &Shared, headers: &HeaderMap, raw: &str) -> Result<(Api, ResponseId, Meta), ApiError> {
-    let api = Api::new(&shared.gateway, headers);
+async fn named(api: &Api, raw: &str) -> Result<(ResponseId, Meta), ApiError> {
     let id = ResponseId::decode(raw, "response_id")?;
-    let meta = meta(&api, &id, "response_id").await?;
-    Ok((api, id, meta))
+    let meta = meta(api, &id, "response_id").await?;
+    Ok((id, meta))
 }
 
 /// `GET /v1/responses/{id}`, and with `stream=true` its events again (after `starting_after`, or the
 /// `Last-Event-ID` of an EventSource reconnect).
-pub(crate) async fn retrieve(
-    State(shared): State<Shared>,
-    headers: HeaderMap,
-    Path(raw): Path<String>,
-    RawQuery(q): RawQuery,
-) -> Answer {
-    let (api, id, meta) = named(&shared, &headers, &raw).await?;
+pub(crate) async fn retrieve(api: Api, headers: HeaderMap, Path(raw): Path<String>, RawQuery(q): RawQuery) -> Answer {
+    let (id, meta) = named(&api, &raw).await?;
     let pairs = query(q.as_deref());
     if param(&pairs, "stream") == Some("true") {
         let last_event = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
@@ -413,8 +407,8 @@ pub(crate) async fn retrieve(
 
 /// `POST /v1/responses/{id}/cancel`: cancels the turn (keeping the session's other pending input), or
 /// removes the input of a response whose turn has not started. An ended response is answered as it is.
-pub(crate) async fn cancel(State(shared): State<Shared>, headers: HeaderMap, Path(raw): Path<String>) -> Answer {
-    let (api, id, meta) = named(&shared, &headers, &raw).await?;
+pub(crate) async fn cancel(api: Api, Path(raw): Path<String>) -> Answer {
+    let (id, meta) = named(&api, &raw).await?;
     let fold = read(&api, id.clone(), meta.clone()).await?;
     if fold.finished() {
         return Ok(ok(fold.snapshot()));
@@ -435,8 +429,7 @@ pub(crate) async fn cancel(State(shared): State<Shared>, headers: HeaderMap, Pat
 
 /// `DELETE /v1/responses/{id}`: deletes the session the response chain lives in (decision 0100); a
 /// conversation's response is deleted with its conversation.
-pub(crate) async fn delete(State(shared): State<Shared>, headers: HeaderMap, Path(raw): Path<String>) -> Answer {
-    let api = Api::new(&shared.gateway, &headers);
+pub(crate) async fn delete(api: Api, Path(raw): Path<String>) -> Answer {
     let id = ResponseId::decode(&raw, "response_id")?;
     if id.conversation {
         return Err(ApiError::invalid(
@@ -455,13 +448,8 @@ pub(crate) async fn delete(State(shared): State<Shared>, headers: HeaderMap, Pat
 }
 
 /// `GET /v1/responses/{id}/input_items`: the messages the response's turn entered.
-pub(crate) async fn input_items(
-    State(shared): State<Shared>,
-    headers: HeaderMap,
-    Path(raw): Path<String>,
-    RawQuery(q): RawQuery,
-) -> Answer {
-    let (api, id, meta) = named(&shared, &headers, &raw).await?;
+pub(crate) async fn input_items(api: Api, Path(raw): Path<String>, RawQuery(q): RawQuery) -> Answer {
+    let (id, meta) = named(&api, &raw).await?;
     let pairs = query(q.as_deref());
     let fold = read(&api, id, meta).await?;
     let items: Vec<Value> = fold.inputs().iter().map(|i| message_item(&i.id, i.role, &i.text)).collect();

@@ -256,28 +256,9 @@ impl Drop for Busy<'_> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::jetstream::group::tests::{events, group_message};
     use prost::Message as _;
-    use turnstile_model::{EventPayload, Status};
     use turnstile_proto::{codec, v1 as pb};
-
-    fn events(n: u64) -> Vec<Envelope> {
-        let session = SessionRef::new("acme", "a").unwrap();
-        (1..=n)
-            .map(|seq| Envelope {
-                session: session.clone(),
-                seq,
-                time_ms: seq,
-                epoch: 1,
-                payload: EventPayload::Status(if seq % 2 == 0 { Status::Idle } else { Status::Running }),
-            })
-            .collect()
-    }
-
-    /// A group message of `events` as the log stores it.
-    fn group_message(events: &[Envelope]) -> (HeaderMap, Vec<u8>) {
-        let bodies: Vec<Vec<u8>> = events.iter().map(codec::encode_event).collect();
-        (group::group_headers(events, None), group::encode_group(bodies.iter().map(Vec::as_slice)))
-    }
 
     #[test]
     fn a_chunk_of_both_layouts_holds_the_logs_event_bytes_in_order() {

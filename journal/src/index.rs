@@ -190,17 +190,24 @@ impl MemoryIndex {
     /// Applies `entry` unless the index holds a later one of the same session (a mirror may see its own
     /// submissions before the store's echo of older ones).
     pub fn apply(&self, entry: IndexEntry) {
+        self.swap(entry);
+    }
+
+    /// [`MemoryIndex::apply`], returning the entry `entry` replaced (`None` when there was none, or when
+    /// `entry` was refused as older). The KV index's writer compares a session's next write with it: it is
+    /// what the bucket holds when nothing of the session waits to be written (decision 0198).
+    pub fn swap(&self, entry: IndexEntry) -> Option<IndexEntry> {
         let mut tenants = crate::sync::write(&self.tenants);
         let table = tenants.entry(entry.session.tenant.clone()).or_default();
         let id = entry.session.id.clone();
         if let Some(old) = table.by_id.get(&id) {
             if old.summary.last_seq > entry.summary.last_seq {
-                return;
+                return None;
             }
             table.by_activity.remove(&(Reverse(old.summary.last_time_ms), id.clone()));
         }
         table.by_activity.insert((Reverse(entry.summary.last_time_ms), id.clone()));
-        table.by_id.insert(id, entry);
+        table.by_id.insert(id, entry)
     }
 
     pub fn forget(&self, session: &SessionRef) {

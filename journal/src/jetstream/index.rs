@@ -89,7 +89,8 @@ pub struct PendingWrites {
     /// How long a write of activity alone may wait ([`ACTIVITY_REFRESH`] unless a test chooses).
     refresh: Duration,
     ready: Notify,
-    /// Told the queue's length after each change (the `turnstile_index_writes_pending` gauge).
+    /// Told the number of writes due (not those waiting for their activity refresh, which wait by design)
+    /// after each change: the `turnstile_index_writes_pending` gauge, which an alert reads as NATS away.
     observer: OnceLock<Box<dyn Fn(usize) + Send + Sync>>,
     /// The index is gone: the writer stops once the queue is empty.
     closed: AtomicBool,
@@ -265,7 +266,7 @@ impl PendingWrites {
                 None => Pending { entry, held, first: generation, since: Instant::now() },
             };
             let look = queue.insert(session, pending, self.refresh, was_waiting);
-            (queue.len(), look)
+            (queue.ready.len(), look)
         };
         self.observe(len);
         if look {
@@ -286,7 +287,7 @@ impl PendingWrites {
             };
             // It was due: it goes back among the ready ones unless a newer write makes it one that may wait.
             queue.insert(session, pending, self.refresh, was_waiting);
-            queue.len()
+            queue.ready.len()
         };
         self.observe(len);
     }
@@ -354,7 +355,7 @@ impl PendingWrites {
         let (taken, left) = {
             let mut queue = self.lock();
             let all = std::mem::take(&mut queue.urgent) || self.closed.load(Ordering::SeqCst);
-            (queue.take(Instant::now(), self.refresh, all), queue.len())
+            (queue.take(Instant::now(), self.refresh, all), queue.ready.len())
         };
         self.observe(left);
         Some(taken)
@@ -811,6 +812,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_change_of_activity_alone_waits_for_the_refresh_and_other_writes_do_not() {
         let pending = PendingWrites::new(REFRESH);
+        let gauge = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+        let seen = gauge.clone();
+        let _ = pending.observer.set(Box::new(move |n| seen.store(n, Ordering::SeqCst)));
         let idle = at("a", 10, 1_000, Status::Idle);
         // The followup's two changes (running, then idle again) within one window: what is left to write is
         // the held entry but for its activity.
@@ -832,6 +836,7 @@ mod tests {
         );
         assert_eq!(generation, 0, "the store is not at the waiting write's generation (the first of all)");
         assert_eq!(pending.len(), 1, "a's write waits");
+        assert_eq!(gauge.load(Ordering::SeqCst), 0, "the gauge (an alert's: NATS away) counts no write held back");
 
         // More followups of a within the refresh join its waiting write; the next batch is its refresh,
         // counted from its first change.

@@ -16,13 +16,14 @@
 //! shard handed over, the process stopping). The mirror knows the bytes of this process's own puts and
 //! skips their echo from the watch before decoding it: the entry was applied when it was submitted.
 //!
-//! A write that changes nothing but the session's activity (`last_seq`, `last_time_ms`) against what the
-//! bucket holds waits up to [`ACTIVITY_REFRESH`] instead (decision 0198), joined by the session's later
-//! changes: a followup's `running` then `idle` is such a write once the window has merged them. What the
-//! bucket holds is the mirror's entry when the session's first queued write was submitted (nothing of it
-//! was queued, so that entry had been written), kept with the queued write: no map of every session.
-//! Removals, status or any other change, and activity moved by the refresh or more are written with the
-//! window; a flush or the close writes the waiting ones too.
+//! A write that changes nothing but the session's progress (`last_seq`, `last_time_ms`, `last_turn`:
+//! [`IndexEntry::same_but_progress`]) against what the bucket holds waits up to [`ACTIVITY_REFRESH`]
+//! instead (decision 0198), joined by the session's later changes: a followup's `running` then `idle` is
+//! such a write once the window has merged them. What the bucket holds is the mirror's entry when the
+//! session's first queued write was submitted (nothing of it was queued, so that entry had been written),
+//! kept with the queued write: no map of every session. Removals, status or any other change, and activity
+//! moved by the refresh or more are written with the window; a flush or the close writes the waiting ones
+//! too.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,9 +56,9 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_secs(5);
 /// session's changes in between cost one put.
 pub const WRITE_WINDOW: Duration = Duration::from_millis(100);
 
-/// How long a write that changes nothing but a session's activity (`last_seq`, `last_time_ms`) may wait
-/// (decision 0198): the bucket's activity of a session is never older than this (plus the window) against
-/// its owner's. Ordering by last activity and the `updated_after`/`updated_before` filters see activity, so
+/// How long a write that changes nothing but a session's progress (`last_seq`, `last_time_ms`,
+/// `last_turn`) may wait (decision 0198): the bucket's activity of a session is never older than this (plus
+/// the window) against its owner's. Ordering by last activity and the `updated_after`/`updated_before` filters see activity, so
 /// it is bounded: two seconds keep a list ordered by activity right to the second or two a reader of it
 /// tells apart (the runner already submits activity alone only once it moved by a second), and cut a busy
 /// session's puts to one per two seconds however many followups it takes in them.
@@ -122,7 +123,7 @@ impl Pending {
         let refresh_ms = u64::try_from(refresh.as_millis()).unwrap_or(u64::MAX);
         match (&self.entry, &self.held) {
             (Some(entry), Some(held)) => {
-                entry.same_but_activity(held)
+                entry.same_but_progress(held)
                     && entry.summary.last_time_ms < held.summary.last_time_ms.saturating_add(refresh_ms)
             }
             _ => false,
@@ -819,7 +820,10 @@ mod tests {
         // The followup's two changes (running, then idle again) within one window: what is left to write is
         // the held entry but for its activity.
         pending.submit(session("a"), Some(at("a", 11, 1_400, Status::Running)), Some(idle.clone()));
-        pending.submit(session("a"), Some(at("a", 13, 1_410, Status::Idle)), None);
+        // The followup's turn is the session's next: its last turn moved too, which no query filters on.
+        let mut next_turn = at("a", 13, 1_410, Status::Idle);
+        next_turn.summary.last_turn += 1;
+        pending.submit(session("a"), Some(next_turn), None);
         let start = Instant::now();
         // A status change, a removal, and activity moved by the refresh or more: all due with the window.
         pending.submit(session("b"), Some(at("b", 2, 1_000, Status::Running)), Some(at("b", 1, 1_000, Status::Idle)));

@@ -43,9 +43,21 @@ impl IndexEntry {
         Self { session: state.session.clone(), summary, schedules: state.schedules.len() as u32 }
     }
 
+    /// The same entry but for the session's progress: its activity (`last_seq`, `last_time_ms`) and its
+    /// last turn, which moves with every followup. No filter of a query reads them and only the order by
+    /// last activity does: the KV index's writer may hold such a change back for a while (decision 0198).
+    pub fn same_but_progress(&self, other: &IndexEntry) -> bool {
+        self.same_but(other, false)
+    }
+
     /// The same entry but for what changes on every event: an owner compares with this to submit only
     /// what a query could see differently.
     pub fn same_but_activity(&self, other: &IndexEntry) -> bool {
+        self.same_but(other, true)
+    }
+
+    /// Equal but for activity; with `turn`, the last turn must be equal too.
+    fn same_but(&self, other: &IndexEntry, turn: bool) -> bool {
         // Field by field, without copying either entry (this runs after every input of a session); the
         // destructuring names every field, so a new one cannot be forgotten here.
         let SessionSummary {
@@ -66,7 +78,7 @@ impl IndexEntry {
         self.session == other.session
             && self.schedules == other.schedules
             && *status == o.status
-            && *last_turn == o.last_turn
+            && (!turn || *last_turn == o.last_turn)
             && *epoch == o.epoch
             && *owner == o.owner
             && *agent == o.agent
@@ -190,17 +202,24 @@ impl MemoryIndex {
     /// Applies `entry` unless the index holds a later one of the same session (a mirror may see its own
     /// submissions before the store's echo of older ones).
     pub fn apply(&self, entry: IndexEntry) {
+        self.swap(entry);
+    }
+
+    /// [`MemoryIndex::apply`], returning the entry `entry` replaced (`None` when there was none, or when
+    /// `entry` was refused as older). The KV index's writer compares a session's next write with it: it is
+    /// what the bucket holds when nothing of the session waits to be written (decision 0198).
+    pub fn swap(&self, entry: IndexEntry) -> Option<IndexEntry> {
         let mut tenants = crate::sync::write(&self.tenants);
         let table = tenants.entry(entry.session.tenant.clone()).or_default();
         let id = entry.session.id.clone();
         if let Some(old) = table.by_id.get(&id) {
             if old.summary.last_seq > entry.summary.last_seq {
-                return;
+                return None;
             }
             table.by_activity.remove(&(Reverse(old.summary.last_time_ms), id.clone()));
         }
         table.by_activity.insert((Reverse(entry.summary.last_time_ms), id.clone()));
-        table.by_id.insert(id, entry);
+        table.by_id.insert(id, entry)
     }
 
     pub fn forget(&self, session: &SessionRef) {
@@ -317,6 +336,19 @@ mod tests {
 
     fn ids(entries: &[IndexEntry]) -> Vec<&str> {
         entries.iter().map(|e| e.session.id.as_str()).collect()
+    }
+
+    #[test]
+    fn progress_is_activity_and_the_last_turn() {
+        let idle = entry("acme", "a", 100, &[("team", "blue")]);
+        let mut next = entry("acme", "a", 200, &[("team", "blue")]);
+        next.summary.last_turn += 1;
+        assert!(next.same_but_progress(&idle), "a followup later, idle again");
+        assert!(!next.same_but_activity(&idle), "the runner still submits a new turn");
+        next.summary.status = Status::Running;
+        assert!(!next.same_but_progress(&idle), "a status is seen by queries");
+        let relabeled = entry("acme", "a", 200, &[("team", "red")]);
+        assert!(!relabeled.same_but_progress(&idle));
     }
 
     #[test]

@@ -15,8 +15,17 @@
 //! leave the followup's path. [`SessionIndex::flush`] cuts the window short and waits for the batch (a
 //! shard handed over, the process stopping). The mirror knows the bytes of this process's own puts and
 //! skips their echo from the watch before decoding it: the entry was applied when it was submitted.
+//!
+//! A write that changes nothing but the session's progress (`last_seq`, `last_time_ms`, `last_turn`:
+//! [`IndexEntry::same_but_progress`]) against what the bucket holds waits up to [`ACTIVITY_REFRESH`]
+//! instead (decision 0198), joined by the session's later changes: a followup's `running` then `idle` is
+//! such a write once the window has merged them. What the bucket holds is the mirror's entry when the
+//! session's first queued write was submitted (nothing of it was queued, so that entry had been written),
+//! kept with the queued write: no map of every session. Removals, status or any other change, and activity
+//! moved by the refresh or more are written with the window; a flush or the close writes the waiting ones
+//! too.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -26,6 +35,7 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 use turnstile_model::message::SessionRef;
 
 use crate::index::{IndexEntry, MemoryIndex, Query, SessionIndex};
@@ -46,12 +56,24 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_secs(5);
 /// session's changes in between cost one put.
 pub const WRITE_WINDOW: Duration = Duration::from_millis(100);
 
+/// How long a write that changes nothing but a session's progress (`last_seq`, `last_time_ms`,
+/// `last_turn`) may wait (decision 0198): the bucket's activity of a session is never older than this (plus
+/// the window) against its owner's. Ordering by last activity and the `updated_after`/`updated_before` filters see activity, so
+/// it is bounded: two seconds keep a list ordered by activity right to the second or two a reader of it
+/// tells apart (the runner already submits activity alone only once it moved by a second), and cut a busy
+/// session's puts to one per two seconds however many followups it takes in them.
+pub const ACTIVITY_REFRESH: Duration = Duration::from_secs(2);
+
 fn key(session: &SessionRef) -> String {
     format!("{}.{}", session.tenant, session.id)
 }
 
 /// Index writes waiting for the bucket: the latest per session (`None`: remove it). A newer write of a
 /// session replaces its queued one, so the queue holds at most one entry per session.
+///
+/// A write that changes nothing a query sees but the session's activity (`last_seq`, `last_time_ms`)
+/// against what the bucket holds waits for the activity refresh ([`ACTIVITY_REFRESH`], decision 0198)
+/// instead of the window: a session busy with followups is put once per refresh, not once per followup.
 ///
 /// ```
 /// use turnstile_journal::jetstream::PendingWrites;
@@ -65,37 +87,131 @@ fn key(session: &SessionRef) -> String {
 /// ```
 pub struct PendingWrites {
     queue: Mutex<Queue>,
+    /// How long a write of activity alone may wait ([`ACTIVITY_REFRESH`] unless a test chooses).
+    refresh: Duration,
     ready: Notify,
-    /// Told the queue's length after each change (the `turnstile_index_writes_pending` gauge).
+    /// Told the number of writes due (not those waiting for their activity refresh, which wait by design)
+    /// after each change: the `turnstile_index_writes_pending` gauge, which an alert reads as NATS away.
     observer: OnceLock<Box<dyn Fn(usize) + Send + Sync>>,
     /// The index is gone: the writer stops once the queue is empty.
     closed: AtomicBool,
-    /// A flush waits: the writer puts what is queued without waiting out its window.
-    urgent: AtomicBool,
-    /// Wakes a writer waiting out its window (a flush, the index closing).
+    /// Wakes a writer waiting out its window or a refresh (a flush, the index closing).
     cut_window: Notify,
     /// The generation of the last batch written (or tried once): a flush waits for its own.
     written: watch::Sender<u64>,
 }
 
+/// One session's queued write.
+#[derive(Debug)]
+struct Pending {
+    /// The entry to put, or `None` to remove the session.
+    entry: Option<IndexEntry>,
+    /// What the bucket holds for the session as far as this node knows: the mirror's entry when the first
+    /// of the queued writes was submitted (nothing was queued, so that entry had been written); `None`:
+    /// nothing, or not known. Kept only while a write is queued, so no map of every session is needed.
+    held: Option<IndexEntry>,
+    /// The generation at which the first of the queued writes was queued (orders the waiting ones).
+    first: u64,
+    /// When it was queued: a write of activity alone is due a refresh after it.
+    since: Instant,
+}
+
+impl Pending {
+    /// Whether the write changes only the activity of what the bucket holds, and that by less than
+    /// `refresh`: then it may wait until `since + refresh`. A removal never waits.
+    fn may_wait(&self, refresh: Duration) -> bool {
+        let refresh_ms = u64::try_from(refresh.as_millis()).unwrap_or(u64::MAX);
+        match (&self.entry, &self.held) {
+            (Some(entry), Some(held)) => {
+                entry.same_but_progress(held)
+                    && entry.summary.last_time_ms < held.summary.last_time_ms.saturating_add(refresh_ms)
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the bucket holds this very entry already (nothing to put).
+    fn is_held(&self) -> bool {
+        self.entry.is_some() && self.entry == self.held
+    }
+}
+
 /// The queued writes, and how many writes were ever queued (a flush's generation).
 #[derive(Default)]
 struct Queue {
-    entries: HashMap<SessionRef, Option<IndexEntry>>,
+    /// Due when the window ends.
+    ready: HashMap<SessionRef, Pending>,
+    /// Of activity alone: due a refresh after their `since`.
+    waiting: HashMap<SessionRef, Pending>,
+    /// The waiting sessions by their `first`, which orders them by `since` too (both are taken together
+    /// under the lock): the oldest is due first.
+    waiting_order: BTreeMap<u64, SessionRef>,
     generation: u64,
+    /// A flush waits: the next batch takes everything, the waiting writes too, without a window.
+    urgent: bool,
+}
+
+impl Queue {
+    fn len(&self) -> usize {
+        self.ready.len() + self.waiting.len()
+    }
+
+    /// Takes `session`'s queued write out, wherever it waits.
+    fn remove(&mut self, session: &SessionRef) -> Option<Pending> {
+        if let Some(pending) = self.ready.remove(session) {
+            return Some(pending);
+        }
+        let pending = self.waiting.remove(session)?;
+        self.waiting_order.remove(&pending.first);
+        Some(pending)
+    }
+
+    /// Queues `pending` as `session`'s write, ready or waiting as it may; whether the writer should look
+    /// again (it is ready, or it is a new deadline).
+    fn insert(&mut self, session: SessionRef, pending: Pending, refresh: Duration, was_waiting: bool) -> bool {
+        if pending.may_wait(refresh) {
+            self.waiting_order.insert(pending.first, session.clone());
+            self.waiting.insert(session, pending);
+            !was_waiting
+        } else {
+            self.ready.insert(session, pending);
+            true
+        }
+    }
+
+    /// When the oldest waiting write is due.
+    fn next_refresh(&self, refresh: Duration) -> Option<Instant> {
+        let (_, session) = self.waiting_order.first_key_value()?;
+        // The two maps hold the same sessions; were they ever not to, it is due now rather than never.
+        Some(self.waiting.get(session).map_or_else(Instant::now, |p| p.since + refresh))
+    }
+
+    /// The ready writes, the waiting ones due by `now` (all of them with `all`), and the generation the
+    /// store is at once they are written: that of the queue, or just before the oldest write left waiting.
+    fn take(&mut self, now: Instant, refresh: Duration, all: bool) -> (Vec<(SessionRef, Pending)>, u64) {
+        let mut batch: Vec<_> = self.ready.drain().collect();
+        while let Some((&first, session)) = self.waiting_order.first_key_value() {
+            let due = self.waiting.get(session).is_none_or(|p| p.since + refresh <= now);
+            if !all && !due {
+                break;
+            }
+            if let Some(session) = self.waiting_order.remove(&first)
+                && let Some(pending) = self.waiting.remove(&session)
+            {
+                batch.push((session, pending));
+            }
+        }
+        let generation = match self.waiting_order.first_key_value() {
+            Some((&first, _)) => self.generation.min(first - 1),
+            None => self.generation,
+        };
+        (batch, generation)
+    }
 }
 
 impl Default for PendingWrites {
     fn default() -> Self {
-        Self {
-            queue: Mutex::default(),
-            ready: Notify::new(),
-            observer: OnceLock::new(),
-            closed: AtomicBool::new(false),
-            urgent: AtomicBool::new(false),
-            cut_window: Notify::new(),
-            written: watch::Sender::new(0),
-        }
+        Self::new(ACTIVITY_REFRESH)
     }
 }
 
@@ -106,8 +222,21 @@ impl std::fmt::Debug for PendingWrites {
 }
 
 impl PendingWrites {
-    // Each critical section is one map operation and a counter: a poisoned lock still holds a consistent
-    // queue.
+    /// An empty queue whose writes of activity alone wait up to `refresh`.
+    pub fn new(refresh: Duration) -> Self {
+        Self {
+            queue: Mutex::default(),
+            refresh,
+            ready: Notify::new(),
+            observer: OnceLock::new(),
+            closed: AtomicBool::new(false),
+            cut_window: Notify::new(),
+            written: watch::Sender::new(0),
+        }
+    }
+
+    // Each critical section leaves the maps consistent with each other before it can panic (inserts and
+    // removals of one session): a poisoned lock still holds a usable queue.
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -118,73 +247,119 @@ impl PendingWrites {
         }
     }
 
-    /// Queues `entry` as `session`'s write, replacing the one queued.
+    /// Queues `entry` as `session`'s write, replacing the one queued, not knowing what the bucket holds (so
+    /// it is written when the window ends).
     pub fn put(&self, session: SessionRef, entry: Option<IndexEntry>) {
-        let len = {
+        self.submit(session, entry, None);
+    }
+
+    /// Queues `entry` as `session`'s write, replacing the one queued; `held` is what the bucket holds for
+    /// the session if nothing of it is queued (the mirror's entry before this one).
+    fn submit(&self, session: SessionRef, entry: Option<IndexEntry>, held: Option<IndexEntry>) {
+        let (len, look) = {
             let mut queue = self.lock();
-            queue.entries.insert(session, entry);
             queue.generation += 1;
-            queue.entries.len()
+            let generation = queue.generation;
+            let was_waiting = queue.waiting.contains_key(&session);
+            let pending = match queue.remove(&session) {
+                // What the bucket holds did not change: only the write did.
+                Some(pending) => Pending { entry, ..pending },
+                None => Pending { entry, held, first: generation, since: Instant::now() },
+            };
+            let look = queue.insert(session, pending, self.refresh, was_waiting);
+            (queue.ready.len(), look)
         };
         self.observe(len);
-        self.ready.notify_one();
+        if look {
+            self.ready.notify_one();
+        }
     }
 
-    /// Queues again a write that failed, unless a newer one of its session is queued already.
-    pub fn retry(&self, session: SessionRef, entry: Option<IndexEntry>) {
+    /// Queues again a write that failed: a newer write of its session queued meanwhile replaces its entry
+    /// but not what the bucket holds (the failed write's, which the newer one took for written), nor how
+    /// long it has been queued.
+    fn retry(&self, session: SessionRef, failed: Pending) {
         let len = {
             let mut queue = self.lock();
-            queue.entries.entry(session).or_insert(entry);
-            queue.entries.len()
+            let was_waiting = queue.waiting.contains_key(&session);
+            let pending = match queue.remove(&session) {
+                Some(newer) => Pending { entry: newer.entry, ..failed },
+                None => failed,
+            };
+            // It was due: it goes back among the ready ones unless a newer write makes it one that may wait.
+            queue.insert(session, pending, self.refresh, was_waiting);
+            queue.ready.len()
         };
         self.observe(len);
     }
 
-    /// Everything queued, leaving the queue empty.
+    /// Everything queued, waiting or not, leaving the queue empty.
     pub fn take(&self) -> HashMap<SessionRef, Option<IndexEntry>> {
-        self.take_with_generation().0
-    }
-
-    /// Everything queued and the generation it brings the store to once written.
-    fn take_with_generation(&self) -> (HashMap<SessionRef, Option<IndexEntry>>, u64) {
-        let taken = {
-            let mut queue = self.lock();
-            (std::mem::take(&mut queue.entries), queue.generation)
-        };
+        let (batch, _) = self.lock().take(Instant::now(), self.refresh, true);
         self.observe(0);
-        taken
+        batch.into_iter().map(|(session, pending)| (session, pending.entry)).collect()
     }
 
-    /// Writes queued now (sessions).
+    /// Writes queued now (sessions), waiting ones included.
     pub fn len(&self) -> usize {
-        self.lock().entries.len()
+        self.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Waits until something is queued, then `window` more (unless a flush or the close cuts it short), then
-    /// takes it all with its generation; `None` once the index is gone and nothing is queued.
-    async fn next_batch(&self, window: Duration) -> Option<(HashMap<SessionRef, Option<IndexEntry>>, u64)> {
+    /// Waits until a write is ready (or a waiting one is due), then `window` more (unless a flush or the
+    /// close cuts it short), then takes the ready and due writes with the generation they bring the store
+    /// to; everything at once for a flush or the close. `None` once the index is gone and nothing is queued.
+    async fn next_batch(&self, window: Duration) -> Option<(Vec<(SessionRef, Pending)>, u64)> {
         loop {
             let notified = self.ready.notified();
-            if !self.is_empty() {
-                break;
+            let cut = self.cut_window.notified();
+            let closed = self.closed.load(Ordering::SeqCst);
+            let refresh = {
+                let mut queue = self.lock();
+                if queue.len() == 0 {
+                    if closed {
+                        return None;
+                    }
+                    // Nothing to write: a flush found it written already (or will once the batch in
+                    // flight is).
+                    queue.urgent = false;
+                    None
+                } else if closed || queue.urgent || !queue.ready.is_empty() {
+                    break;
+                } else {
+                    queue.next_refresh(self.refresh)
+                }
+            };
+            match refresh {
+                Some(at) if at <= Instant::now() => break,
+                Some(at) => tokio::select! {
+                    () = notified => {}
+                    () = cut => {}
+                    () = tokio::time::sleep_until(at) => {}
+                },
+                None => tokio::select! {
+                    () = notified => {}
+                    () = cut => {}
+                },
             }
-            if self.closed.load(Ordering::SeqCst) {
-                return None;
-            }
-            notified.await;
         }
-        if !self.closed.load(Ordering::SeqCst) && !self.urgent.swap(false, Ordering::SeqCst) {
+        let hurry = self.closed.load(Ordering::SeqCst) || self.lock().urgent;
+        if !hurry {
             tokio::select! {
                 () = tokio::time::sleep(window) => {}
                 () = self.cut_window.notified() => {}
             }
         }
-        self.urgent.store(false, Ordering::SeqCst);
-        Some(self.take_with_generation())
+        let (taken, left) = {
+            let mut queue = self.lock();
+            let all = std::mem::take(&mut queue.urgent) || self.closed.load(Ordering::SeqCst);
+            (queue.take(Instant::now(), self.refresh, all), queue.ready.len())
+        };
+        self.observe(left);
+        Some(taken)
     }
 
     /// The batch of `generation` was written (or tried once).
@@ -196,14 +371,17 @@ impl PendingWrites {
         });
     }
 
-    /// Resolves once every write queued before the call was written or tried once.
+    /// Resolves once every write queued before the call was written or tried once, waiting ones included.
     fn flush(&self) -> BoxFuture<'static, ()> {
-        let wanted = self.lock().generation;
         let mut written = self.written.subscribe();
-        if *written.borrow() >= wanted {
-            return Box::pin(std::future::ready(()));
-        }
-        self.urgent.store(true, Ordering::SeqCst);
+        let wanted = {
+            let mut queue = self.lock();
+            if *written.borrow() >= queue.generation {
+                return Box::pin(std::future::ready(()));
+            }
+            queue.urgent = true;
+            queue.generation
+        };
         self.cut_window.notify_one();
         // A writer that is gone drops the sender: nothing more will be written, so the flush is over.
         Box::pin(async move {
@@ -279,6 +457,17 @@ impl KvIndex {
         replicas: usize,
         window: Duration,
     ) -> Result<Self, JournalError> {
+        Self::open_with_periods(client, replicas, window, ACTIVITY_REFRESH).await
+    }
+
+    /// [`KvIndex::open_with_window`] with writes of activity alone waiting up to `refresh` instead of
+    /// [`ACTIVITY_REFRESH`].
+    pub async fn open_with_periods(
+        client: &async_nats::Client,
+        replicas: usize,
+        window: Duration,
+        refresh: Duration,
+    ) -> Result<Self, JournalError> {
         let description = "Turnstile session index (status, agent, parent, labels, last activity)";
         let store = super::open_bucket(client, INDEX_BUCKET, description, replicas).await?;
         let mirror = Arc::new(MemoryIndex::default());
@@ -301,7 +490,7 @@ impl KvIndex {
             echoes_skipped: echoes_skipped.clone(),
         };
         tokio::spawn(mirror_task(store.clone(), watch, follower));
-        let writes = Arc::new(PendingWrites::default());
+        let writes = Arc::new(PendingWrites::new(refresh));
         tokio::spawn(writer_task(store, writes.clone(), own, window));
         Ok(Self { mirror, writes, echoes_skipped, loaded })
     }
@@ -399,11 +588,15 @@ async fn writer_task(store: kv::Store, queue: Arc<PendingWrites>, own: Arc<OwnPu
     while let Some((batch, generation)) = queue.next_batch(window).await {
         let failed = Mutex::new(Vec::new());
         futures::stream::iter(batch)
-            .for_each_concurrent(MAX_CONCURRENT_PUTS, |(session, entry)| {
+            .for_each_concurrent(MAX_CONCURRENT_PUTS, |(session, pending)| {
                 let (store, failed, own) = (store.clone(), &failed, &own);
                 async move {
+                    if pending.is_held() {
+                        // The bucket holds this very entry (its activity came back to it): nothing to put.
+                        return;
+                    }
                     let key = key(&session);
-                    let result = match &entry {
+                    let result = match &pending.entry {
                         Some(indexed) => match serde_json::to_vec(indexed) {
                             Ok(bytes) => {
                                 let bytes = Bytes::from(bytes);
@@ -424,7 +617,7 @@ async fn writer_task(store: kv::Store, queue: Arc<PendingWrites>, own: Arc<OwnPu
                     };
                     if let Err(e) = result {
                         tracing::debug!(%session, error = %e, "session index not written; queued again");
-                        failed.lock().unwrap_or_else(PoisonError::into_inner).push((session, entry));
+                        failed.lock().unwrap_or_else(PoisonError::into_inner).push((session, pending));
                     }
                 }
             })
@@ -447,8 +640,8 @@ async fn writer_task(store: kv::Store, queue: Arc<PendingWrites>, own: Arc<OwnPu
             retry_in_ms = pause.as_millis() as u64,
             "session index writes failed; retrying"
         );
-        for (session, entry) in failed {
-            queue.retry(session, entry);
+        for (session, pending) in failed {
+            queue.retry(session, pending);
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(MAX_RETRY_PAUSE);
@@ -463,8 +656,11 @@ impl Drop for KvIndex {
 
 impl SessionIndex for KvIndex {
     fn submit(&self, entry: IndexEntry) {
-        self.mirror.apply(entry.clone());
-        self.writes.put(entry.session.clone(), Some(entry));
+        // The entry the mirror held is what the bucket holds unless a write of the session is queued
+        // (decision 0198): the queue compares the new entry with it, so no map of every session's written
+        // entry is kept. (A watch echo of another node landing in between only costs a put or a wait.)
+        let held = self.mirror.swap(entry.clone());
+        self.writes.submit(entry.session.clone(), Some(entry), held);
     }
 
     fn remove(&self, session: &SessionRef) {
@@ -495,7 +691,7 @@ impl SessionIndex for KvIndex {
 
 #[cfg(test)]
 mod tests {
-    use turnstile_model::{SessionState, SessionSummary};
+    use turnstile_model::{SessionState, SessionSummary, Status};
 
     use super::*;
 
@@ -504,6 +700,29 @@ mod tests {
         state.last_seq = last_seq;
         IndexEntry::of(&state, SessionSummary::of(&state, String::new(), "scripted".into()))
     }
+
+    /// `id`'s entry at `last_seq`, its last activity at `ms`, with `status`.
+    fn at(id: &str, last_seq: u64, ms: u64, status: Status) -> IndexEntry {
+        let mut e = entry(id, last_seq);
+        e.summary.last_time_ms = ms;
+        e.summary.status = status;
+        e
+    }
+
+    fn session(id: &str) -> SessionRef {
+        SessionRef::new("t", id).unwrap()
+    }
+
+    /// The ids and last seqs of a batch, sorted.
+    fn seqs(batch: &[(SessionRef, Pending)]) -> Vec<(String, Option<u64>)> {
+        let mut out: Vec<_> =
+            batch.iter().map(|(s, p)| (s.id.clone(), p.entry.as_ref().map(|e| e.summary.last_seq))).collect();
+        out.sort();
+        out
+    }
+
+    const WINDOW: Duration = Duration::from_millis(100);
+    const REFRESH: Duration = Duration::from_secs(2);
 
     #[test]
     fn the_queue_keeps_the_latest_write_of_each_session_and_no_more() {
@@ -545,7 +764,7 @@ mod tests {
         pending.put(s.clone(), Some(entry("a", 2)));
         pending.flush().await;
         let batch = writer.await.unwrap();
-        assert_eq!(batch[&s].as_ref().map(|e| e.summary.last_seq), Some(2), "one write, the latest");
+        assert_eq!(seqs(&batch), [("a".to_owned(), Some(2))], "one write, the latest");
         // Nothing queued: a flush has nothing to wait for.
         pending.flush().await;
     }
@@ -554,9 +773,11 @@ mod tests {
     async fn a_closed_queue_hands_over_what_it_holds_at_once_then_ends() {
         let pending = PendingWrites::default();
         pending.put(SessionRef::new("t", "a").unwrap(), Some(entry("a", 1)));
+        // A write of activity alone goes too: the close does not wait for its refresh.
+        pending.submit(session("b"), Some(at("b", 2, 1_001, Status::Idle)), Some(at("b", 1, 1_000, Status::Idle)));
         pending.close();
         let (batch, _) = pending.next_batch(Duration::from_secs(3600)).await.unwrap();
-        assert_eq!(batch.len(), 1);
+        assert_eq!(batch.len(), 2);
         assert!(pending.next_batch(Duration::from_secs(3600)).await.is_none());
     }
 
@@ -576,7 +797,7 @@ mod tests {
         let (a, b) = (SessionRef::new("t", "a").unwrap(), SessionRef::new("t", "b").unwrap());
         pending.put(a.clone(), Some(entry("a", 1)));
         pending.put(b.clone(), Some(entry("b", 1)));
-        let batch = pending.take();
+        let (batch, _) = pending.lock().take(Instant::now(), REFRESH, true);
         // While the batch was in flight, a changed again; then both puts failed.
         pending.put(a.clone(), Some(entry("a", 2)));
         for (session, old) in batch {
@@ -585,5 +806,112 @@ mod tests {
         let again = pending.take();
         assert_eq!(again[&a].as_ref().map(|e| e.summary.last_seq), Some(2), "the newer entry wins");
         assert_eq!(again[&b].as_ref().map(|e| e.summary.last_seq), Some(1), "the failed one is written again");
+    }
+
+    /// Decision 0198: against what the bucket holds, a change of activity alone waits for the refresh;
+    /// anything else is written when the window ends.
+    #[tokio::test(start_paused = true)]
+    async fn a_change_of_activity_alone_waits_for_the_refresh_and_other_writes_do_not() {
+        let pending = PendingWrites::new(REFRESH);
+        let gauge = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+        let seen = gauge.clone();
+        let _ = pending.observer.set(Box::new(move |n| seen.store(n, Ordering::SeqCst)));
+        let idle = at("a", 10, 1_000, Status::Idle);
+        // The followup's two changes (running, then idle again) within one window: what is left to write is
+        // the held entry but for its activity.
+        pending.submit(session("a"), Some(at("a", 11, 1_400, Status::Running)), Some(idle.clone()));
+        // The followup's turn is the session's next: its last turn moved too, which no query filters on.
+        let mut next_turn = at("a", 13, 1_410, Status::Idle);
+        next_turn.summary.last_turn += 1;
+        pending.submit(session("a"), Some(next_turn), None);
+        let start = Instant::now();
+        // A status change, a removal, and activity moved by the refresh or more: all due with the window.
+        pending.submit(session("b"), Some(at("b", 2, 1_000, Status::Running)), Some(at("b", 1, 1_000, Status::Idle)));
+        pending.submit(session("c"), None, Some(at("c", 1, 1_000, Status::Idle)));
+        pending.submit(session("d"), Some(at("d", 2, 3_000, Status::Idle)), Some(at("d", 1, 1_000, Status::Idle)));
+        // Nothing known of what the bucket holds (a new session, a mirror still loading): written.
+        pending.submit(session("e"), Some(at("e", 1, 1_000, Status::Idle)), None);
+        assert_eq!(pending.len(), 5);
+        let (batch, generation) = pending.next_batch(WINDOW).await.unwrap();
+        assert_eq!(Instant::now() - start, WINDOW, "the window, not the refresh");
+        assert_eq!(
+            seqs(&batch),
+            [("b".into(), Some(2)), ("c".into(), None), ("d".into(), Some(2)), ("e".into(), Some(1))]
+        );
+        assert_eq!(generation, 0, "the store is not at the waiting write's generation (the first of all)");
+        assert_eq!(pending.len(), 1, "a's write waits");
+        assert_eq!(gauge.load(Ordering::SeqCst), 0, "the gauge (an alert's: NATS away) counts no write held back");
+
+        // More followups of a within the refresh join its waiting write; the next batch is its refresh,
+        // counted from its first change.
+        pending.submit(session("a"), Some(at("a", 16, 1_900, Status::Idle)), None);
+        let (batch, generation) = pending.next_batch(WINDOW).await.unwrap();
+        assert!(Instant::now() - start >= REFRESH, "a write of activity alone waited for its refresh");
+        assert_eq!(seqs(&batch), [("a".into(), Some(16))], "the latest activity is written");
+        assert_eq!(generation, 7, "everything queued so far");
+        assert!(pending.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_write_that_becomes_a_status_change_is_written_with_the_window() {
+        let pending = PendingWrites::new(REFRESH);
+        let start = Instant::now();
+        pending.submit(session("a"), Some(at("a", 2, 1_001, Status::Idle)), Some(at("a", 1, 1_000, Status::Idle)));
+        assert!(tokio::time::timeout(WINDOW * 3, pending.next_batch(WINDOW)).await.is_err(), "it waits");
+        pending.submit(session("a"), Some(at("a", 3, 1_002, Status::Running)), None);
+        let (batch, _) = pending.next_batch(WINDOW).await.unwrap();
+        assert_eq!(seqs(&batch), [("a".into(), Some(3))]);
+        assert!(Instant::now() - start < REFRESH, "written with the window, not at the refresh");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_writes_the_waiting_writes_too() {
+        let pending = Arc::new(PendingWrites::new(REFRESH));
+        pending.submit(session("a"), Some(at("a", 2, 1_001, Status::Idle)), Some(at("a", 1, 1_000, Status::Idle)));
+        pending.submit(session("b"), Some(at("b", 2, 1_000, Status::Running)), Some(at("b", 1, 1_000, Status::Idle)));
+        // A writer's first batch takes b alone and does not count a's write as written.
+        let (batch, generation) = pending.next_batch(WINDOW).await.unwrap();
+        assert_eq!(seqs(&batch), [("b".into(), Some(2))]);
+        pending.written(generation);
+        let start = Instant::now();
+        let writer = tokio::spawn({
+            let pending = pending.clone();
+            async move {
+                let (batch, generation) = pending.next_batch(WINDOW).await.unwrap();
+                pending.written(generation);
+                batch
+            }
+        });
+        pending.flush().await;
+        assert!(Instant::now() - start < REFRESH, "the flush did not wait for the refresh");
+        assert_eq!(seqs(&writer.await.unwrap()), [("a".into(), Some(2))]);
+        assert!(pending.is_empty());
+    }
+
+    #[test]
+    fn a_failed_write_keeps_what_the_bucket_holds_for_the_newer_one() {
+        let pending = PendingWrites::new(REFRESH);
+        let idle = at("a", 1, 1_000, Status::Idle);
+        pending.submit(session("a"), Some(at("a", 2, 1_000, Status::Running)), Some(idle.clone()));
+        let (mut batch, _) = pending.lock().take(Instant::now(), REFRESH, false);
+        // While the running entry's put was in flight, the session went idle: that write took running for
+        // held, so alone it would be a status change; then the put failed.
+        pending.submit(session("a"), Some(at("a", 3, 1_010, Status::Idle)), Some(at("a", 2, 1_000, Status::Running)));
+        let (s, failed) = batch.remove(0);
+        pending.retry(s, failed);
+        let queue = pending.lock();
+        let waiting = queue.waiting.get(&session("a")).expect("the bucket still holds idle: activity alone, waiting");
+        assert_eq!(waiting.held, Some(idle));
+        assert_eq!(waiting.entry.as_ref().map(|e| e.summary.last_seq), Some(3));
+        assert!(queue.ready.is_empty());
+    }
+
+    #[test]
+    fn a_write_the_bucket_holds_already_is_not_put() {
+        let held = at("a", 1, 1_000, Status::Idle);
+        let pending = Pending { entry: Some(held.clone()), held: Some(held), first: 1, since: Instant::now() };
+        assert!(pending.is_held());
+        let removal = Pending { entry: None, held: None, first: 1, since: Instant::now() };
+        assert!(!removal.is_held(), "a removal is always written");
     }
 }

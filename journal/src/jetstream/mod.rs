@@ -67,7 +67,7 @@ use std::time::Duration;
 
 pub use bus::{NatsBus, barrier};
 pub use config::{JetStreamConfig, NatsSecurity, Retention};
-pub use index::{INDEX_BUCKET, KvIndex, PendingWrites, WRITE_WINDOW};
+pub use index::{ACTIVITY_REFRESH, INDEX_BUCKET, KvIndex, PendingWrites, WRITE_WINDOW};
 
 /// How long a starting node keeps trying to open its buckets and the shard watch before it gives up: longer
 /// than a JetStream leader election after a kill (a few seconds), short enough that a NATS that cannot

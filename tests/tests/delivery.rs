@@ -96,15 +96,18 @@ async fn s02_three_followups_back_to_back(backend: Deployment) {
     assert_eq!(s.followup(user_msg("C", "third")).await.unwrap().turn, None);
 
     let lines = watch.settle(&s).await.unwrap();
-    // Where B's and C's splices land inside turn 1 is timing; check them apart, then the rest exactly.
+    // Where B's and C's splices land inside turn 1 is timing (B may come before the turn's first step is
+    // written, since A is answered first: decision 0199); check them apart, then the rest exactly.
     let b_at = lines.iter().position(|l| l == "D spliced next-turn 0 0 [B] wake").expect("B's splice");
     assert_eq!(lines[b_at + 1], "L inserted B");
-    assert_eq!(lines[b_at + 2], "D spliced next-turn 1 0 [C] wake", "C follows B at index 1");
-    assert_eq!(lines[b_at + 3], "L inserted C");
+    let c_at = lines.iter().position(|l| l == "D spliced next-turn 1 0 [C] wake").expect("C at index 1, after B");
+    assert!(b_at < c_at, "C follows B");
+    assert_eq!(lines[c_at + 1], "L inserted C");
     let turn1_end = lines.iter().position(|l| l == "D turn/end 1 completed").unwrap();
-    assert!(b_at < turn1_end, "B and C were accepted during turn 1");
+    assert!(c_at < turn1_end, "B and C were accepted during turn 1");
     let mut rest = lines.clone();
-    rest.drain(b_at..b_at + 4);
+    rest.drain(c_at..c_at + 2);
+    rest.drain(b_at..b_at + 2);
 
     let mut expected: Vec<String> = vec!["C caught_up 0".into()];
     expected.extend(idle_followup_turn("A", 1, "echo: first"));

@@ -198,6 +198,10 @@ async fn another_tenants_transcript_is_not_found_like_a_missing_session() {
         output_schema: None,
     };
     client.followup(with_token(req, Some(TOKEN_B))).await.unwrap();
+    // The transcript holds what the turn entered: wait for the turn, not for the followup's answer alone
+    // (which comes once the message is claimed, before the turn's first step is written; decision 0199).
+    let idle = turnstile_proto::v1::WhenIdleRequest { session: named("", "b-secret"), timeout_ms: 0 };
+    client.when_idle(with_token(idle, Some(TOKEN_B))).await.unwrap();
 
     let read = |session, token| {
         let mut client = client.clone();

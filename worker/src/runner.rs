@@ -458,20 +458,28 @@ impl Runner {
     }
 
     async fn perform(&mut self, effects: Vec<Effect>) -> Result<(), Stop> {
-        let mut rest = effects.into_iter();
+        // Slots, so a reply answered ahead of its segment (`answer_first`) is not performed again.
+        let mut effects: Vec<Option<Effect>> = effects.into_iter().map(Some).collect();
         // Set once a group is durable: the index hears of it before any caller does (read your writes).
         let mut unindexed = false;
-        while let Some(effect) = rest.next() {
+        if self.answer_first(&mut effects, &mut unindexed) {
+            tokio::task::yield_now().await;
+        }
+        for i in 0..effects.len() {
+            let Some(effect) = effects[i].take() else { continue };
             match effect {
                 Effect::Append(group) => {
                     unindexed = true;
                     if let Err(e) = self.write(group.events(), false).await {
-                        let remaining: Vec<Effect> = rest.collect();
+                        let remaining: Vec<Effect> = effects.drain(i + 1..).flatten().collect();
                         let lost = e.is_lost_ownership();
                         let message = journal_error(e.clone()).to_string();
                         tracing::warn!(session = %self.session, error = %e, "append failed");
                         self.fail_replies(&remaining, &message);
                         return Err(if lost { Stop::Lost } else { Stop::Reload });
+                    }
+                    if self.answer_first(&mut effects[i + 1..], &mut unindexed) {
+                        tokio::task::yield_now().await;
                     }
                 }
                 Effect::Publish(event) => {
@@ -499,6 +507,31 @@ impl Runner {
             }
         }
         Ok(())
+    }
+
+    /// Answers the replies among `segment` up to its next append group, ahead of the live events and
+    /// operation starts beside them (the group before them, if any, is durable: nothing is answered
+    /// earlier than it was). Whether a caller was answered: the runner then yields once, so that caller's
+    /// task, woken on this thread, sends its answer before the rest of this input's work runs instead of
+    /// after it (a followup's live events, its pre-step, the index and timers; decision 0199).
+    fn answer_first(&mut self, segment: &mut [Option<Effect>], unindexed: &mut bool) -> bool {
+        let mut answered = false;
+        for slot in segment.iter_mut() {
+            match slot {
+                Some(Effect::Append(_)) => break,
+                Some(Effect::Reply { .. }) => {
+                    let Some(Effect::Reply { id, result }) = slot.take() else { continue };
+                    if std::mem::take(unindexed) {
+                        self.index(false);
+                    }
+                    if let Some(tx) = self.waiting.remove(&id) {
+                        answered |= tx.send(result).is_ok();
+                    }
+                }
+                _ => {}
+            }
+        }
+        answered
     }
 
     /// Appends `batch` after the driver's last durable event; with `new_log` as the first events of the

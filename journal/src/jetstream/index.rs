@@ -30,9 +30,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use async_nats::jetstream::kv;
-use bytes::Bytes;
-use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -41,15 +38,14 @@ use turnstile_model::message::SessionRef;
 use crate::index::{IndexEntry, MemoryIndex, Query, SessionIndex};
 use crate::log::JournalError;
 
+mod mirror;
+mod writer;
+
+use mirror::{Follower, OwnPuts, mirror_task};
+use writer::writer_task;
+
 /// The bucket of the session index.
 pub const INDEX_BUCKET: &str = "turnstile_index";
-
-/// Puts in flight at once, across sessions.
-const MAX_CONCURRENT_PUTS: usize = 64;
-
-/// The pause after a batch with failed puts, doubling up to [`MAX_RETRY_PAUSE`] while puts keep failing.
-const RETRY_PAUSE: Duration = Duration::from_millis(250);
-const MAX_RETRY_PAUSE: Duration = Duration::from_secs(5);
 
 /// How long the writer gathers entries after the first of a batch before it puts them (decision 0177):
 /// short against what a reader of `ListSessions` notices, long against a followup (~1 ms), so a busy
@@ -396,37 +392,6 @@ impl PendingWrites {
     }
 }
 
-/// The bytes of this process's own puts not yet echoed by the watch, by key: the mirror skips an echo
-/// equal to them without decoding it (it applied the entry when it was submitted). Bounded by the sessions
-/// this process wrote whose echo has not come.
-#[derive(Default)]
-struct OwnPuts(Mutex<HashMap<String, Bytes>>);
-
-impl OwnPuts {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Bytes>> {
-        // One map operation per critical section: a poisoned lock still holds a consistent map.
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn put(&self, key: &str, value: Bytes) {
-        self.lock().insert(key.to_owned(), value);
-    }
-
-    fn forget(&self, key: &str) {
-        self.lock().remove(key);
-    }
-
-    /// Whether `value` at `key` is the echo of this process's last put there (consumed if so).
-    fn is_echo(&self, key: &str, value: &[u8]) -> bool {
-        let mut own = self.lock();
-        if own.get(key).is_some_and(|v| v.as_ref() == value) {
-            own.remove(key);
-            return true;
-        }
-        false
-    }
-}
-
 /// [`SessionIndex`] on a JetStream KV bucket with an in-memory mirror.
 pub struct KvIndex {
     mirror: Arc<MemoryIndex>,
@@ -515,137 +480,6 @@ impl KvIndex {
 
 fn unavailable(e: impl std::fmt::Display) -> JournalError {
     JournalError::Unavailable(format!("session index: {e}"))
-}
-
-/// Applies the bucket's entries (its history first, then each change) to `mirror`. A watch that ends (its
-/// stream's leader moved, NATS restarted) is opened again with the history: applying an entry twice changes
-/// nothing, since the mirror keeps each session's entry with the highest `last_seq`.
-async fn mirror_task(store: kv::Store, first: kv::Watch, follower: Follower) {
-    let mut watch = first;
-    loop {
-        follower.follow(&mut watch).await;
-        tracing::warn!("session index watch ended; reopening it");
-        watch = loop {
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            match store.watch_with_history(">").await {
-                Ok(watch) => break watch,
-                Err(e) => tracing::warn!(error = %e, "cannot reopen the session index watch yet; the mirror may lag"),
-            }
-        };
-    }
-}
-
-/// What the mirror task keeps: the mirror, whether it has loaded, and this process's own puts.
-struct Follower {
-    mirror: Arc<MemoryIndex>,
-    loaded: watch::Sender<bool>,
-    own: Arc<OwnPuts>,
-    echoes_skipped: Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl Follower {
-    /// Applies `watch`'s entries to the mirror until the watch ends.
-    async fn follow(&self, watch: &mut kv::Watch) {
-        while let Some(entry) = watch.next().await {
-            let entry = match entry {
-                Ok(entry) => entry,
-                Err(e) => {
-                    tracing::warn!(error = %e, "session index watch failed; the index mirror may lag");
-                    continue;
-                }
-            };
-            if (entry.delta == 0 || entry.seen_current) && !*self.loaded.borrow() {
-                self.loaded.send_replace(true);
-            }
-            match entry.operation {
-                kv::Operation::Put if self.own.is_echo(&entry.key, &entry.value) => {
-                    self.echoes_skipped.fetch_add(1, Ordering::Relaxed);
-                }
-                kv::Operation::Put => match serde_json::from_slice::<IndexEntry>(&entry.value) {
-                    Ok(indexed) => self.mirror.apply(indexed),
-                    Err(e) => {
-                        tracing::warn!(key = %entry.key, error = %e, "session index entry not readable; skipped")
-                    }
-                },
-                kv::Operation::Delete | kv::Operation::Purge => {
-                    if let Some((tenant, id)) = entry.key.split_once('.')
-                        && let Ok(session) = SessionRef::new(tenant, id)
-                    {
-                        self.mirror.forget(&session);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Puts the queued entries: `window` after the first entry of a batch, everything queued is taken at
-/// once (the latest per session), written concurrently, then the next batch; the failed ones go back in
-/// the queue and wait out a pause that grows while puts keep failing. Ends when the index is dropped and
-/// its last writes are put (or failed once).
-async fn writer_task(store: kv::Store, queue: Arc<PendingWrites>, own: Arc<OwnPuts>, window: Duration) {
-    let mut pause = RETRY_PAUSE;
-    while let Some((batch, generation)) = queue.next_batch(window).await {
-        let failed = Mutex::new(Vec::new());
-        futures::stream::iter(batch)
-            .for_each_concurrent(MAX_CONCURRENT_PUTS, |(session, pending)| {
-                let (store, failed, own) = (store.clone(), &failed, &own);
-                async move {
-                    if pending.is_held() {
-                        // The bucket holds this very entry (its activity came back to it): nothing to put.
-                        return;
-                    }
-                    let key = key(&session);
-                    let result = match &pending.entry {
-                        Some(indexed) => match serde_json::to_vec(indexed) {
-                            Ok(bytes) => {
-                                let bytes = Bytes::from(bytes);
-                                // Known before the put, so an echo that beats the ack is skipped too.
-                                own.put(&key, bytes.clone());
-                                store.put(key, bytes).await.map(|_| ()).map_err(|e| e.to_string())
-                            }
-                            // Not retried: the same entry would fail the same way.
-                            Err(e) => {
-                                tracing::warn!(%session, error = %e, "session index entry not encodable; skipped");
-                                return;
-                            }
-                        },
-                        None => {
-                            own.forget(&key);
-                            store.purge(key).await.map_err(|e| e.to_string())
-                        }
-                    };
-                    if let Err(e) = result {
-                        tracing::debug!(%session, error = %e, "session index not written; queued again");
-                        failed.lock().unwrap_or_else(PoisonError::into_inner).push((session, pending));
-                    }
-                }
-            })
-            .await;
-        queue.written(generation);
-        let failed = failed.into_inner().unwrap_or_else(PoisonError::into_inner);
-        if failed.is_empty() {
-            pause = RETRY_PAUSE;
-            continue;
-        }
-        if queue.closed.load(Ordering::SeqCst) {
-            tracing::warn!(
-                failed = failed.len(),
-                "session index writes failed as the index closed; written at next load"
-            );
-            return;
-        }
-        tracing::warn!(
-            failed = failed.len(),
-            retry_in_ms = pause.as_millis() as u64,
-            "session index writes failed; retrying"
-        );
-        for (session, pending) in failed {
-            queue.retry(session, pending);
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(MAX_RETRY_PAUSE);
-    }
 }
 
 impl Drop for KvIndex {
@@ -779,16 +613,6 @@ mod tests {
         let (batch, _) = pending.next_batch(Duration::from_secs(3600)).await.unwrap();
         assert_eq!(batch.len(), 2);
         assert!(pending.next_batch(Duration::from_secs(3600)).await.is_none());
-    }
-
-    #[test]
-    fn only_the_echo_of_the_last_own_put_is_skipped() {
-        let own = OwnPuts::default();
-        own.put("t.a", Bytes::from_static(b"two"));
-        assert!(!own.is_echo("t.a", b"one"), "an older put's echo is decoded");
-        assert!(!own.is_echo("t.b", b"two"), "another key's is too");
-        assert!(own.is_echo("t.a", b"two"));
-        assert!(!own.is_echo("t.a", b"two"), "an echo is skipped once");
     }
 
     #[test]

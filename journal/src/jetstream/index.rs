@@ -67,8 +67,8 @@ fn key(session: &SessionRef) -> String {
 /// Index writes waiting for the bucket: the latest per session (`None`: remove it). A newer write of a
 /// session replaces its queued one, so the queue holds at most one entry per session.
 ///
-/// A write that changes nothing a query sees but the session's activity (`last_seq`, `last_time_ms`)
-/// against what the bucket holds waits for the activity refresh ([`ACTIVITY_REFRESH`], decision 0198)
+/// A write that changes nothing but the session's progress (`last_seq`, `last_time_ms`, `last_turn`:
+/// [`IndexEntry::same_but_progress`]) against what the bucket holds waits for the activity refresh ([`ACTIVITY_REFRESH`], decision 0198)
 /// instead of the window: a session busy with followups is put once per refresh, not once per followup.
 ///
 /// ```
@@ -465,8 +465,8 @@ impl KvIndex {
         self.echoes_skipped.load(Ordering::Relaxed)
     }
 
-    /// Tells `observer` the number of queued writes whenever it changes (a gauge; the journal itself
-    /// exports no metrics). Set once; later calls are ignored.
+    /// Tells `observer` the number of writes due (not those waiting for their activity refresh) whenever
+    /// it changes (a gauge; the journal itself exports no metrics). Set once; later calls are ignored.
     pub fn observe_pending(self, observer: impl Fn(usize) + Send + Sync + 'static) -> Self {
         let _ = self.writes.observer.set(Box::new(observer));
         self

@@ -2,9 +2,9 @@
 //! the callers of a segment answered as soon as its group is (decision 0199), live events, operations.
 
 use tracing::Instrument as _;
-use turnstile_driver::Effect;
+use turnstile_driver::{CommandId, Effect};
 use turnstile_journal::JournalError;
-use turnstile_model::{CommandError, Envelope};
+use turnstile_model::{CommandError, CommandReply, Envelope};
 
 use super::{Runner, Stop};
 use crate::command::journal_error;
@@ -40,13 +40,9 @@ impl Runner {
                         tracing::debug!(session = %self.session, error = %e, "live event not published");
                     }
                 }
+                // Each segment's replies were answered by `answer_first`; kept for the match to be whole.
                 Effect::Reply { id, result } => {
-                    if std::mem::take(&mut unindexed) {
-                        self.index(false);
-                    }
-                    if let Some(tx) = self.waiting.remove(&id) {
-                        let _ = tx.send(result);
-                    }
+                    self.answer(id, result, &mut unindexed);
                 }
                 Effect::PreStep(request) => self.ops.pre_step(&self.deps, &self.session, request, self.spans.active()),
                 Effect::Model(request) => self.ops.model(&self.deps, &self.session, *request, &self.spans.active()),
@@ -74,17 +70,21 @@ impl Runner {
                 Some(Effect::Append(_)) => break,
                 Some(Effect::Reply { .. }) => {
                     let Some(Effect::Reply { id, result }) = slot.take() else { continue };
-                    if std::mem::take(unindexed) {
-                        self.index(false);
-                    }
-                    if let Some(tx) = self.waiting.remove(&id) {
-                        answered |= tx.send(result).is_ok();
-                    }
+                    answered |= self.answer(id, result, unindexed);
                 }
                 _ => {}
             }
         }
         answered
+    }
+
+    /// Answers the caller of `id` with `result`, the index told first of a group made durable since it last
+    /// was (read your writes). Whether a caller was still waiting to hear it.
+    fn answer(&mut self, id: CommandId, result: Result<CommandReply, CommandError>, unindexed: &mut bool) -> bool {
+        if std::mem::take(unindexed) {
+            self.index(false);
+        }
+        self.waiting.remove(&id).is_some_and(|tx| tx.send(result).is_ok())
     }
 
     /// Appends `batch` after the driver's last durable event; with `new_log` as the first events of the

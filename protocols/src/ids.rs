@@ -58,17 +58,27 @@ pub fn parts(prefix: &str, token: &str, n: usize) -> Option<Vec<String>> {
     (parts.len() == n).then_some(parts)
 }
 
-/// The token of the delivery at `seq` in `session` (a task of A2A or MCP): any gateway reads it back.
-pub fn delivery_token(prefix: &str, session: &str, seq: u64) -> String {
-    token(prefix, &[session, &seq.to_string()])
+/// A task of A2A or MCP: the delivery at `seq` in `session`, the turn that answers it. Its id is a [`token`]
+/// of the two under the protocol's prefix, so any gateway reads it back; the tenant is the caller's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskId {
+    pub session: String,
+    pub seq: u64,
 }
 
-/// The session and seq of a [`delivery_token`] with `prefix`; `None`: not one this server hands out.
-pub fn delivery_of(prefix: &str, token: &str) -> Option<(String, u64)> {
-    let mut parts = parts(prefix, token, 2)?;
-    let seq = parts[1].parse().ok().filter(|s| *s > 0)?;
-    let session = parts.swap_remove(0);
-    is_session_id(&session).then_some((session, seq))
+impl TaskId {
+    /// The task's id under `prefix`.
+    pub fn token(&self, prefix: &str) -> String {
+        token(prefix, &[&self.session, &self.seq.to_string()])
+    }
+
+    /// The task a [`TaskId::token`] with `prefix` names; `None`: not one this server hands out.
+    pub fn from_token(prefix: &str, token: &str) -> Option<Self> {
+        let mut parts = parts(prefix, token, 2)?;
+        let seq = parts[1].parse().ok().filter(|s| *s > 0)?;
+        let session = parts.swap_remove(0);
+        is_session_id(&session).then_some(Self { session, seq })
+    }
 }
 
 #[cfg(test)]

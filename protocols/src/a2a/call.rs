@@ -5,8 +5,9 @@ use axum::http::HeaderMap;
 use serde_json::Value;
 
 use super::rpc::{RpcError, code};
-use super::task::TaskId;
+use super::task;
 use crate::api::Api;
+use crate::ids::TaskId;
 use crate::profiles::Profile;
 use crate::turn::TurnFold;
 
@@ -25,13 +26,13 @@ pub(crate) async fn read(api: &Api<RpcError>, id: &TaskId) -> Result<TurnFold, R
     api.read_turn(&id.session, id.seq)
         .await
         .map_err(|e| not_found(e, id))?
-        .ok_or_else(|| RpcError::task_not_found(&id.encode()))
+        .ok_or_else(|| RpcError::task_not_found(&task::encode(id)))
 }
 
 /// A gateway NOT_FOUND for the task's session is the task not found, named by its id.
 pub(crate) fn not_found(error: RpcError, id: &TaskId) -> RpcError {
     match error.code {
-        code::TASK_NOT_FOUND => RpcError::task_not_found(&id.encode()),
+        code::TASK_NOT_FOUND => RpcError::task_not_found(&task::encode(id)),
         _ => error,
     }
 }

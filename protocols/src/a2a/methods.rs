@@ -11,9 +11,9 @@ use turnstile_proto::v1 as pb;
 use super::call::{Call, not_found, read};
 use super::push;
 use super::rpc::{self, RpcError, code};
-use super::task::{self, MESSAGE_PREFIX, TaskId};
+use super::task::{self, MESSAGE_PREFIX};
 use crate::api::{Api, Delivery, next};
-use crate::ids;
+use crate::ids::{self, TaskId};
 use crate::sse;
 use crate::turn::{SPAN, TurnFold};
 
@@ -197,7 +197,7 @@ async fn start(call: &Call, message: &Message, push: Option<push::Config>) -> Re
 /// A message to a task: the answer to its call awaiting approval. Returns the task and the position the
 /// rest of it follows (the call's).
 async fn answer(call: &Call, task_id: &str, message: &Message) -> Result<(TaskId, u64), RpcError> {
-    let id = TaskId::decode(task_id).ok_or_else(|| RpcError::task_not_found(task_id))?;
+    let id = task::decode(task_id).ok_or_else(|| RpcError::task_not_found(task_id))?;
     if message.context_id.as_deref().is_some_and(|c| c != id.session) {
         return Err(RpcError::invalid("message.contextId is not the task's context: leave it out or use the task's"));
     }
@@ -290,7 +290,7 @@ fn stream(call: Call, id: TaskId, after: u64, snapshot: bool) -> Response {
 
 fn task_id(params: &Map<String, Value>) -> Result<TaskId, RpcError> {
     let raw = rpc::string(params, "id")?.ok_or_else(|| RpcError::invalid("id is required: the task's id"))?;
-    TaskId::decode(raw).ok_or_else(|| RpcError::task_not_found(raw))
+    task::decode(raw).ok_or_else(|| RpcError::task_not_found(raw))
 }
 
 /// `GetTask`.
@@ -309,7 +309,7 @@ async fn cancel_task(call: &Call, params: &Map<String, Value>) -> Result<Value, 
     if fold.finished() {
         return Err(RpcError::new(
             code::TASK_NOT_CANCELABLE,
-            format!("task {} is done ({}): there is nothing to cancel", id.encode(), task::state(&fold)),
+            format!("task {} is done ({}): there is nothing to cancel", task::encode(&id), task::state(&fold)),
         ));
     }
     let removed = match (fold.turn(), fold.message_id()) {
@@ -352,7 +352,7 @@ async fn subscribe(call: Call, params: &Map<String, Value>) -> Result<Answer, Rp
             format!(
                 "task {} is done ({}): there is nothing to subscribe to; GetTask reads it (or resubscribe with \
                  Last-Event-ID to replay what a lost stream missed)",
-                id.encode(),
+                task::encode(&id),
                 task::state(&fold)
             ),
         ));

@@ -1,7 +1,7 @@
 //! A2A v1.0 (SPEC §19; docs/PROTOCOLS.md; decision 0128): each agent profile the caller's tenant may run is
 //! an A2A agent at `/a2a/{agent}` (JSON-RPC binding), its card at `/a2a/{agent}/.well-known/agent-card.json`.
 //!
-//! A context is a session, a task is a turn, found from the delivery that asked for it (`task::TaskId`
+//! A context is a session, a task is a turn, found from the delivery that asked for it (`ids::TaskId`
 //! encodes the session and the delivery's seq, so any gateway answers it). A call awaiting approval is
 //! `TASK_STATE_INPUT_REQUIRED`; the next message to the task answers it. Streams carry SSE `id:`s that are
 //! positions in the turn ([`crate::turn`]), so `SubscribeToTask` with `Last-Event-ID` resumes after any

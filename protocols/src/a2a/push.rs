@@ -17,7 +17,8 @@ use turnstile_worker::webhooks::{Post, SendError, TaskSent, WebhookSender, Webho
 
 use super::call::{Call, read};
 use super::rpc::{self, RpcError, code};
-use super::task::{self, TaskId};
+use super::task;
+use crate::ids::TaskId;
 use crate::turn::TurnFold;
 
 /// The header A2A receivers check the configuration's token in.
@@ -114,7 +115,7 @@ pub(crate) async fn create(call: &Call, params: &Map<String, Value>) -> Result<V
             code::UNSUPPORTED,
             format!(
                 "task {} is done ({}): nothing more will be pushed; GetTask reads it",
-                id.encode(),
+                task::encode(&id),
                 task::state(&fold)
             ),
         ));
@@ -163,7 +164,7 @@ fn no_config(id: &TaskId, config_id: &str) -> RpcError {
         format!(
             "task {} has no push configuration {config_id:?} (they go when the task ends); \
              ListTaskPushNotificationConfigs lists the ones it has",
-            id.encode()
+            task::encode(id)
         ),
     )
 }
@@ -171,7 +172,7 @@ fn no_config(id: &TaskId, config_id: &str) -> RpcError {
 /// The task `params[field]` names, read through the caller's token (another tenant's is not found).
 async fn task_of(call: &Call, params: &Map<String, Value>, field: &str) -> Result<(TaskId, TurnFold), RpcError> {
     let raw = rpc::string(params, field)?.ok_or_else(|| RpcError::invalid(format!("{field} is required")))?;
-    let id = TaskId::decode(raw).ok_or_else(|| RpcError::task_not_found(raw))?;
+    let id = task::decode(raw).ok_or_else(|| RpcError::task_not_found(raw))?;
     let fold = read(&call.api, &id).await?;
     Ok((id, fold))
 }
@@ -179,7 +180,7 @@ async fn task_of(call: &Call, params: &Map<String, Value>, field: &str) -> Resul
 /// A stored configuration as A2A's `TaskPushNotificationConfig`. The credentials are not shown again.
 fn config_json(id: &TaskId, hook: &RegisteredWebhook) -> Value {
     let Some(task) = &hook.task else { return json!({}) };
-    let mut config = json!({"id": task.config_id, "taskId": id.encode(), "url": hook.url});
+    let mut config = json!({"id": task.config_id, "taskId": task::encode(id), "url": hook.url});
     if !hook.secret.is_empty() {
         config["token"] = json!(hook.secret);
     }

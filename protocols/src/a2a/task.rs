@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 use turnstile_model::time::rfc3339_utc;
 
-use crate::ids;
+use crate::ids::TaskId;
 use crate::turn::{Call, Change, Outcome, TurnFold};
 
 /// The prefix of a task id.
@@ -12,23 +12,14 @@ const TASK_PREFIX: &str = "task-";
 /// The MessageId prefix of messages delivered through A2A (before the client's own message id).
 pub(crate) const MESSAGE_PREFIX: &str = "a2a";
 
-/// A task: the delivery at `seq` in `session` (the context). Encoded as `task-` + base64url(`session.seq`),
-/// so any gateway finds it; the tenant is the caller's.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct TaskId {
-    pub(crate) session: String,
-    pub(crate) seq: u64,
+/// A task's id: `task-` + base64url(`session.seq`); the session is the task's context.
+pub(crate) fn encode(task: &TaskId) -> String {
+    task.token(TASK_PREFIX)
 }
 
-impl TaskId {
-    pub(crate) fn encode(&self) -> String {
-        ids::delivery_token(TASK_PREFIX, &self.session, self.seq)
-    }
-
-    /// `None`: not an id this server hands out (a task that does not exist).
-    pub(crate) fn decode(id: &str) -> Option<Self> {
-        ids::delivery_of(TASK_PREFIX, id).map(|(session, seq)| Self { session, seq })
-    }
+/// The task an [`encode`]d id names; `None`: not an id this server hands out (a task that does not exist).
+pub(crate) fn decode(id: &str) -> Option<TaskId> {
+    TaskId::from_token(TASK_PREFIX, id)
 }
 
 /// A2A's task state of the turn as folded so far.
@@ -87,14 +78,14 @@ fn question(call: &Call) -> String {
 }
 
 fn agent_message(id: &TaskId, message_id: &str, parts: Vec<Value>) -> Value {
-    json!({"messageId": message_id, "contextId": id.session, "taskId": id.encode(), "role": "ROLE_AGENT", "parts": parts})
+    json!({"messageId": message_id, "contextId": id.session, "taskId": encode(id), "role": "ROLE_AGENT", "parts": parts})
 }
 
 /// The client's message that asked for the task, as history.
 fn prompt(id: &TaskId, fold: &TurnFold) -> Value {
     let message_id = fold.message_id().unwrap_or_default();
     let own = message_id.strip_prefix(MESSAGE_PREFIX).and_then(|m| m.strip_prefix('-')).unwrap_or(message_id);
-    json!({"messageId": own, "contextId": id.session, "taskId": id.encode(), "role": "ROLE_USER",
+    json!({"messageId": own, "contextId": id.session, "taskId": encode(id), "role": "ROLE_USER",
            "parts": [{"text": fold.prompt()}]})
 }
 
@@ -115,7 +106,7 @@ pub(crate) fn task(id: &TaskId, fold: &TurnFold, history_length: Option<usize>, 
         history.drain(..drop);
     }
     let mut task = json!({
-        "id": id.encode(),
+        "id": encode(id),
         "contextId": id.session,
         "status": status(id, fold),
         "history": history,
@@ -135,7 +126,7 @@ pub(crate) fn task(id: &TaskId, fold: &TurnFold, history_length: Option<usize>, 
 /// The streaming event a change makes, if A2A has one: a status update for a change of state, an
 /// artifact update for more of the reply.
 pub(crate) fn event(id: &TaskId, fold: &TurnFold, change: &Change) -> Option<Value> {
-    let (task_id, context) = (id.encode(), id.session.clone());
+    let (task_id, context) = (encode(id), id.session.clone());
     match change {
         Change::Text { step, piece } => {
             // The step's text so far is this piece: its first chunk, which starts the artifact.
@@ -160,14 +151,15 @@ pub(crate) fn event(id: &TaskId, fold: &TurnFold, change: &Change) -> Option<Val
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids;
 
     #[test]
     fn task_ids_round_trip_and_anything_else_is_no_task() {
         let id = TaskId { session: "a2a-1".into(), seq: 7 };
-        assert_eq!(TaskId::decode(&id.encode()), Some(id));
+        assert_eq!(decode(&encode(&id)), Some(id));
         for bad in ["", "task-", "task-!!", "7", &ids::token("task-", &["a b", "1"]), &ids::token("task-", &["s", "0"])]
         {
-            assert_eq!(TaskId::decode(bad), None, "{bad}");
+            assert_eq!(decode(bad), None, "{bad}");
         }
     }
 }

@@ -15,29 +15,21 @@ use turnstile_model::time::rfc3339_utc;
 use super::Fail;
 use super::results::{approval, cancel, ended, input_requests, question};
 use crate::api::Api;
-use crate::ids;
+use crate::ids::TaskId;
 use crate::turn::{Outcome, TurnFold};
 
 const PREFIX: &str = "mcpt_";
 /// How often a client is asked to poll.
 pub(crate) const POLL_INTERVAL_MS: u64 = 500;
 
-/// A task: the delivery at `seq` in `session`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct TaskId {
-    pub(crate) session: String,
-    pub(crate) seq: u64,
+/// A task's id: `mcpt_` + base64url(`session.seq`).
+fn encode(task: &TaskId) -> String {
+    task.token(PREFIX)
 }
 
-impl TaskId {
-    pub(crate) fn encode(&self) -> String {
-        ids::delivery_token(PREFIX, &self.session, self.seq)
-    }
-
-    fn decode(raw: &str) -> Result<Self, ErrorData> {
-        let (session, seq) = ids::delivery_of(PREFIX, raw).ok_or_else(|| no_task(raw))?;
-        Ok(Self { session, seq })
-    }
+/// The task an [`encode`]d id names; an invalid-params error when it is not an id this server hands out.
+fn decode(raw: &str) -> Result<TaskId, ErrorData> {
+    TaskId::from_token(PREFIX, raw).ok_or_else(|| no_task(raw))
 }
 
 fn no_task(raw: &str) -> ErrorData {
@@ -54,7 +46,7 @@ pub(crate) fn created(session: &str, seq: u64) -> CreateTaskResult {
     let now = rfc3339_utc(now_ms());
     let id = TaskId { session: session.to_owned(), seq };
     CreateTaskResult::new(
-        Task::new(id.encode(), TaskStatus::Working, now.clone(), now).with_poll_interval_ms(POLL_INTERVAL_MS),
+        Task::new(encode(&id), TaskStatus::Working, now.clone(), now).with_poll_interval_ms(POLL_INTERVAL_MS),
     )
 }
 
@@ -65,20 +57,20 @@ fn now_ms() -> u64 {
 
 /// The task's turn as the log has it now (a lagging log is waited for, [`Api::read_turn`]).
 async fn read(api: &Api<Fail>, id: &TaskId) -> Result<TurnFold, ErrorData> {
-    api.read_turn(&id.session, id.seq).await.map_err(|e| gateway(e, id))?.ok_or_else(|| no_task(&id.encode()))
+    api.read_turn(&id.session, id.seq).await.map_err(|e| gateway(e, id))?.ok_or_else(|| no_task(&encode(id)))
 }
 
 /// The gateway's refusal: another tenant's session is a task that does not exist.
 fn gateway(Fail(status): Fail, id: &TaskId) -> ErrorData {
     match status.code() {
-        tonic::Code::NotFound => no_task(&id.encode()),
+        tonic::Code::NotFound => no_task(&encode(id)),
         code => ErrorData::internal_error(format!("{code:?}: {}", status.message()), None),
     }
 }
 
 /// `tasks/get`: the task's state; its result once the turn ended.
 pub(crate) async fn get(api: &Api<Fail>, raw: &str) -> Result<GetTaskResult, ErrorData> {
-    let id = TaskId::decode(raw)?;
+    let id = decode(raw)?;
     let fold = read(api, &id).await?;
     Ok(GetTaskResult::new(detailed(&id, &fold)))
 }
@@ -87,8 +79,7 @@ fn detailed(id: &TaskId, fold: &TurnFold) -> DetailedTask {
     let (accepted, ended_ms) = fold.times_ms();
     let created = rfc3339_utc(accepted.unwrap_or_default());
     let updated = rfc3339_utc(ended_ms.or(accepted).unwrap_or_default());
-    let mut task =
-        Task::new(id.encode(), TaskStatus::Working, created, updated).with_poll_interval_ms(POLL_INTERVAL_MS);
+    let mut task = Task::new(encode(id), TaskStatus::Working, created, updated).with_poll_interval_ms(POLL_INTERVAL_MS);
     let payload = match (fold.outcome(), fold.waiting()) {
         (Some(Outcome::Cancelled(message)), _) => {
             task = task.with_status_message(message.clone());
@@ -119,7 +110,7 @@ pub(crate) async fn update(
     raw: &str,
     responses: &rmcp::model::InputResponses,
 ) -> Result<(), ErrorData> {
-    let id = TaskId::decode(raw)?;
+    let id = decode(raw)?;
     let fold = read(api, &id).await?;
     let Some(call) = fold.waiting() else {
         return Err(ErrorData::invalid_params(
@@ -134,7 +125,7 @@ pub(crate) async fn update(
 
 /// `tasks/cancel`: cancels the turn, or removes its message when it has not started.
 pub(crate) async fn cancel_task(api: &Api<Fail>, raw: &str) -> Result<(), ErrorData> {
-    let id = TaskId::decode(raw)?;
+    let id = decode(raw)?;
     let fold = read(api, &id).await?;
     if fold.finished() {
         return Err(ErrorData::invalid_params(format!("task {raw} has ended: there is nothing to cancel"), None));
@@ -145,13 +136,14 @@ pub(crate) async fn cancel_task(api: &Api<Fail>, raw: &str) -> Result<(), ErrorD
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids;
 
     #[test]
     fn task_ids_round_trip_and_anything_else_is_invalid_params() {
         let id = TaskId { session: "mcp-1".into(), seq: 3 };
-        assert_eq!(TaskId::decode(&id.encode()).unwrap(), id);
+        assert_eq!(decode(&encode(&id)).unwrap(), id);
         for bad in ["", "mcpt_", "task-1", &ids::token(PREFIX, &["a b", "1"]), &ids::token(PREFIX, &["s", "0"])] {
-            assert_eq!(TaskId::decode(bad).unwrap_err().code, rmcp::model::ErrorCode::INVALID_PARAMS, "{bad}");
+            assert_eq!(decode(bad).unwrap_err().code, rmcp::model::ErrorCode::INVALID_PARAMS, "{bad}");
         }
     }
 }

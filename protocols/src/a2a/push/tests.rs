@@ -62,7 +62,7 @@ fn each_change_of_the_task_is_one_stream_response() {
     );
     let end = at(8);
     assert_eq!((state(&end.bodies[0]), end.ended), ("TASK_STATE_COMPLETED", true));
-    assert_eq!(end.bodies[0]["statusUpdate"]["taskId"], json!(TaskId { session: "s".into(), seq: 3 }.encode()));
+    assert_eq!(end.bodies[0]["statusUpdate"]["taskId"], json!(task::encode(&TaskId { session: "s".into(), seq: 3 })));
     assert!(!at(7).ended);
     assert_eq!(render("s", "a2a-m1", &log[..2], 2), None, "before the delivery there is no task");
     assert_eq!(render("s", "a2a-m0", &log, 8).map(|r| r.bodies), Some(Vec::new()), "another task's turn");

@@ -148,23 +148,11 @@ mod tests {
     use crate::SessionRef;
 
     fn message(time_ms: u64, usage: Option<Usage>, model: Option<ModelRef>) -> Envelope {
-        Envelope {
-            session: SessionRef::new("acme", "s").unwrap(),
-            seq: 1,
-            time_ms,
-            epoch: 1,
-            payload: EventPayload::AssistantMessage {
-                turn: 1,
-                step: 1,
-                text: "hi".into(),
-                tool_calls: vec![],
-                interrupted: false,
-                max_tokens: false,
-                reasoning: None,
-                usage,
-                model,
-            },
+        let mut payload = EventPayload::reply(1, 1, "hi");
+        if let EventPayload::AssistantMessage { usage: u, model: m, .. } = &mut payload {
+            (*u, *m) = (usage, model);
         }
+        Envelope { session: SessionRef::new("acme", "s").unwrap(), seq: 1, time_ms, epoch: 1, payload }
     }
 
     #[test]

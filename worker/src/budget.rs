@@ -92,23 +92,11 @@ mod tests {
     use turnstile_model::{Envelope, EventPayload, SessionRef, Usage};
 
     fn used(tenant: &str, time_ms: u64, tokens: u64) -> Envelope {
-        Envelope {
-            session: SessionRef::new(tenant, "s").unwrap(),
-            seq: 1,
-            time_ms,
-            epoch: 1,
-            payload: EventPayload::AssistantMessage {
-                turn: 1,
-                step: 1,
-                text: String::new(),
-                tool_calls: vec![],
-                interrupted: false,
-                max_tokens: false,
-                reasoning: None,
-                usage: Some(Usage { input_tokens: tokens, ..Usage::default() }),
-                model: None,
-            },
+        let mut payload = EventPayload::reply(1, 1, "");
+        if let EventPayload::AssistantMessage { usage, .. } = &mut payload {
+            *usage = Some(Usage { input_tokens: tokens, ..Usage::default() });
         }
+        Envelope { session: SessionRef::new(tenant, "s").unwrap(), seq: 1, time_ms, epoch: 1, payload }
     }
 
     #[tokio::test]

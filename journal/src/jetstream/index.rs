@@ -41,7 +41,7 @@ use crate::log::JournalError;
 mod mirror;
 mod writer;
 
-use mirror::{Follower, OwnPuts, mirror_task};
+use mirror::{Follower, OwnPuts};
 use writer::writer_task;
 
 /// The bucket of the session index.
@@ -454,7 +454,7 @@ impl KvIndex {
             own: own.clone(),
             echoes_skipped: echoes_skipped.clone(),
         };
-        tokio::spawn(mirror_task(store.clone(), watch, follower));
+        tokio::spawn(super::follow_bucket(store.clone(), watch, "session index", move |entry| follower.apply(entry)));
         let writes = Arc::new(PendingWrites::new(refresh));
         tokio::spawn(writer_task(store, writes.clone(), own, window));
         Ok(Self { mirror, writes, echoes_skipped, loaded })

@@ -113,6 +113,34 @@ impl Drop for Follower {
     }
 }
 
+/// Hands `apply` each entry of a followed bucket's `watch`, for as long as the task runs. A watch that ends
+/// (its stream's leader moved, NATS restarted) is opened again on `store` with the history, so `apply` sees
+/// entries again and must be idempotent. `what` names the bucket in the log.
+pub(crate) async fn follow_bucket(
+    store: async_nats::jetstream::kv::Store,
+    mut watch: async_nats::jetstream::kv::Watch,
+    what: &str,
+    mut apply: impl FnMut(async_nats::jetstream::kv::Entry),
+) {
+    use futures::StreamExt as _;
+    loop {
+        while let Some(entry) = watch.next().await {
+            match entry {
+                Ok(entry) => apply(entry),
+                Err(e) => tracing::warn!(error = %e, "{what} watch failed; the mirror may lag"),
+            }
+        }
+        tracing::warn!("{what} watch ended; reopening it");
+        watch = loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            match store.watch_with_history(">").await {
+                Ok(watch) => break watch,
+                Err(e) => tracing::warn!(error = %e, "cannot reopen the {what} watch yet; the mirror may lag"),
+            }
+        };
+    }
+}
+
 /// Opens KV bucket `bucket`, creating it (file storage, `replicas`, history 1, `description`) when it does
 /// not exist: the index and webhook buckets, which any node may be the first to need.
 pub async fn open_bucket(

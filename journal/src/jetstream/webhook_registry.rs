@@ -59,7 +59,11 @@ impl KvWebhookRegistry {
                 }
             }
         }
-        tokio::spawn(follow(store.clone(), watch, mirror.clone()));
+        // Applying an entry twice changes nothing: the watch may be reopened with the history.
+        let followed = mirror.clone();
+        tokio::spawn(super::follow_bucket(store.clone(), watch, "webhook registry", move |entry| {
+            apply(&followed, entry)
+        }));
         Ok(Self { store, mirror })
     }
 }
@@ -75,27 +79,6 @@ fn apply(mirror: &MemoryWebhooks, entry: kv::Entry) {
                 mirror.remove(tenant, id);
             }
         }
-    }
-}
-
-/// Applies the bucket's changes to the mirror; a watch that ends (its stream's leader moved, NATS
-/// restarted) is opened again with the history (applying an entry twice changes nothing).
-async fn follow(store: kv::Store, mut watch: kv::Watch, mirror: Arc<MemoryWebhooks>) {
-    loop {
-        while let Some(entry) = watch.next().await {
-            match entry {
-                Ok(entry) => apply(&mirror, entry),
-                Err(e) => tracing::warn!(error = %e, "webhook registry watch failed; the mirror may lag"),
-            }
-        }
-        tracing::warn!("webhook registry watch ended; reopening it");
-        watch = loop {
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            match store.watch_with_history(">").await {
-                Ok(watch) => break watch,
-                Err(e) => tracing::warn!(error = %e, "cannot reopen the webhook registry watch yet"),
-            }
-        };
     }
 }
 

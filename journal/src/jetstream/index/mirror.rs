@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
-use futures::StreamExt as _;
 use tokio::sync::watch;
 use turnstile_model::message::SessionRef;
 
@@ -44,24 +43,6 @@ impl OwnPuts {
     }
 }
 
-/// Applies the bucket's entries (its history first, then each change) to `mirror`. A watch that ends (its
-/// stream's leader moved, NATS restarted) is opened again with the history: applying an entry twice changes
-/// nothing, since the mirror keeps each session's entry with the highest `last_seq`.
-pub(super) async fn mirror_task(store: kv::Store, first: kv::Watch, follower: Follower) {
-    let mut watch = first;
-    loop {
-        follower.follow(&mut watch).await;
-        tracing::warn!("session index watch ended; reopening it");
-        watch = loop {
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            match store.watch_with_history(">").await {
-                Ok(watch) => break watch,
-                Err(e) => tracing::warn!(error = %e, "cannot reopen the session index watch yet; the mirror may lag"),
-            }
-        };
-    }
-}
-
 /// What the mirror task keeps: the mirror, whether it has loaded, and this process's own puts.
 pub(super) struct Follower {
     pub(super) mirror: Arc<MemoryIndex>,
@@ -71,35 +52,28 @@ pub(super) struct Follower {
 }
 
 impl Follower {
-    /// Applies `watch`'s entries to the mirror until the watch ends.
-    async fn follow(&self, watch: &mut kv::Watch) {
-        while let Some(entry) = watch.next().await {
-            let entry = match entry {
-                Ok(entry) => entry,
-                Err(e) => {
-                    tracing::warn!(error = %e, "session index watch failed; the index mirror may lag");
-                    continue;
-                }
-            };
-            if (entry.delta == 0 || entry.seen_current) && !*self.loaded.borrow() {
-                self.loaded.send_replace(true);
+    /// Applies one of the bucket's entries (its history first, then each change) to the mirror. The watch
+    /// may be opened again with the history ([`crate::jetstream::follow_bucket`]): applying an entry twice
+    /// changes nothing, since the mirror keeps each session's entry with the highest `last_seq`.
+    pub(super) fn apply(&self, entry: kv::Entry) {
+        if (entry.delta == 0 || entry.seen_current) && !*self.loaded.borrow() {
+            self.loaded.send_replace(true);
+        }
+        match entry.operation {
+            kv::Operation::Put if self.own.is_echo(&entry.key, &entry.value) => {
+                self.echoes_skipped.fetch_add(1, Ordering::Relaxed);
             }
-            match entry.operation {
-                kv::Operation::Put if self.own.is_echo(&entry.key, &entry.value) => {
-                    self.echoes_skipped.fetch_add(1, Ordering::Relaxed);
+            kv::Operation::Put => match serde_json::from_slice::<IndexEntry>(&entry.value) {
+                Ok(indexed) => self.mirror.apply(indexed),
+                Err(e) => {
+                    tracing::warn!(key = %entry.key, error = %e, "session index entry not readable; skipped")
                 }
-                kv::Operation::Put => match serde_json::from_slice::<IndexEntry>(&entry.value) {
-                    Ok(indexed) => self.mirror.apply(indexed),
-                    Err(e) => {
-                        tracing::warn!(key = %entry.key, error = %e, "session index entry not readable; skipped")
-                    }
-                },
-                kv::Operation::Delete | kv::Operation::Purge => {
-                    if let Some((tenant, id)) = entry.key.split_once('.')
-                        && let Ok(session) = SessionRef::new(tenant, id)
-                    {
-                        self.mirror.forget(&session);
-                    }
+            },
+            kv::Operation::Delete | kv::Operation::Purge => {
+                if let Some((tenant, id)) = entry.key.split_once('.')
+                    && let Ok(session) = SessionRef::new(tenant, id)
+                {
+                    self.mirror.forget(&session);
                 }
             }
         }

@@ -67,10 +67,7 @@ impl ChatApi for Anthropic {
     fn headers(endpoint: &ModelEndpoint) -> Result<HeaderMap, EndpointError> {
         let mut headers = HeaderMap::new();
         headers.insert(HeaderName::from_static("anthropic-version"), HeaderValue::from_static(ANTHROPIC_VERSION));
-        if let Some(key) = &endpoint.api_key {
-            let mut value = HeaderValue::from_str(key.expose())
-                .map_err(|_| EndpointError::ApiKey { model: endpoint.model.clone() })?;
-            value.set_sensitive(true);
+        if let Some(value) = endpoint.key_header("")? {
             headers.insert(HeaderName::from_static("x-api-key"), value);
         }
         Ok(headers)

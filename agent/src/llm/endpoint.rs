@@ -137,6 +137,17 @@ impl ModelEndpoint {
             prompt_cache: false,
         }
     }
+
+    /// The API key as a request header's value, after `scheme` (`"Bearer "`, or `""` for the bare key),
+    /// marked sensitive so that no debug output shows it. `None` without a key; [`EndpointError::ApiKey`]
+    /// when the key holds characters a header cannot carry.
+    pub(crate) fn key_header(&self, scheme: &str) -> Result<Option<reqwest::header::HeaderValue>, EndpointError> {
+        let Some(key) = &self.api_key else { return Ok(None) };
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("{scheme}{}", key.expose()))
+            .map_err(|_| EndpointError::ApiKey { model: self.model.clone() })?;
+        value.set_sensitive(true);
+        Ok(Some(value))
+    }
 }
 
 /// An endpoint that cannot be used; found when the provider is built, before any request.

@@ -42,7 +42,7 @@
 use std::collections::HashMap;
 
 use eventsource_stream::Event;
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use reqwest::header::{AUTHORIZATION, HeaderMap};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -64,10 +64,7 @@ impl ChatApi for OpenAi {
 
     fn headers(endpoint: &ModelEndpoint) -> Result<HeaderMap, EndpointError> {
         let mut headers = HeaderMap::new();
-        if let Some(key) = &endpoint.api_key {
-            let mut value = HeaderValue::from_str(&format!("Bearer {}", key.expose()))
-                .map_err(|_| EndpointError::ApiKey { model: endpoint.model.clone() })?;
-            value.set_sensitive(true);
+        if let Some(value) = endpoint.key_header("Bearer ")? {
             headers.insert(AUTHORIZATION, value);
         }
         Ok(headers)

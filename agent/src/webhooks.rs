@@ -167,18 +167,6 @@ impl HttpWebhooks {
     }
 }
 
-/// `error` and its causes, joined by `: ` (reqwest's own message names only the request).
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
-
 /// The POST body of `event`: `WebhookDelivery` in the protobuf JSON mapping.
 pub fn body(event: &Envelope) -> Result<Vec<u8>, SendError> {
     use prost::Message as _;
@@ -239,7 +227,7 @@ impl WebhookSender for HttpWebhooks {
             .body(post.body)
             .send()
             .await
-            .map_err(|e| SendError(format!("POST {}: {}", hook.url, with_causes(&e))))?;
+            .map_err(|e| SendError(format!("POST {}: {}", hook.url, turnstile_ops::error_chain(&e))))?;
         let status = response.status();
         if status.is_success() { Ok(()) } else { Err(SendError(format!("POST {} answered {status}", hook.url))) }
     }

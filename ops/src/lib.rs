@@ -23,6 +23,19 @@ pub use http::{AlwaysReady, HttpError, Readiness, serve_http, serve_http_with};
 pub use process::{BuildInfo, build_info, set_build_info};
 pub use recorder::{MetricsError, install_metrics, render_metrics};
 
+/// `error` and its causes, joined by `: `: a library's own message often names only the outermost failure
+/// (reqwest's only the request, a TLS file's error only the file).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// Metric names. Counters end in `_total`, histograms in `_seconds` (base units); labels are low
 /// cardinality (command presets, outcomes, reasons), never session ids. The model counters carry the
 /// tenant (tokens are accounted per tenant); histograms never do.

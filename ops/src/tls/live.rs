@@ -16,7 +16,8 @@ use sha2::{Digest, Sha256};
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
-use super::{TlsError, certificates, error_chain, private_key, read};
+use super::{TlsError, certificates, private_key, read};
+use crate::error_chain;
 
 /// What a reload read: the digest of the files' bytes, or why one could not be read. A poll that sees the
 /// same again does nothing, so files left broken are reported once, not at every poll.

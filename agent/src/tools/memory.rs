@@ -59,34 +59,46 @@ fn object(name: &str, arguments: &str) -> Result<serde_json::Map<String, Value>,
     }
 }
 
-fn string<'a>(name: &str, args: &'a serde_json::Map<String, Value>, field: &str) -> Result<&'a str, ToolReturn> {
-    args.get(field)
-        .and_then(Value::as_str)
-        .ok_or_else(|| ToolReturn::failed(format!("{name}: \"{field}\" is missing or not a string")))
+/// One call of a memory tool: what its operation reads, and the tool's name for a failed call's message.
+struct Call<'a> {
+    name: &'static str,
+    store: &'a dyn MemoryStore,
+    ctx: &'a ToolContext,
+    args: serde_json::Map<String, Value>,
 }
 
-/// The namespace a call reaches: the one it names, which must be the agent's, or the agent's only one.
-fn namespace<'a>(
-    name: &str,
-    ctx: &'a ToolContext,
-    args: &'a serde_json::Map<String, Value>,
-) -> Result<&'a str, ToolReturn> {
-    let theirs = || if ctx.memory.is_empty() { "none".to_owned() } else { ctx.memory.join(", ") };
-    match args.get("namespace").and_then(Value::as_str) {
-        Some(ns) if ctx.memory.iter().any(|n| n == ns) => Ok(ns),
-        Some(ns) => Err(ToolReturn::failed(format!(
-            "{name}: namespace {ns:?} is not one agent {} may reach (its namespaces: {}); use one of those",
-            ctx.agent,
-            theirs()
-        ))),
-        None => match ctx.memory.as_slice() {
-            [only] => Ok(only),
-            _ => Err(ToolReturn::failed(format!(
-                "{name}: name the \"namespace\", one of {} (agent {}'s namespaces)",
-                theirs(),
-                ctx.agent
+impl Call<'_> {
+    fn failed(&self, e: impl std::fmt::Display) -> ToolReturn {
+        ToolReturn::failed(format!("{}: {e}", self.name))
+    }
+
+    fn string(&self, field: &str) -> Result<&str, ToolReturn> {
+        self.args
+            .get(field)
+            .and_then(Value::as_str)
+            .ok_or_else(|| self.failed(format!("\"{field}\" is missing or not a string")))
+    }
+
+    /// The namespace a call reaches: the one it names, which must be the agent's, or the agent's only one.
+    fn namespace(&self) -> Result<&str, ToolReturn> {
+        let ctx = self.ctx;
+        let theirs = || if ctx.memory.is_empty() { "none".to_owned() } else { ctx.memory.join(", ") };
+        match self.args.get("namespace").and_then(Value::as_str) {
+            Some(ns) if ctx.memory.iter().any(|n| n == ns) => Ok(ns),
+            Some(ns) => Err(self.failed(format!(
+                "namespace {ns:?} is not one agent {} may reach (its namespaces: {}); use one of those",
+                ctx.agent,
+                theirs()
             ))),
-        },
+            None => match ctx.memory.as_slice() {
+                [only] => Ok(only),
+                _ => Err(self.failed(format!(
+                    "name the \"namespace\", one of {} (agent {}'s namespaces)",
+                    theirs(),
+                    ctx.agent
+                ))),
+            },
+        }
     }
 }
 
@@ -156,28 +168,21 @@ impl Tool for MemoryTool {
             Ok(args) => args,
             Err(failed) => return failed,
         };
+        let call = Call { name, store: store.as_ref(), ctx, args };
         let result = match self.op {
-            MemoryOp::Get => get(store.as_ref(), ctx, &args).await,
-            MemoryOp::Put => put(store.as_ref(), ctx, &args).await,
-            MemoryOp::Search => search(store.as_ref(), ctx, &args).await,
+            MemoryOp::Get => get(&call).await,
+            MemoryOp::Put => put(&call).await,
+            MemoryOp::Search => search(&call).await,
         };
         result.unwrap_or_else(|failed| failed)
     }
 }
 
-fn failed(name: &str, e: impl std::fmt::Display) -> ToolReturn {
-    ToolReturn::failed(format!("{name}: {e}"))
-}
-
-async fn get(
-    store: &dyn MemoryStore,
-    ctx: &ToolContext,
-    args: &serde_json::Map<String, Value>,
-) -> Result<ToolReturn, ToolReturn> {
-    let name = "memory_get";
-    let namespace = namespace(name, ctx, args)?;
-    let key = string(name, args, "key")?;
-    let found = store.get(&ctx.session.tenant, namespace, key).await.map_err(|e| failed(name, e))?;
+async fn get(call: &Call<'_>) -> Result<ToolReturn, ToolReturn> {
+    let (store, ctx) = (call.store, call.ctx);
+    let namespace = call.namespace()?;
+    let key = call.string("key")?;
+    let found = store.get(&ctx.session.tenant, namespace, key).await.map_err(|e| call.failed(e))?;
     let out = match found {
         Some(d) => json!({"found": true, "namespace": namespace, "key": key, "document": value_of(&d.document),
                           "updated_unix_ms": d.updated_unix_ms}),
@@ -186,15 +191,11 @@ async fn get(
     Ok(ToolReturn::ok(out.to_string()))
 }
 
-async fn put(
-    store: &dyn MemoryStore,
-    ctx: &ToolContext,
-    args: &serde_json::Map<String, Value>,
-) -> Result<ToolReturn, ToolReturn> {
-    let name = "memory_put";
-    let namespace = namespace(name, ctx, args)?;
-    let key = string(name, args, "key")?;
-    let document = args.get("document").ok_or_else(|| failed(name, "\"document\" is missing"))?;
+async fn put(call: &Call<'_>) -> Result<ToolReturn, ToolReturn> {
+    let (store, ctx) = (call.store, call.ctx);
+    let namespace = call.namespace()?;
+    let key = call.string("key")?;
+    let document = call.args.get("document").ok_or_else(|| call.failed("\"document\" is missing"))?;
     let put = MemoryPut {
         tenant: ctx.session.tenant.clone(),
         namespace: namespace.to_owned(),
@@ -203,7 +204,7 @@ async fn put(
         written_by: Some(format!("{}/{}/{}", ctx.session.tenant, ctx.session.id, ctx.call_id)),
         now_ms: turnstile_ops::clock::now_ms(),
     };
-    let written = store.put(put).await.map_err(|e| failed(name, e))?;
+    let written = store.put(put).await.map_err(|e| call.failed(e))?;
     let out = json!({"stored": true, "namespace": namespace, "key": key, "revision": written.revision});
     Ok(ToolReturn {
         memory: vec![MemoryWrite {
@@ -216,29 +217,25 @@ async fn put(
     })
 }
 
-async fn search(
-    store: &dyn MemoryStore,
-    ctx: &ToolContext,
-    args: &serde_json::Map<String, Value>,
-) -> Result<ToolReturn, ToolReturn> {
-    let name = "memory_search";
-    let query = string(name, args, "query")?;
-    let namespaces: Vec<String> = match args.get("namespace") {
-        Some(_) => vec![namespace(name, ctx, args)?.to_owned()],
+async fn search(call: &Call<'_>) -> Result<ToolReturn, ToolReturn> {
+    let (store, ctx) = (call.store, call.ctx);
+    let query = call.string("query")?;
+    let namespaces: Vec<String> = match call.args.get("namespace") {
+        Some(_) => vec![call.namespace()?.to_owned()],
         None if ctx.memory.is_empty() => {
-            return Err(failed(name, format!("agent {} may reach no memory namespace", ctx.agent)));
+            return Err(call.failed(format!("agent {} may reach no memory namespace", ctx.agent)));
         }
         None => ctx.memory.clone(),
     };
-    let limit = match args.get("limit") {
+    let limit = match call.args.get("limit") {
         None => DEFAULT_HITS,
         Some(v) => match v.as_u64() {
             Some(n) if (1..=MAX_HITS).contains(&n) => n,
-            _ => return Err(failed(name, format!("\"limit\" must be a whole number from 1 to {MAX_HITS}"))),
+            _ => return Err(call.failed(format!("\"limit\" must be a whole number from 1 to {MAX_HITS}"))),
         },
     };
     let query = SearchQuery { namespaces, text: query.to_owned(), limit: limit as usize };
-    let hits = store.search(&ctx.session.tenant, &query).await.map_err(|e| failed(name, e))?;
+    let hits = store.search(&ctx.session.tenant, &query).await.map_err(|e| call.failed(e))?;
     let hits: Vec<Value> = hits
         .into_iter()
         .map(|h| {

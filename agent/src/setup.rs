@@ -381,6 +381,11 @@ mod tests {
         None
     }
 
+    /// The setup of the configuration `toml`, no environment variable set.
+    fn setup_of(toml: &str) -> Result<AgentSetup, AgentSetupError> {
+        from_config_with_env(&Config::from_toml_str(toml).unwrap(), no_env)
+    }
+
     #[tokio::test]
     async fn the_default_config_is_the_scripted_agent_on_the_scripted_model() {
         let setup = from_config_with_env(&Config::default(), no_env).unwrap();
@@ -398,11 +403,10 @@ mod tests {
 
     #[test]
     fn agents_become_catalog_profiles() {
-        let config = Config::from_toml_str(
+        let setup = setup_of(
             "default_agent = \"terse\"\n[agents.terse]\nsystem = \"Be terse.\"\nhistory_turns = 3\ntools = [\"clock\"]\n",
         )
         .unwrap();
-        let setup = from_config_with_env(&config, no_env).unwrap();
         assert_eq!(setup.catalog.default_agent(), "terse");
         assert_eq!(
             setup.catalog.get("terse"),
@@ -418,12 +422,11 @@ mod tests {
 
     #[test]
     fn each_agent_gets_the_guard_its_budget_and_its_remote_hooks_in_order() {
-        let config = Config::from_toml_str(
+        let setup = setup_of(
             "[agents.a]\nmax_steps_per_turn = 4\nhooks = [{ url = \"http://127.0.0.1:9/\" }, \
              { url = \"http://127.0.0.1:10\", on_failure = \"skip\" }]\n[agents.b]\n",
         )
         .unwrap();
-        let setup = from_config_with_env(&config, no_env).unwrap();
         let names =
             |agent: &str| -> Vec<String> { setup.hooks.for_agent(agent).iter().map(|h| h.name().to_owned()).collect() };
         assert_eq!(names("a"), ["content-guard", "step-budget", "http://127.0.0.1:9", "http://127.0.0.1:10"]);
@@ -434,10 +437,7 @@ mod tests {
 
     #[test]
     fn spawn_agent_is_offered_naming_the_configured_agents_without_confining_the_choice_to_them() {
-        let config =
-            Config::from_toml_str("[agents.helper]\ntools = [\"echo\", \"spawn_agent\"]\n[agents.researcher]\n")
-                .unwrap();
-        let setup = from_config_with_env(&config, no_env).unwrap();
+        let setup = setup_of("[agents.helper]\ntools = [\"echo\", \"spawn_agent\"]\n[agents.researcher]\n").unwrap();
         let spec = setup.tools.spec("spawn_agent").unwrap();
         assert_eq!(spec.input_schema["required"], serde_json::json!(["agent", "prompt"]));
         let agent = &spec.input_schema["properties"]["agent"];
@@ -462,8 +462,7 @@ mod tests {
 
     #[test]
     fn client_tools_are_accepted_and_only_listed_tools_may_be_called() {
-        let config = Config::from_toml_str("[agents.helper]\ntools = [\"echo\", \"client:lookup\"]\n").unwrap();
-        let setup = from_config_with_env(&config, no_env).unwrap();
+        let setup = setup_of("[agents.helper]\ntools = [\"echo\", \"client:lookup\"]\n").unwrap();
         assert!(!setup.tools.contains("lookup"), "client tools are not registered: they are looked up per call");
     }
 
@@ -473,11 +472,8 @@ mod tests {
         let err = Config::from_toml_str("[agents.a]\ntools = [\"mcp:files/*\"]\n").unwrap_err().to_string();
         assert!(err.contains("files"), "{err}");
         // A configured server that was not started (from_config without start_mcp) is named.
-        let config = Config::from_toml_str(
-            "[mcp.files]\ncommand = \"files-server\"\n[agents.a]\ntools = [\"mcp:files/read\"]\n",
-        )
-        .unwrap();
-        let err = from_config_with_env(&config, no_env).unwrap_err();
+        let err = setup_of("[mcp.files]\ncommand = \"files-server\"\n[agents.a]\ntools = [\"mcp:files/read\"]\n")
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "agent \"a\": tool \"mcp:files/read\" is not available in this worker (MCP server \"files\" is not \
@@ -537,12 +533,11 @@ mod tests {
     #[tokio::test]
     async fn agents_on_two_models_are_routed_by_agent() {
         // "remote" points at a port where nothing listens: a request that reaches it fails fast.
-        let config = Config::from_toml_str(
+        let setup = setup_of(
             "[models.remote]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\nretries = 0\n\
              [agents.local]\n[agents.far]\nmodel = \"remote\"\n",
         )
         .unwrap();
-        let setup = from_config_with_env(&config, no_env).unwrap();
         assert_eq!(run(setup.model.as_ref(), request("local", "hi")).await.unwrap().text, "echo: hi");
         let err = run(setup.model.as_ref(), request("far", "hi")).await.unwrap_err();
         assert!(matches!(&err, ModelError::Failed { code, .. } if code == "model_unavailable"), "{err:?}");

@@ -436,7 +436,7 @@ mod values;
 
 pub(crate) use eval::{EvalArgs, ScorerKind, TurnRange};
 
-pub(crate) use server::{DevArgs, GatewayArgs, ServeArgs, WorkerArgs};
+pub(crate) use server::{DevArgs, GatewayArgs, WorkerArgs};
 pub(crate) use session::{
     CancelArgs, ConfigureArgs, DecideArgs, DeliverArgs, ForkArgs, GoalCmd, ReferenceArgs, RemoveArgs, ReplaceArgs,
     SendArgs, SessionArg, SpliceArgs, SteerArgs,

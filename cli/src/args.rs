@@ -172,12 +172,13 @@ pub(crate) enum MemoryCmd {
 
 #[derive(Args, Debug)]
 pub(crate) struct MemoryPutArgs {
-    pub(crate) namespace: String,
-    pub(crate) key: String,
+    #[command(flatten)]
+    pub(crate) at: MemoryKeyArgs,
     /// The JSON document (`-` or absent: read from stdin).
     pub(crate) document: Option<String>,
 }
 
+/// Where a document is: `NAMESPACE KEY`.
 #[derive(Args, Debug)]
 pub(crate) struct MemoryKeyArgs {
     pub(crate) namespace: String,

@@ -172,12 +172,13 @@ pub(crate) enum MemoryCmd {
 
 #[derive(Args, Debug)]
 pub(crate) struct MemoryPutArgs {
-    pub(crate) namespace: String,
-    pub(crate) key: String,
+    #[command(flatten)]
+    pub(crate) at: MemoryKeyArgs,
     /// The JSON document (`-` or absent: read from stdin).
     pub(crate) document: Option<String>,
 }
 
+/// Where a document is: `NAMESPACE KEY`.
 #[derive(Args, Debug)]
 pub(crate) struct MemoryKeyArgs {
     pub(crate) namespace: String,
@@ -436,7 +437,7 @@ mod values;
 
 pub(crate) use eval::{EvalArgs, ScorerKind, TurnRange};
 
-pub(crate) use server::{DevArgs, GatewayArgs, ServeArgs, WorkerArgs};
+pub(crate) use server::{DevArgs, GatewayArgs, WorkerArgs};
 pub(crate) use session::{
     CancelArgs, ConfigureArgs, DecideArgs, DeliverArgs, ForkArgs, GoalCmd, ReferenceArgs, RemoveArgs, ReplaceArgs,
     SendArgs, SessionArg, SpliceArgs, SteerArgs,

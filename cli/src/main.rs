@@ -93,8 +93,8 @@ fn completions(shell: clap_complete::Shell) -> Result<()> {
 
 /// `turnstile gateway`, until Ctrl-C or SIGTERM.
 async fn run_gateway(a: GatewayArgs) -> Result<()> {
-    let flags = Overrides { route_deadline_ms: a.route_deadline_ms, ..a.layout.overrides() };
-    let member = Member::new(a.serve, a.listen, a.layout.nats, &a.security, &flags)?;
+    let flags = Overrides { route_deadline_ms: a.route_deadline_ms, ..a.member.layout.overrides() };
+    let member = a.member.member(a.listen, &a.security, &flags)?;
     let options = turnstile_node::gateway::Options {
         serving: member.serving,
         nats: member.nats,
@@ -108,7 +108,7 @@ async fn run_gateway(a: GatewayArgs) -> Result<()> {
 /// `turnstile worker`, until Ctrl-C or SIGTERM (which drains it and releases its leases).
 async fn run_worker(a: WorkerArgs) -> Result<()> {
     let flags = a.overrides();
-    let member = Member::new(a.serve, a.listen, a.layout.nats, &a.security, &flags)?;
+    let member = a.member.member(a.listen, &a.security, &flags)?;
     let options = turnstile_node::worker::Options {
         serving: member.serving,
         nats: member.nats,
@@ -118,30 +118,6 @@ async fn run_worker(a: WorkerArgs) -> Result<()> {
     };
     let node = turnstile_node::worker::start(options).await?;
     until_stopped(member.pid_file, node.run_until(shutdown_signal())).await
-}
-
-/// What a cluster member (`gateway`, `worker`) starts from the flags both have: how it serves, how it
-/// reaches NATS and the workers, and its `--pid-file`.
-struct Member {
-    serving: turnstile_node::role::Serving,
-    nats: turnstile_node::NatsOptions,
-    cluster_tls: Option<turnstile_node::tls::ClusterTls>,
-    pid_file: Option<std::path::PathBuf>,
-}
-
-impl Member {
-    fn new(
-        serve: args::ServeArgs,
-        listen: String,
-        nats: String,
-        security: &security::MemberSecurityArgs,
-        flags: &Overrides,
-    ) -> Result<Self> {
-        let pid_file = serve.pid_file.clone();
-        let serving = serve.serving(listen, security.tls.options(), flags)?;
-        let nats = security.nats_security.nats(nats);
-        Ok(Self { serving, nats, cluster_tls: security.cluster_tls.options(), pid_file })
-    }
 }
 
 /// Runs a started node (`run`) to its end, with its `--pid-file` written while it serves.

@@ -18,8 +18,8 @@ pub async fn put(client: &mut Client, a: MemoryPutArgs) -> Result<()> {
     };
     let request = pb::PutMemoryRequest {
         tenant: client.tenant.clone(),
-        namespace: a.namespace,
-        key: a.key,
+        namespace: a.at.namespace,
+        key: a.at.key,
         document: document.trim_end().to_owned(),
     };
     let written = client.api.put_memory(request).await?.into_inner();

@@ -81,11 +81,9 @@ impl Overrides {
         set(&mut c.route_deadline_ms, self.route_deadline_ms);
         if (self.renew_ms.is_some() || self.lease_ttl_ms.is_some()) && c.renew_ms >= c.lease_ttl_ms {
             return Err(NodeError::Flags(format!(
-                "{} {} must be below {} {}, or leases lapse between renewals; try a third of it",
-                name(self.renew_ms, "--renew-ms", "cluster.renew_ms"),
-                c.renew_ms,
-                name(self.lease_ttl_ms, "--lease-ttl-ms", "cluster.lease_ttl_ms"),
-                c.lease_ttl_ms
+                "{} must be below {}, or leases lapse between renewals; try a third of it",
+                named(self.renew_ms, "--renew-ms", "cluster.renew_ms", c.renew_ms),
+                named(self.lease_ttl_ms, "--lease-ttl-ms", "cluster.lease_ttl_ms", c.lease_ttl_ms)
             )));
         }
         if self.renew_ms.is_some() && c.worker_ttl_ms <= c.renew_ms {
@@ -97,11 +95,9 @@ impl Overrides {
         }
         if (self.shards.is_some() || self.partitions.is_some()) && c.shards < c.partitions {
             return Err(NodeError::Flags(format!(
-                "{} {} is below {} {}; every partition needs at least one shard",
-                name(self.shards, "--shards", "cluster.shards"),
-                c.shards,
-                name(self.partitions, "--partitions", "cluster.partitions"),
-                c.partitions
+                "{} is below {}; every partition needs at least one shard",
+                named(self.shards, "--shards", "cluster.shards", c.shards),
+                named(self.partitions, "--partitions", "cluster.partitions", c.partitions)
             )));
         }
         config.validate()?;
@@ -115,9 +111,10 @@ fn set<T: Copy>(key: &mut T, flag: Option<T>) {
     }
 }
 
-/// The flag when it was given, else the key of the file.
-fn name<T>(given: Option<T>, flag: &'static str, key: &'static str) -> &'static str {
-    if given.is_some() { flag } else { key }
+/// `FLAG VALUE` when the flag was given, else `KEY VALUE` (the file's key or its default), as a refusal
+/// names a setting.
+fn named<T: std::fmt::Display>(given: Option<T>, flag: &str, key: &str, value: T) -> String {
+    format!("{} {value}", if given.is_some() { flag } else { key })
 }
 
 #[cfg(test)]
@@ -133,38 +130,31 @@ mod tests {
         assert_eq!((config.cluster.lease_ttl_ms, config.cluster.renew_ms, config.cluster.shards), (3000, 500, 64));
     }
 
+    /// The refusal of `flags` over the configuration `toml`.
+    fn refusal(toml: &str, flags: Overrides) -> String {
+        let mut config = Config::from_toml_str(toml).unwrap();
+        flags.apply(&mut config).unwrap_err().to_string()
+    }
+
     #[test]
     fn a_renewal_the_flags_make_too_slow_names_the_flags() {
-        let mut config = Config::default();
-        let flags = Overrides { renew_ms: Some(500), lease_ttl_ms: Some(400), ..Overrides::default() };
         assert_eq!(
-            flags.apply(&mut config).unwrap_err().to_string(),
+            refusal("", Overrides { renew_ms: Some(500), lease_ttl_ms: Some(400), ..Overrides::default() }),
             "--renew-ms 500 must be below --lease-ttl-ms 400, or leases lapse between renewals; try a third of it"
         );
-        let mut config = Config::from_toml_str("[cluster]\nlease_ttl_ms = 1000\n").unwrap();
-        let flags = Overrides { renew_ms: Some(1000), ..Overrides::default() };
         assert_eq!(
-            flags.apply(&mut config).unwrap_err().to_string(),
+            refusal("[cluster]\nlease_ttl_ms = 1000\n", Overrides { renew_ms: Some(1000), ..Overrides::default() }),
             "--renew-ms 1000 must be below cluster.lease_ttl_ms 1000, or leases lapse between renewals; try a \
              third of it"
         );
-        let mut config = Config::default();
         let flags = Overrides { renew_ms: Some(4000), lease_ttl_ms: Some(20_000), ..Overrides::default() };
-        assert!(
-            flags
-                .apply(&mut config)
-                .unwrap_err()
-                .to_string()
-                .starts_with("--renew-ms 4000 must be below cluster.worker_ttl_ms 3000")
-        );
+        assert!(refusal("", flags).starts_with("--renew-ms 4000 must be below cluster.worker_ttl_ms 3000"));
     }
 
     #[test]
     fn fewer_shards_than_partitions_names_the_flag() {
-        let mut config = Config::default();
-        let flags = Overrides { partitions: Some(8), shards: Some(4), ..Overrides::default() };
         assert_eq!(
-            flags.apply(&mut config).unwrap_err().to_string(),
+            refusal("", Overrides { partitions: Some(8), shards: Some(4), ..Overrides::default() }),
             "--shards 4 is below --partitions 8; every partition needs at least one shard"
         );
     }

@@ -106,12 +106,44 @@ impl ClusterLayout {
     }
 }
 
+/// What a cluster member (`gateway`, `worker`) takes first: what every server role takes, then where the
+/// cluster's journal is and how it is laid out.
 #[derive(Args, Debug)]
-pub(crate) struct GatewayArgs {
+pub(crate) struct MemberArgs {
     #[command(flatten)]
     pub(crate) serve: ServeArgs,
     #[command(flatten)]
     pub(crate) layout: ClusterLayout,
+}
+
+impl MemberArgs {
+    /// The member these flags, its `--listen` and its TLS start, with `flags` over the configuration.
+    pub(crate) fn member(
+        self,
+        listen: String,
+        security: &security::MemberSecurityArgs,
+        flags: &Overrides,
+    ) -> Result<Member> {
+        let pid_file = self.serve.pid_file.clone();
+        let serving = self.serve.serving(listen, security.tls.options(), flags)?;
+        let nats = security.nats_security.nats(self.layout.nats);
+        Ok(Member { serving, nats, cluster_tls: security.cluster_tls.options(), pid_file })
+    }
+}
+
+/// What a cluster member starts from the flags both have: how it serves, how it reaches NATS and the
+/// workers, and its `--pid-file`.
+pub(crate) struct Member {
+    pub(crate) serving: Serving,
+    pub(crate) nats: turnstile_node::NatsOptions,
+    pub(crate) cluster_tls: Option<turnstile_node::tls::ClusterTls>,
+    pub(crate) pid_file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct GatewayArgs {
+    #[command(flatten)]
+    pub(crate) member: MemberArgs,
     /// Address of the public API (port 0 picks a free one, reported as `turnstile: listening grpc=ADDR`).
     #[arg(long, env = "TURNSTILE_LISTEN", default_value = turnstile_node::dev::DEFAULT_LISTEN)]
     pub(crate) listen: String,
@@ -133,9 +165,7 @@ const WORKER_HTTP_HELP: &str = "Address of the HTTP endpoints `/metrics`, `/heal
 #[command(mut_arg("http", |http| http.help(WORKER_HTTP_HELP)))]
 pub(crate) struct WorkerArgs {
     #[command(flatten)]
-    pub(crate) serve: ServeArgs,
-    #[command(flatten)]
-    pub(crate) layout: ClusterLayout,
+    pub(crate) member: MemberArgs,
     /// Address of the internal worker API (port 0 picks a free one, reported as `turnstile: listening
     /// worker=ADDR`).
     #[arg(long, env = "TURNSTILE_LISTEN", default_value = turnstile_node::worker::DEFAULT_LISTEN)]
@@ -172,7 +202,7 @@ impl WorkerArgs {
             lease_ttl_ms: self.lease_ttl_ms,
             renew_ms: self.renew_ms,
             drain_timeout_ms: self.drain_timeout_ms,
-            ..self.layout.overrides()
+            ..self.member.layout.overrides()
         }
     }
 }

@@ -28,7 +28,7 @@ fn dev_takes_nats_with_its_layout() {
 fn gateway_takes_the_cluster_layout() {
     let cli = Cli::try_parse_from(["turnstile", "gateway", "--nats", "nats://h:4222"]).unwrap();
     let Cmd::Gateway(a) = cli.command else { panic!("not gateway") };
-    assert_eq!((a.layout.partitions, a.layout.replicas, a.layout.shards), (None, None, None));
+    assert_eq!((a.member.layout.partitions, a.member.layout.replicas, a.member.layout.shards), (None, None, None));
     assert_eq!((a.listen.as_str(), a.route_deadline_ms), ("127.0.0.1:7400", None));
     let cli = Cli::try_parse_from([
         "turnstile",
@@ -44,7 +44,10 @@ fn gateway_takes_the_cluster_layout() {
     ])
     .unwrap();
     let Cmd::Gateway(a) = cli.command else { panic!("not gateway") };
-    assert_eq!((a.listen.as_str(), a.layout.replicas, a.layout.shards), ("127.0.0.1:7401", Some(3), Some(64)));
+    assert_eq!(
+        (a.listen.as_str(), a.member.layout.replicas, a.member.layout.shards),
+        ("127.0.0.1:7401", Some(3), Some(64))
+    );
 }
 
 #[test]
@@ -68,9 +71,12 @@ fn worker_takes_its_identity_and_lease_timing() {
     .unwrap();
     let Cmd::Worker(a) = cli.command else { panic!("not worker") };
     assert_eq!((a.id.as_deref(), a.advertise.as_deref()), (Some("w1"), Some("10.0.0.5:7501")));
-    assert_eq!((a.lease_ttl_ms, a.renew_ms, a.drain_timeout_ms, a.layout.shards), (Some(3000), Some(500), None, None));
+    assert_eq!(
+        (a.lease_ttl_ms, a.renew_ms, a.drain_timeout_ms, a.member.layout.shards),
+        (Some(3000), Some(500), None, None)
+    );
     let flags = a.overrides();
-    let loaded = a.serve.load(&flags).unwrap();
+    let loaded = a.member.serve.load(&flags).unwrap();
     assert_eq!((loaded.config.cluster.lease_ttl_ms, loaded.config.cluster.renew_ms), (3000, 500));
 }
 
@@ -84,8 +90,8 @@ fn the_servers_take_a_configuration_file() {
         let cli = Cli::try_parse_from(args).unwrap();
         let path = match cli.command {
             Cmd::Dev(a) => a.serve.config,
-            Cmd::Gateway(a) => a.serve.config,
-            Cmd::Worker(a) => a.serve.config,
+            Cmd::Gateway(a) => a.member.serve.config,
+            Cmd::Worker(a) => a.member.serve.config,
             _ => panic!("not a server"),
         };
         assert_eq!(path.as_deref(), Some(std::path::Path::new("t.toml")), "{role}");
@@ -108,7 +114,7 @@ fn the_renewal_flags_are_checked_against_each_other() {
     .unwrap();
     let Cmd::Worker(a) = cli.command else { panic!("not worker") };
     let flags = a.overrides();
-    let err = a.serve.load(&flags).unwrap_err();
+    let err = a.member.serve.load(&flags).unwrap_err();
     assert_eq!(
         crate::error_line(&err),
         "error: --renew-ms 500 must be below --lease-ttl-ms 400, or leases lapse between renewals; try a third of it"

@@ -251,6 +251,9 @@ impl Agent for Gateway {
             .map_err(status::from_convert)?
             .unwrap_or_default();
         let version = self.version_to_configure(&session.tenant, &req.agent, req.version).await?;
+        if version.is_none() {
+            self.refuse_deleted(&session.tenant, &req.agent).await?;
+        }
         let command = Command::Configure { agent: req.agent, inject_mode, version, overrides };
         let seq = self.written(session.clone(), command).await?;
         let state = self.state_after(&session, seq, "retry GetSession").await?;

@@ -210,19 +210,19 @@ impl Gateway {
         }
     }
 
-    /// Refuses to configure a session with `agent` when the tenant deleted its own agent of that name and no
-    /// file agent serves it. The store says so at once; the workers' catalogs hear of the deletion through
-    /// their watch a moment later, and a `Configure` sent meanwhile would still find the agent there
-    /// (`DeleteAgent` hides it from `ConfigureSession` as soon as it is answered: docs/API.md).
+    /// Refuses to configure a session with `agent` when the tenant deleted its own agent of that name. Called
+    /// only when [`Self::version_to_configure`] found no version, so no file agent serves the name either
+    /// (the file's would have shown through the tombstone). The store says so at once; the workers'
+    /// catalogs hear of the deletion through their watch a moment later, and a `Configure` sent meanwhile
+    /// would still find the agent there (`DeleteAgent` hides it from `ConfigureSession` as soon as it is
+    /// answered: docs/API.md).
     pub(crate) async fn refuse_deleted(&self, tenant: &str, agent: &str) -> Result<(), Status> {
         let Some(defs) = &self.agents else { return Ok(()) };
         let key = agents::agent_key(&AgentOwner::Tenant(tenant.to_owned()), agent);
         match defs.store.load(&key).await.map_err(status::from_journal)? {
-            Some((record, _)) if record.deleted && defs.find(tenant, agent).await?.is_none() => {
-                Err(Status::invalid_argument(format!(
-                    "agent: {agent:?} was deleted; PutAgent brings it back as a new version, or name another agent"
-                )))
-            }
+            Some((record, _)) if record.deleted => Err(Status::invalid_argument(format!(
+                "agent: {agent:?} was deleted; PutAgent brings it back as a new version, or name another agent"
+            ))),
             _ => Ok(()),
         }
     }

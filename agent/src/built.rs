@@ -9,7 +9,7 @@ use turnstile_worker::agent::Model;
 use crate::hooks::{ContentGuard, PreStepHook, RemoteHook, StepBudget};
 use crate::llm::chat::{ChatProvider, ToolSpec};
 use crate::llm::chat_model::{self, ChatModel};
-use crate::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
+use crate::llm::endpoint::{ModelEndpoint, ProviderKind};
 use crate::scripted::ScriptedModel;
 use crate::setup_error::AgentSetupError;
 use crate::tools::ClientBusSlot;
@@ -79,7 +79,7 @@ pub(crate) fn built_model(
     if let Some(url) = model.endpoint() {
         endpoint.base_url = url.as_str().to_owned();
     }
-    endpoint.api_key = api_key.map(|key| ApiKey::new(key.expose()));
+    endpoint.api_key = api_key;
     endpoint.max_tokens = Some(model.max_tokens);
     endpoint.timeout = model.timeout();
     endpoint.first_byte_timeout = model.first_byte_timeout();

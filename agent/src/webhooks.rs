@@ -251,7 +251,7 @@ mod tests {
             label_selector: String::new(),
             max_age_ms: 1000,
             created_unix_ms: 0,
-            secret: "whsec_k".into(),
+            secret: turnstile_model::Secret::new("whsec_k"),
             task: None,
         };
         WebhookTarget::registered(&hook, Tenant::new("t").unwrap())

@@ -17,7 +17,8 @@ use turnstile_agent::llm::chat::{
     ChatContent, ChatMessage, ChatOutput, ChatRequest, ChatToolCall, Finish, ProviderError, StreamDelta, ToolSpec,
     Usage,
 };
-use turnstile_agent::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
+use turnstile_agent::llm::endpoint::{ModelEndpoint, ProviderKind};
+use turnstile_model::Secret;
 
 fn hello() -> ChatRequest {
     ChatRequest { messages: vec![ChatMessage::user_text("hello")], ..Default::default() }
@@ -273,7 +274,7 @@ fn conversation() -> (ChatRequest, serde_json::Value) {
 async fn the_request_alternates_roles_pairs_tool_results_and_carries_the_headers() {
     let server = FakeServer::anthropic(vec![Reply::events(&text_reply(&["ok"], "end_turn"))]).await;
     let mut endpoint = server.endpoint(ProviderKind::Anthropic);
-    endpoint.api_key = Some(ApiKey::new("sk-ant-test"));
+    endpoint.api_key = Some(Secret::new("sk-ant-test"));
     let (request, schema) = conversation();
     let (result, _) = run(endpoint, &request).await;
     assert_eq!(result.unwrap().text, "ok");

@@ -18,9 +18,10 @@ use turnstile_agent::llm::chat::{
     TimeoutKind, ToolSpec, Usage,
 };
 use turnstile_agent::llm::chat_model::{ChatModel, connect};
-use turnstile_agent::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
+use turnstile_agent::llm::endpoint::{ModelEndpoint, ProviderKind};
 use turnstile_agent::llm::openai::OpenAiProvider;
 use turnstile_driver::{ModelRequest, ToolOutcome};
+use turnstile_model::Secret;
 use turnstile_model::{ContentBlock, MessageSource, UserMessage};
 use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelStep};
 
@@ -424,7 +425,7 @@ async fn the_request_carries_system_history_tools_and_the_key() {
     ])])
     .await;
     let mut endpoint = server.endpoint(ProviderKind::OpenAi);
-    endpoint.api_key = Some(ApiKey::new("sk-test-123"));
+    endpoint.api_key = Some(Secret::new("sk-test-123"));
     endpoint.max_tokens = Some(512);
     let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
     let request = ChatRequest {
@@ -530,7 +531,7 @@ async fn without_a_key_or_tools_none_is_sent() {
 async fn the_key_never_shows_in_debug_output_or_errors() {
     let server = FakeServer::openai(vec![Reply::error(401, "bad key")]).await;
     let mut endpoint = server.endpoint(ProviderKind::OpenAi);
-    endpoint.api_key = Some(ApiKey::new("sk-very-secret"));
+    endpoint.api_key = Some(Secret::new("sk-very-secret"));
     let provider = OpenAiProvider::new(endpoint.clone()).unwrap();
     assert!(!format!("{endpoint:?} {provider:?}").contains("sk-very-secret"));
     let error = provider.stream(&hello(), &DeltaSink::discard(), &CancellationToken::new()).await.unwrap_err();
@@ -545,7 +546,7 @@ async fn bad_endpoints_are_refused_before_any_request() {
     endpoint.base_url = "not a url".into();
     assert!(OpenAiProvider::new(endpoint.clone()).is_err());
     endpoint.base_url = "http://127.0.0.1:1/v1".into();
-    endpoint.api_key = Some(ApiKey::new("line\nbreak"));
+    endpoint.api_key = Some(Secret::new("line\nbreak"));
     let error = OpenAiProvider::new(endpoint).unwrap_err().to_string();
     assert!(error.contains("API key") && !error.contains("line"), "{error}");
 }

@@ -56,20 +56,24 @@ pub enum ToolBusError {
 /// Reaches the executors of client tools.
 #[async_trait]
 pub trait ToolBus: Send + Sync + std::fmt::Debug + 'static {
-    /// Runs `task` on an executor of `tool` of `tenant`; gives up after `wait`.
-    async fn call(
-        &self,
-        tenant: &str,
-        tool: &str,
-        task: pb::ToolCallTask,
-        wait: Duration,
-    ) -> Result<pb::ToolCallResult, ToolBusError>;
+    /// Runs `task` on an executor of the tool it names, of its session's tenant ([`addressee`]); gives up
+    /// after `wait`.
+    async fn call(&self, task: pb::ToolCallTask, wait: Duration) -> Result<pb::ToolCallResult, ToolBusError>;
 
     /// Tells the executor running `task` (its session and call id) to stop. Best effort.
-    async fn cancel(&self, tenant: &str, task: pb::ToolCallTask);
+    async fn cancel(&self, task: pb::ToolCallTask);
 
     /// The schema the executors of `tool` registered; `None` when none is connected.
     async fn spec(&self, tenant: &str, tool: &str) -> Result<Option<pb::ClientToolSpec>, ToolBusError>;
+}
+
+/// Whom `task` is for: its session's tenant and the tool it names. The task is the one place these are
+/// said, so a bus cannot route a call under one name while the executor reads another.
+pub fn addressee(task: &pb::ToolCallTask) -> Result<(&str, &str), ToolBusError> {
+    match &task.session {
+        Some(session) if !session.tenant.is_empty() && !task.name.is_empty() => Ok((&session.tenant, &task.name)),
+        _ => Err(ToolBusError::Failed(format!("call {:?} names no session tenant or no tool", task.call_id))),
+    }
 }
 
 /// How long a schema lookup may take: it runs before every model request of an agent with client tools.
@@ -109,19 +113,15 @@ impl NatsToolBus {
 
 #[async_trait]
 impl ToolBus for NatsToolBus {
-    async fn call(
-        &self,
-        tenant: &str,
-        tool: &str,
-        task: pb::ToolCallTask,
-        wait: Duration,
-    ) -> Result<pb::ToolCallResult, ToolBusError> {
+    async fn call(&self, task: pb::ToolCallTask, wait: Duration) -> Result<pb::ToolCallResult, ToolBusError> {
+        let (tenant, tool) = addressee(&task)?;
         let reply = self.request(call_subject(tenant, tool), task.encode_to_vec(), wait, tool).await?;
         pb::ToolCallResult::decode(reply)
             .map_err(|e| ToolBusError::Failed(format!("the gateway's reply to a call of {tool} does not decode: {e}")))
     }
 
-    async fn cancel(&self, tenant: &str, task: pb::ToolCallTask) {
+    async fn cancel(&self, task: pb::ToolCallTask) {
+        let Ok((tenant, _)) = addressee(&task) else { return };
         // Core NATS, fire and forget: a gateway that misses it still ends the call at its deadline.
         if let Err(e) = self.client.publish(cancel_subject(tenant), task.encode_to_vec().into()).await {
             tracing::warn!(error = %e, call_id = %task.call_id, "could not publish a client tool cancel");
@@ -135,6 +135,31 @@ impl ToolBus for NatsToolBus {
                 .map_err(|e| ToolBusError::Failed(format!("the schema of {tool} does not decode: {e}"))),
             Err(ToolBusError::NoExecutor(_)) => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(tenant: Option<&str>, name: &str) -> pb::ToolCallTask {
+        pb::ToolCallTask {
+            session: tenant.map(|t| pb::SessionRef { tenant: t.into(), id: "s1".into() }),
+            call_id: "c1".into(),
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_task_is_addressed_by_its_session_tenant_and_tool_name() {
+        assert_eq!(addressee(&task(Some("acme"), "lookup")), Ok(("acme", "lookup")));
+        for unaddressed in [task(None, "lookup"), task(Some(""), "lookup"), task(Some("acme"), "")] {
+            let Err(ToolBusError::Failed(why)) = addressee(&unaddressed) else {
+                panic!("{unaddressed:?} is addressed")
+            };
+            assert!(why.contains("\"c1\""), "the error names the call: {why}");
         }
     }
 }

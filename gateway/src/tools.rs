@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
+use turnstile_cluster::tools::addressee;
 use turnstile_cluster::tools::{QUEUE_GROUP, call_subject, spec_subject};
 use turnstile_cluster::{ToolBus, ToolBusError};
 use turnstile_model::tool_names::{BUILTIN_TOOL_NAMES, MAX_MODEL_TOOL_NAME, MCP_SEPARATOR, is_model_tool_name};
@@ -336,9 +337,14 @@ impl ToolHub {
                         tokio::spawn(async move {
                             let Some(reply_to) = message.reply else { return };
                             let result = match pb::ToolCallTask::decode(message.payload) {
+                                // The subject routed it here: a task naming another tool or tenant is refused.
+                                Ok(task) if addressee(&task) != Ok((&tenant, &tool)) => error_result(
+                                    &task.call_id,
+                                    format!("the call came for {tool} of tenant {tenant} but its task names another"),
+                                ),
                                 Ok(task) => {
                                     let wait = wait_for(task.deadline_unix_ms);
-                                    match hub.call(&tenant, &tool, task.clone(), wait).await {
+                                    match hub.call(task.clone(), wait).await {
                                         Ok(result) => result,
                                         Err(e) => error_result(&task.call_id, e.to_string()),
                                     }
@@ -469,13 +475,8 @@ fn wait_for(deadline_unix_ms: u64) -> Duration {
 /// result: the bus of `turnstile dev`, and what the NATS subjects of a cluster deliver to.
 #[async_trait]
 impl ToolBus for ToolHub {
-    async fn call(
-        &self,
-        tenant: &str,
-        tool: &str,
-        task: pb::ToolCallTask,
-        wait: Duration,
-    ) -> Result<pb::ToolCallResult, ToolBusError> {
+    async fn call(&self, task: pb::ToolCallTask, wait: Duration) -> Result<pb::ToolCallResult, ToolBusError> {
+        let (tenant, tool) = addressee(&task)?;
         let call_id = task.call_id.clone();
         let (reply_tx, reply_rx) = oneshot::channel();
         let sent = {
@@ -528,8 +529,10 @@ impl ToolBus for ToolHub {
         }
     }
 
-    async fn cancel(&self, tenant: &str, task: pb::ToolCallTask) {
-        ToolHub::cancel(self, tenant, task.session.as_ref(), &task.call_id);
+    async fn cancel(&self, task: pb::ToolCallTask) {
+        if let Ok((tenant, _)) = addressee(&task) {
+            ToolHub::cancel(self, tenant, task.session.as_ref(), &task.call_id);
+        }
     }
 
     async fn spec(&self, tenant: &str, tool: &str) -> Result<Option<pb::ClientToolSpec>, ToolBusError> {

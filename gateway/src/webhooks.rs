@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tonic::Status;
 use turnstile_journal::{RegisteredWebhook, TaskPush, WebhookRegistry};
 use turnstile_model::event::DURABLE_TYPES;
-use turnstile_model::{Selector, Tenant};
+use turnstile_model::{Secret, Selector, Tenant};
 use turnstile_ops::egress::{self, EgressError};
 use turnstile_proto::v1 as pb;
 
@@ -42,7 +42,7 @@ fn encode(hook: &RegisteredWebhook, with_secret: bool) -> pb::Webhook {
         label_selector: hook.label_selector.clone(),
         max_age_ms: hook.max_age_ms,
         created_unix_ms: hook.created_unix_ms,
-        secret: if with_secret { hook.secret.clone() } else { String::new() },
+        secret: if with_secret { hook.secret.expose().to_owned() } else { String::new() },
     }
 }
 
@@ -130,7 +130,7 @@ impl Gateway {
             label_selector: req.label_selector,
             max_age_ms,
             created_unix_ms: turnstile_ops::clock::now_ms(),
-            secret,
+            secret: Secret::new(secret),
             task: None,
         };
         registry.create(hook.clone()).await.map_err(status::from_journal)?;
@@ -172,9 +172,9 @@ pub struct TaskPushRequest {
     pub config_id: String,
     pub url: String,
     /// Sent back on each POST and the key of its `Turnstile-Signature`; may be empty.
-    pub token: String,
+    pub token: Secret,
     pub auth_scheme: String,
-    pub auth_credentials: String,
+    pub auth_credentials: Secret,
 }
 
 /// The push configurations of tasks (A2A push notifications, SPEC §19, decision 0155): webhooks of the

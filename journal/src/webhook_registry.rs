@@ -13,12 +13,13 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use turnstile_model::Secret;
 
 use crate::log::JournalError;
 use crate::sync;
 
 /// A webhook a tenant registered. Its `secret` is kept (the owner signs with it) but never printed.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisteredWebhook {
     pub tenant: String,
     /// `wh_` and 16 hex digits: key-safe, and never one of the configuration's webhook ids (bare hex).
@@ -33,7 +34,7 @@ pub struct RegisteredWebhook {
     /// Events written before this time are not delivered: a new webhook does not replay history.
     pub created_unix_ms: u64,
     /// The HMAC key of `Turnstile-Signature`.
-    pub secret: String,
+    pub secret: Secret,
     /// Set for the push notifications of one A2A task (SPEC §19): the webhook serves that task's session
     /// alone, its POSTs carry the protocol's body, and it is removed once the task ends. The secret is then
     /// the client's token. Absent in webhooks created by `CreateWebhook` (and in records older than it).
@@ -42,7 +43,7 @@ pub struct RegisteredWebhook {
 }
 
 /// What a webhook serving one task's push notifications knows of the task (docs/decisions/0155).
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskPush {
     /// The task's session.
     pub session: String,
@@ -56,35 +57,8 @@ pub struct TaskPush {
     /// `Authorization: <scheme> <credentials>` on each POST, when the client gave a scheme.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub auth_scheme: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub auth_credentials: String,
-}
-
-impl std::fmt::Debug for TaskPush {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TaskPush")
-            .field("session", &self.session)
-            .field("message_id", &self.message_id)
-            .field("from_seq", &self.from_seq)
-            .field("config_id", &self.config_id)
-            .field("auth_scheme", &self.auth_scheme)
-            .finish_non_exhaustive()
-    }
-}
-
-impl std::fmt::Debug for RegisteredWebhook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegisteredWebhook")
-            .field("tenant", &self.tenant)
-            .field("id", &self.id)
-            .field("url", &self.url)
-            .field("events", &self.events)
-            .field("label_selector", &self.label_selector)
-            .field("max_age_ms", &self.max_age_ms)
-            .field("created_unix_ms", &self.created_unix_ms)
-            .field("task", &self.task)
-            .finish_non_exhaustive()
-    }
+    #[serde(default, skip_serializing_if = "Secret::is_empty")]
+    pub auth_credentials: Secret,
 }
 
 /// Where registered webhooks are kept.
@@ -198,7 +172,7 @@ mod tests {
             label_selector: String::new(),
             max_age_ms: 1000,
             created_unix_ms: created,
-            secret: "whsec_x".into(),
+            secret: Secret::new("whsec_x"),
             task: None,
         }
     }
@@ -216,7 +190,7 @@ mod tests {
         let reopened = MemoryWebhooks::open(dir.path()).unwrap();
         let ids: Vec<String> = reopened.of_tenant("a").iter().map(|h| h.id.clone()).collect();
         assert_eq!(ids, ["wh_1", "wh_2"], "oldest first");
-        assert_eq!(reopened.of_tenant("a")[0].secret, "whsec_x");
+        assert_eq!(reopened.of_tenant("a")[0].secret.expose(), "whsec_x");
         assert!(reopened.of_tenant("b").is_empty());
         assert!(!format!("{:?}", reopened.of_tenant("a")[0]).contains("whsec_x"), "Debug hides the secret");
     }

@@ -22,6 +22,7 @@
 //! - [`labels`]: session labels and label selectors (§16).
 //! - [`tenant`]: valid tenant names and the sets of tenants an agent or webhook serves.
 //! - [`shard`]: the stable session → virtual shard hash.
+//! - [`secret`]: [`Secret`], a credential never printed (API keys, signing keys, push tokens).
 //! - [`sync`]: poison-tolerant locking, shared by every crate that keeps maps under a mutex.
 //! - [`size`]: what a delivery counts toward the size limits (§2).
 //!
@@ -47,6 +48,7 @@ pub mod output;
 pub mod overrides;
 pub mod rules;
 pub mod schedule;
+pub mod secret;
 pub mod shard;
 pub mod size;
 pub mod state;
@@ -74,6 +76,7 @@ pub use labels::{Labeled, Labels, Selector};
 pub use message::{ContentBlock, MessageId, MessageSource, SessionRef, Target, UserMessage};
 pub use rules::ValueError;
 pub use schedule::{Preset, Schedule, ScheduleChange, ScheduleSpec, Timing};
+pub use secret::Secret;
 pub use state::{ProjectionError, SessionState};
 pub use tenant::{Tenant, TenantScope};
 pub use transcript::{Transcript, TranscriptEntry};

@@ -22,7 +22,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 use turnstile_journal::{MemoryWebhooks, RegisteredWebhook, SessionLog, TaskPush, WebhookPositions, WebhookRegistry};
-use turnstile_model::{Envelope, Selector, SessionRef, SessionState, Tenant, TenantScope};
+use turnstile_model::{Envelope, Secret, Selector, SessionRef, SessionState, Tenant, TenantScope};
 
 use crate::ownership::Ownership;
 use crate::sync::lock;
@@ -45,7 +45,7 @@ pub struct WebhookTarget {
     pub not_before_ms: u64,
     /// The `Turnstile-Signature` key of a registered webhook (an agent's comes from the sender's
     /// configuration).
-    pub signing_key: Option<SigningKey>,
+    pub signing_key: Option<Secret>,
     /// Registered at run time by a tenant (SPEC §21): its URL is held to the egress rule on every POST, and
     /// its deliveries stop once it is deleted.
     pub registered: bool,
@@ -66,27 +66,10 @@ impl WebhookTarget {
             tenants: TenantScope::only([tenant]),
             not_before_ms: hook.created_unix_ms,
             // A task's push configuration may have no token: its POSTs are then unsigned.
-            signing_key: (!hook.secret.is_empty()).then(|| SigningKey(hook.secret.as_str().into())),
+            signing_key: (!hook.secret.is_empty()).then(|| hook.secret.clone()),
             registered: true,
             task: hook.task.clone(),
         }
-    }
-}
-
-/// A webhook's signing key: `Debug` never prints it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SigningKey(Arc<str>);
-
-impl SigningKey {
-    /// The key, for the one place that signs.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for SigningKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SigningKey(<redacted>)")
     }
 }
 
@@ -551,7 +534,7 @@ mod tests {
             label_selector: label_selector.into(),
             max_age_ms: 1000,
             created_unix_ms: 0,
-            secret: "k".into(),
+            secret: Secret::new("k"),
             task: None,
         }
     }
@@ -587,7 +570,7 @@ mod tests {
             from_seq: 1,
             config_id: "c".into(),
             auth_scheme: String::new(),
-            auth_credentials: String::new(),
+            auth_credentials: Secret::default(),
         });
         registry.insert(push);
         let webhooks = webhooks_of(Vec::new()).with_registry(registry);

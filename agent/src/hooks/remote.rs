@@ -112,6 +112,7 @@ pub struct RemoteHookError {
 }
 
 /// The `turnstile.hooks.v1.PreStepHook` service at one URL.
+#[derive(Debug)]
 pub struct RemoteHook {
     url: String,
     endpoint: Endpoint,
@@ -119,16 +120,6 @@ pub struct RemoteHook {
     on_failure: OnFailure,
     /// Opened by the first call (it needs the runtime; agent setup may run without one).
     channel: OnceCell<Channel>,
-}
-
-impl std::fmt::Debug for RemoteHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteHook")
-            .field("url", &self.url)
-            .field("deadline", &self.deadline)
-            .field("on_failure", &self.on_failure)
-            .finish_non_exhaustive()
-    }
 }
 
 impl RemoteHook {

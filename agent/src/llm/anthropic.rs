@@ -25,10 +25,11 @@
 //! use tokio_util::sync::CancellationToken;
 //! use turnstile_agent::llm::anthropic::AnthropicProvider;
 //! use turnstile_agent::llm::chat::{ChatMessage, ChatProvider, ChatRequest, DeltaSink};
-//! use turnstile_agent::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
+//! use turnstile_agent::llm::endpoint::{ModelEndpoint, ProviderKind};
+//! use turnstile_model::Secret;
 //!
 //! let mut endpoint = ModelEndpoint::new(ProviderKind::Anthropic, "claude-sonnet-4-5");
-//! endpoint.api_key = Some(ApiKey::new(std::env::var("ANTHROPIC_API_KEY")?));
+//! endpoint.api_key = Some(Secret::new(std::env::var("ANTHROPIC_API_KEY")?));
 //! let model = AnthropicProvider::new(endpoint)?;
 //! let request = ChatRequest { messages: vec![ChatMessage::user_text("Hi!")], ..Default::default() };
 //! let reply = model.stream(&request, &DeltaSink::discard(), &CancellationToken::new()).await?;

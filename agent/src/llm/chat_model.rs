@@ -564,14 +564,12 @@ mod tests {
     impl turnstile_cluster::ToolBus for AcmeLookup {
         async fn call(
             &self,
-            _tenant: &str,
-            tool: &str,
-            _task: turnstile_proto::v1::ToolCallTask,
+            task: turnstile_proto::v1::ToolCallTask,
             _wait: std::time::Duration,
         ) -> Result<turnstile_proto::v1::ToolCallResult, turnstile_cluster::ToolBusError> {
-            Err(turnstile_cluster::ToolBusError::NoExecutor(tool.into()))
+            Err(turnstile_cluster::ToolBusError::NoExecutor(task.name))
         }
-        async fn cancel(&self, _tenant: &str, _task: turnstile_proto::v1::ToolCallTask) {}
+        async fn cancel(&self, _task: turnstile_proto::v1::ToolCallTask) {}
         async fn spec(
             &self,
             tenant: &str,

@@ -3,11 +3,12 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use turnstile_agent::llm::endpoint::{ApiKey, ModelEndpoint, ProviderKind};
+//! use turnstile_agent::llm::endpoint::{ModelEndpoint, ProviderKind};
+//! use turnstile_model::Secret;
 //!
 //! let mut endpoint = ModelEndpoint::new(ProviderKind::OpenAi, "SmolLM2-135M-Instruct");
 //! endpoint.base_url = "http://127.0.0.1:8080/v1".into();
-//! endpoint.api_key = Some(ApiKey::new("sk-secret"));
+//! endpoint.api_key = Some(Secret::new("sk-secret"));
 //! endpoint.first_byte_timeout = Duration::from_secs(30);
 //! // The key never reaches a log line.
 //! assert!(!format!("{endpoint:?}").contains("sk-secret"));
@@ -16,6 +17,8 @@
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
+
+use turnstile_model::Secret;
 
 use super::retry::Backoff;
 
@@ -69,27 +72,6 @@ impl FromStr for ProviderKind {
     }
 }
 
-/// An API key. Its `Debug` shows `<redacted>` and it has no `Display`: only the request headers see it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ApiKey(String);
-
-impl ApiKey {
-    pub fn new(key: impl Into<String>) -> Self {
-        Self(key.into())
-    }
-
-    /// The key itself, for the request header.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ApiKey(<redacted>)")
-    }
-}
-
 /// One model endpoint. Durations replace the configuration's `*_ms` keys.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelEndpoint {
@@ -98,7 +80,7 @@ pub struct ModelEndpoint {
     pub base_url: String,
     pub model: String,
     /// `None`: no key header is sent (local servers).
-    pub api_key: Option<ApiKey>,
+    pub api_key: Option<Secret>,
     /// The output limit when the request names none. Anthropic requires one: [`DEFAULT_ANTHROPIC_MAX_TOKENS`]
     /// when neither names it; OpenAI-compatible servers use their own default then.
     pub max_tokens: Option<u32>,

@@ -43,7 +43,6 @@ impl ClientTool {
 /// the runner dropped), the executor hears of it.
 struct CancelOnDrop {
     bus: Arc<dyn ToolBus>,
-    tenant: String,
     task: Option<pb::ToolCallTask>,
 }
 
@@ -52,8 +51,8 @@ impl Drop for CancelOnDrop {
         if let Some(task) = self.task.take()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            let (bus, tenant) = (self.bus.clone(), std::mem::take(&mut self.tenant));
-            runtime.spawn(async move { bus.cancel(&tenant, task).await });
+            let bus = self.bus.clone();
+            runtime.spawn(async move { bus.cancel(task).await });
         }
     }
 }
@@ -81,11 +80,10 @@ impl Tool for ClientTool {
             deadline_unix_ms,
             idempotency_key: ctx.idempotency_key.clone(),
         };
-        let tenant = ctx.session.tenant.clone();
-        let mut guard = CancelOnDrop { bus: self.bus.clone(), tenant: tenant.clone(), task: Some(task.clone()) };
+        let mut guard = CancelOnDrop { bus: self.bus.clone(), task: Some(task.clone()) };
         let started = tokio::time::Instant::now();
         let result = tokio::select! {
-            r = self.bus.call(&tenant, &self.name, task, ctx.deadline + BUS_GRACE) => r,
+            r = self.bus.call(task, ctx.deadline + BUS_GRACE) => r,
             () = abort.cancelled() => {
                 // The guard sends the cancel as this returns.
                 return ToolReturn::failed(format!(
@@ -170,15 +168,9 @@ mod tests {
 
     #[async_trait]
     impl ToolBus for Slow {
-        async fn call(
-            &self,
-            _tenant: &str,
-            tool: &str,
-            task: pb::ToolCallTask,
-            _wait: Duration,
-        ) -> Result<pb::ToolCallResult, ToolBusError> {
+        async fn call(&self, task: pb::ToolCallTask, _wait: Duration) -> Result<pb::ToolCallResult, ToolBusError> {
             if self.none {
-                return Err(ToolBusError::NoExecutor(tool.to_owned()));
+                return Err(ToolBusError::NoExecutor(task.name));
             }
             tokio::time::sleep(self.delay).await;
             Ok(pb::ToolCallResult {
@@ -189,7 +181,7 @@ mod tests {
             })
         }
 
-        async fn cancel(&self, _tenant: &str, task: pb::ToolCallTask) {
+        async fn cancel(&self, task: pb::ToolCallTask) {
             self.cancels.lock().unwrap().push(task.call_id);
         }
 

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 use turnstile_gateway::webhooks::TaskPushRequest;
 use turnstile_journal::{RegisteredWebhook, SessionLog};
-use turnstile_model::Envelope;
+use turnstile_model::{Envelope, Secret};
 use turnstile_proto::v1 as pb;
 use turnstile_worker::webhooks::{Post, SendError, TaskSent, WebhookSender, WebhookTarget};
 
@@ -80,9 +80,9 @@ impl Config {
             from_seq,
             config_id: self.id,
             url: self.url,
-            token: self.token,
+            token: Secret::new(self.token),
             auth_scheme: self.scheme,
-            auth_credentials: self.credentials,
+            auth_credentials: Secret::new(self.credentials),
         }
     }
 }
@@ -182,7 +182,7 @@ fn config_json(id: &TaskId, hook: &RegisteredWebhook) -> Value {
     let Some(task) = &hook.task else { return json!({}) };
     let mut config = json!({"id": task.config_id, "taskId": task::encode(id), "url": hook.url});
     if !hook.secret.is_empty() {
-        config["token"] = json!(hook.secret);
+        config["token"] = json!(hook.secret.expose());
     }
     if !task.auth_scheme.is_empty() {
         config["authentication"] = json!({"scheme": task.auth_scheme});
@@ -253,7 +253,8 @@ impl WebhookSender for TaskPushes {
             headers.push((TOKEN_HEADER.to_owned(), token.expose().to_owned()));
         }
         if !task.auth_scheme.is_empty() {
-            headers.push(("Authorization".to_owned(), format!("{} {}", task.auth_scheme, task.auth_credentials)));
+            headers
+                .push(("Authorization".to_owned(), format!("{} {}", task.auth_scheme, task.auth_credentials.expose())));
         }
         for (k, body) in rendered.bodies.into_iter().enumerate() {
             let mut delivery = format!("{}/{}/{}", event.session.tenant, event.session.id, event.seq);

@@ -19,6 +19,7 @@ use anyhow::Result;
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
+use turnstile_model::sync::lock;
 use turnstile_proto::v1 as pb;
 
 use crate::client::{self, Client};
@@ -82,10 +83,6 @@ struct Followed {
     turns: Mutex<HashMap<u64, String>>,
     /// Messages this process delivered, to tell the view before they come back.
     own: Mutex<Vec<String>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub async fn run(client: &Client, agent: Option<String>, session: Option<String>) -> Result<()> {

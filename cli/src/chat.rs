@@ -16,6 +16,7 @@ use turnstile_proto::v1::session_event::Payload as Durable;
 use turnstile_proto::v1::watch_item::Item;
 
 use crate::client::{self, Client, Delivery, Preset};
+use crate::transcript::turn_end_name;
 
 /// What the chat knows of the session from its Watch.
 #[derive(Debug, Default)]
@@ -117,19 +118,12 @@ impl View {
                     }
                     Some(Durable::TurnEnd(end)) => {
                         self.end_line();
-                        let reason = end.reason.and_then(|r| r.reason);
-                        if !matches!(reason, Some(pb::turn_end_reason::Reason::Completed(_))) {
-                            let name = match reason {
-                                Some(pb::turn_end_reason::Reason::Aborted(_)) => "aborted",
-                                Some(pb::turn_end_reason::Reason::Interrupted(_)) => "interrupted",
-                                Some(pb::turn_end_reason::Reason::Error(e)) => {
-                                    return println!("[turn {} error: {}]", end.turn, e.message);
-                                }
-                                Some(pb::turn_end_reason::Reason::Blocked(_)) => "blocked",
-                                Some(pb::turn_end_reason::Reason::MaxTokens(_)) => "max-tokens",
-                                _ => "ended",
-                            };
-                            println!("[turn {} {name}]", end.turn);
+                        match end.reason.as_ref().and_then(|r| r.reason.as_ref()) {
+                            Some(pb::turn_end_reason::Reason::Completed(_)) => {}
+                            Some(pb::turn_end_reason::Reason::Error(e)) => {
+                                println!("[turn {} error: {}]", end.turn, e.message);
+                            }
+                            _ => println!("[turn {} {}]", end.turn, turn_end_name(end.reason.as_ref())),
                         }
                     }
                     Some(Durable::Status(s)) => self.running = s.status == pb::SessionStatus::Running as i32,

@@ -62,7 +62,7 @@ fn item_line(item: &pb::TranscriptItem) -> String {
             format!(
                 "turn {} ended: {} ({} input, {} output tokens)",
                 item.turn,
-                reason_name(end.reason.as_ref()),
+                turn_end_name(end.reason.as_ref()),
                 usage.input_tokens,
                 usage.output_tokens
             )
@@ -84,12 +84,14 @@ fn message_text(m: &pb::UserMessage) -> String {
         .join(" ")
 }
 
-fn reason_name(reason: Option<&pb::TurnEndReason>) -> &'static str {
+/// How a turn ended, without its details, as `turnstile chat` and `turnstile transcript` both print it
+/// (the spelling of the model's `TurnEndReason` display: `max-tokens`).
+pub(crate) fn turn_end_name(reason: Option<&pb::TurnEndReason>) -> &'static str {
     use pb::turn_end_reason::Reason;
     match reason.and_then(|r| r.reason.as_ref()) {
         Some(Reason::Completed(_)) => "completed",
         Some(Reason::Blocked(_)) => "blocked",
-        Some(Reason::MaxTokens(_)) => "max tokens",
+        Some(Reason::MaxTokens(_)) => "max-tokens",
         Some(Reason::Aborted(_)) => "aborted",
         Some(Reason::Error(_)) => "error",
         Some(Reason::Interrupted(_)) => "interrupted",

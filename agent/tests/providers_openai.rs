@@ -21,8 +21,7 @@ use turnstile_agent::llm::chat_model::{ChatModel, connect};
 use turnstile_agent::llm::endpoint::{ModelEndpoint, ProviderKind};
 use turnstile_agent::llm::openai::OpenAiProvider;
 use turnstile_driver::{ModelRequest, ToolOutcome};
-use turnstile_model::Secret;
-use turnstile_model::{ContentBlock, MessageSource, UserMessage};
+use turnstile_model::{ContentBlock, MessageSource, Secret, UserMessage};
 use turnstile_worker::agent::{DeltaSink, Model, ModelError, ModelStep};
 
 fn hello() -> ChatRequest {

@@ -58,6 +58,14 @@ fn map_with(owner: Option<(&str, &str, u64)>) -> ShardMap {
     map
 }
 
+/// `map` with every lease long expired.
+fn expired(mut map: ShardMap) -> ShardMap {
+    for entry in map.leases.values_mut() {
+        entry.lease.expires_at_ms = 1;
+    }
+    map
+}
+
 fn sent(seq: u64) -> Result<cpb::ExecuteReply, Status> {
     let reply = crate::codec::encode_command_reply(&session(), &CommandReply::Sent { seq, turn: None });
     Ok(reply)
@@ -96,8 +104,8 @@ async fn a_command_goes_to_the_owner_of_its_shard() {
     assert_eq!(router.owner(&session()).await.as_deref(), Some("w1"));
 }
 
-/// A followup sent through `router` once its first attempt reached `transport`: that attempt has to fail
-/// before the map moves, or there is nothing to retry.
+/// A followup sent through `router` once its first attempt reached `transport`: that attempt has to fail (or
+/// hang) before the map moves, or there is nothing to retry.
 async fn first_attempted(
     router: &Arc<ClusterRouter>,
     transport: &FakeTransport,
@@ -191,13 +199,7 @@ async fn a_call_to_an_owner_that_hangs_moves_to_the_new_owner() {
     let transport = Arc::new(Hung { inner: FakeTransport::default() });
     transport.inner.answer("b:2", sent(5));
     let router = Arc::new(ClusterRouter::with_transport(rx, transport.clone(), config(30_000)));
-    let call = tokio::spawn({
-        let router = router.clone();
-        async move { router.execute(&session(), followup(), None).await }
-    });
-    while transport.inner.calls().is_empty() {
-        tokio::task::yield_now().await;
-    }
+    let call = first_attempted(&router, &transport.inner).await;
     tx.send(map_with(Some(("w2", "b:2", 2)))).unwrap();
     assert_eq!(call.await.unwrap(), Ok(CommandReply::Sent { seq: 5, turn: None }));
     assert_eq!(transport.inner.calls(), ["paused:1", "b:2"]);
@@ -217,11 +219,7 @@ async fn application_errors_are_returned_as_the_worker_gave_them() {
 #[tokio::test]
 async fn the_owner_an_expired_lease_names_is_still_asked() {
     // While the lease bucket elects a leader nobody renews, yet the owner still serves (decision 0094).
-    let mut map = map_with(Some(("w1", "a:1", 1)));
-    for entry in map.leases.values_mut() {
-        entry.lease.expires_at_ms = 1;
-    }
-    let (_tx, rx) = watch::channel(map);
+    let (_tx, rx) = watch::channel(expired(map_with(Some(("w1", "a:1", 1)))));
     let transport = Arc::new(FakeTransport::default());
     transport.answer("a:1", sent(7));
     let router = ClusterRouter::with_transport(rx, transport.clone(), config(1000));
@@ -231,11 +229,7 @@ async fn the_owner_an_expired_lease_names_is_still_asked() {
 
 #[tokio::test]
 async fn an_expired_lease_is_no_owner() {
-    let mut map = map_with(Some(("w1", "a:1", 1)));
-    for entry in map.leases.values_mut() {
-        entry.lease.expires_at_ms = 1;
-    }
-    let (_tx, rx) = watch::channel(map);
+    let (_tx, rx) = watch::channel(expired(map_with(Some(("w1", "a:1", 1)))));
     let router = ClusterRouter::with_transport(rx, Arc::new(FakeTransport::default()), config(50));
     assert_eq!(router.owner(&session()).await, None);
     assert!(matches!(router.execute(&session(), followup(), None).await, Err(CommandError::Unavailable(_))));
